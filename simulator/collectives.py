@@ -1,0 +1,172 @@
+"""Collective communication: closed forms, and the flow phases the engine plays on the topology.
+
+A collective is played as a sequence of `FlowPhase`s. In a phase, many point-to-point sub-flows
+(e.g. the p hops of a ring) move the same number of bytes in lock-step; the engine gives each
+sub-flow an equal share of every link it crosses, so a phase runs at the pace of its most loaded
+link, and other traffic on those links slows it down. Building a phase is linear in the number of
+ranks, and the engine treats a phase as one flow, so a collective never costs quadratic work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from simulator.topology import Topology
+
+ALGORITHMS = ("ring", "tree", "hierarchical", "parameter_server")
+
+
+@dataclass(frozen=True)
+class FlowPhase:
+    """Lock-step sub-flows: each moves `bytes_per_subflow` after a start-up `latency_s`."""
+
+    latency_s: float
+    bytes_per_subflow: float
+    usage: tuple[tuple[int, int], ...]
+    """(link index, number of this phase's sub-flows crossing it)."""
+    tier_bytes: tuple[tuple[str, float], ...]
+    """Bytes this phase moves over each tier (a sub-flow counts in the outermost tier it crosses)."""
+
+
+# ----------------------------------------------------------------------------- closed forms
+
+def p2p_time_s(size_bytes: float, latency_s: float, bandwidth_bytes_per_s: float) -> float:
+    """Hockney's alpha-beta model: alpha + S / bandwidth (Hockney, Parallel Computing 1994)."""
+    return latency_s + size_bytes / bandwidth_bytes_per_s
+
+
+def ring_allreduce_time_s(size_bytes: float, num_ranks: int, latency_s: float,
+                          bandwidth_bytes_per_s: float) -> float:
+    """Ring allreduce = reduce-scatter + allgather: 2(p-1)/p * S/bw + 2(p-1) * alpha.
+
+    Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms", JPDC 2009; Thakur et al. 2005.
+    """
+    if num_ranks <= 1:
+        return 0.0
+    steps = 2 * (num_ranks - 1)
+    return steps / num_ranks * size_bytes / bandwidth_bytes_per_s + steps * latency_s
+
+
+def tree_allreduce_time_s(size_bytes: float, num_ranks: int, latency_s: float,
+                          bandwidth_bytes_per_s: float) -> float:
+    """Binary-tree reduce then broadcast, each pipelined: 2 S/bw + 2 ceil(log2 p) alpha.
+
+    Thakur, Rabenseifner & Gropp, IJHPCA 2005 (reduce + broadcast); the pipelined form is the
+    bandwidth term of NCCL's trees (Sanders, Speck & Traeff, Parallel Computing 2009).
+    """
+    if num_ranks <= 1:
+        return 0.0
+    return 2 * size_bytes / bandwidth_bytes_per_s + 2 * math.ceil(math.log2(num_ranks)) * latency_s
+
+
+def hierarchical_allreduce_time_s(size_bytes: float, num_nodes: int, ranks_per_node: int,
+                                  intra_latency_s: float, intra_bandwidth: float,
+                                  inter_latency_s: float, inter_bandwidth_per_node: float) -> float:
+    """Reduce-scatter inside nodes, ring allreduce of S/g across nodes per local rank (the g rings
+    share the node's NICs), allgather inside nodes (Goyal et al. 2017; NCCL/Horovod hierarchical)."""
+    g, n = ranks_per_node, num_nodes
+    inside = (g - 1) / g * size_bytes / intra_bandwidth + (g - 1) * intra_latency_s if g > 1 else 0.0
+    across = ring_allreduce_time_s(size_bytes, n, inter_latency_s, inter_bandwidth_per_node)
+    return 2 * inside + across
+
+
+# ----------------------------------------------------------------------------- phases
+
+def choose_algorithm(topology: Topology, devices: tuple[int, ...], requested: str) -> str:
+    """`auto`: hierarchical when the ranks span several nodes with several ranks on each node
+    (the same number everywhere), else ring."""
+    if requested != "auto":
+        return requested
+    per_node = Counter(topology.node_of(d) for d in devices)
+    counts = set(per_node.values())
+    if len(per_node) > 1 and len(counts) == 1 and counts.pop() > 1:
+        return "hierarchical"
+    return "ring"
+
+
+def allreduce_phases(topology: Topology, devices: tuple[int, ...], size_bytes: float,
+                     algorithm: str, num_servers: int = 1) -> tuple[FlowPhase, ...]:
+    """Flow phases of an allreduce of `size_bytes` among `devices` with a concrete algorithm."""
+    if len(devices) <= 1 or size_bytes <= 0:
+        return ()
+    ordered = tuple(sorted(devices))
+    if algorithm == "ring":
+        return (_ring_phase(topology, [ordered], size_bytes, 2.0),)
+    if algorithm == "tree":
+        return _tree_phases(topology, ordered, size_bytes)
+    if algorithm == "hierarchical":
+        return _hierarchical_phases(topology, ordered, size_bytes)
+    if algorithm == "parameter_server":
+        return _parameter_server_phases(topology, ordered, size_bytes, num_servers)
+    raise ValueError(f"unknown collective algorithm {algorithm!r}")
+
+
+def _ring_phase(topology: Topology, rings: list[tuple[int, ...]], size_bytes: float,
+                passes: float) -> FlowPhase:
+    """Concurrent rings; `passes` = 2 for allreduce (reduce-scatter + allgather), 1 for either."""
+    usage: Counter = Counter()
+    tier_bytes: dict[str, float] = defaultdict(float)
+    latency_s, ring_size = 0.0, len(rings[0])
+    per_subflow = passes * (ring_size - 1) / ring_size * size_bytes
+    for ring in rings:
+        for source, target in zip(ring, ring[1:] + ring[:1]):
+            usage.update(topology.route(source, target))
+            latency_s = max(latency_s, topology.route_latency_s(source, target))
+            tier_bytes[topology.route_tier(source, target)] += per_subflow
+    steps = passes * (ring_size - 1)
+    return FlowPhase(steps * latency_s, per_subflow, tuple(usage.items()), tuple(tier_bytes.items()))
+
+
+def _tree_phases(topology: Topology, ordered: tuple[int, ...], size_bytes: float) -> tuple[FlowPhase, ...]:
+    edges = [(ordered[(i - 1) // 2], ordered[i]) for i in range(1, len(ordered))]
+    depth = math.ceil(math.log2(len(ordered)))
+    reduce = _pairs_phase(topology, [(child, parent) for parent, child in edges], size_bytes, depth)
+    broadcast = _pairs_phase(topology, edges, size_bytes, depth)
+    return (reduce, broadcast)
+
+
+def _hierarchical_phases(topology: Topology, ordered: tuple[int, ...], size_bytes: float) -> tuple[FlowPhase, ...]:
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for device in ordered:
+        by_node[topology.node_of(device)].append(device)
+    node_rings = [tuple(members) for members in by_node.values()]
+    per_node = len(node_rings[0])
+    cross_rings = [tuple(ring[k] for ring in node_rings) for k in range(per_node)]
+    phases = []
+    if per_node > 1:
+        phases.append(_ring_phase(topology, node_rings, size_bytes, 1.0))
+    phases.append(_ring_phase(topology, cross_rings, size_bytes / per_node, 2.0))
+    if per_node > 1:
+        phases.append(_ring_phase(topology, node_rings, size_bytes, 1.0))
+    return tuple(phases)
+
+
+def _parameter_server_phases(topology: Topology, ordered: tuple[int, ...], size_bytes: float,
+                             num_servers: int) -> tuple[FlowPhase, ...]:
+    """Sharded parameter server co-located with the first rank of each shard's slice: every worker
+    pushes S/k to each of k shards, then pulls S/k back (Li et al., OSDI 2014)."""
+    num_servers = min(num_servers, len(ordered))
+    servers = [ordered[s * len(ordered) // num_servers] for s in range(num_servers)]
+    push = [(worker, server) for server in servers for worker in ordered if worker != server]
+    shard_bytes = size_bytes / num_servers
+    return (_pairs_phase(topology, push, shard_bytes, 1),
+            _pairs_phase(topology, [(s, w) for w, s in push], shard_bytes, 1))
+
+
+def _pairs_phase(topology: Topology, pairs: list[tuple[int, int]], size_bytes: float,
+                 latency_steps: int) -> FlowPhase:
+    usage: Counter = Counter()
+    tier_bytes: dict[str, float] = defaultdict(float)
+    latency_s = 0.0
+    for source, target in pairs:
+        usage.update(topology.route(source, target))
+        latency_s = max(latency_s, topology.route_latency_s(source, target))
+        tier_bytes[topology.route_tier(source, target)] += size_bytes
+    return FlowPhase(latency_steps * latency_s, size_bytes, tuple(usage.items()), tuple(tier_bytes.items()))
+
+
+def p2p_phase(topology: Topology, source: int, target: int, size_bytes: float) -> FlowPhase:
+    """A single point-to-point transfer as a one-sub-flow phase."""
+    return _pairs_phase(topology, [(source, target)], size_bytes, 1)

@@ -1,0 +1,60 @@
+"""Compare strategies on one scenario: variants of a scenario by strategy spec, simulated and ranked.
+
+A strategy spec is `dp`, `mp`, `ghp` (the scenario's num_groups if it has one, else the fastest
+G over the divisors of N strictly between 1 and N) or `ghp:G`.
+"""
+
+from __future__ import annotations
+
+from simulator.errors import ScenarioError
+from simulator.model_source import resolve_workload
+from simulator.scenario import Scenario, scenario_from_dict
+from simulator.simulate import SimulationResult, simulate
+
+
+def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) -> Scenario:
+    """A copy of `scenario` with another strategy kind (and G), re-validated."""
+    raw = scenario.model_dump(mode="python")
+    raw["strategy"] = {**raw["strategy"], "kind": kind, "num_groups": num_groups}
+    return scenario_from_dict(raw, origin=scenario.name, base_dir=scenario.base_dir)
+
+
+def parse_strategy_specs(text: str) -> list[tuple[str, int | None]]:
+    specs = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        kind, _, groups = item.partition(":")
+        if kind not in ("dp", "mp", "ghp") or (groups and (kind != "ghp" or not groups.isdigit() or int(groups) < 1)):
+            raise ScenarioError(f"--strategies: {item!r} is not one of dp, mp, ghp, ghp:G")
+        specs.append((kind, int(groups) if groups else None))
+    if not specs:
+        raise ScenarioError("--strategies: empty list")
+    return specs
+
+
+def ghp_group_counts(num_gpus: int) -> list[int]:
+    """Every G with G x M = N, 1 < G < N (the proper GHP grids)."""
+    return [g for g in range(2, num_gpus) if num_gpus % g == 0]
+
+
+def compare(scenario: Scenario, specs: list[tuple[str, int | None]]) -> list[SimulationResult]:
+    """Simulate each strategy spec; results sorted by step time."""
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    results = []
+    for kind, groups in specs:
+        if kind == "ghp" and groups is None:
+            groups = scenario.strategy.num_groups if scenario.strategy.kind == "ghp" else None
+        if kind == "ghp" and groups is None:
+            candidates = [simulate(with_strategy(scenario, "ghp", g), workload=workload)
+                          for g in _feasible_groups(scenario, workload.num_layers)]
+            if not candidates:
+                raise ScenarioError(f"--strategies: no G with 1 < G < {scenario.num_gpus} fits this scenario")
+            results.append(min(candidates, key=lambda result: result.step_time_s))
+        else:
+            results.append(simulate(with_strategy(scenario, kind, groups), workload=workload))
+    return sorted(results, key=lambda result: result.step_time_s)
+
+
+def _feasible_groups(scenario: Scenario, num_layers: int) -> list[int]:
+    batch = scenario.training.global_batch_size
+    return [g for g in ghp_group_counts(scenario.num_gpus)
+            if batch % g == 0 and scenario.num_gpus // g <= num_layers]

@@ -1,0 +1,85 @@
+"""Compute costs: how long a layer's forward or backward pass takes on a device at a batch size.
+
+Two implementations share the `CostModel` protocol: `AnalyticCosts` (a roofline over datasheet
+figures, below) and the calibrated profile of the validator (`simulator.profile`), measured on
+real hardware. The engine only calls `compute_s` and `optimizer_s`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from simulator.hardware import GpuSpec
+from simulator.workload import Workload, dtype_bytes
+
+FORWARD, BACKWARD = "F", "B"
+
+DEFAULT_EFFICIENCY = {
+    "conv": 0.50,
+    "linear": 0.60,
+    "attention": 0.50,
+    "embedding": 0.30,
+    "norm": 0.30,
+    "pool": 0.30,
+    "elementwise": 0.30,
+}
+"""Achieved fraction of dense peak FLOP/s per layer kind: a modelling assumption in the range
+cuDNN/cuBLAS training kernels reach on large batches (Megatron-LM reports 40-52% of peak for whole
+GPT models, Narayanan et al. SC'21, Table 1). Calibration profiles replace these numbers."""
+
+OPTIMIZER_BYTES_PER_PARAM = {"sgd": 3 * 4, "momentum": 5 * 4, "adam": 7 * 4}
+"""fp32 bytes moved per parameter by one update: SGD reads w and g and writes w; momentum also
+reads and writes the velocity; Adam reads and writes two moments (Kingma & Ba 2015, Alg. 1)."""
+
+
+class CostModel(Protocol):
+    def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
+        """Seconds for layer `layer_index`'s forward ("F") or backward ("B") pass on `batch` samples."""
+
+    def optimizer_s(self, num_params: int) -> float:
+        """Seconds for one optimizer update of `num_params` parameters."""
+
+
+class AnalyticCosts:
+    """Roofline: max(FLOPs / (peak x efficiency), bytes moved / memory bandwidth).
+
+    Williams, Waterman & Patterson, "Roofline", CACM 2009. Bytes moved: forward reads the input
+    and weights and writes the output; backward reads the saved input, the output gradient and
+    the weights, and writes the input gradient and the weight gradient.
+    """
+
+    def __init__(self, workload: Workload, gpu: GpuSpec, dtype: str, optimizer: str,
+                 efficiency: dict[str, float] | None = None):
+        self.workload = workload
+        self.gpu = gpu
+        self.dtype = dtype
+        self.optimizer = optimizer
+        self.efficiency = {**DEFAULT_EFFICIENCY, **(efficiency or {})}
+        self._peak_flops_per_s = gpu.peak_for(dtype)
+        self._element_bytes = dtype_bytes(dtype)
+
+    def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
+        layer = self.workload.layers[layer_index]
+        achieved = self._peak_flops_per_s * self.efficiency.get(layer.kind, 0.3)
+        if phase == FORWARD:
+            flops = layer.forward_flops_per_sample * batch
+            elements = batch * (layer.input_elements_per_sample + layer.output_elements_per_sample)
+            elements += layer.num_params
+        else:
+            flops = layer.backward_flops_per_sample * batch
+            elements = batch * (2 * layer.input_elements_per_sample + layer.output_elements_per_sample)
+            elements += 2 * layer.num_params
+        memory_s = elements * self._element_bytes / self.gpu.memory_bandwidth_bytes_per_s
+        return max(flops / achieved, memory_s)
+
+    def optimizer_s(self, num_params: int) -> float:
+        bytes_moved = num_params * OPTIMIZER_BYTES_PER_PARAM[self.optimizer]
+        return bytes_moved / self.gpu.memory_bandwidth_bytes_per_s
+
+
+def single_device_step_s(costs: CostModel, workload: Workload, batch: float) -> float:
+    """One device running the whole model on the whole batch: the baseline of "speedup"."""
+    total = 0.0
+    for index in range(workload.num_layers):
+        total += costs.compute_s(index, FORWARD, batch) + costs.compute_s(index, BACKWARD, batch)
+    return total + costs.optimizer_s(workload.num_params)

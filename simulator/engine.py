@@ -1,0 +1,242 @@
+"""The discrete-event engine (the only module that imports simpy): plays a plan on a topology.
+
+Per rank there is a compute stream (Compute actions in order) and a comm stream (Collectives in
+order); sends run as soon as their dependencies are done. All data movement goes through one
+flow-level network: each active flow is a phase of lock-step sub-flows, every sub-flow on a link
+gets an equal share of its bandwidth (bandwidth / sub-flows on it), and rates are recomputed
+whenever a flow starts or ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013, with
+equal rather than max-min shares). The engine appends immutable span tuples; everything else is
+analysis of the span table (`simulator.records`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import simpy
+
+from simulator.collectives import allreduce_phases, choose_algorithm, p2p_phase
+from simulator.costs import CostModel
+from simulator.errors import SimulationError
+from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send
+from simulator.topology import Topology
+
+SPAN_FIELDS = ("rank", "stream", "name", "kind", "start_s", "end_s", "size_bytes", "microbatch")
+
+
+@dataclass
+class EngineResult:
+    spans: list[tuple]
+    """Tuples in SPAN_FIELDS order."""
+    tier_bytes: dict[str, float]
+    num_events: int
+    collective_algorithms: dict[str, int]
+
+
+class _CountingEnvironment(simpy.Environment):
+    def __init__(self):
+        super().__init__()
+        self.num_events = 0
+
+    def step(self):
+        self.num_events += 1
+        super().step()
+
+
+class _Flow:
+    __slots__ = ("remaining", "size", "usage", "rate", "done")
+
+    def __init__(self, size, usage, done):
+        self.remaining = self.size = size
+        self.usage = usage
+        self.rate = 0.0
+        self.done = done
+
+
+class _Network:
+    """Fluid flows over shared directed links; see the module docstring."""
+
+    def __init__(self, env: simpy.Environment, bandwidths: list[float]):
+        self.env = env
+        self.bandwidths = bandwidths
+        self.load = defaultdict(int)
+        self.flows: list[_Flow] = []
+        self.last_update_s = 0.0
+        self.version = 0
+
+    def transfer(self, size_bytes: float, usage: tuple[tuple[int, int], ...]) -> simpy.Event:
+        done = self.env.event()
+        if size_bytes <= 0 or not usage:
+            done.succeed()
+            return done
+        self._advance()
+        for link, count in usage:
+            self.load[link] += count
+        self.flows.append(_Flow(size_bytes, usage, done))
+        self._reschedule()
+        return done
+
+    def _advance(self) -> None:
+        elapsed = self.env.now - self.last_update_s
+        if elapsed > 0:
+            for flow in self.flows:
+                flow.remaining -= flow.rate * elapsed
+        self.last_update_s = self.env.now
+
+    def _reschedule(self) -> None:
+        self.version += 1
+        if not self.flows:
+            return
+        bandwidths, load = self.bandwidths, self.load
+        soonest = float("inf")
+        for flow in self.flows:
+            flow.rate = min(bandwidths[link] / load[link] for link, _ in flow.usage)
+            soonest = min(soonest, max(flow.remaining, 0.0) / flow.rate)
+        version = self.version
+        timer = self.env.timeout(soonest)
+        timer.callbacks.append(lambda _event: self._on_timer(version))
+
+    def _on_timer(self, version: int) -> None:
+        if version != self.version:
+            return
+        self._advance()
+        still_running = []
+        for flow in self.flows:
+            # Done when (almost) no bytes are left, or when what is left would finish within
+            # float resolution of the clock (else a very fast flow could stall time).
+            if (flow.remaining <= 1e-9 * flow.size + 1e-6
+                    or flow.remaining / flow.rate <= 1e-12 * (1.0 + self.env.now)):
+                for link, count in flow.usage:
+                    self.load[link] -= count
+                flow.done.succeed()
+            else:
+                still_running.append(flow)
+        self.flows = still_running
+        self._reschedule()
+
+
+class Engine:
+    """Plays one step of a plan; `run()` returns the span records."""
+
+    def __init__(self, plan: Plan, topology: Topology, costs: CostModel, num_parameter_servers: int = 1):
+        self.plan = plan
+        self.topology = topology
+        self.costs = costs
+        self.num_parameter_servers = num_parameter_servers
+        self.env = _CountingEnvironment()
+        self.network = _Network(self.env, [link.bandwidth_bytes_per_s for link in topology.links])
+        self.spans: list[tuple] = []
+        self.tier_bytes: dict[str, float] = defaultdict(float)
+        self.algorithms: dict[str, int] = defaultdict(int)
+        self._done = [{a.id: self.env.event() for a in actions} for actions in plan.actions]
+        self._arrivals: dict[tuple, simpy.Event] = {}
+        self._rendezvous: dict[tuple, list] = {}
+        self._duration_cache: dict[tuple, float] = {}
+        self._phase_cache: dict[tuple, tuple] = {}
+
+    def run(self) -> EngineResult:
+        self._register_receives()
+        for rank, actions in enumerate(self.plan.actions):
+            compute = [a for a in actions if isinstance(a, Compute)]
+            collectives = [a for a in actions if isinstance(a, Collective)]
+            if compute:
+                self.env.process(self._compute_stream(rank, compute))
+            if collectives:
+                self.env.process(self._comm_stream(rank, collectives))
+            for send in (a for a in actions if isinstance(a, Send)):
+                self.env.process(self._send(rank, send))
+        self.env.run()
+        self._check_finished()
+        return EngineResult(self.spans, dict(self.tier_bytes), self.env.num_events, dict(self.algorithms))
+
+    # ------------------------------------------------------------------ streams
+    def _wait(self, rank: int, deps: tuple[int, ...]):
+        done = self._done[rank]
+        for dep in deps:
+            event = done[dep]
+            if not event.processed:
+                yield event
+
+    def _compute_stream(self, rank: int, actions: list[Compute]):
+        for action in actions:
+            yield from self._wait(rank, action.deps)
+            start = self.env.now
+            yield self.env.timeout(self._duration_s(action))
+            self.spans.append((rank, "compute", action.label, action.phase, start, self.env.now, 0.0,
+                               action.microbatch))
+            self._done[rank][action.id].succeed()
+
+    def _comm_stream(self, rank: int, actions: list[Collective]):
+        for action in actions:
+            yield from self._wait(rank, action.deps)
+            entry = self._rendezvous.setdefault(action.key, [0, self.env.event()])
+            entry[0] += 1
+            if entry[0] == len(action.ranks):
+                self.env.process(self._collective(action, entry[1]))
+            yield entry[1]
+            self._done[rank][action.id].succeed()
+
+    def _collective(self, action: Collective, finished: simpy.Event):
+        devices = tuple(self.plan.rank_to_device[r] for r in action.ranks)
+        algorithm = choose_algorithm(self.topology, devices, action.algorithm)
+        self.algorithms[algorithm] += 1
+        cache_key = (devices, action.size_bytes, algorithm)
+        phases = self._phase_cache.get(cache_key)
+        if phases is None:
+            phases = allreduce_phases(self.topology, devices, action.size_bytes, algorithm,
+                                      self.num_parameter_servers)
+            self._phase_cache[cache_key] = phases
+        start = self.env.now
+        for phase in phases:
+            yield from self._play(phase)
+        for rank in action.ranks:
+            self.spans.append((rank, "comm", action.label, action.op, start, self.env.now,
+                               action.size_bytes, -1))
+        finished.succeed()
+
+    def _send(self, rank: int, action: Send):
+        yield from self._wait(rank, action.deps)
+        start = self.env.now
+        source, target = self.plan.rank_to_device[rank], self.plan.rank_to_device[action.dst]
+        yield from self._play(p2p_phase(self.topology, source, target, action.size_bytes))
+        self.spans.append((rank, "send", action.label, "send", start, self.env.now, action.size_bytes,
+                           action.key[-1] if isinstance(action.key[-1], int) else -1))
+        self._done[rank][action.id].succeed()
+        arrival = self._arrivals.get(action.key)
+        if arrival is None:
+            raise SimulationError(f"rank {rank}: send {action.key} to rank {action.dst} has no matching receive")
+        arrival.succeed()
+
+    def _play(self, phase):
+        if phase.latency_s > 0:
+            yield self.env.timeout(phase.latency_s)
+        yield self.network.transfer(phase.bytes_per_subflow, phase.usage)
+        for tier, size in phase.tier_bytes:
+            self.tier_bytes[tier] += size
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _register_receives(self) -> None:
+        for rank, actions in enumerate(self.plan.actions):
+            for action in actions:
+                if isinstance(action, Recv):
+                    self._arrivals[action.key] = self._done[rank][action.id]
+
+    def _duration_s(self, action: Compute) -> float:
+        if action.phase == OPTIMIZER:
+            return self.costs.optimizer_s(action.num_params)
+        key = (action.phase, action.layer_start, action.layer_end, action.batch)
+        duration = self._duration_cache.get(key)
+        if duration is None:
+            duration = sum(self.costs.compute_s(layer, action.phase, action.batch)
+                           for layer in range(action.layer_start, action.layer_end))
+            self._duration_cache[key] = duration
+        return duration
+
+    def _check_finished(self) -> None:
+        for rank, done in enumerate(self._done):
+            for action in self.plan.actions[rank]:
+                if not done[action.id].triggered:
+                    raise SimulationError(
+                        f"rank {rank}: action {action.id} ({getattr(action, 'label', action)}) never ran: "
+                        "the plan deadlocks or waits for a message nobody sends")

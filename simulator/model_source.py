@@ -1,0 +1,83 @@
+"""Turn a scenario's `model` section into a Workload: a zoo name, an inline table or a table file.
+
+A layer-table file is YAML (a list of rows, or a mapping with `name`, `layers` and optional
+`input_spec`) or CSV with the columns of `simulator.workload.LAYER_TABLE_COLUMNS`. Missing
+`backward_flops_per_sample` defaults to 2x forward for layers with parameters and 1x otherwise;
+missing `saved_elements_per_sample` defaults to the layer's input elements.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import pandas as pd
+from pydantic import ValidationError
+
+from simulator.errors import ScenarioError
+from simulator.scenario import LayerRow, ModelConfig, read_yaml
+from simulator.workload import Layer, Workload
+from simulator.zoo import MODELS, build_model
+
+
+def resolve_workload(model: ModelConfig, base_dir: str = ".") -> Workload:
+    if model.name is not None:
+        return _from_zoo(model.name, model.params)
+    if model.layers is not None:
+        return workload_from_rows("inline", model.layers)
+    return load_layer_table(Path(base_dir) / model.file)
+
+
+def _from_zoo(name: str, params: dict) -> Workload:
+    key = name.lower()
+    if key not in MODELS:
+        near = difflib.get_close_matches(key, MODELS, n=3, cutoff=0.5)
+        hint = f"nearest: {', '.join(near)}" if near else f"known: {', '.join(sorted(MODELS))}"
+        raise ScenarioError(f"model.name: unknown model {name!r}; {hint}")
+    try:
+        return build_model(key, **params)
+    except TypeError as error:
+        raise ScenarioError(f"model.params: {params!r} not accepted by model {name!r}: {error}") from None
+    except ValueError as error:
+        raise ScenarioError(f"model.params: {params!r}: {error}") from None
+
+
+def load_layer_table(path: Path) -> Workload:
+    """Read a layer table file (YAML or CSV)."""
+    if not path.is_file():
+        raise ScenarioError(f"model.file: {str(path)!r}: file not found")
+    if path.suffix.lower() == ".csv":
+        rows = pd.read_csv(path).to_dict(orient="records")
+        name, input_spec = path.stem, {}
+    else:
+        data = read_yaml(path) if path.suffix.lower() in (".yaml", ".yml") else None
+        if data is None:
+            raise ScenarioError(f"model.file: {str(path)!r}: expected a .yaml, .yml or .csv layer table")
+        rows, name, input_spec = data.get("layers"), data.get("name", path.stem), data.get("input_spec", {})
+        if not isinstance(rows, list):
+            raise ScenarioError(f"{path}: layers: expected a list of layer rows")
+    try:
+        validated = tuple(LayerRow.model_validate(row) for row in rows)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise ScenarioError(f"{path}: layers.{field}: {first['msg']} (got {first.get('input')!r})") from None
+    return workload_from_rows(name, validated, input_spec)
+
+
+def workload_from_rows(name: str, rows: tuple[LayerRow, ...], input_spec: dict | None = None) -> Workload:
+    if not rows:
+        raise ScenarioError("model.layers: the layer table is empty")
+    layers = []
+    for row in rows:
+        backward = row.backward_flops_per_sample
+        if backward is None:
+            backward = row.forward_flops_per_sample * (2 if row.num_params else 1)
+        saved = row.saved_elements_per_sample
+        layers.append(Layer(
+            name=row.name, kind=row.kind, forward_flops_per_sample=row.forward_flops_per_sample,
+            backward_flops_per_sample=backward, num_params=row.num_params,
+            input_elements_per_sample=row.input_elements_per_sample,
+            output_elements_per_sample=row.output_elements_per_sample,
+            saved_elements_per_sample=row.input_elements_per_sample if saved is None else saved))
+    return Workload(name, tuple(layers), input_spec or {})

@@ -1,0 +1,63 @@
+"""Contiguous layer partitions: balanced by dynamic programming, or given explicitly.
+
+Balanced: choose M contiguous layer ranges minimising the slowest stage, where a stage's cost is
+its forward + backward compute plus the transfers it sends: its output activations forward and
+its input gradients backward. This is the linear-partition DP (Bokhari 1988; the PipeDream
+partitioner, Narayanan et al. SOSP 2019, without replication), O(M L^2), vectorised with numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.errors import ScenarioError
+
+
+def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,
+                       num_stages: int) -> tuple[tuple[int, int], ...]:
+    """Layer ranges [(start, end), ...] minimising max stage cost.
+
+    compute_s[l]: forward + backward seconds of layer l. send_forward_s[m, l]: seconds for stage m
+    to send layer l's output to stage m+1; send_backward_s[m, l]: seconds for stage m to send the
+    gradient of layer l's input to stage m-1 (arrays of shape (M, L)).
+    """
+    num_layers = len(compute_s)
+    if num_stages > num_layers:
+        raise ValueError(f"{num_stages} stages for {num_layers} layers")
+    prefix = np.concatenate(([0.0], np.cumsum(compute_s)))
+    starts = np.arange(num_layers)[:, None]
+    ends = np.arange(num_layers)[None, :]
+    invalid = starts > ends
+    best_prev = None
+    choices = []
+    for stage in range(num_stages):
+        cost = prefix[ends + 1] - prefix[starts]
+        if stage < num_stages - 1:
+            cost = cost + send_forward_s[stage][None, :]
+        if stage > 0:
+            cost = cost + send_backward_s[stage][:, None]
+        if best_prev is None:
+            value = np.where(starts == 0, cost, np.inf)
+        else:
+            before = np.concatenate(([np.inf], best_prev[:-1]))[:, None]
+            value = np.maximum(before, cost)
+        value = np.where(invalid, np.inf, value)
+        choices.append(np.argmin(value, axis=0))
+        best_prev = value[choices[-1], np.arange(num_layers)]
+    ranges = []
+    end = num_layers - 1
+    for stage in range(num_stages - 1, -1, -1):
+        start = int(choices[stage][end])
+        ranges.append((start, end + 1))
+        end = start - 1
+    return tuple(reversed(ranges))
+
+
+def explicit_partition(layer_counts: tuple[int, ...], num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...]:
+    """Ranges from layer counts per stage; ScenarioError if they do not cover the model exactly."""
+    if len(layer_counts) != num_stages or sum(layer_counts) != num_layers:
+        raise ScenarioError(
+            f"strategy.partition: {list(layer_counts)} must give {num_stages} stage sizes summing "
+            f"to the model's {num_layers} layers")
+    bounds = np.concatenate(([0], np.cumsum(layer_counts)))
+    return tuple((int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]))

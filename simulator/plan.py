@@ -1,0 +1,111 @@
+"""The plan: per-rank ordered actions, the contract between strategies, engine and validator.
+
+Ordering is not timing. A strategy says *what* each rank does and in which order; the engine
+decides *when*, from the costs and the topology. Streams per rank:
+
+- compute: `Compute` actions, in list order;
+- comm: `Collective` actions, in list order (like one NCCL stream); a collective starts when every
+  participant has reached it;
+- `Send` actions start as soon as their dependencies are done (no stream); `Recv` is the event of
+  the matching send's data arriving (matched by `key`), which later actions can depend on.
+
+Action ids are unique within a rank; `deps` name ids of the same rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+FORWARD, BACKWARD, OPTIMIZER = "F", "B", "opt"
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Forward or backward of layers [layer_start, layer_end) on `batch` samples, or the update."""
+
+    id: int
+    phase: str
+    layer_start: int
+    layer_end: int
+    batch: float
+    microbatch: int = 0
+    deps: tuple[int, ...] = ()
+    num_params: int = 0
+    """For the optimizer phase: parameters updated."""
+
+    @property
+    def label(self) -> str:
+        if self.phase == OPTIMIZER:
+            return "optimizer"
+        return f"{self.phase}{self.microbatch} L{self.layer_start}-{self.layer_end - 1}"
+
+
+@dataclass(frozen=True)
+class Send:
+    id: int
+    dst: int
+    size_bytes: float
+    key: tuple
+    deps: tuple[int, ...] = ()
+    label: str = "send"
+
+
+@dataclass(frozen=True)
+class Recv:
+    id: int
+    src: int
+    key: tuple
+    label: str = "recv"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """An allreduce among `ranks` (global rank ids, including this one) of `size_bytes`."""
+
+    id: int
+    op: str
+    ranks: tuple[int, ...]
+    size_bytes: float
+    key: tuple
+    deps: tuple[int, ...] = ()
+    algorithm: str = "auto"
+    label: str = "allreduce"
+
+
+Action = Union[Compute, Send, Recv, Collective]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Layers [layer_start, layer_end) held by the workers of pipeline/MP stage `index`."""
+
+    index: int
+    layer_start: int
+    layer_end: int
+    num_params: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: str
+    num_groups: int
+    workers_per_group: int
+    stages: tuple[Stage, ...]
+    rank_to_device: tuple[int, ...]
+    actions: tuple[tuple[Action, ...], ...]
+    """actions[rank] = that rank's ordered actions."""
+    group_batch: float
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.actions)
+
+    def rank_of(self, group: int, stage: int) -> int:
+        """Rank numbering of the GHP grid: rank = group * M + stage."""
+        return group * self.workers_per_group + stage
+
+    def grid_position(self, rank: int) -> tuple[int, int]:
+        """(group, stage) of a rank."""
+        return divmod(rank, self.workers_per_group)

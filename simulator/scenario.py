@@ -1,0 +1,217 @@
+"""Scenario schema (pydantic v2, frozen, extra keys forbidden), YAML loader and `--set` overrides.
+
+A scenario = cluster + model + strategy + training (+ optional cost settings). Every key, its
+unit and an example are documented in `scenarios/README.md`. Bad input raises `ScenarioError`,
+whose message is one line naming the file, the field and the value.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt,
+                      ValidationError, model_validator)
+
+from simulator.errors import ScenarioError
+from simulator.hardware import BytesPerSecond, GpuSpec, LinkSpec, resolve_gpu, resolve_link
+from simulator.units import parse_quantity
+
+StrategyKind = Literal["dp", "mp", "ghp"]
+STRATEGY_KINDS: tuple[str, ...] = ("dp", "mp", "ghp")
+
+PositiveBytes = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "bytes")), Field(gt=0)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ClusterConfig(_Frozen):
+    """Nodes of identical GPUs; one link tier inside a node and one between nodes."""
+
+    num_nodes: PositiveInt = 1
+    gpus_per_node: PositiveInt = 1
+    gpu: Annotated[GpuSpec, BeforeValidator(resolve_gpu)] = "V100"
+    intra_node_link: Annotated[LinkSpec, BeforeValidator(resolve_link)] = "nvlink2-v100"
+    inter_node_link: Annotated[LinkSpec, BeforeValidator(resolve_link)] = "ib-edr"
+    nics_per_node: PositiveInt = 1
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+class LayerRow(_Frozen):
+    """One row of a layer table (see `simulator.workload.Layer`); counts per sample."""
+
+    name: str
+    kind: str = "linear"
+    forward_flops_per_sample: float = Field(ge=0)
+    backward_flops_per_sample: float | None = Field(default=None, ge=0)
+    num_params: int = Field(ge=0)
+    input_elements_per_sample: int = Field(gt=0)
+    output_elements_per_sample: int = Field(gt=0)
+    saved_elements_per_sample: int | None = Field(default=None, ge=0)
+
+
+class ModelConfig(_Frozen):
+    """A zoo model by name (with factory params), an inline layer table, or a layer-table file."""
+
+    name: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    layers: tuple[LayerRow, ...] | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> "ModelConfig":
+        given = [key for key in ("name", "layers", "file") if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of name, layers, file (got {given or 'none'})")
+        return self
+
+
+class StrategyConfig(_Frozen):
+    """How the N workers split the work: dp (G=N, M=1), mp (G=1, M=N), ghp (G groups x M workers)."""
+
+    kind: StrategyKind = "dp"
+    num_groups: PositiveInt | None = None
+    placement: Literal["group_per_node", "stage_per_node"] | tuple[int, ...] = "group_per_node"
+    partition: Literal["balanced"] | tuple[PositiveInt, ...] = "balanced"
+    bucket_size_bytes: PositiveBytes = 25 * 2**20
+    overlap_backward: bool = True
+    collective: Literal["auto", "ring", "tree", "hierarchical"] = "auto"
+    dp_sync: Literal["allreduce", "parameter_server"] = "allreduce"
+    num_parameter_servers: PositiveInt = 1
+
+
+class TrainingConfig(_Frozen):
+    global_batch_size: PositiveInt
+    dtype: Literal["fp32", "tf32", "fp16", "bf16"] = "fp32"
+    optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
+
+
+class CostConfig(_Frozen):
+    """Analytic cost settings: achieved fraction of peak FLOP/s per layer kind (0 < e <= 1)."""
+
+    efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
+    host_bandwidth_bytes_per_s: BytesPerSecond | None = None
+
+
+class Scenario(_Frozen):
+    name: str = "unnamed"
+    description: str = ""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    model: ModelConfig
+    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    training: TrainingConfig
+    costs: CostConfig = Field(default_factory=CostConfig)
+    base_dir: str = Field(default=".", exclude=True, description="folder that relative model.file paths start from")
+
+    @model_validator(mode="after")
+    def _check_grid(self) -> "Scenario":
+        num_gpus = self.cluster.num_gpus
+        groups = self.strategy.num_groups
+        if self.strategy.kind == "ghp":
+            if groups is None:
+                raise ValueError("strategy.num_groups: required for kind ghp")
+            if num_gpus % groups:
+                raise ValueError(
+                    f"strategy.num_groups: {groups} does not divide the {num_gpus} GPUs "
+                    f"(cluster.num_nodes x cluster.gpus_per_node)")
+        placement = self.strategy.placement
+        if isinstance(placement, tuple) and sorted(placement) != list(range(num_gpus)):
+            raise ValueError(
+                f"strategy.placement: {list(placement)} is not a permutation of the "
+                f"{num_gpus} device indices")
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.cluster.num_gpus
+
+    def grid(self) -> tuple[int, int]:
+        """(G, M): number of groups and workers per group for this scenario's strategy."""
+        num_gpus = self.num_gpus
+        if self.strategy.kind == "dp":
+            return num_gpus, 1
+        if self.strategy.kind == "mp":
+            return 1, num_gpus
+        groups = self.strategy.num_groups
+        return groups, num_gpus // groups
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_scenario(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Load and validate a scenario from a YAML file path or a dict, applying `a.b=value` overrides."""
+    if isinstance(source, dict):
+        origin, raw, base_dir = "<scenario>", copy.deepcopy(source), "."
+    else:
+        origin, raw, base_dir = str(source), read_yaml(source), str(Path(source).parent)
+    for override in overrides:
+        apply_override(raw, override, origin)
+    return scenario_from_dict(raw, origin, base_dir)
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping; ScenarioError for a missing file, bad YAML or a non-mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise ScenarioError(f"{path}: file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(error, "problem", None) or "not valid YAML"
+        raise ScenarioError(f"{path}: malformed YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}")
+    return data
+
+
+def scenario_from_dict(raw: dict, origin: str = "<scenario>", base_dir: str = ".") -> Scenario:
+    try:
+        return Scenario.model_validate({**raw, "base_dir": base_dir})
+    except ValidationError as error:
+        raise ScenarioError(format_validation_error(error, origin)) from None
+
+
+def format_validation_error(error: ValidationError, origin: str) -> str:
+    """One line: file, dotted field path, offending value, reason (first error only)."""
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function-"))
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        return f"{origin}: {field}: unknown key"
+    if first["type"] == "missing":
+        return f"{origin}: {field}: missing required field"
+    if message.startswith("strategy.") or not field:
+        return f"{origin}: {message}"
+    return f"{origin}: {field}: {message} (got {first.get('input')!r})"
+
+
+def apply_override(raw: dict, assignment: str, origin: str = "<scenario>") -> None:
+    """Apply `a.b.c=value` in place; the value is parsed as YAML (so 8 is an int, [1,2] a list)."""
+    if "=" not in assignment:
+        raise ScenarioError(f"{origin}: --set {assignment!r}: expected key.path=value")
+    path, _, text = assignment.partition("=")
+    keys = [key for key in path.strip().split(".") if key]
+    if not keys:
+        raise ScenarioError(f"{origin}: --set {assignment!r}: empty key")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    for key in keys[:-1]:
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ScenarioError(f"{origin}: --set {path}: {key} is not a section")
+        node = child
+    node[keys[-1]] = value

@@ -1,0 +1,87 @@
+"""The simulation pipeline: scenario -> workload, topology, costs -> plan -> engine -> summary."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+from simulator.costs import AnalyticCosts, CostModel, single_device_step_s
+from simulator.engine import Engine
+from simulator.model_source import resolve_workload
+from simulator.plan import Plan
+from simulator.records import device_breakdown, span_table
+from simulator.scenario import Scenario
+from simulator.strategies import compile_plan
+from simulator.topology import Topology, build_topology
+from simulator.workload import Workload
+
+
+@dataclass
+class SimulationResult:
+    scenario: Scenario
+    workload: Workload
+    plan: Plan
+    spans: pd.DataFrame
+    summary: dict
+
+    @property
+    def step_time_s(self) -> float:
+        return self.summary["step_time_s"]
+
+    def to_json(self) -> str:
+        return json.dumps(self.summary, indent=2, sort_keys=False)
+
+
+def analytic_costs(scenario: Scenario, workload: Workload) -> AnalyticCosts:
+    training = scenario.training
+    return AnalyticCosts(workload, scenario.cluster.gpu, training.dtype, training.optimizer,
+                         scenario.costs.efficiency)
+
+
+def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workload | None = None) -> SimulationResult:
+    """Simulate one training step of `scenario` (analytic costs unless `costs` is given)."""
+    started = time.perf_counter()
+    workload = workload or resolve_workload(scenario.model, scenario.base_dir)
+    costs = costs or analytic_costs(scenario, workload)
+    topology = build_topology(scenario.cluster)
+    plan = compile_plan(scenario, workload, topology, costs)
+    result = Engine(plan, topology, costs, scenario.strategy.num_parameter_servers).run()
+    spans = span_table(result.spans)
+    step_time_s = float(spans["end_s"].max()) if len(spans) else 0.0
+    baseline_s = single_device_step_s(costs, workload, scenario.training.global_batch_size)
+    summary = _summary(scenario, workload, topology, plan, result, step_time_s, baseline_s)
+    summary["wall_s"] = time.perf_counter() - started
+    return SimulationResult(scenario, workload, plan, spans, summary)
+
+
+def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_time_s, baseline_s) -> dict:
+    devices = device_breakdown(result.spans, plan.num_ranks, step_time_s)
+    for row in devices:
+        group, stage = plan.grid_position(row["rank"])
+        device = plan.rank_to_device[row["rank"]]
+        layers = plan.stages[stage]
+        row.update(device=device, node=topology.node_of(device), group=group, stage=stage,
+                   layers=[layers.layer_start, layers.layer_end])
+    batch = scenario.training.global_batch_size
+    return {
+        "scenario": scenario.name,
+        "model": workload.name,
+        "strategy": plan.strategy,
+        "num_gpus": plan.num_ranks,
+        "num_groups": plan.num_groups,
+        "workers_per_group": plan.workers_per_group,
+        "partition": plan.meta["partition"],
+        "placement": plan.meta["placement"] if isinstance(plan.meta["placement"], str) else list(plan.meta["placement"]),
+        "global_batch_size": batch,
+        "step_time_s": step_time_s,
+        "throughput_samples_per_s": batch / step_time_s if step_time_s > 0 else float("inf"),
+        "single_device_step_s": baseline_s,
+        "speedup": baseline_s / step_time_s if step_time_s > 0 else float("inf"),
+        "bytes_per_tier": {tier: result.tier_bytes.get(tier, 0.0) for tier in ("intra", "inter")},
+        "collective_algorithms": result.collective_algorithms,
+        "num_events": result.num_events,
+        "devices": devices,
+    }

@@ -1,0 +1,184 @@
+"""Group hybrid parallelism (GHP) plans; data and model parallelism are its two corners.
+
+N = G x M workers form G groups of M (Joo & Youn, IEEE Access 2021). Each group holds the whole
+model split into M contiguous stages and trains on B/G samples, serially through its stages
+(model parallelism: activations forward, their gradients backward). Worker j of every group holds
+stage j; after backward the G peers of stage j allreduce stage j's gradients, in buckets as the
+backward pass produces them (as PyTorch DDP does, Li et al. VLDB 2020), then update.
+DP is G = N, M = 1; MP is G = 1, M = N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.collectives import p2p_time_s
+from simulator.costs import BACKWARD, FORWARD, CostModel
+from simulator.errors import ScenarioError
+from simulator.partition import balanced_partition, explicit_partition
+from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
+from simulator.topology import Topology
+from simulator.workload import Workload, dtype_bytes
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    """What a GHP-family plan needs from a scenario (see `simulator.scenario.StrategyConfig`)."""
+
+    strategy: str
+    num_groups: int
+    workers_per_group: int
+    global_batch_size: int
+    dtype: str
+    placement: str | tuple[int, ...] = "group_per_node"
+    partition: str | tuple[int, ...] = "balanced"
+    bucket_size_bytes: float = 25 * 2**20
+    overlap_backward: bool = True
+    collective: str = "auto"
+    num_parameter_servers: int = 1
+
+
+def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology, costs: CostModel) -> Plan:
+    """Per-rank actions of a G x M grid (DP, MP and GHP)."""
+    groups, stages_per_group = config.num_groups, config.workers_per_group
+    _check_grid(config, workload, topology)
+    group_batch = config.global_batch_size / groups
+    rank_to_device = place_ranks(config.placement, groups, stages_per_group, topology.gpus_per_node)
+    ranges = _partition(config, workload, topology, costs, rank_to_device, group_batch)
+    stages = tuple(Stage(j, a, b, sum(layer.num_params for layer in workload.layers[a:b]))
+                   for j, (a, b) in enumerate(ranges))
+    element_bytes = dtype_bytes(config.dtype)
+    actions = []
+    for rank in range(groups * stages_per_group):
+        group, stage = divmod(rank, stages_per_group)
+        actions.append(_rank_actions(config, workload, stages, group, stage, group_batch, element_bytes))
+    return Plan(config.strategy, groups, stages_per_group, stages, rank_to_device, tuple(actions),
+                group_batch, meta={"placement": config.placement, "partition": [b - a for a, b in ranges]})
+
+
+def _check_grid(config: GridConfig, workload: Workload, topology: Topology) -> None:
+    groups, stages_per_group = config.num_groups, config.workers_per_group
+    if groups * stages_per_group != topology.num_devices:
+        raise ScenarioError(f"strategy.num_groups: {groups} groups x {stages_per_group} workers "
+                            f"!= {topology.num_devices} GPUs")
+    if stages_per_group > workload.num_layers:
+        raise ScenarioError(f"strategy.num_groups: {groups} leaves {stages_per_group} workers per group, "
+                            f"more than the {workload.num_layers} layers of model {workload.name}")
+    if config.global_batch_size % groups:
+        raise ScenarioError(f"training.global_batch_size: {config.global_batch_size} is not divisible "
+                            f"by the {groups} groups")
+
+
+def place_ranks(placement: str | tuple[int, ...], groups: int, stages_per_group: int,
+                gpus_per_node: int) -> tuple[int, ...]:
+    """Device of each rank (rank = group * M + stage).
+
+    group_per_node: a group's workers on consecutive devices (so they share a node when M <=
+    GPUs per node); stage_per_node: the G peers of a stage on consecutive devices; a tuple:
+    explicit device per rank.
+    """
+    if isinstance(placement, tuple):
+        return placement
+    if placement == "group_per_node":
+        return tuple(range(groups * stages_per_group))
+    return tuple(stage * groups + group for group in range(groups) for stage in range(stages_per_group))
+
+
+def _partition(config, workload, topology, costs, rank_to_device, group_batch):
+    num_layers, num_stages = workload.num_layers, config.workers_per_group
+    if config.partition != "balanced":
+        return explicit_partition(config.partition, num_layers, num_stages)
+    compute = np.array([costs.compute_s(i, FORWARD, group_batch) + costs.compute_s(i, BACKWARD, group_batch)
+                        for i in range(num_layers)])
+    boundary_bytes = np.array([layer.output_elements_per_sample for layer in workload.layers],
+                              dtype=float) * group_batch * dtype_bytes(config.dtype)
+    input_bytes = np.array([layer.input_elements_per_sample for layer in workload.layers],
+                           dtype=float) * group_batch * dtype_bytes(config.dtype)
+    forward = np.zeros((num_stages, num_layers))
+    backward = np.zeros((num_stages, num_layers))
+    for stage in range(num_stages):
+        here = rank_to_device[stage]
+        if stage + 1 < num_stages:
+            forward[stage] = _link_time_s(topology, here, rank_to_device[stage + 1], boundary_bytes)
+        if stage > 0:
+            backward[stage] = _link_time_s(topology, here, rank_to_device[stage - 1], input_bytes)
+    return balanced_partition(compute, forward, backward, num_stages)
+
+
+def _link_time_s(topology: Topology, source: int, target: int, size_bytes: np.ndarray) -> np.ndarray:
+    route = topology.route(source, target)
+    bandwidth = min(topology.links[i].bandwidth_bytes_per_s for i in route)
+    return p2p_time_s(size_bytes, topology.route_latency_s(source, target), bandwidth)
+
+
+def _rank_actions(config: GridConfig, workload: Workload, stages: tuple[Stage, ...], group: int,
+                  stage_index: int, batch: float, element_bytes: int) -> tuple:
+    """Forward, backward in bucket segments with their allreduces, sends/receives, update."""
+    builder = _ActionList()
+    stage = stages[stage_index]
+    last_stage = len(stages) - 1
+    stride = len(stages)
+    peers = tuple(g * stride + stage_index for g in range(config.num_groups))
+    deps: tuple[int, ...] = ()
+    if stage_index > 0:
+        deps = (builder.add(Recv, src=group * stride + stage_index - 1, key=("act", group, stage_index - 1),
+                            label="recv act"),)
+    forward = builder.add(Compute, phase=FORWARD, layer_start=stage.layer_start, layer_end=stage.layer_end,
+                          batch=batch, deps=deps)
+    if stage_index < last_stage:
+        size = workload.layers[stage.layer_end - 1].output_elements_per_sample * batch * element_bytes
+        builder.add(Send, dst=group * stride + stage_index + 1, size_bytes=size,
+                    key=("act", group, stage_index), deps=(forward,), label="send act")
+    deps = ()
+    if stage_index < last_stage:
+        deps = (builder.add(Recv, src=group * stride + stage_index + 1, key=("grad", group, stage_index),
+                            label="recv grad"),)
+    segments = bucket_segments(workload, stage.layer_start, stage.layer_end, element_bytes,
+                               config.bucket_size_bytes if config.overlap_backward else float("inf"))
+    reductions = []
+    last_backward = None
+    for bucket, (start, end, size) in enumerate(segments):
+        last_backward = builder.add(Compute, phase=BACKWARD, layer_start=start, layer_end=end,
+                                    batch=batch, deps=deps)
+        deps = ()
+        if len(peers) > 1 and size > 0:
+            reductions.append(builder.add(Collective, op="allreduce", ranks=peers, size_bytes=size,
+                                          key=("allreduce", stage_index, bucket), deps=(last_backward,),
+                                          algorithm=config.collective, label=f"allreduce b{bucket}"))
+    if stage_index > 0:
+        size = workload.layers[stage.layer_start].input_elements_per_sample * batch * element_bytes
+        builder.add(Send, dst=group * stride + stage_index - 1, size_bytes=size,
+                    key=("grad", group, stage_index - 1), deps=(last_backward,), label="send grad")
+    builder.add(Compute, phase=OPTIMIZER, layer_start=stage.layer_start, layer_end=stage.layer_end,
+                batch=batch, deps=(last_backward, *reductions), num_params=stage.num_params)
+    return tuple(builder.actions)
+
+
+def bucket_segments(workload: Workload, layer_start: int, layer_end: int, element_bytes: int,
+                    bucket_size_bytes: float) -> list[tuple[int, int, float]]:
+    """Backward order segments [(start, end, gradient bytes)], each closing one gradient bucket.
+
+    Layers are visited last to first; a bucket closes once it holds >= bucket_size_bytes (DDP's
+    bucket_cap_mb rule). The final segment takes the remaining layers.
+    """
+    segments = []
+    end, size = layer_end, 0.0
+    for index in range(layer_end - 1, layer_start - 1, -1):
+        size += workload.layers[index].num_params * element_bytes
+        if size >= bucket_size_bytes and index > layer_start:
+            segments.append((index, end, size))
+            end, size = index, 0.0
+    segments.append((layer_start, end, size))
+    return segments
+
+
+class _ActionList:
+    def __init__(self):
+        self.actions: list = []
+
+    def add(self, kind, **fields) -> int:
+        action_id = len(self.actions)
+        self.actions.append(kind(id=action_id, **fields))
+        return action_id

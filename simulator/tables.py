@@ -1,0 +1,90 @@
+"""Human-readable tables of simulation results (rich), and the compare table as a DataFrame."""
+
+from __future__ import annotations
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from simulator.simulate import SimulationResult
+
+
+def make_console() -> Console:
+    """A console that does not squeeze tables to 80 columns when output is piped."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def comparison_frame(results: list[SimulationResult]) -> pd.DataFrame:
+    """One row per strategy: grid, step time, throughput, speedup, mean compute/comm/idle split."""
+    rows = []
+    for result in results:
+        summary = result.summary
+        devices = pd.DataFrame(summary["devices"])
+        rows.append({
+            "strategy": strategy_label(summary),
+            "placement": _placement_label(summary),
+            "step_time_s": summary["step_time_s"],
+            "throughput_samples_per_s": summary["throughput_samples_per_s"],
+            "speedup": summary["speedup"],
+            "compute_s": devices["compute_s"].mean(),
+            "comm_s": devices["comm_s"].mean(),
+            "idle_s": devices["idle_s"].mean(),
+            "inter_node_bytes": summary["bytes_per_tier"]["inter"],
+        })
+    return pd.DataFrame(rows)
+
+
+def _placement_label(summary: dict) -> str:
+    if summary["num_groups"] == 1 or summary["workers_per_group"] == 1:
+        return "-"
+    return summary["placement"] if isinstance(summary["placement"], str) else "explicit"
+
+
+def strategy_label(summary: dict) -> str:
+    return f"{summary['strategy']} (G={summary['num_groups']} x M={summary['workers_per_group']})"
+
+
+def print_comparison(results: list[SimulationResult], title: str, console: Console | None = None) -> None:
+    console = console or make_console()
+    frame = comparison_frame(results)
+    table = Table(title=title)
+    for column in ("#", "strategy", "placement", "step (ms)", "samples/s", "speedup",
+                   "compute (ms)", "comm (ms)", "idle (ms)", "inter-node MB"):
+        table.add_column(column, justify="left" if column in ("strategy", "placement") else "right")
+    for position, row in enumerate(frame.itertuples(index=False), start=1):
+        table.add_row(str(position), row.strategy, row.placement, f"{row.step_time_s * 1e3:.2f}",
+                      f"{row.throughput_samples_per_s:,.0f}", f"{row.speedup:.2f}x",
+                      f"{row.compute_s * 1e3:.2f}", f"{row.comm_s * 1e3:.2f}", f"{row.idle_s * 1e3:.2f}",
+                      f"{row.inter_node_bytes / 1e6:,.1f}")
+    console.print(table)
+
+
+def print_summary(result: SimulationResult, console: Console | None = None) -> None:
+    console = console or make_console()
+    summary, scenario = result.summary, result.scenario
+    cluster = scenario.cluster
+    console.print(f"[bold]{summary['scenario']}[/bold]: {summary['model']} "
+                  f"({result.workload.num_params / 1e6:,.1f}M params, {result.workload.num_layers} layers), "
+                  f"batch {summary['global_batch_size']} {scenario.training.dtype}")
+    console.print(f"cluster: {cluster.num_nodes} nodes x {cluster.gpus_per_node} {cluster.gpu.name}; "
+                  f"intra {cluster.intra_node_link.name}, inter {cluster.inter_node_link.name}")
+    console.print(f"strategy: {strategy_label(summary)}, placement {summary['placement']}, "
+                  f"partition {summary['partition']}")
+    console.print(f"step time {summary['step_time_s'] * 1e3:.3f} ms | "
+                  f"{summary['throughput_samples_per_s']:,.1f} samples/s | "
+                  f"speedup {summary['speedup']:.2f}x over one device | "
+                  f"intra {summary['bytes_per_tier']['intra'] / 1e6:,.1f} MB, "
+                  f"inter {summary['bytes_per_tier']['inter'] / 1e6:,.1f} MB")
+    devices = pd.DataFrame(summary["devices"])
+    table = Table(title="per device (ms)")
+    for column in ("rank", "device", "node", "group", "stage", "layers", "compute", "comm", "idle"):
+        table.add_column(column, justify="right")
+    shown = devices if len(devices) <= 16 else pd.concat([devices.head(8), devices.tail(8)])
+    for row in shown.itertuples(index=False):
+        table.add_row(str(row.rank), str(row.device), str(row.node), str(row.group), str(row.stage),
+                      f"{row.layers[0]}-{row.layers[1] - 1}", f"{row.compute_s * 1e3:.3f}",
+                      f"{row.comm_s * 1e3:.3f}", f"{row.idle_s * 1e3:.3f}")
+    console.print(table)
+    if len(devices) > 16:
+        console.print(f"({len(devices) - 16} of {len(devices)} devices not shown; --json lists all)")

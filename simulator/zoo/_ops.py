@@ -1,0 +1,143 @@
+"""Shared accounting for the analytic model zoo: FLOPs, parameters and saved activations.
+
+Conventions (also in ``simulator/zoo/README.md``); all figures are per sample, in elements:
+
+* GEMM-like ops: conv = 2*Cin/groups*k*k*Cout*Hout*Wout, linear = 2*in*out (per token), batched
+  matmul = 2*m*n*k.  Bias additions are folded into this convention (not counted).
+* Elementwise ops are counted roughly with the per-element constants below (BatchNorm/LayerNorm 5,
+  ReLU 1, GELU 8, residual add 1, softmax 5 incl. scaling and masking, max pool = kernel area per
+  output element, average pool 1 per input element).  Dropout is not modelled (p = 0).
+* Backward, per *layer*: 2x forward if the layer has weights (input-grad + weight-grad GEMMs),
+  1x forward otherwise.
+* Saved elements: every distinct tensor autograd keeps for backward, counted once: inputs of
+  conv/linear/matmul, inputs of BatchNorm/LayerNorm/GELU, outputs of ReLU/softmax, max-pool
+  indices.  The layer's own *output* is never counted (it is the next layer's input, counted
+  there; the last layer's output belongs to the loss).  Per-channel/per-row statistics are
+  ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from simulator.workload import Layer
+
+NORM_FLOPS = 5
+RELU_FLOPS = 1
+GELU_FLOPS = 8
+ADD_FLOPS = 1
+SOFTMAX_FLOPS = 5
+
+HW = tuple[int, int]
+
+
+def conv_out(size: int, kernel: int, stride: int, pad: int) -> int:
+    """Output extent of a convolution / pooling window (floor mode)."""
+    out = (size + 2 * pad - kernel) // stride + 1
+    if out < 1:
+        raise ValueError(f"spatial size {size} too small for kernel {kernel}, stride {stride}")
+    return out
+
+
+def scale_channels(channels: int, width_multiplier: float) -> int:
+    """Channel count scaled by a width multiplier (rounded, at least 1)."""
+    if width_multiplier <= 0:
+        raise ValueError("width_multiplier must be positive")
+    return max(1, int(round(channels * width_multiplier)))
+
+
+def area(hw: HW) -> int:
+    return hw[0] * hw[1]
+
+
+class Tally:
+    """Accumulates forward FLOPs, parameters and saved elements of the ops inside one layer."""
+
+    def __init__(self) -> None:
+        self.flops = 0
+        self.params = 0
+        self.saved = 0
+
+    # --- weighted ops -------------------------------------------------------------------------
+    def conv(self, cin: int, cout: int, k: int, hw: HW, *, stride: int = 1, pad: int = 0,
+             bias: bool = False, save_input: bool = True) -> HW:
+        out = (conv_out(hw[0], k, stride, pad), conv_out(hw[1], k, stride, pad))
+        self.flops += 2 * cin * k * k * cout * area(out)
+        self.params += cin * k * k * cout + (cout if bias else 0)
+        self.saved += cin * area(hw) if save_input else 0
+        return out
+
+    def linear(self, fin: int, fout: int, *, tokens: int = 1, bias: bool = True,
+               save_input: bool = True, tied: bool = False) -> None:
+        """Dense layer over `tokens` rows; a tied weight is not counted (its owner counts it)."""
+        self.flops += 2 * fin * fout * tokens
+        self.params += (0 if tied else fin * fout) + (fout if bias else 0)
+        self.saved += fin * tokens if save_input else 0
+
+    def embedding(self, rows: int, hidden: int, tokens: int, *, save_ids: bool = True) -> None:
+        """Table lookup (no FLOPs); saves the `tokens` ids it gathered unless implicit."""
+        self.params += rows * hidden
+        self.saved += tokens if save_ids else 0
+
+    def norm(self, channels: int, elements: int, *, save_input: bool = True) -> None:
+        """BatchNorm or LayerNorm with affine weight and bias over `channels`."""
+        self.flops += NORM_FLOPS * elements
+        self.params += 2 * channels
+        self.saved += elements if save_input else 0
+
+    # --- weight-free ops ----------------------------------------------------------------------
+    def relu(self, elements: int, *, save_output: bool = True) -> None:
+        self.flops += RELU_FLOPS * elements
+        self.saved += elements if save_output else 0
+
+    def gelu(self, elements: int) -> None:
+        self.flops += GELU_FLOPS * elements
+        self.saved += elements
+
+    def add(self, elements: int) -> None:
+        self.flops += ADD_FLOPS * elements
+
+    def maxpool(self, channels: int, hw: HW, k: int, stride: int, pad: int = 0) -> HW:
+        """Max pool; saves its int64 indices (its input is the preceding ReLU's saved output)."""
+        out = (conv_out(hw[0], k, stride, pad), conv_out(hw[1], k, stride, pad))
+        self.flops += k * k * channels * area(out)
+        self.saved += channels * area(out)
+        return out
+
+    def avgpool(self, input_elements: int) -> None:
+        """Global / adaptive average pool: one add per input element, nothing saved."""
+        self.flops += input_elements
+
+    def attention_core(self, seq: int, hidden: int, heads: int) -> None:
+        """Scores Q K^T, softmax, context P V for all heads (full s x s, also when causal).
+
+        Saves Q, K, V (3*s*h) and the softmax output (heads*s*s)."""
+        self.flops += 2 * seq * seq * hidden  # Q K^T
+        self.flops += SOFTMAX_FLOPS * heads * seq * seq
+        self.flops += 2 * seq * seq * hidden  # P V
+        self.saved += 3 * seq * hidden + heads * seq * seq
+
+    # --- result -------------------------------------------------------------------------------
+    def layer(self, name: str, kind: str, input_elements: int, output_elements: int,
+              spec: Mapping[str, Any]) -> Layer:
+        return make_layer(name, kind, self.flops, self.params, input_elements,
+                          output_elements, self.saved, spec)
+
+
+def make_layer(name: str, kind: str, forward_flops: float, params: int, input_elements: int,
+               output_elements: int, saved: int, spec: Mapping[str, Any]) -> Layer:
+    """Build a Layer; backward = 2x forward with weights, 1x without (module docstring)."""
+    forward = float(forward_flops)
+    backward = 2.0 * forward if params > 0 else forward
+    return Layer(
+        name=name,
+        kind=kind,
+        forward_flops_per_sample=forward,
+        backward_flops_per_sample=backward,
+        num_params=int(params),
+        input_elements_per_sample=int(input_elements),
+        output_elements_per_sample=int(output_elements),
+        saved_elements_per_sample=int(saved),
+        spec=dict(spec),
+    )

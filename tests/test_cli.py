@@ -1,0 +1,131 @@
+"""The `ghpsim` command line: demo, simulate (--json, --set, --trace), compare, list."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator import load_scenario, simulate
+from simulator.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = str(ROOT / "scenarios" / "small_fast_dp_wins.yaml")
+GHP = str(ROOT / "scenarios" / "resnet1001_ghp_10gbe.yaml")
+
+
+def run_cli(capsys, *argv):
+    """main(argv) in-process -> (exit code, stdout, stderr)."""
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def run_json(capsys, *argv):
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_demo_subprocess_prints_all_three_strategies():
+    done = subprocess.run([sys.executable, "-m", "simulator.cli", "demo"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if "(G=" in line]
+    assert len(rows) == 3
+    for kind in ("dp", "mp", "ghp"):
+        assert any(f"{kind} (G=" in row for row in rows), kind
+    assert "Traceback" not in done.stderr
+
+
+def test_demo_json(capsys):
+    document = run_json(capsys, "demo")
+    strategies = sorted(row["strategy"].split()[0] for row in document["results"])
+    assert strategies == ["dp", "ghp", "mp"]
+
+
+def test_simulate_json_keys_and_time_split(capsys):
+    summary = run_json(capsys, "simulate", GHP)
+    for key in ("step_time_s", "throughput_samples_per_s", "num_gpus", "strategy", "devices"):
+        assert key in summary, key
+    assert summary["strategy"] == "ghp"
+    assert summary["num_gpus"] == 16 == len(summary["devices"])
+    step = summary["step_time_s"]
+    assert step > 0
+    assert summary["throughput_samples_per_s"] == pytest.approx(summary["global_batch_size"] / step)
+    assert sorted(row["rank"] for row in summary["devices"]) == list(range(16))
+    for row in summary["devices"]:
+        for key in ("rank", "compute_s", "comm_s", "idle_s"):
+            assert key in row, key
+        assert min(row["compute_s"], row["comm_s"], row["idle_s"]) >= 0
+        total = row["compute_s"] + row["comm_s"] + row["idle_s"]
+        assert total == pytest.approx(step, rel=1e-9, abs=0), row
+
+
+def test_simulate_set_overrides(capsys):
+    before = run_json(capsys, "simulate", SMALL)
+    after = run_json(capsys, "simulate", SMALL, "--set", "cluster.num_nodes=2",
+                     "--set", "training.global_batch_size=32")
+    assert before["num_gpus"] == 4 and before["global_batch_size"] == 128
+    assert after["num_gpus"] == 8 and after["global_batch_size"] == 32
+    assert len(after["devices"]) == 8
+
+
+def test_set_value_is_parsed_as_yaml(capsys):
+    summary = run_json(capsys, "simulate", SMALL, "--set", "strategy.placement=[3, 2, 1, 0]",
+                       "--set", "strategy.bucket_size_bytes=1 MiB")
+    assert summary["placement"] == [3, 2, 1, 0]
+    assert [row["device"] for row in summary["devices"]] == [3, 2, 1, 0]
+
+
+def test_simulate_plain_output(capsys):
+    code, out, err = run_cli(capsys, "simulate", SMALL)
+    assert code == 0 and err == ""
+    assert "step time" in out and "small_fast_dp_wins" in out
+
+
+def test_simulate_trace(capsys, tmp_path):
+    trace = tmp_path / "sub" / "f.json"
+    code, out, err = run_cli(capsys, "simulate", GHP, "--trace", str(trace))
+    assert code == 0, err
+    assert str(trace) in out
+    document = json.loads(trace.read_text())
+    events = document["traceEvents"]
+    spans = simulate(load_scenario(GHP)).spans
+    complete = [event for event in events if event["ph"] == "X"]
+    assert len(complete) == len(spans) > 0
+    for event in complete:
+        assert event["ts"] >= 0 and event["dur"] >= 0
+    assert not list(trace.parent.glob("*.tmp"))
+
+
+def test_compare_json_sorted(capsys):
+    document = run_json(capsys, "compare", SMALL, "--strategies", "dp,mp,ghp:2")
+    times = [row["step_time_s"] for row in document["results"]]
+    assert len(times) == 3 and times == sorted(times)
+    labels = [row["strategy"] for row in document["results"]]
+    assert any(label.startswith("ghp (G=2 x M=2)") for label in labels)
+    assert [s["step_time_s"] for s in document["summaries"]] == times
+
+
+def test_compare_table(capsys):
+    code, out, _ = run_cli(capsys, "compare", SMALL, "--strategies", "dp,mp,ghp:2")
+    assert code == 0
+    assert sum("(G=" in line for line in out.splitlines()) == 3
+
+
+@pytest.mark.parametrize("what, expected", [("gpus", "A100-80GB"), ("links", "nvlink3-a100"),
+                                            ("models", "resnet1001")])
+def test_list(capsys, what, expected):
+    code, out, err = run_cli(capsys, "list", what)
+    assert code == 0 and err == ""
+    assert expected in out
+
+
+def test_list_rejects_unknown_category(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["list", "nodes"])
+    assert exit_info.value.code == 2

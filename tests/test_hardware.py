@@ -1,0 +1,195 @@
+"""Hardware catalogue: preset figures, lookups and inline specs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from simulator.hardware import GPUS, LINKS, GpuSpec, LinkSpec, resolve_gpu, resolve_link
+
+GPU_KEYS = {"V100", "V100-16GB", "A100-40GB", "A100-80GB", "H100-SXM", "H200",
+            "GTX-1080Ti", "RTX-2080Ti", "cpu"}
+LINK_KEYS = {"nvlink2-v100", "nvlink3-a100", "nvlink4-h100", "pcie3", "pcie3-no-p2p", "pcie4",
+             "pcie4-no-p2p", "ib-edr", "ib-hdr", "ib-ndr", "10gbe", "25gbe", "100gbe", "loopback"}
+
+
+def test_catalogue_keys():
+    assert set(GPUS) == GPU_KEYS
+    assert set(LINKS) == LINK_KEYS
+
+
+@pytest.mark.parametrize("key", sorted(GPU_KEYS))
+def test_gpu_presets_positive_and_sourced(key):
+    spec = GPUS[key]
+    assert spec.name == key
+    assert spec.source.strip() and spec.source != "user supplied"
+    assert "fp32" in spec.peak_flops_per_s
+    assert all(v > 0 and math.isfinite(v) for v in spec.peak_flops_per_s.values())
+    assert spec.memory_bytes > 0 and spec.memory_bandwidth_bytes_per_s > 0
+    for dtype in ("fp32", "fp16", "bf16", "tf32"):
+        assert spec.peak_for(dtype) > 0
+
+
+@pytest.mark.parametrize("key", sorted(LINK_KEYS))
+def test_link_presets_positive_and_sourced(key):
+    spec = LINKS[key]
+    assert spec.name == key
+    assert spec.source.strip() and spec.source != "user supplied"
+    assert spec.latency_s > 0 and spec.bandwidth_bytes_per_s > 0
+    assert spec.latency_s < 1e-4  # every tier is well under 100 us one-way
+
+
+def test_datasheet_figures():
+    assert GPUS["H100-SXM"].peak_for("bf16") == pytest.approx(989e12, rel=0.01)
+    assert GPUS["H100-SXM"].peak_for("fp8") == pytest.approx(1979e12, rel=0.01)
+    assert GPUS["A100-80GB"].peak_for("fp16") == 312e12
+    assert GPUS["A100-40GB"].peak_for("bf16") == 312e12
+    assert GPUS["A100-40GB"].peak_for("tf32") == 156e12
+    assert GPUS["V100"].peak_for("fp16") == 125e12
+    assert GPUS["V100"].memory_bytes == 32 * 2**30
+    assert GPUS["A100-80GB"].memory_bandwidth_bytes_per_s == 2039e9
+    assert GPUS["H200"].memory_bandwidth_bytes_per_s == 4.8e12
+    # GeForce quirks: Pascal fp16 is 1/64 fp32; Turing fp32-accumulate tensor is half rate
+    assert GPUS["GTX-1080Ti"].peak_for("fp16") == pytest.approx(GPUS["GTX-1080Ti"].peak_for("fp32") / 64)
+    assert GPUS["RTX-2080Ti"].peak_for("fp16") == pytest.approx(53.8e12)
+
+
+def test_dense_not_sparse():
+    # sparse figures would be 2x these
+    assert GPUS["H200"].peak_for("fp16") < 1.0e15
+    assert GPUS["A100-40GB"].peak_for("fp16") < 400e12
+
+
+def test_peak_for_fallbacks():
+    v100 = GPUS["V100"]
+    assert v100.peak_for("bf16") == v100.peak_for("fp16")  # V100 has no bf16: falls back
+    assert v100.peak_for("tf32") == v100.peak_for("fp32")
+    with pytest.raises(KeyError):
+        v100.peak_for("int4")
+
+
+def test_link_figures():
+    assert LINKS["nvlink2-v100"].bandwidth_bytes_per_s == 150e9
+    assert LINKS["nvlink3-a100"].bandwidth_bytes_per_s == 300e9
+    assert LINKS["nvlink4-h100"].bandwidth_bytes_per_s == 450e9
+    assert LINKS["ib-edr"].bandwidth_bytes_per_s == 12.5e9
+    assert LINKS["ib-hdr"].bandwidth_bytes_per_s == 25e9
+    assert LINKS["ib-ndr"].bandwidth_bytes_per_s == 50e9
+    assert LINKS["pcie3"].bandwidth_bytes_per_s == pytest.approx(15.75e9)
+    assert LINKS["pcie4"].bandwidth_bytes_per_s == pytest.approx(31.5e9)
+    assert LINKS["10gbe"].bandwidth_bytes_per_s == pytest.approx(1.25e9)
+    assert LINKS["100gbe"].bandwidth_bytes_per_s == pytest.approx(12.5e9)
+
+
+@pytest.mark.parametrize("gen", ["pcie3", "pcie4"])
+def test_no_p2p_is_half_bandwidth_double_latency(gen):
+    p2p, staged = LINKS[gen], LINKS[f"{gen}-no-p2p"]
+    assert staged.bandwidth_bytes_per_s == pytest.approx(p2p.bandwidth_bytes_per_s / 2)
+    assert staged.latency_s == pytest.approx(2 * p2p.latency_s)
+
+
+def test_lookup_case_insensitive():
+    assert resolve_gpu("a100-80gb") is GPUS["A100-80GB"]
+    assert resolve_gpu("H100-sxm") is GPUS["H100-SXM"]
+    assert resolve_gpu("CPU") is GPUS["cpu"]
+    assert resolve_link("IB-HDR") is LINKS["ib-hdr"]
+    assert resolve_link("NVLink3-A100") is LINKS["nvlink3-a100"]
+
+
+def test_unknown_gpu_suggests_nearest():
+    with pytest.raises(ValueError, match="unknown GPU preset") as err:
+        resolve_gpu("A100-80G")
+    assert "A100-80GB" in str(err.value)
+
+
+def test_unknown_link_suggests_nearest():
+    with pytest.raises(ValueError, match="unknown link preset") as err:
+        resolve_link("ib-hdrr")
+    assert "ib-hdr" in str(err.value)
+
+
+def test_unknown_far_name_lists_all():
+    with pytest.raises(ValueError) as err:
+        resolve_gpu("zzzzzzzz")
+    for key in GPU_KEYS:
+        assert key in str(err.value)
+
+
+def test_spec_instance_passes_through():
+    spec = GPUS["V100"]
+    assert resolve_gpu(spec) is spec
+    assert resolve_link(LINKS["pcie4"]) is LINKS["pcie4"]
+
+
+def test_inline_gpu_with_readable_strings():
+    spec = resolve_gpu({
+        "name": "my-a100",
+        "peak_flops_per_s": {"fp16": "312 TFLOP/s", "fp32": "19.5 TFLOPS"},
+        "memory_bytes": "80 GiB",
+        "memory_bandwidth_bytes_per_s": "2 TB/s",
+    })
+    assert isinstance(spec, GpuSpec)
+    assert spec.peak_for("fp16") == pytest.approx(312e12)
+    assert spec.peak_for("fp32") == pytest.approx(19.5e12)
+    assert spec.memory_bytes == 80 * 2**30
+    assert spec.memory_bandwidth_bytes_per_s == pytest.approx(2e12)
+    assert spec.source == "user supplied"
+
+
+def test_inline_link_with_readable_strings():
+    spec = resolve_link({"latency_s": "2 us", "bandwidth_bytes_per_s": "25 GB/s"})
+    assert isinstance(spec, LinkSpec)
+    assert spec.latency_s == pytest.approx(2e-6)
+    assert spec.bandwidth_bytes_per_s == pytest.approx(25e9)
+    bits = resolve_link({"latency_s": "1 us", "bandwidth_bytes_per_s": "200 Gb/s"})
+    assert bits.bandwidth_bytes_per_s == pytest.approx(25e9)
+
+
+@pytest.mark.parametrize("bandwidth", [0, -1, "-25 GB/s", "0 GB/s"])
+def test_non_positive_bandwidth_rejected(bandwidth):
+    with pytest.raises(ValidationError):
+        resolve_link({"latency_s": "2 us", "bandwidth_bytes_per_s": bandwidth})
+    with pytest.raises(ValidationError):
+        resolve_gpu({"peak_flops_per_s": {"fp32": 1e12}, "memory_bytes": "1 GiB",
+                     "memory_bandwidth_bytes_per_s": bandwidth})
+
+
+def test_negative_latency_rejected_zero_allowed():
+    with pytest.raises(ValidationError):
+        resolve_link({"latency_s": "-1 us", "bandwidth_bytes_per_s": "1 GB/s"})
+    assert resolve_link({"latency_s": 0, "bandwidth_bytes_per_s": "1 GB/s"}).latency_s == 0
+
+
+def test_wrong_unit_kind_rejected():
+    with pytest.raises(ValidationError):
+        resolve_link({"latency_s": "2 GB", "bandwidth_bytes_per_s": "1 GB/s"})
+    with pytest.raises(ValidationError):
+        resolve_gpu({"peak_flops_per_s": {"fp32": "1 TB/s"}, "memory_bytes": "1 GiB",
+                     "memory_bandwidth_bytes_per_s": "1 TB/s"})
+
+
+def test_extra_keys_rejected():
+    with pytest.raises(ValidationError):
+        resolve_link({"latency_s": "2 us", "bandwidth_bytes_per_s": "25 GB/s", "bandwdith": 1})
+    with pytest.raises(ValidationError):
+        resolve_gpu({"peak_flops_per_s": {"fp32": 1e12}, "memory_bytes": "1 GiB",
+                     "memory_bandwidth_bytes_per_s": "1 TB/s", "tdp_w": 400})
+
+
+def test_missing_required_field_rejected():
+    with pytest.raises(ValidationError):
+        resolve_link({"latency_s": "2 us"})
+
+
+def test_other_types_rejected():
+    with pytest.raises(ValueError):
+        resolve_gpu(42)
+    with pytest.raises(ValueError):
+        resolve_link(None)
+
+
+def test_specs_are_frozen():
+    with pytest.raises(ValidationError):
+        LINKS["ib-hdr"].latency_s = 0  # type: ignore[misc]

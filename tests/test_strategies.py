@@ -1,0 +1,133 @@
+"""Strategy plans through the whole pipeline: the GHP corners, free-link MP, partitions, placements."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from simulator import load_scenario, simulate
+from simulator.costs import BACKWARD, FORWARD
+from simulator.partition import balanced_partition
+from simulator.simulate import analytic_costs
+from simulator.strategies.ghp import bucket_segments, place_ranks
+from tests.helpers import toy_workload
+
+FREE_LINK = {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}
+
+
+def scenario(kind="dp", groups=None, nodes=2, gpus_per_node=2, model="resnet20", batch=64, **strategy):
+    return load_scenario({
+        "cluster": {"num_nodes": nodes, "gpus_per_node": gpus_per_node, "gpu": "V100",
+                    "intra_node_link": strategy.pop("intra", "nvlink2-v100"),
+                    "inter_node_link": strategy.pop("inter", "ib-edr")},
+        "model": {"name": model},
+        "strategy": {"kind": kind, "num_groups": groups, **strategy},
+        "training": {"global_batch_size": batch, "optimizer": "momentum"},
+    })
+
+
+def test_ghp_with_one_group_equals_model_parallelism():
+    assert simulate(scenario("ghp", 1)).step_time_s == pytest.approx(simulate(scenario("mp")).step_time_s, rel=1e-12)
+
+
+def test_ghp_with_one_worker_per_group_equals_data_parallelism():
+    assert simulate(scenario("ghp", 4)).step_time_s == pytest.approx(simulate(scenario("dp")).step_time_s, rel=1e-12)
+
+
+def test_model_parallel_with_free_links_is_the_sum_of_layer_times_at_the_full_batch():
+    mp = scenario("mp", intra=FREE_LINK, inter=FREE_LINK)
+    result = simulate(mp)
+    costs = analytic_costs(mp, result.workload)
+    layers_s = sum(costs.compute_s(i, FORWARD, 64) + costs.compute_s(i, BACKWARD, 64)
+                   for i in range(result.workload.num_layers))
+    first_stage = result.plan.stages[0]
+    assert result.step_time_s == pytest.approx(layers_s + costs.optimizer_s(first_stage.num_params), rel=1e-7)
+
+
+def test_data_parallel_has_no_idle_compute_gaps_before_the_last_bucket():
+    result = simulate(scenario("dp", nodes=1, gpus_per_node=4))
+    devices = result.summary["devices"]
+    for row in devices:
+        assert row["compute_s"] + row["comm_s"] + row["idle_s"] == pytest.approx(result.step_time_s, rel=1e-9)
+    assert result.summary["collective_algorithms"] == {"ring": len(result.plan.actions[0]) - 3}
+
+
+def test_slow_network_makes_the_allreduce_hierarchical_and_slower():
+    fast = simulate(scenario("dp", inter="ib-hdr"))
+    slow = simulate(scenario("dp", inter="10gbe"))
+    assert set(fast.summary["collective_algorithms"]) == {"hierarchical"}
+    assert slow.step_time_s > fast.step_time_s
+    assert slow.summary["bytes_per_tier"]["inter"] == pytest.approx(fast.summary["bytes_per_tier"]["inter"])
+
+
+def test_parameter_server_moves_as_many_bytes_as_a_ring_but_is_slower_at_its_hot_spot():
+    # Both move 2 (p - 1) S in total; the server's link carries p - 1 of them at once.
+    allreduce = simulate(scenario("dp", nodes=4, gpus_per_node=1, model="resnet56"))
+    server = simulate(scenario("dp", nodes=4, gpus_per_node=1, model="resnet56", dp_sync="parameter_server"))
+    assert set(server.summary["collective_algorithms"]) == {"parameter_server"}
+    assert server.summary["bytes_per_tier"]["inter"] == pytest.approx(allreduce.summary["bytes_per_tier"]["inter"])
+    assert server.step_time_s > allreduce.step_time_s
+
+
+def _send_bytes(result):
+    return result.spans.loc[result.spans["stream"] == "send", "size_bytes"].sum()
+
+
+def test_stage_per_node_keeps_gradients_inside_nodes_and_sends_activations_across():
+    # 2 nodes x 2 GPUs, G = 2, M = 2: stage_per_node puts a stage's peers on one node.
+    result = simulate(scenario("ghp", 2, placement="stage_per_node"))
+    assert result.plan.rank_to_device == (0, 2, 1, 3)
+    assert result.summary["bytes_per_tier"]["inter"] == pytest.approx(_send_bytes(result))
+    transposed = simulate(scenario("ghp", 2, placement="group_per_node"))
+    allreduce_inter = transposed.summary["bytes_per_tier"]["inter"]
+    assert 0 < allreduce_inter < transposed.summary["bytes_per_tier"]["intra"] + allreduce_inter
+    assert transposed.summary["bytes_per_tier"]["intra"] == pytest.approx(_send_bytes(transposed))
+
+
+def test_place_ranks_layouts():
+    assert place_ranks("group_per_node", 2, 3, 3) == (0, 1, 2, 3, 4, 5)
+    assert place_ranks("stage_per_node", 2, 3, 2) == (0, 2, 4, 1, 3, 5)
+    assert place_ranks((5, 4, 3, 2, 1, 0), 2, 3, 3) == (5, 4, 3, 2, 1, 0)
+
+
+def _brute_force(compute, forward, backward, num_stages):
+    num_layers = len(compute)
+    best = np.inf
+    for cuts in itertools.combinations(range(1, num_layers), num_stages - 1):
+        bounds = (0, *cuts, num_layers)
+        worst = 0.0
+        for stage, (start, end) in enumerate(zip(bounds, bounds[1:])):
+            cost = compute[start:end].sum()
+            cost += forward[stage, end - 1] if stage < num_stages - 1 else 0.0
+            cost += backward[stage, start] if stage > 0 else 0.0
+            worst = max(worst, cost)
+        best = min(best, worst)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_balanced_partition_is_optimal_against_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    num_layers, num_stages = 9, 3
+    compute = rng.uniform(0.1, 2.0, num_layers)
+    forward = rng.uniform(0.0, 0.5, (num_stages, num_layers))
+    backward = rng.uniform(0.0, 0.5, (num_stages, num_layers))
+    ranges = balanced_partition(compute, forward, backward, num_stages)
+    assert ranges[0][0] == 0 and ranges[-1][1] == num_layers
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    worst = max(compute[a:b].sum() + (forward[m, b - 1] if m < num_stages - 1 else 0)
+                + (backward[m, a] if m > 0 else 0) for m, (a, b) in enumerate(ranges))
+    assert worst == pytest.approx(_brute_force(compute, forward, backward, num_stages))
+
+
+def test_bucket_segments_close_buckets_in_backward_order():
+    workload = toy_workload(6, num_params=1_000_000)  # 4 MB of fp32 gradients per layer
+    segments = bucket_segments(workload, 0, 6, 4, bucket_size_bytes=8e6)
+    assert segments == [(4, 6, 8e6), (2, 4, 8e6), (0, 2, 8e6)]
+    assert bucket_segments(workload, 0, 6, 4, float("inf")) == [(0, 6, 24e6)]
+
+
+def test_simulation_is_deterministic():
+    first = simulate(scenario("ghp", 2, model="resnet56"))
+    second = simulate(scenario("ghp", 2, model="resnet56"))
+    assert first.spans.equals(second.spans)

@@ -1,0 +1,97 @@
+"""parse_quantity: readable quantity strings -> SI floats."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.units import UNIT_KINDS, parse_quantity
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("1 kB", 1e3), ("1 KB", 1e3), ("1 MB", 1e6), ("32 GB", 32e9), ("2 TB", 2e12), ("7 B", 7.0),
+    ("1 KiB", 2**10), ("1 MiB", 2**20), ("80 GiB", 80 * 2**30), ("1 TiB", 2**40),
+])
+def test_bytes_decimal_and_binary_prefixes(text, expected):
+    assert parse_quantity(text, "bytes") == pytest.approx(expected)
+
+
+def test_binary_differs_from_decimal():
+    assert parse_quantity("1 GiB", "bytes") > parse_quantity("1 GB", "bytes")
+    assert parse_quantity("1 GiB", "bytes") / parse_quantity("1 GB", "bytes") == pytest.approx(1.073741824)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("25 GB/s", 25e9), ("2 TB/s", 2e12), ("900 GBps", 900e9), ("1 GiB/s", 2**30),
+    ("200 Gb/s", 25e9), ("100 Gbps", 12.5e9), ("10 Gbit/s", 1.25e9), ("8 b/s", 1.0),
+])
+def test_bytes_and_bits_per_second(text, expected):
+    assert parse_quantity(text, "bytes_per_s") == pytest.approx(expected)
+
+
+def test_bits_are_an_eighth_of_bytes():
+    assert parse_quantity("100 Gb/s", "bytes_per_s") * 8 == pytest.approx(parse_quantity("100 GB/s", "bytes_per_s"))
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2 s", 2.0), ("3 ms", 3e-3), ("2 us", 2e-6), ("2 \u00b5s", 2e-6), ("500 ns", 5e-7),
+    (".5 us", 5e-7), ("1.5e-3 s", 1.5e-3),
+])
+def test_time_units(text, expected):
+    assert parse_quantity(text, "s") == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("312 TFLOP/s", 312e12), ("19.5 TFLOPS", 19.5e12), ("160 GFLOP/s", 160e9),
+    ("1 PFLOP/s", 1e15), ("2 Tflop/s", 2e12),
+])
+def test_flops(text, expected):
+    assert parse_quantity(text, "flops_per_s") == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("kind", UNIT_KINDS)
+@pytest.mark.parametrize(("value", "expected"), [(5, 5.0), (2.5, 2.5), (0, 0.0), (-1, -1.0),
+                                                 ("42", 42.0), (" 1e3 ", 1000.0)])
+def test_plain_numbers_pass_through(kind, value, expected):
+    result = parse_quantity(value, kind)
+    assert result == expected and isinstance(result, float)
+
+
+def test_whitespace_tolerated():
+    assert parse_quantity("  25GB/s  ", "bytes_per_s") == pytest.approx(25e9)
+
+
+@pytest.mark.parametrize(("value", "kind"), [
+    ("fast", "bytes_per_s"), ("", "s"), ("GB/s", "bytes_per_s"), ("1..2 GB", "bytes"),
+    ("25 GB / s", "bytes_per_s"), ("1,000 B", "bytes"), ("1 XB", "bytes"), ("1 iB", "bytes"),
+    ("2 min", "s"),
+])
+def test_bad_strings_raise(value, kind):
+    with pytest.raises(ValueError):
+        parse_quantity(value, kind)
+
+
+@pytest.mark.parametrize(("value", "kind"), [
+    ("2 us", "bytes"), ("25 GB/s", "bytes"), ("80 GiB", "bytes_per_s"), ("80 GiB", "s"),
+    ("312 TFLOP/s", "bytes_per_s"), ("25 GB/s", "flops_per_s"), ("1 GB", "flops_per_s"),
+    ("100 Gb", "bytes"), ("5 ms", "flops_per_s"),
+])
+def test_wrong_kind_unit_raises(value, kind):
+    with pytest.raises(ValueError, match="not a unit of"):
+        parse_quantity(value, kind)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_booleans_rejected(value):
+    with pytest.raises(ValueError):
+        parse_quantity(value, "s")
+
+
+@pytest.mark.parametrize("value", [None, [1], {"a": 1}, b"1 s"])
+def test_other_types_rejected(value):
+    with pytest.raises(ValueError):
+        parse_quantity(value, "s")
+
+
+def test_unknown_kind_with_unit_raises():
+    with pytest.raises(ValueError):
+        parse_quantity("1 GB", "watts")
