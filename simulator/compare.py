@@ -9,14 +9,19 @@ from __future__ import annotations
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.scenario import Scenario, scenario_from_dict
-from simulator.simulate import SimulationResult, simulate
+from simulator.simulate import SimulationResult, naming_source, simulate
 
 
 def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) -> Scenario:
     """A copy of `scenario` with another strategy kind (and G), re-validated."""
     raw = scenario.model_dump(mode="python")
-    raw["strategy"] = {**raw["strategy"], "kind": kind, "num_groups": num_groups}
-    return scenario_from_dict(raw, origin=scenario.name, base_dir=scenario.base_dir)
+    strategy = {**raw["strategy"], "kind": kind, "num_groups": num_groups}
+    workers = {"dp": 1, "mp": scenario.num_gpus}.get(kind, scenario.num_gpus // (num_groups or 1))
+    partition = strategy["partition"]
+    if not isinstance(partition, str) and len(partition) != workers:
+        strategy["partition"] = "balanced"  # an explicit partition fits only its own number of stages
+    raw["strategy"] = strategy
+    return scenario_from_dict(raw, origin=scenario.source, base_dir=scenario.base_dir)
 
 
 def parse_strategy_specs(text: str) -> list[tuple[str, int | None]]:
@@ -38,7 +43,8 @@ def ghp_group_counts(num_gpus: int) -> list[int]:
 
 def compare(scenario: Scenario, specs: list[tuple[str, int | None]]) -> list[SimulationResult]:
     """Simulate each strategy spec; results sorted by step time."""
-    workload = resolve_workload(scenario.model, scenario.base_dir)
+    with naming_source(scenario):
+        workload = resolve_workload(scenario.model, scenario.base_dir)
     results = []
     for kind, groups in specs:
         if kind == "ghp" and groups is None:

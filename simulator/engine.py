@@ -5,7 +5,9 @@ order); sends run as soon as their dependencies are done. All data movement goes
 flow-level network: each active flow is a phase of lock-step sub-flows, every sub-flow on a link
 gets an equal share of its bandwidth (bandwidth / sub-flows on it), and rates are recomputed
 whenever a flow starts or ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013, with
-equal rather than max-min shares). The engine appends immutable span tuples; everything else is
+equal rather than max-min shares). A calibrated cost model (`simulator.profile.ProfileCosts`) that
+measures communication itself (`allreduce_s`, `p2p_s`) replaces the flow model for those actions:
+its fits already contain the contention of the machine they were measured on. The engine appends immutable span tuples; everything else is
 analysis of the span table (`simulator.records`).
 """
 
@@ -188,8 +190,12 @@ class Engine:
                                       self.num_parameter_servers)
             self._phase_cache[cache_key] = phases
         start = self.env.now
-        for phase in phases:
-            yield from self._play(phase)
+        measured = getattr(self.costs, "allreduce_s", None)
+        if measured is not None:
+            yield self.env.timeout(measured(action.size_bytes, len(action.ranks)))
+        else:
+            for phase in phases:
+                yield from self._play(phase)
         for rank in action.ranks:
             self.spans.append((rank, "comm", action.label, action.op, start, self.env.now,
                                action.size_bytes, -1))
@@ -199,7 +205,11 @@ class Engine:
         yield from self._wait(rank, action.deps)
         start = self.env.now
         source, target = self.plan.rank_to_device[rank], self.plan.rank_to_device[action.dst]
-        yield from self._play(p2p_phase(self.topology, source, target, action.size_bytes))
+        measured = getattr(self.costs, "p2p_s", None)
+        if measured is not None:
+            yield self.env.timeout(measured(action.size_bytes))
+        else:
+            yield from self._play(p2p_phase(self.topology, source, target, action.size_bytes))
         self.spans.append((rank, "send", action.label, "send", start, self.env.now, action.size_bytes,
                            action.key[-1] if isinstance(action.key[-1], int) else -1))
         self._done[rank][action.id].succeed()

@@ -12,10 +12,11 @@ import difflib
 from pathlib import Path
 
 import pandas as pd
+import yaml
 from pydantic import ValidationError
 
 from simulator.errors import ScenarioError
-from simulator.scenario import LayerRow, ModelConfig, read_yaml
+from simulator.scenario import LayerRow, ModelConfig
 from simulator.workload import Layer, Workload
 from simulator.zoo import MODELS, build_model
 
@@ -35,27 +36,40 @@ def _from_zoo(name: str, params: dict) -> Workload:
         hint = f"nearest: {', '.join(near)}" if near else f"known: {', '.join(sorted(MODELS))}"
         raise ScenarioError(f"model.name: unknown model {name!r}; {hint}")
     try:
-        return build_model(key, **params)
+        workload = build_model(key, **params)
     except TypeError as error:
         raise ScenarioError(f"model.params: {params!r} not accepted by model {name!r}: {error}") from None
-    except ValueError as error:
+    except (ValueError, ZeroDivisionError) as error:
         raise ScenarioError(f"model.params: {params!r}: {error}") from None
+    for layer in workload.layers:
+        counts = (layer.num_params, layer.input_elements_per_sample, layer.output_elements_per_sample)
+        if min(counts) < 0 or layer.output_elements_per_sample == 0:
+            raise ScenarioError(f"model.params: {params!r} gives layer {layer.name!r} non-positive sizes")
+    return workload
 
 
 def load_layer_table(path: Path) -> Workload:
     """Read a layer table file (YAML or CSV)."""
     if not path.is_file():
         raise ScenarioError(f"model.file: {str(path)!r}: file not found")
-    if path.suffix.lower() == ".csv":
-        rows = pd.read_csv(path).to_dict(orient="records")
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        try:
+            frame = pd.read_csv(path)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+            raise ScenarioError(f"model.file: {str(path)!r}: not a readable CSV layer table ({error})") from None
+        rows = [{key: value for key, value in row.items() if not pd.isna(value)}
+                for row in frame.to_dict(orient="records")]
         name, input_spec = path.stem, {}
-    else:
-        data = read_yaml(path) if path.suffix.lower() in (".yaml", ".yml") else None
-        if data is None:
-            raise ScenarioError(f"model.file: {str(path)!r}: expected a .yaml, .yml or .csv layer table")
+    elif suffix in (".yaml", ".yml"):
+        data = _read_table_yaml(path)
+        if isinstance(data, list):
+            data = {"layers": data}
         rows, name, input_spec = data.get("layers"), data.get("name", path.stem), data.get("input_spec", {})
         if not isinstance(rows, list):
             raise ScenarioError(f"{path}: layers: expected a list of layer rows")
+    else:
+        raise ScenarioError(f"model.file: {str(path)!r}: expected a .yaml, .yml or .csv layer table")
     try:
         validated = tuple(LayerRow.model_validate(row) for row in rows)
     except ValidationError as error:
@@ -63,6 +77,13 @@ def load_layer_table(path: Path) -> Workload:
         field = ".".join(str(part) for part in first["loc"])
         raise ScenarioError(f"{path}: layers.{field}: {first['msg']} (got {first.get('input')!r})") from None
     return workload_from_rows(name, validated, input_spec)
+
+
+def _read_table_yaml(path: Path):
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ScenarioError(f"{path}: not a readable YAML layer table ({type(error).__name__})") from None
 
 
 def workload_from_rows(name: str, rows: tuple[LayerRow, ...], input_spec: dict | None = None) -> Workload:

@@ -16,7 +16,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt
                       ValidationError, model_validator)
 
 from simulator.errors import ScenarioError
-from simulator.hardware import BytesPerSecond, GpuSpec, LinkSpec, resolve_gpu, resolve_link
+from simulator.hardware import GpuSpec, LinkSpec, resolve_gpu, resolve_link
 from simulator.units import parse_quantity
 
 StrategyKind = Literal["dp", "mp", "ghp"]
@@ -93,11 +93,13 @@ class TrainingConfig(_Frozen):
     optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
 
 
+LayerKind = Literal["conv", "linear", "attention", "embedding", "norm", "pool", "elementwise"]
+
+
 class CostConfig(_Frozen):
     """Analytic cost settings: achieved fraction of peak FLOP/s per layer kind (0 < e <= 1)."""
 
-    efficiency: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
-    host_bandwidth_bytes_per_s: BytesPerSecond | None = None
+    efficiency: dict[LayerKind, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
 
 
 class Scenario(_Frozen):
@@ -109,9 +111,15 @@ class Scenario(_Frozen):
     training: TrainingConfig
     costs: CostConfig = Field(default_factory=CostConfig)
     base_dir: str = Field(default=".", exclude=True, description="folder that relative model.file paths start from")
+    source: str = Field(default="<scenario>", exclude=True, description="where the scenario came from, for errors")
 
     @model_validator(mode="after")
     def _check_grid(self) -> "Scenario":
+        try:
+            self.cluster.gpu.peak_for(self.training.dtype)
+        except KeyError:
+            raise ValueError(f"cluster.gpu.peak_flops_per_s: GPU {self.cluster.gpu.name!r} has no figure for "
+                             f"training.dtype {self.training.dtype!r}") from None
         num_gpus = self.cluster.num_gpus
         groups = self.strategy.num_groups
         if self.strategy.kind == "ghp":
@@ -162,7 +170,9 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ScenarioError(f"{path}: file not found")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path}: not a UTF-8 text file") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -174,8 +184,11 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def scenario_from_dict(raw: dict, origin: str = "<scenario>", base_dir: str = ".") -> Scenario:
+    for internal in ("base_dir", "source"):
+        if internal in raw:
+            raise ScenarioError(f"{origin}: {internal}: unknown key")
     try:
-        return Scenario.model_validate({**raw, "base_dir": base_dir})
+        return Scenario.model_validate({**raw, "base_dir": base_dir, "source": origin})
     except ValidationError as error:
         raise ScenarioError(format_validation_error(error, origin)) from None
 
@@ -189,7 +202,7 @@ def format_validation_error(error: ValidationError, origin: str) -> str:
         return f"{origin}: {field}: unknown key"
     if first["type"] == "missing":
         return f"{origin}: {field}: missing required field"
-    if message.startswith("strategy.") or not field:
+    if message.startswith(("strategy.", "cluster.")) or not field:
         return f"{origin}: {message}"
     return f"{origin}: {field}: {message} (got {first.get('input')!r})"
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pandas as pd
 
 from simulator.costs import AnalyticCosts, CostModel, single_device_step_s
 from simulator.engine import Engine
+from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.plan import Plan
 from simulator.records import device_breakdown, span_table
@@ -35,6 +37,18 @@ class SimulationResult:
         return json.dumps(self.summary, indent=2, sort_keys=False)
 
 
+@contextmanager
+def naming_source(scenario: Scenario):
+    """Prefix a ScenarioError raised after loading with the scenario's file (one line, as on load)."""
+    try:
+        yield
+    except ScenarioError as error:
+        message = str(error)
+        if message.startswith(scenario.source):
+            raise
+        raise ScenarioError(f"{scenario.source}: {message}") from None
+
+
 def analytic_costs(scenario: Scenario, workload: Workload) -> AnalyticCosts:
     training = scenario.training
     return AnalyticCosts(workload, scenario.cluster.gpu, training.dtype, training.optimizer,
@@ -44,10 +58,11 @@ def analytic_costs(scenario: Scenario, workload: Workload) -> AnalyticCosts:
 def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workload | None = None) -> SimulationResult:
     """Simulate one training step of `scenario` (analytic costs unless `costs` is given)."""
     started = time.perf_counter()
-    workload = workload or resolve_workload(scenario.model, scenario.base_dir)
-    costs = costs or analytic_costs(scenario, workload)
-    topology = build_topology(scenario.cluster)
-    plan = compile_plan(scenario, workload, topology, costs)
+    with naming_source(scenario):
+        workload = workload or resolve_workload(scenario.model, scenario.base_dir)
+        costs = costs or analytic_costs(scenario, workload)
+        topology = build_topology(scenario.cluster)
+        plan = compile_plan(scenario, workload, topology, costs)
     result = Engine(plan, topology, costs, scenario.strategy.num_parameter_servers).run()
     spans = span_table(result.spans)
     step_time_s = float(spans["end_s"].max()) if len(spans) else 0.0

@@ -158,8 +158,6 @@ def test_more_workers_per_group_than_layers(capsys, tmp_path):
     assert_one_line_error(simulate_file(capsys, path), "strategy", "4", "2 layers")
 
 
-@pytest.mark.xfail(strict=True, reason="simulator/strategies/ghp.py _check_grid raises ScenarioError "
-                   "without the scenario file (checks run after loading lose the origin)")
 def test_more_workers_per_group_than_layers_names_the_file(capsys, tmp_path):
     path = _mp_on_two_layers(tmp_path)
     assert_one_line_error(simulate_file(capsys, path), path)
@@ -180,8 +178,6 @@ def test_unknown_model_suggests_nearest(capsys, tmp_path):
     assert_one_line_error(simulate_file(capsys, path), "model.name", "'resnet5'", "resnet50")
 
 
-@pytest.mark.xfail(strict=True, reason="simulator/model_source.py _from_zoo raises ScenarioError "
-                   "without the scenario file")
 def test_unknown_model_names_the_file(capsys, tmp_path):
     path = write_scenario(tmp_path, model={"name": "resnet5"})
     assert_one_line_error(simulate_file(capsys, path), path)
@@ -218,8 +214,6 @@ def test_missing_model_file(capsys, tmp_path):
     assert_one_line_error(simulate_file(capsys, path), "model.file", "nope.yaml", "not found")
 
 
-@pytest.mark.xfail(strict=True, reason="simulator/model_source.py load_layer_table: 'file not found' "
-                   "names model.file and its path but not the scenario file")
 def test_missing_model_file_names_the_scenario_file(capsys, tmp_path):
     path = write_scenario(tmp_path, model={"file": "layers/nope.yaml"})
     assert_one_line_error(simulate_file(capsys, path), path)
@@ -242,25 +236,18 @@ def test_empty_file(capsys, tmp_path):
     assert_one_line_error(simulate_file(capsys, path), path)
 
 
-@pytest.mark.xfail(strict=True, reason="simulator/scenario.py read_yaml: a non-UTF-8 file raises "
-                   "UnicodeDecodeError, which the CLI does not catch (traceback, exit 1)")
 def test_non_utf8_scenario_file(capsys, tmp_path):
     path = tmp_path / "scenario.yaml"
     path.write_bytes(b"name: \"\xff\xfe\"\nmodel: {name: resnet20}\ntraining: {global_batch_size: 8}\n")
     assert_one_line_error(simulate_file(capsys, path), path)
 
 
-@pytest.mark.xfail(strict=True, reason="simulator/model_source.py load_layer_table: an empty CSV raises "
-                   "pandas EmptyDataError, which the CLI does not catch (traceback, exit 1)")
 def test_empty_csv_layer_table(capsys, tmp_path):
     (tmp_path / "t.csv").write_text("")
     path = write_scenario(tmp_path, model={"file": "t.csv"}, cluster={"num_nodes": 1})
     assert_one_line_error(simulate_file(capsys, path), "t.csv")
 
 
-@pytest.mark.xfail(strict=True, reason="simulator/costs.py AnalyticCosts: an inline GPU without the "
-                   "training dtype makes GpuSpec.peak_for (simulator/hardware.py) raise KeyError "
-                   "(traceback, exit 1) instead of a validation error")
 def test_inline_gpu_without_the_training_dtype(capsys, tmp_path):
     gpu = {"peak_flops_per_s": {"fp32": "10 TFLOP/s"}, "memory_bytes": "16 GiB",
            "memory_bandwidth_bytes_per_s": "900 GB/s"}

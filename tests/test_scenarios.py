@@ -133,8 +133,6 @@ def test_inline_layer_table():
     assert result.workload.name == "inline" and result.step_time_s > 0
 
 
-@pytest.mark.xfail(strict=True, reason="simulator/model_source.py load_layer_table: a blank CSV cell "
-                   "becomes NaN and fails validation instead of taking the documented default")
 def test_csv_layer_table_blank_optional_cells_take_defaults(tmp_path):
     (tmp_path / "t.csv").write_text(
         "name,kind,forward_flops_per_sample,backward_flops_per_sample,num_params,"
@@ -146,8 +144,6 @@ def test_csv_layer_table_blank_optional_cells_take_defaults(tmp_path):
     assert b.backward_flops_per_sample == 3000 and b.saved_elements_per_sample == 5
 
 
-@pytest.mark.xfail(strict=True, reason="simulator/model_source.py load_layer_table: its docstring allows "
-                   "a YAML layer table that is a bare list of rows, but read_yaml rejects non-mappings")
 def test_yaml_layer_table_as_a_bare_list(tmp_path):
     import yaml
     (tmp_path / "rows.yaml").write_text(yaml.safe_dump([ROW_A, ROW_B]))

@@ -64,8 +64,9 @@ def _check_grid(config: GridConfig, workload: Workload, topology: Topology) -> N
         raise ScenarioError(f"strategy.num_groups: {groups} groups x {stages_per_group} workers "
                             f"!= {topology.num_devices} GPUs")
     if stages_per_group > workload.num_layers:
-        raise ScenarioError(f"strategy.num_groups: {groups} leaves {stages_per_group} workers per group, "
-                            f"more than the {workload.num_layers} layers of model {workload.name}")
+        field = "strategy.num_groups" if config.strategy == "ghp" else "strategy.kind"
+        raise ScenarioError(f"{field}: {config.strategy} with G={groups} puts {stages_per_group} workers in a "
+                            f"group, more than the {workload.num_layers} layers of model {workload.name}")
     if config.global_batch_size % groups:
         raise ScenarioError(f"training.global_batch_size: {config.global_batch_size} is not divisible "
                             f"by the {groups} groups")

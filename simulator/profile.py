@@ -1,0 +1,428 @@
+"""Calibration profiles: measured per-layer compute, optimizer and communication costs.
+
+The validator (`validator/calibrate.py`) measures a model on real hardware with torch and writes a
+*profile*, a JSON document; this module reads it back (`load_profile`) and turns it into a cost
+model (`ProfileCosts`) that implements the `simulator.costs.CostModel` protocol, plus the
+alpha-beta communication times the engine uses when a profile is present. Nothing here imports
+torch. The format is documented in `PROFILE_FORMAT` (below, markdown).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simulator.errors import ScenarioError
+from simulator.workload import Workload
+
+FORMAT = "ghpsim-profile/1"
+
+PROFILE_FORMAT = """\
+# Calibration profile (`ghpsim-profile/1`)
+
+A JSON object. Times are in seconds, sizes in bytes, bandwidths in bytes per second. Keys not
+listed here are allowed and ignored by `load_profile` (the validator adds raw medians and notes).
+
+| key | type | meaning |
+| --- | --- | --- |
+| `format` | `"ghpsim-profile/1"` | identifies the file; anything else is rejected |
+| `created_utc` | string | ISO-8601 time of the calibration |
+| `device` | `{"kind": "cpu"\\|"cuda", "name", "num_threads"}` | what the layers ran on; `num_threads` is `torch.get_num_threads()` of each rank |
+| `torch_version` | string | `torch.__version__` |
+| `backend` | `"gloo"\\|"nccl"` | the process-group backend of the communication benchmarks |
+| `world_size` | int >= 1 | ranks (processes) that ran the calibration at the same time |
+| `model` | `{"name", "params": {...}, "num_layers", "layer_names": [...], "num_params", "forward_flops_per_sample"}` | the workload: `name` is `Workload.name` (the zoo name), `params` the zoo factory parameters; the last three are optional and, when present, must match the workload |
+| `layers` | list, one per layer, in order | `{"index", "name", "forward": FIT, "backward": FIT, "batch_sizes": [...], "r2_forward", "r2_backward"}` |
+| `optimizer` | `{"name": "sgd"\\|"momentum"\\|"adam", "intercept_s", "per_param_s"}` | one update: `intercept_s + per_param_s x num_params` |
+| `p2p` | `ALPHA_BETA` or `null` | one-way point-to-point transfer between ranks 0 and 1 (`null` only when `world_size` is 1) |
+| `allreduce` | `{"<group size>": ALPHA_BETA, ...}` | allreduce among a group of that many ranks; may be `{}` when `world_size` is 1 |
+| `compute_slowdown` | `{"<ranks computing at once>": factor}` | optional; see below |
+
+* `FIT` = `{"intercept_s": >= 0, "per_sample_s": >= 0}`: the pass of that layer on a batch of `b`
+  samples takes `intercept_s + per_sample_s x b` seconds (least squares over `batch_sizes`).
+  The last layer's times include the loss (its forward and its backward).
+* `ALPHA_BETA` = `{"latency_s": >= 0, "bandwidth_bytes_per_s": > 0, "sizes_bytes": [...]}`: a
+  message (or allreduce buffer) of `S` bytes takes `latency_s + S / bandwidth_bytes_per_s`.
+  For an allreduce the bandwidth is the *algorithm* bandwidth (buffer bytes per second of the
+  whole collective), not a link bandwidth: no 2(p-1)/p factor is to be applied on top.
+* `compute_slowdown`: the layer fits are measured with all `world_size` ranks computing at the
+  same time (on a machine with fewer cores or devices than ranks they share them).
+  `compute_slowdown[k]` is the time of a pass with `k` ranks computing at once relative to one
+  rank computing alone (`"1"` is 1.0). `ProfileCosts(..., concurrent_ranks=k)` rescales the
+  fits by `compute_slowdown[k] / compute_slowdown[world_size]`.
+"""
+
+__doc__ = f"{__doc__}\n{PROFILE_FORMAT}"  # the format is part of the module's documentation
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    """`intercept_s + per_unit_s x amount`, with the R^2 of the fit (None when not recorded)."""
+
+    intercept_s: float
+    per_unit_s: float
+    r2: float | None = None
+
+    def at(self, amount: float) -> float:
+        return self.intercept_s + self.per_unit_s * amount
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    index: int
+    name: str
+    forward: LinearFit
+    backward: LinearFit
+    batch_sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """Hockney's model: `latency_s + size / bandwidth_bytes_per_s`."""
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    sizes_bytes: tuple[int, ...] = ()
+
+    def time_s(self, size_bytes: float) -> float:
+        if size_bytes <= 0:
+            return 0.0
+        return self.latency_s + size_bytes / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A loaded calibration profile (see `PROFILE_FORMAT`)."""
+
+    source: str
+    created_utc: str
+    device_kind: str
+    device_name: str
+    num_threads: int
+    torch_version: str
+    backend: str
+    world_size: int
+    model_name: str
+    model_params: Mapping[str, Any]
+    layers: tuple[LayerProfile, ...]
+    optimizer_name: str
+    optimizer: LinearFit
+    p2p: AlphaBeta | None
+    allreduce: Mapping[int, AlphaBeta]
+    compute_slowdown: Mapping[int, float]
+    model_layer_names: tuple[str, ...] | None = None
+    model_num_params: int | None = None
+    model_forward_flops_per_sample: float | None = None
+    document: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+class _Reader:
+    """Typed field access that raises one-line ScenarioErrors naming the file and the field."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, where: str, problem: str) -> ScenarioError:
+        return ScenarioError(f"{self.source}: {where}: {problem}")
+
+    def get(self, node: Mapping, key: str, where: str, *, optional: bool = False):
+        if not isinstance(node, Mapping):
+            raise self.fail(where.rsplit(".", 1)[0] or where, f"expected an object, got {_show(node)}")
+        if key not in node:
+            if optional:
+                return None
+            raise self.fail(where, "missing field")
+        return node[key]
+
+    def mapping(self, node, key, where, *, optional=False) -> Mapping | None:
+        value = self.get(node, key, where, optional=optional)
+        if value is None and optional:
+            return None
+        if not isinstance(value, Mapping):
+            raise self.fail(where, f"expected an object, got {_show(value)}")
+        return value
+
+    def number(self, node, key, where, *, minimum: float | None = None, positive: bool = False) -> float:
+        value = self.get(node, key, where)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(where, f"expected a finite number, got {_show(value)}")
+        if positive and value <= 0:
+            raise self.fail(where, f"expected a number > 0, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise self.fail(where, f"expected a number >= {minimum:g}, got {value!r}")
+        return float(value)
+
+    def optional_number(self, node, key, where) -> float | None:
+        if self.get(node, key, where, optional=True) is None:
+            return None
+        return self.number(node, key, where)
+
+    def integer(self, node, key, where, *, minimum: int | None = None) -> int:
+        value = self.get(node, key, where)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(where, f"expected an integer, got {_show(value)}")
+        if minimum is not None and value < minimum:
+            raise self.fail(where, f"expected an integer >= {minimum}, got {value!r}")
+        return value
+
+    def string(self, node, key, where, *, choices: tuple[str, ...] | None = None) -> str:
+        value = self.get(node, key, where)
+        if not isinstance(value, str):
+            raise self.fail(where, f"expected a string, got {_show(value)}")
+        if choices is not None and value not in choices:
+            raise self.fail(where, f"expected one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def int_list(self, node, key, where, *, optional: bool = False) -> tuple[int, ...]:
+        value = self.get(node, key, where, optional=optional)
+        if value is None and optional:
+            return ()
+        if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+            raise self.fail(where, f"expected a list of non-negative integers, got {_show(value)}")
+        return tuple(value)
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a calibration profile; ScenarioError (one line, naming the file and the
+    field) for a missing, unreadable, malformed or foreign file."""
+    path = Path(path)
+    source = str(path)
+    if not path.is_file():
+        raise ScenarioError(f"{source}: calibration profile not found")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ScenarioError(f"{source}: cannot read the calibration profile: {error}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ScenarioError(f"{source}: not a JSON calibration profile (line {error.lineno}, "
+                            f"column {error.colno}: {error.msg})") from None
+    return profile_from_dict(document, source)
+
+
+def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
+    """Validate a profile document already parsed from JSON (see `load_profile`)."""
+    read = _Reader(source)
+    if not isinstance(document, Mapping):
+        raise read.fail("format", f"expected a JSON object with format {FORMAT!r}, got {_show(document)}")
+    found = document.get("format")
+    if found != FORMAT:
+        raise read.fail("format", f"expected {FORMAT!r}, got {_show(found)} (not a ghpsim calibration profile)")
+
+    device = read.mapping(document, "device", "device")
+    device_kind = read.string(device, "kind", "device.kind", choices=("cpu", "cuda"))
+    device_name = read.string(device, "name", "device.name")
+    num_threads = read.integer(device, "num_threads", "device.num_threads", minimum=1)
+    world_size = read.integer(document, "world_size", "world_size", minimum=1)
+
+    model = read.mapping(document, "model", "model")
+    model_name = read.string(model, "name", "model.name")
+    model_params = read.mapping(model, "params", "model.params", optional=True) or {}
+    num_layers = read.integer(model, "num_layers", "model.num_layers", minimum=1)
+    layer_names = read.get(model, "layer_names", "model.layer_names", optional=True)
+    if layer_names is not None and (not isinstance(layer_names, list)
+                                    or not all(isinstance(n, str) for n in layer_names)):
+        raise read.fail("model.layer_names", f"expected a list of strings, got {_show(layer_names)}")
+    model_num_params = None
+    if read.get(model, "num_params", "model.num_params", optional=True) is not None:
+        model_num_params = read.integer(model, "num_params", "model.num_params", minimum=0)
+    model_flops = read.optional_number(model, "forward_flops_per_sample", "model.forward_flops_per_sample")
+
+    raw_layers = read.get(document, "layers", "layers")
+    if not isinstance(raw_layers, list):
+        raise read.fail("layers", f"expected a list of layers, got {_show(raw_layers)}")
+    if len(raw_layers) != num_layers:
+        raise read.fail("layers", f"{len(raw_layers)} entries but model.num_layers is {num_layers}")
+    layers = tuple(_layer(read, entry, position) for position, entry in enumerate(raw_layers))
+
+    optimizer = read.mapping(document, "optimizer", "optimizer")
+    optimizer_name = read.string(optimizer, "name", "optimizer.name", choices=("sgd", "momentum", "adam"))
+    optimizer_fit = LinearFit(read.number(optimizer, "intercept_s", "optimizer.intercept_s", minimum=0),
+                              read.number(optimizer, "per_param_s", "optimizer.per_param_s", minimum=0))
+
+    raw_p2p = read.get(document, "p2p", "p2p", optional=True)
+    if raw_p2p is None:
+        if world_size > 1:
+            raise read.fail("p2p", f"missing field (required when world_size is {world_size} > 1)")
+        p2p = None
+    else:
+        p2p = _alpha_beta(read, raw_p2p, "p2p")
+
+    raw_allreduce = read.mapping(document, "allreduce", "allreduce")
+    allreduce = {}
+    for key, entry in raw_allreduce.items():
+        where = f"allreduce.{key}"
+        if not (isinstance(key, str) and key.isdigit() and int(key) >= 2):
+            raise read.fail(where, f"expected a group size (an integer >= 2) as key, got {key!r}")
+        allreduce[int(key)] = _alpha_beta(read, entry, where)
+    if world_size > 1 and not allreduce:
+        raise read.fail("allreduce", f"no group size profiled (world_size is {world_size})")
+
+    slowdown = {1: 1.0}
+    raw_slowdown = read.mapping(document, "compute_slowdown", "compute_slowdown", optional=True) or {}
+    for key in raw_slowdown:
+        where = f"compute_slowdown.{key}"
+        if not (isinstance(key, str) and key.isdigit() and int(key) >= 1):
+            raise read.fail(where, f"expected a number of ranks (an integer >= 1) as key, got {key!r}")
+        slowdown[int(key)] = read.number(raw_slowdown, key, where, positive=True)
+
+    return Profile(
+        source=source,
+        created_utc=str(document.get("created_utc", "")),
+        device_kind=device_kind, device_name=device_name, num_threads=num_threads,
+        torch_version=str(document.get("torch_version", "")),
+        backend=str(document.get("backend", "")),
+        world_size=world_size,
+        model_name=model_name, model_params=dict(model_params),
+        layers=layers,
+        optimizer_name=optimizer_name, optimizer=optimizer_fit,
+        p2p=p2p, allreduce=dict(sorted(allreduce.items())),
+        compute_slowdown=dict(sorted(slowdown.items())),
+        model_layer_names=tuple(layer_names) if layer_names is not None else None,
+        model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,
+        document=document,
+    )
+
+
+def _layer(read: _Reader, entry, position: int) -> LayerProfile:
+    where = f"layers[{position}]"
+    if not isinstance(entry, Mapping):
+        raise read.fail(where, f"expected an object, got {_show(entry)}")
+    index = read.integer(entry, "index", f"{where}.index")
+    if index != position:
+        raise read.fail(f"{where}.index", f"expected {position} (layers in order), got {index}")
+    name = read.string(entry, "name", f"{where}.name")
+    fits = {}
+    for phase in ("forward", "backward"):
+        node = read.mapping(entry, phase, f"{where}.{phase}")
+        fits[phase] = LinearFit(
+            read.number(node, "intercept_s", f"{where}.{phase}.intercept_s", minimum=0),
+            read.number(node, "per_sample_s", f"{where}.{phase}.per_sample_s", minimum=0),
+            read.optional_number(entry, f"r2_{phase}", f"{where}.r2_{phase}"))
+    batch_sizes = read.int_list(entry, "batch_sizes", f"{where}.batch_sizes", optional=True)
+    return LayerProfile(index, name, fits["forward"], fits["backward"], batch_sizes)
+
+
+def _alpha_beta(read: _Reader, node, where: str) -> AlphaBeta:
+    if not isinstance(node, Mapping):
+        raise read.fail(where, f"expected an object, got {_show(node)}")
+    return AlphaBeta(read.number(node, "latency_s", f"{where}.latency_s", minimum=0),
+                     read.number(node, "bandwidth_bytes_per_s", f"{where}.bandwidth_bytes_per_s", positive=True),
+                     read.int_list(node, "sizes_bytes", f"{where}.sizes_bytes", optional=True))
+
+
+# ----------------------------------------------------------------------------- cost model
+
+
+class ProfileCosts:
+    """The `CostModel` of a calibration profile, for the workload it was calibrated on.
+
+    compute_s = intercept + per_sample x batch of that layer and phase; optimizer_s = intercept +
+    per_param x num_params. The fits hold with `profile.world_size` ranks computing at once; pass
+    `concurrent_ranks=k` to rescale them to k ranks computing at once (needs
+    `compute_slowdown[k]`). `optimizer` (optional) must match the profile's optimizer.
+    """
+
+    def __init__(self, profile: Profile, workload: Workload, *, optimizer: str | None = None,
+                 concurrent_ranks: int | None = None):
+        self.profile = profile
+        self.workload = workload
+        _check_model(profile, workload)
+        if optimizer is not None and optimizer != profile.optimizer_name:
+            raise ScenarioError(
+                f"{profile.source}: optimizer.name: the profile timed {profile.optimizer_name!r} but the "
+                f"scenario trains with {optimizer!r}; recalibrate with optimizer={optimizer!r}")
+        self.scale = 1.0
+        if concurrent_ranks is not None:
+            self.scale = self.slowdown(concurrent_ranks) / self.slowdown(profile.world_size)
+        self._forward = [layer.forward for layer in profile.layers]
+        self._backward = [layer.backward for layer in profile.layers]
+
+    def slowdown(self, num_ranks: int) -> float:
+        """compute_slowdown[num_ranks] of the profile; ScenarioError naming the levels measured."""
+        table = self.profile.compute_slowdown
+        if num_ranks not in table:
+            raise ScenarioError(
+                f"{self.profile.source}: compute_slowdown: no factor for {num_ranks} ranks computing at once; "
+                f"measured: {', '.join(str(k) for k in table)}")
+        return table[num_ranks]
+
+    def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
+        if phase == "F":
+            fit = self._forward[layer_index]
+        elif phase == "B":
+            fit = self._backward[layer_index]
+        else:
+            raise ValueError(f"unknown phase {phase!r} (expected 'F' or 'B')")
+        return self.scale * fit.at(batch)
+
+    def optimizer_s(self, num_params: int) -> float:
+        if num_params <= 0:
+            return 0.0
+        return self.profile.optimizer.at(num_params)
+
+    def p2p_s(self, size_bytes: float) -> float:
+        """One-way point-to-point time of `size_bytes` (alpha + S / beta)."""
+        if size_bytes <= 0:
+            return 0.0
+        if self.profile.p2p is None:
+            raise ScenarioError(f"{self.profile.source}: p2p: not profiled (world_size 1); "
+                                "recalibrate with world_size >= 2")
+        return self.profile.p2p.time_s(size_bytes)
+
+    def allreduce_s(self, size_bytes: float, num_ranks: int) -> float:
+        """Allreduce of a `size_bytes` buffer among `num_ranks` ranks, from the fit for that group size."""
+        if num_ranks <= 1 or size_bytes <= 0:
+            return 0.0
+        fit = self.profile.allreduce.get(num_ranks)
+        if fit is None:
+            sizes = ", ".join(str(g) for g in self.profile.allreduce) or "none"
+            raise ScenarioError(
+                f"{self.profile.source}: allreduce: no fit for a group of {num_ranks} ranks; "
+                f"profiled group sizes: {sizes}")
+        return fit.time_s(size_bytes)
+
+
+def _check_model(profile: Profile, workload: Workload) -> None:
+    """Same name, layer count and layer names; same parameter count and forward FLOPs if recorded."""
+    names = tuple(layer.name for layer in workload.layers)
+    profiled = tuple(layer.name for layer in profile.layers)
+    differences = []
+    if profile.model_name.lower() != workload.name.lower():
+        differences.append("model names differ")
+    if profile.num_layers != workload.num_layers:
+        differences.append("layer counts differ")
+    elif profiled != names:
+        differences.append("layer names differ")
+    if profile.model_num_params is not None and profile.model_num_params != workload.num_params:
+        differences.append(f"{profile.model_num_params} vs {workload.num_params} parameters")
+    flops = profile.model_forward_flops_per_sample
+    if flops is not None and not math.isclose(flops, workload.forward_flops_per_sample, rel_tol=1e-6):
+        differences.append(f"{flops:.6g} vs {workload.forward_flops_per_sample:.6g} forward FLOPs per sample")
+    if differences:
+        params = f" {dict(profile.model_params)}" if profile.model_params else ""
+        raise ScenarioError(
+            f"{profile.source}: model: the profile was calibrated for {profile.model_name!r}{params} with "
+            f"{profile.num_layers} layers, but the workload is {workload.name!r} with {workload.num_layers} "
+            f"layers ({'; '.join(differences)})")
