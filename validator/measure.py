@@ -1,0 +1,76 @@
+"""Measured runs: warm-up, then k synchronised steps per rank; and the single-process reference.
+
+Step time: every step starts after a barrier; a rank's step time runs from there to the end of its
+last action (its sends and allreduces complete); the step's time is the maximum over ranks
+(all-reduced with MAX). The reported figure is the median over the k measured steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from simulator.plan import Plan
+from simulator.workload import Workload
+from validator.models import build_modules, loss_fn, make_batch
+from validator.runtime import RankExecutor, make_optimizer
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    steps: int = 5
+    warmup: int = 2
+    optimizer: str = "sgd"
+    learning_rate: float = 0.01
+    seed: int = 0
+    device: str = "cpu"
+    return_state: bool = False
+
+
+def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> dict:
+    """Body of one rank (called by the launcher after the process group is up)."""
+    executor = RankExecutor(plan, workload, rank, options.optimizer, options.learning_rate,
+                            options.seed, options.device)
+    step_times_s, step_spans = [], []
+    for step in range(options.warmup + options.steps):
+        dist.barrier()
+        started = time.perf_counter()
+        spans = executor.step(step)
+        if options.device == "cuda":
+            torch.cuda.synchronize()
+        slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        if step >= options.warmup:
+            step_times_s.append(float(slowest.item()))
+            step_spans.append(spans)
+    median_index = min(range(len(step_times_s)), key=lambda i: abs(step_times_s[i] - statistics.median(step_times_s)))
+    return {
+        "rank": rank,
+        "step_times_s": step_times_s,
+        "spans": step_spans[median_index] if step_spans else [],
+        # numpy, not tensors: torch would share tensors through file descriptors that vanish when
+        # the rank's process exits before the launcher has read them
+        "state": {k: v.numpy() for k, v in executor.state().items()} if options.return_state else None,
+    }
+
+
+def reference_training(workload: Workload, global_batch: int, num_steps: int, optimizer: str = "sgd",
+                       learning_rate: float = 0.01, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Single-process training on the full batch with the same data and init (Proposition 1's baseline)."""
+    modules = build_modules(workload, seed=seed)
+    parameters = [p for module in modules for p in module.parameters()]
+    opt = make_optimizer(parameters, optimizer, learning_rate)
+    for step in range(num_steps):
+        inputs, targets = make_batch(workload, global_batch, seed=seed + 1000 + step)
+        x = inputs
+        for module in modules:
+            x = module(x)
+        loss_fn(workload, x, targets).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+    return {f"{i}.{name}": p.detach().clone() for i, module in enumerate(modules)
+            for name, p in module.named_parameters()}

@@ -1,0 +1,182 @@
+"""Execute a simulator `Plan` for one rank as real torch.distributed training.
+
+The rank interprets its own ordered actions from the very plan the simulator ran:
+- `Recv`/`Send`: activations forward and their gradients backward (blocking recv, isend);
+- `Compute` F: the stage's layers on the group's slice of the batch (B / G samples);
+- `Compute` B over [start, end): layer-by-layer autograd, so a gradient bucket is complete exactly
+  where the plan says, and its `Collective` (an async allreduce among the stage's G peers) runs
+  while the rest of backward continues — the overlap PyTorch DDP gives (Li et al., VLDB 2020);
+- `Compute` opt: wait for the allreduces, average over G, optimizer step.
+Every group uses the mean loss over its own samples; averaging gradients over the G groups then
+gives exactly the full-batch mean gradient (GHP paper, Proposition 1).
+Timings are spans in the simulator's format (`simulator.engine.SPAN_FIELDS`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
+from simulator.workload import Workload
+from validator.models import build_modules, loss_fn, make_batch
+
+
+def make_optimizer(parameters, name: str, learning_rate: float):
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=learning_rate)
+    return torch.optim.SGD(parameters, lr=learning_rate, momentum=0.9 if name == "momentum" else 0.0)
+
+
+def peer_groups(plan: Plan) -> dict[int, object]:
+    """One process group per stage holding its G peers; every rank must create all, in order."""
+    groups = {}
+    for stage in range(plan.workers_per_group):
+        ranks = [plan.rank_of(group, stage) for group in range(plan.num_groups)]
+        groups[stage] = dist.new_group(ranks) if plan.num_groups > 1 else None
+    return groups
+
+
+class RankExecutor:
+    """One rank's stage of the model, its optimizer, and the interpreter of its actions."""
+
+    def __init__(self, plan: Plan, workload: Workload, rank: int, optimizer: str = "sgd",
+                 learning_rate: float = 0.01, seed: int = 0, device: str = "cpu"):
+        self.plan, self.workload, self.rank, self.seed = plan, workload, rank, seed
+        self.device = torch.device(device)
+        self.group_index, self.stage_index = plan.grid_position(rank)
+        stage = plan.stages[self.stage_index]
+        self.layer_start, self.layer_end = stage.layer_start, stage.layer_end
+        modules = build_modules(workload, seed=seed)[self.layer_start:self.layer_end]
+        self.modules = [module.to(self.device) for module in modules]
+        self.parameters = [p for module in self.modules for p in module.parameters()]
+        self.optimizer = make_optimizer(self.parameters, optimizer, learning_rate)
+        self.groups = peer_groups(plan)
+        self.group_batch = int(plan.group_batch)
+        self.output_shapes = self._layer_output_shapes()
+
+    def _layer_output_shapes(self) -> list[torch.Size]:
+        """Per-sample output shape of every layer, from a one-sample forward on the CPU."""
+        inputs, _ = make_batch(self.workload, 2, seed=self.seed)
+        shapes = []
+        with torch.no_grad():
+            x = inputs
+            for module in build_modules(self.workload, seed=self.seed):
+                x = module.eval()(x)
+                shapes.append(x.shape[1:])
+        return shapes
+
+    # ------------------------------------------------------------------ one step
+    def step(self, step_index: int) -> list[tuple]:
+        """Run the rank's actions once; return its spans (seconds from the step's start)."""
+        inputs, targets = make_batch(self.workload, int(self.plan.group_batch * self.plan.num_groups),
+                                     seed=self.seed + 1000 + step_index)
+        rows = slice(self.group_index * self.group_batch, (self.group_index + 1) * self.group_batch)
+        self.batch = (inputs[rows].to(self.device), targets[rows].to(self.device))
+        self.received, self.pending_sends, self.reductions, self.spans = {}, [], [], []
+        self.layer_inputs, self.layer_outputs, self.input_grads = {}, {}, {}
+        self.last_segment = None
+        self.step_start = time.perf_counter()
+        for action in self.plan.actions[self.rank]:
+            HANDLERS[type(action)](self, action)
+        for work in self.pending_sends:
+            work.wait()
+        return self.spans
+
+    def _span(self, stream: str, name: str, kind: str, start: float, size_bytes: float = 0.0,
+              microbatch: int = 0, end: float | None = None):
+        now = time.perf_counter() if end is None else end
+        self.spans.append((self.rank, stream, name, kind, start - self.step_start, now - self.step_start,
+                           float(size_bytes), microbatch))
+
+    def _recv(self, action: Recv) -> None:
+        start = time.perf_counter()
+        kind, _, sender_stage = action.key
+        layer = self.layer_start - 1 if kind == "act" else self.layer_end - 1
+        buffer = torch.empty((self.group_batch, *self.output_shapes[layer]), device=self.device)
+        dist.recv(buffer, src=action.src)
+        self.received[kind] = buffer
+        self._span("recv", action.label, "recv", start, buffer.numel() * buffer.element_size())
+
+    def _send(self, action: Send) -> None:
+        start = time.perf_counter()
+        if action.key[0] == "act":
+            tensor = self.layer_outputs[self.layer_end - 1].detach().contiguous()
+        else:
+            tensor = self.input_grads[self.layer_start].contiguous()
+        self.pending_sends.append(dist.isend(tensor, dst=action.dst))
+        self._span("send", action.label, "send", start, tensor.numel() * tensor.element_size())
+
+    def _compute(self, action: Compute) -> None:
+        start = time.perf_counter()
+        if action.phase == FORWARD:
+            self._forward()
+        elif action.phase == BACKWARD:
+            self._backward(action.layer_start, action.layer_end)
+        else:
+            self._update()
+        self._span("compute", action.label, action.phase, start)
+
+    def _forward(self) -> None:
+        x = self.batch[0] if self.stage_index == 0 else self.received["act"]
+        for offset, module in enumerate(self.modules):
+            layer = self.layer_start + offset
+            if layer > self.layer_start or self.stage_index > 0:
+                x = x.detach().requires_grad_(True)
+            self.layer_inputs[layer] = x
+            x = module(x)
+            self.layer_outputs[layer] = x
+        if self.stage_index == self.plan.workers_per_group - 1:
+            self.loss = loss_fn(self.workload, x, self.batch[1])
+
+    def _backward(self, layer_start: int, layer_end: int) -> None:
+        for layer in range(layer_end - 1, layer_start - 1, -1):
+            output = self.layer_outputs[layer]
+            if layer == self.layer_end - 1:
+                if self.stage_index == self.plan.workers_per_group - 1:
+                    self.loss.backward()
+                else:
+                    output.backward(self.received["grad"])
+            else:
+                output.backward(self.input_grads[layer + 1])
+            gradient = self.layer_inputs[layer].grad if self.layer_inputs[layer].requires_grad else None
+            self.input_grads[layer] = gradient
+        self.last_segment = (layer_start, layer_end)
+
+    def _collective(self, action: Collective) -> None:
+        start = time.perf_counter()
+        layer_start, layer_end = self.last_segment
+        params = [p for module in self.modules[layer_start - self.layer_start:layer_end - self.layer_start]
+                  for p in module.parameters()]
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        work = dist.all_reduce(flat, group=self.groups[self.stage_index], async_op=True)
+        finished_at: list[float] = []
+        work.get_future().add_done_callback(lambda _future: finished_at.append(time.perf_counter()))
+        self.reductions.append((work, flat, params, action, start, finished_at))
+
+    def _update(self) -> None:
+        for work, flat, params, action, start, finished_at in self.reductions:
+            work.wait()
+            self._span("comm", action.label, action.op, start, flat.numel() * flat.element_size(),
+                       end=finished_at[0] if finished_at else None)
+            flat /= self.plan.num_groups
+            offset = 0
+            for p in params:
+                count = p.numel()
+                p.grad.copy_(flat[offset:offset + count].view_as(p))
+                offset += count
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=False)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters keyed by global layer index and parameter name."""
+        return {f"{self.layer_start + i}.{name}": p.detach().cpu().clone()
+                for i, module in enumerate(self.modules) for name, p in module.named_parameters()}
+
+
+HANDLERS = {Recv: RankExecutor._recv, Send: RankExecutor._send, Compute: RankExecutor._compute,
+            Collective: RankExecutor._collective}
+
+__all__ = ["RankExecutor", "make_optimizer", "peer_groups", "OPTIMIZER"]
