@@ -31,7 +31,8 @@ def _add_scenario_args(parser: argparse.ArgumentParser, scenario: bool = True) -
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extend=None) -> argparse.ArgumentParser:
+    """The parser; `extend(subparsers)` may add commands (the validator adds its own)."""
     parser = argparse.ArgumentParser(prog="ghpsim", description=__doc__.splitlines()[0].replace(
         "The `ghpsim` command line.", "Simulate distributed DNN training on GPU clusters."))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -50,14 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     listing = commands.add_parser("list", help="list presets: gpus, links or models")
     listing.add_argument("what", choices=("gpus", "links", "models"))
+    if extend is not None:
+        extend(commands)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, extend=None, extra_commands=None, user_errors=()) -> int:
+    """Run a command. User errors (ScenarioError, SimulationError, `user_errors`) print one line on
+    stderr and return 2."""
+    args = build_parser(extend).parse_args(argv)
+    commands = {**COMMANDS, **(extra_commands or {})}
     try:
-        return COMMANDS[args.command](args)
-    except (ScenarioError, SimulationError) as error:
+        return commands[args.command](args)
+    except (ScenarioError, SimulationError, *user_errors) as error:
         print(f"ghpsim: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:

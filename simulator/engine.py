@@ -47,13 +47,14 @@ class _CountingEnvironment(simpy.Environment):
 
 
 class _Flow:
-    __slots__ = ("remaining", "size", "usage", "rate", "done")
+    __slots__ = ("remaining", "size", "usage", "rate", "done", "cap")
 
-    def __init__(self, size, usage, done):
+    def __init__(self, size, usage, done, cap):
         self.remaining = self.size = size
         self.usage = usage
         self.rate = 0.0
         self.done = done
+        self.cap = cap
 
 
 class _Network:
@@ -67,7 +68,8 @@ class _Network:
         self.last_update_s = 0.0
         self.version = 0
 
-    def transfer(self, size_bytes: float, usage: tuple[tuple[int, int], ...]) -> simpy.Event:
+    def transfer(self, size_bytes: float, usage: tuple[tuple[int, int], ...], cap: float = float("inf")) -> simpy.Event:
+        """Start a flow of `size_bytes` per sub-flow; `cap` bounds one sub-flow's rate."""
         done = self.env.event()
         if size_bytes <= 0 or not usage:
             done.succeed()
@@ -75,7 +77,7 @@ class _Network:
         self._advance()
         for link, count in usage:
             self.load[link] += count
-        self.flows.append(_Flow(size_bytes, usage, done))
+        self.flows.append(_Flow(size_bytes, usage, done, cap))
         self._reschedule()
         return done
 
@@ -93,7 +95,7 @@ class _Network:
         bandwidths, load = self.bandwidths, self.load
         soonest = float("inf")
         for flow in self.flows:
-            flow.rate = min(bandwidths[link] / load[link] for link, _ in flow.usage)
+            flow.rate = min(flow.cap, min(bandwidths[link] / load[link] for link, _ in flow.usage))
             soonest = min(soonest, max(flow.remaining, 0.0) / flow.rate)
         version = self.version
         timer = self.env.timeout(soonest)
@@ -127,7 +129,13 @@ class Engine:
         self.costs = costs
         self.num_parameter_servers = num_parameter_servers
         self.env = _CountingEnvironment()
-        self.network = _Network(self.env, [link.bandwidth_bytes_per_s for link in topology.links])
+        bandwidths = [link.bandwidth_bytes_per_s for link in topology.links]
+        self.host_parallelism = getattr(costs, "host_parallelism", None)
+        if self.host_parallelism is not None:
+            # Shared host processors (a calibrated CPU host): one extra "link" per node whose
+            # capacity is the host's parallelism in core-seconds per second; see _host_job.
+            bandwidths += [self.host_parallelism] * topology.num_nodes
+        self.network = _Network(self.env, bandwidths)
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)
         self.algorithms: dict[str, int] = defaultdict(int)
@@ -164,7 +172,10 @@ class Engine:
         for action in actions:
             yield from self._wait(rank, action.deps)
             start = self.env.now
-            yield self.env.timeout(self._duration_s(action))
+            if self.host_parallelism is None:
+                yield self.env.timeout(self._duration_s(action))
+            else:
+                yield self._host_job(self._duration_s(action), [rank], 1)
             self.spans.append((rank, "compute", action.label, action.phase, start, self.env.now, 0.0,
                                action.microbatch))
             self._done[rank][action.id].succeed()
@@ -191,7 +202,9 @@ class Engine:
             self._phase_cache[cache_key] = phases
         start = self.env.now
         measured = getattr(self.costs, "allreduce_s", None)
-        if measured is not None:
+        if measured is not None and self.host_parallelism is not None:
+            yield self._host_job(measured(action.size_bytes, len(action.ranks)), action.ranks, len(action.ranks))
+        elif measured is not None:
             yield self.env.timeout(measured(action.size_bytes, len(action.ranks)))
         else:
             for phase in phases:
@@ -206,7 +219,9 @@ class Engine:
         start = self.env.now
         source, target = self.plan.rank_to_device[rank], self.plan.rank_to_device[action.dst]
         measured = getattr(self.costs, "p2p_s", None)
-        if measured is not None:
+        if measured is not None and self.host_parallelism is not None:
+            yield self._host_job(measured(action.size_bytes), (rank, action.dst), 2)
+        elif measured is not None:
             yield self.env.timeout(measured(action.size_bytes))
         else:
             yield from self._play(p2p_phase(self.topology, source, target, action.size_bytes))
@@ -224,6 +239,23 @@ class Engine:
         yield self.network.transfer(phase.bytes_per_subflow, phase.usage)
         for tier, size in phase.tier_bytes:
             self.tier_bytes[tier] += size
+
+    def _host_job(self, measured_s: float, ranks, ranks_when_measured: int) -> simpy.Event:
+        """Processor sharing on calibrated hosts (processes on shared cores, e.g. gloo on a CPU).
+
+        Each participating rank is one thread of the host: alone it runs at rate 1; n threads on a
+        host of parallelism P each run at min(1, P / n). A job measured at `measured_s` while
+        `ranks_when_measured` threads were busy holds min(1, P / k) x measured_s core-seconds of
+        work per thread (processor sharing, Kleinrock, Queueing Systems vol. 2, 1976, ch. 4).
+        """
+        parallelism = self.host_parallelism
+        work_s = measured_s * min(1.0, parallelism / ranks_when_measured)
+        per_host: dict[int, int] = defaultdict(int)
+        for rank in ranks:
+            per_host[self.topology.node_of(self.plan.rank_to_device[rank])] += 1
+        first_host = len(self.topology.links)
+        usage = tuple((first_host + node, count) for node, count in sorted(per_host.items()))
+        return self.network.transfer(work_s, usage, cap=1.0)
 
     # ------------------------------------------------------------------ bookkeeping
     def _register_receives(self) -> None:

@@ -345,9 +345,17 @@ class ProfileCosts:
     """
 
     def __init__(self, profile: Profile, workload: Workload, *, optimizer: str | None = None,
-                 concurrent_ranks: int | None = None):
+                 concurrent_ranks: int | None = None, shared_host: bool = False):
         self.profile = profile
         self.workload = workload
+        self.host_parallelism = None
+        if shared_host:
+            # Ranks share the host's cores: the engine plays every compute and communication job
+            # on a processor-sharing pool of parallelism P = W / slowdown(W) (W ranks computing at
+            # once each ran slowdown(W) times slower than alone); compute fits become alone times.
+            concurrent_ranks = 1
+            world = profile.world_size
+            self.host_parallelism = world / self.slowdown(world) if world > 1 else 1.0
         _check_model(profile, workload)
         if optimizer is not None and optimizer != profile.optimizer_name:
             raise ScenarioError(

@@ -20,9 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-class RankFailure(RuntimeError):
-    """A rank crashed, hung past the deadline, or the run could not start. Names the rank."""
+from validator.errors import RankFailure
 
 
 @dataclass(frozen=True)

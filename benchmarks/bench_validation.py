@@ -1,0 +1,68 @@
+"""Validation accuracy benchmark on this CPU machine (issue: validator). Prints figures.
+
+For each model (an MLP, a narrow ResNet-20, a small transformer) and world size (2, 4):
+calibrate a profile from microbenchmarks at that world size, then run dp, mp (and ghp G=2 at 4
+ranks) for real and in simulation. Prints predicted, measured and error per case, MAPE, the worst
+case, and whether the strategy predicted fastest is the one measured fastest. The validated runs
+are never used to fit the profile. Writes reports/validation_cpu.csv.
+Run: python benchmarks/bench_validation.py [--steps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.model_source import resolve_workload
+from simulator.output import write_text_atomic
+from simulator.scenario import load_scenario
+from validator.calibrate import calibrate
+from validator.measure import RunOptions
+from validator.validate import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("mlp_cpu", "resnet_cpu", "transformer_cpu")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--world-sizes", default="2,4")
+    parser.add_argument("--out", default=str(ROOT / "reports" / "validation_cpu.csv"))
+    args = parser.parse_args()
+    rows = []
+    for name in MODELS:
+        for world_size in (int(w) for w in args.world_sizes.split(",")):
+            scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml",
+                                     [f"cluster.gpus_per_node={world_size}"])
+            workload = resolve_workload(scenario.model, scenario.base_dir)
+            profile = ROOT / "reports" / "profiles" / f"{name}_ws{world_size}.json"
+            calibrate(workload, dict(scenario.model.params), profile, world_size=world_size,
+                      optimizer=scenario.training.optimizer, verbose=False)
+            specs = [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
+            result = validate(scenario, str(profile), specs,
+                              RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer))
+            for row in result["rows"]:
+                row["model"] = name
+                rows.append(row)
+                print(f"{name:16s} ws={world_size} {row['strategy']:16s} predicted {row['predicted_s'] * 1e3:8.2f} ms "
+                      f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} %", flush=True)
+    frame = pd.DataFrame(rows)
+    write_text_atomic(args.out, frame.to_csv(index=False))
+    errors = frame["error_pct"].abs()
+    print(f"\ncases {len(frame)} | MAPE {errors.mean():.1f} % (target <= 10) | worst {errors.max():.1f} % "
+          f"(target <= 20) | median |error| {statistics.median(errors):.1f} %")
+    for (model, world_size), group in frame.groupby(["model", "world_size"]):
+        predicted = group.loc[group["predicted_s"].idxmin(), "strategy"]
+        measured = group.loc[group["measured_s"].idxmin(), "strategy"]
+        print(f"{model:16s} ws={world_size}: predicted fastest {predicted}, measured fastest {measured}"
+              f" -> {'match' if predicted == measured else 'MISMATCH'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The line fitter and a real (quick) calibration of a tiny MLP at world size 2 on CPU."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from simulator.profile import ProfileCosts, load_profile  # noqa: E402
+from simulator.zoo import build_model  # noqa: E402
+from validator.microbench import ClampedFitWarning, fit_line, fit_linear, time_layers, time_optimizer  # noqa: E402
+
+MODELS = "validator.models"
+
+
+def tiny_mlp():
+    return build_model("mlp", input_dim=64, hidden_dim=64, num_hidden_layers=2, num_classes=10)
+
+
+# ----------------------------------------------------------------------------- fitting
+
+def test_fit_linear_recovers_a_known_line():
+    xs = [1, 2, 4, 8, 16]
+    intercept, slope, r2 = fit_linear(xs, [0.5 + 0.25 * x for x in xs])
+    assert intercept == pytest.approx(0.5)
+    assert slope == pytest.approx(0.25)
+    assert r2 == pytest.approx(1.0)
+
+
+def test_fit_linear_weighted_recovers_alpha_beta():
+    sizes = [4096 * 4 ** k for k in range(7)]
+    times = [20e-6 + s / 2e9 for s in sizes]
+    intercept, slope, r2 = fit_linear(sizes, times, weights=[1 / t ** 2 for t in times])
+    assert intercept == pytest.approx(20e-6, rel=1e-6)
+    assert 1 / slope == pytest.approx(2e9, rel=1e-6)
+
+
+def test_fit_linear_clamps_a_negative_intercept_and_says_so():
+    xs, ys = [1, 2, 3], [0.0, 1.0, 2.0]  # y = -1 + x
+    with pytest.warns(ClampedFitWarning, match="negative intercept"):
+        intercept, slope, _ = fit_linear(xs, ys)
+    assert intercept == 0.0
+    assert slope == pytest.approx((0 * 1 + 1 * 2 + 2 * 3) / (1 + 4 + 9))  # through the origin
+    assert "negative intercept" in fit_line(xs, ys).clamped
+
+
+def test_fit_linear_clamps_a_negative_slope():
+    with pytest.warns(ClampedFitWarning, match="negative slope"):
+        intercept, slope, _ = fit_linear([1, 2, 3], [3.0, 2.9, 2.8])
+    assert slope == 0.0 and intercept == pytest.approx(2.9)
+
+
+def test_fit_linear_exact_line_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit_linear([1, 2], [1.0, 2.0])
+
+
+# ----------------------------------------------------------------------------- single-process benchmarks
+
+def test_time_layers_and_optimizer_single_process():
+    workload = tiny_mlp()
+    rows = time_layers(workload, [2, 8], repeats=2, warmup=1, models=MODELS)
+    assert [row["name"] for row in rows] == ["fc1", "fc2", "fc3"]
+    for row in rows:
+        assert len(row["forward_s"]) == len(row["backward_s"]) == 2
+        assert all(t > 0 for t in row["forward_s"] + row["backward_s"])
+    result = time_optimizer("adam", [1000, [torch.zeros(10, 10), torch.zeros(10)]], repeats=2, warmup=1)
+    assert [(r["num_params"], r["num_tensors"]) for r in result] == [(1000, 1), (110, 2)]
+    assert all(r["median_s"] > 0 for r in result)
+
+
+# ----------------------------------------------------------------------------- real calibration
+
+def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
+    from validator.calibrate import calibrate
+
+    workload = tiny_mlp()
+    params = dict(input_dim=64, hidden_dim=64, num_hidden_layers=2, num_classes=10)
+    out = tmp_path / "profile.json"
+    started = time.perf_counter()
+    document = calibrate(workload, params, out, world_size=2, batch_sizes=(4, 32), repeats=3, warmup=1,
+                         comm_sizes=(4096, 65536, 1 << 20), comm_repeats=3, models=MODELS, verbose=False)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 60, f"quick calibration took {elapsed:.1f} s"
+    assert out.is_file()
+
+    profile = load_profile(out)
+    assert profile.world_size == 2 and profile.backend == "gloo" and profile.device_kind == "cpu"
+    assert profile.num_threads == 1
+    assert profile.model_name == "mlp" and profile.num_layers == 3
+    for layer in profile.layers:
+        assert layer.forward.per_unit_s >= 0 and layer.backward.per_unit_s >= 0
+        assert layer.forward.intercept_s >= 0 and layer.backward.intercept_s >= 0
+        assert layer.batch_sizes == (4, 32)
+    assert profile.p2p.bandwidth_bytes_per_s > 0
+    assert set(profile.allreduce) == {2}
+    assert profile.allreduce[2].bandwidth_bytes_per_s > 0
+    assert profile.compute_slowdown[1] == 1.0 and profile.compute_slowdown[2] > 0
+    assert document["format"] == "ghpsim-profile/1"
+
+    costs = ProfileCosts(profile, workload, optimizer="sgd")
+    assert costs.compute_s(0, "F", 32) > 0 and costs.compute_s(2, "B", 4) > 0
+    assert costs.optimizer_s(workload.num_params) > 0
+    assert costs.allreduce_s(1 << 20, 2) >= costs.allreduce_s(4096, 2) > 0  # few, noisy samples
+    assert costs.p2p_s(1 << 20) > 0

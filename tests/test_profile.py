@@ -1,0 +1,167 @@
+"""Calibration profiles: loading, validation and the cost model (no torch needed)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from simulator.costs import BACKWARD, FORWARD, single_device_step_s
+from simulator.errors import ScenarioError
+from simulator.profile import FORMAT, PROFILE_FORMAT, ProfileCosts, load_profile, profile_from_dict
+from simulator.zoo import build_model
+
+PARAMS = dict(input_dim=64, hidden_dim=64, num_hidden_layers=2, num_classes=10)
+
+
+def workload():
+    return build_model("mlp", **PARAMS)
+
+
+def document():
+    w = workload()
+    return {
+        "format": FORMAT,
+        "created_utc": "2024-01-01T00:00:00+00:00",
+        "device": {"kind": "cpu", "name": "test cpu", "num_threads": 1},
+        "torch_version": "2.13.0",
+        "backend": "gloo",
+        "world_size": 4,
+        "model": {"name": "mlp", "params": PARAMS, "num_layers": 3, "layer_names": ["fc1", "fc2", "fc3"],
+                  "num_params": w.num_params},
+        "layers": [
+            {"index": i, "name": f"fc{i + 1}",
+             "forward": {"intercept_s": 1e-5 * (i + 1), "per_sample_s": 1e-6},
+             "backward": {"intercept_s": 2e-5, "per_sample_s": 2e-6 * (i + 1)},
+             "batch_sizes": [4, 16, 64], "r2_forward": 0.99, "r2_backward": 0.98}
+            for i in range(3)],
+        "optimizer": {"name": "sgd", "intercept_s": 5e-5, "per_param_s": 1e-9},
+        "p2p": {"latency_s": 3e-5, "bandwidth_bytes_per_s": 2e9, "sizes_bytes": [4096, 16777216]},
+        "allreduce": {
+            "2": {"latency_s": 6e-5, "bandwidth_bytes_per_s": 1e9, "sizes_bytes": [4096, 16777216]},
+            "4": {"latency_s": 1e-4, "bandwidth_bytes_per_s": 5e8, "sizes_bytes": [4096, 16777216]},
+        },
+        "compute_slowdown": {"1": 1.0, "4": 2.0},
+    }
+
+
+def write(tmp_path, doc, name="profile.json"):
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return path
+
+
+def test_round_trip_and_linear_compute(tmp_path):
+    path = write(tmp_path, document())
+    profile = load_profile(path)
+    assert profile.source == str(path)
+    assert profile.world_size == 4 and profile.backend == "gloo" and profile.device_name == "test cpu"
+    assert profile.model_params == PARAMS and profile.num_layers == 3
+    assert profile.layers[1].batch_sizes == (4, 16, 64)
+    assert profile.layers[0].forward.r2 == 0.99
+    assert profile.compute_slowdown == {1: 1.0, 4: 2.0}
+
+    costs = ProfileCosts(profile, workload(), optimizer="sgd")
+    assert costs.compute_s(0, FORWARD, 10) == pytest.approx(1e-5 + 10e-6)
+    assert costs.compute_s(2, BACKWARD, 8) == pytest.approx(2e-5 + 8 * 6e-6)
+    assert costs.compute_s(1, FORWARD, 0) == pytest.approx(2e-5)
+    # linear in the batch
+    assert costs.compute_s(1, BACKWARD, 30) - costs.compute_s(1, BACKWARD, 20) == pytest.approx(
+        costs.compute_s(1, BACKWARD, 20) - costs.compute_s(1, BACKWARD, 10))
+    assert costs.optimizer_s(1_000_000) == pytest.approx(5e-5 + 1e-3)
+    assert costs.optimizer_s(0) == 0.0
+    assert single_device_step_s(costs, workload(), 10) > 0
+    with pytest.raises(ValueError):
+        costs.compute_s(0, "X", 1)
+
+
+def test_comm_times(tmp_path):
+    costs = ProfileCosts(load_profile(write(tmp_path, document())), workload())
+    assert costs.p2p_s(2e6) == pytest.approx(3e-5 + 1e-3)
+    assert costs.p2p_s(0) == 0.0
+    assert costs.allreduce_s(1e6, 2) == pytest.approx(6e-5 + 1e-3)
+    assert costs.allreduce_s(1e6, 4) == pytest.approx(1e-4 + 2e-3)
+    assert costs.allreduce_s(1e6, 1) == 0.0
+    with pytest.raises(ScenarioError, match=r"group of 8 ranks; profiled group sizes: 2, 4") as error:
+        costs.allreduce_s(1e6, 8)
+    assert "profile.json" in str(error.value)
+
+
+def test_concurrent_ranks_rescales_compute(tmp_path):
+    profile = load_profile(write(tmp_path, document()))
+    at_four = ProfileCosts(profile, workload())
+    alone = ProfileCosts(profile, workload(), concurrent_ranks=1)
+    assert alone.compute_s(0, FORWARD, 10) == pytest.approx(at_four.compute_s(0, FORWARD, 10) / 2)
+    with pytest.raises(ScenarioError, match="compute_slowdown: no factor for 3 ranks"):
+        ProfileCosts(profile, workload(), concurrent_ranks=3)
+
+
+def test_model_mismatch_names_both(tmp_path):
+    profile = load_profile(write(tmp_path, document()))
+    other = build_model("mlp", input_dim=64, hidden_dim=64, num_hidden_layers=3, num_classes=10)
+    with pytest.raises(ScenarioError) as error:
+        ProfileCosts(profile, other)
+    message = str(error.value)
+    assert "profile.json" in message and "3 layers" in message and "4 layers" in message
+    with pytest.raises(ScenarioError, match="resnet20"):
+        ProfileCosts(profile, build_model("resnet20"))
+    wider = build_model("mlp", input_dim=64, hidden_dim=128, num_hidden_layers=2, num_classes=10)
+    with pytest.raises(ScenarioError, match="parameters"):
+        ProfileCosts(profile, wider)
+    with pytest.raises(ScenarioError, match="optimizer"):
+        ProfileCosts(profile, workload(), optimizer="adam")
+
+
+def _broken(mutate):
+    doc = document()
+    mutate(doc)
+    return doc
+
+
+@pytest.mark.parametrize("doc, field", [
+    ("{not json", "not a JSON calibration profile"),
+    ("[1, 2]", "format"),
+    ({"format": "something-else/3"}, "format: expected 'ghpsim-profile/1'"),
+    ({"hello": "world"}, "format"),
+    (_broken(lambda d: d.pop("layers")), "layers: missing field"),
+    (_broken(lambda d: d["layers"][1]["forward"].update(per_sample_s="fast")), "layers[1].forward.per_sample_s"),
+    (_broken(lambda d: d["layers"][2]["backward"].update(intercept_s=-1)), "layers[2].backward.intercept_s"),
+    (_broken(lambda d: d["layers"].pop()), "layers: 2 entries but model.num_layers is 3"),
+    (_broken(lambda d: d["layers"][0].update(index=5)), "layers[0].index"),
+    (_broken(lambda d: d["allreduce"]["2"].update(bandwidth_bytes_per_s=0)), "allreduce.2.bandwidth_bytes_per_s"),
+    (_broken(lambda d: d["allreduce"].update(x={})), "allreduce.x"),
+    (_broken(lambda d: d.pop("p2p")), "p2p: missing field"),
+    (_broken(lambda d: d["device"].update(kind="tpu")), "device.kind"),
+    (_broken(lambda d: d["optimizer"].pop("per_param_s")), "optimizer.per_param_s: missing field"),
+    (_broken(lambda d: d["compute_slowdown"].update({"4": "x"})), "compute_slowdown.4"),
+    (_broken(lambda d: d.update(model="mlp")), "model: expected an object"),
+])
+def test_malformed_or_foreign_files_raise_scenario_error(tmp_path, doc, field):
+    path = write(tmp_path, doc, "bad_profile.json")
+    with pytest.raises(ScenarioError) as error:
+        load_profile(path)
+    message = str(error.value)
+    assert str(path) in message and field in message
+    assert "\n" not in message
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ScenarioError, match="nope.json"):
+        load_profile(tmp_path / "nope.json")
+
+
+def test_world_size_one_needs_no_comm():
+    doc = document()
+    doc.update(world_size=1, p2p=None, allreduce={}, compute_slowdown={"1": 1.0})
+    costs = ProfileCosts(profile_from_dict(copy.deepcopy(doc)), workload())
+    assert costs.allreduce_s(1e6, 1) == 0.0
+    with pytest.raises(ScenarioError, match="p2p"):
+        costs.p2p_s(100)
+
+
+def test_format_is_documented():
+    import simulator.profile as module
+    for key in ("compute_slowdown", "per_sample_s", "bandwidth_bytes_per_s", "intercept_s", "per_param_s"):
+        assert key in PROFILE_FORMAT
+    assert PROFILE_FORMAT in module.__doc__

@@ -1,0 +1,377 @@
+"""Calibrate a model on this machine: measure, fit and write a profile the simulator can use.
+
+`calibrate(...)` spawns `world_size` local ranks (gloo on CPU, nccl on CUDA; each rank with
+`torch.set_num_threads(1)` by default) and measures, in order:
+
+1. **Layers.** Every layer at every batch size is measured in rounds, back to back (so that a
+   change in background load hits every round alike): first **all ranks at once** (a barrier
+   before each layer; ranks share cores / devices as in a validated run of this world size),
+   then, for every divisor k < world_size (k = 1 always), **k ranks at once** (ranks 0..k-1
+   compute, the others wait at the barrier). The profile's layer fits use the all-ranks round:
+   per layer, batch size and phase, the **mean over ranks of each rank's median**.
+   `compute_slowdown[k]` = (sum over layers, batch sizes and phases of the mean over the k
+   computing ranks of their medians) / (the same sum for k = 1, rank 0 alone); so
+   `compute_slowdown["1"]` = 1 and `compute_slowdown[world_size]` compares the fits with one
+   rank alone. A rank's sample is a block of back-to-back iterations of >= 10 ms
+   (`min_block_s`), divided by the iterations: with more ranks than cores, single iterations
+   shorter than a scheduler time slice mostly run uninterrupted and their median hides the
+   sharing (measured on this 2-core machine: 1.26x instead of 1.83x for 4 ranks).
+2. **Optimizer, all ranks at once**: one step over the parameters of each layer and of each
+   prefix of layers (the stages a plan can have), fitted against the number of parameters.
+3. **p2p**: ping-pong between ranks 0 and 1 (one-way = half the round trip).
+4. **allreduce**: for every divisor g >= 2 of world_size, the world is cut into world_size / g
+   groups of consecutive ranks (`new_group`) that all allreduce at the same time (as the
+   concurrent groups of a GHP/DP plan do); each group's median (of the slowest member) is
+   averaged over groups.
+
+Communication times are fitted to alpha + S / beta by least squares weighted by 1 / t^2 (i.e.
+relative errors, so the small sizes pin alpha and the large ones beta). Nothing is timed end to
+end: no training step enters a fit. The profile format: `simulator.profile.PROFILE_FORMAT`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import resource
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from simulator.output import write_json_atomic
+from simulator.profile import FORMAT
+from simulator.workload import Workload
+from validator.launch import LaunchConfig, spawn
+from validator.microbench import (DEFAULT_MIN_BLOCK_S, agree_max, load_models_module, fit_line, time_allreduce,
+                                  time_layers, time_optimizer, time_p2p)
+
+DEFAULT_BATCH_SIZES = (4, 16, 64)
+"""Batch sizes each layer is timed at (per rank): spans the micro-batches of small validated runs."""
+DEFAULT_REPEATS = 7
+DEFAULT_WARMUP = 2
+DEFAULT_COMM_SIZES = tuple(4096 * 4 ** k for k in range(7))
+"""4 KiB, 16 KiB, ..., 16 MiB: log-spaced message / allreduce buffer sizes in bytes."""
+DEFAULT_COMM_REPEATS = 10
+
+
+@dataclass(frozen=True)
+class _Settings:
+    workload: Workload
+    batch_sizes: tuple[int, ...]
+    repeats: int
+    warmup: int
+    device: str
+    optimizer: str
+    comm_sizes: tuple[int, ...]
+    comm_repeats: int
+    models: str
+    seed: int
+    verbose: bool
+    min_block_s: float
+
+
+def _say(settings: _Settings, message: str) -> None:
+    if settings.verbose and dist.get_rank() == 0:
+        print(f"[calibrate] {message}", file=sys.stderr, flush=True)
+
+
+def _divisors(world_size: int, minimum: int = 2) -> list[int]:
+    return [g for g in range(minimum, world_size + 1) if world_size % g == 0]
+
+
+def _parameter_sets(modules) -> list[list[torch.Tensor]]:
+    """The parameters of each single layer and of each prefix of layers (distinct, non-empty)."""
+    per_layer = [list(module.parameters()) for module in modules]
+    sets, seen = [], set()
+    for end in range(1, len(per_layer) + 1):
+        for candidate in (per_layer[end - 1], [p for layer in per_layer[:end] for p in layer]):
+            key = tuple(id(p) for p in candidate)
+            if candidate and key not in seen:
+                seen.add(key)
+                sets.append(candidate)
+    return sets
+
+
+def _rank_main(rank: int, settings: _Settings) -> dict | None:
+    world = dist.get_world_size()
+    device = settings.device
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    common = dict(repeats=settings.repeats, warmup=settings.warmup, device=device, models=settings.models,
+                  seed=settings.seed, agree=agree_max, min_block_s=settings.min_block_s)
+    workload = settings.workload
+    dist.barrier()
+    started = time.perf_counter()
+    machine_before, own_before = _machine_cpu(), _own_cpu_s()
+
+    levels = [world] + [k for k in _divisors(world, minimum=1) if k < world]
+    _say(settings, f"layers: {workload.num_layers} layers x {len(settings.batch_sizes)} batch sizes, "
+                   f"with {' / '.join(map(str, levels))} rank(s) computing at once")
+    rows = time_layers(workload, settings.batch_sizes, barrier=dist.barrier,
+                       rounds=[rank < k for k in levels], **common)
+    modules = load_models_module(settings.models).build_modules(workload, seed=settings.seed)
+    _say(settings, f"optimizer {settings.optimizer}: {world} ranks at once")
+    optimizer = time_optimizer(settings.optimizer, _parameter_sets(modules), repeats=settings.repeats,
+                               device=device, warmup=settings.warmup, barrier=dist.barrier, agree=agree_max,
+                               min_block_s=settings.min_block_s)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, rows)
+    layer_medians = {}  # {k: [per active rank: rows with forward_s / backward_s of that level]}
+    for position, k in enumerate(levels):
+        layer_medians[k] = [[entry["rounds"][position] for entry in rank_rows] for rank_rows in everyone[:k]]
+
+    p2p = None
+    if world >= 2:
+        _say(settings, f"p2p ping-pong ranks 0-1, {len(settings.comm_sizes)} sizes")
+        p2p = time_p2p(settings.comm_sizes, settings.comm_repeats, settings.warmup)
+    allreduce = {}
+    for g in _divisors(world):
+        _say(settings, f"allreduce: {world // g} group(s) of {g} at once")
+        groups = [dist.new_group(list(range(start, start + g))) for start in range(0, world, g)]
+        mine = None if g == world else groups[rank // g]
+        medians = time_allreduce(settings.comm_sizes, settings.comm_repeats, group=mine, warmup=settings.warmup)
+        group_medians = [None] * world
+        dist.all_gather_object(group_medians, medians)
+        per_group = [group_medians[start] for start in range(0, world, g)]
+        allreduce[g] = {"medians_s": [sum(col) / len(col) for col in zip(*per_group)],
+                        "concurrent_groups": world // g}
+    dist.barrier()
+    measure_s = time.perf_counter() - started
+    machine_after, own_after = _machine_cpu(), _own_cpu_s()
+    cpu_s = [None] * world
+    dist.all_gather_object(cpu_s, own_after - own_before)
+    if rank != 0:
+        return None
+    return {"layers": layer_medians, "optimizer": optimizer, "p2p": p2p,
+            "allreduce": allreduce, "measure_s": measure_s,
+            "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
+            "num_threads": torch.get_num_threads(),
+            "device_name": _device_name(device)}
+
+
+def _machine_cpu() -> tuple[float, float] | None:
+    """(busy, steal) CPU seconds of the whole machine so far, from /proc/stat; None elsewhere."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _background_cpu(before, after, ranks_cpu_s: float, wall_s: float) -> dict | None:
+    """CPU time used during the measurements by anything but the ranks (other processes,
+    including the launcher): they share the cores and distort the figures."""
+    if before is None or after is None:
+        return None
+    others = max(0.0, after[0] - before[0] - ranks_cpu_s)
+    cpus = os.cpu_count() or 1
+    return {"wall_s": wall_s, "num_cpus": cpus, "other_processes_cpu_s": others, "steal_s": after[1] - before[1],
+            "share_of_machine": others / (wall_s * cpus) if wall_s > 0 else 0.0}
+
+
+def _load_average() -> float | None:
+    """The host's 1-minute load average (recorded: other processes distort CPU timings)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _fit_entry(xs, ys, notes: list[str], what: str, weights=None):
+    fit = fit_line(xs, ys, weights)
+    if fit.clamped:
+        notes.append(f"{what}: {fit.clamped}")
+    return fit
+
+
+def _alpha_beta(sizes, medians, notes, what) -> dict:
+    fit = _fit_entry(sizes, medians, notes, what, weights=[1.0 / t ** 2 for t in medians])
+    bandwidth = 1.0 / fit.slope if fit.slope > 0 else math.inf
+    if not math.isfinite(bandwidth):
+        notes.append(f"{what}: time does not grow with size; bandwidth recorded as 1e30 B/s")
+        bandwidth = 1e30
+    return {"latency_s": fit.intercept, "bandwidth_bytes_per_s": bandwidth, "sizes_bytes": list(sizes),
+            "medians_s": list(medians), "r2": fit.r2}
+
+
+def build_document(workload: Workload, model_params: dict, raw: dict, *, world_size: int, device: str,
+                   backend: str, batch_sizes: Sequence[int], optimizer: str, comm_sizes: Sequence[int],
+                   repeats: int, comm_repeats: int, min_block_s: float = DEFAULT_MIN_BLOCK_S) -> dict:
+    """The profile document (see `simulator.profile.PROFILE_FORMAT`) from the ranks' medians."""
+    notes: list[str] = []
+    by_level = raw["layers"]  # {k: [per active rank: time_layers rows]}
+    totals = {k: 0.0 for k in by_level}
+    layers = []
+    for index, layer in enumerate(workload.layers):
+        entry = {"index": index, "name": layer.name, "batch_sizes": list(batch_sizes)}
+        for phase, key in (("forward", "forward_s"), ("backward", "backward_s")):
+            means = {}
+            for k, ranks in by_level.items():
+                columns = zip(*(rows[index][key] for rows in ranks))
+                means[k] = [sum(values) / len(values) for values in columns]
+                totals[k] += sum(means[k])
+            mean = means[world_size]
+            fit = _fit_entry(batch_sizes, mean, notes, f"layers[{index}].{phase}")
+            entry[phase] = {"intercept_s": fit.intercept, "per_sample_s": fit.slope}
+            entry[f"r2_{phase}"] = fit.r2
+            entry[f"{phase}_medians_s"] = mean
+            if world_size > 1:
+                entry[f"{phase}_medians_alone_s"] = means[1]
+        layers.append(entry)
+
+    counts = [item["num_params"] for item in raw["optimizer"]]
+    times = [item["median_s"] for item in raw["optimizer"]]
+    fit = _fit_entry(counts, times, notes, "optimizer")
+    document = {
+        "format": FORMAT,
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": {"kind": "cuda" if device.startswith("cuda") else "cpu", "name": raw["device_name"],
+                   "num_threads": raw["num_threads"]},
+        "torch_version": torch.__version__,
+        "backend": backend,
+        "world_size": world_size,
+        "model": {"name": workload.name, "params": dict(model_params), "num_layers": workload.num_layers,
+                  "layer_names": [layer.name for layer in workload.layers],
+                  "num_params": workload.num_params,
+                  "forward_flops_per_sample": workload.forward_flops_per_sample},
+        "layers": layers,
+        "optimizer": {"name": optimizer, "intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
+                      "num_params": counts, "medians_s": times},
+        "p2p": (_alpha_beta(comm_sizes, raw["p2p"], notes, "p2p") if raw["p2p"] is not None else None),
+        "allreduce": {str(g): {**_alpha_beta(comm_sizes, item["medians_s"], notes, f"allreduce.{g}"),
+                               "concurrent_groups": item["concurrent_groups"]}
+                      for g, item in sorted(raw["allreduce"].items())},
+        "compute_slowdown": {str(k): (totals[k] / totals[1] if totals[1] > 0 else 1.0)
+                             for k in sorted(totals)},
+        "method": {
+            "layers": f"per rank: median over {repeats} blocks of back-to-back iterations (>= {min_block_s} s "
+                      f"each) of the time per iteration; mean over the {world_size} ranks, all timing the same "
+                      "layer at once; the last layer includes the loss",
+            "compute_slowdown": "k ranks at once (the others waiting at barriers): sum over layers, batch sizes "
+                                "and phases of the mean over the k ranks of their medians, / the same for "
+                                "rank 0 alone",
+            "comm": f"median of {comm_repeats} runs; alpha-beta least squares weighted by 1/t^2",
+            "measure_s": raw["measure_s"],
+        },
+        "notes": notes,
+    }
+    return document
+
+
+def calibrate(workload: Workload, model_params: dict, out_path, device: str = "cpu", world_size: int = 2,
+              batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, repeats: int = DEFAULT_REPEATS,
+              backend: str | None = None, *, optimizer: str = "sgd", warmup: int = DEFAULT_WARMUP,
+              comm_sizes: Sequence[int] = DEFAULT_COMM_SIZES, comm_repeats: int = DEFAULT_COMM_REPEATS,
+              num_threads: int = 1, models: str = "validator.models", seed: int = 0,
+              min_block_s: float = DEFAULT_MIN_BLOCK_S, timeout_s: float = 1800.0, verbose: bool = True) -> dict:
+    """Measure `workload` on `world_size` local ranks, write the profile to `out_path` atomically
+    and return it. `models` names the module with `build_modules`, `make_batch` and `loss_fn`."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    backend = backend or ("nccl" if device == "cuda" else "gloo")
+    if device == "cuda" and backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(f"nccl needs one GPU per rank: {world_size} ranks but {torch.cuda.device_count()} GPUs")
+    if world_size < 1:
+        raise ValueError("world_size must be >= 1")
+    batch_sizes = tuple(int(b) for b in batch_sizes)
+    if len(set(batch_sizes)) < 2 or min(batch_sizes) < 1:
+        raise ValueError(f"need at least two distinct positive batch sizes, got {batch_sizes}")
+    settings = _Settings(workload, batch_sizes, repeats, warmup, device, optimizer, tuple(comm_sizes),
+                         comm_repeats, models, seed, verbose, min_block_s)
+    config = LaunchConfig(world_size=world_size, backend=backend, device=device, timeout_s=timeout_s,
+                          collective_timeout_s=max(60.0, timeout_s / 2), num_threads=num_threads)
+    started = time.perf_counter()
+    load_before = _load_average()
+    if verbose and load_before is not None and load_before > (os.cpu_count() or 1):
+        print(f"[calibrate] warning: the 1-minute load average is {load_before:.2f} on {os.cpu_count()} CPUs; "
+              "other processes will distort the timings", file=sys.stderr)
+    raw = spawn(_rank_main, (settings,), config)[0]
+    background = raw["background_cpu"]
+    document = build_document(workload, model_params, raw, world_size=world_size, device=device,
+                              backend=backend, batch_sizes=batch_sizes, optimizer=optimizer,
+                              comm_sizes=settings.comm_sizes, repeats=repeats, comm_repeats=comm_repeats,
+                              min_block_s=min_block_s)
+    document["method"]["total_s"] = time.perf_counter() - started
+    document["method"]["load_average_1m"] = {"before": load_before, "after": _load_average(),
+                                             "num_cpus": os.cpu_count()}
+    if background is not None:
+        document["method"]["background_cpu"] = background
+        if background["share_of_machine"] > 0.1:
+            document["notes"].append(
+                f"other processes used {100 * background['share_of_machine']:.0f}% of the machine's CPU time "
+                "during the calibration: compute and comm figures are distorted; recalibrate on a quiet machine")
+    if verbose:
+        for note in document["notes"]:
+            print(f"[calibrate] note: {note}", file=sys.stderr)
+    write_json_atomic(out_path, document)
+    if verbose:
+        print(f"[calibrate] wrote {out_path} in {document['method']['total_s']:.1f} s", file=sys.stderr)
+    return document
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m validator.calibrate MODEL [--param key=value ...] --out profile.json [...]`."""
+    import argparse
+
+    import yaml
+
+    from simulator.errors import ScenarioError
+    from simulator.model_source import resolve_workload
+    from simulator.scenario import ModelConfig
+
+    parser = argparse.ArgumentParser(prog="python -m validator.calibrate", description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="zoo model name, e.g. mlp or resnet20")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="zoo factory parameter (value parsed as YAML); repeatable")
+    parser.add_argument("--out", required=True, help="profile JSON to write")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)))
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
+    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"))
+    parser.add_argument("--backend", default=None, choices=("gloo", "nccl"))
+    parser.add_argument("--models", default="validator.models", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    params = {}
+    for item in args.param:
+        key, _, value = item.partition("=")
+        params[key.strip()] = yaml.safe_load(value)
+    try:
+        workload = resolve_workload(ModelConfig(name=args.model, params=params))
+    except ScenarioError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    calibrate(workload, params, args.out, device=args.device, world_size=args.world_size,
+              batch_sizes=[int(b) for b in args.batch_sizes.split(",")], repeats=args.repeats,
+              backend=args.backend, optimizer=args.optimizer, models=args.models)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""`ghpsim`: the simulator's commands plus the validator's (calibrate, validate, import-model).
+
+This is the console entry point. It lives in `validator` because the simulator never imports the
+validator; torch is imported only when a validator command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from simulator.cli import _add_scenario_args, main as simulator_main
+from simulator.compare import parse_strategy_specs
+from simulator.errors import ScenarioError
+from simulator.model_source import resolve_workload
+from simulator.output import write_text_atomic
+from simulator.scenario import load_scenario
+from validator.errors import RankFailure
+
+
+def add_commands(commands) -> None:
+    calibrate = commands.add_parser("calibrate", help="microbenchmark this machine into a cost profile")
+    _add_scenario_args(calibrate, scenario=False)
+    calibrate.add_argument("--scenario", required=True, help="scenario whose model is profiled")
+    calibrate.add_argument("--out", required=True, help="profile JSON to write, e.g. profiles/cpu.json")
+    calibrate.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    calibrate.add_argument("--world-size", type=int, default=2, help="ranks measured at once (validate at the same)")
+    calibrate.add_argument("--batch-sizes", default=None, help="comma list, default the validator's")
+    calibrate.add_argument("--repeats", type=int, default=None)
+
+    validate = commands.add_parser("validate", help="run plans for real and compare with the prediction")
+    _add_scenario_args(validate)
+    validate.add_argument("--profile", required=True, help="profile JSON from `ghpsim calibrate`")
+    validate.add_argument("--strategies", default="dp,mp,ghp", help="comma list of dp, mp, ghp, ghp:G")
+    validate.add_argument("--steps", type=int, default=10, help="measured steps (median reported)")
+    validate.add_argument("--warmup", type=int, default=3)
+    validate.add_argument("--out", default="reports/validation", help="folder for CSV, plot and traces")
+    validate.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is declared hung")
+
+    importer = commands.add_parser("import-model", help="trace a torch.nn.Module into a layer table")
+    importer.add_argument("target", help="package.module:factory returning an nn.Module")
+    importer.add_argument("--input-shape", required=True, help="one sample's shape, e.g. 3,224,224")
+    importer.add_argument("--out", required=True, help="layer-table YAML to write")
+    importer.add_argument("--name", default=None)
+
+
+def cmd_calibrate(args) -> int:
+    from validator.calibrate import DEFAULT_BATCH_SIZES, DEFAULT_REPEATS, calibrate
+    scenario = load_scenario(args.scenario, args.overrides)
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    batch_sizes = _int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else DEFAULT_BATCH_SIZES
+    document = calibrate(workload, dict(scenario.model.params), args.out, device=args.device,
+                         world_size=args.world_size, batch_sizes=batch_sizes,
+                         repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer)
+    if args.json:
+        print(json.dumps(document, indent=1))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    import pandas as pd
+
+    from simulator.tables import make_console
+    from validator.measure import RunOptions
+    from validator.report import write_plot, write_rows_csv, write_traces
+    from validator.validate import mape_pct, validate
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    specs = parse_strategy_specs(args.strategies)
+    out = Path(args.out)
+    stem = scenario.name
+    rows: list[dict] = []
+
+    def on_case(row, measured_spans, simulated):
+        rows.append(row)
+        write_rows_csv(rows, out / f"{stem}.csv")
+        write_traces(row["strategy"], measured_spans, simulated.spans, out / "traces")
+
+    options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer)
+    validate(scenario, args.profile, specs, options, launch_timeout_s=args.timeout, on_case=on_case,
+             progress=None if args.json else lambda message: print(message, file=sys.stderr))
+    frame = pd.DataFrame(rows)
+    plot = write_plot(frame, out / f"{stem}.png", f"{stem}: predicted vs measured, MAPE {mape_pct(rows):.1f} %")
+    if args.json:
+        print(json.dumps({"scenario": stem, "mape_pct": mape_pct(rows), "rows": rows}, indent=1))
+        return 0
+    console = make_console()
+    for row in rows:
+        console.print(f"{row['strategy']:>22s}  predicted {row['predicted_s'] * 1e3:9.2f} ms  "
+                      f"measured {row['measured_s'] * 1e3:9.2f} ms  error {row['error_pct']:+6.1f} %")
+    console.print(f"MAPE {mape_pct(rows):.1f} %, worst {max(abs(r['error_pct']) for r in rows):.1f} % "
+                  f"| {out / (stem + '.csv')} | {plot}")
+    return 0
+
+
+def cmd_import_model(args) -> int:
+    from validator.import_model import import_model
+    shape = tuple(_int_list(args.input_shape, "--input-shape"))
+    document = import_model(args.target, shape, name=args.name)
+    write_text_atomic(args.out, yaml.safe_dump(document, sort_keys=False))
+    print(f"wrote {len(document['layers'])} layers to {args.out}")
+    return 0
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ScenarioError(f"{option}: {text!r} is not a comma list of integers") from None
+    if not values or min(values) < 1:
+        raise ScenarioError(f"{option}: {text!r} needs positive integers")
+    return values
+
+
+EXTRA_COMMANDS = {"calibrate": cmd_calibrate, "validate": cmd_validate, "import-model": cmd_import_model}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return simulator_main(argv, extend=add_commands, extra_commands=EXTRA_COMMANDS, user_errors=(RankFailure,))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""Micro-benchmarks for calibration: per-layer compute, optimizer steps, p2p and allreduce, plus a
+least-squares line fitter. `validator/calibrate.py` runs them on several ranks and writes a profile
+(format: `simulator.profile.PROFILE_FORMAT`).
+
+Every figure is a *median* of `repeats` timed samples after `warmup` untimed ones. A compute
+sample is a block of back-to-back iterations lasting at least `min_block_s` (10 ms), reported per
+iteration, so that time-sharing of cores by more ranks than cores is counted (see
+`_time_blocks`); a communication sample is one operation. Timing is wall time
+(`time.perf_counter`); on CUDA the device is synchronised before each clock read. No end-to-end
+training step is ever timed: each layer is timed alone, on the real input it sees in the model
+(the output of the layers before it on a real batch), and its backward pass alone from a saved
+output gradient. Threads are the caller's business (`torch.set_num_threads`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import random
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from simulator.workload import Workload
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+class LineFit(NamedTuple):
+    intercept: float
+    slope: float
+    r2: float
+    clamped: str | None
+    """None, or what was clamped and why (a negative intercept or a negative slope)."""
+
+
+class ClampedFitWarning(UserWarning):
+    """A least-squares fit had a negative intercept (or slope) and was refitted with it at 0."""
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float], weights: Sequence[float] | None = None) -> LineFit:
+    """Least squares `y = intercept + slope * x` (numpy), optionally weighted, never negative.
+
+    A negative intercept is clamped to 0 and the slope refitted through the origin; a negative
+    slope (the time does not measurably grow with x) is clamped to 0 and the intercept refitted
+    as the (weighted) mean. `clamped` says which happened. R^2 is of the final line, unweighted.
+    """
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    if x.shape != y.shape or x.ndim != 1 or len(x) == 0:
+        raise ValueError(f"fit_line: need two equally long, non-empty 1-D sequences (got {x.shape}, {y.shape})")
+    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=float)
+    sw = np.sqrt(w)
+    clamped = None
+    if len(np.unique(x)) < 2:
+        intercept, slope = float(np.average(y, weights=w)), 0.0
+        clamped = "one distinct x: slope set to 0"
+    else:
+        design = np.stack([np.ones_like(x), x], axis=1)
+        (intercept, slope), *_ = np.linalg.lstsq(design * sw[:, None], y * sw, rcond=None)
+        intercept, slope = float(intercept), float(slope)
+        if intercept < 0:
+            slope = float(np.sum(w * x * y) / np.sum(w * x * x))
+            clamped = f"negative intercept {intercept:.3g} clamped to 0, slope refitted through the origin"
+            intercept = 0.0
+        if slope < 0:
+            clamped = f"negative slope {slope:.3g} clamped to 0, intercept refitted as the mean"
+            intercept, slope = float(np.average(y, weights=w)), 0.0
+    predicted = intercept + slope * x
+    total = float(np.sum((y - y.mean()) ** 2))
+    residual = float(np.sum((y - predicted) ** 2))
+    r2 = 1.0 - residual / total if total > 0 else (1.0 if residual == 0 else 0.0)
+    return LineFit(intercept, slope, r2, clamped)
+
+
+def fit_linear(xs: Sequence[float], ys: Sequence[float],
+               weights: Sequence[float] | None = None) -> tuple[float, float, float]:
+    """`(intercept, slope, r2)` of `fit_line`; warns (ClampedFitWarning) when it clamped."""
+    fit = fit_line(xs, ys, weights)
+    if fit.clamped:
+        warnings.warn(f"fit_linear: {fit.clamped}", ClampedFitWarning, stacklevel=2)
+    return fit.intercept, fit.slope, fit.r2
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def load_models_module(models=None):
+    """The model-building module (default `validator.models`), or a module name to import."""
+    if models is None:
+        models = "validator.models"
+    return importlib.import_module(models) if isinstance(models, str) else models
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
+
+
+def _median(samples: list[float], warmup: int) -> float:
+    kept = samples[warmup:] or samples
+    return float(statistics.median(kept))
+
+
+def _as_input(tensor: torch.Tensor, needs_grad: bool) -> torch.Tensor:
+    tensor = tensor.detach()
+    if needs_grad and tensor.is_floating_point():
+        tensor.requires_grad_(True)
+    return tensor
+
+
+# ----------------------------------------------------------------------------- compute
+
+
+DEFAULT_MIN_BLOCK_S = 0.01
+"""A timed sample is a block of back-to-back iterations lasting at least this long."""
+
+
+def _time_blocks(run: Callable[[], tuple[float, ...]], repeats: int, warmup: int, min_block_s: float,
+                 agree: Callable[[int], int]) -> tuple[float, ...]:
+    """Median over `repeats` blocks (after `warmup` blocks) of the mean per-iteration time of
+    each part that `run()` times.
+
+    A block is `n` back-to-back iterations with n chosen so that a block lasts >= `min_block_s`
+    (n is agreed between ranks with `agree`, a max over ranks). Timing blocks rather than single
+    iterations keeps time-sharing in the figure: when more ranks than cores compute at once, an
+    iteration shorter than the scheduler's time slice usually runs uninterrupted, so the median
+    of single iterations shows no slowdown although each rank only gets a share of a core; over
+    a block of several time slices the waits are counted."""
+    run()
+    probe = sum(run())
+    iterations = agree(max(1, math.ceil(min_block_s / probe)) if probe > 0 else 1)
+    blocks = []
+    for _ in range(warmup + repeats):
+        totals = None
+        for _ in range(iterations):
+            parts = run()
+            totals = parts if totals is None else tuple(t + p for t, p in zip(totals, parts))
+        blocks.append(tuple(t / iterations for t in totals))
+    kept = blocks[warmup:] or blocks
+    return tuple(float(statistics.median(column)) for column in zip(*kept))
+
+
+def _same(value: int) -> int:
+    return value
+
+
+def time_layers(workload: Workload, batch_sizes: Sequence[int], repeats: int = 7, device: str = "cpu",
+                warmup: int = 2, *, models=None, seed: int = 0, barrier: Callable[[], None] | None = None,
+                agree: Callable[[int], int] | None = None, active: bool = True,
+                rounds: Sequence[bool] | None = None, include_loss: bool = True,
+                min_block_s: float = DEFAULT_MIN_BLOCK_S,
+                progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Forward and backward wall time of every layer at every batch size (median over blocks).
+
+    Layer i's input is the output of layers 0..i-1 on a real batch (`make_batch`); the backward
+    of layer i alone is timed from a saved random output gradient (for the last layer, with
+    `include_loss`, from `loss_fn` instead, and its forward time includes the loss). Inputs of
+    layers after the first require grad, as in training. Modules are in train mode; gradients
+    accumulate in `.grad` across iterations. Each figure is the median over `repeats` blocks of
+    the mean time per iteration within a block of back-to-back iterations lasting at least
+    `min_block_s` (see `_time_blocks`; `min_block_s=0` times single iterations).
+
+    Several ranks calling this at the same time: `barrier` is called before every (batch size,
+    layer) measurement so that they measure the same layer at the same time, and `agree`
+    (max over ranks) fixes a common block length. With `active=False` a rank only takes part in
+    the barriers and agreements (it waits while the others measure).
+
+    `rounds` (default `(active,)`): each (batch size, layer) is measured once per round, the
+    rounds back to back, and this rank computes in round j iff `rounds[j]` (so that ranks can
+    compare k ranks computing at once with fewer, under the same background load).
+
+    Returns one dict per layer: `{"index", "name", "batch_sizes", "forward_s", "backward_s",
+    "rounds"}`: `forward_s` / `backward_s` are lists in batch-size order for round 0 (empty when
+    this rank is idle in it) and `rounds[j]` is `{"forward_s", "backward_s"}` of round j.
+    """
+    barrier = barrier or (lambda: None)
+    agree = agree or _same
+    rounds = tuple(rounds) if rounds is not None else (active,)
+    layers = workload.layers
+    results = [{"index": i, "name": layer.name, "batch_sizes": list(batch_sizes),
+                "rounds": [{"forward_s": [], "backward_s": []} for _ in rounds]}
+               for i, layer in enumerate(layers)]
+    if not any(rounds):
+        for _ in range(len(batch_sizes) * len(layers) * len(rounds)):
+            barrier()
+            agree(0)
+        barrier()
+        return _round_zero(results)
+
+    models = load_models_module(models)
+    device = torch.device(device)
+    modules = [module.to(device).train() for module in models.build_modules(workload, seed=seed)]
+    if len(modules) != len(layers):
+        raise ValueError(f"build_modules gave {len(modules)} modules for {len(layers)} layers of {workload.name!r}")
+    loss_fn = getattr(models, "loss_fn", None) if include_loss else None
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    for batch in batch_sizes:
+        inputs, targets = models.make_batch(workload, batch, seed=seed)
+        inputs, targets = _to(inputs, device), _to(targets, device)
+        chain = [inputs]
+        with torch.no_grad():
+            for module in modules:
+                chain.append(module(chain[-1]))
+        for index, module in enumerate(modules):
+            with_loss = loss_fn is not None and index == len(modules) - 1
+            output_grad = torch.randn(chain[index + 1].shape, generator=generator,
+                                      dtype=chain[index + 1].dtype).to(device)
+
+            def run(module=module, index=index, with_loss=with_loss, output_grad=output_grad):
+                x = _as_input(chain[index], needs_grad=index > 0)
+                _sync(device)
+                start = time.perf_counter()
+                out = module(x)
+                if with_loss:
+                    out = loss_fn(workload, out, targets)
+                _sync(device)
+                middle = time.perf_counter()
+                if with_loss:
+                    out.backward()
+                else:
+                    out.backward(output_grad)
+                _sync(device)
+                return middle - start, time.perf_counter() - middle
+
+            for computes, record in zip(rounds, results[index]["rounds"]):
+                barrier()
+                if computes:
+                    forward, backward = _time_blocks(run, repeats, warmup, min_block_s, agree)
+                    record["forward_s"].append(forward)
+                    record["backward_s"].append(backward)
+                else:
+                    agree(0)
+            module.zero_grad(set_to_none=True)
+            if progress:
+                progress(f"layer {index} {layers[index].name} batch {batch}")
+        del chain
+    barrier()
+    return _round_zero(results)
+
+
+def _round_zero(results: list[dict]) -> list[dict]:
+    for entry in results:
+        entry["forward_s"] = entry["rounds"][0]["forward_s"]
+        entry["backward_s"] = entry["rounds"][0]["backward_s"]
+    return results
+
+
+def make_optimizer(name: str, parameters, lr: float = 0.01) -> torch.optim.Optimizer:
+    """The optimizer the validator trains with: sgd, momentum (SGD, momentum 0.9) or adam."""
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=lr)
+    if name == "momentum":
+        return torch.optim.SGD(parameters, lr=lr, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r} (expected one of {', '.join(OPTIMIZERS)})")
+
+
+def time_optimizer(optimizer: str, parameter_sets: Sequence, repeats: int = 7, device: str = "cpu",
+                   warmup: int = 2, *, barrier: Callable[[], None] | None = None,
+                   agree: Callable[[int], int] | None = None, min_block_s: float = DEFAULT_MIN_BLOCK_S,
+                   seed: int = 0) -> list[dict]:
+    """Time of one `optimizer.step()` for each set of parameters (median over blocks, as
+    `time_layers`; `barrier` before each set, `agree` for the block length).
+
+    A set is an int (one flat fp32 tensor of that many parameters) or a list of tensors (e.g. the
+    parameters of some layers: copies are stepped, with random gradients, so the originals are
+    untouched). Returns `[{"num_params", "num_tensors", "median_s"}]` in order.
+    """
+    barrier = barrier or (lambda: None)
+    agree = agree or _same
+    device = torch.device(device)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    results = []
+    for parameter_set in parameter_sets:
+        if isinstance(parameter_set, int):
+            shapes = [(parameter_set,)]
+        else:
+            shapes = [tuple(p.shape) for p in parameter_set]
+        params = []
+        for shape in shapes:
+            p = torch.zeros(shape, device=device, requires_grad=True)
+            p.grad = torch.randn(shape, generator=generator).to(device)
+            params.append(p)
+        step = make_optimizer(optimizer, params)
+
+        def run(step=step):
+            _sync(device)
+            start = time.perf_counter()
+            step.step()
+            _sync(device)
+            return (time.perf_counter() - start,)
+
+        barrier()
+        (median,) = _time_blocks(run, repeats, warmup, min_block_s, agree)
+        results.append({"num_params": int(sum(p.numel() for p in params)), "num_tensors": len(params),
+                        "median_s": median})
+        del step, params
+    barrier()
+    return results
+
+
+# ----------------------------------------------------------------------------- communication
+
+
+def _comm_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def agree_max(value: int) -> int:
+    """The largest `value` over all ranks of the process group (every rank must call it)."""
+    tensor = torch.tensor([int(value)], dtype=torch.int64, device=_comm_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def _buffer(size_bytes: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(max(1, size_bytes // 4), dtype=torch.float32, device=device)
+
+
+def _size_order(count: int, repeat: int) -> list[int]:
+    """Sizes in a shuffled order, a new one per repeat but the same on every rank: a message
+    right after a large one is slower (the transport is still draining), and a fixed order would
+    pin that penalty on one size."""
+    order = list(range(count))
+    random.Random(repeat).shuffle(order)
+    return order
+
+
+def time_p2p(sizes_bytes: Sequence[int], repeats: int = 10, warmup: int = 2, *, src: int = 0,
+             dst: int = 1) -> list[float]:
+    """One-way point-to-point time per size: half the median round trip of a ping-pong between
+    ranks `src` and `dst` (blocking send/recv). Call on every rank of an initialised process group
+    (the others only join the barriers); every rank gets the result (broadcast from `src`).
+    Each repeat times every size once, in a shuffled order, each after a world-wide barrier."""
+    rank, device = dist.get_rank(), _comm_device()
+    buffers = [_buffer(size, device) for size in sizes_bytes]
+    samples: list[list[float]] = [[] for _ in sizes_bytes]
+    for repeat in range(warmup + repeats):
+        for position in _size_order(len(buffers), repeat):
+            buffer = buffers[position]
+            dist.barrier()
+            if rank == src:
+                _sync(device)
+                start = time.perf_counter()
+                dist.send(buffer, dst)
+                dist.recv(buffer, dst)
+                _sync(device)
+                samples[position].append(time.perf_counter() - start)
+            elif rank == dst:
+                dist.recv(buffer, src)
+                dist.send(buffer, src)
+    medians = torch.zeros(len(sizes_bytes), dtype=torch.float64)
+    if rank == src:
+        medians = torch.tensor([_median(kept, warmup) / 2 for kept in samples], dtype=torch.float64)
+    dist.barrier()
+    medians = medians.to(device)
+    dist.broadcast(medians, src)
+    return medians.cpu().tolist()
+
+
+def time_allreduce(sizes_bytes: Sequence[int], repeats: int = 10, group=None, warmup: int = 2) -> list[float]:
+    """Median allreduce (sum, fp32) time per size within `group` (None: the whole world).
+
+    Every rank of the world must call this at the same time, each with its own group (disjoint
+    groups then run concurrently); every sample starts at a world-wide barrier, and each repeat
+    visits the sizes in a shuffled order (as `time_p2p`). A sample's time is
+    the slowest rank's of the group; the median over repeats is returned to every member."""
+    device = _comm_device()
+    buffers = [_buffer(size, device) for size in sizes_bytes]
+    samples = torch.zeros(len(sizes_bytes), warmup + repeats, dtype=torch.float64, device=device)
+    for repeat in range(warmup + repeats):
+        for position in _size_order(len(buffers), repeat):
+            buffer = buffers[position]
+            dist.barrier()
+            _sync(device)
+            start = time.perf_counter()
+            dist.all_reduce(buffer, group=group)
+            _sync(device)
+            samples[position, repeat] = time.perf_counter() - start
+    dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)
+    medians = [_median(row, warmup) for row in samples.cpu().tolist()]
+    dist.barrier()
+    return medians

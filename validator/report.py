@@ -1,0 +1,61 @@
+"""Validation outputs: the predicted-vs-measured table (CSV), its plot (PNG) and the traces.
+
+Written atomically, and after every finished case, so an interrupted validation keeps what it
+measured.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from simulator.output import write_json_atomic, write_text_atomic  # noqa: E402
+from simulator.records import span_table  # noqa: E402
+from simulator.trace import trace_events  # noqa: E402
+
+
+def write_rows_csv(rows: list[dict], path: Path) -> Path:
+    return write_text_atomic(path, pd.DataFrame(rows).to_csv(index=False))
+
+
+def plot_predicted_vs_measured(frame: pd.DataFrame, axis) -> None:
+    """Scatter of predicted vs measured step time (ms) with the y = x line and +-10 % band."""
+    measured_ms, predicted_ms = frame["measured_s"] * 1e3, frame["predicted_s"] * 1e3
+    top = 1.1 * max(measured_ms.max(), predicted_ms.max())
+    axis.plot([0, top], [0, top], color="grey", linewidth=1, label="exact")
+    axis.fill_between([0, top], [0, 0.9 * top], [0, 1.1 * top], color="grey", alpha=0.15, label="±10 %")
+    for label, group in frame.groupby("strategy", sort=False):
+        axis.scatter(group["measured_s"] * 1e3, group["predicted_s"] * 1e3, label=label, zorder=3)
+    axis.set_xlim(0, top)
+    axis.set_ylim(0, top)
+    axis.set_xlabel("measured step time (ms)")
+    axis.set_ylabel("predicted step time (ms)")
+    axis.legend(fontsize=7, loc="upper left")
+
+
+def write_plot(frame: pd.DataFrame, path: Path, title: str) -> Path:
+    figure, axis = plt.subplots(figsize=(5, 5))
+    plot_predicted_vs_measured(frame, axis)
+    axis.set_title(title, fontsize=9)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120)
+    plt.close(figure)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".png.tmp")
+    temporary.write_bytes(buffer.getvalue())
+    temporary.replace(path)
+    return path
+
+
+def write_traces(label: str, measured_spans: list[tuple], simulated_spans: pd.DataFrame, folder: Path) -> None:
+    """Measured and simulated timelines of one plan, as two Perfetto files side by side."""
+    stem = label.replace(" ", "").replace("(", "_").replace(")", "").replace("=", "").replace("x", "x")
+    write_json_atomic(folder / f"{stem}.measured.trace.json", trace_events(span_table(measured_spans)))
+    write_json_atomic(folder / f"{stem}.simulated.trace.json", trace_events(simulated_spans))
