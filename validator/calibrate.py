@@ -49,8 +49,8 @@ from simulator.output import write_json_atomic
 from simulator.profile import FORMAT
 from simulator.workload import Workload
 from validator.launch import LaunchConfig, spawn
-from validator.microbench import (DEFAULT_MIN_BLOCK_S, agree_max, load_models_module, fit_line, time_allreduce,
-                                  time_layers, time_optimizer, time_p2p)
+from validator.microbench import (DEFAULT_MIN_BLOCK_S, agree_max, fit_line, load_models_module,
+                                  time_allreduce, time_layers, time_optimizer, time_p2p)
 
 DEFAULT_BATCH_SIZES = (4, 16, 64)
 """Batch sizes each layer is timed at (per rank): spans the micro-batches of small validated runs."""
