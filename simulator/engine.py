@@ -192,6 +192,24 @@ class Engine:
 
     def _collective(self, action: Collective, finished: simpy.Event):
         devices = tuple(self.plan.rank_to_device[r] for r in action.ranks)
+        start = self.env.now
+        measured = getattr(self.costs, "allreduce_s", None)
+        if measured is not None:
+            self.algorithms["measured"] += 1
+            duration_s = measured(action.size_bytes, len(action.ranks))
+            if self.host_parallelism is not None:
+                yield self._host_job(duration_s, action.ranks, len(action.ranks))
+            else:
+                yield self.env.timeout(duration_s)
+        else:
+            for phase in self._phases(devices, action):
+                yield from self._play(phase)
+        for rank in action.ranks:
+            self.spans.append((rank, "comm", action.label, action.op, start, self.env.now,
+                               action.size_bytes, -1))
+        finished.succeed()
+
+    def _phases(self, devices: tuple[int, ...], action: Collective) -> tuple:
         algorithm = choose_algorithm(self.topology, devices, action.algorithm)
         self.algorithms[algorithm] += 1
         cache_key = (devices, action.size_bytes, algorithm)
@@ -200,19 +218,7 @@ class Engine:
             phases = allreduce_phases(self.topology, devices, action.size_bytes, algorithm,
                                       self.num_parameter_servers)
             self._phase_cache[cache_key] = phases
-        start = self.env.now
-        measured = getattr(self.costs, "allreduce_s", None)
-        if measured is not None and self.host_parallelism is not None:
-            yield self._host_job(measured(action.size_bytes, len(action.ranks)), action.ranks, len(action.ranks))
-        elif measured is not None:
-            yield self.env.timeout(measured(action.size_bytes, len(action.ranks)))
-        else:
-            for phase in phases:
-                yield from self._play(phase)
-        for rank in action.ranks:
-            self.spans.append((rank, "comm", action.label, action.op, start, self.env.now,
-                               action.size_bytes, -1))
-        finished.succeed()
+        return phases
 
     def _send(self, rank: int, action: Send):
         yield from self._wait(rank, action.deps)

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from simulator.plan import Plan
 from simulator.workload import Workload
 from validator.models import build_modules, loss_fn, make_batch
-from validator.runtime import RankExecutor, make_optimizer
+from validator.microbench import make_optimizer
+from validator.runtime import RankExecutor
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def reference_training(workload: Workload, global_batch: int, num_steps: int, op
     """Single-process training on the full batch with the same data and init (Proposition 1's baseline)."""
     modules = build_modules(workload, seed=seed)
     parameters = [p for module in modules for p in module.parameters()]
-    opt = make_optimizer(parameters, optimizer, learning_rate)
+    opt = make_optimizer(optimizer, parameters, learning_rate)
     for step in range(num_steps):
         inputs, targets = make_batch(workload, global_batch, seed=seed + 1000 + step)
         x = inputs

@@ -56,6 +56,6 @@ def write_plot(frame: pd.DataFrame, path: Path, title: str) -> Path:
 
 def write_traces(label: str, measured_spans: list[tuple], simulated_spans: pd.DataFrame, folder: Path) -> None:
     """Measured and simulated timelines of one plan, as two Perfetto files side by side."""
-    stem = label.replace(" ", "").replace("(", "_").replace(")", "").replace("=", "").replace("x", "x")
+    stem = label.replace(" ", "").replace("(", "_").replace(")", "").replace("=", "")
     write_json_atomic(folder / f"{stem}.measured.trace.json", trace_events(span_table(measured_spans)))
     write_json_atomic(folder / f"{stem}.simulated.trace.json", trace_events(simulated_spans))

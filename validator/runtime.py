@@ -21,13 +21,8 @@ import torch.distributed as dist
 
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
 from simulator.workload import Workload
+from validator.microbench import make_optimizer
 from validator.models import build_modules, loss_fn, make_batch
-
-
-def make_optimizer(parameters, name: str, learning_rate: float):
-    if name == "adam":
-        return torch.optim.Adam(parameters, lr=learning_rate)
-    return torch.optim.SGD(parameters, lr=learning_rate, momentum=0.9 if name == "momentum" else 0.0)
 
 
 def peer_groups(plan: Plan) -> dict[int, object]:
@@ -52,7 +47,7 @@ class RankExecutor:
         modules = build_modules(workload, seed=seed)[self.layer_start:self.layer_end]
         self.modules = [module.to(self.device) for module in modules]
         self.parameters = [p for module in self.modules for p in module.parameters()]
-        self.optimizer = make_optimizer(self.parameters, optimizer, learning_rate)
+        self.optimizer = make_optimizer(optimizer, self.parameters, learning_rate)
         self.groups = peer_groups(plan)
         self.group_batch = int(plan.group_batch)
         self.output_shapes = self._layer_output_shapes()
@@ -179,4 +174,4 @@ class RankExecutor:
 HANDLERS = {Recv: RankExecutor._recv, Send: RankExecutor._send, Compute: RankExecutor._compute,
             Collective: RankExecutor._collective}
 
-__all__ = ["RankExecutor", "make_optimizer", "peer_groups", "OPTIMIZER"]
+__all__ = ["RankExecutor", "peer_groups", "OPTIMIZER"]
