@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import ScenarioError
+from simulator.document_reader import DocumentReader as _Reader
+from simulator.document_reader import show_value as _show
 from simulator.workload import Workload
 
 FORMAT = "ghpsim-profile/1"
@@ -128,78 +130,6 @@ class Profile:
 
 
 # ----------------------------------------------------------------------------- loading
-
-
-class _Reader:
-    """Typed field access that raises one-line ScenarioErrors naming the file and the field."""
-
-    def __init__(self, source: str):
-        self.source = source
-
-    def fail(self, where: str, problem: str) -> ScenarioError:
-        return ScenarioError(f"{self.source}: {where}: {problem}")
-
-    def get(self, node: Mapping, key: str, where: str, *, optional: bool = False):
-        if not isinstance(node, Mapping):
-            raise self.fail(where.rsplit(".", 1)[0] or where, f"expected an object, got {_show(node)}")
-        if key not in node:
-            if optional:
-                return None
-            raise self.fail(where, "missing field")
-        return node[key]
-
-    def mapping(self, node, key, where, *, optional=False) -> Mapping | None:
-        value = self.get(node, key, where, optional=optional)
-        if value is None and optional:
-            return None
-        if not isinstance(value, Mapping):
-            raise self.fail(where, f"expected an object, got {_show(value)}")
-        return value
-
-    def number(self, node, key, where, *, minimum: float | None = None, positive: bool = False) -> float:
-        value = self.get(node, key, where)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self.fail(where, f"expected a finite number, got {_show(value)}")
-        if positive and value <= 0:
-            raise self.fail(where, f"expected a number > 0, got {value!r}")
-        if minimum is not None and value < minimum:
-            raise self.fail(where, f"expected a number >= {minimum:g}, got {value!r}")
-        return float(value)
-
-    def optional_number(self, node, key, where) -> float | None:
-        if self.get(node, key, where, optional=True) is None:
-            return None
-        return self.number(node, key, where)
-
-    def integer(self, node, key, where, *, minimum: int | None = None) -> int:
-        value = self.get(node, key, where)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(where, f"expected an integer, got {_show(value)}")
-        if minimum is not None and value < minimum:
-            raise self.fail(where, f"expected an integer >= {minimum}, got {value!r}")
-        return value
-
-    def string(self, node, key, where, *, choices: tuple[str, ...] | None = None) -> str:
-        value = self.get(node, key, where)
-        if not isinstance(value, str):
-            raise self.fail(where, f"expected a string, got {_show(value)}")
-        if choices is not None and value not in choices:
-            raise self.fail(where, f"expected one of {', '.join(choices)}, got {value!r}")
-        return value
-
-    def int_list(self, node, key, where, *, optional: bool = False) -> tuple[int, ...]:
-        value = self.get(node, key, where, optional=optional)
-        if value is None and optional:
-            return ()
-        if not isinstance(value, list) or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-            raise self.fail(where, f"expected a list of non-negative integers, got {_show(value)}")
-        return tuple(value)
-
-
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def load_profile(path: str | Path) -> Profile:
