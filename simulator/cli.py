@@ -18,6 +18,11 @@ from simulator.trace import trace_events
 
 EXIT_USAGE = 2
 
+COMMAND_MODULES: tuple[str, ...] = ()
+"""Commands that live in their own module: each module has `COMMAND` (its name),
+`add_parser(commands)` (adds that sub-parser) and `run(args) -> int`. Modules register by adding
+their dotted name here."""
+
 
 def demo_scenario_path():
     return resources.files("simulator") / "data" / "demo.yaml"
@@ -51,6 +56,8 @@ def build_parser(extend=None) -> argparse.ArgumentParser:
 
     listing = commands.add_parser("list", help="list presets: gpus, links or models")
     listing.add_argument("what", choices=("gpus", "links", "models"))
+    for module in _command_modules():
+        module.add_parser(commands)
     if extend is not None:
         extend(commands)
     return parser
@@ -60,7 +67,7 @@ def main(argv: list[str] | None = None, extend=None, extra_commands=None, user_e
     """Run a command. User errors (ScenarioError, SimulationError, `user_errors`) print one line on
     stderr and return 2."""
     args = build_parser(extend).parse_args(argv)
-    commands = {**COMMANDS, **(extra_commands or {})}
+    commands = {**COMMANDS, **{module.COMMAND: module.run for module in _command_modules()}, **(extra_commands or {})}
     try:
         return commands[args.command](args)
     except (ScenarioError, SimulationError, *user_errors) as error:
@@ -75,6 +82,11 @@ def main(argv: list[str] | None = None, extend=None, extra_commands=None, user_e
     except KeyboardInterrupt:
         print("ghpsim: interrupted", file=sys.stderr)
         return 130
+
+
+def _command_modules():
+    import importlib
+    return [importlib.import_module(name) for name in COMMAND_MODULES]
 
 
 def _run_compare(scenario_source, args) -> int:

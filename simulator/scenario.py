@@ -19,8 +19,12 @@ from simulator.errors import ScenarioError
 from simulator.hardware import GpuSpec, LinkSpec, resolve_gpu, resolve_link
 from simulator.units import parse_quantity
 
-StrategyKind = Literal["dp", "mp", "ghp"]
-STRATEGY_KINDS: tuple[str, ...] = ("dp", "mp", "ghp")
+StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
+                       "delayed_gradient"]
+STRATEGY_KINDS: tuple[str, ...] = ("dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream",
+                                   "spectrain", "delayed_gradient")
+PIPELINE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain", "delayed_gradient")
+"""Kinds that split each group's batch into micro-batches flowing through its M stages."""
 
 PositiveBytes = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "bytes")), Field(gt=0)]
 
@@ -74,7 +78,8 @@ class ModelConfig(_Frozen):
 
 
 class StrategyConfig(_Frozen):
-    """How the N workers split the work: dp (G=N, M=1), mp (G=1, M=N), ghp (G groups x M workers)."""
+    """How the N workers split the work: dp (G=N, M=1), mp (G=1, M=N), ghp (G groups x M workers);
+    pipeline kinds: G replicas (num_groups, default 1) of an M-stage pipeline, M = N / G."""
 
     kind: StrategyKind = "dp"
     num_groups: PositiveInt | None = None
@@ -85,12 +90,26 @@ class StrategyConfig(_Frozen):
     collective: Literal["auto", "ring", "tree", "hierarchical"] = "auto"
     dp_sync: Literal["allreduce", "parameter_server"] = "allreduce"
     num_parameter_servers: PositiveInt = 1
+    num_microbatches: PositiveInt = 1
+    """Pipeline kinds: micro-batches per step in each replica (m)."""
+    num_virtual_stages: PositiveInt = 1
+    """interleaved_1f1b: model chunks per rank (v)."""
+    weight_prediction: Literal["staggered", "forward"] = "staggered"
+    """spectrain: s = floor(k/2) + N - k - 1 forward / floor(k/2) backward ("staggered"), or
+    s = N - k - 1 with the forward weights reused in backward ("forward")."""
+    gradient_compression: Literal["none", "topk"] = "none"
+    compression_density: Annotated[float, Field(gt=0, le=1)] = 0.01
+    """topk: fraction rho of each layer's gradient entries sent."""
 
 
 class TrainingConfig(_Frozen):
     global_batch_size: PositiveInt
     dtype: Literal["fp32", "tf32", "fp16", "bf16"] = "fp32"
     optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
+    memory_policy: Literal["none", "reuse", "laysa"] = "none"
+    recompute: Literal["none", "selective", "full"] = "none"
+    offload_activations: bool = False
+    """reuse/laysa: move saved activations to host memory over PCIe instead of keeping them."""
 
 
 LayerKind = Literal["conv", "linear", "attention", "embedding", "norm", "pool", "elementwise"]
@@ -122,9 +141,9 @@ class Scenario(_Frozen):
                              f"training.dtype {self.training.dtype!r}") from None
         num_gpus = self.cluster.num_gpus
         groups = self.strategy.num_groups
-        if self.strategy.kind == "ghp":
-            if groups is None:
-                raise ValueError("strategy.num_groups: required for kind ghp")
+        if self.strategy.kind == "ghp" and groups is None:
+            raise ValueError("strategy.num_groups: required for kind ghp")
+        if self.strategy.kind not in ("dp", "mp") and groups is not None:
             if num_gpus % groups:
                 raise ValueError(
                     f"strategy.num_groups: {groups} does not divide the {num_gpus} GPUs "
@@ -147,7 +166,7 @@ class Scenario(_Frozen):
             return num_gpus, 1
         if self.strategy.kind == "mp":
             return 1, num_gpus
-        groups = self.strategy.num_groups
+        groups = self.strategy.num_groups or 1
         return groups, num_gpus // groups
 
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from simulator.costs import CostModel
+from simulator.errors import ScenarioError
 from simulator.plan import Plan
 from simulator.strategies.ghp import GridConfig, compile_grid_plan
 from simulator.topology import Topology
@@ -31,6 +32,8 @@ STRATEGIES = {"dp": _dp_grid, "mp": _mp_grid, "ghp": _ghp_grid}
 def grid_config(scenario) -> GridConfig:
     """The GridConfig of a validated `Scenario`."""
     strategy, training = scenario.strategy, scenario.training
+    if strategy.kind not in STRATEGIES:
+        raise ScenarioError(f"strategy.kind: {strategy.kind!r} is not implemented yet")
     groups, workers = STRATEGIES[strategy.kind](scenario.num_gpus, strategy.num_groups)
     collective = "parameter_server" if strategy.dp_sync == "parameter_server" else strategy.collective
     return GridConfig(
