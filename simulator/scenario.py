@@ -97,6 +97,9 @@ class StrategyConfig(_Frozen):
     weight_prediction: Literal["staggered", "forward"] = "staggered"
     """spectrain: s = floor(k/2) + N - k - 1 forward / floor(k/2) backward ("staggered"), or
     s = N - k - 1 with the forward weights reused in backward ("forward")."""
+    weight_stashing: bool = True
+    """pipedream: keep the forward's weight version for the backward (False: the no-stash
+    asynchronous schedule, whose backward uses the newest weights)."""
     gradient_compression: Literal["none", "topk"] = "none"
     compression_density: Annotated[float, Field(gt=0, le=1)] = 0.01
     """topk: fraction rho of each layer's gradient entries sent."""
