@@ -18,7 +18,8 @@ from simulator.trace import trace_events
 
 EXIT_USAGE = 2
 
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("simulator.rank_cli", "simulator.report.command", "simulator.sweep.command",
+                                   "simulator.schedule_cli", "simulator.pase.cli", "simulator.report.gallery")
 """Commands that live in their own module: each module has `COMMAND` (its name),
 `add_parser(commands)` (adds that sub-parser) and `run(args) -> int`. Modules register by adding
 their dotted name here."""
@@ -49,6 +50,7 @@ def build_parser(extend=None) -> argparse.ArgumentParser:
     sim = commands.add_parser("simulate", help="simulate one training step of a scenario")
     _add_scenario_args(sim)
     sim.add_argument("--trace", metavar="FILE", help="write the step's timeline as Perfetto trace JSON")
+    sim.add_argument("--memory-plot", metavar="FILE.png", help="write each device's memory over the step as a PNG")
 
     cmp_ = commands.add_parser("compare", help="simulate several strategies, sorted by step time")
     _add_scenario_args(cmp_)
@@ -117,6 +119,9 @@ def cmd_simulate(args) -> int:
         labels = {row["rank"]: f"rank {row['rank']} (gpu{row['device']}, node {row['node']})"
                   for row in result.summary["devices"]}
         write_json_atomic(args.trace, trace_events(result.spans, labels))
+    if args.memory_plot:
+        from simulator.memory_plot import write_memory_plot  # matplotlib only when asked
+        write_memory_plot(result, args.memory_plot)
     if args.json:
         print(result.to_json())
     else:

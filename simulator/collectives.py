@@ -61,6 +61,28 @@ def tree_allreduce_time_s(size_bytes: float, num_ranks: int, latency_s: float,
     return 2 * size_bytes / bandwidth_bytes_per_s + 2 * math.ceil(math.log2(num_ranks)) * latency_s
 
 
+def ring_allgather_time_s(per_rank_bytes: float, num_ranks: int, latency_s: float,
+                          bandwidth_bytes_per_s: float) -> float:
+    """Ring allgather of `per_rank_bytes` from each rank: (p-1) steps of alpha + S_rank/bw.
+
+    Thakur, Rabenseifner & Gropp, IJHPCA 2005 (ring allgather); used for sparse top-k exchange,
+    where each rank contributes k values + k indices (LaySA, Zhao et al. 2021; PAPERS.md 3).
+    """
+    if num_ranks <= 1:
+        return 0.0
+    return (num_ranks - 1) * (latency_s + per_rank_bytes / bandwidth_bytes_per_s)
+
+
+def ring_reduce_scatter_time_s(size_bytes: float, num_ranks: int, latency_s: float,
+                               bandwidth_bytes_per_s: float) -> float:
+    """Ring reduce-scatter of a `size_bytes` buffer (each rank keeps S/p reduced): (p-1) steps of
+    alpha + S/(p bw); with the ring allgather of S/p per rank it is the ring allreduce
+    (Thakur, Rabenseifner & Gropp, IJHPCA 2005; Patarasuk & Yuan, JPDC 2009)."""
+    if num_ranks <= 1:
+        return 0.0
+    return (num_ranks - 1) * (latency_s + size_bytes / num_ranks / bandwidth_bytes_per_s)
+
+
 def hierarchical_allreduce_time_s(size_bytes: float, num_nodes: int, ranks_per_node: int,
                                   intra_latency_s: float, intra_bandwidth: float,
                                   inter_latency_s: float, inter_bandwidth_per_node: float) -> float:
@@ -101,6 +123,73 @@ def allreduce_phases(topology: Topology, devices: tuple[int, ...], size_bytes: f
     if algorithm == "parameter_server":
         return _parameter_server_phases(topology, ordered, size_bytes, num_servers)
     raise ValueError(f"unknown collective algorithm {algorithm!r}")
+
+
+def allgather_phases(topology: Topology, devices: tuple[int, ...],
+                     per_rank_bytes: float) -> tuple[FlowPhase, ...]:
+    """A ring allgather: every sub-flow (ring hop) forwards p-1 blocks of `per_rank_bytes`."""
+    if len(devices) <= 1 or per_rank_bytes <= 0:
+        return ()
+    return (_ring_phase(topology, [tuple(sorted(devices))], per_rank_bytes * len(devices), 1.0),)
+
+
+def reduce_scatter_phases(topology: Topology, devices: tuple[int, ...],
+                          size_bytes: float) -> tuple[FlowPhase, ...]:
+    """A ring reduce-scatter of a `size_bytes` buffer: every ring hop forwards (p-1)/p x S."""
+    if len(devices) <= 1 or size_bytes <= 0:
+        return ()
+    return (_ring_phase(topology, [tuple(sorted(devices))], size_bytes, 1.0),)
+
+
+def collective_phases(topology: Topology, groups: tuple[tuple[int, ...], ...], op: str, size_bytes: float,
+                      algorithm: str = "ring", num_servers: int = 1, repeat: int = 1,
+                      weight: float = 1.0) -> tuple[FlowPhase, ...]:
+    """Phases of `op` ("allreduce" with a concrete `algorithm`, "allgather" of `size_bytes` per rank,
+    "reduce_scatter" of a `size_bytes` buffer) run by every device group of `groups` at once.
+
+    Identical concurrent collectives are merged step by step into one phase (their sub-flows move in
+    lock-step, as one ring of `_ring_phase` already does); the collective runs `repeat` times back to
+    back, played as one phase of `repeat` x the bytes and the latency (the same time whenever the
+    rates on its links do not change in between); tier bytes count `weight` copies (a symmetric
+    representative stands for `weight` replicas of its traffic, `simulator.symmetry`).
+    """
+    if op == "allreduce":
+        per_group = [allreduce_phases(topology, group, size_bytes, algorithm, num_servers) for group in groups]
+    elif op == "allgather":
+        per_group = [allgather_phases(topology, group, size_bytes) for group in groups]
+    elif op == "reduce_scatter":
+        per_group = [reduce_scatter_phases(topology, group, size_bytes) for group in groups]
+    else:
+        raise ValueError(f"unknown collective {op!r}")
+    return tuple(scaled_phase(merge_phases(step), repeat, weight) for step in zip(*per_group))
+
+
+def merge_phases(phases) -> FlowPhase:
+    """Concurrent phases moving the same bytes per sub-flow as one phase (usage and bytes summed)."""
+    if len(phases) == 1:
+        return phases[0]
+    usage: Counter = Counter()
+    tier_bytes: dict[str, float] = defaultdict(float)
+    for phase in phases:
+        usage.update(dict(phase.usage))
+        for tier, size in phase.tier_bytes:
+            tier_bytes[tier] += size
+    return FlowPhase(max(phase.latency_s for phase in phases), phases[0].bytes_per_subflow,
+                     tuple(usage.items()), tuple(tier_bytes.items()))
+
+
+def scaled_phase(phase: FlowPhase, repeat: int = 1, weight: float = 1.0) -> FlowPhase:
+    """`phase` run `repeat` times back to back as one phase; tier bytes x repeat x weight."""
+    if repeat == 1 and weight == 1:
+        return phase
+    return FlowPhase(phase.latency_s * repeat, phase.bytes_per_subflow * repeat, phase.usage,
+                     tuple((tier, size * repeat * weight) for tier, size in phase.tier_bytes))
+
+
+def pairs_phase(topology: Topology, pairs: tuple[tuple[int, int], ...], size_bytes: float,
+                weight: float = 1.0) -> FlowPhase:
+    """Concurrent point-to-point transfers of `size_bytes` each as one lock-step phase."""
+    return scaled_phase(_pairs_phase(topology, list(pairs), size_bytes, 1), 1, weight)
 
 
 def _ring_phase(topology: Topology, rings: list[tuple[int, ...]], size_bytes: float,

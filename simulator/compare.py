@@ -1,21 +1,26 @@
 """Compare strategies on one scenario: variants of a scenario by strategy spec, simulated and ranked.
 
 A strategy spec is `dp`, `mp`, `ghp` (the scenario's num_groups if it has one, else the fastest
-G over the divisors of N strictly between 1 and N) or `ghp:G`.
+G over the divisors of N strictly between 1 and N) or `ghp:G`; or a pipeline kind `KIND` (the
+scenario's num_microbatches) or `KIND:m` (m micro-batches), G = 1. A pipeline spec stays one string
+("1f1b:4", None), so every caller hands it to `with_strategy` unchanged.
 """
 
 from __future__ import annotations
 
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
-from simulator.scenario import Scenario, scenario_from_dict
+from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
 from simulator.simulate import SimulationResult, naming_source, simulate
 
 
 def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) -> Scenario:
-    """A copy of `scenario` with another strategy kind (and G), re-validated."""
+    """A copy of `scenario` with another strategy kind (and G; `KIND:m` also sets m), re-validated."""
     raw = scenario.model_dump(mode="python")
+    kind, _, microbatches = kind.partition(":")
     strategy = {**raw["strategy"], "kind": kind, "num_groups": num_groups}
+    if microbatches:
+        strategy["num_microbatches"] = int(microbatches)
     workers = {"dp": 1, "mp": scenario.num_gpus}.get(kind, scenario.num_gpus // (num_groups or 1))
     partition = strategy["partition"]
     if not isinstance(partition, str) and len(partition) != workers:
@@ -28,8 +33,12 @@ def parse_strategy_specs(text: str) -> list[tuple[str, int | None]]:
     specs = []
     for item in (part.strip() for part in text.split(",") if part.strip()):
         kind, _, groups = item.partition(":")
+        if kind in PIPELINE_KINDS and (not groups or (groups.isdigit() and int(groups) >= 1)):
+            specs.append((f"{kind}:{int(groups)}" if groups else kind, None))
+            continue
         if kind not in ("dp", "mp", "ghp") or (groups and (kind != "ghp" or not groups.isdigit() or int(groups) < 1)):
-            raise ScenarioError(f"--strategies: {item!r} is not one of dp, mp, ghp, ghp:G")
+            raise ScenarioError(f"--strategies: {item!r} is not one of dp, mp, ghp, ghp:G, KIND or KIND:m "
+                                f"(KIND one of {', '.join(PIPELINE_KINDS)})")
         specs.append((kind, int(groups) if groups else None))
     if not specs:
         raise ScenarioError("--strategies: empty list")

@@ -2,7 +2,8 @@
 
 Two implementations share the `CostModel` protocol: `AnalyticCosts` (a roofline over datasheet
 figures, below) and the calibrated profile of the validator (`simulator.profile`), measured on
-real hardware. The engine only calls `compute_s` and `optimizer_s`.
+real hardware. The engine calls `compute_s`, `optimizer_s`, `axpy_s` (SpecTrain) and `topk_s` (top-k
+compression).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ OPTIMIZER_BYTES_PER_PARAM = {"sgd": 3 * 4, "momentum": 5 * 4, "adam": 7 * 4}
 """fp32 bytes moved per parameter by one update: SGD reads w and g and writes w; momentum also
 reads and writes the velocity; Adam reads and writes two moments (Kingma & Ba 2015, Alg. 1)."""
 
+TOPK_SELECTION_BYTES_PER_ELEMENT = 16
+"""Bytes moved per gradient element by a top-k selection pass with error feedback: residual +=
+gradient (read g and r, write r: 12 bytes in fp32) and a threshold filter over r (4 bytes), as in
+Deep Gradient Compression (Lin et al., ICLR 2018); an assumption, see `simulator.sparse`."""
+
 
 class CostModel(Protocol):
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
@@ -38,6 +44,14 @@ class CostModel(Protocol):
 
     def optimizer_s(self, num_params: int) -> float:
         """Seconds for one optimizer update of `num_params` parameters."""
+
+    def axpy_s(self, num_params: int) -> float:
+        """Seconds for one axpy over `num_params` parameters (SpecTrain's weight prediction; only
+        plans of kind spectrain call it)."""
+
+    def topk_s(self, num_elements: float, density: float | None = None) -> float:
+        """Seconds for the top-k selection pass (error feedback + selection) over a gradient bucket
+        of `num_elements` at density `density` (only plans with top-k compression call it)."""
 
 
 class AnalyticCosts:
@@ -75,6 +89,16 @@ class AnalyticCosts:
     def optimizer_s(self, num_params: int) -> float:
         bytes_moved = num_params * OPTIMIZER_BYTES_PER_PARAM[self.optimizer]
         return bytes_moved / self.gpu.memory_bandwidth_bytes_per_s
+
+    def axpy_s(self, num_params: int) -> float:
+        """SpecTrain's weight prediction W_hat = W - s lr v (Chen et al., arXiv 1809.02839): reads W
+        and v, writes W_hat, memory-bound: 3 x num_params x element bytes / memory bandwidth."""
+        return 3 * num_params * self._element_bytes / self.gpu.memory_bandwidth_bytes_per_s
+
+    def topk_s(self, num_elements: float, density: float | None = None) -> float:
+        """Memory-bound: num_elements x TOPK_SELECTION_BYTES_PER_ELEMENT / memory bandwidth
+        (independent of the density: the selected writes are negligible)."""
+        return num_elements * TOPK_SELECTION_BYTES_PER_ELEMENT / self.gpu.memory_bandwidth_bytes_per_s
 
 
 def single_device_step_s(costs: CostModel, workload: Workload, batch: float) -> float:

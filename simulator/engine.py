@@ -2,11 +2,10 @@
 
 Per rank there is a compute stream (Compute actions in order) and a comm stream (Collectives in
 order); sends run as soon as their dependencies are done. All data movement goes through one
-flow-level network: each active flow is a phase of lock-step sub-flows, every sub-flow on a link
-gets an equal share of its bandwidth (bandwidth / sub-flows on it), and rates are recomputed
-whenever a flow starts or ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013, with
-equal rather than max-min shares). A calibrated cost model (`simulator.profile.ProfileCosts`) that
-measures communication itself (`allreduce_s`, `p2p_s`) replaces the flow model for those actions:
+flow-level network (`simulator.network.FlowNetwork`): each active flow is a phase of lock-step
+sub-flows, links are shared max-min fairly (progressive filling), and rates are recomputed whenever
+a flow starts or ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013). A calibrated cost model (`simulator.profile.ProfileCosts`) that
+measures communication itself (`allreduce_s`, `allgather_s`, `p2p_s`) replaces the flow model for those actions:
 its fits already contain the contention of the machine they were measured on. The engine appends immutable span tuples; everything else is
 analysis of the span table (`simulator.records`).
 """
@@ -18,10 +17,13 @@ from dataclasses import dataclass
 
 import simpy
 
-from simulator.collectives import allreduce_phases, choose_algorithm, p2p_phase
+from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
 from simulator.costs import CostModel
 from simulator.errors import SimulationError
+from simulator.heterogeneity import DeviceCosts
+from simulator.network import FlowNetwork
 from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send
+from simulator.sparse import SELECTION_PHASE
 from simulator.topology import Topology
 
 SPAN_FIELDS = ("rank", "stream", "name", "kind", "start_s", "end_s", "size_bytes", "microbatch")
@@ -46,80 +48,6 @@ class _CountingEnvironment(simpy.Environment):
         super().step()
 
 
-class _Flow:
-    __slots__ = ("remaining", "size", "usage", "rate", "done", "cap")
-
-    def __init__(self, size, usage, done, cap):
-        self.remaining = self.size = size
-        self.usage = usage
-        self.rate = 0.0
-        self.done = done
-        self.cap = cap
-
-
-class _Network:
-    """Fluid flows over shared directed links; see the module docstring."""
-
-    def __init__(self, env: simpy.Environment, bandwidths: list[float]):
-        self.env = env
-        self.bandwidths = bandwidths
-        self.load = defaultdict(int)
-        self.flows: list[_Flow] = []
-        self.last_update_s = 0.0
-        self.version = 0
-
-    def transfer(self, size_bytes: float, usage: tuple[tuple[int, int], ...], cap: float = float("inf")) -> simpy.Event:
-        """Start a flow of `size_bytes` per sub-flow; `cap` bounds one sub-flow's rate."""
-        done = self.env.event()
-        if size_bytes <= 0 or not usage:
-            done.succeed()
-            return done
-        self._advance()
-        for link, count in usage:
-            self.load[link] += count
-        self.flows.append(_Flow(size_bytes, usage, done, cap))
-        self._reschedule()
-        return done
-
-    def _advance(self) -> None:
-        elapsed = self.env.now - self.last_update_s
-        if elapsed > 0:
-            for flow in self.flows:
-                flow.remaining -= flow.rate * elapsed
-        self.last_update_s = self.env.now
-
-    def _reschedule(self) -> None:
-        self.version += 1
-        if not self.flows:
-            return
-        bandwidths, load = self.bandwidths, self.load
-        soonest = float("inf")
-        for flow in self.flows:
-            flow.rate = min(flow.cap, min(bandwidths[link] / load[link] for link, _ in flow.usage))
-            soonest = min(soonest, max(flow.remaining, 0.0) / flow.rate)
-        version = self.version
-        timer = self.env.timeout(soonest)
-        timer.callbacks.append(lambda _event: self._on_timer(version))
-
-    def _on_timer(self, version: int) -> None:
-        if version != self.version:
-            return
-        self._advance()
-        still_running = []
-        for flow in self.flows:
-            # Done when (almost) no bytes are left, or when what is left would finish within
-            # float resolution of the clock (else a very fast flow could stall time).
-            if (flow.remaining <= 1e-9 * flow.size + 1e-6
-                    or flow.remaining / flow.rate <= 1e-12 * (1.0 + self.env.now)):
-                for link, count in flow.usage:
-                    self.load[link] -= count
-                flow.done.succeed()
-            else:
-                still_running.append(flow)
-        self.flows = still_running
-        self._reschedule()
-
-
 class Engine:
     """Plays one step of a plan; `run()` returns the span records."""
 
@@ -135,7 +63,9 @@ class Engine:
             # Shared host processors (a calibrated CPU host): one extra "link" per node whose
             # capacity is the host's parallelism in core-seconds per second; see _host_job.
             bandwidths += [self.host_parallelism] * topology.num_nodes
-        self.network = _Network(self.env, bandwidths)
+        self.network = FlowNetwork(self.env, bandwidths)
+        device_costs = DeviceCosts(costs, topology)
+        self._rank_costs = [device_costs.model_of(device) for device in plan.rank_to_device]
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)
         self.algorithms: dict[str, int] = defaultdict(int)
@@ -144,16 +74,20 @@ class Engine:
         self._rendezvous: dict[tuple, list] = {}
         self._duration_cache: dict[tuple, float] = {}
         self._phase_cache: dict[tuple, tuple] = {}
+        self._symmetry = plan.meta.get("symmetry")
+        """Symmetric runs (simulator.symmetry): the device groups each representative's flows stand for."""
 
     def run(self) -> EngineResult:
         self._register_receives()
         for rank, actions in enumerate(self.plan.actions):
             compute = [a for a in actions if isinstance(a, Compute)]
-            collectives = [a for a in actions if isinstance(a, Collective)]
+            collectives = [a for a in actions if isinstance(a, Collective) and a.key[0] != "tp"]
+            tensor = [a for a in actions if isinstance(a, Collective) and a.key[0] == "tp"]
             if compute:
                 self.env.process(self._compute_stream(rank, compute))
-            if collectives:
-                self.env.process(self._comm_stream(rank, collectives))
+            for stream in (collectives, tensor):  # TP collectives: their own stream (communicator)
+                if stream:
+                    self.env.process(self._comm_stream(rank, stream))
             for send in (a for a in actions if isinstance(a, Send)):
                 self.env.process(self._send(rank, send))
         self.env.run()
@@ -173,9 +107,9 @@ class Engine:
             yield from self._wait(rank, action.deps)
             start = self.env.now
             if self.host_parallelism is None:
-                yield self.env.timeout(self._duration_s(action))
+                yield self.env.timeout(self._duration_s(action, rank))
             else:
-                yield self._host_job(self._duration_s(action), [rank], 1)
+                yield self._host_job(self._duration_s(action, rank), [rank], 1)
             self.spans.append((rank, "compute", action.label, action.phase, start, self.env.now, 0.0,
                                action.microbatch))
             self._done[rank][action.id].succeed()
@@ -183,17 +117,22 @@ class Engine:
     def _comm_stream(self, rank: int, actions: list[Collective]):
         for action in actions:
             yield from self._wait(rank, action.deps)
-            entry = self._rendezvous.setdefault(action.key, [0, self.env.event()])
-            entry[0] += 1
-            if entry[0] == len(action.ranks):
-                self.env.process(self._collective(action, entry[1]))
-            yield entry[1]
+            if len(action.ranks) == 1:  # alone (a symmetric run's representative): nobody to wait for
+                yield from self._collective(action, None)
+            else:
+                entry = self._rendezvous.setdefault(action.key, [0, self.env.event()])
+                entry[0] += 1
+                if entry[0] == len(action.ranks):
+                    self.env.process(self._collective(action, entry[1]))
+                yield entry[1]
             self._done[rank][action.id].succeed()
 
-    def _collective(self, action: Collective, finished: simpy.Event):
+    def _collective(self, action: Collective, finished: simpy.Event | None):
         devices = tuple(self.plan.rank_to_device[r] for r in action.ranks)
         start = self.env.now
         measured = getattr(self.costs, "allreduce_s", None)
+        if measured is not None and action.op == "allgather":  # top-k values + indices: its own fit
+            measured = self.costs.allgather_s
         if measured is not None:
             self.algorithms["measured"] += 1
             duration_s = measured(action.size_bytes, len(action.ranks))
@@ -207,18 +146,37 @@ class Engine:
         for rank in action.ranks:
             self.spans.append((rank, "comm", action.label, action.op, start, self.env.now,
                                action.size_bytes, -1))
-        finished.succeed()
+        if finished is not None:
+            finished.succeed()
 
     def _phases(self, devices: tuple[int, ...], action: Collective) -> tuple:
-        algorithm = choose_algorithm(self.topology, devices, action.algorithm)
+        groups, weight = (devices,), 1
+        if self._symmetry is not None:
+            groups, weight = self._symmetry.device_groups(action)
+        if action.op == "allreduce":
+            algorithm = choose_algorithm(self.topology, groups[0], action.algorithm)
+        else:  # allgather (sparse top-k, ZeRO-1 parameters, sequence parallelism), reduce_scatter: rings
+            algorithm = f"ring_{action.op}"
         self.algorithms[algorithm] += 1
-        cache_key = (devices, action.size_bytes, algorithm)
+        cache_key = (groups, action.op, action.size_bytes, algorithm, action.repeat, weight)
         phases = self._phase_cache.get(cache_key)
         if phases is None:
-            phases = allreduce_phases(self.topology, devices, action.size_bytes, algorithm,
-                                      self.num_parameter_servers)
+            phases = collective_phases(self.topology, groups, action.op, action.size_bytes, algorithm,
+                                       self.num_parameter_servers, action.repeat, weight)
+            if self._symmetry is not None:
+                phases = self._symmetry.prune(self.topology, action, phases)
             self._phase_cache[cache_key] = phases
         return phases
+
+    def _send_phase(self, rank: int, action: Send, source: int, target: int):
+        pairs, weight = ((source, target),), 1
+        if self._symmetry is not None:
+            pairs, weight = self._symmetry.send_pairs(rank, action.dst)
+        cache_key = (pairs, action.size_bytes, weight)
+        phase = self._phase_cache.get(cache_key)
+        if phase is None:
+            phase = self._phase_cache[cache_key] = pairs_phase(self.topology, pairs, action.size_bytes, weight)
+        return phase
 
     def _send(self, rank: int, action: Send):
         yield from self._wait(rank, action.deps)
@@ -230,7 +188,7 @@ class Engine:
         elif measured is not None:
             yield self.env.timeout(measured(action.size_bytes))
         else:
-            yield from self._play(p2p_phase(self.topology, source, target, action.size_bytes))
+            yield from self._play(self._send_phase(rank, action, source, target))
         self.spans.append((rank, "send", action.label, "send", start, self.env.now, action.size_bytes,
                            action.key[-1] if isinstance(action.key[-1], int) else -1))
         self._done[rank][action.id].succeed()
@@ -270,13 +228,18 @@ class Engine:
                 if isinstance(action, Recv):
                     self._arrivals[action.key] = self._done[rank][action.id]
 
-    def _duration_s(self, action: Compute) -> float:
+    def _duration_s(self, action: Compute, rank: int = 0) -> float:
+        costs = self._rank_costs[rank]  # this rank's GPU type and straggler slowdown (simulator.heterogeneity)
         if action.phase == OPTIMIZER:
-            return self.costs.optimizer_s(action.num_params)
-        key = (action.phase, action.layer_start, action.layer_end, action.batch)
+            return costs.optimizer_s(action.num_params)
+        if action.phase == "predict":  # SpecTrain's weight prediction, an axpy (strategies/pipeline.py)
+            return costs.axpy_s(action.num_params)
+        if action.phase == SELECTION_PHASE:  # top-k selection over num_params gradient elements (simulator.sparse)
+            return costs.topk_s(action.num_params, self.plan.meta["topk"]["density"])
+        key = (id(costs), action.phase, action.layer_start, action.layer_end, action.batch)
         duration = self._duration_cache.get(key)
         if duration is None:
-            duration = sum(self.costs.compute_s(layer, action.phase, action.batch)
+            duration = sum(costs.compute_s(layer, action.phase, action.batch)
                            for layer in range(action.layer_start, action.layer_end))
             self._duration_cache[key] = duration
         return duration

@@ -17,20 +17,23 @@ def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_b
                        num_stages: int) -> tuple[tuple[int, int], ...]:
     """Layer ranges [(start, end), ...] minimising max stage cost.
 
-    compute_s[l]: forward + backward seconds of layer l. send_forward_s[m, l]: seconds for stage m
-    to send layer l's output to stage m+1; send_backward_s[m, l]: seconds for stage m to send the
-    gradient of layer l's input to stage m-1 (arrays of shape (M, L)).
+    compute_s[l]: forward + backward seconds of layer l, or compute_s[m, l] on the device(s) of
+    stage m (heterogeneous devices: a slow device gets fewer layers). send_forward_s[m, l]: seconds
+    for stage m to send layer l's output to stage m+1; send_backward_s[m, l]: seconds for stage m
+    to send the gradient of layer l's input to stage m-1 (arrays of shape (M, L)).
     """
-    num_layers = len(compute_s)
+    compute_s = np.broadcast_to(compute_s, (num_stages, np.shape(compute_s)[-1]))
+    num_layers = compute_s.shape[1]
     if num_stages > num_layers:
         raise ValueError(f"{num_stages} stages for {num_layers} layers")
-    prefix = np.concatenate(([0.0], np.cumsum(compute_s)))
+    prefixes = np.concatenate((np.zeros((num_stages, 1)), np.cumsum(compute_s, axis=1)), axis=1)
     starts = np.arange(num_layers)[:, None]
     ends = np.arange(num_layers)[None, :]
     invalid = starts > ends
     best_prev = None
     choices = []
     for stage in range(num_stages):
+        prefix = prefixes[stage]
         cost = prefix[ends + 1] - prefix[starts]
         if stage < num_stages - 1:
             cost = cost + send_forward_s[stage][None, :]

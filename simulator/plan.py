@@ -71,6 +71,8 @@ class Collective:
     deps: tuple[int, ...] = ()
     algorithm: str = "auto"
     label: str = "allreduce"
+    repeat: int = 1
+    """Times the collective runs back to back (tensor parallelism: the TP collectives of one pass)."""
 
 
 Action = Union[Compute, Send, Recv, Collective]
@@ -84,6 +86,9 @@ class Stage:
     layer_start: int
     layer_end: int
     num_params: int
+    chunks: tuple[tuple[int, int], ...] = ()
+    """interleaved_1f1b: the [start, end) layer ranges of the v model chunks this stage holds (then
+    [layer_start, layer_end) spans them all); empty = the single range [layer_start, layer_end)."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ torch. The format is documented in `PROFILE_FORMAT` (below, markdown).
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Mapping
@@ -43,6 +44,8 @@ listed here are allowed and ignored by `load_profile` (the validator adds raw me
 | `p2p` | `ALPHA_BETA` or `null` | one-way point-to-point transfer between ranks 0 and 1 (`null` only when `world_size` is 1) |
 | `allreduce` | `{"<group size>": ALPHA_BETA, ...}` | allreduce among a group of that many ranks; may be `{}` when `world_size` is 1 |
 | `compute_slowdown` | `{"<ranks computing at once>": factor}` | optional; see below |
+| `allgather` | `{"<group size>": ALPHA_BETA}` | optional (older profiles lack it; then plans with top-k compression cannot be timed): allgather among a group of that many ranks; `S` = the bytes *each rank contributes* |
+| `topk` | `{"<density>": TOPK_FIT}` | optional (as `allgather`): the top-k selection pass at that density; see below |
 
 * `FIT` = `{"intercept_s": >= 0, "per_sample_s": >= 0}`: the pass of that layer on a batch of `b`
   samples takes `intercept_s + per_sample_s x b` seconds (least squares over `batch_sizes`).
@@ -56,6 +59,15 @@ listed here are allowed and ignored by `load_profile` (the validator adds raw me
   `compute_slowdown[k]` is the time of a pass with `k` ranks computing at once relative to one
   rank computing alone (`"1"` is 1.0). `ProfileCosts(..., concurrent_ranks=k)` rescales the
   fits by `compute_slowdown[k] / compute_slowdown[world_size]`.
+* `TOPK_FIT` = `{"intercept_s": >= 0, "per_element_s": >= 0, "elements": [...], "medians_s": [...]}`:
+  error feedback and selection on a flat fp32 gradient bucket of `n` elements (residual added,
+  top-k of the magnitudes with k = ceil(density x n), the values gathered, the residual zeroed
+  there: what the validator's runtime does, `validator.runtime.sparsify`), measured with all
+  `world_size` ranks at once and rescaled like the layer fits. Its time grows faster than
+  linearly once the bucket leaves the caches, so inside the measured range (`elements`, optional,
+  with one `medians_s` each) it is the piecewise-linear interpolation of the medians; outside it,
+  `intercept_s + per_element_s x n`. A plan whose density has no fit is an error naming the
+  densities profiled.
 """
 
 __doc__ = f"{__doc__}\n{PROFILE_FORMAT}"  # the format is part of the module's documentation
@@ -100,6 +112,23 @@ class AlphaBeta:
 
 
 @dataclass(frozen=True)
+class SelectionFit:
+    """Top-k selection time vs elements (`TOPK_FIT` in `PROFILE_FORMAT`): piecewise-linear through
+    the measured (elements, median) points inside their range, the linear fit outside."""
+
+    fit: LinearFit
+    points: tuple[tuple[float, float], ...] = ()
+
+    def at(self, num_elements: float) -> float:
+        points = self.points
+        if len(points) < 2 or not points[0][0] <= num_elements <= points[-1][0]:
+            return self.fit.at(num_elements)
+        index = max(1, bisect.bisect_left([n for n, _ in points], num_elements))
+        (n0, t0), (n1, t1) = points[index - 1], points[index]
+        return t0 + (t1 - t0) * (num_elements - n0) / (n1 - n0)
+
+
+@dataclass(frozen=True)
 class Profile:
     """A loaded calibration profile (see `PROFILE_FORMAT`)."""
 
@@ -119,6 +148,8 @@ class Profile:
     p2p: AlphaBeta | None
     allreduce: Mapping[int, AlphaBeta]
     compute_slowdown: Mapping[int, float]
+    allgather: Mapping[int, AlphaBeta] = field(default_factory=dict)
+    topk: Mapping[float, SelectionFit] = field(default_factory=dict)
     model_layer_names: tuple[str, ...] | None = None
     model_num_params: int | None = None
     model_forward_flops_per_sample: float | None = None
@@ -209,6 +240,17 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
     if world_size > 1 and not allreduce:
         raise read.fail("allreduce", f"no group size profiled (world_size is {world_size})")
 
+    allgather = _group_fits(read, document, "allgather")
+    topk = {}
+    for key, entry in (read.mapping(document, "topk", "topk", optional=True) or {}).items():
+        where = f"topk.{key}"
+        density = _density_key(key)
+        if density is None:
+            raise read.fail(where, f"expected a density in (0, 1] as key, got {key!r}")
+        if not isinstance(entry, Mapping):
+            raise read.fail(where, f"expected an object, got {_show(entry)}")
+        topk[density] = _selection_fit(read, entry, where)
+
     slowdown = {1: 1.0}
     raw_slowdown = read.mapping(document, "compute_slowdown", "compute_slowdown", optional=True) or {}
     for key in raw_slowdown:
@@ -229,10 +271,45 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         optimizer_name=optimizer_name, optimizer=optimizer_fit,
         p2p=p2p, allreduce=dict(sorted(allreduce.items())),
         compute_slowdown=dict(sorted(slowdown.items())),
+        allgather=dict(sorted(allgather.items())), topk=dict(sorted(topk.items())),
         model_layer_names=tuple(layer_names) if layer_names is not None else None,
         model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,
         document=document,
     )
+
+
+def _group_fits(read: _Reader, document, name: str) -> dict[int, AlphaBeta]:
+    """An optional `{"<group size>": ALPHA_BETA}` section (allgather)."""
+    fits = {}
+    for key, entry in (read.mapping(document, name, name, optional=True) or {}).items():
+        where = f"{name}.{key}"
+        if not (isinstance(key, str) and key.isdigit() and int(key) >= 2):
+            raise read.fail(where, f"expected a group size (an integer >= 2) as key, got {key!r}")
+        fits[int(key)] = _alpha_beta(read, entry, where)
+    return fits
+
+
+def _selection_fit(read: _Reader, entry: Mapping, where: str) -> SelectionFit:
+    fit = LinearFit(read.number(entry, "intercept_s", f"{where}.intercept_s", minimum=0),
+                    read.number(entry, "per_element_s", f"{where}.per_element_s", minimum=0))
+    elements = read.int_list(entry, "elements", f"{where}.elements", optional=True)
+    medians = read.get(entry, "medians_s", f"{where}.medians_s", optional=True)
+    if medians is None:
+        return SelectionFit(fit)
+    if (not isinstance(medians, list) or len(medians) != len(elements)
+            or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 for t in medians)):
+        raise read.fail(f"{where}.medians_s", f"expected {len(elements)} non-negative seconds (one per "
+                                              f"element count), got {_show(medians)}")
+    points = sorted(dict(zip(elements, map(float, medians))).items())
+    return SelectionFit(fit, tuple(points))
+
+
+def _density_key(key) -> float | None:
+    try:
+        density = float(key)
+    except (TypeError, ValueError):
+        return None
+    return density if 0 < density <= 1 else None
 
 
 def _layer(read: _Reader, entry, position: int) -> LayerProfile:
@@ -320,6 +397,17 @@ class ProfileCosts:
             return 0.0
         return self.profile.optimizer.at(num_params)
 
+    def axpy_s(self, num_params: int) -> float:
+        """SpecTrain's weight prediction (an axpy: 3 fp32 words moved per parameter), scaled from the
+        profiled update, which moves OPTIMIZER_BYTES_PER_PARAM / 4 words per parameter:
+        intercept_s + per_param_s x num_params x 12 / OPTIMIZER_BYTES_PER_PARAM[optimizer]."""
+        if num_params <= 0:
+            return 0.0
+        from simulator.costs import OPTIMIZER_BYTES_PER_PARAM
+        fit = self.profile.optimizer
+        update_bytes_per_param = OPTIMIZER_BYTES_PER_PARAM[self.profile.optimizer_name]
+        return fit.intercept_s + fit.per_unit_s * num_params * 12 / update_bytes_per_param
+
     def p2p_s(self, size_bytes: float) -> float:
         """One-way point-to-point time of `size_bytes` (alpha + S / beta)."""
         if size_bytes <= 0:
@@ -340,6 +428,34 @@ class ProfileCosts:
                 f"{self.profile.source}: allreduce: no fit for a group of {num_ranks} ranks; "
                 f"profiled group sizes: {sizes}")
         return fit.time_s(size_bytes)
+
+
+    def allgather_s(self, size_bytes: float, num_ranks: int) -> float:
+        """Allgather among `num_ranks` ranks, each contributing `size_bytes` (alpha + S / beta of the
+        fit for that group size); ScenarioError if the profile has none (older profiles)."""
+        if num_ranks <= 1 or size_bytes <= 0:
+            return 0.0
+        fit = self.profile.allgather.get(num_ranks)
+        if fit is None:
+            sizes = ", ".join(str(g) for g in self.profile.allgather) or "none (calibrated before top-k support)"
+            raise ScenarioError(
+                f"{self.profile.source}: allgather: no fit for a group of {num_ranks} ranks (top-k compression "
+                f"needs one); profiled group sizes: {sizes}; recalibrate with `ghpsim calibrate`")
+        return fit.time_s(size_bytes)
+
+    def topk_s(self, num_elements: float, density: float | None = None) -> float:
+        """Top-k selection over `num_elements` at `density`, from the profile's fit at that density
+        (rescaled like the layer fits); ScenarioError naming the densities profiled if none."""
+        if num_elements <= 0:
+            return 0.0
+        fits = self.profile.topk
+        fit = next((f for d, f in fits.items() if density is None or math.isclose(d, density, rel_tol=1e-9)), None)
+        if fit is None:
+            measured = ", ".join(f"{d:g}" for d in fits) or "none (calibrated before top-k support)"
+            raise ScenarioError(
+                f"{self.profile.source}: topk: no top-k selection fit at strategy.compression_density "
+                f"{density}; profiled densities: {measured}; recalibrate with that density")
+        return self.scale * fit.at(num_elements)
 
 
 def _check_model(profile: Profile, workload: Workload) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, PositiveInt,
                       ValidationError, model_validator)
 
 from simulator.errors import ScenarioError
@@ -20,9 +20,9 @@ from simulator.hardware import GpuSpec, LinkSpec, resolve_gpu, resolve_link
 from simulator.units import parse_quantity
 
 StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
-                       "delayed_gradient"]
+                       "delayed_gradient", "megatron"]
 STRATEGY_KINDS: tuple[str, ...] = ("dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream",
-                                   "spectrain", "delayed_gradient")
+                                   "spectrain", "delayed_gradient", "megatron")
 PIPELINE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain", "delayed_gradient")
 """Kinds that split each group's batch into micro-batches flowing through its M stages."""
 
@@ -33,19 +33,58 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
+Gpu = Annotated[GpuSpec, BeforeValidator(resolve_gpu)]
+
+
 class ClusterConfig(_Frozen):
-    """Nodes of identical GPUs; one link tier inside a node and one between nodes."""
+    """Nodes of GPUs; one link tier inside a node and a fabric between nodes (`topology`, see
+    `simulator.topology`); optionally other GPU types on some nodes, stragglers, degraded links."""
 
     num_nodes: PositiveInt = 1
     gpus_per_node: PositiveInt = 1
-    gpu: Annotated[GpuSpec, BeforeValidator(resolve_gpu)] = "V100"
+    gpu: Gpu = "V100"
     intra_node_link: Annotated[LinkSpec, BeforeValidator(resolve_link)] = "nvlink2-v100"
     inter_node_link: Annotated[LinkSpec, BeforeValidator(resolve_link)] = "ib-edr"
     nics_per_node: PositiveInt = 1
+    topology: Literal["two_tier", "fat_tree", "rail_optimized", "torus_2d", "graph_file"] = "two_tier"
+    fat_tree_k: PositiveInt | None = None
+    """fat_tree: switch radix k (even); default the smallest with k^3/4 >= num_nodes x nics_per_node."""
+    torus_shape: tuple[PositiveInt, PositiveInt] | None = None
+    """torus_2d: rows x columns of nodes; default the most nearly square."""
+    topology_file: str | None = None
+    """graph_file: node-link JSON or GraphML (relative to the scenario file)."""
+    node_gpus: dict[NonNegativeInt, Gpu] = Field(default_factory=dict)
+    """Node index -> GPU type of its devices, for nodes whose GPU is not `gpu`."""
+    stragglers: dict[NonNegativeInt, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    """Device index -> compute slowdown factor (2.0: every compute action takes twice as long)."""
+    degraded_links: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
+    """"node<n>" (node n's links to the fabric), "gpu<d>" (device d's links) or "<a>--<b>" (a graph
+    edge) -> bandwidth factor in (0, 1]."""
+
+    @model_validator(mode="after")
+    def _check_fabric(self) -> "ClusterConfig":
+        for field, kind in (("fat_tree_k", "fat_tree"), ("torus_shape", "torus_2d"), ("topology_file", "graph_file")):
+            if getattr(self, field) is not None and self.topology != kind:
+                raise ValueError(f"cluster.{field}: only used with cluster.topology {kind} "
+                                 f"(got topology {self.topology})")
+        if self.topology == "graph_file" and self.topology_file is None:
+            raise ValueError("cluster.topology_file: required with cluster.topology graph_file")
+        for field, indices, limit, what in (("node_gpus", self.node_gpus, self.num_nodes, "nodes"),
+                                            ("stragglers", self.stragglers, self.num_gpus, "devices")):
+            bad = [index for index in indices if index >= limit]
+            if bad:
+                raise ValueError(f"cluster.{field}: index {bad[0]} is out of range (the cluster has {limit} {what})")
+        return self
 
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def heterogeneous(self) -> bool:
+        """True when some devices or links differ from the rest (mixed GPUs, stragglers, degraded links)."""
+        mixed = any(gpu != self.gpu for gpu in self.node_gpus.values())
+        return mixed or any(f != 1.0 for f in self.stragglers.values()) or bool(self.degraded_links)
 
 
 class LayerRow(_Frozen):
@@ -103,6 +142,17 @@ class StrategyConfig(_Frozen):
     gradient_compression: Literal["none", "topk"] = "none"
     compression_density: Annotated[float, Field(gt=0, le=1)] = 0.01
     """topk: fraction rho of each layer's gradient entries sent."""
+    tp_degree: PositiveInt = 1
+    """megatron: tensor-parallel ranks t per layer (simulator/strategies/tensor.py)."""
+    pp_degree: PositiveInt = 1
+    """megatron: pipeline stages p; data-parallel replicas d = N / (t p)."""
+    sequence_parallel: bool = False
+    """megatron: reduce-scatter + allgather instead of each TP allreduce (Korthikanti et al. 2022)."""
+    zero_stage: Literal[0, 1] = 0
+    """megatron: 1 shards the optimizer state over the d replicas (ZeRO-1, Rajbhandari et al. 2020)."""
+    symmetry: Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)] = "auto"
+    """megatron: auto simulates one representative per symmetric set of ranks (simulator/symmetry.py);
+    off forces the full simulation."""
 
 
 class TrainingConfig(_Frozen):
@@ -151,6 +201,9 @@ class Scenario(_Frozen):
                 raise ValueError(
                     f"strategy.num_groups: {groups} does not divide the {num_gpus} GPUs "
                     f"(cluster.num_nodes x cluster.gpus_per_node)")
+        if self.strategy.kind == "megatron" and num_gpus % (self.strategy.tp_degree * self.strategy.pp_degree):
+            raise ValueError(f"strategy.tp_degree: {self.strategy.tp_degree} x strategy.pp_degree "
+                             f"{self.strategy.pp_degree} does not divide the {num_gpus} GPUs")
         placement = self.strategy.placement
         if isinstance(placement, tuple) and sorted(placement) != list(range(num_gpus)):
             raise ValueError(
@@ -169,6 +222,8 @@ class Scenario(_Frozen):
             return num_gpus, 1
         if self.strategy.kind == "mp":
             return 1, num_gpus
+        if self.strategy.kind == "megatron":  # d x t pipelines of p stages (simulator/strategies/tensor.py)
+            return num_gpus // self.strategy.pp_degree, self.strategy.pp_degree
         groups = self.strategy.num_groups or 1
         return groups, num_gpus // groups
 

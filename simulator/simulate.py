@@ -12,6 +12,7 @@ import pandas as pd
 from simulator.costs import AnalyticCosts, CostModel, single_device_step_s
 from simulator.engine import Engine
 from simulator.errors import ScenarioError
+from simulator.flops import flops_summary
 from simulator.model_source import resolve_workload
 from simulator.plan import Plan
 from simulator.records import device_breakdown, span_table
@@ -63,25 +64,46 @@ def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workl
         costs = costs or analytic_costs(scenario, workload)
         topology = build_topology(scenario.cluster)
         plan = compile_plan(scenario, workload, topology, costs)
-    result = Engine(plan, topology, costs, scenario.strategy.num_parameter_servers).run()
+        engine_costs = costs
+        if "rank_workload" in plan.meta:  # tensor parallelism: each rank computes its share of every layer
+            from simulator.strategies.tensor import rank_costs
+            engine_costs = rank_costs(costs, plan.meta["rank_workload"])
+    result = Engine(plan, topology, engine_costs, scenario.strategy.num_parameter_servers).run()
     spans = span_table(result.spans)
     step_time_s = float(spans["end_s"].max()) if len(spans) else 0.0
     baseline_s = single_device_step_s(costs, workload, scenario.training.global_batch_size)
-    summary = _summary(scenario, workload, topology, plan, result, step_time_s, baseline_s)
+    summary = _summary(scenario, workload, topology, plan, result, step_time_s, baseline_s, costs)
+    if plan.strategy == "megatron":  # ZeRO-1 memory; a symmetric run expanded to every device
+        from simulator.strategies.tensor_summary import finish_summary
+        finish_summary(summary, plan, topology)
     summary["wall_s"] = time.perf_counter() - started
     return SimulationResult(scenario, workload, plan, spans, summary)
 
 
-def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_time_s, baseline_s) -> dict:
-    devices = device_breakdown(result.spans, plan.num_ranks, step_time_s)
+def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_time_s, baseline_s, costs=None) -> dict:
+    spans, pipeline = result.spans, None
+    if "schedule_kind" in plan.meta:  # pipelines: step time and per-stage figures, simulator/schedules/steady_state.py
+        from simulator.schedules.steady_state import pipeline_summary
+        spans, step_time_s, pipeline = pipeline_summary(scenario, workload, topology, costs, plan, spans, step_time_s)
+    devices = device_breakdown(spans, plan.num_ranks, step_time_s)
     for row in devices:
         group, stage = plan.grid_position(row["rank"])
         device = plan.rank_to_device[row["rank"]]
         layers = plan.stages[stage]
         row.update(device=device, node=topology.node_of(device), group=group, stage=stage,
                    layers=[layers.layer_start, layers.layer_end])
+    from simulator.memory import memory_config, memory_report
+    from simulator.sparse import compression_summary
+    if "rank_workload" in plan.meta:  # tensor parallelism: each TP rank's share; ranks alike walked once
+        from simulator.strategies.tensor_summary import tensor_memory_report
+        memory = tensor_memory_report(plan, result.spans, memory_config(scenario))
+    else:
+        memory = memory_report(plan, workload, result.spans, memory_config(scenario))
+    for row, device_memory in zip(devices, memory.pop("devices")):
+        row.update({key: device_memory[key] for key in ("peak_memory_bytes", "memory_breakdown_bytes", "fits_in_memory")})
+    step_time_s += memory["offload_exposed_s"]  # host transfers of offloaded activations not hidden by compute
     batch = scenario.training.global_batch_size
-    return {
+    summary = {
         "scenario": scenario.name,
         "model": workload.name,
         "strategy": plan.strategy,
@@ -95,8 +117,15 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
         "throughput_samples_per_s": batch / step_time_s if step_time_s > 0 else float("inf"),
         "single_device_step_s": baseline_s,
         "speedup": baseline_s / step_time_s if step_time_s > 0 else float("inf"),
+        **flops_summary(scenario, workload, step_time_s),
         "bytes_per_tier": {tier: result.tier_bytes.get(tier, 0.0) for tier in ("intra", "inter")},
         "collective_algorithms": result.collective_algorithms,
         "num_events": result.num_events,
+        "fits_in_memory": memory["fits_in_memory"],
+        "memory": memory,
+        "gradient_compression": compression_summary(plan, topology, scenario.cluster.gpu.memory_bandwidth_bytes_per_s),
         "devices": devices,
     }
+    if pipeline is not None:
+        summary["pipeline"] = pipeline
+    return summary

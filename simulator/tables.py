@@ -31,6 +31,9 @@ def comparison_frame(results: list[SimulationResult]) -> pd.DataFrame:
             "comm_s": devices["comm_s"].mean(),
             "idle_s": devices["idle_s"].mean(),
             "inter_node_bytes": summary["bytes_per_tier"]["inter"],
+            "mfu": summary.get("mfu", float("nan")),
+            "peak_memory_bytes": summary["memory"]["peak_memory_bytes"],
+            "fits_in_memory": summary["fits_in_memory"],
         })
     return pd.DataFrame(rows)
 
@@ -50,13 +53,14 @@ def print_comparison(results: list[SimulationResult], title: str, console: Conso
     frame = comparison_frame(results)
     table = Table(title=title)
     for column in ("#", "strategy", "placement", "step (ms)", "samples/s", "speedup",
-                   "compute (ms)", "comm (ms)", "idle (ms)", "inter-node MB"):
+                   "compute (ms)", "comm (ms)", "idle (ms)", "inter-node MB", "peak mem (GiB)"):
         table.add_column(column, justify="left" if column in ("strategy", "placement") else "right")
     for position, row in enumerate(frame.itertuples(index=False), start=1):
         table.add_row(str(position), row.strategy, row.placement, f"{row.step_time_s * 1e3:.2f}",
                       f"{row.throughput_samples_per_s:,.0f}", f"{row.speedup:.2f}x",
                       f"{row.compute_s * 1e3:.2f}", f"{row.comm_s * 1e3:.2f}", f"{row.idle_s * 1e3:.2f}",
-                      f"{row.inter_node_bytes / 1e6:,.1f}")
+                      f"{row.inter_node_bytes / 1e6:,.1f}",
+                      f"{row.peak_memory_bytes / 2**30:,.2f}" + ("" if row.fits_in_memory else " infeasible"))
     console.print(table)
 
 
@@ -76,15 +80,41 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
                   f"speedup {summary['speedup']:.2f}x over one device | "
                   f"intra {summary['bytes_per_tier']['intra'] / 1e6:,.1f} MB, "
                   f"inter {summary['bytes_per_tier']['inter'] / 1e6:,.1f} MB")
+    console.print(f"model FLOPs {summary['model_flops_per_step']:.3g} per step | "
+                  f"{summary['achieved_tflops_per_gpu']:,.1f} TFLOP/s per GPU | MFU {summary['mfu']:.1%}")
+    if "tensor" in summary:  # megatron (simulator/strategies/tensor.py)
+        tensor = summary["tensor"]
+        console.print(f"3D: tp {tensor['tp_degree']} x pp {tensor['pp_degree']} x dp {tensor['dp_degree']}, "
+                      f"{tensor['schedule']}, micro-batch {tensor['microbatch_size']:g}, sequence parallel "
+                      f"{'on' if tensor['sequence_parallel'] else 'off'}, ZeRO-{tensor['zero_stage']}; "
+                      f"{'symmetric' if tensor['symmetry']['used'] else 'full'} simulation: "
+                      f"{tensor['symmetry']['reason']}")
     devices = pd.DataFrame(summary["devices"])
     table = Table(title="per device (ms)")
-    for column in ("rank", "device", "node", "group", "stage", "layers", "compute", "comm", "idle"):
+    for column in ("rank", "device", "node", "group", "stage", "layers", "compute", "comm", "idle", "peak mem (GiB)"):
         table.add_column(column, justify="right")
     shown = devices if len(devices) <= 16 else pd.concat([devices.head(8), devices.tail(8)])
     for row in shown.itertuples(index=False):
         table.add_row(str(row.rank), str(row.device), str(row.node), str(row.group), str(row.stage),
                       f"{row.layers[0]}-{row.layers[1] - 1}", f"{row.compute_s * 1e3:.3f}",
-                      f"{row.comm_s * 1e3:.3f}", f"{row.idle_s * 1e3:.3f}")
+                      f"{row.comm_s * 1e3:.3f}", f"{row.idle_s * 1e3:.3f}",
+                      f"{row.peak_memory_bytes / 2**30:,.2f}" + ("" if row.fits_in_memory else " (does not fit)"))
     console.print(table)
     if len(devices) > 16:
         console.print(f"({len(devices) - 16} of {len(devices)} devices not shown; --json lists all)")
+    if "pipeline" in summary:
+        print_pipeline(summary["pipeline"], console)
+
+
+def print_pipeline(pipeline: dict, console: Console) -> None:
+    """Per-stage figures of a pipeline schedule (simulator/schedules/steady_state.py)."""
+    console.print(f"pipeline {pipeline['schedule']}: m={pipeline['num_microbatches']} micro-batches of "
+                  f"{pipeline['microbatch_size']:g}, v={pipeline['num_virtual_stages']}; step time = "
+                  f"{pipeline['step_time_definition']}")
+    table = Table(title="per stage")
+    for column in ("stage", "in flight", "stashed versions", "extra copies", "staleness", "bubble"):
+        table.add_column(column, justify="right")
+    for row in pipeline["stages"]:
+        table.add_row(str(row["stage"]), str(row["microbatches_in_flight"]), str(row["stashed_weight_versions"]),
+                      str(row["extra_weight_copies"]), str(row["weight_staleness"]), f"{row['bubble_fraction']:.1%}")
+    console.print(table)

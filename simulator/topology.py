@@ -1,27 +1,43 @@
 """The cluster as a directed networkx graph with per-link latency and bandwidth, and routes.
 
-Shape (two-tier tree, every link full duplex = two directed edges):
+Every fabric (`cluster.topology`) has, per node, a node switch (NVSwitch/NVLink) with one
+intra-tier link per device; a node's devices always talk through it. Every link is full duplex =
+two directed edges, each one shared resource in the engine. Between nodes:
 
-    device d  <-> node switch n   (intra-node tier; one port per device)
-    node switch n <-> spine       (inter-node tier; `nics_per_node` NICs aggregated; only if
-                                   there is more than one node)
-
-Each directed edge is one shared resource in the engine: transfers crossing it share its
-bandwidth. A route's latency is the sum of its edges' latencies; each tier's preset latency is
-split evenly over the two edges a route crosses in that tier, so a transfer inside a node costs
-the intra-node preset latency and one between nodes costs intra + inter latency.
+- two_tier (default): node switch <-> one spine (inter tier; `nics_per_node` NICs aggregated;
+  only with more than one node). Each tier's preset latency is split over the two edges a route
+  crosses in it: intra-node routes cost the intra latency, inter-node ones intra + inter.
+- fat_tree: a k-ary fat-tree (Al-Fares, Loukissas & Vahdat, SIGCOMM 2008) whose hosts are the
+  nodes' NICs; GPU i of a node reaches NIC i // (gpus_per_node / nics_per_node) directly (GPUDirect
+  RDMA; the GPU-NIC edge has the NIC's bandwidth and no latency). Every switch link has the NIC's
+  bandwidth (full bisection); routes are the unique up-down shortest paths with D-mod-k uplink
+  choice (aggregation switch t mod k/2, core (t div k/2) mod k/2 for destination NIC t; Zahavi et
+  al., 2010), so shift permutations are contention free. Inter-node latency: the inter preset.
+- rail_optimized: NIC j of every node on rail switch j (a rail-only network, Wang et al., 2023);
+  a transfer to another rail first crosses the node switch to the source node's GPU on the target
+  rail (PXN, as NCCL does).
+- torus_2d: node switches on an R x C torus (links of `nics_per_node` x the inter preset, inter
+  latency per hop); dimension-order routing (columns, then rows), the shorter way round each ring
+  (ties: increasing index).
+- graph_file: any graph (`simulator.graph_file`), fewest-hop routes (networkx bidirectional BFS,
+  deterministic for a given file).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 import networkx as nx
 
-from simulator.hardware import LinkSpec
+from simulator.errors import ScenarioError
+from simulator.hardware import GpuSpec, LinkSpec
 
 INTRA, INTER = "intra", "inter"
+FABRICS = ("two_tier", "fat_tree", "rail_optimized", "torus_2d", "graph_file")
 
 
 @dataclass(frozen=True)
@@ -36,24 +52,51 @@ class Link:
     bandwidth_bytes_per_s: float
 
 
+Hops = Callable[["Topology", int, int], list]
+"""(topology, source device, target device) -> vertex names of the route, inter-node pairs only."""
+
+
 class Topology:
-    """Devices, switches and directed links of a cluster; routes between devices."""
+    """Devices, switches and directed links of a cluster; routes between devices.
+
+    `Topology(num_nodes, gpus_per_node, intra, inter, nics_per_node)` is the two-tier fabric; the
+    other fabrics come from `fat_tree`, `rail_optimized`, `torus_2d` and `from_graph`.
+    `node_gpus` (node -> GpuSpec differing from the cluster's GPU) and `slowdowns` (device ->
+    compute slowdown) describe heterogeneous devices (`simulator.heterogeneity`).
+    """
 
     def __init__(self, num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpec,
                  nics_per_node: int = 1):
+        self._start(num_nodes, gpus_per_node, "two_tier", _two_tier_hops)
+        self.nics_per_node = nics_per_node
+        self._add_node_switches(intra)
+        if num_nodes > 1:
+            for node in range(num_nodes):
+                self.add_duplex(node_switch_name(node), "spine", INTER, inter.latency_s / 2,
+                                inter.bandwidth_bytes_per_s * nics_per_node)
+
+    @classmethod
+    def empty(cls, num_nodes: int, gpus_per_node: int, kind: str, hops: Hops) -> "Topology":
+        """A topology without links, for fabric builders."""
+        topology = cls.__new__(cls)
+        topology._start(num_nodes, gpus_per_node, kind, hops)
+        return topology
+
+    def _start(self, num_nodes: int, gpus_per_node: int, kind: str, hops: Hops) -> None:
         self.num_nodes = num_nodes
         self.gpus_per_node = gpus_per_node
+        self.kind = kind
+        self.nics_per_node = 1
+        self.fat_tree_k: int | None = None
+        self.torus_shape: tuple[int, int] | None = None
         self.graph = nx.DiGraph()
         self.links: list[Link] = []
+        self.node_gpus: dict[int, GpuSpec] = {}
+        self.slowdowns: dict[int, float] = {}
+        self.owner: dict[str, int] = {}
+        """Vertex -> node for the vertices inside a node (devices, node switch, NICs)."""
         self._edge_index: dict[tuple[str, str], int] = {}
-        for node in range(num_nodes):
-            switch = node_switch_name(node)
-            for local in range(gpus_per_node):
-                device = device_name(node * gpus_per_node + local)
-                self._add_duplex(device, switch, INTRA, intra.latency_s / 2, intra.bandwidth_bytes_per_s)
-            if num_nodes > 1:
-                self._add_duplex(switch, "spine", INTER, inter.latency_s / 2,
-                                 inter.bandwidth_bytes_per_s * nics_per_node)
+        self._hops = hops
         self._route = lru_cache(maxsize=None)(self._compute_route)
 
     @property
@@ -78,22 +121,70 @@ class Topology:
     def _compute_route(self, source_device: int, target_device: int) -> tuple[int, ...]:
         if source_device == target_device:
             return ()
-        source, target = device_name(source_device), device_name(target_device)
-        source_switch = node_switch_name(self.node_of(source_device))
-        target_switch = node_switch_name(self.node_of(target_device))
-        hops = [source, source_switch]
-        if source_switch != target_switch:
-            hops += ["spine", target_switch]
-        hops.append(target)
+        if self.kind != "graph_file" and self.node_of(source_device) == self.node_of(target_device):
+            switch = node_switch_name(self.node_of(source_device))
+            hops = [device_name(source_device), switch, device_name(target_device)]
+        else:
+            hops = self._hops(self, source_device, target_device)
         return tuple(self._edge_index[(u, v)] for u, v in zip(hops, hops[1:]))
 
-    def _add_duplex(self, a: str, b: str, tier: str, latency_s: float, bandwidth: float) -> None:
-        for source, target in ((a, b), (b, a)):
-            link = Link(len(self.links), source, target, tier, latency_s, bandwidth)
-            self.links.append(link)
-            self._edge_index[(source, target)] = link.index
-            self.graph.add_edge(source, target, index=link.index, tier=tier,
-                                latency_s=latency_s, bandwidth_bytes_per_s=bandwidth)
+    def add_link(self, source: str, target: str, tier: str, latency_s: float, bandwidth: float) -> None:
+        link = Link(len(self.links), source, target, tier, latency_s, bandwidth)
+        self.links.append(link)
+        self._edge_index[(source, target)] = link.index
+        self.graph.add_edge(source, target, index=link.index, tier=tier,
+                            latency_s=latency_s, bandwidth_bytes_per_s=bandwidth)
+
+    def add_duplex(self, a: str, b: str, tier: str, latency_s: float, bandwidth: float) -> None:
+        self.add_link(a, b, tier, latency_s, bandwidth)
+        self.add_link(b, a, tier, latency_s, bandwidth)
+
+    def _add_node_switches(self, intra: LinkSpec) -> None:
+        for node in range(self.num_nodes):
+            switch = node_switch_name(node)
+            self.owner[switch] = node
+            for local in range(self.gpus_per_node):
+                device = device_name(node * self.gpus_per_node + local)
+                self.owner[device] = node
+                self.add_duplex(device, switch, INTRA, intra.latency_s / 2, intra.bandwidth_bytes_per_s)
+
+    def degrade(self, factors: dict[str, float]) -> None:
+        """Scale the bandwidth of named links (see `degraded_links`) by their factors."""
+        for name, factor in factors.items():
+            for index in degraded_links(self, name):
+                link = self.links[index]
+                bandwidth = link.bandwidth_bytes_per_s * factor
+                self.links[index] = dataclasses.replace(link, bandwidth_bytes_per_s=bandwidth)
+                self.graph.edges[link.source, link.target]["bandwidth_bytes_per_s"] = bandwidth
+
+
+def degraded_links(topology: Topology, name: str) -> list[int]:
+    """Links named by a `cluster.degraded_links` key, both directions.
+
+    "node<n>": node n's links to the rest of the fabric (its uplinks / NIC cables / torus links);
+    "gpu<d>": every link of device d; "<a>--<b>": the link between graph vertices a and b.
+    """
+    match = re.fullmatch(r"node(\d+)|gpu(\d+)|(.+)--(.+)", name)
+    found: list[int] = []
+    if match and match.group(1) is not None:
+        node = int(match.group(1))
+        found = [l.index for l in topology.links
+                 if (topology.owner.get(l.source) == node) != (topology.owner.get(l.target) == node)]
+    elif match and match.group(2) is not None:
+        vertex = device_name(int(match.group(2)))
+        found = [l.index for l in topology.links if vertex in (l.source, l.target)]
+    elif match:
+        a, b = match.group(3), match.group(4)
+        found = [l.index for l in topology.links if {l.source, l.target} == {a, b}]
+    if not found:
+        raise ScenarioError(f"cluster.degraded_links: {name!r} names no link of the {topology.kind} "
+                            "topology (use node<n>, gpu<d> or <vertex>--<vertex>)")
+    return found
+
+
+def _two_tier_hops(topology: Topology, source: int, target: int) -> list[str]:
+    return [device_name(source), node_switch_name(topology.node_of(source)), "spine",
+            node_switch_name(topology.node_of(target)), device_name(target)]
 
 
 def device_name(device: int) -> str:
@@ -104,7 +195,16 @@ def node_switch_name(node: int) -> str:
     return f"node{node}"
 
 
-def build_topology(cluster) -> Topology:
-    """Topology of a `ClusterConfig`."""
-    return Topology(cluster.num_nodes, cluster.gpus_per_node, cluster.intra_node_link,
-                    cluster.inter_node_link, cluster.nics_per_node)
+def nic_name(node: int, nic: int) -> str:
+    return f"nic{node}.{nic}"
+
+
+def build_topology(cluster, base_dir: str = ".") -> Topology:
+    """Topology of a `ClusterConfig`, with its heterogeneous devices and degraded links."""
+    from simulator import fabrics  # the fabric builders need this module's Topology
+
+    topology = fabrics.build_fabric(cluster, base_dir)
+    topology.node_gpus = {node: gpu for node, gpu in cluster.node_gpus.items() if gpu != cluster.gpu}
+    topology.slowdowns = {device: factor for device, factor in cluster.stragglers.items() if factor != 1.0}
+    topology.degrade(cluster.degraded_links)
+    return topology

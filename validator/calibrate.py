@@ -23,6 +23,11 @@
    groups of consecutive ranks (`new_group`) that all allreduce at the same time (as the
    concurrent groups of a GHP/DP plan do); each group's median (of the slowest member) is
    averaged over groups.
+5. **Top-k** (sparse gradients, `simulator.sparse`): the runtime's selection with error feedback
+   (`validator.microbench.time_topk`) on flat gradients of 4096 x 4^j elements up to the model's
+   parameter count, all ranks at once, at each density of `topk_densities` (fitted against the
+   element count, least squares weighted by 1 / t^2); and **allgather** per group size as the
+   allreduce above (sizes = bytes each rank contributes).
 
 Communication times are fitted to alpha + S / beta by least squares weighted by 1 / t^2 (i.e.
 relative errors, so the small sizes pin alpha and the large ones beta). Nothing is timed end to
@@ -50,7 +55,8 @@ from simulator.profile import FORMAT
 from simulator.workload import Workload
 from validator.launch import LaunchConfig, spawn
 from validator.microbench import (DEFAULT_MIN_BLOCK_S, agree_max, fit_line, load_models_module,
-                                  time_allreduce, time_layers, time_optimizer, time_p2p)
+                                  time_allgather, time_allreduce, time_layers, time_optimizer, time_p2p,
+                                  time_topk)
 
 DEFAULT_BATCH_SIZES = (4, 16, 64)
 """Batch sizes each layer is timed at (per rank): spans the micro-batches of small validated runs."""
@@ -59,6 +65,8 @@ DEFAULT_WARMUP = 2
 DEFAULT_COMM_SIZES = tuple(4096 * 4 ** k for k in range(7))
 """4 KiB, 16 KiB, ..., 16 MiB: log-spaced message / allreduce buffer sizes in bytes."""
 DEFAULT_COMM_REPEATS = 10
+DEFAULT_TOPK_DENSITIES = (0.001, 0.01, 0.1)
+"""Densities of the top-k selection fits (strategy.compression_density; default 0.01)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,7 @@ class _Settings:
     seed: int
     verbose: bool
     min_block_s: float
+    topk_densities: tuple[float, ...] = DEFAULT_TOPK_DENSITIES
 
 
 def _say(settings: _Settings, message: str) -> None:
@@ -99,6 +108,14 @@ def _parameter_sets(modules) -> list[list[torch.Tensor]]:
     return sets
 
 
+def _topk_sizes(num_params: int) -> list[int]:
+    """4096 x 4^j elements below the model's parameter count, then the count itself (>= 2 sizes)."""
+    sizes = [4096]
+    while sizes[-1] * 4 < num_params:
+        sizes.append(sizes[-1] * 4)
+    return sizes + [num_params if num_params > sizes[-1] else 2 * sizes[-1]]
+
+
 def _rank_main(rank: int, settings: _Settings) -> dict | None:
     world = dist.get_world_size()
     device = settings.device
@@ -121,6 +138,12 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
     optimizer = time_optimizer(settings.optimizer, _parameter_sets(modules), repeats=settings.repeats,
                                device=device, warmup=settings.warmup, barrier=dist.barrier, agree=agree_max,
                                min_block_s=settings.min_block_s)
+    topk = {}
+    for density in settings.topk_densities:
+        _say(settings, f"top-k selection at density {density}: {world} ranks at once")
+        topk[density] = time_topk(_topk_sizes(workload.num_params), density, repeats=settings.repeats,
+                                  device=device, warmup=settings.warmup, barrier=dist.barrier, agree=agree_max,
+                                  min_block_s=settings.min_block_s)
     everyone = [None] * world
     dist.all_gather_object(everyone, rows)
     layer_medians = {}  # {k: [per active rank: rows with forward_s / backward_s of that level]}
@@ -131,7 +154,7 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
     if world >= 2:
         _say(settings, f"p2p ping-pong ranks 0-1, {len(settings.comm_sizes)} sizes")
         p2p = time_p2p(settings.comm_sizes, settings.comm_repeats, settings.warmup)
-    allreduce = {}
+    allreduce, allgather = {}, {}
     for g in _divisors(world):
         _say(settings, f"allreduce: {world // g} group(s) of {g} at once")
         groups = [dist.new_group(list(range(start, start + g))) for start in range(0, world, g)]
@@ -142,6 +165,12 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
         per_group = [group_medians[start] for start in range(0, world, g)]
         allreduce[g] = {"medians_s": [sum(col) / len(col) for col in zip(*per_group)],
                         "concurrent_groups": world // g}
+        _say(settings, f"allgather: {world // g} group(s) of {g} at once")
+        medians = time_allgather(settings.comm_sizes, settings.comm_repeats, group=mine, warmup=settings.warmup)
+        dist.all_gather_object(group_medians, medians)
+        per_group = [group_medians[start] for start in range(0, world, g)]
+        allgather[g] = {"medians_s": [sum(col) / len(col) for col in zip(*per_group)],
+                        "concurrent_groups": world // g}
     dist.barrier()
     measure_s = time.perf_counter() - started
     machine_after, own_after = _machine_cpu(), _own_cpu_s()
@@ -150,7 +179,7 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
     if rank != 0:
         return None
     return {"layers": layer_medians, "optimizer": optimizer, "p2p": p2p,
-            "allreduce": allreduce, "measure_s": measure_s,
+            "allreduce": allreduce, "allgather": allgather, "topk": topk, "measure_s": measure_s,
             "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
             "num_threads": torch.get_num_threads(),
             "device_name": _device_name(device)}
@@ -220,6 +249,14 @@ def _alpha_beta(sizes, medians, notes, what) -> dict:
             "medians_s": list(medians), "r2": fit.r2}
 
 
+def _topk_fit(items: list[dict], notes: list[str], what: str) -> dict:
+    elements = [item["num_elements"] for item in items]
+    medians = [item["median_s"] for item in items]
+    fit = _fit_entry(elements, medians, notes, what, weights=[1.0 / t ** 2 for t in medians])
+    return {"intercept_s": fit.intercept, "per_element_s": fit.slope, "elements": elements,
+            "medians_s": medians, "r2": fit.r2}
+
+
 def build_document(workload: Workload, model_params: dict, raw: dict, *, world_size: int, device: str,
                    backend: str, batch_sizes: Sequence[int], optimizer: str, comm_sizes: Sequence[int],
                    repeats: int, comm_repeats: int, min_block_s: float = DEFAULT_MIN_BLOCK_S) -> dict:
@@ -269,6 +306,11 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
                       for g, item in sorted(raw["allreduce"].items())},
         "compute_slowdown": {str(k): (totals[k] / totals[1] if totals[1] > 0 else 1.0)
                              for k in sorted(totals)},
+        "allgather": {str(g): {**_alpha_beta(comm_sizes, item["medians_s"], notes, f"allgather.{g}"),
+                               "concurrent_groups": item["concurrent_groups"]}
+                      for g, item in sorted(raw.get("allgather", {}).items())},
+        "topk": {repr(float(density)): _topk_fit(items, notes, f"topk.{density}")
+                 for density, items in sorted(raw.get("topk", {}).items())},
         "method": {
             "layers": f"per rank: median over {repeats} blocks of back-to-back iterations (>= {min_block_s} s "
                       f"each) of the time per iteration; mean over the {world_size} ranks, all timing the same "
@@ -289,9 +331,11 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
               backend: str | None = None, *, optimizer: str = "sgd", warmup: int = DEFAULT_WARMUP,
               comm_sizes: Sequence[int] = DEFAULT_COMM_SIZES, comm_repeats: int = DEFAULT_COMM_REPEATS,
               num_threads: int = 1, models: str = "validator.models", seed: int = 0,
-              min_block_s: float = DEFAULT_MIN_BLOCK_S, timeout_s: float = 1800.0, verbose: bool = True) -> dict:
+              min_block_s: float = DEFAULT_MIN_BLOCK_S, timeout_s: float = 1800.0, verbose: bool = True,
+              topk_densities: Sequence[float] = DEFAULT_TOPK_DENSITIES) -> dict:
     """Measure `workload` on `world_size` local ranks, write the profile to `out_path` atomically
-    and return it. `models` names the module with `build_modules`, `make_batch` and `loss_fn`."""
+    and return it. `models` names the module with `build_modules`, `make_batch` and `loss_fn`;
+    `topk_densities` the densities of the top-k selection fits."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     backend = backend or ("nccl" if device == "cuda" else "gloo")
@@ -303,7 +347,8 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
     if len(set(batch_sizes)) < 2 or min(batch_sizes) < 1:
         raise ValueError(f"need at least two distinct positive batch sizes, got {batch_sizes}")
     settings = _Settings(workload, batch_sizes, repeats, warmup, device, optimizer, tuple(comm_sizes),
-                         comm_repeats, models, seed, verbose, min_block_s)
+                         comm_repeats, models, seed, verbose, min_block_s,
+                         tuple(sorted({float(d) for d in topk_densities})))
     config = LaunchConfig(world_size=world_size, backend=backend, device=device, timeout_s=timeout_s,
                           collective_timeout_s=max(60.0, timeout_s / 2), num_threads=num_threads)
     started = time.perf_counter()

@@ -39,6 +39,11 @@ def add_commands(commands) -> None:
     validate.add_argument("--warmup", type=int, default=3)
     validate.add_argument("--out", default="reports/validation", help="folder for CSV, plot and traces")
     validate.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is declared hung")
+    validate.add_argument("--rank", action="store_true", help="run the planner's top candidates and others "
+                          "for real: Kendall tau and top-1 regret (validator/rank_check.py)")
+    validate.add_argument("--gpus", type=int, default=None, help="--rank: ranks (default the scenario's)")
+    validate.add_argument("--top", type=int, default=3, help="--rank: best-ranked candidates run")
+    validate.add_argument("--others", type=int, default=2, help="--rank: further candidates, spread over the ranking")
 
     importer = commands.add_parser("import-model", help="trace a torch.nn.Module into a layer table")
     importer.add_argument("target", help="package.module:factory returning an nn.Module")
@@ -61,6 +66,9 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    if args.rank:
+        from validator.rank_check import cmd_validate_rank
+        return cmd_validate_rank(args)
     import pandas as pd
 
     from simulator.tables import make_console

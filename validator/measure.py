@@ -3,6 +3,13 @@
 Step time: every step starts after a barrier; a rank's step time runs from there to the end of its
 last action (its sends and allreduces complete); the step's time is the maximum over ranks
 (all-reduced with MAX). The reported figure is the median over the k measured steps.
+
+Asynchronous pipelines (`RunOptions.steady_state`): the plan run is the simulator's steady-state
+plan (several steps' micro-batches back to back, `simulator.schedules.steady_state`), and a
+step's figure is the same window the simulator predicts: completion of micro-batch 2p + m - 1
+minus completion of micro-batch 2p - 1, a completion being the end of the micro-batch's last
+compute on any rank (all-reduced with MAX; ranks share the machine's monotonic clock and start
+each step after a barrier).
 """
 
 from __future__ import annotations
@@ -15,9 +22,12 @@ import torch
 import torch.distributed as dist
 
 from simulator.plan import Plan
+from simulator.scenario import PIPELINE_KINDS
+from simulator.schedules.steady_state import microbatch_completions
 from simulator.workload import Workload
 from validator.models import build_modules, loss_fn, make_batch
 from validator.microbench import make_optimizer
+from validator.pipeline_runtime import PipelineExecutor
 from validator.runtime import RankExecutor
 
 
@@ -30,12 +40,15 @@ class RunOptions:
     seed: int = 0
     device: str = "cpu"
     return_state: bool = False
+    steady_state: tuple[int, int] | None = None
+    """(p stages, m micro-batches per step): measure the steady-state window, see the docstring."""
 
 
 def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> dict:
     """Body of one rank (called by the launcher after the process group is up)."""
-    executor = RankExecutor(plan, workload, rank, options.optimizer, options.learning_rate,
-                            options.seed, options.device)
+    executor_class = PipelineExecutor if plan.strategy in PIPELINE_KINDS else RankExecutor
+    executor = executor_class(plan, workload, rank, options.optimizer, options.learning_rate,
+                              options.seed, options.device)
     step_times_s, step_spans = [], []
     for step in range(options.warmup + options.steps):
         dist.barrier()
@@ -45,8 +58,11 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
             torch.cuda.synchronize()
         slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        step_s = float(slowest.item())
+        if options.steady_state is not None:
+            step_s = _steady_state_window_s(spans, *options.steady_state)
         if step >= options.warmup:
-            step_times_s.append(float(slowest.item()))
+            step_times_s.append(step_s)
             step_spans.append(spans)
     median_index = min(range(len(step_times_s)), key=lambda i: abs(step_times_s[i] - statistics.median(step_times_s)))
     return {
@@ -57,6 +73,18 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
         # the rank's process exits before the launcher has read them
         "state": {k: v.numpy() for k, v in executor.state().items()} if options.return_state else None,
     }
+
+
+def _steady_state_window_s(spans: list[tuple], num_stages: int, num_microbatches: int) -> float:
+    """The steady-state window of this step over all ranks (collective: every rank calls it)."""
+    completion = microbatch_completions(spans)
+    count = 1 + max(completion, default=-1)
+    ends = torch.zeros(count, dtype=torch.float64)
+    for microbatch, end_s in completion.items():
+        ends[microbatch] = end_s
+    dist.all_reduce(ends, op=dist.ReduceOp.MAX)
+    p, m = num_stages, num_microbatches
+    return float(ends[2 * p + m - 1] - ends[2 * p - 1])
 
 
 def reference_training(workload: Workload, global_batch: int, num_steps: int, optimizer: str = "sgd",

@@ -1,5 +1,5 @@
-"""Micro-benchmarks for calibration: per-layer compute, optimizer steps, p2p and allreduce, plus a
-least-squares line fitter. `validator/calibrate.py` runs them on several ranks and writes a profile
+"""Micro-benchmarks for calibration: per-layer compute, optimizer steps, top-k selection, p2p,
+allreduce and allgather, plus a least-squares line fitter. `validator/calibrate.py` runs them on several ranks and writes a profile
 (format: `simulator.profile.PROFILE_FORMAT`).
 
 Every figure is a *median* of `repeats` timed samples after `warmup` untimed ones. A compute
@@ -405,3 +405,60 @@ def time_allreduce(sizes_bytes: Sequence[int], repeats: int = 10, group=None, wa
     medians = [_median(row, warmup) for row in samples.cpu().tolist()]
     dist.barrier()
     return medians
+
+
+def time_allgather(sizes_bytes: Sequence[int], repeats: int = 10, group=None, warmup: int = 2) -> list[float]:
+    """Median allgather time per size within `group` (None: the whole world), as `time_allreduce`;
+    a size is the bytes *each rank contributes* (fp32), gathered with `dist.all_gather` into a list
+    of the group's size, as the runtime's top-k exchange (`validator.runtime`) does."""
+    device = _comm_device()
+    members = dist.get_world_size(group)
+    buffers = [_buffer(size, device) for size in sizes_bytes]
+    outputs = [[torch.empty_like(buffer) for _ in range(members)] for buffer in buffers]
+    samples = torch.zeros(len(sizes_bytes), warmup + repeats, dtype=torch.float64, device=device)
+    for repeat in range(warmup + repeats):
+        for position in _size_order(len(buffers), repeat):
+            dist.barrier()
+            _sync(device)
+            start = time.perf_counter()
+            dist.all_gather(outputs[position], buffers[position], group=group)
+            _sync(device)
+            samples[position, repeat] = time.perf_counter() - start
+    dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)
+    medians = [_median(row, warmup) for row in samples.cpu().tolist()]
+    dist.barrier()
+    return medians
+
+
+def time_topk(element_counts: Sequence[int], density: float, repeats: int = 7, device: str = "cpu",
+              warmup: int = 2, *, barrier: Callable[[], None] | None = None,
+              agree: Callable[[int], int] | None = None, min_block_s: float = DEFAULT_MIN_BLOCK_S,
+              seed: int = 0) -> list[dict]:
+    """Time of the runtime's top-k selection with error feedback (`validator.runtime.sparsify`:
+    residual += gradient, torch.topk of the magnitudes with k = ceil(density x n), gather of the
+    values, residual zeroed there, payload packed) on a flat fp32 gradient of each size (median
+    over blocks, `barrier` and `agree` as `time_optimizer`). Returns `[{"num_elements", "median_s"}]`."""
+    from simulator.sparse import topk_count
+    from validator.runtime import sparsify
+    barrier = barrier or (lambda: None)
+    agree = agree or _same
+    device = torch.device(device)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    results = []
+    for count in element_counts:
+        gradient = torch.randn(count, generator=generator).to(device)
+        residual = torch.zeros(count, device=device)
+        k = topk_count(count, density)
+
+        def run(gradient=gradient, residual=residual, k=k):
+            _sync(device)
+            start = time.perf_counter()
+            sparsify(gradient, residual, k)
+            _sync(device)
+            return (time.perf_counter() - start,)
+
+        barrier()
+        (median,) = _time_blocks(run, repeats, warmup, min_block_s, agree)
+        results.append({"num_elements": int(count), "median_s": median})
+    barrier()
+    return results

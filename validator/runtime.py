@@ -7,6 +7,11 @@ The rank interprets its own ordered actions from the very plan the simulator ran
   where the plan says, and its `Collective` (an async allreduce among the stage's G peers) runs
   while the rest of backward continues — the overlap PyTorch DDP gives (Li et al., VLDB 2020);
 - `Compute` opt: wait for the allreduces, average over G, optimizer step.
+Plans with top-k compression (`simulator.sparse`): at a `Compute` topk the bucket just produced
+gets its error-feedback residual added, its k = ceil(rho n) largest magnitudes are kept and the
+rest becomes the new residual (`sparsify`; Lin et al., ICLR 2018; Stich et al., NeurIPS 2018); its
+`Collective` allgather sends the k values + k int32 indices (one fixed-size fp32 tensor) to the G
+peers; the update scatter-adds the G contributions into a dense gradient and averages over G.
 Every group uses the mean loss over its own samples; averaging gradients over the G groups then
 gives exactly the full-batch mean gradient (GHP paper, Proposition 1).
 Timings are spans in the simulator's format (`simulator.engine.SPAN_FIELDS`).
@@ -20,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
+from simulator.sparse import SELECTION_PHASE, topk_count
 from simulator.workload import Workload
 from validator.microbench import make_optimizer
 from validator.models import build_modules, loss_fn, make_batch
@@ -32,6 +38,38 @@ def peer_groups(plan: Plan) -> dict[int, object]:
         ranks = [plan.rank_of(group, stage) for group in range(plan.num_groups)]
         groups[stage] = dist.new_group(ranks) if plan.num_groups > 1 else None
     return groups
+
+
+def sparsify(flat: torch.Tensor, residual: torch.Tensor, k: int) -> torch.Tensor:
+    """Error feedback + top-k on a flat gradient: residual += flat; the k largest |residual| are
+    sent and zeroed in `residual` (which keeps the rest). Returns the payload of the allgather:
+    [k values, k int32 indices viewed as fp32] (2k fp32 words = k x (4 + 4) bytes)."""
+    residual.add_(flat)
+    indices = residual.abs().topk(k, sorted=False).indices
+    values = residual[indices]
+    residual[indices] = 0.0
+    return torch.cat([values, indices.to(torch.int32).view(torch.float32)])
+
+
+def densify(gathered: list[torch.Tensor], num_elements: int) -> torch.Tensor:
+    """Sum of the peers' sparse payloads (`sparsify`) as a dense tensor, added in peer order."""
+    dense = torch.zeros(num_elements, dtype=gathered[0].dtype, device=gathered[0].device)
+    for payload in gathered:
+        k = payload.numel() // 2
+        dense.index_add_(0, payload[k:].view(torch.int32).long(), payload[:k])
+    return dense
+
+
+def layer_output_shapes(workload: Workload, seed: int = 0) -> list[torch.Size]:
+    """Per-sample output shape of every layer, from a two-sample forward on the CPU."""
+    inputs, _ = make_batch(workload, 2, seed=seed)
+    shapes = []
+    with torch.no_grad():
+        x = inputs
+        for module in build_modules(workload, seed=seed):
+            x = module.eval()(x)
+            shapes.append(x.shape[1:])
+    return shapes
 
 
 class RankExecutor:
@@ -51,17 +89,11 @@ class RankExecutor:
         self.groups = peer_groups(plan)
         self.group_batch = int(plan.group_batch)
         self.output_shapes = self._layer_output_shapes()
+        self.density = plan.meta["topk"]["density"] if plan.meta.get("topk") else None
+        self.residuals: dict[tuple[int, int], torch.Tensor] = {}  # bucket layer range -> error feedback
 
     def _layer_output_shapes(self) -> list[torch.Size]:
-        """Per-sample output shape of every layer, from a one-sample forward on the CPU."""
-        inputs, _ = make_batch(self.workload, 2, seed=self.seed)
-        shapes = []
-        with torch.no_grad():
-            x = inputs
-            for module in build_modules(self.workload, seed=self.seed):
-                x = module.eval()(x)
-                shapes.append(x.shape[1:])
-        return shapes
+        return layer_output_shapes(self.workload, self.seed)
 
     # ------------------------------------------------------------------ one step
     def step(self, step_index: int) -> list[tuple]:
@@ -69,10 +101,14 @@ class RankExecutor:
         inputs, targets = make_batch(self.workload, int(self.plan.group_batch * self.plan.num_groups),
                                      seed=self.seed + 1000 + step_index)
         rows = slice(self.group_index * self.group_batch, (self.group_index + 1) * self.group_batch)
-        self.batch = (inputs[rows].to(self.device), targets[rows].to(self.device))
+        # keep only what a data loader would give this rank: its group's rows (own storage, not a
+        # view pinning the whole generated batch), the inputs on the first stage only
+        self.batch = (inputs[rows].clone().to(self.device) if self.stage_index == 0 else None,
+                      targets[rows].clone().to(self.device))
+        del inputs, targets
         self.received, self.pending_sends, self.reductions, self.spans = {}, [], [], []
         self.layer_inputs, self.layer_outputs, self.input_grads = {}, {}, {}
-        self.last_segment = None
+        self.last_segment, self.selected = None, {}
         self.step_start = time.perf_counter()
         for action in self.plan.actions[self.rank]:
             HANDLERS[type(action)](self, action)
@@ -110,6 +146,8 @@ class RankExecutor:
             self._forward()
         elif action.phase == BACKWARD:
             self._backward(action.layer_start, action.layer_end)
+        elif action.phase == SELECTION_PHASE:
+            self._select(action)
         else:
             self._update()
         self._span("compute", action.label, action.phase, start)
@@ -139,14 +177,35 @@ class RankExecutor:
             gradient = self.layer_inputs[layer].grad if self.layer_inputs[layer].requires_grad else None
             self.input_grads[layer] = gradient
         self.last_segment = (layer_start, layer_end)
+        if layer_start == self.layer_start:  # the rank's backward is over: drop the step's feature
+            # maps and gradient maps (autograd would have freed them), all but the gradient to send
+            self.layer_inputs, self.layer_outputs, self.received, self.loss = {}, {}, {}, None
+            self.input_grads = {layer_start: self.input_grads[layer_start]}
+
+    def _bucket_params(self, layer_start: int, layer_end: int) -> list[torch.Tensor]:
+        return [p for module in self.modules[layer_start - self.layer_start:layer_end - self.layer_start]
+                for p in module.parameters()]
+
+    def _select(self, action: Compute) -> None:
+        """Top-k selection with error feedback of the bucket of layers [layer_start, layer_end)."""
+        bucket = (action.layer_start, action.layer_end)
+        params = self._bucket_params(*bucket)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        residual = self.residuals.setdefault(bucket, torch.zeros_like(flat))
+        payload = sparsify(flat, residual, topk_count(flat.numel(), self.density))
+        self.selected[action.id] = (payload, params, flat.numel())
 
     def _collective(self, action: Collective) -> None:
         start = time.perf_counter()
-        layer_start, layer_end = self.last_segment
-        params = [p for module in self.modules[layer_start - self.layer_start:layer_end - self.layer_start]
-                  for p in module.parameters()]
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        work = dist.all_reduce(flat, group=self.groups[self.stage_index], async_op=True)
+        if action.op == "allgather":  # the top-k payload of the selection it depends on
+            payload, params, num_elements = self.selected[action.deps[0]]
+            gathered = [torch.empty_like(payload) for _ in range(self.plan.num_groups)]
+            work = dist.all_gather(gathered, payload, group=self.groups[self.stage_index], async_op=True)
+            flat = (gathered, num_elements)
+        else:
+            params = self._bucket_params(*self.last_segment)
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            work = dist.all_reduce(flat, group=self.groups[self.stage_index], async_op=True)
         finished_at: list[float] = []
         work.get_future().add_done_callback(lambda _future: finished_at.append(time.perf_counter()))
         self.reductions.append((work, flat, params, action, start, finished_at))
@@ -154,7 +213,13 @@ class RankExecutor:
     def _update(self) -> None:
         for work, flat, params, action, start, finished_at in self.reductions:
             work.wait()
-            self._span("comm", action.label, action.op, start, flat.numel() * flat.element_size(),
+            if action.op == "allgather":
+                gathered, num_elements = flat
+                size_bytes = gathered[0].numel() * gathered[0].element_size()  # this rank's contribution
+                flat = densify(gathered, num_elements)
+            else:
+                size_bytes = flat.numel() * flat.element_size()
+            self._span("comm", action.label, action.op, start, size_bytes,
                        end=finished_at[0] if finished_at else None)
             flat /= self.plan.num_groups
             offset = 0
@@ -174,4 +239,4 @@ class RankExecutor:
 HANDLERS = {Recv: RankExecutor._recv, Send: RankExecutor._send, Compute: RankExecutor._compute,
             Collective: RankExecutor._collective}
 
-__all__ = ["RankExecutor", "peer_groups", "OPTIMIZER"]
+__all__ = ["RankExecutor", "layer_output_shapes", "peer_groups", "OPTIMIZER"]

@@ -8,13 +8,16 @@ back into it: they are the held-out test of the prediction.
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 from simulator.compare import with_strategy
 from simulator.model_source import resolve_workload
 from simulator.profile import ProfileCosts, load_profile
 from simulator.records import device_breakdown
 from simulator.scenario import Scenario
+from simulator.schedules.steady_state import steady_state_plan, steady_state_window
 from simulator.simulate import simulate
+from simulator.topology import build_topology
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
 
@@ -31,16 +34,22 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     for kind, groups in specs:
         variant = with_strategy(scenario, kind, groups)
         predicted = simulate(variant, costs=costs, workload=workload)
-        plan = predicted.plan
+        plan, run_options = predicted.plan, options
+        if plan.meta.get("asynchronous"):  # run the steady-state plan and time the window predicted
+            plan = steady_state_plan(variant, workload, build_topology(variant.cluster), costs)
+            run_options = replace(options, steady_state=(plan.workers_per_group,
+                                                         variant.strategy.num_microbatches))
         label = f"{kind} (G={plan.num_groups} x M={plan.workers_per_group})"
         if progress:
             progress(f"running {label} on {plan.num_ranks} ranks")
         config = LaunchConfig(world_size=plan.num_ranks, backend=backend, device=options.device,
                               timeout_s=launch_timeout_s)
-        results = spawn(run_rank, (plan, workload, options), config)
+        results = spawn(run_rank, (plan, workload, run_options), config)
         step_times = results[0]["step_times_s"]
         measured_s = statistics.median(step_times)
         spans = [span for result in results for span in result["spans"]]
+        if run_options.steady_state is not None:
+            spans = steady_state_window(spans, *run_options.steady_state)[0]
         measured_devices = device_breakdown(spans, plan.num_ranks, measured_s)
         rows.append({
             "strategy": label,

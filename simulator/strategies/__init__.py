@@ -1,7 +1,9 @@
 """Strategies compile a scenario into a `Plan` (per-rank ordered actions).
 
-`STRATEGIES` maps `strategy.kind` to the (G, M) grid it runs on; every kind so far is a GHP grid
-(`simulator.strategies.ghp`): dp = (N, 1), mp = (1, N), ghp = (G, N / G).
+`STRATEGIES` maps `strategy.kind` to the (G, M) grid it runs on. dp, mp and ghp are GHP grids
+(`simulator.strategies.ghp`): dp = (N, 1), mp = (1, N), ghp = (G, N / G). The pipeline kinds
+(`simulator.strategies.pipeline`) run G = `num_groups` (default 1) replicas of an M = N / G stage
+pipeline. megatron (`simulator.strategies.tensor`) runs d replicas x p stages x t tensor-parallel ranks.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 from simulator.costs import CostModel
 from simulator.errors import ScenarioError
 from simulator.plan import Plan
-from simulator.strategies.ghp import GridConfig, compile_grid_plan
+from simulator.scenario import PIPELINE_KINDS
+from simulator.strategies.ghp import GridConfig, apply_training_options, compile_grid_plan, training_options
+from simulator.strategies.pipeline import compile_pipeline_plan, pipeline_config
 from simulator.topology import Topology
 from simulator.workload import Workload
 
@@ -26,14 +30,20 @@ def _ghp_grid(num_gpus: int, num_groups: int | None) -> tuple[int, int]:
     return num_groups, num_gpus // num_groups
 
 
-STRATEGIES = {"dp": _dp_grid, "mp": _mp_grid, "ghp": _ghp_grid}
+def _pipeline_grid(num_gpus: int, num_groups: int | None) -> tuple[int, int]:
+    groups = num_groups or 1
+    return groups, num_gpus // groups
+
+
+STRATEGIES = {"dp": _dp_grid, "mp": _mp_grid, "ghp": _ghp_grid,
+              **{kind: _pipeline_grid for kind in PIPELINE_KINDS}}
 
 
 def grid_config(scenario) -> GridConfig:
-    """The GridConfig of a validated `Scenario`."""
+    """The GridConfig of a validated `Scenario` (dp, mp, ghp)."""
     strategy, training = scenario.strategy, scenario.training
-    if strategy.kind not in STRATEGIES:
-        raise ScenarioError(f"strategy.kind: {strategy.kind!r} is not implemented yet")
+    if strategy.kind not in STRATEGIES or strategy.kind in PIPELINE_KINDS:
+        raise ScenarioError(f"strategy.kind: {strategy.kind!r} is not a dp/mp/ghp grid")
     groups, workers = STRATEGIES[strategy.kind](scenario.num_gpus, strategy.num_groups)
     collective = "parameter_server" if strategy.dp_sync == "parameter_server" else strategy.collective
     return GridConfig(
@@ -45,4 +55,11 @@ def grid_config(scenario) -> GridConfig:
 
 
 def compile_plan(scenario, workload: Workload, topology: Topology, costs: CostModel) -> Plan:
-    return compile_grid_plan(grid_config(scenario), workload, topology, costs)
+    if scenario.strategy.kind == "megatron":  # tensor x pipeline x data parallelism
+        from simulator.strategies.tensor import compile_tensor_plan
+        return compile_tensor_plan(scenario, workload, topology, costs)
+    if scenario.strategy.kind in PIPELINE_KINDS:
+        plan = compile_pipeline_plan(pipeline_config(scenario), workload, topology, costs)
+    else:
+        plan = compile_grid_plan(grid_config(scenario), workload, topology, costs)
+    return apply_training_options(plan, workload, **training_options(scenario))

@@ -10,13 +10,14 @@ DP is G = N, M = 1; MP is G = 1, M = N.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from simulator.collectives import p2p_time_s
 from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.errors import ScenarioError
+from simulator.heterogeneity import stage_compute_s
 from simulator.partition import balanced_partition, explicit_partition
 from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
 from simulator.topology import Topology
@@ -91,8 +92,8 @@ def _partition(config, workload, topology, costs, rank_to_device, group_batch):
     num_layers, num_stages = workload.num_layers, config.workers_per_group
     if config.partition != "balanced":
         return explicit_partition(config.partition, num_layers, num_stages)
-    compute = np.array([costs.compute_s(i, FORWARD, group_batch) + costs.compute_s(i, BACKWARD, group_batch)
-                        for i in range(num_layers)])
+    compute = stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages, num_layers,
+                              group_batch)
     boundary_bytes = np.array([layer.output_elements_per_sample for layer in workload.layers],
                               dtype=float) * group_batch * dtype_bytes(config.dtype)
     input_bytes = np.array([layer.input_elements_per_sample for layer in workload.layers],
@@ -183,3 +184,94 @@ class _ActionList:
         action_id = len(self.actions)
         self.actions.append(kind(id=action_id, **fields))
         return action_id
+
+
+# ----------------------------------------------------------------------------- training options
+
+def training_options(scenario) -> dict:
+    """Keyword arguments of `apply_training_options` from a scenario. memory_policy "laysa"
+    implies top-k compression (LaySA = memory reuse + sparse communication)."""
+    strategy, training = scenario.strategy, scenario.training
+    topk = strategy.gradient_compression == "topk" or training.memory_policy == "laysa"
+    return {"recompute": training.recompute, "gradient_compression": "topk" if topk else "none",
+            "compression_density": strategy.compression_density, "dtype": training.dtype,
+            "optimizer": training.optimizer}
+
+
+def recompute_ranges(workload: Workload, layer_start: int, layer_end: int, mode: str) -> list[tuple[int, int]]:
+    """Layer ranges of [layer_start, layer_end) re-run forward before their backward.
+
+    full: all of them (checkpoints at the backward segment's first input, Chen et al. 2016);
+    selective: each run of attention layers (their internals are dropped in forward and
+    recomputed, Korthikanti et al. 2022; at layer granularity the whole block's forward is re-run,
+    an upper bound on the cost); none: nothing.
+    """
+    if mode == "full":
+        return [(layer_start, layer_end)]
+    if mode != "selective":
+        return []
+    ranges, start = [], None
+    for index in range(layer_start, layer_end + 1):
+        attention = index < layer_end and workload.layers[index].kind == "attention"
+        if attention and start is None:
+            start = index
+        elif not attention and start is not None:
+            ranges.append((start, index))
+            start = None
+    return ranges
+
+
+def apply_training_options(plan: Plan, workload: Workload, recompute: str = "none",
+                           gradient_compression: str = "none", compression_density: float = 0.01,
+                           dtype: str = "fp32", optimizer: str = "sgd") -> Plan:
+    """Any plan with activation recomputation and/or top-k sparse gradient exchange.
+
+    Recompute: a `Compute(phase="F")` of the recomputed layers right before each backward
+    segment (ids in `meta["recompute_actions"][rank]`). Top-k: each dense `allreduce` becomes a
+    top-k selection pass (`Compute(phase="topk")` over the bucket's `num_params` gradient elements,
+    ids in `meta["selection_actions"][rank]`, see `simulator.sparse`) followed by an `allgather` of k values + k indices per rank; the dense
+    size of each exchange is kept in `meta["topk"]["dense_bytes"]`.
+    """
+    if recompute == "none" and gradient_compression == "none":
+        return plan
+    from simulator.sparse import INDEX_BYTES, SELECTION_PHASE, sparse_payload_bytes
+    element_bytes = dtype_bytes(dtype)
+    meta = {**plan.meta, "recompute": recompute, "recompute_actions": {}, "selection_actions": {}}
+    dense_bytes: dict[str, float] = {}
+    new_actions = []
+    for rank, actions in enumerate(plan.actions):
+        by_id = {action.id: action for action in actions}
+        builder, remap = _ActionList(), {}
+        recomputed, selections = [], []
+        for action in actions:
+            deps = tuple(remap[dep] for dep in getattr(action, "deps", ()))
+            if isinstance(action, Compute) and action.phase == BACKWARD:
+                for start, end in recompute_ranges(workload, action.layer_start, action.layer_end, recompute):
+                    recomputed.append(builder.add(Compute, phase=FORWARD, layer_start=start, layer_end=end,
+                                                  batch=action.batch, microbatch=action.microbatch))
+            if isinstance(action, Collective) and action.op == "allreduce" and gradient_compression == "topk":
+                source = next((by_id[d] for d in action.deps if isinstance(by_id[d], Compute)), None)
+                stage = plan.stages[plan.grid_position(rank)[1]]
+                first, last = (source.layer_start, source.layer_end) if source else (stage.layer_start, stage.layer_end)
+                selections.append(builder.add(
+                    Compute, phase=SELECTION_PHASE, layer_start=first, layer_end=last, batch=0.0,
+                    microbatch=source.microbatch if source else 0, deps=deps,
+                    num_params=round(action.size_bytes / element_bytes)))
+                key = ("allgather", *action.key[1:])
+                dense_bytes[repr(key)] = action.size_bytes
+                remap[action.id] = builder.add(
+                    Collective, op="allgather", ranks=action.ranks, key=key, deps=(selections[-1],),
+                    size_bytes=sparse_payload_bytes(action.size_bytes, compression_density, element_bytes),
+                    algorithm="ring", label=action.label.replace("allreduce", "allgather"))
+                continue
+            fields = {name: getattr(action, name) for name in action.__dataclass_fields__ if name != "id"}
+            if "deps" in fields:
+                fields["deps"] = deps
+            remap[action.id] = builder.add(type(action), **fields)
+        meta["recompute_actions"][rank] = recomputed
+        meta["selection_actions"][rank] = selections
+        new_actions.append(tuple(builder.actions))
+    if gradient_compression == "topk":
+        meta["topk"] = {"density": compression_density, "value_bytes": element_bytes,
+                        "index_bytes": INDEX_BYTES, "dense_bytes": dense_bytes}
+    return replace(plan, actions=tuple(new_actions), meta=meta)

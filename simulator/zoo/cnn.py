@@ -72,6 +72,8 @@ def classifier_head(name: str, channels: int, hw: HW, num_classes: int, *,
     if pre_activation:
         t.norm(channels, elems)
         t.relu(elems)
+    else:  # the input is the previous block's final ReLU output, which that ReLU keeps for its
+        t.saved += elems  # backward; the global pool (a mean) keeps nothing, so count it here
     t.avgpool(elems)
     t.linear(channels, num_classes)
     spec = {"kind": "classifier_head", "in_channels": channels, "input_hw": list(hw),

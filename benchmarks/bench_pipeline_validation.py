@@ -1,0 +1,79 @@
+"""Pipeline schedules, predicted vs measured on this CPU machine (issue: pipelines). Prints figures.
+
+For each model (MLP, narrow ResNet-20, small transformer) and pipeline depth p in (2, 4): calibrate
+a profile from microbenchmarks at world size p (optimizer momentum, which SpecTrain needs), then
+run gpipe, 1f1b, interleaved_1f1b (v = 2), pipedream (weight stashing) and spectrain with m
+micro-batches for real and in simulation. Synchronous kinds: median step makespan; asynchronous
+kinds: the steady-state window (see validator/measure.py). The validated runs never enter the
+profile. Writes reports/validation_pipelines_cpu.csv.
+Run: python benchmarks/bench_pipeline_validation.py [--steps 6] [--reuse-profiles]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.model_source import resolve_workload
+from simulator.output import write_text_atomic
+from simulator.scenario import load_scenario
+from validator.calibrate import calibrate
+from validator.measure import RunOptions
+from validator.validate import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("mlp_cpu", "resnet_cpu", "transformer_cpu")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--stages", default="2,4")
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--schedules", default=",".join(SCHEDULES))
+    parser.add_argument("--reuse-profiles", action="store_true", help="use existing momentum profiles")
+    parser.add_argument("--out", default=str(ROOT / "reports" / "validation_pipelines_cpu.csv"))
+    args = parser.parse_args()
+    rows = []
+    for name in args.models.split(","):
+        for stages in (int(p) for p in args.stages.split(",")):
+            overrides = [f"cluster.gpus_per_node={stages}", "training.optimizer=momentum",
+                         f"training.global_batch_size={16 * stages}"]
+            scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml", overrides)
+            workload = resolve_workload(scenario.model, scenario.base_dir)
+            profile = ROOT / "reports" / "profiles" / f"{name}_ws{stages}_momentum.json"
+            if not (args.reuse_profiles and profile.exists()):
+                calibrate(workload, dict(scenario.model.params), profile, world_size=stages,
+                          optimizer="momentum", verbose=False)
+            kinds = args.schedules.split(",")
+            result_rows = []
+            for group, extra in ((tuple(k for k in kinds if k != "interleaved_1f1b"), []),
+                                 (tuple(k for k in kinds if k == "interleaved_1f1b"), ["strategy.num_virtual_stages=2"])):
+                if not group or (extra and 2 * stages > workload.num_layers):
+                    continue
+                variant = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml", overrides + extra)
+                specs = [(f"{kind}:{args.microbatches}", None) for kind in group]
+                result_rows += validate(variant, str(profile), specs,
+                                        RunOptions(steps=args.steps, warmup=2, optimizer="momentum"))["rows"]
+            result = {"rows": result_rows}
+            for row in result["rows"]:
+                row["model"] = name
+                rows.append(row)
+                print(f"{name:16s} p={stages} {row['strategy']:30s} predicted {row['predicted_s'] * 1e3:8.2f} ms "
+                      f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} %", flush=True)
+    frame = pd.DataFrame(rows)
+    write_text_atomic(args.out, frame.to_csv(index=False))
+    errors = frame["error_pct"].abs()
+    print(f"\ncases {len(frame)} | MAPE {errors.mean():.1f} % (target <= 10) | worst {errors.max():.1f} % "
+          f"(target <= 20) | median |error| {statistics.median(errors):.1f} %")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Fabric builders for `cluster.topology` (the shapes and routing rules are described in
+`simulator.topology`): fat-tree, rail-optimised, 2D torus and graph files; two-tier is
+`Topology`'s own constructor."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import networkx as nx
+
+from simulator.errors import ScenarioError
+from simulator.graph_file import read_graph_file
+from simulator.hardware import LinkSpec
+from simulator.topology import (INTER, Topology, device_name, nic_name, node_switch_name)
+
+
+def build_fabric(cluster, base_dir: str = ".") -> Topology:
+    """The links of a `ClusterConfig`'s fabric (without heterogeneity or degraded links)."""
+    args = (cluster.num_nodes, cluster.gpus_per_node, cluster.intra_node_link, cluster.inter_node_link,
+            cluster.nics_per_node)
+    if cluster.topology == "two_tier":
+        return Topology(*args)
+    if cluster.topology == "fat_tree":
+        return fat_tree(*args, k=cluster.fat_tree_k)
+    if cluster.topology == "rail_optimized":
+        return rail_optimized(*args)
+    if cluster.topology == "torus_2d":
+        return torus_2d(*args, shape=cluster.torus_shape)
+    path = Path(cluster.topology_file)
+    return from_graph(read_graph_file(path if path.is_absolute() else Path(base_dir) / path),
+                      cluster.num_nodes, cluster.gpus_per_node)
+
+
+def _with_nics(num_nodes, gpus_per_node, intra, inter, nics_per_node, kind, hops) -> Topology:
+    """Node switches plus NIC vertices; GPU i of a node has a direct edge to its NIC."""
+    if gpus_per_node % nics_per_node:
+        raise ScenarioError(f"cluster.nics_per_node: {nics_per_node} does not divide cluster.gpus_per_node "
+                            f"{gpus_per_node} (topology {kind} gives each NIC the same number of GPUs)")
+    topology = Topology.empty(num_nodes, gpus_per_node, kind, hops)
+    topology.nics_per_node = nics_per_node
+    topology._add_node_switches(intra)
+    for device in range(topology.num_devices):
+        node = topology.node_of(device)
+        nic = nic_name(node, _nic_of(topology, device))
+        topology.owner[nic] = node
+        topology.add_duplex(device_name(device), nic, INTER, 0.0, inter.bandwidth_bytes_per_s)
+    return topology
+
+
+def _nic_of(topology: Topology, device: int) -> int:
+    return device % topology.gpus_per_node * topology.nics_per_node // topology.gpus_per_node
+
+
+def fat_tree(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpec, nics_per_node: int = 1,
+             k: int | None = None) -> Topology:
+    """k-ary fat-tree of the nodes' NICs; k defaults to the smallest even k with k^3/4 >= NICs."""
+    hosts = num_nodes * nics_per_node
+    if k is None:
+        k = 2
+        while k ** 3 // 4 < hosts:
+            k += 2
+    if k % 2 or k ** 3 // 4 < hosts:
+        raise ScenarioError(f"cluster.fat_tree_k: {k} must be even with k^3/4 >= the {hosts} NICs "
+                            "(num_nodes x nics_per_node)")
+    topology = _with_nics(num_nodes, gpus_per_node, intra, inter, nics_per_node, "fat_tree", _fat_tree_hops)
+    topology.fat_tree_k, half = k, k // 2
+    bandwidth = inter.bandwidth_bytes_per_s
+    num_pods = math.ceil(hosts / (half * half))
+    for host in range(hosts):
+        topology.add_duplex(nic_name(*divmod(host, nics_per_node)), _edge(host, half), INTER,
+                            inter.latency_s / 2, bandwidth)
+    for pod in range(num_pods):
+        for agg in range(half):
+            for edge in range(half):
+                topology.add_duplex(f"edge{pod}.{edge}", f"agg{pod}.{agg}", INTER, 0.0, bandwidth)
+            for core in range(half):
+                topology.add_duplex(f"agg{pod}.{agg}", f"core{agg}.{core}", INTER, 0.0, bandwidth)
+    return topology
+
+
+def _edge(host: int, half: int) -> str:
+    pod, edge = divmod(host // half, half)
+    return f"edge{pod}.{edge}"
+
+
+def _fat_tree_hops(topology: Topology, source: int, target: int) -> list[str]:
+    half, nics = topology.fat_tree_k // 2, topology.nics_per_node
+    hs = topology.node_of(source) * nics + _nic_of(topology, source)
+    ht = topology.node_of(target) * nics + _nic_of(topology, target)
+    up, down = [device_name(source), nic_name(*divmod(hs, nics))], [nic_name(*divmod(ht, nics)), device_name(target)]
+    pod_s, pod_t = hs // (half * half), ht // (half * half)
+    agg = ht % half
+    if hs // half == ht // half:
+        middle = [_edge(hs, half)]
+    elif pod_s == pod_t:
+        middle = [_edge(hs, half), f"agg{pod_s}.{agg}", _edge(ht, half)]
+    else:
+        core = f"core{agg}.{ht // half % half}"
+        middle = [_edge(hs, half), f"agg{pod_s}.{agg}", core, f"agg{pod_t}.{agg}", _edge(ht, half)]
+    return up + middle + down
+
+
+def rail_optimized(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpec,
+                   nics_per_node: int = 1) -> Topology:
+    """NIC j of every node on rail switch j; no spine (a rail-only network)."""
+    topology = _with_nics(num_nodes, gpus_per_node, intra, inter, nics_per_node, "rail_optimized", _rail_hops)
+    for node in range(num_nodes):
+        for nic in range(nics_per_node):
+            topology.add_duplex(nic_name(node, nic), f"rail{nic}", INTER, inter.latency_s / 2,
+                                inter.bandwidth_bytes_per_s)
+    return topology
+
+
+def _rail_hops(topology: Topology, source: int, target: int) -> list[str]:
+    rail = _nic_of(topology, target)
+    node_s, node_t = topology.node_of(source), topology.node_of(target)
+    hops = [device_name(source)]
+    if _nic_of(topology, source) != rail:  # PXN: over NVLink to the GPU on the target's rail
+        proxy = node_s * topology.gpus_per_node + rail * topology.gpus_per_node // topology.nics_per_node
+        hops += [node_switch_name(node_s), device_name(proxy)]
+    return hops + [nic_name(node_s, rail), f"rail{rail}", nic_name(node_t, rail), device_name(target)]
+
+
+def torus_2d(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpec, nics_per_node: int = 1,
+             shape: tuple[int, int] | None = None) -> Topology:
+    """Node switches on an R x C torus; `shape` defaults to the most nearly square R <= C."""
+    if shape is None:
+        rows = max(r for r in range(1, math.isqrt(num_nodes) + 1) if num_nodes % r == 0)
+        shape = (rows, num_nodes // rows)
+    rows, cols = shape
+    if rows * cols != num_nodes:
+        raise ScenarioError(f"cluster.torus_shape: {list(shape)} does not hold the {num_nodes} nodes")
+    topology = Topology.empty(num_nodes, gpus_per_node, "torus_2d", _torus_hops)
+    topology.torus_shape = (rows, cols)
+    topology._add_node_switches(intra)
+    bandwidth = inter.bandwidth_bytes_per_s * nics_per_node
+    for row in range(rows):
+        for col in range(cols):
+            here = node_switch_name(row * cols + col)
+            for neighbour, size in ((row * cols + (col + 1) % cols, cols), (((row + 1) % rows) * cols + col, rows)):
+                there = node_switch_name(neighbour)
+                if size > 1 and not topology.graph.has_edge(here, there):
+                    topology.add_duplex(here, there, INTER, inter.latency_s, bandwidth)
+    return topology
+
+
+def _torus_hops(topology: Topology, source: int, target: int) -> list[str]:
+    rows, cols = topology.torus_shape
+    row, col = divmod(topology.node_of(source), cols)
+    row_t, col_t = divmod(topology.node_of(target), cols)
+    hops = [device_name(source), node_switch_name(row * cols + col)]
+    for size, is_col in ((cols, True), (rows, False)):
+        here, there = (col, col_t) if is_col else (row, row_t)
+        step = 1 if (there - here) % size <= size // 2 else -1
+        while here != there:
+            here = (here + step) % size
+            node = row * cols + here if is_col else here * cols + col_t
+            hops.append(node_switch_name(node))
+    return hops + [device_name(target)]
+
+
+def from_graph(graph: nx.Graph, num_nodes: int, gpus_per_node: int) -> Topology:
+    """A topology from a graph whose edges carry `tier`, `latency_s`, `bandwidth_bytes_per_s`;
+    vertices gpu0 .. gpu{N-1} are the devices (device d on node d // gpus_per_node)."""
+    topology = Topology.empty(num_nodes, gpus_per_node, "graph_file", _graph_hops)
+    missing = [device_name(d) for d in range(topology.num_devices) if device_name(d) not in graph]
+    if missing:
+        raise ScenarioError(f"cluster.topology_file: the graph has no vertex {missing[0]} (it needs gpu0 .. "
+                            f"gpu{topology.num_devices - 1} for num_nodes x gpus_per_node devices)")
+    for device in range(topology.num_devices):
+        topology.owner[device_name(device)] = topology.node_of(device)
+    for a, b, data in graph.edges(data=True):
+        add = topology.add_link if graph.is_directed() else topology.add_duplex
+        add(str(a), str(b), data["tier"], data["latency_s"], data["bandwidth_bytes_per_s"])
+    return topology
+
+
+def _graph_hops(topology: Topology, source: int, target: int) -> list[str]:
+    try:
+        return nx.shortest_path(topology.graph, device_name(source), device_name(target))
+    except nx.NetworkXNoPath:
+        raise ScenarioError(f"cluster.topology_file: no path from {device_name(source)} to "
+                            f"{device_name(target)}") from None

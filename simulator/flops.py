@@ -1,0 +1,30 @@
+"""Achieved FLOP/s per GPU and model FLOPs utilisation (MFU) of a simulated step.
+
+Model FLOPs of a step = the workload's exact forward + backward FLOPs per sample (the zoo's
+per-layer counts: 2 FLOPs per multiply-add; backward = 2 x forward for layers with weights, so
+for a transformer about 6 x parameters x tokens plus attention's s^2 terms) x the global batch.
+They do not depend on the strategy: recomputed forwards, replicated work of tensor-parallel
+ranks and optimizer updates are not counted (MFU, Chowdhery et al. 2022, PaLM, appendix B;
+the "model FLOPs" of Korthikanti et al. 2022, sec. 6).
+
+    achieved FLOP/s per GPU = model FLOPs / (step time x N)
+    MFU = achieved FLOP/s per GPU / mean dense peak FLOP/s of the N GPUs (training dtype)
+"""
+
+from __future__ import annotations
+
+
+def peak_flops_per_s(cluster, dtype: str) -> float:
+    """Mean dense peak FLOP/s of the cluster's devices for `dtype` (mixed GPU types averaged)."""
+    gpus = [cluster.node_gpus.get(node, cluster.gpu) for node in range(cluster.num_nodes)]
+    return sum(gpu.peak_for(dtype) for gpu in gpus) / len(gpus)
+
+
+def flops_summary(scenario, workload, step_time_s: float) -> dict:
+    """model_flops_per_step, achieved_tflops_per_gpu (1e12 FLOP/s), mfu (fraction of peak)."""
+    model_flops = workload.flops_per_sample * scenario.training.global_batch_size
+    if step_time_s <= 0:
+        return {"model_flops_per_step": model_flops, "achieved_tflops_per_gpu": float("inf"), "mfu": float("inf")}
+    per_gpu = model_flops / step_time_s / scenario.num_gpus
+    return {"model_flops_per_step": model_flops, "achieved_tflops_per_gpu": per_gpu / 1e12,
+            "mfu": per_gpu / peak_flops_per_s(scenario.cluster, scenario.training.dtype)}

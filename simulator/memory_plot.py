@@ -1,0 +1,61 @@
+"""Memory timeline per device (matplotlib, Agg): bytes in use by category over one step."""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from simulator.memory import CATEGORIES, memory_config, memory_timeline, rank_memory  # noqa: E402
+
+MAX_PANELS = 8
+GIB = 2**30
+
+
+def plot_memory_timeline(frame: pd.DataFrame, axis, capacity_bytes: float | None = None) -> None:
+    """Stacked step plot of `frame` (`simulator.memory.memory_timeline`: time_s, categories) on `axis`."""
+    shown = [c for c in CATEGORIES if c in frame and frame[c].abs().max() > 0]
+    times_ms = frame["time_s"] * 1e3
+    axis.stackplot(times_ms, *[frame[c] / GIB for c in shown], labels=shown, step="post", alpha=0.85)
+    if capacity_bytes is not None and capacity_bytes < float("inf"):
+        axis.axhline(capacity_bytes / GIB, color="black", linestyle="--", linewidth=1, label="capacity")
+    peak = frame["total_bytes"].max()
+    axis.axhline(peak / GIB, color="tab:red", linewidth=0.8, label=f"peak {peak / GIB:.2f} GiB")
+    axis.set_xlabel("time in step (ms)")
+    axis.set_ylabel("GiB")
+    axis.legend(fontsize=6, loc="upper left", ncol=2)
+
+
+def write_memory_plot(result, path: str | Path) -> Path:
+    """One panel per device (the first MAX_PANELS ranks) of a `SimulationResult`, as a PNG."""
+    config = memory_config(result.scenario)
+    ranks = rank_memory(result.plan, result.workload, result.spans, config)[:MAX_PANELS]
+    end_s = float(result.spans["end_s"].max()) if len(result.spans) else 0.0
+    figure, axes = plt.subplots(len(ranks), 1, figsize=(8, 2.4 * len(ranks)), squeeze=False)
+    for axis, memory in zip(axes[:, 0], ranks):
+        plot_memory_timeline(memory_timeline(memory, end_s), axis, config.capacity_bytes)
+        axis.set_title(f"rank {memory.rank}", fontsize=8)
+    figure.suptitle(f"{result.summary['scenario']}: memory per device "
+                    f"(policy {config.memory_policy}, recompute {config.recompute})", fontsize=9)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(buffer.getvalue())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path

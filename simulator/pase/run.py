@@ -1,0 +1,115 @@
+"""`ghpsim search` without the printing: a scenario's graph, r, the three strategies and their runs.
+
+For p devices (the first p of the scenario's cluster: nodes of `gpus_per_node`, so p must be at
+most one node's GPUs or a multiple of them), r = peak FLOP/s of the scenario's GPU at its dtype /
+the bandwidth of the slower link tier the p devices span (the intra-node link inside one node;
+the slower of it and `nics_per_node` x the inter-node link across nodes). PaSE's cost converted
+to seconds is F / peak FLOP/s (compute at peak, communication at that bandwidth). Each strategy
+is also compiled into a plan (`simulator.strategies.pase_plan`) and played by the engine on the
+p-device cluster with the scenario's analytic costs (roofline with per-kind efficiency,
+contention on links, latencies), giving the simulated step time.
+"""
+
+from __future__ import annotations
+
+import time
+
+from simulator.costs import AnalyticCosts
+from simulator.engine import Engine
+from simulator.errors import ScenarioError
+from simulator.model_source import resolve_workload
+from simulator.pase.cost import CostSettings, strategy_breakdown
+from simulator.pase.graph import Graph, describe
+from simulator.pase.graphs import EXTRA_GRAPHS, graph_from_workload
+from simulator.pase.search import (MAX_TABLE_ENTRIES, baseline_configs, build_problem, choice_of,
+                                   dynamic_program)
+from simulator.scenario import Scenario
+from simulator.strategies.pase_plan import compile_pase_plan
+from simulator.topology import Topology
+from simulator.workload import dtype_bytes
+
+STRATEGY_NAMES = ("pase", "expert", "dp")
+
+
+def graph_for_scenario(scenario: Scenario) -> Graph:
+    """The scenario's model as a graph: InceptionV3 by name, else the zoo/table workload's layers."""
+    batch = scenario.training.global_batch_size
+    name = (scenario.model.name or "").lower()
+    if name in EXTRA_GRAPHS:
+        return EXTRA_GRAPHS[name](batch, **scenario.model.params)
+    return graph_from_workload(resolve_workload(scenario.model, scenario.base_dir), batch)
+
+
+def check_gpus(scenario: Scenario, num_devices: int) -> None:
+    per_node = scenario.cluster.gpus_per_node
+    if num_devices < 1 or num_devices > scenario.num_gpus:
+        raise ScenarioError(f"--gpus: {num_devices} is not between 1 and the scenario's {scenario.num_gpus} GPUs")
+    if num_devices > per_node and num_devices % per_node:
+        raise ScenarioError(f"--gpus: {num_devices} spans part of a node; use at most {per_node} "
+                            f"(cluster.gpus_per_node) or a multiple of it")
+
+
+def link_for(scenario: Scenario, num_devices: int) -> tuple[str, float]:
+    """(name, bytes/s) of the slower link tier that p devices span."""
+    cluster = scenario.cluster
+    intra = (cluster.intra_node_link.name, cluster.intra_node_link.bandwidth_bytes_per_s)
+    if num_devices <= cluster.gpus_per_node:
+        return intra
+    inter = (cluster.inter_node_link.name,
+             cluster.inter_node_link.bandwidth_bytes_per_s * cluster.nics_per_node)
+    return min(intra, inter, key=lambda item: item[1])
+
+
+def sub_topology(scenario: Scenario, num_devices: int) -> Topology:
+    cluster = scenario.cluster
+    per_node = min(num_devices, cluster.gpus_per_node)
+    return Topology(num_devices // per_node, per_node, cluster.intra_node_link, cluster.inter_node_link,
+                    cluster.nics_per_node)
+
+
+def search_point(scenario: Scenario, graph: Graph, num_devices: int, simulate: bool = True,
+                 max_table_entries: int = MAX_TABLE_ENTRIES) -> dict:
+    """PaSE, expert and DP on p devices: cost, seconds, speedup over DP, search time, simulation."""
+    check_gpus(scenario, num_devices)
+    peak = scenario.cluster.gpu.peak_for(scenario.training.dtype)
+    link, bandwidth = link_for(scenario, num_devices)
+    settings = CostSettings(num_devices, dtype_bytes(scenario.training.dtype), peak / bandwidth)
+    started = time.perf_counter()
+    problem = build_problem(graph, settings)
+    solution = dynamic_program(problem, max_table_entries)
+    search_s = time.perf_counter() - started
+    strategies = {"pase": [tuple(int(c) for c in problem.configs[v][i]) for v, i in enumerate(solution.choice)]}
+    rows, times = [], {"pase": search_s}
+    for name in ("expert", "dp"):
+        started = time.perf_counter()
+        strategies[name] = baseline_configs(graph, num_devices, name)
+        choice_of(problem, strategies[name])
+        times[name] = time.perf_counter() - started
+    for name in STRATEGY_NAMES:
+        row = {"strategy": name, **strategy_breakdown(graph, strategies[name], settings), "search_s": times[name]}
+        row["analytic_s"] = row["cost_flops"] / peak
+        if simulate:
+            row["simulated_step_s"] = simulate_strategy(scenario, graph, strategies[name], num_devices)
+        row["configs"] = {v.name: describe(v, c) for v, c in zip(graph.vertices, strategies[name])}
+        rows.append(row)
+    dp = rows[-1]
+    for row in rows:
+        row["speedup_vs_dp"] = dp["cost_flops"] / row["cost_flops"]
+        if simulate:
+            row["simulated_speedup_vs_dp"] = dp["simulated_step_s"] / row["simulated_step_s"]
+    return {"num_gpus": num_devices, "link": link, "r_flops_per_byte": settings.flops_per_byte,
+            "num_vertices": graph.num_vertices, "num_edges": len(graph.edges),
+            "max_dependent_set": solution.max_dependent_set, "largest_table_entries": solution.largest_table,
+            "configs_per_vertex_max": max(len(c) for c in problem.configs), "results": rows}
+
+
+def simulate_strategy(scenario: Scenario, graph: Graph, strategy, num_devices: int) -> float:
+    """Step time of a strategy's plan played by the engine (analytic roofline costs)."""
+    topology = sub_topology(scenario, num_devices)
+    training = scenario.training
+    plan, workload = compile_pase_plan(graph, strategy, num_devices, dtype_bytes(training.dtype),
+                                       topology.gpus_per_node)
+    costs = AnalyticCosts(workload, scenario.cluster.gpu, training.dtype, training.optimizer,
+                          scenario.costs.efficiency)
+    result = Engine(plan, topology, costs).run()
+    return max((span[5] for span in result.spans), default=0.0)

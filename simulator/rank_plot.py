@@ -1,0 +1,51 @@
+"""The planner's ranking as a horizontal bar plot (matplotlib, Agg): step time per candidate,
+fastest on top, candidates that do not fit in device memory hatched, heuristic picks marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from simulator.output import write_figure_atomic  # noqa: E402
+
+MAX_BARS = 40
+
+
+def plot_ranking(frame: pd.DataFrame, axis, picks: dict[str, str] | None = None) -> None:
+    """Bars of `frame` (planner rows, ranked) on `axis`; `picks` maps a label to the heuristics
+    that chose it (written after its bar)."""
+    shown = frame.head(MAX_BARS)
+    positions = range(len(shown))
+    colors = ["tab:blue" if fits else "lightgrey" for fits in shown["fits"]]
+    bars = axis.barh(list(positions), shown["step_time_s"] * 1e3, color=colors, edgecolor="black", linewidth=0.4)
+    for bar, fits in zip(bars, shown["fits"]):
+        if not fits:
+            bar.set_hatch("//")
+    axis.set_yticks(list(positions))
+    axis.set_yticklabels([f"{rank}. {label}" for rank, label in zip(shown["rank"], shown["label"])], fontsize=7)
+    axis.invert_yaxis()
+    axis.set_xlabel("simulated step time (ms)")
+    for position, (label, step_s) in enumerate(zip(shown["label"], shown["step_time_s"])):
+        note = (picks or {}).get(label)
+        if note:
+            axis.text(step_s * 1e3, position, f"  <- {note}", va="center", fontsize=7, color="tab:red")
+    if len(frame) > MAX_BARS:
+        axis.set_title(f"first {MAX_BARS} of {len(frame)} candidates", fontsize=8)
+
+
+def write_ranking_plot(frame: pd.DataFrame, path: str | Path, title: str, picks: dict[str, str] | None = None) -> Path:
+    """Draw `plot_ranking` into a PNG, written atomically (temp file + rename)."""
+    height = 1.2 + 0.22 * min(len(frame), MAX_BARS)
+    figure, axis = plt.subplots(figsize=(8, height))
+    plot_ranking(frame, axis, picks)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    try:
+        return write_figure_atomic(path, figure, dpi=120)
+    finally:
+        plt.close(figure)

@@ -1,0 +1,6 @@
+"""`ghpsim report`: one self-contained HTML report (and a Markdown twin) of a scenario, a compare
+or simulate result, a sweep or a validation table.
+
+inputs.py (detect and load INPUT) -> build.py + *_section(s).py (sections of tables and figures,
+plots.py draws) -> render.py (jinja2 templates, atomic writes) ; command.py is the CLI verb.
+"""

@@ -1,0 +1,46 @@
+"""The `ghpsim report INPUT --out DIR` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from simulator.report.inputs import KINDS_HELP
+
+COMMAND = "report"
+
+
+def add_parser(commands) -> None:
+    from simulator.cli import _add_scenario_args
+
+    parser = commands.add_parser(COMMAND, help="an HTML + Markdown report of a scenario or a result file")
+    parser.add_argument("input", metavar="INPUT", help=KINDS_HELP)
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for report.html, report.md, "
+                        "figures/ and traces/")
+    parser.add_argument("--title", help="report title (default: ghpsim report: <scenario or file name>)")
+    parser.add_argument("--strategies", default="dp,mp,ghp",
+                        help="scenario INPUT: strategies to compare (comma list of dp, mp, ghp, ghp:G)")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="scenario INPUT: simulate with this calibration profile's costs")
+    _add_scenario_args(parser, scenario=False)
+
+
+def run(args) -> int:
+    from simulator.report.build import build_report  # matplotlib: imported only when a report is made
+    from simulator.report.inputs import load_report_input
+    from simulator.report.render import HTML_NAME, MARKDOWN_NAME, write_report
+
+    if not args.json:
+        print(f"building the report of {args.input} ...", file=sys.stderr)
+    data = load_report_input(args.input, args.overrides, args.strategies, args.profile)
+    report = build_report(data, args.title)
+    paths = write_report(report, args.out)
+    html = next(path for path in paths if path.name == HTML_NAME)
+    markdown = next(path for path in paths if path.name == MARKDOWN_NAME)
+    figures = [section_figure.id for section in report.sections for section_figure in section.figures]
+    if args.json:
+        print(json.dumps({"kind": data.kind, "html": str(html), "markdown": str(markdown),
+                          "figures": figures, "files": [str(path) for path in paths]}, indent=1))
+    else:
+        print(f"report written to {html} and {markdown} ({len(figures)} figures, {len(paths)} files)")
+    return 0

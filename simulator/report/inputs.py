@@ -1,0 +1,164 @@
+"""What a report is made from: the INPUT of `ghpsim report`, detected and loaded into one shape.
+
+INPUT kinds: a scenario YAML (simulated here with dp, mp and ghp), a `ghpsim compare --json` or
+`ghpsim simulate --json` result, a sweep table (`ghpsim sweep`'s results.csv, or its folder) and a
+validation table (`ghpsim validate`'s reports/validation/<scenario>.csv, or its `--json` output).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.compare import _feasible_groups, compare, parse_strategy_specs, with_strategy
+from simulator.errors import ScenarioError
+from simulator.model_source import resolve_workload
+from simulator.profile import ProfileCosts, load_profile
+from simulator.scenario import Scenario, load_scenario
+from simulator.simulate import SimulationResult, naming_source, simulate
+from simulator.tables import strategy_label
+
+SWEEP_COLUMNS = ("step_time_s", "throughput_samples_per_s", "speedup", "num_gpus", "strategy", "status")
+VALIDATION_COLUMNS = ("strategy", "predicted_s", "measured_s", "error_pct")
+KINDS_HELP = ("a scenario (.yaml), a compare/simulate result (.json), a sweep table (.csv or its folder) "
+              "or a validation table (.csv)")
+
+
+@dataclass
+class ReportInput:
+    """Everything a report can show; `kind` is scenario, compare, simulate, sweep or validation."""
+
+    kind: str
+    source: str
+    title: str
+    scenario: Scenario | None = None
+    summaries: list[dict] = field(default_factory=list)
+    spans: dict[str, pd.DataFrame] = field(default_factory=dict)
+    """Span table per strategy label (only when simulated here)."""
+    table: pd.DataFrame | None = None
+    """Sweep or validation rows."""
+    num_params: int | None = None
+    num_layers: int | None = None
+    profile: str | None = None
+
+
+def load_report_input(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
+                      strategies: str = "dp,mp,ghp", profile: str | None = None) -> ReportInput:
+    """Detect INPUT's kind from its extension and content; ScenarioError (one line) if neither."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "results.csv").is_file():
+            raise ScenarioError(f"INPUT: {path} is a folder without a results.csv (expected {KINDS_HELP})")
+        path = path / "results.csv"
+    if not path.exists():
+        raise ScenarioError(f"INPUT: {path}: file not found")
+    suffix = path.suffix.lower()
+    for option, given in (("--set", overrides), ("--profile", profile)):
+        if given and suffix not in (".yaml", ".yml"):
+            raise ScenarioError(f"{option}: applies to a scenario INPUT only, not {path}")
+    if suffix in (".yaml", ".yml"):
+        return _from_scenario(path, overrides, strategies, profile)
+    if suffix == ".json":
+        return _from_json(path)
+    if suffix == ".csv":
+        return _from_csv(path)
+    raise ScenarioError(f"INPUT: {path} is not {KINDS_HELP}")
+
+
+def _from_scenario(path: Path, overrides, strategies: str, profile: str | None) -> ReportInput:
+    scenario = load_scenario(path, overrides)
+    specs = parse_strategy_specs(strategies)
+    results = compare(scenario, specs) if profile is None else compare_with_profile(scenario, specs, profile)
+    workload = results[0].workload
+    return ReportInput(
+        kind="scenario", source=str(path), title=scenario.name, scenario=scenario,
+        summaries=[result.summary for result in results],
+        spans={strategy_label(result.summary): result.spans for result in results},
+        num_params=workload.num_params, num_layers=workload.num_layers, profile=profile)
+
+
+def compare_with_profile(scenario: Scenario, specs, profile_path: str) -> list[SimulationResult]:
+    """`simulator.compare.compare` with a calibration profile's costs (as `ghpsim validate`
+    predicts): ghp without G takes the scenario's G, else the fastest feasible G."""
+    with naming_source(scenario):
+        workload = resolve_workload(scenario.model, scenario.base_dir)
+    profile = load_profile(profile_path)
+    costs = ProfileCosts(profile, workload, shared_host=profile.device_kind == "cpu")
+    results = []
+    for kind, groups in specs:
+        if kind == "ghp" and groups is None and scenario.strategy.kind == "ghp":
+            groups = scenario.strategy.num_groups
+        candidates = _feasible_groups(scenario, workload.num_layers) if kind == "ghp" and groups is None else [groups]
+        if not candidates:
+            raise ScenarioError(f"--strategies: no G with 1 < G < {scenario.num_gpus} fits this scenario")
+        results.append(min((simulate(with_strategy(scenario, kind, g), costs=costs, workload=workload)
+                            for g in candidates), key=lambda result: result.step_time_s))
+    return sorted(results, key=lambda result: result.step_time_s)
+
+
+def _from_json(path: Path) -> ReportInput:
+    try:
+        document = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ScenarioError(f"INPUT: {path}: not valid JSON ({str(error).splitlines()[0]})") from None
+    if isinstance(document, dict) and isinstance(document.get("summaries"), list) and document["summaries"]:
+        _check_summaries(document["summaries"], path)
+        return ReportInput(kind="compare", source=str(path), title=str(document.get("scenario", path.stem)),
+                           summaries=sorted(document["summaries"], key=lambda s: s["step_time_s"]))
+    if isinstance(document, dict) and "step_time_s" in document and "devices" in document:
+        _check_summaries([document], path)
+        return ReportInput(kind="simulate", source=str(path), title=str(document.get("scenario", path.stem)),
+                           summaries=[document])
+    if isinstance(document, dict) and isinstance(document.get("rows"), list) and document["rows"]:
+        frame = pd.DataFrame(document["rows"])
+        _require_columns(frame, VALIDATION_COLUMNS, path, "validation result")
+        return ReportInput(kind="validation", source=str(path), title=str(document.get("scenario", path.stem)),
+                           table=frame)
+    raise ScenarioError(f"INPUT: {path}: JSON is neither a compare result (keys scenario, results, summaries), "
+                        "a simulate result (keys step_time_s, devices) nor a validation result (key rows)")
+
+
+def _from_csv(path: Path) -> ReportInput:
+    try:
+        frame = pd.read_csv(path)
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ScenarioError(f"INPUT: {path}: not a readable CSV table ({str(error).splitlines()[0]})") from None
+    columns = set(frame.columns)
+    if set(VALIDATION_COLUMNS) <= columns:
+        kind = "validation"
+    elif set(SWEEP_COLUMNS) <= columns:
+        kind = "sweep"
+    else:
+        raise ScenarioError(f"INPUT: {path}: CSV has neither the sweep columns ({', '.join(SWEEP_COLUMNS)}) "
+                            f"nor the validation columns ({', '.join(VALIDATION_COLUMNS)})")
+    if frame.empty:
+        raise ScenarioError(f"INPUT: {path}: the {kind} table has no rows")
+    title = path.parent.name if path.name == "results.csv" else path.stem
+    return ReportInput(kind=kind, source=str(path), title=title, table=frame)
+
+
+def _check_summaries(summaries: list, path: Path) -> None:
+    needed = ("strategy", "num_groups", "workers_per_group", "step_time_s", "devices")
+    for summary in summaries:
+        missing = [key for key in needed if not isinstance(summary, dict) or key not in summary]
+        if missing:
+            raise ScenarioError(f"INPUT: {path}: a summary lacks {', '.join(missing)}")
+
+
+def _require_columns(frame: pd.DataFrame, columns, path: Path, what: str) -> None:
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise ScenarioError(f"INPUT: {path}: {what} rows lack {', '.join(missing)}")
+
+
+def sweep_axes(table: pd.DataFrame) -> list[str]:
+    """The swept fields: the dotted-name columns (`cluster.num_nodes`)."""
+    return [column for column in table.columns if "." in column]
+
+
+def sweep_ok(table: pd.DataFrame) -> pd.Series:
+    """Rows that were simulated: status ok and a step time."""
+    return (table["status"].astype(str).str.lower() == "ok") & table["step_time_s"].notna()

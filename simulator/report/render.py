@@ -1,0 +1,65 @@
+"""A `Report` as one self-contained HTML file (figures embedded as base64 PNG) and a Markdown file
+(figures as PNG files next to it), from the jinja2 templates in `templates/`; written atomically."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import jinja2
+from markupsafe import Markup
+
+from simulator.output import write_bytes_atomic
+from simulator.report.build import Report, Table
+
+HTML_NAME = "report.html"
+MARKDOWN_NAME = "report.md"
+FIGURE_FOLDER = "figures"
+
+
+def _environment(autoescape: bool) -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.PackageLoader("simulator.report", "templates"),
+                              autoescape=autoescape, undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
+def table_html(table: Table) -> str:
+    return table.frame.to_html(index=False, table_id=table.id, classes="data", border=0, escape=True)
+
+
+def table_markdown(table: Table) -> str:
+    """A pipe table (GitHub Markdown); `|` in cells escaped."""
+    def cells(values) -> str:
+        return "| " + " | ".join(str(value).replace("|", "\\|").replace("\n", " ") for value in values) + " |"
+    lines = [cells(table.frame.columns), "| " + " | ".join("---" for _ in table.frame.columns) + " |"]
+    lines += [cells(row) for row in table.frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def render_html(report: Report) -> str:
+    template = _environment(autoescape=True).get_template("report.html.j2")
+    return template.render(report=report, table_html=lambda t: Markup(table_html(t)),
+                           image=lambda figure: "data:image/png;base64," + base64.b64encode(figure.png).decode())
+
+
+def render_markdown(report: Report) -> str:
+    template = _environment(autoescape=False).get_template("report.md.j2")
+    return template.render(report=report, table_markdown=table_markdown,
+                           image=lambda figure: f"{FIGURE_FOLDER}/{figure.id}.png")
+
+
+def report_files(report: Report) -> dict[str, bytes]:
+    """Every file of the report, relative path -> content; the HTML file last."""
+    files = {f"{FIGURE_FOLDER}/{figure.id}.png": figure.png
+             for section in report.sections for figure in section.figures}
+    files.update(report.files)
+    files[MARKDOWN_NAME] = render_markdown(report).encode()
+    files[HTML_NAME] = render_html(report).encode()
+    return files
+
+
+def write_report(report: Report, out_dir: str | Path) -> list[Path]:
+    """Render everything first, then write each file atomically (temp file + rename): a failure
+    while rendering writes nothing, and no file is ever half-written."""
+    files = report_files(report)
+    return [write_bytes_atomic(Path(out_dir) / relative, content) for relative, content in files.items()]

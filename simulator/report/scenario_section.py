@@ -1,0 +1,95 @@
+"""The report's first section: the scenario (cluster, model, strategy, training) or, for results
+that carry no scenario, what the result itself records."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from simulator.report.build import Section, Table
+from simulator.report.inputs import ReportInput, sweep_axes, sweep_ok
+from simulator.scenario import Scenario
+
+GIB = 2**30
+
+
+def scenario_section(data: ReportInput) -> Section:
+    section = Section(id="scenario", title="Scenario")
+    if data.scenario is not None:
+        section.paragraphs.append(f"{data.scenario.name}: {data.scenario.description}".rstrip(": "))
+        for part, rows in scenario_rows(data.scenario, data.num_params, data.num_layers).items():
+            section.tables.append(Table(f"scenario-{part}", _key_values(rows), caption=part))
+    elif data.kind in ("compare", "simulate"):
+        section.paragraphs.append("The result file records no scenario file; shown: what its summary records.")
+        section.tables.append(Table("scenario-summary", _key_values(summary_rows(data.summaries[0])),
+                                    caption="summary"))
+    elif data.kind == "sweep":
+        section.paragraphs.append("A sweep table: one simulated scenario per row; the swept fields:")
+        section.tables.append(Table("scenario-sweep", _key_values(sweep_rows(data.table)), caption="sweep"))
+    else:
+        section.paragraphs.append("A validation table: one predicted and measured plan per row.")
+        section.tables.append(Table("scenario-validation", _key_values(validation_rows(data.table)),
+                                    caption="validation"))
+    return section
+
+
+def _key_values(rows: dict[str, str]) -> pd.DataFrame:
+    return pd.DataFrame({"field": list(rows), "value": [str(value) for value in rows.values()]})
+
+
+def scenario_rows(scenario: Scenario, num_params: int | None, num_layers: int | None) -> dict[str, dict]:
+    """Field -> readable value, per part of the scenario (units in the text)."""
+    cluster, model, training = scenario.cluster, scenario.model, scenario.training
+    gpu = cluster.gpu
+    peaks = ", ".join(f"{dtype} {flops / 1e12:g} TFLOP/s" for dtype, flops in gpu.peak_flops_per_s.items())
+    cluster_rows = {
+        "nodes x GPUs per node": f"{cluster.num_nodes} x {cluster.gpus_per_node} = {scenario.num_gpus} GPUs",
+        "GPU": f"{gpu.name}: {gpu.memory_bytes / GIB:g} GiB, {gpu.memory_bandwidth_bytes_per_s / 1e9:g} GB/s, {peaks}",
+        "intra-node link": _link(cluster.intra_node_link),
+        "inter-node link": _link(cluster.inter_node_link),
+        "NICs per node": cluster.nics_per_node,
+    }
+    shown = {"num_nodes", "gpus_per_node", "gpu", "intra_node_link", "inter_node_link", "nics_per_node"}
+    cluster_rows.update({key: value for key, value in cluster.model_dump(mode="json").items()
+                         if key not in shown and value not in (None, {}, [])})
+    source = model.name or model.file or "inline layer table"
+    model_rows = {"model": source}
+    if model.params:
+        model_rows["parameters of the zoo factory"] = ", ".join(f"{k}={v}" for k, v in model.params.items())
+    if num_layers is not None:
+        model_rows["layers"] = num_layers
+    if num_params is not None:
+        model_rows["parameters"] = f"{num_params / 1e6:,.2f} M ({num_params:,})"
+    strategy = scenario.strategy.model_dump(mode="json")
+    strategy["bucket_size_bytes"] = f"{scenario.strategy.bucket_size_bytes / 2**20:g} MiB"
+    return {"cluster": cluster_rows, "model": model_rows,
+            "strategy (of the file; the report compares the strategies below)": strategy,
+            "training": training.model_dump(mode="json")}
+
+
+def _link(link) -> str:
+    return f"{link.name}: {link.bandwidth_bytes_per_s / 1e9:g} GB/s per direction, {link.latency_s * 1e6:g} us"
+
+
+def summary_rows(summary: dict) -> dict:
+    keys = ("scenario", "model", "num_gpus", "global_batch_size", "partition", "placement", "collective_algorithms")
+    return {key: summary[key] for key in keys if key in summary}
+
+
+def sweep_rows(table: pd.DataFrame) -> dict:
+    rows = {column: ", ".join(dict.fromkeys(table[column].map(lambda v: "-" if pd.isna(v) else str(v))))
+            for column in sweep_axes(table)}
+    rows["strategies (simulated)"] = ", ".join(sorted({str(v) for v in table["strategy"].dropna()}))
+    ok = sweep_ok(table)
+    rows["points"] = f"{len(table)} ({int(ok.sum())} simulated, {int((~ok).sum())} failed or infeasible)"
+    return rows
+
+
+def validation_rows(table: pd.DataFrame) -> dict:
+    rows = {}
+    if "model" in table.columns:
+        rows["models"] = ", ".join(sorted(set(table["model"].astype(str))))
+    if "world_size" in table.columns:
+        rows["world sizes (ranks)"] = ", ".join(str(n) for n in sorted(set(table["world_size"])))
+    rows["cases"] = len(table)
+    return rows
+

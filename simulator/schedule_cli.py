@@ -1,0 +1,40 @@
+"""`ghpsim schedule KIND --stages P --microbatches M [--virtual-stages V] [--json]`: print a
+pipeline schedule as a grid (rows = ranks, columns = unit time slots), after checking it."""
+
+from __future__ import annotations
+
+import json
+
+from simulator.errors import ScenarioError
+from simulator.schedules import SCHEDULES, build_schedule
+from simulator.schedules.grid import render_grid, schedule_document
+
+COMMAND = "schedule"
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(COMMAND, help="print a pipeline schedule as a grid of ranks x time slots")
+    parser.add_argument("kind", choices=tuple(SCHEDULES), help="pipeline schedule")
+    parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline stages (ranks)")
+    parser.add_argument("--microbatches", type=int, required=True, metavar="M", help="micro-batches per step")
+    parser.add_argument("--virtual-stages", type=int, default=None, metavar="V",
+                        help="model chunks per rank (interleaved_1f1b; default 2 there, 1 otherwise)")
+    parser.add_argument("--weight-prediction", choices=("staggered", "forward"), default="staggered",
+                        help="spectrain: predict before backwards too (staggered) or not (forward)")
+    parser.add_argument("--no-stash", action="store_true", help="pipedream without weight stashing")
+    parser.add_argument("--json", action="store_true", help="print ops, slots, grid and per-stage figures as JSON")
+
+
+def run(args) -> int:
+    for option, value in (("--stages", args.stages), ("--microbatches", args.microbatches),
+                          ("--virtual-stages", args.virtual_stages)):
+        if value is not None and value < 1:
+            raise ScenarioError(f"{option}: {value} must be at least 1")
+    virtual = args.virtual_stages or (2 if args.kind == "interleaved_1f1b" else 1)
+    schedule = build_schedule(args.kind, args.stages, args.microbatches, virtual,
+                              args.weight_prediction == "staggered")
+    if args.json:
+        print(json.dumps(schedule_document(schedule, weight_stashing=not args.no_stash)))
+    else:
+        print(render_grid(schedule), end="")
+    return 0

@@ -1,0 +1,40 @@
+"""Per-stage properties of a schedule, read off its per-rank order (no timing needed).
+
+- microbatches_in_flight: the most (chunk, micro-batch) pairs whose forward is done and whose
+  backward is not, at any point of the rank's order (activations held at once).
+- weight_staleness: the most updates ("U") between a micro-batch's forward and its backward on
+  the rank (steady state of the asynchronous kinds: p - 1 - k on stage k; 0 with a flush).
+- stashed_weight_versions: with weight stashing (PipeDream), the most weight versions kept besides
+  the current weights: distinct versions used by in-flight forwards that are no longer current
+  (p - 1 - k on stage k; PipeDream holds p - k versions in all). 0 without stashing.
+- extra_weight_copies: SpecTrain's one buffer of predicted weights per stage, else 0.
+"""
+
+from __future__ import annotations
+
+from simulator.schedules.ir import BACKWARD, FORWARD, UPDATE, Schedule
+
+
+def stage_metrics(schedule: Schedule, weight_stashing: bool) -> dict[str, list[int]]:
+    """Lists indexed by stage (rank): see the module docstring."""
+    metrics = {"microbatches_in_flight": [], "stashed_weight_versions": [], "extra_weight_copies": [],
+               "weight_staleness": []}
+    for ops in schedule.ranks:
+        version = 0
+        in_flight: dict[tuple[int, int], int] = {}
+        most_in_flight = staleness = stashed = 0
+        for op in ops:
+            key = (op.chunk, op.microbatch)
+            if op.phase == FORWARD:
+                in_flight[key] = version
+            elif op.phase == BACKWARD:
+                staleness = max(staleness, version - in_flight.pop(key))
+            elif op.phase == UPDATE:
+                version += 1
+            most_in_flight = max(most_in_flight, len(in_flight))
+            stashed = max(stashed, len({v for v in in_flight.values() if v != version}))
+        metrics["microbatches_in_flight"].append(most_in_flight)
+        metrics["weight_staleness"].append(staleness)
+        metrics["stashed_weight_versions"].append(stashed if weight_stashing else 0)
+        metrics["extra_weight_copies"].append(1 if schedule.kind == "spectrain" else 0)
+    return metrics

@@ -1,0 +1,105 @@
+"""Step time and per-stage figures of a simulated pipeline plan (the summary's "pipeline" key).
+
+Analysis of engine output, so it imports the engine (and is not imported by the package).
+
+Step time. Synchronous kinds (gpipe, 1f1b, interleaved_1f1b) flush: a step is the plan's
+makespan, from the first forward to the last update. Asynchronous kinds (pipedream, spectrain,
+delayed_gradient) never flush, so one step's makespan (fill + drain) is not what a long run
+sees. Their step time is the time to process one global batch in steady state: the same pipeline
+is simulated on n = K m micro-batches of the same size b (K whole steps back to back, n >= 3p + m
++ 1), micro-batch i completes when its last compute (backward, update) ends, and
+
+    step_time = completion(2p + m - 1) - completion(2p - 1),
+
+m completions well after the fill (2p micro-batches) and before the drain (the last p + 1).
+The device breakdown and the bubble fractions then cover that window.
+
+bubble_fraction of a stage: the share of the step in which its compute stream is idle (mean over
+the G replicas of the stage); with uniform stages and free links GPipe and 1F1B give
+(p - 1) / (m + p - 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from simulator.engine import Engine
+from simulator.strategies.pipeline import compile_pipeline_plan, pipeline_config
+
+STEP_DEFINITIONS = {
+    False: "flush: makespan of one step, first forward to last update",
+    True: "steady state: time between the completions of micro-batches 2p-1 and 2p+m-1 of a run of "
+          "whole steps back to back (no flush)",
+}
+
+
+def pipeline_summary(scenario, workload, topology, costs, plan, spans: list[tuple], makespan_s: float):
+    """(spans to break down per device, step time, the "pipeline" summary dict)."""
+    meta = plan.meta
+    asynchronous = meta["asynchronous"]
+    window_spans, step_s = spans, makespan_s
+    if asynchronous:
+        window_spans, step_s = _steady_state(scenario, workload, topology, costs)
+    p, m = plan.workers_per_group, meta["num_microbatches"]
+    busy = [0.0] * plan.num_ranks
+    for rank, stream, _name, _kind, start, end, *_rest in window_spans:
+        if stream == "compute":
+            busy[rank] += end - start
+    stages = []
+    for j in range(p):
+        idle = [1.0 - busy[g * p + j] / step_s if step_s > 0 else 0.0 for g in range(plan.num_groups)]
+        stages.append({"stage": j, **{key: meta[key][j] for key in (
+            "microbatches_in_flight", "stashed_weight_versions", "extra_weight_copies", "weight_staleness")},
+            "bubble_fraction": sum(idle) / len(idle)})
+    return window_spans, step_s, {
+        "schedule": meta["schedule_kind"],
+        "asynchronous": asynchronous,
+        "num_microbatches": m,
+        "microbatch_size": plan.group_batch / m,
+        "num_virtual_stages": meta["num_virtual_stages"],
+        "weight_stashing": meta["weight_stashing"],
+        "step_time_definition": STEP_DEFINITIONS[asynchronous],
+        "one_step_makespan_s": makespan_s,
+        "steady_state_interval_s": step_s / m if asynchronous else None,
+        "stages": stages,
+    }
+
+
+def _steady_state(scenario, workload, topology, costs) -> tuple[list[tuple], float]:
+    """(spans of the steady-state window, shifted to start at 0; its length)."""
+    plan = steady_state_plan(scenario, workload, topology, costs)
+    spans = Engine(plan, topology, costs, scenario.strategy.num_parameter_servers).run().spans
+    return steady_state_window(spans, plan.workers_per_group, scenario.strategy.num_microbatches)
+
+
+def steady_state_plan(scenario, workload, topology, costs):
+    """The plan of K whole steps back to back (n = K m >= 3p + m + 1 micro-batches of the step's
+    size) whose window `steady_state_window` measures; the validator runs this same plan."""
+    config = pipeline_config(scenario)
+    p, m = config.num_stages, config.num_microbatches
+    steps = math.ceil((3 * p + m + 1) / m)
+    longer = replace(config, num_microbatches=steps * m, global_batch_size=steps * config.global_batch_size)
+    return compile_pipeline_plan(longer, workload, topology, costs)
+
+
+def microbatch_completions(spans) -> dict[int, float]:
+    """Micro-batch -> end of its last compute span (any rank)."""
+    completion: dict[int, float] = {}
+    for _rank, stream, _name, _kind, _start, end, _size, microbatch in spans:
+        if stream == "compute" and microbatch >= 0:
+            completion[microbatch] = max(completion.get(microbatch, 0.0), end)
+    return completion
+
+
+def steady_state_window(spans, num_stages: int, num_microbatches: int) -> tuple[list[tuple], float]:
+    """(spans clipped to [completion(2p-1), completion(2p+m-1)], shifted to start at 0; its length)."""
+    p, m = num_stages, num_microbatches
+    completion = microbatch_completions(spans)
+    first, last = completion[2 * p - 1], completion[2 * p + m - 1]
+    window = []
+    for rank, stream, name, kind, start, end, size, microbatch in spans:
+        start, end = max(start, first), min(end, last)
+        if end > start:
+            window.append((rank, stream, name, kind, start - first, end - first, size, microbatch))
+    return window, last - first

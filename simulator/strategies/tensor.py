@@ -1,0 +1,295 @@
+"""Megatron-style 3D parallelism: tensor (t) x pipeline (p) x data (d) parallel plans, kind `megatron`.
+
+N = t p d GPUs. Each of the d replicas trains on B / d samples in m micro-batches of
+b = B / (d m) through a p-stage pipeline (schedule 1f1b, or interleaved_1f1b when
+`num_virtual_stages` v > 1: Narayanan et al. SC'21, sec. 2.2); every stage is split over t
+tensor-parallel ranks (`simulator.strategies.tensor_layers`: a TP rank computes its share of each
+layer, and the TP group runs two allreduces per block per pass, or with sequence parallelism an
+allgather + reduce-scatter pair instead of each). The TP collectives of one pass (a chunk's
+forward or backward on one micro-batch) are one collective run `repeat` times, after the pass's
+compute and before anything that needs its output: the same time as Megatron's interleaving of
+per-block GEMMs and allreduces whenever the TP links carry nothing else (TP inside a node), and
+they run on their own stream (Megatron's TP communicator), beside the data-parallel stream.
+Pipeline transfers use the scatter/gather optimisation (SC'21, sec. 4.1): each TP rank sends 1/t
+of the activation to its counterpart in the next stage. The d copies of a (stage, TP rank)
+allreduce its gradients in buckets during the last backward of each chunk (as
+`simulator.strategies.pipeline`), or with ZeRO-1 (Rajbhandari et al. SC'20, stage 1) reduce-scatter
+them, update 1/d of the parameters and allgather the updated parameters.
+
+Rank layout (Megatron's order, tp fastest): device = dp x (p t) + pp x t + tp with placement
+group_per_node, so a TP group fills consecutive devices (one node on NVSwitch when t divides
+gpus_per_node); an explicit placement lists the device of each such position. Plan ranks are
+numbered as pipelines: rank = g x p + pp with g = dp x t + tp (G = d t pipelines of p stages;
+`Plan.grid_position` gives (g, pp)).
+
+Recomputation (`training.recompute`): before each backward segment its recomputed layers run
+forward again (`simulator.strategies.ghp.recompute_ranges`), with their TP forward collectives;
+ids in `meta["recompute_actions"]` as for the other kinds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.costs import AnalyticCosts, CostModel
+from simulator.errors import ScenarioError
+from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
+from simulator.schedules import build_schedule, check_schedule
+from simulator.schedules.analysis import stage_metrics
+from simulator.schedules.ir import UPDATE
+from simulator.strategies.ghp import GridConfig, _ActionList, _partition, bucket_segments, recompute_ranges
+from simulator.strategies.tensor_layers import pass_collectives, rank_workload
+from simulator.topology import Topology
+from simulator.workload import Workload, dtype_bytes
+
+KIND = "megatron"
+
+
+@dataclass(frozen=True)
+class TensorConfig:
+    """What a megatron plan needs from a scenario (see `simulator.scenario.StrategyConfig`)."""
+
+    tp: int
+    pp: int
+    dp: int
+    num_microbatches: int
+    global_batch_size: int
+    dtype: str = "fp32"
+    num_virtual_stages: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    recompute: str = "none"
+    placement: str | tuple[int, ...] = "group_per_node"
+    partition: str | tuple[int, ...] = "balanced"
+    bucket_size_bytes: float = 25 * 2**20
+    overlap_backward: bool = True
+    collective: str = "auto"
+    symmetry: str = "auto"
+
+    @property
+    def schedule_kind(self) -> str:
+        return "interleaved_1f1b" if self.num_virtual_stages > 1 else "1f1b"
+
+    @property
+    def num_pipelines(self) -> int:
+        return self.dp * self.tp
+
+    @property
+    def microbatch_size(self) -> float:
+        return self.global_batch_size / (self.dp * self.num_microbatches)
+
+    def device_of(self, dp: int, pp: int, tp: int) -> int:
+        position = dp * self.pp * self.tp + pp * self.tp + tp
+        return self.placement[position] if isinstance(self.placement, tuple) else position
+
+
+def tensor_config(scenario) -> TensorConfig:
+    strategy, training = scenario.strategy, scenario.training
+    tp, pp = strategy.tp_degree, strategy.pp_degree
+    if strategy.num_groups is not None:
+        raise ScenarioError(f"strategy.num_groups: {strategy.num_groups} is not used by kind megatron "
+                            "(replicas d = GPUs / (tp_degree x pp_degree))")
+    if strategy.placement == "stage_per_node":
+        raise ScenarioError("strategy.placement: stage_per_node is not a megatron layout (use group_per_node: "
+                            "tp fastest, then pp, then dp; or an explicit device list)")
+    return TensorConfig(
+        tp=tp, pp=pp, dp=scenario.num_gpus // (tp * pp), num_microbatches=strategy.num_microbatches,
+        global_batch_size=training.global_batch_size, dtype=training.dtype,
+        num_virtual_stages=strategy.num_virtual_stages, sequence_parallel=strategy.sequence_parallel,
+        zero_stage=strategy.zero_stage, recompute=training.recompute, placement=strategy.placement,
+        partition=strategy.partition, bucket_size_bytes=strategy.bucket_size_bytes,
+        overlap_backward=strategy.overlap_backward, collective=strategy.collective, symmetry=strategy.symmetry)
+
+
+def rank_costs(costs: CostModel, workload: Workload) -> AnalyticCosts:
+    """The analytic costs of one TP rank's share of the layers (`workload` = its rank workload)."""
+    if not isinstance(costs, AnalyticCosts):
+        raise ScenarioError("strategy.kind: megatron needs the analytic cost model (a calibration profile "
+                            "times whole layers, not their tensor-parallel shares)")
+    return AnalyticCosts(workload, costs.gpu, costs.dtype, costs.optimizer, costs.efficiency)
+
+
+def _check(config: TensorConfig, workload: Workload) -> None:
+    replica_batch = config.global_batch_size / config.dp
+    if replica_batch != int(replica_batch) or int(replica_batch) % config.num_microbatches:
+        raise ScenarioError(f"strategy.num_microbatches: {config.num_microbatches} micro-batches do not divide "
+                            f"the replica batch {replica_batch:g} (training.global_batch_size / d, d = {config.dp})")
+    if config.pp * config.num_virtual_stages > workload.num_layers:
+        raise ScenarioError(f"strategy.pp_degree: {config.pp} stages x {config.num_virtual_stages} chunks exceed the "
+                            f"{workload.num_layers} layers of model {workload.name}")
+    if config.num_virtual_stages > 1 and config.pp < 2:
+        raise ScenarioError("strategy.num_virtual_stages: interleaving needs strategy.pp_degree >= 2")
+
+
+def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs: CostModel) -> Plan:
+    """The megatron plan: every rank, or one representative per pipeline stage when the run is
+    symmetric (`simulator.symmetry`; then `meta["symmetry"]` says what each stands for)."""
+    from simulator.symmetry import Symmetry, symmetry_decision
+
+    config = tensor_config(scenario)
+    _check(config, workload)
+    shard = rank_workload(workload, config.tp, config.sequence_parallel)
+    schedule = build_schedule(config.schedule_kind, config.pp, config.num_microbatches, config.num_virtual_stages)
+    check_schedule(schedule)
+    chunk_devices = tuple(config.device_of(0, chunk % config.pp, 0) for chunk in range(schedule.num_chunks))
+    grid = GridConfig(KIND, 1, schedule.num_chunks, config.global_batch_size, config.dtype,
+                      partition=config.partition)
+    ranges = _partition(grid, shard, topology, rank_costs(costs, shard), chunk_devices, config.microbatch_size)
+    stages = tuple(_stage(shard, ranges, j, config.pp, config.num_virtual_stages) for j in range(config.pp))
+    full_devices = tuple(config.device_of(g // config.tp, j, g % config.tp)
+                         for g in range(config.num_pipelines) for j in range(config.pp))
+    symmetric, reason = symmetry_decision(scenario, config, topology)
+    pipelines = 1 if symmetric else config.num_pipelines
+    shared: dict = {}  # TP collectives per (layers, pass) and bucket segments, alike on every rank
+    builders = [_TensorRank(config, workload, shard, schedule, ranges, stages, rank, symmetric, shared)
+                for rank in range(pipelines * config.pp)]
+    actions = tuple(builder.build() for builder in builders)
+    meta = {"placement": config.placement, "partition": [b - a for a, b in ranges],
+            "schedule_kind": config.schedule_kind, "num_microbatches": config.num_microbatches,
+            "num_virtual_stages": config.num_virtual_stages, "asynchronous": False, "weight_stashing": False,
+            **stage_metrics(schedule, False), "rank_workload": shard,
+            "recompute": config.recompute,
+            "recompute_actions": {rank: builder.recomputed for rank, builder in enumerate(builders)},
+            "tensor": {"tp_degree": config.tp, "pp_degree": config.pp, "dp_degree": config.dp,
+                       "sequence_parallel": config.sequence_parallel, "zero_stage": config.zero_stage,
+                       "schedule": config.schedule_kind, "microbatch_size": config.microbatch_size},
+            "symmetry_decision": {"used": symmetric, "reason": reason}}
+    if symmetric:
+        meta["symmetry"] = Symmetry.of(config, full_devices)
+    return Plan(KIND, pipelines, config.pp, stages, full_devices[:pipelines * config.pp], actions,
+                config.global_batch_size / config.dp, meta=meta)
+
+
+def _stage(shard: Workload, ranges, index: int, num_stages: int, v: int) -> Stage:
+    own = tuple(ranges[index::num_stages])
+    params = sum(layer.num_params for a, b in own for layer in shard.layers[a:b])
+    return Stage(index, own[0][0], own[-1][1], params, chunks=own if v > 1 else ())
+
+
+class _TensorRank:
+    """One rank's actions (plan rank g p + j; a symmetric run has the ranks j of pipeline 0 only)."""
+
+    def __init__(self, config: TensorConfig, workload, shard, schedule, ranges, stages, rank: int, symmetric: bool,
+                 shared: dict):
+        self.config, self.workload, self.shard, self.schedule, self.ranges = config, workload, shard, schedule, ranges
+        self.shared = shared
+        self.rank = rank
+        p, t = config.pp, config.tp
+        self.pipeline, self.stage_index = divmod(rank, p)
+        self.dp_index, tp_index = divmod(self.pipeline, t)
+        self.stage = stages[self.stage_index]
+        if symmetric:  # the representative plays its group's collectives alone (simulator.symmetry)
+            self.tp_ranks = self.dp_ranks = (rank,)
+        else:
+            self.tp_ranks = tuple((self.dp_index * t + k) * p + self.stage_index for k in range(t))
+            self.dp_ranks = tuple((e * t + tp_index) * p + self.stage_index for e in range(config.dp))
+        self.dp_key = (self.stage_index, tp_index)
+        self.element_bytes = dtype_bytes(config.dtype)
+        self.batch = config.microbatch_size
+        self.builder = _ActionList()
+        self.recomputed: list[int] = []
+        self.pending: list[int] = []
+        self.last_backward: int | None = None
+        self.num_buckets = self.num_tp = 0
+        self.tp_tail: tuple[int, ...] = ()
+        """The latest TP collective: Megatron runs them on the compute stream, so the next compute waits."""
+        ops = schedule.ranks[self.stage_index]
+        self.final_backward = {op.chunk: n for n, op in enumerate(ops) if op.phase == BACKWARD}
+
+    def rank_of(self, chunk: int) -> int:
+        return self.pipeline * self.config.pp + chunk % self.config.pp
+
+    def build(self) -> tuple:
+        for position, op in enumerate(self.schedule.ranks[self.stage_index]):
+            start, end = self.ranges[op.chunk]
+            if op.phase == FORWARD:
+                self._forward(op.chunk, op.microbatch, start, end)
+            elif op.phase == BACKWARD:
+                self._backward(op.chunk, op.microbatch, start, end, position)
+            elif op.phase == UPDATE:
+                self._update()
+        return tuple(self.builder.actions)
+
+    def _tp(self, start: int, end: int, phase: str, after: int) -> int:
+        """The TP collectives of a pass over [start, end), serialised after action `after`."""
+        if self.config.tp == 1:
+            return after
+        collectives = self.shared.get((start, end, phase))
+        if collectives is None:
+            collectives = self.shared[(start, end, phase)] = [
+                (op, count, elements * self.batch * self.element_bytes / (self.config.tp if op == "allgather" else 1),
+                 f"tp {op} x{count}")
+                for op, count, elements in pass_collectives(self.workload, start, end, phase,
+                                                            self.config.sequence_parallel)]
+        for op, count, size, label in collectives:
+            after = self.builder.add(Collective, op=op, ranks=self.tp_ranks, size_bytes=size, repeat=count,
+                                     key=("tp", self.dp_index, self.stage_index, self.num_tp), deps=(after,),
+                                     algorithm="ring", label=label)
+            self.num_tp += 1
+            self.tp_tail = (after,)
+        return after
+
+    def _compute(self, deps: tuple[int, ...] = (), **fields) -> int:
+        return self.builder.add(Compute, deps=(*deps, *self.tp_tail), batch=self.batch, **fields)
+
+    def _forward(self, chunk: int, i: int, start: int, end: int) -> None:
+        add, deps = self.builder.add, ()
+        if chunk > 0:
+            deps = (add(Recv, src=self.rank_of(chunk - 1), key=("act", self.pipeline, chunk - 1, i),
+                        label=f"recv act{i}"),)
+        done = self._compute(deps, phase=FORWARD, layer_start=start, layer_end=end, microbatch=i)
+        done = self._tp(start, end, FORWARD, done)
+        if chunk < self.schedule.num_chunks - 1:
+            size = self.workload.layers[end - 1].output_elements_per_sample * self.batch * self.element_bytes
+            add(Send, dst=self.rank_of(chunk + 1), size_bytes=size / self.config.tp,
+                key=("act", self.pipeline, chunk, i), deps=(done,), label=f"send act{i}")
+
+    def _backward(self, chunk: int, i: int, start: int, end: int, position: int) -> None:
+        add, deps = self.builder.add, ()
+        if chunk < self.schedule.num_chunks - 1:
+            deps = (add(Recv, src=self.rank_of(chunk + 1), key=("grad", self.pipeline, chunk, i),
+                        label=f"recv grad{i}"),)
+        reduce_now = self.config.dp > 1 and self.config.overlap_backward and self.final_backward[chunk] == position
+        bucket_bytes = self.config.bucket_size_bytes if reduce_now else float("inf")
+        done = None
+        segments = self.shared.get((start, end, bucket_bytes))
+        if segments is None:
+            segments = self.shared[(start, end, bucket_bytes)] = bucket_segments(
+                self.shard, start, end, self.element_bytes, bucket_bytes)
+        for seg_start, seg_end, size in segments:
+            for a, b in recompute_ranges(self.shard, seg_start, seg_end, self.config.recompute):
+                redo = self._compute(deps, phase=FORWARD, layer_start=a, layer_end=b, microbatch=i)
+                self.recomputed.append(redo)
+                deps = (self._tp(a, b, FORWARD, redo),)
+            self.last_backward = self._compute(deps, phase=BACKWARD, layer_start=seg_start, layer_end=seg_end,
+                                               microbatch=i)
+            done = self._tp(seg_start, seg_end, BACKWARD, self.last_backward)
+            deps = (done,)
+            if reduce_now and size > 0:
+                self._reduce_gradients(size)
+        if chunk > 0:
+            size = self.workload.layers[start].input_elements_per_sample * self.batch * self.element_bytes
+            add(Send, dst=self.rank_of(chunk - 1), size_bytes=size / self.config.tp,
+                key=("grad", self.pipeline, chunk - 1, i), deps=(done,), label=f"send grad{i}")
+
+    def _reduce_gradients(self, size_bytes: float) -> None:
+        """A bucket's gradients among the d copies: allreduce, or reduce-scatter with ZeRO-1."""
+        op = "reduce_scatter" if self.config.zero_stage else "allreduce"
+        self.pending.append(self.builder.add(
+            Collective, op=op, ranks=self.dp_ranks, size_bytes=size_bytes, key=(op, *self.dp_key, self.num_buckets),
+            deps=(self.last_backward,), algorithm=self.config.collective if op == "allreduce" else "ring",
+            label=f"{op} b{self.num_buckets}"))
+        self.num_buckets += 1
+
+    def _update(self) -> None:
+        params, dp = self.stage.num_params, self.config.dp
+        if dp > 1 and not self.config.overlap_backward and params > 0:
+            self._reduce_gradients(params * self.element_bytes)
+        sharded = self.config.zero_stage and dp > 1
+        update = self._compute((self.last_backward, *self.pending), phase=OPTIMIZER, layer_start=self.stage.layer_start,
+                               layer_end=self.stage.layer_end, microbatch=-1,
+                               num_params=params / dp if sharded else params)
+        if sharded:  # ZeRO-1: every replica gathers the others' updated parameter shards
+            self.builder.add(Collective, op="allgather", ranks=self.dp_ranks, size_bytes=params * self.element_bytes / dp,
+                             key=("zero_allgather", *self.dp_key), deps=(update,), algorithm="ring",
+                             label="zero allgather params")

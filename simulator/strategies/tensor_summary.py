@@ -1,0 +1,87 @@
+"""Megatron summaries: the memory model's view of a TP rank, ZeRO-1 memory, symmetric expansion.
+
+Called by `simulator.simulate` for plans of kind megatron (`simulator.strategies.tensor`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from simulator.plan import Collective, Plan
+from simulator.topology import Topology
+from simulator.workload import Workload
+
+
+def memory_view(plan: Plan, workload: Workload, spans: list[tuple]) -> tuple[Plan, Workload, list[tuple]]:
+    """(plan, workload, spans) for the memory model (`simulator.memory.rank_memory`): for a megatron
+    plan its rank workload, without the TP collectives and their spans (see below); else unchanged."""
+    if "rank_workload" not in plan.meta:
+        return plan, workload, spans
+    actions = tuple(tuple(a for a in rank if not (isinstance(a, Collective) and a.key[0] == "tp"))
+                    for rank in plan.actions)
+    rows = spans.itertuples(index=False, name=None) if hasattr(spans, "itertuples") else spans
+    kept = [span for span in rows if not (span[1] == "comm" and span[2].startswith("tp "))]
+    return replace(plan, actions=actions), plan.meta["rank_workload"], kept
+
+
+def tensor_memory_report(plan: Plan, spans: list[tuple], config) -> dict:
+    """`simulator.memory.memory_report` of the ranks' TP shares (`meta["rank_workload"]`).
+
+    The TP collectives are left out: their buffers are the activations and gradients the memory
+    model already counts, not gradient buckets held until the optimizer. Ranks whose actions and
+    span times equal those of the same stage in pipeline 0 (every rank of a homogeneous full run)
+    are walked once and copied: the memory model is a function of exactly those.
+    """
+    from simulator.memory import memory_report
+    view, workload, kept = memory_view(plan, None, spans)
+    p = plan.workers_per_group
+    if plan.num_groups == 1 or not _alike_per_stage(kept, plan.num_ranks, p):
+        return memory_report(view, workload, kept, config)
+    head = replace(view, num_groups=1, actions=view.actions[:p], rank_to_device=plan.rank_to_device[:p])
+    report = memory_report(head, workload, [span for span in kept if span[0] < p], config)
+    report["devices"] = [dict(report["devices"][rank % p], rank=rank) for rank in range(plan.num_ranks)]
+    return report
+
+
+def _alike_per_stage(spans: list[tuple], num_ranks: int, num_stages: int) -> bool:
+    """True when every rank's compute and comm spans equal those of rank (its stage) of pipeline 0."""
+    timelines: list[list] = [[] for _ in range(num_ranks)]
+    for rank, stream, _name, _kind, start, end, *_rest in spans:
+        if stream in ("compute", "comm"):
+            timelines[rank].append((stream, start, end))
+    for timeline in timelines:
+        timeline.sort()
+    return all(timelines[rank] == timelines[rank % num_stages] for rank in range(num_stages, num_ranks))
+
+
+def finish_summary(summary: dict, plan: Plan, topology: Topology) -> None:
+    """Megatron figures of a simulate() summary (in place): ZeRO-1 optimizer-state sharding in the
+    memory, expansion of a symmetric run to every device, dp/tp index of each device."""
+    from simulator.symmetry import expand_summary
+    tensor = plan.meta["tensor"]
+    if tensor["zero_stage"] and tensor["dp_degree"] > 1:
+        _shard_optimizer_memory(summary, tensor["dp_degree"])
+    if "symmetry" in plan.meta:
+        expand_summary(summary, plan.meta["symmetry"], topology)
+    for row in summary["devices"]:
+        row["dp_rank"], row["tp_rank"] = divmod(row["group"], tensor["tp_degree"])
+    summary["tensor"] = {**tensor, "symmetry": plan.meta["symmetry_decision"]}
+
+
+def _shard_optimizer_memory(summary: dict, dp: int) -> None:
+    """ZeRO-1: each replica keeps 1/d of the fp32 master weights and optimizer state (Rajbhandari et
+    al. SC'20, sec. 5.1). Both are allocated for the whole step, so every instant, and the peak,
+    drops by the same amount."""
+    capacity = summary["memory"]["capacity_bytes"]
+    for row in summary["devices"]:
+        breakdown = dict(row["memory_breakdown_bytes"])
+        saved = 0.0
+        for category in ("master_weights", "optimizer_state"):
+            saved += breakdown[category] * (1 - 1 / dp)
+            breakdown[category] /= dp
+        row["memory_breakdown_bytes"] = breakdown
+        row["peak_memory_bytes"] -= saved
+        row["fits_in_memory"] = row["peak_memory_bytes"] <= capacity
+    memory = summary["memory"]
+    memory["peak_memory_bytes"] = max(row["peak_memory_bytes"] for row in summary["devices"])
+    memory["fits_in_memory"] = summary["fits_in_memory"] = all(row["fits_in_memory"] for row in summary["devices"])

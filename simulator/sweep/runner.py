@@ -1,0 +1,191 @@
+"""Run a sweep: simulate the points not yet in the store, in parallel, committing each as it ends.
+
+Executors: in-process (one worker), a local process pool (concurrent.futures; forked workers
+inherit the imported simulator), or an existing dask.distributed cluster (`--scheduler`).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+
+from simulator.errors import ScenarioError, SimulationError
+from simulator.scenario import Scenario
+from simulator.simulate import simulate
+from simulator.sweep.export import export_frame, results_frame, summary_figures
+from simulator.sweep.spec import Sweep, canonical_json
+from simulator.sweep.store import STORE_NAME, SweepStore
+
+
+def evaluate(scenario: Scenario) -> dict:
+    """Simulate one point (runs in a worker). User-level failures are results, not exceptions. The
+    summary is serialised here, in the worker, to keep the committing process light."""
+    started = time.perf_counter()
+    outcome = {"status": "ok", "error": None, "summary_json": None, "figures": None}
+    try:
+        summary = simulate(scenario).summary
+        outcome.update(summary_json=json.dumps(summary, separators=(",", ":")), figures=summary_figures(summary))
+    except (ScenarioError, SimulationError) as error:
+        outcome.update(status="failed", error=" ".join(str(error).split()))
+    except Exception as error:  # a bug must not end the sweep; stored as `error` and retried on re-run
+        outcome.update(status="error", error=f"{type(error).__name__}: {' '.join(str(error).split())}")
+    outcome["wall_s"] = time.perf_counter() - started
+    return outcome
+
+
+@dataclass
+class SweepReport:
+    name: str
+    out_dir: Path
+    frame: pd.DataFrame
+    computed: int
+    skipped: int
+    wall_s: float
+    files: dict[str, str | None] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        counts = self.frame["status"].value_counts()
+        return {status: int(counts.get(status, 0)) for status in ("ok", "failed", "error", "invalid", "pending")}
+
+    def to_dict(self) -> dict:
+        bad = self.frame[self.frame["status"] != "ok"]
+        return {"sweep": self.name, "points": len(self.frame), **self.counts(), "computed": self.computed,
+                "skipped": self.skipped, "wall_s": self.wall_s,
+                "points_per_s": self.computed / self.wall_s if self.wall_s > 0 else None,
+                "files": self.files,
+                "problems": [{"point": int(row.point), "status": row.status, "error": row.error}
+                             for row in bad.head(20).itertuples()]}
+
+
+def run_sweep(sweep: Sweep, out_dir: str | Path, workers: int | None = None, scheduler: str | None = None,
+              progress: bool = True) -> SweepReport:
+    """Simulate every point of `sweep` not already in DIR's store, then export the results."""
+    if workers is not None and workers < 1:
+        raise ScenarioError(f"--workers: {workers} (expected at least 1)")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ScenarioError(f"--out {out}: exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    points = sweep.points()
+    with SweepStore(out / STORE_NAME) as store:
+        done = store.done_keys()
+        tasks = {point.key: point.scenario for point in points if point.key and point.key not in done}
+        skipped = len({point.key for point in points if point.key and point.key in done})
+        started = time.perf_counter()
+        if tasks:
+            results = start_executor(list(tasks.items()), workers, scheduler)
+            try:
+                with _progress_bar(len(tasks), sweep.spec.name, progress) as advance:
+                    for key, outcome in results:
+                        store.put(key, canonical_json(tasks[key]), outcome)
+                        advance()
+            finally:
+                results.close()  # stops the pool or the Dask client at once, also on Ctrl-C
+        wall_s = time.perf_counter() - started
+        rows = store.rows()
+    frame = results_frame(sweep, points, rows)
+    files = export_frame(frame, out)
+    return SweepReport(sweep.spec.name, out, frame, len(tasks), skipped, wall_s,
+                       {"store": str(out / STORE_NAME), **files})
+
+
+def start_executor(tasks: list[tuple[str, Scenario]], workers: int | None, scheduler: str | None):
+    """Submit every task now (before any progress thread starts) and return an iterator of
+    (key, outcome) in completion order."""
+    if scheduler:
+        return _run_dask(tasks, scheduler)
+    workers = workers or os.cpu_count() or 1
+    if workers == 1 or len(tasks) == 1:
+        return ((key, evaluate(scenario)) for key, scenario in tasks)
+    return _run_pool(tasks, min(workers, len(tasks)))
+
+
+def _run_pool(tasks, workers: int):
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_interrupts)
+    futures = {pool.submit(evaluate, scenario): key for key, scenario in tasks}
+    return _drain_pool(pool, futures)
+
+
+def _ignore_interrupts() -> None:
+    """Workers leave Ctrl-C to the parent, which cancels what has not started."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _drain_pool(pool: ProcessPoolExecutor, futures: dict):
+    try:
+        for future in as_completed(futures):
+            try:
+                outcome = future.result()
+            except BrokenProcessPool:
+                raise SimulationError("sweep: a worker process died (out of memory?); finished points are "
+                                      "in the store, re-run to resume") from None
+            yield futures[future], outcome
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_dask(tasks, address: str):
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ScenarioError("--scheduler: dask.distributed is not installed "
+                            "(pip install 'dask[distributed]')") from None
+    from distributed.comm.addressing import parse_address
+    from distributed.comm.registry import backends
+    scheme = parse_address(address)[0] if address.count("://") <= 1 else address
+    if scheme not in backends:
+        raise ScenarioError(f"--scheduler {address}: not a scheduler address (expected e.g. tcp://host:8786; "
+                            f"schemes: {', '.join(sorted(backends))})")
+    try:
+        client = Client(address, timeout=10, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as error:
+        raise ScenarioError(f"--scheduler {address}: cannot connect ({' '.join(str(error).split())})") from None
+    keys = [key for key, _ in tasks]
+    futures = client.map(evaluate, [scenario for _, scenario in tasks], key=[f"ghpsim-sweep-{key}" for key in keys])
+    return _drain_dask(client, futures, {future.key: key for future, key in zip(futures, keys)})
+
+
+def _drain_dask(client, futures: list, keys: dict):
+    from distributed import as_completed as dask_completed
+    try:
+        for future in dask_completed(futures, loop=client.loop):
+            try:
+                outcome = future.result()
+            except Exception as error:  # a lost worker (KilledWorker) or a cancelled task: retried on re-run
+                outcome = {"status": "error", "error": f"{type(error).__name__}: {' '.join(str(error).split())}",
+                           "wall_s": None}
+            future.release()
+            yield keys[future.key], outcome
+    finally:
+        client.close()
+
+
+class _progress_bar:
+    """A rich progress bar with ETA on stderr; `advance()` per finished point."""
+
+    def __init__(self, total: int, name: str, enabled: bool):
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                                 console=Console(stderr=True), disable=not enabled)
+        self.task = self.progress.add_task(name, total=total)
+
+    def __enter__(self):
+        self.progress.start()
+        return lambda: self.progress.advance(self.task)
+
+    def __exit__(self, *exc):
+        self.progress.stop()

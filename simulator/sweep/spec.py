@@ -1,0 +1,249 @@
+"""Sweep files: a base scenario and axes of scenario fields, expanded into points.
+
+    name: resnet50_scaling
+    base: ../resnet50_dp_a100.yaml          # or an inline scenario mapping
+    mode: product                           # or zip
+    axes:
+      cluster.num_nodes: {start: 1, stop: 16, factor: 2}       # 1, 2, 4, 8, 16
+      strategy.kind,strategy.num_groups: [[dp, null], [ghp, 4]]  # a linked (tuple) axis
+
+An axis is a dotted scenario field (or several, comma-separated, moving together) with a list of
+values, an arithmetic range `{start, stop, step}` or a geometric one `{start, stop, factor}`;
+`stop` is included when hit. Points that are invalid scenarios keep their one-line error.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+
+from simulator import __version__
+from simulator.errors import ScenarioError
+from simulator.scenario import Scenario, format_validation_error, read_yaml, scenario_from_dict
+
+MAX_POINTS = 100_000
+"""Points are held in memory (a few kB each) before they run."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RangeAxis(_Frozen):
+    """start, start + step, ... up to and including stop."""
+
+    start: int | float
+    stop: int | float
+    step: Annotated[int | float, Field(gt=0)]
+
+    def values(self) -> list:
+        count = math.floor((self.stop - self.start) / self.step + 1e-9) + 1
+        if count < 1:
+            raise ValueError(f"stop {self.stop!r} is below start {self.start!r}")
+        _check_count(count)
+        return [_tidy(self.start + index * self.step) for index in range(count)]
+
+
+class GeometricAxis(_Frozen):
+    """start, start x factor, start x factor^2, ... up to and including stop."""
+
+    start: Annotated[int | float, Field(gt=0)]
+    stop: int | float
+    factor: Annotated[int | float, Field(gt=1)]
+
+    def values(self) -> list:
+        if self.stop < self.start:
+            raise ValueError(f"stop {self.stop!r} is below start {self.start!r}")
+        count = math.floor(math.log(self.stop / self.start) / math.log(self.factor) + 1e-9) + 1
+        _check_count(count)
+        return [_tidy(self.start * self.factor ** index) for index in range(count)]
+
+
+def _check_count(count: int) -> None:
+    if count > MAX_POINTS:
+        raise ValueError(f"{count:,} values (at most {MAX_POINTS:,})")
+
+
+def _tidy(value):
+    return value if isinstance(value, int) else round(value, 12)
+
+
+def _axis_kind(value) -> str | None:
+    """A list is a list of values; a mapping with `factor` is geometric, any other mapping a range."""
+    if isinstance(value, dict):
+        return "geometric" if "factor" in value else "range"
+    return "list" if isinstance(value, (list, tuple)) else None
+
+
+Axis = Annotated[Union[Annotated[RangeAxis, Tag("range")], Annotated[GeometricAxis, Tag("geometric")],
+                       Annotated[Annotated[tuple[Any, ...], Field(min_length=1)], Tag("list")]],
+                 Discriminator(_axis_kind, custom_error_type="axis",
+                               custom_error_message="expected a list of values, {start, stop, step} "
+                                                    "or {start, stop, factor}")]
+
+
+class SweepSpec(_Frozen):
+    name: str = "sweep"
+    description: str = ""
+    base: str | dict[str, Any]
+    """A scenario file (relative to the sweep file) or an inline scenario mapping."""
+    mode: Literal["product", "zip"] = "product"
+    axes: Annotated[dict[str, Axis], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _check_axes(self) -> "SweepSpec":
+        lengths, seen = {}, set()
+        for name, axis in self.axes.items():
+            try:
+                values = axis_values(axis)
+            except ValueError as error:
+                raise ValueError(f"axes.{name}: {error}") from None
+            fields = axis_fields(name)
+            for field in fields:
+                check_field_path(field)
+                if field in seen:
+                    raise ValueError(f"axes: {field!r} appears in two axes")
+                seen.add(field)
+            if len(fields) > 1:
+                for value in values:
+                    if not isinstance(value, list) or len(value) != len(fields):
+                        raise ValueError(f"axes.{name}: each value must be a list of {len(fields)} "
+                                         f"(one per field), got {value!r}")
+            lengths[name] = len(values)
+        if self.mode == "zip" and len(set(lengths.values())) > 1:
+            raise ValueError(f"mode: zip needs axes of equal length, got {lengths}")
+        total = min(lengths.values()) if self.mode == "zip" else math.prod(lengths.values())
+        if total > MAX_POINTS:
+            raise ValueError(f"axes: {total:,} points (at most {MAX_POINTS:,})")
+        return self
+
+
+def axis_fields(name: str) -> list[str]:
+    return [part.strip() for part in name.split(",")]
+
+
+def axis_values(axis) -> list:
+    return list(axis) if isinstance(axis, tuple) else axis.values()
+
+
+def check_field_path(dotted: str) -> None:
+    """`a.b.c` must name a scenario field; below a free-form mapping (model.params) anything goes."""
+    node: Any = Scenario
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        if node is dict:
+            return
+        field = node.model_fields.get(part) if node is not None else None
+        if not part or field is None or field.exclude:
+            raise ValueError(f"axes: {dotted!r} is not a scenario field ({'.'.join(parts[:depth + 1])} unknown)")
+        node = _inner(field.annotation)
+
+
+def _inner(annotation):
+    """A pydantic model class to descend into, `dict` for a free-form mapping, None for a leaf."""
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return dict if getattr(annotation, "__origin__", annotation) is dict else None
+
+
+# ----------------------------------------------------------------------------- points
+
+@dataclass(frozen=True)
+class Point:
+    """One combination of axis values: its scenario and key, or the error that made it invalid."""
+
+    index: int
+    values: dict[str, Any]
+    scenario: Scenario | None
+    key: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    spec: SweepSpec
+    source: str
+    base: dict
+    base_dir: str
+
+    def columns(self) -> list[str]:
+        return [field for name in self.spec.axes for field in axis_fields(name)]
+
+    def points(self) -> list[Point]:
+        return [self._point(index, values) for index, values in enumerate(self._combinations())]
+
+    def _combinations(self):
+        names = list(self.spec.axes)
+        values = [axis_values(self.spec.axes[name]) for name in names]
+        combine = zip if self.spec.mode == "zip" else itertools.product
+        for combination in combine(*values):
+            row = {}
+            for name, value in zip(names, combination):
+                fields = axis_fields(name)
+                row.update(zip(fields, value) if len(fields) > 1 else [(fields[0], value)])
+            yield row
+
+    def _point(self, index: int, values: dict) -> Point:
+        raw = copy.deepcopy(self.base)
+        for field, value in values.items():
+            set_field(raw, field, value, self.source)
+        try:
+            scenario = scenario_from_dict(raw, origin=f"point {index}", base_dir=self.base_dir)
+        except ScenarioError as error:
+            return Point(index, values, None, None, str(error))
+        return Point(index, values, scenario, scenario_key(scenario), None)
+
+
+def set_field(raw: dict, dotted: str, value, source: str) -> None:
+    keys = dotted.split(".")
+    node = raw
+    for depth, key in enumerate(keys[:-1]):
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ScenarioError(f"{source}: axes.{dotted}: the base scenario's "
+                                f"{'.'.join(keys[:depth + 1])} is {child!r}, not a mapping")
+        node = child
+    node[keys[-1]] = copy.deepcopy(value)
+
+
+def canonical_json(scenario: Scenario) -> str:
+    """The resolved scenario (presets expanded) as canonical JSON: sorted keys, no spaces."""
+    return json.dumps(scenario.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def scenario_key(scenario: Scenario) -> str:
+    """sha256 of the ghpsim version and the resolved scenario's canonical JSON."""
+    text = f'{{"ghpsim":{json.dumps(__version__)},"scenario":{canonical_json(scenario)}}}'  # sorted keys
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and validate a sweep file; its base scenario is read but points are not built yet."""
+    path = Path(path)
+    raw = read_yaml(path)
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as error:
+        raise ScenarioError(format_validation_error(error, str(path))) from None
+    if isinstance(spec.base, str):
+        base_path = path.parent / spec.base
+        if not base_path.is_file():
+            raise ScenarioError(f"{path}: base: scenario file {str(base_path)!r} not found")
+        base, base_dir = read_yaml(base_path), str(base_path.parent)
+    else:
+        base, base_dir = dict(spec.base), str(path.parent)
+    for field in ("base_dir", "source"):
+        if field in base:
+            raise ScenarioError(f"{path}: base.{field}: unknown key")
+    return Sweep(spec, str(path), base, base_dir)

@@ -1,0 +1,175 @@
+"""Symmetric runs: simulate one representative rank per pipeline stage, expand to every device.
+
+In a megatron plan (`simulator.strategies.tensor`) on a homogeneous cluster the d data-parallel
+replicas, and the t tensor-parallel ranks inside each, run identical actions at identical times.
+`strategy.symmetry: auto` then simulates only the p ranks of replica 0's TP rank 0; each action of
+a representative is played with the flows of every copy it stands for, on the full topology:
+
+- a TP collective: the flow phases of replica 0's whole TP group (its t devices);
+- a pipeline send: the t lock-step sub-flows of replica 0's TP ranks to their counterparts;
+- a data-parallel collective (allreduce, ZeRO-1 reduce-scatter / allgather) of stage j: the t
+  concurrent rings of all d replicas, as one flow set, so the cross-replica collective is timed on
+  the real links with its real contention (`simulator.collectives.collective_phases`).
+
+Bytes per tier count every replica's copy (`weight` d for replica-local traffic). The summary's
+per-device rows are the representative's rows copied to every device of its stage
+(`expand_summary`); spans and memory timelines are the representatives' (ranks 0..p-1).
+
+When the reduced run equals the full one: when every replica sees the same loads. Refused (full
+simulation, with the reason in `summary["tensor"]["symmetry"]`) when `strategy.symmetry` is off,
+when the cluster is heterogeneous (mixed GPUs, stragglers, degraded links: `cluster.heterogeneous`)
+and when the replica-local traffic (TP rings, pipeline transfers) of two replicas shares a link
+(checked route by route), since the reduced run would then miss that contention. Traffic of
+other replicas that shares links only with the data-parallel rings is not simulated either; on a
+fabric that treats every replica alike (fat-tree with D-mod-k routing, rail-optimised, two-tier)
+each ring hop then meets the same load on every replica's links as on replica 0's, so the ring's
+bottleneck and the step time are unchanged (the symmetric == full tests). On fabrics where
+replicas sit differently (a 2D torus whose rings pass through other replicas' nodes, graph
+files) the reduced run can be faster than the full one; use `strategy.symmetry: off` there.
+Concurrent copies are merged into lock-step flow sets, which is exact when their paths are alike.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from simulator.collectives import choose_algorithm, collective_phases
+from simulator.topology import Topology
+
+
+@dataclass
+class Symmetry:
+    """What each representative rank (stage j = rank j) of a symmetric megatron run stands for."""
+
+    num_replicas: int
+    tp_groups: tuple[tuple[int, ...], ...]
+    """Stage j -> devices of replica 0's TP ranks 0..t-1 of stage j."""
+    dp_groups: tuple[tuple[tuple[int, ...], ...], ...]
+    """Stage j -> for each TP rank, the devices of its d data-parallel copies."""
+    rank_to_device: tuple[int, ...]
+    """Device of every plan rank of the full run (rank = g p + j)."""
+    num_stages: int
+    collective: str = "auto"
+    """strategy.collective: the data-parallel allreduce algorithm asked for."""
+    _shared: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, config, rank_to_device: tuple[int, ...]) -> "Symmetry":
+        p, t, d = config.pp, config.tp, config.dp
+        tp_groups = tuple(tuple(config.device_of(0, j, i) for i in range(t)) for j in range(p))
+        dp_groups = tuple(tuple(tuple(config.device_of(e, j, i) for e in range(d)) for i in range(t))
+                          for j in range(p))
+        return cls(d, tp_groups, dp_groups, rank_to_device, p, config.collective)
+
+    def device_groups(self, action) -> tuple[tuple[tuple[int, ...], ...], int]:
+        """(device groups, tier-byte weight) of a representative's collective."""
+        stage = action.ranks[0] % self.num_stages
+        if action.key[0] == "tp":
+            return (self.tp_groups[stage],), self.num_replicas
+        return self.dp_groups[stage], 1
+
+    def send_pairs(self, rank: int, dst: int) -> tuple[tuple[tuple[int, int], ...], int]:
+        """(device pairs, tier-byte weight) of a representative's pipeline send."""
+        return tuple(zip(self.tp_groups[rank], self.tp_groups[dst])), self.num_replicas
+
+    def prune(self, topology: Topology, action, phases: tuple) -> tuple:
+        """A data-parallel collective's phases without the links no other flow of the run can cross
+        but the tightest of them (most sub-flows per byte/s): exact, since a link only this flow
+        crosses bounds only its own rate. The d-replica rings of a stage cross mostly such links,
+        and every flow starting or ending next to them would otherwise walk them all."""
+        if action.key[0] == "tp":
+            return phases
+        stage = action.ranks[0] % self.num_stages
+        shared = self._shared.get(stage)
+        if shared is None:
+            shared = self._shared[stage] = self._links_of_others(topology, stage)
+        pruned = []
+        for phase in phases:
+            kept = [(link, count) for link, count in phase.usage if link in shared]
+            private = [(link, count) for link, count in phase.usage if link not in shared]
+            if private:
+                kept.append(max(private, key=lambda entry: (entry[1] / topology.links[entry[0]].bandwidth_bytes_per_s,
+                                                            -entry[0])))
+            pruned.append(replace(phase, usage=tuple(kept)))
+        return tuple(pruned)
+
+    def _links_of_others(self, topology: Topology, stage: int) -> set[int]:
+        """Links that flows other than stage `stage`'s data-parallel collectives may cross:
+        replica 0's TP rings and transfers between any two stages, other stages' rings."""
+        links: Counter = Counter()
+        for group in self.tp_groups:
+            for a in group:
+                for b in group:
+                    links.update(topology.route(a, b))
+        for j, group in enumerate(self.tp_groups):
+            for other in self.tp_groups[:j]:
+                for a, b in zip(group, other):
+                    links.update(topology.route(a, b))
+                    links.update(topology.route(b, a))
+        algorithms = {"ring", choose_algorithm(topology, self.dp_groups[0][0], self.collective)}
+        for j, rings in enumerate(self.dp_groups):
+            for algorithm in sorted(algorithms) if j != stage else ():
+                for phase in collective_phases(topology, rings, "allreduce", 1.0, algorithm):
+                    links.update(link for link, _ in phase.usage)
+        return set(links)
+
+
+def symmetry_decision(scenario, config, topology: Topology) -> tuple[bool, str]:
+    """(simulate representatives only?, why) for a megatron TensorConfig (module docstring)."""
+    if config.symmetry == "off":
+        return False, "strategy.symmetry is off"
+    if scenario.cluster.heterogeneous:
+        return False, "heterogeneous cluster (mixed GPUs, stragglers or degraded links) breaks the symmetry"
+    if config.dp == 1 and config.tp == 1:
+        return False, "nothing to fold: one replica, one TP rank per stage"
+    shared = _replicas_sharing_a_link(config, topology)
+    if shared:
+        return False, shared
+    return True, f"each of the {config.pp} stage ranks stands for its {config.dp} x {config.tp} copies"
+
+
+def _replica_links(config, topology: Topology, replica: int) -> set[int]:
+    """Links of replica-local traffic: TP rings of each stage, pipeline transfers both ways."""
+    p, t = config.pp, config.tp
+    links: set[int] = set()
+    neighbours = [(j, j + 1) for j in range(p - 1)]
+    if config.num_virtual_stages > 1:
+        neighbours.append((p - 1, 0))
+    for j in range(p):
+        ring = sorted(config.device_of(replica, j, i) for i in range(t))
+        for a, b in zip(ring, ring[1:] + ring[:1]):
+            links.update(topology.route(a, b))
+    for j, k in neighbours:
+        for i in range(t):
+            a, b = config.device_of(replica, j, i), config.device_of(replica, k, i)
+            links.update(topology.route(a, b))
+            links.update(topology.route(b, a))
+    return links
+
+
+def _replicas_sharing_a_link(config, topology: Topology) -> str:
+    """A reason if two replicas' local traffic crosses one link, else ''."""
+    owner: dict[int, int] = {}
+    for replica in range(config.dp):
+        for link in _replica_links(config, topology, replica):
+            first = owner.setdefault(link, replica)
+            if first != replica:
+                edge = topology.links[link]
+                return (f"replicas {first} and {replica} both send over link {edge.source}->{edge.target} "
+                        "(their contention needs the full simulation)")
+    return ""
+
+
+def expand_summary(summary: dict, symmetry: Symmetry, topology: Topology) -> None:
+    """Per-device rows of every rank from the representatives' rows (in place)."""
+    p = symmetry.num_stages
+    rows = []
+    for rank, device in enumerate(symmetry.rank_to_device):
+        pipeline, stage = divmod(rank, p)
+        row = dict(summary["devices"][stage])
+        row.update(rank=rank, device=device, node=topology.node_of(device), group=pipeline, stage=stage)
+        rows.append(row)
+    summary["devices"] = rows
+    summary["num_gpus"] = len(rows)
+    summary["num_groups"] = len(rows) // p

@@ -1,0 +1,188 @@
+"""Pipeline plans through the engine against closed forms (uniform stages, free links), replicas
+with allreduce, the plan contract, the summary and the user errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator import load_scenario, simulate
+from simulator.collectives import ring_allreduce_time_s
+from simulator.errors import ScenarioError
+from simulator.plan import Compute, Recv, Send
+from simulator.workload import Layer, Workload
+from tests.helpers import FixedCosts
+
+FREE = {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}
+
+
+class Costs(FixedCosts):
+    """F = 1 s per sample per layer, B = 2 s; optimizer 0 s; an axpy (prediction) `axpy` seconds."""
+
+    def __init__(self, axpy: float = 0.0):
+        super().__init__(1.0, 0.0)
+        self.axpy = axpy
+
+    def axpy_s(self, num_params: int) -> float:
+        return self.axpy
+
+
+def workload(num_layers: int, params_per_layer=None) -> Workload:
+    params = params_per_layer or [1000] * num_layers
+    return Workload("toy", tuple(
+        Layer(f"l{i}", "linear", 1e9, 2e9, params[i], 100, 100, 100) for i in range(num_layers)))
+
+
+def run(kind, p, m, partition, groups=1, batch_per_microbatch=2, layers=None, costs=None, inter=FREE, **strategy):
+    """Simulate `kind` on G nodes x p devices (group_per_node: a replica per node)."""
+    layers = layers or workload(sum(partition))
+    scenario = load_scenario({
+        "cluster": {"num_nodes": groups, "gpus_per_node": p, "intra_node_link": FREE, "inter_node_link": inter},
+        "model": {"name": "mlp"},
+        "strategy": {"kind": kind, "num_groups": groups, "num_microbatches": m, "partition": list(partition),
+                     **strategy},
+        "training": {"global_batch_size": batch_per_microbatch * m * groups},
+    })
+    return simulate(scenario, costs=costs or Costs(), workload=layers)
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (3, 5), (4, 8)])
+def test_flushed_pipeline_step_is_m_plus_p_minus_1_times_tf_plus_tb(kind, p, m):
+    result = run(kind, p, m, [2] * p)
+    tf = 2 * 2 * 1.0            # b = 2 samples x 2 layers x 1 s
+    tb = 2 * tf
+    assert result.step_time_s == pytest.approx((m + p - 1) * (tf + tb), rel=1e-9)
+    bubbles = [row["bubble_fraction"] for row in result.summary["pipeline"]["stages"]]
+    assert bubbles == pytest.approx([(p - 1) / (m + p - 1)] * p, rel=1e-9)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (2, 6, 3)])
+def test_interleaved_bubble_is_p_minus_1_over_v_m_of_the_ideal_time(p, m, v):
+    result = run("interleaved_1f1b", p, m, [1] * (p * v), num_virtual_stages=v)
+    ideal = m * (1 + 2) * 2 * v      # m micro-batches x (tf + tb) of v layers, b = 2
+    assert (result.step_time_s - ideal) / ideal == pytest.approx((p - 1) / (v * m), rel=1e-9)
+    stage = result.plan.stages[0]
+    assert stage.chunks == tuple((c, c + 1) for c in range(0, p * v, p))
+    assert (stage.layer_start, stage.layer_end) == (0, (v - 1) * p + 1)
+
+
+@pytest.mark.parametrize("kind", ["pipedream", "delayed_gradient"])
+def test_asynchronous_1f1b_completes_one_microbatch_per_slowest_stage_time(kind):
+    # Stages of 1, 3 and 2 layers: the middle one is the bottleneck, (1 + 2) x 3 layers x b = 2.
+    result = run(kind, 3, 4, [1, 3, 2])
+    slowest_s = 3 * 3 * 2
+    assert result.step_time_s == pytest.approx(4 * slowest_s, rel=1e-9)
+    assert result.summary["pipeline"]["steady_state_interval_s"] == pytest.approx(slowest_s, rel=1e-9)
+    bubbles = [row["bubble_fraction"] for row in result.summary["pipeline"]["stages"]]
+    assert bubbles == pytest.approx([2 / 3, 0.0, 1 / 3], abs=1e-9)
+    devices = result.summary["devices"]
+    assert [row["compute_s"] + row["comm_s"] + row["idle_s"] for row in devices] == pytest.approx(
+        [result.step_time_s] * 3)
+
+
+def test_uniform_asynchronous_pipeline_has_no_fill_and_drain():
+    p, m = 4, 8
+    asynchronous, synchronous = run("pipedream", p, m, [2] * p), run("1f1b", p, m, [2] * p)
+    assert asynchronous.step_time_s == pytest.approx(m * 12, rel=1e-9)
+    assert synchronous.step_time_s == pytest.approx((m + p - 1) * 12, rel=1e-9)
+    assert asynchronous.summary["pipeline"]["one_step_makespan_s"] == pytest.approx(synchronous.step_time_s)
+
+
+@pytest.mark.parametrize("prediction,passes", [("staggered", 2), ("forward", 1)])
+def test_spectrain_pays_one_axpy_per_predicted_pass(prediction, passes):
+    axpy = 0.5
+    result = run("spectrain", 3, 6, [2] * 3, costs=Costs(axpy), weight_prediction=prediction)
+    assert result.step_time_s == pytest.approx(6 * (12 + passes * axpy), rel=1e-9)
+    predictions = [a for a in result.plan.actions[0] if isinstance(a, Compute) and a.phase == "predict"]
+    assert len(predictions) == passes * 6 and predictions[0].num_params == 2000
+    assert result.summary["pipeline"]["stages"][0]["extra_weight_copies"] == 1
+
+
+INTER = {"latency_s": 1e-3, "bandwidth_bytes_per_s": 1e6}
+
+
+def _stage0_params_only(p):
+    return workload(2 * p, [250_000, 250_000] + [0] * (2 * p - 2))
+
+
+def test_replicas_allreduce_the_stage_after_the_flush():
+    # 2 replicas x 3 stages; only stage 0 has parameters (2 MB), so one ring crosses the nodes.
+    p, m = 3, 4
+    result = run("1f1b", p, m, [2] * p, groups=2, layers=_stage0_params_only(p), inter=INTER,
+                 overlap_backward=False, collective="ring")
+    allreduce = ring_allreduce_time_s(500_000 * 4, 2, INTER["latency_s"], INTER["bandwidth_bytes_per_s"])
+    assert result.step_time_s == pytest.approx((m + p - 1) * 12 + allreduce, rel=1e-9)
+    overlapped = run("1f1b", p, m, [2] * p, groups=2, layers=_stage0_params_only(p), inter=INTER,
+                     bucket_size_bytes=10**6, collective="ring")
+    second_bucket = ring_allreduce_time_s(10**6, 2, INTER["latency_s"], INTER["bandwidth_bytes_per_s"])
+    # The first bucket (layer 1) overlaps layer 0's backward (4 s > its 1 s allreduce).
+    assert overlapped.step_time_s == pytest.approx((m + p - 1) * 12 + second_bucket, rel=1e-9)
+
+
+def test_asynchronous_replicas_allreduce_every_microbatch():
+    p, m = 3, 4
+    result = run("pipedream", p, m, [2] * p, groups=2, layers=_stage0_params_only(p), inter=INTER,
+                 overlap_backward=False, collective="ring")
+    allreduce = ring_allreduce_time_s(500_000 * 4, 2, INTER["latency_s"], INTER["bandwidth_bytes_per_s"])
+    assert result.step_time_s == pytest.approx(m * (12 + allreduce), rel=1e-9)
+    keys = [a.key for a in result.plan.actions[0] if not isinstance(a, (Compute, Send, Recv))]
+    assert keys == [("allreduce", 0, 0, i) for i in range(m)]
+
+
+def test_plan_follows_the_contract():
+    result = run("1f1b", 2, 4, [1, 1], groups=2)
+    plan = result.plan
+    assert plan.group_batch == 8 and plan.workers_per_group == 2 and plan.num_groups == 2
+    rank = plan.rank_of(1, 1)
+    computes = [a for a in plan.actions[rank] if isinstance(a, Compute)]
+    assert [(a.phase, a.microbatch) for a in computes] == [
+        ("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3), ("opt", -1)]
+    assert {a.batch for a in computes} == {2}
+    receives = [a.key for a in plan.actions[rank] if isinstance(a, Recv)]
+    sends = [a.key for a in plan.actions[rank] if isinstance(a, Send)]
+    assert receives == [("act", 1, 0, i) for i in range(4)] and sends == [("grad", 1, 0, i) for i in range(4)]
+    assert plan.meta["schedule_kind"] == "1f1b" and plan.meta["microbatches_in_flight"] == [2, 1]
+    assert plan.meta["asynchronous"] is False and plan.meta["weight_stashing"] is False
+    stashing = run("pipedream", 2, 4, [1, 1], weight_stashing=True).plan.meta
+    no_stash = run("pipedream", 2, 4, [1, 1], weight_stashing=False).plan.meta
+    assert stashing["stashed_weight_versions"] == [1, 0] and no_stash["stashed_weight_versions"] == [0, 0]
+    assert stashing["weight_staleness"] == no_stash["weight_staleness"] == [1, 0]
+
+
+def test_simulate_table_shows_the_stages(capsys):
+    from simulator.tables import print_summary, make_console
+    print_summary(run("pipedream", 2, 4, [1, 1]), make_console())
+    output = capsys.readouterr().out
+    assert "per stage" in output and "steady state" in output
+
+
+@pytest.mark.parametrize("kind,m,extra,message", [
+    ("1f1b", 3, {}, "strategy.num_microbatches: 3 does not divide the group batch 8"),
+    ("gpipe", 4, {"num_virtual_stages": 2}, "strategy.num_virtual_stages: 2 is only used by interleaved_1f1b"),
+    ("interleaved_1f1b", 2, {"num_virtual_stages": 3}, "strategy.num_virtual_stages: 2 stages x 3 chunks exceed"),
+])
+def test_impossible_pipelines_are_scenario_errors(kind, m, extra, message):
+    scenario = load_scenario({"cluster": {"num_nodes": 1, "gpus_per_node": 2}, "model": {"name": "mlp"},
+                              "strategy": {"kind": kind, "num_microbatches": m, **extra},
+                              "training": {"global_batch_size": 8}})
+    with pytest.raises(ScenarioError, match=message):
+        simulate(scenario, costs=Costs(), workload=workload(4))
+
+
+def test_axpy_cost_of_the_weight_prediction():
+    from simulator.costs import AnalyticCosts
+    from simulator.hardware import resolve_gpu
+    from simulator.profile import ProfileCosts, profile_from_dict
+    from tests.test_profile import document
+    from tests.test_profile import workload as mlp
+
+    gpu = resolve_gpu("V100")
+    analytic = AnalyticCosts(workload(2), gpu, "fp16", "momentum")
+    # reads W and v, writes W_hat: 3 x params x 2 bytes at the memory bandwidth
+    assert analytic.axpy_s(10**6) == pytest.approx(3 * 10**6 * 2 / gpu.memory_bandwidth_bytes_per_s)
+    doc = document()
+    doc["optimizer"] = {"name": "momentum", "intercept_s": 5e-5, "per_param_s": 1e-9}
+    profiled = ProfileCosts(profile_from_dict(doc), mlp())
+    # the profiled momentum update moves 5 words per parameter, the axpy 3
+    assert profiled.axpy_s(10**6) == pytest.approx(5e-5 + 1e-9 * 10**6 * 3 / 5)
+    assert profiled.axpy_s(0) == 0.0

@@ -1,0 +1,135 @@
+"""Measured peak memory per rank of a real run of a plan, against the simulator's prediction.
+
+Each rank runs the plan's actions (`validator.runtime.RankExecutor`) for `warmup` steps, so that
+gradients and optimizer state exist, drops the tensors its last step left behind, and measures
+one more step:
+- CUDA: `torch.cuda.max_memory_allocated` over the step (the caching allocator's peak of live
+  tensor bytes, reserved-but-free blocks excluded);
+- CPU: the tensors alive at the step's start (parameters, gradients, optimizer state: unique
+  storages) plus the peak of the CPU allocator's running total during the step, read from
+  torch.profiler's memory events (`profile_memory=True`: every allocation and free through
+  c10's CPU allocator, with the total allocated since profiling began).
+Both count tensor bytes only: no allocator caching, framework code or communication library
+buffers (gloo's own), which the simulator does not model either.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from simulator.compare import with_strategy
+from simulator.model_source import resolve_workload
+from simulator.plan import Plan
+from simulator.scenario import Scenario
+from simulator.simulate import simulate
+from simulator.workload import Workload
+from validator.launch import LaunchConfig, spawn
+from validator.runtime import RankExecutor
+
+STEP_STATE = ("batch", "received", "pending_sends", "reductions", "layer_inputs", "layer_outputs",
+              "input_grads", "loss", "last_segment")
+"""Attributes a `RankExecutor.step` leaves behind (dropped before the measured step)."""
+
+
+@dataclass(frozen=True)
+class MemoryRunOptions:
+    warmup: int = 2
+    optimizer: str = "sgd"
+    learning_rate: float = 0.01
+    seed: int = 0
+    device: str = "cpu"
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors`."""
+    seen, total = set(), 0
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
+def persistent_tensors(executor: RankExecutor) -> list[torch.Tensor]:
+    tensors = list(executor.parameters)
+    tensors += [p.grad for p in executor.parameters if p.grad is not None]
+    for state in executor.optimizer.state.values():
+        tensors += [value for value in state.values() if torch.is_tensor(value) and value.dim() > 0]
+    return tensors
+
+
+def profiled_peak_delta_bytes(profiler) -> float:
+    """Peak of the CPU allocator's running total during a profile, relative to its start."""
+    handle, path = tempfile.mkstemp(suffix=".json")
+    os.close(handle)
+    try:
+        profiler.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as stream:
+            events = json.load(stream)["traceEvents"]
+    finally:
+        os.unlink(path)
+    memory = sorted((e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
+                    key=lambda e: e["ts"])
+    if not memory:
+        return 0.0
+    start = memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"]
+    return max(0.0, max(e["args"]["Total Allocated"] for e in memory) - start)
+
+
+def measure_rank(rank: int, plan: Plan, workload: Workload, options: MemoryRunOptions) -> dict:
+    """Body of one rank: warm-up steps, then the measured step (see the module docstring)."""
+    executor = RankExecutor(plan, workload, rank, options.optimizer, options.learning_rate,
+                            options.seed, options.device)
+    for step in range(options.warmup):
+        dist.barrier()
+        executor.step(step)
+    for name in STEP_STATE:
+        if hasattr(executor, name):
+            setattr(executor, name, None)
+    gc.collect()
+    baseline = tensor_bytes(persistent_tensors(executor))
+    dist.barrier()
+    if options.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        executor.step(options.warmup)
+        torch.cuda.synchronize()
+        peak = float(torch.cuda.max_memory_allocated())
+    else:
+        activity = torch.profiler.ProfilerActivity.CPU
+        with torch.profiler.profile(activities=[activity], profile_memory=True) as profiler:
+            executor.step(options.warmup)
+        peak = baseline + profiled_peak_delta_bytes(profiler)
+    dist.barrier()
+    return {"rank": rank, "peak_memory_bytes": peak, "persistent_bytes": float(baseline)}
+
+
+def measure_memory(scenario: Scenario, specs: list[tuple[str, int | None]],
+                   options: MemoryRunOptions = MemoryRunOptions(), timeout_s: float = 300.0) -> list[dict]:
+    """Predicted and measured peak memory per rank for each strategy spec (dp, mp, ghp:G)."""
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    rows = []
+    for kind, groups in specs:
+        variant = with_strategy(scenario, kind, groups)
+        predicted = simulate(variant, workload=workload)
+        plan = predicted.plan
+        config = LaunchConfig(world_size=plan.num_ranks, device=options.device, timeout_s=timeout_s,
+                              backend="nccl" if options.device == "cuda" else "gloo")
+        measured = spawn(measure_rank, (plan, workload, options), config)
+        for device, result in zip(predicted.summary["devices"], measured):
+            rows.append({
+                "scenario": scenario.name, "strategy": f"{kind} (G={plan.num_groups} x M={plan.workers_per_group})",
+                "rank": device["rank"], "predicted_bytes": device["peak_memory_bytes"],
+                "measured_bytes": result["peak_memory_bytes"],
+                "error_pct": 100.0 * (device["peak_memory_bytes"] - result["peak_memory_bytes"]) / result["peak_memory_bytes"],
+                "breakdown_bytes": device["memory_breakdown_bytes"],
+            })
+    return rows

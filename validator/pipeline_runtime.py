@@ -1,0 +1,341 @@
+"""Execute a pipeline `Plan` (gpipe, 1f1b, interleaved_1f1b, pipedream, spectrain, delayed_gradient)
+for one rank as real torch.distributed training, several micro-batches in flight.
+
+The rank interprets its own actions in plan order (`notes/pipeline_contract.md`): `Recv`/`Send` of
+activations and their gradients matched by the key ("act"|"grad", group, chunk, micro-batch) (the
+key doubles as the gloo tag, so messages of several micro-batches and chunks between one pair of
+ranks cannot be confused); `Compute` F / B of micro-batch i on the chunk holding its layers, with
+the inputs, outputs and graph of each micro-batch kept apart; layer-wise backward so that a bucket
+closes where the plan says and its `Collective` (async allreduce among the stage's G replicas)
+overlaps the rest; `Compute` opt; `Compute` predict (SpecTrain).
+
+Weights, per kind (`weight_mode`):
+- accumulate (gpipe, 1f1b, interleaved_1f1b): every micro-batch uses the live weights; its loss is
+  its mean / m, gradients accumulate, one update per step (GHP Proposition 1 holds).
+- stash (pipedream): the forward of micro-batch i runs on a copy of the weights taken then, and
+  its backward on that same copy (PipeDream weight stashing, Narayanan et al. SOSP 2019, 3.3).
+- newest (pipedream with `weight_stashing: false`, delayed_gradient): the forward runs on an alias
+  of the live weight storage, so the backward reads the weights as they are then (the forward's
+  saved activations with the newest weights), without any copy.
+- predict (spectrain): the forward runs on W_hat = W - s * lr * v (v: SGD momentum buffer; Chen et
+  al. arXiv 1809.02839), s = floor(k/2) + M - k - 1 ("staggered") or M - k - 1 ("forward") on stage
+  k; "staggered" overwrites those weights with s = floor(k/2) before the backward, "forward" keeps
+  them. Asynchronous kinds update after every micro-batch with its own mean loss.
+The update itself always applies to the live weights (torch.optim on the rank's parameters).
+
+Why not torch.distributed.pipelining: PipelineStage with ScheduleGPipe / Schedule1F1B does run on
+gloo on CPU in torch 2.13 (checked: 2 stages, 4 micro-batches, same gradients both schedules), but
+`schedule.step()` runs torch's own action order as one opaque call. The validator must run the
+*plan's* order (the thing the simulator predicted), time every action as a span in the simulator's
+format, and close gradient buckets layer by layer for the replica allreduces of a G x M grid; none
+of that is reachable without its private IR. So every kind runs on this send/recv runtime.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.func import functional_call
+
+from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
+from simulator.workload import Workload
+from validator.microbench import make_optimizer
+from validator.models import build_modules, loss_fn, make_batch
+from validator.runtime import layer_output_shapes, peer_groups
+
+PREDICT = "predict"
+ASYNCHRONOUS_KINDS = ("pipedream", "spectrain", "delayed_gradient")
+
+
+# ----------------------------------------------------------------------------- reading the plan
+
+def weight_mode(plan: Plan) -> str:
+    """accumulate | stash | newest | predict (module docstring)."""
+    if plan.strategy not in ASYNCHRONOUS_KINDS:
+        return "accumulate"
+    if plan.strategy == "spectrain":
+        return "predict"
+    if plan.strategy == "pipedream" and plan.meta.get("weight_stashing", True):
+        return "stash"
+    return "newest"
+
+
+def num_microbatches(plan: Plan) -> int:
+    forwards = {a.microbatch for a in plan.actions[0] if isinstance(a, Compute) and a.phase == FORWARD}
+    return int(plan.meta.get("num_microbatches", len(forwards)))
+
+
+def chunk_ranges(plan: Plan) -> list[tuple[int, int]]:
+    """Layer range of every global chunk c (chunk t of stage j is c = t * M + j)."""
+    stages = plan.workers_per_group
+    per_stage = [getattr(s, "chunks", ()) or ((s.layer_start, s.layer_end),) for s in plan.stages]
+    ranges = [per_stage[c % stages][c // stages] for c in range(stages * len(per_stage[0]))]
+    assert all(ranges[c][1] == ranges[c + 1][0] for c in range(len(ranges) - 1)), ranges
+    return ranges
+
+
+def prediction_variant(plan: Plan, rank: int) -> str:
+    """SpecTrain variant: meta "weight_prediction", else "staggered" iff a micro-batch's weights are
+    predicted again after its forward (a backward prediction)."""
+    if "weight_prediction" in plan.meta:
+        return plan.meta["weight_prediction"]
+    forwarded: set[int] = set()
+    for action in plan.actions[rank]:
+        if isinstance(action, Compute) and action.phase == FORWARD:
+            forwarded.add(action.microbatch)
+        elif isinstance(action, Compute) and action.phase == PREDICT and action.microbatch in forwarded:
+            return "staggered"
+    return "forward"
+
+
+def prediction_steps(stage: int, num_stages: int, variant: str) -> tuple[int, int | None]:
+    """(s for the forward, s for the backward or None = keep the forward's weights), SpecTrain 3."""
+    if variant == "staggered":
+        return stage // 2 + num_stages - stage - 1, stage // 2
+    return num_stages - stage - 1, None
+
+
+def message_tag(key: tuple, num_chunks: int) -> int:
+    kind, _group, chunk, microbatch = key
+    return (0 if kind == "act" else 1) + 2 * (chunk + num_chunks * microbatch)
+
+
+def predicted_weights(parameters, optimizer: torch.optim.Optimizer, steps: int, learning_rate: float):
+    """W - steps * lr * v for each parameter (v = 0 before the first update)."""
+    out = []
+    with torch.no_grad():
+        for p in parameters:
+            buffer = optimizer.state.get(p, {}).get("momentum_buffer")
+            out.append(p.detach().clone() if buffer is None else p.detach() - steps * learning_rate * buffer)
+    return out
+
+
+@dataclass
+class MicroState:
+    """One micro-batch on one chunk: layer inputs/outputs of its graph, input grads, weights used."""
+
+    inputs: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)
+    input_grads: dict = field(default_factory=dict)
+    weights: dict | None = None
+    """layer -> {name: tensor} the forward ran on (None: the live modules)."""
+    loss: torch.Tensor | None = None
+
+
+class PipelineExecutor:
+    """One rank's chunks, optimizer, in-flight micro-batches and the interpreter of its actions."""
+
+    def __init__(self, plan: Plan, workload: Workload, rank: int, optimizer: str = "sgd",
+                 learning_rate: float = 0.01, seed: int = 0, device: str = "cpu"):
+        self.plan, self.workload, self.rank, self.seed = plan, workload, rank, seed
+        self.learning_rate = learning_rate
+        self.device = torch.device(device)
+        self.group_index, self.stage_index = plan.grid_position(rank)
+        self.chunks = chunk_ranges(plan)
+        self.own_chunks = list(range(self.stage_index, len(self.chunks), plan.workers_per_group))
+        built = build_modules(workload, seed=seed)
+        self.modules = {layer: built[layer].to(self.device) for c in self.own_chunks
+                        for layer in range(*self.chunks[c])}
+        self.parameters = [p for layer in sorted(self.modules) for p in self.modules[layer].parameters()]
+        self.mode = weight_mode(plan)
+        if self.mode == "predict" and optimizer != "momentum":
+            raise ValueError(f"training.optimizer: spectrain predicts weights from the momentum buffer; "
+                             f"needs 'momentum', got {optimizer!r}")
+        self.optimizer = make_optimizer(optimizer, self.parameters, learning_rate)
+        self.groups = peer_groups(plan)
+        self.num_microbatches = num_microbatches(plan)
+        self.microbatch_size = int(plan.group_batch) // self.num_microbatches
+        self.loss_scale = 1.0 if self.mode != "accumulate" else 1.0 / self.num_microbatches
+        self.output_shapes = layer_output_shapes(workload, seed)
+        if self.mode == "predict":
+            variant = prediction_variant(plan, rank)
+            self.steps_forward, self.steps_backward = prediction_steps(
+                self.stage_index, plan.workers_per_group, variant)
+        self.losses: list[float] = []
+
+    def chunk_of(self, layer: int) -> int:
+        return next(c for c in self.own_chunks if self.chunks[c][0] <= layer < self.chunks[c][1])
+
+    # ------------------------------------------------------------------ one step
+    def step(self, step_index: int) -> list[tuple]:
+        """Run the rank's actions once; return its spans (seconds from the step's start)."""
+        group_batch = int(self.plan.group_batch)
+        inputs, targets = make_batch(self.workload, group_batch * self.plan.num_groups,
+                                     seed=self.seed + 1000 + step_index)
+        base = self.group_index * group_batch
+        self.batch = (inputs[base:base + group_batch].to(self.device),
+                      targets[base:base + group_batch].to(self.device))
+        self.received, self.flight, self.predicted = {}, {}, {}
+        self.pending_sends, self.reductions, self.unreduced, self.spans = [], [], [], []
+        self.last_backward = None
+        self.losses = []
+        self.step_start = time.perf_counter()
+        for action in self.plan.actions[self.rank]:
+            HANDLERS[type(action)](self, action)
+        for work in self.pending_sends:
+            work.wait()
+        return self.spans
+
+    def _span(self, stream: str, name: str, kind: str, start: float, size_bytes: float = 0.0,
+              microbatch: int = 0, end: float | None = None):
+        now = time.perf_counter() if end is None else end
+        self.spans.append((self.rank, stream, name, kind, start - self.step_start, now - self.step_start,
+                           float(size_bytes), microbatch))
+
+    def _microbatch(self, index: int, column: int) -> torch.Tensor:
+        size = self.microbatch_size
+        return self.batch[column][index * size:(index + 1) * size]
+
+    # ------------------------------------------------------------------ communication
+    def _recv(self, action: Recv) -> None:
+        start = time.perf_counter()
+        kind, _, chunk, microbatch = action.key
+        layer = self.chunks[chunk][1] - 1  # act: output of chunk; grad: gradient of that output
+        buffer = torch.empty((self.microbatch_size, *self.output_shapes[layer]), device=self.device)
+        dist.recv(buffer, src=action.src, tag=message_tag(action.key, len(self.chunks)))
+        self.received[(kind, chunk, microbatch)] = buffer
+        self._span("recv", action.label, "recv", start, buffer.numel() * buffer.element_size(), microbatch)
+
+    def _send(self, action: Send) -> None:
+        start = time.perf_counter()
+        kind, _, chunk, microbatch = action.key
+        if kind == "act":
+            state = self.flight[(chunk, microbatch)]
+            tensor = state.outputs[self.chunks[chunk][1] - 1].detach().contiguous()
+        else:  # the input gradient of chunk + 1 (= gradient of chunk's output)
+            state = self.flight[(chunk + 1, microbatch)]
+            tensor = state.input_grads[self.chunks[chunk + 1][0]].contiguous()
+        tag = message_tag(action.key, len(self.chunks))
+        self.pending_sends.append(dist.isend(tensor, dst=action.dst, tag=tag))
+        self._span("send", action.label, "send", start, tensor.numel() * tensor.element_size(), microbatch)
+
+    def _reduced_layers(self, action: Collective) -> list[int]:
+        """The layers of the current backward's segments since the last collective (one bucket when
+        overlapped); all the rank's layers for a whole-stage allreduce on a multi-chunk rank."""
+        layers, self.unreduced = sorted({layer for a, b in self.unreduced for layer in range(a, b)}), []
+        stage_params = self.plan.stages[self.stage_index].num_params
+        if len(self.own_chunks) > 1 and action.size_bytes in (2 * stage_params, 4 * stage_params):
+            return sorted(self.modules)
+        return layers
+
+    def _collective(self, action: Collective) -> None:
+        """Async allreduce among the stage's replicas; waited for at the update."""
+        start = time.perf_counter()
+        params = [p for layer in self._reduced_layers(action) for p in self.modules[layer].parameters()]
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        work = dist.all_reduce(flat, group=self.groups[self.stage_index], async_op=True)
+        finished_at: list[float] = []
+        work.get_future().add_done_callback(lambda _future: finished_at.append(time.perf_counter()))
+        self.reductions.append((work, flat, params, action, start, finished_at))
+
+    # ------------------------------------------------------------------ compute
+    def _compute(self, action: Compute) -> None:
+        start = time.perf_counter()
+        COMPUTE_PHASES[action.phase](self, action)
+        self._span("compute", action.label, action.phase, start, microbatch=action.microbatch)
+
+    def _forward_weights(self, chunk: int, microbatch: int) -> dict | None:
+        layers = range(*self.chunks[chunk])
+        if self.mode == "accumulate":
+            return None
+        if self.mode == "predict":
+            return self.predicted.pop(microbatch)
+        if self.mode == "stash":
+            return {layer: {name: p.detach().clone().requires_grad_(True)
+                            for name, p in self.modules[layer].named_parameters()} for layer in layers}
+        # newest: same storage as the live weights, own autograd version counter (`.data`), so the
+        # optimizer's in-place updates are what the backward reads
+        return {layer: {name: p.data.requires_grad_(True) for name, p in self.modules[layer].named_parameters()}
+                for layer in layers}
+
+    def _forward(self, action: Compute) -> None:
+        chunk, microbatch = self.chunk_of(action.layer_start), action.microbatch
+        state = self.flight[(chunk, microbatch)] = MicroState(weights=self._forward_weights(chunk, microbatch))
+        x = self._microbatch(microbatch, 0) if chunk == 0 else self.received.pop(("act", chunk - 1, microbatch))
+        for layer in range(action.layer_start, action.layer_end):
+            if layer > 0:
+                x = x.detach().requires_grad_(True)
+            state.inputs[layer] = x
+            module = self.modules[layer]
+            x = module(x) if state.weights is None else functional_call(module, state.weights[layer], (x,))
+            state.outputs[layer] = x
+        if chunk == len(self.chunks) - 1 and action.layer_end == self.chunks[chunk][1]:
+            loss = loss_fn(self.workload, x, self._microbatch(microbatch, 1))
+            self.losses.append(float(loss.detach()))
+            state.loss = loss * self.loss_scale
+
+    def _backward(self, action: Compute) -> None:
+        chunk, microbatch = self.chunk_of(action.layer_start), action.microbatch
+        state = self.flight[(chunk, microbatch)]
+        chunk_end = self.chunks[chunk][1]
+        if self.last_backward != (chunk, microbatch):
+            self.unreduced, self.last_backward = [], (chunk, microbatch)
+        for layer in range(action.layer_end - 1, action.layer_start - 1, -1):
+            if layer < chunk_end - 1:
+                state.outputs[layer].backward(state.input_grads[layer + 1])
+            elif chunk == len(self.chunks) - 1:
+                state.loss.backward()
+            else:
+                state.outputs[layer].backward(self.received.pop(("grad", chunk, microbatch)))
+            x = state.inputs[layer]
+            state.input_grads[layer] = x.grad if x.requires_grad else None
+            state.outputs[layer] = None
+        if state.weights is not None:  # asynchronous: this micro-batch's gradient onto the live weights
+            with torch.no_grad():
+                for layer in range(action.layer_start, action.layer_end):
+                    for name, p in self.modules[layer].named_parameters():
+                        used = state.weights[layer][name]
+                        p.grad = used.grad.clone() if p.grad is None else p.grad.add_(used.grad)
+        self.unreduced.append((action.layer_start, action.layer_end))
+
+    def _predict(self, action: Compute) -> None:
+        """SpecTrain: weights for micro-batch i's forward, or (staggered) its backward."""
+        microbatch = action.microbatch
+        chunk = self.own_chunks[0]
+        state = self.flight.get((chunk, microbatch))
+        layers = range(*self.chunks[chunk])
+        if state is None:
+            params = [p for layer in layers for p in self.modules[layer].parameters()]
+            values = iter(predicted_weights(params, self.optimizer, self.steps_forward, self.learning_rate))
+            self.predicted[microbatch] = {layer: {name: next(values).requires_grad_(True)
+                                                  for name, _ in self.modules[layer].named_parameters()}
+                                          for layer in layers}
+        elif self.steps_backward is not None:
+            for layer in layers:
+                live = dict(self.modules[layer].named_parameters())
+                predicted = predicted_weights(live.values(), self.optimizer, self.steps_backward,
+                                              self.learning_rate)
+                for (name, _), value in zip(live.items(), predicted):
+                    state.weights[layer][name].data.copy_(value)  # not a version bump: the graph reads it
+
+    def _update(self, action: Compute) -> None:
+        for work, flat, params, reduction, start, finished_at in self.reductions:
+            work.wait()
+            self._span("comm", reduction.label, reduction.op, start, flat.numel() * flat.element_size(),
+                       end=finished_at[0] if finished_at else None)
+            flat /= self.plan.num_groups
+            offset = 0
+            for p in params:
+                count = p.numel()
+                p.grad.copy_(flat[offset:offset + count].view_as(p))
+                offset += count
+        self.reductions = []
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=False)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters keyed by global layer index and parameter name."""
+        return {f"{layer}.{name}": p.detach().cpu().clone()
+                for layer in sorted(self.modules) for name, p in self.modules[layer].named_parameters()}
+
+
+COMPUTE_PHASES = {FORWARD: PipelineExecutor._forward, BACKWARD: PipelineExecutor._backward,
+                  OPTIMIZER: PipelineExecutor._update, PREDICT: PipelineExecutor._predict}
+HANDLERS = {Recv: PipelineExecutor._recv, Send: PipelineExecutor._send, Compute: PipelineExecutor._compute,
+            Collective: PipelineExecutor._collective}
+
+__all__ = ["ASYNCHRONOUS_KINDS", "PipelineExecutor", "chunk_ranges", "num_microbatches", "prediction_steps",
+           "prediction_variant", "weight_mode"]
