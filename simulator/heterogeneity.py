@@ -60,6 +60,9 @@ class Slowed:
     def axpy_s(self, num_params: int) -> float:
         return self.costs.axpy_s(num_params) * self.factor
 
+    def topk_s(self, num_elements: int, density: float | None = None) -> float:
+        return self.costs.topk_s(num_elements, density) * self.factor
+
 
 def _costs_for_gpu(costs: CostModel, gpu: GpuSpec) -> CostModel:
     if not isinstance(costs, AnalyticCosts):

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from simulator.memory import CATEGORIES, memory_config, memory_timeline, rank_memory  # noqa: E402
+from simulator.output import write_figure_atomic  # noqa: E402
 
 MAX_PANELS = 8
 GIB = 2**30
@@ -45,17 +43,7 @@ def write_memory_plot(result, path: str | Path) -> Path:
     figure.suptitle(f"{result.summary['scenario']}: memory per device "
                     f"(policy {config.memory_policy}, recompute {config.recompute})", fontsize=9)
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
-    plt.close(figure)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(buffer.getvalue())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+        return write_figure_atomic(path, figure, dpi=110)
+    finally:
+        plt.close(figure)

@@ -53,13 +53,14 @@ def add_commands(commands) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from validator.calibrate import DEFAULT_BATCH_SIZES, DEFAULT_REPEATS, calibrate
+    from validator.calibrate import DEFAULT_BATCH_SIZES, DEFAULT_REPEATS, DEFAULT_TOPK_DENSITIES, calibrate
     scenario = load_scenario(args.scenario, args.overrides)
     workload = resolve_workload(scenario.model, scenario.base_dir)
     batch_sizes = _int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else DEFAULT_BATCH_SIZES
     document = calibrate(workload, dict(scenario.model.params), args.out, device=args.device,
                          world_size=args.world_size, batch_sizes=batch_sizes,
-                         repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer)
+                         repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
+                         topk_densities=sorted({*DEFAULT_TOPK_DENSITIES, scenario.strategy.compression_density}))
     if args.json:
         print(json.dumps(document, indent=1))
     return 0

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.func import functional_call
 
+from simulator.errors import ScenarioError
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
 from simulator.workload import Workload
 from validator.microbench import make_optimizer
@@ -130,6 +131,9 @@ class PipelineExecutor:
 
     def __init__(self, plan: Plan, workload: Workload, rank: int, optimizer: str = "sgd",
                  learning_rate: float = 0.01, seed: int = 0, device: str = "cpu"):
+        if plan.meta.get("topk"):
+            raise ScenarioError("strategy.gradient_compression: topk is not supported by the pipeline runtime "
+                                f"(strategy.kind {plan.strategy}); run top-k with dp or ghp")
         self.plan, self.workload, self.rank, self.seed = plan, workload, rank, seed
         self.learning_rate = learning_rate
         self.device = torch.device(device)

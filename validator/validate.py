@@ -11,6 +11,7 @@ import statistics
 from dataclasses import replace
 
 from simulator.compare import with_strategy
+from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.profile import ProfileCosts, load_profile
 from simulator.records import device_breakdown
@@ -35,6 +36,9 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
         variant = with_strategy(scenario, kind, groups)
         predicted = simulate(variant, costs=costs, workload=workload)
         plan, run_options = predicted.plan, options
+        if plan.meta.get("topk") and "schedule_kind" in plan.meta:
+            raise ScenarioError(f"strategy.gradient_compression: topk runs for real only with dp or ghp, "
+                                f"not {plan.strategy}")
         if plan.meta.get("asynchronous"):  # run the steady-state plan and time the window predicted
             plan = steady_state_plan(variant, workload, build_topology(variant.cluster), costs)
             run_options = replace(options, steady_state=(plan.workers_per_group,

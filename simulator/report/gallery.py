@@ -4,7 +4,8 @@ stating the paper's claims beside our simulated figures, plus an index README.
 `python -m simulator.report.gallery` or `ghpsim gallery --out reports/gallery` regenerates it.
 Entries: gallery_ghp, gallery_hyparflow, gallery_spectrain, gallery_pase, gallery_laysa (each
 `build(root, quick) -> GalleryEntry`); the claim section type is gallery_claims.py. Output is
-byte-identical on re-run (fixed order, no times or absolute paths, PNGs without metadata).
+byte-identical on re-run (fixed order, no times or absolute paths, PNGs without metadata) as long as
+matplotlib and pandas stay at the same versions (their rendering and number formatting).
 """
 
 from __future__ import annotations
