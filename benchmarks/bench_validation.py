@@ -33,6 +33,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--out", default=str(ROOT / "reports" / "validation_cpu.csv"))
+    parser.add_argument("--reuse-profiles", action="store_true",
+                        help="use the profiles already in reports/profiles (fitted by an earlier run of this benchmark)")
     args = parser.parse_args()
     rows = []
     for name in MODELS:
@@ -41,8 +43,9 @@ def main() -> int:
                                      [f"cluster.gpus_per_node={world_size}"])
             workload = resolve_workload(scenario.model, scenario.base_dir)
             profile = ROOT / "reports" / "profiles" / f"{name}_ws{world_size}.json"
-            calibrate(workload, dict(scenario.model.params), profile, world_size=world_size,
-                      optimizer=scenario.training.optimizer, verbose=False)
+            if not (args.reuse_profiles and profile.exists()):
+                calibrate(workload, dict(scenario.model.params), profile, world_size=world_size,
+                          optimizer=scenario.training.optimizer, verbose=False)
             specs = [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
             result = validate(scenario, str(profile), specs,
                               RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer))
