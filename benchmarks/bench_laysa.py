@@ -13,47 +13,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from simulator.costs import single_device_step_s
-from simulator.engine import Engine
-from simulator.model_source import resolve_workload
-from simulator.records import span_table
+from simulator.report.gallery_laysa import VARIANTS
 from simulator.scenario import load_scenario
-from simulator.simulate import _summary, analytic_costs
-from simulator.strategies import compile_plan
-from simulator.strategies.ghp import apply_training_options, training_options
-from simulator.topology import build_topology
+from simulator.simulate import simulate
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "laysa_resnet_10gbe.yaml"
-VARIANTS = {
-    "baseline": [],
-    "reuse": ["training.memory_policy=reuse"],
-    "sparse": ["strategy.gradient_compression=topk"],
-    "laysa": ["training.memory_policy=laysa"],
-    "reuse+offload": ["training.memory_policy=reuse", "training.offload_activations=true"],
-    "laysa+offload": ["training.memory_policy=laysa", "training.offload_activations=true"],
-}
 
 
-def simulate_with_options(scenario) -> dict:
-    """`simulator.simulate.simulate`, making sure the plan carries recompute / top-k actions even
-    where `compile_plan` does not apply `apply_training_options` yet."""
-    workload = resolve_workload(scenario.model, scenario.base_dir)
-    costs = analytic_costs(scenario, workload)
-    topology = build_topology(scenario.cluster)
-    plan = compile_plan(scenario, workload, topology, costs)
-    if "recompute_actions" not in plan.meta:
-        plan = apply_training_options(plan, workload, **training_options(scenario))
-    result = Engine(plan, topology, costs, scenario.strategy.num_parameter_servers).run()
-    step_s = float(span_table(result.spans)["end_s"].max())
-    baseline_s = single_device_step_s(costs, workload, scenario.training.global_batch_size)
-    return _summary(scenario, workload, topology, plan, result, step_s, baseline_s, costs)
+def simulate_summary(scenario) -> dict:
+    return simulate(scenario).summary
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
-    summaries = {name: simulate_with_options(load_scenario(SCENARIO, [*args.overrides, *extra]))
+    summaries = {name: simulate_summary(load_scenario(SCENARIO, [*args.overrides, *extra]))
                  for name, extra in VARIANTS.items()}
     base = summaries["baseline"]
     capacity = base["memory"]["capacity_bytes"]
@@ -74,7 +49,7 @@ def main() -> int:
           f"peak memory {_mem(laysa, sparse):+.1f}%")
     print("\ntop-k density sweep (sparse exchange vs dense allreduce, worst rank, uncontended):")
     for density in (0.001, 0.01, 0.05, 0.125, 0.25, 0.5):
-        summary = simulate_with_options(load_scenario(SCENARIO, [*args.overrides, *VARIANTS["sparse"],
+        summary = simulate_summary(load_scenario(SCENARIO, [*args.overrides, *VARIANTS["sparse"],
                                                                  f"strategy.compression_density={density}"]))
         compression = summary["gradient_compression"]
         print(f"  rho {density:6.3f}: sparse {compression['sparse_s'] * 1e3:8.1f} ms "
