@@ -6,7 +6,8 @@ run gpipe, 1f1b, interleaved_1f1b (v = 2), pipedream (weight stashing) and spect
 micro-batches for real and in simulation. Synchronous kinds: median step makespan; asynchronous
 kinds: the steady-state window (see validator/measure.py). The validated runs never enter the
 profile. Writes reports/validation_pipelines_cpu.csv.
-Run: python benchmarks/bench_pipeline_validation.py [--steps 6] [--reuse-profiles]
+Run: python benchmarks/bench_pipeline_validation.py [--steps 6] [--reuse-profiles] [--pipeline-runtime torch]
+(torch: gpipe and 1f1b through torch.distributed.pipelining, validator/torch_pipelining.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
     parser.add_argument("--reuse-profiles", action="store_true", help="use existing momentum profiles")
+    parser.add_argument("--pipeline-runtime", choices=("own", "torch"), default="own",
+                        help="torch: gpipe / 1f1b through torch.distributed.pipelining (other schedules skipped)")
     parser.add_argument("--out", default=str(ROOT / "reports" / "validation_pipelines_cpu.csv"))
     args = parser.parse_args()
     rows = []
@@ -52,6 +55,8 @@ def main() -> int:
                 calibrate(workload, dict(scenario.model.params), profile, world_size=stages,
                           optimizer="momentum", verbose=False)
             kinds = args.schedules.split(",")
+            if args.pipeline_runtime == "torch":
+                kinds = [kind for kind in kinds if kind in ("gpipe", "1f1b")]
             result_rows = []
             for group, extra in ((tuple(k for k in kinds if k != "interleaved_1f1b"), []),
                                  (tuple(k for k in kinds if k == "interleaved_1f1b"), ["strategy.num_virtual_stages=2"])):
@@ -60,10 +65,12 @@ def main() -> int:
                 variant = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml", overrides + extra)
                 specs = [(f"{kind}:{args.microbatches}", None) for kind in group]
                 result_rows += validate(variant, str(profile), specs,
-                                        RunOptions(steps=args.steps, warmup=2, optimizer="momentum"))["rows"]
+                                        RunOptions(steps=args.steps, warmup=2, optimizer="momentum",
+                                                   pipeline_runtime=args.pipeline_runtime))["rows"]
             result = {"rows": result_rows}
             for row in result["rows"]:
                 row["model"] = name
+                row["pipeline_runtime"] = args.pipeline_runtime
                 rows.append(row)
                 print(f"{name:16s} p={stages} {row['strategy']:30s} predicted {row['predicted_s'] * 1e3:8.2f} ms "
                       f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} %", flush=True)

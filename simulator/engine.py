@@ -21,6 +21,7 @@ from simulator.collectives import choose_algorithm, collective_phases, pairs_pha
 from simulator.costs import CostModel
 from simulator.errors import SimulationError
 from simulator.heterogeneity import DeviceCosts
+from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
 from simulator.network import FlowNetwork
 from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send
 from simulator.sparse import SELECTION_PHASE
@@ -57,13 +58,11 @@ class Engine:
         self.costs = costs
         self.num_parameter_servers = num_parameter_servers
         self.env = _CountingEnvironment()
-        bandwidths = [link.bandwidth_bytes_per_s for link in topology.links]
+        self.network = FlowNetwork(self.env, [link.bandwidth_bytes_per_s for link in topology.links])
         self.host_parallelism = getattr(costs, "host_parallelism", None)
-        if self.host_parallelism is not None:
-            # Shared host processors (a calibrated CPU host): one extra "link" per node whose
-            # capacity is the host's parallelism in core-seconds per second; see _host_job.
-            bandwidths += [self.host_parallelism] * topology.num_nodes
-        self.network = FlowNetwork(self.env, bandwidths)
+        if self.host_parallelism is not None:  # shared host processors (a calibrated CPU host)
+            self.hosts = HostPool(self.env, self.host_parallelism, topology.num_nodes,
+                                  getattr(costs, "interference", None))
         device_costs = DeviceCosts(costs, topology)
         self._rank_costs = [device_costs.model_of(device) for device in plan.rank_to_device]
         self.spans: list[tuple] = []
@@ -109,7 +108,7 @@ class Engine:
             if self.host_parallelism is None:
                 yield self.env.timeout(self._duration_s(action, rank))
             else:
-                yield self._host_job(self._duration_s(action, rank), [rank], 1)
+                yield self._host_job(self._duration_s(action, rank), [rank], 1, COMPUTE)
             self.spans.append((rank, "compute", action.label, action.phase, start, self.env.now, 0.0,
                                action.microbatch))
             self._done[rank][action.id].succeed()
@@ -137,7 +136,7 @@ class Engine:
             self.algorithms["measured"] += 1
             duration_s = measured(action.size_bytes, len(action.ranks))
             if self.host_parallelism is not None:
-                yield self._host_job(duration_s, action.ranks, len(action.ranks))
+                yield self._host_job(duration_s, action.ranks, len(action.ranks), COLLECTIVE)
             else:
                 yield self.env.timeout(duration_s)
         else:
@@ -184,7 +183,7 @@ class Engine:
         source, target = self.plan.rank_to_device[rank], self.plan.rank_to_device[action.dst]
         measured = getattr(self.costs, "p2p_s", None)
         if measured is not None and self.host_parallelism is not None:
-            yield self._host_job(measured(action.size_bytes), (rank, action.dst), 2)
+            yield self._host_job(measured(action.size_bytes), (rank, action.dst), 2, P2P)
         elif measured is not None:
             yield self.env.timeout(measured(action.size_bytes))
         else:
@@ -204,22 +203,17 @@ class Engine:
         for tier, size in phase.tier_bytes:
             self.tier_bytes[tier] += size
 
-    def _host_job(self, measured_s: float, ranks, ranks_when_measured: int) -> simpy.Event:
-        """Processor sharing on calibrated hosts (processes on shared cores, e.g. gloo on a CPU).
-
-        Each participating rank is one thread of the host: alone it runs at rate 1; n threads on a
-        host of parallelism P each run at min(1, P / n). A job measured at `measured_s` while
-        `ranks_when_measured` threads were busy holds min(1, P / k) x measured_s core-seconds of
-        work per thread (processor sharing, Kleinrock, Queueing Systems vol. 2, 1976, ch. 4).
+    def _host_job(self, measured_s: float, ranks, ranks_when_measured: int, kind: str) -> simpy.Event:
+        """A job of threads on calibrated hosts (processes on shared cores, e.g. gloo on a CPU;
+        `simulator.host_sharing`): each participating rank is one thread of its node. A job measured
+        at `measured_s` while `ranks_when_measured` threads of its class were busy holds
+        min(1, P / k) x measured_s seconds of work at rate 1 (processor sharing, Kleinrock 1976).
         """
-        parallelism = self.host_parallelism
-        work_s = measured_s * min(1.0, parallelism / ranks_when_measured)
+        work_s = measured_s * min(1.0, self.host_parallelism / ranks_when_measured)
         per_host: dict[int, int] = defaultdict(int)
         for rank in ranks:
             per_host[self.topology.node_of(self.plan.rank_to_device[rank])] += 1
-        first_host = len(self.topology.links)
-        usage = tuple((first_host + node, count) for node, count in sorted(per_host.items()))
-        return self.network.transfer(work_s, usage, cap=1.0)
+        return self.hosts.run(work_s, kind, tuple(sorted(per_host.items())))
 
     # ------------------------------------------------------------------ bookkeeping
     def _register_receives(self) -> None:

@@ -48,8 +48,10 @@ to their FLOPs (forward in layer order, backward in reverse), so buffers appear 
   "Memory Format Propagation"), a conv layer's backward also holds blocked copies of dL/dY and
   dL/dX: + (input + output) elements. Measured alone (torch 2.13 CPU, 16-64 channels): dL/dX +
   2 maps + dW; channels below 16 are also padded to 16, which is not modelled.
-- comm_buffers: a collective's buffer (allreduce: its size; top-k allgather: the gathered p k
-  values + indices) from the start of its span until the next optimizer update has consumed it.
+- comm_buffers: a top-k allgather's buffer (the gathered p k values + indices) from the start of
+  its span until the next optimizer update has consumed it. A dense allreduce needs none: the
+  gradients are views into their flat bucket, which is reduced in place (PyTorch DDP's
+  `gradient_as_bucket_view=True`, what the validator's runtime does).
 memory_policy laysa also applies the mirror weight update: each layer's weight gradient is folded
 into its residual right after that layer's backward, so only one layer's gradient buffer exists.
 """
@@ -203,8 +205,8 @@ class _RankWalk:
             if isinstance(action, Collective):
                 start, end = self.comm_spans[comm_index]
                 comm_index += 1
-                size = action.size_bytes * (len(action.ranks) if action.op == "allgather" else 1)
-                buffers.append((start, end, size))
+                if action.op == "allgather":  # dense allreduces reduce the gradients in place
+                    buffers.append((start, end, action.size_bytes * len(action.ranks)))
             elif isinstance(action, Compute):
                 start, end = self.compute_spans[compute_index]
                 if action.phase == FORWARD:

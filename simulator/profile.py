@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import ScenarioError
+from simulator.host_sharing import COMM_CLASSES, Interference
 from simulator.document_reader import DocumentReader as _Reader
 from simulator.document_reader import show_value as _show
 from simulator.workload import Workload
@@ -46,6 +47,7 @@ listed here are allowed and ignored by `load_profile` (the validator adds raw me
 | `compute_slowdown` | `{"<ranks computing at once>": factor}` | optional; see below |
 | `allgather` | `{"<group size>": ALPHA_BETA}` | optional (older profiles lack it; then plans with top-k compression cannot be timed): allgather among a group of that many ranks; `S` = the bytes *each rank contributes* |
 | `topk` | `{"<density>": TOPK_FIT}` | optional (as `allgather`): the top-k selection pass at that density; see below |
+| `overlap` | `{"world_size", "collective": OVERLAP, "p2p": OVERLAP}` | optional (CPU profiles from the overlap microbenchmark on): see below |
 
 * `FIT` = `{"intercept_s": >= 0, "per_sample_s": >= 0}`: the pass of that layer on a batch of `b`
   samples takes `intercept_s + per_sample_s x b` seconds (least squares over `batch_sizes`).
@@ -59,6 +61,12 @@ listed here are allowed and ignored by `load_profile` (the validator adds raw me
   `compute_slowdown[k]` is the time of a pass with `k` ranks computing at once relative to one
   rank computing alone (`"1"` is 1.0). `ProfileCosts(..., concurrent_ranks=k)` rescales the
   fits by `compute_slowdown[k] / compute_slowdown[world_size]`.
+* `OVERLAP` = `{"compute_slowdown": > 0, "comm_slowdown": > 0, ...}`: with all `world_size`
+  ranks computing while all of them run that kind of communication (a stream of asynchronous
+  allreduces; point-to-point messages between rank pairs), compute ran `compute_slowdown` times
+  and the communication `comm_slowdown` times slower than each alone
+  (`validator.overlap_bench`); the engine's shared-host model uses them
+  (`simulator.host_sharing`). Without the section both share one processor pool.
 * `TOPK_FIT` = `{"intercept_s": >= 0, "per_element_s": >= 0, "elements": [...], "medians_s": [...]}`:
   error feedback and selection on a flat fp32 gradient bucket of `n` elements (residual added,
   top-k of the magnitudes with k = ceil(density x n), the values gathered, the residual zeroed
@@ -150,6 +158,7 @@ class Profile:
     compute_slowdown: Mapping[int, float]
     allgather: Mapping[int, AlphaBeta] = field(default_factory=dict)
     topk: Mapping[float, SelectionFit] = field(default_factory=dict)
+    overlap: Interference | None = None
     model_layer_names: tuple[str, ...] | None = None
     model_num_params: int | None = None
     model_forward_flops_per_sample: float | None = None
@@ -251,6 +260,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
             raise read.fail(where, f"expected an object, got {_show(entry)}")
         topk[density] = _selection_fit(read, entry, where)
 
+    overlap = _overlap(read, document)
     slowdown = {1: 1.0}
     raw_slowdown = read.mapping(document, "compute_slowdown", "compute_slowdown", optional=True) or {}
     for key in raw_slowdown:
@@ -271,11 +281,26 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         optimizer_name=optimizer_name, optimizer=optimizer_fit,
         p2p=p2p, allreduce=dict(sorted(allreduce.items())),
         compute_slowdown=dict(sorted(slowdown.items())),
-        allgather=dict(sorted(allgather.items())), topk=dict(sorted(topk.items())),
+        allgather=dict(sorted(allgather.items())), topk=dict(sorted(topk.items())), overlap=overlap,
         model_layer_names=tuple(layer_names) if layer_names is not None else None,
         model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,
         document=document,
     )
+
+
+def _overlap(read: _Reader, document) -> Interference | None:
+    """The optional `overlap` section as `simulator.host_sharing.Interference`."""
+    section = read.mapping(document, "overlap", "overlap", optional=True)
+    if not section:
+        return None
+    world = read.integer(section, "world_size", "overlap.world_size", minimum=1)
+    compute, comm = {}, {}
+    for kind in COMM_CLASSES:
+        entry = read.mapping(section, kind, f"overlap.{kind}", optional=True)
+        if entry:
+            compute[kind] = read.number(entry, "compute_slowdown", f"overlap.{kind}.compute_slowdown", positive=True)
+            comm[kind] = read.number(entry, "comm_slowdown", f"overlap.{kind}.comm_slowdown", positive=True)
+    return Interference(world, compute, comm)
 
 
 def _group_fits(read: _Reader, document, name: str) -> dict[int, AlphaBeta]:
@@ -356,6 +381,7 @@ class ProfileCosts:
         self.profile = profile
         self.workload = workload
         self.host_parallelism = None
+        self.interference = None
         if shared_host:
             # Ranks share the host's cores: the engine plays every compute and communication job
             # on a processor-sharing pool of parallelism P = W / slowdown(W) (W ranks computing at
@@ -363,6 +389,7 @@ class ProfileCosts:
             concurrent_ranks = 1
             world = profile.world_size
             self.host_parallelism = world / self.slowdown(world) if world > 1 else 1.0
+            self.interference = profile.overlap
         _check_model(profile, workload)
         if optimizer is not None and optimizer != profile.optimizer_name:
             raise ScenarioError(

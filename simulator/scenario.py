@@ -123,7 +123,7 @@ class StrategyConfig(_Frozen):
     kind: StrategyKind = "dp"
     num_groups: PositiveInt | None = None
     placement: Literal["group_per_node", "stage_per_node"] | tuple[int, ...] = "group_per_node"
-    partition: Literal["balanced"] | tuple[PositiveInt, ...] = "balanced"
+    partition: Literal["balanced", "pipedream"] | tuple[PositiveInt, ...] = "balanced"
     bucket_size_bytes: PositiveBytes = 25 * 2**20
     overlap_backward: bool = True
     collective: Literal["auto", "ring", "tree", "hierarchical"] = "auto"

@@ -100,6 +100,10 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert set(profile.allreduce) == {2}
     assert profile.allreduce[2].bandwidth_bytes_per_s > 0
     assert profile.compute_slowdown[1] == 1.0 and profile.compute_slowdown[2] > 0
+    assert profile.overlap is not None and profile.overlap.world_size == 2
+    for kind in ("collective", "p2p"):  # each measured with a stream of at least the default length
+        assert profile.overlap.compute_slowdown[kind] > 0 and profile.overlap.comm_slowdown[kind] > 0
+        assert document["overlap"][kind]["num_messages"] >= {"collective": 16, "p2p": 64}[kind]
     assert document["format"] == "ghpsim-profile/1"
 
     costs = ProfileCosts(profile, workload, optimizer="sgd")

@@ -23,18 +23,18 @@ def _dp(config: MemoryConfig, batch=8, bucket_bytes=2 * PARAMS * E, optimizer_s=
 
 
 @pytest.mark.parametrize("optimizer, state_copies", [("sgd", 0), ("momentum", 1), ("adam", 2)])
-def test_dp_peak_is_weights_grads_state_feature_and_gradient_maps_at_b_over_n_and_one_bucket(optimizer, state_copies):
+def test_dp_peak_is_weights_grads_state_feature_and_gradient_maps_at_b_over_n(optimizer, state_copies):
     """Policy none: every layer's input feature map and input gradient (none for the data) stay until
     backward ends. Two candidate peaks: backward's start (all activations + logits and log-softmax,
     the last layer's input gradient and the loss's NLL gradient) and layer 0's backward (3 input
-    gradients and the first bucket in flight)."""
+    gradients; the buckets in flight are the gradients themselves, reduced in place)."""
     device = _dp(MemoryConfig(optimizer=optimizer))
     b = 8 / 2  # B / N samples per rank
     unit = ELEMENTS * b * E
     persistent = 2 * LAYERS * PARAMS * E + state_copies * LAYERS * PARAMS * 4
     workspace = unit + PARAMS * E               # a layer's output gradient + fresh weight gradient
     at_backward_start = persistent + (LAYERS + 2) * unit + 2 * unit + workspace
-    at_first_layer = persistent + LAYERS * unit + (LAYERS - 1) * unit + workspace + 2 * PARAMS * E
+    at_first_layer = persistent + LAYERS * unit + (LAYERS - 1) * unit + workspace
     assert device["peak_memory_bytes"] == pytest.approx(max(at_backward_start, at_first_layer))
     breakdown = device["memory_breakdown_bytes"]
     assert breakdown["activations"] == (LAYERS + 2) * unit and breakdown["gradient_maps"] == 2 * unit
@@ -43,22 +43,8 @@ def test_dp_peak_is_weights_grads_state_feature_and_gradient_maps_at_b_over_n_an
     plan, spans = run_grid(workload, Topology(1, 2, link(0.0, 1e6), link(0.0, 1e6)),
                            FixedCosts(1.0, optimizer_s=0.5), 2, 1, 8, bucket_size_bytes=2 * PARAMS * E)
     frame = memory_timeline(rank_memory(plan, workload, spans, MemoryConfig(optimizer=optimizer))[0])
-    assert frame[frame["comm_buffers"] > 0]["total_bytes"].max() == pytest.approx(at_first_layer)
-
-
-def test_a_bucket_buffer_lives_from_its_allreduce_until_the_optimizer_consumes_it():
-    workload = toy_workload(LAYERS, num_params=PARAMS, output_elements=ELEMENTS)
-    topology = Topology(1, 2, link(0.0, 1e6), link(0.0, 1e6))
-    plan, spans = run_grid(workload, topology, FixedCosts(1.0, optimizer_s=0.5), 2, 1, 8,
-                           bucket_size_bytes=2 * PARAMS * E)
-    frame = memory_timeline(rank_memory(plan, workload, spans, MemoryConfig())[0])
-    comm = spans[(spans["rank"] == 0) & (spans["stream"] == "comm")]
-    optimizer_end = spans[(spans["rank"] == 0) & (spans["kind"] == "opt")]["end_s"].max()
-    first_start = comm["start_s"].min()
-    live = frame.set_index("time_s")["comm_buffers"]
-    assert live[first_start] == 2 * PARAMS * E             # first bucket (layers 2-3) in flight
-    assert live.loc[:optimizer_end - 1e-12].max() == 4 * PARAMS * E  # both held until the update
-    assert live[optimizer_end] == 0
+    assert (frame["comm_buffers"] == 0).all()  # dense allreduces reduce the gradient buckets in place
+    assert frame["total_bytes"].max() == pytest.approx(max(at_backward_start, at_first_layer))
 
 
 def _sparse_saving_workload():
@@ -78,11 +64,12 @@ def test_reuse_writes_gradient_maps_into_activation_buffers_so_they_do_not_pile_
     none, reuse = (memory_report(plan, workload, spans, MemoryConfig(memory_policy=policy))["devices"][0]
                    for policy in ("none", "reuse"))
     b, persistent = 4, 2 * LAYERS * PARAMS * E
-    unit, workspace, bucket = ELEMENTS * b * E, ELEMENTS * b * E + PARAMS * E, 2 * PARAMS * E
-    # none: at layer 0's (or 1's) backward, 3 input gradient maps, the kept feature maps, the first bucket
-    assert none["peak_memory_bytes"] == pytest.approx(persistent + 3 * unit + 4 * 10 * b * E + workspace + bucket)
-    # reuse: at layer 1's backward, layers 0-1's activations, the incoming gradient of segment 0-1, the bucket
-    assert reuse["peak_memory_bytes"] == pytest.approx(persistent + 2 * 10 * b * E + unit + workspace + bucket)
+    unit, workspace = ELEMENTS * b * E, ELEMENTS * b * E + PARAMS * E
+    # none: at layer 0's (or 1's) backward, 3 input gradient maps, the kept feature maps (the buckets
+    # in flight are the gradients themselves)
+    assert none["peak_memory_bytes"] == pytest.approx(persistent + 3 * unit + 4 * 10 * b * E + workspace)
+    # reuse: at layer 1's backward, layers 0-1's activations, the incoming gradient of segment 0-1
+    assert reuse["peak_memory_bytes"] == pytest.approx(persistent + 2 * 10 * b * E + unit + workspace)
     assert reuse["peak_memory_bytes"] < none["peak_memory_bytes"]
 
 

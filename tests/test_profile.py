@@ -136,6 +136,9 @@ def _broken(mutate):
     (_broken(lambda d: d["optimizer"].pop("per_param_s")), "optimizer.per_param_s: missing field"),
     (_broken(lambda d: d["compute_slowdown"].update({"4": "x"})), "compute_slowdown.4"),
     (_broken(lambda d: d.update(model="mlp")), "model: expected an object"),
+    (_broken(lambda d: d.update(overlap={"world_size": 4, "collective": {"compute_slowdown": 0, "comm_slowdown": 2}})),
+     "overlap.collective.compute_slowdown"),
+    (_broken(lambda d: d.update(overlap={"collective": {}})), "overlap.world_size: missing field"),
 ])
 def test_malformed_or_foreign_files_raise_scenario_error(tmp_path, doc, field):
     path = write(tmp_path, doc, "bad_profile.json")
@@ -144,6 +147,19 @@ def test_malformed_or_foreign_files_raise_scenario_error(tmp_path, doc, field):
     message = str(error.value)
     assert str(path) in message and field in message
     assert "\n" not in message
+
+
+def test_overlap_section_becomes_the_shared_host_interference(tmp_path):
+    doc = document()
+    doc["overlap"] = {"world_size": 4, "collective": {"compute_slowdown": 1.3, "comm_slowdown": 2.5, "stream_s": 0.1},
+                      "p2p": {"compute_slowdown": 1.1, "comm_slowdown": 1.7}}
+    profile = load_profile(write(tmp_path, doc))
+    shared = ProfileCosts(profile, workload(), shared_host=True).interference
+    assert shared.world_size == 4
+    assert shared.compute_slowdown == {"collective": 1.3, "p2p": 1.1}
+    assert shared.comm_slowdown == {"collective": 2.5, "p2p": 1.7}
+    assert ProfileCosts(profile, workload()).interference is None  # only on a shared host
+    assert load_profile(write(tmp_path, document(), "old.json")).overlap is None  # older profiles
 
 
 def test_missing_file(tmp_path):

@@ -23,6 +23,11 @@
    groups of consecutive ranks (`new_group`) that all allreduce at the same time (as the
    concurrent groups of a GHP/DP plan do); each group's median (of the slowest member) is
    averaged over groups.
+6. **Overlap** (CPU, world_size >= 2; `validator.overlap_bench`): compute steps (the layers'
+   forward + backward at the middle batch size) alone, a stream of asynchronous allreduces (or of
+   point-to-point messages between rank pairs) alone, and both at once, all ranks together:
+   compute's and communication's slowdowns when they overlap on the shared cores
+   (`simulator.host_sharing`).
 5. **Top-k** (sparse gradients, `simulator.sparse`): the runtime's selection with error feedback
    (`validator.microbench.time_topk`) on flat gradients of 4096 x 4^j elements up to the model's
    parameter count, all ranks at once, at each density of `topk_densities` (fitted against the
@@ -54,6 +59,8 @@ from simulator.output import write_json_atomic
 from simulator.profile import FORMAT
 from simulator.workload import Workload
 from validator.launch import LaunchConfig, spawn
+from validator.overlap_bench import (DEFAULT_OVERLAP_BYTES, DEFAULT_OVERLAP_MESSAGES, OVERLAP_KINDS,
+                                     model_steps, time_overlap)
 from validator.microbench import (DEFAULT_MIN_BLOCK_S, agree_max, fit_line, load_models_module,
                                   time_allgather, time_allreduce, time_layers, time_optimizer, time_p2p,
                                   time_topk)
@@ -171,6 +178,14 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
         per_group = [group_medians[start] for start in range(0, world, g)]
         allgather[g] = {"medians_s": [sum(col) / len(col) for col in zip(*per_group)],
                         "concurrent_groups": world // g}
+    overlap = {}
+    if world >= 2 and device == "cpu":  # shared cores: how compute and communication slow each other
+        steps = model_steps(workload, settings.batch_sizes[len(settings.batch_sizes) // 2],
+                            load_models_module(settings.models), seed=settings.seed)
+        for kind in OVERLAP_KINDS:
+            _say(settings, f"overlap: compute with a {kind} stream, {world} ranks at once")
+            overlap[kind] = time_overlap(steps, kind, DEFAULT_OVERLAP_BYTES[kind], DEFAULT_OVERLAP_MESSAGES[kind],
+                                         repeats=settings.repeats, warmup=settings.warmup)
     dist.barrier()
     measure_s = time.perf_counter() - started
     machine_after, own_after = _machine_cpu(), _own_cpu_s()
@@ -179,7 +194,8 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
     if rank != 0:
         return None
     return {"layers": layer_medians, "optimizer": optimizer, "p2p": p2p,
-            "allreduce": allreduce, "allgather": allgather, "topk": topk, "measure_s": measure_s,
+            "allreduce": allreduce, "allgather": allgather, "topk": topk, "overlap": overlap,
+            "measure_s": measure_s,
             "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
             "num_threads": torch.get_num_threads(),
             "device_name": _device_name(device)}
@@ -311,6 +327,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
                       for g, item in sorted(raw.get("allgather", {}).items())},
         "topk": {repr(float(density)): _topk_fit(items, notes, f"topk.{density}")
                  for density, items in sorted(raw.get("topk", {}).items())},
+        **({"overlap": {"world_size": world_size, **raw["overlap"]}} if raw.get("overlap") else {}),
         "method": {
             "layers": f"per rank: median over {repeats} blocks of back-to-back iterations (>= {min_block_s} s "
                       f"each) of the time per iteration; mean over the {world_size} ranks, all timing the same "

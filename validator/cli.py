@@ -39,6 +39,8 @@ def add_commands(commands) -> None:
     validate.add_argument("--warmup", type=int, default=3)
     validate.add_argument("--out", default="reports/validation", help="folder for CSV, plot and traces")
     validate.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is declared hung")
+    validate.add_argument("--pipeline-runtime", choices=("own", "torch"), default="own",
+                          help="gpipe / 1f1b on our send/recv runtime or torch.distributed.pipelining's schedules")
     validate.add_argument("--rank", action="store_true", help="run the planner's top candidates and others "
                           "for real: Kendall tau and top-1 regret (validator/rank_check.py)")
     validate.add_argument("--gpus", type=int, default=None, help="--rank: ranks (default the scenario's)")
@@ -75,10 +77,13 @@ def cmd_validate(args) -> int:
     from simulator.tables import make_console
     from validator.measure import RunOptions
     from validator.report import write_plot, write_rows_csv, write_traces
+    from validator.torch_pipelining import check_pipeline_runtime
     from validator.validate import mape_pct, validate
 
-    scenario = load_scenario(args.scenario, args.overrides)
     specs = parse_strategy_specs(args.strategies)
+    for kind, _groups in specs:
+        check_pipeline_runtime(kind.partition(":")[0], args.pipeline_runtime)
+    scenario = load_scenario(args.scenario, args.overrides)
     out = Path(args.out)
     stem = scenario.name
     rows: list[dict] = []
@@ -88,7 +93,8 @@ def cmd_validate(args) -> int:
         write_rows_csv(rows, out / f"{stem}.csv")
         write_traces(row["strategy"], measured_spans, simulated.spans, out / "traces")
 
-    options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer)
+    options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer,
+                         pipeline_runtime=args.pipeline_runtime)
     validate(scenario, args.profile, specs, options, launch_timeout_s=args.timeout, on_case=on_case,
              progress=None if args.json else lambda message: print(message, file=sys.stderr))
     frame = pd.DataFrame(rows)

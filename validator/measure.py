@@ -29,6 +29,7 @@ from validator.models import build_modules, loss_fn, make_batch
 from validator.microbench import make_optimizer
 from validator.pipeline_runtime import PipelineExecutor
 from validator.runtime import RankExecutor
+from validator.torch_pipelining import TorchPipelineExecutor, check_pipeline_runtime
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,16 @@ class RunOptions:
     return_state: bool = False
     steady_state: tuple[int, int] | None = None
     """(p stages, m micro-batches per step): measure the steady-state window, see the docstring."""
+    pipeline_runtime: str = "own"
+    """own (validator.pipeline_runtime) | torch (validator.torch_pipelining: gpipe / 1f1b only)."""
 
 
 def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> dict:
     """Body of one rank (called by the launcher after the process group is up)."""
     executor_class = PipelineExecutor if plan.strategy in PIPELINE_KINDS else RankExecutor
+    check_pipeline_runtime(plan.strategy, options.pipeline_runtime)
+    if options.pipeline_runtime == "torch":
+        executor_class = TorchPipelineExecutor
     executor = executor_class(plan, workload, rank, options.optimizer, options.learning_rate,
                               options.seed, options.device)
     step_times_s, step_spans = [], []

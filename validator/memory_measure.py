@@ -1,8 +1,11 @@
 """Measured peak memory per rank of a real run of a plan, against the simulator's prediction.
 
-Each rank runs the plan's actions (`validator.runtime.RankExecutor`) for `warmup` steps, so that
-gradients and optimizer state exist, drops the tensors its last step left behind, and measures
-one more step:
+Each rank runs the plan's actions (`validator.runtime.RankExecutor`; pipeline kinds:
+`validator.pipeline_runtime.PipelineExecutor`, several micro-batches in flight) for `warmup` steps,
+so that gradients and optimizer state exist, drops the tensors its last step left behind (what a
+training loop keeps between steps: parameters, gradients, optimizer state, top-k error-feedback
+residuals; a pipeline rank's micro-batch states, predicted weights and stashes are rebuilt every
+step), and measures one more step:
 - CUDA: `torch.cuda.max_memory_allocated` over the step (the caching allocator's peak of live
   tensor bytes, reserved-but-free blocks excluded);
 - CPU: the tensors alive at the step's start (parameters, gradients, optimizer state: unique
@@ -11,6 +14,10 @@ one more step:
   c10's CPU allocator, with the total allocated since profiling began).
 Both count tensor bytes only: no allocator caching, framework code or communication library
 buffers (gloo's own), which the simulator does not model either.
+Known difference on pipelines: the runtime loads the group's whole batch on the first stage at the
+step's start (as torch.distributed.pipelining splits the step's input), the model only the inputs
+of the micro-batches in flight (a per-micro-batch loader, as Megatron's); under 1F1B stage 0
+measures (m - p) micro-batches of input data more (under 0.5 % of the peak for the validation models).
 """
 
 from __future__ import annotations
@@ -27,15 +34,18 @@ import torch.distributed as dist
 from simulator.compare import with_strategy
 from simulator.model_source import resolve_workload
 from simulator.plan import Plan
-from simulator.scenario import Scenario
+from simulator.scenario import PIPELINE_KINDS, Scenario
 from simulator.simulate import simulate
 from simulator.workload import Workload
 from validator.launch import LaunchConfig, spawn
+from validator.pipeline_runtime import PipelineExecutor
 from validator.runtime import RankExecutor
 
 STEP_STATE = ("batch", "received", "pending_sends", "reductions", "layer_inputs", "layer_outputs",
-              "input_grads", "loss", "last_segment")
-"""Attributes a `RankExecutor.step` leaves behind (dropped before the measured step)."""
+              "input_grads", "loss", "last_segment", "selected",  # RankExecutor
+              "flight", "predicted", "unreduced", "last_backward", "spans")  # PipelineExecutor
+"""Attributes a `RankExecutor.step` / `PipelineExecutor.step` leaves behind (dropped before the
+measured step)."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +68,10 @@ def tensor_bytes(tensors) -> int:
     return total
 
 
-def persistent_tensors(executor: RankExecutor) -> list[torch.Tensor]:
+def persistent_tensors(executor: RankExecutor | PipelineExecutor) -> list[torch.Tensor]:
+    """What the rank keeps between steps: parameters, gradients, optimizer state, residuals."""
     tensors = list(executor.parameters)
+    tensors += list(getattr(executor, "residuals", {}).values())
     tensors += [p.grad for p in executor.parameters if p.grad is not None]
     for state in executor.optimizer.state.values():
         tensors += [value for value in state.values() if torch.is_tensor(value) and value.dim() > 0]
@@ -86,8 +98,9 @@ def profiled_peak_delta_bytes(profiler) -> float:
 
 def measure_rank(rank: int, plan: Plan, workload: Workload, options: MemoryRunOptions) -> dict:
     """Body of one rank: warm-up steps, then the measured step (see the module docstring)."""
-    executor = RankExecutor(plan, workload, rank, options.optimizer, options.learning_rate,
-                            options.seed, options.device)
+    executor_class = PipelineExecutor if plan.strategy in PIPELINE_KINDS else RankExecutor
+    executor = executor_class(plan, workload, rank, options.optimizer, options.learning_rate,
+                              options.seed, options.device)
     for step in range(options.warmup):
         dist.barrier()
         executor.step(step)
@@ -114,7 +127,8 @@ def measure_rank(rank: int, plan: Plan, workload: Workload, options: MemoryRunOp
 
 def measure_memory(scenario: Scenario, specs: list[tuple[str, int | None]],
                    options: MemoryRunOptions = MemoryRunOptions(), timeout_s: float = 300.0) -> list[dict]:
-    """Predicted and measured peak memory per rank for each strategy spec (dp, mp, ghp:G)."""
+    """Predicted and measured peak memory per rank for each strategy spec: (dp | mp | ghp, G) or
+    ("KIND:m", None) for a pipeline kind with m micro-batches (`simulator.compare.with_strategy`)."""
     workload = resolve_workload(scenario.model, scenario.base_dir)
     rows = []
     for kind, groups in specs:

@@ -23,12 +23,15 @@ Weights, per kind (`weight_mode`):
   them. Asynchronous kinds update after every micro-batch with its own mean loss.
 The update itself always applies to the live weights (torch.optim on the rank's parameters).
 
-Why not torch.distributed.pipelining: PipelineStage with ScheduleGPipe / Schedule1F1B does run on
-gloo on CPU in torch 2.13 (checked: 2 stages, 4 micro-batches, same gradients both schedules), but
-`schedule.step()` runs torch's own action order as one opaque call. The validator must run the
-*plan's* order (the thing the simulator predicted), time every action as a span in the simulator's
-format, and close gradient buckets layer by layer for the replica allreduces of a G x M grid; none
-of that is reachable without its private IR. So every kind runs on this send/recv runtime.
+Why not torch.distributed.pipelining (only): gpipe and 1f1b also run through torch's own
+PipelineStage + ScheduleGPipe / Schedule1F1B (`--pipeline-runtime torch`,
+`validator.torch_pipelining`; gloo on CPU, torch 2.13; same parameters as full-batch training), so
+torch's schedules are timed against the prediction too. But `schedule.step()` runs torch's own
+action order as one opaque call, so that runtime cannot: time each action as a span (one
+"schedule" span per rank), run the *plan's* order for pipedream, spectrain, delayed_gradient or
+interleaved_1f1b (the simulator's chunk order), or close gradient buckets layer by layer so the
+G x M grid's replica allreduces overlap the backward (it all-reduces after the schedule). All kinds
+run on this send/recv runtime by default.
 """
 
 from __future__ import annotations
@@ -99,6 +102,20 @@ def prediction_steps(stage: int, num_stages: int, variant: str) -> tuple[int, in
     return num_stages - stage - 1, None
 
 
+def sends_delivered_by(plan: Plan, rank: int) -> dict[tuple, list[tuple]]:
+    """Receive key -> keys of the rank's sends that this receive proves delivered: the peer sends the
+    received message after its receive of ours (gloo sends complete only when received, and the
+    work holds the tensor until waited; waiting then returns at once and frees it)."""
+    delivered = {}
+    for send in (a for a in plan.actions[rank] if isinstance(a, Send)):
+        peer = plan.actions[send.dst]
+        at = next(i for i, a in enumerate(peer) if isinstance(a, Recv) and a.key == send.key)
+        reply = next((a for a in peer[at + 1:] if isinstance(a, Send) and a.dst == rank), None)
+        if reply is not None:
+            delivered.setdefault(reply.key, []).append(send.key)
+    return delivered
+
+
 def message_tag(key: tuple, num_chunks: int) -> int:
     kind, _group, chunk, microbatch = key
     return (0 if kind == "act" else 1) + 2 * (chunk + num_chunks * microbatch)
@@ -159,6 +176,7 @@ class PipelineExecutor:
             self.steps_forward, self.steps_backward = prediction_steps(
                 self.stage_index, plan.workers_per_group, variant)
         self.losses: list[float] = []
+        self.delivered_by = sends_delivered_by(plan, rank)
 
     def chunk_of(self, layer: int) -> int:
         return next(c for c in self.own_chunks if self.chunks[c][0] <= layer < self.chunks[c][1])
@@ -169,17 +187,21 @@ class PipelineExecutor:
         group_batch = int(self.plan.group_batch)
         inputs, targets = make_batch(self.workload, group_batch * self.plan.num_groups,
                                      seed=self.seed + 1000 + step_index)
-        base = self.group_index * group_batch
-        self.batch = (inputs[base:base + group_batch].to(self.device),
-                      targets[base:base + group_batch].to(self.device))
+        rows = slice(self.group_index * group_batch, (self.group_index + 1) * group_batch)
+        # keep only what a data loader would give this rank: its group's rows (own storage, not a
+        # view pinning the whole generated batch), inputs where chunk 0 runs, targets where the last
+        own = (lambda t: t[rows].clone()) if self.plan.num_groups > 1 else (lambda t: t)
+        self.batch = (own(inputs).to(self.device) if 0 in self.own_chunks else None,
+                      own(targets).to(self.device) if len(self.chunks) - 1 in self.own_chunks else None)
+        del inputs, targets
         self.received, self.flight, self.predicted = {}, {}, {}
-        self.pending_sends, self.reductions, self.unreduced, self.spans = [], [], [], []
+        self.pending_sends, self.reductions, self.unreduced, self.spans = {}, [], [], []
         self.last_backward = None
         self.losses = []
         self.step_start = time.perf_counter()
         for action in self.plan.actions[self.rank]:
             HANDLERS[type(action)](self, action)
-        for work in self.pending_sends:
+        for work in self.pending_sends.values():
             work.wait()
         return self.spans
 
@@ -200,6 +222,8 @@ class PipelineExecutor:
         layer = self.chunks[chunk][1] - 1  # act: output of chunk; grad: gradient of that output
         buffer = torch.empty((self.microbatch_size, *self.output_shapes[layer]), device=self.device)
         dist.recv(buffer, src=action.src, tag=message_tag(action.key, len(self.chunks)))
+        for key in self.delivered_by.get(action.key, ()):  # a send's work holds its tensor until waited
+            self.pending_sends.pop(key).wait()
         self.received[(kind, chunk, microbatch)] = buffer
         self._span("recv", action.label, "recv", start, buffer.numel() * buffer.element_size(), microbatch)
 
@@ -211,9 +235,9 @@ class PipelineExecutor:
             tensor = state.outputs[self.chunks[chunk][1] - 1].detach().contiguous()
         else:  # the input gradient of chunk + 1 (= gradient of chunk's output)
             state = self.flight[(chunk + 1, microbatch)]
-            tensor = state.input_grads[self.chunks[chunk + 1][0]].contiguous()
+            tensor = state.input_grads.pop(self.chunks[chunk + 1][0]).contiguous()
         tag = message_tag(action.key, len(self.chunks))
-        self.pending_sends.append(dist.isend(tensor, dst=action.dst, tag=tag))
+        self.pending_sends[action.key] = dist.isend(tensor, dst=action.dst, tag=tag)
         self._span("send", action.label, "send", start, tensor.numel() * tensor.element_size(), microbatch)
 
     def _reduced_layers(self, action: Collective) -> list[int]:
@@ -294,6 +318,11 @@ class PipelineExecutor:
                         used = state.weights[layer][name]
                         p.grad = used.grad.clone() if p.grad is None else p.grad.add_(used.grad)
         self.unreduced.append((action.layer_start, action.layer_end))
+        if action.layer_start == self.chunks[chunk][0]:  # its backward on the chunk is over: drop its
+            # feature maps, gradient maps and weights (autograd would have freed them), all but the
+            # gradient to send
+            state.inputs, state.weights, state.loss = {}, None, None
+            state.input_grads = {action.layer_start: state.input_grads[action.layer_start]}
 
     def _predict(self, action: Compute) -> None:
         """SpecTrain: weights for micro-batch i's forward, or (staggered) its backward."""

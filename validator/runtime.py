@@ -7,6 +7,9 @@ The rank interprets its own ordered actions from the very plan the simulator ran
   where the plan says, and its `Collective` (an async allreduce among the stage's G peers) runs
   while the rest of backward continues — the overlap PyTorch DDP gives (Li et al., VLDB 2020);
 - `Compute` opt: wait for the allreduces, average over G, optimizer step.
+Gradient buckets are flat buffers and each parameter's `.grad` is a view into its bucket (from the
+first step on), so backward accumulates straight into the buffer the allreduce reduces and no copy
+is made either way: PyTorch DDP with `gradient_as_bucket_view=True` (Li et al., VLDB 2020, sec. 4.2).
 Plans with top-k compression (`simulator.sparse`): at a `Compute` topk the bucket just produced
 gets its error-feedback residual added, its k = ceil(rho n) largest magnitudes are kept and the
 rest becomes the new residual (`sparsify`; Lin et al., ICLR 2018; Stich et al., NeurIPS 2018); its
@@ -91,6 +94,7 @@ class RankExecutor:
         self.output_shapes = self._layer_output_shapes()
         self.density = plan.meta["topk"]["density"] if plan.meta.get("topk") else None
         self.residuals: dict[tuple[int, int], torch.Tensor] = {}  # bucket layer range -> error feedback
+        self.buckets: dict[tuple[int, int], torch.Tensor] = {}  # bucket layer range -> flat gradients
 
     def _layer_output_shapes(self) -> list[torch.Size]:
         return layer_output_shapes(self.workload, self.seed)
@@ -186,47 +190,53 @@ class RankExecutor:
         return [p for module in self.modules[layer_start - self.layer_start:layer_end - self.layer_start]
                 for p in module.parameters()]
 
+    def _bucket(self, layer_start: int, layer_end: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The flat gradient buffer of layers [layer_start, layer_end) and their parameters. The first
+        time (the first step) the gradients are copied in once and `.grad` becomes a view of it."""
+        params = self._bucket_params(layer_start, layer_end)
+        flat = self.buckets.get((layer_start, layer_end))
+        if flat is None:
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            offset = 0
+            for p in params:
+                p.grad = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+            self.buckets[(layer_start, layer_end)] = flat
+        return flat, params
+
     def _select(self, action: Compute) -> None:
         """Top-k selection with error feedback of the bucket of layers [layer_start, layer_end)."""
         bucket = (action.layer_start, action.layer_end)
-        params = self._bucket_params(*bucket)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        flat, _ = self._bucket(*bucket)
         residual = self.residuals.setdefault(bucket, torch.zeros_like(flat))
         payload = sparsify(flat, residual, topk_count(flat.numel(), self.density))
-        self.selected[action.id] = (payload, params, flat.numel())
+        self.selected[action.id] = (payload, flat)
 
     def _collective(self, action: Collective) -> None:
         start = time.perf_counter()
         if action.op == "allgather":  # the top-k payload of the selection it depends on
-            payload, params, num_elements = self.selected[action.deps[0]]
+            payload, flat = self.selected[action.deps[0]]
             gathered = [torch.empty_like(payload) for _ in range(self.plan.num_groups)]
             work = dist.all_gather(gathered, payload, group=self.groups[self.stage_index], async_op=True)
-            flat = (gathered, num_elements)
         else:
-            params = self._bucket_params(*self.last_segment)
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            flat, _ = self._bucket(*self.last_segment)
+            gathered = None
             work = dist.all_reduce(flat, group=self.groups[self.stage_index], async_op=True)
         finished_at: list[float] = []
         work.get_future().add_done_callback(lambda _future: finished_at.append(time.perf_counter()))
-        self.reductions.append((work, flat, params, action, start, finished_at))
+        self.reductions.append((work, flat, gathered, action, start, finished_at))
 
     def _update(self) -> None:
-        for work, flat, params, action, start, finished_at in self.reductions:
+        for work, flat, gathered, action, start, finished_at in self.reductions:
             work.wait()
-            if action.op == "allgather":
-                gathered, num_elements = flat
+            if gathered is not None:  # the bucket becomes the sum of the peers' sparse contributions
                 size_bytes = gathered[0].numel() * gathered[0].element_size()  # this rank's contribution
-                flat = densify(gathered, num_elements)
+                flat.copy_(densify(gathered, flat.numel()))
             else:
                 size_bytes = flat.numel() * flat.element_size()
             self._span("comm", action.label, action.op, start, size_bytes,
                        end=finished_at[0] if finished_at else None)
-            flat /= self.plan.num_groups
-            offset = 0
-            for p in params:
-                count = p.numel()
-                p.grad.copy_(flat[offset:offset + count].view_as(p))
-                offset += count
+            flat /= self.plan.num_groups  # the gradients are views of `flat`: averaged in place
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
 

@@ -90,6 +90,9 @@ def place_ranks(placement: str | tuple[int, ...], groups: int, stages_per_group:
 
 def _partition(config, workload, topology, costs, rank_to_device, group_batch):
     num_layers, num_stages = workload.num_layers, config.workers_per_group
+    if config.partition == "pipedream":  # PipeDream's DP, every stage replicated G times
+        from simulator.pipedream_costs import grid_pipedream_partition
+        return grid_pipedream_partition(config, workload, topology, costs, rank_to_device, group_batch)
     if config.partition != "balanced":
         return explicit_partition(config.partition, num_layers, num_stages)
     compute = stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages, num_layers,

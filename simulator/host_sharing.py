@@ -1,0 +1,142 @@
+"""Shared host processors: compute and communication threads of the ranks of one CPU host.
+
+On a calibrated CPU host (a profile measured on a CPU) the ranks of a node are processes on the
+same cores. Each rank's compute pass is one thread; each rank taking part in a collective or in a
+point-to-point transfer is one communication thread. A job holds `work_s` seconds of work, the
+time it takes at rate 1, and runs at a rate that is the product of two terms:
+
+- sharing within a class: the threads of one class share the host's parallelism P equally
+  (processor sharing, Kleinrock, Queueing Systems vol. 2, 1976, ch. 4): a compute thread runs at
+  min(1, P / n_compute), a communication thread at min(1, P / n_comm);
+- interference between the classes (`Interference`, measured by the validator's overlap
+  microbenchmark): with all W ranks computing while all W ranks communicate, compute ran s_c
+  times and communication s_m times slower than each class alone. With n threads of the other
+  class active the slowdown is 1 + (s - 1) x min(1, n / W): linear in the other class's share of
+  the calibration's threads (an interpolation, not a derived law).
+
+Without interference factors (profiles older than the overlap microbenchmark) both classes share
+one pool, every thread at min(1, P / (n_compute + n_comm)). A job on several hosts (a collective
+across nodes) runs at its slowest host's rate. Rates change only when a job starts or ends; finish
+times sit in one heap under one armed timer, as in `simulator.network.FlowNetwork`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+COMPUTE, COLLECTIVE, P2P = "compute", "collective", "p2p"
+COMM_CLASSES = (COLLECTIVE, P2P)
+
+
+@dataclass(frozen=True)
+class Interference:
+    """Measured slowdowns of each class while the other runs (all `world_size` ranks at once)."""
+
+    world_size: int
+    compute_slowdown: dict[str, float] = field(default_factory=dict)
+    """{comm class: s_c}: compute's slowdown while every rank runs that kind of communication."""
+    comm_slowdown: dict[str, float] = field(default_factory=dict)
+    """{comm class: s_m}: that communication's slowdown while every rank computes."""
+
+
+class _Job:
+    __slots__ = ("id", "remaining", "kind", "threads", "rate", "since_s", "done", "version")
+
+    def __init__(self, job_id, work_s, kind, threads, now_s, done):
+        self.id, self.remaining, self.kind, self.threads = job_id, work_s, kind, threads
+        self.rate, self.since_s, self.done, self.version = 0.0, now_s, done, 0
+
+
+class HostPool:
+    """Jobs of compute and communication threads on hosts of parallelism `parallelism` each."""
+
+    def __init__(self, env, parallelism: float, num_hosts: int, interference: Interference | None = None):
+        self.env = env
+        self.parallelism = parallelism
+        self.interference = interference
+        self._threads = [defaultdict(int) for _ in range(num_hosts)]  # host -> {kind: active threads}
+        self._jobs = [dict() for _ in range(num_hosts)]                # host -> {job id: job}
+        self._finishes: list[tuple[float, int, int, _Job]] = []
+        self._timer_at_s = math.inf
+        self._next_id = 0
+
+    def run(self, work_s: float, kind: str, threads: tuple[tuple[int, int], ...]):
+        """Start a job of `work_s` seconds at rate 1 with `threads` = ((host, count), ...); returns
+        an event that succeeds when its work is done."""
+        done = self.env.event()
+        if work_s <= 0 or not threads:
+            done.succeed()
+            return done
+        job = _Job(self._next_id, work_s, kind, threads, self.env.now, done)
+        self._next_id += 1
+        for host, count in threads:
+            self._threads[host][kind] += count
+            self._jobs[host][job.id] = job
+        self._reschedule({host for host, _ in threads})
+        return done
+
+    def thread_rate(self, host: int, kind: str) -> float:
+        """Rate of one thread of class `kind` on `host` given the threads active there now."""
+        active = self._threads[host]
+        parallelism = self.parallelism
+        num_compute = active[COMPUTE]
+        num_comm = sum(active[c] for c in COMM_CLASSES)
+        if self.interference is None:
+            return min(1.0, parallelism / max(num_compute + num_comm, 1))
+        world = self.interference.world_size
+        if kind == COMPUTE:
+            slowdown = 1.0 + sum((self.interference.compute_slowdown.get(c, 1.0) - 1.0) * min(1.0, active[c] / world)
+                                 for c in COMM_CLASSES)
+            return min(1.0, parallelism / max(num_compute, 1)) / slowdown
+        slowdown = 1.0 + (self.interference.comm_slowdown.get(kind, 1.0) - 1.0) * min(1.0, num_compute / world)
+        return min(1.0, parallelism / max(num_comm, 1)) / slowdown
+
+    # ------------------------------------------------------------------ internals
+    def _reschedule(self, hosts) -> None:
+        now = self.env.now
+        jobs = {job.id: job for host in hosts for job in self._jobs[host].values()}
+        for job in sorted(jobs.values(), key=lambda j: j.id):
+            rate = min(self.thread_rate(host, job.kind) for host, _ in job.threads)
+            if rate == job.rate:
+                continue
+            job.remaining -= job.rate * (now - job.since_s)
+            job.since_s, job.rate = now, rate
+            job.version += 1
+            heapq.heappush(self._finishes, (now + max(job.remaining, 0.0) / rate, job.id, job.version, job))
+        self._arm()
+
+    def _arm(self) -> None:
+        finishes = self._finishes
+        while finishes and finishes[0][2] != finishes[0][3].version:
+            heapq.heappop(finishes)
+        if finishes and finishes[0][0] < self._timer_at_s:
+            at_s = self._timer_at_s = finishes[0][0]
+            timer = self.env.timeout(max(at_s - self.env.now, 0.0))
+            timer.callbacks.append(lambda _event: self._on_timer(at_s))
+
+    def _on_timer(self, at_s: float) -> None:
+        if at_s == self._timer_at_s:
+            self._timer_at_s = math.inf
+        now, finishes, ended = self.env.now, self._finishes, []
+        while finishes:
+            finish_s, _, version, job = finishes[0]
+            if version != job.version:
+                heapq.heappop(finishes)
+                continue
+            if finish_s - now > 1e-12 * (1.0 + now):
+                break
+            heapq.heappop(finishes)
+            job.version += 1
+            ended.append(job)
+        hosts = set()
+        for job in ended:
+            for host, count in job.threads:
+                self._threads[host][job.kind] -= count
+                del self._jobs[host][job.id]
+                hosts.add(host)
+        for job in ended:
+            job.done.succeed()
+        self._reschedule(hosts)
