@@ -177,6 +177,9 @@ class PipelineExecutor:
                 self.stage_index, plan.workers_per_group, variant)
         self.losses: list[float] = []
         self.delivered_by = sends_delivered_by(plan, rank)
+        self.receives = [a for a in plan.actions[rank] if isinstance(a, Recv)]
+        self.buckets: dict[tuple[int, ...], torch.Tensor] = {}  # reduced layers -> flat gradients
+        self.bucketed: set[int] = set()                            # ids of parameters viewing a bucket
 
     def chunk_of(self, layer: int) -> int:
         return next(c for c in self.own_chunks if self.chunks[c][0] <= layer < self.chunks[c][1])
@@ -198,7 +201,9 @@ class PipelineExecutor:
         self.pending_sends, self.reductions, self.unreduced, self.spans = {}, [], [], []
         self.last_backward = None
         self.losses = []
+        self.posted, self.next_receive = {}, 0
         self.step_start = time.perf_counter()
+        self._post_next_receive()
         for action in self.plan.actions[self.rank]:
             HANDLERS[type(action)](self, action)
         for work in self.pending_sends.values():
@@ -216,12 +221,26 @@ class PipelineExecutor:
         return self.batch[column][index * size:(index + 1) * size]
 
     # ------------------------------------------------------------------ communication
+    def _post_next_receive(self) -> None:
+        """Post the rank's next receive of the step (irecv), so that a peer's send is matched when it
+        is made (gloo holds a send until the receive is posted), as pipeline runtimes pre-post theirs."""
+        if self.next_receive >= len(self.receives):
+            return
+        action = self.receives[self.next_receive]
+        self.next_receive += 1
+        layer = self.chunks[action.key[2]][1] - 1  # act: output of chunk; grad: gradient of that output
+        buffer = torch.empty((self.microbatch_size, *self.output_shapes[layer]), device=self.device)
+        work = dist.irecv(buffer, src=action.src, tag=message_tag(action.key, len(self.chunks)))
+        self.posted[action.key] = (work, buffer)
+
     def _recv(self, action: Recv) -> None:
         start = time.perf_counter()
         kind, _, chunk, microbatch = action.key
-        layer = self.chunks[chunk][1] - 1  # act: output of chunk; grad: gradient of that output
-        buffer = torch.empty((self.microbatch_size, *self.output_shapes[layer]), device=self.device)
-        dist.recv(buffer, src=action.src, tag=message_tag(action.key, len(self.chunks)))
+        while action.key not in self.posted:
+            self._post_next_receive()
+        work, buffer = self.posted.pop(action.key)
+        work.wait()
+        self._post_next_receive()  # one receive ahead
         for key in self.delivered_by.get(action.key, ()):  # a send's work holds its tensor until waited
             self.pending_sends.pop(key).wait()
         self.received[(kind, chunk, microbatch)] = buffer
@@ -249,11 +268,30 @@ class PipelineExecutor:
             return sorted(self.modules)
         return layers
 
+    def _bucket(self, layers: tuple[int, ...], params: list[torch.Tensor]) -> torch.Tensor:
+        """The flat gradient buffer of `layers`; the first time, the gradients become views of it
+        (DDP's gradient_as_bucket_view, as `validator.runtime`), unless some already view another
+        bucket (then a copy, written back at the update)."""
+        flat = self.buckets.get(layers)
+        if flat is not None:
+            return flat
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        if any(id(p) in self.bucketed for p in params):
+            return flat
+        offset = 0
+        for p in params:
+            p.grad = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+            self.bucketed.add(id(p))
+        self.buckets[layers] = flat
+        return flat
+
     def _collective(self, action: Collective) -> None:
         """Async allreduce among the stage's replicas; waited for at the update."""
         start = time.perf_counter()
-        params = [p for layer in self._reduced_layers(action) for p in self.modules[layer].parameters()]
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        layers = tuple(self._reduced_layers(action))
+        params = [p for layer in layers for p in self.modules[layer].parameters()]
+        flat = self._bucket(layers, params)
         work = dist.all_reduce(flat, group=self.groups[self.stage_index], async_op=True)
         finished_at: list[float] = []
         work.get_future().add_done_callback(lambda _future: finished_at.append(time.perf_counter()))
@@ -350,11 +388,12 @@ class PipelineExecutor:
             self._span("comm", reduction.label, reduction.op, start, flat.numel() * flat.element_size(),
                        end=finished_at[0] if finished_at else None)
             flat /= self.plan.num_groups
-            offset = 0
-            for p in params:
-                count = p.numel()
-                p.grad.copy_(flat[offset:offset + count].view_as(p))
-                offset += count
+            if params[0].grad.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr():
+                offset = 0  # a copy, not the gradients' own bucket: write it back
+                for p in params:
+                    count = p.numel()
+                    p.grad.copy_(flat[offset:offset + count].view_as(p))
+                    offset += count
         self.reductions = []
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
