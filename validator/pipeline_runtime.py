@@ -48,7 +48,7 @@ from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Pl
 from simulator.workload import Workload
 from validator.microbench import make_optimizer
 from validator.models import build_modules, loss_fn, make_batch
-from validator.runtime import layer_output_shapes, peer_groups
+from validator.runtime import gradient_bucket, layer_output_shapes, peer_groups
 
 PREDICT = "predict"
 ASYNCHRONOUS_KINDS = ("pipedream", "spectrain", "delayed_gradient")
@@ -275,15 +275,10 @@ class PipelineExecutor:
         flat = self.buckets.get(layers)
         if flat is not None:
             return flat
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
         if any(id(p) in self.bucketed for p in params):
-            return flat
-        offset = 0
-        for p in params:
-            p.grad = flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-            self.bucketed.add(id(p))
-        self.buckets[layers] = flat
+            return torch.cat([p.grad.reshape(-1) for p in params])
+        self.bucketed.update(id(p) for p in params)
+        flat = self.buckets[layers] = gradient_bucket(params)
         return flat
 
     def _collective(self, action: Collective) -> None:

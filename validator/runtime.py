@@ -63,6 +63,17 @@ def densify(gathered: list[torch.Tensor], num_elements: int) -> torch.Tensor:
     return dense
 
 
+def gradient_bucket(params: list[torch.Tensor]) -> torch.Tensor:
+    """A flat copy of the parameters' gradients, each `.grad` then made a view of it, so backward
+    accumulates into the buffer an allreduce reduces (DDP's gradient_as_bucket_view)."""
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
 def layer_output_shapes(workload: Workload, seed: int = 0) -> list[torch.Size]:
     """Per-sample output shape of every layer, from a two-sample forward on the CPU."""
     inputs, _ = make_batch(workload, 2, seed=seed)
@@ -196,12 +207,7 @@ class RankExecutor:
         params = self._bucket_params(layer_start, layer_end)
         flat = self.buckets.get((layer_start, layer_end))
         if flat is None:
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            offset = 0
-            for p in params:
-                p.grad = flat[offset:offset + p.numel()].view_as(p)
-                offset += p.numel()
-            self.buckets[(layer_start, layer_end)] = flat
+            flat = self.buckets[(layer_start, layer_end)] = gradient_bucket(params)
         return flat, params
 
     def _select(self, action: Compute) -> None:
