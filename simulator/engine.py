@@ -194,6 +194,9 @@ class Engine:
         arrival = self._arrivals.get(action.key)
         if arrival is None:
             raise SimulationError(f"rank {rank}: send {action.key} to rank {action.dst} has no matching receive")
+        handoff_s = getattr(self.costs, "handoff_s", 0.0)  # waking the receiver on a busy shared host
+        if handoff_s > 0:
+            yield self.env.timeout(handoff_s)
         arrival.succeed()
 
     def _play(self, phase):

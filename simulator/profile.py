@@ -48,6 +48,7 @@ listed here are allowed and ignored by `load_profile` (the validator adds raw me
 | `allgather` | `{"<group size>": ALPHA_BETA}` | optional (older profiles lack it; then plans with top-k compression cannot be timed): allgather among a group of that many ranks; `S` = the bytes *each rank contributes* |
 | `topk` | `{"<density>": TOPK_FIT}` | optional (as `allgather`): the top-k selection pass at that density; see below |
 | `overlap` | `{"world_size", "collective": OVERLAP, "p2p": OVERLAP}` | optional (CPU profiles from the overlap microbenchmark on): see below |
+| `handoff` | `{"world_size", "size_bytes", "mean_delay_s", "median_delay_s", ...}` | optional (CPU profiles at world_size >= 2): a message's delay from send to a waiting receiver while other ranks compute (`validator.handoff_bench`); on a shared host every point-to-point arrival comes `mean_delay_s - p2p(size_bytes)` (at least 0) later than the ping-pong fit says |
 
 * `FIT` = `{"intercept_s": >= 0, "per_sample_s": >= 0}`: the pass of that layer on a batch of `b`
   samples takes `intercept_s + per_sample_s x b` seconds (least squares over `batch_sizes`).
@@ -106,6 +107,14 @@ class LayerProfile:
 
 
 @dataclass(frozen=True)
+class Handoff:
+    """Mean delay of a `size_bytes` message to a waiting receiver on a busy shared host."""
+
+    size_bytes: float
+    mean_delay_s: float
+
+
+@dataclass(frozen=True)
 class AlphaBeta:
     """Hockney's model: `latency_s + size / bandwidth_bytes_per_s`."""
 
@@ -159,6 +168,7 @@ class Profile:
     allgather: Mapping[int, AlphaBeta] = field(default_factory=dict)
     topk: Mapping[float, SelectionFit] = field(default_factory=dict)
     overlap: Interference | None = None
+    handoff: Handoff | None = None
     model_layer_names: tuple[str, ...] | None = None
     model_num_params: int | None = None
     model_forward_flops_per_sample: float | None = None
@@ -261,6 +271,11 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         topk[density] = _selection_fit(read, entry, where)
 
     overlap = _overlap(read, document)
+    handoff = None
+    raw_handoff = read.mapping(document, "handoff", "handoff", optional=True)
+    if raw_handoff:
+        handoff = Handoff(read.number(raw_handoff, "size_bytes", "handoff.size_bytes", positive=True),
+                          read.number(raw_handoff, "mean_delay_s", "handoff.mean_delay_s", minimum=0))
     slowdown = {1: 1.0}
     raw_slowdown = read.mapping(document, "compute_slowdown", "compute_slowdown", optional=True) or {}
     for key in raw_slowdown:
@@ -282,6 +297,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         p2p=p2p, allreduce=dict(sorted(allreduce.items())),
         compute_slowdown=dict(sorted(slowdown.items())),
         allgather=dict(sorted(allgather.items())), topk=dict(sorted(topk.items())), overlap=overlap,
+        handoff=handoff,
         model_layer_names=tuple(layer_names) if layer_names is not None else None,
         model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,
         document=document,
@@ -382,6 +398,8 @@ class ProfileCosts:
         self.workload = workload
         self.host_parallelism = None
         self.interference = None
+        self.handoff_s = 0.0
+        """Added to every point-to-point arrival (the `handoff` section; shared hosts only)."""
         if shared_host:
             # Ranks share the host's cores: the engine plays every compute and communication job
             # on a processor-sharing pool of parallelism P = W / slowdown(W) (W ranks computing at
@@ -390,6 +408,9 @@ class ProfileCosts:
             world = profile.world_size
             self.host_parallelism = world / self.slowdown(world) if world > 1 else 1.0
             self.interference = profile.overlap
+            if profile.handoff is not None and profile.p2p is not None:
+                idle_s = profile.p2p.time_s(profile.handoff.size_bytes)
+                self.handoff_s = max(0.0, profile.handoff.mean_delay_s - idle_s)
         _check_model(profile, workload)
         if optimizer is not None and optimizer != profile.optimizer_name:
             raise ScenarioError(

@@ -104,6 +104,9 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     for kind in ("collective", "p2p"):  # each measured with a stream of at least the default length
         assert profile.overlap.compute_slowdown[kind] > 0 and profile.overlap.comm_slowdown[kind] > 0
         assert document["overlap"][kind]["num_messages"] >= {"collective": 16, "p2p": 64}[kind]
+    handoff = document["handoff"]  # the chain: rank 1 always waits for rank 0's first message
+    assert handoff["world_size"] == 2 and handoff["num_messages"] >= 1 and handoff["mean_delay_s"] > 0
+    assert profile.handoff.mean_delay_s == handoff["mean_delay_s"]
     assert document["format"] == "ghpsim-profile/1"
 
     costs = ProfileCosts(profile, workload, optimizer="sgd")

@@ -27,7 +27,9 @@
    forward + backward at the middle batch size) alone, a stream of asynchronous allreduces (or of
    point-to-point messages between rank pairs) alone, and both at once, all ranks together:
    compute's and communication's slowdowns when they overlap on the shared cores
-   (`simulator.host_sharing`).
+   (`simulator.host_sharing`). Then **handoff** (`validator.handoff_bench`): messages passed
+   along a chain of all ranks computing between hops; the mean delay from send to the end of a
+   waiting receiver's `wait()` (`ProfileCosts.handoff_s`).
 5. **Top-k** (sparse gradients, `simulator.sparse`): the runtime's selection with error feedback
    (`validator.microbench.time_topk`) on flat gradients of 4096 x 4^j elements up to the model's
    parameter count, all ranks at once, at each density of `topk_densities` (fitted against the
@@ -59,6 +61,7 @@ from simulator.output import write_json_atomic
 from simulator.profile import FORMAT
 from simulator.workload import Workload
 from validator.launch import LaunchConfig, spawn
+from validator.handoff_bench import time_handoffs
 from validator.overlap_bench import (DEFAULT_OVERLAP_BYTES, DEFAULT_OVERLAP_MESSAGES, OVERLAP_KINDS,
                                      model_steps, time_overlap)
 from validator.microbench import (DEFAULT_MIN_BLOCK_S, agree_max, fit_line, load_models_module,
@@ -178,7 +181,7 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
         per_group = [group_medians[start] for start in range(0, world, g)]
         allgather[g] = {"medians_s": [sum(col) / len(col) for col in zip(*per_group)],
                         "concurrent_groups": world // g}
-    overlap = {}
+    overlap, handoff = {}, None
     if world >= 2 and device == "cpu":  # shared cores: how compute and communication slow each other
         steps = model_steps(workload, settings.batch_sizes[len(settings.batch_sizes) // 2],
                             load_models_module(settings.models), seed=settings.seed)
@@ -186,6 +189,8 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
             _say(settings, f"overlap: compute with a {kind} stream, {world} ranks at once")
             overlap[kind] = time_overlap(steps, kind, DEFAULT_OVERLAP_BYTES[kind], DEFAULT_OVERLAP_MESSAGES[kind],
                                          repeats=settings.repeats, warmup=settings.warmup)
+        _say(settings, f"handoff: messages along a chain of {world} computing ranks")
+        handoff = time_handoffs(steps, repeats=settings.repeats + 3, warmup=settings.warmup)
     dist.barrier()
     measure_s = time.perf_counter() - started
     machine_after, own_after = _machine_cpu(), _own_cpu_s()
@@ -195,7 +200,7 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
         return None
     return {"layers": layer_medians, "optimizer": optimizer, "p2p": p2p,
             "allreduce": allreduce, "allgather": allgather, "topk": topk, "overlap": overlap,
-            "measure_s": measure_s,
+            "handoff": handoff, "measure_s": measure_s,
             "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
             "num_threads": torch.get_num_threads(),
             "device_name": _device_name(device)}
@@ -328,6 +333,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
         "topk": {repr(float(density)): _topk_fit(items, notes, f"topk.{density}")
                  for density, items in sorted(raw.get("topk", {}).items())},
         **({"overlap": {"world_size": world_size, **raw["overlap"]}} if raw.get("overlap") else {}),
+        **({"handoff": raw["handoff"]} if raw.get("handoff") else {}),
         "method": {
             "layers": f"per rank: median over {repeats} blocks of back-to-back iterations (>= {min_block_s} s "
                       f"each) of the time per iteration; mean over the {world_size} ranks, all timing the same "

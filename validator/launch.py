@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from validator.allocator import tune_allocator
 from validator.errors import RankFailure
 
 
@@ -40,7 +41,9 @@ def free_port() -> int:
 
 
 def init_rank(rank: int, config: LaunchConfig, init_method: str) -> None:
-    """Join the process group (gloo or nccl) with a bounded timeout; pin threads and device."""
+    """Join the process group (gloo or nccl) with a bounded timeout; pin threads and device; steady
+    malloc settings (validator.allocator)."""
+    tune_allocator()
     torch.set_num_threads(config.num_threads)
     if config.device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())

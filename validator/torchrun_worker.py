@@ -23,6 +23,7 @@ import torch.distributed as dist
 from simulator.output import write_json_atomic
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
+from validator.allocator import tune_allocator
 from validator.errors import RankFailure
 from validator.launch import torchrun_rank
 from validator.measure import RunOptions, run_rank
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
     rank, world_size = torchrun_rank()
+    tune_allocator()
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -1,0 +1,76 @@
+"""Handoff delays on a shared host: the microbenchmark's summary, the profile section, and the
+engine's later arrivals (closed forms)."""
+
+import copy
+import json
+
+import pytest
+
+from simulator.errors import ScenarioError
+from simulator.profile import ProfileCosts, load_profile
+from tests.helpers import FixedCosts, Topology, link, run_grid, toy_workload
+from tests.test_profile import document, workload
+from validator.handoff_bench import handoff_summary
+
+
+def _records(sent_at, waited_from, done_at):
+    """Two ranks, one forward message per micro-batch from rank 0 to rank 1."""
+    sends = [(0, 1, mb, 1, t) for mb, t in enumerate(sent_at)]
+    receives = [(0, 1, mb, 1, w, d) for mb, (w, d) in enumerate(zip(waited_from, done_at))]
+    return [(sends, []), ([], receives)]
+
+
+def test_summary_counts_only_messages_whose_receiver_was_waiting():
+    # micro-batch 0: receiver waiting since 0.0, sent 1.0, done 1.002 (delay 2 ms)
+    # micro-batch 1: receiver waiting since 2.0, sent 3.0, done 3.004 (delay 4 ms)
+    # micro-batch 2: sent 5.0, receiver only came at 6.0 (not a handoff: excluded)
+    summary = handoff_summary(_records([1.0, 3.0, 5.0], [0.0, 2.0, 6.0], [1.002, 3.004, 6.0001]),
+                              65536, 0.002, 3)
+    assert summary["num_messages"] == 2
+    assert summary["mean_delay_s"] == pytest.approx(0.003)
+    assert summary["median_delay_s"] == pytest.approx(0.003)
+    assert summary["world_size"] == 2 and summary["size_bytes"] == 65536
+
+
+def test_summary_without_a_waiting_receiver_is_an_error():
+    with pytest.raises(ValueError, match="no message"):
+        handoff_summary(_records([1.0], [2.0], [2.1]), 65536, 0.002, 1)
+
+
+def _with_handoff(tmp_path, mean_delay_s, name="handoff.json"):
+    doc = copy.deepcopy(document())
+    doc["handoff"] = {"world_size": 4, "size_bytes": 65536, "mean_delay_s": mean_delay_s, "median_delay_s": 0.0002}
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return load_profile(path)
+
+
+def test_profile_handoff_is_the_mean_delay_beyond_the_idle_ping_pong(tmp_path):
+    profile = _with_handoff(tmp_path, 0.001)
+    idle_s = profile.p2p.time_s(65536)
+    assert ProfileCosts(profile, workload(), shared_host=True).handoff_s == pytest.approx(0.001 - idle_s)
+    assert ProfileCosts(profile, workload()).handoff_s == 0.0  # dedicated devices: no shared scheduler
+    assert ProfileCosts(_with_handoff(tmp_path, 0.0, "fast.json"), workload(), shared_host=True).handoff_s == 0.0
+
+
+def test_malformed_handoff_section_names_the_field(tmp_path):
+    doc = copy.deepcopy(document())
+    doc["handoff"] = {"size_bytes": 65536, "mean_delay_s": -1}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ScenarioError, match="handoff.mean_delay_s"):
+        load_profile(path)
+
+
+def test_model_parallel_step_grows_by_one_handoff_per_message_on_the_critical_path():
+    """Two stages, one micro-batch: the activation and its gradient are the only messages and both
+    are on the critical path, so the step grows by exactly 2 x handoff_s."""
+    toy = toy_workload(4, num_params=1000)
+    topology = Topology(1, 2, link(0.0, 1e12), link(0.0, 1e12))
+    steps = {}
+    for handoff_s in (0.0, 0.003):
+        costs = FixedCosts(forward_s_per_sample=0.001)
+        costs.handoff_s = handoff_s
+        _, spans = run_grid(toy, topology, costs, 1, 2, 8)
+        steps[handoff_s] = spans["end_s"].max()
+    assert steps[0.003] - steps[0.0] == pytest.approx(2 * 0.003)

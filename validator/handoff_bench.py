@@ -1,0 +1,101 @@
+"""Handoff microbenchmark: how long a message takes to reach a rank that is waiting for it while
+other ranks of the same host compute.
+
+The ping-pong of `validator.microbench.time_p2p` runs with every other rank idle. In a pipeline or
+model-parallel step on a host with fewer cores than ranks, the receiver sleeps in `wait()` while
+its neighbours compute; waking it (and the sender's communication thread) goes through the OS
+scheduler, which here took a few tenths of a millisecond in the median but milliseconds in the
+tail (traces of validation runs: 0.3 ms median, 0.75-0.95 ms mean, 2-2.6 ms at the 90th
+percentile at 4 ranks on 2 cores), against ~0.1 ms for the idle ping-pong.
+
+The benchmark: all ranks form a chain 0 -> 1 -> ... -> W-1 and pass `num_microbatches` messages of
+`size_bytes` down the chain and then back up (a forward and a backward sweep); before forwarding,
+each rank computes for `hop_compute_s` (the model's own layer steps, forward + backward, in
+turn, as in `validator.overlap_bench`). A message's handoff delay is the time from the sender's
+`isend` to the end of the receiver's `wait()`, counted only when the receiver was already waiting
+when the message was sent (ranks share the host's monotonic clock: single host only). Reported:
+the mean (what adds up along a critical path) and the median over all such messages; no
+validated plan is run. The simulator adds `mean_delay_s` minus the idle ping-pong time of the
+same message to every point-to-point arrival on a shared host (`ProfileCosts.handoff_s`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_HANDOFF_BYTES = 64 << 10
+"""A micro-batch's activations in the validation models are tens to hundreds of KiB."""
+DEFAULT_HOP_COMPUTE_S = 0.002
+"""Compute between handoffs: the order of a pipeline stage's pass over one micro-batch here."""
+
+
+def _compute_for(steps: Sequence[Callable[[], None]], duration_s: float, position: int) -> int:
+    """Run steps in turn (from `position`) until `duration_s` has passed; the next position."""
+    end = time.perf_counter() + duration_s
+    while True:
+        steps[position % len(steps)]()
+        position += 1
+        if time.perf_counter() >= end:
+            return position
+
+
+def _sweeps(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: float, repeat: int):
+    """One forward and one backward sweep on this rank: (sends, receives) with monotonic times."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sends, receives, pending, position = [], [], [], 0
+    for direction in (1, -1):
+        source, target = rank - direction, rank + direction
+        for microbatch in range(num_microbatches):
+            if 0 <= source < world:
+                waited_from = time.perf_counter()
+                dist.irecv(buffer, src=source).wait()
+                receives.append((repeat, direction, microbatch, rank, waited_from, time.perf_counter()))
+            position = _compute_for(steps, hop_compute_s, position)
+            if 0 <= target < world:
+                sends.append((repeat, direction, microbatch, target, time.perf_counter()))
+                pending.append(dist.isend(buffer.clone(), dst=target))
+    for work in pending:
+        work.wait()
+    return sends, receives
+
+
+def time_handoffs(steps: Sequence[Callable[[], None]], size_bytes: int = DEFAULT_HANDOFF_BYTES,
+                  hop_compute_s: float = DEFAULT_HOP_COMPUTE_S, num_microbatches: int = 4,
+                  repeats: int = 10, warmup: int = 2) -> dict:
+    """Handoff delays of a chain of all ranks (see the module docstring). Every rank must call it at
+    the same time; returns the same dict on every rank."""
+    buffer = torch.ones(max(size_bytes // 4, 1))
+    sends, receives = [], []
+    for repeat in range(warmup + repeats):
+        dist.barrier()
+        sent, received = _sweeps(steps, buffer, num_microbatches, hop_compute_s, repeat)
+        if repeat >= warmup:
+            sends += sent
+            receives += received
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (sends, receives))
+    return handoff_summary(everyone, size_bytes, hop_compute_s, num_microbatches)
+
+
+def handoff_summary(everyone: Sequence[tuple[list, list]], size_bytes: int, hop_compute_s: float,
+                    num_microbatches: int) -> dict:
+    """Mean and median delay of the messages whose receiver was waiting when they were sent.
+
+    `everyone`: per rank, (sends as (repeat, direction, microbatch, target, sent_at), receives as
+    (repeat, direction, microbatch, rank, waited_from, done_at)). ValueError if no message met a
+    waiting receiver (then the chain had no handoff to time)."""
+    sent_at = {key[:4]: key[4] for sends, _ in everyone for key in sends}
+    delays = [done - sent_at[(repeat, direction, microbatch, rank)]
+              for _, receives in everyone
+              for repeat, direction, microbatch, rank, waited_from, done in receives
+              if waited_from < sent_at[(repeat, direction, microbatch, rank)]]
+    if not delays:
+        raise ValueError("handoff benchmark: no message found its receiver waiting")
+    return {"world_size": len(everyone), "size_bytes": size_bytes, "hop_compute_s": hop_compute_s,
+            "num_microbatches": num_microbatches, "num_messages": len(delays),
+            "mean_delay_s": statistics.fmean(delays), "median_delay_s": statistics.median(delays)}
