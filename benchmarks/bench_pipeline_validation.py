@@ -24,6 +24,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import calibrate
 from validator.measure import RunOptions
+from validator.speed_probe import reference_kernel_s
 from validator.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +52,7 @@ def main() -> int:
             scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml", overrides)
             workload = resolve_workload(scenario.model, scenario.base_dir)
             profile = ROOT / "reports" / "profiles" / f"{name}_ws{stages}_momentum.json"
+            probe_before_s = reference_kernel_s()
             if not (args.reuse_profiles and profile.exists()):
                 calibrate(workload, dict(scenario.model.params), profile, world_size=stages,
                           optimizer="momentum", verbose=False)
@@ -67,9 +69,11 @@ def main() -> int:
                 result_rows += validate(variant, str(profile), specs,
                                         RunOptions(steps=args.steps, warmup=2, optimizer="momentum",
                                                    pipeline_runtime=args.pipeline_runtime))["rows"]
-            result = {"rows": result_rows}
-            for row in result["rows"]:
+            drift = reference_kernel_s() / probe_before_s  # > 1: the machine got slower meanwhile
+            print(f"{name:16s} p={stages} machine drift (reference kernel after / before): {drift:.2f}")
+            for row in result_rows:
                 row["model"] = name
+                row["machine_drift"] = drift
                 row["pipeline_runtime"] = args.pipeline_runtime
                 rows.append(row)
                 print(f"{name:16s} p={stages} {row['strategy']:30s} predicted {row['predicted_s'] * 1e3:8.2f} ms "

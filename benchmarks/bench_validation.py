@@ -22,6 +22,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import calibrate
 from validator.measure import RunOptions
+from validator.speed_probe import reference_kernel_s
 from validator.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,14 +44,18 @@ def main() -> int:
                                      [f"cluster.gpus_per_node={world_size}"])
             workload = resolve_workload(scenario.model, scenario.base_dir)
             profile = ROOT / "reports" / "profiles" / f"{name}_ws{world_size}.json"
+            probe_before_s = reference_kernel_s()
             if not (args.reuse_profiles and profile.exists()):
                 calibrate(workload, dict(scenario.model.params), profile, world_size=world_size,
                           optimizer=scenario.training.optimizer, verbose=False)
             specs = [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
             result = validate(scenario, str(profile), specs,
                               RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer))
+            drift = reference_kernel_s() / probe_before_s  # > 1: the machine got slower meanwhile
+            print(f"{name:16s} ws={world_size} machine drift (reference kernel after / before): {drift:.2f}")
             for row in result["rows"]:
                 row["model"] = name
+                row["machine_drift"] = drift
                 rows.append(row)
                 print(f"{name:16s} ws={world_size} {row['strategy']:16s} predicted {row['predicted_s'] * 1e3:8.2f} ms "
                       f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} %", flush=True)
