@@ -19,65 +19,12 @@ from typing import Any
 
 from simulator.errors import ScenarioError
 from simulator.host_sharing import COMM_CLASSES, Interference
+from simulator.profile_format import PROFILE_FORMAT  # re-exported: the documented format
 from simulator.document_reader import DocumentReader as _Reader
 from simulator.document_reader import show_value as _show
 from simulator.workload import Workload
 
 FORMAT = "ghpsim-profile/1"
-
-PROFILE_FORMAT = """\
-# Calibration profile (`ghpsim-profile/1`)
-
-A JSON object. Times are in seconds, sizes in bytes, bandwidths in bytes per second. Keys not
-listed here are allowed and ignored by `load_profile` (the validator adds raw medians and notes).
-
-| key | type | meaning |
-| --- | --- | --- |
-| `format` | `"ghpsim-profile/1"` | identifies the file; anything else is rejected |
-| `created_utc` | string | ISO-8601 time of the calibration |
-| `device` | `{"kind": "cpu"\\|"cuda", "name", "num_threads"}` | what the layers ran on; `num_threads` is `torch.get_num_threads()` of each rank |
-| `torch_version` | string | `torch.__version__` |
-| `backend` | `"gloo"\\|"nccl"` | the process-group backend of the communication benchmarks |
-| `world_size` | int >= 1 | ranks (processes) that ran the calibration at the same time |
-| `model` | `{"name", "params": {...}, "num_layers", "layer_names": [...], "num_params", "forward_flops_per_sample"}` | the workload: `name` is `Workload.name` (the zoo name), `params` the zoo factory parameters; the last three are optional and, when present, must match the workload |
-| `layers` | list, one per layer, in order | `{"index", "name", "forward": FIT, "backward": FIT, "batch_sizes": [...], "r2_forward", "r2_backward"}` |
-| `optimizer` | `{"name": "sgd"\\|"momentum"\\|"adam", "intercept_s", "per_param_s"}` | one update: `intercept_s + per_param_s x num_params` |
-| `p2p` | `ALPHA_BETA` or `null` | one-way point-to-point transfer between ranks 0 and 1 (`null` only when `world_size` is 1) |
-| `allreduce` | `{"<group size>": ALPHA_BETA, ...}` | allreduce among a group of that many ranks; may be `{}` when `world_size` is 1 |
-| `compute_slowdown` | `{"<ranks computing at once>": factor}` | optional; see below |
-| `allgather` | `{"<group size>": ALPHA_BETA}` | optional (older profiles lack it; then plans with top-k compression cannot be timed): allgather among a group of that many ranks; `S` = the bytes *each rank contributes* |
-| `topk` | `{"<density>": TOPK_FIT}` | optional (as `allgather`): the top-k selection pass at that density; see below |
-| `overlap` | `{"world_size", "collective": OVERLAP, "p2p": OVERLAP}` | optional (CPU profiles from the overlap microbenchmark on): see below |
-| `handoff` | `{"world_size", "size_bytes", "mean_delay_s", "median_delay_s", ...}` | optional (CPU profiles at world_size >= 2): a message's delay from send to a waiting receiver while other ranks compute (`validator.handoff_bench`); on a shared host every point-to-point arrival comes `mean_delay_s - p2p(size_bytes)` (at least 0) later than the ping-pong fit says |
-
-* `FIT` = `{"intercept_s": >= 0, "per_sample_s": >= 0}`: the pass of that layer on a batch of `b`
-  samples takes `intercept_s + per_sample_s x b` seconds (least squares over `batch_sizes`).
-  The last layer's times include the loss (its forward and its backward).
-* `ALPHA_BETA` = `{"latency_s": >= 0, "bandwidth_bytes_per_s": > 0, "sizes_bytes": [...]}`: a
-  message (or allreduce buffer) of `S` bytes takes `latency_s + S / bandwidth_bytes_per_s`.
-  For an allreduce the bandwidth is the *algorithm* bandwidth (buffer bytes per second of the
-  whole collective), not a link bandwidth: no 2(p-1)/p factor is to be applied on top.
-* `compute_slowdown`: the layer fits are measured with all `world_size` ranks computing at the
-  same time (on a machine with fewer cores or devices than ranks they share them).
-  `compute_slowdown[k]` is the time of a pass with `k` ranks computing at once relative to one
-  rank computing alone (`"1"` is 1.0). `ProfileCosts(..., concurrent_ranks=k)` rescales the
-  fits by `compute_slowdown[k] / compute_slowdown[world_size]`.
-* `OVERLAP` = `{"compute_slowdown": > 0, "comm_slowdown": > 0, ...}`: with all `world_size`
-  ranks computing while all of them run that kind of communication (a stream of asynchronous
-  allreduces; point-to-point messages between rank pairs), compute ran `compute_slowdown` times
-  and the communication `comm_slowdown` times slower than each alone
-  (`validator.overlap_bench`); the engine's shared-host model uses them
-  (`simulator.host_sharing`). Without the section both share one processor pool.
-* `TOPK_FIT` = `{"intercept_s": >= 0, "per_element_s": >= 0, "elements": [...], "medians_s": [...]}`:
-  error feedback and selection on a flat fp32 gradient bucket of `n` elements (residual added,
-  top-k of the magnitudes with k = ceil(density x n), the values gathered, the residual zeroed
-  there: what the validator's runtime does, `validator.runtime.sparsify`), measured with all
-  `world_size` ranks at once and rescaled like the layer fits. Its time grows faster than
-  linearly once the bucket leaves the caches, so inside the measured range (`elements`, optional,
-  with one `medians_s` each) it is the piecewise-linear interpolation of the medians; outside it,
-  `intercept_s + per_element_s x n`. A plan whose density has no fit is an error naming the
-  densities profiled.
-"""
 
 __doc__ = f"{__doc__}\n{PROFILE_FORMAT}"  # the format is part of the module's documentation
 
