@@ -2,8 +2,8 @@
 
 Two implementations share the `CostModel` protocol: `AnalyticCosts` (a roofline over datasheet
 figures, below) and the calibrated profile of the validator (`simulator.profile`), measured on
-real hardware. The engine calls `compute_s`, `optimizer_s`, `axpy_s` (SpecTrain) and `topk_s` (top-k
-compression).
+real hardware. The engine calls `compute_s`, `optimizer_s`, `weight_pass_s` (asynchronous pipelines)
+and `topk_s` (top-k compression).
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ OPTIMIZER_BYTES_PER_PARAM = {"sgd": 3 * 4, "momentum": 5 * 4, "adam": 7 * 4}
 """fp32 bytes moved per parameter by one update: SGD reads w and g and writes w; momentum also
 reads and writes the velocity; Adam reads and writes two moments (Kingma & Ba 2015, Alg. 1)."""
 
+WEIGHT_PASS_WORDS = {"stash": 2, "predict": 3, "accumulate": 3}
+"""Words moved per parameter by the per-micro-batch weight passes of asynchronous pipelines
+(Compute phases of these names, `simulator.strategies.pipeline`): a stash copies the weights
+(read w, write the copy: PipeDream, Narayanan et al. SOSP 2019); SpecTrain's prediction
+W - s lr v reads w and v and writes the prediction (Chen et al., arXiv 1809.02839); the
+accumulation of a micro-batch's weight gradient onto the live one reads both and writes one."""
+
 TOPK_SELECTION_BYTES_PER_ELEMENT = 16
 """Bytes moved per gradient element by a top-k selection pass with error feedback: residual +=
 gradient (read g and r, write r: 12 bytes in fp32) and a threshold filter over r (4 bytes), as in
@@ -45,9 +52,9 @@ class CostModel(Protocol):
     def optimizer_s(self, num_params: int) -> float:
         """Seconds for one optimizer update of `num_params` parameters."""
 
-    def axpy_s(self, num_params: int) -> float:
-        """Seconds for one axpy over `num_params` parameters (SpecTrain's weight prediction; only
-        plans of kind spectrain call it)."""
+    def weight_pass_s(self, name: str, num_params: int) -> float:
+        """Seconds for one pass `name` ("stash", "predict" or "accumulate", `WEIGHT_PASS_WORDS`)
+        over `num_params` weights (only asynchronous pipeline plans call it)."""
 
     def topk_s(self, num_elements: float, density: float | None = None) -> float:
         """Seconds for the top-k selection pass (error feedback + selection) over a gradient bucket
@@ -90,10 +97,10 @@ class AnalyticCosts:
         bytes_moved = num_params * OPTIMIZER_BYTES_PER_PARAM[self.optimizer]
         return bytes_moved / self.gpu.memory_bandwidth_bytes_per_s
 
-    def axpy_s(self, num_params: int) -> float:
-        """SpecTrain's weight prediction W_hat = W - s lr v (Chen et al., arXiv 1809.02839): reads W
-        and v, writes W_hat, memory-bound: 3 x num_params x element bytes / memory bandwidth."""
-        return 3 * num_params * self._element_bytes / self.gpu.memory_bandwidth_bytes_per_s
+    def weight_pass_s(self, name: str, num_params: int) -> float:
+        """Memory-bound: WEIGHT_PASS_WORDS[name] x num_params x element bytes / memory bandwidth
+        (e.g. SpecTrain's prediction W_hat = W - s lr v reads W and v and writes W_hat: 3 words)."""
+        return WEIGHT_PASS_WORDS[name] * num_params * self._element_bytes / self.gpu.memory_bandwidth_bytes_per_s
 
     def topk_s(self, num_elements: float, density: float | None = None) -> float:
         """Memory-bound: num_elements x TOPK_SELECTION_BYTES_PER_ELEMENT / memory bandwidth

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import simpy
 
 from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
-from simulator.costs import CostModel
+from simulator.costs import WEIGHT_PASS_WORDS, CostModel
 from simulator.errors import SimulationError
 from simulator.heterogeneity import DeviceCosts
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
@@ -229,8 +229,8 @@ class Engine:
         costs = self._rank_costs[rank]  # this rank's GPU type and straggler slowdown (simulator.heterogeneity)
         if action.phase == OPTIMIZER:
             return costs.optimizer_s(action.num_params)
-        if action.phase == "predict":  # SpecTrain's weight prediction, an axpy (strategies/pipeline.py)
-            return costs.axpy_s(action.num_params)
+        if action.phase in WEIGHT_PASS_WORDS:  # asynchronous pipelines' stash / predict / accumulate
+            return costs.weight_pass_s(action.phase, action.num_params)
         if action.phase == SELECTION_PHASE:  # top-k selection over num_params gradient elements (simulator.sparse)
             return costs.topk_s(action.num_params, self.plan.meta["topk"]["density"])
         key = (id(costs), action.phase, action.layer_start, action.layer_end, action.batch)

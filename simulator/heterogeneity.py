@@ -57,8 +57,8 @@ class Slowed:
     def optimizer_s(self, num_params: int) -> float:
         return self.costs.optimizer_s(num_params) * self.factor
 
-    def axpy_s(self, num_params: int) -> float:
-        return self.costs.axpy_s(num_params) * self.factor
+    def weight_pass_s(self, name: str, num_params: int) -> float:
+        return self.costs.weight_pass_s(name, num_params) * self.factor
 
     def topk_s(self, num_elements: int, density: float | None = None) -> float:
         return self.costs.topk_s(num_elements, density) * self.factor

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simulator.costs import OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.host_sharing import COMM_CLASSES, Interference
 from simulator.profile_format import PROFILE_FORMAT  # re-exported: the documented format
@@ -116,6 +117,8 @@ class Profile:
     topk: Mapping[float, SelectionFit] = field(default_factory=dict)
     overlap: Interference | None = None
     handoff: Handoff | None = None
+    weight_passes: Mapping[str, LinearFit] = field(default_factory=dict)
+    """stash / predict / accumulate fits vs parameters (`PASS_FIT`); empty in older profiles."""
     model_layer_names: tuple[str, ...] | None = None
     model_num_params: int | None = None
     model_forward_flops_per_sample: float | None = None
@@ -223,6 +226,15 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
     if raw_handoff:
         handoff = Handoff(read.number(raw_handoff, "size_bytes", "handoff.size_bytes", positive=True),
                           read.number(raw_handoff, "mean_delay_s", "handoff.mean_delay_s", minimum=0))
+    weight_passes = {}
+    for name, entry in (read.mapping(document, "weight_passes", "weight_passes", optional=True) or {}).items():
+        where = f"weight_passes.{name}"
+        if name not in WEIGHT_PASS_WORDS:
+            raise read.fail(where, f"unknown pass {name!r} (expected one of {', '.join(WEIGHT_PASS_WORDS)})")
+        if not isinstance(entry, Mapping):
+            raise read.fail(where, f"expected an object, got {_show(entry)}")
+        weight_passes[name] = LinearFit(read.number(entry, "intercept_s", f"{where}.intercept_s", minimum=0),
+                                        read.number(entry, "per_param_s", f"{where}.per_param_s", minimum=0))
     slowdown = {1: 1.0}
     raw_slowdown = read.mapping(document, "compute_slowdown", "compute_slowdown", optional=True) or {}
     for key in raw_slowdown:
@@ -244,7 +256,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         p2p=p2p, allreduce=dict(sorted(allreduce.items())),
         compute_slowdown=dict(sorted(slowdown.items())),
         allgather=dict(sorted(allgather.items())), topk=dict(sorted(topk.items())), overlap=overlap,
-        handoff=handoff,
+        handoff=handoff, weight_passes=weight_passes,
         model_layer_names=tuple(layer_names) if layer_names is not None else None,
         model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,
         document=document,
@@ -392,16 +404,18 @@ class ProfileCosts:
             return 0.0
         return self.profile.optimizer.at(num_params)
 
-    def axpy_s(self, num_params: int) -> float:
-        """SpecTrain's weight prediction (an axpy: 3 fp32 words moved per parameter), scaled from the
-        profiled update, which moves OPTIMIZER_BYTES_PER_PARAM / 4 words per parameter:
-        intercept_s + per_param_s x num_params x 12 / OPTIMIZER_BYTES_PER_PARAM[optimizer]."""
+    def weight_pass_s(self, name: str, num_params: int) -> float:
+        """A stash / predict / accumulate pass over `num_params` weights: the profile's
+        `weight_passes` fit; older profiles: scaled from the update by the fp32 words moved,
+        intercept_s + per_param_s x num_params x 4 WEIGHT_PASS_WORDS[name] / OPTIMIZER_BYTES_PER_PARAM."""
         if num_params <= 0:
             return 0.0
-        from simulator.costs import OPTIMIZER_BYTES_PER_PARAM
-        fit = self.profile.optimizer
+        fit = self.profile.weight_passes.get(name)
+        if fit is not None:
+            return fit.at(num_params)
+        update = self.profile.optimizer
         update_bytes_per_param = OPTIMIZER_BYTES_PER_PARAM[self.profile.optimizer_name]
-        return fit.intercept_s + fit.per_unit_s * num_params * 12 / update_bytes_per_param
+        return update.intercept_s + update.per_unit_s * num_params * 4 * WEIGHT_PASS_WORDS[name] / update_bytes_per_param
 
     def p2p_s(self, size_bytes: float) -> float:
         """One-way point-to-point time of `size_bytes` (alpha + S / beta)."""

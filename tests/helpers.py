@@ -33,6 +33,10 @@ class FixedCosts:
     def optimizer_s(self, num_params: int) -> float:
         return self.fixed_optimizer_s
 
+    def weight_pass_s(self, name: str, num_params: int) -> float:
+        """Stash, predict and accumulate passes (asynchronous pipelines) are free."""
+        return 0.0
+
 
 def link(latency_s: float, bandwidth_bytes_per_s: float) -> LinkSpec:
     return LinkSpec(latency_s=latency_s, bandwidth_bytes_per_s=bandwidth_bytes_per_s)

@@ -16,14 +16,17 @@ FREE = {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}
 
 
 class Costs(FixedCosts):
-    """F = 1 s per sample per layer, B = 2 s; optimizer 0 s; an axpy (prediction) `axpy` seconds."""
+    """F = 1 s per sample per layer, B = 2 s; optimizer 0 s; a prediction `axpy` seconds, a stash
+    `stash` seconds, an accumulation `accumulate` seconds per 1000 parameters."""
 
-    def __init__(self, axpy: float = 0.0):
+    def __init__(self, axpy: float = 0.0, stash: float = 0.0, accumulate: float = 0.0):
         super().__init__(1.0, 0.0)
-        self.axpy = axpy
+        self.axpy, self.stash, self.accumulate = axpy, stash, accumulate
 
-    def axpy_s(self, num_params: int) -> float:
-        return self.axpy
+    def weight_pass_s(self, name: str, num_params: int) -> float:
+        if name == "predict":
+            return self.axpy
+        return {"stash": self.stash, "accumulate": self.accumulate}[name] * num_params / 1000
 
 
 def workload(num_layers: int, params_per_layer=None) -> Workload:
@@ -169,7 +172,24 @@ def test_impossible_pipelines_are_scenario_errors(kind, m, extra, message):
         simulate(scenario, costs=Costs(), workload=workload(4))
 
 
-def test_axpy_cost_of_the_weight_prediction():
+def test_asynchronous_stages_pay_their_stash_and_accumulation_passes():
+    # 3 stages of 2 layers of 1000 parameters; per micro-batch a stage computes 12 s, stashes
+    # 2000 parameters (0.25 s / 1000) and accumulates them (0.5 s / 1000): 13.5 s per micro-batch
+    costs = Costs(stash=0.25, accumulate=0.5)
+    stashing = run("pipedream", 3, 6, [2] * 3, costs=costs)
+    assert stashing.step_time_s == pytest.approx(6 * (12 + 0.5 + 1.0), rel=1e-9)
+    actions = [a for a in stashing.plan.actions[1] if isinstance(a, Compute)]
+    phases = [a.phase for a in actions]
+    assert phases[:6] == ["stash", "F", "stash", "F", "B", "accumulate"]  # 1F1B warm-up of stage 1
+    assert {a.num_params for a in actions if a.phase in ("stash", "accumulate")} == {2000}
+    # no stashing: only the accumulation; synchronous kinds: neither
+    newest = run("pipedream", 3, 6, [2] * 3, costs=costs, weight_stashing=False)
+    assert newest.step_time_s == pytest.approx(6 * (12 + 1.0), rel=1e-9)
+    flushed = run("1f1b", 3, 6, [2] * 3, costs=costs)
+    assert flushed.step_time_s == pytest.approx((6 + 3 - 1) * 12, rel=1e-9)
+
+
+def test_weight_pass_costs_analytic_and_profiled():
     from simulator.costs import AnalyticCosts
     from simulator.hardware import resolve_gpu
     from simulator.profile import ProfileCosts, profile_from_dict
@@ -178,11 +198,27 @@ def test_axpy_cost_of_the_weight_prediction():
 
     gpu = resolve_gpu("V100")
     analytic = AnalyticCosts(workload(2), gpu, "fp16", "momentum")
-    # reads W and v, writes W_hat: 3 x params x 2 bytes at the memory bandwidth
-    assert analytic.axpy_s(10**6) == pytest.approx(3 * 10**6 * 2 / gpu.memory_bandwidth_bytes_per_s)
+    # prediction: reads W and v, writes W_hat: 3 x params x 2 bytes at the memory bandwidth
+    assert analytic.weight_pass_s("predict", 10**6) == pytest.approx(3 * 10**6 * 2 / gpu.memory_bandwidth_bytes_per_s)
+    assert analytic.weight_pass_s("stash", 10**6) == pytest.approx(2 * 10**6 * 2 / gpu.memory_bandwidth_bytes_per_s)
     doc = document()
     doc["optimizer"] = {"name": "momentum", "intercept_s": 5e-5, "per_param_s": 1e-9}
     profiled = ProfileCosts(profile_from_dict(doc), mlp())
-    # the profiled momentum update moves 5 words per parameter, the axpy 3
-    assert profiled.axpy_s(10**6) == pytest.approx(5e-5 + 1e-9 * 10**6 * 3 / 5)
-    assert profiled.axpy_s(0) == 0.0
+    # no weight_passes section: scaled from the momentum update (5 words per parameter)
+    assert profiled.weight_pass_s("predict", 10**6) == pytest.approx(5e-5 + 1e-9 * 10**6 * 3 / 5)
+    assert profiled.weight_pass_s("accumulate", 10**6) == pytest.approx(5e-5 + 1e-9 * 10**6 * 3 / 5)
+    assert profiled.weight_pass_s("stash", 10**6) == pytest.approx(5e-5 + 1e-9 * 10**6 * 2 / 5)
+    assert profiled.weight_pass_s("predict", 0) == 0.0
+    # measured passes replace the estimate
+    doc["weight_passes"] = {"stash": {"intercept_s": 1e-5, "per_param_s": 2e-9},
+                            "predict": {"intercept_s": 2e-5, "per_param_s": 3e-9}}
+    measured = ProfileCosts(profile_from_dict(doc), mlp())
+    assert measured.weight_pass_s("stash", 10**6) == pytest.approx(1e-5 + 2e-3)
+    assert measured.weight_pass_s("predict", 10**6) == pytest.approx(2e-5 + 3e-3)
+    assert measured.weight_pass_s("accumulate", 10**6) == pytest.approx(5e-5 + 1e-9 * 10**6 * 3 / 5)
+    doc["weight_passes"] = {"copy": {"intercept_s": 1e-5, "per_param_s": 2e-9}}
+    with pytest.raises(ScenarioError, match="weight_passes.copy: unknown pass 'copy'"):
+        profile_from_dict(doc)
+    doc["weight_passes"] = {"stash": {"intercept_s": -1, "per_param_s": 2e-9}}
+    with pytest.raises(ScenarioError, match="weight_passes.stash.intercept_s"):
+        profile_from_dict(doc)

@@ -16,8 +16,10 @@
    (`min_block_s`), divided by the iterations: with more ranks than cores, single iterations
    shorter than a scheduler time slice mostly run uninterrupted and their median hides the
    sharing (measured on this 2-core machine: 1.26x instead of 1.83x for 4 ranks).
-2. **Optimizer, all ranks at once**: one step over the parameters of each layer and of each
-   prefix of layers (the stages a plan can have), fitted against the number of parameters.
+2. **Optimizer, all ranks at once**: one update (step, then the gradients zeroed, as the runtimes
+   do) over the parameters of each layer and of each prefix of layers (the stages a plan can
+   have), fitted against the number of parameters; then, on the same sets, the asynchronous
+   pipeline runtime's weight passes (stash, predict, accumulate; `validator.weight_pass_bench`).
 3. **p2p**: ping-pong between ranks 0 and 1 (one-way = half the round trip).
 4. **allreduce**: for every divisor g >= 2 of world_size, the world is cut into world_size / g
    groups of consecutive ranks (`new_group`) that all allreduce at the same time (as the
@@ -62,6 +64,7 @@ from simulator.profile import FORMAT
 from simulator.workload import Workload
 from validator.launch import LaunchConfig, spawn
 from validator.handoff_bench import time_handoffs
+from validator.weight_pass_bench import WEIGHT_PASSES, time_weight_passes
 from validator.overlap_bench import (DEFAULT_OVERLAP_BYTES, DEFAULT_OVERLAP_MESSAGES, OVERLAP_KINDS,
                                      model_steps, time_overlap)
 from validator.microbench import (DEFAULT_MIN_BLOCK_S, agree_max, fit_line, load_models_module,
@@ -148,6 +151,10 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
     optimizer = time_optimizer(settings.optimizer, _parameter_sets(modules), repeats=settings.repeats,
                                device=device, warmup=settings.warmup, barrier=dist.barrier, agree=agree_max,
                                min_block_s=settings.min_block_s)
+    _say(settings, f"weight passes (stash, predict, accumulate): {world} ranks at once")
+    weight_passes = time_weight_passes(_parameter_sets(modules), repeats=settings.repeats, device=device,
+                                       warmup=settings.warmup, barrier=dist.barrier, agree=agree_max,
+                                       min_block_s=settings.min_block_s)
     topk = {}
     for density in settings.topk_densities:
         _say(settings, f"top-k selection at density {density}: {world} ranks at once")
@@ -198,7 +205,7 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
     dist.all_gather_object(cpu_s, own_after - own_before)
     if rank != 0:
         return None
-    return {"layers": layer_medians, "optimizer": optimizer, "p2p": p2p,
+    return {"layers": layer_medians, "optimizer": optimizer, "weight_passes": weight_passes, "p2p": p2p,
             "allreduce": allreduce, "allgather": allgather, "topk": topk, "overlap": overlap,
             "handoff": handoff, "measure_s": measure_s,
             "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
@@ -278,6 +285,17 @@ def _topk_fit(items: list[dict], notes: list[str], what: str) -> dict:
             "medians_s": medians, "r2": fit.r2}
 
 
+def _weight_pass_fits(items: list[dict], notes: list[str]) -> dict:
+    counts = [item["num_params"] for item in items]
+    fits = {}
+    for name in WEIGHT_PASSES:
+        times = [item[f"{name}_s"] for item in items]
+        fit = _fit_entry(counts, times, notes, f"weight_passes.{name}")
+        fits[name] = {"intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
+                      "num_params": counts, "medians_s": times}
+    return fits
+
+
 def build_document(workload: Workload, model_params: dict, raw: dict, *, world_size: int, device: str,
                    backend: str, batch_sizes: Sequence[int], optimizer: str, comm_sizes: Sequence[int],
                    repeats: int, comm_repeats: int, min_block_s: float = DEFAULT_MIN_BLOCK_S) -> dict:
@@ -321,6 +339,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
         "layers": layers,
         "optimizer": {"name": optimizer, "intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
                       "num_params": counts, "medians_s": times},
+        **({"weight_passes": _weight_pass_fits(raw["weight_passes"], notes)} if raw.get("weight_passes") else {}),
         "p2p": (_alpha_beta(comm_sizes, raw["p2p"], notes, "p2p") if raw["p2p"] is not None else None),
         "allreduce": {str(g): {**_alpha_beta(comm_sizes, item["medians_s"], notes, f"allreduce.{g}"),
                                "concurrent_groups": item["concurrent_groups"]}

@@ -281,8 +281,9 @@ def time_optimizer(optimizer: str, parameter_sets: Sequence, repeats: int = 7, d
                    warmup: int = 2, *, barrier: Callable[[], None] | None = None,
                    agree: Callable[[int], int] | None = None, min_block_s: float = DEFAULT_MIN_BLOCK_S,
                    seed: int = 0) -> list[dict]:
-    """Time of one `optimizer.step()` for each set of parameters (median over blocks, as
-    `time_layers`; `barrier` before each set, `agree` for the block length).
+    """Time of one update, `optimizer.step()` then `zero_grad(set_to_none=False)` as the runtimes
+    do it, for each set of parameters (median over blocks, as `time_layers`; `barrier` before each
+    set, `agree` for the block length).
 
     A set is an int (one flat fp32 tensor of that many parameters) or a list of tensors (e.g. the
     parameters of some layers: copies are stepped, with random gradients, so the originals are
@@ -309,6 +310,7 @@ def time_optimizer(optimizer: str, parameter_sets: Sequence, repeats: int = 7, d
             _sync(device)
             start = time.perf_counter()
             step.step()
+            step.zero_grad(set_to_none=False)  # as every runtime's update does
             _sync(device)
             return (time.perf_counter() - start,)
 

@@ -7,7 +7,10 @@ key doubles as the gloo tag, so messages of several micro-batches and chunks bet
 ranks cannot be confused); `Compute` F / B of micro-batch i on the chunk holding its layers, with
 the inputs, outputs and graph of each micro-batch kept apart; layer-wise backward so that a bucket
 closes where the plan says and its `Collective` (async allreduce among the stage's G replicas)
-overlaps the rest; `Compute` opt; `Compute` predict (SpecTrain).
+overlaps the rest; `Compute` opt; `Compute` predict (SpecTrain); `Compute` stash (PipeDream's copy
+of the weights before a forward) and `Compute` accumulate (after an asynchronous backward segment:
+the gradient of the weights it ran on added onto the live gradients), so that each pass the
+simulator costs (`CostModel.weight_pass_s`) is one span here.
 
 Weights, per kind (`weight_mode`):
 - accumulate (gpipe, 1f1b, interleaved_1f1b): every micro-batch uses the live weights; its loss is
@@ -45,6 +48,7 @@ from torch.func import functional_call
 
 from simulator.errors import ScenarioError
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
+from simulator.strategies.pipeline import ACCUMULATE_PHASE, STASH_PHASE
 from simulator.workload import Workload
 from validator.microbench import make_optimizer
 from validator.models import build_modules, loss_fn, make_batch
@@ -197,7 +201,7 @@ class PipelineExecutor:
         self.batch = (own(inputs).to(self.device) if 0 in self.own_chunks else None,
                       own(targets).to(self.device) if len(self.chunks) - 1 in self.own_chunks else None)
         del inputs, targets
-        self.received, self.flight, self.predicted = {}, {}, {}
+        self.received, self.flight, self.predicted, self.stashed = {}, {}, {}, {}
         self.pending_sends, self.reductions, self.unreduced, self.spans = {}, [], [], []
         self.last_backward = None
         self.losses = []
@@ -305,8 +309,7 @@ class PipelineExecutor:
         if self.mode == "predict":
             return self.predicted.pop(microbatch)
         if self.mode == "stash":
-            return {layer: {name: p.detach().clone().requires_grad_(True)
-                            for name, p in self.modules[layer].named_parameters()} for layer in layers}
+            return self.stashed.pop((chunk, microbatch))
         # newest: same storage as the live weights, own autograd version counter (`.data`), so the
         # optimizer's in-place updates are what the backward reads
         return {layer: {name: p.data.requires_grad_(True) for name, p in self.modules[layer].named_parameters()}
@@ -344,13 +347,30 @@ class PipelineExecutor:
             x = state.inputs[layer]
             state.input_grads[layer] = x.grad if x.requires_grad else None
             state.outputs[layer] = None
-        if state.weights is not None:  # asynchronous: this micro-batch's gradient onto the live weights
-            with torch.no_grad():
-                for layer in range(action.layer_start, action.layer_end):
-                    for name, p in self.modules[layer].named_parameters():
-                        used = state.weights[layer][name]
-                        p.grad = used.grad.clone() if p.grad is None else p.grad.add_(used.grad)
         self.unreduced.append((action.layer_start, action.layer_end))
+        if state.weights is None:  # the live weights (synchronous kinds); others: after the accumulate action
+            self._backward_done(state, chunk, action)
+
+    def _stash(self, action: Compute) -> None:
+        """PipeDream: the weights micro-batch i's forward and backward will run on (a copy)."""
+        chunk = self.chunk_of(action.layer_start)
+        self.stashed[(chunk, action.microbatch)] = {
+            layer: {name: p.detach().clone().requires_grad_(True) for name, p in self.modules[layer].named_parameters()}
+            for layer in range(action.layer_start, action.layer_end)}
+
+    def _accumulate(self, action: Compute) -> None:
+        """Asynchronous kinds: the segment's gradients w.r.t. the weights the micro-batch used,
+        added onto the live weights' gradients."""
+        chunk = self.chunk_of(action.layer_start)
+        state = self.flight[(chunk, action.microbatch)]
+        with torch.no_grad():
+            for layer in range(action.layer_start, action.layer_end):
+                for name, p in self.modules[layer].named_parameters():
+                    used = state.weights[layer][name]
+                    p.grad = used.grad.clone() if p.grad is None else p.grad.add_(used.grad)
+        self._backward_done(state, chunk, action)
+
+    def _backward_done(self, state: MicroState, chunk: int, action: Compute) -> None:
         if action.layer_start == self.chunks[chunk][0]:  # its backward on the chunk is over: drop its
             # feature maps, gradient maps and weights (autograd would have freed them), all but the
             # gradient to send
@@ -400,7 +420,8 @@ class PipelineExecutor:
 
 
 COMPUTE_PHASES = {FORWARD: PipelineExecutor._forward, BACKWARD: PipelineExecutor._backward,
-                  OPTIMIZER: PipelineExecutor._update, PREDICT: PipelineExecutor._predict}
+                  OPTIMIZER: PipelineExecutor._update, PREDICT: PipelineExecutor._predict,
+                  STASH_PHASE: PipelineExecutor._stash, ACCUMULATE_PHASE: PipelineExecutor._accumulate}
 HANDLERS = {Recv: PipelineExecutor._recv, Send: PipelineExecutor._send, Compute: PipelineExecutor._compute,
             Collective: PipelineExecutor._collective}
 

@@ -13,6 +13,10 @@ buckets during the last backward of each chunk (`strategy.overlap_backward`) or 
 after it. Asynchronous kinds (pipedream, spectrain, delayed_gradient) update after every
 backward (after the peers' allreduce of that micro-batch's gradient when G > 1, keyed
 ("allreduce", stage, bucket, i)); spectrain predicts weights (an axpy) before passes.
+Their runtime also passes over a chunk's weights per micro-batch (Compute phases costed by
+`CostModel.weight_pass_s`): pipedream with stashing copies them before the forward ("stash"),
+and every asynchronous kind adds the gradient of the weights a backward ran on onto the live
+gradient after each backward segment ("accumulate"), before that segment's allreduce.
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 
 PREDICT_PHASE = "predict"
-"""Compute phase of SpecTrain's weight prediction (costed by `CostModel.axpy_s`)."""
+"""Compute phase of SpecTrain's weight prediction (costed by `CostModel.weight_pass_s`)."""
+STASH_PHASE, ACCUMULATE_PHASE = "stash", "accumulate"
+"""Compute phases of the weight copy before a stashing forward and of the gradient accumulation
+after an asynchronous backward segment."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,9 @@ class _RankActions:
         if chunk > 0:
             deps = (add(Recv, src=self.rank_of(chunk - 1), key=("act", self.group, chunk - 1, i),
                         label=f"recv act{i}"),)
+        if self.config.kind == "pipedream" and self.config.weight_stashing:
+            add(Compute, phase=STASH_PHASE, layer_start=start, layer_end=end, batch=self.batch, microbatch=i,
+                num_params=self._params(start, end))
         forward = add(Compute, phase=FORWARD, layer_start=start, layer_end=end, batch=self.batch,
                       microbatch=i, deps=deps)
         if chunk < self.schedule.num_chunks - 1:
@@ -181,12 +191,18 @@ class _RankActions:
             self.last_backward = add(Compute, phase=BACKWARD, layer_start=seg_start, layer_end=seg_end,
                                      batch=self.batch, microbatch=i, deps=deps)
             deps = ()
+            if self.schedule.asynchronous:
+                self.last_backward = add(Compute, phase=ACCUMULATE_PHASE, layer_start=seg_start, layer_end=seg_end,
+                                         batch=self.batch, microbatch=i, num_params=self._params(seg_start, seg_end))
             if reduce_now and size > 0:
                 self._allreduce(size, i)
         if chunk > 0:
             size = self.workload.layers[start].input_elements_per_sample * self.batch * self.element_bytes
             add(Send, dst=self.rank_of(chunk - 1), size_bytes=size, key=("grad", self.group, chunk - 1, i),
                 deps=(self.last_backward,), label=f"send grad{i}")
+
+    def _params(self, start: int, end: int) -> int:
+        return sum(layer.num_params for layer in self.workload.layers[start:end])
 
     def _allreduce(self, size_bytes: float, microbatch: int) -> None:
         key = ("allreduce", self.stage_index, self.num_buckets)
