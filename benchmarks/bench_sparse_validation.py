@@ -6,7 +6,8 @@ run), then run DP dense and DP with top-k (error feedback, allgather of k values
 real and in simulation. Prints predicted, measured and error per case, plus the selection
 (`topk` spans) and exchange (`allreduce` / `allgather` spans) times per step of rank 0, predicted
 and measured. The validated runs never feed the profile. Writes reports/sparse_validation_cpu.csv
-and the profiles to reports/profiles/mlp_cpu_topk_ws{N}.json.
+and the profiles to reports/profiles/mlp_cpu_topk_ws{N}.json. Column machine_drift: a reference
+kernel's time after the case / before its calibration (`validator.speed_probe`; reported only).
 Run: python benchmarks/bench_sparse_validation.py [--steps 8] [--density 0.01] [--world-sizes 2,4]
 """
 
@@ -25,6 +26,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import DEFAULT_REPEATS, calibrate
 from validator.measure import RunOptions
+from validator.speed_probe import reference_kernel_s
 from validator.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +45,7 @@ def run_world_size(world_size: int, density: float, args) -> list[dict]:
     scenario = load_scenario(SCENARIO, overrides)
     workload = resolve_workload(scenario.model, scenario.base_dir)
     profile = ROOT / "reports" / "profiles" / f"mlp_cpu_topk_ws{world_size}.json"
+    probe_before_s = reference_kernel_s()
     if not (args.reuse_profiles and profile.is_file()):
         calibrate(workload, dict(scenario.model.params), profile, world_size=world_size,
                   optimizer=scenario.training.optimizer, repeats=args.repeats, topk_densities=(density,),
@@ -59,12 +62,13 @@ def run_world_size(world_size: int, density: float, args) -> list[dict]:
                    measured_topk_s=_kind_s(measured, ("topk",)),
                    predicted_exchange_s=_kind_s(simulated.spans, ("allreduce", "allgather")),
                    measured_exchange_s=_kind_s(measured, ("allreduce", "allgather")))
+        row["machine_drift"] = reference_kernel_s() / probe_before_s  # > 1: slower than at calibration
         rows.append(row)
         print(f"ws={world_size} dp {label:11s} predicted {row['predicted_s'] * 1e3:8.2f} ms  measured "
               f"{row['measured_s'] * 1e3:8.2f} ms  error {row['error_pct']:+7.1f} %  | selection "
               f"{row['predicted_topk_s'] * 1e3:6.2f} / {row['measured_topk_s'] * 1e3:6.2f} ms  exchange spans "
               f"{row['predicted_exchange_s'] * 1e3:7.2f} / {row['measured_exchange_s'] * 1e3:7.2f} ms "
-              "(predicted / measured, rank 0)", flush=True)
+              f"(predicted / measured, rank 0) | machine drift {row['machine_drift']:.2f}", flush=True)
     return rows
 
 

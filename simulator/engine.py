@@ -227,8 +227,10 @@ class Engine:
 
     def _duration_s(self, action: Compute, rank: int = 0) -> float:
         costs = self._rank_costs[rank]  # this rank's GPU type and straggler slowdown (simulator.heterogeneity)
-        if action.phase == OPTIMIZER:
-            return costs.optimizer_s(action.num_params)
+        if action.phase == OPTIMIZER:  # G > 1 replicas of a stage first average the reduced gradients
+            replicated = self.plan.num_groups > 1 and "tensor" not in self.plan.meta  # megatron: groups = TP x DP
+            average_s = costs.weight_pass_s("average", action.num_params) if replicated else 0.0
+            return costs.optimizer_s(action.num_params) + average_s
         if action.phase in WEIGHT_PASS_WORDS:  # asynchronous pipelines' stash / predict / accumulate
             return costs.weight_pass_s(action.phase, action.num_params)
         if action.phase == SELECTION_PHASE:  # top-k selection over num_params gradient elements (simulator.sparse)

@@ -18,7 +18,7 @@ listed here are allowed and ignored by `load_profile` (the validator adds raw me
 | `model` | `{"name", "params": {...}, "num_layers", "layer_names": [...], "num_params", "forward_flops_per_sample"}` | the workload: `name` is `Workload.name` (the zoo name), `params` the zoo factory parameters; the last three are optional and, when present, must match the workload |
 | `layers` | list, one per layer, in order | `{"index", "name", "forward": FIT, "backward": FIT, "batch_sizes": [...], "r2_forward", "r2_backward"}` |
 | `optimizer` | `{"name": "sgd"\\|"momentum"\\|"adam", "intercept_s", "per_param_s"}` | one update: `intercept_s + per_param_s x num_params`(the step and the zeroing of the gradients, as the runtimes update) |
-| `weight_passes` | `{"stash": PASS_FIT, "predict": PASS_FIT, "accumulate": PASS_FIT}` | optional: the per-micro-batch passes over a stage's weights of the asynchronous pipeline runtime (`validator.weight_pass_bench`); without it they are scaled from the optimizer fit by the fp32 words each moves |
+| `weight_passes` | `{"stash": PASS_FIT, "predict": PASS_FIT, "accumulate": PASS_FIT, "average": PASS_FIT}` | optional: the per-micro-batch passes over a stage's weights of the asynchronous pipeline runtime (`validator.weight_pass_bench`); without it they are scaled from the optimizer fit by the fp32 words each moves |
 | `p2p` | `ALPHA_BETA` or `null` | one-way point-to-point transfer between ranks 0 and 1 (`null` only when `world_size` is 1) |
 | `allreduce` | `{"<group size>": ALPHA_BETA, ...}` | allreduce among a group of that many ranks; may be `{}` when `world_size` is 1 |
 | `compute_slowdown` | `{"<ranks computing at once>": factor}` | optional; see below |
@@ -49,7 +49,8 @@ listed here are allowed and ignored by `load_profile` (the validator adds raw me
   one pass over `n` parameters takes `intercept_s + per_param_s x n` (least squares over the
   parameter sets of the optimizer fit, all ranks at once): `stash` copies the weights
   (PipeDream), `predict` computes W - s lr v (SpecTrain), `accumulate` adds a micro-batch's
-  weight gradients onto the live ones (every asynchronous kind).
+  weight gradients onto the live ones (every asynchronous kind), `average` divides the reduced
+  gradients by the number of replicas G in place (part of the update when G > 1).
 * `TOPK_FIT` = `{"intercept_s": >= 0, "per_element_s": >= 0, "elements": [...], "medians_s": [...]}`:
   error feedback and selection on a flat fp32 gradient bucket of `n` elements (residual added,
   top-k of the magnitudes with k = ceil(density x n), the values gathered, the residual zeroed

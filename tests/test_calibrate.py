@@ -79,7 +79,7 @@ def test_time_weight_passes_single_process_leaves_the_parameters_alone():
     small, large = [torch.ones(10)], [torch.ones(2048, 2048)]
     result = time_weight_passes([small, large], repeats=3, warmup=1)
     assert [(r["num_params"], r["num_tensors"]) for r in result] == [(10, 1), (2048 * 2048, 1)]
-    for name in ("stash", "predict", "accumulate"):
+    for name in ("stash", "predict", "accumulate", "average"):
         # 4 M parameters (16 MiB read, at least as much written) against 10: far above the overheads
         assert result[1][f"{name}_s"] > 5 * result[0][f"{name}_s"] > 0
     assert torch.equal(small[0], torch.ones(10)) and small[0].grad is None
@@ -120,9 +120,9 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert handoff["world_size"] == 2 and handoff["num_messages"] >= 1 and handoff["mean_delay_s"] > 0
     assert profile.handoff.mean_delay_s == handoff["mean_delay_s"]
     passes = document["weight_passes"]  # on the optimizer's parameter sets
-    assert set(passes) == {"stash", "predict", "accumulate"}
+    assert set(passes) == {"stash", "predict", "accumulate", "average"}
     assert all(entry["num_params"] == document["optimizer"]["num_params"] for entry in passes.values())
-    assert set(profile.weight_passes) == {"stash", "predict", "accumulate"}
+    assert set(profile.weight_passes) == {"stash", "predict", "accumulate", "average"}
     assert document["format"] == "ghpsim-profile/1"
 
     costs = ProfileCosts(profile, workload, optimizer="sgd")

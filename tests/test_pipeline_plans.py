@@ -19,14 +19,14 @@ class Costs(FixedCosts):
     """F = 1 s per sample per layer, B = 2 s; optimizer 0 s; a prediction `axpy` seconds, a stash
     `stash` seconds, an accumulation `accumulate` seconds per 1000 parameters."""
 
-    def __init__(self, axpy: float = 0.0, stash: float = 0.0, accumulate: float = 0.0):
+    def __init__(self, axpy: float = 0.0, stash: float = 0.0, accumulate: float = 0.0, average: float = 0.0):
         super().__init__(1.0, 0.0)
-        self.axpy, self.stash, self.accumulate = axpy, stash, accumulate
+        self.axpy, self.stash, self.accumulate, self.average = axpy, stash, accumulate, average
 
     def weight_pass_s(self, name: str, num_params: int) -> float:
         if name == "predict":
             return self.axpy
-        return {"stash": self.stash, "accumulate": self.accumulate}[name] * num_params / 1000
+        return {"stash": self.stash, "accumulate": self.accumulate, "average": self.average}[name] * num_params / 1000
 
 
 def workload(num_layers: int, params_per_layer=None) -> Workload:
@@ -187,6 +187,16 @@ def test_asynchronous_stages_pay_their_stash_and_accumulation_passes():
     assert newest.step_time_s == pytest.approx(6 * (12 + 1.0), rel=1e-9)
     flushed = run("1f1b", 3, 6, [2] * 3, costs=costs)
     assert flushed.step_time_s == pytest.approx((6 + 3 - 1) * 12, rel=1e-9)
+
+
+def test_replicated_stages_average_their_gradients_before_the_update():
+    # 2 replicas (free links: the allreduce takes no time); each stage's 2000 parameters are
+    # divided by G at 0.5 s per 1000 before the update; one replica has nothing to average
+    p, m = 3, 4
+    replicated = run("1f1b", p, m, [2] * p, groups=2, costs=Costs(average=0.5))
+    assert replicated.step_time_s == pytest.approx((m + p - 1) * 12 + 1.0, rel=1e-9)
+    single = run("1f1b", p, m, [2] * p, costs=Costs(average=0.5))
+    assert single.step_time_s == pytest.approx((m + p - 1) * 12, rel=1e-9)
 
 
 def test_weight_pass_costs_analytic_and_profiled():

@@ -19,7 +19,8 @@
 2. **Optimizer, all ranks at once**: one update (step, then the gradients zeroed, as the runtimes
    do) over the parameters of each layer and of each prefix of layers (the stages a plan can
    have), fitted against the number of parameters; then, on the same sets, the asynchronous
-   pipeline runtime's weight passes (stash, predict, accumulate; `validator.weight_pass_bench`).
+   pipeline runtime's weight passes (stash, predict, accumulate) and the replicas' gradient
+   averaging (`validator.weight_pass_bench`).
 3. **p2p**: ping-pong between ranks 0 and 1 (one-way = half the round trip).
 4. **allreduce**: for every divisor g >= 2 of world_size, the world is cut into world_size / g
    groups of consecutive ranks (`new_group`) that all allreduce at the same time (as the

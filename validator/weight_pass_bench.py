@@ -9,7 +9,9 @@ schedule (the simulator's Compute phases of the same names, `simulator.strategie
 - **predict** (spectrain): W_hat = W - s lr v from the momentum buffer (Chen et al., arXiv
   1809.02839): the runtime's own `predicted_weights`;
 - **accumulate** (every asynchronous kind: the backward ran on weights other than the live
-  tensors): the micro-batch's weight gradients added onto the live gradients, `g.add_(u)`.
+  tensors): the micro-batch's weight gradients added onto the live gradients, `g.add_(u)`;
+- **average** (every runtime's update on a stage with G > 1 replicas): the reduced flat gradient
+  bucket divided by G in place, `flat /= G`.
 
 Each is timed like the optimizer (`validator.microbench.time_optimizer`): per parameter set, the
 median over blocks of back-to-back passes, all ranks at once (a barrier before each set).
@@ -24,11 +26,13 @@ import torch
 
 from validator.microbench import DEFAULT_MIN_BLOCK_S, _same, _sync, _time_blocks, make_optimizer
 
-WEIGHT_PASSES = ("stash", "predict", "accumulate")
+WEIGHT_PASSES = ("stash", "predict", "accumulate", "average")
 
 
 def _passes(params: list[torch.Tensor], used_grads: list[torch.Tensor], optimizer) -> dict[str, Callable]:
     from validator.pipeline_runtime import predicted_weights
+
+    flat = torch.cat([g.reshape(-1) for g in used_grads])
 
     def stash():
         return [p.detach().clone().requires_grad_(True) for p in params]
@@ -40,7 +44,10 @@ def _passes(params: list[torch.Tensor], used_grads: list[torch.Tensor], optimize
         with torch.no_grad():
             for p, used in zip(params, used_grads):
                 p.grad.add_(used)
-    return {"stash": stash, "predict": predict, "accumulate": accumulate}
+    def average():
+        flat.div_(2)
+
+    return {"stash": stash, "predict": predict, "accumulate": accumulate, "average": average}
 
 
 def time_weight_passes(parameter_sets: Sequence, repeats: int = 7, device: str = "cpu", warmup: int = 2, *,
@@ -49,7 +56,7 @@ def time_weight_passes(parameter_sets: Sequence, repeats: int = 7, device: str =
     """Time of each weight pass (`WEIGHT_PASSES`) over each set of parameters (a list of tensors;
     copies are used, with random gradients and a momentum buffer as after one update).
 
-    Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "accumulate_s"}]` in order.
+    Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "accumulate_s", "average_s"}]`.
     """
     barrier = barrier or (lambda: None)
     agree = agree or _same
