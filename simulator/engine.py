@@ -65,6 +65,9 @@ class Engine:
                                   getattr(costs, "interference", None))
         device_costs = DeviceCosts(costs, topology)
         self._rank_costs = [device_costs.model_of(device) for device in plan.rank_to_device]
+        # G > 1 replicas of a stage average the reduced gradients before the update (megatron plans
+        # count TP x DP pipelines as groups, and ZeRO shards the update: not charged there)
+        self._averages_gradients = plan.num_groups > 1 and "tensor" not in plan.meta
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)
         self.algorithms: dict[str, int] = defaultdict(int)
@@ -227,9 +230,8 @@ class Engine:
 
     def _duration_s(self, action: Compute, rank: int = 0) -> float:
         costs = self._rank_costs[rank]  # this rank's GPU type and straggler slowdown (simulator.heterogeneity)
-        if action.phase == OPTIMIZER:  # G > 1 replicas of a stage first average the reduced gradients
-            replicated = self.plan.num_groups > 1 and "tensor" not in self.plan.meta  # megatron: groups = TP x DP
-            average_s = costs.weight_pass_s("average", action.num_params) if replicated else 0.0
+        if action.phase == OPTIMIZER:
+            average_s = costs.weight_pass_s("average", action.num_params) if self._averages_gradients else 0.0
             return costs.optimizer_s(action.num_params) + average_s
         if action.phase in WEIGHT_PASS_WORDS:  # asynchronous pipelines' stash / predict / accumulate
             return costs.weight_pass_s(action.phase, action.num_params)
