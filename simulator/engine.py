@@ -8,6 +8,12 @@ a flow starts or ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013)
 measures communication itself (`allreduce_s`, `allgather_s`, `p2p_s`) replaces the flow model for those actions:
 its fits already contain the contention of the machine they were measured on. The engine appends immutable span tuples; everything else is
 analysis of the span table (`simulator.records`).
+
+A cost model with a `cold_start` section (`simulator.cold_start`) makes a pass slower the longer its
+operands sat untouched: the engine keeps, per rank, when each layer's weights were last touched (any
+pass or update on it; the previous step's update is taken to end at the step's start, time 0) and
+when each micro-batch's forward of each layer ended (its saved activations), and hands the ages to
+the model when the pass starts.
 """
 
 from __future__ import annotations
@@ -18,12 +24,13 @@ from dataclasses import dataclass
 import simpy
 
 from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
+from simulator.cold_start import weight_share
 from simulator.costs import WEIGHT_PASS_WORDS, CostModel
 from simulator.errors import SimulationError
 from simulator.heterogeneity import DeviceCosts
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
 from simulator.network import FlowNetwork
-from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send
+from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
 from simulator.sparse import SELECTION_PHASE
 from simulator.topology import Topology
 
@@ -68,6 +75,11 @@ class Engine:
         # G > 1 replicas of a stage average the reduced gradients before the update (megatron plans
         # count TP x DP pipelines as groups, and ZeRO shards the update: not charged there)
         self._averages_gradients = plan.num_groups > 1 and "tensor" not in plan.meta
+        self._cold = [getattr(model, "cold_start", None) for model in self._rank_costs]
+        self._weights_touched_s: list[dict[int, float]] = [{} for _ in plan.actions]
+        self._forward_done_s: list[dict[tuple[int, int], float]] = [{} for _ in plan.actions]
+        self._updated_s = [0.0 for _ in plan.actions]
+        self._weight_shares: dict[tuple, float] = {}
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)
         self.algorithms: dict[str, int] = defaultdict(int)
@@ -108,10 +120,13 @@ class Engine:
         for action in actions:
             yield from self._wait(rank, action.deps)
             start = self.env.now
+            duration_s = self._duration_s(action, rank) * self._cold_factor(action, rank, start)
             if self.host_parallelism is None:
-                yield self.env.timeout(self._duration_s(action, rank))
+                yield self.env.timeout(duration_s)
             else:
-                yield self._host_job(self._duration_s(action, rank), [rank], 1, COMPUTE)
+                yield self._host_job(duration_s, [rank], 1, COMPUTE)
+            if self._cold[rank] is not None:
+                self._touch(action, rank)
             self.spans.append((rank, "compute", action.label, action.phase, start, self.env.now, 0.0,
                                action.microbatch))
             self._done[rank][action.id].succeed()
@@ -244,6 +259,48 @@ class Engine:
                            for layer in range(action.layer_start, action.layer_end))
             self._duration_cache[key] = duration
         return duration
+
+    def _cold_factor(self, action: Compute, rank: int, start_s: float) -> float:
+        """How much slower than back to back the action runs on operands of their present age
+        (`simulator.cold_start`): 1 without a cold-start calibration; the update by the age of the
+        optimizer state (the rank's previous update); forward and backward passes by each layer's
+        weights' and activations' ages, weighted by the layers' back-to-back times."""
+        cold = self._cold[rank]
+        if cold is None:
+            return 1.0
+        if action.phase == OPTIMIZER:
+            return cold.update_factor(start_s - self._updated_s[rank])
+        if action.phase not in (FORWARD, BACKWARD):
+            return 1.0
+        costs = self._rank_costs[rank]
+        touched, forwards = self._weights_touched_s[rank], self._forward_done_s[rank]
+        slowed_s = hot_s = 0.0
+        for layer in range(action.layer_start, action.layer_end):
+            base_s = costs.compute_s(layer, action.phase, action.batch)
+            activations_age_s = 0.0 if action.phase == FORWARD else (
+                start_s - forwards.get((layer, action.microbatch), start_s))
+            factor = cold.layer_factor(action.phase, layer, self._weight_share(costs, layer, action),
+                                       start_s - touched.get(layer, 0.0), activations_age_s)
+            slowed_s += base_s * factor
+            hot_s += base_s
+        return slowed_s / hot_s if hot_s > 0 else 1.0
+
+    def _weight_share(self, costs, layer: int, action: Compute) -> float:
+        key = (layer, action.phase, action.batch)
+        share = self._weight_shares.get(key)
+        if share is None:
+            share = self._weight_shares[key] = weight_share(costs.workload.layers[layer], action.phase, action.batch)
+        return share
+
+    def _touch(self, action: Compute, rank: int) -> None:
+        now = self.env.now
+        if action.phase == OPTIMIZER:
+            self._updated_s[rank] = now
+        touched = self._weights_touched_s[rank]
+        for layer in range(action.layer_start, action.layer_end):
+            touched[layer] = now
+            if action.phase == FORWARD:
+                self._forward_done_s[rank][(layer, action.microbatch)] = now
 
     def _check_finished(self) -> None:
         for rank, done in enumerate(self._done):

@@ -50,6 +50,8 @@ class Slowed:
     def __init__(self, costs: CostModel, factor: float):
         self.costs = costs
         self.factor = factor
+        self.cold_start = getattr(costs, "cold_start", None)  # the engine's cold-operand model, if any
+        self.workload = getattr(costs, "workload", None)
 
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         return self.costs.compute_s(layer_index, phase, batch) * self.factor

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simulator.cold_start import ColdStart, parse_cold_start
 from simulator.costs import OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.host_sharing import COMM_CLASSES, Interference
@@ -119,6 +120,8 @@ class Profile:
     handoff: Handoff | None = None
     weight_passes: Mapping[str, LinearFit] = field(default_factory=dict)
     """stash / predict / accumulate fits vs parameters (`PASS_FIT`); empty in older profiles."""
+    cold_start: ColdStart | None = None
+    """Slowdown of passes over operands untouched for a while (`simulator.cold_start`); None in older profiles."""
     model_layer_names: tuple[str, ...] | None = None
     model_num_params: int | None = None
     model_forward_flops_per_sample: float | None = None
@@ -257,6 +260,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         compute_slowdown=dict(sorted(slowdown.items())),
         allgather=dict(sorted(allgather.items())), topk=dict(sorted(topk.items())), overlap=overlap,
         handoff=handoff, weight_passes=weight_passes,
+        cold_start=parse_cold_start(read, document, len(layers)),
         model_layer_names=tuple(layer_names) if layer_names is not None else None,
         model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,
         document=document,
@@ -380,6 +384,8 @@ class ProfileCosts:
             self.scale = self.slowdown(concurrent_ranks) / self.slowdown(profile.world_size)
         self._forward = [layer.forward for layer in profile.layers]
         self._backward = [layer.backward for layer in profile.layers]
+        self.cold_start = profile.cold_start
+        """Read by the engine, which knows how long each pass's operands sat untouched."""
 
     def slowdown(self, num_ranks: int) -> float:
         """compute_slowdown[num_ranks] of the profile; ScenarioError naming the levels measured."""

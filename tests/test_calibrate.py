@@ -123,9 +123,14 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert set(passes) == {"stash", "predict", "accumulate", "average"}
     assert all(entry["num_params"] == document["optimizer"]["num_params"] for entry in passes.values())
     assert set(profile.weight_passes) == {"stash", "predict", "accumulate", "average"}
+    cold = document["cold_start"]  # at the middle batch size, one factor per layer
+    assert cold["batch_size"] == 32 and len(cold["forward_factors"]) == len(cold["backward_factors"]) == 3
+    assert profile.cold_start is not None and profile.cold_start.forward_factors == tuple(cold["forward_factors"])
+    assert profile.cold_start.optimizer_factor == cold["optimizer_factor"] > 0
     assert document["format"] == "ghpsim-profile/1"
 
     costs = ProfileCosts(profile, workload, optimizer="sgd")
+    assert costs.cold_start is profile.cold_start
     assert costs.compute_s(0, "F", 32) > 0 and costs.compute_s(2, "B", 4) > 0
     assert costs.optimizer_s(workload.num_params) > 0
     assert costs.weight_pass_s("stash", workload.num_params) > 0

@@ -52,3 +52,60 @@ def test_hung_rank_is_named_at_the_deadline_and_killed():
         spawn(hang_on_rank_two, (), LaunchConfig(world_size=4, timeout_s=8))
     assert time.monotonic() - started < 25
     assert not _live_children()
+
+
+def record_pid_and_sleep(rank, folder):
+    import os
+    from pathlib import Path
+
+    Path(folder, f"rank{rank}.pid").write_text(str(os.getpid()))
+    time.sleep(120)
+    return rank
+
+
+LAUNCHER = """
+import sys
+from tests.test_launch_faults import record_pid_and_sleep
+from validator.launch import LaunchConfig, spawn
+spawn(record_pid_and_sleep, (sys.argv[1],), LaunchConfig(world_size=2, timeout_s=120))
+"""
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie waiting for its parent is gone as a process
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_ranks_exit_when_their_launcher_is_killed_outright(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], cwd=root,
+                                env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("rank*.pid"))) < 2:
+            assert time.monotonic() < deadline, "the ranks never started"
+            assert launcher.poll() is None, "the launcher ended early"
+            time.sleep(0.2)
+        pids = [int(path.read_text()) for path in tmp_path.glob("rank*.pid")]
+        assert all(_alive(pid) for pid in pids)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in pids if _alive(pid)], "ranks outlived their launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

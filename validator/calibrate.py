@@ -21,6 +21,10 @@
    have), fitted against the number of parameters; then, on the same sets, the asynchronous
    pipeline runtime's weight passes (stash, predict, accumulate) and the replicas' gradient
    averaging (`validator.weight_pass_bench`).
+   **Cold start**, all ranks at once (`validator.cold_bench`): every layer at the middle batch
+   size and the update, each timed back to back and after a 50 ms pause, alternately; the ratios
+   and the decay over shorter pauses (`simulator.cold_start`); on a CPU host no more ranks at
+   once than it has cores.
 3. **p2p**: ping-pong between ranks 0 and 1 (one-way = half the round trip).
 4. **allreduce**: for every divisor g >= 2 of world_size, the world is cut into world_size / g
    groups of consecutive ranks (`new_group`) that all allreduce at the same time (as the
@@ -66,6 +70,7 @@ from simulator.workload import Workload
 from validator.launch import LaunchConfig, spawn
 from validator.handoff_bench import time_handoffs
 from validator.weight_pass_bench import WEIGHT_PASSES, time_weight_passes
+from validator.cold_bench import time_cold_start
 from validator.overlap_bench import (DEFAULT_OVERLAP_BYTES, DEFAULT_OVERLAP_MESSAGES, OVERLAP_KINDS,
                                      model_steps, time_overlap)
 from validator.microbench import (DEFAULT_MIN_BLOCK_S, agree_max, fit_line, load_models_module,
@@ -156,6 +161,11 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
     weight_passes = time_weight_passes(_parameter_sets(modules), repeats=settings.repeats, device=device,
                                        warmup=settings.warmup, barrier=dist.barrier, agree=agree_max,
                                        min_block_s=settings.min_block_s)
+    cold_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
+    _say(settings, f"cold start: layers at batch {cold_batch} and the update, back to back and after a pause")
+    cold_start = time_cold_start(workload, cold_batch, settings.optimizer, pairs=settings.repeats, device=device,
+                                 models=settings.models, seed=settings.seed, barrier=dist.barrier,
+                                 active=device != "cpu" or rank < (os.cpu_count() or 1))
     topk = {}
     for density in settings.topk_densities:
         _say(settings, f"top-k selection at density {density}: {world} ranks at once")
@@ -206,7 +216,8 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
     dist.all_gather_object(cpu_s, own_after - own_before)
     if rank != 0:
         return None
-    return {"layers": layer_medians, "optimizer": optimizer, "weight_passes": weight_passes, "p2p": p2p,
+    return {"layers": layer_medians, "optimizer": optimizer, "weight_passes": weight_passes,
+            "cold_start": cold_start, "p2p": p2p,
             "allreduce": allreduce, "allgather": allgather, "topk": topk, "overlap": overlap,
             "handoff": handoff, "measure_s": measure_s,
             "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
@@ -341,6 +352,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
         "optimizer": {"name": optimizer, "intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
                       "num_params": counts, "medians_s": times},
         **({"weight_passes": _weight_pass_fits(raw["weight_passes"], notes)} if raw.get("weight_passes") else {}),
+        **({"cold_start": raw["cold_start"]} if raw.get("cold_start") else {}),
         "p2p": (_alpha_beta(comm_sizes, raw["p2p"], notes, "p2p") if raw["p2p"] is not None else None),
         "allreduce": {str(g): {**_alpha_beta(comm_sizes, item["medians_s"], notes, f"allreduce.{g}"),
                                "concurrent_groups": item["concurrent_groups"]}

@@ -3,7 +3,9 @@
 Faults end the whole run within a bounded time: every rank initialises its process group with a
 timeout (rendezvous and collectives), and the spawn launcher's watchdog kills all ranks once the
 deadline passes, naming the ranks that had not finished. A rank that raises ends the run at once
-with its error and rank. No rank outlives the launcher.
+with its error and rank. No rank outlives the launcher: the launcher stops its ranks when it
+ends, and a rank whose launcher was killed outright (SIGKILL, or a SIGTERM that skips Python's
+clean-up) exits within LAUNCHER_POLL_S seconds on its own.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import datetime
 import os
 import queue
 import socket
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -34,6 +37,27 @@ class LaunchConfig:
     num_threads: int = 1
 
 
+LAUNCHER_POLL_S = 1.0
+"""How often a rank checks that its launcher is still alive."""
+
+
+def exit_with(launcher_pid: int, poll_s: float = LAUNCHER_POLL_S) -> threading.Thread:
+    """Start a daemon thread that ends this process (exit code 1) once `launcher_pid` is gone."""
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            try:
+                os.kill(launcher_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # alive, owned by someone else
+                pass
+
+    thread = threading.Thread(target=watch, name="ghpsim-launcher-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -51,7 +75,8 @@ def init_rank(rank: int, config: LaunchConfig, init_method: str) -> None:
                             timeout=datetime.timedelta(seconds=config.collective_timeout_s))
 
 
-def _entry(rank: int, function, args, config: LaunchConfig, init_method: str, results) -> None:
+def _entry(rank: int, function, args, config: LaunchConfig, init_method: str, results, launcher_pid: int) -> None:
+    exit_with(launcher_pid)
     try:
         init_rank(rank, config, init_method)
         value = function(rank, *args)
@@ -77,7 +102,7 @@ def spawn(function, args: tuple, config: LaunchConfig) -> list:
     init_method = f"tcp://127.0.0.1:{free_port()}"
     processes = []
     for rank in range(config.world_size):
-        process = context.Process(target=_entry, args=(rank, function, args, config, init_method, results),
+        process = context.Process(target=_entry, args=(rank, function, args, config, init_method, results, os.getpid()),
                                   daemon=True)
         process.start()
         processes.append(process)

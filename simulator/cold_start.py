@@ -1,0 +1,95 @@
+"""Cold operands: a pass over weights and activations last touched long ago runs slower than the
+same pass repeated back to back, which is what the layer and optimizer microbenchmarks time.
+
+In a training step a layer's weights were last touched by the previous update or by another
+micro-batch's pass, its saved activations by the micro-batch's own forward; meanwhile other layers,
+other ranks and (on a shared host) other tenants pass through the caches. Measured on this project's
+CPU machine (`validator.cold_bench`): MLP layers' backward +30-60 % and the update +70 % after a
+50 ms pause, most of it within ~15 ms; a pass whose operands were touched 2 ms earlier is within a
+few per cent of the back-to-back time. The mechanism is the memory hierarchy (Williams et al.,
+"Roofline", CACM 2009: a memory-bound kernel runs at the bandwidth of the level its operands come
+from); the model here is empirical:
+
+    factor(age) = 1 + (F - 1) x (1 - exp(-age / decay_s))
+
+where F >= 1 is the calibrated ratio of the pass after a pause of `gap_s` to the pass back to back
+(per layer and phase, at one batch size; values below 1 are noise and count as 1), and `decay_s`
+the time constant fitted to pauses shorter than `gap_s`. A layer pass reads weights and
+activations whose ages differ, so its factor mixes both by their share of the bytes read:
+
+    loss = w x (1 - exp(-age_weights / decay_s)) + (1 - w) x (1 - exp(-age_activations / decay_s))
+    factor = 1 + (F - 1) x loss,    w = params / (params + batch x activation elements per sample)
+
+(activations: the layer's input for a forward, its saved tensors for a backward). The engine
+(`simulator.engine`) supplies the ages from the schedule it plays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from simulator.workload import Layer
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """The profile's `cold_start` section (see `simulator.profile_format`)."""
+
+    gap_s: float
+    decay_s: float
+    batch_size: int
+    forward_factors: tuple[float, ...]
+    backward_factors: tuple[float, ...]
+    optimizer_factor: float
+
+    def coldness(self, age_s: float) -> float:
+        """Share of the full cold penalty paid after `age_s` seconds untouched (0 hot .. 1 cold)."""
+        if age_s <= 0:
+            return 0.0
+        return 1.0 - math.exp(-age_s / self.decay_s)
+
+    def layer_factor(self, phase: str, layer_index: int, weight_share: float,
+                     weights_age_s: float, activations_age_s: float) -> float:
+        """Slowdown of layer `layer_index`'s pass (`"F"` or `"B"`) over its back-to-back time."""
+        factors = self.forward_factors if phase == "F" else self.backward_factors
+        full = max(1.0, factors[layer_index])
+        loss = (weight_share * self.coldness(weights_age_s)
+                + (1.0 - weight_share) * self.coldness(activations_age_s))
+        return 1.0 + (full - 1.0) * loss
+
+    def update_factor(self, age_s: float) -> float:
+        """Slowdown of an update whose optimizer state was last touched `age_s` seconds earlier."""
+        return 1.0 + (max(1.0, self.optimizer_factor) - 1.0) * self.coldness(age_s)
+
+
+def weight_share(layer: Layer, phase: str, batch: float) -> float:
+    """Weights' share of the elements a pass of `layer` on `batch` samples reads (see the module)."""
+    activations = layer.input_elements_per_sample if phase == "F" else (
+        layer.saved_elements_per_sample or layer.input_elements_per_sample)
+    total = layer.num_params + batch * activations
+    return layer.num_params / total if total > 0 else 0.0
+
+
+def parse_cold_start(read, document: Mapping, num_layers: int) -> ColdStart | None:
+    """The optional `cold_start` section of a profile document (`read`: the profile's reader,
+    which names the field of any error); None when absent."""
+    section = read.mapping(document, "cold_start", "cold_start", optional=True)
+    if not section:
+        return None
+    where = "cold_start"
+    factors = {}
+    for phase in ("forward", "backward"):
+        values = section.get(f"{phase}_factors")
+        if not isinstance(values, list) or len(values) != num_layers:
+            raise read.fail(f"{where}.{phase}_factors",
+                            f"expected a list of {num_layers} factors (one per layer), got {values!r}")
+        factors[phase] = tuple(read.number({"value": value}, "value", f"{where}.{phase}_factors[{i}]", positive=True)
+                               for i, value in enumerate(values))
+    return ColdStart(
+        gap_s=read.number(section, "gap_s", f"{where}.gap_s", positive=True),
+        decay_s=read.number(section, "decay_s", f"{where}.decay_s", positive=True),
+        batch_size=read.integer(section, "batch_size", f"{where}.batch_size", minimum=1),
+        forward_factors=factors["forward"], backward_factors=factors["backward"],
+        optimizer_factor=read.number(section, "optimizer_factor", f"{where}.optimizer_factor", positive=True))

@@ -1,0 +1,168 @@
+"""Cold operands (simulator.cold_start): the model's formula, the profile section, the engine's ages,
+and the microbenchmark's decay fit."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from simulator import load_scenario, simulate
+from simulator.cold_start import ColdStart, parse_cold_start, weight_share
+from simulator.document_reader import DocumentReader
+from simulator.errors import ScenarioError
+from simulator.workload import Layer, Workload
+from tests.helpers import FixedCosts
+
+FREE = {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}
+DECAY_S = 0.5
+
+
+def cold(forward=(2.0, 2.0), backward=(3.0, 3.0), optimizer=1.5) -> ColdStart:
+    return ColdStart(gap_s=5.0, decay_s=DECAY_S, batch_size=2, forward_factors=tuple(forward),
+                     backward_factors=tuple(backward), optimizer_factor=optimizer)
+
+
+def coldness(age_s: float) -> float:
+    return 1 - math.exp(-age_s / DECAY_S)
+
+
+def test_factor_is_one_when_hot_and_the_calibrated_ratio_when_cold():
+    model = cold()
+    assert model.layer_factor("F", 0, 0.5, 0.0, 0.0) == 1.0
+    assert model.layer_factor("B", 1, 0.3, 1e9, 1e9) == pytest.approx(3.0)
+    # weights cold, activations hot: the weights' share of the penalty only
+    assert model.layer_factor("B", 0, 0.25, 1e9, 0.0) == pytest.approx(1 + 2 * 0.25)
+    assert model.layer_factor("F", 0, 1.0, DECAY_S, 0.0) == pytest.approx(1 + 1 * coldness(DECAY_S))
+    assert model.update_factor(0.0) == 1.0 and model.update_factor(1e9) == pytest.approx(1.5)
+
+
+def test_a_measured_ratio_below_one_is_noise_and_counts_as_one():
+    model = cold(forward=(0.9, 0.8), optimizer=0.95)
+    assert model.layer_factor("F", 0, 0.5, 1e9, 1e9) == 1.0
+    assert model.update_factor(1e9) == 1.0
+
+
+def test_weight_share_counts_the_activations_the_pass_reads():
+    layer = Layer("l", "linear", 1.0, 2.0, num_params=1000, input_elements_per_sample=100,
+                  output_elements_per_sample=50, saved_elements_per_sample=300)
+    assert weight_share(layer, "F", 10) == pytest.approx(1000 / (1000 + 10 * 100))
+    assert weight_share(layer, "B", 10) == pytest.approx(1000 / (1000 + 10 * 300))
+    empty = Layer("e", "relu", 0.0, 0.0, 0, 0, 0, 0)
+    assert weight_share(empty, "F", 4) == 0.0
+
+
+# ----------------------------------------------------------------------------- profile section
+
+SECTION = {"gap_s": 0.05, "decay_s": 0.01, "batch_size": 16, "forward_factors": [1.5, 1.2],
+           "backward_factors": [1.7, 1.1], "optimizer_factor": 1.3, "decay_shares": [0.1, 0.5, 0.9]}
+
+
+def test_the_profile_section_parses():
+    parsed = parse_cold_start(DocumentReader("p.json"), {"cold_start": SECTION}, 2)
+    assert parsed == ColdStart(0.05, 0.01, 16, (1.5, 1.2), (1.7, 1.1), 1.3)
+    assert parse_cold_start(DocumentReader("p.json"), {}, 2) is None
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"forward_factors": [1.5]}, "cold_start.forward_factors"),
+    ({"backward_factors": [1.5, -1.0]}, "cold_start.backward_factors[1]"),
+    ({"decay_s": 0}, "cold_start.decay_s"),
+    ({"batch_size": 1.5}, "cold_start.batch_size"),
+    ({"optimizer_factor": "fast"}, "cold_start.optimizer_factor"),
+])
+def test_a_bad_profile_section_names_the_field(change, field):
+    with pytest.raises(ScenarioError, match=re.escape(f"p.json: {field}: ")):
+        parse_cold_start(DocumentReader("p.json"), {"cold_start": {**SECTION, **change}}, 2)
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+class ColdCosts(FixedCosts):
+    """F = 1 s per sample per layer, B = 2 s, update 1 s; a cold-start model."""
+
+    def __init__(self, workload: Workload, model: ColdStart):
+        super().__init__(1.0, 1.0)
+        self.workload = workload
+        self.cold_start = model
+
+
+def toy(num_layers: int = 2) -> Workload:
+    return Workload("toy", tuple(Layer(f"l{i}", "linear", 1e9, 2e9, 1000, 100, 100, 100) for i in range(num_layers)))
+
+
+def simulate_mp(costs, batch: int = 1):
+    scenario = load_scenario({
+        "cluster": {"num_nodes": 1, "gpus_per_node": 2, "intra_node_link": FREE, "inter_node_link": FREE},
+        "model": {"name": "mlp"},
+        "strategy": {"kind": "mp", "partition": [1, 1]},
+        "training": {"global_batch_size": batch},
+    })
+    return simulate(scenario, costs=costs, workload=costs.workload)
+
+
+def test_the_engine_slows_each_pass_by_the_age_of_its_operands():
+    """Two stages of one layer, batch 1 (F 1 s, B 2 s, update 1 s back to back), free links:
+    rank 0 F [0, 1]; rank 1 F starts at 1 on weights touched at 0 (previous update) and a fresh
+    input, then B at once (hot); rank 0's B waits for it, its weights and activations aged since 1."""
+    workload = toy()
+    model = cold()
+    spans = simulate_mp(ColdCosts(workload, model)).spans
+    share = weight_share(workload.layers[0], "F", 1)
+
+    def span(rank, name):
+        row = spans[(spans["rank"] == rank) & (spans["name"] == name)].iloc[0]
+        return row.start_s, row.end_s
+
+    f0 = span(0, "F0 L0-0")
+    assert f0 == pytest.approx((0.0, 1.0))  # its weights were touched by the update at time 0
+    f1 = span(1, "F0 L1-1")
+    assert f1[0] == pytest.approx(1.0)
+    f1_factor = 1 + (2.0 - 1) * share * coldness(1.0)
+    assert f1[1] - f1[0] == pytest.approx(f1_factor)
+    b1 = span(1, "B0 L1-1")
+    assert b1[1] - b1[0] == pytest.approx(2.0)  # right after its forward: hot
+    b0 = span(0, "B0 L0-0")
+    age = b0[0] - f0[1]
+    assert age == pytest.approx(f1_factor + 2.0)
+    assert b0[1] - b0[0] == pytest.approx(2.0 * (1 + (3.0 - 1) * coldness(age)))
+    u0 = span(0, "optimizer")
+    assert u0[1] - u0[0] == pytest.approx(1.0 * (1 + 0.5 * coldness(u0[0])))  # state aged since the step began
+
+
+def test_without_a_cold_start_model_passes_run_at_their_back_to_back_times():
+    costs = ColdCosts(toy(), cold())
+    costs.cold_start = None
+    spans = simulate_mp(costs).spans
+    durations = dict(zip(spans["name"] + "@" + spans["rank"].astype(str), spans["end_s"] - spans["start_s"]))
+    assert durations["B0 L0-0@0"] == pytest.approx(2.0) and durations["F0 L1-1@1"] == pytest.approx(1.0)
+    assert durations["optimizer@0"] == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------- microbenchmark
+
+
+def test_fit_decay_recovers_the_time_constant_of_exact_shares():
+    from validator.cold_bench import fit_decay_s
+
+    gaps = (0.002, 0.005, 0.015)
+    for tau in (0.003, 0.01):
+        shares = [1 - math.exp(-g / tau) for g in gaps]
+        assert fit_decay_s(gaps, shares) == pytest.approx(tau, rel=0.06)  # the grid's spacing
+
+
+def test_time_cold_start_measures_every_layer_and_the_update():
+    from validator.cold_bench import DECAY_BOUNDS_S, time_cold_start
+    from simulator.zoo import build_model
+
+    workload = build_model("mlp", input_dim=32, hidden_dim=32, num_hidden_layers=1, num_classes=4)
+    result = time_cold_start(workload, 4, "momentum", gap_s=0.004, decay_gaps_s=(0.001, 0.002), pairs=1)
+    for key in ("forward_factors", "backward_factors", "hot_forward_s", "hot_backward_s"):
+        assert len(result[key]) == workload.num_layers and all(value > 0 for value in result[key])
+    assert result["optimizer_factor"] > 0 and result["batch_size"] == 4 and result["gap_s"] == 0.004
+    assert DECAY_BOUNDS_S[0] <= result["decay_s"] <= DECAY_BOUNDS_S[1]
+    assert all(0.0 <= share <= 1.0 for share in result["decay_shares"])
+    section = parse_cold_start(DocumentReader("x"), {"cold_start": result}, workload.num_layers)
+    assert section.forward_factors == tuple(result["forward_factors"])

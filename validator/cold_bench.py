@@ -1,0 +1,192 @@
+"""Microbenchmark of cold operands: every layer's forward and backward, and the update, timed right
+after the same pass (hot, what `validator.microbench` times) and after a pause of `gap_s` (cold), in
+alternation so that both see the same machine; and the decay of the penalty over shorter pauses.
+The simulator's model of the result: `simulator.cold_start`.
+
+A pause is a sleep: the rank's core is free for other ranks and other tenants, as while it waits
+for a message in a plan run. Ranks measure at once (a barrier before every layer), but on a shared
+host no more of them than it has cores (`active`): with more, a rank waking from a pause waits for
+a core, which is time-sharing, already played by the engine's processor-sharing model
+(`simulator.host_sharing`), not a cold cache. Measured on this 2-core machine with all 4 ranks at
+once, even a 2 ms pause cost the full penalty and the 4-rank predictions came out 28-51 % too high.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from validator.microbench import _as_input, _sync, _to, load_models_module, make_optimizer
+
+COLD_GAP_S = 0.05
+"""The pause after which a pass counts as cold (the penalty measured here saturates by ~25-50 ms)."""
+DECAY_GAPS_S = (0.002, 0.005, 0.015)
+"""Shorter pauses whose partial penalties fix the decay time constant."""
+DEFAULT_PAIRS = 7
+DECAY_BOUNDS_S = (0.0005, COLD_GAP_S)
+
+
+def _pause(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+def _timed(device, work: Callable[[], object]) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    work()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _ratio(cold: list[float], hot: list[float]) -> float:
+    hot_s = statistics.median(hot)
+    return statistics.median(cold) / hot_s if hot_s > 0 else 1.0
+
+
+def fit_decay_s(gaps_s: Sequence[float], shares: Sequence[float], cold_gap_s: float = COLD_GAP_S) -> float:
+    """Time constant tau of 1 - exp(-gap / tau) closest (least squares over a log grid inside
+    DECAY_BOUNDS_S) to the measured shares of the full penalty at the given pauses."""
+    low, high = DECAY_BOUNDS_S
+    grid = [low * (high / low) ** (i / 99) for i in range(100)]
+
+    def error(tau: float) -> float:
+        return sum((share - (1 - math.exp(-gap / tau))) ** 2 for gap, share in zip(gaps_s, shares))
+
+    return min(grid, key=error)
+
+
+def _layer_passes(module, x_source, output_grad, with_loss, loss_fn, workload, targets, needs_grad):
+    """(forward, backward) closures sharing the forward's output."""
+    state = {}
+
+    def forward():
+        x = _as_input(x_source, needs_grad=needs_grad)
+        out = module(x)
+        state["out"] = loss_fn(workload, out, targets) if with_loss else out
+
+    def backward():
+        out = state.pop("out")
+        out.backward() if with_loss else out.backward(output_grad)
+
+    return forward, backward
+
+
+def _hot_and_cold(device, forward, backward, pairs: int, gap_s: float) -> tuple[list, list, list, list]:
+    hot_f, hot_b, cold_f, cold_b = [], [], [], []
+    for pair in range(pairs + 1):  # the first pair warms up
+        forward()
+        backward()
+        f = _timed(device, forward)
+        b = _timed(device, backward)
+        _pause(gap_s)
+        cf = _timed(device, forward)
+        _pause(gap_s)
+        cb = _timed(device, backward)
+        if pair:
+            hot_f.append(f), hot_b.append(b), cold_f.append(cf), cold_b.append(cb)
+    return hot_f, hot_b, cold_f, cold_b
+
+
+def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Sequence[torch.Tensor] | None = None, *,
+                    gap_s: float = COLD_GAP_S, decay_gaps_s: Sequence[float] = DECAY_GAPS_S,
+                    pairs: int = DEFAULT_PAIRS, device: str = "cpu", models=None, seed: int = 0,
+                    barrier: Callable[[], None] | None = None, active: bool = True,
+                    progress: Callable[[str], None] | None = None) -> dict | None:
+    """Cold-over-hot ratios of every layer's forward and backward at `batch_size` and of the
+    update (`optimizer` over copies of `parameters`, default the model's), and the decay constant.
+    With `active=False` a rank only takes part in the barriers and returns None.
+
+    Returns the profile's `cold_start` section (`simulator.profile_format`) plus raw medians:
+    `{"gap_s", "decay_s", "batch_size", "forward_factors", "backward_factors", "optimizer_factor",
+    "decay_gaps_s", "decay_shares", "hot_forward_s", "hot_backward_s"}`.
+    """
+    barrier = barrier or (lambda: None)
+    if not active:  # only the barriers of the ranks that measure (one per layer, decay, update, end)
+        for _ in range(workload.num_layers + 3):
+            barrier()
+        return None
+    models = load_models_module(models)
+    device = torch.device(device)
+    modules = [module.to(device).train() for module in models.build_modules(workload, seed=seed)]
+    loss_fn = models.loss_fn
+    inputs, targets = models.make_batch(workload, batch_size, seed=seed)
+    inputs, targets = _to(inputs, device), _to(targets, device)
+    chain = [inputs]
+    with torch.no_grad():
+        for module in modules:
+            chain.append(module(chain[-1]))
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    forward_factors, backward_factors, hot_forward, hot_backward, passes = [], [], [], [], []
+    for index, module in enumerate(modules):
+        with_loss = index == len(modules) - 1
+        output_grad = torch.randn(chain[index + 1].shape, generator=generator,
+                                  dtype=chain[index + 1].dtype).to(device)
+        forward, backward = _layer_passes(module, chain[index], output_grad, with_loss, loss_fn, workload,
+                                          targets, needs_grad=index > 0)
+        barrier()
+        hot_f, hot_b, cold_f, cold_b = _hot_and_cold(device, forward, backward, pairs, gap_s)
+        forward_factors.append(_ratio(cold_f, hot_f))
+        backward_factors.append(_ratio(cold_b, hot_b))
+        hot_forward.append(statistics.median(hot_f))
+        hot_backward.append(statistics.median(hot_b))
+        passes.append((forward, backward))
+        module.zero_grad(set_to_none=True)
+        if progress:
+            progress(f"cold start: layer {index} {workload.layers[index].name}")
+
+    # decay: the whole model's forward + backward (layer by layer) after each shorter pause
+    def model_pass(gap: float) -> float:
+        total = 0.0
+        for forward, backward in passes:
+            _pause(gap)
+            total += _timed(device, forward)
+            _pause(gap)
+            total += _timed(device, backward)
+        return total
+
+    barrier()
+    samples: dict[float, list[float]] = {gap: [] for gap in (0.0, *decay_gaps_s, gap_s)}
+    for repeat in range(max(3, pairs // 2) + 1):
+        for gap in samples:
+            value = model_pass(gap)
+            if repeat:
+                samples[gap].append(value)
+    medians = {gap: statistics.median(values) for gap, values in samples.items()}
+    penalty_s = medians[gap_s] - medians[0.0]
+    shares = [min(1.0, max(0.0, (medians[gap] - medians[0.0]) / penalty_s)) if penalty_s > 0 else 1.0
+              for gap in decay_gaps_s]
+    decay_s = fit_decay_s(decay_gaps_s, shares, gap_s) if penalty_s > 0 else min(decay_gaps_s)
+
+    # the update, on copies of the parameters with random gradients (and state, after one step)
+    params = []
+    for p in (parameters if parameters is not None else [q for m in modules for q in m.parameters()]):
+        copy = torch.randn(tuple(p.shape), generator=generator).to(device).requires_grad_(True)
+        copy.grad = torch.randn(tuple(p.shape), generator=generator).to(device)
+        params.append(copy)
+    update = make_optimizer(optimizer, params)
+
+    def step():
+        update.step()
+        update.zero_grad(set_to_none=False)
+
+    barrier()
+    hot, cold = [], []
+    for pair in range(pairs + 1):
+        step()
+        hot_s = _timed(device, step)
+        _pause(gap_s)
+        cold_s = _timed(device, step)
+        if pair:
+            hot.append(hot_s), cold.append(cold_s)
+    barrier()
+    return {"gap_s": gap_s, "decay_s": decay_s, "batch_size": batch_size,
+            "forward_factors": forward_factors, "backward_factors": backward_factors,
+            "optimizer_factor": _ratio(cold, hot),
+            "decay_gaps_s": list(decay_gaps_s), "decay_shares": shares,
+            "hot_forward_s": hot_forward, "hot_backward_s": hot_backward}
