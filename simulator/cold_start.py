@@ -21,7 +21,9 @@ activations whose ages differ, so its factor mixes both by their share of the by
     factor = 1 + (F - 1) x loss,    w = params / (params + batch x activation elements per sample)
 
 (activations: the layer's input for a forward, its saved tensors for a backward). The engine
-(`simulator.engine`) supplies the ages from the schedule it plays.
+(`simulator.engine`) supplies the ages from the schedule it plays. The update and the top-k
+selection (`simulator.sparse`) are slowed by the age of their own state (optimizer state, error-
+feedback residual), last touched by the previous step's pass.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class ColdStart:
     forward_factors: tuple[float, ...]
     backward_factors: tuple[float, ...]
     optimizer_factor: float
+    topk_factor: float = 1.0
+    """The top-k selection with error feedback, its residual cold and its gradient fresh (1: not measured)."""
 
     def coldness(self, age_s: float) -> float:
         """Share of the full cold penalty paid after `age_s` seconds untouched (0 hot .. 1 cold)."""
@@ -62,6 +66,10 @@ class ColdStart:
     def update_factor(self, age_s: float) -> float:
         """Slowdown of an update whose optimizer state was last touched `age_s` seconds earlier."""
         return 1.0 + (max(1.0, self.optimizer_factor) - 1.0) * self.coldness(age_s)
+
+    def selection_factor(self, age_s: float) -> float:
+        """Slowdown of a top-k selection whose error-feedback residual was last touched `age_s` seconds earlier."""
+        return 1.0 + (max(1.0, self.topk_factor) - 1.0) * self.coldness(age_s)
 
 
 def weight_share(layer: Layer, phase: str, batch: float) -> float:
@@ -92,4 +100,6 @@ def parse_cold_start(read, document: Mapping, num_layers: int) -> ColdStart | No
         decay_s=read.number(section, "decay_s", f"{where}.decay_s", positive=True),
         batch_size=read.integer(section, "batch_size", f"{where}.batch_size", minimum=1),
         forward_factors=factors["forward"], backward_factors=factors["backward"],
-        optimizer_factor=read.number(section, "optimizer_factor", f"{where}.optimizer_factor", positive=True))
+        optimizer_factor=read.number(section, "optimizer_factor", f"{where}.optimizer_factor", positive=True),
+        topk_factor=(read.number(section, "topk_factor", f"{where}.topk_factor", positive=True)
+                     if "topk_factor" in section else 1.0))

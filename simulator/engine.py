@@ -263,13 +263,16 @@ class Engine:
     def _cold_factor(self, action: Compute, rank: int, start_s: float) -> float:
         """How much slower than back to back the action runs on operands of their present age
         (`simulator.cold_start`): 1 without a cold-start calibration; the update by the age of the
-        optimizer state (the rank's previous update); forward and backward passes by each layer's
+        optimizer state (the rank's previous update), a top-k selection by its residual's (the
+        previous step's, taken to end at time 0); forward and backward passes by each layer's
         weights' and activations' ages, weighted by the layers' back-to-back times."""
         cold = self._cold[rank]
         if cold is None:
             return 1.0
         if action.phase == OPTIMIZER:
             return cold.update_factor(start_s - self._updated_s[rank])
+        if action.phase == SELECTION_PHASE:  # its residual: touched by the previous step's selection
+            return cold.selection_factor(start_s)
         if action.phase not in (FORWARD, BACKWARD):
             return 1.0
         costs = self._rank_costs[rank]

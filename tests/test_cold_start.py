@@ -19,9 +19,9 @@ FREE = {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}
 DECAY_S = 0.5
 
 
-def cold(forward=(2.0, 2.0), backward=(3.0, 3.0), optimizer=1.5) -> ColdStart:
+def cold(forward=(2.0, 2.0), backward=(3.0, 3.0), optimizer=1.5, topk=1.0) -> ColdStart:
     return ColdStart(gap_s=5.0, decay_s=DECAY_S, batch_size=2, forward_factors=tuple(forward),
-                     backward_factors=tuple(backward), optimizer_factor=optimizer)
+                     backward_factors=tuple(backward), optimizer_factor=optimizer, topk_factor=topk)
 
 
 def coldness(age_s: float) -> float:
@@ -36,6 +36,7 @@ def test_factor_is_one_when_hot_and_the_calibrated_ratio_when_cold():
     assert model.layer_factor("B", 0, 0.25, 1e9, 0.0) == pytest.approx(1 + 2 * 0.25)
     assert model.layer_factor("F", 0, 1.0, DECAY_S, 0.0) == pytest.approx(1 + 1 * coldness(DECAY_S))
     assert model.update_factor(0.0) == 1.0 and model.update_factor(1e9) == pytest.approx(1.5)
+    assert cold(topk=1.8).selection_factor(DECAY_S) == pytest.approx(1 + 0.8 * coldness(DECAY_S))
 
 
 def test_a_measured_ratio_below_one_is_noise_and_counts_as_one():
@@ -62,6 +63,9 @@ SECTION = {"gap_s": 0.05, "decay_s": 0.01, "batch_size": 16, "forward_factors": 
 def test_the_profile_section_parses():
     parsed = parse_cold_start(DocumentReader("p.json"), {"cold_start": SECTION}, 2)
     assert parsed == ColdStart(0.05, 0.01, 16, (1.5, 1.2), (1.7, 1.1), 1.3)
+    assert parsed.topk_factor == 1.0  # a section from before the top-k measurement
+    with_topk = parse_cold_start(DocumentReader("p.json"), {"cold_start": {**SECTION, "topk_factor": 1.6}}, 2)
+    assert with_topk.topk_factor == 1.6
     assert parse_cold_start(DocumentReader("p.json"), {}, 2) is None
 
 
@@ -71,6 +75,7 @@ def test_the_profile_section_parses():
     ({"decay_s": 0}, "cold_start.decay_s"),
     ({"batch_size": 1.5}, "cold_start.batch_size"),
     ({"optimizer_factor": "fast"}, "cold_start.optimizer_factor"),
+    ({"topk_factor": 0}, "cold_start.topk_factor"),
 ])
 def test_a_bad_profile_section_names_the_field(change, field):
     with pytest.raises(ScenarioError, match=re.escape(f"p.json: {field}: ")):
@@ -161,7 +166,7 @@ def test_time_cold_start_measures_every_layer_and_the_update():
     result = time_cold_start(workload, 4, "momentum", gap_s=0.004, decay_gaps_s=(0.001, 0.002), pairs=1)
     for key in ("forward_factors", "backward_factors", "hot_forward_s", "hot_backward_s"):
         assert len(result[key]) == workload.num_layers and all(value > 0 for value in result[key])
-    assert result["optimizer_factor"] > 0 and result["batch_size"] == 4 and result["gap_s"] == 0.004
+    assert result["optimizer_factor"] > 0 and result["topk_factor"] > 0 and result["batch_size"] == 4 and result["gap_s"] == 0.004
     assert DECAY_BOUNDS_S[0] <= result["decay_s"] <= DECAY_BOUNDS_S[1]
     assert all(0.0 <= share <= 1.0 for share in result["decay_shares"])
     section = parse_cold_start(DocumentReader("x"), {"cold_start": result}, workload.num_layers)

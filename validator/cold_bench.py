@@ -27,6 +27,8 @@ COLD_GAP_S = 0.05
 DECAY_GAPS_S = (0.002, 0.005, 0.015)
 """Shorter pauses whose partial penalties fix the decay time constant."""
 DEFAULT_PAIRS = 7
+TOPK_DENSITY = 0.01
+"""Density of the top-k selection timed hot and cold (the ratio hardly depends on it: one pass over the buffers)."""
 DECAY_BOUNDS_S = (0.0005, COLD_GAP_S)
 
 
@@ -97,17 +99,18 @@ def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Seque
                     pairs: int = DEFAULT_PAIRS, device: str = "cpu", models=None, seed: int = 0,
                     barrier: Callable[[], None] | None = None, active: bool = True,
                     progress: Callable[[str], None] | None = None) -> dict | None:
-    """Cold-over-hot ratios of every layer's forward and backward at `batch_size` and of the
-    update (`optimizer` over copies of `parameters`, default the model's), and the decay constant.
+    """Cold-over-hot ratios of every layer's forward and backward at `batch_size`, of the update
+    (`optimizer` over copies of `parameters`, default the model's) and of the top-k selection with
+    error feedback over as many gradients (residual cold, gradient fresh), and the decay constant.
     With `active=False` a rank only takes part in the barriers and returns None.
 
     Returns the profile's `cold_start` section (`simulator.profile_format`) plus raw medians:
-    `{"gap_s", "decay_s", "batch_size", "forward_factors", "backward_factors", "optimizer_factor",
+    `{"gap_s", "decay_s", "batch_size", "forward_factors", "backward_factors", "optimizer_factor", "topk_factor",
     "decay_gaps_s", "decay_shares", "hot_forward_s", "hot_backward_s"}`.
     """
     barrier = barrier or (lambda: None)
-    if not active:  # only the barriers of the ranks that measure (one per layer, decay, update, end)
-        for _ in range(workload.num_layers + 3):
+    if not active:  # only the barriers of the ranks that measure (one per layer, decay, update, top-k, end)
+        for _ in range(workload.num_layers + 4):
             barrier()
         return None
     models = load_models_module(models)
@@ -184,9 +187,34 @@ def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Seque
         cold_s = _timed(device, step)
         if pair:
             hot.append(hot_s), cold.append(cold_s)
+
+    # top-k selection with error feedback over the model's gradients: the gradient just written by
+    # the backward (hot in both samples), the residual last touched one selection earlier
+    from simulator.sparse import topk_count
+    from validator.runtime import sparsify
+    count = sum(p.numel() for p in params)
+    source = torch.randn(count, generator=generator).to(device)
+    gradient, residual = source.clone(), torch.zeros(count, device=device)
+    k = topk_count(count, TOPK_DENSITY)
+
+    def select():
+        sparsify(gradient, residual, k)
+
+    barrier()
+    topk_hot, topk_cold = [], []
+    for pair in range(pairs + 1):
+        gradient.copy_(source)
+        select()
+        gradient.copy_(source)
+        hot_s = _timed(device, select)
+        _pause(gap_s)
+        gradient.copy_(source)
+        cold_s = _timed(device, select)
+        if pair:
+            topk_hot.append(hot_s), topk_cold.append(cold_s)
     barrier()
     return {"gap_s": gap_s, "decay_s": decay_s, "batch_size": batch_size,
             "forward_factors": forward_factors, "backward_factors": backward_factors,
-            "optimizer_factor": _ratio(cold, hot),
+            "optimizer_factor": _ratio(cold, hot), "topk_factor": _ratio(topk_cold, topk_hot),
             "decay_gaps_s": list(decay_gaps_s), "decay_shares": shares,
             "hot_forward_s": hot_forward, "hot_backward_s": hot_backward}
