@@ -94,6 +94,24 @@ def _hot_and_cold(device, forward, backward, pairs: int, gap_s: float) -> tuple[
     return hot_f, hot_b, cold_f, cold_b
 
 
+def _cold_ratio(device, work: Callable[[], object], pairs: int, gap_s: float,
+                fresh: Callable[[], object] = lambda: None) -> float:
+    """Median time of `work` after a pause of `gap_s` over its median right after itself, from
+    `pairs` alternations (after one to warm up); `fresh()` runs untimed before every `work`."""
+    hot, cold = [], []
+    for pair in range(pairs + 1):
+        fresh()
+        work()
+        fresh()
+        hot_s = _timed(device, work)
+        _pause(gap_s)
+        fresh()
+        cold_s = _timed(device, work)
+        if pair:
+            hot.append(hot_s), cold.append(cold_s)
+    return _ratio(cold, hot)
+
+
 def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Sequence[torch.Tensor] | None = None, *,
                     gap_s: float = COLD_GAP_S, decay_gaps_s: Sequence[float] = DECAY_GAPS_S,
                     pairs: int = DEFAULT_PAIRS, device: str = "cpu", models=None, seed: int = 0,
@@ -179,14 +197,7 @@ def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Seque
         update.zero_grad(set_to_none=False)
 
     barrier()
-    hot, cold = [], []
-    for pair in range(pairs + 1):
-        step()
-        hot_s = _timed(device, step)
-        _pause(gap_s)
-        cold_s = _timed(device, step)
-        if pair:
-            hot.append(hot_s), cold.append(cold_s)
+    optimizer_factor = _cold_ratio(device, step, pairs, gap_s)
 
     # top-k selection with error feedback over the model's gradients: the gradient just written by
     # the backward (hot in both samples), the residual last touched one selection earlier
@@ -201,20 +212,10 @@ def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Seque
         sparsify(gradient, residual, k)
 
     barrier()
-    topk_hot, topk_cold = [], []
-    for pair in range(pairs + 1):
-        gradient.copy_(source)
-        select()
-        gradient.copy_(source)
-        hot_s = _timed(device, select)
-        _pause(gap_s)
-        gradient.copy_(source)
-        cold_s = _timed(device, select)
-        if pair:
-            topk_hot.append(hot_s), topk_cold.append(cold_s)
+    topk_factor = _cold_ratio(device, select, pairs, gap_s, fresh=lambda: gradient.copy_(source))
     barrier()
     return {"gap_s": gap_s, "decay_s": decay_s, "batch_size": batch_size,
             "forward_factors": forward_factors, "backward_factors": backward_factors,
-            "optimizer_factor": _ratio(cold, hot), "topk_factor": _ratio(topk_cold, topk_hot),
+            "optimizer_factor": optimizer_factor, "topk_factor": topk_factor,
             "decay_gaps_s": list(decay_gaps_s), "decay_shares": shares,
             "hot_forward_s": hot_forward, "hot_backward_s": hot_backward}
