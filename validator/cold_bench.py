@@ -50,7 +50,7 @@ def _ratio(cold: list[float], hot: list[float]) -> float:
     return statistics.median(cold) / hot_s if hot_s > 0 else 1.0
 
 
-def fit_decay_s(gaps_s: Sequence[float], shares: Sequence[float], cold_gap_s: float = COLD_GAP_S) -> float:
+def fit_decay_s(gaps_s: Sequence[float], shares: Sequence[float]) -> float:
     """Time constant tau of 1 - exp(-gap / tau) closest (least squares over a log grid inside
     DECAY_BOUNDS_S) to the measured shares of the full penalty at the given pauses."""
     low, high = DECAY_BOUNDS_S
@@ -182,7 +182,7 @@ def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Seque
     penalty_s = medians[gap_s] - medians[0.0]
     shares = [min(1.0, max(0.0, (medians[gap] - medians[0.0]) / penalty_s)) if penalty_s > 0 else 1.0
               for gap in decay_gaps_s]
-    decay_s = fit_decay_s(decay_gaps_s, shares, gap_s) if penalty_s > 0 else min(decay_gaps_s)
+    decay_s = fit_decay_s(decay_gaps_s, shares) if penalty_s > 0 else min(decay_gaps_s)
 
     # the update, on copies of the parameters with random gradients (and state, after one step)
     params = []
