@@ -50,12 +50,14 @@ def build_parser(extend=None) -> argparse.ArgumentParser:
 
     sim = commands.add_parser("simulate", help="simulate one training step of a scenario")
     _add_scenario_args(sim)
+    sim.add_argument("--profile", metavar="FILE", help="calibration profile from `ghpsim calibrate` (default: analytic costs)")
     sim.add_argument("--trace", metavar="FILE", help="write the step's timeline as Perfetto trace JSON")
     sim.add_argument("--memory-plot", metavar="FILE.png", help="write each device's memory over the step as a PNG")
 
     cmp_ = commands.add_parser("compare", help="simulate several strategies, sorted by step time")
     _add_scenario_args(cmp_)
     cmp_.add_argument("--strategies", default="dp,mp,ghp", help="comma list of dp, mp, ghp, ghp:G")
+    cmp_.add_argument("--profile", metavar="FILE", help="calibration profile from `ghpsim calibrate` (default: analytic costs)")
 
     listing = commands.add_parser("list", help="list presets: gpus, links or models")
     listing.add_argument("what", choices=("gpus", "links", "models"))
@@ -94,7 +96,7 @@ def _command_modules():
 
 def _run_compare(scenario_source, args) -> int:
     scenario = load_scenario(scenario_source, args.overrides)
-    results = compare(scenario, parse_strategy_specs(args.strategies))
+    results = compare(scenario, parse_strategy_specs(args.strategies), costs=_profile_costs(scenario, args))
     if args.json:
         print(json.dumps({"scenario": scenario.name,
                           "results": comparison_frame(results).to_dict(orient="records"),
@@ -113,9 +115,20 @@ def cmd_compare(args) -> int:
     return _run_compare(args.scenario, args)
 
 
+def _profile_costs(scenario, args):
+    """The `--profile` cost model for the scenario's model, or None (analytic costs)."""
+    if not getattr(args, "profile", None):
+        return None
+    from simulator.model_source import resolve_workload
+    from simulator.profile import profile_costs
+    return profile_costs(args.profile, resolve_workload(scenario.model, scenario.base_dir),
+                         optimizer=scenario.training.optimizer)
+
+
 def cmd_simulate(args) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
-    result = simulate(scenario)
+    costs = _profile_costs(scenario, args)
+    result = simulate(scenario, costs=costs, workload=costs.workload if costs else None)
     if args.trace:
         labels = {row["rank"]: f"rank {row['rank']} (gpu{row['device']}, node {row['node']})"
                   for row in result.summary["devices"]}

@@ -50,8 +50,8 @@ def ghp_group_counts(num_gpus: int) -> list[int]:
     return [g for g in range(2, num_gpus) if num_gpus % g == 0]
 
 
-def compare(scenario: Scenario, specs: list[tuple[str, int | None]]) -> list[SimulationResult]:
-    """Simulate each strategy spec; results sorted by step time."""
+def compare(scenario: Scenario, specs: list[tuple[str, int | None]], costs=None) -> list[SimulationResult]:
+    """Simulate each strategy spec (analytic costs unless `costs` is given); results sorted by step time."""
     with naming_source(scenario):
         workload = resolve_workload(scenario.model, scenario.base_dir)
     results = []
@@ -59,13 +59,13 @@ def compare(scenario: Scenario, specs: list[tuple[str, int | None]]) -> list[Sim
         if kind == "ghp" and groups is None:
             groups = scenario.strategy.num_groups if scenario.strategy.kind == "ghp" else None
         if kind == "ghp" and groups is None:
-            candidates = [simulate(with_strategy(scenario, "ghp", g), workload=workload)
+            candidates = [simulate(with_strategy(scenario, "ghp", g), costs=costs, workload=workload)
                           for g in _feasible_groups(scenario, workload.num_layers)]
             if not candidates:
                 raise ScenarioError(f"--strategies: no G with 1 < G < {scenario.num_gpus} fits this scenario")
             results.append(min(candidates, key=lambda result: result.step_time_s))
         else:
-            results.append(simulate(with_strategy(scenario, kind, groups), workload=workload))
+            results.append(simulate(with_strategy(scenario, kind, groups), costs=costs, workload=workload))
     return sorted(results, key=lambda result: result.step_time_s)
 
 

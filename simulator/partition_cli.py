@@ -80,9 +80,8 @@ def partition_document(scenario: Scenario, num_workers: int, profile_path: str |
     if profile_path is None:
         costs = analytic_costs(scenario, workload)
     else:
-        from simulator.profile import ProfileCosts, load_profile
-        profile = load_profile(profile_path)
-        costs = ProfileCosts(profile, workload, shared_host=profile.device_kind == "cpu")
+        from simulator.profile import profile_costs
+        costs = profile_costs(profile_path, workload)
     batch, training = microbatch_size(scenario), scenario.training
     inputs = cluster_stage_costs(workload, costs, build_topology(scenario.cluster, scenario.base_dir), num_workers,
                                  batch=batch, dtype=training.dtype, optimizer=training.optimizer)

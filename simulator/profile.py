@@ -346,6 +346,13 @@ def _alpha_beta(read: _Reader, node, where: str) -> AlphaBeta:
 # ----------------------------------------------------------------------------- cost model
 
 
+def profile_costs(path, workload: Workload, optimizer: str | None = None) -> "ProfileCosts":
+    """The cost model of the calibration profile at `path` for `workload` (a CPU profile plays
+    its ranks on the host's shared cores); `optimizer`, when given, must be the one profiled."""
+    profile = load_profile(path)
+    return ProfileCosts(profile, workload, optimizer=optimizer, shared_host=profile.device_kind == "cpu")
+
+
 class ProfileCosts:
     """The `CostModel` of a calibration profile, for the workload it was calibrated on.
 

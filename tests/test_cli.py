@@ -129,3 +129,43 @@ def test_list_rejects_unknown_category(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["list", "nodes"])
     assert exit_info.value.code == 2
+
+
+MLP_CPU = str(ROOT / "scenarios" / "validation" / "mlp_cpu.yaml")
+MLP_PROFILE = str(ROOT / "reports" / "profiles" / "mlp_cpu_ws2.json")
+
+
+def test_simulate_and_compare_with_a_calibration_profile(capsys):
+    """--profile: the step time is the profile's cost model's (as `ghpsim validate` predicts it),
+    not the analytic model's."""
+    from simulator.compare import with_strategy
+    from simulator.model_source import resolve_workload
+    from simulator.profile import ProfileCosts, load_profile
+
+    overrides = ("--set", "cluster.gpus_per_node=2", "--set", "strategy.kind=mp")
+    scenario = load_scenario(MLP_CPU, ["cluster.gpus_per_node=2", "strategy.kind=mp"])
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    profile = load_profile(MLP_PROFILE)
+    expected = simulate(scenario, costs=ProfileCosts(profile, workload, shared_host=True), workload=workload)
+    summary = run_json(capsys, "simulate", MLP_CPU, *overrides, "--profile", MLP_PROFILE)
+    assert summary["step_time_s"] == pytest.approx(expected.step_time_s, rel=1e-12)
+    assert summary["step_time_s"] != pytest.approx(run_json(capsys, "simulate", MLP_CPU, *overrides)["step_time_s"])
+
+    document = run_json(capsys, "compare", MLP_CPU, "--set", "cluster.gpus_per_node=2", "--strategies", "dp,mp",
+                        "--profile", MLP_PROFILE)
+    dp = simulate(with_strategy(scenario, "dp", None), costs=ProfileCosts(profile, workload, shared_host=True),
+                  workload=workload)
+    times = {row["strategy"].split()[0]: row["step_time_s"] for row in document["results"]}
+    assert times == pytest.approx({"mp": expected.step_time_s, "dp": dp.step_time_s}, rel=1e-12)
+
+
+@pytest.mark.parametrize("profile,optimizer,message", [
+    ("missing.json", "sgd", "missing.json: calibration profile not found"),
+    (MLP_PROFILE, "adam", "optimizer.name: the profile timed 'sgd' but the scenario trains with 'adam'"),
+])
+def test_a_bad_profile_is_a_one_line_error(capsys, tmp_path, profile, optimizer, message):
+    path = profile if profile == MLP_PROFILE else str(tmp_path / profile)
+    code, out, err = run_cli(capsys, "simulate", MLP_CPU, "--set", f"training.optimizer={optimizer}",
+                             "--profile", path)
+    assert code == 2 and out == ""
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -13,7 +13,7 @@ from dataclasses import replace
 from simulator.compare import with_strategy
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
-from simulator.profile import ProfileCosts, load_profile
+from simulator.profile import profile_costs
 from simulator.records import device_breakdown
 from simulator.scenario import Scenario
 from simulator.schedules.steady_state import steady_state_plan, steady_state_window
@@ -28,9 +28,8 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
              on_case=None) -> dict:
     """Returns {"rows": [...], "measured_spans": {label: spans}, "simulated": {label: SimulationResult}}."""
     workload = resolve_workload(scenario.model, scenario.base_dir)
-    profile = load_profile(profile_path)
-    costs = ProfileCosts(profile, workload, shared_host=profile.device_kind == "cpu")
-    backend = profile.backend
+    costs = profile_costs(profile_path, workload)
+    backend = costs.profile.backend
     rows, measured_spans, simulated = [], {}, {}
     for kind, groups in specs:
         variant = with_strategy(scenario, kind, groups)
