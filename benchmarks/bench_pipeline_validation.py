@@ -24,6 +24,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import calibrate
 from validator.measure import RunOptions
+from validator.report import launch_spread_summary
 from validator.speed_probe import reference_kernel_s
 from validator.validate import validate
 
@@ -43,6 +44,8 @@ def main() -> int:
     parser.add_argument("--pipeline-runtime", choices=("own", "torch"), default="own",
                         help="torch: gpipe / 1f1b through torch.distributed.pipelining (other schedules skipped)")
     parser.add_argument("--out", default=str(ROOT / "reports" / "validation_pipelines_cpu.csv"))
+    parser.add_argument("--launches", type=int, default=3,
+                        help="launches of each case, in rounds; its figure is the median over all their steps")
     args = parser.parse_args()
     rows = []
     for name in args.models.split(","):
@@ -68,7 +71,8 @@ def main() -> int:
                 specs = [(f"{kind}:{args.microbatches}", None) for kind in group]
                 result_rows += validate(variant, str(profile), specs,
                                         RunOptions(steps=args.steps, warmup=2, optimizer="momentum",
-                                                   pipeline_runtime=args.pipeline_runtime))["rows"]
+                                                   pipeline_runtime=args.pipeline_runtime),
+                                        repeats=args.launches)["rows"]
             drift = reference_kernel_s() / probe_before_s  # > 1: the machine got slower meanwhile
             print(f"{name:16s} p={stages} machine drift (reference kernel after / before): {drift:.2f}")
             for row in result_rows:
@@ -77,12 +81,14 @@ def main() -> int:
                 row["pipeline_runtime"] = args.pipeline_runtime
                 rows.append(row)
                 print(f"{name:16s} p={stages} {row['strategy']:30s} predicted {row['predicted_s'] * 1e3:8.2f} ms "
-                      f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} %", flush=True)
+                      f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} % "
+                      f"(launches spread {row['launch_spread_pct']:.0f} %)", flush=True)
     frame = pd.DataFrame(rows)
     write_text_atomic(args.out, frame.to_csv(index=False))
     errors = frame["error_pct"].abs()
     print(f"\ncases {len(frame)} | MAPE {errors.mean():.1f} % (target <= 10) | worst {errors.max():.1f} % "
           f"(target <= 20) | median |error| {statistics.median(errors):.1f} %")
+    print(launch_spread_summary(frame))
     return 0
 
 

@@ -26,6 +26,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import DEFAULT_REPEATS, calibrate
 from validator.measure import RunOptions
+from validator.report import launch_spread_summary
 from validator.speed_probe import reference_kernel_s
 from validator.validate import validate
 
@@ -55,7 +56,7 @@ def run_world_size(world_size: int, density: float, args) -> list[dict]:
                                                   f"strategy.compression_density={density}"])
     rows = []
     for label, variant in (("dense", scenario), (f"topk {density:g}", sparse)):
-        result = validate(variant, str(profile), [("dp", None)], options)
+        result = validate(variant, str(profile), [("dp", None)], options, repeats=args.launches)
         row = result["rows"][0]
         measured, simulated = result["measured_spans"][row["strategy"]], result["simulated"][row["strategy"]]
         row.update(variant=label, predicted_topk_s=_kind_s(simulated.spans, ("topk",)),
@@ -81,6 +82,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="calibration repeats")
     parser.add_argument("--reuse-profiles", action="store_true", help="skip calibration where a profile exists")
     parser.add_argument("--out", default=str(ROOT / "reports" / "sparse_validation_cpu.csv"))
+    parser.add_argument("--launches", type=int, default=3,
+                        help="launches of each case, in rounds; its figure is the median over all their steps")
     args = parser.parse_args()
     load = os.getloadavg()[0]
     rows = []
@@ -92,6 +95,7 @@ def main() -> int:
     print(f"\ncases {len(frame)} | MAPE {errors.mean():.1f} % (target <= 10) | worst {errors.max():.1f} % "
           f"(target <= 20) | median |error| {statistics.median(errors):.1f} % | 1-min load average at start "
           f"{load:.2f} on {os.cpu_count()} CPUs")
+    print(launch_spread_summary(frame))
     for world_size, group in frame.groupby("world_size"):
         dense, sparse = group.iloc[0], group.iloc[1]
         predicted = "topk" if sparse["predicted_s"] < dense["predicted_s"] else "dense"

@@ -2,8 +2,10 @@
 
 For each model (an MLP, a narrow ResNet-20, a small transformer) and world size (2, 4):
 calibrate a profile from microbenchmarks at that world size, then run dp, mp (and ghp G=2 at 4
-ranks) for real and in simulation. Prints predicted, measured and error per case, MAPE, the worst
-case, and whether the strategy predicted fastest is the one measured fastest. The validated runs
+ranks) for real and in simulation, each `--launches` times in rounds (the measured figure is the
+median over all their steps; the spread between the launches' medians is the run-to-run noise of
+this shared machine). Prints predicted, measured and error per case, MAPE, the worst case, the
+noise, and whether the strategy predicted fastest is the one measured fastest. The validated runs
 are never used to fit the profile. Writes reports/validation_cpu.csv.
 Run: python benchmarks/bench_validation.py [--steps 8]
 """
@@ -22,6 +24,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import calibrate
 from validator.measure import RunOptions
+from validator.report import launch_spread_summary
 from validator.speed_probe import reference_kernel_s
 from validator.validate import validate
 
@@ -36,6 +39,8 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "reports" / "validation_cpu.csv"))
     parser.add_argument("--reuse-profiles", action="store_true",
                         help="use the profiles already in reports/profiles (fitted by an earlier run of this benchmark)")
+    parser.add_argument("--launches", type=int, default=3,
+                        help="launches of each case, in rounds; its figure is the median over all their steps")
     args = parser.parse_args()
     rows = []
     for name in MODELS:
@@ -50,7 +55,8 @@ def main() -> int:
                           optimizer=scenario.training.optimizer, verbose=False)
             specs = [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
             result = validate(scenario, str(profile), specs,
-                              RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer))
+                              RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer),
+                              repeats=args.launches)
             drift = reference_kernel_s() / probe_before_s  # > 1: the machine got slower meanwhile
             print(f"{name:16s} ws={world_size} machine drift (reference kernel after / before): {drift:.2f}")
             for row in result["rows"]:
@@ -58,12 +64,14 @@ def main() -> int:
                 row["machine_drift"] = drift
                 rows.append(row)
                 print(f"{name:16s} ws={world_size} {row['strategy']:16s} predicted {row['predicted_s'] * 1e3:8.2f} ms "
-                      f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} %", flush=True)
+                      f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} % "
+                      f"(launches spread {row['launch_spread_pct']:.0f} %)", flush=True)
     frame = pd.DataFrame(rows)
     write_text_atomic(args.out, frame.to_csv(index=False))
     errors = frame["error_pct"].abs()
     print(f"\ncases {len(frame)} | MAPE {errors.mean():.1f} % (target <= 10) | worst {errors.max():.1f} % "
           f"(target <= 20) | median |error| {statistics.median(errors):.1f} %")
+    print(launch_spread_summary(frame))
     for (model, world_size), group in frame.groupby(["model", "world_size"]):
         predicted = group.loc[group["predicted_s"].idxmin(), "strategy"]
         measured = group.loc[group["measured_s"].idxmin(), "strategy"]

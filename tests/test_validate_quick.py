@@ -4,6 +4,7 @@ figures come from benchmarks/bench_validation.py and are quoted in the README.""
 
 import json
 
+import pandas as pd
 import pytest
 
 pytest.importorskip("torch")
@@ -22,13 +23,20 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
     capsys.readouterr()
     out = tmp_path / "validation"
     assert main(["validate", SCENARIO, *SMALL, "--profile", str(profile), "--strategies", "dp,mp",
-                 "--steps", "4", "--warmup", "2", "--out", str(out), "--json"]) == 0
+                 "--steps", "4", "--warmup", "2", "--repeats", "2", "--out", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [row["kind"] for row in report["rows"]] == ["dp", "mp"]
     for row in report["rows"]:
         assert row["measured_s"] > 0 and row["predicted_s"] > 0
         assert abs(row["error_pct"]) < 75, row
-    assert (out / "mlp_cpu.csv").is_file() and (out / "mlp_cpu.png").is_file()
+        # two launches pooled: the median of all 8 steps lies between the launches' own medians
+        assert row["launches"] == 2
+        assert row["launch_median_min_s"] <= row["measured_s"] <= row["launch_median_max_s"]
+        assert row["launch_spread_pct"] == pytest.approx(
+            100 * (row["launch_median_max_s"] - row["launch_median_min_s"]) / row["measured_s"])
+    assert (out / "mlp_cpu.png").is_file()
+    table = pd.read_csv(out / "mlp_cpu.csv")  # one row per strategy, the later round replacing the first
+    assert list(table["kind"]) == ["dp", "mp"] and list(table["launches"]) == [2, 2]
     assert len(list((out / "traces").glob("*.trace.json"))) == 4
 
 
@@ -39,3 +47,13 @@ def test_validate_with_a_profile_of_another_model_is_a_one_line_error(tmp_path, 
     assert code == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and str(profile) in error and "Traceback" not in error
+
+
+def test_validate_with_zero_repeats_is_a_one_line_error(tmp_path, capsys):
+    out = tmp_path / "validation"
+    code = main(["validate", SCENARIO, *SMALL, "--profile", "reports/profiles/mlp_cpu_ws2.json",
+                 "--repeats", "0", "--out", str(out)])
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "--repeats: 0" in error
+    assert not out.exists()

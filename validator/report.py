@@ -24,14 +24,31 @@ def write_rows_csv(rows: list[dict], path: Path) -> Path:
     return write_text_atomic(path, pd.DataFrame(rows).to_csv(index=False))
 
 
+def launch_spread_summary(frame: pd.DataFrame) -> str:
+    """One line on the run-to-run noise of the measurements: the median spread between the launches'
+    own medians of a case, and the cases whose error is no larger than that spread."""
+    if "launch_spread_pct" not in frame or not (frame["launches"] > 1).any():
+        return "one launch per case: no run-to-run spread measured"
+    spread = frame["launch_spread_pct"]
+    within = int((frame["error_pct"].abs() <= spread).sum())
+    return (f"run-to-run spread of the launches' medians: median {spread.median():.1f} %, "
+            f"max {spread.max():.1f} % | cases with |error| <= their spread: {within}/{len(frame)}")
+
+
 def plot_predicted_vs_measured(frame: pd.DataFrame, axis) -> None:
-    """Scatter of predicted vs measured step time (ms) with the y = x line and +-10 % band."""
+    """Scatter of predicted vs measured step time (ms) with the y = x line and +-10 % band; with
+    several launches per strategy, a horizontal bar spans their medians (the run-to-run noise)."""
     measured_ms, predicted_ms = frame["measured_s"] * 1e3, frame["predicted_s"] * 1e3
     top = 1.1 * max(measured_ms.max(), predicted_ms.max())
     axis.plot([0, top], [0, top], color="grey", linewidth=1, label="exact")
     axis.fill_between([0, top], [0, 0.9 * top], [0, 1.1 * top], color="grey", alpha=0.15, label="±10 %")
     for label, group in frame.groupby("strategy", sort=False):
-        axis.scatter(group["measured_s"] * 1e3, group["predicted_s"] * 1e3, label=label, zorder=3)
+        points = axis.scatter(group["measured_s"] * 1e3, group["predicted_s"] * 1e3, label=label, zorder=3)
+        if "launches" in group and (group["launches"] > 1).any():
+            low = (group["measured_s"] - group["launch_median_min_s"]).clip(lower=0) * 1e3
+            high = (group["launch_median_max_s"] - group["measured_s"]).clip(lower=0) * 1e3
+            axis.errorbar(group["measured_s"] * 1e3, group["predicted_s"] * 1e3, xerr=[low, high], fmt="none",
+                          ecolor=points.get_facecolor()[0], elinewidth=1, capsize=2, zorder=2)
     axis.set_xlim(0, top)
     axis.set_ylim(0, top)
     axis.set_xlabel("measured step time (ms)")

@@ -8,7 +8,7 @@ back into it: they are the held-out test of the prediction.
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from simulator.compare import with_strategy
 from simulator.errors import ScenarioError
@@ -23,56 +23,95 @@ from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
 
 
+@dataclass
+class _Case:
+    """One strategy: its plan as simulated and the launches of it measured so far."""
+    kind: str
+    label: str
+    plan: object
+    run_options: RunOptions
+    predicted: object
+    launches: list = field(default_factory=list)  # per launch: the ranks' results
+
+
 def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int | None]],
              options: RunOptions = RunOptions(), launch_timeout_s: float = 300.0, progress=None,
-             on_case=None) -> dict:
-    """Returns {"rows": [...], "measured_spans": {label: spans}, "simulated": {label: SimulationResult}}."""
+             on_case=None, repeats: int = 1) -> dict:
+    """Returns {"rows": [...], "measured_spans": {label: spans}, "simulated": {label: SimulationResult}}.
+
+    Each strategy is launched `repeats` times, in rounds (every strategy once per round, in turn),
+    so that the strategies compared see the same spells of a shared machine's speed; its measured
+    figure is the median over the steps of all its launches. `on_case(row, spans, predicted)` is
+    called for every strategy after every round with its row so far (same `strategy` label: the
+    caller replaces the earlier one), so an interrupted validation keeps what it measured."""
+    if repeats < 1:
+        raise ScenarioError(f"repeats: {repeats} must be at least 1")
     workload = resolve_workload(scenario.model, scenario.base_dir)
     costs = profile_costs(profile_path, workload)
     backend = costs.profile.backend
-    rows, measured_spans, simulated = [], {}, {}
-    for kind, groups in specs:
-        variant = with_strategy(scenario, kind, groups)
-        predicted = simulate(variant, costs=costs, workload=workload)
-        plan, run_options = predicted.plan, options
-        if plan.meta.get("topk") and "schedule_kind" in plan.meta:
-            raise ScenarioError(f"strategy.gradient_compression: topk runs for real only with dp or ghp, "
-                                f"not {plan.strategy}")
-        if plan.meta.get("asynchronous"):  # run the steady-state plan and time the window predicted
-            plan = steady_state_plan(variant, workload, build_topology(variant.cluster), costs)
-            run_options = replace(options, steady_state=(plan.workers_per_group,
-                                                         variant.strategy.num_microbatches))
-        label = f"{kind} (G={plan.num_groups} x M={plan.workers_per_group})"
-        if progress:
-            progress(f"running {label} on {plan.num_ranks} ranks")
-        config = LaunchConfig(world_size=plan.num_ranks, backend=backend, device=options.device,
-                              timeout_s=launch_timeout_s)
-        results = spawn(run_rank, (plan, workload, run_options), config)
-        step_times = results[0]["step_times_s"]
-        measured_s = statistics.median(step_times)
-        spans = [span for result in results for span in result["spans"]]
-        if run_options.steady_state is not None:
-            spans = steady_state_window(spans, *run_options.steady_state)[0]
-        measured_devices = device_breakdown(spans, plan.num_ranks, measured_s)
-        rows.append({
-            "strategy": label,
-            "kind": kind,
-            "num_groups": plan.num_groups,
-            "workers_per_group": plan.workers_per_group,
-            "world_size": plan.num_ranks,
-            "predicted_s": predicted.step_time_s,
-            "measured_s": measured_s,
-            "measured_min_s": min(step_times),
-            "measured_max_s": max(step_times),
-            "error_pct": 100.0 * (predicted.step_time_s - measured_s) / measured_s,
-            "predicted_compute_s": _mean(predicted.summary["devices"], "compute_s"),
-            "measured_compute_s": _mean(measured_devices, "compute_s"),
-        })
-        measured_spans[label] = spans
-        simulated[label] = predicted
-        if on_case is not None:
-            on_case(rows[-1], spans, predicted)
-    return {"rows": rows, "measured_spans": measured_spans, "simulated": simulated}
+    cases = [_prepare(scenario, workload, costs, kind, groups, options) for kind, groups in specs]
+    rows: dict[str, dict] = {}
+    measured_spans: dict[str, list] = {}
+    for round_index in range(repeats):
+        for case in cases:
+            if progress:
+                suffix = f" (round {round_index + 1} of {repeats})" if repeats > 1 else ""
+                progress(f"running {case.label} on {case.plan.num_ranks} ranks{suffix}")
+            config = LaunchConfig(world_size=case.plan.num_ranks, backend=backend, device=options.device,
+                                  timeout_s=launch_timeout_s)
+            case.launches.append(spawn(run_rank, (case.plan, workload, case.run_options), config))
+            rows[case.label], measured_spans[case.label] = _row(case)
+            if on_case is not None:
+                on_case(rows[case.label], measured_spans[case.label], case.predicted)
+    return {"rows": list(rows.values()), "measured_spans": measured_spans,
+            "simulated": {case.label: case.predicted for case in cases}}
+
+
+def _prepare(scenario: Scenario, workload, costs, kind: str, groups: int | None, options: RunOptions) -> _Case:
+    variant = with_strategy(scenario, kind, groups)
+    predicted = simulate(variant, costs=costs, workload=workload)
+    plan, run_options = predicted.plan, options
+    if plan.meta.get("topk") and "schedule_kind" in plan.meta:
+        raise ScenarioError(f"strategy.gradient_compression: topk runs for real only with dp or ghp, "
+                            f"not {plan.strategy}")
+    if plan.meta.get("asynchronous"):  # run the steady-state plan and time the window predicted
+        plan = steady_state_plan(variant, workload, build_topology(variant.cluster), costs)
+        run_options = replace(options, steady_state=(plan.workers_per_group,
+                                                     variant.strategy.num_microbatches))
+    label = f"{kind} (G={plan.num_groups} x M={plan.workers_per_group})"
+    return _Case(kind, label, plan, run_options, predicted)
+
+
+def _row(case: _Case) -> tuple[dict, list]:
+    """The strategy's row over its launches so far, and the spans of the launch closest to it."""
+    launch_steps = [results[0]["step_times_s"] for results in case.launches]
+    step_times = [step for steps in launch_steps for step in steps]
+    measured_s = statistics.median(step_times)
+    launch_medians = [statistics.median(steps) for steps in launch_steps]
+    closest = min(range(len(launch_medians)), key=lambda i: abs(launch_medians[i] - measured_s))
+    spans = [span for result in case.launches[closest] for span in result["spans"]]
+    if case.run_options.steady_state is not None:
+        spans = steady_state_window(spans, *case.run_options.steady_state)[0]
+    measured_devices = device_breakdown(spans, case.plan.num_ranks, measured_s)
+    predicted = case.predicted
+    return {
+        "strategy": case.label,
+        "kind": case.kind,
+        "num_groups": case.plan.num_groups,
+        "workers_per_group": case.plan.workers_per_group,
+        "world_size": case.plan.num_ranks,
+        "predicted_s": predicted.step_time_s,
+        "measured_s": measured_s,
+        "measured_min_s": min(step_times),
+        "measured_max_s": max(step_times),
+        "error_pct": 100.0 * (predicted.step_time_s - measured_s) / measured_s,
+        "launches": len(launch_medians),
+        "launch_median_min_s": min(launch_medians),
+        "launch_median_max_s": max(launch_medians),
+        "launch_spread_pct": 100.0 * (max(launch_medians) - min(launch_medians)) / measured_s,
+        "predicted_compute_s": _mean(predicted.summary["devices"], "compute_s"),
+        "measured_compute_s": _mean(measured_devices, "compute_s"),
+    }, spans
 
 
 def _mean(devices: list[dict], key: str) -> float:
