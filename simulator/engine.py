@@ -14,6 +14,11 @@ operands sat untouched: the engine keeps, per rank, when each layer's weights we
 pass or update on it; the previous step's update is taken to end at the step's start, time 0) and
 when each micro-batch's forward of each layer ended (its saved activations), and hands the ages to
 the model when the pass starts.
+
+On a calibrated shared host (`ProfileCosts.streamed_allreduce_factor`), an allreduce that every
+participant had ready while its previous collective still ran (a stream of asynchronous bucket
+allreduces) takes the profile's fit times that factor: gloo runs such allreduces on several worker
+threads at once, so their latencies overlap (`validator.overlap_bench` times the stream).
 """
 
 from __future__ import annotations
@@ -132,19 +137,24 @@ class Engine:
             self._done[rank][action.id].succeed()
 
     def _comm_stream(self, rank: int, actions: list[Collective]):
-        for action in actions:
+        for position, action in enumerate(actions):
+            previous_end_s = self.env.now
             yield from self._wait(rank, action.deps)
+            # queued: ready while this rank's previous collective still ran (an asynchronous
+            # stream of them, as a bucketed allreduce after the backward's first buckets)
+            queued = position > 0 and self.env.now == previous_end_s
             if len(action.ranks) == 1:  # alone (a symmetric run's representative): nobody to wait for
-                yield from self._collective(action, None)
+                yield from self._collective(action, None, queued)
             else:
-                entry = self._rendezvous.setdefault(action.key, [0, self.env.event()])
+                entry = self._rendezvous.setdefault(action.key, [0, self.env.event(), True])
                 entry[0] += 1
+                entry[2] = entry[2] and queued
                 if entry[0] == len(action.ranks):
-                    self.env.process(self._collective(action, entry[1]))
+                    self.env.process(self._collective(action, entry[1], entry[2]))
                 yield entry[1]
             self._done[rank][action.id].succeed()
 
-    def _collective(self, action: Collective, finished: simpy.Event | None):
+    def _collective(self, action: Collective, finished: simpy.Event | None, queued: bool = False):
         devices = tuple(self.plan.rank_to_device[r] for r in action.ranks)
         start = self.env.now
         measured = getattr(self.costs, "allreduce_s", None)
@@ -153,6 +163,8 @@ class Engine:
         if measured is not None:
             self.algorithms["measured"] += 1
             duration_s = measured(action.size_bytes, len(action.ranks))
+            if queued and action.op == "allreduce":  # overlapping its predecessor (calibrated hosts)
+                duration_s *= getattr(self.costs, "streamed_allreduce_factor", 1.0)
             if self.host_parallelism is not None:
                 yield self._host_job(duration_s, action.ranks, len(action.ranks), COLLECTIVE)
             else:

@@ -95,6 +95,16 @@ class SelectionFit:
 
 
 @dataclass(frozen=True)
+class AllreduceStream:
+    """`overlap.collective`: `num_messages` asynchronous allreduces of `size_bytes` among all ranks,
+    issued back to back with no compute, took `stream_s` in all."""
+
+    size_bytes: float
+    num_messages: int
+    stream_s: float
+
+
+@dataclass(frozen=True)
 class Profile:
     """A loaded calibration profile (see `PROFILE_FORMAT`)."""
 
@@ -117,6 +127,8 @@ class Profile:
     allgather: Mapping[int, AlphaBeta] = field(default_factory=dict)
     topk: Mapping[float, SelectionFit] = field(default_factory=dict)
     overlap: Interference | None = None
+    allreduce_stream: AllreduceStream | None = None
+    """The overlap microbenchmark's stream of asynchronous allreduces, alone; None in older profiles."""
     handoff: Handoff | None = None
     weight_passes: Mapping[str, LinearFit] = field(default_factory=dict)
     """stash / predict / accumulate fits vs parameters (`PASS_FIT`); empty in older profiles."""
@@ -224,6 +236,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         topk[density] = _selection_fit(read, entry, where)
 
     overlap = _overlap(read, document)
+    allreduce_stream = _allreduce_stream(read, document)
     handoff = None
     raw_handoff = read.mapping(document, "handoff", "handoff", optional=True)
     if raw_handoff:
@@ -259,6 +272,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         p2p=p2p, allreduce=dict(sorted(allreduce.items())),
         compute_slowdown=dict(sorted(slowdown.items())),
         allgather=dict(sorted(allgather.items())), topk=dict(sorted(topk.items())), overlap=overlap,
+        allreduce_stream=allreduce_stream,
         handoff=handoff, weight_passes=weight_passes,
         cold_start=parse_cold_start(read, document, len(layers)),
         model_layer_names=tuple(layer_names) if layer_names is not None else None,
@@ -280,6 +294,17 @@ def _overlap(read: _Reader, document) -> Interference | None:
             compute[kind] = read.number(entry, "compute_slowdown", f"overlap.{kind}.compute_slowdown", positive=True)
             comm[kind] = read.number(entry, "comm_slowdown", f"overlap.{kind}.comm_slowdown", positive=True)
     return Interference(world, compute, comm)
+
+
+def _allreduce_stream(read: _Reader, document) -> AllreduceStream | None:
+    """`overlap.collective`'s stream alone (`size_bytes`, `num_messages`, `stream_s`), if recorded."""
+    section = read.mapping(document, "overlap", "overlap", optional=True) or {}
+    entry = read.mapping(section, "collective", "overlap.collective", optional=True) or {}
+    if not all(key in entry for key in ("size_bytes", "num_messages", "stream_s")):
+        return None
+    return AllreduceStream(read.number(entry, "size_bytes", "overlap.collective.size_bytes", positive=True),
+                           read.integer(entry, "num_messages", "overlap.collective.num_messages", minimum=1),
+                           read.number(entry, "stream_s", "overlap.collective.stream_s", positive=True))
 
 
 def _group_fits(read: _Reader, document, name: str) -> dict[int, AlphaBeta]:
@@ -353,6 +378,16 @@ def profile_costs(path, workload: Workload, optimizer: str | None = None) -> "Pr
     return ProfileCosts(profile, workload, optimizer=optimizer, shared_host=profile.device_kind == "cpu")
 
 
+def streamed_allreduce_factor(profile: Profile) -> float:
+    """Time per allreduce in the overlap microbenchmark's asynchronous stream over the alpha-beta
+    fit of one at a time (same size, all ranks), at most 1; 1 without the stream or the fit.
+    Both are the profile's own microbenchmarks: a stream's allreduces overlap their latencies."""
+    stream, fit = profile.allreduce_stream, profile.allreduce.get(profile.world_size)
+    if stream is None or fit is None:
+        return 1.0
+    return min(1.0, stream.stream_s / stream.num_messages / fit.time_s(stream.size_bytes))
+
+
 class ProfileCosts:
     """The `CostModel` of a calibration profile, for the workload it was calibrated on.
 
@@ -369,6 +404,8 @@ class ProfileCosts:
         self.host_parallelism = None
         self.interference = None
         self.handoff_s = 0.0
+        self.streamed_allreduce_factor = 1.0
+        """An allreduce queued behind another on its rank takes its fit times this (shared hosts)."""
         """Added to every point-to-point arrival (the `handoff` section; shared hosts only)."""
         if shared_host:
             # Ranks share the host's cores: the engine plays every compute and communication job
@@ -378,6 +415,7 @@ class ProfileCosts:
             world = profile.world_size
             self.host_parallelism = world / self.slowdown(world) if world > 1 else 1.0
             self.interference = profile.overlap
+            self.streamed_allreduce_factor = streamed_allreduce_factor(profile)
             if profile.handoff is not None and profile.p2p is not None:
                 idle_s = profile.p2p.time_s(profile.handoff.size_bytes)
                 self.handoff_s = max(0.0, profile.handoff.mean_delay_s - idle_s)

@@ -45,7 +45,11 @@ listed here are allowed and ignored by `load_profile` (the validator adds raw me
   allreduces; point-to-point messages between rank pairs), compute ran `compute_slowdown` times
   and the communication `comm_slowdown` times slower than each alone
   (`validator.overlap_bench`); the engine's shared-host model uses them
-  (`simulator.host_sharing`). Without the section both share one processor pool.
+  (`simulator.host_sharing`). Without the section both share one processor pool. The collective
+  entry also records its stream alone: `num_messages` asynchronous allreduces of `size_bytes`
+  among all ranks took `stream_s`; their time per message over the `allreduce` fit's time for one
+  (at most 1) is the factor the engine applies to an allreduce queued behind another on its rank
+  (`ProfileCosts.streamed_allreduce_factor`: gloo's worker threads overlap their latencies).
 * `PASS_FIT` = `{"intercept_s": >= 0, "per_param_s": >= 0, "num_params": [...], "medians_s": [...]}`:
   one pass over `n` parameters takes `intercept_s + per_param_s x n` (least squares over the
   parameter sets of the optimizer fit, all ranks at once): `stash` copies the weights

@@ -95,3 +95,19 @@ def test_data_parallel_step_grows_when_the_overlap_is_measured_to_interfere():
         steps[name] = spans["end_s"].max()
     # two buckets: with free overlap the first allreduce hides under the last layers' backward
     assert steps["no interference"] < steps["shared pool"] < steps["interference"]
+
+
+def test_bucket_allreduces_queued_behind_one_another_take_the_streamed_factor():
+    workload = toy_workload(4, num_params=1000)  # 250 parameters a layer: one 1000-byte bucket each
+    topology = Topology(1, 2, link(0.0, 1e9), link(0.0, 1e9))
+    durations = {}
+    for factor in (1.0, 0.5):
+        costs = _SharedHostCosts(Interference(2, {COLLECTIVE: 1.0}, {COLLECTIVE: 1.0}), allreduce_s=0.004)
+        costs.forward_s_per_sample = 0.0001  # a layer's backward (1.6 ms) is shorter than an allreduce
+        costs.streamed_allreduce_factor = factor
+        _, spans = run_grid(workload, topology, costs, 2, 1, 16, bucket_size_bytes=1000)
+        reduces = spans[(spans["kind"] == "allreduce") & (spans["rank"] == 0)].sort_values("start_s")
+        durations[factor] = list((reduces["end_s"] - reduces["start_s"]) * 1e3)
+    assert durations[1.0] == pytest.approx([4.0] * 4)
+    # the first bucket's allreduce waits for nothing; the three after it were ready while it ran
+    assert durations[0.5] == pytest.approx([4.0, 2.0, 2.0, 2.0])

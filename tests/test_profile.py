@@ -181,3 +181,21 @@ def test_format_is_documented():
     for key in ("compute_slowdown", "per_sample_s", "bandwidth_bytes_per_s", "intercept_s", "per_param_s"):
         assert key in PROFILE_FORMAT
     assert PROFILE_FORMAT in module.__doc__
+
+
+def test_allreduce_stream_gives_the_streamed_allreduce_factor_on_a_shared_host(tmp_path):
+    doc = document()
+    # 4-rank fit at 1 MiB: 1e-4 + 2**20 / 5e8 = 2.197 ms; the stream: 10 of them in 11 ms -> 1.1 ms each
+    doc["overlap"] = {"world_size": 4, "collective": {"compute_slowdown": 1.3, "comm_slowdown": 2.5,
+                                                      "size_bytes": 2**20, "num_messages": 10, "stream_s": 0.011}}
+    profile = load_profile(write(tmp_path, doc))
+    assert profile.allreduce_stream.num_messages == 10
+    expected = 0.0011 / (1e-4 + 2**20 / 5e8)
+    assert ProfileCosts(profile, workload(), shared_host=True).streamed_allreduce_factor == pytest.approx(expected)
+    assert ProfileCosts(profile, workload()).streamed_allreduce_factor == 1.0  # only on a shared host
+    doc["overlap"]["collective"]["stream_s"] = 0.05  # a stream slower than one at a time: noise, capped at 1
+    assert ProfileCosts(load_profile(write(tmp_path, doc, "slow.json")), workload(),
+                        shared_host=True).streamed_allreduce_factor == 1.0
+    old = load_profile(write(tmp_path, document(), "old.json"))
+    assert old.allreduce_stream is None
+    assert ProfileCosts(old, workload(), shared_host=True).streamed_allreduce_factor == 1.0

@@ -129,3 +129,6 @@ def test_validate_rank_cli(monkeypatch, profile, tmp_path, capsys):
     assert report["rows"][0]["predicted_rank"] == 1 and (out / "tiny_cpu_rank.csv").is_file()
     code = main(["validate", str(path), "--profile", profile, "--rank", "--gpus", "6", "--out", str(out)])
     assert code == 2 and "--gpus: 6 is not a multiple" in capsys.readouterr().err
+    code = main(["validate", str(path), "--profile", profile, "--rank", "--repeats", "3", "--out", str(out)])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and error.startswith("ghpsim: error: --repeats: 3") and len(error.splitlines()) == 1

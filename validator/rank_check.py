@@ -131,6 +131,8 @@ def cmd_validate_rank(args) -> int:
     from simulator.scenario import load_scenario
     from validator.report import write_rows_csv
 
+    if args.repeats != 1:
+        raise ScenarioError(f"--repeats: {args.repeats}: --rank runs each candidate once (its steps' median)")
     for option, value in (("--top", args.top), ("--others", args.others), ("--gpus", args.gpus)):
         if value is not None and value < (1 if option != "--others" else 0):
             raise ScenarioError(f"{option}: {value} is out of range")
