@@ -50,20 +50,20 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     costs = profile_costs(profile_path, workload)
     backend = costs.profile.backend
     cases = [_prepare(scenario, workload, costs, kind, groups, options) for kind, groups in specs]
-    rows: dict[str, dict] = {}
+    rows: list[dict | None] = [None] * len(cases)
     measured_spans: dict[str, list] = {}
     for round_index in range(repeats):
-        for case in cases:
+        for position, case in enumerate(cases):
             if progress:
                 suffix = f" (round {round_index + 1} of {repeats})" if repeats > 1 else ""
                 progress(f"running {case.label} on {case.plan.num_ranks} ranks{suffix}")
             config = LaunchConfig(world_size=case.plan.num_ranks, backend=backend, device=options.device,
                                   timeout_s=launch_timeout_s)
             case.launches.append(spawn(run_rank, (case.plan, workload, case.run_options), config))
-            rows[case.label], measured_spans[case.label] = _row(case)
+            rows[position], measured_spans[case.label] = _row(case)
             if on_case is not None:
-                on_case(rows[case.label], measured_spans[case.label], case.predicted)
-    return {"rows": list(rows.values()), "measured_spans": measured_spans,
+                on_case(rows[position], measured_spans[case.label], case.predicted)
+    return {"rows": rows, "measured_spans": measured_spans,
             "simulated": {case.label: case.predicted for case in cases}}
 
 
