@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from validator.microbench import _as_input, _sync, _to, load_models_module, make_optimizer
+from validator.microbench import _as_input, _sync, _to, activation_chain, load_models_module, make_optimizer
 
 COLD_GAP_S = 0.05
 """The pause after which a pass counts as cold (the penalty measured here saturates by ~25-50 ms)."""
@@ -137,10 +137,7 @@ def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Seque
     loss_fn = models.loss_fn
     inputs, targets = models.make_batch(workload, batch_size, seed=seed)
     inputs, targets = _to(inputs, device), _to(targets, device)
-    chain = [inputs]
-    with torch.no_grad():
-        for module in modules:
-            chain.append(module(chain[-1]))
+    chain = activation_chain(modules, inputs)
     generator = torch.Generator(device="cpu").manual_seed(seed)
 
     forward_factors, backward_factors, hot_forward, hot_backward, passes = [], [], [], [], []

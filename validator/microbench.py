@@ -121,6 +121,16 @@ def _median(samples: list[float], warmup: int) -> float:
     return float(statistics.median(kept))
 
 
+def activation_chain(modules, inputs) -> list:
+    """[inputs, output of layer 0, output of layers 0..1, ...] without autograd: each layer's input
+    for timing it alone."""
+    chain = [inputs]
+    with torch.no_grad():
+        for module in modules:
+            chain.append(module(chain[-1]))
+    return chain
+
+
 def _as_input(tensor: torch.Tensor, needs_grad: bool) -> torch.Tensor:
     tensor = tensor.detach()
     if needs_grad and tensor.is_floating_point():
@@ -218,10 +228,7 @@ def time_layers(workload: Workload, batch_sizes: Sequence[int], repeats: int = 7
     for batch in batch_sizes:
         inputs, targets = models.make_batch(workload, batch, seed=seed)
         inputs, targets = _to(inputs, device), _to(targets, device)
-        chain = [inputs]
-        with torch.no_grad():
-            for module in modules:
-                chain.append(module(chain[-1]))
+        chain = activation_chain(modules, inputs)
         for index, module in enumerate(modules):
             with_loss = loss_fn is not None and index == len(modules) - 1
             output_grad = torch.randn(chain[index + 1].shape, generator=generator,

@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from validator.microbench import activation_chain
+
 OVERLAP_KINDS = ("collective", "p2p")
 DEFAULT_OVERLAP_BYTES = {"collective": 1 << 20, "p2p": 64 << 10}
 """Buffer size per operation: a gradient bucket's order of magnitude; a micro-batch's activations."""
@@ -144,10 +146,7 @@ def model_steps(workload, batch: int, models, seed: int = 0) -> list[Callable[[]
     """`layer_steps` of the workload's torch modules (`models`: validator.models or a stand-in)."""
     modules = [module.train() for module in models.build_modules(workload, seed=seed)]
     inputs, _ = models.make_batch(workload, batch, seed=seed)
-    chain = [inputs]
-    with torch.no_grad():
-        for module in modules:
-            chain.append(module(chain[-1]))
+    chain = activation_chain(modules, inputs)
     generator = torch.Generator().manual_seed(seed)
     grads = [torch.randn(output.shape, generator=generator, dtype=output.dtype) for output in chain[1:]]
     return layer_steps(modules, chain[:-1], grads)
