@@ -6,7 +6,7 @@ run gpipe, 1f1b, interleaved_1f1b (v = 2), pipedream (weight stashing) and spect
 micro-batches for real and in simulation. Synchronous kinds: median step makespan; asynchronous
 kinds: the steady-state window (see validator/measure.py). The validated runs never enter the
 profile. Writes reports/validation_pipelines_cpu.csv.
-Run: python benchmarks/bench_pipeline_validation.py [--steps 6] [--reuse-profiles] [--pipeline-runtime torch]
+Run: python benchmarks/bench_pipeline_validation.py [--steps 12] [--reuse-profiles] [--pipeline-runtime torch]
 (torch: gpipe and 1f1b through torch.distributed.pipelining, validator/torch_pipelining.py).
 """
 
@@ -35,7 +35,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain")
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--stages", default="2,4")
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--models", default=",".join(MODELS))

@@ -8,7 +8,7 @@ real and in simulation. Prints predicted, measured and error per case, plus the 
 and measured. The validated runs never feed the profile. Writes reports/sparse_validation_cpu.csv
 and the profiles to reports/profiles/mlp_cpu_topk_ws{N}.json. Column machine_drift: a reference
 kernel's time after the case / before its calibration (`validator.speed_probe`; reported only).
-Run: python benchmarks/bench_sparse_validation.py [--steps 8] [--density 0.01] [--world-sizes 2,4]
+Run: python benchmarks/bench_sparse_validation.py [--steps 20] [--density 0.01] [--world-sizes 2,4]
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def run_world_size(world_size: int, density: float, args) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--density", type=float, default=0.01)
     parser.add_argument("--world-sizes", default="2,4")

@@ -7,12 +7,13 @@ median over all their steps; the spread between the launches' medians is the run
 this shared machine). Prints predicted, measured and error per case, MAPE, the worst case, the
 noise, and whether the strategy predicted fastest is the one measured fastest. The validated runs
 are never used to fit the profile. Writes reports/validation_cpu.csv.
-Run: python benchmarks/bench_validation.py [--steps 8]
+Run: python benchmarks/bench_validation.py [--steps 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ MODELS = ("mlp_cpu", "resnet_cpu", "transformer_cpu")
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--out", default=str(ROOT / "reports" / "validation_cpu.csv"))
     parser.add_argument("--reuse-profiles", action="store_true",
@@ -53,6 +54,11 @@ def main() -> int:
             if not (args.reuse_profiles and profile.exists()):
                 calibrate(workload, dict(scenario.model.params), profile, world_size=world_size,
                           optimizer=scenario.training.optimizer, verbose=False)
+            passes = json.loads(profile.read_text())["method"].get("layer_passes")
+            if passes:
+                print(f"{name:16s} ws={world_size} calibration: {passes['passes']} layer passes, totals "
+                      + " / ".join(f"{r:.2f}" for r in passes["relative_totals"])
+                      + f" of their median (spread {passes['spread_pct']:.0f} %)", flush=True)
             specs = [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
             result = validate(scenario, str(profile), specs,
                               RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer),

@@ -95,7 +95,8 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     out = tmp_path / "profile.json"
     started = time.perf_counter()
     document = calibrate(workload, params, out, world_size=2, batch_sizes=(4, 32), repeats=3, warmup=1,
-                         comm_sizes=(4096, 65536, 1 << 20), comm_repeats=3, models=MODELS, verbose=False)
+                         comm_sizes=(4096, 65536, 1 << 20), comm_repeats=3, models=MODELS, verbose=False,
+                         layer_passes=2)
     elapsed = time.perf_counter() - started
     assert elapsed < 60, f"quick calibration took {elapsed:.1f} s"
     assert out.is_file()
@@ -128,6 +129,10 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert profile.cold_start is not None and profile.cold_start.forward_factors == tuple(cold["forward_factors"])
     assert profile.cold_start.optimizer_factor == cold["optimizer_factor"] > 0
     assert document["format"] == "ghpsim-profile/1"
+    spread = document["method"]["layer_passes"]  # two sweeps over the layers, each total vs their median
+    assert spread["passes"] == 2 and len(spread["relative_totals"]) == 2
+    assert sum(spread["relative_totals"]) == pytest.approx(2.0)
+    assert spread["spread_pct"] >= 0 and "median over 2 pass(es)" in document["method"]["layers"]
 
     costs = ProfileCosts(profile, workload, optimizer="sgd")
     assert costs.cold_start is profile.cold_start

@@ -19,7 +19,7 @@ SMALL = ["--set", "cluster.gpus_per_node=2", "--set", "model.params.hidden_dim=2
 def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, capsys):
     profile = tmp_path / "profile.json"
     assert main(["calibrate", "--scenario", SCENARIO, *SMALL, "--world-size", "2", "--out", str(profile),
-                 "--batch-sizes", "8,32", "--repeats", "5"]) == 0
+                 "--batch-sizes", "8,32", "--repeats", "5", "--layer-passes", "2"]) == 0
     capsys.readouterr()
     out = tmp_path / "validation"
     assert main(["validate", SCENARIO, *SMALL, "--profile", str(profile), "--strategies", "dp,mp",
@@ -57,3 +57,12 @@ def test_validate_with_zero_repeats_is_a_one_line_error(tmp_path, capsys):
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "--repeats: 0" in error
     assert not out.exists()
+
+
+def test_calibrate_with_zero_layer_passes_is_a_one_line_error(tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    code = main(["calibrate", "--scenario", SCENARIO, *SMALL, "--out", str(profile), "--layer-passes", "0"])
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "--layer-passes: 0" in error
+    assert not profile.exists()

@@ -16,6 +16,10 @@
    (`min_block_s`), divided by the iterations: with more ranks than cores, single iterations
    shorter than a scheduler time slice mostly run uninterrupted and their median hides the
    sharing (measured on this 2-core machine: 1.26x instead of 1.83x for 4 ranks).
+   The layers are swept `layer_passes` times (default 3) at evenly spaced points of the
+   calibration, before, between and after the phases below, and each figure is the median over
+   the sweeps, so that a speed spell of a shared host costs one sweep, not the profile
+   (`validator.layer_passes`; the sweeps' spread is recorded as `method.layer_passes`).
 2. **Optimizer, all ranks at once**: one update (step, then the gradients zeroed, as the runtimes
    do) over the parameters of each layer and of each prefix of layers (the stages a plan can
    have), fitted against the number of parameters; then, on the same sets, the asynchronous
@@ -76,6 +80,8 @@ from validator.overlap_bench import (DEFAULT_OVERLAP_BYTES, DEFAULT_OVERLAP_MESS
 from validator.microbench import (DEFAULT_MIN_BLOCK_S, agree_max, fit_line, load_models_module,
                                   time_allgather, time_allreduce, time_layers, time_optimizer, time_p2p,
                                   time_topk)
+from validator.layer_passes import (DEFAULT_LAYER_PASSES, median_over_passes, pass_slots, pass_spread,
+                                   pass_totals_s)
 
 DEFAULT_BATCH_SIZES = (4, 16, 64)
 """Batch sizes each layer is timed at (per rank): spans the micro-batches of small validated runs."""
@@ -103,6 +109,7 @@ class _Settings:
     verbose: bool
     min_block_s: float
     topk_densities: tuple[float, ...] = DEFAULT_TOPK_DENSITIES
+    layer_passes: int = DEFAULT_LAYER_PASSES
 
 
 def _say(settings: _Settings, message: str) -> None:
@@ -135,49 +142,50 @@ def _topk_sizes(num_params: int) -> list[int]:
     return sizes + [num_params if num_params > sizes[-1] else 2 * sizes[-1]]
 
 
-def _rank_main(rank: int, settings: _Settings) -> dict | None:
+def _measure_updates(settings: _Settings, device: str, rank: int) -> dict:
+    """Optimizer updates and the asynchronous runtimes' weight passes, all ranks at once."""
     world = dist.get_world_size()
-    device = settings.device
-    if device == "cuda":
-        device = f"cuda:{torch.cuda.current_device()}"
-    common = dict(repeats=settings.repeats, warmup=settings.warmup, device=device, models=settings.models,
-                  seed=settings.seed, agree=agree_max, min_block_s=settings.min_block_s)
-    workload = settings.workload
-    dist.barrier()
-    started = time.perf_counter()
-    machine_before, own_before = _machine_cpu(), _own_cpu_s()
-
-    levels = [world] + [k for k in _divisors(world, minimum=1) if k < world]
-    _say(settings, f"layers: {workload.num_layers} layers x {len(settings.batch_sizes)} batch sizes, "
-                   f"with {' / '.join(map(str, levels))} rank(s) computing at once")
-    rows = time_layers(workload, settings.batch_sizes, barrier=dist.barrier,
-                       rounds=[rank < k for k in levels], **common)
-    modules = load_models_module(settings.models).build_modules(workload, seed=settings.seed)
+    modules = load_models_module(settings.models).build_modules(settings.workload, seed=settings.seed)
+    timing = dict(repeats=settings.repeats, device=device, warmup=settings.warmup, barrier=dist.barrier,
+                  agree=agree_max, min_block_s=settings.min_block_s)
     _say(settings, f"optimizer {settings.optimizer}: {world} ranks at once")
-    optimizer = time_optimizer(settings.optimizer, _parameter_sets(modules), repeats=settings.repeats,
-                               device=device, warmup=settings.warmup, barrier=dist.barrier, agree=agree_max,
-                               min_block_s=settings.min_block_s)
+    optimizer = time_optimizer(settings.optimizer, _parameter_sets(modules), **timing)
     _say(settings, f"weight passes (stash, predict, accumulate): {world} ranks at once")
-    weight_passes = time_weight_passes(_parameter_sets(modules), repeats=settings.repeats, device=device,
-                                       warmup=settings.warmup, barrier=dist.barrier, agree=agree_max,
-                                       min_block_s=settings.min_block_s)
+    return {"optimizer": optimizer, "weight_passes": time_weight_passes(_parameter_sets(modules), **timing)}
+
+
+def _measure_cold_and_topk(settings: _Settings, device: str, rank: int) -> dict:
+    """Cold start (on a CPU host no more ranks at once than cores) and top-k selection."""
+    world = dist.get_world_size()
     cold_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
     _say(settings, f"cold start: layers at batch {cold_batch} and the update, back to back and after a pause")
-    cold_start = time_cold_start(workload, cold_batch, settings.optimizer, pairs=settings.repeats, device=device,
-                                 models=settings.models, seed=settings.seed, barrier=dist.barrier,
+    cold_start = time_cold_start(settings.workload, cold_batch, settings.optimizer, pairs=settings.repeats,
+                                 device=device, models=settings.models, seed=settings.seed, barrier=dist.barrier,
                                  active=device != "cpu" or rank < (os.cpu_count() or 1))
     topk = {}
     for density in settings.topk_densities:
         _say(settings, f"top-k selection at density {density}: {world} ranks at once")
-        topk[density] = time_topk(_topk_sizes(workload.num_params), density, repeats=settings.repeats,
+        topk[density] = time_topk(_topk_sizes(settings.workload.num_params), density, repeats=settings.repeats,
                                   device=device, warmup=settings.warmup, barrier=dist.barrier, agree=agree_max,
                                   min_block_s=settings.min_block_s)
-    everyone = [None] * world
-    dist.all_gather_object(everyone, rows)
-    layer_medians = {}  # {k: [per active rank: rows with forward_s / backward_s of that level]}
-    for position, k in enumerate(levels):
-        layer_medians[k] = [[entry["rounds"][position] for entry in rank_rows] for rank_rows in everyone[:k]]
+    return {"cold_start": cold_start, "topk": topk}
 
+
+def _concurrent_groups(settings: _Settings, g: int, timer) -> dict:
+    """`timer` run by world / g groups of g consecutive ranks at once; medians averaged over groups."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    groups = [dist.new_group(list(range(start, start + g))) for start in range(0, world, g)]
+    mine = None if g == world else groups[rank // g]
+    medians = timer(settings.comm_sizes, settings.comm_repeats, group=mine, warmup=settings.warmup)
+    group_medians = [None] * world
+    dist.all_gather_object(group_medians, medians)
+    per_group = [group_medians[start] for start in range(0, world, g)]
+    return {"medians_s": [sum(col) / len(col) for col in zip(*per_group)], "concurrent_groups": world // g}
+
+
+def _measure_comm(settings: _Settings, device: str, rank: int) -> dict:
+    """p2p ping-pong between ranks 0 and 1; allreduce and allgather per group size."""
+    world = dist.get_world_size()
     p2p = None
     if world >= 2:
         _say(settings, f"p2p ping-pong ranks 0-1, {len(settings.comm_sizes)} sizes")
@@ -185,23 +193,18 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
     allreduce, allgather = {}, {}
     for g in _divisors(world):
         _say(settings, f"allreduce: {world // g} group(s) of {g} at once")
-        groups = [dist.new_group(list(range(start, start + g))) for start in range(0, world, g)]
-        mine = None if g == world else groups[rank // g]
-        medians = time_allreduce(settings.comm_sizes, settings.comm_repeats, group=mine, warmup=settings.warmup)
-        group_medians = [None] * world
-        dist.all_gather_object(group_medians, medians)
-        per_group = [group_medians[start] for start in range(0, world, g)]
-        allreduce[g] = {"medians_s": [sum(col) / len(col) for col in zip(*per_group)],
-                        "concurrent_groups": world // g}
+        allreduce[g] = _concurrent_groups(settings, g, time_allreduce)
         _say(settings, f"allgather: {world // g} group(s) of {g} at once")
-        medians = time_allgather(settings.comm_sizes, settings.comm_repeats, group=mine, warmup=settings.warmup)
-        dist.all_gather_object(group_medians, medians)
-        per_group = [group_medians[start] for start in range(0, world, g)]
-        allgather[g] = {"medians_s": [sum(col) / len(col) for col in zip(*per_group)],
-                        "concurrent_groups": world // g}
+        allgather[g] = _concurrent_groups(settings, g, time_allgather)
+    return {"p2p": p2p, "allreduce": allreduce, "allgather": allgather}
+
+
+def _measure_overlap(settings: _Settings, device: str, rank: int) -> dict:
+    """Shared cores (CPU, >= 2 ranks): how compute and communication slow each other; handoffs."""
+    world = dist.get_world_size()
     overlap, handoff = {}, None
-    if world >= 2 and device == "cpu":  # shared cores: how compute and communication slow each other
-        steps = model_steps(workload, settings.batch_sizes[len(settings.batch_sizes) // 2],
+    if world >= 2 and device == "cpu":
+        steps = model_steps(settings.workload, settings.batch_sizes[len(settings.batch_sizes) // 2],
                             load_models_module(settings.models), seed=settings.seed)
         for kind in OVERLAP_KINDS:
             _say(settings, f"overlap: compute with a {kind} stream, {world} ranks at once")
@@ -209,6 +212,42 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
                                          repeats=settings.repeats, warmup=settings.warmup)
         _say(settings, f"handoff: messages along a chain of {world} computing ranks")
         handoff = time_handoffs(steps, repeats=settings.repeats + 3, warmup=settings.warmup)
+    return {"overlap": overlap, "handoff": handoff}
+
+
+_PHASES = (_measure_updates, _measure_cold_and_topk, _measure_comm, _measure_overlap)
+"""The calibration's phases after (and between) the layer passes, in order."""
+
+
+def _rank_main(rank: int, settings: _Settings) -> dict | None:
+    world = dist.get_world_size()
+    device = settings.device
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    workload = settings.workload
+    dist.barrier()
+    started = time.perf_counter()
+    machine_before, own_before = _machine_cpu(), _own_cpu_s()
+
+    levels = [world] + [k for k in _divisors(world, minimum=1) if k < world]
+    slots = pass_slots(settings.layer_passes, len(_PHASES))
+    runs, measured = [], {}
+    for slot in range(len(_PHASES) + 1):
+        for _ in range(slots.count(slot)):
+            _say(settings, f"layers, pass {len(runs) + 1} of {len(slots)}: {workload.num_layers} layers x "
+                           f"{len(settings.batch_sizes)} batch sizes, with {' / '.join(map(str, levels))} "
+                           "rank(s) computing at once")
+            runs.append(time_layers(workload, settings.batch_sizes, barrier=dist.barrier,
+                                    rounds=[rank < k for k in levels], repeats=settings.repeats,
+                                    warmup=settings.warmup, device=device, models=settings.models,
+                                    seed=settings.seed, agree=agree_max, min_block_s=settings.min_block_s))
+        if slot < len(_PHASES):
+            measured.update(_PHASES[slot](settings, device, rank))
+    everyone = [None] * world
+    dist.all_gather_object(everyone, (median_over_passes(runs), pass_totals_s(runs)))
+    layer_medians = {}  # {k: [per active rank: rows with forward_s / backward_s of that level]}
+    for position, k in enumerate(levels):
+        layer_medians[k] = [[entry["rounds"][position] for entry in rank_rows] for rank_rows, _ in everyone[:k]]
     dist.barrier()
     measure_s = time.perf_counter() - started
     machine_after, own_after = _machine_cpu(), _own_cpu_s()
@@ -216,10 +255,8 @@ def _rank_main(rank: int, settings: _Settings) -> dict | None:
     dist.all_gather_object(cpu_s, own_after - own_before)
     if rank != 0:
         return None
-    return {"layers": layer_medians, "optimizer": optimizer, "weight_passes": weight_passes,
-            "cold_start": cold_start, "p2p": p2p,
-            "allreduce": allreduce, "allgather": allgather, "topk": topk, "overlap": overlap,
-            "handoff": handoff, "measure_s": measure_s,
+    return {"layers": layer_medians, "layer_passes": pass_spread([totals for _, totals in everyone]),
+            **measured, "measure_s": measure_s,
             "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
             "num_threads": torch.get_num_threads(),
             "device_name": _device_name(device)}
@@ -310,7 +347,8 @@ def _weight_pass_fits(items: list[dict], notes: list[str]) -> dict:
 
 def build_document(workload: Workload, model_params: dict, raw: dict, *, world_size: int, device: str,
                    backend: str, batch_sizes: Sequence[int], optimizer: str, comm_sizes: Sequence[int],
-                   repeats: int, comm_repeats: int, min_block_s: float = DEFAULT_MIN_BLOCK_S) -> dict:
+                   repeats: int, comm_repeats: int, min_block_s: float = DEFAULT_MIN_BLOCK_S,
+                   layer_passes: int = 1) -> dict:
     """The profile document (see `simulator.profile.PROFILE_FORMAT`) from the ranks' medians."""
     notes: list[str] = []
     by_level = raw["layers"]  # {k: [per active rank: time_layers rows]}
@@ -367,9 +405,11 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
         **({"overlap": {"world_size": world_size, **raw["overlap"]}} if raw.get("overlap") else {}),
         **({"handoff": raw["handoff"]} if raw.get("handoff") else {}),
         "method": {
-            "layers": f"per rank: median over {repeats} blocks of back-to-back iterations (>= {min_block_s} s "
-                      f"each) of the time per iteration; mean over the {world_size} ranks, all timing the same "
-                      "layer at once; the last layer includes the loss",
+            "layers": f"per rank: median over {layer_passes} pass(es) spread over the calibration of the "
+                      f"median over {repeats} blocks of back-to-back iterations (>= {min_block_s} s each) of the "
+                      f"time per iteration; mean over the {world_size} ranks, all timing the same layer at once; "
+                      "the last layer includes the loss",
+            **({"layer_passes": raw["layer_passes"]} if raw.get("layer_passes") else {}),
             "compute_slowdown": "k ranks at once (the others waiting at barriers): sum over layers, batch sizes "
                                 "and phases of the mean over the k ranks of their medians, / the same for "
                                 "rank 0 alone",
@@ -387,10 +427,12 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
               comm_sizes: Sequence[int] = DEFAULT_COMM_SIZES, comm_repeats: int = DEFAULT_COMM_REPEATS,
               num_threads: int = 1, models: str = "validator.models", seed: int = 0,
               min_block_s: float = DEFAULT_MIN_BLOCK_S, timeout_s: float = 1800.0, verbose: bool = True,
-              topk_densities: Sequence[float] = DEFAULT_TOPK_DENSITIES) -> dict:
+              topk_densities: Sequence[float] = DEFAULT_TOPK_DENSITIES,
+              layer_passes: int = DEFAULT_LAYER_PASSES) -> dict:
     """Measure `workload` on `world_size` local ranks, write the profile to `out_path` atomically
     and return it. `models` names the module with `build_modules`, `make_batch` and `loss_fn`;
-    `topk_densities` the densities of the top-k selection fits."""
+    `topk_densities` the densities of the top-k selection fits; `layer_passes` the sweeps over the
+    layers, spread over the calibration (`validator.layer_passes`)."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     backend = backend or ("nccl" if device == "cuda" else "gloo")
@@ -398,12 +440,14 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
         raise ValueError(f"nccl needs one GPU per rank: {world_size} ranks but {torch.cuda.device_count()} GPUs")
     if world_size < 1:
         raise ValueError("world_size must be >= 1")
+    if layer_passes < 1:
+        raise ValueError(f"layer_passes must be >= 1, got {layer_passes}")
     batch_sizes = tuple(int(b) for b in batch_sizes)
     if len(set(batch_sizes)) < 2 or min(batch_sizes) < 1:
         raise ValueError(f"need at least two distinct positive batch sizes, got {batch_sizes}")
     settings = _Settings(workload, batch_sizes, repeats, warmup, device, optimizer, tuple(comm_sizes),
                          comm_repeats, models, seed, verbose, min_block_s,
-                         tuple(sorted({float(d) for d in topk_densities})))
+                         tuple(sorted({float(d) for d in topk_densities})), layer_passes)
     config = LaunchConfig(world_size=world_size, backend=backend, device=device, timeout_s=timeout_s,
                           collective_timeout_s=max(60.0, timeout_s / 2), num_threads=num_threads)
     started = time.perf_counter()
@@ -416,7 +460,7 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
     document = build_document(workload, model_params, raw, world_size=world_size, device=device,
                               backend=backend, batch_sizes=batch_sizes, optimizer=optimizer,
                               comm_sizes=settings.comm_sizes, repeats=repeats, comm_repeats=comm_repeats,
-                              min_block_s=min_block_s)
+                              min_block_s=min_block_s, layer_passes=layer_passes)
     document["method"]["total_s"] = time.perf_counter() - started
     document["method"]["load_average_1m"] = {"before": load_before, "after": _load_average(),
                                              "num_cpus": os.cpu_count()}
@@ -454,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)))
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
+    parser.add_argument("--layer-passes", type=int, default=DEFAULT_LAYER_PASSES)
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"))
     parser.add_argument("--backend", default=None, choices=("gloo", "nccl"))
     parser.add_argument("--models", default="validator.models", help=argparse.SUPPRESS)
@@ -469,7 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     calibrate(workload, params, args.out, device=args.device, world_size=args.world_size,
               batch_sizes=[int(b) for b in args.batch_sizes.split(",")], repeats=args.repeats,
-              backend=args.backend, optimizer=args.optimizer, models=args.models)
+              backend=args.backend, optimizer=args.optimizer, models=args.models,
+              layer_passes=args.layer_passes)
     return 0
 
 

@@ -30,6 +30,9 @@ def add_commands(commands) -> None:
     calibrate.add_argument("--world-size", type=int, default=2, help="ranks measured at once (validate at the same)")
     calibrate.add_argument("--batch-sizes", default=None, help="comma list, default the validator's")
     calibrate.add_argument("--repeats", type=int, default=None)
+    calibrate.add_argument("--layer-passes", type=int, default=None,
+                           help="sweeps over the layers, spread over the calibration; each figure is the "
+                                "median over them (default 3; validator/layer_passes.py)")
 
     validate = commands.add_parser("validate", help="run plans for real and compare with the prediction")
     _add_scenario_args(validate)
@@ -59,13 +62,18 @@ def add_commands(commands) -> None:
 
 def cmd_calibrate(args) -> int:
     from validator.calibrate import DEFAULT_BATCH_SIZES, DEFAULT_REPEATS, DEFAULT_TOPK_DENSITIES, calibrate
+    from validator.layer_passes import DEFAULT_LAYER_PASSES
+    layer_passes = DEFAULT_LAYER_PASSES if args.layer_passes is None else args.layer_passes
+    if layer_passes < 1:
+        raise ScenarioError(f"--layer-passes: {layer_passes} must be at least 1")
     scenario = load_scenario(args.scenario, args.overrides)
     workload = resolve_workload(scenario.model, scenario.base_dir)
     batch_sizes = _int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else DEFAULT_BATCH_SIZES
     document = calibrate(workload, dict(scenario.model.params), args.out, device=args.device,
                          world_size=args.world_size, batch_sizes=batch_sizes,
                          repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
-                         topk_densities=sorted({*DEFAULT_TOPK_DENSITIES, scenario.strategy.compression_density}))
+                         topk_densities=sorted({*DEFAULT_TOPK_DENSITIES, scenario.strategy.compression_density}),
+                         layer_passes=layer_passes)
     if args.json:
         print(json.dumps(document, indent=1))
     return 0

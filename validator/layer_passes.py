@@ -1,0 +1,65 @@
+"""Layer timings measured in several passes spread over a calibration, combined by a median.
+
+Why: a shared VM goes through speed spells (measured on the project's 2-core machine: 1.1x and
+1.4x a quiet-core matrix-product time, alternating every few seconds). One (layer, batch size)
+measurement lasts ~0.1 s, so it samples one spell, and consecutive layers share it: a profile
+timed in one sweep is a snapshot whose every prediction moves with the spell it caught (two
+profiles of the same model minutes apart predicted the same plan 33 % apart). Timing every layer
+in `passes` sweeps, run at evenly spaced points of the calibration (between its other phases), and
+keeping per figure the median over passes makes one slow spell cost one pass, not the profile.
+The spread of the passes' totals is recorded in the profile (`method.layer_passes`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+DEFAULT_LAYER_PASSES = 3
+
+
+def pass_slots(passes: int, phases: int) -> list[int]:
+    """Before which of `phases` later phases (0..phases; `phases` = after the last) each of
+    `passes` layer sweeps runs: evenly spaced from the start to the end of the calibration."""
+    if passes < 1:
+        raise ValueError(f"layer passes must be >= 1, got {passes}")
+    if passes == 1:
+        return [0]
+    return [round(i * phases / (passes - 1)) for i in range(passes)]
+
+
+def _median_lists(lists: Sequence[Sequence[float]]) -> list[float]:
+    return [float(statistics.median(column)) for column in zip(*lists)]
+
+
+def median_over_passes(runs: Sequence[list[dict]]) -> list[dict]:
+    """`time_layers` rows of several passes -> rows of the same shape whose every figure (per
+    layer, round, phase and batch size) is the median over the passes."""
+    if not runs:
+        raise ValueError("need at least one pass")
+    merged = []
+    for entries in zip(*runs):
+        first = entries[0]
+        rounds = []
+        for records in zip(*(entry["rounds"] for entry in entries)):
+            rounds.append({key: _median_lists([record[key] for record in records])
+                           for key in ("forward_s", "backward_s")})
+        merged.append({**first, "rounds": rounds, "forward_s": rounds[0]["forward_s"],
+                       "backward_s": rounds[0]["backward_s"]})
+    return merged
+
+
+def pass_totals_s(runs: Sequence[list[dict]]) -> list[float]:
+    """Per pass: the sum of all its figures (layers, rounds, phases, batch sizes) in seconds."""
+    return [sum(sum(record["forward_s"]) + sum(record["backward_s"])
+                for entry in rows for record in entry["rounds"]) for rows in runs]
+
+
+def pass_spread(totals_by_rank: Sequence[Sequence[float]]) -> dict:
+    """The passes' totals summed over ranks, each relative to their median (1.0 = typical), and
+    the spread (max - min) / min in percent; the profile's `method.layer_passes` entry."""
+    totals = [sum(column) for column in zip(*totals_by_rank)]
+    middle = statistics.median(totals)
+    relative = [total / middle if middle > 0 else 1.0 for total in totals]
+    spread = (max(totals) - min(totals)) / min(totals) * 100 if min(totals) > 0 else 0.0
+    return {"passes": len(totals), "relative_totals": relative, "spread_pct": spread}
