@@ -120,7 +120,7 @@ def _profile_costs(scenario, args):
     if not getattr(args, "profile", None):
         return None
     from simulator.model_source import resolve_workload
-    from simulator.profile import profile_costs
+    from simulator.profile_costs import profile_costs
     return profile_costs(args.profile, resolve_workload(scenario.model, scenario.base_dir),
                          optimizer=scenario.training.optimizer)
 

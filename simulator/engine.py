@@ -4,7 +4,7 @@ Per rank there is a compute stream (Compute actions in order) and a comm stream 
 order); sends run as soon as their dependencies are done. All data movement goes through one
 flow-level network (`simulator.network.FlowNetwork`): each active flow is a phase of lock-step
 sub-flows, links are shared max-min fairly (progressive filling), and rates are recomputed whenever
-a flow starts or ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013). A calibrated cost model (`simulator.profile.ProfileCosts`) that
+a flow starts or ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013). A calibrated cost model (`simulator.profile_costs.ProfileCosts`) that
 measures communication itself (`allreduce_s`, `allgather_s`, `p2p_s`) replaces the flow model for those actions:
 its fits already contain the contention of the machine they were measured on. The engine appends immutable span tuples; everything else is
 analysis of the span table (`simulator.records`).

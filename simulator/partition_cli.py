@@ -80,7 +80,7 @@ def partition_document(scenario: Scenario, num_workers: int, profile_path: str |
     if profile_path is None:
         costs = analytic_costs(scenario, workload)
     else:
-        from simulator.profile import profile_costs
+        from simulator.profile_costs import profile_costs
         costs = profile_costs(profile_path, workload)
     batch, training = microbatch_size(scenario), scenario.training
     inputs = cluster_stage_costs(workload, costs, build_topology(scenario.cluster, scenario.base_dir), num_workers,

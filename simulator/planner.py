@@ -179,7 +179,8 @@ def _workload(model_json: str, base_dir: str):
 
 
 def _profile_costs(path: str, workload):
-    from simulator.profile import ProfileCosts, load_profile
+    from simulator.profile import load_profile
+    from simulator.profile_costs import ProfileCosts
     profile = load_profile(path)
     return ProfileCosts(profile, workload, shared_host=profile.device_kind == "cpu")
 

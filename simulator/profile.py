@@ -1,30 +1,28 @@
 """Calibration profiles: measured per-layer compute, optimizer and communication costs.
 
 The validator (`validator/calibrate.py`) measures a model on real hardware with torch and writes a
-*profile*, a JSON document; this module reads it back (`load_profile`) and turns it into a cost
-model (`ProfileCosts`) that implements the `simulator.costs.CostModel` protocol, plus the
-alpha-beta communication times the engine uses when a profile is present. Nothing here imports
-torch. The format is documented in `PROFILE_FORMAT` (below, markdown).
+*profile*, a JSON document; this module reads and checks it (`load_profile`) into a `Profile`;
+`simulator.profile_costs.ProfileCosts` turns that into the cost model (the
+`simulator.costs.CostModel` protocol, plus the alpha-beta communication times the engine uses
+when a profile is present). Nothing here imports torch. The format is documented in `PROFILE_FORMAT` (below, markdown).
 """
 
 from __future__ import annotations
 
 import bisect
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from simulator.cold_start import ColdStart, parse_cold_start
-from simulator.costs import OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
+from simulator.costs import WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.host_sharing import COMM_CLASSES, Interference
 from simulator.profile_format import PROFILE_FORMAT  # re-exported: the documented format
 from simulator.document_reader import DocumentReader as _Reader
 from simulator.document_reader import show_value as _show
-from simulator.workload import Workload
 
 FORMAT = "ghpsim-profile/1"
 
@@ -366,177 +364,3 @@ def _alpha_beta(read: _Reader, node, where: str) -> AlphaBeta:
     return AlphaBeta(read.number(node, "latency_s", f"{where}.latency_s", minimum=0),
                      read.number(node, "bandwidth_bytes_per_s", f"{where}.bandwidth_bytes_per_s", positive=True),
                      read.int_list(node, "sizes_bytes", f"{where}.sizes_bytes", optional=True))
-
-
-# ----------------------------------------------------------------------------- cost model
-
-
-def profile_costs(path, workload: Workload, optimizer: str | None = None) -> "ProfileCosts":
-    """The cost model of the calibration profile at `path` for `workload` (a CPU profile plays
-    its ranks on the host's shared cores); `optimizer`, when given, must be the one profiled."""
-    profile = load_profile(path)
-    return ProfileCosts(profile, workload, optimizer=optimizer, shared_host=profile.device_kind == "cpu")
-
-
-def streamed_allreduce_factor(profile: Profile) -> float:
-    """Time per allreduce in the overlap microbenchmark's asynchronous stream over the alpha-beta
-    fit of one at a time (same size, all ranks), at most 1; 1 without the stream or the fit.
-    Both are the profile's own microbenchmarks: a stream's allreduces overlap their latencies."""
-    stream, fit = profile.allreduce_stream, profile.allreduce.get(profile.world_size)
-    if stream is None or fit is None:
-        return 1.0
-    return min(1.0, stream.stream_s / stream.num_messages / fit.time_s(stream.size_bytes))
-
-
-class ProfileCosts:
-    """The `CostModel` of a calibration profile, for the workload it was calibrated on.
-
-    compute_s = intercept + per_sample x batch of that layer and phase; optimizer_s = intercept +
-    per_param x num_params. The fits hold with `profile.world_size` ranks computing at once; pass
-    `concurrent_ranks=k` to rescale them to k ranks computing at once (needs
-    `compute_slowdown[k]`). `optimizer` (optional) must match the profile's optimizer.
-    """
-
-    def __init__(self, profile: Profile, workload: Workload, *, optimizer: str | None = None,
-                 concurrent_ranks: int | None = None, shared_host: bool = False):
-        self.profile = profile
-        self.workload = workload
-        self.host_parallelism = None
-        self.interference = None
-        self.handoff_s = 0.0
-        self.streamed_allreduce_factor = 1.0
-        """An allreduce queued behind another on its rank takes its fit times this (shared hosts)."""
-        """Added to every point-to-point arrival (the `handoff` section; shared hosts only)."""
-        if shared_host:
-            # Ranks share the host's cores: the engine plays every compute and communication job
-            # on a processor-sharing pool of parallelism P = W / slowdown(W) (W ranks computing at
-            # once each ran slowdown(W) times slower than alone); compute fits become alone times.
-            concurrent_ranks = 1
-            world = profile.world_size
-            self.host_parallelism = world / self.slowdown(world) if world > 1 else 1.0
-            self.interference = profile.overlap
-            self.streamed_allreduce_factor = streamed_allreduce_factor(profile)
-            if profile.handoff is not None and profile.p2p is not None:
-                idle_s = profile.p2p.time_s(profile.handoff.size_bytes)
-                self.handoff_s = max(0.0, profile.handoff.mean_delay_s - idle_s)
-        _check_model(profile, workload)
-        if optimizer is not None and optimizer != profile.optimizer_name:
-            raise ScenarioError(
-                f"{profile.source}: optimizer.name: the profile timed {profile.optimizer_name!r} but the "
-                f"scenario trains with {optimizer!r}; recalibrate with optimizer={optimizer!r}")
-        self.scale = 1.0
-        if concurrent_ranks is not None:
-            self.scale = self.slowdown(concurrent_ranks) / self.slowdown(profile.world_size)
-        self._forward = [layer.forward for layer in profile.layers]
-        self._backward = [layer.backward for layer in profile.layers]
-        self.cold_start = profile.cold_start
-        """Read by the engine, which knows how long each pass's operands sat untouched."""
-
-    def slowdown(self, num_ranks: int) -> float:
-        """compute_slowdown[num_ranks] of the profile; ScenarioError naming the levels measured."""
-        table = self.profile.compute_slowdown
-        if num_ranks not in table:
-            raise ScenarioError(
-                f"{self.profile.source}: compute_slowdown: no factor for {num_ranks} ranks computing at once; "
-                f"measured: {', '.join(str(k) for k in table)}")
-        return table[num_ranks]
-
-    def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
-        if phase == "F":
-            fit = self._forward[layer_index]
-        elif phase == "B":
-            fit = self._backward[layer_index]
-        else:
-            raise ValueError(f"unknown phase {phase!r} (expected 'F' or 'B')")
-        return self.scale * fit.at(batch)
-
-    def optimizer_s(self, num_params: int) -> float:
-        if num_params <= 0:
-            return 0.0
-        return self.profile.optimizer.at(num_params)
-
-    def weight_pass_s(self, name: str, num_params: int) -> float:
-        """A stash / predict / accumulate pass over `num_params` weights: the profile's
-        `weight_passes` fit; older profiles: scaled from the update by the fp32 words moved,
-        intercept_s + per_param_s x num_params x 4 WEIGHT_PASS_WORDS[name] / OPTIMIZER_BYTES_PER_PARAM."""
-        if num_params <= 0:
-            return 0.0
-        fit = self.profile.weight_passes.get(name)
-        if fit is not None:
-            return fit.at(num_params)
-        update = self.profile.optimizer
-        update_bytes_per_param = OPTIMIZER_BYTES_PER_PARAM[self.profile.optimizer_name]
-        return update.intercept_s + update.per_unit_s * num_params * 4 * WEIGHT_PASS_WORDS[name] / update_bytes_per_param
-
-    def p2p_s(self, size_bytes: float) -> float:
-        """One-way point-to-point time of `size_bytes` (alpha + S / beta)."""
-        if size_bytes <= 0:
-            return 0.0
-        if self.profile.p2p is None:
-            raise ScenarioError(f"{self.profile.source}: p2p: not profiled (world_size 1); "
-                                "recalibrate with world_size >= 2")
-        return self.profile.p2p.time_s(size_bytes)
-
-    def allreduce_s(self, size_bytes: float, num_ranks: int) -> float:
-        """Allreduce of a `size_bytes` buffer among `num_ranks` ranks, from the fit for that group size."""
-        if num_ranks <= 1 or size_bytes <= 0:
-            return 0.0
-        fit = self.profile.allreduce.get(num_ranks)
-        if fit is None:
-            sizes = ", ".join(str(g) for g in self.profile.allreduce) or "none"
-            raise ScenarioError(
-                f"{self.profile.source}: allreduce: no fit for a group of {num_ranks} ranks; "
-                f"profiled group sizes: {sizes}")
-        return fit.time_s(size_bytes)
-
-
-    def allgather_s(self, size_bytes: float, num_ranks: int) -> float:
-        """Allgather among `num_ranks` ranks, each contributing `size_bytes` (alpha + S / beta of the
-        fit for that group size); ScenarioError if the profile has none (older profiles)."""
-        if num_ranks <= 1 or size_bytes <= 0:
-            return 0.0
-        fit = self.profile.allgather.get(num_ranks)
-        if fit is None:
-            sizes = ", ".join(str(g) for g in self.profile.allgather) or "none (calibrated before top-k support)"
-            raise ScenarioError(
-                f"{self.profile.source}: allgather: no fit for a group of {num_ranks} ranks (top-k compression "
-                f"needs one); profiled group sizes: {sizes}; recalibrate with `ghpsim calibrate`")
-        return fit.time_s(size_bytes)
-
-    def topk_s(self, num_elements: float, density: float | None = None) -> float:
-        """Top-k selection over `num_elements` at `density`, from the profile's fit at that density
-        (rescaled like the layer fits); ScenarioError naming the densities profiled if none."""
-        if num_elements <= 0:
-            return 0.0
-        fits = self.profile.topk
-        fit = next((f for d, f in fits.items() if density is None or math.isclose(d, density, rel_tol=1e-9)), None)
-        if fit is None:
-            measured = ", ".join(f"{d:g}" for d in fits) or "none (calibrated before top-k support)"
-            raise ScenarioError(
-                f"{self.profile.source}: topk: no top-k selection fit at strategy.compression_density "
-                f"{density}; profiled densities: {measured}; recalibrate with that density")
-        return self.scale * fit.at(num_elements)
-
-
-def _check_model(profile: Profile, workload: Workload) -> None:
-    """Same name, layer count and layer names; same parameter count and forward FLOPs if recorded."""
-    names = tuple(layer.name for layer in workload.layers)
-    profiled = tuple(layer.name for layer in profile.layers)
-    differences = []
-    if profile.model_name.lower() != workload.name.lower():
-        differences.append("model names differ")
-    if profile.num_layers != workload.num_layers:
-        differences.append("layer counts differ")
-    elif profiled != names:
-        differences.append("layer names differ")
-    if profile.model_num_params is not None and profile.model_num_params != workload.num_params:
-        differences.append(f"{profile.model_num_params} vs {workload.num_params} parameters")
-    flops = profile.model_forward_flops_per_sample
-    if flops is not None and not math.isclose(flops, workload.forward_flops_per_sample, rel_tol=1e-6):
-        differences.append(f"{flops:.6g} vs {workload.forward_flops_per_sample:.6g} forward FLOPs per sample")
-    if differences:
-        params = f" {dict(profile.model_params)}" if profile.model_params else ""
-        raise ScenarioError(
-            f"{profile.source}: model: the profile was calibrated for {profile.model_name!r}{params} with "
-            f"{profile.num_layers} layers, but the workload is {workload.name!r} with {workload.num_layers} "
-            f"layers ({'; '.join(differences)})")

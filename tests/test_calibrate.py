@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from simulator.profile import ProfileCosts, load_profile  # noqa: E402
+from simulator.profile import load_profile  # noqa: E402
+from simulator.profile_costs import ProfileCosts  # noqa: E402
 from simulator.zoo import build_model  # noqa: E402
 from validator.microbench import ClampedFitWarning, fit_line, fit_linear, time_layers, time_optimizer  # noqa: E402
 

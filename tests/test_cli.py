@@ -140,7 +140,8 @@ def test_simulate_and_compare_with_a_calibration_profile(capsys):
     not the analytic model's."""
     from simulator.compare import with_strategy
     from simulator.model_source import resolve_workload
-    from simulator.profile import ProfileCosts, load_profile
+    from simulator.profile import load_profile
+    from simulator.profile_costs import ProfileCosts
 
     overrides = ("--set", "cluster.gpus_per_node=2", "--set", "strategy.kind=mp")
     scenario = load_scenario(MLP_CPU, ["cluster.gpus_per_node=2", "strategy.kind=mp"])

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from simulator.errors import ScenarioError
-from simulator.profile import ProfileCosts, load_profile
+from simulator.profile import load_profile
+from simulator.profile_costs import ProfileCosts
 from tests.helpers import FixedCosts, Topology, link, run_grid, toy_workload
 from tests.test_profile import document, workload
 from validator.handoff_bench import handoff_summary

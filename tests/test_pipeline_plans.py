@@ -202,7 +202,8 @@ def test_replicated_stages_average_their_gradients_before_the_update():
 def test_weight_pass_costs_analytic_and_profiled():
     from simulator.costs import AnalyticCosts
     from simulator.hardware import resolve_gpu
-    from simulator.profile import ProfileCosts, profile_from_dict
+    from simulator.profile import profile_from_dict
+    from simulator.profile_costs import ProfileCosts
     from tests.test_profile import document
     from tests.test_profile import workload as mlp
 

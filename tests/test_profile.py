@@ -9,7 +9,8 @@ import pytest
 
 from simulator.costs import BACKWARD, FORWARD, single_device_step_s
 from simulator.errors import ScenarioError
-from simulator.profile import FORMAT, PROFILE_FORMAT, ProfileCosts, load_profile, profile_from_dict
+from simulator.profile import FORMAT, PROFILE_FORMAT, load_profile, profile_from_dict
+from simulator.profile_costs import ProfileCosts
 from simulator.zoo import build_model
 
 PARAMS = dict(input_dim=64, hidden_dim=64, num_hidden_layers=2, num_classes=10)

@@ -308,7 +308,8 @@ def test_scenario_with_profile_uses_the_profile_costs(capsys, tmp_path):
     `ghpsim validate` predicts), and the report names the profile."""
     from simulator.compare import with_strategy
     from simulator.model_source import resolve_workload
-    from simulator.profile import ProfileCosts, load_profile
+    from simulator.profile import load_profile
+    from simulator.profile_costs import ProfileCosts
     from simulator.simulate import simulate
 
     scenario_path = ROOT / "scenarios" / "validation" / "mlp_cpu.yaml"

@@ -120,7 +120,8 @@ def _profile_document(with_sparse: bool) -> dict:
 
 
 def _profiled_dp_spans(doc: dict, density: float = 0.1):
-    from simulator.profile import ProfileCosts, profile_from_dict
+    from simulator.profile import profile_from_dict
+    from simulator.profile_costs import ProfileCosts
     from tests.test_profile import workload
     profile = profile_from_dict(doc, "p.json")
     work = workload()
@@ -151,7 +152,8 @@ def test_a_profile_without_the_fits_is_a_one_line_error_naming_them(with_sparse,
 
 def test_an_old_profile_cannot_time_the_allgather():
     from simulator.errors import ScenarioError
-    from simulator.profile import ProfileCosts, profile_from_dict
+    from simulator.profile import profile_from_dict
+    from simulator.profile_costs import ProfileCosts
     from tests.test_profile import workload
     costs = ProfileCosts(profile_from_dict(_profile_document(with_sparse=False), "p.json"), workload())
     with pytest.raises(ScenarioError, match=r"^p.json: allgather: no fit for a group of 2 ranks"):
@@ -169,7 +171,8 @@ def test_analytic_selection_is_a_memory_bound_pass():
 
 
 def test_selection_fit_interpolates_the_medians_inside_their_range_and_uses_the_line_outside():
-    from simulator.profile import ProfileCosts, profile_from_dict
+    from simulator.profile import profile_from_dict
+    from simulator.profile_costs import ProfileCosts
     from tests.test_profile import workload
     doc = _profile_document(with_sparse=True)
     doc["topk"]["0.1"]["medians_s"] = [1e-4, 4e-3]  # elements 4096, 65536

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from simulator.compare import with_strategy
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
-from simulator.profile import profile_costs
+from simulator.profile_costs import profile_costs
 from simulator.records import device_breakdown
 from simulator.scenario import Scenario
 from simulator.schedules.steady_state import steady_state_plan, steady_state_window

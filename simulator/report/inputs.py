@@ -16,7 +16,8 @@ import pandas as pd
 from simulator.compare import _feasible_groups, compare, parse_strategy_specs, with_strategy
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
-from simulator.profile import ProfileCosts, load_profile
+from simulator.profile import load_profile
+from simulator.profile_costs import ProfileCosts
 from simulator.scenario import Scenario, load_scenario
 from simulator.simulate import SimulationResult, naming_source, simulate
 from simulator.tables import strategy_label
