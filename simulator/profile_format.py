@@ -27,6 +27,7 @@ listed here are allowed and ignored by `load_profile` (the validator adds raw me
 | `topk` | `{"<density>": TOPK_FIT}` | optional (as `allgather`): the top-k selection pass at that density; see below |
 | `overlap` | `{"world_size", "collective": OVERLAP, "p2p": OVERLAP}` | optional (CPU profiles from the overlap microbenchmark on): see below |
 | `handoff` | `{"world_size", "size_bytes", "mean_delay_s", "median_delay_s", ...}` | optional (CPU profiles at world_size >= 2): a message's delay from send to a waiting receiver while other ranks compute (`validator.handoff_bench`); on a shared host every point-to-point arrival comes `mean_delay_s - p2p(size_bytes)` (at least 0) later than the ping-pong fit says |
+| `method` | `{"layers", "comm", "measure_s", "layer_passes": {"passes", "relative_totals", "spread_pct"}, ...}` | optional, ignored by the loader: how the figures were taken; `layer_passes` the sweeps over the layers (`validator.layer_passes`; each layer figure is the median over them) and each sweep's total over their median |
 
 * `FIT` = `{"intercept_s": >= 0, "per_sample_s": >= 0}`: the pass of that layer on a batch of `b`
   samples takes `intercept_s + per_sample_s x b` seconds (least squares over `batch_sizes`).
