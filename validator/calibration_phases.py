@@ -1,0 +1,249 @@
+"""The measuring side of a calibration: what every rank runs (`rank_main`), phase by phase.
+
+`validator.calibrate` spawns the ranks, fits their medians and writes the profile; the order of
+the phases and what each measures is described there. Here: the layer sweeps spread over the
+calibration (`validator.layer_passes`), the phases between them (`PHASES`), and the machine's CPU
+accounting around them.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from simulator.workload import Workload
+from validator.cold_bench import time_cold_start
+from validator.handoff_bench import time_handoffs
+from validator.layer_passes import (DEFAULT_LAYER_PASSES, median_over_passes, pass_slots, pass_spread,
+                                   pass_totals_s)
+from validator.microbench import (agree_max, load_models_module, time_allgather, time_allreduce, time_layers,
+                                  time_optimizer, time_p2p, time_topk)
+from validator.overlap_bench import (DEFAULT_OVERLAP_BYTES, DEFAULT_OVERLAP_MESSAGES, OVERLAP_KINDS,
+                                     model_steps, time_overlap)
+from validator.weight_pass_bench import time_weight_passes
+
+DEFAULT_TOPK_DENSITIES = (0.001, 0.01, 0.1)
+"""Densities of the top-k selection fits (strategy.compression_density; default 0.01)."""
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    workload: Workload
+    batch_sizes: tuple[int, ...]
+    repeats: int
+    warmup: int
+    device: str
+    optimizer: str
+    comm_sizes: tuple[int, ...]
+    comm_repeats: int
+    models: str
+    seed: int
+    verbose: bool
+    min_block_s: float
+    topk_densities: tuple[float, ...] = DEFAULT_TOPK_DENSITIES
+    layer_passes: int = DEFAULT_LAYER_PASSES
+
+
+def say(settings: CalibrationSettings, message: str) -> None:
+    if settings.verbose and dist.get_rank() == 0:
+        print(f"[calibrate] {message}", file=sys.stderr, flush=True)
+
+
+def _divisors(world_size: int, minimum: int = 2) -> list[int]:
+    return [g for g in range(minimum, world_size + 1) if world_size % g == 0]
+
+
+def _parameter_sets(modules) -> list[list[torch.Tensor]]:
+    """The parameters of each single layer and of each prefix of layers (distinct, non-empty)."""
+    per_layer = [list(module.parameters()) for module in modules]
+    sets, seen = [], set()
+    for end in range(1, len(per_layer) + 1):
+        for candidate in (per_layer[end - 1], [p for layer in per_layer[:end] for p in layer]):
+            key = tuple(id(p) for p in candidate)
+            if candidate and key not in seen:
+                seen.add(key)
+                sets.append(candidate)
+    return sets
+
+
+def _topk_sizes(num_params: int) -> list[int]:
+    """4096 x 4^j elements below the model's parameter count, then the count itself (>= 2 sizes)."""
+    sizes = [4096]
+    while sizes[-1] * 4 < num_params:
+        sizes.append(sizes[-1] * 4)
+    return sizes + [num_params if num_params > sizes[-1] else 2 * sizes[-1]]
+
+
+def _measure_updates(settings: CalibrationSettings, device: str, rank: int) -> dict:
+    """Optimizer updates and the asynchronous runtimes' weight passes, all ranks at once."""
+    world = dist.get_world_size()
+    modules = load_models_module(settings.models).build_modules(settings.workload, seed=settings.seed)
+    timing = dict(repeats=settings.repeats, device=device, warmup=settings.warmup, barrier=dist.barrier,
+                  agree=agree_max, min_block_s=settings.min_block_s)
+    say(settings, f"optimizer {settings.optimizer}: {world} ranks at once")
+    optimizer = time_optimizer(settings.optimizer, _parameter_sets(modules), **timing)
+    say(settings, f"weight passes (stash, predict, accumulate): {world} ranks at once")
+    return {"optimizer": optimizer, "weight_passes": time_weight_passes(_parameter_sets(modules), **timing)}
+
+
+def _measure_cold_and_topk(settings: CalibrationSettings, device: str, rank: int) -> dict:
+    """Cold start (on a CPU host no more ranks at once than cores) and top-k selection."""
+    world = dist.get_world_size()
+    cold_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
+    say(settings, f"cold start: layers at batch {cold_batch} and the update, back to back and after a pause")
+    cold_start = time_cold_start(settings.workload, cold_batch, settings.optimizer, pairs=settings.repeats,
+                                 device=device, models=settings.models, seed=settings.seed, barrier=dist.barrier,
+                                 active=device != "cpu" or rank < (os.cpu_count() or 1))
+    topk = {}
+    for density in settings.topk_densities:
+        say(settings, f"top-k selection at density {density}: {world} ranks at once")
+        topk[density] = time_topk(_topk_sizes(settings.workload.num_params), density, repeats=settings.repeats,
+                                  device=device, warmup=settings.warmup, barrier=dist.barrier, agree=agree_max,
+                                  min_block_s=settings.min_block_s)
+    return {"cold_start": cold_start, "topk": topk}
+
+
+def _concurrent_groups(settings: CalibrationSettings, g: int, timer) -> dict:
+    """`timer` run by world / g groups of g consecutive ranks at once; medians averaged over groups."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    groups = [dist.new_group(list(range(start, start + g))) for start in range(0, world, g)]
+    mine = None if g == world else groups[rank // g]
+    medians = timer(settings.comm_sizes, settings.comm_repeats, group=mine, warmup=settings.warmup)
+    group_medians = [None] * world
+    dist.all_gather_object(group_medians, medians)
+    per_group = [group_medians[start] for start in range(0, world, g)]
+    return {"medians_s": [sum(col) / len(col) for col in zip(*per_group)], "concurrent_groups": world // g}
+
+
+def _measure_comm(settings: CalibrationSettings, device: str, rank: int) -> dict:
+    """p2p ping-pong between ranks 0 and 1; allreduce and allgather per group size."""
+    world = dist.get_world_size()
+    p2p = None
+    if world >= 2:
+        say(settings, f"p2p ping-pong ranks 0-1, {len(settings.comm_sizes)} sizes")
+        p2p = time_p2p(settings.comm_sizes, settings.comm_repeats, settings.warmup)
+    allreduce, allgather = {}, {}
+    for g in _divisors(world):
+        say(settings, f"allreduce: {world // g} group(s) of {g} at once")
+        allreduce[g] = _concurrent_groups(settings, g, time_allreduce)
+        say(settings, f"allgather: {world // g} group(s) of {g} at once")
+        allgather[g] = _concurrent_groups(settings, g, time_allgather)
+    return {"p2p": p2p, "allreduce": allreduce, "allgather": allgather}
+
+
+def _measure_overlap(settings: CalibrationSettings, device: str, rank: int) -> dict:
+    """Shared cores (CPU, >= 2 ranks): how compute and communication slow each other; handoffs."""
+    world = dist.get_world_size()
+    overlap, handoff = {}, None
+    if world >= 2 and device == "cpu":
+        steps = model_steps(settings.workload, settings.batch_sizes[len(settings.batch_sizes) // 2],
+                            load_models_module(settings.models), seed=settings.seed)
+        for kind in OVERLAP_KINDS:
+            say(settings, f"overlap: compute with a {kind} stream, {world} ranks at once")
+            overlap[kind] = time_overlap(steps, kind, DEFAULT_OVERLAP_BYTES[kind], DEFAULT_OVERLAP_MESSAGES[kind],
+                                         repeats=settings.repeats, warmup=settings.warmup)
+        say(settings, f"handoff: messages along a chain of {world} computing ranks")
+        handoff = time_handoffs(steps, repeats=settings.repeats + 3, warmup=settings.warmup)
+    return {"overlap": overlap, "handoff": handoff}
+
+
+_PHASES = (_measure_updates, _measure_cold_and_topk, _measure_comm, _measure_overlap)
+"""The calibration's phases after (and between) the layer passes, in order."""
+
+
+def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
+    world = dist.get_world_size()
+    device = settings.device
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    workload = settings.workload
+    dist.barrier()
+    started = time.perf_counter()
+    machine_before, own_before = _machine_cpu(), _own_cpu_s()
+
+    levels = [world] + [k for k in _divisors(world, minimum=1) if k < world]
+    slots = pass_slots(settings.layer_passes, len(_PHASES))
+    runs, measured = [], {}
+    for slot in range(len(_PHASES) + 1):
+        for _ in range(slots.count(slot)):
+            say(settings, f"layers, pass {len(runs) + 1} of {len(slots)}: {workload.num_layers} layers x "
+                           f"{len(settings.batch_sizes)} batch sizes, with {' / '.join(map(str, levels))} "
+                           "rank(s) computing at once")
+            runs.append(time_layers(workload, settings.batch_sizes, barrier=dist.barrier,
+                                    rounds=[rank < k for k in levels], repeats=settings.repeats,
+                                    warmup=settings.warmup, device=device, models=settings.models,
+                                    seed=settings.seed, agree=agree_max, min_block_s=settings.min_block_s))
+        if slot < len(_PHASES):
+            measured.update(_PHASES[slot](settings, device, rank))
+    everyone = [None] * world
+    dist.all_gather_object(everyone, (median_over_passes(runs), pass_totals_s(runs)))
+    layer_medians = {}  # {k: [per active rank: rows with forward_s / backward_s of that level]}
+    for position, k in enumerate(levels):
+        layer_medians[k] = [[entry["rounds"][position] for entry in rank_rows] for rank_rows, _ in everyone[:k]]
+    dist.barrier()
+    measure_s = time.perf_counter() - started
+    machine_after, own_after = _machine_cpu(), _own_cpu_s()
+    cpu_s = [None] * world
+    dist.all_gather_object(cpu_s, own_after - own_before)
+    if rank != 0:
+        return None
+    return {"layers": layer_medians, "layer_passes": pass_spread([totals for _, totals in everyone]),
+            **measured, "measure_s": measure_s,
+            "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
+            "num_threads": torch.get_num_threads(),
+            "device_name": _device_name(device)}
+
+
+def _machine_cpu() -> tuple[float, float] | None:
+    """(busy, steal) CPU seconds of the whole machine so far, from /proc/stat; None elsewhere."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _background_cpu(before, after, ranks_cpu_s: float, wall_s: float) -> dict | None:
+    """CPU time used during the measurements by anything but the ranks (other processes,
+    including the launcher): they share the cores and distort the figures."""
+    if before is None or after is None:
+        return None
+    others = max(0.0, after[0] - before[0] - ranks_cpu_s)
+    cpus = os.cpu_count() or 1
+    return {"wall_s": wall_s, "num_cpus": cpus, "other_processes_cpu_s": others, "steal_s": after[1] - before[1],
+            "share_of_machine": others / (wall_s * cpus) if wall_s > 0 else 0.0}
+
+
+def load_average() -> float | None:
+    """The host's 1-minute load average (recorded: other processes distort CPU timings)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
