@@ -26,7 +26,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import DEFAULT_REPEATS, calibrate
 from validator.measure import RunOptions
-from validator.report import launch_spread_summary
+from validator.report import jitter_summary, launch_spread_summary
 from validator.speed_probe import reference_kernel_s
 from validator.validate import validate
 
@@ -96,6 +96,8 @@ def main() -> int:
           f"(target <= 20) | median |error| {statistics.median(errors):.1f} % | 1-min load average at start "
           f"{load:.2f} on {os.cpu_count()} CPUs")
     print(launch_spread_summary(frame))
+    if jitter_summary(frame):
+        print(jitter_summary(frame))
     for world_size, group in frame.groupby("world_size"):
         dense, sparse = group.iloc[0], group.iloc[1]
         predicted = "topk" if sparse["predicted_s"] < dense["predicted_s"] else "dense"

@@ -25,7 +25,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import calibrate
 from validator.measure import RunOptions
-from validator.report import launch_spread_summary
+from validator.report import jitter_summary, launch_spread_summary
 from validator.speed_probe import reference_kernel_s
 from validator.validate import validate
 
@@ -70,6 +70,7 @@ def main() -> int:
                 row["machine_drift"] = drift
                 rows.append(row)
                 print(f"{name:16s} ws={world_size} {row['strategy']:16s} predicted {row['predicted_s'] * 1e3:8.2f} ms "
+                      f"(jitter {row.get('predicted_jitter_s', float('nan')) * 1e3:6.2f}) "
                       f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} % "
                       f"(launches spread {row['launch_spread_pct']:.0f} %)", flush=True)
     frame = pd.DataFrame(rows)
@@ -78,6 +79,8 @@ def main() -> int:
     print(f"\ncases {len(frame)} | MAPE {errors.mean():.1f} % (target <= 10) | worst {errors.max():.1f} % "
           f"(target <= 20) | median |error| {statistics.median(errors):.1f} %")
     print(launch_spread_summary(frame))
+    if jitter_summary(frame):
+        print(jitter_summary(frame))
     for (model, world_size), group in frame.groupby(["model", "world_size"]):
         predicted = group.loc[group["predicted_s"].idxmin(), "strategy"]
         measured = group.loc[group["measured_s"].idxmin(), "strategy"]

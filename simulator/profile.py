@@ -20,6 +20,7 @@ from simulator.cold_start import ColdStart, parse_cold_start
 from simulator.costs import WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.host_sharing import COMM_CLASSES, Interference
+from simulator.pass_jitter import PassJitter, parse_pass_jitter
 from simulator.profile_format import PROFILE_FORMAT  # re-exported: the documented format
 from simulator.document_reader import DocumentReader as _Reader
 from simulator.document_reader import show_value as _show
@@ -132,6 +133,8 @@ class Profile:
     """stash / predict / accumulate fits vs parameters (`PASS_FIT`); empty in older profiles."""
     cold_start: ColdStart | None = None
     """Slowdown of passes over operands untouched for a while (`simulator.cold_start`); None in older profiles."""
+    pass_jitter: PassJitter | None = None
+    """Whole-model pass times per rank, pass after pass (`simulator.pass_jitter`); None in older profiles."""
     model_layer_names: tuple[str, ...] | None = None
     model_num_params: int | None = None
     model_forward_flops_per_sample: float | None = None
@@ -273,6 +276,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         allreduce_stream=allreduce_stream,
         handoff=handoff, weight_passes=weight_passes,
         cold_start=parse_cold_start(read, document, len(layers)),
+        pass_jitter=parse_pass_jitter(read, document),
         model_layer_names=tuple(layer_names) if layer_names is not None else None,
         model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,
         document=document,

@@ -71,6 +71,8 @@ class ProfileCosts:
         self._backward = [layer.backward for layer in profile.layers]
         self.cold_start = profile.cold_start
         """Read by the engine, which knows how long each pass's operands sat untouched."""
+        self.pass_jitter = profile.pass_jitter
+        """Read by `simulator.pass_jitter.jittered_prediction` (the validator's prediction)."""
 
     def slowdown(self, num_ranks: int) -> float:
         """compute_slowdown[num_ranks] of the profile; ScenarioError naming the levels measured."""

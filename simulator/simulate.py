@@ -64,11 +64,8 @@ def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workl
         costs = costs or analytic_costs(scenario, workload)
         topology = build_topology(scenario.cluster)
         plan = compile_plan(scenario, workload, topology, costs)
-        engine_costs = costs
-        if "rank_workload" in plan.meta:  # tensor parallelism: each rank computes its share of every layer
-            from simulator.strategies.tensor import rank_costs
-            engine_costs = rank_costs(costs, plan.meta["rank_workload"])
-    result = Engine(plan, topology, engine_costs, scenario.strategy.num_parameter_servers).run()
+        played_costs = engine_costs(plan, costs)
+    result = Engine(plan, topology, played_costs, scenario.strategy.num_parameter_servers).run()
     spans = span_table(result.spans)
     step_time_s = float(spans["end_s"].max()) if len(spans) else 0.0
     baseline_s = single_device_step_s(costs, workload, scenario.training.global_batch_size)
@@ -78,6 +75,15 @@ def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workl
         finish_summary(summary, plan, topology)
     summary["wall_s"] = time.perf_counter() - started
     return SimulationResult(scenario, workload, plan, spans, summary)
+
+
+def engine_costs(plan: Plan, costs: CostModel) -> CostModel:
+    """The cost model the engine plays `plan` with: `costs`, or under tensor parallelism each rank's
+    share of every layer."""
+    if "rank_workload" in plan.meta:
+        from simulator.strategies.tensor import rank_costs
+        return rank_costs(costs, plan.meta["rank_workload"])
+    return costs
 
 
 def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_time_s, baseline_s, costs=None) -> dict:

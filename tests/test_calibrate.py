@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 import warnings
 
@@ -97,7 +98,7 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     started = time.perf_counter()
     document = calibrate(workload, params, out, world_size=2, batch_sizes=(4, 32), repeats=3, warmup=1,
                          comm_sizes=(4096, 65536, 1 << 20), comm_repeats=3, models=MODELS, verbose=False,
-                         layer_passes=2)
+                         layer_passes=2, jitter_passes=3)
     elapsed = time.perf_counter() - started
     assert elapsed < 60, f"quick calibration took {elapsed:.1f} s"
     assert out.is_file()
@@ -135,8 +136,15 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert sum(spread["relative_totals"]) == pytest.approx(2.0)
     assert spread["spread_pct"] >= 0 and "median over 2 pass(es)" in document["method"]["layers"]
 
+    jitter = document["pass_jitter"]  # a burst of 3 whole-model passes before, between and after the 4 phases
+    assert jitter["batch_size"] == 32 and jitter["passes_per_burst"] == 3
+    assert set(jitter["levels"]) == {"2"} and len(jitter["levels"]["2"]) == 5 * 3
+    assert all(len(row) == 2 and min(row) > 0 for row in jitter["levels"]["2"])
+    factors = profile.pass_jitter.levels[2]
+    assert statistics.median(f for row in factors for f in row) == pytest.approx(1.0)
+
     costs = ProfileCosts(profile, workload, optimizer="sgd")
-    assert costs.cold_start is profile.cold_start
+    assert costs.cold_start is profile.cold_start and costs.pass_jitter is profile.pass_jitter
     assert costs.compute_s(0, "F", 32) > 0 and costs.compute_s(2, "B", 4) > 0
     assert costs.optimizer_s(workload.num_params) > 0
     assert costs.weight_pass_s("stash", workload.num_params) > 0

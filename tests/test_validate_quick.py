@@ -19,7 +19,8 @@ SMALL = ["--set", "cluster.gpus_per_node=2", "--set", "model.params.hidden_dim=2
 def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, capsys):
     profile = tmp_path / "profile.json"
     assert main(["calibrate", "--scenario", SCENARIO, *SMALL, "--world-size", "2", "--out", str(profile),
-                 "--batch-sizes", "8,32", "--repeats", "5", "--layer-passes", "2"]) == 0
+                 "--batch-sizes", "8,32", "--repeats", "5", "--layer-passes", "2",
+                 "--jitter-passes", "3"]) == 0
     capsys.readouterr()
     out = tmp_path / "validation"
     assert main(["validate", SCENARIO, *SMALL, "--profile", str(profile), "--strategies", "dp,mp",
@@ -29,6 +30,11 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
     for row in report["rows"]:
         assert row["measured_s"] > 0 and row["predicted_s"] > 0
         assert abs(row["error_pct"]) < 75, row
+        # the prediction under the profile's pass jitter: a median inside its own 10-90 % band,
+        # set beside the measured steps' band
+        assert row["predicted_p10_s"] <= row["predicted_jitter_s"] <= row["predicted_p90_s"]
+        assert row["measured_p10_s"] <= row["measured_s"] <= row["measured_p90_s"]
+        assert row["jitter_ranks_at_once"] == 2
         # two launches pooled: the median of all 8 steps lies between the launches' own medians
         assert row["launches"] == 2
         assert row["launch_median_min_s"] <= row["measured_s"] <= row["launch_median_max_s"]
@@ -47,6 +53,15 @@ def test_validate_with_a_profile_of_another_model_is_a_one_line_error(tmp_path, 
     assert code == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and str(profile) in error and "Traceback" not in error
+
+
+def test_calibrate_with_negative_jitter_passes_is_a_one_line_error(tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    code = main(["calibrate", "--scenario", SCENARIO, *SMALL, "--out", str(profile), "--jitter-passes", "-1"])
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "--jitter-passes: -1" in error
+    assert not profile.exists()
 
 
 def test_validate_with_zero_repeats_is_a_one_line_error(tmp_path, capsys):

@@ -20,6 +20,10 @@
    calibration, before, between and after the phases below, and each figure is the median over
    the sweeps, so that a speed spell of a shared host costs one sweep, not the profile
    (`validator.layer_passes`; the sweeps' spread is recorded as `method.layer_passes`).
+   After every sweep, **whole-model passes** (`validator.pass_jitter_bench`): forward + backward
+   of the whole model at the middle batch size, each after a barrier, all ranks at once; every
+   pass's time on every rank goes into `pass_jitter` (how much a step's slowest rank is slower
+   than the typical pass: `simulator.pass_jitter`).
 2. **Optimizer, all ranks at once**: one update (step, then the gradients zeroed, as the runtimes
    do) over the parameters of each layer and of each prefix of layers (the stages a plan can
    have), fitted against the number of parameters; then, on the same sets, the asynchronous
@@ -70,6 +74,7 @@ from validator.calibration_phases import DEFAULT_TOPK_DENSITIES, CalibrationSett
 from validator.launch import LaunchConfig, spawn
 from validator.layer_passes import DEFAULT_LAYER_PASSES
 from validator.microbench import DEFAULT_MIN_BLOCK_S, fit_line
+from validator.pass_jitter_bench import DEFAULT_JITTER_PASSES
 from validator.weight_pass_bench import WEIGHT_PASSES
 
 DEFAULT_BATCH_SIZES = (4, 16, 64)
@@ -176,6 +181,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
                  for density, items in sorted(raw.get("topk", {}).items())},
         **({"overlap": {"world_size": world_size, **raw["overlap"]}} if raw.get("overlap") else {}),
         **({"handoff": raw["handoff"]} if raw.get("handoff") else {}),
+        **({"pass_jitter": raw["pass_jitter"]} if raw.get("pass_jitter") else {}),
         "method": {
             "layers": f"per rank: median over {layer_passes} pass(es) spread over the calibration of the "
                       f"median over {repeats} blocks of back-to-back iterations (>= {min_block_s} s each) of the "
@@ -200,11 +206,12 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
               num_threads: int = 1, models: str = "validator.models", seed: int = 0,
               min_block_s: float = DEFAULT_MIN_BLOCK_S, timeout_s: float = 1800.0, verbose: bool = True,
               topk_densities: Sequence[float] = DEFAULT_TOPK_DENSITIES,
-              layer_passes: int = DEFAULT_LAYER_PASSES) -> dict:
+              layer_passes: int = DEFAULT_LAYER_PASSES, jitter_passes: int = DEFAULT_JITTER_PASSES) -> dict:
     """Measure `workload` on `world_size` local ranks, write the profile to `out_path` atomically
     and return it. `models` names the module with `build_modules`, `make_batch` and `loss_fn`;
     `topk_densities` the densities of the top-k selection fits; `layer_passes` the sweeps over the
-    layers, spread over the calibration (`validator.layer_passes`)."""
+    layers, spread over the calibration (`validator.layer_passes`); `jitter_passes` the whole-model
+    passes timed after each sweep (`validator.pass_jitter_bench`; 0: none)."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     backend = backend or ("nccl" if device == "cuda" else "gloo")
@@ -214,12 +221,15 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
         raise ValueError("world_size must be >= 1")
     if layer_passes < 1:
         raise ValueError(f"layer_passes must be >= 1, got {layer_passes}")
+    if jitter_passes < 0:
+        raise ValueError(f"jitter_passes must be >= 0, got {jitter_passes}")
     batch_sizes = tuple(int(b) for b in batch_sizes)
     if len(set(batch_sizes)) < 2 or min(batch_sizes) < 1:
         raise ValueError(f"need at least two distinct positive batch sizes, got {batch_sizes}")
     settings = CalibrationSettings(workload, batch_sizes, repeats, warmup, device, optimizer, tuple(comm_sizes),
                          comm_repeats, models, seed, verbose, min_block_s,
-                         tuple(sorted({float(d) for d in topk_densities})), layer_passes)
+                         tuple(sorted({float(d) for d in topk_densities})), layer_passes,
+                         jitter_passes)
     config = LaunchConfig(world_size=world_size, backend=backend, device=device, timeout_s=timeout_s,
                           collective_timeout_s=max(60.0, timeout_s / 2), num_threads=num_threads)
     started = time.perf_counter()

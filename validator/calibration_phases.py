@@ -28,6 +28,7 @@ from validator.microbench import (agree_max, load_models_module, time_allgather,
                                   time_optimizer, time_p2p, time_topk)
 from validator.overlap_bench import (DEFAULT_OVERLAP_BYTES, DEFAULT_OVERLAP_MESSAGES, OVERLAP_KINDS,
                                      model_steps, time_overlap)
+from validator.pass_jitter_bench import DEFAULT_JITTER_PASSES, time_model_passes
 from validator.weight_pass_bench import time_weight_passes
 
 DEFAULT_TOPK_DENSITIES = (0.001, 0.01, 0.1)
@@ -50,6 +51,8 @@ class CalibrationSettings:
     min_block_s: float
     topk_densities: tuple[float, ...] = DEFAULT_TOPK_DENSITIES
     layer_passes: int = DEFAULT_LAYER_PASSES
+    jitter_passes: int = DEFAULT_JITTER_PASSES
+    """Whole-model passes timed after every layer sweep (`validator.pass_jitter_bench`); 0: none."""
 
 
 def say(settings: CalibrationSettings, message: str) -> None:
@@ -172,6 +175,9 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
     levels = [world] + [k for k in _divisors(world, minimum=1) if k < world]
     slots = pass_slots(settings.layer_passes, len(_PHASES))
     runs, measured = [], {}
+    jitter_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
+    jitter_levels = sorted({world, world if device != "cpu" else min(world, os.cpu_count() or 1)})
+    pass_times_s = {k: [] for k in jitter_levels}  # ranks at once -> this rank's pass times
     for slot in range(len(_PHASES) + 1):
         for _ in range(slots.count(slot)):
             say(settings, f"layers, pass {len(runs) + 1} of {len(slots)}: {workload.num_layers} layers x "
@@ -181,6 +187,11 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
                                     rounds=[rank < k for k in levels], repeats=settings.repeats,
                                     warmup=settings.warmup, device=device, models=settings.models,
                                     seed=settings.seed, agree=agree_max, min_block_s=settings.min_block_s))
+        for k in jitter_levels if settings.jitter_passes > 0 else ():
+            say(settings, f"whole-model passes at batch {jitter_batch}: {settings.jitter_passes}, {k} rank(s) at once")
+            pass_times_s[k] += time_model_passes(workload, jitter_batch, settings.jitter_passes, device=device,
+                                                 models=settings.models, seed=settings.seed, barrier=dist.barrier,
+                                                 active=rank < k)
         if slot < len(_PHASES):
             measured.update(_PHASES[slot](settings, device, rank))
     everyone = [None] * world
@@ -188,6 +199,13 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
     layer_medians = {}  # {k: [per active rank: rows with forward_s / backward_s of that level]}
     for position, k in enumerate(levels):
         layer_medians[k] = [[entry["rounds"][position] for entry in rank_rows] for rank_rows, _ in everyone[:k]]
+    every_pass_s = [None] * world
+    dist.all_gather_object(every_pass_s, pass_times_s)
+    pass_jitter = None
+    if settings.jitter_passes > 0:
+        pass_jitter = {"batch_size": jitter_batch, "passes_per_burst": settings.jitter_passes,
+                       "levels": {str(k): [list(row) for row in zip(*(times[k] for times in every_pass_s[:k]))]
+                                  for k in jitter_levels}}
     dist.barrier()
     measure_s = time.perf_counter() - started
     machine_after, own_after = _machine_cpu(), _own_cpu_s()
@@ -197,6 +215,7 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
         return None
     return {"layers": layer_medians, "layer_passes": pass_spread([totals for _, totals in everyone]),
             **measured, "measure_s": measure_s,
+            "pass_jitter": pass_jitter,
             "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
             "num_threads": torch.get_num_threads(),
             "device_name": _device_name(device)}

@@ -33,6 +33,10 @@ def add_commands(commands) -> None:
     calibrate.add_argument("--layer-passes", type=int, default=None,
                            help="sweeps over the layers, spread over the calibration; each figure is the "
                                 "median over them (default 3; validator/layer_passes.py)")
+    calibrate.add_argument("--jitter-passes", type=int, default=None,
+                           help="whole-model passes per burst, 5 bursts spread over the calibration: the "
+                                "pass-to-pass jitter behind the validator's percentile band (default 12; "
+                                "0: none; validator/pass_jitter_bench.py)")
 
     validate = commands.add_parser("validate", help="run plans for real and compare with the prediction")
     _add_scenario_args(validate)
@@ -66,6 +70,10 @@ def cmd_calibrate(args) -> int:
     layer_passes = DEFAULT_LAYER_PASSES if args.layer_passes is None else args.layer_passes
     if layer_passes < 1:
         raise ScenarioError(f"--layer-passes: {layer_passes} must be at least 1")
+    from validator.pass_jitter_bench import DEFAULT_JITTER_PASSES
+    jitter_passes = DEFAULT_JITTER_PASSES if args.jitter_passes is None else args.jitter_passes
+    if jitter_passes < 0:
+        raise ScenarioError(f"--jitter-passes: {jitter_passes} must be at least 0")
     scenario = load_scenario(args.scenario, args.overrides)
     workload = resolve_workload(scenario.model, scenario.base_dir)
     batch_sizes = _int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else DEFAULT_BATCH_SIZES
@@ -73,7 +81,7 @@ def cmd_calibrate(args) -> int:
                          world_size=args.world_size, batch_sizes=batch_sizes,
                          repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
                          topk_densities=sorted({*DEFAULT_TOPK_DENSITIES, scenario.strategy.compression_density}),
-                         layer_passes=layer_passes)
+                         layer_passes=layer_passes, jitter_passes=jitter_passes)
     if args.json:
         print(json.dumps(document, indent=1))
     return 0

@@ -35,6 +35,25 @@ def launch_spread_summary(frame: pd.DataFrame) -> str:
             f"max {spread.max():.1f} % | cases with |error| <= their spread: {within}/{len(frame)}")
 
 
+def jitter_summary(frame: pd.DataFrame) -> str:
+    """Lines on the predictions under the profiles' pass jitter (`simulator.pass_jitter`): the error
+    of their median step, and how their 10th / 90th percentile steps compare with the measured steps'
+    own; '' when no row has them."""
+    if "predicted_jitter_s" not in frame or frame["predicted_jitter_s"].isna().all():
+        return ""
+    rows = frame.dropna(subset=["predicted_jitter_s"])
+    median_error = rows["jitter_error_pct"].abs()
+    lines = [f"under pass jitter ({len(rows)} cases): median step MAPE {median_error.mean():.1f} %, worst "
+             f"{median_error.max():.1f} %; nominal MAPE on the same cases {rows['error_pct'].abs().mean():.1f} %"]
+    for percent in (10, 90):
+        error = (100 * (rows[f"predicted_p{percent}_s"] - rows[f"measured_p{percent}_s"]) / rows[f"measured_p{percent}_s"])
+        lines.append(f"  {percent}th-percentile step: predicted vs measured MAPE {error.abs().mean():.1f} %, "
+                     f"mean signed error {error.mean():+.1f} %")
+    inside = int(((rows["predicted_p10_s"] <= rows["measured_s"]) & (rows["measured_s"] <= rows["predicted_p90_s"])).sum())
+    lines.append(f"  measured median inside the predicted 10th-90th percentile band: {inside}/{len(rows)}")
+    return "\n".join(lines)
+
+
 def plot_predicted_vs_measured(frame: pd.DataFrame, axis) -> None:
     """Scatter of predicted vs measured step time (ms) with the y = x line and +-10 % band; with
     several launches per strategy, a horizontal bar spans their medians (the run-to-run noise)."""

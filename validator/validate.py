@@ -1,6 +1,11 @@
 """Predicted vs measured: simulate each plan with a calibration profile, run the same plan for
 real, and report the error per strategy.
 
+The prediction (`predicted_s`) has every rank at its typical speed. Where the profile records pass
+jitter (`simulator.pass_jitter`), each row also carries the median step over draws of the ranks'
+measured speeds (`predicted_jitter_s`) and the 10th and 90th percentiles of those single steps,
+to hold against the measured steps' own (`measured_p10_s`, `measured_p90_s`): how far a step of
+this machine moves with its pass-to-pass noise.
 The profile comes from microbenchmarks only (`validator.calibrate`); these plan runs are never fed
 back into it: they are the held-out test of the prediction.
 """
@@ -13,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from simulator.compare import with_strategy
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
+from simulator.pass_jitter import jittered_prediction
 from simulator.profile_costs import profile_costs
 from simulator.records import device_breakdown
 from simulator.scenario import Scenario
@@ -31,6 +37,8 @@ class _Case:
     plan: object
     run_options: RunOptions
     predicted: object
+    jitter: dict | None
+    """The prediction under the profile's pass jitter (`simulator.pass_jitter`); None without it."""
     launches: list = field(default_factory=list)  # per launch: the ranks' results
 
 
@@ -70,6 +78,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
 def _prepare(scenario: Scenario, workload, costs, kind: str, groups: int | None, options: RunOptions) -> _Case:
     variant = with_strategy(scenario, kind, groups)
     predicted = simulate(variant, costs=costs, workload=workload)
+    jitter = jittered_prediction(predicted, costs)
     plan, run_options = predicted.plan, options
     if plan.meta.get("topk") and "schedule_kind" in plan.meta:
         raise ScenarioError(f"strategy.gradient_compression: topk runs for real only with dp or ghp, "
@@ -79,7 +88,7 @@ def _prepare(scenario: Scenario, workload, costs, kind: str, groups: int | None,
         run_options = replace(options, steady_state=(plan.workers_per_group,
                                                      variant.strategy.num_microbatches))
     label = f"{kind} (G={plan.num_groups} x M={plan.workers_per_group})"
-    return _Case(kind, label, plan, run_options, predicted)
+    return _Case(kind, label, plan, run_options, predicted, jitter)
 
 
 def _row(case: _Case) -> tuple[dict, list]:
@@ -94,6 +103,7 @@ def _row(case: _Case) -> tuple[dict, list]:
         spans = steady_state_window(spans, *case.run_options.steady_state)[0]
     measured_devices = device_breakdown(spans, case.plan.num_ranks, measured_s)
     predicted = case.predicted
+    jitter = case.jitter
     return {
         "strategy": case.label,
         "kind": case.kind,
@@ -101,10 +111,15 @@ def _row(case: _Case) -> tuple[dict, list]:
         "workers_per_group": case.plan.workers_per_group,
         "world_size": case.plan.num_ranks,
         "predicted_s": predicted.step_time_s,
+        **({"predicted_jitter_s": jitter["step_time_s"], "predicted_p10_s": jitter["p10_step_s"],
+            "predicted_p90_s": jitter["p90_step_s"], "jitter_ranks_at_once": jitter["ranks_at_once"]} if jitter else {}),
         "measured_s": measured_s,
         "measured_min_s": min(step_times),
         "measured_max_s": max(step_times),
+        "measured_p10_s": _percentile(step_times, 10),
+        "measured_p90_s": _percentile(step_times, 90),
         "error_pct": 100.0 * (predicted.step_time_s - measured_s) / measured_s,
+        **({"jitter_error_pct": 100.0 * (jitter["step_time_s"] - measured_s) / measured_s} if jitter else {}),
         "launches": len(launch_medians),
         "launch_median_min_s": min(launch_medians),
         "launch_median_max_s": max(launch_medians),
@@ -112,6 +127,12 @@ def _row(case: _Case) -> tuple[dict, list]:
         "predicted_compute_s": _mean(predicted.summary["devices"], "compute_s"),
         "measured_compute_s": _mean(measured_devices, "compute_s"),
     }, spans
+
+
+def _percentile(values: list[float], percent: int) -> float:
+    """The value at `percent` % of the sorted values (nearest rank below), as for the predicted band."""
+    ordered = sorted(values)
+    return ordered[(percent * len(ordered)) // 100]
 
 
 def _mean(devices: list[dict], key: str) -> float:
