@@ -13,11 +13,11 @@ host with fewer cores also k = the cores). Each row divided by the median over a
 of its level is one joint draw of the ranks' speed factors (the correlation between ranks kept).
 The level used is the one nearest the plan's compute concurrency (ranks' compute time over the
 nominal step: ~world for data parallelism, ~1 for a pipeline's ranks taking turns), since k ranks
-sharing fewer cores vary more than k ranks with a core each. The engine plays the same plan once per draw with every rank's compute
-(passes, update, weight passes, selection) scaled by its factor (`cluster.stragglers`'
-mechanism, `simulator.heterogeneity.Slowed`), and the prediction is the median over draws of the
-step time. Draws are taken at evenly spaced rows (the rows are in time order, so the spells of a
-calibration are all represented), deterministically.
+sharing fewer cores vary more than k ranks with a core each. The engine plays the same plan once
+per draw with every rank's compute (passes, update, weight passes, selection) scaled by its factor
+(`cluster.stragglers`' mechanism, `simulator.heterogeneity.Slowed`), and the prediction is the
+median over draws of the step time. Draws are taken at evenly spaced rows (the rows are in time
+order, so the spells of a calibration are all represented), deterministically.
 """
 
 from __future__ import annotations
@@ -88,6 +88,13 @@ def parse_pass_jitter(read, document: Mapping) -> PassJitter | None:
                       levels=dict(sorted(levels.items())))
 
 
+def percentile(values, percent: int) -> float:
+    """The value at `percent` % of the sorted values (nearest rank below); the validator takes the
+    measured steps' percentiles the same way."""
+    ordered = sorted(values)
+    return ordered[(percent * len(ordered)) // 100]
+
+
 def compute_concurrency(result) -> float:
     """Ranks computing at once on average over the step: the ranks' compute time / the step time."""
     spans = result.spans
@@ -130,12 +137,12 @@ def jittered_step_times_s(result, costs, samples: int = DEFAULT_JITTER_SAMPLES) 
 
 def jittered_prediction(result, costs, samples: int = DEFAULT_JITTER_SAMPLES) -> dict | None:
     """{"step_time_s": median over draws, "nominal_step_s", "p10_step_s", "p90_step_s", "draws",
-    "ranks_at_once" (the level drawn from), "median_slowest_factor", "mean_cv"}; None when the cost model has no `pass_jitter`."""
+    "ranks_at_once" (the level drawn from), "median_slowest_factor", "mean_cv"}; None when the cost
+    model has no `pass_jitter`."""
     if getattr(costs, "pass_jitter", None) is None:
         return None
     level, times = jittered_step_times_s(result, costs, samples)
-    times.sort()
     return {"step_time_s": statistics.median(times), "nominal_step_s": result.step_time_s,
-            "p10_step_s": times[len(times) // 10], "p90_step_s": times[(9 * len(times)) // 10],
+            "p10_step_s": percentile(times, 10), "p90_step_s": percentile(times, 90),
             "draws": len(times), "ranks_at_once": level,
             **{k: v for k, v in costs.pass_jitter.spread(level).items() if k != "passes"}}

@@ -52,7 +52,8 @@ class CalibrationSettings:
     topk_densities: tuple[float, ...] = DEFAULT_TOPK_DENSITIES
     layer_passes: int = DEFAULT_LAYER_PASSES
     jitter_passes: int = DEFAULT_JITTER_PASSES
-    """Whole-model passes timed after every layer sweep (`validator.pass_jitter_bench`); 0: none."""
+    """Whole-model passes per burst, a burst before, between and after the phases at each number of
+    ranks at once recorded (`validator.pass_jitter_bench`); 0: none."""
 
 
 def say(settings: CalibrationSettings, message: str) -> None:

@@ -46,10 +46,11 @@ def jitter_summary(frame: pd.DataFrame) -> str:
     lines = [f"under pass jitter ({len(rows)} cases): median step MAPE {median_error.mean():.1f} %, worst "
              f"{median_error.max():.1f} %; nominal MAPE on the same cases {rows['error_pct'].abs().mean():.1f} %"]
     for percent in (10, 90):
-        error = (100 * (rows[f"predicted_p{percent}_s"] - rows[f"measured_p{percent}_s"]) / rows[f"measured_p{percent}_s"])
+        measured = rows[f"measured_p{percent}_s"]
+        error = 100 * (rows[f"predicted_p{percent}_s"] - measured) / measured
         lines.append(f"  {percent}th-percentile step: predicted vs measured MAPE {error.abs().mean():.1f} %, "
                      f"mean signed error {error.mean():+.1f} %")
-    inside = int(((rows["predicted_p10_s"] <= rows["measured_s"]) & (rows["measured_s"] <= rows["predicted_p90_s"])).sum())
+    inside = int(rows["measured_s"].between(rows["predicted_p10_s"], rows["predicted_p90_s"]).sum())
     lines.append(f"  measured median inside the predicted 10th-90th percentile band: {inside}/{len(rows)}")
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from simulator.compare import with_strategy
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
-from simulator.pass_jitter import jittered_prediction
+from simulator.pass_jitter import jittered_prediction, percentile
 from simulator.profile_costs import profile_costs
 from simulator.records import device_breakdown
 from simulator.scenario import Scenario
@@ -112,12 +112,13 @@ def _row(case: _Case) -> tuple[dict, list]:
         "world_size": case.plan.num_ranks,
         "predicted_s": predicted.step_time_s,
         **({"predicted_jitter_s": jitter["step_time_s"], "predicted_p10_s": jitter["p10_step_s"],
-            "predicted_p90_s": jitter["p90_step_s"], "jitter_ranks_at_once": jitter["ranks_at_once"]} if jitter else {}),
+            "predicted_p90_s": jitter["p90_step_s"], "jitter_ranks_at_once": jitter["ranks_at_once"]}
+           if jitter else {}),
         "measured_s": measured_s,
         "measured_min_s": min(step_times),
         "measured_max_s": max(step_times),
-        "measured_p10_s": _percentile(step_times, 10),
-        "measured_p90_s": _percentile(step_times, 90),
+        "measured_p10_s": percentile(step_times, 10),
+        "measured_p90_s": percentile(step_times, 90),
         "error_pct": 100.0 * (predicted.step_time_s - measured_s) / measured_s,
         **({"jitter_error_pct": 100.0 * (jitter["step_time_s"] - measured_s) / measured_s} if jitter else {}),
         "launches": len(launch_medians),
@@ -127,12 +128,6 @@ def _row(case: _Case) -> tuple[dict, list]:
         "predicted_compute_s": _mean(predicted.summary["devices"], "compute_s"),
         "measured_compute_s": _mean(measured_devices, "compute_s"),
     }, spans
-
-
-def _percentile(values: list[float], percent: int) -> float:
-    """The value at `percent` % of the sorted values (nearest rank below), as for the predicted band."""
-    ordered = sorted(values)
-    return ordered[(percent * len(ordered)) // 100]
 
 
 def _mean(devices: list[dict], key: str) -> float:
