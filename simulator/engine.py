@@ -93,6 +93,9 @@ class Engine:
         self._rendezvous: dict[tuple, list] = {}
         self._duration_cache: dict[tuple, float] = {}
         self._phase_cache: dict[tuple, tuple] = {}
+        self._handoff_s = getattr(costs, "handoff_preposted_s" if plan.meta.get("receives") == "preposted"
+                                  else "handoff_s", 0.0)
+        """Waking a waiting receiver on a busy shared host (`ProfileCosts`), by how its receives are posted."""
         self._symmetry = plan.meta.get("symmetry")
         """Symmetric runs (simulator.symmetry): the device groups each representative's flows stand for."""
 
@@ -224,9 +227,8 @@ class Engine:
         arrival = self._arrivals.get(action.key)
         if arrival is None:
             raise SimulationError(f"rank {rank}: send {action.key} to rank {action.dst} has no matching receive")
-        handoff_s = getattr(self.costs, "handoff_s", 0.0)  # waking the receiver on a busy shared host
-        if handoff_s > 0:
-            yield self.env.timeout(handoff_s)
+        if self._handoff_s > 0:
+            yield self.env.timeout(self._handoff_s)
         arrival.succeed()
 
     def _play(self, phase):

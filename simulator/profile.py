@@ -56,10 +56,12 @@ class LayerProfile:
 
 @dataclass(frozen=True)
 class Handoff:
-    """Mean delay of a `size_bytes` message to a waiting receiver on a busy shared host."""
+    """Mean delay of a `size_bytes` message to a waiting receiver on a busy shared host, with the
+    receive posted on demand and (`preposted_mean_delay_s`; None in older profiles) one ahead."""
 
     size_bytes: float
     mean_delay_s: float
+    preposted_mean_delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -241,8 +243,11 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
     handoff = None
     raw_handoff = read.mapping(document, "handoff", "handoff", optional=True)
     if raw_handoff:
+        raw_preposted = read.mapping(raw_handoff, "preposted", "handoff.preposted", optional=True)
         handoff = Handoff(read.number(raw_handoff, "size_bytes", "handoff.size_bytes", positive=True),
-                          read.number(raw_handoff, "mean_delay_s", "handoff.mean_delay_s", minimum=0))
+                          read.number(raw_handoff, "mean_delay_s", "handoff.mean_delay_s", minimum=0),
+                          read.number(raw_preposted, "mean_delay_s", "handoff.preposted.mean_delay_s", minimum=0)
+                          if raw_preposted else None)
     weight_passes = {}
     for name, entry in (read.mapping(document, "weight_passes", "weight_passes", optional=True) or {}).items():
         where = f"weight_passes.{name}"

@@ -44,9 +44,12 @@ class ProfileCosts:
         self.host_parallelism = None
         self.interference = None
         self.handoff_s = 0.0
+        """Added to every point-to-point arrival whose receive is posted on demand (the `handoff`
+        section; shared hosts only)."""
+        self.handoff_preposted_s = 0.0
+        """The same for receives posted one ahead (plans with `meta["receives"] == "preposted"`)."""
         self.streamed_allreduce_factor = 1.0
         """An allreduce queued behind another on its rank takes its fit times this (shared hosts)."""
-        """Added to every point-to-point arrival (the `handoff` section; shared hosts only)."""
         if shared_host:
             # Ranks share the host's cores: the engine plays every compute and communication job
             # on a processor-sharing pool of parallelism P = W / slowdown(W) (W ranks computing at
@@ -59,6 +62,9 @@ class ProfileCosts:
             if profile.handoff is not None and profile.p2p is not None:
                 idle_s = profile.p2p.time_s(profile.handoff.size_bytes)
                 self.handoff_s = max(0.0, profile.handoff.mean_delay_s - idle_s)
+                preposted_s = profile.handoff.preposted_mean_delay_s
+                self.handoff_preposted_s = (self.handoff_s if preposted_s is None  # older profiles
+                                            else max(0.0, preposted_s - idle_s))
         _check_model(profile, workload)
         if optimizer is not None and optimizer != profile.optimizer_name:
             raise ScenarioError(

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from simulator import load_scenario, simulate
 from simulator.errors import ScenarioError
 from simulator.profile import load_profile
 from simulator.profile_costs import ProfileCosts
@@ -38,9 +39,11 @@ def test_summary_without_a_waiting_receiver_is_an_error():
         handoff_summary(_records([1.0], [2.0], [2.1]), 65536, 0.002, 1)
 
 
-def _with_handoff(tmp_path, mean_delay_s, name="handoff.json"):
+def _with_handoff(tmp_path, mean_delay_s, name="handoff.json", preposted_s=None):
     doc = copy.deepcopy(document())
     doc["handoff"] = {"world_size": 4, "size_bytes": 65536, "mean_delay_s": mean_delay_s, "median_delay_s": 0.0002}
+    if preposted_s is not None:
+        doc["handoff"]["preposted"] = {"num_messages": 20, "mean_delay_s": preposted_s, "median_delay_s": 0.0003}
     path = tmp_path / name
     path.write_text(json.dumps(doc))
     return load_profile(path)
@@ -52,6 +55,27 @@ def test_profile_handoff_is_the_mean_delay_beyond_the_idle_ping_pong(tmp_path):
     assert ProfileCosts(profile, workload(), shared_host=True).handoff_s == pytest.approx(0.001 - idle_s)
     assert ProfileCosts(profile, workload()).handoff_s == 0.0  # dedicated devices: no shared scheduler
     assert ProfileCosts(_with_handoff(tmp_path, 0.0, "fast.json"), workload(), shared_host=True).handoff_s == 0.0
+
+
+def test_preposted_receives_have_their_own_handoff_and_older_profiles_share_one(tmp_path):
+    profile = _with_handoff(tmp_path, 0.001, preposted_s=0.0025)
+    idle_s = profile.p2p.time_s(65536)
+    costs = ProfileCosts(profile, workload(), shared_host=True)
+    assert costs.handoff_s == pytest.approx(0.001 - idle_s)
+    assert costs.handoff_preposted_s == pytest.approx(0.0025 - idle_s)
+    older = ProfileCosts(_with_handoff(tmp_path, 0.001, "older.json"), workload(), shared_host=True)
+    assert older.handoff_preposted_s == older.handoff_s == pytest.approx(0.001 - idle_s)
+
+
+@pytest.mark.parametrize("preposted, field", [({"mean_delay_s": -0.001}, "handoff.preposted.mean_delay_s"),
+                                              ([1, 2], "handoff.preposted")])
+def test_malformed_preposted_handoff_names_the_field(tmp_path, preposted, field):
+    doc = copy.deepcopy(document())
+    doc["handoff"] = {"size_bytes": 65536, "mean_delay_s": 0.001, "preposted": preposted}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ScenarioError, match=field):
+        load_profile(path)
 
 
 def test_malformed_handoff_section_names_the_field(tmp_path):
@@ -75,3 +99,32 @@ def test_model_parallel_step_grows_by_one_handoff_per_message_on_the_critical_pa
         _, spans = run_grid(toy, topology, costs, 1, 2, 8)
         steps[handoff_s] = spans["end_s"].max()
     assert steps[0.003] - steps[0.0] == pytest.approx(2 * 0.003)
+
+
+def _pipeline_step_s(costs) -> float:
+    scenario = load_scenario({
+        "cluster": {"num_nodes": 1, "gpus_per_node": 2, "intra_node_link": {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}},
+        "model": {"name": "mlp"},
+        "strategy": {"kind": "gpipe", "num_microbatches": 1, "partition": [2, 2]},
+        "training": {"global_batch_size": 8},
+    })
+    return simulate(scenario, costs=costs, workload=toy_workload(4, num_params=1000)).step_time_s
+
+
+def test_pipeline_plans_pay_the_preposted_handoff_and_grids_the_on_demand_one():
+    """GPipe with one micro-batch on two stages: its activation and gradient are both on the critical
+    path, so the step grows by exactly 2 x the pre-posted handoff and not at all with the on-demand
+    one; the model-parallel grid of the same layers the other way round."""
+    toy = toy_workload(4, num_params=1000)
+    topology = Topology(1, 2, link(0.0, 1e12), link(0.0, 1e12))
+    pipeline, grid = {}, {}
+    for on_demand_s, preposted_s in ((0.0, 0.0), (0.003, 0.0), (0.0, 0.005)):
+        costs = FixedCosts(forward_s_per_sample=0.001)
+        costs.handoff_s, costs.handoff_preposted_s = on_demand_s, preposted_s
+        pipeline[(on_demand_s, preposted_s)] = _pipeline_step_s(costs)
+        _, spans = run_grid(toy, topology, costs, 1, 2, 8)
+        grid[(on_demand_s, preposted_s)] = spans["end_s"].max()
+    assert pipeline[(0.003, 0.0)] == pytest.approx(pipeline[(0.0, 0.0)])
+    assert pipeline[(0.0, 0.005)] - pipeline[(0.0, 0.0)] == pytest.approx(2 * 0.005)
+    assert grid[(0.003, 0.0)] - grid[(0.0, 0.0)] == pytest.approx(2 * 0.003)
+    assert grid[(0.0, 0.005)] == pytest.approx(grid[(0.0, 0.0)])

@@ -44,7 +44,8 @@
    compute's and communication's slowdowns when they overlap on the shared cores
    (`simulator.host_sharing`). Then **handoff** (`validator.handoff_bench`): messages passed
    along a chain of all ranks computing between hops; the mean delay from send to the end of a
-   waiting receiver's `wait()` (`ProfileCosts.handoff_s`).
+   waiting receiver's `wait()`, with receives posted on demand (`ProfileCosts.handoff_s`) and
+   posted one ahead as the pipeline runtime does (`ProfileCosts.handoff_preposted_s`).
 5. **Top-k** (sparse gradients, `simulator.sparse`): the runtime's selection with error feedback
    (`validator.microbench.time_topk`) on flat gradients of 4096 x 4^j elements up to the model's
    parameter count, all ranks at once, at each density of `topk_densities` (fitted against the

@@ -154,8 +154,11 @@ def _measure_overlap(settings: CalibrationSettings, device: str, rank: int) -> d
             say(settings, f"overlap: compute with a {kind} stream, {world} ranks at once")
             overlap[kind] = time_overlap(steps, kind, DEFAULT_OVERLAP_BYTES[kind], DEFAULT_OVERLAP_MESSAGES[kind],
                                          repeats=settings.repeats, warmup=settings.warmup)
-        say(settings, f"handoff: messages along a chain of {world} computing ranks")
+        say(settings, f"handoff: messages along a chain of {world} computing ranks, receives on demand")
         handoff = time_handoffs(steps, repeats=settings.repeats + 3, warmup=settings.warmup)
+        say(settings, "handoff: the same chain, receives posted one ahead")
+        preposted = time_handoffs(steps, repeats=settings.repeats + 3, warmup=settings.warmup, preposted=True)
+        handoff["preposted"] = {key: preposted[key] for key in ("num_messages", "mean_delay_s", "median_delay_s")}
     return {"overlap": overlap, "handoff": handoff}
 
 

@@ -12,6 +12,7 @@ back into it: they are the held-out test of the prediction.
 
 from __future__ import annotations
 
+import copy
 import statistics
 from dataclasses import dataclass, field, replace
 
@@ -77,6 +78,10 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
 
 def _prepare(scenario: Scenario, workload, costs, kind: str, groups: int | None, options: RunOptions) -> _Case:
     variant = with_strategy(scenario, kind, groups)
+    if options.pipeline_runtime == "torch":
+        # torch.distributed.pipelining posts a micro-batch's receives right before waiting for them
+        costs = copy.copy(costs)
+        costs.handoff_preposted_s = costs.handoff_s
     predicted = simulate(variant, costs=costs, workload=workload)
     jitter = jittered_prediction(predicted, costs)
     plan, run_options = predicted.plan, options
