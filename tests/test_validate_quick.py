@@ -55,29 +55,17 @@ def test_validate_with_a_profile_of_another_model_is_a_one_line_error(tmp_path, 
     assert len(error.splitlines()) == 1 and str(profile) in error and "Traceback" not in error
 
 
-def test_calibrate_with_negative_jitter_passes_is_a_one_line_error(tmp_path, capsys):
-    profile = tmp_path / "profile.json"
-    code = main(["calibrate", "--scenario", SCENARIO, *SMALL, "--out", str(profile), "--jitter-passes", "-1"])
+@pytest.mark.parametrize("command, option, value, output", [
+    ("calibrate", "--jitter-passes", "-1", "profile.json"),
+    ("calibrate", "--layer-passes", "0", "profile.json"),
+    ("validate", "--repeats", "0", "validation"),
+])
+def test_out_of_range_counts_are_one_line_errors_that_write_nothing(tmp_path, capsys, command, option, value, output):
+    out = tmp_path / output
+    arguments = (["calibrate", "--scenario", SCENARIO, *SMALL] if command == "calibrate" else
+                 ["validate", SCENARIO, *SMALL, "--profile", "reports/profiles/mlp_cpu_ws2.json"])
+    code = main([*arguments, "--out", str(out), option, value])
     assert code == 2
     error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and "--jitter-passes: -1" in error
-    assert not profile.exists()
-
-
-def test_validate_with_zero_repeats_is_a_one_line_error(tmp_path, capsys):
-    out = tmp_path / "validation"
-    code = main(["validate", SCENARIO, *SMALL, "--profile", "reports/profiles/mlp_cpu_ws2.json",
-                 "--repeats", "0", "--out", str(out)])
-    assert code == 2
-    error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and "--repeats: 0" in error
+    assert len(error.splitlines()) == 1 and f"{option}: {value}" in error
     assert not out.exists()
-
-
-def test_calibrate_with_zero_layer_passes_is_a_one_line_error(tmp_path, capsys):
-    profile = tmp_path / "profile.json"
-    code = main(["calibrate", "--scenario", SCENARIO, *SMALL, "--out", str(profile), "--layer-passes", "0"])
-    assert code == 2
-    error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and "--layer-passes: 0" in error
-    assert not profile.exists()

@@ -22,9 +22,10 @@ Two receive protocols, timed separately because they hand off differently: `prep
 posts each receive when the rank is ready to wait for it (`dist.recv`, as the model-parallel
 runtime `validator.runtime` does); `preposted=True` keeps the next receive posted one ahead (an
 `irecv` posted as soon as the previous one completed, as the pipeline runtime
-`validator.pipeline_runtime` does). Measured here with the same chain a minute apart, 4 ranks on
-2 cores, MLP hops of 2 ms: mean 0.62-0.67 ms on demand, 1.16-1.25 ms pre-posted (the data of a
-pre-posted receive is read by gloo's I/O thread, which must be woken before the waiting rank is).
+`validator.pipeline_runtime` does). Measured here, the same chain both ways a minute apart, 4 ranks
+on 2 cores: the median delay 0.20-0.25 ms on demand and 0.28-0.35 ms pre-posted in every pair; the
+means (tail-dominated) 0.62-0.91 vs 0.81-1.25 ms; at 2 ranks the pre-posted mean came out lower
+(0.40-0.61 vs 0.46-0.99 ms).
 """
 
 from __future__ import annotations
