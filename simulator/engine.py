@@ -125,6 +125,9 @@ class Engine:
                 yield event
 
     def _compute_stream(self, rank: int, actions: list[Compute]):
+        delay_s = self.topology.start_delays_s.get(self.plan.rank_to_device[rank], 0.0)
+        if delay_s > 0:  # this rank leaves the step's starting barrier late
+            yield self.env.timeout(delay_s)
         for action in actions:
             yield from self._wait(rank, action.deps)
             start = self.env.now

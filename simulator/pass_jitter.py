@@ -18,25 +18,47 @@ per draw with every rank's compute (passes, update, weight passes, selection) sc
 (`cluster.stragglers`' mechanism, `simulator.heterogeneity.Slowed`), and the prediction is the
 median over draws of the step time. Draws are taken at evenly spaced rows (the rows are in time
 order, so the spells of a calibration are all represented), deterministically.
+
+Start offsets (`start_offsets_s`, recorded when all ranks run on one host): the ranks do not leave
+a barrier together. With more ranks than cores, those woken last wait for a core while the first
+ones compute (measured here with 4 ranks on 2 cores: the last rank left 7.7-9.4 ms after the first
+in the median pass). A draw then also delays each rank's first action by its offset, and the step
+is timed as the validator times it: the slowest rank's time from its own start to its end.
+
+On a shared host (`host_parallelism` P known: a calibrated CPU host, `simulator.host_sharing`) a
+rank's measured pass time is not its work: a rank computing while the others wait runs at a whole
+core, one that shares runs slower, and the engine plays the draw on that same pool. So a row's
+factors are the ranks' work (core-seconds) under processor sharing, recovered from the measured
+intervals [offset, offset + time]: between consecutive interval ends with n ranks computing, each
+runs at min(1, P / n) (`shared_work_s`); over the level's median work. Replayed on the pool, one
+pass of the row ends as measured. Without a shared host a factor is the time over the level's
+median time.
 """
 
 from __future__ import annotations
 
 import copy
 import statistics
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 DEFAULT_JITTER_SAMPLES = 31
 """Engine runs (draws) per jittered prediction."""
 
 
+Rows = tuple[tuple[float, ...], ...]
+
+
 @dataclass(frozen=True)
 class PassJitter:
     """The profile's `pass_jitter` section: `levels[k][i][r]` = rank r's time in pass i with k ranks
-    passing at once, over the median of all k ranks' passes."""
+    passing at once, over the median of all k ranks' passes; `start_offsets_s[k][i][r]` = rank r's
+    start of that pass after the first rank's, seconds (a level without: all ranks at once);
+    `times_s[k]` the level's rows in seconds (absent: `levels` stands for them)."""
     batch_size: int
-    levels: Mapping[int, tuple[tuple[float, ...], ...]]
+    levels: Mapping[int, Rows]
+    start_offsets_s: Mapping[int, Rows] = field(default_factory=dict)
+    times_s: Mapping[int, Rows] = field(default_factory=dict)
 
     def level_for(self, concurrency: float) -> int:
         """The measured number of ranks at once nearest to `concurrency` (ties: the larger)."""
@@ -50,6 +72,23 @@ class PassJitter:
             return list(rows)
         return [rows[(2 * i + 1) * count // (2 * samples)] for i in range(samples)]
 
+    def speed_draws(self, level: int, samples: int,
+                    parallelism: float | None = None) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
+        """(factors, start offsets in seconds) of `samples` rows of `level`, spaced as `draws`. With
+        `parallelism` P (a shared host) the factors are the ranks' work under processor sharing over
+        the level's median work (module docstring); else the rows of `levels`."""
+        factors = self.levels[level]
+        count = len(factors)
+        indices = (range(count) if samples >= count
+                   else [(2 * i + 1) * count // (2 * samples) for i in range(samples)])
+        offsets = self.start_offsets_s.get(level) or tuple((0.0,) * len(row) for row in factors)
+        if parallelism is not None:
+            times = self.times_s.get(level) or factors
+            work = [shared_work_s(starts, row, parallelism) for starts, row in zip(offsets, times)]
+            median_work = statistics.median(w for row in work for w in row)
+            factors = tuple(tuple(w / median_work for w in row) for row in work)
+        return [(factors[i], offsets[i]) for i in indices]
+
     def spread(self, level: int) -> dict:
         """The median over passes of the slowest rank's factor, and the ranks' mean coefficient of
         variation, at `level`."""
@@ -59,33 +98,64 @@ class PassJitter:
                 "mean_cv": statistics.mean(cvs), "passes": len(rows)}
 
 
+def shared_work_s(starts_s: Sequence[float], times_s: Sequence[float], parallelism: float) -> tuple[float, ...]:
+    """Each rank's work (seconds at a whole core) over its interval [start, start + time] when the n
+    ranks computing at each moment share `parallelism` P cores equally, min(1, P / n) each
+    (processor sharing, as `simulator.host_sharing.HostPool` plays it)."""
+    ends = [start + time for start, time in zip(starts_s, times_s)]
+    points = sorted(set(starts_s) | set(ends))
+    work = [0.0] * len(ends)
+    for left, right in zip(points, points[1:]):
+        active = [r for r, (start, end) in enumerate(zip(starts_s, ends)) if start <= left and end >= right]
+        for r in active:
+            work[r] += min(1.0, parallelism / len(active)) * (right - left)
+    return tuple(work)
+
+
 def parse_pass_jitter(read, document: Mapping) -> PassJitter | None:
     """The optional `pass_jitter` section (`read`: the profile's reader, naming the field of any
     error); None when absent."""
     section = read.mapping(document, "pass_jitter", "pass_jitter", optional=True)
     if not section:
         return None
-    raw_levels = read.mapping(section, "levels", "pass_jitter.levels")
-    if not raw_levels:
+    times_s = _read_levels(read, section, "levels", "times", positive=True)
+    if not times_s:
         raise read.fail("pass_jitter.levels", "expected at least one number of ranks at once")
+    offsets_s = _read_levels(read, section, "start_offsets_s", "start offsets", positive=False)
+    for ranks, rows in offsets_s.items():
+        if len(rows) != len(times_s.get(ranks, ())):
+            raise read.fail(f"pass_jitter.start_offsets_s.{ranks}",
+                            f"expected one row per pass of pass_jitter.levels.{ranks} "
+                            f"({len(times_s.get(ranks, ()))}), got {len(rows)}")
     levels = {}
-    for key, rows in raw_levels.items():
-        where = f"pass_jitter.levels.{key}"
-        if not (isinstance(key, str) and key.isdigit() and int(key) >= 1):
-            raise read.fail(where, f"expected a number of ranks (an integer >= 1) as key, got {key!r}")
-        ranks = int(key)
+    for ranks, rows in times_s.items():
+        median_s = statistics.median(t for row in rows for t in row)
+        levels[ranks] = tuple(tuple(t / median_s for t in row) for row in rows)
+    return PassJitter(batch_size=read.integer(section, "batch_size", "pass_jitter.batch_size", minimum=1),
+                      levels=levels, start_offsets_s=offsets_s, times_s=times_s)
+
+
+def _read_levels(read, section: Mapping, key: str, what: str, *, positive: bool) -> dict[int, Rows]:
+    """{k: rows of k numbers} of `pass_jitter.<key>` (optional); numbers > 0 or, if not `positive`,
+    >= 0."""
+    raw = read.mapping(section, key, f"pass_jitter.{key}", optional=True) or {}
+    levels = {}
+    for name, rows in raw.items():
+        where = f"pass_jitter.{key}.{name}"
+        if not (isinstance(name, str) and name.isdigit() and int(name) >= 1):
+            raise read.fail(where, f"expected a number of ranks (an integer >= 1) as key, got {name!r}")
+        ranks = int(name)
         if not isinstance(rows, list) or not rows:
             raise read.fail(where, f"expected a non-empty list of rows, got {rows!r}")
-        times = []
+        parsed = []
         for i, row in enumerate(rows):
             if not isinstance(row, list) or len(row) != ranks:
-                raise read.fail(f"{where}[{i}]", f"expected a list of {ranks} times (one per rank), got {row!r}")
-            times.append(tuple(read.number({"value": v}, "value", f"{where}[{i}][{r}]", positive=True)
-                               for r, v in enumerate(row)))
-        median_s = statistics.median(t for row in times for t in row)
-        levels[ranks] = tuple(tuple(t / median_s for t in row) for row in times)
-    return PassJitter(batch_size=read.integer(section, "batch_size", "pass_jitter.batch_size", minimum=1),
-                      levels=dict(sorted(levels.items())))
+                raise read.fail(f"{where}[{i}]", f"expected a list of {ranks} {what} (one per rank), got {row!r}")
+            parsed.append(tuple(read.number({"value": v}, "value", f"{where}[{i}][{r}]", positive=positive,
+                                            minimum=None if positive else 0.0)
+                                for r, v in enumerate(row)))
+        levels[ranks] = tuple(parsed)
+    return dict(sorted(levels.items()))
 
 
 def percentile(values, percent: int) -> float:
@@ -106,7 +176,8 @@ def compute_concurrency(result) -> float:
 def jittered_step_times_s(result, costs, samples: int = DEFAULT_JITTER_SAMPLES) -> tuple[int, list[float]]:
     """(level, step times): the step of `result`'s plan (a `SimulationResult`) played once per draw
     of `costs.pass_jitter` at the level nearest the plan's compute concurrency: the same plan, every
-    rank's compute scaled by its factor (rank r of the plan takes column r mod the level)."""
+    rank's compute scaled by its factor and started after its offset (rank r of the plan takes
+    column r mod the level; `PassJitter.speed_draws`)."""
     from simulator.engine import Engine
     from simulator.schedules.steady_state import steady_state_plan, steady_state_window
     from simulator.simulate import engine_costs
@@ -123,14 +194,16 @@ def jittered_step_times_s(result, costs, samples: int = DEFAULT_JITTER_SAMPLES) 
     servers = scenario.strategy.num_parameter_servers
     offload_s = result.summary["memory"].get("offload_exposed_s", 0.0)
     times = []
-    for row in jitter.draws(level, samples):
+    for factors, offsets_s in jitter.speed_draws(level, samples, getattr(costs, "host_parallelism", None)):
         jittered = copy.copy(topology)
-        jittered.slowdowns = {device: row[rank % len(row)] for rank, device in enumerate(plan.rank_to_device)}
+        jittered.slowdowns = {device: factors[rank % len(factors)] for rank, device in enumerate(plan.rank_to_device)}
+        delays_s = [offsets_s[rank % len(offsets_s)] for rank in range(plan.num_ranks)]
+        jittered.start_delays_s = {device: delays_s[rank] for rank, device in enumerate(plan.rank_to_device)}
         spans = Engine(plan, jittered, played_costs, servers).run().spans
         if asynchronous:
             step_s = steady_state_window(spans, plan.workers_per_group, scenario.strategy.num_microbatches)[1]
-        else:
-            step_s = max((span[5] for span in spans), default=0.0)
+        else:  # as the validator times a step: each rank from its own start, the slowest rank
+            step_s = max((span[5] - delays_s[span[0]] for span in spans), default=0.0)
         times.append(step_s + offload_s)
     return level, times
 

@@ -62,7 +62,9 @@ class Topology:
     `Topology(num_nodes, gpus_per_node, intra, inter, nics_per_node)` is the two-tier fabric; the
     other fabrics come from `fat_tree`, `rail_optimized`, `torus_2d` and `from_graph`.
     `node_gpus` (node -> GpuSpec differing from the cluster's GPU) and `slowdowns` (device ->
-    compute slowdown) describe heterogeneous devices (`simulator.heterogeneity`).
+    compute slowdown) describe heterogeneous devices (`simulator.heterogeneity`); `start_delays_s`
+    (device -> seconds) holds a device's first compute back (ranks leaving a barrier one after
+    another on a shared host: `simulator.pass_jitter`).
     """
 
     def __init__(self, num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpec,
@@ -93,6 +95,7 @@ class Topology:
         self.links: list[Link] = []
         self.node_gpus: dict[int, GpuSpec] = {}
         self.slowdowns: dict[int, float] = {}
+        self.start_delays_s: dict[int, float] = {}
         self.owner: dict[str, int] = {}
         """Vertex -> node for the vertices inside a node (devices, node switch, NICs)."""
         self._edge_index: dict[tuple[str, str], int] = {}

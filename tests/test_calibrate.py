@@ -145,6 +145,8 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert all(len(row) == 2 and min(row) > 0 for row in jitter["levels"]["2"])
     factors = profile.pass_jitter.levels[2]
     assert statistics.median(f for row in factors for f in row) == pytest.approx(1.0)
+    offsets = jitter["start_offsets_s"]["2"]  # both ranks on this host: barrier exits on one clock
+    assert len(offsets) == 5 * 3 and all(len(row) == 2 and min(row) == 0.0 and max(row) < 1.0 for row in offsets)
 
     costs = ProfileCosts(profile, workload, optimizer="sgd")
     assert costs.cold_start is profile.cold_start and costs.pass_jitter is profile.pass_jitter

@@ -12,7 +12,7 @@ from simulator import load_scenario, simulate
 from simulator.document_reader import DocumentReader
 from simulator.errors import ScenarioError
 from simulator.pass_jitter import (PassJitter, compute_concurrency, jittered_prediction, jittered_step_times_s,
-                                   parse_pass_jitter)
+                                   parse_pass_jitter, shared_work_s)
 from simulator.workload import Layer, Workload
 from tests.helpers import FixedCosts
 
@@ -42,10 +42,33 @@ def test_rows_become_factors_over_the_median_of_their_level():
     ({"batch_size": 4, "levels": {"2": []}}, "pass_jitter.levels.2"),
     ({"batch_size": 0, "levels": {"1": [[0.01]]}}, "pass_jitter.batch_size"),
     ({"batch_size": 4, "levels": {}}, "pass_jitter.levels"),
+    ({"batch_size": 4, "levels": {"2": [[0.01, 0.02]]}, "start_offsets_s": {"2": [[0.0, -0.001]]}},
+     "pass_jitter.start_offsets_s.2[0][1]"),
+    ({"batch_size": 4, "levels": {"2": [[0.01, 0.02]]}, "start_offsets_s": {"2": [[0.0, 0.001], [0.0, 0.0]]}},
+     "pass_jitter.start_offsets_s.2"),
+    ({"batch_size": 4, "levels": {"2": [[0.01, 0.02]]}, "start_offsets_s": {"2": [[0.0]]}},
+     "pass_jitter.start_offsets_s.2[0]"),
 ])
 def test_a_bad_section_names_the_field(section, field):
     with pytest.raises(ScenarioError, match=re.escape(f"p.json: {field}: ")):
         parse(section)
+
+
+def test_start_offsets_stay_in_seconds_and_a_level_without_them_starts_together():
+    jitter = parse({"batch_size": 4, "levels": {"1": [[0.01]], "2": [[0.01, 0.03], [0.02, 0.02]]},
+                    "start_offsets_s": {"2": [[0.0, 0.004], [0.002, 0.0]]}})
+    assert jitter.start_offsets_s == {2: ((0.0, 0.004), (0.002, 0.0))}
+    assert jitter.times_s[2] == ((0.01, 0.03), (0.02, 0.02))
+    assert [offsets for _, offsets in jitter.speed_draws(2, 9)] == [(0.0, 0.004), (0.002, 0.0)]
+    assert jitter.speed_draws(1, 9) == [((1.0,), (0.0,))]
+
+
+def test_shared_work_is_each_ranks_share_of_the_cores_while_it_ran():
+    """One core, ranks over [0, 10] and [5, 15]: alone 5 s, sharing 5 s at half speed: 7.5 s each."""
+    assert shared_work_s([0.0, 5.0], [10.0, 10.0], 1.0) == pytest.approx((7.5, 7.5))
+    assert shared_work_s([0.0] * 4, [20.0] * 4, 2.0) == pytest.approx((10.0,) * 4)
+    assert shared_work_s([0.0, 0.0], [4.0, 10.0], 2.0) == pytest.approx((4.0, 10.0))  # a core each
+    assert shared_work_s([0.0, 0.0, 0.0], [3.0, 3.0, 6.0], 1.0) == pytest.approx((1.0, 1.0, 4.0))
 
 
 def test_the_level_nearest_the_concurrency_and_evenly_spaced_draws():
@@ -108,6 +131,31 @@ def test_a_pipeline_of_two_ranks_taking_turns_adds_their_slowdowns_and_draws_fro
     level, times = jittered_step_times_s(result, JitteredCosts(toy(), PassJitter(2, {2: ROWS})))
     assert times == pytest.approx([6.0, 9.0, 9.0])
     assert statistics.median(times) == pytest.approx(9.0)
+
+
+def test_a_rank_leaving_the_barrier_late_delays_the_step_from_the_first_ranks_start():
+    """DP as above (6 s of compute per rank at factor 1), free links. Draw 1: rank 1 starts 3 s late,
+    rank 0 waits for it at the allreduce: 9 s. Draw 3: rank 0 (factor 2) starts 1 s late and ends at
+    13; rank 1, started at 0, waits for it: 13 s."""
+    jitter = PassJitter(2, {2: ROWS}, start_offsets_s={2: ((0.0, 3.0), (0.0, 0.0), (1.0, 0.0))})
+    result, costs = run("dp", jitter, batch=2)
+    assert jittered_step_times_s(result, costs)[1] == pytest.approx([9.0, 12.0, 13.0])
+
+
+def test_on_a_shared_core_a_replayed_pass_ends_as_measured():
+    """Both ranks on one core (P = 1), passes of 12 s measured. Together from 0: 6 s of work each,
+    the typical pass (factor 1: the nominal 6 s). Rank 1 starting 6 s late: rank 0 ran alone 6 s, then
+    both at half speed until 12; 9 s of work each (factor 1.5). Replayed: [0, 12] and [6, 18], and
+    the DP step (free allreduce) 18 s from rank 0's start."""
+    together, late = (12.0, 12.0), (0.0, 6.0)
+    jitter = PassJitter(2, {2: ((1.0, 1.0),) * 3}, start_offsets_s={2: ((0.0, 0.0), late, (0.0, 0.0))},
+                        times_s={2: (together, together, together)})
+    assert [factors for factors, _ in jitter.speed_draws(2, 9, parallelism=1.0)] == [
+        pytest.approx((1.0, 1.0)), pytest.approx((1.5, 1.5)), pytest.approx((1.0, 1.0))]
+    result, costs = run("dp", jitter, batch=2)
+    costs.host_parallelism = 1.0
+    level, times = jittered_step_times_s(result, costs)
+    assert level == 2 and times == pytest.approx([12.0, 18.0, 12.0])
 
 
 def test_without_a_section_there_is_no_jittered_prediction():

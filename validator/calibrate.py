@@ -23,7 +23,8 @@
    After every sweep, **whole-model passes** (`validator.pass_jitter_bench`): forward + backward
    of the whole model at the middle batch size, each after a barrier, all ranks at once; every
    pass's time on every rank goes into `pass_jitter` (how much a step's slowest rank is slower
-   than the typical pass: `simulator.pass_jitter`).
+   than the typical pass: `simulator.pass_jitter`), and, when all ranks share one host, each
+   rank's exit from the pass's barrier after the first rank's (`start_offsets_s`).
 2. **Optimizer, all ranks at once**: one update (step, then the gradients zeroed, as the runtimes
    do) over the parameters of each layer and of each prefix of layers (the stages a plan can
    have), fitted against the number of parameters; then, on the same sets, the asynchronous

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -182,6 +183,7 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
     jitter_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
     jitter_levels = sorted({world, world if device != "cpu" else min(world, os.cpu_count() or 1)})
     pass_times_s = {k: [] for k in jitter_levels}  # ranks at once -> this rank's pass times
+    pass_starts_s = {k: [] for k in jitter_levels}  # ... and their starts (barrier exits), host clock
     for slot in range(len(_PHASES) + 1):
         for _ in range(slots.count(slot)):
             say(settings, f"layers, pass {len(runs) + 1} of {len(slots)}: {workload.num_layers} layers x "
@@ -195,7 +197,7 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
             say(settings, f"whole-model passes at batch {jitter_batch}: {settings.jitter_passes}, {k} rank(s) at once")
             pass_times_s[k] += time_model_passes(workload, jitter_batch, settings.jitter_passes, device=device,
                                                  models=settings.models, seed=settings.seed, barrier=dist.barrier,
-                                                 active=rank < k)
+                                                 active=rank < k, started_at_s=pass_starts_s[k])
         if slot < len(_PHASES):
             measured.update(_PHASES[slot](settings, device, rank))
     everyone = [None] * world
@@ -203,13 +205,18 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
     layer_medians = {}  # {k: [per active rank: rows with forward_s / backward_s of that level]}
     for position, k in enumerate(levels):
         layer_medians[k] = [[entry["rounds"][position] for entry in rank_rows] for rank_rows, _ in everyone[:k]]
-    every_pass_s = [None] * world
-    dist.all_gather_object(every_pass_s, pass_times_s)
+    every_pass = [None] * world
+    dist.all_gather_object(every_pass, (pass_times_s, pass_starts_s, socket.gethostname()))
     pass_jitter = None
     if settings.jitter_passes > 0:
         pass_jitter = {"batch_size": jitter_batch, "passes_per_burst": settings.jitter_passes,
-                       "levels": {str(k): [list(row) for row in zip(*(times[k] for times in every_pass_s[:k]))]
+                       "levels": {str(k): [list(row) for row in zip(*(times[k] for times, _, _ in every_pass[:k]))]
                                   for k in jitter_levels}}
+        if len({host for _, _, host in every_pass}) == 1:  # one host: one monotonic clock for all ranks
+            pass_jitter["start_offsets_s"] = {
+                str(k): [[start - min(row) for start in row]
+                         for row in zip(*(starts[k] for _, starts, _ in every_pass[:k]))]
+                for k in jitter_levels}
     dist.barrier()
     measure_s = time.perf_counter() - started
     machine_after, own_after = _machine_cpu(), _own_cpu_s()
