@@ -67,10 +67,7 @@ class PassJitter:
     def draws(self, level: int, samples: int) -> list[tuple[float, ...]]:
         """`samples` rows of `level` at evenly spaced positions (all rows when there are fewer)."""
         rows = self.levels[level]
-        count = len(rows)
-        if samples >= count:
-            return list(rows)
-        return [rows[(2 * i + 1) * count // (2 * samples)] for i in range(samples)]
+        return [rows[i] for i in _spaced(len(rows), samples)]
 
     def speed_draws(self, level: int, samples: int,
                     parallelism: float | None = None) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
@@ -78,16 +75,13 @@ class PassJitter:
         `parallelism` P (a shared host) the factors are the ranks' work under processor sharing over
         the level's median work (module docstring); else the rows of `levels`."""
         factors = self.levels[level]
-        count = len(factors)
-        indices = (range(count) if samples >= count
-                   else [(2 * i + 1) * count // (2 * samples) for i in range(samples)])
         offsets = self.start_offsets_s.get(level) or tuple((0.0,) * len(row) for row in factors)
         if parallelism is not None:
             times = self.times_s.get(level) or factors
             work = [shared_work_s(starts, row, parallelism) for starts, row in zip(offsets, times)]
             median_work = statistics.median(w for row in work for w in row)
             factors = tuple(tuple(w / median_work for w in row) for row in work)
-        return [(factors[i], offsets[i]) for i in indices]
+        return [(factors[i], offsets[i]) for i in _spaced(len(factors), samples)]
 
     def spread(self, level: int) -> dict:
         """The median over passes of the slowest rank's factor, and the ranks' mean coefficient of
@@ -96,6 +90,13 @@ class PassJitter:
         cvs = [statistics.pstdev(c) / statistics.mean(c) for c in zip(*rows)]
         return {"median_slowest_factor": statistics.median(max(row) for row in rows),
                 "mean_cv": statistics.mean(cvs), "passes": len(rows)}
+
+
+def _spaced(count: int, samples: int) -> list[int]:
+    """`samples` indices evenly spaced over `count` rows (all of them when there are fewer)."""
+    if samples >= count:
+        return list(range(count))
+    return [(2 * i + 1) * count // (2 * samples) for i in range(samples)]
 
 
 def shared_work_s(starts_s: Sequence[float], times_s: Sequence[float], parallelism: float) -> tuple[float, ...]:
