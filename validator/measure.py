@@ -1,6 +1,8 @@
 """Measured runs: warm-up, then k synchronised steps per rank; and the single-process reference.
 
-Step time: every step starts after a barrier; a rank's step time runs from there to the end of its
+Step time: each rank loads its part of the step's batch, then every step starts after a barrier
+(batch generation stands in for a data loader, which the simulator does not model, and stays
+outside the timed step); a rank's step time runs from there to the end of its
 last action (its sends and allreduces complete); the step's time is the maximum over ranks
 (all-reduced with MAX). The reported figure is the median over the k measured steps.
 
@@ -57,6 +59,7 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
                               options.seed, options.device)
     step_times_s, step_spans = [], []
     for step in range(options.warmup + options.steps):
+        executor.load_batch(step)  # the data loader's part, outside the timed step (not simulated)
         dist.barrier()
         started = time.perf_counter()
         spans = executor.step(step)

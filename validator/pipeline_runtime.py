@@ -189,8 +189,9 @@ class PipelineExecutor:
         return next(c for c in self.own_chunks if self.chunks[c][0] <= layer < self.chunks[c][1])
 
     # ------------------------------------------------------------------ one step
-    def step(self, step_index: int) -> list[tuple]:
-        """Run the rank's actions once; return its spans (seconds from the step's start)."""
+    def load_batch(self, step_index: int) -> None:
+        """Generate step `step_index`'s batch and keep this rank's part (before the step's barrier
+        in measured runs, as `validator.runtime.RankExecutor.load_batch`)."""
         group_batch = int(self.plan.group_batch)
         inputs, targets = make_batch(self.workload, group_batch * self.plan.num_groups,
                                      seed=self.seed + 1000 + step_index)
@@ -200,7 +201,12 @@ class PipelineExecutor:
         own = (lambda t: t[rows].clone()) if self.plan.num_groups > 1 else (lambda t: t)
         self.batch = (own(inputs).to(self.device) if 0 in self.own_chunks else None,
                       own(targets).to(self.device) if len(self.chunks) - 1 in self.own_chunks else None)
-        del inputs, targets
+        self.batch_step = step_index
+
+    def step(self, step_index: int) -> list[tuple]:
+        """Run the rank's actions once; return its spans (seconds from the step's start)."""
+        if getattr(self, "batch_step", None) != step_index:
+            self.load_batch(step_index)
         self.received, self.flight, self.predicted, self.stashed = {}, {}, {}, {}
         self.pending_sends, self.reductions, self.unreduced, self.spans = {}, [], [], []
         self.last_backward = None

@@ -111,8 +111,9 @@ class RankExecutor:
         return layer_output_shapes(self.workload, self.seed)
 
     # ------------------------------------------------------------------ one step
-    def step(self, step_index: int) -> list[tuple]:
-        """Run the rank's actions once; return its spans (seconds from the step's start)."""
+    def load_batch(self, step_index: int) -> None:
+        """Generate step `step_index`'s batch and keep this rank's part (a data loader's job: the
+        measured runs call it before the step's barrier, so the step time excludes it)."""
         inputs, targets = make_batch(self.workload, int(self.plan.group_batch * self.plan.num_groups),
                                      seed=self.seed + 1000 + step_index)
         rows = slice(self.group_index * self.group_batch, (self.group_index + 1) * self.group_batch)
@@ -120,7 +121,12 @@ class RankExecutor:
         # view pinning the whole generated batch), the inputs on the first stage only
         self.batch = (inputs[rows].clone().to(self.device) if self.stage_index == 0 else None,
                       targets[rows].clone().to(self.device))
-        del inputs, targets
+        self.batch_step = step_index
+
+    def step(self, step_index: int) -> list[tuple]:
+        """Run the rank's actions once; return its spans (seconds from the step's start)."""
+        if getattr(self, "batch_step", None) != step_index:
+            self.load_batch(step_index)
         self.received, self.pending_sends, self.reductions, self.spans = {}, [], [], []
         self.layer_inputs, self.layer_outputs, self.input_grads = {}, {}, {}
         self.last_segment, self.selected = None, {}

@@ -100,13 +100,21 @@ class TorchPipelineExecutor:
             self.stage, self.num_microbatches, loss_fn=functools.partial(loss_fn, workload), scale_grads=True)
         self.losses: list[float] = []
 
-    def step(self, step_index: int) -> list[tuple]:
-        """One schedule call, the replica allreduce (G > 1), the update; spans from the step's start."""
+    def load_batch(self, step_index: int) -> None:
+        """Generate step `step_index`'s batch and keep this group's rows (before the step's barrier
+        in measured runs, as `validator.runtime.RankExecutor.load_batch`)."""
         inputs, targets = make_batch(self.workload, self.group_batch * self.plan.num_groups,
                                      seed=self.seed + 1000 + step_index)
         base = self.group_index * self.group_batch
-        inputs = inputs[base:base + self.group_batch].to(self.device)
-        targets = targets[base:base + self.group_batch].to(self.device)
+        self.batch = (inputs[base:base + self.group_batch].to(self.device),
+                      targets[base:base + self.group_batch].to(self.device))
+        self.batch_step = step_index
+
+    def step(self, step_index: int) -> list[tuple]:
+        """One schedule call, the replica allreduce (G > 1), the update; spans from the step's start."""
+        if getattr(self, "batch_step", None) != step_index:
+            self.load_batch(step_index)
+        inputs, targets = self.batch
         self.spans: list[tuple] = []
         self.step_start = time.perf_counter()
         args = (inputs,) if self.stage.is_first else ()
