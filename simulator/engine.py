@@ -84,6 +84,7 @@ class Engine:
         self._weights_touched_s: list[dict[int, float]] = [{} for _ in plan.actions]
         self._forward_done_s: list[dict[tuple[int, int], float]] = [{} for _ in plan.actions]
         self._updated_s = [0.0 for _ in plan.actions]
+        self._update_state_share = [getattr(model, "update_state_share", 1.0) for model in self._rank_costs]
         self._weight_shares: dict[tuple, float] = {}
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)
@@ -280,14 +281,15 @@ class Engine:
     def _cold_factor(self, action: Compute, rank: int, start_s: float) -> float:
         """How much slower than back to back the action runs on operands of their present age
         (`simulator.cold_start`): 1 without a cold-start calibration; the update by the age of the
-        optimizer state (the rank's previous update), a top-k selection by its residual's (the
+        optimizer state (the rank's previous update) and of its layers' weights, a top-k selection by its residual's (the
         previous step's, taken to end at time 0); forward and backward passes by each layer's
         weights' and activations' ages, weighted by the layers' back-to-back times."""
         cold = self._cold[rank]
         if cold is None:
             return 1.0
         if action.phase == OPTIMIZER:
-            return cold.update_factor(start_s - self._updated_s[rank])
+            return cold.update_factor(start_s - self._updated_s[rank], self._weights_coldness(action, rank, start_s),
+                                      self._update_state_share[rank])
         if action.phase == SELECTION_PHASE:  # its residual: touched by the previous step's selection
             return cold.selection_factor(start_s)
         if action.phase not in (FORWARD, BACKWARD):
@@ -304,6 +306,18 @@ class Engine:
             slowed_s += base_s * factor
             hot_s += base_s
         return slowed_s / hot_s if hot_s > 0 else 1.0
+
+    def _weights_coldness(self, action: Compute, rank: int, start_s: float) -> float:
+        """Coldness of the updated layers' weights and gradients (last touched by their backward),
+        weighted by the layers' parameters."""
+        cold, touched = self._cold[rank], self._weights_touched_s[rank]
+        layers = self._rank_costs[rank].workload.layers
+        weighted = total = 0.0
+        for layer in range(action.layer_start, action.layer_end):
+            params = layers[layer].num_params
+            weighted += params * cold.coldness(start_s - touched.get(layer, 0.0))
+            total += params
+        return weighted / total if total > 0 else cold.coldness(start_s - self._updated_s[rank])
 
     def _weight_share(self, costs, layer: int, action: Compute) -> float:
         key = (layer, action.phase, action.batch)

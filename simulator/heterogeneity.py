@@ -52,6 +52,7 @@ class Slowed:
         self.factor = factor
         self.cold_start = getattr(costs, "cold_start", None)  # the engine's cold-operand model, if any
         self.workload = getattr(costs, "workload", None)
+        self.update_state_share = getattr(costs, "update_state_share", 1.0)
 
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         return self.costs.compute_s(layer_index, phase, batch) * self.factor

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from simulator.cold_start import update_state_share
 from simulator.costs import OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.profile import Profile, load_profile
@@ -76,6 +77,8 @@ class ProfileCosts:
         self._forward = [layer.forward for layer in profile.layers]
         self._backward = [layer.backward for layer in profile.layers]
         self.cold_start = profile.cold_start
+        self.update_state_share = update_state_share(profile.optimizer_name)
+        """The optimizer state's share of an update's bytes (its other operands age apart, `simulator.cold_start`)."""
         """Read by the engine, which knows how long each pass's operands sat untouched."""
         self.pass_jitter = profile.pass_jitter
         """Read by `simulator.pass_jitter.jittered_prediction` (the validator's prediction)."""

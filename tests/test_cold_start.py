@@ -9,7 +9,7 @@ import re
 import pytest
 
 from simulator import load_scenario, simulate
-from simulator.cold_start import ColdStart, parse_cold_start, weight_share
+from simulator.cold_start import ColdStart, parse_cold_start, update_state_share, weight_share
 from simulator.document_reader import DocumentReader
 from simulator.errors import ScenarioError
 from simulator.workload import Layer, Workload
@@ -37,6 +37,17 @@ def test_factor_is_one_when_hot_and_the_calibrated_ratio_when_cold():
     assert model.layer_factor("F", 0, 1.0, DECAY_S, 0.0) == pytest.approx(1 + 1 * coldness(DECAY_S))
     assert model.update_factor(0.0) == 1.0 and model.update_factor(1e9) == pytest.approx(1.5)
     assert cold(topk=1.8).selection_factor(DECAY_S) == pytest.approx(1 + 0.8 * coldness(DECAY_S))
+
+
+def test_the_update_mixes_the_ages_of_its_state_and_of_its_weights_by_their_bytes():
+    model = cold(optimizer=1.5)
+    # state cold for a long time, weights and gradients just written: only the state's share pays
+    assert model.update_factor(1e9, 0.0, 0.4) == pytest.approx(1 + 0.5 * 0.4)
+    assert model.update_factor(1e9, 0.0, 0.0) == 1.0  # plain SGD: no state
+    assert model.update_factor(DECAY_S, 1.0, 0.25) == pytest.approx(1 + 0.5 * (0.25 * coldness(DECAY_S) + 0.75))
+    assert update_state_share("sgd") == 0.0
+    assert update_state_share("momentum") == pytest.approx(2 / 5)  # velocity read + written of 5 words
+    assert update_state_share("adam") == pytest.approx(4 / 7)      # two moments of 7 words
 
 
 def test_a_measured_ratio_below_one_is_noise_and_counts_as_one():
@@ -135,6 +146,20 @@ def test_the_engine_slows_each_pass_by_the_age_of_its_operands():
     assert b0[1] - b0[0] == pytest.approx(2.0 * (1 + (3.0 - 1) * coldness(age)))
     u0 = span(0, "optimizer")
     assert u0[1] - u0[0] == pytest.approx(1.0 * (1 + 0.5 * coldness(u0[0])))  # state aged since the step began
+
+
+@pytest.mark.parametrize("state_share", [0.0, 0.4])
+def test_the_engine_ages_an_update_by_its_state_and_by_its_layers_last_backward(state_share):
+    """The same two stages; rank 0's update starts as its backward ends: its weights and gradients
+    are hot, its state (share `state_share`) aged since the step began."""
+    costs = ColdCosts(toy(), cold())
+    costs.update_state_share = state_share
+    spans = simulate_mp(costs).spans
+    rows = spans[spans["rank"] == 0].set_index("name")
+    start_s, end_s = rows.loc["optimizer", "start_s"], rows.loc["optimizer", "end_s"]
+    assert start_s == pytest.approx(rows.loc["B0 L0-0", "end_s"])
+    assert end_s - start_s == pytest.approx(1.0 * (1 + 0.5 * state_share * coldness(start_s)))
+    assert end_s - start_s < 1.0 + 0.5 * coldness(start_s) - 1e-3  # less than with every operand as old as the state
 
 
 def test_without_a_cold_start_model_passes_run_at_their_back_to_back_times():
