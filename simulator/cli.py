@@ -53,6 +53,9 @@ def build_parser(extend=None) -> argparse.ArgumentParser:
     sim.add_argument("--profile", metavar="FILE", help="calibration profile from `ghpsim calibrate` (default: analytic costs)")
     sim.add_argument("--trace", metavar="FILE", help="write the step's timeline as Perfetto trace JSON")
     sim.add_argument("--memory-plot", metavar="FILE.png", help="write each device's memory over the step as a PNG")
+    sim.add_argument("--jitter", action="store_true",
+                     help="also the step under the profile's measured pass-to-pass jitter: median and 10th-90th "
+                          "percentiles over draws (needs a --profile with a pass_jitter section)")
 
     cmp_ = commands.add_parser("compare", help="simulate several strategies, sorted by step time")
     _add_scenario_args(cmp_)
@@ -128,7 +131,12 @@ def _profile_costs(scenario, args):
 def cmd_simulate(args) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
     costs = _profile_costs(scenario, args)
+    if args.jitter:
+        check_jitter_source(costs, args.profile)
     result = simulate(scenario, costs=costs, workload=costs.workload if costs else None)
+    if args.jitter:
+        from simulator.pass_jitter import jittered_prediction
+        result.summary["jitter"] = jittered_prediction(result, costs)
     if args.trace:
         labels = {row["rank"]: f"rank {row['rank']} (gpu{row['device']}, node {row['node']})"
                   for row in result.summary["devices"]}
@@ -143,6 +151,15 @@ def cmd_simulate(args) -> int:
         if args.trace:
             print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
     return 0
+
+
+def check_jitter_source(costs, profile_path: str | None) -> None:
+    """ScenarioError (exit 2) unless `--jitter` has a profile with measured pass jitter to draw from."""
+    if costs is None:
+        raise ScenarioError("--jitter: needs --profile (the jitter is the profile's measured pass-to-pass spread)")
+    if getattr(costs, "pass_jitter", None) is None:
+        raise ScenarioError(f"--jitter: the profile {profile_path} has no pass_jitter section "
+                            "(recalibrate with `ghpsim calibrate`)")
 
 
 def cmd_list(args) -> int:

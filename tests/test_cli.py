@@ -160,6 +160,42 @@ def test_simulate_and_compare_with_a_calibration_profile(capsys):
     assert times == pytest.approx({"mp": expected.step_time_s, "dp": dp.step_time_s}, rel=1e-12)
 
 
+def test_simulate_with_jitter_adds_the_step_under_the_profiles_measured_jitter(capsys):
+    """--jitter: the same draws `ghpsim validate` predicts from (simulator.pass_jitter), in the
+    JSON and on the summary's screen."""
+    from simulator.model_source import resolve_workload
+    from simulator.pass_jitter import jittered_prediction
+    from simulator.profile_costs import profile_costs
+
+    overrides = ["cluster.gpus_per_node=2", "strategy.kind=dp"]
+    scenario = load_scenario(MLP_CPU, overrides)
+    costs = profile_costs(MLP_PROFILE, resolve_workload(scenario.model, scenario.base_dir))
+    expected = jittered_prediction(simulate(scenario, costs=costs, workload=costs.workload), costs)
+    argv = ("simulate", MLP_CPU, "--set", overrides[0], "--set", overrides[1], "--profile", MLP_PROFILE, "--jitter")
+    jitter = run_json(capsys, *argv)["jitter"]
+    assert jitter["step_time_s"] == pytest.approx(expected["step_time_s"], rel=1e-12)
+    assert jitter["p10_step_s"] <= jitter["step_time_s"] <= jitter["p90_step_s"]
+    assert jitter["p10_step_s"] < jitter["p90_step_s"] and jitter["draws"] == expected["draws"] > 1
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0 and "under measured pass jitter: median" in out and f"{jitter['draws']} draws" in out
+
+
+@pytest.mark.parametrize("profile, message", [
+    (None, "--jitter: needs --profile"),
+    ("no_jitter.json", "no_jitter.json has no pass_jitter section"),
+])
+def test_simulate_jitter_without_a_measured_jitter_is_a_one_line_error(capsys, tmp_path, profile, message):
+    argv = ["simulate", MLP_CPU, "--set", "cluster.gpus_per_node=2", "--jitter"]
+    if profile:
+        document = json.loads(Path(MLP_PROFILE).read_text())
+        del document["pass_jitter"]
+        (tmp_path / profile).write_text(json.dumps(document))
+        argv += ["--profile", str(tmp_path / profile)]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 @pytest.mark.parametrize("profile,optimizer,message", [
     ("missing.json", "sgd", "missing.json: calibration profile not found"),
     (MLP_PROFILE, "adam", "optimizer.name: the profile timed 'sgd' but the scenario trains with 'adam'"),
