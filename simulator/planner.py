@@ -4,7 +4,10 @@ Candidates (`enumerate_candidates`): `dp`; `mp`; `ghp` for every G x M = N with 
 placements; and each pipeline kind the strategies implement (`PIPELINE_KINDS` present in
 `STRATEGIES`) for every G x M = N with M >= 2, with m micro-batches per replica for each m of
 `MICROBATCH_COUNTS` that divides the group batch B/G (interleaved_1f1b with `VIRTUAL_STAGES` model
-chunks per rank). Impossible ones (batch not divisible by G or by m, more stages than layers) are
+chunks per rank); and, for models with attention layers and analytic costs (or when asked by
+name), `megatron` 3D plans: every tensor-parallel degree t >= 2 that fits in a node (Megatron keeps
+TP on the node's links, Narayanan et al. SC'21, sec. 3.2) times every pipeline depth p, with d =
+N / (t p) replicas and each m of `MICROBATCH_COUNTS` (m = 1 without a pipeline). Impossible ones (batch not divisible by G or by m, more stages than layers) are
 not simulated; `skipped` lists each with the reason. On a single node both placements use the same
 links, so only `group_per_node` is kept.
 
@@ -42,6 +45,7 @@ ASYNC_KINDS = ("pipedream", "spectrain", "delayed_gradient")
 """Pipeline kinds that update with stale weights (PAPERS.md sections 2 and 5): ranked by time per
 step like the others, but not equivalent to mini-batch SGD."""
 VIRTUAL_STAGES = 2
+MEGATRON = "megatron"
 PLACEMENTS = ("group_per_node", "stage_per_node")
 MEMORY_MODEL = "simulated (memory model)"
 MEMORY_ESTIMATE = "estimate (simulator.heuristics.estimate_peak_memory_bytes)"
@@ -57,9 +61,19 @@ class Candidate:
     placement: str = "group_per_node"
     num_microbatches: int = 1
     num_virtual_stages: int = 1
+    tp_degree: int = 1
+    """megatron: tensor-parallel ranks t; then num_groups = d t pipelines of workers_per_group = p stages."""
+
+    @property
+    def data_parallel(self) -> int:
+        """Replicas d of the model (G for dp / mp / ghp / pipelines, G / t for megatron)."""
+        return self.num_groups // self.tp_degree
 
     @property
     def label(self) -> str:
+        if self.kind == MEGATRON:
+            return (f"megatron (t={self.tp_degree} x p={self.workers_per_group} x d={self.data_parallel}) "
+                    f"m={self.num_microbatches}")
         text = f"{self.kind} (G={self.num_groups} x M={self.workers_per_group})"
         if self.kind in PIPELINE_KINDS:
             text += f" m={self.num_microbatches}" + (f" v={self.num_virtual_stages}" if self.num_virtual_stages > 1 else "")
@@ -94,18 +108,27 @@ def scenario_for_gpus(scenario: Scenario, num_gpus: int | None) -> Scenario:
 
 
 def candidate_kinds() -> tuple[str, ...]:
-    """dp, mp, ghp and every pipeline kind the strategies implement now."""
-    return ("dp", "mp", "ghp", *(kind for kind in PIPELINE_KINDS if kind in STRATEGIES))
+    """dp, mp, ghp, every pipeline kind the strategies implement now, and megatron."""
+    return ("dp", "mp", "ghp", *(kind for kind in PIPELINE_KINDS if kind in STRATEGIES), MEGATRON)
+
+
+def default_kinds(tensor_parallel: bool) -> tuple[str, ...]:
+    """The kinds enumerated without `--kinds`: all, megatron only where `tensor_parallel` (a model
+    with attention layers, simulated with analytic costs: a profile times whole layers)."""
+    return tuple(kind for kind in candidate_kinds() if kind != MEGATRON or tensor_parallel)
 
 
 def enumerate_candidates(scenario: Scenario, num_layers: int, kinds: tuple[str, ...] | None = None,
                          microbatch_counts: tuple[int, ...] = MICROBATCH_COUNTS) -> tuple[list[Candidate], list[dict]]:
-    """(candidates to simulate, skipped [{"label", "reason"}]) on the scenario's N GPUs."""
+    """(candidates to simulate, skipped [{"label", "reason"}]) on the scenario's N GPUs; `kinds`
+    None: `default_kinds(True)`."""
     num_gpus, batch = scenario.num_gpus, scenario.training.global_batch_size
     divisors = [g for g in range(1, num_gpus + 1) if num_gpus % g == 0]
     proposed: list[Candidate] = []
-    for kind in kinds or candidate_kinds():
-        if kind in ("dp", "mp"):
+    for kind in kinds or default_kinds(True):
+        if kind == MEGATRON:
+            proposed += megatron_candidates(num_gpus, scenario.cluster.gpus_per_node, microbatch_counts)
+        elif kind in ("dp", "mp"):
             proposed.append(grid_candidate(num_gpus, 1) if kind == "dp" else grid_candidate(1, num_gpus))
         elif kind == "ghp":
             proposed += [Candidate("ghp", g, num_gpus // g, p) for g in divisors[1:-1] for p in PLACEMENTS]
@@ -123,9 +146,27 @@ def enumerate_candidates(scenario: Scenario, num_layers: int, kinds: tuple[str, 
     return candidates, skipped
 
 
+def megatron_candidates(num_gpus: int, gpus_per_node: int, microbatch_counts: tuple[int, ...]) -> list[Candidate]:
+    """t x p x d = N with 2 <= t <= gpus_per_node (t | N), every p | N / t; m of `microbatch_counts`
+    (only m = 1 for p = 1: no pipeline to fill)."""
+    found = []
+    for tp in range(2, min(num_gpus, gpus_per_node) + 1):
+        if num_gpus % tp:
+            continue
+        for pp in (p for p in range(1, num_gpus // tp + 1) if (num_gpus // tp) % p == 0):
+            for micro in (microbatch_counts if pp > 1 else (1,)):
+                found.append(Candidate(MEGATRON, num_gpus // pp, pp, "group_per_node", micro, 1, tp))
+    return found
+
+
 def invalid_reason(candidate: Candidate, batch: int, num_layers: int, num_nodes: int) -> str | None:
     """Why a candidate cannot run (or need not: a duplicate), else None."""
-    groups, workers, micro = candidate.num_groups, candidate.workers_per_group, candidate.num_microbatches
+    groups, workers, micro = candidate.data_parallel, candidate.workers_per_group, candidate.num_microbatches
+    if candidate.kind == MEGATRON:
+        if batch % groups:
+            return f"training.global_batch_size {batch} is not divisible by d={groups} replicas"
+        if (batch // groups) % micro:
+            return f"replica batch {batch // groups} is not divisible by m={micro} micro-batches"
     if batch % groups:
         return f"training.global_batch_size {batch} is not divisible by G={groups}"
     if workers * candidate.num_virtual_stages > num_layers:
@@ -143,6 +184,12 @@ def candidate_scenario(scenario: Scenario, candidate: Candidate) -> dict:
     partition = raw["strategy"]["partition"]
     if not isinstance(partition, str) and len(partition) != candidate.workers_per_group * candidate.num_virtual_stages:
         partition = "balanced"
+    if candidate.kind == MEGATRON:
+        raw["strategy"] = {**raw["strategy"], "kind": MEGATRON, "placement": "group_per_node", "num_groups": None,
+                           "tp_degree": candidate.tp_degree, "pp_degree": candidate.workers_per_group,
+                           "num_microbatches": candidate.num_microbatches, "partition": partition,
+                           "num_virtual_stages": 1}
+        return raw
     raw["strategy"] = {**raw["strategy"], "kind": candidate.kind, "placement": candidate.placement,
                        "num_groups": None if candidate.kind in ("dp", "mp") else candidate.num_groups,
                        "num_microbatches": candidate.num_microbatches, "partition": partition,
@@ -267,6 +314,8 @@ def rank_candidates(scenario: Scenario, num_gpus: int | None = None, *, kinds: t
     workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), scenario.base_dir)
     if profile_path:
         _profile_costs(profile_path, workload)  # a foreign or broken profile: one error, not one per candidate
+    if kinds is None:
+        kinds = default_kinds(not profile_path and any(layer.kind == "attention" for layer in workload.layers))
     candidates, skipped = enumerate_candidates(scenario, workload.num_layers, kinds, microbatch_counts)
     payloads = [{"label": c.label, "scenario": candidate_scenario(scenario, c), "origin": scenario.source,
                  "base_dir": scenario.base_dir, "profile": profile_path} for c in candidates]
@@ -295,6 +344,7 @@ def _row(candidate: Candidate, outcome: dict, device_memory_bytes: float) -> dic
     return {"label": candidate.label, "kind": candidate.kind, "num_groups": candidate.num_groups,
             "workers_per_group": candidate.workers_per_group, "placement": candidate.placement,
             "num_microbatches": candidate.num_microbatches, "num_virtual_stages": candidate.num_virtual_stages,
+            "tp_degree": candidate.tp_degree,
             "partition": summary["partition"], "step_time_s": step_s,
             "throughput_samples_per_s": summary["throughput_samples_per_s"], "speedup": summary["speedup"],
             "comm_share": comm_s / step_s if step_s > 0 else 0.0, "peak_memory_bytes": peak,

@@ -29,7 +29,8 @@ def add_parser(commands) -> None:
     parser.add_argument("--plot", metavar="FILE.png", help="write the ranking as a bar plot")
     parser.add_argument("--workers", type=int, default=None, help="simulation processes (default: CPU count)")
     parser.add_argument("--kinds", default=None,
-                        help="comma list of strategy kinds to enumerate (default: dp, mp, ghp and every pipeline kind)")
+                        help="comma list of strategy kinds to enumerate (default: dp, mp, ghp, every pipeline kind and, "
+                             "for models with attention layers, megatron)")
     parser.add_argument("--microbatches", default=",".join(map(str, MICROBATCH_COUNTS)),
                         help="micro-batch counts m tried for pipeline kinds (comma list)")
 

@@ -82,7 +82,7 @@ def test_pipeline_candidates_micro_batch_counts():
     assert "group batch 2 is not divisible by m=4 micro-batches" in {s["reason"] for s in skipped}
     interleaved, _ = enumerate_candidates(load_scenario(tiny()), 16, kinds=("interleaved_1f1b",), microbatch_counts=(4,))
     assert {c.num_virtual_stages for c in interleaved} == {2} and interleaved[0].label.endswith("m=4 v=2")
-    assert set(candidate_kinds()) <= set(STRATEGIES) | {"dp", "mp", "ghp"}
+    assert set(candidate_kinds()) <= set(STRATEGIES) | {"dp", "mp", "ghp", "megatron"}
 
 
 def test_gpus_override_rule():
@@ -203,3 +203,48 @@ def test_rank_cli_table_and_errors(capsys):
     assert code == 2 and "--top: 0" in err
     code, _, err = run(capsys, "rank", DEMO, "--kinds", "dp,zz")
     assert code == 2 and "--kinds: 'dp,zz': choose from dp, mp, ghp" in err
+
+
+# ----------------------------------------------------------------------------- megatron
+
+
+def tiny_transformer(num_nodes=1, gpus_per_node=4, batch=16) -> dict:
+    """The validation transformer (4 blocks, 4 heads) on the tiny cluster."""
+    raw = tiny(num_nodes=num_nodes, gpus_per_node=gpus_per_node, batch=batch)
+    raw["model"] = {"name": "transformer", "params": {"num_layers": 4, "hidden_size": 128, "num_heads": 4,
+                                                      "seq_len": 32, "vocab_size": 512}}
+    return raw
+
+
+def test_megatron_candidates_keep_tensor_parallelism_inside_a_node():
+    found, skipped = enumerate_candidates(load_scenario(tiny(num_nodes=2, gpus_per_node=4)), 16, kinds=("megatron",),
+                                          microbatch_counts=(2, 4))
+    # N = 8, t in {2, 4} (a node has 4 GPUs); t = 2: p in {1, 2, 4}, t = 4: p in {1, 2}; m = 1 without a pipeline
+    assert labels(found) == [
+        "megatron (t=2 x p=1 x d=4) m=1", "megatron (t=2 x p=2 x d=2) m=2", "megatron (t=2 x p=2 x d=2) m=4",
+        "megatron (t=2 x p=4 x d=1) m=2", "megatron (t=2 x p=4 x d=1) m=4",
+        "megatron (t=4 x p=1 x d=2) m=1", "megatron (t=4 x p=2 x d=1) m=2", "megatron (t=4 x p=2 x d=1) m=4"]
+    assert skipped == []
+    found, skipped = enumerate_candidates(load_scenario(tiny(num_nodes=2, gpus_per_node=4, batch=6)), 16,
+                                          kinds=("megatron",), microbatch_counts=(4,))
+    reasons = {s["label"]: s["reason"] for s in skipped}
+    assert reasons["megatron (t=2 x p=1 x d=4) m=1"] == "training.global_batch_size 6 is not divisible by d=4 replicas"
+    assert reasons["megatron (t=2 x p=2 x d=2) m=4"] == "replica batch 3 is not divisible by m=4 micro-batches"
+    assert labels(found) == ["megatron (t=4 x p=1 x d=2) m=1"]  # 6 / 2 replicas, no micro-batches
+
+
+def test_a_transformer_ranks_megatron_plans_as_their_own_simulations():
+    scenario = load_scenario(tiny_transformer())
+    ranking = rank_candidates(scenario, microbatch_counts=(2,), workers=1, show_progress=False)
+    megatron = [row for row in ranking.rows if row["kind"] == "megatron"]
+    assert {row["label"] for row in megatron} == {"megatron (t=2 x p=1 x d=2) m=1", "megatron (t=2 x p=2 x d=1) m=2",
+                                                  "megatron (t=4 x p=1 x d=1) m=1"}
+    for row in megatron:
+        t, p = row["tp_degree"], row["workers_per_group"]
+        direct = simulate(load_scenario(tiny_transformer(), [
+            "strategy.kind=megatron", f"strategy.tp_degree={t}", f"strategy.pp_degree={p}",
+            f"strategy.num_microbatches={row['num_microbatches']}"]))
+        assert row["step_time_s"] == pytest.approx(direct.step_time_s, rel=1e-12)
+    # an MLP has no attention to split: megatron is not among the default kinds
+    assert not [row for row in rank_candidates(load_scenario(tiny(num_nodes=1)), microbatch_counts=(2,), workers=1,
+                                               show_progress=False).rows if row["kind"] == "megatron"]
