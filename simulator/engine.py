@@ -281,9 +281,9 @@ class Engine:
     def _cold_factor(self, action: Compute, rank: int, start_s: float) -> float:
         """How much slower than back to back the action runs on operands of their present age
         (`simulator.cold_start`): 1 without a cold-start calibration; the update by the age of the
-        optimizer state (the rank's previous update) and of its layers' weights, a top-k selection by its residual's (the
-        previous step's, taken to end at time 0); forward and backward passes by each layer's
-        weights' and activations' ages, weighted by the layers' back-to-back times."""
+        optimizer state (the rank's previous update) and of its layers' weights, a top-k selection
+        by its residual's (the previous step's, taken to end at time 0); forward and backward passes
+        by each layer's weights' and activations' ages, weighted by the layers' back-to-back times."""
         cold = self._cold[rank]
         if cold is None:
             return 1.0

@@ -7,8 +7,9 @@ placements; and each pipeline kind the strategies implement (`PIPELINE_KINDS` pr
 chunks per rank); and, for models with attention layers and analytic costs (or when asked by
 name), `megatron` 3D plans: every tensor-parallel degree t >= 2 that fits in a node (Megatron keeps
 TP on the node's links, Narayanan et al. SC'21, sec. 3.2) times every pipeline depth p, with d =
-N / (t p) replicas and each m of `MICROBATCH_COUNTS` (m = 1 without a pipeline). Impossible ones (batch not divisible by G or by m, more stages than layers) are
-not simulated; `skipped` lists each with the reason. On a single node both placements use the same
+N / (t p) replicas and each m of `MICROBATCH_COUNTS` (m = 1 without a pipeline). Impossible ones
+(batch not divisible by G or by m, more stages than layers) are not simulated; `skipped` lists
+each with the reason. On a single node both placements use the same
 links, so only `group_per_node` is kept.
 
 Memory: a device's peak is `devices[].peak_memory_bytes` of the simulation summary when the

@@ -77,9 +77,9 @@ class ProfileCosts:
         self._forward = [layer.forward for layer in profile.layers]
         self._backward = [layer.backward for layer in profile.layers]
         self.cold_start = profile.cold_start
+        """Read by the engine, which knows how long each pass's operands sat untouched."""
         self.update_state_share = update_state_share(profile.optimizer_name)
         """The optimizer state's share of an update's bytes (its other operands age apart, `simulator.cold_start`)."""
-        """Read by the engine, which knows how long each pass's operands sat untouched."""
         self.pass_jitter = profile.pass_jitter
         """Read by `simulator.pass_jitter.jittered_prediction` (the validator's prediction)."""
 

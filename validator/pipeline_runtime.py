@@ -156,6 +156,7 @@ class PipelineExecutor:
             raise ScenarioError("strategy.gradient_compression: topk is not supported by the pipeline runtime "
                                 f"(strategy.kind {plan.strategy}); run top-k with dp or ghp")
         self.plan, self.workload, self.rank, self.seed = plan, workload, rank, seed
+        self.batch_step: int | None = None  # the step whose batch `load_batch` holds
         self.learning_rate = learning_rate
         self.device = torch.device(device)
         self.group_index, self.stage_index = plan.grid_position(rank)
@@ -205,7 +206,7 @@ class PipelineExecutor:
 
     def step(self, step_index: int) -> list[tuple]:
         """Run the rank's actions once; return its spans (seconds from the step's start)."""
-        if getattr(self, "batch_step", None) != step_index:
+        if self.batch_step != step_index:
             self.load_batch(step_index)
         self.received, self.flight, self.predicted, self.stashed = {}, {}, {}, {}
         self.pending_sends, self.reductions, self.unreduced, self.spans = {}, [], [], []

@@ -92,6 +92,7 @@ class RankExecutor:
     def __init__(self, plan: Plan, workload: Workload, rank: int, optimizer: str = "sgd",
                  learning_rate: float = 0.01, seed: int = 0, device: str = "cpu"):
         self.plan, self.workload, self.rank, self.seed = plan, workload, rank, seed
+        self.batch_step: int | None = None  # the step whose batch `load_batch` holds
         self.device = torch.device(device)
         self.group_index, self.stage_index = plan.grid_position(rank)
         stage = plan.stages[self.stage_index]
@@ -125,7 +126,7 @@ class RankExecutor:
 
     def step(self, step_index: int) -> list[tuple]:
         """Run the rank's actions once; return its spans (seconds from the step's start)."""
-        if getattr(self, "batch_step", None) != step_index:
+        if self.batch_step != step_index:
             self.load_batch(step_index)
         self.received, self.pending_sends, self.reductions, self.spans = {}, [], [], []
         self.layer_inputs, self.layer_outputs, self.input_grads = {}, {}, {}

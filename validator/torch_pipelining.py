@@ -78,6 +78,7 @@ class TorchPipelineExecutor:
                                 f"torch (strategy.kind {plan.strategy})")
         from torch.distributed.pipelining import PipelineStage
         self.plan, self.workload, self.rank, self.seed = plan, workload, rank, seed
+        self.batch_step: int | None = None  # the step whose batch `load_batch` holds
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:  # the launcher set this rank's GPU
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -112,7 +113,7 @@ class TorchPipelineExecutor:
 
     def step(self, step_index: int) -> list[tuple]:
         """One schedule call, the replica allreduce (G > 1), the update; spans from the step's start."""
-        if getattr(self, "batch_step", None) != step_index:
+        if self.batch_step != step_index:
             self.load_batch(step_index)
         inputs, targets = self.batch
         self.spans: list[tuple] = []
