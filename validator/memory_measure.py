@@ -103,6 +103,7 @@ def measure_rank(rank: int, plan: Plan, workload: Workload, options: MemoryRunOp
                               options.seed, options.device)
     for step in range(options.warmup):
         dist.barrier()
+        executor.load_batch(step)
         executor.step(step)
     for name in STEP_STATE:
         if hasattr(executor, name):
@@ -113,12 +114,14 @@ def measure_rank(rank: int, plan: Plan, workload: Workload, options: MemoryRunOp
     if options.device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        executor.load_batch(options.warmup)  # the step's batch counts in its peak
         executor.step(options.warmup)
         torch.cuda.synchronize()
         peak = float(torch.cuda.max_memory_allocated())
     else:
         activity = torch.profiler.ProfilerActivity.CPU
         with torch.profiler.profile(activities=[activity], profile_memory=True) as profiler:
+            executor.load_batch(options.warmup)  # the step's batch counts in its peak
             executor.step(options.warmup)
         peak = baseline + profiled_peak_delta_bytes(profiler)
     dist.barrier()

@@ -156,7 +156,6 @@ class PipelineExecutor:
             raise ScenarioError("strategy.gradient_compression: topk is not supported by the pipeline runtime "
                                 f"(strategy.kind {plan.strategy}); run top-k with dp or ghp")
         self.plan, self.workload, self.rank, self.seed = plan, workload, rank, seed
-        self.batch_step: int | None = None  # the step whose batch `load_batch` holds
         self.learning_rate = learning_rate
         self.device = torch.device(device)
         self.group_index, self.stage_index = plan.grid_position(rank)
@@ -202,12 +201,10 @@ class PipelineExecutor:
         own = (lambda t: t[rows].clone()) if self.plan.num_groups > 1 else (lambda t: t)
         self.batch = (own(inputs).to(self.device) if 0 in self.own_chunks else None,
                       own(targets).to(self.device) if len(self.chunks) - 1 in self.own_chunks else None)
-        self.batch_step = step_index
 
     def step(self, step_index: int) -> list[tuple]:
-        """Run the rank's actions once; return its spans (seconds from the step's start)."""
-        if self.batch_step != step_index:
-            self.load_batch(step_index)
+        """Run the rank's actions once on the batch `load_batch` holds; return its spans (seconds
+        from the step's start)."""
         self.received, self.flight, self.predicted, self.stashed = {}, {}, {}, {}
         self.pending_sends, self.reductions, self.unreduced, self.spans = {}, [], [], []
         self.last_backward = None

@@ -92,7 +92,6 @@ class RankExecutor:
     def __init__(self, plan: Plan, workload: Workload, rank: int, optimizer: str = "sgd",
                  learning_rate: float = 0.01, seed: int = 0, device: str = "cpu"):
         self.plan, self.workload, self.rank, self.seed = plan, workload, rank, seed
-        self.batch_step: int | None = None  # the step whose batch `load_batch` holds
         self.device = torch.device(device)
         self.group_index, self.stage_index = plan.grid_position(rank)
         stage = plan.stages[self.stage_index]
@@ -122,12 +121,10 @@ class RankExecutor:
         # view pinning the whole generated batch), the inputs on the first stage only
         self.batch = (inputs[rows].clone().to(self.device) if self.stage_index == 0 else None,
                       targets[rows].clone().to(self.device))
-        self.batch_step = step_index
 
     def step(self, step_index: int) -> list[tuple]:
-        """Run the rank's actions once; return its spans (seconds from the step's start)."""
-        if self.batch_step != step_index:
-            self.load_batch(step_index)
+        """Run the rank's actions once on the batch `load_batch` holds; return its spans (seconds
+        from the step's start)."""
         self.received, self.pending_sends, self.reductions, self.spans = {}, [], [], []
         self.layer_inputs, self.layer_outputs, self.input_grads = {}, {}, {}
         self.last_segment, self.selected = None, {}

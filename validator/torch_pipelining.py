@@ -78,7 +78,6 @@ class TorchPipelineExecutor:
                                 f"torch (strategy.kind {plan.strategy})")
         from torch.distributed.pipelining import PipelineStage
         self.plan, self.workload, self.rank, self.seed = plan, workload, rank, seed
-        self.batch_step: int | None = None  # the step whose batch `load_batch` holds
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:  # the launcher set this rank's GPU
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -109,12 +108,10 @@ class TorchPipelineExecutor:
         base = self.group_index * self.group_batch
         self.batch = (inputs[base:base + self.group_batch].to(self.device),
                       targets[base:base + self.group_batch].to(self.device))
-        self.batch_step = step_index
 
     def step(self, step_index: int) -> list[tuple]:
-        """One schedule call, the replica allreduce (G > 1), the update; spans from the step's start."""
-        if self.batch_step != step_index:
-            self.load_batch(step_index)
+        """One schedule call on the batch `load_batch` holds, the replica allreduce (G > 1), the update; spans
+        from the step's start."""
         inputs, targets = self.batch
         self.spans: list[tuple] = []
         self.step_start = time.perf_counter()
