@@ -28,6 +28,14 @@ cold), each by its share of the bytes the update moves; traced on this machine, 
 update right after the data-parallel allreduce took 0.84 ms, its back-to-back time, not the
 3x of an update on state untouched for a step. The top-k selection (`simulator.sparse`) is slowed
 by the age of its error-feedback residual, last touched by the previous step's selection.
+
+The factors are relative to a pass timed right after the same pass ("hot"), but the layer fits
+are iterations of blocks of back-to-back passes lasting >= 10 ms (`validator.microbench`), and on
+this project's CPU host the single hot pass took 0.1-0.4 ms longer per layer (10-30 % of a model's
+total at the calibration batch). No pass of a training step runs inside such a block, so each
+layer's pass costs its fit plus that measured difference (`forward_single_pass_s`,
+`backward_single_pass_s`, `validator.cold_bench.single_pass_overheads`), and the cold factor
+multiplies the sum: a pass after a long pause then takes the cold time measured.
 """
 
 from __future__ import annotations
@@ -52,6 +60,16 @@ class ColdStart:
     optimizer_factor: float
     topk_factor: float = 1.0
     """The top-k selection with error feedback, its residual cold and its gradient fresh (1: not measured)."""
+    forward_single_pass_s: tuple[float, ...] | None = None
+    """Per layer, what one forward right after itself takes over a back-to-back iteration (None: not measured)."""
+    backward_single_pass_s: tuple[float, ...] | None = None
+    """The same for the backward."""
+
+    def single_pass_s(self, phase: str, layer_index: int) -> float:
+        """Seconds added to layer `layer_index`'s fitted pass (`"F"` or `"B"`) at any batch size, at
+        the fits' concurrency (measured at `batch_size` only; taken as constant, see the module)."""
+        values = self.forward_single_pass_s if phase == "F" else self.backward_single_pass_s
+        return values[layer_index] if values is not None else 0.0
 
     def coldness(self, age_s: float) -> float:
         """Share of the full cold penalty paid after `age_s` seconds untouched (0 hot .. 1 cold)."""
@@ -113,7 +131,19 @@ def parse_cold_start(read, document: Mapping, num_layers: int) -> ColdStart | No
                             f"expected a list of {num_layers} factors (one per layer), got {values!r}")
         factors[phase] = tuple(read.number({"value": value}, "value", f"{where}.{phase}_factors[{i}]", positive=True)
                                for i, value in enumerate(values))
+    single_pass = {}
+    for phase in ("forward", "backward"):
+        values = section.get(f"{phase}_single_pass_s")
+        if values is None:
+            single_pass[phase] = None
+            continue
+        if not isinstance(values, list) or len(values) != num_layers:
+            raise read.fail(f"{where}.{phase}_single_pass_s",
+                            f"expected a list of {num_layers} seconds (one per layer), got {values!r}")
+        single_pass[phase] = tuple(read.number({"value": value}, "value", f"{where}.{phase}_single_pass_s[{i}]",
+                                               minimum=0) for i, value in enumerate(values))
     return ColdStart(
+        forward_single_pass_s=single_pass["forward"], backward_single_pass_s=single_pass["backward"],
         gap_s=read.number(section, "gap_s", f"{where}.gap_s", positive=True),
         decay_s=read.number(section, "decay_s", f"{where}.decay_s", positive=True),
         batch_size=read.integer(section, "batch_size", f"{where}.batch_size", minimum=1),

@@ -32,8 +32,9 @@ def streamed_allreduce_factor(profile: Profile) -> float:
 class ProfileCosts:
     """The `CostModel` of a calibration profile, for the workload it was calibrated on.
 
-    compute_s = intercept + per_sample x batch of that layer and phase; optimizer_s = intercept +
-    per_param x num_params. The fits hold with `profile.world_size` ranks computing at once; pass
+    compute_s = intercept + per_sample x batch of that layer and phase, plus the profile's
+    single-pass time of that layer and phase (`simulator.cold_start`; 0 without one); optimizer_s =
+    intercept + per_param x num_params. The fits hold with `profile.world_size` ranks computing at once; pass
     `concurrent_ranks=k` to rescale them to k ranks computing at once (needs
     `compute_slowdown[k]`). `optimizer` (optional) must match the profile's optimizer.
     """
@@ -99,7 +100,8 @@ class ProfileCosts:
             fit = self._backward[layer_index]
         else:
             raise ValueError(f"unknown phase {phase!r} (expected 'F' or 'B')")
-        return self.scale * fit.at(batch)
+        single_pass_s = self.cold_start.single_pass_s(phase, layer_index) if self.cold_start is not None else 0.0
+        return self.scale * (fit.at(batch) + single_pass_s)
 
     def optimizer_s(self, num_params: int) -> float:
         if num_params <= 0:

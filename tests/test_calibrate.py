@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import warnings
@@ -133,6 +134,10 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert cold["batch_size"] == 32 and len(cold["forward_factors"]) == len(cold["backward_factors"]) == 3
     assert profile.cold_start is not None and profile.cold_start.forward_factors == tuple(cold["forward_factors"])
     assert profile.cold_start.optimizer_factor == cold["optimizer_factor"] > 0
+    assert cold["ranks_at_once"] == min(2, os.cpu_count() or 1)  # a single hot pass over a block iteration:
+    for phase in ("forward", "backward"):
+        assert len(cold[f"{phase}_single_pass_s"]) == 3 and all(t >= 0 for t in cold[f"{phase}_single_pass_s"])
+    assert profile.cold_start.forward_single_pass_s == tuple(cold["forward_single_pass_s"])
     assert document["format"] == "ghpsim-profile/1"
     spread = document["method"]["layer_passes"]  # two sweeps over the layers, each total vs their median
     assert spread["passes"] == 2 and len(spread["relative_totals"]) == 2

@@ -78,6 +78,32 @@ def test_the_profile_section_parses():
     with_topk = parse_cold_start(DocumentReader("p.json"), {"cold_start": {**SECTION, "topk_factor": 1.6}}, 2)
     assert with_topk.topk_factor == 1.6
     assert parse_cold_start(DocumentReader("p.json"), {}, 2) is None
+    assert parsed.single_pass_s("F", 1) == 0.0  # a section from before the single-pass measurement
+    single = parse_cold_start(DocumentReader("p.json"), {"cold_start": {
+        **SECTION, "forward_single_pass_s": [0.001, 0.0], "backward_single_pass_s": [0.0, 0.003]}}, 2)
+    assert (single.single_pass_s("F", 0), single.single_pass_s("F", 1)) == (0.001, 0.0)
+    assert (single.single_pass_s("B", 0), single.single_pass_s("B", 1)) == (0.0, 0.003)
+
+
+def test_single_pass_time_is_the_hot_pass_over_the_block_median_at_the_fits_concurrency():
+    """Hot passes timed with 2 ranks at once against the layer medians with 2 ranks at once, at the
+    cold batch (16, the second of three), converted to the fits' 4 ranks at once (x 3.0 / 1.5);
+    a hot pass faster than the block median counts as 0."""
+    from validator.cold_bench import single_pass_overheads
+
+    cold = {"batch_size": 16, "ranks_at_once": 2, "hot_forward_s": [0.0015, 0.0009],
+            "hot_backward_s": [0.0030, 0.0025]}
+    medians = {1: {"forward": [[0.0, 0.0, 0.0]] * 2, "backward": [[0.0, 0.0, 0.0]] * 2},
+               2: {"forward": [[0.0004, 0.0010, 0.0030], [0.0005, 0.0010, 0.0031]],
+                   "backward": [[0.0008, 0.0020, 0.0060], [0.0009, 0.0020, 0.0061]]}}
+    slowdown = {1: 1.0, 2: 1.5, 4: 3.0}
+    result = single_pass_overheads(cold, medians, [4, 16, 64], slowdown, 4)
+    assert result["forward_single_pass_s"] == pytest.approx([0.0010, 0.0])
+    assert result["backward_single_pass_s"] == pytest.approx([0.0020, 0.0010])
+    # nothing to compare with: an older section, a level or the batch size not timed
+    assert single_pass_overheads({**cold, "ranks_at_once": None}, medians, [4, 16, 64], slowdown, 4) == {}
+    assert single_pass_overheads({**cold, "ranks_at_once": 4}, medians, [4, 16, 64], slowdown, 4) == {}
+    assert single_pass_overheads(cold, medians, [4, 8, 64], slowdown, 4) == {}
 
 
 @pytest.mark.parametrize("change,field", [
@@ -87,6 +113,8 @@ def test_the_profile_section_parses():
     ({"batch_size": 1.5}, "cold_start.batch_size"),
     ({"optimizer_factor": "fast"}, "cold_start.optimizer_factor"),
     ({"topk_factor": 0}, "cold_start.topk_factor"),
+    ({"forward_single_pass_s": [0.001]}, "cold_start.forward_single_pass_s"),
+    ({"backward_single_pass_s": [0.001, -0.002]}, "cold_start.backward_single_pass_s[1]"),
 ])
 def test_a_bad_profile_section_names_the_field(change, field):
     with pytest.raises(ScenarioError, match=re.escape(f"p.json: {field}: ")):

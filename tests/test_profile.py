@@ -77,6 +77,23 @@ def test_round_trip_and_linear_compute(tmp_path):
         costs.compute_s(0, "X", 1)
 
 
+def test_the_single_pass_time_is_added_to_every_pass_at_the_fits_concurrency(tmp_path):
+    doc = document()
+    doc["cold_start"] = {"gap_s": 0.05, "decay_s": 0.01, "batch_size": 16, "forward_factors": [1.0] * 3,
+                         "backward_factors": [1.0] * 3, "optimizer_factor": 1.0,
+                         "forward_single_pass_s": [1e-4, 0.0, 3e-4], "backward_single_pass_s": [2e-4, 0.0, 0.0]}
+    plain, single = document(), ProfileCosts(load_profile(write(tmp_path, doc)), workload())
+    base = ProfileCosts(load_profile(write(tmp_path, plain, "plain.json")), workload())
+    for batch in (1, 16, 64):  # the same seconds at every batch size
+        assert single.compute_s(0, FORWARD, batch) == pytest.approx(base.compute_s(0, FORWARD, batch) + 1e-4)
+        assert single.compute_s(2, FORWARD, batch) == pytest.approx(base.compute_s(2, FORWARD, batch) + 3e-4)
+        assert single.compute_s(0, BACKWARD, batch) == pytest.approx(base.compute_s(0, BACKWARD, batch) + 2e-4)
+        assert single.compute_s(1, BACKWARD, batch) == pytest.approx(base.compute_s(1, BACKWARD, batch))
+    # rescaled with the fit to one rank alone (compute_slowdown[4] = 2)
+    alone = ProfileCosts(load_profile(write(tmp_path, doc)), workload(), concurrent_ranks=1)
+    assert alone.compute_s(2, FORWARD, 8) == pytest.approx(base.compute_s(2, FORWARD, 8) / 2 + 1.5e-4)
+
+
 def test_comm_times(tmp_path):
     costs = ProfileCosts(load_profile(write(tmp_path, document())), workload())
     assert costs.p2p_s(2e6) == pytest.approx(3e-5 + 1e-3)

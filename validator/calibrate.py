@@ -33,7 +33,9 @@
    **Cold start**, all ranks at once (`validator.cold_bench`): every layer at the middle batch
    size and the update, each timed back to back and after a 50 ms pause, alternately; the ratios
    and the decay over shorter pauses (`simulator.cold_start`); on a CPU host no more ranks at
-   once than it has cores.
+   once than it has cores. A layer's pass right after itself (between pauses) takes longer than an
+   iteration of step 1's blocks: the difference is the profile's single-pass time per layer and
+   phase (`validator.cold_bench.single_pass_overheads`).
 3. **p2p**: ping-pong between ranks 0 and 1 (one-way = half the round trip).
 4. **allreduce**: for every divisor g >= 2 of world_size, the world is cut into world_size / g
    groups of consecutive ranks (`new_group`) that all allreduce at the same time (as the
@@ -73,6 +75,7 @@ from simulator.output import write_json_atomic
 from simulator.profile import FORMAT
 from simulator.workload import Workload
 from validator.calibration_phases import DEFAULT_TOPK_DENSITIES, CalibrationSettings, load_average, rank_main
+from validator.cold_bench import single_pass_overheads
 from validator.launch import LaunchConfig, spawn
 from validator.layer_passes import DEFAULT_LAYER_PASSES
 from validator.microbench import DEFAULT_MIN_BLOCK_S, fit_line
@@ -132,6 +135,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
     notes: list[str] = []
     by_level = raw["layers"]  # {k: [per active rank: time_layers rows]}
     totals = {k: 0.0 for k in by_level}
+    level_medians = {k: {"forward": [], "backward": []} for k in by_level}  # k -> phase -> per layer
     layers = []
     for index, layer in enumerate(workload.layers):
         entry = {"index": index, "name": layer.name, "batch_sizes": list(batch_sizes)}
@@ -141,6 +145,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
                 columns = zip(*(rows[index][key] for rows in ranks))
                 means[k] = [sum(values) / len(values) for values in columns]
                 totals[k] += sum(means[k])
+                level_medians[k][phase].append(means[k])
             mean = means[world_size]
             fit = _fit_entry(batch_sizes, mean, notes, f"layers[{index}].{phase}")
             entry[phase] = {"intercept_s": fit.intercept, "per_sample_s": fit.slope}
@@ -150,6 +155,11 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
                 entry[f"{phase}_medians_alone_s"] = means[1]
         layers.append(entry)
 
+    compute_slowdown = {k: (totals[k] / totals[1] if totals[1] > 0 else 1.0) for k in sorted(totals)}
+    cold_start = raw.get("cold_start")
+    if cold_start:
+        cold_start = {**cold_start, **single_pass_overheads(cold_start, level_medians, batch_sizes,
+                                                            compute_slowdown, world_size)}
     counts = [item["num_params"] for item in raw["optimizer"]]
     times = [item["median_s"] for item in raw["optimizer"]]
     fit = _fit_entry(counts, times, notes, "optimizer")
@@ -169,13 +179,12 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
         "optimizer": {"name": optimizer, "intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
                       "num_params": counts, "medians_s": times},
         **({"weight_passes": _weight_pass_fits(raw["weight_passes"], notes)} if raw.get("weight_passes") else {}),
-        **({"cold_start": raw["cold_start"]} if raw.get("cold_start") else {}),
+        **({"cold_start": cold_start} if cold_start else {}),
         "p2p": (_alpha_beta(comm_sizes, raw["p2p"], notes, "p2p") if raw["p2p"] is not None else None),
         "allreduce": {str(g): {**_alpha_beta(comm_sizes, item["medians_s"], notes, f"allreduce.{g}"),
                                "concurrent_groups": item["concurrent_groups"]}
                       for g, item in sorted(raw["allreduce"].items())},
-        "compute_slowdown": {str(k): (totals[k] / totals[1] if totals[1] > 0 else 1.0)
-                             for k in sorted(totals)},
+        "compute_slowdown": {str(k): factor for k, factor in compute_slowdown.items()},
         "allgather": {str(g): {**_alpha_beta(comm_sizes, item["medians_s"], notes, f"allgather.{g}"),
                                "concurrent_groups": item["concurrent_groups"]}
                       for g, item in sorted(raw.get("allgather", {}).items())},

@@ -104,9 +104,12 @@ def _measure_cold_and_topk(settings: CalibrationSettings, device: str, rank: int
     world = dist.get_world_size()
     cold_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
     say(settings, f"cold start: layers at batch {cold_batch} and the update, back to back and after a pause")
+    ranks_at_once = world if device != "cpu" else min(world, os.cpu_count() or 1)
     cold_start = time_cold_start(settings.workload, cold_batch, settings.optimizer, pairs=settings.repeats,
                                  device=device, models=settings.models, seed=settings.seed, barrier=dist.barrier,
-                                 active=device != "cpu" or rank < (os.cpu_count() or 1))
+                                 active=rank < ranks_at_once)
+    if cold_start is not None:
+        cold_start["ranks_at_once"] = ranks_at_once  # fixes the layer medians its hot passes compare with
     topk = {}
     for density in settings.topk_densities:
         say(settings, f"top-k selection at density {density}: {world} ranks at once")

@@ -112,6 +112,29 @@ def _cold_ratio(device, work: Callable[[], object], pairs: int, gap_s: float,
     return _ratio(cold, hot)
 
 
+def single_pass_overheads(cold_start: dict, level_medians: dict, batch_sizes: Sequence[int],
+                          compute_slowdown: dict, world_size: int) -> dict:
+    """Per layer and phase, how much longer one pass right after the same pass takes than an
+    iteration of the layer microbenchmark's back-to-back blocks, at the cold-start batch size:
+
+        single_pass_s = max(0, hot - median_k(batch)) x slowdown[world_size] / slowdown[k]
+
+    `hot` is the time measured here between pauses (`hot_forward_s` / `hot_backward_s`, k =
+    `ranks_at_once` ranks measuring at once), `median_k` the layer microbenchmark's median with k
+    ranks at once (`level_medians[k][phase][layer]`, one per batch size); the factor converts to the
+    fits' concurrency (world_size ranks at once). A pass in a training step never runs inside such a
+    block, so the simulator adds this to the fitted back-to-back time (`simulator.cold_start`).
+    Measured on this project's 2-core host: +0.1-0.4 ms per pass, 10-30 % of a model's back-to-back
+    total. Empty when the section lacks what it needs (older runs, a level or batch size not timed)."""
+    k, batch = cold_start.get("ranks_at_once"), cold_start.get("batch_size")
+    if k not in level_medians or batch not in batch_sizes or k not in compute_slowdown:
+        return {}
+    column, to_fit_level = list(batch_sizes).index(batch), compute_slowdown[world_size] / compute_slowdown[k]
+    return {f"{phase}_single_pass_s": [max(0.0, hot - medians[column]) * to_fit_level
+                                       for hot, medians in zip(cold_start[f"hot_{phase}_s"], level_medians[k][phase])]
+            for phase in ("forward", "backward")}
+
+
 def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Sequence[torch.Tensor] | None = None, *,
                     gap_s: float = COLD_GAP_S, decay_gaps_s: Sequence[float] = DECAY_GAPS_S,
                     pairs: int = DEFAULT_PAIRS, device: str = "cpu", models=None, seed: int = 0,
