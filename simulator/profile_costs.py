@@ -34,8 +34,8 @@ class ProfileCosts:
 
     compute_s = intercept + per_sample x batch of that layer and phase, plus the profile's
     single-pass time of that layer and phase (`simulator.cold_start`; 0 without one); optimizer_s =
-    intercept + per_param x num_params. The fits hold with `profile.world_size` ranks computing at once; pass
-    `concurrent_ranks=k` to rescale them to k ranks computing at once (needs
+    intercept + per_param x num_params. The fits hold with `profile.world_size` ranks computing at
+    once; pass `concurrent_ranks=k` to rescale them to k ranks computing at once (needs
     `compute_slowdown[k]`). `optimizer` (optional) must match the profile's optimizer.
     """
 
