@@ -5,7 +5,9 @@ a profile from microbenchmarks at world size p (optimizer momentum, which SpecTr
 run gpipe, 1f1b, interleaved_1f1b (v = 2), pipedream (weight stashing) and spectrain with m
 micro-batches for real and in simulation. Synchronous kinds: median step makespan; asynchronous
 kinds: the steady-state window (see validator/measure.py). The validated runs never enter the
-profile. Writes reports/validation_pipelines_cpu.csv.
+profile. Writes reports/validation_pipelines_cpu.csv. Each case is launched 8 times
+(one launch's median scatters by 13-22 % on this host; the summary prints the standard error
+that leaves on a case's figure and the MAPE that noise alone would give a perfect model).
 Run: python benchmarks/bench_pipeline_validation.py [--steps 12] [--reuse-profiles] [--pipeline-runtime torch]
 (torch: gpipe and 1f1b through torch.distributed.pipelining, validator/torch_pipelining.py).
 """
@@ -44,7 +46,7 @@ def main() -> int:
     parser.add_argument("--pipeline-runtime", choices=("own", "torch"), default="own",
                         help="torch: gpipe / 1f1b through torch.distributed.pipelining (other schedules skipped)")
     parser.add_argument("--out", default=str(ROOT / "reports" / "validation_pipelines_cpu.csv"))
-    parser.add_argument("--launches", type=int, default=3,
+    parser.add_argument("--launches", type=int, default=8,
                         help="launches of each case, in rounds; its figure is the median over all their steps")
     args = parser.parse_args()
     rows = []
@@ -83,7 +85,8 @@ def main() -> int:
                 print(f"{name:16s} p={stages} {row['strategy']:30s} predicted {row['predicted_s'] * 1e3:8.2f} ms "
                       f"(jitter {row.get('predicted_jitter_s', float('nan')) * 1e3:6.2f}) "
                       f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} % "
-                      f"(launches spread {row['launch_spread_pct']:.0f} %)", flush=True)
+                      f"(launches spread {row['launch_spread_pct']:.0f} %, "
+                      f"standard error {row['launch_noise_pct']:.1f} %)", flush=True)
     frame = pd.DataFrame(rows)
     write_text_atomic(args.out, frame.to_csv(index=False))
     errors = frame["error_pct"].abs()

@@ -40,6 +40,8 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
         assert row["launch_median_min_s"] <= row["measured_s"] <= row["launch_median_max_s"]
         assert row["launch_spread_pct"] == pytest.approx(
             100 * (row["launch_median_max_s"] - row["launch_median_min_s"]) / row["measured_s"])
+        # two launches: the standard error of their mean is half their difference
+        assert row["launch_noise_pct"] == pytest.approx(row["launch_spread_pct"] / 2)
     assert (out / "mlp_cpu.png").is_file()
     table = pd.read_csv(out / "mlp_cpu.csv")  # one row per strategy, the later round replacing the first
     assert list(table["kind"]) == ["dp", "mp"] and list(table["launches"]) == [2, 2]

@@ -7,6 +7,7 @@ measured.
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import matplotlib
@@ -31,8 +32,22 @@ def launch_spread_summary(frame: pd.DataFrame) -> str:
         return "one launch per case: no run-to-run spread measured"
     spread = frame["launch_spread_pct"]
     within = int((frame["error_pct"].abs() <= spread).sum())
-    return (f"run-to-run spread of the launches' medians: median {spread.median():.1f} %, "
+    line = (f"run-to-run spread of the launches' medians: median {spread.median():.1f} %, "
             f"max {spread.max():.1f} % | cases with |error| <= their spread: {within}/{len(frame)}")
+    if "launch_noise_pct" not in frame or frame["launch_noise_pct"].isna().all():
+        return line
+    noise = frame["launch_noise_pct"].dropna()
+    return line + "\n" + (
+        f"standard error of a case's figure from its launches' scatter: median {noise.median():.1f} %, "
+        f"max {noise.max():.1f} % | a perfect model would still show a MAPE of about "
+        f"{noise_only_mape_pct(noise):.1f} % | cases with |error| <= 2 standard errors: "
+        f"{int((frame['error_pct'].abs() <= 2 * frame['launch_noise_pct']).sum())}/{len(frame)}")
+
+
+def noise_only_mape_pct(noise_pct: pd.Series) -> float:
+    """The MAPE that measurement noise alone gives a model that predicts every case's true mean
+    exactly: the mean of |N(0, se)| is se x sqrt(2 / pi) (half-normal mean), averaged over cases."""
+    return float((noise_pct * math.sqrt(2.0 / math.pi)).mean())
 
 
 def jitter_summary(frame: pd.DataFrame) -> str:

@@ -130,9 +130,22 @@ def _row(case: _Case) -> tuple[dict, list]:
         "launch_median_min_s": min(launch_medians),
         "launch_median_max_s": max(launch_medians),
         "launch_spread_pct": 100.0 * (max(launch_medians) - min(launch_medians)) / measured_s,
+        "launch_noise_pct": launch_noise_pct(launch_medians, measured_s),
         "predicted_compute_s": _mean(predicted.summary["devices"], "compute_s"),
         "measured_compute_s": _mean(measured_devices, "compute_s"),
     }, spans
+
+
+def launch_noise_pct(launch_medians: list[float], measured_s: float) -> float:
+    """Standard error of a case's measured figure from the scatter of its launches, in percent of it:
+    100 x stdev(launch medians) / sqrt(launches) / measured_s (the standard error of a mean; the
+    figure is a median over all steps, which sits as close). NaN with one launch. On this project's
+    2-core host one launch's median scatters by 13-22 % (coefficient of variation over 21-25 launches
+    of one case, uncorrelated with a reference kernel timed around it), so 3 launches leave the
+    figure about 9-12 % uncertain and 8 launches 5-8 %."""
+    if len(launch_medians) < 2:
+        return float("nan")
+    return 100.0 * statistics.stdev(launch_medians) / len(launch_medians) ** 0.5 / measured_s
 
 
 def _mean(devices: list[dict], key: str) -> float:
