@@ -7,7 +7,10 @@ micro-batches for real and in simulation. Synchronous kinds: median step makespa
 kinds: the steady-state window (see validator/measure.py). The validated runs never enter the
 profile. Writes reports/validation_pipelines_cpu.csv. Each case is launched 8 times
 (one launch's median scatters by 13-22 % on this host; the summary prints the standard error
-that leaves on a case's figure and the MAPE that noise alone would give a perfect model).
+that leaves on a case's figure and the MAPE that noise alone would give a perfect model). With
+the speed anchor (default on, `--speed-anchor 0` off; `validator.speed_anchor`) each launch also
+times the calibration's whole-model passes and the prediction rescaled to the machine's speed then
+is printed beside the calibration's own.
 Run: python benchmarks/bench_pipeline_validation.py [--steps 12] [--reuse-profiles] [--pipeline-runtime torch]
 (torch: gpipe and 1f1b through torch.distributed.pipelining, validator/torch_pipelining.py).
 """
@@ -26,7 +29,8 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import calibrate
 from validator.measure import RunOptions
-from validator.report import jitter_summary, launch_spread_summary
+from validator.report import anchored_summary, jitter_summary, launch_spread_summary
+from validator.speed_anchor import DEFAULT_ANCHOR_PASSES
 from validator.speed_probe import reference_kernel_s
 from validator.validate import validate
 
@@ -48,6 +52,9 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "reports" / "validation_pipelines_cpu.csv"))
     parser.add_argument("--launches", type=int, default=8,
                         help="launches of each case, in rounds; its figure is the median over all their steps")
+    parser.add_argument("--speed-anchor", type=int, default=DEFAULT_ANCHOR_PASSES,
+                        help="whole-model passes each launch times before and after its steps, for the "
+                             "speed-anchored prediction printed beside the calibration's (0: off)")
     args = parser.parse_args()
     rows = []
     for name in args.models.split(","):
@@ -73,7 +80,8 @@ def main() -> int:
                 specs = [(f"{kind}:{args.microbatches}", None) for kind in group]
                 result_rows += validate(variant, str(profile), specs,
                                         RunOptions(steps=args.steps, warmup=2, optimizer="momentum",
-                                                   pipeline_runtime=args.pipeline_runtime),
+                                                   pipeline_runtime=args.pipeline_runtime,
+                                                   anchor_passes=args.speed_anchor),
                                         repeats=args.launches)["rows"]
             drift = reference_kernel_s() / probe_before_s  # > 1: the machine got slower meanwhile
             print(f"{name:16s} p={stages} machine drift (reference kernel after / before): {drift:.2f}")
@@ -86,7 +94,9 @@ def main() -> int:
                       f"(jitter {row.get('predicted_jitter_s', float('nan')) * 1e3:6.2f}) "
                       f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} % "
                       f"(launches spread {row['launch_spread_pct']:.0f} %, "
-                      f"standard error {row['launch_noise_pct']:.1f} %)", flush=True)
+                      f"standard error {row['launch_noise_pct']:.1f} %)"
+                      + (f" | speed x{row['speed_ratio']:.2f} anchored {row['anchored_predicted_s'] * 1e3:8.2f} ms "
+                         f"error {row['anchored_error_pct']:+7.1f} %" if "speed_ratio" in row else ""), flush=True)
     frame = pd.DataFrame(rows)
     write_text_atomic(args.out, frame.to_csv(index=False))
     errors = frame["error_pct"].abs()
@@ -95,6 +105,11 @@ def main() -> int:
     print(launch_spread_summary(frame))
     if jitter_summary(frame):
         print(jitter_summary(frame))
+    if anchored_summary(frame):
+        print(anchored_summary(frame))
+        for (model, stages), group in frame.groupby(["model", "world_size"]):
+            print(f"  {model:16s} p={stages} mean signed error: calibration alone {group['error_pct'].mean():+6.1f} %, "
+                  f"anchored {group['anchored_error_pct'].mean():+6.1f} % (speed x{group['speed_ratio'].median():.2f})")
     return 0
 
 

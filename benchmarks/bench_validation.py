@@ -7,8 +7,10 @@ median over all their steps; the spread between the launches' medians is the run
 this shared machine; by default 8 launches: one launch's median scatters by 13-22 % on this
 host, so a case's figure keeps a standard error, printed with the MAPE that noise alone would
 give a perfect model). Prints predicted, measured and error per case, MAPE, the worst case, the
-noise, and whether the strategy predicted fastest is the one measured fastest. The validated runs
-are never used to fit the profile. Writes reports/validation_cpu.csv.
+noise, and whether the strategy predicted fastest is the one measured fastest. With the speed
+anchor (default on, `--speed-anchor 0` off; `validator.speed_anchor`) every launch also times the
+calibration's whole-model passes, and the prediction rescaled to the machine's speed then is
+printed beside the calibration's own. The validated runs are never used to fit the profile. Writes reports/validation_cpu.csv.
 Run: python benchmarks/bench_validation.py [--steps 20]
 """
 
@@ -27,7 +29,8 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import calibrate
 from validator.measure import RunOptions
-from validator.report import jitter_summary, launch_spread_summary
+from validator.report import anchored_summary, jitter_summary, launch_spread_summary
+from validator.speed_anchor import DEFAULT_ANCHOR_PASSES
 from validator.speed_probe import reference_kernel_s
 from validator.validate import validate
 
@@ -44,6 +47,9 @@ def main() -> int:
                         help="use the profiles already in reports/profiles (fitted by an earlier run of this benchmark)")
     parser.add_argument("--launches", type=int, default=8,
                         help="launches of each case, in rounds; its figure is the median over all their steps")
+    parser.add_argument("--speed-anchor", type=int, default=DEFAULT_ANCHOR_PASSES,
+                        help="whole-model passes each launch times before and after its steps, for the "
+                             "speed-anchored prediction printed beside the calibration's (0: off)")
     args = parser.parse_args()
     rows = []
     for name in MODELS:
@@ -63,7 +69,8 @@ def main() -> int:
                       + f" of their median (spread {passes['spread_pct']:.0f} %)", flush=True)
             specs = [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
             result = validate(scenario, str(profile), specs,
-                              RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer),
+                              RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer,
+                                         anchor_passes=args.speed_anchor),
                               repeats=args.launches)
             drift = reference_kernel_s() / probe_before_s  # > 1: the machine got slower meanwhile
             print(f"{name:16s} ws={world_size} machine drift (reference kernel after / before): {drift:.2f}")
@@ -75,7 +82,9 @@ def main() -> int:
                       f"(jitter {row.get('predicted_jitter_s', float('nan')) * 1e3:6.2f}) "
                       f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} % "
                       f"(launches spread {row['launch_spread_pct']:.0f} %, "
-                      f"standard error {row['launch_noise_pct']:.1f} %)", flush=True)
+                      f"standard error {row['launch_noise_pct']:.1f} %)"
+                      + (f" | speed x{row['speed_ratio']:.2f} anchored {row['anchored_predicted_s'] * 1e3:8.2f} ms "
+                         f"error {row['anchored_error_pct']:+7.1f} %" if "speed_ratio" in row else ""), flush=True)
     frame = pd.DataFrame(rows)
     write_text_atomic(args.out, frame.to_csv(index=False))
     errors = frame["error_pct"].abs()
@@ -84,11 +93,18 @@ def main() -> int:
     print(launch_spread_summary(frame))
     if jitter_summary(frame):
         print(jitter_summary(frame))
+    if anchored_summary(frame):
+        print(anchored_summary(frame))
+        for model, group in frame.groupby("model"):
+            print(f"  {model:16s} anchored MAPE {group['anchored_error_pct'].abs().mean():.1f} % "
+                  f"(calibration alone {group['error_pct'].abs().mean():.1f} %)")
+    columns = ["predicted_s"] + (["anchored_predicted_s"] if "anchored_predicted_s" in frame else [])
     for (model, world_size), group in frame.groupby(["model", "world_size"]):
-        predicted = group.loc[group["predicted_s"].idxmin(), "strategy"]
         measured = group.loc[group["measured_s"].idxmin(), "strategy"]
-        print(f"{model:16s} ws={world_size}: predicted fastest {predicted}, measured fastest {measured}"
-              f" -> {'match' if predicted == measured else 'MISMATCH'}")
+        for column in columns:
+            predicted = group.loc[group[column].idxmin(), "strategy"]
+            print(f"{model:16s} ws={world_size}: {column.removesuffix('_s').replace('_', ' ')} fastest "
+                  f"{predicted}, measured fastest {measured} -> {'match' if predicted == measured else 'MISMATCH'}")
     return 0
 
 

@@ -72,6 +72,9 @@ class ProfileCosts:
             raise ScenarioError(
                 f"{profile.source}: optimizer.name: the profile timed {profile.optimizer_name!r} but the "
                 f"scenario trains with {optimizer!r}; recalibrate with optimizer={optimizer!r}")
+        self.speed_factor = 1.0
+        """Every compute cost (layers, update, weight passes) times this: the machine's speed at run
+        time over its calibration's, when a speed anchor measured it (`validator.speed_anchor`)."""
         self.scale = 1.0
         if concurrent_ranks is not None:
             self.scale = self.slowdown(concurrent_ranks) / self.slowdown(profile.world_size)
@@ -101,12 +104,12 @@ class ProfileCosts:
         else:
             raise ValueError(f"unknown phase {phase!r} (expected 'F' or 'B')")
         single_pass_s = self.cold_start.single_pass_s(phase, layer_index) if self.cold_start is not None else 0.0
-        return self.scale * (fit.at(batch) + single_pass_s)
+        return self.speed_factor * self.scale * (fit.at(batch) + single_pass_s)
 
     def optimizer_s(self, num_params: int) -> float:
         if num_params <= 0:
             return 0.0
-        return self.profile.optimizer.at(num_params)
+        return self.speed_factor * self.profile.optimizer.at(num_params)
 
     def weight_pass_s(self, name: str, num_params: int) -> float:
         """A stash / predict / accumulate pass over `num_params` weights: the profile's
@@ -116,10 +119,11 @@ class ProfileCosts:
             return 0.0
         fit = self.profile.weight_passes.get(name)
         if fit is not None:
-            return fit.at(num_params)
+            return self.speed_factor * fit.at(num_params)
         update = self.profile.optimizer
         update_bytes_per_param = OPTIMIZER_BYTES_PER_PARAM[self.profile.optimizer_name]
-        return update.intercept_s + update.per_unit_s * num_params * 4 * WEIGHT_PASS_WORDS[name] / update_bytes_per_param
+        return self.speed_factor * (update.intercept_s + update.per_unit_s * num_params * 4
+                                    * WEIGHT_PASS_WORDS[name] / update_bytes_per_param)
 
     def p2p_s(self, size_bytes: float) -> float:
         """One-way point-to-point time of `size_bytes` (alpha + S / beta)."""

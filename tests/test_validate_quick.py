@@ -9,6 +9,11 @@ import pytest
 
 pytest.importorskip("torch")
 
+from simulator.compare import with_strategy  # noqa: E402
+from simulator.model_source import resolve_workload  # noqa: E402
+from simulator.profile_costs import profile_costs  # noqa: E402
+from simulator.scenario import load_scenario  # noqa: E402
+from simulator.simulate import simulate  # noqa: E402
 from validator.cli import main  # noqa: E402
 
 SCENARIO = "scenarios/validation/mlp_cpu.yaml"
@@ -24,7 +29,8 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
     capsys.readouterr()
     out = tmp_path / "validation"
     assert main(["validate", SCENARIO, *SMALL, "--profile", str(profile), "--strategies", "dp,mp",
-                 "--steps", "4", "--warmup", "2", "--repeats", "2", "--out", str(out), "--json"]) == 0
+                 "--steps", "4", "--warmup", "2", "--repeats", "2", "--speed-anchor", "2", "--out", str(out),
+                 "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [row["kind"] for row in report["rows"]] == ["dp", "mp"]
     for row in report["rows"]:
@@ -42,10 +48,24 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
             100 * (row["launch_median_max_s"] - row["launch_median_min_s"]) / row["measured_s"])
         # two launches: the standard error of their mean is half their difference
         assert row["launch_noise_pct"] == pytest.approx(row["launch_spread_pct"] / 2)
+        # the speed anchor: a ratio per launch, the case's their median, and the plan re-simulated
+        # with compute scaled by it
+        assert 0.2 < row["speed_ratio_min"] <= row["speed_ratio"] <= row["speed_ratio_max"] < 5
+        assert row["anchored_predicted_s"] == pytest.approx(_resimulated_s(profile, row["kind"], row["speed_ratio"]))
+        assert row["anchored_error_pct"] == pytest.approx(
+            100 * (row["anchored_predicted_s"] - row["measured_s"]) / row["measured_s"])
     assert (out / "mlp_cpu.png").is_file()
     table = pd.read_csv(out / "mlp_cpu.csv")  # one row per strategy, the later round replacing the first
     assert list(table["kind"]) == ["dp", "mp"] and list(table["launches"]) == [2, 2]
     assert len(list((out / "traces").glob("*.trace.json"))) == 4
+
+
+def _resimulated_s(profile, kind: str, speed_factor: float) -> float:
+    scenario = load_scenario(SCENARIO, [item for item in SMALL if item != "--set"])
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    costs = profile_costs(str(profile), workload)
+    costs.speed_factor = speed_factor
+    return simulate(with_strategy(scenario, kind, None), costs=costs, workload=workload).step_time_s
 
 
 def test_validate_with_a_profile_of_another_model_is_a_one_line_error(tmp_path, capsys):
@@ -61,6 +81,7 @@ def test_validate_with_a_profile_of_another_model_is_a_one_line_error(tmp_path, 
     ("calibrate", "--jitter-passes", "-1", "profile.json"),
     ("calibrate", "--layer-passes", "0", "profile.json"),
     ("validate", "--repeats", "0", "validation"),
+    ("validate", "--speed-anchor", "-1", "validation"),
 ])
 def test_out_of_range_counts_are_one_line_errors_that_write_nothing(tmp_path, capsys, command, option, value, output):
     out = tmp_path / output
@@ -70,4 +91,18 @@ def test_out_of_range_counts_are_one_line_errors_that_write_nothing(tmp_path, ca
     assert code == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and f"{option}: {value}" in error
+    assert not out.exists()
+
+
+def test_a_speed_anchor_needs_the_profiles_whole_model_passes(tmp_path, capsys):
+    document = json.loads(open("reports/profiles/mlp_cpu_ws2.json").read())
+    del document["pass_jitter"]
+    profile = tmp_path / "no_jitter.json"
+    profile.write_text(json.dumps(document))
+    out = tmp_path / "validation"
+    code = main(["validate", "scenarios/validation/mlp_cpu.yaml", "--set", "cluster.gpus_per_node=2",
+                 "--profile", str(profile), "--speed-anchor", "4", "--out", str(out)])
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "pass_jitter" in error and str(profile) in error
     assert not out.exists()

@@ -47,6 +47,10 @@ def add_commands(commands) -> None:
                           help="launches of each strategy, in rounds (median over all their steps); "
                                "on a shared machine 3-5 average over its spells of speed")
     validate.add_argument("--warmup", type=int, default=3)
+    validate.add_argument("--speed-anchor", type=int, default=0, metavar="PASSES",
+                          help="time PASSES whole-model passes in every launch, before and after its steps, "
+                               "and also report the prediction rescaled to the machine's speed then vs at "
+                               "calibration (validator/speed_anchor.py; 0: off)")
     validate.add_argument("--out", default="reports/validation", help="folder for CSV, plot and traces")
     validate.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is declared hung")
     validate.add_argument("--pipeline-runtime", choices=("own", "torch"), default="own",
@@ -95,7 +99,7 @@ def cmd_validate(args) -> int:
 
     from simulator.tables import make_console
     from validator.measure import RunOptions
-    from validator.report import write_plot, write_rows_csv, write_traces
+    from validator.report import anchored_summary, write_plot, write_rows_csv, write_traces
     from validator.torch_pipelining import check_pipeline_runtime
     from validator.validate import mape_pct, validate
 
@@ -113,7 +117,9 @@ def cmd_validate(args) -> int:
         write_traces(row["strategy"], measured_spans, simulated.spans, out / "traces")
 
     options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer,
-                         pipeline_runtime=args.pipeline_runtime)
+                         pipeline_runtime=args.pipeline_runtime, anchor_passes=args.speed_anchor)
+    if args.speed_anchor < 0:
+        raise ScenarioError(f"--speed-anchor: {args.speed_anchor} must be 0 (off) or a number of passes")
     if args.repeats < 1:
         raise ScenarioError(f"--repeats: {args.repeats} must be at least 1")
     validate(scenario, args.profile, specs, options, launch_timeout_s=args.timeout, on_case=on_case,
@@ -129,9 +135,13 @@ def cmd_validate(args) -> int:
     for row in rows:
         console.print(f"{row['strategy']:>22s}  predicted {row['predicted_s'] * 1e3:9.2f} ms  "
                       f"measured {row['measured_s'] * 1e3:9.2f} ms  error {row['error_pct']:+6.1f} %"
-                      + (f"  (launches spread {row['launch_spread_pct']:.0f} %)" if row["launches"] > 1 else ""))
+                      + (f"  (launches spread {row['launch_spread_pct']:.0f} %)" if row["launches"] > 1 else "")
+                      + (f"  | speed x{row['speed_ratio']:.2f}: anchored {row['anchored_predicted_s'] * 1e3:.2f} ms "
+                         f"{row['anchored_error_pct']:+6.1f} %" if "speed_ratio" in row else ""))
     console.print(f"MAPE {mape_pct(rows):.1f} %, worst {max(abs(r['error_pct']) for r in rows):.1f} % "
                   f"| {out / (stem + '.csv')} | {plot}")
+    if args.speed_anchor:
+        console.print(anchored_summary(frame))
     return 0
 
 

@@ -44,6 +44,19 @@ def launch_spread_summary(frame: pd.DataFrame) -> str:
         f"{int((frame['error_pct'].abs() <= 2 * frame['launch_noise_pct']).sum())}/{len(frame)}")
 
 
+def anchored_summary(frame: pd.DataFrame) -> str:
+    """One line on the speed-anchored predictions (`validator.speed_anchor`) beside the calibration's
+    own; '' when no row has them."""
+    if "anchored_error_pct" not in frame or frame["anchored_error_pct"].isna().all():
+        return ""
+    rows = frame.dropna(subset=["anchored_error_pct"])
+    anchored, raw = rows["anchored_error_pct"].abs(), rows["error_pct"].abs()
+    return (f"speed-anchored ({len(rows)} cases; machine speed vs calibration x{rows['speed_ratio'].min():.2f}"
+            f"-x{rows['speed_ratio'].max():.2f}): MAPE {anchored.mean():.1f} %, worst {anchored.max():.1f} %, "
+            f"mean signed {rows['anchored_error_pct'].mean():+.1f} % | calibration alone on the same cases: "
+            f"MAPE {raw.mean():.1f} %, worst {raw.max():.1f} %")
+
+
 def noise_only_mape_pct(noise_pct: pd.Series) -> float:
     """The MAPE that measurement noise alone gives a model that predicts every case's true mean
     exactly: the mean of |N(0, se)| is se x sqrt(2 / pi) (half-normal mean), averaged over cases."""

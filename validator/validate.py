@@ -6,6 +6,10 @@ jitter (`simulator.pass_jitter`), each row also carries the median step over dra
 measured speeds (`predicted_jitter_s`) and the 10th and 90th percentiles of those single steps,
 to hold against the measured steps' own (`measured_p10_s`, `measured_p90_s`): how far a step of
 this machine moves with its pass-to-pass noise.
+With a speed anchor (`RunOptions.anchor_passes` > 0, `validator.speed_anchor`) every launch also
+times the calibration's whole-model passes, and each row carries the machine's speed then over
+its calibration's (`speed_ratio`) and the plan simulated with its compute costs scaled by it
+(`anchored_predicted_s`, `anchored_error_pct`), beside the calibration's own prediction.
 The profile comes from microbenchmarks only (`validator.calibrate`); these plan runs are never fed
 back into it: they are the held-out test of the prediction.
 """
@@ -28,6 +32,7 @@ from simulator.simulate import simulate
 from simulator.topology import build_topology
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
+from validator.speed_anchor import calibration_anchor_s, launch_speed_ratio
 
 
 @dataclass
@@ -40,6 +45,9 @@ class _Case:
     predicted: object
     jitter: dict | None
     """The prediction under the profile's pass jitter (`simulator.pass_jitter`); None without it."""
+    scenario: Scenario
+    costs: object
+    calibration_anchor_s: float | None
     launches: list = field(default_factory=list)  # per launch: the ranks' results
 
 
@@ -58,6 +66,11 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     workload = resolve_workload(scenario.model, scenario.base_dir)
     costs = profile_costs(profile_path, workload)
     backend = costs.profile.backend
+    if options.anchor_passes > 0:
+        if costs.pass_jitter is None:
+            raise ScenarioError(f"{profile_path}: pass_jitter: the profile has no whole-model passes to anchor "
+                                f"the machine's speed to; recalibrate, or validate without a speed anchor")
+        options = replace(options, anchor_batch_size=costs.pass_jitter.batch_size)
     cases = [_prepare(scenario, workload, costs, kind, groups, options) for kind, groups in specs]
     rows: list[dict | None] = [None] * len(cases)
     measured_spans: dict[str, list] = {}
@@ -69,7 +82,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
             config = LaunchConfig(world_size=case.plan.num_ranks, backend=backend, device=options.device,
                                   timeout_s=launch_timeout_s)
             case.launches.append(spawn(run_rank, (case.plan, workload, case.run_options), config))
-            rows[position], measured_spans[case.label] = _row(case)
+            rows[position], measured_spans[case.label] = _row(case, workload)
             if on_case is not None:
                 on_case(rows[position], measured_spans[case.label], case.predicted)
     return {"rows": rows, "measured_spans": measured_spans,
@@ -93,10 +106,28 @@ def _prepare(scenario: Scenario, workload, costs, kind: str, groups: int | None,
         run_options = replace(options, steady_state=(plan.workers_per_group,
                                                      variant.strategy.num_microbatches))
     label = f"{kind} (G={plan.num_groups} x M={plan.workers_per_group})"
-    return _Case(kind, label, plan, run_options, predicted, jitter)
+    calibration_s = calibration_anchor_s(costs.pass_jitter, plan.num_ranks) if options.anchor_passes > 0 else None
+    if options.anchor_passes > 0 and calibration_s is None:
+        raise ScenarioError(f"pass_jitter.levels: the profile has no whole-model passes with {plan.num_ranks} "
+                            f"ranks at once to anchor {kind} to; calibrate at world size {plan.num_ranks}")
+    return _Case(kind, label, plan, run_options, predicted, jitter, variant, costs, calibration_s)
 
 
-def _row(case: _Case) -> tuple[dict, list]:
+def _anchored(case: _Case, workload) -> dict:
+    """The speed ratio of the case's launches so far (median over launches) and the plan simulated
+    with compute scaled by it; {} without an anchor."""
+    if case.calibration_anchor_s is None:
+        return {}
+    ratios = [launch_speed_ratio([result["anchor_s"] for result in results], case.calibration_anchor_s)
+              for results in case.launches]
+    ratio = statistics.median(ratios)
+    costs = copy.copy(case.costs)
+    costs.speed_factor = ratio
+    return {"speed_ratio": ratio, "speed_ratio_min": min(ratios), "speed_ratio_max": max(ratios),
+            "anchored_predicted_s": simulate(case.scenario, costs=costs, workload=workload).step_time_s}
+
+
+def _row(case: _Case, workload) -> tuple[dict, list]:
     """The strategy's row over its launches so far, and the spans of the launch closest to it."""
     launch_steps = [results[0]["step_times_s"] for results in case.launches]
     step_times = [step for steps in launch_steps for step in steps]
@@ -133,7 +164,14 @@ def _row(case: _Case) -> tuple[dict, list]:
         "launch_noise_pct": launch_noise_pct(launch_medians, measured_s),
         "predicted_compute_s": _mean(predicted.summary["devices"], "compute_s"),
         "measured_compute_s": _mean(measured_devices, "compute_s"),
+        **_with_error(_anchored(case, workload), measured_s),
     }, spans
+
+
+def _with_error(anchored: dict, measured_s: float) -> dict:
+    if anchored:
+        anchored["anchored_error_pct"] = 100.0 * (anchored["anchored_predicted_s"] - measured_s) / measured_s
+    return anchored
 
 
 def launch_noise_pct(launch_medians: list[float], measured_s: float) -> float:
