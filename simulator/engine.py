@@ -231,9 +231,19 @@ class Engine:
         arrival = self._arrivals.get(action.key)
         if arrival is None:
             raise SimulationError(f"rank {rank}: send {action.key} to rank {action.dst} has no matching receive")
-        if self._handoff_s > 0:
+        if self._handoff_s > 0 and self._host_busy(action.dst):
             yield self.env.timeout(self._handoff_s)
         arrival.succeed()
+
+    def _host_busy(self, rank: int) -> bool:
+        """Whether any rank of `rank`'s host computes now. The handoff delay (`ProfileCosts.handoff_s`)
+        was measured with neighbours computing (`validator.handoff_bench`), the point-to-point fit
+        with every other rank idle (`validator.comm_bench.time_p2p`): an arrival while no rank of
+        the host computes wakes its receiver as in the ping-pong, with no handoff delay."""
+        hosts = getattr(self, "hosts", None)
+        if hosts is None:
+            return True
+        return hosts.active_threads(self.topology.node_of(self.plan.rank_to_device[rank]), COMPUTE) > 0
 
     def _play(self, phase):
         if phase.latency_s > 0:

@@ -78,6 +78,10 @@ class HostPool:
         self._reschedule({host for host, _ in threads})
         return done
 
+    def active_threads(self, host: int, kind: str) -> int:
+        """Threads of class `kind` active on `host` now."""
+        return self._threads[host][kind]
+
     def thread_rate(self, host: int, kind: str) -> float:
         """Rate of one thread of class `kind` on `host` given the threads active there now."""
         active = self._threads[host]

@@ -128,3 +128,37 @@ def test_pipeline_plans_pay_the_preposted_handoff_and_grids_the_on_demand_one():
     assert pipeline[(0.0, 0.005)] - pipeline[(0.0, 0.0)] == pytest.approx(2 * 0.005)
     assert grid[(0.003, 0.0)] - grid[(0.0, 0.0)] == pytest.approx(2 * 0.003)
     assert grid[(0.0, 0.005)] == pytest.approx(grid[(0.0, 0.0)])
+
+
+class _SharedHost(FixedCosts):
+    """FixedCosts on a shared host of 2 cores (`simulator.host_sharing`), p2p free."""
+
+    def __init__(self, handoff_s: float):
+        super().__init__(forward_s_per_sample=0.001)
+        self.host_parallelism = 2.0
+        self.handoff_s = self.handoff_preposted_s = handoff_s
+
+    def p2p_s(self, size_bytes: float) -> float:
+        return 0.0
+
+
+def test_on_a_shared_host_an_arrival_while_no_rank_computes_pays_no_handoff():
+    """Model parallelism over 4 ranks, one micro-batch: every message arrives while the other ranks
+    wait (its sender's compute has ended), as in the ping-pong the p2p fit comes from: no handoff.
+    GPipe with 4 micro-batches on 2 stages: the activations of micro-batches 2-4 arrive while the
+    second stage computes the one before, and pay it."""
+    toy = toy_workload(8, num_params=1000)
+    steps = {}
+    for handoff_s in (0.0, 0.003):
+        _, spans = run_grid(toy, Topology(1, 4, link(0.0, 1e12), link(0.0, 1e12)), _SharedHost(handoff_s), 1, 4, 16)
+        steps["mp", handoff_s] = spans["end_s"].max()
+        scenario = load_scenario({
+            "cluster": {"num_nodes": 1, "gpus_per_node": 2,
+                        "intra_node_link": {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}},
+            "model": {"name": "mlp"},
+            "strategy": {"kind": "gpipe", "num_microbatches": 4, "partition": [4, 4]},
+            "training": {"global_batch_size": 16},
+        })
+        steps["gpipe", handoff_s] = simulate(scenario, costs=_SharedHost(handoff_s), workload=toy).step_time_s
+    assert steps["mp", 0.003] == pytest.approx(steps["mp", 0.0])
+    assert steps["gpipe", 0.003] > steps["gpipe", 0.0] + 0.003
