@@ -12,7 +12,7 @@ from validator.measure import reference_training  # noqa: E402
 from validator.microbench import make_optimizer  # noqa: E402
 from validator.models import build_modules, loss_fn, make_batch  # noqa: E402
 from validator.pipeline_reference import emulate  # noqa: E402
-from validator.pipeline_runtime import prediction_steps  # noqa: E402
+from validator.pipeline_plan import prediction_steps  # noqa: E402
 
 MLP = {"name": "mlp", "params": {"input_dim": 12, "hidden_dim": 16, "num_hidden_layers": 3, "num_classes": 5}}
 BATCH, LR = 8, 0.1

@@ -25,8 +25,8 @@ from validator.cold_bench import time_cold_start
 from validator.handoff_bench import time_handoffs
 from validator.layer_passes import (DEFAULT_LAYER_PASSES, median_over_passes, pass_slots, pass_spread,
                                    pass_totals_s)
-from validator.microbench import (agree_max, load_models_module, time_allgather, time_allreduce, time_layers,
-                                  time_optimizer, time_p2p, time_topk)
+from validator.comm_bench import agree_max, time_allgather, time_allreduce, time_p2p
+from validator.microbench import load_models_module, time_layers, time_optimizer, time_topk
 from validator.overlap_bench import (DEFAULT_OVERLAP_BYTES, DEFAULT_OVERLAP_MESSAGES, OVERLAP_KINDS,
                                      model_steps, time_overlap)
 from validator.pass_jitter_bench import DEFAULT_JITTER_PASSES, time_model_passes

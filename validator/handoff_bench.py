@@ -1,7 +1,7 @@
 """Handoff microbenchmark: how long a message takes to reach a rank that is waiting for it while
 other ranks of the same host compute.
 
-The ping-pong of `validator.microbench.time_p2p` runs with every other rank idle. In a pipeline or
+The ping-pong of `validator.comm_bench.time_p2p` runs with every other rank idle. In a pipeline or
 model-parallel step on a host with fewer cores than ranks, the receiver sleeps in `wait()` while
 its neighbours compute; waking it (and the sender's communication thread) goes through the OS
 scheduler, which here took a few tenths of a millisecond in the median but milliseconds in the

@@ -1,11 +1,11 @@
-"""Micro-benchmarks for calibration: per-layer compute, optimizer steps, top-k selection, p2p,
-allreduce and allgather, plus a least-squares line fitter. `validator/calibrate.py` runs them on several ranks and writes a profile
-(format: `simulator.profile.PROFILE_FORMAT`).
+"""Micro-benchmarks for calibration: per-layer compute, optimizer steps and top-k selection, plus
+a least-squares line fitter (communication: `validator.comm_bench`). `validator/calibrate.py` runs
+them on several ranks and writes a profile (format: `simulator.profile.PROFILE_FORMAT`).
 
 Every figure is a *median* of `repeats` timed samples after `warmup` untimed ones. A compute
 sample is a block of back-to-back iterations lasting at least `min_block_s` (10 ms), reported per
 iteration, so that time-sharing of cores by more ranks than cores is counted (see
-`_time_blocks`); a communication sample is one operation. Timing is wall time
+`_time_blocks`). Timing is wall time
 (`time.perf_counter`); on CUDA the device is synchronised before each clock read. No end-to-end
 training step is ever timed: each layer is timed alone, on the real input it sees in the model
 (the output of the layers before it on a real batch), and its backward pass alone from a saved
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import random
 import statistics
 import time
 import warnings
@@ -25,7 +24,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from simulator.workload import Workload
 
@@ -328,115 +326,6 @@ def time_optimizer(optimizer: str, parameter_sets: Sequence, repeats: int = 7, d
         del step, params
     barrier()
     return results
-
-
-# ----------------------------------------------------------------------------- communication
-
-
-def _comm_device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def agree_max(value: int) -> int:
-    """The largest `value` over all ranks of the process group (every rank must call it)."""
-    tensor = torch.tensor([int(value)], dtype=torch.int64, device=_comm_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
-
-
-def _buffer(size_bytes: int, device: torch.device) -> torch.Tensor:
-    return torch.ones(max(1, size_bytes // 4), dtype=torch.float32, device=device)
-
-
-def _size_order(count: int, repeat: int) -> list[int]:
-    """Sizes in a shuffled order, a new one per repeat but the same on every rank: a message
-    right after a large one is slower (the transport is still draining), and a fixed order would
-    pin that penalty on one size."""
-    order = list(range(count))
-    random.Random(repeat).shuffle(order)
-    return order
-
-
-def time_p2p(sizes_bytes: Sequence[int], repeats: int = 10, warmup: int = 2, *, src: int = 0,
-             dst: int = 1) -> list[float]:
-    """One-way point-to-point time per size: half the median round trip of a ping-pong between
-    ranks `src` and `dst` (blocking send/recv). Call on every rank of an initialised process group
-    (the others only join the barriers); every rank gets the result (broadcast from `src`).
-    Each repeat times every size once, in a shuffled order, each after a world-wide barrier."""
-    rank, device = dist.get_rank(), _comm_device()
-    buffers = [_buffer(size, device) for size in sizes_bytes]
-    samples: list[list[float]] = [[] for _ in sizes_bytes]
-    for repeat in range(warmup + repeats):
-        for position in _size_order(len(buffers), repeat):
-            buffer = buffers[position]
-            dist.barrier()
-            if rank == src:
-                _sync(device)
-                start = time.perf_counter()
-                dist.send(buffer, dst)
-                dist.recv(buffer, dst)
-                _sync(device)
-                samples[position].append(time.perf_counter() - start)
-            elif rank == dst:
-                dist.recv(buffer, src)
-                dist.send(buffer, src)
-    medians = torch.zeros(len(sizes_bytes), dtype=torch.float64)
-    if rank == src:
-        medians = torch.tensor([_median(kept, warmup) / 2 for kept in samples], dtype=torch.float64)
-    dist.barrier()
-    medians = medians.to(device)
-    dist.broadcast(medians, src)
-    return medians.cpu().tolist()
-
-
-def time_allreduce(sizes_bytes: Sequence[int], repeats: int = 10, group=None, warmup: int = 2) -> list[float]:
-    """Median allreduce (sum, fp32) time per size within `group` (None: the whole world).
-
-    Every rank of the world must call this at the same time, each with its own group (disjoint
-    groups then run concurrently); every sample starts at a world-wide barrier, and each repeat
-    visits the sizes in a shuffled order (as `time_p2p`). A sample's time is
-    the slowest rank's of the group; the median over repeats is returned to every member."""
-    device = _comm_device()
-    buffers = [_buffer(size, device) for size in sizes_bytes]
-    samples = torch.zeros(len(sizes_bytes), warmup + repeats, dtype=torch.float64, device=device)
-    for repeat in range(warmup + repeats):
-        for position in _size_order(len(buffers), repeat):
-            buffer = buffers[position]
-            dist.barrier()
-            _sync(device)
-            start = time.perf_counter()
-            dist.all_reduce(buffer, group=group)
-            _sync(device)
-            samples[position, repeat] = time.perf_counter() - start
-    dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)
-    medians = [_median(row, warmup) for row in samples.cpu().tolist()]
-    dist.barrier()
-    return medians
-
-
-def time_allgather(sizes_bytes: Sequence[int], repeats: int = 10, group=None, warmup: int = 2) -> list[float]:
-    """Median allgather time per size within `group` (None: the whole world), as `time_allreduce`;
-    a size is the bytes *each rank contributes* (fp32), gathered with `dist.all_gather` into a list
-    of the group's size, as the runtime's top-k exchange (`validator.runtime`) does."""
-    device = _comm_device()
-    members = dist.get_world_size(group)
-    buffers = [_buffer(size, device) for size in sizes_bytes]
-    outputs = [[torch.empty_like(buffer) for _ in range(members)] for buffer in buffers]
-    samples = torch.zeros(len(sizes_bytes), warmup + repeats, dtype=torch.float64, device=device)
-    for repeat in range(warmup + repeats):
-        for position in _size_order(len(buffers), repeat):
-            dist.barrier()
-            _sync(device)
-            start = time.perf_counter()
-            dist.all_gather(outputs[position], buffers[position], group=group)
-            _sync(device)
-            samples[position, repeat] = time.perf_counter() - start
-    dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)
-    medians = [_median(row, warmup) for row in samples.cpu().tolist()]
-    dist.barrier()
-    return medians
 
 
 def time_topk(element_counts: Sequence[int], density: float, repeats: int = 7, device: str = "cpu",

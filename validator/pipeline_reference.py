@@ -5,7 +5,7 @@ explicit weight versions instead of the distributed runtime's mutable stashes an
 - every stage keeps its weight history: version u = the weights after its u-th update;
 - the forward of micro-batch i on stage j records the version it read: u_f = updates of j so far
   (accumulate, stash, newest), or W_hat = W - s_f * lr * v computed at its predict event (predict);
-- the backward reads, per `validator.pipeline_runtime.weight_mode`: version u_f (accumulate — no
+- the backward reads, per `validator.pipeline_plan.weight_mode`: version u_f (accumulate — no
   update can fall in between — and stash), the newest version (newest), W - s_b * lr * v computed
   at its backward predict event (staggered predict), or the forward's W_hat (forward predict).
   "Reads" means: the forward's saved activations, with those weights put into the graph's
@@ -28,8 +28,8 @@ from torch.func import functional_call
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Compute, Plan
 from simulator.workload import Workload
 from validator.models import build_modules, loss_fn, make_batch
-from validator.pipeline_runtime import (PREDICT, chunk_ranges, num_microbatches, prediction_steps,
-                                        prediction_variant, weight_mode)
+from validator.pipeline_plan import (PREDICT, chunk_ranges, num_microbatches, prediction_steps,
+                                     prediction_variant, weight_mode)
 
 MOMENTUM = 0.9
 

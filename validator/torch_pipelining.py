@@ -33,7 +33,7 @@ from simulator.plan import Plan
 from simulator.workload import Workload
 from validator.microbench import make_optimizer
 from validator.models import build_modules, loss_fn, make_batch
-from validator.pipeline_runtime import chunk_ranges, num_microbatches
+from validator.pipeline_plan import chunk_ranges, num_microbatches
 from validator.runtime import peer_groups
 
 PIPELINE_RUNTIMES = ("own", "torch")

@@ -30,7 +30,7 @@ WEIGHT_PASSES = ("stash", "predict", "accumulate", "average")
 
 
 def _passes(params: list[torch.Tensor], used_grads: list[torch.Tensor], optimizer) -> dict[str, Callable]:
-    from validator.pipeline_runtime import predicted_weights
+    from validator.pipeline_plan import predicted_weights
 
     flat = torch.cat([g.reshape(-1) for g in used_grads])
 
