@@ -72,6 +72,7 @@ class Engine:
         self.env = _CountingEnvironment()
         self.network = FlowNetwork(self.env, [link.bandwidth_bytes_per_s for link in topology.links])
         self.host_parallelism = getattr(costs, "host_parallelism", None)
+        self.hosts: HostPool | None = None
         if self.host_parallelism is not None:  # shared host processors (a calibrated CPU host)
             self.hosts = HostPool(self.env, self.host_parallelism, topology.num_nodes,
                                   getattr(costs, "interference", None))
@@ -240,10 +241,9 @@ class Engine:
         was measured with neighbours computing (`validator.handoff_bench`), the point-to-point fit
         with every other rank idle (`validator.comm_bench.time_p2p`): an arrival while no rank of
         the host computes wakes its receiver as in the ping-pong, with no handoff delay."""
-        hosts = getattr(self, "hosts", None)
-        if hosts is None:
+        if self.hosts is None:
             return True
-        return hosts.active_threads(self.topology.node_of(self.plan.rank_to_device[rank]), COMPUTE) > 0
+        return self.hosts.active_threads(self.topology.node_of(self.plan.rank_to_device[rank]), COMPUTE) > 0
 
     def _play(self, phase):
         if phase.latency_s > 0:

@@ -77,6 +77,26 @@ def time_p2p(sizes_bytes: Sequence[int], repeats: int = 10, warmup: int = 2, *, 
     return medians.cpu().tolist()
 
 
+def _time_collective(operation, count: int, repeats: int, group, warmup: int) -> list[float]:
+    """Median over repeats of `operation(position)` per position, each sample after a world-wide
+    barrier, the positions in a shuffled order per repeat (`_size_order`); a sample's time is the
+    slowest rank's of `group`, and every member gets the medians."""
+    device = _comm_device()
+    samples = torch.zeros(count, warmup + repeats, dtype=torch.float64, device=device)
+    for repeat in range(warmup + repeats):
+        for position in _size_order(count, repeat):
+            dist.barrier()
+            _sync(device)
+            start = time.perf_counter()
+            operation(position)
+            _sync(device)
+            samples[position, repeat] = time.perf_counter() - start
+    dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)
+    medians = [_median(row, warmup) for row in samples.cpu().tolist()]
+    dist.barrier()
+    return medians
+
+
 def time_allreduce(sizes_bytes: Sequence[int], repeats: int = 10, group=None, warmup: int = 2) -> list[float]:
     """Median allreduce (sum, fp32) time per size within `group` (None: the whole world).
 
@@ -84,42 +104,17 @@ def time_allreduce(sizes_bytes: Sequence[int], repeats: int = 10, group=None, wa
     groups then run concurrently); every sample starts at a world-wide barrier, and each repeat
     visits the sizes in a shuffled order (as `time_p2p`). A sample's time is
     the slowest rank's of the group; the median over repeats is returned to every member."""
-    device = _comm_device()
-    buffers = [_buffer(size, device) for size in sizes_bytes]
-    samples = torch.zeros(len(sizes_bytes), warmup + repeats, dtype=torch.float64, device=device)
-    for repeat in range(warmup + repeats):
-        for position in _size_order(len(buffers), repeat):
-            buffer = buffers[position]
-            dist.barrier()
-            _sync(device)
-            start = time.perf_counter()
-            dist.all_reduce(buffer, group=group)
-            _sync(device)
-            samples[position, repeat] = time.perf_counter() - start
-    dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)
-    medians = [_median(row, warmup) for row in samples.cpu().tolist()]
-    dist.barrier()
-    return medians
+    buffers = [_buffer(size, _comm_device()) for size in sizes_bytes]
+    return _time_collective(lambda position: dist.all_reduce(buffers[position], group=group),
+                            len(buffers), repeats, group, warmup)
 
 
 def time_allgather(sizes_bytes: Sequence[int], repeats: int = 10, group=None, warmup: int = 2) -> list[float]:
     """Median allgather time per size within `group` (None: the whole world), as `time_allreduce`;
     a size is the bytes *each rank contributes* (fp32), gathered with `dist.all_gather` into a list
     of the group's size, as the runtime's top-k exchange (`validator.runtime`) does."""
-    device = _comm_device()
     members = dist.get_world_size(group)
-    buffers = [_buffer(size, device) for size in sizes_bytes]
+    buffers = [_buffer(size, _comm_device()) for size in sizes_bytes]
     outputs = [[torch.empty_like(buffer) for _ in range(members)] for buffer in buffers]
-    samples = torch.zeros(len(sizes_bytes), warmup + repeats, dtype=torch.float64, device=device)
-    for repeat in range(warmup + repeats):
-        for position in _size_order(len(buffers), repeat):
-            dist.barrier()
-            _sync(device)
-            start = time.perf_counter()
-            dist.all_gather(outputs[position], buffers[position], group=group)
-            _sync(device)
-            samples[position, repeat] = time.perf_counter() - start
-    dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)
-    medians = [_median(row, warmup) for row in samples.cpu().tolist()]
-    dist.barrier()
-    return medians
+    return _time_collective(lambda position: dist.all_gather(outputs[position], buffers[position], group=group),
+                            len(buffers), repeats, group, warmup)
