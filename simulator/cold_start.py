@@ -31,8 +31,10 @@ by the age of its error-feedback residual, last touched by the previous step's s
 
 The factors are relative to a pass timed right after the same pass ("hot"), but the layer fits
 are iterations of blocks of back-to-back passes lasting >= 10 ms (`validator.microbench`), and on
-this project's CPU host the single hot pass took 0.1-0.4 ms longer per layer (10-30 % of a model's
-total at the calibration batch; from one calibration to the next the total varies several-fold). No pass of a training step runs inside such a block, so each
+this project's CPU host a single hot pass can take longer than a block iteration (paired in time,
+0.5 ms a pass for a narrow ResNet, most of it in the first and the loss layer; compared with block
+medians taken at other moments, the host's slow spells had inflated it to 5.4 ms). No pass of a
+training step runs inside such a block, so each
 layer's pass costs its fit plus that measured difference (`forward_single_pass_s`,
 `backward_single_pass_s`, `validator.cold_bench.single_pass_overheads`), and the cold factor
 multiplies the sum: a pass after a long pause then takes the cold time measured.

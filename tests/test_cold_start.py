@@ -4,6 +4,7 @@ and the microbenchmark's decay fit."""
 from __future__ import annotations
 
 import math
+import statistics
 import re
 
 import pytest
@@ -104,6 +105,33 @@ def test_single_pass_time_is_the_hot_pass_over_the_block_median_at_the_fits_conc
     assert single_pass_overheads({**cold, "ranks_at_once": None}, medians, [4, 16, 64], slowdown, 4) == {}
     assert single_pass_overheads({**cold, "ranks_at_once": 4}, medians, [4, 16, 64], slowdown, 4) == {}
     assert single_pass_overheads(cold, medians, [4, 8, 64], slowdown, 4) == {}
+
+
+def test_single_pass_time_prefers_the_paired_excess_over_the_distant_block_median():
+    """With the paired figures present, the hot passes and the layer medians taken at other moments
+    are ignored: excess x slowdown[4] / slowdown[2], a negative excess counting as 0."""
+    from validator.cold_bench import single_pass_overheads
+
+    cold = {"batch_size": 16, "ranks_at_once": 2, "hot_forward_s": [0.0015, 0.0009],
+            "hot_backward_s": [0.0030, 0.0025], "paired_excess_forward_s": [0.0001, -0.0002],
+            "paired_excess_backward_s": [0.0, 0.0003]}
+    medians = {2: {"forward": [[0.0004, 0.0010, 0.0030]] * 2, "backward": [[0.0008, 0.0020, 0.0060]] * 2}}
+    result = single_pass_overheads(cold, medians, [4, 16, 64], {1: 1.0, 2: 1.5, 4: 3.0}, 4)
+    assert result["forward_single_pass_s"] == pytest.approx([0.0002, 0.0])
+    assert result["backward_single_pass_s"] == pytest.approx([0.0, 0.0006])
+    # the paired figures need no layer medians at the cold batch size
+    assert single_pass_overheads(cold, {}, [4, 8, 64], {1: 1.0, 2: 1.5, 4: 3.0}, 4) == result
+
+
+def test_paired_excess_is_the_median_of_differences_taken_together():
+    """A slow spell that slows a pair's single pass and its block alike cancels in the pair: the
+    median of differences is 0.1 ms, while the median single pass minus the median block is 0.9 ms."""
+    from validator.cold_bench import paired_excess_s
+
+    single = [1.1e-3, 1.1e-3, 2.7e-3, 2.7e-3, 2.7e-3]
+    block = [1.0e-3, 1.0e-3, 1.6e-3, 1.6e-3, 2.6e-3]
+    assert paired_excess_s(single, block) == pytest.approx(0.1e-3)
+    assert statistics.median(single) - statistics.median(block) == pytest.approx(1.1e-3)
 
 
 @pytest.mark.parametrize("change,field", [
@@ -219,6 +247,9 @@ def test_time_cold_start_measures_every_layer_and_the_update():
     result = time_cold_start(workload, 4, "momentum", gap_s=0.004, decay_gaps_s=(0.001, 0.002), pairs=1)
     for key in ("forward_factors", "backward_factors", "hot_forward_s", "hot_backward_s"):
         assert len(result[key]) == workload.num_layers and all(value > 0 for value in result[key])
+    for key in ("paired_excess_forward_s", "paired_excess_backward_s"):  # single pass - block, ms apart
+        assert len(result[key]) == workload.num_layers
+        assert all(excess < hot for excess, hot in zip(result[key], result[key.replace("paired_excess", "hot")]))
     assert result["optimizer_factor"] > 0 and result["topk_factor"] > 0 and result["batch_size"] == 4 and result["gap_s"] == 0.004
     assert DECAY_BOUNDS_S[0] <= result["decay_s"] <= DECAY_BOUNDS_S[1]
     assert all(0.0 <= share <= 1.0 for share in result["decay_shares"])

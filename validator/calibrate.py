@@ -33,9 +33,9 @@
    **Cold start**, all ranks at once (`validator.cold_bench`): every layer at the middle batch
    size and the update, each timed back to back and after a 50 ms pause, alternately; the ratios
    and the decay over shorter pauses (`simulator.cold_start`); on a CPU host no more ranks at
-   once than it has cores. A layer's pass right after itself (between pauses) takes longer than an
-   iteration of step 1's blocks: the difference is the profile's single-pass time per layer and
-   phase (`validator.cold_bench.single_pass_overheads`).
+   once than it has cores. A layer's pass right after itself (between pauses) against an
+   iteration of a back-to-back block timed in the same pair, the median difference over pairs:
+   the profile's single-pass time per layer and phase (`validator.cold_bench.single_pass_overheads`).
 3. **p2p**: ping-pong between ranks 0 and 1 (one-way = half the round trip).
 4. **allreduce**: for every divisor g >= 2 of world_size, the world is cut into world_size / g
    groups of consecutive ranks (`new_group`) that all allreduce at the same time (as the

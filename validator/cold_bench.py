@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from validator.microbench import _as_input, _sync, _to, activation_chain, load_models_module, make_optimizer
+from validator.microbench import (DEFAULT_MIN_BLOCK_S, _as_input, _sync, _to, activation_chain, load_models_module,
+                                  make_optimizer)
 
 COLD_GAP_S = 0.05
 """The pause after which a pass counts as cold (the penalty measured here saturates by ~25-50 ms)."""
@@ -78,9 +79,26 @@ def _layer_passes(module, x_source, output_grad, with_loss, loss_fn, workload, t
     return forward, backward
 
 
-def _hot_and_cold(device, forward, backward, pairs: int, gap_s: float) -> tuple[list, list, list, list]:
-    hot_f, hot_b, cold_f, cold_b = [], [], [], []
+def _block_iterations(device, forward, backward, min_block_s: float) -> int:
+    """Back-to-back iterations of forward + backward that last at least `min_block_s`."""
+    probe_s = _timed(device, forward) + _timed(device, backward)
+    return max(1, math.ceil(min_block_s / probe_s)) if probe_s > 0 else 1
+
+
+def _hot_and_cold(device, forward, backward, pairs: int, gap_s: float,
+                  min_block_s: float = DEFAULT_MIN_BLOCK_S) -> dict[str, list[float]]:
+    """Per pair (after one to warm up): a block of back-to-back forward + backward iterations
+    (the layer microbenchmark's sample, `validator.microbench._time_blocks`; its mean forward and
+    backward), then, after a pause, one untimed pass and the hot pass right after it, then the cold
+    forward and backward, each after a pause. Lists keyed forward / backward x block / hot / cold."""
+    samples = {f"{kind}_{phase}": [] for kind in ("block", "hot", "cold") for phase in ("forward", "backward")}
+    iterations = _block_iterations(device, forward, backward, min_block_s)
     for pair in range(pairs + 1):  # the first pair warms up
+        block_f = block_b = 0.0
+        for _ in range(iterations):
+            block_f += _timed(device, forward)
+            block_b += _timed(device, backward)
+        _pause(gap_s)
         forward()
         backward()
         f = _timed(device, forward)
@@ -90,8 +108,19 @@ def _hot_and_cold(device, forward, backward, pairs: int, gap_s: float) -> tuple[
         _pause(gap_s)
         cb = _timed(device, backward)
         if pair:
-            hot_f.append(f), hot_b.append(b), cold_f.append(cf), cold_b.append(cb)
-    return hot_f, hot_b, cold_f, cold_b
+            for key, value in (("block_forward", block_f / iterations), ("block_backward", block_b / iterations),
+                               ("hot_forward", f), ("hot_backward", b), ("cold_forward", cf), ("cold_backward", cb)):
+                samples[key].append(value)
+    return samples
+
+
+def paired_excess_s(single: Sequence[float], block: Sequence[float]) -> float:
+    """Median over pairs of (single pass - back-to-back iteration) measured a few milliseconds apart.
+    Pairing keeps the host's slow spells out: on this project's 2-core VM a core runs 1.5-1.7x
+    slower for 0.1-2 s at a time, so a single pass and a block median taken minutes apart differ by
+    whatever spell either met (measured: excess / fit equal for a layer's forward and backward and
+    changing in runs over consecutive layers, the signature of a spell, 0.55-0.87 in one profile)."""
+    return float(statistics.median(s - b for s, b in zip(single, block)))
 
 
 def _cold_ratio(device, work: Callable[[], object], pairs: int, gap_s: float,
@@ -117,19 +146,28 @@ def single_pass_overheads(cold_start: dict, level_medians: dict, batch_sizes: Se
     """Per layer and phase, how much longer one pass right after the same pass takes than an
     iteration of the layer microbenchmark's back-to-back blocks, at the cold-start batch size:
 
-        single_pass_s = max(0, hot - median_k(batch)) x slowdown[world_size] / slowdown[k]
+        single_pass_s = max(0, excess) x slowdown[world_size] / slowdown[k]
 
-    `hot` is the time measured here between pauses (`hot_forward_s` / `hot_backward_s`, k =
-    `ranks_at_once` ranks measuring at once), `median_k` the layer microbenchmark's median with k
-    ranks at once (`level_medians[k][phase][layer]`, one per batch size); the factor converts to the
-    fits' concurrency (world_size ranks at once). A pass in a training step never runs inside such a
-    block, so the simulator adds this to the fitted back-to-back time (`simulator.cold_start`).
-    Measured on this project's 2-core host: +0.1-0.4 ms per pass, 10-30 % of a model's back-to-back
-    total. Empty when the section lacks what it needs (older runs, a level or batch size not timed)."""
+    `excess` is the median over the cold benchmark's pairs of (hot pass - block iteration), both
+    timed here a few milliseconds apart with k = `ranks_at_once` ranks measuring at once
+    (`paired_excess_forward_s` / `paired_excess_backward_s`, `paired_excess_s`); the factor converts
+    to the fits' concurrency (world_size ranks at once). A pass in a training step never runs inside
+    such a block, so the simulator adds this to the fitted back-to-back time (`simulator.cold_start`).
+    Profiles from before the pairing compared the hot pass with the layer microbenchmark's median at
+    k ranks (`level_medians[k][phase][layer]`, taken at other moments of the calibration), which let
+    the host's slow spells in: that is used only when the paired figures are absent. Empty when the
+    section lacks what it needs (older runs, a level or batch size not timed)."""
     k, batch = cold_start.get("ranks_at_once"), cold_start.get("batch_size")
-    if k not in level_medians or batch not in batch_sizes or k not in compute_slowdown:
+    if k not in compute_slowdown:
         return {}
-    column, to_fit_level = list(batch_sizes).index(batch), compute_slowdown[world_size] / compute_slowdown[k]
+    to_fit_level = compute_slowdown[world_size] / compute_slowdown[k]
+    if all(f"paired_excess_{phase}_s" in cold_start for phase in ("forward", "backward")):
+        return {f"{phase}_single_pass_s": [max(0.0, excess) * to_fit_level
+                                           for excess in cold_start[f"paired_excess_{phase}_s"]]
+                for phase in ("forward", "backward")}
+    if k not in level_medians or batch not in batch_sizes:
+        return {}
+    column = list(batch_sizes).index(batch)
     return {f"{phase}_single_pass_s": [max(0.0, hot - medians[column]) * to_fit_level
                                        for hot, medians in zip(cold_start[f"hot_{phase}_s"], level_medians[k][phase])]
             for phase in ("forward", "backward")}
@@ -147,7 +185,8 @@ def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Seque
 
     Returns the profile's `cold_start` section (`simulator.profile_format`) plus raw medians:
     `{"gap_s", "decay_s", "batch_size", "forward_factors", "backward_factors", "optimizer_factor", "topk_factor",
-    "decay_gaps_s", "decay_shares", "hot_forward_s", "hot_backward_s"}`.
+    "decay_gaps_s", "decay_shares", "hot_forward_s", "hot_backward_s", "paired_excess_forward_s",
+    "paired_excess_backward_s"}`.
     """
     barrier = barrier or (lambda: None)
     if not active:  # only the barriers of the ranks that measure (one per layer, decay, update, top-k, end)
@@ -164,6 +203,7 @@ def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Seque
     generator = torch.Generator(device="cpu").manual_seed(seed)
 
     forward_factors, backward_factors, hot_forward, hot_backward, passes = [], [], [], [], []
+    excess_forward, excess_backward = [], []
     for index, module in enumerate(modules):
         with_loss = index == len(modules) - 1
         output_grad = torch.randn(chain[index + 1].shape, generator=generator,
@@ -171,11 +211,13 @@ def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Seque
         forward, backward = _layer_passes(module, chain[index], output_grad, with_loss, loss_fn, workload,
                                           targets, needs_grad=index > 0)
         barrier()
-        hot_f, hot_b, cold_f, cold_b = _hot_and_cold(device, forward, backward, pairs, gap_s)
-        forward_factors.append(_ratio(cold_f, hot_f))
-        backward_factors.append(_ratio(cold_b, hot_b))
-        hot_forward.append(statistics.median(hot_f))
-        hot_backward.append(statistics.median(hot_b))
+        samples = _hot_and_cold(device, forward, backward, pairs, gap_s)
+        forward_factors.append(_ratio(samples["cold_forward"], samples["hot_forward"]))
+        backward_factors.append(_ratio(samples["cold_backward"], samples["hot_backward"]))
+        hot_forward.append(statistics.median(samples["hot_forward"]))
+        hot_backward.append(statistics.median(samples["hot_backward"]))
+        excess_forward.append(paired_excess_s(samples["hot_forward"], samples["block_forward"]))
+        excess_backward.append(paired_excess_s(samples["hot_backward"], samples["block_backward"]))
         passes.append((forward, backward))
         module.zero_grad(set_to_none=True)
         if progress:
@@ -238,4 +280,5 @@ def time_cold_start(workload, batch_size: int, optimizer: str, parameters: Seque
             "forward_factors": forward_factors, "backward_factors": backward_factors,
             "optimizer_factor": optimizer_factor, "topk_factor": topk_factor,
             "decay_gaps_s": list(decay_gaps_s), "decay_shares": shares,
-            "hot_forward_s": hot_forward, "hot_backward_s": hot_backward}
+            "hot_forward_s": hot_forward, "hot_backward_s": hot_backward,
+            "paired_excess_forward_s": excess_forward, "paired_excess_backward_s": excess_backward}
