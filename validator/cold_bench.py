@@ -115,10 +115,10 @@ def _hot_and_cold(device, forward, backward, pairs: int, gap_s: float,
 
 
 def paired_excess_s(single: Sequence[float], block: Sequence[float]) -> float:
-    """Median over pairs of (single pass - back-to-back iteration) measured a few milliseconds apart.
-    Pairing keeps the host's slow spells out: on this project's 2-core VM a core runs 1.5-1.7x
-    slower for 0.1-2 s at a time, so a single pass and a block median taken minutes apart differ by
-    whatever spell either met (measured: excess / fit equal for a layer's forward and backward and
+    """Median over pairs of (single pass - back-to-back iteration) measured tens of milliseconds
+    apart (one pause between them). Pairing keeps the host's slow spells out: on this project's
+    2-core VM a core runs 1.5-1.7x slower for 0.1-2 s at a time, so a single pass and a block median
+    taken minutes apart differ by whatever spell either met (measured: excess / fit equal for a layer's forward and backward and
     changing in runs over consecutive layers, the signature of a spell, 0.55-0.87 in one profile)."""
     return float(statistics.median(s - b for s, b in zip(single, block)))
 
@@ -149,7 +149,7 @@ def single_pass_overheads(cold_start: dict, level_medians: dict, batch_sizes: Se
         single_pass_s = max(0, excess) x slowdown[world_size] / slowdown[k]
 
     `excess` is the median over the cold benchmark's pairs of (hot pass - block iteration), both
-    timed here a few milliseconds apart with k = `ranks_at_once` ranks measuring at once
+    timed here tens of milliseconds apart (one pause) with k = `ranks_at_once` ranks measuring at once
     (`paired_excess_forward_s` / `paired_excess_backward_s`, `paired_excess_s`); the factor converts
     to the fits' concurrency (world_size ranks at once). A pass in a training step never runs inside
     such a block, so the simulator adds this to the fitted back-to-back time (`simulator.cold_start`).
