@@ -15,10 +15,14 @@ from simulator.simulate import SimulationResult, naming_source, simulate
 
 
 def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) -> Scenario:
-    """A copy of `scenario` with another strategy kind (and G; `KIND:m` also sets m), re-validated."""
+    """A copy of `scenario` with another strategy kind (and G; `KIND:m` also sets m), re-validated.
+    The scenario's `num_virtual_stages` is kept for interleaved_1f1b and reset to 1 for every other
+    kind (it only means something there), so one scenario can compare 1f1b with interleaved_1f1b."""
     raw = scenario.model_dump(mode="python")
     kind, _, microbatches = kind.partition(":")
     strategy = {**raw["strategy"], "kind": kind, "num_groups": num_groups}
+    if kind != "interleaved_1f1b":
+        strategy["num_virtual_stages"] = 1
     if microbatches:
         strategy["num_microbatches"] = int(microbatches)
     workers = {"dp": 1, "mp": scenario.num_gpus}.get(kind, scenario.num_gpus // (num_groups or 1))

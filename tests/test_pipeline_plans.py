@@ -172,6 +172,26 @@ def test_impossible_pipelines_are_scenario_errors(kind, m, extra, message):
         simulate(scenario, costs=Costs(), workload=workload(4))
 
 
+def test_one_scenario_compares_flat_and_interleaved_schedules():
+    """with_strategy keeps num_virtual_stages for interleaved_1f1b only, so the validator can launch
+    1f1b and interleaved_1f1b of one scenario in the same rounds."""
+    from simulator.compare import with_strategy
+    scenario = load_scenario({"cluster": {"num_nodes": 1, "gpus_per_node": 2, "intra_node_link": FREE},
+                              "model": {"name": "mlp"},
+                              "strategy": {"kind": "dp", "num_virtual_stages": 2},
+                              "training": {"global_batch_size": 8}})
+    flat = with_strategy(scenario, "1f1b:4")
+    interleaved = with_strategy(scenario, "interleaved_1f1b:4")
+    assert flat.strategy.num_virtual_stages == 1
+    assert interleaved.strategy.num_virtual_stages == 2
+    steps = {name: simulate(variant, costs=Costs(), workload=workload(4)).step_time_s
+             for name, variant in (("flat", flat), ("interleaved", interleaved))}
+    # uniform stages, free links: (m + p - 1)(t_f + t_b) against a bubble cut to (p - 1)/(v m)
+    ideal_s = 4 * 2 * 2 * (1 + 2)  # m x layers per stage x batch per micro-batch x (F + B)
+    assert steps["flat"] == pytest.approx(ideal_s * (1 + 1 / 4))
+    assert steps["interleaved"] == pytest.approx(ideal_s * (1 + 1 / 8))
+
+
 def test_asynchronous_stages_pay_their_stash_and_accumulation_passes():
     # 3 stages of 2 layers of 1000 parameters; per micro-batch a stage computes 12 s, stashes
     # 2000 parameters (0.25 s / 1000) and accumulates them (0.5 s / 1000): 13.5 s per micro-batch
