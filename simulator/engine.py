@@ -61,6 +61,20 @@ class _CountingEnvironment(simpy.Environment):
         super().step()
 
 
+def _message_links(actions) -> tuple[dict[int, tuple[int, ...]], dict[int, int]]:
+    """Per compute action of one rank: the receives it waits for, and how many sends wait for it."""
+    kinds = {action.id: type(action) for action in actions}
+    receives = {action.id: tuple(dep for dep in action.deps if kinds.get(dep) is Recv)
+                for action in actions if isinstance(action, Compute)}
+    sends: dict[int, int] = defaultdict(int)
+    for action in actions:
+        if isinstance(action, Send):
+            for dep in action.deps:
+                if kinds.get(dep) is Compute:
+                    sends[dep] += 1
+    return {key: value for key, value in receives.items() if value}, dict(sends)
+
+
 class Engine:
     """Plays one step of a plan; `run()` returns the span records."""
 
@@ -98,6 +112,11 @@ class Engine:
         self._handoff_s = getattr(costs, "handoff_preposted_s" if plan.meta.get("receives") == "preposted"
                                   else "handoff_s", 0.0)
         """Waking a waiting receiver on a busy shared host (`ProfileCosts`), by how its receives are posted."""
+        preposted = plan.meta.get("receives") == "preposted"
+        self._send_post_s = getattr(costs, "send_post_s", 0.0) if preposted else 0.0
+        self._ready_receive_s = getattr(costs, "ready_receive_s", 0.0) if preposted else 0.0
+        """The runtime's own time per message on the rank's thread (`ProfileCosts.send_post_s`, `ready_receive_s`)."""
+        self._messages = [_message_links(actions) for actions in plan.actions]
         self._symmetry = plan.meta.get("symmetry")
         """Symmetric runs (simulator.symmetry): the device groups each representative's flows stand for."""
 
@@ -130,19 +149,29 @@ class Engine:
         delay_s = self.topology.start_delays_s.get(self.plan.rank_to_device[rank], 0.0)
         if delay_s > 0:  # this rank leaves the step's starting barrier late
             yield self.env.timeout(delay_s)
+        receives, sends = self._messages[rank]
         for action in actions:
+            arrived = sum(1 for dep in receives.get(action.id, ()) if self._done[rank][dep].triggered)
             yield from self._wait(rank, action.deps)
+            if arrived and self._ready_receive_s > 0:
+                yield from self._rank_work(rank, arrived * self._ready_receive_s)
             start = self.env.now
             duration_s = self._duration_s(action, rank) * self._cold_factor(action, rank, start)
-            if self.host_parallelism is None:
-                yield self.env.timeout(duration_s)
-            else:
-                yield self._host_job(duration_s, [rank], 1, COMPUTE)
+            yield from self._rank_work(rank, duration_s)
             if self._cold[rank] is not None:
                 self._touch(action, rank)
             self.spans.append((rank, "compute", action.label, action.phase, start, self.env.now, 0.0,
                                action.microbatch))
+            if sends.get(action.id) and self._send_post_s > 0:
+                yield from self._rank_work(rank, sends[action.id] * self._send_post_s)
             self._done[rank][action.id].succeed()
+
+    def _rank_work(self, rank: int, seconds: float):
+        """`seconds` of the rank's own thread (played on its host's cores when they are shared)."""
+        if self.host_parallelism is None:
+            yield self.env.timeout(seconds)
+        else:
+            yield self._host_job(seconds, [rank], 1, COMPUTE)
 
     def _comm_stream(self, rank: int, actions: list[Collective]):
         for position, action in enumerate(actions):

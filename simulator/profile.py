@@ -62,6 +62,10 @@ class Handoff:
     size_bytes: float
     mean_delay_s: float
     preposted_mean_delay_s: float | None = None
+    preposted_send_post_s: float | None = None
+    """The pipeline runtime's rank time per message it sends: the median `isend` call (None: not measured)."""
+    preposted_ready_receive_s: float | None = None
+    """Its time per message that had arrived before it was waited for: the wait and posting the next receive."""
 
 
 @dataclass(frozen=True)
@@ -244,10 +248,16 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
     raw_handoff = read.mapping(document, "handoff", "handoff", optional=True)
     if raw_handoff:
         raw_preposted = read.mapping(raw_handoff, "preposted", "handoff.preposted", optional=True)
+        def optional_s(key: str) -> float | None:
+            if not raw_preposted or raw_preposted.get(key) is None:
+                return None
+            return read.number(raw_preposted, key, f"handoff.preposted.{key}", minimum=0)
+
         handoff = Handoff(read.number(raw_handoff, "size_bytes", "handoff.size_bytes", positive=True),
                           read.number(raw_handoff, "mean_delay_s", "handoff.mean_delay_s", minimum=0),
                           read.number(raw_preposted, "mean_delay_s", "handoff.preposted.mean_delay_s", minimum=0)
-                          if raw_preposted else None)
+                          if raw_preposted else None,
+                          optional_s("send_post_s"), optional_s("ready_receive_s"))
     weight_passes = {}
     for name, entry in (read.mapping(document, "weight_passes", "weight_passes", optional=True) or {}).items():
         where = f"weight_passes.{name}"

@@ -50,6 +50,13 @@ class ProfileCosts:
         section; shared hosts only)."""
         self.handoff_preposted_s = 0.0
         """The same for receives posted one ahead (plans with `meta["receives"] == "preposted"`)."""
+        self.send_post_s = 0.0
+        """Rank time per message sent by a runtime that posts receives one ahead (the pipeline
+        runtime): its `isend` call, on the rank's thread after the pass that made the message."""
+        self.ready_receive_s = 0.0
+        """That runtime's rank time per message that had arrived before it was waited for (the wait
+        and posting the next receive), before the pass that needs it. A message waited for costs
+        its handoff instead, which includes both."""
         self.streamed_allreduce_factor = 1.0
         """An allreduce queued behind another on its rank takes its fit times this (shared hosts)."""
         if shared_host:
@@ -67,6 +74,8 @@ class ProfileCosts:
                 preposted_s = profile.handoff.preposted_mean_delay_s
                 self.handoff_preposted_s = (self.handoff_s if preposted_s is None  # older profiles
                                             else max(0.0, preposted_s - idle_s))
+                self.send_post_s = profile.handoff.preposted_send_post_s or 0.0
+                self.ready_receive_s = profile.handoff.preposted_ready_receive_s or 0.0
         _check_model(profile, workload)
         if optimizer is not None and optimizer != profile.optimizer_name:
             raise ScenarioError(

@@ -34,16 +34,31 @@ def test_summary_counts_only_messages_whose_receiver_was_waiting():
     assert summary["world_size"] == 2 and summary["size_bytes"] == 65536
 
 
+def test_summary_times_the_ranks_own_work_per_message():
+    """The isend calls' median, and the median wait on a message sent at least READY_MARGIN_S before
+    its receiver came (micro-batch 2: sent 5.0, waited from 6.0 to 6.0001); the one sent 0.2 ms
+    before the wait (micro-batch 3) might still be in flight and is neither a handoff nor ready."""
+    records = _records([1.0, 3.0, 5.0, 7.0], [0.0, 2.0, 6.0, 7.0002], [1.002, 3.004, 6.0001, 7.0005])
+    records[0] = (*records[0], [0.0001, 0.0003, 0.0002, 0.0002])
+    summary = handoff_summary(records, 65536, 0.002, 4)
+    assert summary["num_messages"] == 2 and summary["num_ready"] == 1
+    assert summary["send_post_s"] == pytest.approx(0.0002)
+    assert summary["ready_receive_s"] == pytest.approx(0.0001)
+    older = handoff_summary(_records([1.0], [0.0], [1.002]), 65536, 0.002, 1)  # no isend times, none ready
+    assert older["send_post_s"] is None and older["ready_receive_s"] is None
+
+
 def test_summary_without_a_waiting_receiver_is_an_error():
     with pytest.raises(ValueError, match="no message"):
         handoff_summary(_records([1.0], [2.0], [2.1]), 65536, 0.002, 1)
 
 
-def _with_handoff(tmp_path, mean_delay_s, name="handoff.json", preposted_s=None):
+def _with_handoff(tmp_path, mean_delay_s, name="handoff.json", preposted_s=None, **own_work_s):
     doc = copy.deepcopy(document())
     doc["handoff"] = {"world_size": 4, "size_bytes": 65536, "mean_delay_s": mean_delay_s, "median_delay_s": 0.0002}
     if preposted_s is not None:
-        doc["handoff"]["preposted"] = {"num_messages": 20, "mean_delay_s": preposted_s, "median_delay_s": 0.0003}
+        doc["handoff"]["preposted"] = {"num_messages": 20, "mean_delay_s": preposted_s, "median_delay_s": 0.0003,
+                                       **own_work_s}
     path = tmp_path / name
     path.write_text(json.dumps(doc))
     return load_profile(path)
@@ -162,3 +177,52 @@ def test_on_a_shared_host_an_arrival_while_no_rank_computes_pays_no_handoff():
         steps["gpipe", handoff_s] = simulate(scenario, costs=_SharedHost(handoff_s), workload=toy).step_time_s
     assert steps["mp", 0.003] == pytest.approx(steps["mp", 0.0])
     assert steps["gpipe", 0.003] > steps["gpipe", 0.0] + 0.003
+
+
+def test_profile_reads_the_pipeline_runtimes_own_work_per_message(tmp_path):
+    profile = _with_handoff(tmp_path, 0.001, preposted_s=0.0025, send_post_s=0.0001, ready_receive_s=0.00015)
+    costs = ProfileCosts(profile, workload(), shared_host=True)
+    assert (costs.send_post_s, costs.ready_receive_s) == pytest.approx((0.0001, 0.00015))
+    older = ProfileCosts(_with_handoff(tmp_path, 0.001, "older.json", preposted_s=0.0025), workload(), shared_host=True)
+    assert older.send_post_s == older.ready_receive_s == 0.0
+    with pytest.raises(ScenarioError, match="handoff.preposted.send_post_s"):
+        _with_handoff(tmp_path, 0.001, "bad.json", preposted_s=0.0025, send_post_s=-1.0)
+
+
+def _gpipe_step_s(costs, m: int, partition: list[int]) -> float:
+    scenario = load_scenario({
+        "cluster": {"num_nodes": 1, "gpus_per_node": 2, "intra_node_link": {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}},
+        "model": {"name": "mlp"},
+        "strategy": {"kind": "gpipe", "num_microbatches": m, "partition": partition},
+        "training": {"global_batch_size": 4 * m},
+    })
+    return simulate(scenario, costs=costs, workload=toy_workload(sum(partition), num_params=1000)).step_time_s
+
+
+def _own_work_costs(send_post_s: float, ready_receive_s: float) -> FixedCosts:
+    costs = FixedCosts(forward_s_per_sample=0.001)
+    costs.send_post_s, costs.ready_receive_s = send_post_s, ready_receive_s
+    return costs
+
+
+def test_pipeline_ranks_spend_their_own_time_on_each_message():
+    """GPipe, one micro-batch, two stages: the activation's and the gradient's isend calls are both on
+    the critical path (+2 x send_post_s) and both receives are waited for (a handoff, not
+    ready_receive_s). One micro-batch more, the second stage three times the first: micro-batch 1's
+    activation arrives while the second stage computes micro-batch 0, the only ready receive on the
+    critical path (+1 x ready_receive_s)."""
+    base = _gpipe_step_s(_own_work_costs(0.0, 0.0), 1, [2, 2])
+    assert _gpipe_step_s(_own_work_costs(0.0004, 0.0), 1, [2, 2]) - base == pytest.approx(2 * 0.0004)
+    assert _gpipe_step_s(_own_work_costs(0.0, 0.0007), 1, [2, 2]) == pytest.approx(base)
+    slow_second = _gpipe_step_s(_own_work_costs(0.0, 0.0), 2, [1, 3])
+    assert _gpipe_step_s(_own_work_costs(0.0, 0.0007), 2, [1, 3]) - slow_second == pytest.approx(0.0007)
+
+
+def test_the_model_parallel_runtime_pays_no_pipeline_message_work():
+    """The grid runtime receives on demand: its plans carry no pre-posted receives, so the pipeline
+    runtime's per-message time does not apply to it."""
+    toy = toy_workload(4, num_params=1000)
+    topology = Topology(1, 2, link(0.0, 1e12), link(0.0, 1e12))
+    _, plain = run_grid(toy, topology, _own_work_costs(0.0, 0.0), 1, 2, 8)
+    _, with_work = run_grid(toy, topology, _own_work_costs(0.0004, 0.0007), 1, 2, 8)
+    assert with_work["end_s"].max() == pytest.approx(plain["end_s"].max())
