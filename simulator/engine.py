@@ -61,8 +61,12 @@ class _CountingEnvironment(simpy.Environment):
         super().step()
 
 
-def _message_links(actions) -> tuple[dict[int, tuple[int, ...]], dict[int, int]]:
-    """Per compute action of one rank: the receives it waits for, and how many sends wait for it."""
+def _message_links(actions, receives_needed: bool = True, sends_needed: bool = True
+                   ) -> tuple[dict[int, tuple[int, ...]], dict[int, int]]:
+    """Per compute action of one rank: the receives it waits for, and how many sends wait for it
+    (each left empty when not needed)."""
+    if not (receives_needed or sends_needed):
+        return {}, {}
     kinds = {action.id: type(action) for action in actions}
     receives = {action.id: tuple(dep for dep in action.deps if kinds.get(dep) is Recv)
                 for action in actions if isinstance(action, Compute)}
@@ -72,7 +76,8 @@ def _message_links(actions) -> tuple[dict[int, tuple[int, ...]], dict[int, int]]
             for dep in action.deps:
                 if kinds.get(dep) is Compute:
                     sends[dep] += 1
-    return {key: value for key, value in receives.items() if value}, dict(sends)
+    return ({key: value for key, value in receives.items() if value} if receives_needed else {},
+            dict(sends) if sends_needed else {})
 
 
 class Engine:
@@ -116,7 +121,8 @@ class Engine:
         self._send_post_s = getattr(costs, "send_post_s", 0.0) if preposted else 0.0
         self._ready_receive_s = getattr(costs, "ready_receive_s", 0.0) if preposted else 0.0
         """The runtime's own time per message on the rank's thread (`ProfileCosts.send_post_s`, `ready_receive_s`)."""
-        self._messages = [_message_links(actions) for actions in plan.actions]
+        self._messages = [_message_links(actions, self._ready_receive_s > 0, self._send_post_s > 0)
+                          for actions in plan.actions]
         self._symmetry = plan.meta.get("symmetry")
         """Symmetric runs (simulator.symmetry): the device groups each representative's flows stand for."""
 
@@ -153,7 +159,7 @@ class Engine:
         for action in actions:
             arrived = sum(1 for dep in receives.get(action.id, ()) if self._done[rank][dep].triggered)
             yield from self._wait(rank, action.deps)
-            if arrived and self._ready_receive_s > 0:
+            if arrived:
                 yield from self._rank_work(rank, arrived * self._ready_receive_s)
             start = self.env.now
             duration_s = self._duration_s(action, rank) * self._cold_factor(action, rank, start)
@@ -162,7 +168,7 @@ class Engine:
                 self._touch(action, rank)
             self.spans.append((rank, "compute", action.label, action.phase, start, self.env.now, 0.0,
                                action.microbatch))
-            if sends.get(action.id) and self._send_post_s > 0:
+            if sends.get(action.id):
                 yield from self._rank_work(rank, sends[action.id] * self._send_post_s)
             self._done[rank][action.id].succeed()
 
