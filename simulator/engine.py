@@ -156,8 +156,15 @@ class Engine:
         if delay_s > 0:  # this rank leaves the step's starting barrier late
             yield self.env.timeout(delay_s)
         receives, sends = self._messages[rank]
+        exit_delay_s = self.topology.exit_delays_s.get(self.plan.rank_to_device[rank], 0.0)
+        collective_ids = ({a.id for a in self.plan.actions[rank] if isinstance(a, Collective)}
+                          if exit_delay_s > 0 else frozenset())
         for action in actions:
             arrived = sum(1 for dep in receives.get(action.id, ()) if self._done[rank][dep].triggered)
+            if collective_ids and any(dep in collective_ids and not self._done[rank][dep].processed
+                                      for dep in action.deps):
+                yield from self._wait(rank, action.deps)
+                yield self.env.timeout(exit_delay_s)  # woke from the collective late (pass_jitter)
             yield from self._wait(rank, action.deps)
             if arrived:
                 yield from self._rank_work(rank, arrived * self._ready_receive_s)

@@ -64,7 +64,8 @@ class Topology:
     `node_gpus` (node -> GpuSpec differing from the cluster's GPU) and `slowdowns` (device ->
     compute slowdown) describe heterogeneous devices (`simulator.heterogeneity`); `start_delays_s`
     (device -> seconds) holds a device's first compute back (ranks leaving a barrier one after
-    another on a shared host: `simulator.pass_jitter`).
+    another on a shared host: `simulator.pass_jitter`), and `exit_delays_s` (device -> seconds) a
+    device's compute after each collective it had to wait for (leaving a collective late, likewise).
     """
 
     def __init__(self, num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpec,
@@ -96,6 +97,7 @@ class Topology:
         self.node_gpus: dict[int, GpuSpec] = {}
         self.slowdowns: dict[int, float] = {}
         self.start_delays_s: dict[int, float] = {}
+        self.exit_delays_s: dict[int, float] = {}
         self.owner: dict[str, int] = {}
         """Vertex -> node for the vertices inside a node (devices, node switch, NICs)."""
         self._edge_index: dict[tuple[str, str], int] = {}

@@ -134,19 +134,40 @@ def test_a_pipeline_of_two_ranks_taking_turns_adds_their_slowdowns_and_draws_fro
 
 
 def test_a_rank_leaving_the_barrier_late_delays_the_step_from_the_first_ranks_start():
-    """DP as above (6 s of compute per rank at factor 1), free links. Draw 1: rank 1 starts 3 s late,
-    rank 0 waits for it at the allreduce: 9 s. Draw 3: rank 0 (factor 2) starts 1 s late and ends at
-    13; rank 1, started at 0, waits for it: 13 s."""
+    """DP as above (6 s of compute per rank at factor 1), free links and update; draw i leaves the
+    allreduce with the offsets of row i + 1 (half the 3 rows on). Draw 1: rank 1 starts 3 s late,
+    rank 0 waits for it at the allreduce: 9 s (exits 0, 0). Draw 2: rank 1 (factor 2) ends at 12,
+    rank 0 leaves the allreduce 1 s late: 13 s. Draw 3: rank 0 (factor 2) starts 1 s late and ends
+    at 13 (12 s from its start); rank 1, started at 0, leaves the allreduce 3 s late: 16 s."""
     jitter = PassJitter(2, {2: ROWS}, start_offsets_s={2: ((0.0, 3.0), (0.0, 0.0), (1.0, 0.0))})
+    assert jitter.exit_draws(2, 9) == [(0.0, 0.0), (1.0, 0.0), (0.0, 3.0)]
     result, costs = run("dp", jitter, batch=2)
-    assert jittered_step_times_s(result, costs)[1] == pytest.approx([9.0, 12.0, 13.0])
+    assert jittered_step_times_s(result, costs)[1] == pytest.approx([9.0, 13.0, 16.0])
+
+
+def test_exit_offsets_delay_only_a_rank_that_waited_for_a_collective():
+    """The same plans on a topology whose rank 1 leaves each collective it waited for 2 s late: DP
+    (6 s of compute, free allreduce and update) ends at 8 s; MP has no collective and stays at 6 s;
+    a level without start offsets draws none."""
+    from simulator.engine import Engine
+    from simulator.simulate import engine_costs
+    from simulator.topology import build_topology
+
+    for kind, expected_s in (("dp", 8.0), ("mp", 6.0)):
+        result, costs = run(kind, PassJitter(2, {2: ROWS}), batch=2 if kind == "dp" else 1)
+        topology = build_topology(result.scenario.cluster)
+        topology.exit_delays_s = {result.plan.rank_to_device[1]: 2.0}
+        spans = Engine(result.plan, topology, engine_costs(result.plan, costs)).run().spans
+        assert max(span[5] for span in spans) == pytest.approx(expected_s)
+    assert PassJitter(2, {2: ROWS}).exit_draws(2, 9) == [(0.0, 0.0)] * 3
 
 
 def test_on_a_shared_core_a_replayed_pass_ends_as_measured():
     """Both ranks on one core (P = 1), passes of 12 s measured. Together from 0: 6 s of work each,
     the typical pass (factor 1: the nominal 6 s). Rank 1 starting 6 s late: rank 0 ran alone 6 s, then
     both at half speed until 12; 9 s of work each (factor 1.5). Replayed: [0, 12] and [6, 18], and
-    the DP step (free allreduce) 18 s from rank 0's start."""
+    the DP step (free allreduce) 18 s from rank 0's start. Draw 1 leaves the allreduce with the
+    offsets of the late row (rank 1 resumes 6 s late, 18 s), draws 2 and 3 with none."""
     together, late = (12.0, 12.0), (0.0, 6.0)
     jitter = PassJitter(2, {2: ((1.0, 1.0),) * 3}, start_offsets_s={2: ((0.0, 0.0), late, (0.0, 0.0))},
                         times_s={2: (together, together, together)})
@@ -155,7 +176,7 @@ def test_on_a_shared_core_a_replayed_pass_ends_as_measured():
     result, costs = run("dp", jitter, batch=2)
     costs.host_parallelism = 1.0
     level, times = jittered_step_times_s(result, costs)
-    assert level == 2 and times == pytest.approx([12.0, 18.0, 12.0])
+    assert level == 2 and times == pytest.approx([18.0, 18.0, 12.0])
 
 
 def test_without_a_section_there_is_no_jittered_prediction():
