@@ -161,11 +161,11 @@ class Engine:
                           if exit_delay_s > 0 else frozenset())
         for action in actions:
             arrived = sum(1 for dep in receives.get(action.id, ()) if self._done[rank][dep].triggered)
-            if collective_ids and any(dep in collective_ids and not self._done[rank][dep].processed
-                                      for dep in action.deps):
-                yield from self._wait(rank, action.deps)
-                yield self.env.timeout(exit_delay_s)  # woke from the collective late (pass_jitter)
+            waits_for_collective = bool(collective_ids) and any(
+                dep in collective_ids and not self._done[rank][dep].processed for dep in action.deps)
             yield from self._wait(rank, action.deps)
+            if waits_for_collective:  # woken from the collective late (simulator.pass_jitter)
+                yield self.env.timeout(exit_delay_s)
             if arrived:
                 yield from self._rank_work(rank, arrived * self._ready_receive_s)
             start = self.env.now
