@@ -223,6 +223,8 @@ class PipelineExecutor:
 
     # ------------------------------------------------------------------ compute
     def _compute(self, action: Compute) -> None:
+        if action.phase == OPTIMIZER:
+            self._wait_reductions()  # the update's span starts once its gradients have arrived
         start = time.perf_counter()
         COMPUTE_PHASES[action.phase](self, action)
         self._span("compute", action.label, action.phase, start, microbatch=action.microbatch)
@@ -322,11 +324,16 @@ class PipelineExecutor:
                 for (name, _), value in zip(live.items(), predicted):
                     state.weights[layer][name].data.copy_(value)  # not a version bump: the graph reads it
 
-    def _update(self, action: Compute) -> None:
-        for work, flat, params, reduction, start, finished_at in self.reductions:
+    def _wait_reductions(self) -> None:
+        """Wait for the stage's allreduces and record their comm spans (each ending when its result
+        arrived), before the update's compute span starts: waiting for peers is communication."""
+        for work, flat, _params, reduction, start, finished_at in self.reductions:
             work.wait()
             self._span("comm", reduction.label, reduction.op, start, flat.numel() * flat.element_size(),
                        end=finished_at[0] if finished_at else None)
+
+    def _update(self, action: Compute) -> None:
+        for _work, flat, params, _reduction, _start, _finished_at in self.reductions:
             flat /= self.plan.num_groups
             if params[0].grad.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr():
                 offset = 0  # a copy, not the gradients' own bucket: write it back

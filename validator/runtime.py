@@ -160,6 +160,8 @@ class RankExecutor:
         self._span("send", action.label, "send", start, tensor.numel() * tensor.element_size())
 
     def _compute(self, action: Compute) -> None:
+        if action.phase not in (FORWARD, BACKWARD, SELECTION_PHASE):
+            self._wait_reductions()  # the update's span starts once its gradients have arrived
         start = time.perf_counter()
         if action.phase == FORWARD:
             self._forward()
@@ -236,16 +238,21 @@ class RankExecutor:
         work.get_future().add_done_callback(lambda _future: finished_at.append(time.perf_counter()))
         self.reductions.append((work, flat, gathered, action, start, finished_at))
 
-    def _update(self) -> None:
+    def _wait_reductions(self) -> None:
+        """Wait for the rank's collectives and record their comm spans (each ending when its result
+        arrived). Called before the update's compute span starts, so a rank's time waiting for its
+        peers is communication in the measured breakdown, as in the simulator's."""
         for work, flat, gathered, action, start, finished_at in self.reductions:
             work.wait()
-            if gathered is not None:  # the bucket becomes the sum of the peers' sparse contributions
-                size_bytes = gathered[0].numel() * gathered[0].element_size()  # this rank's contribution
-                flat.copy_(densify(gathered, flat.numel()))
-            else:
-                size_bytes = flat.numel() * flat.element_size()
+            size_bytes = (gathered[0].numel() * gathered[0].element_size()  # this rank's contribution
+                          if gathered is not None else flat.numel() * flat.element_size())
             self._span("comm", action.label, action.op, start, size_bytes,
                        end=finished_at[0] if finished_at else None)
+
+    def _update(self) -> None:
+        for _work, flat, gathered, _action, _start, _finished_at in self.reductions:
+            if gathered is not None:  # the bucket becomes the sum of the peers' sparse contributions
+                flat.copy_(densify(gathered, flat.numel()))
             flat /= self.plan.num_groups  # the gradients are views of `flat`: averaged in place
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
