@@ -121,7 +121,11 @@ class Engine:
         self._send_post_s = getattr(costs, "send_post_s", 0.0) if preposted else 0.0
         self._ready_receive_s = getattr(costs, "ready_receive_s", 0.0) if preposted else 0.0
         """The runtime's own time per message on the rank's thread (`ProfileCosts.send_post_s`, `ready_receive_s`)."""
-        self._messages = [_message_links(actions, self._ready_receive_s > 0, self._send_post_s > 0)
+        self._send_post_tail_s = getattr(costs, "send_post_tail_s", 0.0) if preposted else 0.0
+        self._ready_receive_tail_s = getattr(costs, "ready_receive_tail_s", 0.0) if preposted else 0.0
+        """Their tails (mean over median): a delay on the rank's path that uses no core."""
+        self._messages = [_message_links(actions, self._ready_receive_s + self._ready_receive_tail_s > 0,
+                                         self._send_post_s + self._send_post_tail_s > 0)
                           for actions in plan.actions]
         self._symmetry = plan.meta.get("symmetry")
         """Symmetric runs (simulator.symmetry): the device groups each representative's flows stand for."""
@@ -168,6 +172,8 @@ class Engine:
                 yield self.env.timeout(exit_delay_s)
             if arrived:
                 yield from self._rank_work(rank, arrived * self._ready_receive_s)
+                if self._ready_receive_tail_s > 0:
+                    yield self.env.timeout(arrived * self._ready_receive_tail_s)
             start = self.env.now
             duration_s = self._duration_s(action, rank) * self._cold_factor(action, rank, start)
             yield from self._rank_work(rank, duration_s)
@@ -177,6 +183,8 @@ class Engine:
                                action.microbatch))
             if sends.get(action.id):
                 yield from self._rank_work(rank, sends[action.id] * self._send_post_s)
+                if self._send_post_tail_s > 0:
+                    yield self.env.timeout(sends[action.id] * self._send_post_tail_s)
             self._done[rank][action.id].succeed()
 
     def _rank_work(self, rank: int, seconds: float):

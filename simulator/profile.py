@@ -66,6 +66,10 @@ class Handoff:
     """The pipeline runtime's rank time per message it sends: the median `isend` call (None: not measured)."""
     preposted_ready_receive_s: float | None = None
     """Its time per message that had arrived before it was waited for: the wait and posting the next receive."""
+    preposted_send_post_mean_s: float | None = None
+    """The mean `isend` call (None in older profiles): the median plus the tail of calls that waited for a core."""
+    preposted_ready_receive_mean_s: float | None = None
+    """The mean wait on an arrived message (None in older profiles)."""
 
 
 @dataclass(frozen=True)
@@ -257,7 +261,8 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
                           read.number(raw_handoff, "mean_delay_s", "handoff.mean_delay_s", minimum=0),
                           read.number(raw_preposted, "mean_delay_s", "handoff.preposted.mean_delay_s", minimum=0)
                           if raw_preposted else None,
-                          optional_s("send_post_s"), optional_s("ready_receive_s"))
+                          optional_s("send_post_s"), optional_s("ready_receive_s"),
+                          optional_s("send_post_mean_s"), optional_s("ready_receive_mean_s"))
     weight_passes = {}
     for name, entry in (read.mapping(document, "weight_passes", "weight_passes", optional=True) or {}).items():
         where = f"weight_passes.{name}"

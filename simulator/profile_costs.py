@@ -29,6 +29,11 @@ def streamed_allreduce_factor(profile: Profile) -> float:
     return min(1.0, stream.stream_s / stream.num_messages / fit.time_s(stream.size_bytes))
 
 
+def _tail_s(mean_s: float | None, median_s: float) -> float:
+    """The mean's excess over the median of a per-message time (0 where the mean was not recorded)."""
+    return 0.0 if mean_s is None else max(0.0, mean_s - median_s)
+
+
 class ProfileCosts:
     """The `CostModel` of a calibration profile, for the workload it was calibrated on.
 
@@ -57,6 +62,13 @@ class ProfileCosts:
         """That runtime's rank time per message that had arrived before it was waited for (the wait
         and posting the next receive), before the pass that needs it. A message waited for costs
         its handoff instead, which includes both."""
+        self.send_post_tail_s = 0.0
+        self.ready_receive_tail_s = 0.0
+        """The mean over the median of those two (profiles that record the mean; else 0): on a shared
+        host the call or the wait sometimes lasts a scheduler slice, the thread waiting for a core
+        while the others compute. What adds up along a rank's path is the mean (as for the handoff
+        delay); the engine plays the median as the thread's work on the host's cores and the rest
+        as a delay that uses no core."""
         self.streamed_allreduce_factor = 1.0
         """An allreduce queued behind another on its rank takes its fit times this (shared hosts)."""
         if shared_host:
@@ -76,6 +88,9 @@ class ProfileCosts:
                                             else max(0.0, preposted_s - idle_s))
                 self.send_post_s = profile.handoff.preposted_send_post_s or 0.0
                 self.ready_receive_s = profile.handoff.preposted_ready_receive_s or 0.0
+                self.send_post_tail_s = _tail_s(profile.handoff.preposted_send_post_mean_s, self.send_post_s)
+                self.ready_receive_tail_s = _tail_s(profile.handoff.preposted_ready_receive_mean_s,
+                                                    self.ready_receive_s)
         _check_model(profile, workload)
         if optimizer is not None and optimizer != profile.optimizer_name:
             raise ScenarioError(

@@ -43,9 +43,27 @@ def test_summary_times_the_ranks_own_work_per_message():
     summary = handoff_summary(records, 65536, 0.002, 4)
     assert summary["num_messages"] == 2 and summary["num_ready"] == 1
     assert summary["send_post_s"] == pytest.approx(0.0002)
-    assert summary["ready_receive_s"] == pytest.approx(0.0001)
+    assert summary["send_post_mean_s"] == pytest.approx(0.0002)
+    assert summary["ready_receive_s"] == summary["ready_receive_mean_s"] == pytest.approx(0.0001)
     older = handoff_summary(_records([1.0], [0.0], [1.002]), 65536, 0.002, 1)  # no isend times, none ready
     assert older["send_post_s"] is None and older["ready_receive_s"] is None
+    assert older["send_post_mean_s"] is None and older["ready_receive_mean_s"] is None
+
+
+def test_summary_keeps_the_tail_of_the_ranks_own_work_in_the_mean():
+    """Three ready waits of 0.1 ms and one of 4 ms (the thread waited for a core): median 0.1 ms,
+    mean 1.075 ms; isend calls 0.1, 0.1, 0.1 and 2.1 ms: median 0.1, mean 0.6 ms."""
+    sent = [1.0, 3.0, 5.0, 7.0, 9.0]
+    waited = [0.0, 4.0, 6.0, 8.0, 10.0]
+    done = [1.002, 4.0001, 6.0001, 8.0001, 10.004]
+    records = _records(sent, waited, done)
+    records[0] = (*records[0], [0.0001, 0.0001, 0.0001, 0.0021, 0.0001])
+    summary = handoff_summary(records, 65536, 0.002, 5)
+    assert summary["num_ready"] == 4
+    assert summary["ready_receive_s"] == pytest.approx(0.0001)
+    assert summary["ready_receive_mean_s"] == pytest.approx(0.001075)
+    assert summary["send_post_s"] == pytest.approx(0.0001)
+    assert summary["send_post_mean_s"] == pytest.approx(0.0005)
 
 
 def test_summary_without_a_waiting_receiver_is_an_error():
@@ -183,8 +201,13 @@ def test_profile_reads_the_pipeline_runtimes_own_work_per_message(tmp_path):
     profile = _with_handoff(tmp_path, 0.001, preposted_s=0.0025, send_post_s=0.0001, ready_receive_s=0.00015)
     costs = ProfileCosts(profile, workload(), shared_host=True)
     assert (costs.send_post_s, costs.ready_receive_s) == pytest.approx((0.0001, 0.00015))
+    assert costs.send_post_tail_s == costs.ready_receive_tail_s == 0.0  # no means recorded
     older = ProfileCosts(_with_handoff(tmp_path, 0.001, "older.json", preposted_s=0.0025), workload(), shared_host=True)
     assert older.send_post_s == older.ready_receive_s == 0.0
+    tails = ProfileCosts(_with_handoff(tmp_path, 0.001, "tails.json", preposted_s=0.0025, send_post_s=0.0001,
+                                       ready_receive_s=0.00015, send_post_mean_s=0.0006,
+                                       ready_receive_mean_s=0.00095), workload(), shared_host=True)
+    assert (tails.send_post_tail_s, tails.ready_receive_tail_s) == pytest.approx((0.0005, 0.0008))
     with pytest.raises(ScenarioError, match="handoff.preposted.send_post_s"):
         _with_handoff(tmp_path, 0.001, "bad.json", preposted_s=0.0025, send_post_s=-1.0)
 
@@ -199,9 +222,11 @@ def _gpipe_step_s(costs, m: int, partition: list[int]) -> float:
     return simulate(scenario, costs=costs, workload=toy_workload(sum(partition), num_params=1000)).step_time_s
 
 
-def _own_work_costs(send_post_s: float, ready_receive_s: float) -> FixedCosts:
+def _own_work_costs(send_post_s: float, ready_receive_s: float, send_post_tail_s: float = 0.0,
+                    ready_receive_tail_s: float = 0.0) -> FixedCosts:
     costs = FixedCosts(forward_s_per_sample=0.001)
     costs.send_post_s, costs.ready_receive_s = send_post_s, ready_receive_s
+    costs.send_post_tail_s, costs.ready_receive_tail_s = send_post_tail_s, ready_receive_tail_s
     return costs
 
 
@@ -216,6 +241,21 @@ def test_pipeline_ranks_spend_their_own_time_on_each_message():
     assert _gpipe_step_s(_own_work_costs(0.0, 0.0007), 1, [2, 2]) == pytest.approx(base)
     slow_second = _gpipe_step_s(_own_work_costs(0.0, 0.0), 2, [1, 3])
     assert _gpipe_step_s(_own_work_costs(0.0, 0.0007), 2, [1, 3]) - slow_second == pytest.approx(0.0007)
+
+
+def test_the_tails_of_the_ranks_own_work_add_along_the_critical_path_like_their_medians():
+    """The same two plans with the tails (mean over median) in place of the medians: on a host
+    without shared cores a delay and a job of the same length cost the same, so the closed forms
+    above hold with the tails: +2 x send tail at one micro-batch, +1 x ready tail at two."""
+    base = _gpipe_step_s(_own_work_costs(0.0, 0.0), 1, [2, 2])
+    assert _gpipe_step_s(_own_work_costs(0.0, 0.0, send_post_tail_s=0.0005), 1, [2, 2]) - base == pytest.approx(0.001)
+    assert _gpipe_step_s(_own_work_costs(0.0, 0.0, ready_receive_tail_s=0.0009), 1, [2, 2]) == pytest.approx(base)
+    slow_second = _gpipe_step_s(_own_work_costs(0.0, 0.0), 2, [1, 3])
+    both = _own_work_costs(0.0001, 0.0002, send_post_tail_s=0.0, ready_receive_tail_s=0.0009)
+    only_median = _own_work_costs(0.0001, 0.0002)
+    assert _gpipe_step_s(both, 2, [1, 3]) - _gpipe_step_s(only_median, 2, [1, 3]) == pytest.approx(0.0009)
+    assert _gpipe_step_s(_own_work_costs(0.0, 0.0, ready_receive_tail_s=0.0009), 2, [1, 3]) - slow_second \
+        == pytest.approx(0.0009)
 
 
 def test_the_model_parallel_runtime_pays_no_pipeline_message_work():

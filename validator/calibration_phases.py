@@ -163,7 +163,8 @@ def _measure_overlap(settings: CalibrationSettings, device: str, rank: int) -> d
         say(settings, "handoff: the same chain, receives posted one ahead")
         preposted = time_handoffs(steps, repeats=settings.repeats + 3, warmup=settings.warmup, preposted=True)
         handoff["preposted"] = {key: preposted[key] for key in ("num_messages", "mean_delay_s", "median_delay_s",
-                                                                "send_post_s", "ready_receive_s", "num_ready")
+                                                                "send_post_s", "send_post_mean_s", "ready_receive_s",
+                                                                "ready_receive_mean_s", "num_ready")
                                 if preposted[key] is not None}
     return {"overlap": overlap, "handoff": handoff}
 

@@ -138,10 +138,11 @@ def time_handoffs(steps: Sequence[Callable[[], None]], size_bytes: int = DEFAULT
 def handoff_summary(everyone: Sequence[tuple], size_bytes: int, hop_compute_s: float,
                     num_microbatches: int) -> dict:
     """Mean and median delay of the messages whose receiver was waiting when they were sent; and the
-    rank's own time on each message: the median `isend` call (`send_post_s`) and the median
-    `wait()` on a message sent at least `READY_MARGIN_S` before the wait began (`ready_receive_s`:
-    the wait returns at once, plus posting the next receive where receives are posted one ahead;
-    None if no message was that early).
+    rank's own time on each message: the `isend` call (`send_post_s` median, `send_post_mean_s`
+    mean) and the `wait()` on a message sent at least `READY_MARGIN_S` before the wait began
+    (`ready_receive_s` median, `ready_receive_mean_s` mean: the wait returns at once, plus posting
+    the next receive where receives are posted one ahead; None if no message was that early). Both
+    have a long tail on a shared host (the thread waiting for a core), so mean and median differ.
 
     `everyone`: per rank, (sends as (repeat, direction, microbatch, target, sent_at), receives as
     (repeat, direction, microbatch, rank, waited_from, done_at)[, isend call durations]).
@@ -160,4 +161,6 @@ def handoff_summary(everyone: Sequence[tuple], size_bytes: int, hop_compute_s: f
             "num_microbatches": num_microbatches, "num_messages": len(delays),
             "mean_delay_s": statistics.fmean(delays), "median_delay_s": statistics.median(delays),
             "send_post_s": statistics.median(posts) if posts else None,
-            "ready_receive_s": statistics.median(ready) if ready else None, "num_ready": len(ready)}
+            "send_post_mean_s": statistics.fmean(posts) if posts else None,
+            "ready_receive_s": statistics.median(ready) if ready else None,
+            "ready_receive_mean_s": statistics.fmean(ready) if ready else None, "num_ready": len(ready)}
