@@ -171,9 +171,7 @@ class Engine:
             if waits_for_collective:  # woken from the collective late (simulator.pass_jitter)
                 yield self.env.timeout(exit_delay_s)
             if arrived:
-                yield from self._rank_work(rank, arrived * self._ready_receive_s)
-                if self._ready_receive_tail_s > 0:
-                    yield self.env.timeout(arrived * self._ready_receive_tail_s)
+                yield from self._message_work(rank, arrived, self._ready_receive_s, self._ready_receive_tail_s)
             start = self.env.now
             duration_s = self._duration_s(action, rank) * self._cold_factor(action, rank, start)
             yield from self._rank_work(rank, duration_s)
@@ -182,10 +180,15 @@ class Engine:
             self.spans.append((rank, "compute", action.label, action.phase, start, self.env.now, 0.0,
                                action.microbatch))
             if sends.get(action.id):
-                yield from self._rank_work(rank, sends[action.id] * self._send_post_s)
-                if self._send_post_tail_s > 0:
-                    yield self.env.timeout(sends[action.id] * self._send_post_tail_s)
+                yield from self._message_work(rank, sends[action.id], self._send_post_s, self._send_post_tail_s)
             self._done[rank][action.id].succeed()
+
+    def _message_work(self, rank: int, messages: int, work_s: float, tail_s: float):
+        """The runtime's own time on `messages` messages: the median `work_s` each on the rank's
+        thread, then the tail (mean over median) each as a delay that uses no core."""
+        yield from self._rank_work(rank, messages * work_s)
+        if tail_s > 0:
+            yield self.env.timeout(messages * tail_s)
 
     def _rank_work(self, rank: int, seconds: float):
         """`seconds` of the rank's own thread (played on its host's cores when they are shared)."""
