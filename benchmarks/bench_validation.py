@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,12 +26,14 @@ import pandas as pd
 from simulator.model_source import resolve_workload
 from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
+from validator.bracket import bracketing_profile
 from validator.calibrate import calibrate
 from validator.measure import RunOptions
-from validator.report import anchored_summary, jitter_summary, launch_spread_summary
+from validator.report import (anchored_summary, bracketed_summary, headline_column, headline_summary,
+                              jitter_summary, launch_spread_summary)
 from validator.speed_anchor import DEFAULT_ANCHOR_PASSES
 from validator.speed_probe import reference_kernel_s
-from validator.validate import validate
+from validator.validate import predictions, validate, with_second_prediction
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("mlp_cpu", "resnet_cpu", "transformer_cpu")
@@ -50,6 +51,9 @@ def main() -> int:
     parser.add_argument("--speed-anchor", type=int, default=DEFAULT_ANCHOR_PASSES,
                         help="whole-model passes each launch times before and after its steps, for the "
                              "speed-anchored prediction printed beside the calibration's (0: off)")
+    parser.add_argument("--bracket", action="store_true",
+                        help="calibrate again after the runs and print the prediction from both calibrations "
+                             "pooled (validator.bracket) beside the first's; measured and not kept as the default")
     args = parser.parse_args()
     rows = []
     for name in MODELS:
@@ -68,12 +72,14 @@ def main() -> int:
                       + " / ".join(f"{r:.2f}" for r in passes["relative_totals"])
                       + f" of their median (spread {passes['spread_pct']:.0f} %)", flush=True)
             specs = [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
-            result = validate(scenario, str(profile), specs,
-                              RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer,
-                                         anchor_passes=args.speed_anchor),
-                              repeats=args.launches)
+            options = RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer,
+                                 anchor_passes=args.speed_anchor)
+            result = validate(scenario, str(profile), specs, options, repeats=args.launches)
             drift = reference_kernel_s() / probe_before_s  # > 1: the machine got slower meanwhile
             print(f"{name:16s} ws={world_size} machine drift (reference kernel after / before): {drift:.2f}")
+            if args.bracket:
+                pooled = bracketing_profile(profile, workload, dict(scenario.model.params), args.reuse_profiles)
+                with_second_prediction(result["rows"], predictions(scenario, str(pooled), specs, options), "bracketed")
             for row in result["rows"]:
                 row["model"] = name
                 row["machine_drift"] = drift
@@ -84,21 +90,24 @@ def main() -> int:
                       f"(launches spread {row['launch_spread_pct']:.0f} %, "
                       f"standard error {row['launch_noise_pct']:.1f} %)"
                       + (f" | speed x{row['speed_ratio']:.2f} anchored {row['anchored_predicted_s'] * 1e3:8.2f} ms "
-                         f"error {row['anchored_error_pct']:+7.1f} %" if "speed_ratio" in row else ""), flush=True)
+                         f"error {row['anchored_error_pct']:+7.1f} %" if "speed_ratio" in row else "")
+                      + (f" | bracketed {row['bracketed_predicted_s'] * 1e3:8.2f} ms error "
+                         f"{row['bracketed_error_pct']:+7.1f} %" if "bracketed_error_pct" in row else ""), flush=True)
     frame = pd.DataFrame(rows)
     write_text_atomic(args.out, frame.to_csv(index=False))
-    errors = frame["error_pct"].abs()
-    print(f"\ncases {len(frame)} | MAPE {errors.mean():.1f} % (target <= 10) | worst {errors.max():.1f} % "
-          f"(target <= 20) | median |error| {statistics.median(errors):.1f} %")
+    print("\n" + headline_summary(frame))
     print(launch_spread_summary(frame))
     if jitter_summary(frame):
         print(jitter_summary(frame))
+    if bracketed_summary(frame):
+        print(bracketed_summary(frame))
     if anchored_summary(frame):
         print(anchored_summary(frame))
         for model, group in frame.groupby("model"):
             print(f"  {model:16s} anchored MAPE {group['anchored_error_pct'].abs().mean():.1f} % "
                   f"(calibration alone {group['error_pct'].abs().mean():.1f} %)")
-    columns = ["predicted_s"] + (["anchored_predicted_s"] if "anchored_predicted_s" in frame else [])
+    columns = list(dict.fromkeys([headline_column(frame), "predicted_s"]))
+    columns += ["anchored_predicted_s"] if "anchored_predicted_s" in frame else []
     for (model, world_size), group in frame.groupby(["model", "world_size"]):
         measured = group.loc[group["measured_s"].idxmin(), "strategy"]
         for column in columns:

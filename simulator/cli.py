@@ -20,7 +20,7 @@ EXIT_USAGE = 2
 
 COMMAND_MODULES: tuple[str, ...] = ("simulator.rank_cli", "simulator.report.command", "simulator.sweep.command",
                                    "simulator.schedule_cli", "simulator.pase.cli", "simulator.report.gallery",
-                                   "simulator.partition_cli")
+                                   "simulator.partition_cli", "simulator.profile_merge")
 """Commands that live in their own module: each module has `COMMAND` (its name),
 `add_parser(commands)` (adds that sub-parser) and `run(args) -> int`. Modules register by adding
 their dotted name here."""

@@ -30,7 +30,7 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
     out = tmp_path / "validation"
     assert main(["validate", SCENARIO, *SMALL, "--profile", str(profile), "--strategies", "dp,mp",
                  "--steps", "4", "--warmup", "2", "--repeats", "2", "--speed-anchor", "2", "--out", str(out),
-                 "--json"]) == 0
+                 "--bracket", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [row["kind"] for row in report["rows"]] == ["dp", "mp"]
     for row in report["rows"]:
@@ -54,10 +54,25 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
         assert row["anchored_predicted_s"] == pytest.approx(_resimulated_s(profile, row["kind"], row["speed_ratio"]))
         assert row["anchored_error_pct"] == pytest.approx(
             100 * (row["anchored_predicted_s"] - row["measured_s"]) / row["measured_s"])
+        # --bracket: a second calibration with the first's settings, pooled, predicts beside it
+        assert row["bracketed_predicted_s"] == pytest.approx(_pooled_prediction_s(profile, row["kind"]))
+        assert row["bracketed_error_pct"] == pytest.approx(
+            100 * (row["bracketed_predicted_s"] - row["measured_s"]) / row["measured_s"])
+    after = json.loads((tmp_path / "profile_after.json").read_text())
+    assert after["method"]["settings"]["batch_sizes"] == [8, 32] and after["method"]["settings"]["repeats"] == 5
+    assert json.loads((tmp_path / "profile_bracketed.json").read_text())["merged_from"] == [
+        json.loads(profile.read_text())["created_utc"], after["created_utc"]]
     assert (out / "mlp_cpu.png").is_file()
     table = pd.read_csv(out / "mlp_cpu.csv")  # one row per strategy, the later round replacing the first
     assert list(table["kind"]) == ["dp", "mp"] and list(table["launches"]) == [2, 2]
     assert len(list((out / "traces").glob("*.trace.json"))) == 4
+
+
+def _pooled_prediction_s(profile, kind: str) -> float:
+    scenario = load_scenario(SCENARIO, [item for item in SMALL if item != "--set"])
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    costs = profile_costs(str(profile.with_name("profile_bracketed.json")), workload)
+    return simulate(with_strategy(scenario, kind, None), costs=costs, workload=workload).step_time_s
 
 
 def _resimulated_s(profile, kind: str, speed_factor: float) -> float:

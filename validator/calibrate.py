@@ -255,6 +255,10 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
                               comm_sizes=settings.comm_sizes, repeats=repeats, comm_repeats=comm_repeats,
                               min_block_s=min_block_s, layer_passes=layer_passes)
     document["method"]["total_s"] = time.perf_counter() - started
+    document["method"]["settings"] = {  # what a later calibration needs to measure the same (validator.bracket)
+        "batch_sizes": list(batch_sizes), "repeats": repeats, "warmup": warmup, "comm_sizes": list(settings.comm_sizes),
+        "comm_repeats": comm_repeats, "min_block_s": min_block_s, "topk_densities": list(settings.topk_densities),
+        "layer_passes": layer_passes, "jitter_passes": jitter_passes, "num_threads": num_threads}
     document["method"]["load_average_1m"] = {"before": load_before, "after": load_average(),
                                              "num_cpus": os.cpu_count()}
     if background is not None:

@@ -51,6 +51,10 @@ def add_commands(commands) -> None:
                           help="time PASSES whole-model passes in every launch, before and after its steps, "
                                "and also report the prediction rescaled to the machine's speed then vs at "
                                "calibration (validator/speed_anchor.py; 0: off)")
+    validate.add_argument("--bracket", action="store_true",
+                          help="calibrate again after the runs (PROFILE_after.json), pool both calibrations "
+                               "(PROFILE_bracketed.json, `ghpsim merge-profiles`) and also report the prediction "
+                               "from the pooled profile (validator/bracket.py)")
     validate.add_argument("--out", default="reports/validation", help="folder for CSV, plot and traces")
     validate.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is declared hung")
     validate.add_argument("--pipeline-runtime", choices=("own", "torch"), default="own",
@@ -99,7 +103,8 @@ def cmd_validate(args) -> int:
 
     from simulator.tables import make_console
     from validator.measure import RunOptions
-    from validator.report import anchored_summary, write_plot, write_rows_csv, write_traces
+    from validator.report import (anchored_summary, bracketed_summary, headline_summary, write_plot, write_rows_csv,
+                                  write_traces)
     from validator.torch_pipelining import check_pipeline_runtime
     from validator.validate import mape_pct, validate
 
@@ -126,6 +131,11 @@ def cmd_validate(args) -> int:
              progress=None if args.json else lambda message: print(message, file=sys.stderr),
              repeats=args.repeats)
     rows = list(rows_by_label.values())
+    if args.bracket:
+        if not args.json:
+            print("calibrating again after the runs (--bracket)", file=sys.stderr)
+        _add_bracketed(rows, scenario, args.profile, specs, options)
+        write_rows_csv(rows, out / f"{stem}.csv")
     frame = pd.DataFrame(rows)
     plot = write_plot(frame, out / f"{stem}.png", f"{stem}: predicted vs measured, MAPE {mape_pct(rows):.1f} %")
     if args.json:
@@ -134,15 +144,31 @@ def cmd_validate(args) -> int:
     console = make_console()
     for row in rows:
         console.print(f"{row['strategy']:>22s}  predicted {row['predicted_s'] * 1e3:9.2f} ms  "
-                      f"measured {row['measured_s'] * 1e3:9.2f} ms  error {row['error_pct']:+6.1f} %"
+                      + (f"(under pass jitter {row['predicted_jitter_s'] * 1e3:.2f} ms)  "
+                         if "predicted_jitter_s" in row else "")
+                      + f"measured {row['measured_s'] * 1e3:9.2f} ms  error {row['error_pct']:+6.1f} %"
+                      + (f" (under jitter {row['jitter_error_pct']:+6.1f} %)" if "jitter_error_pct" in row else "")
                       + (f"  (launches spread {row['launch_spread_pct']:.0f} %)" if row["launches"] > 1 else "")
                       + (f"  | speed x{row['speed_ratio']:.2f}: anchored {row['anchored_predicted_s'] * 1e3:.2f} ms "
-                         f"{row['anchored_error_pct']:+6.1f} %" if "speed_ratio" in row else ""))
-    console.print(f"MAPE {mape_pct(rows):.1f} %, worst {max(abs(r['error_pct']) for r in rows):.1f} % "
-                  f"| {out / (stem + '.csv')} | {plot}")
+                         f"{row['anchored_error_pct']:+6.1f} %" if "speed_ratio" in row else "")
+                      + (f"  | bracketed {row['bracketed_predicted_s'] * 1e3:.2f} ms {row['bracketed_error_pct']:+6.1f} %"
+                         if "bracketed_error_pct" in row else ""))
+    console.print(headline_summary(frame).replace(f"cases {len(frame)} | ", "") + f"\n{out / (stem + '.csv')} | {plot}")
     if args.speed_anchor:
         console.print(anchored_summary(frame))
+    if args.bracket:
+        console.print(bracketed_summary(frame))
     return 0
+
+
+def _add_bracketed(rows: list[dict], scenario, profile_path: str, specs, options) -> None:
+    """Calibrates again now, pools it with `profile_path` and adds the pooled profile's predictions
+    to `rows` (`bracketed_*` columns; validator/bracket.py)."""
+    from validator.bracket import bracketing_profile
+    from validator.validate import predictions, with_second_prediction
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    pooled = bracketing_profile(Path(profile_path), workload, dict(scenario.model.params))
+    with_second_prediction(rows, predictions(scenario, str(pooled), specs, options), "bracketed")
 
 
 def cmd_import_model(args) -> int:

@@ -89,6 +89,35 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
             "simulated": {case.label: case.predicted for case in cases}}
 
 
+def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, int | None]],
+                options: RunOptions = RunOptions()) -> dict[str, dict]:
+    """Each strategy's prediction with `profile_path`, made as `validate` makes it, without running
+    anything: {label: {"predicted_s", "predicted_jitter_s" (with pass jitter)}}. For another
+    profile's figures beside the validated one's, e.g. calibrations before and after the runs pooled
+    (`simulator.profile_merge`)."""
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    costs = profile_costs(profile_path, workload)
+    options = replace(options, anchor_passes=0)
+    figures = {}
+    for kind, groups in specs:
+        case = _prepare(scenario, workload, costs, kind, groups, options)
+        figures[case.label] = {"predicted_s": case.predicted.step_time_s,
+                               **({"predicted_jitter_s": case.jitter["step_time_s"]} if case.jitter else {})}
+    return figures
+
+
+def with_second_prediction(rows: list[dict], figures: dict[str, dict], prefix: str) -> None:
+    """Adds `figures` (from `predictions`) to the validated `rows` under `prefix`: `<prefix>_predicted_s`,
+    `<prefix>_error_pct` and, with pass jitter, `<prefix>_jitter_error_pct`, against each row's measurement."""
+    for row in rows:
+        figure = figures[row["strategy"]]
+        row[f"{prefix}_predicted_s"] = figure["predicted_s"]
+        row[f"{prefix}_error_pct"] = 100.0 * (figure["predicted_s"] - row["measured_s"]) / row["measured_s"]
+        if "predicted_jitter_s" in figure:
+            row[f"{prefix}_jitter_error_pct"] = (100.0 * (figure["predicted_jitter_s"] - row["measured_s"])
+                                                 / row["measured_s"])
+
+
 def _prepare(scenario: Scenario, workload, costs, kind: str, groups: int | None, options: RunOptions) -> _Case:
     variant = with_strategy(scenario, kind, groups)
     if options.pipeline_runtime == "torch":
