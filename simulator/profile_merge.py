@@ -30,9 +30,9 @@ from typing import Any
 
 from simulator.errors import ScenarioError
 from simulator.output import write_json_atomic
+from simulator.profile import FORMAT as PROFILE_FORMAT_ID
 
 COMMAND = "merge-profiles"
-PROFILE_FORMAT_ID = "ghpsim-profile/1"
 MUST_MATCH = ("format", "backend", "world_size", "device.kind", "device.name", "device.num_threads", "model.name",
               "model.params", "model.num_layers", "optimizer.name")
 """Fields that identify what was calibrated: profiles differing in one of them cannot be pooled."""
