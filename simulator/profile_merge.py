@@ -11,8 +11,9 @@ Only microbenchmarks enter: the pooled profile is as held-out from the plan runs
 Pooling rule, field by field (all profiles must be `ghpsim-profile/1` of the same model, device,
 backend and world size; anything else is an error naming the field and both values):
 - numbers: the arithmetic mean over the profiles that have the field (equal values are kept as they
-  are; integers, i.e. counts, stay integers: their mean rounded). A fitted line's coefficients are averaged too: for least squares
-  over the same sizes, the mean of the fits is the fit of the mean medians.
+  are; integers, i.e. counts, stay integers: their mean rounded). A fitted line's coefficients are
+  averaged too: for least squares over the same sizes, the mean of the fits is the fit of the mean
+  medians.
 - lists of numbers: element by element (their lengths must agree: same sizes, same layers).
 - `pass_jitter.levels` and `pass_jitter.start_offsets_s`: rows of measured passes, i.e. samples,
   so they are pooled, not averaged: each profile's first half of rows, then each one's second half,

@@ -151,7 +151,8 @@ def cmd_validate(args) -> int:
                       + (f"  (launches spread {row['launch_spread_pct']:.0f} %)" if row["launches"] > 1 else "")
                       + (f"  | speed x{row['speed_ratio']:.2f}: anchored {row['anchored_predicted_s'] * 1e3:.2f} ms "
                          f"{row['anchored_error_pct']:+6.1f} %" if "speed_ratio" in row else "")
-                      + (f"  | bracketed {row['bracketed_predicted_s'] * 1e3:.2f} ms {row['bracketed_error_pct']:+6.1f} %"
+                      + (f"  | bracketed {row['bracketed_predicted_s'] * 1e3:.2f} ms "
+                         f"{row['bracketed_error_pct']:+6.1f} %"
                          if "bracketed_error_pct" in row else ""))
     console.print(headline_summary(frame).replace(f"cases {len(frame)} | ", "") + f"\n{out / (stem + '.csv')} | {plot}")
     if args.speed_anchor:

@@ -42,7 +42,7 @@ def headline_summary(frame: pd.DataFrame) -> str:
     """The benchmarks' headline: MAPE, worst and median |error| of the headline prediction
     (`headline_column`) against the targets, and the nominal prediction's beside it."""
     column = headline_column(frame)
-    errors = (100.0 * (frame[column] - frame["measured_s"]) / frame["measured_s"]).abs()
+    errors = frame["jitter_error_pct" if column == "predicted_jitter_s" else "error_pct"].abs()
     what = "median step under pass jitter" if column == "predicted_jitter_s" else "nominal"
     line = (f"cases {len(frame)} | prediction ({what}): MAPE {errors.mean():.1f} % (target <= 10) | worst "
             f"{errors.max():.1f} % (target <= 20) | median |error| {errors.median():.1f} %")
@@ -97,8 +97,9 @@ def bracketed_summary(frame: pd.DataFrame) -> str:
         if f"bracketed_{column}" not in rows or column not in rows:
             continue
         pooled, before = rows[f"bracketed_{column}"], rows[column]
-        lines.append(f"calibrations before + after pooled, {label} ({len(rows)} cases): MAPE {pooled.abs().mean():.1f} %, "
-                     f"worst {pooled.abs().max():.1f} %, mean signed {pooled.mean():+.1f} % | calibration before "
+        lines.append(f"calibrations before + after pooled, {label} ({len(rows)} cases): "
+                     f"MAPE {pooled.abs().mean():.1f} %, worst {pooled.abs().max():.1f} %, "
+                     f"mean signed {pooled.mean():+.1f} % | calibration before "
                      f"alone: MAPE {before.abs().mean():.1f} %, worst {before.abs().max():.1f} %, "
                      f"mean signed {before.mean():+.1f} %")
     return "\n".join(lines)
