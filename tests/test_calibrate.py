@@ -146,14 +146,19 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert sum(spread["relative_totals"]) == pytest.approx(2.0)
     assert spread["spread_pct"] >= 0 and "median over 2 pass(es)" in document["method"]["layers"]
 
-    jitter = document["pass_jitter"]  # a burst of 3 whole-model passes before, between and after the 4 phases
+    comm = document["method"]["comm_passes"]  # p2p and collectives timed after each of the two sweeps
+    assert set(comm) == {"p2p", "allreduce.2", "allgather.2"}
+    assert all(entry["passes"] == 2 and entry["spread_pct"] >= 0 for entry in comm.values())
+    assert "median over 2 pass(es)" in document["method"]["comm"]
+
+    jitter = document["pass_jitter"]  # a burst of 3 whole-model passes before, between and after the 3 phases
     assert jitter["batch_size"] == 32 and jitter["passes_per_burst"] == 3
-    assert set(jitter["levels"]) == {"2"} and len(jitter["levels"]["2"]) == 5 * 3
+    assert set(jitter["levels"]) == {"2"} and len(jitter["levels"]["2"]) == 4 * 3
     assert all(len(row) == 2 and min(row) > 0 for row in jitter["levels"]["2"])
     factors = profile.pass_jitter.levels[2]
     assert statistics.median(f for row in factors for f in row) == pytest.approx(1.0)
     offsets = jitter["start_offsets_s"]["2"]  # both ranks on this host: barrier exits on one clock
-    assert len(offsets) == 5 * 3 and all(len(row) == 2 and min(row) == 0.0 and max(row) < 1.0 for row in offsets)
+    assert len(offsets) == 4 * 3 and all(len(row) == 2 and min(row) == 0.0 and max(row) < 1.0 for row in offsets)
 
     costs = ProfileCosts(profile, workload, optimizer="sgd")
     assert costs.cold_start is profile.cold_start and costs.pass_jitter is profile.pass_jitter

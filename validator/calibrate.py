@@ -41,6 +41,9 @@
    groups of consecutive ranks (`new_group`) that all allreduce at the same time (as the
    concurrent groups of a GHP/DP plan do); each group's median (of the slowest member) is
    averaged over groups.
+   p2p, allreduce and allgather (5.) are timed after every layer sweep, and each median (per kind,
+   group size and message size) is the median over the sweeps, as the layers' figures
+   (`validator.layer_passes.median_comm_over_passes`; the spread: `method.comm_passes`).
 6. **Overlap** (CPU, world_size >= 2; `validator.overlap_bench`): compute steps (the layers'
    forward + backward at the middle batch size) alone, a stream of asynchronous allreduces (or of
    point-to-point messages between rank pairs) alone, and both at once, all ranks together:
@@ -202,7 +205,9 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
             "compute_slowdown": "k ranks at once (the others waiting at barriers): sum over layers, batch sizes "
                                 "and phases of the mean over the k ranks of their medians, / the same for "
                                 "rank 0 alone",
-            "comm": f"median of {comm_repeats} runs; alpha-beta least squares weighted by 1/t^2",
+            "comm": f"per size: median over {layer_passes} pass(es) spread over the calibration of the median of "
+                    f"{comm_repeats} runs; alpha-beta least squares weighted by 1/t^2",
+            **({"comm_passes": raw["comm_passes"]} if raw.get("comm_passes") else {}),
             "measure_s": raw["measure_s"],
         },
         "notes": notes,

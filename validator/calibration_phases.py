@@ -23,8 +23,8 @@ import torch.distributed as dist
 from simulator.workload import Workload
 from validator.cold_bench import time_cold_start
 from validator.handoff_bench import time_handoffs
-from validator.layer_passes import (DEFAULT_LAYER_PASSES, median_over_passes, pass_slots, pass_spread,
-                                   pass_totals_s)
+from validator.layer_passes import (DEFAULT_LAYER_PASSES, comm_pass_spread, median_comm_over_passes,
+                                   median_over_passes, pass_slots, pass_spread, pass_totals_s)
 from validator.comm_bench import agree_max, time_allgather, time_allreduce, time_p2p
 from validator.microbench import load_models_module, time_layers, time_optimizer, time_topk
 from validator.overlap_bench import (DEFAULT_OVERLAP_BYTES, DEFAULT_OVERLAP_MESSAGES, OVERLAP_KINDS,
@@ -169,8 +169,10 @@ def _measure_overlap(settings: CalibrationSettings, device: str, rank: int) -> d
     return {"overlap": overlap, "handoff": handoff}
 
 
-_PHASES = (_measure_updates, _measure_cold_and_topk, _measure_comm, _measure_overlap)
-"""The calibration's phases after (and between) the layer passes, in order."""
+_PHASES = (_measure_updates, _measure_cold_and_topk, _measure_overlap)
+"""The calibration's phases between the passes, in order. A pass times the layers, the whole-model
+passes and the communication (`_measure_comm`): every figure a step is made of is then a median
+over passes spread over the calibration (`validator.layer_passes`)."""
 
 
 def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
@@ -185,7 +187,7 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
 
     levels = [world] + [k for k in _divisors(world, minimum=1) if k < world]
     slots = pass_slots(settings.layer_passes, len(_PHASES))
-    runs, measured = [], {}
+    runs, comm_runs, measured = [], [], {}
     jitter_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
     jitter_levels = sorted({world, world if device != "cpu" else min(world, os.cpu_count() or 1)})
     pass_times_s = {k: [] for k in jitter_levels}  # ranks at once -> this rank's pass times
@@ -204,6 +206,8 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
             pass_times_s[k] += time_model_passes(workload, jitter_batch, settings.jitter_passes, device=device,
                                                  models=settings.models, seed=settings.seed, barrier=dist.barrier,
                                                  active=rank < k, started_at_s=pass_starts_s[k])
+        for _ in range(slots.count(slot)):
+            comm_runs.append(_measure_comm(settings, device, rank))
         if slot < len(_PHASES):
             measured.update(_PHASES[slot](settings, device, rank))
     everyone = [None] * world
@@ -231,7 +235,7 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
     if rank != 0:
         return None
     return {"layers": layer_medians, "layer_passes": pass_spread([totals for _, totals in everyone]),
-            **measured, "measure_s": measure_s,
+            **measured, **median_comm_over_passes(comm_runs), "comm_passes": comm_pass_spread(comm_runs), "measure_s": measure_s,
             "pass_jitter": pass_jitter,
             "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
             "num_threads": torch.get_num_threads(),

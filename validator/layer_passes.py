@@ -63,3 +63,33 @@ def pass_spread(totals_by_rank: Sequence[Sequence[float]]) -> dict:
     relative = [total / middle if middle > 0 else 1.0 for total in totals]
     spread = (max(totals) - min(totals)) / min(totals) * 100 if min(totals) > 0 else 0.0
     return {"passes": len(totals), "relative_totals": relative, "spread_pct": spread}
+
+
+def median_comm_over_passes(runs: Sequence[dict]) -> dict:
+    """Communication medians of several passes spread over a calibration (each `{"p2p": [per size]
+    or None, "allreduce": {g: {"medians_s": [per size], ...}}, "allgather": {...}}`) -> one entry
+    of the same shape whose every median (per kind, group size and message size) is the median over
+    the passes. Why: the alpha-beta fits were the one figure of a profile still timed in a single
+    burst, and a burst in a slow spell halved a group's fitted allreduce bandwidth (696 against
+    1409 MB/s in two calibrations of the same model on this 2-core machine)."""
+    if not runs:
+        raise ValueError("need at least one pass")
+    first = runs[0]
+    merged = {"p2p": _median_lists([run["p2p"] for run in runs]) if first["p2p"] is not None else None}
+    for kind in ("allreduce", "allgather"):
+        merged[kind] = {g: {**item, "medians_s": _median_lists([run[kind][g]["medians_s"] for run in runs])}
+                        for g, item in first[kind].items()}
+    return merged
+
+
+def comm_pass_spread(runs: Sequence[dict]) -> dict:
+    """Per kind ("p2p", "allreduce.<g>", "allgather.<g>"): each pass's sum of medians over the
+    message sizes relative to the median pass, and the spread (max - min) / min in percent; the
+    profile's `method.comm_passes` entry (how much the passes disagreed)."""
+    series = {}
+    if runs and runs[0]["p2p"] is not None:
+        series["p2p"] = [[sum(run["p2p"])] for run in runs]
+    for kind in ("allreduce", "allgather"):
+        for g in (runs[0][kind] if runs else {}):
+            series[f"{kind}.{g}"] = [[sum(run[kind][g]["medians_s"])] for run in runs]
+    return {name: pass_spread(list(zip(*totals))) for name, totals in series.items()}

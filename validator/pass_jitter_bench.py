@@ -31,9 +31,9 @@ import torch
 
 from validator.microbench import _sync, _to, load_models_module
 
-DEFAULT_JITTER_PASSES = 12
+DEFAULT_JITTER_PASSES = 15
 """Passes per burst; `validator.calibration_phases` runs a burst before, between and after its
-phases (5 bursts), at each number of ranks at once it records."""
+phases (4 bursts: 60 passes), at each number of ranks at once it records."""
 
 
 def time_model_passes(workload, batch_size: int, passes: int = DEFAULT_JITTER_PASSES, *, device: str = "cpu",
