@@ -28,7 +28,7 @@ from simulator.model_source import resolve_workload
 from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.bracket import bracketing_profile
-from validator.calibrate import calibrate
+from validator.calibrate import calibrate_quietly
 from validator.measure import RunOptions
 from validator.report import (anchored_summary, bracketed_summary, headline_column, headline_summary,
                               jitter_summary, launch_spread_summary)
@@ -71,7 +71,7 @@ def main() -> int:
             profile = ROOT / "reports" / "profiles" / f"{name}_ws{stages}_momentum.json"
             probe_before_s = reference_kernel_s()
             if not (args.reuse_profiles and profile.exists()):
-                calibrate(workload, dict(scenario.model.params), profile, world_size=stages,
+                calibrate_quietly(workload, dict(scenario.model.params), profile, world_size=stages,
                           optimizer="momentum", verbose=False)
             kinds = args.schedules.split(",")
             if args.pipeline_runtime == "torch":

@@ -22,7 +22,7 @@ import pandas as pd
 from simulator.model_source import resolve_workload
 from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
-from validator.calibrate import calibrate
+from validator.calibrate import calibrate_quietly
 from validator.measure import RunOptions
 from validator.rank_check import rank_check
 
@@ -50,7 +50,7 @@ def main() -> int:
         profile = ROOT / "reports" / "profiles" / f"{path.stem}_ws{WORLD_SIZE}.json"
         if not (args.reuse_profiles and profile.is_file()):
             workload = resolve_workload(scenario.model, scenario.base_dir)
-            calibrate(workload, dict(scenario.model.params), profile, world_size=WORLD_SIZE,
+            calibrate_quietly(workload, dict(scenario.model.params), profile, world_size=WORLD_SIZE,
                       optimizer=scenario.training.optimizer, verbose=False)
         report = rank_check(scenario, str(profile), WORLD_SIZE, args.top, args.others,
                             RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer),

@@ -24,7 +24,7 @@ import pandas as pd
 from simulator.model_source import resolve_workload
 from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
-from validator.calibrate import DEFAULT_REPEATS, calibrate
+from validator.calibrate import DEFAULT_REPEATS, calibrate_quietly
 from validator.measure import RunOptions
 from validator.report import jitter_summary, launch_spread_summary
 from validator.speed_probe import reference_kernel_s
@@ -48,7 +48,7 @@ def run_world_size(world_size: int, density: float, args) -> list[dict]:
     profile = ROOT / "reports" / "profiles" / f"mlp_cpu_topk_ws{world_size}.json"
     probe_before_s = reference_kernel_s()
     if not (args.reuse_profiles and profile.is_file()):
-        calibrate(workload, dict(scenario.model.params), profile, world_size=world_size,
+        calibrate_quietly(workload, dict(scenario.model.params), profile, world_size=world_size,
                   optimizer=scenario.training.optimizer, repeats=args.repeats, topk_densities=(density,),
                   verbose=False)
     options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer)

@@ -27,7 +27,7 @@ from simulator.model_source import resolve_workload
 from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.bracket import bracketing_profile
-from validator.calibrate import calibrate
+from validator.calibrate import calibrate_quietly
 from validator.measure import RunOptions
 from validator.report import (anchored_summary, bracketed_summary, headline_column, headline_summary,
                               jitter_summary, launch_spread_summary)
@@ -64,7 +64,7 @@ def main() -> int:
             profile = ROOT / "reports" / "profiles" / f"{name}_ws{world_size}.json"
             probe_before_s = reference_kernel_s()
             if not (args.reuse_profiles and profile.exists()):
-                calibrate(workload, dict(scenario.model.params), profile, world_size=world_size,
+                calibrate_quietly(workload, dict(scenario.model.params), profile, world_size=world_size,
                           optimizer=scenario.training.optimizer, verbose=False)
             passes = json.loads(profile.read_text())["method"].get("layer_passes")
             if passes:

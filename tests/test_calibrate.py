@@ -167,3 +167,35 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert costs.weight_pass_s("stash", workload.num_params) > 0
     assert costs.allreduce_s(1 << 20, 2) >= costs.allreduce_s(4096, 2) > 0  # few, noisy samples
     assert costs.p2p_s(1 << 20) > 0
+
+
+def _with_cpu_accounting(other_share: float, steal_s: float) -> dict:
+    return {"method": {"background_cpu": {"wall_s": 200.0, "num_cpus": 2, "other_processes_cpu_s": 0.0,
+                                          "steal_s": steal_s, "share_of_machine": other_share}}, "notes": []}
+
+
+def test_disturbance_names_other_processes_and_a_vm_hosts_steal():
+    from validator.calibrate import disturbance
+
+    assert disturbance(_with_cpu_accounting(0.02, 0.2)) is None  # a quiet calibration
+    assert disturbance({"method": {}}) is None  # no accounting (not Linux): nothing to say
+    assert disturbance(_with_cpu_accounting(0.0, 196.0)) == "the VM's host took 49% of the machine's CPU time (steal)"
+    assert disturbance(_with_cpu_accounting(0.3, 0.0)) == "other processes used 30% of the machine's CPU time"
+
+
+def test_calibrate_quietly_repeats_a_disturbed_calibration_and_stops_when_quiet(monkeypatch):
+    import validator.calibrate as calibrate_module
+
+    results = iter([_with_cpu_accounting(0.0, 196.0), _with_cpu_accounting(0.0, 0.1)])
+    calls, said = [], []
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda *args, **kwargs: calls.append(args) or next(results))
+    document = calibrate_module.calibrate_quietly("workload", world_size=4, say=said.append)
+    assert len(calls) == 2 and document["method"]["background_cpu"]["steal_s"] == 0.1
+    assert said == ["[calibrate] attempt 1 of 3 disturbed: the VM's host took 49% of the machine's CPU time (steal); "
+                    "calibrating again"]
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda *args, **kwargs: _with_cpu_accounting(0.0, 196.0))
+    said.clear()
+    assert calibrate_module.disturbance(calibrate_module.calibrate_quietly(attempts=2, say=said.append))
+    assert len(said) == 2 and said[-1].endswith("keeping it, with that note")
+    with pytest.raises(ValueError, match="attempts must be >= 1"):
+        calibrate_module.calibrate_quietly(attempts=0)
