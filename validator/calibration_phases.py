@@ -235,7 +235,8 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
     if rank != 0:
         return None
     return {"layers": layer_medians, "layer_passes": pass_spread([totals for _, totals in everyone]),
-            **measured, **median_comm_over_passes(comm_runs), "comm_passes": comm_pass_spread(comm_runs), "measure_s": measure_s,
+            **measured, **median_comm_over_passes(comm_runs), "comm_passes": comm_pass_spread(comm_runs),
+            "measure_s": measure_s,
             "pass_jitter": pass_jitter,
             "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
             "num_threads": torch.get_num_threads(),

@@ -70,8 +70,8 @@ def median_comm_over_passes(runs: Sequence[dict]) -> dict:
     or None, "allreduce": {g: {"medians_s": [per size], ...}}, "allgather": {...}}`) -> one entry
     of the same shape whose every median (per kind, group size and message size) is the median over
     the passes. Why: the alpha-beta fits were the one figure of a profile still timed in a single
-    burst, and a burst in a slow spell halved a group's fitted allreduce bandwidth (696 against
-    1409 MB/s in two calibrations of the same model on this 2-core machine)."""
+    burst, and on this project's 2-core VM one calibration's three sweeps disagreed by up to 77 %
+    (sum of an allreduce's medians over the sizes; p2p up to 36 %)."""
     if not runs:
         raise ValueError("need at least one pass")
     first = runs[0]
