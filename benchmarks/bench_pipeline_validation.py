@@ -30,8 +30,8 @@ from simulator.scenario import load_scenario
 from validator.bracket import bracketing_profile
 from validator.calibrate import calibrate_quietly
 from validator.measure import RunOptions
-from validator.report import (anchored_summary, bracketed_summary, headline_column, headline_summary,
-                              jitter_summary, launch_spread_summary)
+from validator.report import (anchored_summary, bracketed_summary, calibration_level_summary, headline_column,
+                              headline_summary, jitter_summary, launch_spread_summary)
 from validator.speed_anchor import DEFAULT_ANCHOR_PASSES
 from validator.speed_probe import reference_kernel_s
 from validator.validate import predictions, validate, with_second_prediction
@@ -109,6 +109,8 @@ def main() -> int:
     write_text_atomic(args.out, frame.to_csv(index=False))
     print("\n" + headline_summary(frame))
     print(launch_spread_summary(frame))
+    if calibration_level_summary(frame):
+        print(calibration_level_summary(frame))
     if jitter_summary(frame):
         print(jitter_summary(frame))
     if bracketed_summary(frame):

@@ -72,6 +72,34 @@ def launch_spread_summary(frame: pd.DataFrame) -> str:
         f"{int((frame['error_pct'].abs() <= 2 * frame['launch_noise_pct']).sum())}/{len(frame)}")
 
 
+PROFILE_KEYS = ("model", "world_size")
+"""The columns naming the calibration a benchmark row was predicted from (one profile per model and
+world size in `benchmarks/bench_*validation.py`)."""
+
+
+def calibration_level_summary(frame: pd.DataFrame, profile_keys: tuple[str, ...] = PROFILE_KEYS) -> str:
+    """A diagnostic, not a prediction: how much of the headline error is one level per calibration.
+    Each profile's level is the mean signed headline error of its cases; the line gives the levels'
+    range and the MAPE / worst left after subtracting from every case its profile's level. Small
+    residuals with large levels mean the model orders and scales a calibration's cases right while
+    the machine's speed moved between the calibration and the runs (reports/ACCURACY.md). "" when
+    the rows carry no profile keys or no profile has two cases."""
+    if any(key not in frame for key in profile_keys) or frame.empty:
+        return ""
+    column = "jitter_error_pct" if headline_column(frame) == "predicted_jitter_s" else "error_pct"
+    levels = frame.groupby(list(profile_keys))[column].transform("mean")
+    counts = frame.groupby(list(profile_keys))[column].transform("size")
+    shared = counts > 1
+    if not shared.any():
+        return ""
+    residual = (frame[column] - levels)[shared].abs()
+    profile_levels = frame[shared].groupby(list(profile_keys))[column].mean()
+    return (f"calibration level (diagnostic; mean signed error of the cases sharing a profile): "
+            f"{profile_levels.min():+.1f} to {profile_levels.max():+.1f} % over {len(profile_levels)} profiles | "
+            f"with each case's level removed: MAPE {residual.mean():.1f} %, worst {residual.max():.1f} % "
+            f"({int(shared.sum())} cases)")
+
+
 def anchored_summary(frame: pd.DataFrame) -> str:
     """One line on the speed-anchored predictions (`validator.speed_anchor`) beside the calibration's
     own; '' when no row has them."""
