@@ -38,11 +38,16 @@ def headline_column(frame: pd.DataFrame) -> str:
     return "predicted_s"
 
 
+def headline_error_column(frame: pd.DataFrame) -> str:
+    """The signed-error column (percent) of the headline prediction (`headline_column`)."""
+    return "jitter_error_pct" if headline_column(frame) == "predicted_jitter_s" else "error_pct"
+
+
 def headline_summary(frame: pd.DataFrame) -> str:
     """The benchmarks' headline: MAPE, worst and median |error| of the headline prediction
     (`headline_column`) against the targets, and the nominal prediction's beside it."""
     column = headline_column(frame)
-    errors = frame["jitter_error_pct" if column == "predicted_jitter_s" else "error_pct"].abs()
+    errors = frame[headline_error_column(frame)].abs()
     what = "median step under pass jitter" if column == "predicted_jitter_s" else "nominal"
     line = (f"cases {len(frame)} | prediction ({what}): MAPE {errors.mean():.1f} % (target <= 10) | worst "
             f"{errors.max():.1f} % (target <= 20) | median |error| {errors.median():.1f} %")
@@ -86,14 +91,12 @@ def calibration_level_summary(frame: pd.DataFrame, profile_keys: tuple[str, ...]
     the rows carry no profile keys or no profile has two cases."""
     if any(key not in frame for key in profile_keys) or frame.empty:
         return ""
-    column = "jitter_error_pct" if headline_column(frame) == "predicted_jitter_s" else "error_pct"
-    levels = frame.groupby(list(profile_keys))[column].transform("mean")
-    counts = frame.groupby(list(profile_keys))[column].transform("size")
-    shared = counts > 1
+    errors = frame.groupby(list(profile_keys))[headline_error_column(frame)]
+    shared = errors.transform("size") > 1
     if not shared.any():
         return ""
-    residual = (frame[column] - levels)[shared].abs()
-    profile_levels = frame[shared].groupby(list(profile_keys))[column].mean()
+    residual = (errors.obj - errors.transform("mean"))[shared].abs()
+    profile_levels = errors.mean()[errors.size() > 1]
     return (f"calibration level (diagnostic; mean signed error of the cases sharing a profile): "
             f"{profile_levels.min():+.1f} to {profile_levels.max():+.1f} % over {len(profile_levels)} profiles | "
             f"with each case's level removed: MAPE {residual.mean():.1f} %, worst {residual.max():.1f} % "
