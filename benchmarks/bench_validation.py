@@ -10,7 +10,9 @@ give a perfect model). Prints predicted, measured and error per case, MAPE, the 
 noise, and whether the strategy predicted fastest is the one measured fastest. With the speed
 anchor (default on, `--speed-anchor 0` off; `validator.speed_anchor`) every launch also times the
 calibration's whole-model passes, and the prediction rescaled to the machine's speed then is
-printed beside the calibration's own. The validated runs are never used to fit the profile. Writes reports/validation_cpu.csv.
+printed beside the calibration's own. With `--interleave N` a short calibration runs after every
+N-th round and the prediction from all of them pooled is printed beside the first's
+(`validator.interleave`). The validated runs are never used to fit a profile. Writes reports/validation_cpu.csv.
 Run: python benchmarks/bench_validation.py [--steps 20]
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -28,9 +31,10 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.bracket import bracketing_profile
 from validator.calibrate import calibrate_quietly
+from validator.interleave import CalibrationSlices
 from validator.measure import RunOptions
 from validator.report import (anchored_summary, bracketed_summary, calibration_level_summary, headline_column,
-                              headline_summary, jitter_summary, launch_spread_summary)
+                              headline_summary, interleaved_summary, jitter_summary, launch_spread_summary)
 from validator.speed_anchor import DEFAULT_ANCHOR_PASSES
 from validator.speed_probe import reference_kernel_s
 from validator.validate import predictions, validate, with_second_prediction
@@ -54,8 +58,12 @@ def main() -> int:
     parser.add_argument("--bracket", action="store_true",
                         help="calibrate again after the runs and print the prediction from both calibrations "
                              "pooled (validator.bracket) beside the first's; measured and not kept as the default")
+    parser.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                        help="calibrate a one-sweep slice after every ROUNDS launch rounds and print the "
+                             "prediction from the calibration and its slices pooled (validator.interleave; 0: off)")
     args = parser.parse_args()
     rows = []
+    slice_folder = Path(tempfile.mkdtemp(prefix="ghpsim-slices-"))
     for name in MODELS:
         for world_size in (int(w) for w in args.world_sizes.split(",")):
             scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml",
@@ -74,12 +82,20 @@ def main() -> int:
             specs = [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
             options = RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer,
                                  anchor_passes=args.speed_anchor)
-            result = validate(scenario, str(profile), specs, options, repeats=args.launches)
+            slices = (CalibrationSlices(profile, workload, dict(scenario.model.params), args.interleave, slice_folder)
+                      if args.interleave else None)
+            result = validate(scenario, str(profile), specs, options, repeats=args.launches,
+                              after_round=slices.after_round if slices else None)
             drift = reference_kernel_s() / probe_before_s  # > 1: the machine got slower meanwhile
             print(f"{name:16s} ws={world_size} machine drift (reference kernel after / before): {drift:.2f}")
             if args.bracket:
                 pooled = bracketing_profile(profile, workload, dict(scenario.model.params), args.reuse_profiles)
                 with_second_prediction(result["rows"], predictions(scenario, str(pooled), specs, options), "bracketed")
+            if slices:
+                for problem in slices.disturbed:
+                    print(f"{name:16s} ws={world_size} disturbed slice: {problem}")
+                with_second_prediction(result["rows"], predictions(scenario, str(slices.pooled()), specs, options),
+                                       "interleaved")
             for row in result["rows"]:
                 row["model"] = name
                 row["machine_drift"] = drift
@@ -92,7 +108,12 @@ def main() -> int:
                       + (f" | speed x{row['speed_ratio']:.2f} anchored {row['anchored_predicted_s'] * 1e3:8.2f} ms "
                          f"error {row['anchored_error_pct']:+7.1f} %" if "speed_ratio" in row else "")
                       + (f" | bracketed {row['bracketed_predicted_s'] * 1e3:8.2f} ms error "
-                         f"{row['bracketed_error_pct']:+7.1f} %" if "bracketed_error_pct" in row else ""), flush=True)
+                         f"{row['bracketed_error_pct']:+7.1f} %" if "bracketed_error_pct" in row else "")
+                      + (f" | interleaved {row['interleaved_predicted_s'] * 1e3:8.2f} ms error "
+                         f"{row['interleaved_error_pct']:+7.1f} %"
+                         + (f" (jittered {row['interleaved_jitter_error_pct']:+7.1f} %)"
+                            if "interleaved_jitter_error_pct" in row else "")
+                         if "interleaved_error_pct" in row else ""), flush=True)
     frame = pd.DataFrame(rows)
     write_text_atomic(args.out, frame.to_csv(index=False))
     print("\n" + headline_summary(frame))
@@ -103,6 +124,13 @@ def main() -> int:
         print(jitter_summary(frame))
     if bracketed_summary(frame):
         print(bracketed_summary(frame))
+    if interleaved_summary(frame):
+        print(interleaved_summary(frame))
+        level_frame = frame.copy()
+        for suffix in ("error_pct", "jitter_error_pct"):  # the level diagnostic of the pooled prediction
+            if f"interleaved_{suffix}" in level_frame:
+                level_frame[suffix] = level_frame[f"interleaved_{suffix}"]
+        print("interleaved: " + calibration_level_summary(level_frame))
     if anchored_summary(frame):
         print(anchored_summary(frame))
         for model, group in frame.groupby("model"):
@@ -110,6 +138,7 @@ def main() -> int:
                   f"(calibration alone {group['error_pct'].abs().mean():.1f} %)")
     columns = list(dict.fromkeys([headline_column(frame), "predicted_s"]))
     columns += ["anchored_predicted_s"] if "anchored_predicted_s" in frame else []
+    columns += [column for column in ("interleaved_predicted_jitter_s", "interleaved_predicted_s") if column in frame]
     for (model, world_size), group in frame.groupby(["model", "world_size"]):
         measured = group.loc[group["measured_s"].idxmin(), "strategy"]
         for column in columns:

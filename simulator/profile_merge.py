@@ -19,6 +19,9 @@ backend and world size; anything else is an error naming the field and both valu
   so they are pooled, not averaged: each profile's first half of rows, then each one's second half,
   which keeps `PassJitter.exit_draws`' pairing of a row with the row half the rows further on
   inside one calibration.
+- `method` (how a calibration measured, not a figure): kept when every profile's is the same;
+  otherwise the pooled profile's `method` lists each part's under `parts` (calibrations with
+  different sweep counts, e.g. `validator.interleave`'s one-sweep slices, pool their figures).
 - `notes`: concatenated; other strings: the first profile's; `created_utc`: the first's, and the
   pooled profile records `merged_from` (each part's `created_utc`).
 """
@@ -51,7 +54,12 @@ def merge_profiles(profiles: list[dict], names: list[str] | None = None) -> dict
             if value != values[0]:
                 raise ScenarioError(f"{name}: {path}: {value!r} differs from {names[0]}'s {values[0]!r}; "
                                     f"only calibrations of the same model, machine and world size can be pooled")
-    merged = _merge(profiles, "", names)
+    methods = [profile.get("method") for profile in profiles]
+    merged = _merge([{key: value for key, value in profile.items() if key != "method"} for profile in profiles],
+                    "", names)
+    if any(method is not None for method in methods):
+        merged["method"] = (methods[0] if all(method == methods[0] for method in methods) else
+                            {"pooled": "the mean of the parts' figures (simulator.profile_merge)", "parts": methods})
     merged["merged_from"] = [profile.get("created_utc", "unknown") for profile in profiles]
     return merged
 

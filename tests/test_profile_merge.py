@@ -119,3 +119,14 @@ def test_cli_writes_the_pooled_profile_and_rejects_bad_input(profile, tmp_path, 
     assert not bad_out.exists()
     assert main(["merge-profiles", str(first), "--out", str(bad_out)]) == 2
     assert "pooling needs at least two" in capsys.readouterr().err
+
+
+def test_calibrations_measured_differently_keep_each_method_and_pool_their_figures(profile):
+    one_sweep = _scaled(profile, 3.0)
+    one_sweep["method"]["layer_passes"]["relative_totals"] = [1.0]  # one sweep instead of three
+    one_sweep["method"]["settings"]["layer_passes"] = 1
+    pooled = merge_profiles([profile, one_sweep])
+    assert pooled["method"]["parts"] == [profile["method"], one_sweep["method"]]
+    assert "pooled" in pooled["method"]
+    assert pooled["p2p"]["latency_s"] == pytest.approx(2.0 * profile["p2p"]["latency_s"])
+    assert merge_profiles([profile, _scaled(profile, 3.0)])["method"] == profile["method"]  # same method: kept

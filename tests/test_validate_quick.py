@@ -30,7 +30,7 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
     out = tmp_path / "validation"
     assert main(["validate", SCENARIO, *SMALL, "--profile", str(profile), "--strategies", "dp,mp",
                  "--steps", "4", "--warmup", "2", "--repeats", "2", "--speed-anchor", "2", "--out", str(out),
-                 "--bracket", "--json"]) == 0
+                 "--bracket", "--interleave", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [row["kind"] for row in report["rows"]] == ["dp", "mp"]
     for row in report["rows"]:
@@ -58,20 +58,30 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
         assert row["bracketed_predicted_s"] == pytest.approx(_pooled_prediction_s(profile, row["kind"]))
         assert row["bracketed_error_pct"] == pytest.approx(
             100 * (row["bracketed_predicted_s"] - row["measured_s"]) / row["measured_s"])
+        # --interleave 2: one one-sweep slice after the second round, pooled with the profile
+        assert row["interleaved_predicted_s"] == pytest.approx(
+            _pooled_prediction_s(profile, row["kind"], "profile_interleaved.json"))
+        assert row["interleaved_jitter_error_pct"] == pytest.approx(
+            100 * (row["interleaved_predicted_jitter_s"] - row["measured_s"]) / row["measured_s"])
     after = json.loads((tmp_path / "profile_after.json").read_text())
     assert after["method"]["settings"]["batch_sizes"] == [8, 32] and after["method"]["settings"]["repeats"] == 5
     assert json.loads((tmp_path / "profile_bracketed.json").read_text())["merged_from"] == [
         json.loads(profile.read_text())["created_utc"], after["created_utc"]]
+    piece = json.loads((tmp_path / "profile_slice1.json").read_text())
+    assert piece["method"]["settings"]["layer_passes"] == 1 and piece["method"]["settings"]["repeats"] == 5
+    assert not (tmp_path / "profile_slice2.json").exists()
+    assert json.loads((tmp_path / "profile_interleaved.json").read_text())["merged_from"] == [
+        json.loads(profile.read_text())["created_utc"], piece["created_utc"]]
     assert (out / "mlp_cpu.png").is_file()
     table = pd.read_csv(out / "mlp_cpu.csv")  # one row per strategy, the later round replacing the first
     assert list(table["kind"]) == ["dp", "mp"] and list(table["launches"]) == [2, 2]
     assert len(list((out / "traces").glob("*.trace.json"))) == 4
 
 
-def _pooled_prediction_s(profile, kind: str) -> float:
+def _pooled_prediction_s(profile, kind: str, pooled: str = "profile_bracketed.json") -> float:
     scenario = load_scenario(SCENARIO, [item for item in SMALL if item != "--set"])
     workload = resolve_workload(scenario.model, scenario.base_dir)
-    costs = profile_costs(str(profile.with_name("profile_bracketed.json")), workload)
+    costs = profile_costs(str(profile.with_name(pooled)), workload)
     return simulate(with_strategy(scenario, kind, None), costs=costs, workload=workload).step_time_s
 
 
@@ -97,6 +107,8 @@ def test_validate_with_a_profile_of_another_model_is_a_one_line_error(tmp_path, 
     ("calibrate", "--layer-passes", "0", "profile.json"),
     ("validate", "--repeats", "0", "validation"),
     ("validate", "--speed-anchor", "-1", "validation"),
+    ("validate", "--interleave", "-1", "validation"),
+    ("validate", "--interleave", "2", "validation"),  # more rounds than --repeats (1)
 ])
 def test_out_of_range_counts_are_one_line_errors_that_write_nothing(tmp_path, capsys, command, option, value, output):
     out = tmp_path / output

@@ -55,6 +55,10 @@ def add_commands(commands) -> None:
                           help="calibrate again after the runs (PROFILE_after.json), pool both calibrations "
                                "(PROFILE_bracketed.json, `ghpsim merge-profiles`) and also report the prediction "
                                "from the pooled profile (validator/bracket.py)")
+    validate.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                          help="calibrate a one-sweep slice (PROFILE_sliceN.json) after every ROUNDS rounds of "
+                               "launches, pool them with the profile (PROFILE_interleaved.json) and also report "
+                               "the prediction from the pool (validator/interleave.py; 0: off)")
     validate.add_argument("--out", default="reports/validation", help="folder for CSV, plot and traces")
     validate.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is declared hung")
     validate.add_argument("--pipeline-runtime", choices=("own", "torch"), default="own",
@@ -103,8 +107,8 @@ def cmd_validate(args) -> int:
 
     from simulator.tables import make_console
     from validator.measure import RunOptions
-    from validator.report import (anchored_summary, bracketed_summary, headline_summary, write_plot, write_rows_csv,
-                                  write_traces)
+    from validator.report import (anchored_summary, bracketed_summary, headline_summary, interleaved_summary,
+                                  write_plot, write_rows_csv, write_traces)
     from validator.torch_pipelining import check_pipeline_runtime
     from validator.validate import mape_pct, validate
 
@@ -127,10 +131,20 @@ def cmd_validate(args) -> int:
         raise ScenarioError(f"--speed-anchor: {args.speed_anchor} must be 0 (off) or a number of passes")
     if args.repeats < 1:
         raise ScenarioError(f"--repeats: {args.repeats} must be at least 1")
+    if args.interleave < 0 or args.interleave > args.repeats:
+        raise ScenarioError(f"--interleave: {args.interleave} must be 0 (off) or a number of rounds up to "
+                            f"--repeats ({args.repeats})")
+    say = None if args.json else (lambda message: print(message, file=sys.stderr))
+    slices = _calibration_slices(scenario, args.profile, args.interleave, say) if args.interleave else None
     validate(scenario, args.profile, specs, options, launch_timeout_s=args.timeout, on_case=on_case,
-             progress=None if args.json else lambda message: print(message, file=sys.stderr),
-             repeats=args.repeats)
+             progress=say, repeats=args.repeats, after_round=slices.after_round if slices else None)
     rows = list(rows_by_label.values())
+    if slices:
+        from validator.validate import predictions, with_second_prediction
+        for problem in slices.disturbed:
+            print(f"warning: disturbed calibration slice {problem}", file=sys.stderr)
+        with_second_prediction(rows, predictions(scenario, str(slices.pooled()), specs, options), "interleaved")
+        write_rows_csv(rows, out / f"{stem}.csv")
     if args.bracket:
         if not args.json:
             print("calibrating again after the runs (--bracket)", file=sys.stderr)
@@ -153,13 +167,26 @@ def cmd_validate(args) -> int:
                          f"{row['anchored_error_pct']:+6.1f} %" if "speed_ratio" in row else "")
                       + (f"  | bracketed {row['bracketed_predicted_s'] * 1e3:.2f} ms "
                          f"{row['bracketed_error_pct']:+6.1f} %"
-                         if "bracketed_error_pct" in row else ""))
+                         if "bracketed_error_pct" in row else "")
+                      + (f"  | interleaved {row['interleaved_predicted_s'] * 1e3:.2f} ms "
+                         f"{row['interleaved_error_pct']:+6.1f} %"
+                         if "interleaved_error_pct" in row else ""))
     console.print(headline_summary(frame).replace(f"cases {len(frame)} | ", "") + f"\n{out / (stem + '.csv')} | {plot}")
     if args.speed_anchor:
         console.print(anchored_summary(frame))
     if args.bracket:
         console.print(bracketed_summary(frame))
+    if slices:
+        console.print(interleaved_summary(frame))
     return 0
+
+
+def _calibration_slices(scenario, profile_path: str, every_rounds: int, say):
+    """The slices calibrated between the rounds, written beside the profile (validator/interleave.py)."""
+    from validator.interleave import CalibrationSlices
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    profile = Path(profile_path)
+    return CalibrationSlices(profile, workload, dict(scenario.model.params), every_rounds, profile.parent, say=say)
 
 
 def _add_bracketed(rows: list[dict], scenario, profile_path: str, specs, options) -> None:

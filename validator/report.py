@@ -120,15 +120,29 @@ def bracketed_summary(frame: pd.DataFrame) -> str:
     """Lines on the predictions from the calibrations before and after the runs pooled
     (`simulator.profile_merge`; columns `bracketed_*`) beside the calibration before alone; '' when
     no row has them."""
-    if "bracketed_error_pct" not in frame or frame["bracketed_error_pct"].isna().all():
+    return pooled_summary(frame, "bracketed", "calibrations before + after pooled")
+
+
+def interleaved_summary(frame: pd.DataFrame) -> str:
+    """Lines on the predictions from the calibration before the runs pooled with the slices
+    calibrated between their rounds (`validator.interleave`; columns `interleaved_*`) beside the
+    calibration before alone; '' when no row has them."""
+    return pooled_summary(frame, "interleaved", "calibration + slices between rounds pooled")
+
+
+def pooled_summary(frame: pd.DataFrame, prefix: str, label: str) -> str:
+    """Nominal and jittered MAPE, worst and mean signed error of the second prediction in the
+    `<prefix>_*` columns (`validator.validate.with_second_prediction`) beside the calibration before
+    the runs alone, on the same cases; '' when no row has them."""
+    if f"{prefix}_error_pct" not in frame or frame[f"{prefix}_error_pct"].isna().all():
         return ""
-    rows = frame.dropna(subset=["bracketed_error_pct"])
+    rows = frame.dropna(subset=[f"{prefix}_error_pct"])
     lines = []
-    for column, label in (("error_pct", "nominal"), ("jitter_error_pct", "jittered")):
-        if f"bracketed_{column}" not in rows or column not in rows:
+    for column, kind in (("error_pct", "nominal"), ("jitter_error_pct", "jittered")):
+        if f"{prefix}_{column}" not in rows or column not in rows:
             continue
-        pooled, before = rows[f"bracketed_{column}"], rows[column]
-        lines.append(f"calibrations before + after pooled, {label} ({len(rows)} cases): "
+        pooled, before = rows[f"{prefix}_{column}"], rows[column]
+        lines.append(f"{label}, {kind} ({len(rows)} cases): "
                      f"MAPE {pooled.abs().mean():.1f} %, worst {pooled.abs().max():.1f} %, "
                      f"mean signed {pooled.mean():+.1f} % | calibration before "
                      f"alone: MAPE {before.abs().mean():.1f} %, worst {before.abs().max():.1f} %, "

@@ -53,14 +53,16 @@ class _Case:
 
 def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int | None]],
              options: RunOptions = RunOptions(), launch_timeout_s: float = 300.0, progress=None,
-             on_case=None, repeats: int = 1) -> dict:
+             on_case=None, repeats: int = 1, after_round=None) -> dict:
     """Returns {"rows": [...], "measured_spans": {label: spans}, "simulated": {label: SimulationResult}}.
 
     Each strategy is launched `repeats` times, in rounds (every strategy once per round, in turn),
     so that the strategies compared see the same spells of a shared machine's speed; its measured
     figure is the median over the steps of all its launches. `on_case(row, spans, predicted)` is
     called for every strategy after every round with its row so far (same `strategy` label: the
-    caller replaces the earlier one), so an interrupted validation keeps what it measured."""
+    caller replaces the earlier one), so an interrupted validation keeps what it measured.
+    `after_round(round_index)` (0-based) is called after every round, e.g. to calibrate between
+    rounds (`validator.interleave`)."""
     if repeats < 1:
         raise ScenarioError(f"repeats: {repeats} must be at least 1")
     workload = resolve_workload(scenario.model, scenario.base_dir)
@@ -85,6 +87,8 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
             rows[position], measured_spans[case.label] = _row(case, workload)
             if on_case is not None:
                 on_case(rows[position], measured_spans[case.label], case.predicted)
+        if after_round is not None:
+            after_round(round_index)
     return {"rows": rows, "measured_spans": measured_spans,
             "simulated": {case.label: case.predicted for case in cases}}
 
@@ -108,12 +112,14 @@ def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, in
 
 def with_second_prediction(rows: list[dict], figures: dict[str, dict], prefix: str) -> None:
     """Adds `figures` (from `predictions`) to the validated `rows` under `prefix`: `<prefix>_predicted_s`,
-    `<prefix>_error_pct` and, with pass jitter, `<prefix>_jitter_error_pct`, against each row's measurement."""
+    `<prefix>_error_pct` and, with pass jitter, `<prefix>_predicted_jitter_s` and `<prefix>_jitter_error_pct`,
+    against each row's measurement."""
     for row in rows:
         figure = figures[row["strategy"]]
         row[f"{prefix}_predicted_s"] = figure["predicted_s"]
         row[f"{prefix}_error_pct"] = 100.0 * (figure["predicted_s"] - row["measured_s"]) / row["measured_s"]
         if "predicted_jitter_s" in figure:
+            row[f"{prefix}_predicted_jitter_s"] = figure["predicted_jitter_s"]
             row[f"{prefix}_jitter_error_pct"] = (100.0 * (figure["predicted_jitter_s"] - row["measured_s"])
                                                  / row["measured_s"])
 
