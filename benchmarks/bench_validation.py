@@ -12,7 +12,10 @@ anchor (default on, `--speed-anchor 0` off; `validator.speed_anchor`) every laun
 calibration's whole-model passes, and the prediction rescaled to the machine's speed then is
 printed beside the calibration's own. With `--interleave N` a short calibration runs after every
 N-th round and the prediction from all of them pooled is printed beside the first's
-(`validator.interleave`). The validated runs are never used to fit a profile. Writes reports/validation_cpu.csv.
+(`validator.interleave`). The validated runs are never used to fit a profile. Writes reports/validation_cpu.csv
+(after every model and world size, so an interrupted run keeps what it measured).
+On a GPU machine `--device cuda --backend gloo` calibrates and runs there with the ranks sharing
+one GPU (benchmarks/gpu_validation.sh wraps it; `--profiles` and `--profile-suffix` place the profiles).
 Run: python benchmarks/bench_validation.py [--steps 20]
 """
 
@@ -61,19 +64,30 @@ def main() -> int:
     parser.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                         help="calibrate a one-sweep slice after every ROUNDS launch rounds and print the "
                              "prediction from the calibration and its slices pooled (validator.interleave; 0: off)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="calibrate and run on this device (cuda: on a GPU machine)")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                        help="default gloo on cpu, nccl on cuda; gloo on cuda shares one GPU among the ranks")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--calibration-attempts", type=int, default=3,
+                        help="calibrate again while the machine looks disturbed, up to this many times in all")
+    parser.add_argument("--profiles", default=str(ROOT / "reports" / "profiles"),
+                        help="folder of the profiles written (and read with --reuse-profiles)")
+    parser.add_argument("--profile-suffix", default="", help="appended to each profile's name, e.g. _cuda")
     args = parser.parse_args()
     rows = []
     slice_folder = Path(tempfile.mkdtemp(prefix="ghpsim-slices-"))
-    for name in MODELS:
+    for name in args.models.split(","):
         for world_size in (int(w) for w in args.world_sizes.split(",")):
             scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml",
                                      [f"cluster.gpus_per_node={world_size}"])
             workload = resolve_workload(scenario.model, scenario.base_dir)
-            profile = ROOT / "reports" / "profiles" / f"{name}_ws{world_size}.json"
+            profile = Path(args.profiles) / f"{name}_ws{world_size}{args.profile_suffix}.json"
             probe_before_s = reference_kernel_s()
             if not (args.reuse_profiles and profile.exists()):
                 calibrate_quietly(workload, dict(scenario.model.params), profile, world_size=world_size,
-                          optimizer=scenario.training.optimizer, verbose=False)
+                          optimizer=scenario.training.optimizer, verbose=False, device=args.device,
+                          backend=args.backend, attempts=args.calibration_attempts)
             passes = json.loads(profile.read_text())["method"].get("layer_passes")
             if passes:
                 print(f"{name:16s} ws={world_size} calibration: {passes['passes']} layer passes, totals "
@@ -100,6 +114,8 @@ def main() -> int:
                 row["model"] = name
                 row["machine_drift"] = drift
                 rows.append(row)
+            write_text_atomic(args.out, pd.DataFrame(rows).to_csv(index=False))  # kept if a later case fails
+            for row in result["rows"]:
                 print(f"{name:16s} ws={world_size} {row['strategy']:16s} predicted {row['predicted_s'] * 1e3:8.2f} ms "
                       f"(jitter {row.get('predicted_jitter_s', float('nan')) * 1e3:6.2f}) "
                       f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} % "

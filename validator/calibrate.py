@@ -79,6 +79,7 @@ from simulator.profile import FORMAT
 from simulator.workload import Workload
 from validator.calibration_phases import DEFAULT_TOPK_DENSITIES, CalibrationSettings, load_average, rank_main
 from validator.cold_bench import single_pass_overheads
+from validator.comm_device import device_problem
 from validator.launch import LaunchConfig, spawn
 from validator.layer_passes import DEFAULT_LAYER_PASSES
 from validator.microbench import DEFAULT_MIN_BLOCK_S, fit_line
@@ -231,8 +232,9 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     backend = backend or ("nccl" if device == "cuda" else "gloo")
-    if device == "cuda" and backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"nccl needs one GPU per rank: {world_size} ranks but {torch.cuda.device_count()} GPUs")
+    problem = device_problem(device, backend, world_size)
+    if problem:
+        raise ValueError(f"device {device!r}, backend {backend!r}: {problem}")
     if world_size < 1:
         raise ValueError("world_size must be >= 1")
     if layer_passes < 1:

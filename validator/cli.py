@@ -27,6 +27,9 @@ def add_commands(commands) -> None:
     calibrate.add_argument("--scenario", required=True, help="scenario whose model is profiled")
     calibrate.add_argument("--out", required=True, help="profile JSON to write, e.g. profiles/cpu.json")
     calibrate.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    calibrate.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                           help="default gloo on cpu, nccl on cuda (one GPU per rank); gloo on cuda lets "
+                                "several ranks share one GPU (messages staged through the host)")
     calibrate.add_argument("--world-size", type=int, default=2, help="ranks measured at once (validate at the same)")
     calibrate.add_argument("--batch-sizes", default=None, help="comma list, default the validator's")
     calibrate.add_argument("--repeats", type=int, default=None)
@@ -86,10 +89,15 @@ def cmd_calibrate(args) -> int:
     jitter_passes = DEFAULT_JITTER_PASSES if args.jitter_passes is None else args.jitter_passes
     if jitter_passes < 0:
         raise ScenarioError(f"--jitter-passes: {jitter_passes} must be at least 0")
+    from validator.comm_device import device_problem
+    problem = device_problem(args.device, args.backend or ("nccl" if args.device == "cuda" else "gloo"),
+                             args.world_size)
+    if problem:
+        raise ScenarioError(f"--device {args.device} --backend {args.backend or 'default'}: {problem}")
     scenario = load_scenario(args.scenario, args.overrides)
     workload = resolve_workload(scenario.model, scenario.base_dir)
     batch_sizes = _int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else DEFAULT_BATCH_SIZES
-    document = calibrate(workload, dict(scenario.model.params), args.out, device=args.device,
+    document = calibrate(workload, dict(scenario.model.params), args.out, device=args.device, backend=args.backend,
                          world_size=args.world_size, batch_sizes=batch_sizes,
                          repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
                          topk_densities=sorted({*DEFAULT_TOPK_DENSITIES, scenario.strategy.compression_density}),

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from validator import comm_device
+from validator.comm_device import control_device, data_device
 from validator.microbench import _median, _sync
 
 
 def _comm_device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return control_device()
 
 
 def agree_max(value: int) -> int:
@@ -52,22 +52,22 @@ def time_p2p(sizes_bytes: Sequence[int], repeats: int = 10, warmup: int = 2, *, 
     (the others only join the barriers); every rank gets the result (broadcast from `src`).
     Each repeat times every size once, in a shuffled order, each after a world-wide barrier."""
     rank, device = dist.get_rank(), _comm_device()
-    buffers = [_buffer(size, device) for size in sizes_bytes]
+    buffers = [_buffer(size, data_device()) for size in sizes_bytes]
     samples: list[list[float]] = [[] for _ in sizes_bytes]
     for repeat in range(warmup + repeats):
         for position in _size_order(len(buffers), repeat):
             buffer = buffers[position]
             dist.barrier()
             if rank == src:
-                _sync(device)
+                _sync(buffer.device)
                 start = time.perf_counter()
-                dist.send(buffer, dst)
-                dist.recv(buffer, dst)
-                _sync(device)
+                comm_device.send(buffer, dst)
+                comm_device.recv(buffer, dst)
+                _sync(buffer.device)
                 samples[position].append(time.perf_counter() - start)
             elif rank == dst:
-                dist.recv(buffer, src)
-                dist.send(buffer, src)
+                comm_device.recv(buffer, src)
+                comm_device.send(buffer, src)
     medians = torch.zeros(len(sizes_bytes), dtype=torch.float64)
     if rank == src:
         medians = torch.tensor([_median(kept, warmup) / 2 for kept in samples], dtype=torch.float64)
@@ -86,10 +86,10 @@ def _time_collective(operation, count: int, repeats: int, group, warmup: int) ->
     for repeat in range(warmup + repeats):
         for position in _size_order(count, repeat):
             dist.barrier()
-            _sync(device)
+            _sync(data_device())
             start = time.perf_counter()
             operation(position)
-            _sync(device)
+            _sync(data_device())
             samples[position, repeat] = time.perf_counter() - start
     dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)
     medians = [_median(row, warmup) for row in samples.cpu().tolist()]
@@ -104,7 +104,7 @@ def time_allreduce(sizes_bytes: Sequence[int], repeats: int = 10, group=None, wa
     groups then run concurrently); every sample starts at a world-wide barrier, and each repeat
     visits the sizes in a shuffled order (as `time_p2p`). A sample's time is
     the slowest rank's of the group; the median over repeats is returned to every member."""
-    buffers = [_buffer(size, _comm_device()) for size in sizes_bytes]
+    buffers = [_buffer(size, data_device()) for size in sizes_bytes]
     return _time_collective(lambda position: dist.all_reduce(buffers[position], group=group),
                             len(buffers), repeats, group, warmup)
 
@@ -114,7 +114,7 @@ def time_allgather(sizes_bytes: Sequence[int], repeats: int = 10, group=None, wa
     a size is the bytes *each rank contributes* (fp32), gathered with `dist.all_gather` into a list
     of the group's size, as the runtime's top-k exchange (`validator.runtime`) does."""
     members = dist.get_world_size(group)
-    buffers = [_buffer(size, _comm_device()) for size in sizes_bytes]
+    buffers = [_buffer(size, data_device()) for size in sizes_bytes]
     outputs = [[torch.empty_like(buffer) for _ in range(members)] for buffer in buffers]
     return _time_collective(lambda position: dist.all_gather(outputs[position], buffers[position], group=group),
                             len(buffers), repeats, group, warmup)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from validator.allocator import tune_allocator
+from validator.comm_device import set_rank_device
 from validator.errors import RankFailure
 
 
@@ -69,6 +70,7 @@ def init_rank(rank: int, config: LaunchConfig, init_method: str) -> None:
     malloc settings (validator.allocator)."""
     tune_allocator()
     torch.set_num_threads(config.num_threads)
+    set_rank_device(config.device)
     if config.device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(config.backend, init_method=init_method, rank=rank, world_size=config.world_size,

@@ -27,6 +27,7 @@ from simulator.plan import Plan
 from simulator.scenario import PIPELINE_KINDS
 from simulator.schedules.steady_state import microbatch_completions
 from simulator.workload import Workload
+from validator.comm_device import control_device
 from validator.models import build_modules, loss_fn, make_batch
 from validator.microbench import make_optimizer
 from validator.pipeline_runtime import PipelineExecutor
@@ -72,7 +73,7 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
         spans = executor.step(step)
         if options.device == "cuda":
             torch.cuda.synchronize()
-        slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+        slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=control_device())
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         step_s = float(slowest.item())
         if options.steady_state is not None:
@@ -89,7 +90,7 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
         "spans": step_spans[median_index] if step_spans else [],
         # numpy, not tensors: torch would share tensors through file descriptors that vanish when
         # the rank's process exits before the launcher has read them
-        "state": {k: v.numpy() for k, v in executor.state().items()} if options.return_state else None,
+        "state": {k: v.cpu().numpy() for k, v in executor.state().items()} if options.return_state else None,
     }
 
 
@@ -103,7 +104,7 @@ def _steady_state_window_s(spans: list[tuple], num_stages: int, num_microbatches
     """The steady-state window of this step over all ranks (collective: every rank calls it)."""
     completion = microbatch_completions(spans)
     count = 1 + max(completion, default=-1)
-    ends = torch.zeros(count, dtype=torch.float64)
+    ends = torch.zeros(count, dtype=torch.float64, device=control_device())
     for microbatch, end_s in completion.items():
         ends[microbatch] = end_s
     dist.all_reduce(ends, op=dist.ReduceOp.MAX)

@@ -143,6 +143,31 @@ DEFAULT_MIN_BLOCK_S = 0.01
 """A timed sample is a block of back-to-back iterations lasting at least this long."""
 
 
+def _settled(parts) -> tuple[float, ...]:
+    return parts() if callable(parts) else parts
+
+
+def _stream_timed(forward: Callable[[], None], backward: Callable[[], None]) -> Callable[[], tuple[float, float]]:
+    """Enqueue `forward` then `backward` on the current CUDA stream between events, with no
+    synchronisation; returns the reader of their (forward_s, backward_s). In a training step the
+    host enqueues layer after layer while the GPU runs, so a layer costs the stream time between
+    its neighbours' kernels (its own kernels, or the host's launch time where that is longer), not
+    launch + run + synchronise as a host clock around a synchronised call would time it (CUDA
+    events: torch.cuda.Event(enable_timing=True), elapsed_time in ms)."""
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    marks[0].record()
+    forward()
+    marks[1].record()
+    backward()
+    marks[2].record()
+
+    def read() -> tuple[float, float]:
+        marks[2].synchronize()
+        return marks[0].elapsed_time(marks[1]) / 1e3, marks[1].elapsed_time(marks[2]) / 1e3
+
+    return read
+
+
 def _time_blocks(run: Callable[[], tuple[float, ...]], repeats: int, warmup: int, min_block_s: float,
                  agree: Callable[[int], int]) -> tuple[float, ...]:
     """Median over `repeats` blocks (after `warmup` blocks) of the mean per-iteration time of
@@ -153,15 +178,19 @@ def _time_blocks(run: Callable[[], tuple[float, ...]], repeats: int, warmup: int
     iterations keeps time-sharing in the figure: when more ranks than cores compute at once, an
     iteration shorter than the scheduler's time slice usually runs uninterrupted, so the median
     of single iterations shows no slowdown although each rank only gets a share of a core; over
-    a block of several time slices the waits are counted."""
-    run()
-    probe = sum(run())
+    a block of several time slices the waits are counted.
+
+    `run()` may return a callable instead of the parts (CUDA: events recorded on the stream, read
+    once the block is done, see `_stream_timed`); then the block runs without synchronising
+    between its iterations."""
+    _settled(run())
+    probe = sum(_settled(run()))
     iterations = agree(max(1, math.ceil(min_block_s / probe)) if probe > 0 else 1)
     blocks = []
     for _ in range(warmup + repeats):
+        pending = [run() for _ in range(iterations)]
         totals = None
-        for _ in range(iterations):
-            parts = run()
+        for parts in map(_settled, pending):
             totals = parts if totals is None else tuple(t + p for t, p in zip(totals, parts))
         blocks.append(tuple(t / iterations for t in totals))
     kept = blocks[warmup:] or blocks
@@ -232,6 +261,20 @@ def time_layers(workload: Workload, batch_sizes: Sequence[int], repeats: int = 7
             output_grad = torch.randn(chain[index + 1].shape, generator=generator,
                                       dtype=chain[index + 1].dtype).to(device)
 
+            def run_on_stream(module=module, index=index, with_loss=with_loss, output_grad=output_grad):
+                x = _as_input(chain[index], needs_grad=index > 0)
+                held = {}
+
+                def forward():
+                    out = module(x)
+                    held["out"] = loss_fn(workload, out, targets) if with_loss else out
+
+                def backward():
+                    out = held.pop("out")
+                    out.backward() if with_loss else out.backward(output_grad)
+
+                return _stream_timed(forward, backward)
+
             def run(module=module, index=index, with_loss=with_loss, output_grad=output_grad):
                 x = _as_input(chain[index], needs_grad=index > 0)
                 _sync(device)
@@ -251,7 +294,8 @@ def time_layers(workload: Workload, batch_sizes: Sequence[int], repeats: int = 7
             for computes, record in zip(rounds, results[index]["rounds"]):
                 barrier()
                 if computes:
-                    forward, backward = _time_blocks(run, repeats, warmup, min_block_s, agree)
+                    timed = run_on_stream if device.type == "cuda" else run
+                    forward, backward = _time_blocks(timed, repeats, warmup, min_block_s, agree)
                     record["forward_s"].append(forward)
                     record["backward_s"].append(backward)
                 else:

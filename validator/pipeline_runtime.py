@@ -50,6 +50,7 @@ from simulator.errors import ScenarioError
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
 from simulator.strategies.pipeline import ACCUMULATE_PHASE, STASH_PHASE
 from simulator.workload import Workload
+from validator import comm_device
 from validator.microbench import make_optimizer
 from validator.models import build_modules, loss_fn, make_batch
 from validator.pipeline_plan import (PREDICT, chunk_ranges, message_tag, num_microbatches, prediction_steps,
@@ -159,7 +160,7 @@ class PipelineExecutor:
         self.next_receive += 1
         layer = self.chunks[action.key[2]][1] - 1  # act: output of chunk; grad: gradient of that output
         buffer = torch.empty((self.microbatch_size, *self.output_shapes[layer]), device=self.device)
-        work = dist.irecv(buffer, src=action.src, tag=message_tag(action.key, len(self.chunks)))
+        work = comm_device.irecv(buffer, src=action.src, tag=message_tag(action.key, len(self.chunks)))
         self.posted[action.key] = (work, buffer)
 
     def _recv(self, action: Recv) -> None:
@@ -185,7 +186,7 @@ class PipelineExecutor:
             state = self.flight[(chunk + 1, microbatch)]
             tensor = state.input_grads.pop(self.chunks[chunk + 1][0]).contiguous()
         tag = message_tag(action.key, len(self.chunks))
-        self.pending_sends[action.key] = dist.isend(tensor, dst=action.dst, tag=tag)
+        self.pending_sends[action.key] = comm_device.isend(tensor, dst=action.dst, tag=tag)
         self._span("send", action.label, "send", start, tensor.numel() * tensor.element_size(), microbatch)
 
     def _reduced_layers(self, action: Collective) -> list[int]:

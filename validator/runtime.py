@@ -30,6 +30,7 @@ import torch.distributed as dist
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
 from simulator.sparse import SELECTION_PHASE, topk_count
 from simulator.workload import Workload
+from validator import comm_device
 from validator.microbench import make_optimizer
 from validator.models import build_modules, loss_fn, make_batch
 
@@ -146,7 +147,7 @@ class RankExecutor:
         kind, _, sender_stage = action.key
         layer = self.layer_start - 1 if kind == "act" else self.layer_end - 1
         buffer = torch.empty((self.group_batch, *self.output_shapes[layer]), device=self.device)
-        dist.recv(buffer, src=action.src)
+        comm_device.recv(buffer, src=action.src)
         self.received[kind] = buffer
         self._span("recv", action.label, "recv", start, buffer.numel() * buffer.element_size())
 
@@ -156,7 +157,7 @@ class RankExecutor:
             tensor = self.layer_outputs[self.layer_end - 1].detach().contiguous()
         else:
             tensor = self.input_grads[self.layer_start].contiguous()
-        self.pending_sends.append(dist.isend(tensor, dst=action.dst))
+        self.pending_sends.append(comm_device.isend(tensor, dst=action.dst))
         self._span("send", action.label, "send", start, tensor.numel() * tensor.element_size())
 
     def _compute(self, action: Compute) -> None:

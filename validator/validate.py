@@ -30,6 +30,7 @@ from simulator.scenario import Scenario
 from simulator.schedules.steady_state import steady_state_plan, steady_state_window
 from simulator.simulate import simulate
 from simulator.topology import build_topology
+from validator.comm_device import device_problem
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
 from validator.speed_anchor import calibration_anchor_s, launch_speed_ratio
@@ -68,6 +69,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     workload = resolve_workload(scenario.model, scenario.base_dir)
     costs = profile_costs(profile_path, workload)
     backend = costs.profile.backend
+    options = replace(options, device=costs.profile.device_kind)  # run where the profile was measured
     if options.anchor_passes > 0:
         if costs.pass_jitter is None:
             raise ScenarioError(f"{profile_path}: pass_jitter: the profile has no whole-model passes to anchor "
@@ -76,6 +78,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     cases = [_prepare(scenario, workload, costs, kind, groups, options) for kind, groups in specs]
     rows: list[dict | None] = [None] * len(cases)
     measured_spans: dict[str, list] = {}
+    _check_devices(options.device, backend, max(case.plan.num_ranks for case in cases), profile_path)
     for round_index in range(repeats):
         for position, case in enumerate(cases):
             if progress:
@@ -91,6 +94,13 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
             after_round(round_index)
     return {"rows": rows, "measured_spans": measured_spans,
             "simulated": {case.label: case.predicted for case in cases}}
+
+
+def _check_devices(device: str, backend: str, num_ranks: int, profile_path) -> None:
+    """The profile's device and backend must be usable here (`validator.comm_device.device_problem`)."""
+    problem = device_problem(device, backend, num_ranks)
+    if problem:
+        raise ScenarioError(f"{profile_path}: device.kind / backend ({device}, {backend}): {problem}")
 
 
 def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, int | None]],

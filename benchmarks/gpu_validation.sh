@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Calibrate and validate on one GPU: bench_validation.py with --device cuda. One GPU holds all the
+# ranks, so the backend is gloo (nccl refuses two ranks on one device); point-to-point messages are
+# staged through the host (validator/comm_device.py) and the profile's microbenchmarks time that path.
+#
+#   WORLD_SIZES=2 MODELS=mlp_cpu,resnet_cpu,transformer_cpu LAUNCHES=4 bash benchmarks/gpu_validation.sh
+#
+# Writes under $OUT (default reports/gpu): the profiles (<model>_ws<N>_cuda.json), the CSV
+# validation_cuda_ws<sizes>.csv and the benchmark's log. Python packages missing on the GPU machine
+# can travel as wheels in .whl/ (installed into /tmp/site first).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-reports/gpu}
+WORLD_SIZES=${WORLD_SIZES:-2}
+MODELS=${MODELS:-mlp_cpu,resnet_cpu,transformer_cpu}
+LAUNCHES=${LAUNCHES:-4}
+STEPS=${STEPS:-20}
+LIMIT_S=${LIMIT_S:-540}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+tag=${WORLD_SIZES//,/_}
+log="$OUT/bench_cuda_ws$tag.log"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+  python3 -m validator.comm_device_check
+} 2>&1 | tee "$log"
+timeout "$LIMIT_S" python3 benchmarks/bench_validation.py --device cuda --backend gloo --world-sizes "$WORLD_SIZES" \
+  --models "$MODELS" --launches "$LAUNCHES" --steps "$STEPS" --calibration-attempts 1 \
+  --profiles "$OUT" --profile-suffix _cuda --out "$OUT/validation_cuda_ws$tag.csv" 2>&1 | tee -a "$log"

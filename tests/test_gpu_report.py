@@ -1,0 +1,53 @@
+"""The committed GPU validation (reports/validation_cuda.csv, measured on an H200 with the ranks
+sharing it over gloo) is what the committed CUDA profiles predict: every predicted figure in the
+report is reproduced from reports/profiles/<model>_ws<N>_cuda.json by the simulator here, and
+every error is (predicted - measured) / measured. Guards the report against a profile or a model
+change that would leave its figures stale."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simulator.scenario import load_scenario
+from validator.measure import RunOptions
+from validator.validate import predictions
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = ROOT / "reports" / "validation_cuda.csv"
+
+
+def _report() -> pd.DataFrame:
+    return pd.read_csv(REPORT)
+
+
+def test_report_covers_three_models_both_world_sizes_and_every_strategy():
+    frame = _report()
+    assert sorted(frame["model"].unique()) == ["mlp_cpu", "resnet_cpu", "transformer_cpu"]
+    for (model, world_size), group in frame.groupby(["model", "world_size"]):
+        kinds = sorted(label.split()[0] for label in group["strategy"])
+        assert kinds == (["dp", "ghp", "mp"] if world_size == 4 else ["dp", "mp"]), (model, world_size)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_profiles_record_the_gpu_and_the_shared_gloo_backend(world_size):
+    for model in ("mlp_cpu", "resnet_cpu", "transformer_cpu"):
+        profile = json.loads((ROOT / "reports" / "profiles" / f"{model}_ws{world_size}_cuda.json").read_text())
+        assert profile["device"]["kind"] == "cuda" and "H200" in profile["device"]["name"]
+        assert profile["backend"] == "gloo" and profile["world_size"] == world_size
+        assert "+cu" in profile["torch_version"]
+
+
+def test_every_predicted_figure_is_reproduced_from_the_committed_profile():
+    frame = _report()
+    for (model, world_size), group in frame.groupby(["model", "world_size"]):
+        scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml",
+                                 [f"cluster.gpus_per_node={world_size}"])
+        specs = [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
+        profile = ROOT / "reports" / "profiles" / f"{model}_ws{world_size}_cuda.json"
+        figures = predictions(scenario, str(profile), specs, RunOptions(optimizer=scenario.training.optimizer))
+        for row in group.itertuples():
+            assert figures[row.strategy]["predicted_s"] == pytest.approx(row.predicted_s, rel=1e-9)
+            assert figures[row.strategy]["predicted_jitter_s"] == pytest.approx(row.predicted_jitter_s, rel=1e-9)
+            assert row.error_pct == pytest.approx(100 * (row.predicted_s - row.measured_s) / row.measured_s, rel=1e-6)
