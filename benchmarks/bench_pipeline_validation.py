@@ -11,7 +11,9 @@ profile. Writes reports/validation_pipelines_cpu.csv. Each case is launched 8 ti
 that leaves on a case's figure and the MAPE that noise alone would give a perfect model). With
 the speed anchor (default on, `--speed-anchor 0` off; `validator.speed_anchor`) each launch also
 times the calibration's whole-model passes and the prediction rescaled to the machine's speed then
-is printed beside the calibration's own.
+is printed beside the calibration's own. With `--interleave N` a one-sweep calibration runs after
+every N-th round and the prediction from all of them pooled is printed beside the first's
+(`validator.interleave`).
 Run: python benchmarks/bench_pipeline_validation.py [--steps 12] [--reuse-profiles] [--pipeline-runtime torch]
 (torch: gpipe and 1f1b through torch.distributed.pipelining, validator/torch_pipelining.py).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -29,9 +32,10 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.bracket import bracketing_profile
 from validator.calibrate import calibrate_quietly
+from validator.interleave import CalibrationSlices
 from validator.measure import RunOptions
 from validator.report import (anchored_summary, bracketed_summary, calibration_level_summary, headline_column,
-                              headline_summary, jitter_summary, launch_spread_summary)
+                              headline_summary, interleaved_summary, jitter_summary, launch_spread_summary)
 from validator.speed_anchor import DEFAULT_ANCHOR_PASSES
 from validator.speed_probe import reference_kernel_s
 from validator.validate import predictions, validate, with_second_prediction
@@ -60,8 +64,12 @@ def main() -> int:
     parser.add_argument("--bracket", action="store_true",
                         help="calibrate again after the runs and print the prediction from both calibrations "
                              "pooled (validator.bracket) beside the first's; measured and not kept as the default")
+    parser.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                        help="calibrate a one-sweep slice after every ROUNDS launch rounds and print the "
+                             "prediction from the calibration and its slices pooled (validator.interleave; 0: off)")
     args = parser.parse_args()
     rows = []
+    slice_folder = Path(tempfile.mkdtemp(prefix="ghpsim-pipeline-slices-"))
     for name in args.models.split(","):
         for stages in (int(p) for p in args.stages.split(",")):
             overrides = [f"cluster.gpus_per_node={stages}", "training.optimizer=momentum",
@@ -85,12 +93,20 @@ def main() -> int:
             specs = [(f"{kind}:{args.microbatches}", None) for kind in kinds]
             options = RunOptions(steps=args.steps, warmup=2, optimizer="momentum",
                                  pipeline_runtime=args.pipeline_runtime, anchor_passes=args.speed_anchor)
-            result_rows = validate(variant, str(profile), specs, options, repeats=args.launches)["rows"]
+            slices = (CalibrationSlices(profile, workload, dict(scenario.model.params), args.interleave, slice_folder)
+                      if args.interleave else None)
+            result_rows = validate(variant, str(profile), specs, options, repeats=args.launches,
+                                   after_round=slices.after_round if slices else None)["rows"]
             drift = reference_kernel_s() / probe_before_s  # > 1: the machine got slower meanwhile
             print(f"{name:16s} p={stages} machine drift (reference kernel after / before): {drift:.2f}")
             if args.bracket:
                 pooled = bracketing_profile(profile, workload, dict(scenario.model.params), args.reuse_profiles)
                 with_second_prediction(result_rows, predictions(variant, str(pooled), specs, options), "bracketed")
+            if slices:
+                for problem in slices.disturbed:
+                    print(f"{name:16s} p={stages} disturbed slice: {problem}")
+                with_second_prediction(result_rows, predictions(variant, str(slices.pooled()), specs, options),
+                                       "interleaved")
             for row in result_rows:
                 row["model"] = name
                 row["machine_drift"] = drift
@@ -104,7 +120,13 @@ def main() -> int:
                       + (f" | speed x{row['speed_ratio']:.2f} anchored {row['anchored_predicted_s'] * 1e3:8.2f} ms "
                          f"error {row['anchored_error_pct']:+7.1f} %" if "speed_ratio" in row else "")
                       + (f" | bracketed {row['bracketed_predicted_s'] * 1e3:8.2f} ms error "
-                         f"{row['bracketed_error_pct']:+7.1f} %" if "bracketed_error_pct" in row else ""), flush=True)
+                         f"{row['bracketed_error_pct']:+7.1f} %" if "bracketed_error_pct" in row else "")
+                      + (f" | interleaved {row['interleaved_predicted_s'] * 1e3:8.2f} ms error "
+                         f"{row['interleaved_error_pct']:+7.1f} %"
+                         + (f" (jittered {row['interleaved_jitter_error_pct']:+7.1f} %)"
+                            if "interleaved_jitter_error_pct" in row else "")
+                         if "interleaved_error_pct" in row else ""), flush=True)
+            write_text_atomic(args.out, pd.DataFrame(rows).to_csv(index=False))  # kept if a later case fails
     frame = pd.DataFrame(rows)
     write_text_atomic(args.out, frame.to_csv(index=False))
     print("\n" + headline_summary(frame))
@@ -115,6 +137,13 @@ def main() -> int:
         print(jitter_summary(frame))
     if bracketed_summary(frame):
         print(bracketed_summary(frame))
+    if interleaved_summary(frame):
+        print(interleaved_summary(frame))
+        level_frame = frame.copy()
+        for suffix in ("error_pct", "jitter_error_pct"):  # the level diagnostic of the pooled prediction
+            if f"interleaved_{suffix}" in level_frame:
+                level_frame[suffix] = level_frame[f"interleaved_{suffix}"]
+        print("interleaved: " + calibration_level_summary(level_frame))
     if anchored_summary(frame):
         print(anchored_summary(frame))
         for (model, stages), group in frame.groupby(["model", "world_size"]):

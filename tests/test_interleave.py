@@ -55,6 +55,7 @@ def test_a_slice_is_calibrated_after_every_nth_round_with_the_base_settings_and_
     for call in calibrations:
         assert call["layer_passes"] == SLICE_LAYER_PASSES == 1
         assert call["world_size"] == 2 and call["device"] == "cpu" and call["verbose"] is False
+        assert call["backend"] == "gloo"  # the base profile's, not the device's default
         assert list(call["batch_sizes"]) == recorded["batch_sizes"]
         assert call["jitter_passes"] == recorded["jitter_passes"] and call["repeats"] == recorded["repeats"]
     assert slices.slices == [call["out_path"] for call in calibrations]

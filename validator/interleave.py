@@ -48,9 +48,10 @@ class CalibrationSlices:
         try:
             base = json.loads(self.base_profile.read_text())
             device, world_size, optimizer = base["device"]["kind"], base["world_size"], base["optimizer"]["name"]
+            backend = base["backend"]
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise ScenarioError(f"{self.base_profile}: not a readable calibration profile to slice ({error})") from None
-        self._calibration = {"device": device, "world_size": world_size, "optimizer": optimizer,
+        self._calibration = {"device": device, "backend": backend, "world_size": world_size, "optimizer": optimizer,
                              **settings_of(base), "layer_passes": SLICE_LAYER_PASSES}
 
     def after_round(self, round_index: int) -> None:
