@@ -35,7 +35,8 @@ from validator.calibrate import calibrate_quietly
 from validator.interleave import CalibrationSlices
 from validator.measure import RunOptions
 from validator.report import (anchored_summary, bracketed_summary, calibration_level_summary, headline_column,
-                              headline_summary, interleaved_summary, jitter_summary, launch_spread_summary)
+                              headline_summary, interleaved_level_summary, interleaved_summary, jitter_summary,
+                              launch_spread_summary)
 from validator.speed_anchor import DEFAULT_ANCHOR_PASSES
 from validator.speed_probe import reference_kernel_s
 from validator.validate import predictions, validate, with_second_prediction
@@ -139,11 +140,7 @@ def main() -> int:
         print(bracketed_summary(frame))
     if interleaved_summary(frame):
         print(interleaved_summary(frame))
-        level_frame = frame.copy()
-        for suffix in ("error_pct", "jitter_error_pct"):  # the level diagnostic of the pooled prediction
-            if f"interleaved_{suffix}" in level_frame:
-                level_frame[suffix] = level_frame[f"interleaved_{suffix}"]
-        print("interleaved: " + calibration_level_summary(level_frame))
+        print(interleaved_level_summary(frame))
     if anchored_summary(frame):
         print(anchored_summary(frame))
         for (model, stages), group in frame.groupby(["model", "world_size"]):

@@ -103,3 +103,16 @@ def test_pooled_summary_sets_the_second_prediction_beside_the_first_on_the_same_
     assert "jittered (2 cases): MAPE 2.0 %, worst 3.0 %, mean signed +2.0 %" in jittered
     assert bracketed_summary(frame) == ""
     assert pooled_summary(frame.rename(columns=lambda c: c.replace("interleaved", "x")), "x", "X").startswith("X,")
+
+
+def test_interleaved_level_summary_scores_the_pooled_prediction_not_the_first():
+    import pandas as pd
+
+    from validator.report import calibration_level_summary, interleaved_level_summary
+    frame = pd.DataFrame({"model": ["m", "m"], "world_size": [2, 2], "strategy": ["dp", "mp"],
+                          "predicted_s": [1.2, 1.2], "measured_s": [1.0, 1.0], "error_pct": [20.0, 20.0],
+                          "interleaved_predicted_s": [1.05, 0.95], "interleaved_error_pct": [5.0, -5.0]})
+    line = interleaved_level_summary(frame)
+    assert line.startswith("interleaved: ") and "+0.0 to +0.0 %" in line  # the pooled level, not +20 %
+    assert line != "interleaved: " + calibration_level_summary(frame)
+    assert interleaved_level_summary(frame.drop(columns=["interleaved_predicted_s", "interleaved_error_pct"])) == ""

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from simulator.workload import Workload
+from validator.stream_timing import settled as _settled, stream_timed as _stream_timed
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 
@@ -143,31 +144,6 @@ DEFAULT_MIN_BLOCK_S = 0.01
 """A timed sample is a block of back-to-back iterations lasting at least this long."""
 
 
-def _settled(parts) -> tuple[float, ...]:
-    return parts() if callable(parts) else parts
-
-
-def _stream_timed(forward: Callable[[], None], backward: Callable[[], None]) -> Callable[[], tuple[float, float]]:
-    """Enqueue `forward` then `backward` on the current CUDA stream between events, with no
-    synchronisation; returns the reader of their (forward_s, backward_s). In a training step the
-    host enqueues layer after layer while the GPU runs, so a layer costs the stream time between
-    its neighbours' kernels (its own kernels, or the host's launch time where that is longer), not
-    launch + run + synchronise as a host clock around a synchronised call would time it (CUDA
-    events: torch.cuda.Event(enable_timing=True), elapsed_time in ms)."""
-    marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-    marks[0].record()
-    forward()
-    marks[1].record()
-    backward()
-    marks[2].record()
-
-    def read() -> tuple[float, float]:
-        marks[2].synchronize()
-        return marks[0].elapsed_time(marks[1]) / 1e3, marks[1].elapsed_time(marks[2]) / 1e3
-
-    return read
-
-
 def _time_blocks(run: Callable[[], tuple[float, ...]], repeats: int, warmup: int, min_block_s: float,
                  agree: Callable[[int], int]) -> tuple[float, ...]:
     """Median over `repeats` blocks (after `warmup` blocks) of the mean per-iteration time of
@@ -181,7 +157,7 @@ def _time_blocks(run: Callable[[], tuple[float, ...]], repeats: int, warmup: int
     a block of several time slices the waits are counted.
 
     `run()` may return a callable instead of the parts (CUDA: events recorded on the stream, read
-    once the block is done, see `_stream_timed`); then the block runs without synchronising
+    once the block is done, `validator.stream_timing`); then the block runs without synchronising
     between its iterations."""
     _settled(run())
     probe = sum(_settled(run()))

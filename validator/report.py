@@ -130,6 +130,17 @@ def interleaved_summary(frame: pd.DataFrame) -> str:
     return pooled_summary(frame, "interleaved", "calibration + slices between rounds pooled")
 
 
+def interleaved_level_summary(frame: pd.DataFrame) -> str:
+    """`calibration_level_summary` of the pooled (interleaved) prediction; '' without one."""
+    if not interleaved_summary(frame):
+        return ""
+    level_frame = frame.copy()
+    for suffix in ("error_pct", "jitter_error_pct"):
+        if f"interleaved_{suffix}" in level_frame:
+            level_frame[suffix] = level_frame[f"interleaved_{suffix}"]
+    return "interleaved: " + calibration_level_summary(level_frame)
+
+
 def pooled_summary(frame: pd.DataFrame, prefix: str, label: str) -> str:
     """Nominal and jittered MAPE, worst and mean signed error of the second prediction in the
     `<prefix>_*` columns (`validator.validate.with_second_prediction`) beside the calibration before
