@@ -36,7 +36,7 @@ from validator.interleave import CalibrationSlices
 from validator.measure import RunOptions
 from validator.report import (anchored_summary, bracketed_summary, calibration_level_summary, headline_column,
                               headline_summary, interleaved_level_summary, interleaved_summary, jitter_summary,
-                              launch_spread_summary)
+                              launch_spread_summary, other_predictions_text)
 from validator.speed_anchor import DEFAULT_ANCHOR_PASSES
 from validator.speed_probe import reference_kernel_s
 from validator.validate import predictions, validate, with_second_prediction
@@ -118,15 +118,7 @@ def main() -> int:
                       f"measured {row['measured_s'] * 1e3:8.2f} ms error {row['error_pct']:+7.1f} % "
                       f"(launches spread {row['launch_spread_pct']:.0f} %, "
                       f"standard error {row['launch_noise_pct']:.1f} %)"
-                      + (f" | speed x{row['speed_ratio']:.2f} anchored {row['anchored_predicted_s'] * 1e3:8.2f} ms "
-                         f"error {row['anchored_error_pct']:+7.1f} %" if "speed_ratio" in row else "")
-                      + (f" | bracketed {row['bracketed_predicted_s'] * 1e3:8.2f} ms error "
-                         f"{row['bracketed_error_pct']:+7.1f} %" if "bracketed_error_pct" in row else "")
-                      + (f" | interleaved {row['interleaved_predicted_s'] * 1e3:8.2f} ms error "
-                         f"{row['interleaved_error_pct']:+7.1f} %"
-                         + (f" (jittered {row['interleaved_jitter_error_pct']:+7.1f} %)"
-                            if "interleaved_jitter_error_pct" in row else "")
-                         if "interleaved_error_pct" in row else ""), flush=True)
+                      + other_predictions_text(row), flush=True)
             write_text_atomic(args.out, pd.DataFrame(rows).to_csv(index=False))  # kept if a later case fails
     frame = pd.DataFrame(rows)
     write_text_atomic(args.out, frame.to_csv(index=False))

@@ -116,3 +116,12 @@ def test_interleaved_level_summary_scores_the_pooled_prediction_not_the_first():
     assert line.startswith("interleaved: ") and "+0.0 to +0.0 %" in line  # the pooled level, not +20 %
     assert line != "interleaved: " + calibration_level_summary(frame)
     assert interleaved_level_summary(frame.drop(columns=["interleaved_predicted_s", "interleaved_error_pct"])) == ""
+
+
+def test_other_predictions_text_lists_each_second_prediction_the_row_has():
+    from validator.report import other_predictions_text
+    assert other_predictions_text({"predicted_s": 0.01}) == ""
+    text = other_predictions_text({"interleaved_predicted_s": 0.0105, "interleaved_error_pct": 5.0,
+                                   "interleaved_jitter_error_pct": 4.0})
+    assert "interleaved    10.50 ms error    +5.0 %" in text and "(jittered    +4.0 %)" in text
+    assert "anchored" not in text and "bracketed" not in text

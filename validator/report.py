@@ -123,6 +123,22 @@ def bracketed_summary(frame: pd.DataFrame) -> str:
     return pooled_summary(frame, "bracketed", "calibrations before + after pooled")
 
 
+def other_predictions_text(row: dict) -> str:
+    """The benchmarks' per-case suffix: the speed-anchored, bracketed and interleaved predictions
+    and their errors, each where the row has it ('' for none)."""
+    text = ""
+    if "speed_ratio" in row:
+        text += (f" | speed x{row['speed_ratio']:.2f} anchored {row['anchored_predicted_s'] * 1e3:8.2f} ms "
+                 f"error {row['anchored_error_pct']:+7.1f} %")
+    if "bracketed_error_pct" in row:
+        text += f" | bracketed {row['bracketed_predicted_s'] * 1e3:8.2f} ms error {row['bracketed_error_pct']:+7.1f} %"
+    if "interleaved_error_pct" in row:
+        text += f" | interleaved {row['interleaved_predicted_s'] * 1e3:8.2f} ms error {row['interleaved_error_pct']:+7.1f} %"
+        if "interleaved_jitter_error_pct" in row:
+            text += f" (jittered {row['interleaved_jitter_error_pct']:+7.1f} %)"
+    return text
+
+
 def interleaved_summary(frame: pd.DataFrame) -> str:
     """Lines on the predictions from the calibration before the runs pooled with the slices
     calibrated between their rounds (`validator.interleave`; columns `interleaved_*`) beside the
