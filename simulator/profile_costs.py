@@ -39,9 +39,15 @@ class ProfileCosts:
 
     compute_s = intercept + per_sample x batch of that layer and phase, plus the profile's
     single-pass time of that layer and phase (`simulator.cold_start`; 0 without one); optimizer_s =
-    intercept + per_param x num_params. The fits hold with `profile.world_size` ranks computing at
-    once; pass `concurrent_ranks=k` to rescale them to k ranks computing at once (needs
-    `compute_slowdown[k]`). `optimizer` (optional) must match the profile's optimizer.
+    intercept + per_param x num_params; weight_pass_s and topk_s from their fits. All of them were
+    timed with `profile.world_size` ranks at once; pass `concurrent_ranks=k` to rescale every one
+    by compute_slowdown[k] / compute_slowdown[world_size] to k ranks at once. On a shared host
+    (`shared_host=True`) they are all rescaled to one rank alone (k = 1), the work the engine plays
+    on the host's processor-sharing pool, which adds the sharing back. (Until 2026-11 the update and
+    the weight passes were not rescaled, so on a shared host their sharing was counted twice:
+    measured inside 4-rank pipelines on 2 cores, an MLP stage's update, stash and accumulate took
+    0.42-0.57x the CPU time predicted, about 1 / compute_slowdown[4] = 0.48.) `optimizer`
+    (optional) must match the profile's optimizer.
     """
 
     def __init__(self, profile: Profile, workload: Workload, *, optimizer: str | None = None,
@@ -133,7 +139,7 @@ class ProfileCosts:
     def optimizer_s(self, num_params: int) -> float:
         if num_params <= 0:
             return 0.0
-        return self.speed_factor * self.profile.optimizer.at(num_params)
+        return self.speed_factor * self.scale * self.profile.optimizer.at(num_params)
 
     def weight_pass_s(self, name: str, num_params: int) -> float:
         """A stash / predict / accumulate pass over `num_params` weights: the profile's
@@ -143,11 +149,11 @@ class ProfileCosts:
             return 0.0
         fit = self.profile.weight_passes.get(name)
         if fit is not None:
-            return self.speed_factor * fit.at(num_params)
+            return self.speed_factor * self.scale * fit.at(num_params)
         update = self.profile.optimizer
         update_bytes_per_param = OPTIMIZER_BYTES_PER_PARAM[self.profile.optimizer_name]
-        return self.speed_factor * (update.intercept_s + update.per_unit_s * num_params * 4
-                                    * WEIGHT_PASS_WORDS[name] / update_bytes_per_param)
+        return self.speed_factor * self.scale * (update.intercept_s + update.per_unit_s * num_params * 4
+                                                 * WEIGHT_PASS_WORDS[name] / update_bytes_per_param)
 
     def p2p_s(self, size_bytes: float) -> float:
         """One-way point-to-point time of `size_bytes` (alpha + S / beta)."""

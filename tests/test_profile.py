@@ -115,6 +115,24 @@ def test_concurrent_ranks_rescales_compute(tmp_path):
         ProfileCosts(profile, workload(), concurrent_ranks=3)
 
 
+def test_update_and_weight_passes_rescale_like_the_layers(tmp_path):
+    """All of a profile's compute fits were timed with world_size ranks at once: on a shared host the
+    engine plays one rank's work on the processor-sharing pool, so the update and the asynchronous
+    pipelines' weight passes are rescaled to one rank alone as the layers are (counted twice before)."""
+    doc = document()
+    doc["weight_passes"] = {name: {"intercept_s": 1e-5, "per_param_s": 2e-9} for name in ("stash", "predict", "accumulate")}
+    profile = load_profile(write(tmp_path, doc))
+    at_four = ProfileCosts(profile, workload())
+    for alone in (ProfileCosts(profile, workload(), concurrent_ranks=1), ProfileCosts(profile, workload(), shared_host=True)):
+        assert alone.optimizer_s(10_000) == pytest.approx(at_four.optimizer_s(10_000) / 2)
+        assert at_four.optimizer_s(10_000) == pytest.approx(5e-5 + 1e-5)
+        for name in ("stash", "predict", "accumulate"):
+            assert alone.weight_pass_s(name, 10_000) == pytest.approx((1e-5 + 2e-5) / 2)
+    older = ProfileCosts(load_profile(write(tmp_path, document(), "older.json")), workload(), shared_host=True)
+    # no weight_passes section: the update's fit scaled by the words moved (stash 2 of sgd's 3), then rescaled
+    assert older.weight_pass_s("stash", 10_000) == pytest.approx((5e-5 + 1e-9 * 10_000 * 2 / 3) / 2)
+
+
 def test_model_mismatch_names_both(tmp_path):
     profile = load_profile(write(tmp_path, document()))
     other = build_model("mlp", input_dim=64, hidden_dim=64, num_hidden_layers=3, num_classes=10)
