@@ -1,0 +1,79 @@
+"""Re-predict a committed validation run with the current model. Prints figures.
+
+A model change should be scored on fresh runs, but a fresh run also brings a fresh calibration and
+fresh machine spells, so its figures mix the change with the run-to-run scatter (launch medians move
+by 15-53 % on the project's CPU host). This holds the measurements and the profiles fixed: it reads
+a benchmark's CSV (`reports/validation_cpu.csv` from `bench_validation.py`, or
+`reports/validation_pipelines_cpu.csv` from `bench_pipeline_validation.py`), predicts every case
+again with the current code and the profiles under `reports/profiles/` as that benchmark built them,
+and prints the old and new errors side by side. The profiles must be the run's own (the benchmarks
+commit them with their CSV); nothing is fitted to the measurements.
+
+Run: python benchmarks/repredict.py [reports/validation_cpu.csv | reports/validation_pipelines_cpu.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.scenario import load_scenario
+from validator.measure import RunOptions
+from validator.validate import predictions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cases(frame: pd.DataFrame, pipelines: bool):
+    """(scenario, profile path, specs, rows) per (model, world size), as the benchmark built them."""
+    for (model, world_size), rows in frame.groupby(["model", "world_size"], sort=False):
+        if pipelines:
+            overrides = [f"cluster.gpus_per_node={world_size}", "training.optimizer=momentum",
+                         f"training.global_batch_size={16 * world_size}", "strategy.num_virtual_stages=2"]
+            profile = ROOT / "reports" / "profiles" / f"{model}_ws{world_size}_momentum.json"
+            specs = [(kind, None) for kind in rows["kind"]]
+        else:
+            overrides = [f"cluster.gpus_per_node={world_size}"]
+            profile = ROOT / "reports" / "profiles" / f"{model}_ws{world_size}.json"
+            specs = [(kind, 2 if kind == "ghp" else None) for kind in rows["kind"]]
+        scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml", overrides)
+        yield scenario, profile, specs, rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("csv", nargs="?", default=str(ROOT / "reports" / "validation_cpu.csv"))
+    args = parser.parse_args()
+    frame = pd.read_csv(args.csv)
+    pipelines = frame["kind"].str.contains(":").any()
+    out = []
+    for scenario, profile, specs, rows in cases(frame, pipelines):
+        figures = predictions(scenario, str(profile), specs, RunOptions(optimizer=scenario.training.optimizer))
+        for row in rows.itertuples():
+            figure = figures[row.strategy]
+            out.append({"model": row.model, "ranks": row.world_size, "strategy": row.strategy,
+                        "measured_ms": 1e3 * row.measured_s,
+                        "old_pct": row.jitter_error_pct, "new_pct": error_pct(figure["predicted_jitter_s"], row),
+                        "old_nominal_pct": row.error_pct, "new_nominal_pct": error_pct(figure["predicted_s"], row)})
+    table = pd.DataFrame(out)
+    print(table.round(1).to_string(index=False))
+    for column in ("old_pct", "new_pct", "old_nominal_pct", "new_nominal_pct"):
+        print(f"{column:16s} MAPE {table[column].abs().mean():5.1f} %  worst {table[column].abs().max():5.1f} %  "
+              f"mean signed {table[column].mean():+5.1f} %")
+    if not pipelines:
+        groups = table.groupby(["model", "ranks"])
+        hits = sum(group.loc[(group["measured_ms"] * (1 + group["new_pct"] / 100)).idxmin(), "strategy"]
+                   == group.loc[group["measured_ms"].idxmin(), "strategy"] for _, group in groups)
+        print(f"fastest strategy predicted right (new, jittered): {hits} of {groups.ngroups}")
+    return 0
+
+
+def error_pct(predicted_s: float, row) -> float:
+    return 100.0 * (predicted_s - row.measured_s) / row.measured_s
+
+
+if __name__ == "__main__":
+    sys.exit(main())
