@@ -32,6 +32,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from bench_pipeline_validation import VIRTUAL_STAGES, pipeline_overrides, pipeline_profile
 from simulator.engine import Engine
 from simulator.model_source import resolve_workload
 from simulator.plan import Compute, Recv, Send
@@ -112,11 +113,10 @@ def main() -> int:
     args = parser.parse_args()
     p = args.stages
     for name in args.models.split(","):
-        overrides = [f"cluster.gpus_per_node={p}", "training.optimizer=momentum",
-                     f"training.global_batch_size={16 * p}", "strategy.num_virtual_stages=2"]
-        scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml", overrides)
+        scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml",
+                                 pipeline_overrides(p) + [VIRTUAL_STAGES])
         workload = resolve_workload(scenario.model, scenario.base_dir)
-        profile = ROOT / "reports" / "profiles" / f"{name}_ws{p}_momentum.json"
+        profile = pipeline_profile(name, p)
         if not profile.exists():
             from validator.calibrate import calibrate_quietly
             calibrate_quietly(workload, dict(scenario.model.params), profile, world_size=p,

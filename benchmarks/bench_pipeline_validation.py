@@ -46,6 +46,22 @@ MODELS = ("mlp_cpu", "resnet_cpu", "transformer_cpu")
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain")
 
 
+VIRTUAL_STAGES = "strategy.num_virtual_stages=2"
+"""The override every case runs with (interleaved_1f1b's v = 2 chunks; the other kinds ignore it)."""
+
+
+def pipeline_overrides(stages: int) -> list[str]:
+    """The validation scenario's overrides for p = `stages`: p ranks on one host, momentum (which
+    SpecTrain needs), 16 samples per stage."""
+    return [f"cluster.gpus_per_node={stages}", "training.optimizer=momentum",
+            f"training.global_batch_size={16 * stages}"]
+
+
+def pipeline_profile(name: str, stages: int) -> Path:
+    """The profile the benchmark calibrates (and commits) for model `name` at p = `stages`."""
+    return ROOT / "reports" / "profiles" / f"{name}_ws{stages}_momentum.json"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=12)
@@ -73,11 +89,10 @@ def main() -> int:
     slice_folder = Path(tempfile.mkdtemp(prefix="ghpsim-pipeline-slices-"))
     for name in args.models.split(","):
         for stages in (int(p) for p in args.stages.split(",")):
-            overrides = [f"cluster.gpus_per_node={stages}", "training.optimizer=momentum",
-                         f"training.global_batch_size={16 * stages}"]
+            overrides = pipeline_overrides(stages)
             scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml", overrides)
             workload = resolve_workload(scenario.model, scenario.base_dir)
-            profile = ROOT / "reports" / "profiles" / f"{name}_ws{stages}_momentum.json"
+            profile = pipeline_profile(name, stages)
             probe_before_s = reference_kernel_s()
             if not (args.reuse_profiles and profile.exists()):
                 calibrate_quietly(workload, dict(scenario.model.params), profile, world_size=stages,
@@ -90,7 +105,7 @@ def main() -> int:
             # one scenario for all kinds (with_strategy keeps v = 2 for interleaved_1f1b only), so every
             # kind is launched in the same rounds and meets the same spells of the machine's speed
             variant = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml",
-                                    overrides + ["strategy.num_virtual_stages=2"])
+                                    overrides + [VIRTUAL_STAGES])
             specs = [(f"{kind}:{args.microbatches}", None) for kind in kinds]
             options = RunOptions(steps=args.steps, warmup=2, optimizer="momentum",
                                  pipeline_runtime=args.pipeline_runtime, anchor_passes=args.speed_anchor)

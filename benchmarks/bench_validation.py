@@ -47,6 +47,11 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("mlp_cpu", "resnet_cpu", "transformer_cpu")
 
 
+def validation_specs(world_size: int) -> list[tuple[str, int | None]]:
+    """The strategies validated at `world_size`: dp, mp, and from 4 ranks ghp with G = 2 groups."""
+    return [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
@@ -94,7 +99,7 @@ def main() -> int:
                 print(f"{name:16s} ws={world_size} calibration: {passes['passes']} layer passes, totals "
                       + " / ".join(f"{r:.2f}" for r in passes["relative_totals"])
                       + f" of their median (spread {passes['spread_pct']:.0f} %)", flush=True)
-            specs = [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
+            specs = validation_specs(world_size)
             options = RunOptions(steps=args.steps, warmup=3, optimizer=scenario.training.optimizer,
                                  anchor_passes=args.speed_anchor)
             slices = (CalibrationSlices(profile, workload, dict(scenario.model.params), args.interleave, slice_folder)

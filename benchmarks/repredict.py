@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench_pipeline_validation import VIRTUAL_STAGES, pipeline_overrides, pipeline_profile
+from bench_validation import validation_specs
 from simulator.scenario import load_scenario
 from validator.measure import RunOptions
 from validator.validate import predictions
@@ -31,14 +33,13 @@ def cases(frame: pd.DataFrame, pipelines: bool):
     """(scenario, profile path, specs, rows) per (model, world size), as the benchmark built them."""
     for (model, world_size), rows in frame.groupby(["model", "world_size"], sort=False):
         if pipelines:
-            overrides = [f"cluster.gpus_per_node={world_size}", "training.optimizer=momentum",
-                         f"training.global_batch_size={16 * world_size}", "strategy.num_virtual_stages=2"]
-            profile = ROOT / "reports" / "profiles" / f"{model}_ws{world_size}_momentum.json"
+            overrides = pipeline_overrides(world_size) + [VIRTUAL_STAGES]
+            profile = pipeline_profile(model, world_size)
             specs = [(kind, None) for kind in rows["kind"]]
         else:
             overrides = [f"cluster.gpus_per_node={world_size}"]
             profile = ROOT / "reports" / "profiles" / f"{model}_ws{world_size}.json"
-            specs = [(kind, 2 if kind == "ghp" else None) for kind in rows["kind"]]
+            specs = validation_specs(world_size)
         scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml", overrides)
         yield scenario, profile, specs, rows
 
