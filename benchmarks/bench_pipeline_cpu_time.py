@@ -41,7 +41,7 @@ from simulator.simulate import engine_costs
 from simulator.topology import build_topology
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
-from validator.validate import _prepare, profile_costs
+from validator.validate import prepare_case, profile_costs
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("mlp_cpu", "resnet_cpu", "transformer_cpu")
@@ -123,7 +123,7 @@ def main() -> int:
                               optimizer="momentum", verbose=False)
         costs = profile_costs(str(profile), workload)
         options = RunOptions(steps=args.steps, warmup=2, optimizer="momentum")
-        cases = [_prepare(scenario, workload, costs, f"{kind}:{args.microbatches}", None, options)
+        cases = [prepare_case(scenario, workload, costs, f"{kind}:{args.microbatches}", None, options)
                  for kind in args.kinds.split(",")]
         launches = defaultdict(list)
         for _ in range(args.launches):  # in rounds, so that every kind meets the same spells

@@ -46,7 +46,7 @@ class ProfileCosts:
     on the host's processor-sharing pool, which adds the sharing back. (Until 2026-11 the update and
     the weight passes were not rescaled, so on a shared host their sharing was counted twice:
     measured inside 4-rank pipelines on 2 cores, an MLP stage's update, stash and accumulate took
-    0.42-0.57x the CPU time predicted, about 1 / compute_slowdown[4] = 0.48.) `optimizer`
+    0.42-0.54x the CPU time predicted, about 1 / compute_slowdown[4] = 0.48.) `optimizer`
     (optional) must match the profile's optimizer.
     """
 

@@ -75,7 +75,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
             raise ScenarioError(f"{profile_path}: pass_jitter: the profile has no whole-model passes to anchor "
                                 f"the machine's speed to; recalibrate, or validate without a speed anchor")
         options = replace(options, anchor_batch_size=costs.pass_jitter.batch_size)
-    cases = [_prepare(scenario, workload, costs, kind, groups, options) for kind, groups in specs]
+    cases = [prepare_case(scenario, workload, costs, kind, groups, options) for kind, groups in specs]
     rows: list[dict | None] = [None] * len(cases)
     measured_spans: dict[str, list] = {}
     _check_devices(options.device, backend, max(case.plan.num_ranks for case in cases), profile_path)
@@ -114,7 +114,7 @@ def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, in
     options = replace(options, anchor_passes=0)
     figures = {}
     for kind, groups in specs:
-        case = _prepare(scenario, workload, costs, kind, groups, options)
+        case = prepare_case(scenario, workload, costs, kind, groups, options)
         figures[case.label] = {"predicted_s": case.predicted.step_time_s,
                                **({"predicted_jitter_s": case.jitter["step_time_s"]} if case.jitter else {})}
     return figures
@@ -134,7 +134,9 @@ def with_second_prediction(rows: list[dict], figures: dict[str, dict], prefix: s
                                                  / row["measured_s"])
 
 
-def _prepare(scenario: Scenario, workload, costs, kind: str, groups: int | None, options: RunOptions) -> _Case:
+def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | None, options: RunOptions) -> _Case:
+    """One strategy of a validation: its prediction (nominal and under pass jitter), the plan the
+    ranks run (the steady-state plan for asynchronous pipelines) and the run options for it."""
     variant = with_strategy(scenario, kind, groups)
     if options.pipeline_runtime == "torch":
         # torch.distributed.pipelining posts a micro-batch's receives right before waiting for them
