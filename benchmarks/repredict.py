@@ -9,7 +9,14 @@ again with the current code and the profiles under `reports/profiles/` as that b
 and prints the old and new errors side by side. The profiles must be the run's own (the benchmarks
 commit them with their CSV); nothing is fitted to the measurements.
 
-Run: python benchmarks/repredict.py [reports/validation_cpu.csv | reports/validation_pipelines_cpu.csv]
+With `--write` the CSV's prediction columns (predicted_s, predicted_jitter_s, predicted_p10_s,
+predicted_p90_s, error_pct, jitter_error_pct) are replaced by the new ones, its measurements kept,
+and a `repredicted` column says with what; the speed-anchored and interleaved columns stay as run.
+Used for `reports/validation_cuda.csv` (profiles `<model>_ws<N>_cuda.json`), whose predictions a
+test reproduces, when a model change moves them and no GPU is at hand to rerun.
+
+Run: python benchmarks/repredict.py [reports/validation_cpu.csv | reports/validation_pipelines_cpu.csv
+     | reports/validation_cuda.csv] [--write "what changed"]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import pandas as pd
 
 from bench_pipeline_validation import VIRTUAL_STAGES, pipeline_overrides, pipeline_profile
 from bench_validation import validation_specs
+from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.measure import RunOptions
 from validator.validate import predictions
@@ -29,7 +37,7 @@ from validator.validate import predictions
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cases(frame: pd.DataFrame, pipelines: bool):
+def cases(frame: pd.DataFrame, pipelines: bool, profile_suffix: str = ""):
     """(scenario, profile path, specs, rows) per (model, world size), as the benchmark built them."""
     for (model, world_size), rows in frame.groupby(["model", "world_size"], sort=False):
         if pipelines:
@@ -38,7 +46,7 @@ def cases(frame: pd.DataFrame, pipelines: bool):
             specs = [(kind, None) for kind in rows["kind"]]
         else:
             overrides = [f"cluster.gpus_per_node={world_size}"]
-            profile = ROOT / "reports" / "profiles" / f"{model}_ws{world_size}.json"
+            profile = ROOT / "reports" / "profiles" / f"{model}_ws{world_size}{profile_suffix}.json"
             specs = validation_specs(world_size)
         scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml", overrides)
         yield scenario, profile, specs, rows
@@ -47,14 +55,23 @@ def cases(frame: pd.DataFrame, pipelines: bool):
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("csv", nargs="?", default=str(ROOT / "reports" / "validation_cpu.csv"))
+    parser.add_argument("--write", metavar="WHAT_CHANGED",
+                        help="replace the CSV's prediction columns by the new ones (see the module)")
     args = parser.parse_args()
     frame = pd.read_csv(args.csv)
     pipelines = frame["kind"].str.contains(":").any()
+    suffix = "_cuda" if Path(args.csv).stem.endswith("_cuda") else ""
     out = []
-    for scenario, profile, specs, rows in cases(frame, pipelines):
+    for scenario, profile, specs, rows in cases(frame, pipelines, suffix):
         figures = predictions(scenario, str(profile), specs, RunOptions(optimizer=scenario.training.optimizer))
         for row in rows.itertuples():
             figure = figures[row.strategy]
+            if args.write:
+                for column in ("predicted_s", "predicted_jitter_s", "predicted_p10_s", "predicted_p90_s"):
+                    if column in figure and column in frame.columns:
+                        frame.loc[row.Index, column] = figure[column]
+                frame.loc[row.Index, "error_pct"] = error_pct(figure["predicted_s"], row)
+                frame.loc[row.Index, "jitter_error_pct"] = error_pct(figure["predicted_jitter_s"], row)
             out.append({"model": row.model, "ranks": row.world_size, "strategy": row.strategy,
                         "measured_ms": 1e3 * row.measured_s,
                         "old_pct": row.jitter_error_pct, "new_pct": error_pct(figure["predicted_jitter_s"], row),
@@ -66,9 +83,14 @@ def main() -> int:
               f"mean signed {table[column].mean():+5.1f} %")
     if not pipelines:
         groups = table.groupby(["model", "ranks"])
-        hits = sum(group.loc[(group["measured_ms"] * (1 + group["new_pct"] / 100)).idxmin(), "strategy"]
-                   == group.loc[group["measured_ms"].idxmin(), "strategy"] for _, group in groups)
-        print(f"fastest strategy predicted right (new, jittered): {hits} of {groups.ngroups}")
+        for column in ("old_pct", "new_pct"):
+            hits = sum(group.loc[(group["measured_ms"] * (1 + group[column] / 100)).idxmin(), "strategy"]
+                       == group.loc[group["measured_ms"].idxmin(), "strategy"] for _, group in groups)
+            print(f"fastest strategy predicted right ({column}, jittered): {hits} of {groups.ngroups}")
+    if args.write:
+        frame["repredicted"] = args.write
+        write_text_atomic(Path(args.csv), frame.to_csv(index=False))
+        print(f"wrote {args.csv}")
     return 0
 
 

@@ -1,33 +1,34 @@
-"""Cold operands: a pass over weights and activations last touched long ago runs slower than the
-same pass repeated back to back, which is what the layer and optimizer microbenchmarks time.
+"""Cold passes: a layer's pass that runs after the rank spent a while on something else (waiting
+for a message, other layers, other ranks on its core) runs slower than the same pass repeated back
+to back, which is what the layer and optimizer microbenchmarks time.
 
-In a training step a layer's weights were last touched by the previous update or by another
-micro-batch's pass, its saved activations by the micro-batch's own forward; meanwhile other layers,
-other ranks and (on a shared host) other tenants pass through the caches. Measured on this project's
-CPU machine (`validator.cold_bench`): MLP layers' backward +30-60 % and the update +70 % after a
-50 ms pause, most of it within ~15 ms; a pass whose operands were touched 2 ms earlier is within a
-few per cent of the back-to-back time. The mechanism is the memory hierarchy (Williams et al.,
-"Roofline", CACM 2009: a memory-bound kernel runs at the bandwidth of the level its operands come
-from); the model here is empirical:
+Measured on this project's CPU machine (`validator.cold_bench`): MLP layers' backward +30-60 % and
+the update +70 % after a 50 ms pause, most of it within ~15 ms. Which pause counts was measured with
+`benchmarks/bench_cold_gap.py` (a stage's three backwards after its three forwards, micro-batch 8):
+after a 10 ms sleep, 10 ms of streaming a 64 MB buffer, or even 10 ms of a spin loop that touches
+no memory, the *first* backward was slower (ResNet stage 1.13-1.19x, MLP 1.29-1.34x, transformer
+1.06-1.08x) and the next ones, whose saved activations were just as old, ran within a few per cent
+of their back-to-back time. So the penalty follows the time since the rank last ran the layer at
+all, not the age of the pass's operands. The model is empirical (the mechanism is the core's caches
+and predictors, data and instruction side; Williams et al., "Roofline", CACM 2009 for the data side):
 
     factor(age) = 1 + (F - 1) x (1 - exp(-age / decay_s))
 
-where F >= 1 is the calibrated ratio of the pass after a pause of `gap_s` to the pass back to back
-(per layer and phase, at one batch size; values below 1 are noise and count as 1), and `decay_s`
-the time constant fitted to pauses shorter than `gap_s`. A layer pass reads weights and
-activations whose ages differ, so its factor mixes both by their share of the bytes read:
-
-    loss = w x (1 - exp(-age_weights / decay_s)) + (1 - w) x (1 - exp(-age_activations / decay_s))
-    factor = 1 + (F - 1) x loss,    w = params / (params + batch x activation elements per sample)
-
-(activations: the layer's input for a forward, its saved tensors for a backward). The engine
-(`simulator.engine`) supplies the ages from the schedule it plays. The update mixes two ages the
-same way: its optimizer state (momentum, Adam's moments) was last touched by the previous update,
-its weights and gradients by the layers' last backward (the calibration times it with all three
-cold), each by its share of the bytes the update moves; traced on this machine, a ResNet's SGD
-update right after the data-parallel allreduce took 0.84 ms, its back-to-back time, not the
-3x of an update on state untouched for a step. The top-k selection (`simulator.sparse`) is slowed
-by the age of its error-feedback residual, last touched by the previous step's selection.
+where `age` is the wall time since any pass or update of the layer on this rank ended (the previous
+step's update is taken to end at the step's start), F >= 1 the calibrated ratio of the pass after a
+pause of `gap_s` to the pass back to back (per layer and phase, at one batch size; values below 1
+are noise and count as 1), and `decay_s` the time constant fitted to pauses shorter than `gap_s`.
+A pass over several layers pays the largest of its layers' excesses, once
+(`simulator.cold_operands`, which supplies the ages). (Before 2026-11-23 a pass mixed the age
+of the layer's weights with that of its saved activations, by their bytes; that charged every
+backward of a GPipe step the full penalty and put a 2-stage ResNet GPipe step 43 % over the
+measured.) The update mixes two ages: its optimizer state (momentum, Adam's moments) was last
+touched by the previous update, its weights and gradients by the layers' last backward (the
+calibration times it with all three cold), each by its share of the bytes the update moves; traced
+on this machine, a ResNet's SGD update right after the data-parallel allreduce took 0.84 ms, its
+back-to-back time, not the 3x of an update on state untouched for a step. The top-k selection
+(`simulator.sparse`) is slowed by the age of its error-feedback residual, last touched by the
+previous step's selection.
 
 The factors are relative to a pass timed right after the same pass ("hot"), but the layer fits
 are iterations of blocks of back-to-back passes lasting >= 10 ms (`validator.microbench`), and on
@@ -47,7 +48,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from simulator.costs import OPTIMIZER_BYTES_PER_PARAM
-from simulator.workload import Layer
 
 
 @dataclass(frozen=True)
@@ -79,14 +79,11 @@ class ColdStart:
             return 0.0
         return 1.0 - math.exp(-age_s / self.decay_s)
 
-    def layer_factor(self, phase: str, layer_index: int, weight_share: float,
-                     weights_age_s: float, activations_age_s: float) -> float:
-        """Slowdown of layer `layer_index`'s pass (`"F"` or `"B"`) over its back-to-back time."""
+    def layer_factor(self, phase: str, layer_index: int, age_s: float) -> float:
+        """Slowdown of layer `layer_index`'s pass (`"F"` or `"B"`) over its back-to-back time when
+        the rank last ran the layer `age_s` seconds earlier."""
         factors = self.forward_factors if phase == "F" else self.backward_factors
-        full = max(1.0, factors[layer_index])
-        loss = (weight_share * self.coldness(weights_age_s)
-                + (1.0 - weight_share) * self.coldness(activations_age_s))
-        return 1.0 + (full - 1.0) * loss
+        return 1.0 + (max(1.0, factors[layer_index]) - 1.0) * self.coldness(age_s)
 
     def update_factor(self, age_s: float, weights_coldness: float | None = None, state_share: float = 1.0) -> float:
         """Slowdown of an update whose optimizer state was last touched `age_s` seconds earlier.
@@ -108,14 +105,6 @@ def update_state_share(optimizer: str) -> float:
     """Optimizer state's share of the bytes an update moves: all but the weights' read and write and
     the gradient's read (`simulator.costs.OPTIMIZER_BYTES_PER_PARAM`): SGD 0, momentum 0.4, Adam 0.57."""
     return 1.0 - 3 * 4 / OPTIMIZER_BYTES_PER_PARAM[optimizer]
-
-
-def weight_share(layer: Layer, phase: str, batch: float) -> float:
-    """Weights' share of the elements a pass of `layer` on `batch` samples reads (see the module)."""
-    activations = layer.input_elements_per_sample if phase == "F" else (
-        layer.saved_elements_per_sample or layer.input_elements_per_sample)
-    total = layer.num_params + batch * activations
-    return layer.num_params / total if total > 0 else 0.0
 
 
 def parse_cold_start(read, document: Mapping, num_layers: int) -> ColdStart | None:

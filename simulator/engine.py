@@ -9,11 +9,9 @@ measures communication itself (`allreduce_s`, `allgather_s`, `p2p_s`) replaces t
 its fits already contain the contention of the machine they were measured on. The engine appends immutable span tuples; everything else is
 analysis of the span table (`simulator.records`).
 
-A cost model with a `cold_start` section (`simulator.cold_start`) makes a pass slower the longer its
-operands sat untouched: the engine keeps, per rank, when each layer's weights were last touched (any
-pass or update on it; the previous step's update is taken to end at the step's start, time 0) and
-when each micro-batch's forward of each layer ended (its saved activations), and hands the ages to
-the model when the pass starts.
+A cost model with a `cold_start` section (`simulator.cold_start`) makes a pass slower the longer the
+rank has not run its layers: `simulator.cold_operands` keeps each rank's layer ages and hands them
+to the model when the pass starts.
 
 On a calibrated shared host (`ProfileCosts.streamed_allreduce_factor`), an allreduce that every
 participant had ready while its previous collective still ran (a stream of asynchronous bucket
@@ -29,13 +27,13 @@ from dataclasses import dataclass
 import simpy
 
 from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
-from simulator.cold_start import weight_share
+from simulator.cold_operands import ColdOperands
 from simulator.costs import WEIGHT_PASS_WORDS, CostModel
 from simulator.errors import SimulationError
 from simulator.heterogeneity import DeviceCosts
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
 from simulator.network import FlowNetwork
-from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
+from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send
 from simulator.sparse import SELECTION_PHASE
 from simulator.topology import Topology
 
@@ -100,12 +98,7 @@ class Engine:
         # G > 1 replicas of a stage average the reduced gradients before the update (megatron plans
         # count TP x DP pipelines as groups, and ZeRO shards the update: not charged there)
         self._averages_gradients = plan.num_groups > 1 and "tensor" not in plan.meta
-        self._cold = [getattr(model, "cold_start", None) for model in self._rank_costs]
-        self._weights_touched_s: list[dict[int, float]] = [{} for _ in plan.actions]
-        self._forward_done_s: list[dict[tuple[int, int], float]] = [{} for _ in plan.actions]
-        self._updated_s = [0.0 for _ in plan.actions]
-        self._update_state_share = [getattr(model, "update_state_share", 1.0) for model in self._rank_costs]
-        self._weight_shares: dict[tuple, float] = {}
+        self._cold = ColdOperands(self._rank_costs)
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)
         self.algorithms: dict[str, int] = defaultdict(int)
@@ -173,10 +166,10 @@ class Engine:
             if arrived:
                 yield from self._message_work(rank, arrived, self._ready_receive_s, self._ready_receive_tail_s)
             start = self.env.now
-            duration_s = self._duration_s(action, rank) * self._cold_factor(action, rank, start)
+            duration_s = self._duration_s(action, rank) * self._cold.factor(action, rank, start)
             yield from self._rank_work(rank, duration_s)
-            if self._cold[rank] is not None:
-                self._touch(action, rank)
+            if self._cold.tracks(rank):
+                self._cold.ran(action, rank, self.env.now)
             self.spans.append((rank, "compute", action.label, action.phase, start, self.env.now, 0.0,
                                action.microbatch))
             if sends.get(action.id):
@@ -340,64 +333,6 @@ class Engine:
                            for layer in range(action.layer_start, action.layer_end))
             self._duration_cache[key] = duration
         return duration
-
-    def _cold_factor(self, action: Compute, rank: int, start_s: float) -> float:
-        """How much slower than back to back the action runs on operands of their present age
-        (`simulator.cold_start`): 1 without a cold-start calibration; the update by the age of the
-        optimizer state (the rank's previous update) and of its layers' weights, a top-k selection
-        by its residual's (the previous step's, taken to end at time 0); forward and backward passes
-        by each layer's weights' and activations' ages, weighted by the layers' back-to-back times."""
-        cold = self._cold[rank]
-        if cold is None:
-            return 1.0
-        if action.phase == OPTIMIZER:
-            return cold.update_factor(start_s - self._updated_s[rank], self._weights_coldness(action, rank, start_s),
-                                      self._update_state_share[rank])
-        if action.phase == SELECTION_PHASE:  # its residual: touched by the previous step's selection
-            return cold.selection_factor(start_s)
-        if action.phase not in (FORWARD, BACKWARD):
-            return 1.0
-        costs = self._rank_costs[rank]
-        touched, forwards = self._weights_touched_s[rank], self._forward_done_s[rank]
-        slowed_s = hot_s = 0.0
-        for layer in range(action.layer_start, action.layer_end):
-            base_s = costs.compute_s(layer, action.phase, action.batch)
-            activations_age_s = 0.0 if action.phase == FORWARD else (
-                start_s - forwards.get((layer, action.microbatch), start_s))
-            factor = cold.layer_factor(action.phase, layer, self._weight_share(costs, layer, action),
-                                       start_s - touched.get(layer, 0.0), activations_age_s)
-            slowed_s += base_s * factor
-            hot_s += base_s
-        return slowed_s / hot_s if hot_s > 0 else 1.0
-
-    def _weights_coldness(self, action: Compute, rank: int, start_s: float) -> float:
-        """Coldness of the updated layers' weights and gradients (last touched by their backward),
-        weighted by the layers' parameters."""
-        cold, touched = self._cold[rank], self._weights_touched_s[rank]
-        layers = self._rank_costs[rank].workload.layers
-        weighted = total = 0.0
-        for layer in range(action.layer_start, action.layer_end):
-            params = layers[layer].num_params
-            weighted += params * cold.coldness(start_s - touched.get(layer, 0.0))
-            total += params
-        return weighted / total if total > 0 else cold.coldness(start_s - self._updated_s[rank])
-
-    def _weight_share(self, costs, layer: int, action: Compute) -> float:
-        key = (layer, action.phase, action.batch)
-        share = self._weight_shares.get(key)
-        if share is None:
-            share = self._weight_shares[key] = weight_share(costs.workload.layers[layer], action.phase, action.batch)
-        return share
-
-    def _touch(self, action: Compute, rank: int) -> None:
-        now = self.env.now
-        if action.phase == OPTIMIZER:
-            self._updated_s[rank] = now
-        touched = self._weights_touched_s[rank]
-        for layer in range(action.layer_start, action.layer_end):
-            touched[layer] = now
-            if action.phase == FORWARD:
-                self._forward_done_s[rank][(layer, action.microbatch)] = now
 
     def _check_finished(self) -> None:
         for rank, done in enumerate(self._done):

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from simulator import load_scenario, simulate
-from simulator.cold_start import ColdStart, parse_cold_start, update_state_share, weight_share
+from simulator.cold_start import ColdStart, parse_cold_start, update_state_share
 from simulator.document_reader import DocumentReader
 from simulator.errors import ScenarioError
 from simulator.workload import Layer, Workload
@@ -31,11 +31,9 @@ def coldness(age_s: float) -> float:
 
 def test_factor_is_one_when_hot_and_the_calibrated_ratio_when_cold():
     model = cold()
-    assert model.layer_factor("F", 0, 0.5, 0.0, 0.0) == 1.0
-    assert model.layer_factor("B", 1, 0.3, 1e9, 1e9) == pytest.approx(3.0)
-    # weights cold, activations hot: the weights' share of the penalty only
-    assert model.layer_factor("B", 0, 0.25, 1e9, 0.0) == pytest.approx(1 + 2 * 0.25)
-    assert model.layer_factor("F", 0, 1.0, DECAY_S, 0.0) == pytest.approx(1 + 1 * coldness(DECAY_S))
+    assert model.layer_factor("F", 0, 0.0) == 1.0
+    assert model.layer_factor("B", 1, 1e9) == pytest.approx(3.0)
+    assert model.layer_factor("F", 0, DECAY_S) == pytest.approx(1 + 1 * coldness(DECAY_S))
     assert model.update_factor(0.0) == 1.0 and model.update_factor(1e9) == pytest.approx(1.5)
     assert cold(topk=1.8).selection_factor(DECAY_S) == pytest.approx(1 + 0.8 * coldness(DECAY_S))
 
@@ -53,17 +51,8 @@ def test_the_update_mixes_the_ages_of_its_state_and_of_its_weights_by_their_byte
 
 def test_a_measured_ratio_below_one_is_noise_and_counts_as_one():
     model = cold(forward=(0.9, 0.8), optimizer=0.95)
-    assert model.layer_factor("F", 0, 0.5, 1e9, 1e9) == 1.0
+    assert model.layer_factor("F", 0, 1e9) == 1.0
     assert model.update_factor(1e9) == 1.0
-
-
-def test_weight_share_counts_the_activations_the_pass_reads():
-    layer = Layer("l", "linear", 1.0, 2.0, num_params=1000, input_elements_per_sample=100,
-                  output_elements_per_sample=50, saved_elements_per_sample=300)
-    assert weight_share(layer, "F", 10) == pytest.approx(1000 / (1000 + 10 * 100))
-    assert weight_share(layer, "B", 10) == pytest.approx(1000 / (1000 + 10 * 300))
-    empty = Layer("e", "relu", 0.0, 0.0, 0, 0, 0, 0)
-    assert weight_share(empty, "F", 4) == 0.0
 
 
 # ----------------------------------------------------------------------------- profile section
@@ -175,24 +164,23 @@ def simulate_mp(costs, batch: int = 1):
     return simulate(scenario, costs=costs, workload=costs.workload)
 
 
-def test_the_engine_slows_each_pass_by_the_age_of_its_operands():
+def test_the_engine_slows_each_pass_by_the_time_since_its_rank_last_ran_the_layer():
     """Two stages of one layer, batch 1 (F 1 s, B 2 s, update 1 s back to back), free links:
-    rank 0 F [0, 1]; rank 1 F starts at 1 on weights touched at 0 (previous update) and a fresh
-    input, then B at once (hot); rank 0's B waits for it, its weights and activations aged since 1."""
+    rank 0 F [0, 1]; rank 1 F starts at 1 on a layer last run at 0 (previous update), then B at
+    once (hot); rank 0's B waits for it, its layer last run at 1."""
     workload = toy()
     model = cold()
     spans = simulate_mp(ColdCosts(workload, model)).spans
-    share = weight_share(workload.layers[0], "F", 1)
 
     def span(rank, name):
         row = spans[(spans["rank"] == rank) & (spans["name"] == name)].iloc[0]
         return row.start_s, row.end_s
 
     f0 = span(0, "F0 L0-0")
-    assert f0 == pytest.approx((0.0, 1.0))  # its weights were touched by the update at time 0
+    assert f0 == pytest.approx((0.0, 1.0))  # its layer was run by the update at time 0
     f1 = span(1, "F0 L1-1")
     assert f1[0] == pytest.approx(1.0)
-    f1_factor = 1 + (2.0 - 1) * share * coldness(1.0)
+    f1_factor = 1 + (2.0 - 1) * coldness(1.0)
     assert f1[1] - f1[0] == pytest.approx(f1_factor)
     b1 = span(1, "B0 L1-1")
     assert b1[1] - b1[0] == pytest.approx(2.0)  # right after its forward: hot
@@ -216,6 +204,41 @@ def test_the_engine_ages_an_update_by_its_state_and_by_its_layers_last_backward(
     assert start_s == pytest.approx(rows.loc["B0 L0-0", "end_s"])
     assert end_s - start_s == pytest.approx(1.0 * (1 + 0.5 * state_share * coldness(start_s)))
     assert end_s - start_s < 1.0 + 0.5 * coldness(start_s) - 1e-3  # less than with every operand as old as the state
+
+
+def _pass(id_: int, phase: str, microbatch: int = 0):
+    from simulator.plan import Compute
+    return Compute(id_, phase, 0, 1, 1.0, microbatch)
+
+
+def test_a_backward_after_other_micro_batches_passes_on_its_layer_runs_hot():
+    """GPipe's order on one rank: F0, F1, F2 back to back, then B0. Its saved activations are 2 s
+    old, but the layer ran until B0 started: hot (bench_cold_gap: only the first pass after a
+    pause pays). After a 2 s wait instead, B0 pays the penalty of a 2 s age."""
+    from simulator.cold_operands import ColdOperands
+
+    model = cold(backward=(3.0, 3.0))
+    busy = ColdOperands([ColdCosts(toy(1), model)])
+    for index, end_s in enumerate((1.0, 2.0, 3.0)):
+        busy.ran(_pass(index, "F", index), 0, end_s)
+    assert busy.factor(_pass(3, "B", 0), 0, 3.0) == pytest.approx(1.0)
+
+    waited = ColdOperands([ColdCosts(toy(1), model)])
+    waited.ran(_pass(0, "F", 0), 0, 1.0)
+    assert waited.factor(_pass(3, "B", 0), 0, 3.0) == pytest.approx(1 + 2.0 * coldness(2.0))
+
+
+def test_a_pass_over_several_cold_layers_pays_the_largest_excess_once():
+    """Two layers (F 1 s each at batch 1), both last run long ago, factors 2.0 and 1.5: the pass
+    takes 2 s + max(1 x 1.0, 1 x 0.5) = 3 s, not 2 s + 1.5 s (bench_cold_gap: one wake-up a pass)."""
+    from simulator.cold_operands import ColdOperands
+    from simulator.plan import Compute
+
+    tracker = ColdOperands([ColdCosts(toy(2), cold(forward=(2.0, 1.5)))])
+    forward = Compute(0, "F", 0, 2, 1.0)
+    assert tracker.factor(forward, 0, 1e9) == pytest.approx((2.0 + 1.0) / 2.0)
+    tracker.ran(forward, 0, 1e9)
+    assert tracker.factor(Compute(1, "F", 0, 2, 1.0, 1), 0, 1e9) == pytest.approx(1.0)  # right after: hot
 
 
 def test_without_a_cold_start_model_passes_run_at_their_back_to_back_times():
