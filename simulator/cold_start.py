@@ -19,7 +19,7 @@ step's update is taken to end at the step's start), F >= 1 the calibrated ratio 
 pause of `gap_s` to the pass back to back (per layer and phase, at one batch size; values below 1
 are noise and count as 1), and `decay_s` the time constant fitted to pauses shorter than `gap_s`.
 A pass over several layers pays the largest of its layers' excesses, once
-(`simulator.cold_operands`, which supplies the ages). (Before 2026-11-23 a pass mixed the age
+(`simulator.layer_ages`, which supplies the ages). (Before 2026-11-23 a pass mixed the age
 of the layer's weights with that of its saved activations, by their bytes; that charged every
 backward of a GPipe step the full penalty and put a 2-stage ResNet GPipe step 43 % over the
 measured.) The update mixes two ages: its optimizer state (momentum, Adam's moments) was last

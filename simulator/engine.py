@@ -10,7 +10,7 @@ its fits already contain the contention of the machine they were measured on. Th
 analysis of the span table (`simulator.records`).
 
 A cost model with a `cold_start` section (`simulator.cold_start`) makes a pass slower the longer the
-rank has not run its layers: `simulator.cold_operands` keeps each rank's layer ages and hands them
+rank has not run its layers: `simulator.layer_ages` keeps each rank's layer ages and hands them
 to the model when the pass starts.
 
 On a calibrated shared host (`ProfileCosts.streamed_allreduce_factor`), an allreduce that every
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import simpy
 
 from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
-from simulator.cold_operands import ColdOperands
 from simulator.costs import WEIGHT_PASS_WORDS, CostModel
 from simulator.errors import SimulationError
 from simulator.heterogeneity import DeviceCosts
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
+from simulator.layer_ages import LayerAges
 from simulator.network import FlowNetwork
 from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send
 from simulator.sparse import SELECTION_PHASE
@@ -98,7 +98,7 @@ class Engine:
         # G > 1 replicas of a stage average the reduced gradients before the update (megatron plans
         # count TP x DP pipelines as groups, and ZeRO shards the update: not charged there)
         self._averages_gradients = plan.num_groups > 1 and "tensor" not in plan.meta
-        self._cold = ColdOperands(self._rank_costs)
+        self._cold = LayerAges(self._rank_costs)
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)
         self.algorithms: dict[str, int] = defaultdict(int)

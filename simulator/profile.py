@@ -142,7 +142,7 @@ class Profile:
     weight_passes: Mapping[str, LinearFit] = field(default_factory=dict)
     """stash / predict / accumulate fits vs parameters (`PASS_FIT`); empty in older profiles."""
     cold_start: ColdStart | None = None
-    """Slowdown of passes over operands untouched for a while (`simulator.cold_start`); None in older profiles."""
+    """Slowdown of passes on layers their rank has not run for a while (`simulator.cold_start`); None in older profiles."""
     pass_jitter: PassJitter | None = None
     """Whole-model pass times per rank, pass after pass (`simulator.pass_jitter`); None in older profiles."""
     model_layer_names: tuple[str, ...] | None = None

@@ -215,15 +215,15 @@ def test_a_backward_after_other_micro_batches_passes_on_its_layer_runs_hot():
     """GPipe's order on one rank: F0, F1, F2 back to back, then B0. Its saved activations are 2 s
     old, but the layer ran until B0 started: hot (bench_cold_gap: only the first pass after a
     pause pays). After a 2 s wait instead, B0 pays the penalty of a 2 s age."""
-    from simulator.cold_operands import ColdOperands
+    from simulator.layer_ages import LayerAges
 
     model = cold(backward=(3.0, 3.0))
-    busy = ColdOperands([ColdCosts(toy(1), model)])
+    busy = LayerAges([ColdCosts(toy(1), model)])
     for index, end_s in enumerate((1.0, 2.0, 3.0)):
         busy.ran(_pass(index, "F", index), 0, end_s)
     assert busy.factor(_pass(3, "B", 0), 0, 3.0) == pytest.approx(1.0)
 
-    waited = ColdOperands([ColdCosts(toy(1), model)])
+    waited = LayerAges([ColdCosts(toy(1), model)])
     waited.ran(_pass(0, "F", 0), 0, 1.0)
     assert waited.factor(_pass(3, "B", 0), 0, 3.0) == pytest.approx(1 + 2.0 * coldness(2.0))
 
@@ -231,10 +231,10 @@ def test_a_backward_after_other_micro_batches_passes_on_its_layer_runs_hot():
 def test_a_pass_over_several_cold_layers_pays_the_largest_excess_once():
     """Two layers (F 1 s each at batch 1), both last run long ago, factors 2.0 and 1.5: the pass
     takes 2 s + max(1 x 1.0, 1 x 0.5) = 3 s, not 2 s + 1.5 s (bench_cold_gap: one wake-up a pass)."""
-    from simulator.cold_operands import ColdOperands
+    from simulator.layer_ages import LayerAges
     from simulator.plan import Compute
 
-    tracker = ColdOperands([ColdCosts(toy(2), cold(forward=(2.0, 1.5)))])
+    tracker = LayerAges([ColdCosts(toy(2), cold(forward=(2.0, 1.5)))])
     forward = Compute(0, "F", 0, 2, 1.0)
     assert tracker.factor(forward, 0, 1e9) == pytest.approx((2.0 + 1.0) / 2.0)
     tracker.ran(forward, 0, 1e9)

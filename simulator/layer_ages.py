@@ -20,7 +20,7 @@ from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Compute
 from simulator.sparse import SELECTION_PHASE
 
 
-class ColdOperands:
+class LayerAges:
     """Per-rank layer ages for the rank cost models that carry a `cold_start` section."""
 
     def __init__(self, rank_costs: Sequence):
