@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import statistics
 import time
@@ -76,16 +77,21 @@ def test_time_layers_and_optimizer_single_process():
     assert all(r["median_s"] > 0 for r in result)
 
 
-def test_time_weight_passes_single_process_leaves_the_parameters_alone():
+def test_time_weight_passes_single_process_leaves_the_modules_alone():
     from validator.weight_pass_bench import time_weight_passes
 
-    small, large = [torch.ones(10)], [torch.ones(2048, 2048)]
-    result = time_weight_passes([small, large], repeats=3, warmup=1)
-    assert [(r["num_params"], r["num_tensors"]) for r in result] == [(10, 1), (2048 * 2048, 1)]
+    modules = [torch.nn.Linear(8, 4), torch.nn.Linear(4, 2048), torch.nn.Linear(2048, 2048)]
+    before = [copy.deepcopy(m.state_dict()) for m in modules]
+    result = time_weight_passes(modules, [[0], [1, 2]], torch.ones(4, 8), repeats=3, warmup=1)
+    assert [(r["num_params"], r["num_tensors"]) for r in result] == [(36, 2), (4 * 2048 + 2048 * 2049 + 2048, 4)]
     for name in ("stash", "predict", "accumulate", "average"):
-        # 4 M parameters (16 MiB read, at least as much written) against 10: far above the overheads
+        # 4 M parameters (16 MiB read, at least as much written) against 36: far above the overheads
         assert result[1][f"{name}_s"] > 5 * result[0][f"{name}_s"] > 0
-    assert torch.equal(small[0], torch.ones(10)) and small[0].grad is None
+    for module, state in zip(modules, before):
+        assert all(torch.equal(value, module.state_dict()[key]) for key, value in state.items())
+        assert all(p.grad is None for p in module.parameters())
+    with pytest.raises(ValueError, match="consecutive"):
+        time_weight_passes(modules, [[0, 2]], torch.ones(4, 8), repeats=1, warmup=0)
 
 
 # ----------------------------------------------------------------------------- real calibration

@@ -79,6 +79,17 @@ def _parameter_sets(modules) -> list[list[torch.Tensor]]:
     return sets
 
 
+def _layer_sets(modules) -> list[list[int]]:
+    """Each single layer and each prefix of layers (distinct, with parameters), as layer indices: the
+    stages whose weight passes `validator.weight_pass_bench` times."""
+    sets = []
+    for end in range(1, len(modules) + 1):
+        for candidate in ([end - 1], list(range(end))):
+            if candidate not in sets and any(p.numel() for i in candidate for p in modules[i].parameters()):
+                sets.append(candidate)
+    return sets
+
+
 def _topk_sizes(num_params: int) -> list[int]:
     """4096 x 4^j elements below the model's parameter count, then the count itself (>= 2 sizes)."""
     sizes = [4096]
@@ -95,8 +106,12 @@ def _measure_updates(settings: CalibrationSettings, device: str, rank: int) -> d
                   agree=agree_max, min_block_s=settings.min_block_s)
     say(settings, f"optimizer {settings.optimizer}: {world} ranks at once")
     optimizer = time_optimizer(settings.optimizer, _parameter_sets(modules), **timing)
-    say(settings, f"weight passes (stash, predict, accumulate): {world} ranks at once")
-    return {"optimizer": optimizer, "weight_passes": time_weight_passes(_parameter_sets(modules), **timing)}
+    micro_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
+    say(settings, f"weight passes (stash, predict, accumulate) in micro-batch cycles at batch {micro_batch}: "
+                  f"{world} ranks at once")
+    batch, _targets = load_models_module(settings.models).make_batch(settings.workload, micro_batch, seed=settings.seed)
+    return {"optimizer": optimizer,
+            "weight_passes": time_weight_passes(modules, _layer_sets(modules), batch, **timing)}
 
 
 def _measure_cold_and_topk(settings: CalibrationSettings, device: str, rank: int) -> dict:

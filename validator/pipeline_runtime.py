@@ -282,28 +282,20 @@ class PipelineExecutor:
     def _stash(self, action: Compute) -> None:
         """PipeDream: the weights micro-batch i's forward and backward will run on (a copy)."""
         chunk = self.chunk_of(action.layer_start)
-        self.stashed[(chunk, action.microbatch)] = {
-            layer: {name: p.detach().clone().requires_grad_(True) for name, p in self.modules[layer].named_parameters()}
-            for layer in range(action.layer_start, action.layer_end)}
+        self.stashed[(chunk, action.microbatch)] = stash_weights(
+            self.modules, range(action.layer_start, action.layer_end))
 
     def _accumulate(self, action: Compute) -> None:
         """Asynchronous kinds: the segment's gradients w.r.t. the weights the micro-batch used,
-        added onto the live weights' gradients."""
+        added onto the live weights' gradients; then what its backward no longer needs is dropped."""
         chunk = self.chunk_of(action.layer_start)
         state = self.flight[(chunk, action.microbatch)]
-        with torch.no_grad():
-            for layer in range(action.layer_start, action.layer_end):
-                for name, p in self.modules[layer].named_parameters():
-                    used = state.weights[layer][name]
-                    p.grad = used.grad.clone() if p.grad is None else p.grad.add_(used.grad)
+        accumulate_gradients(self.modules, range(action.layer_start, action.layer_end), state.weights)
         self._backward_done(state, chunk, action)
 
     def _backward_done(self, state: MicroState, chunk: int, action: Compute) -> None:
-        if action.layer_start == self.chunks[chunk][0]:  # its backward on the chunk is over: drop its
-            # feature maps, gradient maps and weights (autograd would have freed them), all but the
-            # gradient to send
-            state.inputs, state.weights, state.loss = {}, None, None
-            state.input_grads = {action.layer_start: state.input_grads[action.layer_start]}
+        if action.layer_start == self.chunks[chunk][0]:  # its backward on the chunk is over
+            release_backward(state, action.layer_start)
 
     def _predict(self, action: Compute) -> None:
         """SpecTrain: weights for micro-batch i's forward, or (staggered) its backward."""
@@ -312,11 +304,8 @@ class PipelineExecutor:
         state = self.flight.get((chunk, microbatch))
         layers = range(*self.chunks[chunk])
         if state is None:
-            params = [p for layer in layers for p in self.modules[layer].parameters()]
-            values = iter(predicted_weights(params, self.optimizer, self.steps_forward, self.learning_rate))
-            self.predicted[microbatch] = {layer: {name: next(values).requires_grad_(True)
-                                                  for name, _ in self.modules[layer].named_parameters()}
-                                          for layer in layers}
+            self.predicted[microbatch] = predict_layer_weights(self.modules, layers, self.optimizer,
+                                                               self.steps_forward, self.learning_rate)
         elif self.steps_backward is not None:
             for layer in layers:
                 live = dict(self.modules[layer].named_parameters())
@@ -352,10 +341,49 @@ class PipelineExecutor:
                 for layer in sorted(self.modules) for name, p in self.modules[layer].named_parameters()}
 
 
+
+# ---------------------------------------------------------------------- weight passes
+# The per-micro-batch passes of the asynchronous kinds, shared with their microbenchmark
+# (`validator.weight_pass_bench`), so that the calibration times the code these runs execute.
+
+def stash_weights(modules: dict, layers: range) -> dict:
+    """PipeDream weight stashing (Narayanan et al., SOSP 2019, 3.3): a copy of the layers' weights,
+    layer -> {name: tensor}, for a micro-batch's forward and backward."""
+    return {layer: {name: p.detach().clone().requires_grad_(True) for name, p in modules[layer].named_parameters()}
+            for layer in layers}
+
+
+def predict_layer_weights(modules: dict, layers: range, optimizer, steps: int, learning_rate: float) -> dict:
+    """SpecTrain (Chen et al., arXiv 1809.02839): W_hat = W - steps * lr * v for the layers, as
+    layer -> {name: tensor}."""
+    params = [p for layer in layers for p in modules[layer].parameters()]
+    values = iter(predicted_weights(params, optimizer, steps, learning_rate))
+    return {layer: {name: next(values).requires_grad_(True) for name, _ in modules[layer].named_parameters()}
+            for layer in layers}
+
+
+def accumulate_gradients(modules: dict, layers: range, used: dict) -> None:
+    """The gradients w.r.t. the weights a micro-batch ran on (`used`, layer -> {name: tensor})
+    added onto the live weights' gradients."""
+    with torch.no_grad():
+        for layer in layers:
+            for name, p in modules[layer].named_parameters():
+                grad = used[layer][name].grad
+                p.grad = grad.clone() if p.grad is None else p.grad.add_(grad)
+
+
+def release_backward(state: MicroState, first_layer: int) -> None:
+    """A micro-batch's backward on a chunk is over: drop its feature maps, gradient maps and weights
+    (autograd would have freed them), all but the input gradient to send."""
+    state.inputs, state.weights, state.loss = {}, None, None
+    state.input_grads = {first_layer: state.input_grads[first_layer]}
+
+
 COMPUTE_PHASES = {FORWARD: PipelineExecutor._forward, BACKWARD: PipelineExecutor._backward,
                   OPTIMIZER: PipelineExecutor._update, PREDICT: PipelineExecutor._predict,
                   STASH_PHASE: PipelineExecutor._stash, ACCUMULATE_PHASE: PipelineExecutor._accumulate}
 HANDLERS = {Recv: PipelineExecutor._recv, Send: PipelineExecutor._send, Compute: PipelineExecutor._compute,
             Collective: PipelineExecutor._collective}
 
-__all__ = ["MicroState", "PipelineExecutor"]
+__all__ = ["MicroState", "PipelineExecutor", "accumulate_gradients", "predict_layer_weights", "release_backward",
+           "stash_weights"]

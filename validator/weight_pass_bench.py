@@ -1,91 +1,135 @@
 """Microbenchmark of the per-micro-batch weight passes of the asynchronous pipeline runtime.
 
-`validator.pipeline_runtime` runs, besides a stage's forward, backward and update, three
-memory-bound passes over the stage's parameters for every micro-batch of an asynchronous
-schedule (the simulator's Compute phases of the same names, `simulator.strategies.pipeline`):
+`validator.pipeline_runtime` runs, besides a stage's forward, backward and update, passes over the
+stage's parameters for every micro-batch of an asynchronous schedule (the simulator's Compute
+phases of the same names, `simulator.strategies.pipeline`):
 
 - **stash** (pipedream with weight stashing): a copy of the weights for the micro-batch's forward
-  and backward (Narayanan et al., SOSP 2019, 3.3): `p.detach().clone()` per parameter;
+  and backward (Narayanan et al., SOSP 2019, 3.3), `pipeline_runtime.stash_weights`;
 - **predict** (spectrain): W_hat = W - s lr v from the momentum buffer (Chen et al., arXiv
-  1809.02839): the runtime's own `predicted_weights`;
+  1809.02839), `pipeline_runtime.predict_layer_weights`;
 - **accumulate** (every asynchronous kind: the backward ran on weights other than the live
-  tensors): the micro-batch's weight gradients added onto the live gradients, `g.add_(u)`;
+  tensors): the micro-batch's weight gradients added onto the live gradients, then its backward
+  state dropped, `pipeline_runtime.accumulate_gradients` and `release_backward`;
 - **average** (every runtime's update on a stage with G > 1 replicas): the reduced flat gradient
   bucket divided by G in place, `flat /= G`.
 
-Each is timed like the optimizer (`validator.microbench.time_optimizer`): per parameter set, the
-median over blocks of back-to-back passes, all ranks at once (a barrier before each set).
+The passes are timed where the runtime runs them: inside a micro-batch's cycle on the layers' own
+modules (stash, predict, forward on the stashed copy, backward, accumulate, update), so each
+pass meets the caches and the allocator as the runtime leaves them, and pays the runtime's own
+per-tensor Python work (an earlier version timed bare tensor loops on hot buffers and measured
+0.1-0.5x what the runtime spent; benchmarks/bench_pipeline_cpu_time.py). Per layer set, the
+median over blocks of back-to-back cycles, all ranks at once (a barrier before each set), as
+`validator.microbench.time_optimizer`.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.func import functional_call
 
 from validator.microbench import DEFAULT_MIN_BLOCK_S, _same, _sync, _time_blocks, make_optimizer
 
 WEIGHT_PASSES = ("stash", "predict", "accumulate", "average")
+LEARNING_RATE = 0.01
 
 
-def _passes(params: list[torch.Tensor], used_grads: list[torch.Tensor], optimizer) -> dict[str, Callable]:
-    from validator.pipeline_plan import predicted_weights
+def _layer_inputs(modules: Sequence[torch.nn.Module], batch: torch.Tensor) -> list[torch.Tensor]:
+    """The input of every layer for `batch` (the first layer's input), without a graph."""
+    inputs, x = [], batch
+    with torch.no_grad():
+        for module in modules:
+            inputs.append(x)
+            x = module(x)
+    return inputs
 
-    flat = torch.cat([g.reshape(-1) for g in used_grads])
 
-    def stash():
-        return [p.detach().clone().requires_grad_(True) for p in params]
+def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, flat: torch.Tensor,
+           device: torch.device) -> Callable[[], tuple[float, ...]]:
+    """One asynchronous micro-batch on `layers`, the runtime's functions in the runtime's order;
+    returns the seconds of each weight pass and, last, of the rest of the cycle."""
+    from validator.pipeline_runtime import (MicroState, accumulate_gradients, predict_layer_weights,
+                                            release_backward, stash_weights)
 
-    def predict():
-        return predicted_weights(params, optimizer, 1, 0.01)
+    first = layers[0]
 
-    def accumulate():
-        with torch.no_grad():
-            for p, used in zip(params, used_grads):
-                p.grad.add_(used)
-    def average():
+    def run() -> tuple[float, ...]:
+        _sync(device)
+        t0 = time.perf_counter()
+        used = stash_weights(modules, layers)
+        _sync(device)
+        t1 = time.perf_counter()
+        predicted = predict_layer_weights(modules, layers, optimizer, 1, LEARNING_RATE)
+        _sync(device)
+        t2 = time.perf_counter()
+        del predicted
+        state = MicroState(weights=used)
+        out = x
+        for layer in layers:  # the runtime's layer-wise graphs: each layer's input a leaf
+            if layer > 0:
+                out = out.detach().requires_grad_(True)
+            state.inputs[layer] = out
+            state.outputs[layer] = out = functional_call(modules[layer], used[layer], (out,))
+        for layer in reversed(layers):
+            output, state.outputs[layer] = state.outputs[layer], None
+            output.backward(state.input_grads[layer + 1] if layer < layers[-1] else torch.ones_like(output))
+            state.input_grads[layer] = state.inputs[layer].grad
+        _sync(device)
+        t3 = time.perf_counter()
+        accumulate_gradients(modules, layers, used)
+        del used
+        release_backward(state, first)
+        _sync(device)
+        t4 = time.perf_counter()
         flat.div_(2)
+        _sync(device)
+        t5 = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        _sync(device)
+        t6 = time.perf_counter()
+        return t1 - t0, t2 - t1, t4 - t3, t5 - t4, (t3 - t2) + (t6 - t5)
 
-    return {"stash": stash, "predict": predict, "accumulate": accumulate, "average": average}
+    return run
 
 
-def time_weight_passes(parameter_sets: Sequence, repeats: int = 7, device: str = "cpu", warmup: int = 2, *,
+def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[Sequence[int]],
+                       batch: torch.Tensor, repeats: int = 7, device: str = "cpu", warmup: int = 2, *,
                        barrier: Callable[[], None] | None = None, agree: Callable[[int], int] | None = None,
-                       min_block_s: float = DEFAULT_MIN_BLOCK_S, seed: int = 0) -> list[dict]:
-    """Time of each weight pass (`WEIGHT_PASSES`) over each set of parameters (a list of tensors;
-    copies are used, with random gradients and a momentum buffer as after one update).
+                       min_block_s: float = DEFAULT_MIN_BLOCK_S) -> list[dict]:
+    """Time of each weight pass (`WEIGHT_PASSES`) over each set of consecutive layers of `modules`
+    (one module per layer; copies are used, so the originals are untouched), with `batch` as the
+    first layer's input (the micro-batch the cycle's forward and backward run on).
 
     Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "accumulate_s", "average_s"}]`.
     """
     barrier = barrier or (lambda: None)
     agree = agree or _same
     device = torch.device(device)
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    inputs = _layer_inputs(modules, batch)
     results = []
-    for parameter_set in parameter_sets:
-        params, used_grads = [], []
-        for shape in (tuple(p.shape) for p in parameter_set):
-            p = torch.randn(shape, generator=generator).to(device).requires_grad_(True)
-            p.grad = torch.randn(shape, generator=generator).to(device)
-            params.append(p)
-            used_grads.append(torch.randn(shape, generator=generator).to(device))
-        optimizer = make_optimizer("momentum", params)
+    for layer_set in layer_sets:
+        layers = range(min(layer_set), max(layer_set) + 1)
+        if list(layers) != sorted(layer_set):
+            raise ValueError(f"layer set {list(layer_set)}: the layers of a pipeline stage are consecutive")
+        own = {layer: copy.deepcopy(modules[layer]).to(device) for layer in layers}
+        params = [p for layer in layers for p in own[layer].parameters()]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        optimizer = make_optimizer("momentum", params, LEARNING_RATE)
         optimizer.step()  # creates the momentum buffers the prediction reads
-        passes = _passes(params, used_grads, optimizer)
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        run = _cycle(own, layers, inputs[layers[0]].to(device), optimizer, flat, device)
+        barrier()
+        *medians, _rest = _time_blocks(run, repeats, warmup, min_block_s, agree)
         entry = {"num_params": int(sum(p.numel() for p in params)), "num_tensors": len(params)}
-        for name in WEIGHT_PASSES:
-            def run(weight_pass=passes[name]):
-                _sync(device)
-                start = time.perf_counter()
-                weight_pass()
-                _sync(device)
-                return (time.perf_counter() - start,)
-
-            barrier()
-            (entry[f"{name}_s"],) = _time_blocks(run, repeats, warmup, min_block_s, agree)
+        entry.update({f"{name}_s": median for name, median in zip(WEIGHT_PASSES, medians)})
         results.append(entry)
-        del optimizer, params, used_grads, passes
+        del optimizer, own, params, run
     barrier()
     return results
 
