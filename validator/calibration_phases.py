@@ -66,28 +66,22 @@ def _divisors(world_size: int, minimum: int = 2) -> list[int]:
     return [g for g in range(minimum, world_size + 1) if world_size % g == 0]
 
 
-def _parameter_sets(modules) -> list[list[torch.Tensor]]:
-    """The parameters of each single layer and of each prefix of layers (distinct, non-empty)."""
-    per_layer = [list(module.parameters()) for module in modules]
+def _layer_sets(modules) -> list[list[int]]:
+    """Each single layer and each prefix of layers, as layer indices, kept when it covers parameters
+    no earlier set covered exactly: the sets the update and the weight passes are timed over."""
     sets, seen = [], set()
-    for end in range(1, len(per_layer) + 1):
-        for candidate in (per_layer[end - 1], [p for layer in per_layer[:end] for p in layer]):
-            key = tuple(id(p) for p in candidate)
-            if candidate and key not in seen:
+    for end in range(1, len(modules) + 1):
+        for candidate in ([end - 1], list(range(end))):
+            key = tuple(layer for layer in candidate if any(p.numel() for p in modules[layer].parameters()))
+            if key and key not in seen:
                 seen.add(key)
                 sets.append(candidate)
     return sets
 
 
-def _layer_sets(modules) -> list[list[int]]:
-    """Each single layer and each prefix of layers (distinct, with parameters), as layer indices: the
-    stages whose weight passes `validator.weight_pass_bench` times."""
-    sets = []
-    for end in range(1, len(modules) + 1):
-        for candidate in ([end - 1], list(range(end))):
-            if candidate not in sets and any(p.numel() for i in candidate for p in modules[i].parameters()):
-                sets.append(candidate)
-    return sets
+def _parameter_sets(modules) -> list[list[torch.Tensor]]:
+    """The parameters of each of `_layer_sets`."""
+    return [[p for layer in layers for p in modules[layer].parameters()] for layers in _layer_sets(modules)]
 
 
 def _topk_sizes(num_params: int) -> list[int]:

@@ -341,7 +341,6 @@ class PipelineExecutor:
                 for layer in sorted(self.modules) for name, p in self.modules[layer].named_parameters()}
 
 
-
 # ---------------------------------------------------------------------- weight passes
 # The per-micro-batch passes of the asynchronous kinds, shared with their microbenchmark
 # (`validator.weight_pass_bench`), so that the calibration times the code these runs execute.
