@@ -141,6 +141,9 @@ class Profile:
     handoff: Handoff | None = None
     weight_passes: Mapping[str, LinearFit] = field(default_factory=dict)
     """stash / predict / accumulate fits vs parameters (`PASS_FIT`); empty in older profiles."""
+    weight_pass_ranks_at_once: Mapping[str, int] = field(default_factory=dict)
+    """How many ranks computed at once while each of `weight_passes` was timed: 1 (rank 0 alone)
+    since 2026-11; older profiles timed them with all ranks at once (world_size)."""
     cold_start: ColdStart | None = None
     """Slowdown of passes on layers their rank has not run for a while (`simulator.cold_start`); None in older profiles."""
     pass_jitter: PassJitter | None = None
@@ -263,7 +266,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
                           if raw_preposted else None,
                           optional_s("send_post_s"), optional_s("ready_receive_s"),
                           optional_s("send_post_mean_s"), optional_s("ready_receive_mean_s"))
-    weight_passes = {}
+    weight_passes, weight_pass_ranks = {}, {}
     for name, entry in (read.mapping(document, "weight_passes", "weight_passes", optional=True) or {}).items():
         where = f"weight_passes.{name}"
         if name not in WEIGHT_PASS_WORDS:
@@ -272,6 +275,8 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
             raise read.fail(where, f"expected an object, got {_show(entry)}")
         weight_passes[name] = LinearFit(read.number(entry, "intercept_s", f"{where}.intercept_s", minimum=0),
                                         read.number(entry, "per_param_s", f"{where}.per_param_s", minimum=0))
+        weight_pass_ranks[name] = (world_size if entry.get("ranks_at_once") is None else
+                                   read.integer(entry, "ranks_at_once", f"{where}.ranks_at_once", minimum=1))
     slowdown = {1: 1.0}
     raw_slowdown = read.mapping(document, "compute_slowdown", "compute_slowdown", optional=True) or {}
     for key in raw_slowdown:
@@ -294,7 +299,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         compute_slowdown=dict(sorted(slowdown.items())),
         allgather=dict(sorted(allgather.items())), topk=dict(sorted(topk.items())), overlap=overlap,
         allreduce_stream=allreduce_stream,
-        handoff=handoff, weight_passes=weight_passes,
+        handoff=handoff, weight_passes=weight_passes, weight_pass_ranks_at_once=weight_pass_ranks,
         cold_start=parse_cold_start(read, document, len(layers)),
         pass_jitter=parse_pass_jitter(read, document),
         model_layer_names=tuple(layer_names) if layer_names is not None else None,

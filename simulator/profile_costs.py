@@ -40,8 +40,9 @@ class ProfileCosts:
     compute_s = intercept + per_sample x batch of that layer and phase, plus the profile's
     single-pass time of that layer and phase (`simulator.cold_start`; 0 without one); optimizer_s =
     intercept + per_param x num_params; weight_pass_s and topk_s from their fits. All of them were
-    timed with `profile.world_size` ranks at once; pass `concurrent_ranks=k` to rescale every one
-    by compute_slowdown[k] / compute_slowdown[world_size] to k ranks at once. On a shared host
+    timed with `profile.world_size` ranks at once (the weight passes of profiles since 2026-11:
+    rank 0 alone, `Profile.weight_pass_ranks_at_once`); pass `concurrent_ranks=k` to rescale every
+    one by compute_slowdown[k] / compute_slowdown[ranks it was timed with] to k ranks at once. On a shared host
     (`shared_host=True`) they are all rescaled to one rank alone (k = 1), the work the engine plays
     on the host's processor-sharing pool, which adds the sharing back. (Until 2026-11 the update and
     the weight passes were not rescaled, so on a shared host their sharing was counted twice:
@@ -105,9 +106,14 @@ class ProfileCosts:
         self.speed_factor = 1.0
         """Every compute cost (layers, update, weight passes) times this: the machine's speed at run
         time over its calibration's, when a speed anchor measured it (`validator.speed_anchor`)."""
+        self.ranks_at_once = profile.world_size if concurrent_ranks is None else concurrent_ranks
+        """The number of ranks computing at once that every compute cost is scaled to."""
         self.scale = 1.0
         if concurrent_ranks is not None:
             self.scale = self.slowdown(concurrent_ranks) / self.slowdown(profile.world_size)
+        self._weight_pass_scale = {
+            name: self.slowdown(self.ranks_at_once) / self.slowdown(timed_at)
+            for name, timed_at in profile.weight_pass_ranks_at_once.items() if timed_at != self.ranks_at_once}
         self._forward = [layer.forward for layer in profile.layers]
         self._backward = [layer.backward for layer in profile.layers]
         self.cold_start = profile.cold_start
@@ -143,13 +149,15 @@ class ProfileCosts:
 
     def weight_pass_s(self, name: str, num_params: int) -> float:
         """A stash / predict / accumulate pass over `num_params` weights: the profile's
-        `weight_passes` fit; older profiles: scaled from the update by the fp32 words moved,
+        `weight_passes` fit, rescaled from the ranks at once it was timed with (rank 0 alone since
+        2026-11: `validator.calibration_phases`) by compute_slowdown; older profiles: scaled from
+        the update by the fp32 words moved,
         intercept_s + per_param_s x num_params x 4 WEIGHT_PASS_WORDS[name] / OPTIMIZER_BYTES_PER_PARAM."""
         if num_params <= 0:
             return 0.0
         fit = self.profile.weight_passes.get(name)
         if fit is not None:
-            return self.speed_factor * self.scale * fit.at(num_params)
+            return self.speed_factor * self._weight_pass_scale.get(name, 1.0) * fit.at(num_params)
         update = self.profile.optimizer
         update_bytes_per_param = OPTIMIZER_BYTES_PER_PARAM[self.profile.optimizer_name]
         return self.speed_factor * self.scale * (update.intercept_s + update.per_unit_s * num_params * 4

@@ -138,6 +138,8 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert set(passes) == {"stash", "predict", "accumulate", "average"}
     assert all(entry["num_params"] == document["optimizer"]["num_params"] for entry in passes.values())
     assert set(profile.weight_passes) == {"stash", "predict", "accumulate", "average"}
+    assert all(entry["ranks_at_once"] == 1 for entry in passes.values())  # rank 0 alone
+    assert set(profile.weight_pass_ranks_at_once.values()) == {1}
     cold = document["cold_start"]  # at the middle batch size, one factor per layer
     assert cold["batch_size"] == 32 and len(cold["forward_factors"]) == len(cold["backward_factors"]) == 3
     assert profile.cold_start is not None and profile.cold_start.forward_factors == tuple(cold["forward_factors"])

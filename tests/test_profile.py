@@ -133,6 +133,30 @@ def test_update_and_weight_passes_rescale_like_the_layers(tmp_path):
     assert older.weight_pass_s("stash", 10_000) == pytest.approx((5e-5 + 1e-9 * 10_000 * 2 / 3) / 2)
 
 
+def test_weight_passes_timed_alone_rescale_from_one_rank(tmp_path):
+    """Profiles since 2026-11 time the weight passes on rank 0 alone (`ranks_at_once: 1`): a shared
+    host plays them as timed, and k ranks at once scales them by compute_slowdown[k] / [1]."""
+    doc = document()
+    doc["weight_passes"] = {name: {"intercept_s": 1e-5, "per_param_s": 2e-9, "ranks_at_once": 1}
+                            for name in ("stash", "predict", "accumulate")}
+    profile = load_profile(write(tmp_path, doc))
+    assert profile.weight_pass_ranks_at_once == {"stash": 1, "predict": 1, "accumulate": 1}
+    at_four, shared = ProfileCosts(profile, workload()), ProfileCosts(profile, workload(), shared_host=True)
+    for name in ("stash", "predict", "accumulate"):
+        assert shared.weight_pass_s(name, 10_000) == pytest.approx(1e-5 + 2e-5)
+        assert at_four.weight_pass_s(name, 10_000) == pytest.approx((1e-5 + 2e-5) * 2)
+    assert at_four.optimizer_s(10_000) == pytest.approx(5e-5 + 1e-5)  # the update: still all ranks at once
+    older = load_profile(write(tmp_path, {**doc, "weight_passes": {"stash": {"intercept_s": 1e-5, "per_param_s": 2e-9}}},
+                               "older.json"))
+    assert older.weight_pass_ranks_at_once == {"stash": 4}  # no field: timed with world_size ranks at once
+    doc["weight_passes"]["stash"]["ranks_at_once"] = 0
+    with pytest.raises(ScenarioError, match="weight_passes.stash.ranks_at_once"):
+        load_profile(write(tmp_path, doc, "bad.json"))
+    doc["weight_passes"]["stash"]["ranks_at_once"] = 3
+    with pytest.raises(ScenarioError, match="compute_slowdown: no factor for 3 ranks"):
+        ProfileCosts(load_profile(write(tmp_path, doc, "three.json")), workload(), shared_host=True)
+
+
 def test_model_mismatch_names_both(tmp_path):
     profile = load_profile(write(tmp_path, document()))
     other = build_model("mlp", input_dim=64, hidden_dim=64, num_hidden_layers=3, num_classes=10)

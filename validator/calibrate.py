@@ -27,9 +27,11 @@
    rank's exit from the pass's barrier after the first rank's (`start_offsets_s`).
 2. **Optimizer, all ranks at once**: one update (step, then the gradients zeroed, as the runtimes
    do) over the parameters of each layer and of each prefix of layers (the stages a plan can
-   have), fitted against the number of parameters; then, on the same sets, the asynchronous
-   pipeline runtime's weight passes (stash, predict, accumulate) and the replicas' gradient
-   averaging (`validator.weight_pass_bench`).
+   have), fitted against the number of parameters; then, on the same sets and **rank 0 alone**
+   (the others at a barrier: all at once, the block medians hid the sharing of these short passes,
+   `validator.calibration_phases.WEIGHT_PASS_RANKS_AT_ONCE`), the asynchronous pipeline runtime's
+   weight passes (stash, predict, accumulate) and the replicas' gradient averaging
+   (`validator.weight_pass_bench`); each fit records its `ranks_at_once`.
    **Cold start**, all ranks at once (`validator.cold_bench`): every layer at the middle batch
    size and the update, each timed back to back and after a 50 ms pause, alternately; the ratios
    and the decay over shorter pauses (`simulator.cold_start`); on a CPU host no more ranks at
@@ -120,14 +122,14 @@ def _topk_fit(items: list[dict], notes: list[str], what: str) -> dict:
             "medians_s": medians, "r2": fit.r2}
 
 
-def _weight_pass_fits(items: list[dict], notes: list[str]) -> dict:
+def _weight_pass_fits(items: list[dict], notes: list[str], ranks_at_once: int) -> dict:
     counts = [item["num_params"] for item in items]
     fits = {}
     for name in WEIGHT_PASSES:
         times = [item[f"{name}_s"] for item in items]
         fit = _fit_entry(counts, times, notes, f"weight_passes.{name}")
         fits[name] = {"intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
-                      "num_params": counts, "medians_s": times}
+                      "ranks_at_once": ranks_at_once, "num_params": counts, "medians_s": times}
     return fits
 
 
@@ -182,7 +184,8 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
         "layers": layers,
         "optimizer": {"name": optimizer, "intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
                       "num_params": counts, "medians_s": times},
-        **({"weight_passes": _weight_pass_fits(raw["weight_passes"], notes)} if raw.get("weight_passes") else {}),
+        **({"weight_passes": _weight_pass_fits(raw["weight_passes"], notes, raw["weight_pass_ranks_at_once"])}
+           if raw.get("weight_passes") else {}),
         **({"cold_start": cold_start} if cold_start else {}),
         "p2p": (_alpha_beta(comm_sizes, raw["p2p"], notes, "p2p") if raw["p2p"] is not None else None),
         "allreduce": {str(g): {**_alpha_beta(comm_sizes, item["medians_s"], notes, f"allreduce.{g}"),

@@ -19,8 +19,11 @@ modules (stash, predict, forward on the stashed copy, backward, accumulate, upda
 pass meets the caches and the allocator as the runtime leaves them, and pays the runtime's own
 per-tensor Python work (an earlier version timed bare tensor loops on hot buffers and measured
 0.1-0.5x what the runtime spent; benchmarks/bench_pipeline_cpu_time.py). Per layer set, the
-median over blocks of back-to-back cycles, all ranks at once (a barrier before each set), as
-`validator.microbench.time_optimizer`.
+median over blocks of back-to-back cycles, as `validator.microbench.time_optimizer` (with
+`barrier` and `agree` when several ranks time at once). The calibration times them on one rank
+alone: a pass is a small share of its cycle, so with more ranks than cores most blocks see no
+preemption inside it and the median hides the sharing
+(`validator.calibration_phases.WEIGHT_PASS_RANKS_AT_ONCE`).
 """
 
 from __future__ import annotations
