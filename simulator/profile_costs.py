@@ -106,14 +106,13 @@ class ProfileCosts:
         self.speed_factor = 1.0
         """Every compute cost (layers, update, weight passes) times this: the machine's speed at run
         time over its calibration's, when a speed anchor measured it (`validator.speed_anchor`)."""
-        self.ranks_at_once = profile.world_size if concurrent_ranks is None else concurrent_ranks
-        """The number of ranks computing at once that every compute cost is scaled to."""
         self.scale = 1.0
         if concurrent_ranks is not None:
             self.scale = self.slowdown(concurrent_ranks) / self.slowdown(profile.world_size)
+        ranks_at_once = profile.world_size if concurrent_ranks is None else concurrent_ranks
         self._weight_pass_scale = {
-            name: self.slowdown(self.ranks_at_once) / self.slowdown(timed_at)
-            for name, timed_at in profile.weight_pass_ranks_at_once.items() if timed_at != self.ranks_at_once}
+            name: self.slowdown(ranks_at_once) / self.slowdown(timed_at)
+            for name, timed_at in profile.weight_pass_ranks_at_once.items() if timed_at != ranks_at_once}
         self._forward = [layer.forward for layer in profile.layers]
         self._backward = [layer.backward for layer in profile.layers]
         self.cold_start = profile.cold_start

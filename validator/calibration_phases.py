@@ -95,9 +95,9 @@ def _topk_sizes(num_params: int) -> list[int]:
 WEIGHT_PASS_RANKS_AT_ONCE = 1
 """The weight passes are timed on rank 0 alone, the others waiting at a barrier. All ranks at once,
 the median over blocks hid the time-sharing: a pass is a small share of its micro-batch cycle, so
-most blocks saw no preemption inside it (measured on the 2-core host, 4 ranks at once over rank 0
-alone: stash 1.25-1.48x, predict 1.24-1.78x, accumulate 1.16-1.51x, where the layers' slowdown is
-2.11-2.24x), and rescaling them to one rank by the layers' slowdown left 0.5-0.7x of their work."""
+most blocks saw no preemption inside it. On the 2-core host, 4 ranks at once over rank 0 alone
+measured 1.0-1.8x for the passes against the layers' 1.9-2.5x, so rescaling them to one rank by
+the layers' slowdown kept 0.44-0.87 of their work (`benchmarks/bench_weight_pass_sharing.py`)."""
 
 
 def _measure_updates(settings: CalibrationSettings, device: str, rank: int) -> dict:
