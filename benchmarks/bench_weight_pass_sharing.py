@@ -19,7 +19,6 @@ Reads reports/profiles/<model>_ws<W>_momentum.json for compute_slowdown (the pip
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch.distributed as dist
 
 from bench_pipeline_validation import pipeline_overrides
 from simulator.model_source import resolve_workload
+from simulator.profile import load_profile
 from simulator.scenario import load_scenario
 from validator.calibration_phases import _layer_sets, _parameter_sets
 from validator.comm_bench import agree_max
@@ -88,8 +88,7 @@ def main() -> int:
         workload = resolve_workload(scenario.model, scenario.base_dir)
         micro_batch = scenario.training.global_batch_size // 4  # the pipeline benchmark's 4 micro-batches
         profile_path = ROOT / "reports" / "profiles" / f"{name}_ws{args.ranks}_momentum.json"
-        slowdown = json.loads(profile_path.read_text())["compute_slowdown"].get(str(args.ranks)) \
-            if profile_path.exists() else None
+        slowdown = load_profile(profile_path).compute_slowdown.get(args.ranks) if profile_path.exists() else None
         config = LaunchConfig(world_size=args.ranks, backend="gloo", device="cpu", timeout_s=1800)
         pairs = spawn(rank_main, (workload, micro_batch, args.rounds), config)[0]
         layers = f"{slowdown:.2f}" if slowdown else "n/a (no profile)"
