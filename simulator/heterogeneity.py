@@ -53,6 +53,7 @@ class Slowed:
         self.cold_start = getattr(costs, "cold_start", None)  # the engine's cold-operand model, if any
         self.workload = getattr(costs, "workload", None)
         self.update_state_share = getattr(costs, "update_state_share", 1.0)
+        self.update_timed_in_cycle = getattr(costs, "update_timed_in_cycle", False)
 
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         return self.costs.compute_s(layer_index, phase, batch) * self.factor

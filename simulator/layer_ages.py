@@ -29,6 +29,7 @@ class LayerAges:
         self._layer_run_s: list[dict[int, float]] = [{} for _ in self._costs]
         self._updated_s = [0.0 for _ in self._costs]
         self._update_state_share = [getattr(model, "update_state_share", 1.0) for model in self._costs]
+        self._update_in_cycle = [getattr(model, "update_timed_in_cycle", False) for model in self._costs]
 
     def tracks(self, rank: int) -> bool:
         return self._cold[rank] is not None
@@ -43,6 +44,8 @@ class LayerAges:
         if cold is None:
             return 1.0
         if action.phase == OPTIMIZER:
+            if self._update_in_cycle[rank]:
+                return 1.0  # timed inside a micro-batch cycle: its fit holds the cold already
             return cold.update_factor(start_s - self._updated_s[rank], self._weights_coldness(action, rank, start_s),
                                       self._update_state_share[rank])
         if action.phase == SELECTION_PHASE:

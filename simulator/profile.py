@@ -144,6 +144,11 @@ class Profile:
     weight_pass_ranks_at_once: Mapping[str, int] = field(default_factory=dict)
     """How many ranks computed at once while each of `weight_passes` was timed: 1 (rank 0 alone)
     since 2026-11; older profiles timed them with all ranks at once (world_size)."""
+    optimizer_in_cycle: LinearFit | None = None
+    """The update timed inside a micro-batch cycle (after the stage's forward, backward and weight
+    passes, as every runtime runs it), vs parameters; None in older profiles (`optimizer.in_cycle`)."""
+    optimizer_in_cycle_ranks_at_once: int = 1
+    """How many ranks computed at once while `optimizer_in_cycle` was timed (rank 0 alone)."""
     cold_start: ColdStart | None = None
     """Slowdown of passes on layers their rank has not run for a while (`simulator.cold_start`); None in older profiles."""
     pass_jitter: PassJitter | None = None
@@ -219,6 +224,13 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
     optimizer_name = read.string(optimizer, "name", "optimizer.name", choices=("sgd", "momentum", "adam"))
     optimizer_fit = LinearFit(read.number(optimizer, "intercept_s", "optimizer.intercept_s", minimum=0),
                               read.number(optimizer, "per_param_s", "optimizer.per_param_s", minimum=0))
+    in_cycle = read.mapping(optimizer, "in_cycle", "optimizer.in_cycle", optional=True)
+    optimizer_in_cycle, in_cycle_ranks = None, 1
+    if in_cycle is not None:
+        optimizer_in_cycle = LinearFit(
+            read.number(in_cycle, "intercept_s", "optimizer.in_cycle.intercept_s", minimum=0),
+            read.number(in_cycle, "per_param_s", "optimizer.in_cycle.per_param_s", minimum=0))
+        in_cycle_ranks = read.integer(in_cycle, "ranks_at_once", "optimizer.in_cycle.ranks_at_once", minimum=1)
 
     raw_p2p = read.get(document, "p2p", "p2p", optional=True)
     if raw_p2p is None:
@@ -300,6 +312,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         allgather=dict(sorted(allgather.items())), topk=dict(sorted(topk.items())), overlap=overlap,
         allreduce_stream=allreduce_stream,
         handoff=handoff, weight_passes=weight_passes, weight_pass_ranks_at_once=weight_pass_ranks,
+        optimizer_in_cycle=optimizer_in_cycle, optimizer_in_cycle_ranks_at_once=in_cycle_ranks,
         cold_start=parse_cold_start(read, document, len(layers)),
         pass_jitter=parse_pass_jitter(read, document),
         model_layer_names=tuple(layer_names) if layer_names is not None else None,

@@ -140,6 +140,10 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert set(profile.weight_passes) == {"stash", "predict", "accumulate", "average"}
     assert all(entry["ranks_at_once"] == 1 for entry in passes.values())  # rank 0 alone
     assert set(profile.weight_pass_ranks_at_once.values()) == {1}
+    in_cycle = document["optimizer"]["in_cycle"]  # the update at the end of those cycles, rank 0 alone
+    assert in_cycle["ranks_at_once"] == 1 and in_cycle["num_params"] == document["optimizer"]["num_params"]
+    assert all(t > 0 for t in in_cycle["medians_s"])
+    assert profile.optimizer_in_cycle is not None and profile.optimizer_in_cycle_ranks_at_once == 1
     cold = document["cold_start"]  # at the middle batch size, one factor per layer
     assert cold["batch_size"] == 32 and len(cold["forward_factors"]) == len(cold["backward_factors"]) == 3
     assert profile.cold_start is not None and profile.cold_start.forward_factors == tuple(cold["forward_factors"])

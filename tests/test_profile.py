@@ -9,6 +9,8 @@ import pytest
 
 from simulator.costs import BACKWARD, FORWARD, single_device_step_s
 from simulator.errors import ScenarioError
+from simulator.layer_ages import LayerAges
+from simulator.plan import OPTIMIZER, Compute
 from simulator.profile import FORMAT, PROFILE_FORMAT, load_profile, profile_from_dict
 from simulator.profile_costs import ProfileCosts
 from simulator.zoo import build_model
@@ -155,6 +157,32 @@ def test_weight_passes_timed_alone_rescale_from_one_rank(tmp_path):
     doc["weight_passes"]["stash"]["ranks_at_once"] = 3
     with pytest.raises(ScenarioError, match="compute_slowdown: no factor for 3 ranks"):
         ProfileCosts(load_profile(write(tmp_path, doc, "three.json")), workload(), shared_host=True)
+
+
+def test_update_timed_in_cycle_replaces_the_back_to_back_fit(tmp_path):
+    """Profiles since 2026-11-23 time the update at the end of a micro-batch cycle, rank 0 alone
+    (`optimizer.in_cycle`): it replaces the back-to-back fit, rescaled like the weight passes, and
+    the engine adds no cold-start factor to it; profiles without it predict as before."""
+    doc = document()
+    doc["optimizer"]["in_cycle"] = {"intercept_s": 2e-4, "per_param_s": 3e-9, "ranks_at_once": 1}
+    profile = load_profile(write(tmp_path, doc))
+    assert profile.optimizer_in_cycle.at(10_000) == pytest.approx(2e-4 + 3e-5)
+    shared, at_four = ProfileCosts(profile, workload(), shared_host=True), ProfileCosts(profile, workload())
+    assert shared.update_timed_in_cycle and shared.optimizer_s(10_000) == pytest.approx(2e-4 + 3e-5)
+    assert at_four.optimizer_s(10_000) == pytest.approx((2e-4 + 3e-5) * 2)  # compute_slowdown[4] / [1]
+    assert at_four.optimizer_s(0) == 0.0
+    doc["cold_start"] = {"gap_s": 0.05, "decay_s": 0.004, "batch_size": 16, "forward_factors": [1.0] * 3,
+                         "backward_factors": [1.0] * 3, "optimizer_factor": 1.8}
+    cold = ProfileCosts(load_profile(write(tmp_path, doc, "cold.json")), workload(), shared_host=True)
+    update = Compute(id=0, phase=OPTIMIZER, layer_start=0, layer_end=3, batch=0, num_params=10_000)
+    assert LayerAges([cold]).factor(update, 0, 1.0) == 1.0  # its fit holds the cold already
+    del doc["optimizer"]["in_cycle"]
+    older = ProfileCosts(load_profile(write(tmp_path, doc, "older.json")), workload(), shared_host=True)
+    assert not older.update_timed_in_cycle and older.optimizer_s(10_000) == pytest.approx((5e-5 + 1e-5) / 2)
+    assert LayerAges([older]).factor(update, 0, 1.0) == pytest.approx(1.8)  # a step's pause: the full cold factor
+    doc["optimizer"]["in_cycle"] = {"intercept_s": 2e-4, "per_param_s": -1e-9, "ranks_at_once": 1}
+    with pytest.raises(ScenarioError, match="optimizer.in_cycle.per_param_s"):
+        load_profile(write(tmp_path, doc, "bad.json"))
 
 
 def test_model_mismatch_names_both(tmp_path):

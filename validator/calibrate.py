@@ -133,6 +133,18 @@ def _weight_pass_fits(items: list[dict], notes: list[str], ranks_at_once: int) -
     return fits
 
 
+def _update_in_cycle_fit(items: list[dict] | None, notes: list[str], ranks_at_once: int | None) -> dict:
+    """`{"in_cycle": fit}` of the update timed at the end of the weight passes' micro-batch cycles
+    (`validator.weight_pass_bench`), or {} when the calibration did not time it."""
+    if not items or any("update_s" not in item for item in items):
+        return {}
+    counts = [item["num_params"] for item in items]
+    times = [item["update_s"] for item in items]
+    fit = _fit_entry(counts, times, notes, "optimizer.in_cycle")
+    return {"in_cycle": {"intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
+                         "ranks_at_once": ranks_at_once, "num_params": counts, "medians_s": times}}
+
+
 def build_document(workload: Workload, model_params: dict, raw: dict, *, world_size: int, device: str,
                    backend: str, batch_sizes: Sequence[int], optimizer: str, comm_sizes: Sequence[int],
                    repeats: int, comm_repeats: int, min_block_s: float = DEFAULT_MIN_BLOCK_S,
@@ -183,7 +195,8 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
                   "forward_flops_per_sample": workload.forward_flops_per_sample},
         "layers": layers,
         "optimizer": {"name": optimizer, "intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
-                      "num_params": counts, "medians_s": times},
+                      "num_params": counts, "medians_s": times,
+                      **_update_in_cycle_fit(raw.get("weight_passes"), notes, raw.get("weight_pass_ranks_at_once"))},
         **({"weight_passes": _weight_pass_fits(raw["weight_passes"], notes, raw["weight_pass_ranks_at_once"])}
            if raw.get("weight_passes") else {}),
         **({"cold_start": cold_start} if cold_start else {}),

@@ -111,11 +111,12 @@ def _measure_updates(settings: CalibrationSettings, device: str, rank: int) -> d
     optimizer = time_optimizer(settings.optimizer, _parameter_sets(modules), barrier=dist.barrier,
                                agree=agree_max, **timing)
     micro_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
-    say(settings, f"weight passes (stash, predict, accumulate) in micro-batch cycles at batch {micro_batch}: "
+    say(settings, f"weight passes (stash, predict, accumulate) and the update in micro-batch cycles at batch {micro_batch}: "
                   f"rank 0 alone")
     batch, _targets = load_models_module(settings.models).make_batch(settings.workload, micro_batch, seed=settings.seed)
     dist.barrier()
-    weight_passes = (time_weight_passes(modules, _layer_sets(modules), batch, **timing) if rank == 0 else None)
+    weight_passes = (time_weight_passes(modules, _layer_sets(modules), batch, optimizer=settings.optimizer, **timing)
+                     if rank == 0 else None)
     dist.barrier()
     return {"optimizer": optimizer, "weight_passes": weight_passes,
             "weight_pass_ranks_at_once": WEIGHT_PASS_RANKS_AT_ONCE}

@@ -51,10 +51,11 @@ def _layer_inputs(modules: Sequence[torch.nn.Module], batch: torch.Tensor) -> li
     return inputs
 
 
-def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, flat: torch.Tensor,
+def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, flat: torch.Tensor,
            device: torch.device) -> Callable[[], tuple[float, ...]]:
     """One asynchronous micro-batch on `layers`, the runtime's functions in the runtime's order;
-    returns the seconds of each weight pass and, last, of the rest of the cycle."""
+    returns the seconds of each weight pass, of the update (`update`: the profiled optimizer; the
+    prediction reads `optimizer`'s momentum) and, last, of the rest of the cycle."""
     from validator.pipeline_runtime import (MicroState, accumulate_gradients, predict_layer_weights,
                                             release_backward, stash_weights)
 
@@ -91,11 +92,11 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, flat: torch
         flat.div_(2)
         _sync(device)
         t5 = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
+        update.step()
+        update.zero_grad(set_to_none=False)
         _sync(device)
         t6 = time.perf_counter()
-        return t1 - t0, t2 - t1, t4 - t3, t5 - t4, (t3 - t2) + (t6 - t5)
+        return t1 - t0, t2 - t1, t4 - t3, t5 - t4, t6 - t5, t3 - t2
 
     return run
 
@@ -103,12 +104,15 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, flat: torch
 def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[Sequence[int]],
                        batch: torch.Tensor, repeats: int = 7, device: str = "cpu", warmup: int = 2, *,
                        barrier: Callable[[], None] | None = None, agree: Callable[[int], int] | None = None,
-                       min_block_s: float = DEFAULT_MIN_BLOCK_S) -> list[dict]:
+                       min_block_s: float = DEFAULT_MIN_BLOCK_S, optimizer: str = "momentum") -> list[dict]:
     """Time of each weight pass (`WEIGHT_PASSES`) over each set of consecutive layers of `modules`
     (one module per layer; copies are used, so the originals are untouched), with `batch` as the
-    first layer's input (the micro-batch the cycle's forward and backward run on).
+    first layer's input (the micro-batch the cycle's forward and backward run on), and of the
+    update with `optimizer` (step, then the gradients zeroed) at the cycle's end, where every
+    runtime runs it: after the stage's passes, not after itself as in `time_optimizer`'s blocks.
 
-    Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "accumulate_s", "average_s"}]`.
+    Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "accumulate_s", "average_s",
+    "update_s"}]`.
     """
     barrier = barrier or (lambda: None)
     agree = agree or _same
@@ -123,16 +127,18 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
         params = [p for layer in layers for p in own[layer].parameters()]
         for p in params:
             p.grad = torch.zeros_like(p)
-        optimizer = make_optimizer("momentum", params, LEARNING_RATE)
-        optimizer.step()  # creates the momentum buffers the prediction reads
+        momentum = make_optimizer("momentum", params, LEARNING_RATE)
+        momentum.step()  # creates the momentum buffers the prediction reads
+        update = momentum if optimizer == "momentum" else make_optimizer(optimizer, params, LEARNING_RATE)
         flat = torch.cat([p.detach().reshape(-1) for p in params])
-        run = _cycle(own, layers, inputs[layers[0]].to(device), optimizer, flat, device)
+        run = _cycle(own, layers, inputs[layers[0]].to(device), momentum, update, flat, device)
         barrier()
-        *medians, _rest = _time_blocks(run, repeats, warmup, min_block_s, agree)
+        *medians, update_s, _rest = _time_blocks(run, repeats, warmup, min_block_s, agree)
         entry = {"num_params": int(sum(p.numel() for p in params)), "num_tensors": len(params)}
         entry.update({f"{name}_s": median for name, median in zip(WEIGHT_PASSES, medians)})
+        entry["update_s"] = update_s
         results.append(entry)
-        del optimizer, own, params, run
+        del momentum, update, own, params, run
     barrier()
     return results
 
