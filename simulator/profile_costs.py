@@ -110,15 +110,17 @@ class ProfileCosts:
         if concurrent_ranks is not None:
             self.scale = self.slowdown(concurrent_ranks) / self.slowdown(profile.world_size)
         ranks_at_once = profile.world_size if concurrent_ranks is None else concurrent_ranks
-        self._weight_pass_scale = {
-            name: self.slowdown(ranks_at_once) / self.slowdown(timed_at)
-            for name, timed_at in profile.weight_pass_ranks_at_once.items() if timed_at != ranks_at_once}
+
+        def rescaled_from(timed_at: int) -> float:  # a fit timed with `timed_at` ranks at once, to ranks_at_once
+            return 1.0 if timed_at == ranks_at_once else self.slowdown(ranks_at_once) / self.slowdown(timed_at)
+
+        self._weight_pass_scale = {name: rescaled_from(timed_at)
+                                   for name, timed_at in profile.weight_pass_ranks_at_once.items()}
         self.update_timed_in_cycle = profile.optimizer_in_cycle is not None
         """The update's fit already holds what the rank's other passes cost it (caches, predictors),
         so `simulator.layer_ages` adds no cold-start factor to it."""
-        timed_at = profile.optimizer_in_cycle_ranks_at_once
-        self._in_cycle_scale = (self.slowdown(ranks_at_once) / self.slowdown(timed_at)
-                                if self.update_timed_in_cycle and timed_at != ranks_at_once else 1.0)
+        self._in_cycle_scale = (rescaled_from(profile.optimizer_in_cycle_ranks_at_once)
+                                if self.update_timed_in_cycle else 1.0)
         self._forward = [layer.forward for layer in profile.layers]
         self._backward = [layer.backward for layer in profile.layers]
         self.cold_start = profile.cold_start
