@@ -16,6 +16,9 @@ every N-th round and the prediction from all of them pooled is printed beside th
 (`validator.interleave`).
 Run: python benchmarks/bench_pipeline_validation.py [--steps 12] [--reuse-profiles] [--pipeline-runtime torch]
 (torch: gpipe and 1f1b through torch.distributed.pipelining, validator/torch_pipelining.py).
+On a GPU machine `--device cuda --backend gloo` calibrates and runs there with the stages sharing one
+GPU (benchmarks/gpu_pipeline_validation.sh wraps it; `--profiles` and `--profile-suffix` place the
+profiles).
 """
 
 from __future__ import annotations
@@ -57,9 +60,9 @@ def pipeline_overrides(stages: int) -> list[str]:
             f"training.global_batch_size={16 * stages}"]
 
 
-def pipeline_profile(name: str, stages: int) -> Path:
+def pipeline_profile(name: str, stages: int, folder: Path = ROOT / "reports" / "profiles", suffix: str = "") -> Path:
     """The profile the benchmark calibrates (and commits) for model `name` at p = `stages`."""
-    return ROOT / "reports" / "profiles" / f"{name}_ws{stages}_momentum.json"
+    return Path(folder) / f"{name}_ws{stages}_momentum{suffix}.json"
 
 
 def main() -> int:
@@ -84,6 +87,15 @@ def main() -> int:
     parser.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                         help="calibrate a one-sweep slice after every ROUNDS launch rounds and print the "
                              "prediction from the calibration and its slices pooled (validator.interleave; 0: off)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="calibrate and run on this device (cuda: on a GPU machine)")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                        help="default gloo on cpu, nccl on cuda; gloo on cuda shares one GPU among the stages")
+    parser.add_argument("--calibration-attempts", type=int, default=3,
+                        help="calibrate again while the machine looks disturbed, up to this many times in all")
+    parser.add_argument("--profiles", default=str(ROOT / "reports" / "profiles"),
+                        help="folder of the profiles written (and read with --reuse-profiles)")
+    parser.add_argument("--profile-suffix", default="", help="appended to each profile's name, e.g. _cuda")
     args = parser.parse_args()
     rows = []
     slice_folder = Path(tempfile.mkdtemp(prefix="ghpsim-pipeline-slices-"))
@@ -92,11 +104,12 @@ def main() -> int:
             overrides = pipeline_overrides(stages)
             scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml", overrides)
             workload = resolve_workload(scenario.model, scenario.base_dir)
-            profile = pipeline_profile(name, stages)
+            profile = pipeline_profile(name, stages, Path(args.profiles), args.profile_suffix)
             probe_before_s = reference_kernel_s()
             if not (args.reuse_profiles and profile.exists()):
                 calibrate_quietly(workload, dict(scenario.model.params), profile, world_size=stages,
-                          optimizer="momentum", verbose=False)
+                                  optimizer="momentum", verbose=False, device=args.device, backend=args.backend,
+                                  attempts=args.calibration_attempts)
             kinds = args.schedules.split(",")
             if args.pipeline_runtime == "torch":
                 kinds = [kind for kind in kinds if kind in ("gpipe", "1f1b")]

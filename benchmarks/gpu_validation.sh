@@ -17,18 +17,10 @@ LAUNCHES=${LAUNCHES:-4}
 STEPS=${STEPS:-20}
 LIMIT_S=${LIMIT_S:-540}
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 tag=${WORLD_SIZES//,/_}
 log="$OUT/bench_cuda_ws$tag.log"
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
-  python3 -m validator.comm_device_check
-} 2>&1 | tee "$log"
+source benchmarks/gpu_env.sh
+gpu_preamble "$log" || exit 1
 timeout "$LIMIT_S" python3 benchmarks/bench_validation.py --device cuda --backend gloo --world-sizes "$WORLD_SIZES" \
   --models "$MODELS" --launches "$LAUNCHES" --steps "$STEPS" --calibration-attempts 1 \
   --profiles "$OUT" --profile-suffix _cuda --out "$OUT/validation_cuda_ws$tag.csv" 2>&1 | tee -a "$log"

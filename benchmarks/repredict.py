@@ -42,7 +42,7 @@ def cases(frame: pd.DataFrame, pipelines: bool, profile_suffix: str = ""):
     for (model, world_size), rows in frame.groupby(["model", "world_size"], sort=False):
         if pipelines:
             overrides = pipeline_overrides(world_size) + [VIRTUAL_STAGES]
-            profile = pipeline_profile(model, world_size)
+            profile = pipeline_profile(model, world_size, suffix=profile_suffix)
             specs = [(kind, None) for kind in rows["kind"]]
         else:
             overrides = [f"cluster.gpus_per_node={world_size}"]

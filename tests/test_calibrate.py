@@ -211,3 +211,13 @@ def test_calibrate_quietly_repeats_a_disturbed_calibration_and_stops_when_quiet(
     assert len(said) == 2 and said[-1].endswith("keeping it, with that note")
     with pytest.raises(ValueError, match="attempts must be >= 1"):
         calibrate_module.calibrate_quietly(attempts=0)
+
+
+def test_the_handoff_section_can_be_measured_alone():
+    """`benchmarks/handoff_recalibrate.py`'s launch: two ranks pass messages along the chain with the
+    model's layers computing between hops, both receive protocols, as the calibration's phase."""
+    from validator.handoff_bench import handoff_rank_main
+    from validator.launch import LaunchConfig, spawn
+    handoff = spawn(handoff_rank_main, (tiny_mlp(), 8, MODELS, 0, 2, 1), LaunchConfig(world_size=2))[0]
+    assert handoff["world_size"] == 2 and handoff["num_messages"] >= 1 and handoff["mean_delay_s"] > 0
+    assert handoff["preposted"]["num_messages"] >= 1 and handoff["preposted"]["send_post_s"] > 0

@@ -100,6 +100,34 @@ def test_preposted_receives_have_their_own_handoff_and_older_profiles_share_one(
     assert older.handoff_preposted_s == older.handoff_s == pytest.approx(0.001 - idle_s)
 
 
+def test_a_gpu_profile_pays_its_handoff_without_a_shared_host(tmp_path):
+    """On a GPU, gloo stages every message through the host: the handoff and the runtime's own work
+    per message apply there too (measured since 2026-11-23), not only on a shared CPU host."""
+    doc = copy.deepcopy(document())
+    doc["device"] = {"kind": "cuda", "name": "test gpu", "num_threads": 1}
+    doc["handoff"] = {"world_size": 4, "size_bytes": 65536, "mean_delay_s": 0.001, "median_delay_s": 0.0002,
+                      "preposted": {"num_messages": 20, "mean_delay_s": 0.0025, "median_delay_s": 0.0003,
+                                    "send_post_s": 0.0001, "ready_receive_s": 0.00015}}
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(doc))
+    profile = load_profile(path)
+    costs = ProfileCosts(profile, workload())
+    assert costs.host_parallelism is None  # no processor-sharing pool on a GPU
+    assert costs.handoff_s == pytest.approx(0.001 - profile.p2p.time_s(65536))
+    assert (costs.send_post_s, costs.ready_receive_s) == pytest.approx((0.0001, 0.00015))
+
+
+def test_the_preposted_handoff_leaves_out_the_isend_call_the_engine_plays_before_the_send(tmp_path):
+    """The chain times a delay from the start of the sender's isend call; the engine plays that call
+    (median and tail) on the sender before the send, then the point-to-point time, then the handoff:
+    together exactly the measured mean delay, the call not counted twice."""
+    profile = _with_handoff(tmp_path, 0.001, preposted_s=0.0025, send_post_s=0.0001, send_post_mean_s=0.0004)
+    costs = ProfileCosts(profile, workload(), shared_host=True)
+    idle_s = profile.p2p.time_s(65536)
+    assert costs.send_post_s + costs.send_post_tail_s + idle_s + costs.handoff_preposted_s == pytest.approx(0.0025)
+    assert costs.handoff_s == pytest.approx(0.001 - idle_s)  # on-demand receives: the engine plays no isend call there
+
+
 @pytest.mark.parametrize("preposted, field", [({"mean_delay_s": -0.001}, "handoff.preposted.mean_delay_s"),
                                               ([1, 2], "handoff.preposted")])
 def test_malformed_preposted_handoff_names_the_field(tmp_path, preposted, field):

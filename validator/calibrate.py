@@ -50,7 +50,8 @@
    forward + backward at the middle batch size) alone, a stream of asynchronous allreduces (or of
    point-to-point messages between rank pairs) alone, and both at once, all ranks together:
    compute's and communication's slowdowns when they overlap on the shared cores
-   (`simulator.host_sharing`). Then **handoff** (`validator.handoff_bench`): messages passed
+   (`simulator.host_sharing`). Then **handoff** (CPU and GPU, world_size >= 2;
+   `validator.handoff_bench`, on a GPU with the messages staged through the host): messages passed
    along a chain of all ranks computing between hops; the mean delay from send to the end of a
    waiting receiver's `wait()`, with receives posted on demand (`ProfileCosts.handoff_s`) and
    posted one ahead as the pipeline runtime does (`ProfileCosts.handoff_preposted_s`).

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from simulator.workload import Workload
 from validator.cold_bench import time_cold_start
-from validator.handoff_bench import time_handoffs
+from validator.handoff_bench import measure_handoff
 from validator.layer_passes import (DEFAULT_LAYER_PASSES, comm_pass_spread, median_comm_over_passes,
                                    median_over_passes, pass_slots, pass_spread, pass_totals_s)
 from validator.comm_bench import agree_max, time_allgather, time_allreduce, time_p2p
@@ -171,24 +171,21 @@ def _measure_comm(settings: CalibrationSettings, device: str, rank: int) -> dict
 
 
 def _measure_overlap(settings: CalibrationSettings, device: str, rank: int) -> dict:
-    """Shared cores (CPU, >= 2 ranks): how compute and communication slow each other; handoffs."""
+    """>= 2 ranks: handoffs and the runtime's own work per message (`validator.handoff_bench`; on a
+    GPU, messages staged through the host); shared cores (CPU): also how compute and communication
+    slow each other."""
     world = dist.get_world_size()
     overlap, handoff = {}, None
-    if world >= 2 and device == "cpu":
-        steps = model_steps(settings.workload, settings.batch_sizes[len(settings.batch_sizes) // 2],
-                            load_models_module(settings.models), seed=settings.seed)
+    if world < 2:
+        return {"overlap": overlap, "handoff": handoff}
+    steps = model_steps(settings.workload, settings.batch_sizes[len(settings.batch_sizes) // 2],
+                        load_models_module(settings.models), seed=settings.seed, device=device)
+    if device == "cpu":
         for kind in OVERLAP_KINDS:
             say(settings, f"overlap: compute with a {kind} stream, {world} ranks at once")
             overlap[kind] = time_overlap(steps, kind, DEFAULT_OVERLAP_BYTES[kind], DEFAULT_OVERLAP_MESSAGES[kind],
                                          repeats=settings.repeats, warmup=settings.warmup)
-        say(settings, f"handoff: messages along a chain of {world} computing ranks, receives on demand")
-        handoff = time_handoffs(steps, repeats=settings.repeats + 3, warmup=settings.warmup)
-        say(settings, "handoff: the same chain, receives posted one ahead")
-        preposted = time_handoffs(steps, repeats=settings.repeats + 3, warmup=settings.warmup, preposted=True)
-        handoff["preposted"] = {key: preposted[key] for key in ("num_messages", "mean_delay_s", "median_delay_s",
-                                                                "send_post_s", "send_post_mean_s", "ready_receive_s",
-                                                                "ready_receive_mean_s", "num_ready")
-                                if preposted[key] is not None}
+    handoff = measure_handoff(steps, settings.repeats + 3, settings.warmup, lambda message: say(settings, message))
     return {"overlap": overlap, "handoff": handoff}
 
 

@@ -45,6 +45,10 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from validator import comm_device
+from validator.microbench import load_models_module
+from validator.overlap_bench import model_steps
+
 DEFAULT_HANDOFF_BYTES = 64 << 10
 """A micro-batch's activations in the validation models are tens to hundreds of KiB."""
 READY_MARGIN_S = 0.0005
@@ -54,12 +58,17 @@ DEFAULT_HOP_COMPUTE_S = 0.002
 """Compute between handoffs: the order of a pipeline stage's pass over one micro-batch here."""
 
 
-def _compute_for(steps: Sequence[Callable[[], None]], duration_s: float, position: int) -> int:
-    """Run steps in turn (from `position`) until `duration_s` has passed; the next position."""
+def _compute_for(steps: Sequence[Callable[[], None]], duration_s: float, position: int,
+                 device: torch.device) -> int:
+    """Run steps in turn (from `position`) until `duration_s` has passed; the next position. On a
+    GPU the kernels are waited for, so that a send after it times the message's own staging, as
+    the simulator plays it after a pass whose duration is the kernels' time."""
     end = time.perf_counter() + duration_s
     while True:
         steps[position % len(steps)]()
         position += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         if time.perf_counter() >= end:
             return position
 
@@ -78,12 +87,12 @@ class _Receives:
 
     def _post(self) -> None:
         if self.next < len(self.sources):
-            self.posted = dist.irecv(self.buffers[self.next % 2], src=self.sources[self.next])
+            self.posted = comm_device.irecv(self.buffers[self.next % 2], src=self.sources[self.next])
             self.next += 1
 
     def wait(self) -> None:
         if not self.preposted:
-            dist.irecv(self.buffers[0], src=self.sources[self.next]).wait()
+            comm_device.irecv(self.buffers[0], src=self.sources[self.next]).wait()
             self.next += 1
             return
         self.posted.wait()
@@ -103,11 +112,11 @@ def _sweeps(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: f
                 waited_from = time.perf_counter()
                 incoming.wait()
                 receives.append((repeat, direction, microbatch, rank, waited_from, time.perf_counter()))
-            position = _compute_for(steps, hop_compute_s, position)
+            position = _compute_for(steps, hop_compute_s, position, buffer.device)
             if 0 <= target < world:
                 outgoing = buffer.clone()
                 sent_at = time.perf_counter()
-                pending.append(dist.isend(outgoing, dst=target))
+                pending.append(comm_device.isend(outgoing, dst=target))
                 posts.append(time.perf_counter() - sent_at)
                 sends.append((repeat, direction, microbatch, target, sent_at))
     for work in pending:
@@ -121,7 +130,7 @@ def time_handoffs(steps: Sequence[Callable[[], None]], size_bytes: int = DEFAULT
     """Handoff delays of a chain of all ranks (see the module docstring) with receives posted on
     demand or, `preposted`, one ahead. Every rank must call it at the same time; returns the same
     dict on every rank."""
-    buffer = torch.ones(max(size_bytes // 4, 1))
+    buffer = torch.ones(max(size_bytes // 4, 1), device=comm_device.data_device())
     sends, receives, posts = [], [], []
     for repeat in range(warmup + repeats):
         dist.barrier()
@@ -164,3 +173,28 @@ def handoff_summary(everyone: Sequence[tuple], size_bytes: int, hop_compute_s: f
             "send_post_mean_s": statistics.fmean(posts) if posts else None,
             "ready_receive_s": statistics.median(ready) if ready else None,
             "ready_receive_mean_s": statistics.fmean(ready) if ready else None, "num_ready": len(ready)}
+
+
+PREPOSTED_KEYS = ("num_messages", "mean_delay_s", "median_delay_s", "send_post_s", "send_post_mean_s",
+                  "ready_receive_s", "ready_receive_mean_s", "num_ready")
+"""What a profile keeps of the pre-posted chain (`handoff.preposted`)."""
+
+
+def measure_handoff(steps: Sequence[Callable[[], None]], repeats: int, warmup: int,
+                    say: Callable[[str], None] = lambda message: None) -> dict:
+    """The profile's `handoff` section: the chain with receives on demand (top level) and posted one
+    ahead (`preposted`). Every rank must call it at the same time."""
+    say(f"handoff: messages along a chain of {dist.get_world_size()} computing ranks, receives on demand")
+    handoff = time_handoffs(steps, repeats=repeats, warmup=warmup)
+    say("handoff: the same chain, receives posted one ahead")
+    preposted = time_handoffs(steps, repeats=repeats, warmup=warmup, preposted=True)
+    handoff["preposted"] = {key: preposted[key] for key in PREPOSTED_KEYS if preposted[key] is not None}
+    return handoff
+
+
+def handoff_rank_main(rank: int, workload, batch: int, models, seed: int, repeats: int, warmup: int) -> dict | None:
+    """A launch that measures the handoff section alone (`benchmarks/handoff_recalibrate.py`): each
+    rank computes the workload's layer steps on its launch's device between hops."""
+    steps = model_steps(workload, batch, load_models_module(models), seed=seed, device=str(comm_device.data_device()))
+    handoff = measure_handoff(steps, repeats, warmup)
+    return handoff if rank == 0 else None

@@ -142,11 +142,14 @@ def time_overlap(steps: Sequence[Callable[[], None]], kind: str, size_bytes: int
             "compute_slowdown": statistics.fmean(r[0] for r in everyone), "comm_slowdown": both_stream_s / stream_s}
 
 
-def model_steps(workload, batch: int, models, seed: int = 0) -> list[Callable[[], None]]:
-    """`layer_steps` of the workload's torch modules (`models`: validator.models or a stand-in)."""
+def model_steps(workload, batch: int, models, seed: int = 0, device: str = "cpu") -> list[Callable[[], None]]:
+    """`layer_steps` of the workload's torch modules (`models`: validator.models or a stand-in), on `device`."""
     modules = [module.train() for module in models.build_modules(workload, seed=seed)]
     inputs, _ = models.make_batch(workload, batch, seed=seed)
     chain = activation_chain(modules, inputs)
     generator = torch.Generator().manual_seed(seed)
     grads = [torch.randn(output.shape, generator=generator, dtype=output.dtype) for output in chain[1:]]
+    if device != "cpu":
+        modules = [module.to(device) for module in modules]
+        chain, grads = [tensor.to(device) for tensor in chain], [grad.to(device) for grad in grads]
     return layer_steps(modules, chain[:-1], grads)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The pipeline schedules calibrated and validated on one GPU: bench_pipeline_validation.py with
+# --device cuda. One GPU holds all the stages, so the backend is gloo (nccl refuses two ranks on one
+# device); activations and gradients between stages are staged through the host
+# (validator/comm_device.py) and the profile's microbenchmarks time that path.
+#
+#   STAGES=2,4 MODELS=mlp_cpu,resnet_cpu LAUNCHES=3 bash benchmarks/gpu_pipeline_validation.sh
+#   EXTRA_ARGS=--reuse-profiles ...   (validate with the profiles already under $OUT)
+#
+# Writes under $OUT (default reports/gpu): the profiles (<model>_ws<p>_momentum_cuda.json), the CSV
+# validation_pipelines_cuda_<models>.csv and the benchmark's log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-reports/gpu}
+STAGES=${STAGES:-2,4}
+MODELS=${MODELS:-mlp_cpu,resnet_cpu,transformer_cpu}
+LAUNCHES=${LAUNCHES:-4}
+STEPS=${STEPS:-12}
+LIMIT_S=${LIMIT_S:-540}
+EXTRA_ARGS=${EXTRA_ARGS:-}
+mkdir -p "$OUT"
+tag=${MODELS//,/_}
+log="$OUT/bench_pipelines_cuda_$tag.log"
+source benchmarks/gpu_env.sh
+gpu_preamble "$log" || exit 1
+timeout "$LIMIT_S" python3 benchmarks/bench_pipeline_validation.py --device cuda --backend gloo --stages "$STAGES" \
+  --models "$MODELS" --launches "$LAUNCHES" --steps "$STEPS" --calibration-attempts 1 \
+  --profiles "$OUT" --profile-suffix _cuda --out "$OUT/validation_pipelines_cuda_$tag.csv" $EXTRA_ARGS 2>&1 | tee -a "$log"
