@@ -51,3 +51,35 @@ def test_every_predicted_figure_is_reproduced_from_the_committed_profile():
             assert figures[row.strategy]["predicted_s"] == pytest.approx(row.predicted_s, rel=1e-9)
             assert figures[row.strategy]["predicted_jitter_s"] == pytest.approx(row.predicted_jitter_s, rel=1e-9)
             assert row.error_pct == pytest.approx(100 * (row.predicted_s - row.measured_s) / row.measured_s, rel=1e-6)
+
+
+PIPELINE_REPORT = ROOT / "reports" / "validation_pipelines_cuda.csv"
+
+
+def test_pipeline_report_covers_every_schedule_at_two_and_four_stages():
+    frame = pd.read_csv(PIPELINE_REPORT)
+    assert sorted(frame["model"].unique()) == ["mlp_cpu", "resnet_cpu", "transformer_cpu"]
+    for (model, stages), group in frame.groupby(["model", "world_size"]):
+        kinds = {label.split(":")[0] for label in group["kind"]}
+        assert {"gpipe", "1f1b", "pipedream", "spectrain"} <= kinds, (model, stages)
+        assert stages in (2, 4)
+    assert (frame["repredicted"].str.contains("handoff")).all()  # says what the predictions were rewritten with
+
+
+def test_every_pipeline_prediction_is_reproduced_from_the_committed_gpu_profile():
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_pipeline_validation import VIRTUAL_STAGES, pipeline_overrides, pipeline_profile
+    frame = pd.read_csv(PIPELINE_REPORT)
+    for (model, stages), group in frame.groupby(["model", "world_size"]):
+        scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml",
+                                 pipeline_overrides(stages) + [VIRTUAL_STAGES])
+        profile = pipeline_profile(model, stages, suffix="_cuda")
+        assert json.loads(profile.read_text())["device"]["kind"] == "cuda"
+        figures = predictions(scenario, str(profile), [(kind, None) for kind in group["kind"]],
+                              RunOptions(optimizer="momentum"))
+        for row in group.itertuples():
+            assert figures[row.strategy]["predicted_s"] == pytest.approx(row.predicted_s, rel=1e-9)
+            assert figures[row.strategy]["predicted_jitter_s"] == pytest.approx(row.predicted_jitter_s, rel=1e-9)
+            assert row.jitter_error_pct == pytest.approx(
+                100 * (row.predicted_jitter_s - row.measured_s) / row.measured_s, rel=1e-6)
