@@ -9,7 +9,6 @@ when a profile is present). Nothing here imports torch. The format is documented
 
 from __future__ import annotations
 
-import bisect
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from simulator.costs import WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.host_sharing import COMM_CLASSES, Interference
 from simulator.pass_jitter import PassJitter, parse_pass_jitter
+from simulator.profile_fits import AllreduceStream, AlphaBeta, Handoff, LayerProfile, LinearFit, SelectionFit
 from simulator.profile_format import PROFILE_FORMAT  # re-exported: the documented format
 from simulator.document_reader import DocumentReader as _Reader
 from simulator.document_reader import show_value as _show
@@ -31,86 +31,6 @@ __doc__ = f"{__doc__}\n{PROFILE_FORMAT}"  # the format is part of the module's d
 
 
 # ----------------------------------------------------------------------------- data
-
-
-@dataclass(frozen=True)
-class LinearFit:
-    """`intercept_s + per_unit_s x amount`, with the R^2 of the fit (None when not recorded)."""
-
-    intercept_s: float
-    per_unit_s: float
-    r2: float | None = None
-
-    def at(self, amount: float) -> float:
-        return self.intercept_s + self.per_unit_s * amount
-
-
-@dataclass(frozen=True)
-class LayerProfile:
-    index: int
-    name: str
-    forward: LinearFit
-    backward: LinearFit
-    batch_sizes: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Handoff:
-    """Mean delay of a `size_bytes` message to a waiting receiver on a busy shared host, with the
-    receive posted on demand and (`preposted_mean_delay_s`; None in older profiles) one ahead."""
-
-    size_bytes: float
-    mean_delay_s: float
-    preposted_mean_delay_s: float | None = None
-    preposted_send_post_s: float | None = None
-    """The pipeline runtime's rank time per message it sends: the median `isend` call (None: not measured)."""
-    preposted_ready_receive_s: float | None = None
-    """Its time per message that had arrived before it was waited for: the wait and posting the next receive."""
-    preposted_send_post_mean_s: float | None = None
-    """The mean `isend` call (None in older profiles): the median plus the tail of calls that waited for a core."""
-    preposted_ready_receive_mean_s: float | None = None
-    """The mean wait on an arrived message (None in older profiles)."""
-
-
-@dataclass(frozen=True)
-class AlphaBeta:
-    """Hockney's model: `latency_s + size / bandwidth_bytes_per_s`."""
-
-    latency_s: float
-    bandwidth_bytes_per_s: float
-    sizes_bytes: tuple[int, ...] = ()
-
-    def time_s(self, size_bytes: float) -> float:
-        if size_bytes <= 0:
-            return 0.0
-        return self.latency_s + size_bytes / self.bandwidth_bytes_per_s
-
-
-@dataclass(frozen=True)
-class SelectionFit:
-    """Top-k selection time vs elements (`TOPK_FIT` in `PROFILE_FORMAT`): piecewise-linear through
-    the measured (elements, median) points inside their range, the linear fit outside."""
-
-    fit: LinearFit
-    points: tuple[tuple[float, float], ...] = ()
-
-    def at(self, num_elements: float) -> float:
-        points = self.points
-        if len(points) < 2 or not points[0][0] <= num_elements <= points[-1][0]:
-            return self.fit.at(num_elements)
-        index = max(1, bisect.bisect_left([n for n, _ in points], num_elements))
-        (n0, t0), (n1, t1) = points[index - 1], points[index]
-        return t0 + (t1 - t0) * (num_elements - n0) / (n1 - n0)
-
-
-@dataclass(frozen=True)
-class AllreduceStream:
-    """`overlap.collective`: `num_messages` asynchronous allreduces of `size_bytes` among all ranks,
-    issued back to back with no compute, took `stream_s` in all."""
-
-    size_bytes: float
-    num_messages: int
-    stream_s: float
 
 
 @dataclass(frozen=True)
