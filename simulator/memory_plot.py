@@ -10,7 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from simulator.memory import CATEGORIES, memory_config, memory_timeline, rank_memory  # noqa: E402
+from simulator.memory import CATEGORIES, memory_config, rank_memory  # noqa: E402
+from simulator.memory_timeline import memory_timeline  # noqa: E402
 from simulator.output import write_figure_atomic  # noqa: E402
 
 MAX_PANELS = 8
@@ -18,7 +19,7 @@ GIB = 2**30
 
 
 def plot_memory_timeline(frame: pd.DataFrame, axis, capacity_bytes: float | None = None) -> None:
-    """Stacked step plot of `frame` (`simulator.memory.memory_timeline`: time_s, categories) on `axis`."""
+    """Stacked step plot of `frame` (`simulator.memory_timeline.memory_timeline`: time_s, categories) on `axis`."""
     shown = [c for c in CATEGORIES if c in frame and frame[c].abs().max() > 0]
     times_ms = frame["time_s"] * 1e3
     axis.stackplot(times_ms, *[frame[c] / GIB for c in shown], labels=shown, step="post", alpha=0.85)

@@ -3,7 +3,8 @@
 import pytest
 
 from simulator.engine import Engine
-from simulator.memory import MemoryConfig, memory_report, memory_timeline, rank_memory
+from simulator.memory import MemoryConfig, memory_report, rank_memory
+from simulator.memory_timeline import memory_timeline
 from simulator.plan import Compute, Plan, Stage
 from simulator.records import span_table
 from simulator.strategies.ghp import apply_training_options
