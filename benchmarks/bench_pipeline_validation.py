@@ -35,6 +35,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.bracket import bracketing_profile
 from validator.calibrate import calibrate_quietly
+from validator.comm_device import device_problem
 from validator.interleave import CalibrationSlices
 from validator.measure import RunOptions
 from validator.report import (anchored_summary, bracketed_summary, calibration_level_summary, headline_column,
@@ -97,6 +98,11 @@ def main() -> int:
                         help="folder of the profiles written (and read with --reuse-profiles)")
     parser.add_argument("--profile-suffix", default="", help="appended to each profile's name, e.g. _cuda")
     args = parser.parse_args()
+    backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    problem = device_problem(args.device, backend, max(int(n) for n in args.stages.split(",")))
+    if problem:
+        print(f"--device {args.device} / --backend {backend}: {problem}", file=sys.stderr)
+        return 2
     rows = []
     slice_folder = Path(tempfile.mkdtemp(prefix="ghpsim-pipeline-slices-"))
     for name in args.models.split(","):

@@ -28,6 +28,7 @@ from simulator.scenario import load_scenario
 from validator.handoff_bench import handoff_rank_main
 from validator.launch import LaunchConfig, spawn
 from validator.calibrate import DEFAULT_BATCH_SIZES
+from validator.comm_device import device_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,6 +48,13 @@ def main() -> int:
             scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml", pipeline_overrides(stages))
             workload = resolve_workload(scenario.model, scenario.base_dir)
             path = pipeline_profile(name, stages, Path(args.profiles), args.profile_suffix)
+            if not path.is_file():
+                print(f"{path}: no such profile (calibrate first: bench_pipeline_validation.py)", file=sys.stderr)
+                return 2
+            problem = device_problem(args.device, args.backend, stages)
+            if problem:
+                print(f"--device {args.device} / --backend {args.backend}: {problem}", file=sys.stderr)
+                return 2
             document = json.loads(path.read_text())
             if document["world_size"] != stages or document["device"]["kind"] != args.device:
                 print(f"{path}: world_size {document['world_size']} / device {document['device']['kind']} "
