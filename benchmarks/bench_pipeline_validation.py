@@ -30,12 +30,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench_validation import device_refusal
 from simulator.model_source import resolve_workload
 from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.bracket import bracketing_profile
 from validator.calibrate import calibrate_quietly
-from validator.comm_device import device_problem
 from validator.interleave import CalibrationSlices
 from validator.measure import RunOptions
 from validator.report import (anchored_summary, bracketed_summary, calibration_level_summary, headline_column,
@@ -98,10 +98,9 @@ def main() -> int:
                         help="folder of the profiles written (and read with --reuse-profiles)")
     parser.add_argument("--profile-suffix", default="", help="appended to each profile's name, e.g. _cuda")
     args = parser.parse_args()
-    backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
-    problem = device_problem(args.device, backend, max(int(n) for n in args.stages.split(",")))
-    if problem:
-        print(f"--device {args.device} / --backend {backend}: {problem}", file=sys.stderr)
+    refusal = device_refusal(args.device, args.backend, args.stages)
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
     rows = []
     slice_folder = Path(tempfile.mkdtemp(prefix="ghpsim-pipeline-slices-"))

@@ -34,7 +34,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.bracket import bracketing_profile
 from validator.calibrate import calibrate_quietly
-from validator.comm_device import device_problem
+from validator.comm_device import default_backend, device_problem
 from validator.interleave import CalibrationSlices
 from validator.measure import RunOptions
 from validator.report import (anchored_summary, bracketed_summary, calibration_level_summary, headline_column,
@@ -46,6 +46,14 @@ from validator.validate import predictions, validate, with_second_prediction
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("mlp_cpu", "resnet_cpu", "transformer_cpu")
+
+
+def device_refusal(device: str, backend: str | None, world_sizes: str) -> str | None:
+    """The one-line error for a `--device` / `--backend` this machine cannot run at the largest of
+    `world_sizes` (comma-separated), or None (`validator.comm_device.device_problem`)."""
+    backend = backend or default_backend(device)
+    problem = device_problem(device, backend, max(int(n) for n in world_sizes.split(",")))
+    return f"--device {device} / --backend {backend}: {problem}" if problem else None
 
 
 def validation_specs(world_size: int) -> list[tuple[str, int | None]]:
@@ -82,10 +90,9 @@ def main() -> int:
                         help="folder of the profiles written (and read with --reuse-profiles)")
     parser.add_argument("--profile-suffix", default="", help="appended to each profile's name, e.g. _cuda")
     args = parser.parse_args()
-    backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
-    problem = device_problem(args.device, backend, max(int(n) for n in args.world_sizes.split(",")))
-    if problem:
-        print(f"--device {args.device} / --backend {backend}: {problem}", file=sys.stderr)
+    refusal = device_refusal(args.device, args.backend, args.world_sizes)
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
     rows = []
     slice_folder = Path(tempfile.mkdtemp(prefix="ghpsim-slices-"))

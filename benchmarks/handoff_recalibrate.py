@@ -22,13 +22,13 @@ import sys
 from pathlib import Path
 
 from bench_pipeline_validation import pipeline_overrides, pipeline_profile
+from bench_validation import device_refusal
 from simulator.model_source import resolve_workload
 from simulator.output import write_json_atomic
 from simulator.scenario import load_scenario
 from validator.handoff_bench import handoff_rank_main
 from validator.launch import LaunchConfig, spawn
 from validator.calibrate import DEFAULT_BATCH_SIZES
-from validator.comm_device import device_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,6 +43,10 @@ def main() -> int:
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--repeats", type=int, default=10, help="chain sweeps timed per receive protocol")
     args = parser.parse_args()
+    refusal = device_refusal(args.device, args.backend, args.stages)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
     for name in args.models.split(","):
         for stages in (int(p) for p in args.stages.split(",")):
             scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml", pipeline_overrides(stages))
@@ -50,10 +54,6 @@ def main() -> int:
             path = pipeline_profile(name, stages, Path(args.profiles), args.profile_suffix)
             if not path.is_file():
                 print(f"{path}: no such profile (calibrate first: bench_pipeline_validation.py)", file=sys.stderr)
-                return 2
-            problem = device_problem(args.device, args.backend, stages)
-            if problem:
-                print(f"--device {args.device} / --backend {args.backend}: {problem}", file=sys.stderr)
                 return 2
             document = json.loads(path.read_text())
             if document["world_size"] != stages or document["device"]["kind"] != args.device:

@@ -82,7 +82,7 @@ from simulator.profile import FORMAT
 from simulator.workload import Workload
 from validator.calibration_phases import DEFAULT_TOPK_DENSITIES, CalibrationSettings, load_average, rank_main
 from validator.cold_bench import single_pass_overheads
-from validator.comm_device import device_problem
+from validator.comm_device import default_backend, device_problem
 from validator.launch import LaunchConfig, spawn
 from validator.layer_passes import DEFAULT_LAYER_PASSES
 from validator.microbench import DEFAULT_MIN_BLOCK_S, fit_line
@@ -248,7 +248,7 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
     passes timed after each sweep (`validator.pass_jitter_bench`; 0: none)."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    backend = backend or ("nccl" if device == "cuda" else "gloo")
+    backend = backend or default_backend(device)
     problem = device_problem(device, backend, world_size)
     if problem:
         raise ValueError(f"device {device!r}, backend {backend!r}: {problem}")

@@ -89,8 +89,8 @@ def cmd_calibrate(args) -> int:
     jitter_passes = DEFAULT_JITTER_PASSES if args.jitter_passes is None else args.jitter_passes
     if jitter_passes < 0:
         raise ScenarioError(f"--jitter-passes: {jitter_passes} must be at least 0")
-    from validator.comm_device import device_problem
-    problem = device_problem(args.device, args.backend or ("nccl" if args.device == "cuda" else "gloo"),
+    from validator.comm_device import default_backend, device_problem
+    problem = device_problem(args.device, args.backend or default_backend(args.device),
                              args.world_size)
     if problem:
         raise ScenarioError(f"--device {args.device} --backend {args.backend or 'default'}: {problem}")

@@ -40,6 +40,11 @@ def control_device() -> torch.device:
     return torch.device("cpu")
 
 
+def default_backend(device: str) -> str:
+    """The backend a launch on `device` uses unless told otherwise: nccl on CUDA, gloo on the CPU."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
 def device_problem(device: str, backend: str, world_size: int) -> str | None:
     """Why `world_size` ranks cannot run on `device` with `backend` here, or None: a CUDA run needs a
     GPU, and nccl one GPU per rank (it refuses two ranks on one device)."""

@@ -37,6 +37,7 @@ from simulator.plan import Plan
 from simulator.scenario import PIPELINE_KINDS, Scenario
 from simulator.simulate import simulate
 from simulator.workload import Workload
+from validator.comm_device import default_backend
 from validator.launch import LaunchConfig, spawn
 from validator.pipeline_runtime import PipelineExecutor
 from validator.runtime import RankExecutor
@@ -139,7 +140,7 @@ def measure_memory(scenario: Scenario, specs: list[tuple[str, int | None]],
         predicted = simulate(variant, workload=workload)
         plan = predicted.plan
         config = LaunchConfig(world_size=plan.num_ranks, device=options.device, timeout_s=timeout_s,
-                              backend="nccl" if options.device == "cuda" else "gloo")
+                              backend=default_backend(options.device))
         measured = spawn(measure_rank, (plan, workload, options), config)
         for device, result in zip(predicted.summary["devices"], measured):
             rows.append({
