@@ -26,15 +26,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from validator.host_wake_bench import matmul_for
 from validator.launch import LaunchConfig, RankFailure, spawn
 
 DROPPED_CYCLES = 20
-
-
-def _matmul_for(duration_s: float, operand: torch.Tensor) -> None:
-    end = time.perf_counter() + duration_s
-    while time.perf_counter() < end:
-        operand @ operand
 
 
 def _fixed_work(operand: torch.Tensor, count: int) -> None:
@@ -45,7 +40,7 @@ def _fixed_work(operand: torch.Tensor, count: int) -> None:
 def cycle_rank_main(rank: int, forward_s: float, cycles: int, size_bytes: int) -> dict:
     world = dist.get_world_size()
     operand = torch.randn(128, 128)
-    _matmul_for(0.05, operand)  # warm up
+    matmul_for(0.05, operand)  # warm up
     dist.barrier()
     count = torch.zeros(1, dtype=torch.int64)
     if rank == 0:  # sized on rank 0 alone, the others at the broadcast: the same work on every rank

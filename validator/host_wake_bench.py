@@ -33,15 +33,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from validator.handoff_bench import DEFAULT_HOP_COMPUTE_S
+
 DEFAULT_SIZE_BYTES = 128 << 10
 """A ResNet stage boundary of the pipeline validation (131072 bytes per micro-batch)."""
-DEFAULT_HOP_COMPUTE_S = 0.002
 MESSAGE_GAP_S = 0.001
 """The sender sleeps this long after each message, so that consecutive messages do not queue."""
 WARMUP_MESSAGES = 5
 
 
-def _matmul_for(duration_s: float, operand: torch.Tensor) -> None:
+def matmul_for(duration_s: float, operand: torch.Tensor) -> None:
+    """Matrix products of `operand` with itself until `duration_s` has passed."""
     end = time.perf_counter() + duration_s
     while time.perf_counter() < end:
         operand @ operand
@@ -68,7 +70,7 @@ def _wake_level(busy: int, num_messages: int, size_bytes: int, hop_compute_s: fl
     starts, calls, wakes = [], [], []
     if rank == 0:
         for _ in range(num_messages):
-            _matmul_for(hop_compute_s, operand)
+            matmul_for(hop_compute_s, operand)
             started = time.perf_counter()
             work = dist.isend(message, dst=1)
             calls.append(time.perf_counter() - started)
@@ -85,7 +87,7 @@ def _wake_level(busy: int, num_messages: int, size_bytes: int, hop_compute_s: fl
         while not level_over.exists():
             if time.perf_counter() > deadline_s:
                 raise TimeoutError(f"rank {rank}: busy level {busy} not over within {budget_s:.1f} s")
-            _matmul_for(0.001, operand)
+            matmul_for(0.001, operand)
     dist.barrier()
     return starts, calls, wakes
 
