@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from validator.host_wake_bench import host_wake_rank_main
+from validator.host_wake_bench import WARMUP_MESSAGES, host_wake_rank_main
 from validator.launch import LaunchConfig, RankFailure, spawn
 
 
@@ -63,6 +63,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.world_size < 2:
         print(f"--world-size: needs 2 or more ranks, got {args.world_size}", file=sys.stderr)
+        return 2
+    if args.messages <= WARMUP_MESSAGES:
+        print(f"--messages: needs more than the {WARMUP_MESSAGES} warm-up messages, got {args.messages}",
+              file=sys.stderr)
         return 2
     if args.profile is not None and not args.profile.is_file():
         print(f"--profile: no such file: {args.profile}", file=sys.stderr)
