@@ -9,8 +9,11 @@ between hops, and replaces the section in place (a note in the profile says when
 the profile changes and no validated run enters it. For profiles whose runs are already measured,
 so that `benchmarks/repredict.py` can score the section on those measurements.
 
+`--cycle-only` measures only `handoff.cycle` (every rank in the asynchronous 1F1B cycle at once)
+and adds it to the profile, its chain figures kept.
+
 Run: python benchmarks/handoff_recalibrate.py --models mlp_cpu,resnet_cpu --stages 2,4 \
-         --profiles reports/gpu --profile-suffix _cuda [--device cuda --backend gloo]
+         --profiles reports/gpu --profile-suffix _cuda [--device cuda --backend gloo] [--cycle-only]
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--repeats", type=int, default=10, help="chain sweeps timed per receive protocol")
+    parser.add_argument("--cycle-only", action="store_true",
+                        help="measure and replace only handoff.cycle (the asynchronous cycle), keeping the chain's figures")
     args = parser.parse_args()
     refusal = device_refusal(args.device, args.backend, args.stages)
     if refusal:
@@ -62,10 +67,25 @@ def main() -> int:
                 return 2
             batch = DEFAULT_BATCH_SIZES[len(DEFAULT_BATCH_SIZES) // 2]  # as the calibration's handoff phase
             config = LaunchConfig(world_size=stages, backend=args.backend, device=args.device, timeout_s=300.0)
-            handoff = spawn(handoff_rank_main, (workload, batch, "validator.models", 0, args.repeats, 2),
-                            config)[0]
-            document["handoff"] = handoff
+            measured = spawn(handoff_rank_main, (workload, batch, "validator.models", 0, args.repeats, 2,
+                                                 args.cycle_only), config)[0]
             stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            if args.cycle_only:
+                if measured is None:
+                    print(f"{path}: the cycle timed no waited or no arrived message; profile left as it was",
+                          file=sys.stderr)
+                    return 1
+                if "handoff" not in document:
+                    print(f"{path}: no handoff section to add a cycle to (run without --cycle-only)", file=sys.stderr)
+                    return 2
+                document["handoff"]["cycle"] = measured
+                document.setdefault("notes", []).append(f"handoff.cycle measured alone at {stamp} "
+                                                        "(benchmarks/handoff_recalibrate.py --cycle-only)")
+                write_json_atomic(path, document)
+                print(f"{name:16s} p={stages} {_figures('cycle', measured)}", flush=True)
+                continue
+            handoff = measured
+            document["handoff"] = handoff
             document.setdefault("notes", []).append(f"handoff measured again alone at {stamp} "
                                                     "(benchmarks/handoff_recalibrate.py)")
             write_json_atomic(path, document)
@@ -75,7 +95,18 @@ def main() -> int:
                   f"(mean {1e3 * (pre.get('send_post_mean_s') or 0):.3f}), ready receive "
                   f"{1e3 * (pre.get('ready_receive_s') or 0):.3f} ms (mean {1e3 * (pre.get('ready_receive_mean_s') or 0):.3f})",
                   flush=True)
+            if "cycle" in handoff:
+                print(f"{'':16s}     {_figures('cycle', handoff['cycle'])}", flush=True)
     return 0
+
+
+def _figures(label: str, section: dict) -> str:
+    """One line of a pre-posted section's figures in ms."""
+    ms = {key: 1e3 * (section.get(key) or 0.0) for key in ("mean_delay_s", "send_post_s", "send_post_mean_s",
+                                                            "ready_receive_s", "ready_receive_mean_s")}
+    return (f"{label}: delay mean {ms['mean_delay_s']:.3f} ms, send post {ms['send_post_s']:.3f} ms (mean "
+            f"{ms['send_post_mean_s']:.3f}), ready receive {ms['ready_receive_s']:.3f} ms (mean "
+            f"{ms['ready_receive_mean_s']:.3f})")
 
 
 if __name__ == "__main__":

@@ -107,16 +107,20 @@ class Engine:
         self._rendezvous: dict[tuple, list] = {}
         self._duration_cache: dict[tuple, float] = {}
         self._phase_cache: dict[tuple, tuple] = {}
-        self._handoff_s = getattr(costs, "handoff_preposted_s" if plan.meta.get("receives") == "preposted"
-                                  else "handoff_s", 0.0)
-        """Waking a waiting receiver on a busy shared host (`ProfileCosts`), by how its receives are posted."""
         preposted = plan.meta.get("receives") == "preposted"
+        self._handoff_s = getattr(costs, "handoff_preposted_s" if preposted else "handoff_s", 0.0)
+        """Waking a waiting receiver on a busy shared host (`ProfileCosts`), by how its receives are posted."""
         self._send_post_s = getattr(costs, "send_post_s", 0.0) if preposted else 0.0
         self._ready_receive_s = getattr(costs, "ready_receive_s", 0.0) if preposted else 0.0
         """The runtime's own time per message on the rank's thread (`ProfileCosts.send_post_s`, `ready_receive_s`)."""
         self._send_post_tail_s = getattr(costs, "send_post_tail_s", 0.0) if preposted else 0.0
         self._ready_receive_tail_s = getattr(costs, "ready_receive_tail_s", 0.0) if preposted else 0.0
         """Their tails (mean over median): a delay on the rank's path that uses no core."""
+        cycling = getattr(costs, "asynchronous_messages", None) if plan.meta.get("asynchronous") else None
+        if preposted and cycling is not None:  # every stage computing and messaging at once
+            self._handoff_s, self._send_post_s, self._send_post_tail_s = (
+                cycling.handoff_s, cycling.send_post_s, cycling.send_post_tail_s)
+            self._ready_receive_s, self._ready_receive_tail_s = cycling.ready_receive_s, cycling.ready_receive_tail_s
         self._messages = [_message_links(actions, self._ready_receive_s + self._ready_receive_tail_s > 0,
                                          self._send_post_s + self._send_post_tail_s > 0)
                           for actions in plan.actions]

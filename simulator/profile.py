@@ -20,7 +20,8 @@ from simulator.costs import WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.host_sharing import COMM_CLASSES, Interference
 from simulator.pass_jitter import PassJitter, parse_pass_jitter
-from simulator.profile_fits import AllreduceStream, AlphaBeta, Handoff, LayerProfile, LinearFit, SelectionFit
+from simulator.profile_fits import (AllreduceStream, AlphaBeta, CycleHandoff, Handoff, LayerProfile, LinearFit,
+                                    SelectionFit)
 from simulator.profile_format import PROFILE_FORMAT  # re-exported: the documented format
 from simulator.document_reader import DocumentReader as _Reader
 from simulator.document_reader import show_value as _show
@@ -197,7 +198,8 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
                           read.number(raw_preposted, "mean_delay_s", "handoff.preposted.mean_delay_s", minimum=0)
                           if raw_preposted else None,
                           optional_s("send_post_s"), optional_s("ready_receive_s"),
-                          optional_s("send_post_mean_s"), optional_s("ready_receive_mean_s"))
+                          optional_s("send_post_mean_s"), optional_s("ready_receive_mean_s"),
+                          _cycle_handoff(read, raw_handoff))
     weight_passes, weight_pass_ranks = {}, {}
     for name, entry in (read.mapping(document, "weight_passes", "weight_passes", optional=True) or {}).items():
         where = f"weight_passes.{name}"
@@ -239,6 +241,16 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,
         document=document,
     )
+
+
+def _cycle_handoff(read, raw_handoff) -> CycleHandoff | None:
+    """`handoff.cycle` (optional): the pre-posted figures measured in the asynchronous cycle."""
+    raw_cycle = read.mapping(raw_handoff, "cycle", "handoff.cycle", optional=True)
+    if not raw_cycle:
+        return None
+    return CycleHandoff(*(read.number(raw_cycle, key, f"handoff.cycle.{key}", minimum=0)
+                          for key in ("mean_delay_s", "send_post_s", "ready_receive_s", "send_post_mean_s",
+                                      "ready_receive_mean_s")))
 
 
 def _overlap(read: _Reader, document) -> Interference | None:

@@ -5,6 +5,7 @@ Nothing here imports torch."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from simulator.cold_start import update_state_share
 from simulator.costs import OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
@@ -32,6 +33,18 @@ def streamed_allreduce_factor(profile: Profile) -> float:
 def _tail_s(mean_s: float | None, median_s: float) -> float:
     """The mean's excess over the median of a per-message time (0 where the mean was not recorded)."""
     return 0.0 if mean_s is None else max(0.0, mean_s - median_s)
+
+
+@dataclass(frozen=True)
+class MessageCosts:
+    """A pre-posted message's costs (`ProfileCosts.handoff_preposted_s`, `send_post_s`, their tails,
+    `ready_receive_s`) measured under one kind of load."""
+
+    handoff_s: float
+    send_post_s: float
+    send_post_tail_s: float
+    ready_receive_s: float
+    ready_receive_tail_s: float
 
 
 class ProfileCosts:
@@ -78,6 +91,9 @@ class ProfileCosts:
         as a delay that uses no core."""
         self.streamed_allreduce_factor = 1.0
         """An allreduce queued behind another on its rank takes its fit times this (shared hosts)."""
+        self.asynchronous_messages: MessageCosts | None = None
+        """What a message costs in asynchronous pipelines (`handoff.cycle`), in place of the five
+        figures above; None: the chain's figures for every plan."""
         if shared_host:
             # Ranks share the host's cores: the engine plays every compute and communication job
             # on a processor-sharing pool of parallelism P = W / slowdown(W) (W ranks computing at
@@ -102,6 +118,16 @@ class ProfileCosts:
                                         else max(0.0, preposted_s - idle_s - self.send_post_s - self.send_post_tail_s))
             self.ready_receive_tail_s = _tail_s(profile.handoff.preposted_ready_receive_mean_s,
                                                 self.ready_receive_s)
+            cycle = profile.handoff.cycle
+            if cycle is not None:
+                # all stages cycling at once (asynchronous pipelines): the same three figures, taken
+                # where every rank computes and messages at once, instead of along the chain
+                send_tail_s = _tail_s(cycle.send_post_mean_s, cycle.send_post_s)
+                self.asynchronous_messages = MessageCosts(
+                    handoff_s=max(0.0, cycle.mean_delay_s - idle_s - cycle.send_post_s - send_tail_s),
+                    send_post_s=cycle.send_post_s, send_post_tail_s=send_tail_s,
+                    ready_receive_s=cycle.ready_receive_s,
+                    ready_receive_tail_s=_tail_s(cycle.ready_receive_mean_s, cycle.ready_receive_s))
         _check_model(profile, workload)
         if optimizer is not None and optimizer != profile.optimizer_name:
             raise ScenarioError(

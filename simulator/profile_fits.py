@@ -47,6 +47,22 @@ class Handoff:
     """The mean `isend` call (None in older profiles): the median plus the tail of calls that waited for a core."""
     preposted_ready_receive_mean_s: float | None = None
     """The mean wait on an arrived message (None in older profiles)."""
+    cycle: "CycleHandoff | None" = None
+    """The same pre-posted figures with every rank in the asynchronous 1F1B steady state at once
+    (`handoff.cycle`; None in profiles before 2026-11-23's sixth session)."""
+
+
+@dataclass(frozen=True)
+class CycleHandoff:
+    """`handoff.cycle` (`validator.handoff_bench.time_cycle_handoffs`): a waited message's mean delay
+    from its `isend`, the `isend` call and the wait on an arrived message (median and mean), with
+    all ranks cycling one forward and one backward at once, as asynchronous pipelines run."""
+
+    mean_delay_s: float
+    send_post_s: float
+    ready_receive_s: float
+    send_post_mean_s: float
+    ready_receive_mean_s: float
 
 
 @dataclass(frozen=True)

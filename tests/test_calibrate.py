@@ -134,6 +134,10 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert profile.handoff.preposted_mean_delay_s == preposted["mean_delay_s"]
     assert preposted["send_post_s"] > 0 and profile.handoff.preposted_send_post_s == preposted["send_post_s"]
     assert profile.handoff.preposted_send_post_mean_s == preposted["send_post_mean_s"] > 0  # the tail's mean too
+    cycle = handoff["cycle"]  # every rank in the asynchronous 1F1B cycle at once
+    assert cycle["num_messages"] >= 1 and cycle["num_ready"] >= 1
+    assert profile.handoff.cycle.mean_delay_s == cycle["mean_delay_s"] > 0
+    assert profile.handoff.cycle.send_post_s == cycle["send_post_s"] > 0
     passes = document["weight_passes"]  # on the optimizer's parameter sets
     assert set(passes) == {"stash", "predict", "accumulate", "average"}
     assert all(entry["num_params"] == document["optimizer"]["num_params"] for entry in passes.values())

@@ -63,7 +63,8 @@ def test_pipeline_report_covers_every_schedule_at_two_and_four_stages():
         kinds = {label.split(":")[0] for label in group["kind"]}
         assert {"gpipe", "1f1b", "pipedream", "spectrain"} <= kinds, (model, stages)
         assert stages in (2, 4)
-    assert (frame["repredicted"].str.contains("handoff")).all()  # says what the predictions were rewritten with
+    if "repredicted" in frame:  # a run re-predicted after a model change says with what
+        assert frame["repredicted"].notna().all() and (frame["repredicted"].str.len() > 0).all()
 
 
 def test_every_pipeline_prediction_is_reproduced_from_the_committed_gpu_profile():
@@ -75,7 +76,9 @@ def test_every_pipeline_prediction_is_reproduced_from_the_committed_gpu_profile(
         scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml",
                                  pipeline_overrides(stages) + [VIRTUAL_STAGES])
         profile = pipeline_profile(model, stages, suffix="_cuda")
-        assert json.loads(profile.read_text())["device"]["kind"] == "cuda"
+        document = json.loads(profile.read_text())
+        assert document["device"]["kind"] == "cuda"
+        assert document["handoff"]["cycle"]["num_messages"] > 0  # asynchronous plans play the cycle's figures
         figures = predictions(scenario, str(profile), [(kind, None) for kind in group["kind"]],
                               RunOptions(optimizer="momentum"))
         for row in group.itertuples():

@@ -54,7 +54,9 @@
    `validator.handoff_bench`, on a GPU with the messages staged through the host): messages passed
    along a chain of all ranks computing between hops; the mean delay from send to the end of a
    waiting receiver's `wait()`, with receives posted on demand (`ProfileCosts.handoff_s`) and
-   posted one ahead as the pipeline runtime does (`ProfileCosts.handoff_preposted_s`).
+   posted one ahead as the pipeline runtime does (`ProfileCosts.handoff_preposted_s`); then the
+   same pre-posted figures with every rank in the asynchronous 1F1B cycle at once (`handoff.cycle`,
+   `ProfileCosts.asynchronous_messages`: what PipeDream and SpecTrain pay per message).
 5. **Top-k** (sparse gradients, `simulator.sparse`): the runtime's selection with error feedback
    (`validator.microbench.time_topk`) on flat gradients of 4096 x 4^j elements up to the model's
    parameter count, all ranks at once, at each density of `topk_densities` (fitted against the

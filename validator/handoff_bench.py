@@ -175,26 +175,127 @@ def handoff_summary(everyone: Sequence[tuple], size_bytes: int, hop_compute_s: f
             "ready_receive_mean_s": statistics.fmean(ready) if ready else None, "num_ready": len(ready)}
 
 
+def _cycle_order(rank: int, world: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """Asynchronous 1F1B on stage `rank` of `world`: world-1-rank forwards, then one forward and one
+    backward in turn, then the remaining backwards; (pass, micro-batch) in order."""
+    warmup = min(world - 1 - rank, num_microbatches)
+    order = [("F", microbatch) for microbatch in range(warmup)]
+    for microbatch in range(warmup, num_microbatches):
+        order += [("F", microbatch), ("B", microbatch - warmup)]
+    return order + [("B", microbatch) for microbatch in range(num_microbatches - warmup, num_microbatches)]
+
+
+def _cycle(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: float, repeat: int):
+    """One asynchronous 1F1B run of `num_microbatches` on this rank (receives posted one ahead, as
+    `validator.pipeline_runtime`): a forward computes hop_compute_s / 2, a backward hop_compute_s.
+    (sends, receives, isend calls) as `_sweeps` records them, direction +1 for activations, -1 for
+    gradients."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    order = _cycle_order(rank, world, num_microbatches)
+    needs = [(+1 if step == "F" else -1, microbatch) for step, microbatch in order
+             if (step == "F" and rank > 0) or (step == "B" and rank < world - 1)]
+    buffers = [torch.empty_like(buffer) for _ in range(2)]
+    sends, receives, pending, posts, position, posted, next_receive = [], [], [], [], 0, None, 0
+
+    def post():
+        nonlocal posted, next_receive
+        if next_receive < len(needs):
+            direction, _ = needs[next_receive]
+            posted = comm_device.irecv(buffers[next_receive % 2], src=rank - direction)
+            next_receive += 1
+
+    post()
+    for step, microbatch in order:
+        direction = +1 if step == "F" else -1
+        if 0 <= rank - direction < world:
+            waited_from = time.perf_counter()
+            posted.wait()
+            post()
+            receives.append((repeat, direction, microbatch, rank, waited_from, time.perf_counter()))
+        duration_s = hop_compute_s / 2 if step == "F" else hop_compute_s
+        position = _compute_for(steps, duration_s, position, buffer.device)
+        target = rank + direction
+        if 0 <= target < world:
+            outgoing = buffer.clone()
+            sent_at = time.perf_counter()
+            pending.append(comm_device.isend(outgoing, dst=target))
+            posts.append(time.perf_counter() - sent_at)
+            sends.append((repeat, direction, microbatch, target, sent_at))
+    for work in pending:
+        work.wait()
+    return sends, receives, posts
+
+
+def time_cycle_handoffs(steps: Sequence[Callable[[], None]], size_bytes: int = DEFAULT_HANDOFF_BYTES,
+                        hop_compute_s: float = DEFAULT_HOP_COMPUTE_S, num_microbatches: int = 24,
+                        repeats: int = 3, warmup: int = 1) -> dict:
+    """The pre-posted handoff figures again, with every rank in the asynchronous 1F1B steady state at
+    once (all stages computing, as PipeDream and SpecTrain run) instead of one hop at a time along a
+    chain. Only the steady state counts: messages of micro-batches `world` .. num_microbatches -
+    world - 1 (the fill and drain dropped). Every rank must call it at the same time; returns the
+    same dict on every rank (`handoff_summary`'s keys)."""
+    world = dist.get_world_size()
+    if num_microbatches < 2 * world + 2:
+        raise ValueError(f"num_microbatches: the cycle needs at least {2 * world + 2} for a steady state, "
+                         f"got {num_microbatches}")
+    buffer = torch.ones(max(size_bytes // 4, 1), device=comm_device.data_device())
+    sends, receives, posts = [], [], []
+    for repeat in range(warmup + repeats):
+        dist.barrier()
+        sent, received, posted = _cycle(steps, buffer, num_microbatches, hop_compute_s, repeat)
+        if repeat >= warmup:
+            steady = range(world, num_microbatches - world)
+            sends += [record for record in sent if record[2] in steady]
+            receives += [record for record in received if record[2] in steady]
+            posts += [call for call, record in zip(posted, sent) if record[2] in steady]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, (sends, receives, posts))
+    return handoff_summary(everyone, size_bytes, hop_compute_s, num_microbatches)
+
+
 PREPOSTED_KEYS = ("num_messages", "mean_delay_s", "median_delay_s", "send_post_s", "send_post_mean_s",
                   "ready_receive_s", "ready_receive_mean_s", "num_ready")
 """What a profile keeps of the pre-posted chain (`handoff.preposted`)."""
 
 
+CYCLE_REPEATS = 6
+"""Asynchronous 1F1B runs of 24 micro-batches timed for `handoff.cycle` (about 0.1 s each here)."""
+
+
+def measure_cycle(steps: Sequence[Callable[[], None]], repeats: int = CYCLE_REPEATS) -> dict | None:
+    """The profile's `handoff.cycle` (`time_cycle_handoffs`), or None if the cycle found no waited or
+    no arrived message to time. Every rank must call it at the same time."""
+    cycle = time_cycle_handoffs(steps, repeats=repeats)
+    kept = {key: cycle[key] for key in PREPOSTED_KEYS if cycle[key] is not None}
+    return kept if all(key in kept for key in CYCLE_REQUIRED_KEYS) else None
+
+
+CYCLE_REQUIRED_KEYS = ("mean_delay_s", "send_post_s", "ready_receive_s", "send_post_mean_s", "ready_receive_mean_s")
+"""What `simulator.profile` reads of `handoff.cycle`."""
+
+
 def measure_handoff(steps: Sequence[Callable[[], None]], repeats: int, warmup: int,
                     say: Callable[[str], None] = lambda message: None) -> dict:
     """The profile's `handoff` section: the chain with receives on demand (top level) and posted one
-    ahead (`preposted`). Every rank must call it at the same time."""
+    ahead (`preposted`), and every rank in the asynchronous cycle at once (`cycle`, if it timed
+    both kinds of message). Every rank must call it at the same time."""
     say(f"handoff: messages along a chain of {dist.get_world_size()} computing ranks, receives on demand")
     handoff = time_handoffs(steps, repeats=repeats, warmup=warmup)
     say("handoff: the same chain, receives posted one ahead")
     preposted = time_handoffs(steps, repeats=repeats, warmup=warmup, preposted=True)
     handoff["preposted"] = {key: preposted[key] for key in PREPOSTED_KEYS if preposted[key] is not None}
+    say("handoff: every rank in the asynchronous 1F1B cycle at once")
+    cycle = measure_cycle(steps)
+    if cycle is not None:
+        handoff["cycle"] = cycle
     return handoff
 
 
-def handoff_rank_main(rank: int, workload, batch: int, models, seed: int, repeats: int, warmup: int) -> dict | None:
+def handoff_rank_main(rank: int, workload, batch: int, models, seed: int, repeats: int, warmup: int,
+                      cycle_only: bool = False) -> dict | None:
     """A launch that measures the handoff section alone (`benchmarks/handoff_recalibrate.py`): each
-    rank computes the workload's layer steps on its launch's device between hops."""
+    rank computes the workload's layer steps on its launch's device between hops. `cycle_only`:
+    just `handoff.cycle` (None if it timed no waited or no arrived message)."""
     steps = model_steps(workload, batch, load_models_module(models), seed=seed, device=str(comm_device.data_device()))
-    handoff = measure_handoff(steps, repeats, warmup)
+    handoff = measure_cycle(steps) if cycle_only else measure_handoff(steps, repeats, warmup)
     return handoff if rank == 0 else None

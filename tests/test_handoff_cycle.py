@@ -1,0 +1,109 @@
+"""The asynchronous cycle's message costs (`handoff.cycle`): the benchmark's order, the profile
+section, and the engine playing them for asynchronous pipelines only."""
+
+import copy
+import json
+
+import pytest
+
+from simulator import load_scenario, simulate
+from simulator.errors import ScenarioError
+from simulator.profile import load_profile
+from simulator.profile_costs import MessageCosts, ProfileCosts
+from tests.helpers import FixedCosts, toy_workload
+from tests.test_profile import document, workload
+from validator.handoff_bench import CYCLE_REQUIRED_KEYS, _cycle_order
+
+CYCLE = {"num_messages": 40, "mean_delay_s": 0.004, "median_delay_s": 0.001, "send_post_s": 0.0002,
+         "send_post_mean_s": 0.0009, "ready_receive_s": 0.0001, "ready_receive_mean_s": 0.0006, "num_ready": 50}
+
+
+def test_cycle_order_is_asynchronous_1f1b_with_fill_and_drain():
+    """Stage 0 of 4 fills with 3 forwards, alternates, then drains 3 backwards; the last stage
+    alternates from its first micro-batch; every micro-batch passes once each way, forward first."""
+    show = lambda order: " ".join(f"{step}{microbatch}" for step, microbatch in order)
+    assert show(_cycle_order(0, 4, 6)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"
+    assert show(_cycle_order(3, 4, 6)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"
+    for rank in range(4):
+        order = _cycle_order(rank, 4, 10)
+        assert sorted(order) == sorted([("F", mb) for mb in range(10)] + [("B", mb) for mb in range(10)])
+        assert all(order.index(("F", mb)) < order.index(("B", mb)) for mb in range(10))
+
+
+def _profile(tmp_path, cycle=None, name="cycle.json"):
+    doc = copy.deepcopy(document())
+    doc["handoff"] = {"world_size": 4, "size_bytes": 65536, "mean_delay_s": 0.001, "median_delay_s": 0.0002,
+                      "preposted": {"num_messages": 20, "mean_delay_s": 0.0015, "median_delay_s": 0.0003,
+                                    "send_post_s": 0.0001, "send_post_mean_s": 0.0002, "ready_receive_s": 0.0001,
+                                    "ready_receive_mean_s": 0.0002}}
+    if cycle is not None:
+        doc["handoff"]["cycle"] = cycle
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return load_profile(path)
+
+
+def test_profile_reads_the_cycle_and_the_costs_add_up_to_its_mean_delay(tmp_path):
+    """As for the chain: the engine plays the isend call (median and tail) on the sender, then the
+    point-to-point time, then the handoff; together the cycle's mean delay, the call not counted twice."""
+    profile = _profile(tmp_path, CYCLE)
+    assert profile.handoff.cycle.mean_delay_s == 0.004 and profile.handoff.cycle.send_post_mean_s == 0.0009
+    costs = ProfileCosts(profile, workload(), shared_host=True)
+    cycling = costs.asynchronous_messages
+    idle_s = profile.p2p.time_s(65536)
+    assert cycling.send_post_s + cycling.send_post_tail_s + idle_s + cycling.handoff_s == pytest.approx(0.004)
+    assert (cycling.send_post_tail_s, cycling.ready_receive_s, cycling.ready_receive_tail_s) == pytest.approx(
+        (0.0007, 0.0001, 0.0005))
+    assert costs.send_post_s == pytest.approx(0.0001)  # the chain's figures stay for the other plans
+    assert ProfileCosts(_profile(tmp_path, name="older.json"), workload(), shared_host=True).asynchronous_messages is None
+
+
+@pytest.mark.parametrize("key", CYCLE_REQUIRED_KEYS)
+def test_malformed_cycle_names_the_field(tmp_path, key):
+    for bad in (-0.001, "fast"):
+        with pytest.raises(ScenarioError, match=f"handoff.cycle.{key}"):
+            _profile(tmp_path, {**CYCLE, key: bad})
+    missing = {k: v for k, v in CYCLE.items() if k != key}
+    with pytest.raises(ScenarioError, match=f"handoff.cycle.{key}"):
+        _profile(tmp_path, missing)
+
+
+def _step_s(kind: str, cycling: MessageCosts | None) -> float:
+    costs = FixedCosts(forward_s_per_sample=0.001)
+    costs.send_post_s, costs.ready_receive_s = 0.0001, 0.0001
+    costs.asynchronous_messages = cycling
+    scenario = load_scenario({
+        "cluster": {"num_nodes": 1, "gpus_per_node": 2,
+                    "intra_node_link": {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}},
+        "model": {"name": "mlp"},
+        "strategy": {"kind": kind, "num_microbatches": 4, "partition": [2, 2]},
+        "training": {"global_batch_size": 16},
+    })
+    return simulate(scenario, costs=costs, workload=toy_workload(4, num_params=1000)).step_time_s
+
+
+@pytest.mark.parametrize("kind", ["pipedream", "spectrain"])
+def test_asynchronous_plans_pay_the_cycles_message_costs_and_synchronous_ones_the_chains(kind):
+    """Two stages, four micro-batches: with the chain's own figures in the cycle's place an
+    asynchronous step is unchanged; a dearer isend call in the cycle lengthens it, and leaves GPipe
+    and 1F1B as they were."""
+    same = MessageCosts(handoff_s=0.0, send_post_s=0.0001, send_post_tail_s=0.0, ready_receive_s=0.0001,
+                        ready_receive_tail_s=0.0)
+    dear = MessageCosts(handoff_s=0.0, send_post_s=0.0021, send_post_tail_s=0.0, ready_receive_s=0.0001,
+                        ready_receive_tail_s=0.0)
+    assert _step_s(kind, same) == pytest.approx(_step_s(kind, None))
+    assert _step_s(kind, dear) > _step_s(kind, None) + 0.002
+    for synchronous in ("gpipe", "1f1b"):
+        assert _step_s(synchronous, dear) == pytest.approx(_step_s(synchronous, None))
+
+
+def test_the_cycle_can_be_measured_alone():
+    """`benchmarks/handoff_recalibrate.py --cycle-only`'s launch: two ranks in the asynchronous cycle
+    with the model's layers computing between messages; every figure the profile reads is there."""
+    from tests.test_calibrate import MODELS, tiny_mlp
+    from validator.handoff_bench import handoff_rank_main
+    from validator.launch import LaunchConfig, spawn
+    cycle = spawn(handoff_rank_main, (tiny_mlp(), 8, MODELS, 0, 2, 1, True), LaunchConfig(world_size=2))[0]
+    assert cycle is not None and set(CYCLE_REQUIRED_KEYS) <= set(cycle)
+    assert cycle["num_messages"] >= 1 and cycle["num_ready"] >= 1
+    assert cycle["mean_delay_s"] > 0 and cycle["send_post_s"] > 0
