@@ -99,6 +99,16 @@ class _Receives:
         self._post()
 
 
+def _timed_send(buffer: torch.Tensor, target: int, key: tuple, sends: list, pending: list, posts: list) -> None:
+    """`isend` a copy of `buffer` to `target`: its work into `pending`, the call's duration into
+    `posts`, (*key, target, start time) into `sends`."""
+    outgoing = buffer.clone()
+    sent_at = time.perf_counter()
+    pending.append(comm_device.isend(outgoing, dst=target))
+    posts.append(time.perf_counter() - sent_at)
+    sends.append((*key, target, sent_at))
+
+
 def _sweeps(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: float, repeat: int,
             preposted: bool = False):
     """One forward and one backward sweep on this rank: (sends, receives) with monotonic times."""
@@ -114,11 +124,7 @@ def _sweeps(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: f
                 receives.append((repeat, direction, microbatch, rank, waited_from, time.perf_counter()))
             position = _compute_for(steps, hop_compute_s, position, buffer.device)
             if 0 <= target < world:
-                outgoing = buffer.clone()
-                sent_at = time.perf_counter()
-                pending.append(comm_device.isend(outgoing, dst=target))
-                posts.append(time.perf_counter() - sent_at)
-                sends.append((repeat, direction, microbatch, target, sent_at))
+                _timed_send(buffer, target, (repeat, direction, microbatch), sends, pending, posts)
     for work in pending:
         work.wait()
     return sends, receives, posts
@@ -216,11 +222,7 @@ def _cycle(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: fl
         position = _compute_for(steps, duration_s, position, buffer.device)
         target = rank + direction
         if 0 <= target < world:
-            outgoing = buffer.clone()
-            sent_at = time.perf_counter()
-            pending.append(comm_device.isend(outgoing, dst=target))
-            posts.append(time.perf_counter() - sent_at)
-            sends.append((repeat, direction, microbatch, target, sent_at))
+            _timed_send(buffer, target, (repeat, direction, microbatch), sends, pending, posts)
     for work in pending:
         work.wait()
     return sends, receives, posts
