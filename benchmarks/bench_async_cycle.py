@@ -26,6 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from validator.handoff_bench import cycle_order
 from validator.host_wake_bench import matmul_for
 from validator.launch import LaunchConfig, RankFailure, spawn
 
@@ -57,8 +58,7 @@ def cycle_rank_main(rank: int, forward_s: float, cycles: int, size_bytes: int) -
             for _ in range(20):
                 _fixed_work(operand, products)
             forward_alone_s = (time.perf_counter() - started) / 20
-    warmup = world - 1 - rank
-    order = ["F"] * warmup + ["F", "B"] * (cycles - warmup) + ["B"] * warmup
+    order = [step for step, _ in cycle_order(rank, world, cycles)]
     sources = [rank - 1 if step == "F" else rank + 1 for step in order
                if (step == "F" and rank > 0) or (step == "B" and rank < world - 1)]
     message = torch.ones(max(size_bytes // 4, 1))

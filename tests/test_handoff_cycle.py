@@ -12,20 +12,20 @@ from simulator.profile import load_profile
 from simulator.profile_costs import MessageCosts, ProfileCosts
 from tests.helpers import FixedCosts, toy_workload
 from tests.test_profile import document, workload
-from validator.handoff_bench import CYCLE_REQUIRED_KEYS, _cycle_order
+from validator.handoff_bench import CYCLE_REQUIRED_KEYS, cycle_order
 
 CYCLE = {"num_messages": 40, "mean_delay_s": 0.004, "median_delay_s": 0.001, "send_post_s": 0.0002,
          "send_post_mean_s": 0.0009, "ready_receive_s": 0.0001, "ready_receive_mean_s": 0.0006, "num_ready": 50}
 
 
-def test_cycle_order_is_asynchronous_1f1b_with_fill_and_drain():
+def testcycle_order_is_asynchronous_1f1b_with_fill_and_drain():
     """Stage 0 of 4 fills with 3 forwards, alternates, then drains 3 backwards; the last stage
     alternates from its first micro-batch; every micro-batch passes once each way, forward first."""
     show = lambda order: " ".join(f"{step}{microbatch}" for step, microbatch in order)
-    assert show(_cycle_order(0, 4, 6)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"
-    assert show(_cycle_order(3, 4, 6)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"
+    assert show(cycle_order(0, 4, 6)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"
+    assert show(cycle_order(3, 4, 6)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"
     for rank in range(4):
-        order = _cycle_order(rank, 4, 10)
+        order = cycle_order(rank, 4, 10)
         assert sorted(order) == sorted([("F", mb) for mb in range(10)] + [("B", mb) for mb in range(10)])
         assert all(order.index(("F", mb)) < order.index(("B", mb)) for mb in range(10))
 

@@ -74,12 +74,10 @@ def _compute_for(steps: Sequence[Callable[[], None]], duration_s: float, positio
 
 
 class _Receives:
-    """This rank's receives of one sweep pair, in order; `preposted`: the next one always posted."""
+    """This rank's receives from `sources`, in order; `preposted`: the next one always posted."""
 
-    def __init__(self, buffer: torch.Tensor, num_microbatches: int, preposted: bool):
-        rank, world = dist.get_rank(), dist.get_world_size()
-        self.sources = [rank - direction for direction in (1, -1) for _ in range(num_microbatches)
-                        if 0 <= rank - direction < world]
+    def __init__(self, buffer: torch.Tensor, sources: Sequence[int], preposted: bool):
+        self.sources = list(sources)
         self.buffers = [torch.empty_like(buffer) for _ in range(2)]
         self.preposted, self.next, self.posted = preposted, 0, None
         if preposted:
@@ -114,7 +112,9 @@ def _sweeps(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: f
     """One forward and one backward sweep on this rank: (sends, receives) with monotonic times."""
     rank, world = dist.get_rank(), dist.get_world_size()
     sends, receives, pending, posts, position = [], [], [], [], 0
-    incoming = _Receives(buffer, num_microbatches, preposted)
+    sources = [rank - direction for direction in (1, -1) for _ in range(num_microbatches)
+               if 0 <= rank - direction < world]  # one sweep down, one up
+    incoming = _Receives(buffer, sources, preposted)
     for direction in (1, -1):
         source, target = rank - direction, rank + direction
         for microbatch in range(num_microbatches):
@@ -181,7 +181,7 @@ def handoff_summary(everyone: Sequence[tuple], size_bytes: int, hop_compute_s: f
             "ready_receive_mean_s": statistics.fmean(ready) if ready else None, "num_ready": len(ready)}
 
 
-def _cycle_order(rank: int, world: int, num_microbatches: int) -> list[tuple[str, int]]:
+def cycle_order(rank: int, world: int, num_microbatches: int) -> list[tuple[str, int]]:
     """Asynchronous 1F1B on stage `rank` of `world`: world-1-rank forwards, then one forward and one
     backward in turn, then the remaining backwards; (pass, micro-batch) in order."""
     warmup = min(world - 1 - rank, num_microbatches)
@@ -197,26 +197,16 @@ def _cycle(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: fl
     (sends, receives, isend calls) as `_sweeps` records them, direction +1 for activations, -1 for
     gradients."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    order = _cycle_order(rank, world, num_microbatches)
-    needs = [(+1 if step == "F" else -1, microbatch) for step, microbatch in order
-             if (step == "F" and rank > 0) or (step == "B" and rank < world - 1)]
-    buffers = [torch.empty_like(buffer) for _ in range(2)]
-    sends, receives, pending, posts, position, posted, next_receive = [], [], [], [], 0, None, 0
-
-    def post():
-        nonlocal posted, next_receive
-        if next_receive < len(needs):
-            direction, _ = needs[next_receive]
-            posted = comm_device.irecv(buffers[next_receive % 2], src=rank - direction)
-            next_receive += 1
-
-    post()
+    order = cycle_order(rank, world, num_microbatches)
+    sources = [rank - 1 if step == "F" else rank + 1 for step, _ in order
+               if (step == "F" and rank > 0) or (step == "B" and rank < world - 1)]
+    incoming = _Receives(buffer, sources, preposted=True)
+    sends, receives, pending, posts, position = [], [], [], [], 0
     for step, microbatch in order:
         direction = +1 if step == "F" else -1
         if 0 <= rank - direction < world:
             waited_from = time.perf_counter()
-            posted.wait()
-            post()
+            incoming.wait()
             receives.append((repeat, direction, microbatch, rank, waited_from, time.perf_counter()))
         duration_s = hop_compute_s / 2 if step == "F" else hop_compute_s
         position = _compute_for(steps, duration_s, position, buffer.device)
