@@ -32,11 +32,13 @@ OPTIMIZER_BYTES_PER_PARAM = {"sgd": 3 * 4, "momentum": 5 * 4, "adam": 7 * 4}
 """fp32 bytes moved per parameter by one update: SGD reads w and g and writes w; momentum also
 reads and writes the velocity; Adam reads and writes two moments (Kingma & Ba 2015, Alg. 1)."""
 
-WEIGHT_PASS_WORDS = {"stash": 2, "predict": 3, "accumulate": 3, "average": 2}
+WEIGHT_PASS_WORDS = {"stash": 2, "predict": 3, "repredict": 5, "accumulate": 3, "average": 2}
 """Words moved per parameter by the per-micro-batch weight passes of asynchronous pipelines
 (Compute phases of these names, `simulator.strategies.pipeline`): a stash copies the weights
 (read w, write the copy: PipeDream, Narayanan et al. SOSP 2019); SpecTrain's prediction
-W - s lr v reads w and v and writes the prediction (Chen et al., arXiv 1809.02839); the
+W - s lr v reads w and v and writes the prediction (Chen et al., arXiv 1809.02839); its
+staggered re-prediction before a backward ("repredict") also copies that prediction into the
+weights the micro-batch's forward ran on (read it, write them: 3 + 2 words); the
 accumulation of a micro-batch's weight gradient onto the live one reads both and writes one.
 "average": with G > 1 replicas the reduced gradient sum is divided by G in place before the
 update (as DDP averages), part of the update's time on replicated stages."""
@@ -55,7 +57,8 @@ class CostModel(Protocol):
         """Seconds for one optimizer update of `num_params` parameters."""
 
     def weight_pass_s(self, name: str, num_params: int) -> float:
-        """Seconds for one pass `name` ("stash", "predict" or "accumulate", `WEIGHT_PASS_WORDS`)
+        """Seconds for one pass `name` ("stash", "predict", "repredict",
+        "accumulate" or "average", `WEIGHT_PASS_WORDS`)
         over `num_params` weights (only asynchronous pipeline plans call it)."""
 
     def topk_s(self, num_elements: float, density: float | None = None) -> float:

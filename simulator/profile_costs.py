@@ -195,7 +195,10 @@ class ProfileCosts:
     def weight_pass_s(self, name: str, num_params: int) -> float:
         """A stash / predict / accumulate pass over `num_params` weights: the profile's
         `weight_passes` fit, rescaled from the ranks at once it was timed with (rank 0 alone since
-        2026-11: `validator.calibration_phases`) by compute_slowdown; older profiles: scaled from
+        2026-11: `validator.calibration_phases`) by compute_slowdown. Profiles from before the
+        re-prediction was timed (2026-11-23) cost a "repredict" as their "predict" fit, as the
+        model did then (no ratio is assumed: on this project's CPU host it took 1.1-1.5x the
+        prediction, and on a GPU it is launch-bound); profiles without weight passes: scaled from
         the update by the fp32 words moved,
         intercept_s + per_param_s x num_params x 4 WEIGHT_PASS_WORDS[name] / OPTIMIZER_BYTES_PER_PARAM."""
         if num_params <= 0:
@@ -203,6 +206,8 @@ class ProfileCosts:
         fit = self.profile.weight_passes.get(name)
         if fit is not None:
             return self.speed_factor * self._weight_pass_scale.get(name, 1.0) * fit.at(num_params)
+        if name == "repredict" and "predict" in self.profile.weight_passes:
+            return self.weight_pass_s("predict", num_params)
         update = self.profile.optimizer
         update_bytes_per_param = OPTIMIZER_BYTES_PER_PARAM[self.profile.optimizer_name]
         return self.speed_factor * self.scale * (update.intercept_s + update.per_unit_s * num_params * 4

@@ -16,16 +16,21 @@ FREE = {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}
 
 
 class Costs(FixedCosts):
-    """F = 1 s per sample per layer, B = 2 s; optimizer 0 s; a prediction `axpy` seconds, a stash
-    `stash` seconds, an accumulation `accumulate` seconds per 1000 parameters."""
+    """F = 1 s per sample per layer, B = 2 s; optimizer 0 s; a prediction `axpy` seconds (a
+    re-prediction before a backward `repredict`, default the same), a stash `stash` seconds, an
+    accumulation `accumulate` seconds per 1000 parameters."""
 
-    def __init__(self, axpy: float = 0.0, stash: float = 0.0, accumulate: float = 0.0, average: float = 0.0):
+    def __init__(self, axpy: float = 0.0, stash: float = 0.0, accumulate: float = 0.0, average: float = 0.0,
+                 repredict: float | None = None):
         super().__init__(1.0, 0.0)
         self.axpy, self.stash, self.accumulate, self.average = axpy, stash, accumulate, average
+        self.repredict = axpy if repredict is None else repredict
 
     def weight_pass_s(self, name: str, num_params: int) -> float:
         if name == "predict":
             return self.axpy
+        if name == "repredict":
+            return self.repredict
         return {"stash": self.stash, "accumulate": self.accumulate, "average": self.average}[name] * num_params / 1000
 
 
@@ -96,9 +101,26 @@ def test_spectrain_pays_one_axpy_per_predicted_pass(prediction, passes):
     axpy = 0.5
     result = run("spectrain", 3, 6, [2] * 3, costs=Costs(axpy), weight_prediction=prediction)
     assert result.step_time_s == pytest.approx(6 * (12 + passes * axpy), rel=1e-9)
-    predictions = [a for a in result.plan.actions[0] if isinstance(a, Compute) and a.phase == "predict"]
+    predictions = [a for a in result.plan.actions[0] if isinstance(a, Compute) and a.phase in ("predict", "repredict")]
     assert len(predictions) == passes * 6 and predictions[0].num_params == 2000
     assert result.summary["pipeline"]["stages"][0]["extra_weight_copies"] == 1
+
+
+def test_staggered_spectrain_costs_the_prediction_before_a_backward_as_a_repredict():
+    """The prediction before each backward is its own phase (it also copies into the forward's
+    weights), costed apart: the step grows by the difference on every micro-batch."""
+    axpy, repredict = 0.5, 1.25
+    result = run("spectrain", 3, 6, [2] * 3, costs=Costs(axpy, repredict=repredict), weight_prediction="staggered")
+    assert result.step_time_s == pytest.approx(6 * (12 + axpy + repredict), rel=1e-9)
+    for actions in result.plan.actions:
+        order = [a for a in actions if isinstance(a, Compute)]
+        for before, after in zip(order, order[1:]):
+            if before.phase in ("predict", "repredict"):
+                assert (before.phase, after.phase) in (("predict", "F"), ("repredict", "B"))
+                assert before.microbatch == after.microbatch
+    forward_only = run("spectrain", 3, 6, [2] * 3, costs=Costs(axpy, repredict=repredict), weight_prediction="forward")
+    assert not any(a.phase == "repredict" for actions in forward_only.plan.actions for a in actions
+                   if isinstance(a, Compute))
 
 
 INTER = {"latency_s": 1e-3, "bandwidth_bytes_per_s": 1e6}
@@ -247,6 +269,12 @@ def test_weight_pass_costs_analytic_and_profiled():
     assert measured.weight_pass_s("stash", 10**6) == pytest.approx(1e-5 + 2e-3)
     assert measured.weight_pass_s("predict", 10**6) == pytest.approx(2e-5 + 3e-3)
     assert measured.weight_pass_s("accumulate", 10**6) == pytest.approx(5e-5 + 1e-9 * 10**6 * 3 / 5)
+    # a profile from before the re-prediction was timed: its prediction's fit, as then
+    assert measured.weight_pass_s("repredict", 10**6) == pytest.approx(2e-5 + 3e-3)
+    doc["weight_passes"]["repredict"] = {"intercept_s": 4e-5, "per_param_s": 6e-9}
+    assert ProfileCosts(profile_from_dict(doc), mlp()).weight_pass_s("repredict", 10**6) == pytest.approx(4e-5 + 6e-3)
+    # and without any weight pass, from the update like the others (5 of momentum's 5 words)
+    assert profiled.weight_pass_s("repredict", 10**6) == pytest.approx(5e-5 + 1e-9 * 10**6 * 5 / 5)
     doc["weight_passes"] = {"copy": {"intercept_s": 1e-5, "per_param_s": 2e-9}}
     with pytest.raises(ScenarioError, match="weight_passes.copy: unknown pass 'copy'"):
         profile_from_dict(doc)

@@ -11,8 +11,8 @@ import torch
 
 from simulator.plan import FORWARD, Compute, Plan, Recv, Send
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
-
-PREDICT = "predict"
+from simulator.strategies.pipeline import PREDICT_PHASE as PREDICT
+from simulator.strategies.pipeline import REPREDICT_PHASE
 
 
 def weight_mode(plan: Plan) -> str:
@@ -49,7 +49,8 @@ def prediction_variant(plan: Plan, rank: int) -> str:
     for action in plan.actions[rank]:
         if isinstance(action, Compute) and action.phase == FORWARD:
             forwarded.add(action.microbatch)
-        elif isinstance(action, Compute) and action.phase == PREDICT and action.microbatch in forwarded:
+        elif isinstance(action, Compute) and (action.phase == REPREDICT_PHASE or (
+                action.phase == PREDICT and action.microbatch in forwarded)):
             return "staggered"
     return "forward"
 

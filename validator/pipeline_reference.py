@@ -28,7 +28,7 @@ from torch.func import functional_call
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Compute, Plan
 from simulator.workload import Workload
 from validator.models import build_modules, loss_fn, make_batch
-from validator.pipeline_plan import (PREDICT, chunk_ranges, num_microbatches, prediction_steps,
+from validator.pipeline_plan import (PREDICT, REPREDICT_PHASE, chunk_ranges, num_microbatches, prediction_steps,
                                      prediction_variant, weight_mode)
 
 MOMENTUM = 0.9
@@ -146,7 +146,7 @@ class PipelineEmulator:
             self._update(stage, self.gradients[stage])
             self.gradients[stage] = self._zero_gradients(stage)
             self._prune(stage)
-        elif event.phase == PREDICT:  # v = 1: chunk == stage
+        elif event.phase in (PREDICT, REPREDICT_PHASE):  # v = 1: chunk == stage
             forward_steps, backward_steps = self.steps[stage]
             key = (stage, event.microbatch)
             if key not in self.forward_weights:

@@ -48,7 +48,7 @@ from torch.func import functional_call
 
 from simulator.errors import ScenarioError
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
-from simulator.strategies.pipeline import ACCUMULATE_PHASE, STASH_PHASE
+from simulator.strategies.pipeline import ACCUMULATE_PHASE, REPREDICT_PHASE, STASH_PHASE
 from simulator.workload import Workload
 from validator import comm_device
 from validator.microbench import make_optimizer
@@ -298,21 +298,24 @@ class PipelineExecutor:
             release_backward(state, action.layer_start)
 
     def _predict(self, action: Compute) -> None:
-        """SpecTrain: weights for micro-batch i's forward, or (staggered) its backward."""
-        microbatch = action.microbatch
+        """SpecTrain: weights for micro-batch i's forward (a plan whose backward predictions are
+        also phase "predict", built before "repredict" existed: those go to `_repredict`)."""
         chunk = self.own_chunks[0]
-        state = self.flight.get((chunk, microbatch))
-        layers = range(*self.chunks[chunk])
-        if state is None:
-            self.predicted[microbatch] = predict_layer_weights(self.modules, layers, self.optimizer,
-                                                               self.steps_forward, self.learning_rate)
-        elif self.steps_backward is not None:
-            for layer in layers:
-                live = dict(self.modules[layer].named_parameters())
-                predicted = predicted_weights(live.values(), self.optimizer, self.steps_backward,
-                                              self.learning_rate)
-                for (name, _), value in zip(live.items(), predicted):
-                    state.weights[layer][name].data.copy_(value)  # not a version bump: the graph reads it
+        if (chunk, action.microbatch) in self.flight:
+            self._repredict(action)
+            return
+        self.predicted[action.microbatch] = predict_layer_weights(self.modules, range(*self.chunks[chunk]),
+                                                                  self.optimizer, self.steps_forward,
+                                                                  self.learning_rate)
+
+    def _repredict(self, action: Compute) -> None:
+        """Staggered SpecTrain: weights for micro-batch i's backward, written into those its forward ran on."""
+        chunk = self.own_chunks[0]
+        state = self.flight[(chunk, action.microbatch)]
+        if self.steps_backward is None:
+            return  # the forward variant keeps the forward's weights
+        repredict_layer_weights(self.modules, range(*self.chunks[chunk]), self.optimizer, self.steps_backward,
+                                self.learning_rate, state.weights)
 
     def _wait_reductions(self) -> None:
         """Wait for the stage's allreduces and record their comm spans (each ending when its result
@@ -361,6 +364,18 @@ def predict_layer_weights(modules: dict, layers: range, optimizer, steps: int, l
             for layer in layers}
 
 
+def repredict_layer_weights(modules: dict, layers: range, optimizer, steps: int, learning_rate: float,
+                            into: dict) -> None:
+    """Staggered SpecTrain (Chen et al., arXiv 1809.02839, 3.3): W_hat = W - steps * lr * v for the
+    layers, copied into `into` (layer -> {name: tensor}, the weights the micro-batch's forward ran
+    on) without a version bump, since its graph reads them."""
+    for layer in layers:
+        live = dict(modules[layer].named_parameters())
+        predicted = predicted_weights(live.values(), optimizer, steps, learning_rate)
+        for name, value in zip(live, predicted):
+            into[layer][name].data.copy_(value)
+
+
 def accumulate_gradients(modules: dict, layers: range, used: dict) -> None:
     """The gradients w.r.t. the weights a micro-batch ran on (`used`, layer -> {name: tensor})
     added onto the live weights' gradients."""
@@ -380,9 +395,10 @@ def release_backward(state: MicroState, first_layer: int) -> None:
 
 COMPUTE_PHASES = {FORWARD: PipelineExecutor._forward, BACKWARD: PipelineExecutor._backward,
                   OPTIMIZER: PipelineExecutor._update, PREDICT: PipelineExecutor._predict,
+                  REPREDICT_PHASE: PipelineExecutor._repredict,
                   STASH_PHASE: PipelineExecutor._stash, ACCUMULATE_PHASE: PipelineExecutor._accumulate}
 HANDLERS = {Recv: PipelineExecutor._recv, Send: PipelineExecutor._send, Compute: PipelineExecutor._compute,
             Collective: PipelineExecutor._collective}
 
 __all__ = ["MicroState", "PipelineExecutor", "accumulate_gradients", "predict_layer_weights", "release_backward",
-           "stash_weights"]
+           "repredict_layer_weights", "stash_weights"]

@@ -8,6 +8,10 @@ phases of the same names, `simulator.strategies.pipeline`):
   and backward (Narayanan et al., SOSP 2019, 3.3), `pipeline_runtime.stash_weights`;
 - **predict** (spectrain): W_hat = W - s lr v from the momentum buffer (Chen et al., arXiv
   1809.02839), `pipeline_runtime.predict_layer_weights`;
+- **repredict** (spectrain, staggered): the prediction again before the backward, copied into the
+  weights the micro-batch's forward ran on, `pipeline_runtime.repredict_layer_weights` (timed
+  since 2026-11-23: on this project's CPU host, in a 2-stage MLP run, it took 1.1-1.5x the
+  forward's prediction, which the simulator had charged for it);
 - **accumulate** (every asynchronous kind: the backward ran on weights other than the live
   tensors): the micro-batch's weight gradients added onto the live gradients, then its backward
   state dropped, `pipeline_runtime.accumulate_gradients` and `release_backward`;
@@ -15,7 +19,7 @@ phases of the same names, `simulator.strategies.pipeline`):
   bucket divided by G in place, `flat /= G`.
 
 The passes are timed where the runtime runs them: inside a micro-batch's cycle on the layers' own
-modules (stash, predict, forward on the stashed copy, backward, accumulate, update), so each
+modules (stash, predict, forward on the stashed copy, repredict, backward, accumulate, update), so each
 pass meets the caches and the allocator as the runtime leaves them, and pays the runtime's own
 per-tensor Python work (an earlier version timed bare tensor loops on hot buffers and measured
 0.1-0.5x what the runtime spent; benchmarks/bench_pipeline_cpu_time.py). Per layer set, the
@@ -37,7 +41,7 @@ from torch.func import functional_call
 
 from validator.microbench import DEFAULT_MIN_BLOCK_S, _same, _sync, _time_blocks, make_optimizer
 
-WEIGHT_PASSES = ("stash", "predict", "accumulate", "average")
+WEIGHT_PASSES = ("stash", "predict", "repredict", "accumulate", "average")
 LEARNING_RATE = 0.01
 
 
@@ -57,7 +61,7 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
     returns the seconds of each weight pass, of the update (`update`: the profiled optimizer; the
     prediction reads `optimizer`'s momentum) and, last, of the rest of the cycle."""
     from validator.pipeline_runtime import (MicroState, accumulate_gradients, predict_layer_weights,
-                                            release_backward, stash_weights)
+                                            release_backward, repredict_layer_weights, stash_weights)
 
     first = layers[0]
 
@@ -78,6 +82,11 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
                 out = out.detach().requires_grad_(True)
             state.inputs[layer] = out
             state.outputs[layer] = out = functional_call(modules[layer], used[layer], (out,))
+        _sync(device)
+        t_forward = time.perf_counter()
+        repredict_layer_weights(modules, layers, optimizer, 1, LEARNING_RATE, used)
+        _sync(device)
+        t_repredicted = time.perf_counter()
         for layer in reversed(layers):
             output, state.outputs[layer] = state.outputs[layer], None
             output.backward(state.input_grads[layer + 1] if layer < layers[-1] else torch.ones_like(output))
@@ -96,7 +105,8 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
         update.zero_grad(set_to_none=False)
         _sync(device)
         t6 = time.perf_counter()
-        return t1 - t0, t2 - t1, t4 - t3, t5 - t4, t6 - t5, t3 - t2
+        repredict_s = t_repredicted - t_forward
+        return t1 - t0, t2 - t1, repredict_s, t4 - t3, t5 - t4, t6 - t5, t3 - t2 - repredict_s
 
     return run
 
@@ -111,8 +121,8 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
     update with `optimizer` (step, then the gradients zeroed) at the cycle's end, where every
     runtime runs it: after the stage's passes, not after itself as in `time_optimizer`'s blocks.
 
-    Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "accumulate_s", "average_s",
-    "update_s"}]`.
+    Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "repredict_s", "accumulate_s",
+    "average_s", "update_s"}]`.
     """
     barrier = barrier or (lambda: None)
     agree = agree or _same

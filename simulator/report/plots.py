@@ -13,7 +13,7 @@ import pandas as pd  # noqa: E402
 PHASE_COLOURS = {"compute_s": "#4C72B0", "comm_s": "#DD8452", "idle_s": "#C7C7C7"}
 PHASE_LABELS = {"compute_s": "compute", "comm_s": "communication (exposed)", "idle_s": "idle"}
 KIND_COLOURS = {"F": "#4C72B0", "B": "#55A868", "opt": "#8172B3", "allreduce": "#DD8452",
-                "send": "#C44E52", "predict": "#937860"}
+                "send": "#C44E52", "predict": "#937860", "repredict": "#937860"}
 OTHER_COLOURS = ("#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD", "#2F4B7C", "#A05195")
 STREAM_ROWS = {"compute": (0.05, 0.5), "comm": (0.55, 0.2), "send": (0.75, 0.2)}
 """Where each stream sits inside a rank's row: (offset from the row top, height), in rank units."""

@@ -33,8 +33,10 @@ from simulator.strategies.ghp import GridConfig, _ActionList, _check_grid, _part
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 
-PREDICT_PHASE = "predict"
-"""Compute phase of SpecTrain's weight prediction (costed by `CostModel.weight_pass_s`)."""
+PREDICT_PHASE, REPREDICT_PHASE = "predict", "repredict"
+"""Compute phases of SpecTrain's weight prediction before a forward (new tensors) and, staggered,
+before a backward (written into the weights that micro-batch's forward ran on, so its graph reads
+them); both costed by `CostModel.weight_pass_s`."""
 STASH_PHASE, ACCUMULATE_PHASE = "stash", "accumulate"
 """Compute phases of the weight copy before a stashing forward and of the gradient accumulation
 after an asynchronous backward segment."""
@@ -157,11 +159,18 @@ class _RankActions:
             elif op.phase == BACKWARD:
                 self._backward(op, start, end, position)
             elif op.phase == PREDICT:
-                self.builder.add(Compute, phase=PREDICT_PHASE, layer_start=start, layer_end=end, batch=self.batch,
+                self.builder.add(Compute, phase=self._prediction_phase(position), layer_start=start, layer_end=end, batch=self.batch,
                                  microbatch=op.microbatch, num_params=self.stage.num_params)
             elif op.phase == UPDATE:
                 self._update(op)
         return tuple(self.builder.actions)
+
+    def _prediction_phase(self, position: int) -> str:
+        """REPREDICT_PHASE for the prediction at `position` of this rank's order when a backward
+        follows it (staggered SpecTrain), else PREDICT_PHASE."""
+        ops = self.schedule.ranks[self.stage_index]
+        following = ops[position + 1].phase if position + 1 < len(ops) else None
+        return REPREDICT_PHASE if following == BACKWARD else PREDICT_PHASE
 
     def _forward(self, op, start: int, end: int) -> None:
         add, chunk, i = self.builder.add, op.chunk, op.microbatch
