@@ -16,7 +16,7 @@ Used for `reports/validation_cuda.csv` (profiles `<model>_ws<N>_cuda.json`), who
 test reproduces, when a model change moves them and no GPU is at hand to rerun.
 
 Run: python benchmarks/repredict.py [reports/validation_cpu.csv | reports/validation_pipelines_cpu.csv
-     | reports/validation_cuda.csv] [--write "what changed"]
+     | reports/validation_cuda.csv] [--write "what changed"] [--profiles DIR]
 """
 
 from __future__ import annotations
@@ -37,16 +37,17 @@ from validator.validate import predictions
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cases(frame: pd.DataFrame, pipelines: bool, profile_suffix: str = ""):
+def cases(frame: pd.DataFrame, pipelines: bool, profile_suffix: str = "",
+          profiles: Path = ROOT / "reports" / "profiles"):
     """(scenario, profile path, specs, rows) per (model, world size), as the benchmark built them."""
     for (model, world_size), rows in frame.groupby(["model", "world_size"], sort=False):
         if pipelines:
             overrides = pipeline_overrides(world_size) + [VIRTUAL_STAGES]
-            profile = pipeline_profile(model, world_size, suffix=profile_suffix)
+            profile = pipeline_profile(model, world_size, profiles, suffix=profile_suffix)
             specs = [(kind, None) for kind in rows["kind"]]
         else:
             overrides = [f"cluster.gpus_per_node={world_size}"]
-            profile = ROOT / "reports" / "profiles" / f"{model}_ws{world_size}{profile_suffix}.json"
+            profile = profiles / f"{model}_ws{world_size}{profile_suffix}.json"
             specs = validation_specs(world_size)
         scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml", overrides)
         yield scenario, profile, specs, rows
@@ -57,12 +58,18 @@ def main() -> int:
     parser.add_argument("csv", nargs="?", default=str(ROOT / "reports" / "validation_cpu.csv"))
     parser.add_argument("--write", metavar="WHAT_CHANGED",
                         help="replace the CSV's prediction columns by the new ones (see the module)")
+    parser.add_argument("--profiles", default=str(ROOT / "reports" / "profiles"),
+                        help="folder of the run's profiles (e.g. copies with a section removed, to score "
+                             "what that section changes on the same measurements)")
     args = parser.parse_args()
+    if not Path(args.profiles).is_dir():
+        print(f"--profiles: no such folder: {args.profiles}", file=sys.stderr)
+        return 2
     frame = pd.read_csv(args.csv)
     pipelines = frame["kind"].str.contains(":").any()
     suffix = "_cuda" if Path(args.csv).stem.endswith("_cuda") else ""
     out = []
-    for scenario, profile, specs, rows in cases(frame, pipelines, suffix):
+    for scenario, profile, specs, rows in cases(frame, pipelines, suffix, Path(args.profiles)):
         figures = predictions(scenario, str(profile), specs, RunOptions(optimizer=scenario.training.optimizer))
         for row in rows.itertuples():
             figure = figures[row.strategy]

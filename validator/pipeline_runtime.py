@@ -7,7 +7,8 @@ key doubles as the gloo tag, so messages of several micro-batches and chunks bet
 ranks cannot be confused); `Compute` F / B of micro-batch i on the chunk holding its layers, with
 the inputs, outputs and graph of each micro-batch kept apart; layer-wise backward so that a bucket
 closes where the plan says and its `Collective` (async allreduce among the stage's G replicas)
-overlaps the rest; `Compute` opt; `Compute` predict (SpecTrain); `Compute` stash (PipeDream's copy
+overlaps the rest; `Compute` opt; `Compute` predict and repredict (SpecTrain's prediction before
+a forward, and the staggered one before a backward); `Compute` stash (PipeDream's copy
 of the weights before a forward) and `Compute` accumulate (after an asynchronous backward segment:
 the gradient of the weights it ran on added onto the live gradients), so that each pass the
 simulator costs (`CostModel.weight_pass_s`) is one span here.

@@ -12,7 +12,8 @@ update once after the flush; with G > 1 each stage's G peers allreduce its gradi
 buckets during the last backward of each chunk (`strategy.overlap_backward`) or in one piece
 after it. Asynchronous kinds (pipedream, spectrain, delayed_gradient) update after every
 backward (after the peers' allreduce of that micro-batch's gradient when G > 1, keyed
-("allreduce", stage, bucket, i)); spectrain predicts weights (an axpy) before passes.
+("allreduce", stage, bucket, i)); spectrain predicts weights (an axpy) before each forward
+("predict") and, staggered, before each backward ("repredict", also copied into the forward's weights).
 Their runtime also passes over a chunk's weights per micro-batch (Compute phases costed by
 `CostModel.weight_pass_s`): pipedream with stashing copies them before the forward ("stash"),
 and every asynchronous kind adds the gradient of the weights a backward ran on onto the live
