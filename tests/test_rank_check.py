@@ -132,3 +132,7 @@ def test_validate_rank_cli(monkeypatch, profile, tmp_path, capsys):
     code = main(["validate", str(path), "--profile", profile, "--rank", "--repeats", "3", "--out", str(out)])
     error = capsys.readouterr().err.strip()
     assert code == 2 and error.startswith("ghpsim: error: --repeats: 3") and len(error.splitlines()) == 1
+    code = main(["validate", str(path), "--profile", profile, "--rank", "--step-spans", "--out", str(out / "spans")])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and error.startswith("ghpsim: error: --step-spans: not with --rank") and len(error.splitlines()) == 1
+    assert not (out / "spans").exists()

@@ -30,7 +30,7 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
     out = tmp_path / "validation"
     assert main(["validate", SCENARIO, *SMALL, "--profile", str(profile), "--strategies", "dp,mp",
                  "--steps", "4", "--warmup", "2", "--repeats", "2", "--speed-anchor", "2", "--out", str(out),
-                 "--bracket", "--interleave", "2", "--json"]) == 0
+                 "--bracket", "--interleave", "2", "--step-spans", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [row["kind"] for row in report["rows"]] == ["dp", "mp"]
     for row in report["rows"]:
@@ -76,6 +76,25 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
     table = pd.read_csv(out / "mlp_cpu.csv")  # one row per strategy, the later round replacing the first
     assert list(table["kind"]) == ["dp", "mp"] and list(table["launches"]) == [2, 2]
     assert len(list((out / "traces").glob("*.trace.json"))) == 4
+    _check_step_spans(out / "traces")
+
+
+def _check_step_spans(folder) -> None:
+    """--step-spans: every measured step (2 launches x 4 steps) of both ranks, and the trace's median
+    step among them, span for span."""
+    for stem, message_stream in (("dp_G2xM1", "comm"), ("mp_G1xM2", "send")):
+        steps = pd.read_csv(folder / f"{stem}.steps.csv")
+        assert sorted(steps.groupby(["launch", "rank"])["step"].nunique().items()) == [
+            ((launch, rank), 4) for launch in (0, 1) for rank in (0, 1)]
+        assert (steps["duration_s"] >= 0).all() and (steps["end_s"] > steps["start_s"] - 1e-12).all()
+        events = json.loads((folder / f"{stem}.measured.trace.json").read_text())
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        traced = sorted((e["pid"], e["name"]) for e in events if e.get("ph") == "X")
+        per_step = {key: sorted(zip(group["rank"], group["name"]))
+                    for key, group in steps.groupby(["launch", "step"])}
+        assert traced in per_step.values()  # the same passes and messages as every step
+        first = steps[(steps["launch"] == 0) & (steps["step"] == 0)]
+        assert {"compute", message_stream} <= set(first["stream"])
 
 
 def _pooled_prediction_s(profile, kind: str, pooled: str = "profile_bracketed.json") -> float:

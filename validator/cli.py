@@ -63,6 +63,9 @@ def add_commands(commands) -> None:
                                "launches, pool them with the profile (PROFILE_interleaved.json) and also report "
                                "the prediction from the pool (validator/interleave.py; 0: off)")
     validate.add_argument("--out", default="reports/validation", help="folder for CSV, plot and traces")
+    validate.add_argument("--step-spans", action="store_true",
+                          help="also write every measured step's spans, all launches and ranks, to "
+                               "OUT/traces/<strategy>.steps.csv (the traces hold the median step only)")
     validate.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is declared hung")
     validate.add_argument("--pipeline-runtime", choices=("own", "torch"), default="own",
                           help="gpipe / 1f1b on our send/recv runtime or torch.distributed.pipelining's schedules")
@@ -116,7 +119,7 @@ def cmd_validate(args) -> int:
     from simulator.tables import make_console
     from validator.measure import RunOptions
     from validator.report import (anchored_summary, bracketed_summary, headline_summary, interleaved_summary,
-                                  write_plot, write_rows_csv, write_traces)
+                                  write_plot, write_rows_csv, write_step_spans, write_traces)
     from validator.torch_pipelining import check_pipeline_runtime
     from validator.validate import mape_pct, validate
 
@@ -134,7 +137,8 @@ def cmd_validate(args) -> int:
         write_traces(row["strategy"], measured_spans, simulated.spans, out / "traces")
 
     options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer,
-                         pipeline_runtime=args.pipeline_runtime, anchor_passes=args.speed_anchor)
+                         pipeline_runtime=args.pipeline_runtime, anchor_passes=args.speed_anchor,
+                         keep_step_spans=args.step_spans)
     if args.speed_anchor < 0:
         raise ScenarioError(f"--speed-anchor: {args.speed_anchor} must be 0 (off) or a number of passes")
     if args.repeats < 1:
@@ -145,7 +149,8 @@ def cmd_validate(args) -> int:
     say = None if args.json else (lambda message: print(message, file=sys.stderr))
     slices = _calibration_slices(scenario, args.profile, args.interleave, say) if args.interleave else None
     validate(scenario, args.profile, specs, options, launch_timeout_s=args.timeout, on_case=on_case,
-             progress=say, repeats=args.repeats, after_round=slices.after_round if slices else None)
+             progress=say, repeats=args.repeats, after_round=slices.after_round if slices else None,
+             on_step_spans=lambda label, table: write_step_spans(label, table, out / "traces"))
     rows = list(rows_by_label.values())
     if slices:
         from validator.validate import predictions, with_second_prediction

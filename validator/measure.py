@@ -54,6 +54,9 @@ class RunOptions:
     warm-up and again after the measured steps; 0 = none."""
     anchor_batch_size: int = 16
     """The anchor's batch size: the calibration's `pass_jitter.batch_size`."""
+    keep_step_spans: bool = False
+    """Return every measured step's spans ("step_spans"), not only the median step's (`ghpsim validate
+    --step-spans`): for the tails a single step's trace hides."""
 
 
 def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> dict:
@@ -88,6 +91,7 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
         "step_times_s": step_times_s,
         "anchor_s": anchor_s,
         "spans": step_spans[median_index] if step_spans else [],
+        **({"step_spans": step_spans} if options.keep_step_spans else {}),
         # numpy, not tensors: torch would share tensors through file descriptors that vanish when
         # the rank's process exits before the launcher has read them
         "state": {k: v.cpu().numpy() for k, v in executor.state().items()} if options.return_state else None,

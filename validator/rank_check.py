@@ -134,6 +134,8 @@ def cmd_validate_rank(args) -> int:
 
     if args.repeats != 1:
         raise ScenarioError(f"--repeats: {args.repeats}: --rank runs each candidate once (its steps' median)")
+    if getattr(args, "step_spans", False):
+        raise ScenarioError("--step-spans: not with --rank (it writes no traces); validate the strategies by name")
     for option, value in (("--top", args.top), ("--others", args.others), ("--gpus", args.gpus)):
         if value is not None and value < (1 if option != "--others" else 0):
             raise ScenarioError(f"{option}: {value} is out of range")

@@ -239,8 +239,19 @@ def write_plot(frame: pd.DataFrame, path: Path, title: str) -> Path:
     return path
 
 
+def trace_stem(label: str) -> str:
+    """A strategy's label as a file name: `1f1b:4 (G=1 x M=2)` -> `1f1b:4_G1xM2`."""
+    return label.replace(" ", "").replace("(", "_").replace(")", "").replace("=", "")
+
+
 def write_traces(label: str, measured_spans: list[tuple], simulated_spans: pd.DataFrame, folder: Path) -> None:
     """Measured and simulated timelines of one plan, as two Perfetto files side by side."""
-    stem = label.replace(" ", "").replace("(", "_").replace(")", "").replace("=", "")
+    stem = trace_stem(label)
     write_json_atomic(folder / f"{stem}.measured.trace.json", trace_events(span_table(measured_spans)))
     write_json_atomic(folder / f"{stem}.simulated.trace.json", trace_events(simulated_spans))
+
+
+def write_step_spans(label: str, table: pd.DataFrame, folder: Path) -> Path:
+    """Every measured step's spans of one plan (`validator.validate.step_span_table`) beside its
+    traces, as `<stem>.steps.csv`."""
+    return write_text_atomic(folder / f"{trace_stem(label)}.steps.csv", table.to_csv(index=False))

@@ -20,7 +20,10 @@ import copy
 import statistics
 from dataclasses import dataclass, field, replace
 
+import pandas as pd
+
 from simulator.compare import with_strategy
+from simulator.engine import SPAN_FIELDS
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.pass_jitter import jittered_prediction, percentile
@@ -54,7 +57,7 @@ class _Case:
 
 def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int | None]],
              options: RunOptions = RunOptions(), launch_timeout_s: float = 300.0, progress=None,
-             on_case=None, repeats: int = 1, after_round=None) -> dict:
+             on_case=None, repeats: int = 1, after_round=None, on_step_spans=None) -> dict:
     """Returns {"rows": [...], "measured_spans": {label: spans}, "simulated": {label: SimulationResult}}.
 
     Each strategy is launched `repeats` times, in rounds (every strategy once per round, in turn),
@@ -63,7 +66,9 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     called for every strategy after every round with its row so far (same `strategy` label: the
     caller replaces the earlier one), so an interrupted validation keeps what it measured.
     `after_round(round_index)` (0-based) is called after every round, e.g. to calibrate between
-    rounds (`validator.interleave`)."""
+    rounds (`validator.interleave`). With `options.keep_step_spans`, `on_step_spans(label, table)` is
+    called after every launch with every measured step of the strategy's launches so far
+    (`step_span_table`)."""
     if repeats < 1:
         raise ScenarioError(f"repeats: {repeats} must be at least 1")
     workload = resolve_workload(scenario.model, scenario.base_dir)
@@ -88,12 +93,28 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
                                   timeout_s=launch_timeout_s)
             case.launches.append(spawn(run_rank, (case.plan, workload, case.run_options), config))
             rows[position], measured_spans[case.label] = _row(case, workload)
+            if options.keep_step_spans and on_step_spans is not None:
+                on_step_spans(case.label, step_span_table(case.launches))
             if on_case is not None:
                 on_case(rows[position], measured_spans[case.label], case.predicted)
         if after_round is not None:
             after_round(round_index)
     return {"rows": rows, "measured_spans": measured_spans,
             "simulated": {case.label: case.predicted for case in cases}}
+
+
+def step_span_table(launches: list[list[dict]]) -> pd.DataFrame:
+    """Every measured step of a strategy's launches as one table: launch and step (0-based, warm-up
+    excluded) beside the span fields (`simulator.engine.SPAN_FIELDS`, times from the step's start) and
+    `duration_s`; from ranks run with `RunOptions.keep_step_spans`."""
+    records = [(launch_index, step_index, *span)
+               for launch_index, results in enumerate(launches)
+               for result in results
+               for step_index, spans in enumerate(result.get("step_spans", ()))
+               for span in spans]
+    table = pd.DataFrame(records, columns=["launch", "step", *SPAN_FIELDS])
+    table["duration_s"] = table["end_s"] - table["start_s"]
+    return table.sort_values(["launch", "step", "rank", "start_s"], kind="stable").reset_index(drop=True)
 
 
 def _check_devices(device: str, backend: str, num_ranks: int, profile_path) -> None:
