@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.cold_start import ColdStart, parse_cold_start
+from simulator.layer_sweep import LayerSweep, parse_layer_sweep
 from simulator.costs import WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.host_sharing import COMM_CLASSES, Interference
@@ -74,6 +75,9 @@ class Profile:
     """Slowdown of passes on layers their rank has not run for a while (`simulator.cold_start`); None in older profiles."""
     pass_jitter: PassJitter | None = None
     """Whole-model pass times per rank, pass after pass (`simulator.pass_jitter`); None in older profiles."""
+    layer_sweep: LayerSweep | None = None
+    """A layer's pass inside a sweep over its back-to-back time (`simulator.layer_sweep`); None in
+    older profiles and GPU ones."""
     model_layer_names: tuple[str, ...] | None = None
     model_num_params: int | None = None
     model_forward_flops_per_sample: float | None = None
@@ -237,6 +241,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         optimizer_in_cycle=optimizer_in_cycle, optimizer_in_cycle_ranks_at_once=in_cycle_ranks,
         cold_start=parse_cold_start(read, document, len(layers)),
         pass_jitter=parse_pass_jitter(read, document),
+        layer_sweep=parse_layer_sweep(read, document, len(layers)),
         model_layer_names=tuple(layer_names) if layer_names is not None else None,
         model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,
         document=document,

@@ -51,7 +51,8 @@ class ProfileCosts:
     """The `CostModel` of a calibration profile, for the workload it was calibrated on.
 
     compute_s = intercept + per_sample x batch of that layer and phase, plus the profile's
-    single-pass time of that layer and phase (`simulator.cold_start`; 0 without one); optimizer_s =
+    single-pass time of that layer and phase (`simulator.cold_start`; 0 without one), times the
+    layer's sweep ratio at that batch size (`simulator.layer_sweep`; 1 without one); optimizer_s =
     intercept + per_param x num_params; weight_pass_s and topk_s from their fits. All of them were
     timed with `profile.world_size` ranks at once (the weight passes of profiles since 2026-11:
     rank 0 alone, `Profile.weight_pass_ranks_at_once`); pass `concurrent_ranks=k` to rescale every
@@ -154,6 +155,8 @@ class ProfileCosts:
         self._forward = [layer.forward for layer in profile.layers]
         self._backward = [layer.backward for layer in profile.layers]
         self.cold_start = profile.cold_start
+        self.layer_sweep = profile.layer_sweep
+        """A pass inside a sweep over back to back (`simulator.layer_sweep`); None: 1."""
         """Read by the engine, which knows how long each pass's operands sat untouched."""
         self.update_state_share = update_state_share(profile.optimizer_name)
         """The optimizer state's share of an update's bytes (its other operands age apart, `simulator.cold_start`)."""
@@ -177,7 +180,8 @@ class ProfileCosts:
         else:
             raise ValueError(f"unknown phase {phase!r} (expected 'F' or 'B')")
         single_pass_s = self.cold_start.single_pass_s(phase, layer_index) if self.cold_start is not None else 0.0
-        return self.speed_factor * self.scale * (fit.at(batch) + single_pass_s)
+        sweep = self.layer_sweep.ratio(phase, layer_index, batch) if self.layer_sweep is not None else 1.0
+        return self.speed_factor * self.scale * (fit.at(batch) + single_pass_s) * sweep
 
     def optimizer_s(self, num_params: int) -> float:
         """One update over `num_params` weights. Profiles since 2026-11-23 time it inside a

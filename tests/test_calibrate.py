@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import os
 import statistics
 import time
@@ -157,6 +158,13 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     for phase in ("forward", "backward"):
         assert len(cold[f"{phase}_single_pass_s"]) == 3 and all(t >= 0 for t in cold[f"{phase}_single_pass_s"])
     assert profile.cold_start.forward_single_pass_s == tuple(cold["forward_single_pass_s"])
+    sweep = document["layer_sweep"]  # per layer, one ratio per calibrated batch size, both ranks at once
+    assert sweep["batch_sizes"] == document["layers"][0]["batch_sizes"] and sweep["ranks_at_once"] == 2
+    for phase in ("forward", "backward"):
+        assert len(sweep[f"{phase}_ratios"]) == 3
+        assert all(len(row) == len(sweep["batch_sizes"]) and min(row) > 0 for row in sweep[f"{phase}_ratios"])
+    assert profile.layer_sweep is not None
+    assert profile.layer_sweep.ratio("B", 1, sweep["batch_sizes"][0]) == sweep["backward_ratios"][1][0]
     assert document["format"] == "ghpsim-profile/1"
     spread = document["method"]["layer_passes"]  # two sweeps over the layers, each total vs their median
     assert spread["passes"] == 2 and len(spread["relative_totals"]) == 2
@@ -180,6 +188,9 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     costs = ProfileCosts(profile, workload, optimizer="sgd")
     assert costs.cold_start is profile.cold_start and costs.pass_jitter is profile.pass_jitter
     assert costs.compute_s(0, "F", 32) > 0 and costs.compute_s(2, "B", 4) > 0
+    without_sweep = ProfileCosts(replace(profile, layer_sweep=None), workload, optimizer="sgd")
+    assert costs.compute_s(2, "B", 32) == pytest.approx(
+        without_sweep.compute_s(2, "B", 32) * profile.layer_sweep.ratio("B", 2, 32))
     assert costs.optimizer_s(workload.num_params) > 0
     assert costs.weight_pass_s("stash", workload.num_params) > 0
     assert costs.allreduce_s(1 << 20, 2) >= costs.allreduce_s(4096, 2) > 0  # few, noisy samples

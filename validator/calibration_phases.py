@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from simulator.workload import Workload
 from validator.cold_bench import time_cold_start
+from validator.sweep_bench import time_layer_sweeps
 from validator.handoff_bench import measure_handoff
 from validator.layer_passes import (DEFAULT_LAYER_PASSES, comm_pass_spread, median_comm_over_passes,
                                    median_over_passes, pass_slots, pass_spread, pass_totals_s)
@@ -123,7 +124,8 @@ def _measure_updates(settings: CalibrationSettings, device: str, rank: int) -> d
 
 
 def _measure_cold_and_topk(settings: CalibrationSettings, device: str, rank: int) -> dict:
-    """Cold start (on a CPU host no more ranks at once than cores) and top-k selection."""
+    """Cold start (on a CPU host no more ranks at once than cores), top-k selection and, on a CPU
+    host, the layer sweeps (`validator.sweep_bench`, all ranks at once)."""
     world = dist.get_world_size()
     cold_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
     say(settings, f"cold start: layers at batch {cold_batch} and the update, back to back and after a pause")
@@ -139,7 +141,13 @@ def _measure_cold_and_topk(settings: CalibrationSettings, device: str, rank: int
         topk[density] = time_topk(_topk_sizes(settings.workload.num_params), density, repeats=settings.repeats,
                                   device=device, warmup=settings.warmup, barrier=dist.barrier, agree=agree_max,
                                   min_block_s=settings.min_block_s)
-    return {"cold_start": cold_start, "topk": topk}
+    layer_sweep = None
+    if device == "cpu":  # measured on a CPU host only (a GPU's layers are stream-timed: unmeasured there)
+        say(settings, f"layer sweeps: each layer inside whole-model sweeps and back to back, "
+                      f"{len(settings.batch_sizes)} batch sizes, {world} ranks at once")
+        layer_sweep = time_layer_sweeps(settings.workload, settings.batch_sizes, device=device,
+                                        models=settings.models, seed=settings.seed, barrier=dist.barrier)
+    return {"cold_start": cold_start, "topk": topk, "layer_sweep": layer_sweep}
 
 
 def _concurrent_groups(settings: CalibrationSettings, g: int, timer) -> dict:
