@@ -52,5 +52,8 @@ def test_the_microbenchmark_gives_a_ratio_per_layer_and_batch_size():
         rows = section[f"{phase}_ratios"]
         assert len(rows) == workload.num_layers and all(len(row) == 2 and min(row) > 0 for row in rows)
     assert len(calls) == 2 * 2 + 1  # before every trial of every batch size, and once at the end
+    idle = []
+    assert time_layer_sweeps(workload, [4, 8], trials=2, passes=3, barrier=lambda: idle.append(1), active=False) is None
+    assert len(idle) == len(calls)  # an idle rank meets the measuring ranks at every barrier
     with pytest.raises(ValueError, match="passes"):
         time_layer_sweeps(workload, [4], passes=2)

@@ -38,7 +38,7 @@
    once than it has cores. A layer's pass right after itself (between pauses) against an
    iteration of a back-to-back block timed in the same pair, the median difference over pairs:
    the profile's single-pass time per layer and phase (`validator.cold_bench.single_pass_overheads`).
-   **Layer sweeps**, CPU only, all ranks at once (`validator.sweep_bench`): each layer's forward
+   **Layer sweeps**, CPU only, no more ranks at once than cores (`validator.sweep_bench`): each layer's forward
    and backward inside whole-model sweeps against the same passes back to back, per batch size:
    the caches the other layers of a step refill (`layer_sweep`, `ProfileCosts.compute_s`).
 3. **p2p**: ping-pong between ranks 0 and 1 (one-way = half the round trip).
@@ -206,7 +206,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
         **({"weight_passes": _weight_pass_fits(raw["weight_passes"], notes, raw["weight_pass_ranks_at_once"])}
            if raw.get("weight_passes") else {}),
         **({"cold_start": cold_start} if cold_start else {}),
-        **({"layer_sweep": {**raw["layer_sweep"], "ranks_at_once": world_size}} if raw.get("layer_sweep") else {}),
+        **({"layer_sweep": raw["layer_sweep"]} if raw.get("layer_sweep") else {}),
         "p2p": (_alpha_beta(comm_sizes, raw["p2p"], notes, "p2p") if raw["p2p"] is not None else None),
         "allreduce": {str(g): {**_alpha_beta(comm_sizes, item["medians_s"], notes, f"allreduce.{g}"),
                                "concurrent_groups": item["concurrent_groups"]}

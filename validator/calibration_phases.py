@@ -125,7 +125,7 @@ def _measure_updates(settings: CalibrationSettings, device: str, rank: int) -> d
 
 def _measure_cold_and_topk(settings: CalibrationSettings, device: str, rank: int) -> dict:
     """Cold start (on a CPU host no more ranks at once than cores), top-k selection and, on a CPU
-    host, the layer sweeps (`validator.sweep_bench`, all ranks at once)."""
+    host, the layer sweeps (`validator.sweep_bench`, no more ranks at once than cores either)."""
     world = dist.get_world_size()
     cold_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
     say(settings, f"cold start: layers at batch {cold_batch} and the update, back to back and after a pause")
@@ -144,9 +144,12 @@ def _measure_cold_and_topk(settings: CalibrationSettings, device: str, rank: int
     layer_sweep = None
     if device == "cpu":  # measured on a CPU host only (a GPU's layers are stream-timed: unmeasured there)
         say(settings, f"layer sweeps: each layer inside whole-model sweeps and back to back, "
-                      f"{len(settings.batch_sizes)} batch sizes, {world} ranks at once")
+                      f"{len(settings.batch_sizes)} batch sizes, {ranks_at_once} rank(s) at once")
         layer_sweep = time_layer_sweeps(settings.workload, settings.batch_sizes, device=device,
-                                        models=settings.models, seed=settings.seed, barrier=dist.barrier)
+                                        models=settings.models, seed=settings.seed, barrier=dist.barrier,
+                                        active=rank < ranks_at_once)
+        if layer_sweep is not None:
+            layer_sweep["ranks_at_once"] = ranks_at_once
     return {"cold_start": cold_start, "topk": topk, "layer_sweep": layer_sweep}
 
 

@@ -16,8 +16,10 @@ layer) and (b) each layer's forward and backward `passes` times back to back on 
 the first two passes of each are dropped. A trial's ratio per layer and phase is the median in (a)
 over the median in (b); the figure is the median over trials. Both halves of a trial time single
 passes on the same ranks at the same time, so the ratio keeps the cache's share and leaves the host
-sharing to the layer microbenchmark's block timing. Gradients accumulate in `.grad` in both, as in
-a step's micro-batches.
+sharing to the layer microbenchmark's block timing. For that, on a CPU host no more ranks measure at
+once than it has cores (the calibration's caller; the others wait at the barriers): with 4 ranks on
+the project's 2 cores, single passes preempted at random put ratios of 0.7-2.4 on the MLP's layers
+where 2 ranks gave 0.8-1.3. Gradients accumulate in `.grad` in both, as in a step's micro-batches.
 """
 
 from __future__ import annotations
@@ -107,13 +109,19 @@ def _medians(rows: list[list[float]]) -> list[float]:
 
 def time_layer_sweeps(workload: Workload, batch_sizes: Sequence[int], trials: int = DEFAULT_TRIALS,
                       passes: int = DEFAULT_PASSES, device: str = "cpu", *, models=None, seed: int = 0,
-                      barrier: Callable[[], None] | None = None, include_loss: bool = True) -> dict:
+                      barrier: Callable[[], None] | None = None, include_loss: bool = True,
+                      active: bool = True) -> dict | None:
     """The `layer_sweep` section of a profile (see the module): {"batch_sizes", "trials", "passes",
     "forward_ratios", "backward_ratios"}, the ratios one list per layer with one figure per batch
-    size. Every rank calls it at the same time (`barrier` before every trial)."""
+    size. Every rank calls it at the same time (`barrier` before every trial); with `active=False`
+    a rank only takes part in the barriers and returns None."""
     if trials < 1 or passes <= DROPPED_PASSES:
         raise ValueError(f"trials must be >= 1 and passes > {DROPPED_PASSES}, got {trials} and {passes}")
     barrier = barrier or (lambda: None)
+    if not active:
+        for _ in range(len(batch_sizes) * trials + 1):
+            barrier()
+        return None
     num_layers = len(workload.layers)
     forward_ratios = [[] for _ in range(num_layers)]
     backward_ratios = [[] for _ in range(num_layers)]
