@@ -14,7 +14,8 @@ in tight loops), forward and backward apart, and each layer's backward ratio.
     python benchmarks/bench_sweep_cache.py --models mlp_cpu --microbatches 8 --trials 20
 
 Measured on the project's 2-core CPU VM, one process (no other rank computing): see
-reports/ACCURACY.md ("A stage's sweep against the calibration's tight loop").
+reports/ACCURACY.md (the entry naming `bench_sweep_cache.py`). The calibration now measures the
+same ratio for every layer (`validator.sweep_bench`, the profile's `layer_sweep`).
 """
 
 from __future__ import annotations

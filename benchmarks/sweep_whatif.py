@@ -8,8 +8,10 @@ errors against the CSV's measurements beside the profile's own.
 FOLDER holds `<model>.csv` (from `ghpsim validate`) and `<model>_ws<stages>_momentum.json` (the
 profile it was validated with); the scenario is the pipeline benchmark's (`pipeline_overrides`,
 two virtual stages). Two variants: each layer's own ratio, and each half's summed ratio on all its
-layers. The loss layer is not timed by the microbenchmark and keeps its cost. A what-if for the
-model change it would motivate, not the model's prediction.
+layers. The loss layer is not timed by the microbenchmark and keeps its cost. Written before the
+model measured these ratios itself (the calibration's `layer_sweep` phase, `validator.sweep_bench`,
+forwards included); kept for what it showed on profiles without that section, not the model's
+prediction.
 """
 
 from __future__ import annotations

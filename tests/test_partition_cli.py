@@ -116,14 +116,18 @@ def test_plain_dp_is_compute_plus_ring_allreduce_over_the_workers(capsys):
 
 def test_profile_gives_the_compute_times(capsys):
     # One worker, one stage: the whole model's forward + backward at b = 64 / 4 = 16 samples from the
-    # profile's fits and single-pass times, as one rank alone (compute_slowdown[1] / compute_slowdown[world size]).
+    # profile's fits and single-pass times, as one rank alone (compute_slowdown[1] / compute_slowdown[world size]),
+    # each pass times its layer's sweep ratio at 16, a calibrated batch size (simulator.layer_sweep).
     profile = ROOT / "reports" / "profiles" / "mlp_cpu_ws4.json"
     document = json.loads(profile.read_text())
     scale = document["compute_slowdown"]["1"] / document["compute_slowdown"][str(document["world_size"])]
     cold = document.get("cold_start", {})  # plus each pass's single-pass time (simulator.cold_start)
-    single_pass_s = sum(sum(cold.get(f"{phase}_single_pass_s", [])) for phase in ("forward", "backward"))
-    expected = scale * (single_pass_s + sum(layer[phase]["intercept_s"] + layer[phase]["per_sample_s"] * 16
-                                            for layer in document["layers"] for phase in ("forward", "backward")))
+    sweep = document["layer_sweep"]
+    at_16 = sweep["batch_sizes"].index(16)
+    expected = scale * sum(
+        (layer[phase]["intercept_s"] + layer[phase]["per_sample_s"] * 16 + cold[f"{phase}_single_pass_s"][index])
+        * sweep[f"{phase}_ratios"][index][at_16]
+        for index, layer in enumerate(document["layers"]) for phase in ("forward", "backward"))
     code, out, err = run_cli(capsys, "partition", str(ROOT / "scenarios" / "validation" / "mlp_cpu.yaml"),
                              "--profile", str(profile), "--workers", "1", "--json")
     assert code == 0, err
