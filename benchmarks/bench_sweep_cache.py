@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,64 +32,19 @@ sys.path.insert(0, str(ROOT))
 
 from simulator.model_source import resolve_workload  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
-from validator.models import build_modules, make_batch  # noqa: E402
+from validator.sweep_bench import SweepModel  # noqa: E402
 
-REPEATS = 10
-"""Passes per layer in a tight loop, and sweeps per trial; the first two of each are not counted."""
+PASSES = 10
+"""Passes per layer in a tight loop, and sweeps per trial; the first two of each are not counted
+(`validator.sweep_bench.DROPPED_PASSES`)."""
 
 
-class Layers:
-    """A model's layer modules with one fixed input and output gradient per layer."""
-
-    def __init__(self, name: str, microbatch: int):
-        scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml")
-        workload = resolve_workload(scenario.model, scenario.base_dir)
-        self.modules = build_modules(workload, seed=0)
-        x, _ = make_batch(workload, microbatch, seed=1)
-        self.inputs, self.output_grads = [], []
-        with torch.no_grad():
-            for module in self.modules:
-                self.inputs.append(x)
-                x = module(x)
-                self.output_grads.append(torch.randn_like(x))
-
-    def forward(self, layer: int):
-        x = self.inputs[layer].detach()
-        if layer > 0 and x.is_floating_point():
-            x.requires_grad_(True)
-        return self.modules[layer](x)
-
-    def backward(self, layer: int, output) -> None:
-        output.backward(self.output_grads[layer])
-
-    def tight_s(self, layer: int) -> tuple[float, float]:
-        """Median forward and backward seconds of the layer run back to back on itself."""
-        forwards, backwards = [], []
-        for _ in range(REPEATS):
-            started = time.perf_counter()
-            output = self.forward(layer)
-            middle = time.perf_counter()
-            self.backward(layer, output)
-            forwards.append(middle - started)
-            backwards.append(time.perf_counter() - middle)
-        return statistics.median(forwards[2:]), statistics.median(backwards[2:])
-
-    def sweep_s(self, stage: list[int]) -> dict[int, tuple[float, float]]:
-        """Median forward and backward seconds of each layer of `stage` in a stage sweep."""
-        forwards = {layer: [] for layer in stage}
-        backwards = {layer: [] for layer in stage}
-        for _ in range(REPEATS):
-            outputs = {}
-            for layer in stage:
-                started = time.perf_counter()
-                outputs[layer] = self.forward(layer)
-                forwards[layer].append(time.perf_counter() - started)
-            for layer in reversed(stage):
-                started = time.perf_counter()
-                self.backward(layer, outputs.pop(layer))
-                backwards[layer].append(time.perf_counter() - started)
-        return {layer: (statistics.median(forwards[layer][2:]), statistics.median(backwards[layer][2:]))
-                for layer in stage}
+def model_layers(name: str, microbatch: int) -> SweepModel:
+    """The validation model's layers at `microbatch`, a fixed output gradient on every layer (no loss:
+    the halves timed here leave the last layer out)."""
+    scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml")
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    return SweepModel(workload, microbatch, models=None, seed=0, device=torch.device("cpu"), include_loss=False)
 
 
 def two_stages(num_layers: int) -> list[list[int]]:
@@ -102,7 +56,7 @@ def two_stages(num_layers: int) -> list[list[int]]:
 
 
 def measure(name: str, microbatch: int, trials: int) -> list[dict]:
-    layers = Layers(name, microbatch)
+    layers = model_layers(name, microbatch)
     rows = []
     for stage in two_stages(len(layers.modules)):
         forward_ratios, backward_ratios = [], []
@@ -110,16 +64,17 @@ def measure(name: str, microbatch: int, trials: int) -> list[dict]:
         tight_backward_s = []
         for trial in range(trials):
             if trial % 2 == 0:  # alternate which runs first
-                sweep = layers.sweep_s(stage)
-                tight = {layer: layers.tight_s(layer) for layer in stage}
+                sweep = layers.sweeps_s(PASSES, stage)
+                tight = layers.tight_s(PASSES, stage)
             else:
-                tight = {layer: layers.tight_s(layer) for layer in stage}
-                sweep = layers.sweep_s(stage)
-            forward_ratios.append(sum(sweep[l][0] for l in stage) / sum(tight[l][0] for l in stage))
-            backward_ratios.append(sum(sweep[l][1] for l in stage) / sum(tight[l][1] for l in stage))
-            tight_backward_s.append(sum(tight[l][1] for l in stage))
-            for layer in stage:
-                layer_ratios[layer].append(sweep[layer][1] / tight[layer][1])
+                tight = layers.tight_s(PASSES, stage)
+                sweep = layers.sweeps_s(PASSES, stage)
+            (sweep_forward, sweep_backward), (tight_forward, tight_backward) = sweep, tight
+            forward_ratios.append(sum(sweep_forward) / sum(tight_forward))
+            backward_ratios.append(sum(sweep_backward) / sum(tight_backward))
+            tight_backward_s.append(sum(tight_backward))
+            for position, layer in enumerate(stage):
+                layer_ratios[layer].append(sweep_backward[position] / tight_backward[position])
         rows.append({"model": name, "microbatch": microbatch, "stage": f"L{stage[0]}-{stage[-1]}",
                      "forward_ratio": statistics.median(forward_ratios),
                      "backward_ratio": statistics.median(backward_ratios),

@@ -38,8 +38,9 @@ DEFAULT_PASSES = 6
 DROPPED_PASSES = 2
 
 
-class _Model:
-    """A model's layer modules at one batch size, with each layer's input and output gradient fixed."""
+class SweepModel:
+    """A model's layer modules at one batch size, with each layer's input and output gradient fixed
+    (also used by `benchmarks/bench_sweep_cache.py` on a stage's layers)."""
 
     def __init__(self, workload: Workload, batch_size: int, models, seed: int, device: torch.device,
                  include_loss: bool):
@@ -74,11 +75,12 @@ class _Model:
         _sync(self.device)
         return time.perf_counter() - started, result
 
-    def sweeps_s(self, passes: int) -> tuple[list[float], list[float]]:
-        """Per layer: median forward and backward seconds inside `passes` whole-model sweeps."""
-        layers = range(len(self.modules))
-        forwards = [[] for _ in layers]
-        backwards = [[] for _ in layers]
+    def sweeps_s(self, passes: int, layers: Sequence[int] | None = None) -> tuple[list[float], list[float]]:
+        """Per layer of `layers` (default all, in order): median forward and backward seconds inside
+        `passes` sweeps over them."""
+        layers = list(range(len(self.modules)) if layers is None else layers)
+        forwards = {layer: [] for layer in layers}
+        backwards = {layer: [] for layer in layers}
         for _ in range(passes):
             outputs = {}
             for layer in layers:
@@ -86,12 +88,13 @@ class _Model:
                 forwards[layer].append(forward_s)
             for layer in reversed(layers):
                 backwards[layer].append(self._timed(lambda layer=layer: self.backward(layer, outputs.pop(layer)))[0])
-        return _medians(forwards), _medians(backwards)
+        return _medians([forwards[layer] for layer in layers]), _medians([backwards[layer] for layer in layers])
 
-    def tight_s(self, passes: int) -> tuple[list[float], list[float]]:
-        """Per layer: median forward and backward seconds of the layer run `passes` times back to back."""
+    def tight_s(self, passes: int, layers: Sequence[int] | None = None) -> tuple[list[float], list[float]]:
+        """Per layer of `layers` (default all): median forward and backward seconds of the layer run
+        `passes` times back to back."""
         forwards, backwards = [], []
-        for layer in range(len(self.modules)):
+        for layer in (range(len(self.modules)) if layers is None else layers):
             layer_forwards, layer_backwards = [], []
             for _ in range(passes):
                 forward_s, output = self._timed(lambda layer=layer: self.forward(layer))
@@ -126,7 +129,7 @@ def time_layer_sweeps(workload: Workload, batch_sizes: Sequence[int], trials: in
     forward_ratios = [[] for _ in range(num_layers)]
     backward_ratios = [[] for _ in range(num_layers)]
     for batch_size in batch_sizes:
-        model = _Model(workload, batch_size, models, seed, torch.device(device), include_loss)
+        model = SweepModel(workload, batch_size, models, seed, torch.device(device), include_loss)
         trial_forward = [[] for _ in range(num_layers)]
         trial_backward = [[] for _ in range(num_layers)]
         for trial in range(trials):
