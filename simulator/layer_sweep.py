@@ -12,9 +12,10 @@ the loss about 2x (reports/ACCURACY.md). Profiles without the section: 1.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -27,15 +28,7 @@ class LayerSweep:
     def ratio(self, phase: str, layer: int, batch: float) -> float:
         """The sweep / back-to-back ratio of layer `layer`'s pass (`phase` "F" or "B") at `batch`."""
         ratios = (self.forward_ratios if phase == "F" else self.backward_ratios)[layer]
-        sizes = self.batch_sizes
-        if batch <= sizes[0]:
-            return ratios[0]
-        if batch >= sizes[-1]:
-            return ratios[-1]
-        upper = bisect_right(sizes, batch)
-        low, high = sizes[upper - 1], sizes[upper]
-        weight = (batch - low) / (high - low)
-        return ratios[upper - 1] + weight * (ratios[upper] - ratios[upper - 1])
+        return float(np.interp(batch, self.batch_sizes, ratios))  # linear between sizes, held outside
 
 
 def parse_layer_sweep(read, document: Mapping, num_layers: int) -> LayerSweep | None:
