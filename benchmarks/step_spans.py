@@ -8,7 +8,10 @@ One line per rank and span name, the micro-batch index dropped (`F3 L0-2` -> `F 
 -> `send act`): how many a step holds, the median, 90th percentile and largest duration over all
 steps and launches, the median over steps of their sum per step, and with `--simulated` the
 simulated median and the measured / simulated ratio. The median step's trace hides the tails (an
-isend call held for milliseconds once in a few steps); this shows them. Prints; writes nothing.
+isend call held for milliseconds once in a few steps); this shows them. Tables with a `cpu_s` column
+(compute spans' main-thread CPU time, since 2026-11-23) add the median and mean CPU time and
+`waited_pct`: the share of the passes' summed wall time spent off a core (preempted; on a CPU host).
+Prints; writes nothing.
 """
 
 from __future__ import annotations
@@ -21,27 +24,37 @@ from pathlib import Path
 
 import pandas as pd
 
-MICROBATCH_INDEX = re.compile(r"^([FB])\d+|(?<=[a-z])\d+$")
+MICROBATCH_INDEX = re.compile(r"^([FB])\d+|(?<=[a-z])\d+(?= |$)")
 
 
 def pass_name(name: str) -> str:
-    """A span's name without its micro-batch index: `B12 L3-6` -> `B L3-6`, `recv grad0` -> `recv grad`."""
+    """A span's name without its micro-batch index: `B12 L3-6` -> `B L3-6`, `recv grad0` -> `recv grad`,
+    `stash3 L0-2` -> `stash L0-2`."""
     return MICROBATCH_INDEX.sub(lambda match: match.group(1) or "", name)
 
 
 def measured_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per (rank, pass name): count per step, median / p90 / max duration and median per-step sum, in ms."""
+    """Per (rank, pass name): count per step, median / p90 / max duration and median per-step sum, in ms;
+    with a `cpu_s` column also the median and mean CPU time (ms) and the percentage of the summed wall
+    time not on a core (NaN for spans without CPU time)."""
     steps = steps.assign(pass_name=steps["name"].map(pass_name), duration_ms=1e3 * steps["duration_s"])
     num_steps = steps.groupby(["launch", "step"]).ngroups
     per_step = steps.groupby(["rank", "pass_name", "launch", "step"])["duration_ms"].sum()
     grouped = steps.groupby(["rank", "pass_name"])["duration_ms"]
-    return pd.DataFrame({
+    table = pd.DataFrame({
         "per_step": grouped.count() / num_steps,
         "median_ms": grouped.median(),
         "p90_ms": grouped.quantile(0.9),
         "max_ms": grouped.max(),
         "step_sum_median_ms": per_step.groupby(["rank", "pass_name"]).median(),
     })
+    if "cpu_s" in steps:
+        cpu = steps.assign(cpu_ms=1e3 * steps["cpu_s"]).dropna(subset=["cpu_ms"])
+        by_pass = cpu.groupby(["rank", "pass_name"])
+        table["cpu_median_ms"] = by_pass["cpu_ms"].median()
+        table["cpu_mean_ms"] = by_pass["cpu_ms"].mean()
+        table["waited_pct"] = 100.0 * (1.0 - by_pass["cpu_ms"].sum() / by_pass["duration_ms"].sum())
+    return table
 
 
 def simulated_medians_ms(trace_path: Path) -> pd.Series:

@@ -17,6 +17,8 @@ def test_pass_names_drop_the_microbatch_index():
     assert step_spans.pass_name("send act1") == "send act"
     assert step_spans.pass_name("recv grad10") == "recv grad"
     assert step_spans.pass_name("optimizer") == "optimizer"
+    assert step_spans.pass_name("stash3 L0-2") == "stash L0-2"
+    assert step_spans.pass_name("accumulate12 L8-10") == "accumulate L8-10"
 
 
 def _steps() -> pd.DataFrame:
@@ -40,6 +42,15 @@ def test_measured_table_counts_medians_tails_and_step_sums():
     assert forward["median_ms"] == pytest.approx(2.0) and forward["max_ms"] == pytest.approx(3.0)
     assert forward["step_sum_median_ms"] == pytest.approx(4.0)  # both steps' forwards sum to 4 ms
     assert send["median_ms"] == pytest.approx(5.0) and send["max_ms"] == pytest.approx(9.0)
+
+
+def test_cpu_columns_split_a_pass_into_work_and_time_off_a_core():
+    steps = _steps()
+    steps["cpu_s"] = [0.001, 0.001, float("nan"), 0.002, 0.001, float("nan")]  # forwards 1+3, 2+2 ms wall
+    forward = step_spans.measured_table(steps).loc[(0, "F L0-2")]
+    assert forward["cpu_median_ms"] == pytest.approx(1.0) and forward["cpu_mean_ms"] == pytest.approx(1.25)
+    assert forward["waited_pct"] == pytest.approx(100 * (1 - 5.0 / 8.0))  # 5 ms on a core of 8 ms
+    assert pd.isna(step_spans.measured_table(steps).loc[(0, "send act"), "waited_pct"])
 
 
 def test_main_sets_the_simulated_median_beside_and_refuses_a_missing_file(tmp_path, capsys):

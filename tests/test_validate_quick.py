@@ -95,6 +95,11 @@ def _check_step_spans(folder) -> None:
         assert traced in per_step.values()  # the same passes and messages as every step
         first = steps[(steps["launch"] == 0) & (steps["step"] == 0)]
         assert {"compute", message_stream} <= set(first["stream"])
+        # every compute span carries its main thread's CPU time, at most its wall time; no other span does
+        compute = steps["stream"] == "compute"
+        assert steps.loc[compute, "cpu_s"].notna().all() and steps.loc[~compute, "cpu_s"].isna().all()
+        assert (steps.loc[compute, "cpu_s"] > 0).all()
+        assert (steps.loc[compute, "cpu_s"] <= steps.loc[compute, "duration_s"] + 1e-3).all()
 
 
 def _pooled_prediction_s(profile, kind: str, pooled: str = "profile_bracketed.json") -> float:

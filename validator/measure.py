@@ -68,7 +68,7 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
     executor = executor_class(plan, workload, rank, options.optimizer, options.learning_rate,
                               options.seed, options.device)
     anchor_s = _anchor(workload, options)
-    step_times_s, step_spans = [], []
+    step_times_s, step_spans, step_span_cpu = [], [], []
     for step in range(options.warmup + options.steps):
         executor.load_batch(step)  # the data loader's part, outside the timed step (not simulated)
         dist.barrier()
@@ -84,6 +84,8 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
         if step >= options.warmup:
             step_times_s.append(step_s)
             step_spans.append(spans)
+            # {span index: the rank's thread CPU seconds in that compute span} (runtimes that time it)
+            step_span_cpu.append(dict(getattr(executor, "span_cpu_s", {})))
     anchor_s += _anchor(workload, options)
     median_index = min(range(len(step_times_s)), key=lambda i: abs(step_times_s[i] - statistics.median(step_times_s)))
     return {
@@ -91,7 +93,7 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
         "step_times_s": step_times_s,
         "anchor_s": anchor_s,
         "spans": step_spans[median_index] if step_spans else [],
-        **({"step_spans": step_spans} if options.keep_step_spans else {}),
+        **({"step_spans": step_spans, "step_span_cpu_s": step_span_cpu} if options.keep_step_spans else {}),
         # numpy, not tensors: torch would share tensors through file descriptors that vanish when
         # the rank's process exits before the launcher has read them
         "state": {k: v.cpu().numpy() for k, v in executor.state().items()} if options.return_state else None,

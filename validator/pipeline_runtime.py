@@ -130,6 +130,7 @@ class PipelineExecutor:
         from the step's start)."""
         self.received, self.flight, self.predicted, self.stashed = {}, {}, {}, {}
         self.pending_sends, self.reductions, self.unreduced, self.spans = {}, [], [], []
+        self.span_cpu_s = {}
         self.last_backward = None
         self.losses = []
         self.posted, self.next_receive = {}, 0
@@ -227,8 +228,9 @@ class PipelineExecutor:
     def _compute(self, action: Compute) -> None:
         if action.phase == OPTIMIZER:
             self._wait_reductions()  # the update's span starts once its gradients have arrived
-        start = time.perf_counter()
+        start, cpu_start_s = time.perf_counter(), time.thread_time()
         COMPUTE_PHASES[action.phase](self, action)
+        self.span_cpu_s[len(self.spans)] = time.thread_time() - cpu_start_s
         self._span("compute", action.label, action.phase, start, microbatch=action.microbatch)
 
     def _forward_weights(self, chunk: int, microbatch: int) -> dict | None:

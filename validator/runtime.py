@@ -127,6 +127,7 @@ class RankExecutor:
         """Run the rank's actions once on the batch `load_batch` holds; return its spans (seconds
         from the step's start)."""
         self.received, self.pending_sends, self.reductions, self.spans = {}, [], [], []
+        self.span_cpu_s = {}
         self.layer_inputs, self.layer_outputs, self.input_grads = {}, {}, {}
         self.last_segment, self.selected = None, {}
         self.step_start = time.perf_counter()
@@ -163,7 +164,7 @@ class RankExecutor:
     def _compute(self, action: Compute) -> None:
         if action.phase not in (FORWARD, BACKWARD, SELECTION_PHASE):
             self._wait_reductions()  # the update's span starts once its gradients have arrived
-        start = time.perf_counter()
+        start, cpu_start_s = time.perf_counter(), time.thread_time()
         if action.phase == FORWARD:
             self._forward()
         elif action.phase == BACKWARD:
@@ -172,6 +173,7 @@ class RankExecutor:
             self._select(action)
         else:
             self._update()
+        self.span_cpu_s[len(self.spans)] = time.thread_time() - cpu_start_s
         self._span("compute", action.label, action.phase, start)
 
     def _forward(self) -> None:

@@ -17,6 +17,7 @@ back into it: they are the held-out test of the prediction.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 from dataclasses import dataclass, field, replace
 
@@ -106,15 +107,26 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
 def step_span_table(launches: list[list[dict]]) -> pd.DataFrame:
     """Every measured step of a strategy's launches as one table: launch and step (0-based, warm-up
     excluded) beside the span fields (`simulator.engine.SPAN_FIELDS`, times from the step's start) and
-    `duration_s`; from ranks run with `RunOptions.keep_step_spans`."""
-    records = [(launch_index, step_index, *span)
+    `duration_s`, and `cpu_s`: the CPU time of the rank's main thread inside each compute span
+    (`time.thread_time`; on a CPU host the pass's own work, so `duration_s - cpu_s` is time the rank
+    waited for a core; with CUDA only the launches' host time; NaN for other spans and runtimes that
+    do not time it); from ranks run with `RunOptions.keep_step_spans`."""
+    records = [(launch_index, step_index, *span, cpu_s)
                for launch_index, results in enumerate(launches)
                for result in results
-               for step_index, spans in enumerate(result.get("step_spans", ()))
-               for span in spans]
-    table = pd.DataFrame(records, columns=["launch", "step", *SPAN_FIELDS])
-    table["duration_s"] = table["end_s"] - table["start_s"]
+               for step_index, span, cpu_s in _step_records(result)]
+    table = pd.DataFrame(records, columns=["launch", "step", *SPAN_FIELDS, "cpu_s"])
+    table.insert(len(table.columns) - 1, "duration_s", table["end_s"] - table["start_s"])
     return table.sort_values(["launch", "step", "rank", "start_s"], kind="stable").reset_index(drop=True)
+
+
+def _step_records(result: dict):
+    """(step index, span, its main-thread CPU seconds or NaN) of one rank's kept steps."""
+    spans_per_step = result.get("step_spans", ())
+    cpu_per_step = result.get("step_span_cpu_s") or [{}] * len(spans_per_step)
+    for step_index, (spans, cpu_s) in enumerate(zip(spans_per_step, cpu_per_step)):
+        for index, span in enumerate(spans):
+            yield step_index, span, cpu_s.get(index, math.nan)
 
 
 def _check_devices(device: str, backend: str, num_ranks: int, profile_path) -> None:
