@@ -7,12 +7,13 @@ Samples every thread of the command's process tree every `--interval` seconds, b
 seconds after the start (past the launch and the warm-up) and `--seconds` later (or the command's
 end), and prints per thread name (`python` is a rank's main thread, `gloo_tcp_loop` gloo's
 transport thread that reads and writes every message's socket) the cores it used on average, user
-and system time apart, and the machine's busy fraction over the same window (/proc/stat: all its
-processes). The command is stopped after the window (its whole process group, SIGTERM then
-SIGKILL) unless `--wait` is given. The simulator plays a rank's passes and per-message work on its host's cores
-(`simulator.host_sharing`); the transport threads' share is what a validation's host spends that
-the ranks' own spans do not show. Prints; writes nothing. Exit 2 on a command that cannot start or
-a host without /proc.
+and system time apart, and the machine's busy fraction over the same window (all its processes;
+`validator.machine_cpu.machine_cpu_s`, which leaves a VM host's steal out). The command is stopped
+after the window (its whole process group, SIGTERM then SIGKILL) unless `--wait` is given. The
+simulator plays a rank's passes and per-message work on its host's cores (`simulator.host_sharing`);
+the transport threads' share is what a validation's host spends that the ranks' own spans do not
+show. Per-phase CPU totals inside pipeline runs: `bench_pipeline_cpu_time.py`. Prints; writes
+nothing. Exit 2 on a command that cannot start or a host without /proc.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+from validator.machine_cpu import machine_cpu_s
 
 PROC = Path("/proc")
 
@@ -67,12 +70,6 @@ def thread_ticks(pids: set[int]) -> dict[tuple[int, int], tuple[str, int, int]]:
     return ticks
 
 
-def machine_ticks() -> tuple[int, int]:
-    """(all ticks, idle + iowait ticks) of the machine so far (/proc/stat's cpu line)."""
-    values = [int(value) for value in (PROC / "stat").read_text().splitlines()[0].split()[1:]]
-    return sum(values), values[3] + values[4]
-
-
 def sample(process: subprocess.Popen, skip_s: float, seconds: float, interval_s: float) -> tuple[Counter, Counter, float, float]:
     """(user ticks, system ticks) per thread name, the window's seconds and the machine's busy fraction."""
     deadline = time.monotonic() + skip_s
@@ -80,7 +77,7 @@ def sample(process: subprocess.Popen, skip_s: float, seconds: float, interval_s:
         time.sleep(min(interval_s, deadline - time.monotonic()))
     user, system = Counter(), Counter()
     previous = thread_ticks(descendants(process.pid))
-    total_0, idle_0 = machine_ticks()
+    busy_0_s = machine_cpu_s()[0]
     started = time.monotonic()
     while time.monotonic() - started < seconds and process.poll() is None:
         time.sleep(interval_s)
@@ -90,9 +87,9 @@ def sample(process: subprocess.Popen, skip_s: float, seconds: float, interval_s:
                 user[name] += user_ticks - previous[key][1]
                 system[name] += system_ticks - previous[key][2]
         previous = current
-    total_1, idle_1 = machine_ticks()
-    busy = 1.0 - (idle_1 - idle_0) / max(total_1 - total_0, 1)
-    return user, system, time.monotonic() - started, busy
+    busy_1_s = machine_cpu_s()[0]
+    window_s = time.monotonic() - started
+    return user, system, window_s, (busy_1_s - busy_0_s) / max(window_s * (os.cpu_count() or 1), 1e-9)
 
 
 def stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:

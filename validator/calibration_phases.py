@@ -24,6 +24,7 @@ from simulator.workload import Workload
 from validator.cold_bench import time_cold_start
 from validator.sweep_bench import time_layer_sweeps
 from validator.handoff_bench import measure_handoff
+from validator.machine_cpu import machine_cpu_s
 from validator.layer_passes import (DEFAULT_LAYER_PASSES, comm_pass_spread, median_comm_over_passes,
                                    median_over_passes, pass_slots, pass_spread, pass_totals_s)
 from validator.comm_bench import agree_max, time_allgather, time_allreduce, time_p2p
@@ -214,7 +215,7 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
     workload = settings.workload
     dist.barrier()
     started = time.perf_counter()
-    machine_before, own_before = _machine_cpu(), _own_cpu_s()
+    machine_before, own_before = machine_cpu_s(), _own_cpu_s()
 
     levels = [world] + [k for k in _divisors(world, minimum=1) if k < world]
     slots = pass_slots(settings.layer_passes, len(_PHASES))
@@ -260,7 +261,7 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
                 for k in jitter_levels}
     dist.barrier()
     measure_s = time.perf_counter() - started
-    machine_after, own_after = _machine_cpu(), _own_cpu_s()
+    machine_after, own_after = machine_cpu_s(), _own_cpu_s()
     cpu_s = [None] * world
     dist.all_gather_object(cpu_s, own_after - own_before)
     if rank != 0:
@@ -272,17 +273,6 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
             "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
             "num_threads": torch.get_num_threads(),
             "device_name": _device_name(device)}
-
-
-def _machine_cpu() -> tuple[float, float] | None:
-    """(busy, steal) CPU seconds of the whole machine so far, from /proc/stat; None elsewhere."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        tick = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq) / tick, steal / tick
 
 
 def _own_cpu_s() -> float:
