@@ -3,7 +3,8 @@
 Two implementations share the `CostModel` protocol: `AnalyticCosts` (a roofline over datasheet
 figures, below) and the calibrated profile of the validator (`simulator.profile`), measured on
 real hardware. The engine calls `compute_s`, `optimizer_s`, `weight_pass_s` (asynchronous pipelines)
-and `topk_s` (top-k compression).
+and `topk_s` (top-k compression), and `copy_forward_s` where a cost model has it (a profile that
+timed the asynchronous forward on a weight copy, `COPY_FORWARD`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ weights the micro-batch's forward ran on (read it, write them: 3 + 2 words); the
 accumulation of a micro-batch's weight gradient onto the live one reads both and writes one.
 "average": with G > 1 replicas the reduced gradient sum is divided by G in place before the
 update (as DDP averages), part of the update's time on replicated stages."""
+
+COPY_FORWARD = "copy_forward"
+"""A profile's weight pass that is not a Compute phase: what a forward of an asynchronous pipeline
+costs more because it runs on weights other than the module's own (a stashed copy, SpecTrain's
+prediction), through `torch.func.functional_call` (`validator.weight_pass_bench`); the engine adds
+it to those forwards (`ProfileCosts.copy_forward_s`). Cost models without it charge nothing."""
+
+PROFILED_WEIGHT_PASSES = (*WEIGHT_PASS_WORDS, COPY_FORWARD)
+"""The names a profile's `weight_passes` section may hold."""
 
 TOPK_SELECTION_BYTES_PER_ELEMENT = 16
 """Bytes moved per gradient element by a top-k selection pass with error feedback: residual +=

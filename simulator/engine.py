@@ -33,7 +33,7 @@ from simulator.heterogeneity import DeviceCosts
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
 from simulator.layer_ages import LayerAges
 from simulator.network import FlowNetwork
-from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send
+from simulator.plan import FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
 from simulator.sparse import SELECTION_PHASE
 from simulator.topology import Topology
 
@@ -330,11 +330,14 @@ class Engine:
             return costs.weight_pass_s(action.phase, action.num_params)
         if action.phase == SELECTION_PHASE:  # top-k selection over num_params gradient elements (simulator.sparse)
             return costs.topk_s(action.num_params, self.plan.meta["topk"]["density"])
-        key = (id(costs), action.phase, action.layer_start, action.layer_end, action.batch)
+        key = (id(costs), action.phase, action.layer_start, action.layer_end, action.batch, action.num_params)
         duration = self._duration_cache.get(key)
         if duration is None:
             duration = sum(costs.compute_s(layer, action.phase, action.batch)
                            for layer in range(action.layer_start, action.layer_end))
+            if action.phase == FORWARD and action.num_params > 0:  # a forward on a weight copy
+                copy_forward_s = getattr(costs, "copy_forward_s", None)
+                duration += copy_forward_s(action.num_params) if copy_forward_s is not None else 0.0
             self._duration_cache[key] = duration
         return duration
 

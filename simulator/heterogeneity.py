@@ -64,6 +64,10 @@ class Slowed:
     def weight_pass_s(self, name: str, num_params: int) -> float:
         return self.costs.weight_pass_s(name, num_params) * self.factor
 
+    def copy_forward_s(self, num_params: int) -> float:
+        base = getattr(self.costs, "copy_forward_s", None)
+        return base(num_params) * self.factor if base is not None else 0.0
+
     def topk_s(self, num_elements: int, density: float | None = None) -> float:
         return self.costs.topk_s(num_elements, density) * self.factor
 

@@ -32,7 +32,8 @@ class Compute:
     microbatch: int = 0
     deps: tuple[int, ...] = ()
     num_params: int = 0
-    """For the optimizer phase: parameters updated."""
+    """For the optimizer and the weight passes: parameters updated or passed over; for an
+    asynchronous pipeline's forward: the weights of the copy it runs on (0: the module's own)."""
 
     @property
     def label(self) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from simulator.cold_start import ColdStart, parse_cold_start
 from simulator.layer_sweep import LayerSweep, parse_layer_sweep
-from simulator.costs import WEIGHT_PASS_WORDS
+from simulator.costs import PROFILED_WEIGHT_PASSES
 from simulator.errors import ScenarioError
 from simulator.host_sharing import COMM_CLASSES, Interference
 from simulator.pass_jitter import PassJitter, parse_pass_jitter
@@ -207,8 +207,8 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
     weight_passes, weight_pass_ranks = {}, {}
     for name, entry in (read.mapping(document, "weight_passes", "weight_passes", optional=True) or {}).items():
         where = f"weight_passes.{name}"
-        if name not in WEIGHT_PASS_WORDS:
-            raise read.fail(where, f"unknown pass {name!r} (expected one of {', '.join(WEIGHT_PASS_WORDS)})")
+        if name not in PROFILED_WEIGHT_PASSES:
+            raise read.fail(where, f"unknown pass {name!r} (expected one of {', '.join(PROFILED_WEIGHT_PASSES)})")
         if not isinstance(entry, Mapping):
             raise read.fail(where, f"expected an object, got {_show(entry)}")
         weight_passes[name] = LinearFit(read.number(entry, "intercept_s", f"{where}.intercept_s", minimum=0),

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from simulator.cold_start import update_state_share
-from simulator.costs import OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
+from simulator.costs import COPY_FORWARD, OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.profile import Profile, load_profile
 from simulator.workload import Workload
@@ -216,6 +216,15 @@ class ProfileCosts:
         update_bytes_per_param = OPTIMIZER_BYTES_PER_PARAM[self.profile.optimizer_name]
         return self.speed_factor * self.scale * (update.intercept_s + update.per_unit_s * num_params * 4
                                                  * WEIGHT_PASS_WORDS[name] / update_bytes_per_param)
+
+    def copy_forward_s(self, num_params: int) -> float:
+        """What a forward over `num_params` weights costs more on a copy of them than through the
+        module (asynchronous pipelines, `simulator.costs.COPY_FORWARD`): the profile's fit, rescaled
+        as the weight passes; 0 for profiles that did not time it (before 2026-11-23)."""
+        fit = self.profile.weight_passes.get(COPY_FORWARD)
+        if fit is None or num_params <= 0:
+            return 0.0
+        return self.speed_factor * self._weight_pass_scale.get(COPY_FORWARD, 1.0) * fit.at(num_params)
 
     def p2p_s(self, size_bytes: float) -> float:
         """One-way point-to-point time of `size_bytes` (alpha + S / beta)."""

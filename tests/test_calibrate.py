@@ -88,6 +88,8 @@ def test_time_weight_passes_single_process_leaves_the_modules_alone():
     for name in ("stash", "predict", "accumulate", "average"):
         # 4 M parameters (16 MiB read, at least as much written) against 36: far above the overheads
         assert result[1][f"{name}_s"] > 5 * result[0][f"{name}_s"] > 0
+    # the forward on the stashed copy against the same forward through the modules: never negative
+    assert all(r["copy_forward_s"] >= 0 for r in result)
     for module, state in zip(modules, before):
         assert all(torch.equal(value, module.state_dict()[key]) for key, value in state.items())
         assert all(p.grad is None for p in module.parameters())
@@ -140,10 +142,11 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert profile.handoff.cycle.mean_delay_s == cycle["mean_delay_s"] > 0
     assert profile.handoff.cycle.send_post_s == cycle["send_post_s"] > 0
     passes = document["weight_passes"]  # on the optimizer's parameter sets
-    assert set(passes) == {"stash", "predict", "repredict", "accumulate", "average"}
+    assert set(passes) == {"stash", "predict", "repredict", "accumulate", "average", "copy_forward"}
     assert all(entry["num_params"] == document["optimizer"]["num_params"] for entry in passes.values())
     assert all(t > 0 for t in passes["repredict"]["medians_s"])  # timed, not derived
-    assert set(profile.weight_passes) == {"stash", "predict", "repredict", "accumulate", "average"}
+    assert set(profile.weight_passes) == {"stash", "predict", "repredict", "accumulate", "average", "copy_forward"}
+    assert all(t >= 0 for t in passes["copy_forward"]["medians_s"])
     assert all(entry["ranks_at_once"] == 1 for entry in passes.values())  # rank 0 alone
     assert set(profile.weight_pass_ranks_at_once.values()) == {1}
     in_cycle = document["optimizer"]["in_cycle"]  # the update at the end of those cycles, rank 0 alone

@@ -30,7 +30,8 @@
    have), fitted against the number of parameters; then, on the same sets and **rank 0 alone**
    (the others at a barrier: all at once, the block medians hid the sharing of these short passes,
    `validator.calibration_phases.WEIGHT_PASS_RANKS_AT_ONCE`), the asynchronous pipeline runtime's
-   weight passes (stash, predict, accumulate) and the replicas' gradient averaging
+   weight passes (stash, predict, repredict, accumulate), the replicas' gradient averaging and
+   what a forward costs more on a weight copy than through the module (copy_forward)
    (`validator.weight_pass_bench`); each fit records its `ranks_at_once`.
    **Cold start**, all ranks at once (`validator.cold_bench`): every layer at the middle batch
    size and the update, each timed back to back and after a 50 ms pause, alternately; the ratios

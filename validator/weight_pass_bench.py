@@ -16,7 +16,15 @@ phases of the same names, `simulator.strategies.pipeline`):
   tensors): the micro-batch's weight gradients added onto the live gradients, then its backward
   state dropped, `pipeline_runtime.accumulate_gradients` and `release_backward`;
 - **average** (every runtime's update on a stage with G > 1 replicas): the reduced flat gradient
-  bucket divided by G in place, `flat /= G`.
+  bucket divided by G in place, `flat /= G`;
+- **copy_forward** (every asynchronous kind): what a forward on weights other than the module's own
+  (the stashed copy, the predicted weights, or an alias of the live ones) costs more than the same
+  forward through the module: the runtime runs it through `torch.func.functional_call`, which swaps
+  the tensors into the module for each layer call. Timed as the cycle's forward on the stashed copy
+  minus a forward of the same layers through the modules in the same cycle (measured 2026-11-23 on
+  this project's 2-core CPU host, ResNet-20 stages at a micro-batch of 16: 1.14-1.22x the plain
+  forward, about 0.1 ms a stage; in 4-stage PipeDream runs the forwards' CPU time was 1.13x that
+  of 1F1B's, the backwards' 0.96x, so the backward is not charged).
 
 The passes are timed where the runtime runs them: inside a micro-batch's cycle on the layers' own
 modules (stash, predict, forward on the stashed copy, repredict, backward, accumulate, update), so each
@@ -41,7 +49,7 @@ from torch.func import functional_call
 
 from validator.microbench import DEFAULT_MIN_BLOCK_S, _same, _sync, _time_blocks, make_optimizer
 
-WEIGHT_PASSES = ("stash", "predict", "repredict", "accumulate", "average")
+WEIGHT_PASSES = ("stash", "predict", "repredict", "accumulate", "average", "copy_forward")
 LEARNING_RATE = 0.01
 
 
@@ -57,9 +65,11 @@ def _layer_inputs(modules: Sequence[torch.nn.Module], batch: torch.Tensor) -> li
 
 def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, flat: torch.Tensor,
            device: torch.device) -> Callable[[], tuple[float, ...]]:
-    """One asynchronous micro-batch on `layers`, the runtime's functions in the runtime's order;
-    returns the seconds of each weight pass, of the update (`update`: the profiled optimizer; the
-    prediction reads `optimizer`'s momentum) and, last, of the rest of the cycle."""
+    """One asynchronous micro-batch on `layers`, the runtime's functions in the runtime's order,
+    after a forward of the same layers through the modules (as a synchronous runtime runs it);
+    returns the seconds of the stash, predict, repredict, accumulate and average passes, of the
+    update (`update`: the profiled optimizer; the prediction reads `optimizer`'s momentum), of the
+    modules' forward, of the forward on the stashed copy and of the backward."""
     from validator.pipeline_runtime import (MicroState, accumulate_gradients, predict_layer_weights,
                                             release_backward, repredict_layer_weights, stash_weights)
 
@@ -67,7 +77,16 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
 
     def run() -> tuple[float, ...]:
         _sync(device)
+        t_plain = time.perf_counter()
+        out = x
+        for layer in layers:  # the same forward through the modules' own weights, graph discarded
+            if layer > 0:
+                out = out.detach().requires_grad_(True)
+            out = modules[layer](out)
+        del out
+        _sync(device)
         t0 = time.perf_counter()
+        plain_forward_s = t0 - t_plain
         used = stash_weights(modules, layers)
         _sync(device)
         t1 = time.perf_counter()
@@ -106,7 +125,8 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
         _sync(device)
         t6 = time.perf_counter()
         repredict_s = t_repredicted - t_forward
-        return t1 - t0, t2 - t1, repredict_s, t4 - t3, t5 - t4, t6 - t5, t3 - t2 - repredict_s
+        return (t1 - t0, t2 - t1, repredict_s, t4 - t3, t5 - t4, t6 - t5, plain_forward_s, t_forward - t2,
+                t3 - t_repredicted)
 
     return run
 
@@ -122,7 +142,8 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
     runtime runs it: after the stage's passes, not after itself as in `time_optimizer`'s blocks.
 
     Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "repredict_s", "accumulate_s",
-    "average_s", "update_s"}]`.
+    "average_s", "copy_forward_s", "update_s"}]` ("copy_forward_s": the forward on the copy less the
+    forward through the modules, each a median over blocks, at least 0).
     """
     barrier = barrier or (lambda: None)
     agree = agree or _same
@@ -143,9 +164,11 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
         flat = torch.cat([p.detach().reshape(-1) for p in params])
         run = _cycle(own, layers, inputs[layers[0]].to(device), momentum, update, flat, device)
         barrier()
-        *medians, update_s, _rest = _time_blocks(run, repeats, warmup, min_block_s, agree)
+        *medians, update_s, plain_forward_s, copy_forward_s, _backward_s = _time_blocks(
+            run, repeats, warmup, min_block_s, agree)
         entry = {"num_params": int(sum(p.numel() for p in params)), "num_tensors": len(params)}
         entry.update({f"{name}_s": median for name, median in zip(WEIGHT_PASSES, medians)})
+        entry["copy_forward_s"] = max(0.0, copy_forward_s - plain_forward_s)
         entry["update_s"] = update_s
         results.append(entry)
         del momentum, update, own, params, run

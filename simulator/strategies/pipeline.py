@@ -182,8 +182,11 @@ class _RankActions:
         if self.config.kind == "pipedream" and self.config.weight_stashing:
             add(Compute, phase=STASH_PHASE, layer_start=start, layer_end=end, batch=self.batch, microbatch=i,
                 num_params=self._params(start, end))
+        # an asynchronous forward runs on a copy of the weights (stashed, predicted or aliased): its
+        # num_params are those weights (`CostModel.copy_forward_s`); a synchronous one's stay 0
         forward = add(Compute, phase=FORWARD, layer_start=start, layer_end=end, batch=self.batch,
-                      microbatch=i, deps=deps)
+                      microbatch=i, deps=deps,
+                      num_params=self._params(start, end) if self.schedule.asynchronous else 0)
         if chunk < self.schedule.num_chunks - 1:
             size = self.workload.layers[end - 1].output_elements_per_sample * self.batch * self.element_bytes
             add(Send, dst=self.rank_of(chunk + 1), size_bytes=size, key=("act", self.group, chunk, i),
