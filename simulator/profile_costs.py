@@ -207,9 +207,9 @@ class ProfileCosts:
         intercept_s + per_param_s x num_params x 4 WEIGHT_PASS_WORDS[name] / OPTIMIZER_BYTES_PER_PARAM."""
         if num_params <= 0:
             return 0.0
-        fit = self.profile.weight_passes.get(name)
-        if fit is not None:
-            return self.speed_factor * self._weight_pass_scale.get(name, 1.0) * fit.at(num_params)
+        measured_s = self._measured_pass_s(name, num_params)
+        if measured_s is not None:
+            return measured_s
         if name == "repredict" and "predict" in self.profile.weight_passes:
             return self.weight_pass_s("predict", num_params)
         update = self.profile.optimizer
@@ -221,10 +221,17 @@ class ProfileCosts:
         """What a forward over `num_params` weights costs more on a copy of them than through the
         module (asynchronous pipelines, `simulator.costs.COPY_FORWARD`): the profile's fit, rescaled
         as the weight passes; 0 for profiles that did not time it (before 2026-11-23)."""
-        fit = self.profile.weight_passes.get(COPY_FORWARD)
-        if fit is None or num_params <= 0:
+        if num_params <= 0:
             return 0.0
-        return self.speed_factor * self._weight_pass_scale.get(COPY_FORWARD, 1.0) * fit.at(num_params)
+        return self._measured_pass_s(COPY_FORWARD, num_params) or 0.0
+
+    def _measured_pass_s(self, name: str, num_params: int) -> float | None:
+        """The profile's `weight_passes[name]` fit at `num_params`, rescaled from the ranks at once
+        it was timed with; None when the profile has no such fit."""
+        fit = self.profile.weight_passes.get(name)
+        if fit is None:
+            return None
+        return self.speed_factor * self._weight_pass_scale.get(name, 1.0) * fit.at(num_params)
 
     def p2p_s(self, size_bytes: float) -> float:
         """One-way point-to-point time of `size_bytes` (alpha + S / beta)."""

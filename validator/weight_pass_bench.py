@@ -47,9 +47,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.func import functional_call
 
+from simulator.costs import COPY_FORWARD
 from validator.microbench import DEFAULT_MIN_BLOCK_S, _same, _sync, _time_blocks, make_optimizer
 
-WEIGHT_PASSES = ("stash", "predict", "repredict", "accumulate", "average", "copy_forward")
+CYCLE_PASSES = ("stash", "predict", "repredict", "accumulate", "average")
+"""The passes `_cycle` times as they run, in the order it returns them."""
+WEIGHT_PASSES = (*CYCLE_PASSES, COPY_FORWARD)
 LEARNING_RATE = 0.01
 
 
@@ -167,8 +170,8 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
         *medians, update_s, plain_forward_s, copy_forward_s, _backward_s = _time_blocks(
             run, repeats, warmup, min_block_s, agree)
         entry = {"num_params": int(sum(p.numel() for p in params)), "num_tensors": len(params)}
-        entry.update({f"{name}_s": median for name, median in zip(WEIGHT_PASSES, medians)})
-        entry["copy_forward_s"] = max(0.0, copy_forward_s - plain_forward_s)
+        entry.update({f"{name}_s": median for name, median in zip(CYCLE_PASSES, medians, strict=True)})
+        entry[f"{COPY_FORWARD}_s"] = max(0.0, copy_forward_s - plain_forward_s)
         entry["update_s"] = update_s
         results.append(entry)
         del momentum, update, own, params, run
