@@ -121,6 +121,9 @@ class Engine:
             self._handoff_s, self._send_post_s, self._send_post_tail_s = (
                 cycling.handoff_s, cycling.send_post_s, cycling.send_post_tail_s)
             self._ready_receive_s, self._ready_receive_tail_s = cycling.ready_receive_s, cycling.ready_receive_tail_s
+        self._compute_factor = (getattr(costs, "asynchronous_compute_factor", 1.0)
+                                if plan.meta.get("asynchronous") and self.host_parallelism is not None else 1.0)
+        """Compute work of an asynchronous plan on a shared host over the pool's (`simulator.cycle_compute`)."""
         self._messages = [_message_links(actions, self._ready_receive_s + self._ready_receive_tail_s > 0,
                                          self._send_post_s + self._send_post_tail_s > 0)
                           for actions in plan.actions]
@@ -170,7 +173,7 @@ class Engine:
             if arrived:
                 yield from self._message_work(rank, arrived, self._ready_receive_s, self._ready_receive_tail_s)
             start = self.env.now
-            duration_s = self._duration_s(action, rank) * self._cold.factor(action, rank, start)
+            duration_s = self._duration_s(action, rank) * self._cold.factor(action, rank, start) * self._compute_factor
             yield from self._rank_work(rank, duration_s)
             if self._cold.tracks(rank):
                 self._cold.ran(action, rank, self.env.now)

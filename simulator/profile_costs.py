@@ -95,6 +95,9 @@ class ProfileCosts:
         self.asynchronous_messages: MessageCosts | None = None
         """What a message costs in asynchronous pipelines (`handoff.cycle`), in place of the five
         figures above; None: the chain's figures for every plan."""
+        self.asynchronous_compute_factor = 1.0
+        """Compute work of asynchronous pipelines times this on a shared host: 1 / the profile's
+        `cycle_compute.efficiency` (`simulator.cycle_compute`); 1 without it."""
         if shared_host:
             # Ranks share the host's cores: the engine plays every compute and communication job
             # on a processor-sharing pool of parallelism P = W / slowdown(W) (W ranks computing at
@@ -104,6 +107,8 @@ class ProfileCosts:
             self.host_parallelism = world / self.slowdown(world) if world > 1 else 1.0
             self.interference = profile.overlap
             self.streamed_allreduce_factor = streamed_allreduce_factor(profile)
+            if profile.cycle_compute is not None:
+                self.asynchronous_compute_factor = 1.0 / profile.cycle_compute.efficiency
         if (shared_host or profile.device_kind != "cpu") and profile.handoff is not None and profile.p2p is not None:
             # a GPU's messages are staged through the host (gloo): the same handoff and per-message
             # work on the rank's thread, measured the same way (`validator.handoff_bench`)

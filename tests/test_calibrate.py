@@ -141,6 +141,10 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert cycle["num_messages"] >= 1 and cycle["num_ready"] >= 1
     assert profile.handoff.cycle.mean_delay_s == cycle["mean_delay_s"] > 0
     assert profile.handoff.cycle.send_post_s == cycle["send_post_s"] > 0
+    # the layers in that cycle's windows against the shared cores (`cycle_compute`), five rounds
+    assert len(document["cycle_compute"]["round_efficiencies"]) == 5
+    assert profile.cycle_compute.efficiency == document["cycle_compute"]["efficiency"]
+    assert 0.2 <= profile.cycle_compute.efficiency <= 2.0 and profile.cycle_compute.host_parallelism > 0
     passes = document["weight_passes"]  # on the optimizer's parameter sets
     assert set(passes) == {"stash", "predict", "repredict", "accumulate", "average", "copy_forward"}
     assert all(entry["num_params"] == document["optimizer"]["num_params"] for entry in passes.values())

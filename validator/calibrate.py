@@ -60,7 +60,10 @@
    waiting receiver's `wait()`, with receives posted on demand (`ProfileCosts.handoff_s`) and
    posted one ahead as the pipeline runtime does (`ProfileCosts.handoff_preposted_s`); then the
    same pre-posted figures with every rank in the asynchronous 1F1B cycle at once (`handoff.cycle`,
-   `ProfileCosts.asynchronous_messages`: what PipeDream and SpecTrain pay per message).
+   `ProfileCosts.asynchronous_messages`: what PipeDream and SpecTrain pay per message); then, on a
+   CPU, the layers inside that cycle's compute windows against the processor sharing the engine
+   would give them (`cycle_compute`, `validator.cycle_compute_bench`,
+   `ProfileCosts.asynchronous_compute_factor`).
 5. **Top-k** (sparse gradients, `simulator.sparse`): the runtime's selection with error feedback
    (`validator.microbench.time_topk`) on flat gradients of 4096 x 4^j elements up to the model's
    parameter count, all ranks at once, at each density of `topk_densities` (fitted against the
@@ -220,6 +223,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
                  for density, items in sorted(raw.get("topk", {}).items())},
         **({"overlap": {"world_size": world_size, **raw["overlap"]}} if raw.get("overlap") else {}),
         **({"handoff": raw["handoff"]} if raw.get("handoff") else {}),
+        **({"cycle_compute": raw["cycle_compute"]} if raw.get("cycle_compute") else {}),
         **({"pass_jitter": raw["pass_jitter"]} if raw.get("pass_jitter") else {}),
         "method": {
             "layers": f"per rank: median over {layer_passes} pass(es) spread over the calibration of the "

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from simulator.workload import Workload
 from validator.cold_bench import time_cold_start
+from validator.cycle_compute_bench import measure_cycle_compute
 from validator.sweep_bench import time_layer_sweeps
 from validator.handoff_bench import measure_handoff
 from validator.machine_cpu import machine_cpu_s
@@ -185,11 +186,11 @@ def _measure_comm(settings: CalibrationSettings, device: str, rank: int) -> dict
 def _measure_overlap(settings: CalibrationSettings, device: str, rank: int) -> dict:
     """>= 2 ranks: handoffs and the runtime's own work per message (`validator.handoff_bench`; on a
     GPU, messages staged through the host); shared cores (CPU): also how compute and communication
-    slow each other."""
+    slow each other, and how much the layers get done in the asynchronous cycle (`cycle_compute`)."""
     world = dist.get_world_size()
     overlap, handoff = {}, None
     if world < 2:
-        return {"overlap": overlap, "handoff": handoff}
+        return {"overlap": overlap, "handoff": handoff, "cycle_compute": None}
     steps = model_steps(settings.workload, settings.batch_sizes[len(settings.batch_sizes) // 2],
                         load_models_module(settings.models), seed=settings.seed, device=device)
     if device == "cpu":
@@ -198,7 +199,11 @@ def _measure_overlap(settings: CalibrationSettings, device: str, rank: int) -> d
             overlap[kind] = time_overlap(steps, kind, DEFAULT_OVERLAP_BYTES[kind], DEFAULT_OVERLAP_MESSAGES[kind],
                                          repeats=settings.repeats, warmup=settings.warmup)
     handoff = measure_handoff(steps, settings.repeats + 3, settings.warmup, lambda message: say(settings, message))
-    return {"overlap": overlap, "handoff": handoff}
+    cycle_compute = None
+    if device == "cpu":
+        say(settings, "cycle compute: the layers in the asynchronous 1F1B cycle's windows against the shared cores")
+        cycle_compute = measure_cycle_compute(steps)
+    return {"overlap": overlap, "handoff": handoff, "cycle_compute": cycle_compute}
 
 
 _PHASES = (_measure_updates, _measure_cold_and_topk, _measure_overlap)

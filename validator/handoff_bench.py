@@ -191,11 +191,13 @@ def cycle_order(rank: int, world: int, num_microbatches: int) -> list[tuple[str,
     return order + [("B", microbatch) for microbatch in range(num_microbatches - warmup, num_microbatches)]
 
 
-def _cycle(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: float, repeat: int):
+def _cycle(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: float, repeat: int,
+           windows: list | None = None):
     """One asynchronous 1F1B run of `num_microbatches` on this rank (receives posted one ahead, as
     `validator.pipeline_runtime`): a forward computes hop_compute_s / 2, a backward hop_compute_s.
     (sends, receives, isend calls) as `_sweeps` records them, direction +1 for activations, -1 for
-    gradients."""
+    gradients. `windows`, if given, gets (start, end, steps done) of every compute window
+    (`validator.cycle_compute_bench`)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     order = cycle_order(rank, world, num_microbatches)
     sources = [rank - 1 if step == "F" else rank + 1 for step, _ in order
@@ -209,7 +211,11 @@ def _cycle(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: fl
             incoming.wait()
             receives.append((repeat, direction, microbatch, rank, waited_from, time.perf_counter()))
         duration_s = hop_compute_s / 2 if step == "F" else hop_compute_s
-        position = _compute_for(steps, duration_s, position, buffer.device)
+        started = time.perf_counter()
+        done = _compute_for(steps, duration_s, position, buffer.device)
+        if windows is not None:
+            windows.append((started, time.perf_counter(), done - position))
+        position = done
         target = rank + direction
         if 0 <= target < world:
             _timed_send(buffer, target, (repeat, direction, microbatch), sends, pending, posts)

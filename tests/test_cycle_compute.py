@@ -1,0 +1,113 @@
+"""Compute inside the asynchronous cycle over the processor-sharing expectation (`cycle_compute`):
+the expectation's closed forms, the profile section and its errors, the cost model's factor, the
+engine playing it for asynchronous pipelines only, and the microbenchmark on two real ranks."""
+
+import copy
+
+import pytest
+
+from simulator.document_reader import DocumentReader
+from simulator.cycle_compute import cycle_efficiency, expected_steps, parse_cycle_compute
+from simulator.errors import ScenarioError
+from simulator.profile import profile_from_dict
+from simulator.profile_costs import ProfileCosts
+from tests.test_pipeline_plans import Costs, run
+from tests.test_profile import document, workload
+
+SECTION = {"efficiency": 0.8, "round_efficiencies": [0.78, 0.8, 0.83], "hop_compute_s": 0.008,
+           "host_parallelism": 1.7}
+
+
+def test_windows_apart_each_run_at_the_alone_rate():
+    # two ranks, never computing at once: 0.5 s + 0.25 s at 100 steps/s alone
+    windows = [[(0.0, 0.5, 40)], [(1.0, 1.25, 20)]]
+    assert expected_steps(windows, 100.0, 2.0) == pytest.approx(75.0)
+    assert cycle_efficiency(windows, 100.0, 2.0) == pytest.approx(60 / 75)
+
+
+def test_windows_at_once_share_the_pools_parallelism():
+    # four ranks computing 1 s together on a pool of 2: each at half the alone rate
+    windows = [[(0.0, 1.0, 40)] for _ in range(4)]
+    assert expected_steps(windows, 100.0, 2.0) == pytest.approx(4 * 100 * 0.5)
+    # overlapping in part: [0, 1) alone, [1, 2) with the other (P = 1: half each), [2, 3) alone
+    windows = [[(0.0, 2.0, 0)], [(1.0, 3.0, 0)]]
+    assert expected_steps(windows, 10.0, 1.0) == pytest.approx(10 * (1 + 0.5 + 0.5 + 1))
+
+
+def test_a_window_free_record_cannot_be_scored():
+    with pytest.raises(ValueError, match="no steps"):
+        cycle_efficiency([[], []], 100.0, 2.0)
+
+
+def test_profile_reads_the_section_and_shared_hosts_scale_by_its_inverse():
+    doc = copy.deepcopy(document())
+    doc["cycle_compute"] = SECTION
+    profile = profile_from_dict(doc)
+    assert profile.cycle_compute.efficiency == 0.8
+    assert profile.cycle_compute.round_efficiencies == (0.78, 0.8, 0.83)
+    assert ProfileCosts(profile, workload(), shared_host=True).asynchronous_compute_factor == pytest.approx(1.25)
+    # a dedicated device (no shared cores) and an older profile: no factor
+    assert ProfileCosts(profile, workload()).asynchronous_compute_factor == 1.0
+    assert ProfileCosts(profile_from_dict(document()), workload(), shared_host=True).asynchronous_compute_factor == 1.0
+
+
+@pytest.mark.parametrize("field,bad", [("efficiency", 0.05), ("efficiency", "fast"), ("efficiency", -1),
+                                       ("round_efficiencies", "0.8"), ("hop_compute_s", -0.1)])
+def test_malformed_section_names_the_field(field, bad):
+    doc = copy.deepcopy(document())
+    doc["cycle_compute"] = {**SECTION, field: bad}
+    with pytest.raises(ScenarioError, match=f"cycle_compute.{field}"):
+        profile_from_dict(doc)
+
+
+def test_missing_efficiency_names_the_field():
+    doc = copy.deepcopy(document())
+    doc["cycle_compute"] = {k: v for k, v in SECTION.items() if k != "efficiency"}
+    with pytest.raises(ScenarioError, match="cycle_compute.efficiency"):
+        profile_from_dict(doc)
+
+
+class SharedHostCosts(Costs):
+    """`Costs` on a shared host of 8 cores (more than the ranks: every pass at rate 1) whose
+    asynchronous cycle computes at 1 / `factor` of the pool's rate."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.host_parallelism = 8.0
+        self.asynchronous_compute_factor = factor
+
+
+@pytest.mark.parametrize("kind", ["pipedream", "spectrain", "delayed_gradient"])
+def test_asynchronous_steps_stretch_by_the_factor(kind):
+    # 3 stages of 2 layers, free links, no weight passes: the step is compute only, all of it scaled
+    p, m = 3, 6
+    plain = run(kind, p, m, [2] * p, costs=SharedHostCosts(1.0))
+    slowed = run(kind, p, m, [2] * p, costs=SharedHostCosts(1.25))
+    assert slowed.step_time_s == pytest.approx(1.25 * plain.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_synchronous_steps_ignore_the_factor(kind):
+    p, m = 3, 6
+    assert run(kind, p, m, [2] * p, costs=SharedHostCosts(1.25)).step_time_s == pytest.approx((m + p - 1) * 12)
+
+
+def test_the_microbenchmark_on_two_real_ranks():
+    """Two ranks on this host: the cycle's windows scored against the pool of the same rounds."""
+    pytest.importorskip("torch")
+    from validator.launch import LaunchConfig, spawn
+    section = spawn(_measure_tiny_cycle, (), LaunchConfig(world_size=2))[0]
+    parsed = parse_cycle_compute(DocumentReader("<test>"), {"cycle_compute": section})
+    assert len(parsed.round_efficiencies) == 2 and parsed.hop_compute_s == 0.004
+    assert 0.3 < parsed.efficiency < 1.7  # a broken integration is off by the number of ranks or more
+    assert 0.5 < parsed.host_parallelism <= 2.5
+
+
+def _measure_tiny_cycle(rank):
+    import torch
+    from validator.cycle_compute_bench import measure_cycle_compute
+    weight = torch.randn(128, 128)
+
+    def step():
+        torch.mm(weight, weight)
+    return measure_cycle_compute([step], hop_compute_s=0.004, rounds=2, num_microbatches=10)
