@@ -260,7 +260,7 @@ CYCLE_REPEATS = 24
 """Asynchronous 1F1B runs of 24 micro-batches timed for `handoff.cycle` (about 0.1 s each here).
 The section's means sit on a heavy tail (a call or a wait now and then lasts a scheduler slice): with
 6 runs (about 50 waited messages at 2 ranks) the mean isend call of one profile came out 1.45 ms where
-same-day re-measurements gave 0.33-0.74 ms (2026-11-24), so four times as many."""
+same-day re-measurements gave 0.33-0.75 ms (2026-11-24), so four times as many."""
 
 
 def measure_cycle(steps: Sequence[Callable[[], None]], repeats: int = CYCLE_REPEATS) -> dict | None:
