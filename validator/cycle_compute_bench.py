@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from simulator.cycle_compute import cycle_efficiency, summarize
-from validator.handoff_bench import DEFAULT_HANDOFF_BYTES, _cycle
+from validator.handoff_bench import DEFAULT_HANDOFF_BYTES, run_cycle
 from validator import comm_device
 
 CYCLE_HOP_COMPUTE_S = 0.008
@@ -57,7 +57,7 @@ def measure_cycle_compute(steps: Sequence[Callable[[], None]], hop_compute_s: fl
         alone = _steps_for(steps, CONTINUOUS_S, rank == 0)
         windows: list = []
         dist.barrier()
-        _cycle(steps, buffer, num_microbatches, hop_compute_s, repeat, windows)
+        run_cycle(steps, buffer, num_microbatches, hop_compute_s, repeat, windows)
         everyone = [None] * world
         dist.all_gather_object(everyone, (busy, alone, windows))
         if repeat < warmup:

@@ -191,7 +191,7 @@ def cycle_order(rank: int, world: int, num_microbatches: int) -> list[tuple[str,
     return order + [("B", microbatch) for microbatch in range(num_microbatches - warmup, num_microbatches)]
 
 
-def _cycle(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: float, repeat: int,
+def run_cycle(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: float, repeat: int,
            windows: list | None = None):
     """One asynchronous 1F1B run of `num_microbatches` on this rank (receives posted one ahead, as
     `validator.pipeline_runtime`): a forward computes hop_compute_s / 2, a backward hop_compute_s.
@@ -240,7 +240,7 @@ def time_cycle_handoffs(steps: Sequence[Callable[[], None]], size_bytes: int = D
     sends, receives, posts = [], [], []
     for repeat in range(warmup + repeats):
         dist.barrier()
-        sent, received, posted = _cycle(steps, buffer, num_microbatches, hop_compute_s, repeat)
+        sent, received, posted = run_cycle(steps, buffer, num_microbatches, hop_compute_s, repeat)
         if repeat >= warmup:
             steady = range(world, num_microbatches - world)
             sends += [record for record in sent if record[2] in steady]

@@ -1,5 +1,5 @@
 """The experiment behind `cycle_compute` (2026-11-24; ACCURACY "Latest"): a rank's compute inside the
-asynchronous 1F1B cycle (`validator.handoff_bench._cycle`, its compute windows recorded) against all
+asynchronous 1F1B cycle (`validator.handoff_bench.run_cycle`, its compute windows recorded) against all
 ranks computing back to back without messages and against rank 0 alone, per rank: the rate and the
 main thread's CPU per step; then the windows' steps over the processor-sharing expectation, the other
 threads' CPU (gloo's) in cores, and the lost work per message end. Steps: the workload's layer steps
@@ -50,7 +50,7 @@ def rank_main(rank, workload, rounds, hop_s):
         buffer = torch.ones(handoff_bench.DEFAULT_HANDOFF_BYTES // 4)
         dist.barrier()
         t0 = time.perf_counter(); pt0, tt0 = time.process_time(), time.thread_time()
-        handoff_bench._cycle(steps, buffer, 24, hop_s, r)
+        handoff_bench.run_cycle(steps, buffer, 24, hop_s, r)
         total = time.perf_counter() - t0
         out.setdefault("other_cpu", []).append(((time.process_time() - pt0) - (time.thread_time() - tt0), total))
         p0, pc0 = time.process_time(), None
