@@ -63,13 +63,15 @@ class CostModel(Protocol):
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         """Seconds for layer `layer_index`'s forward ("F") or backward ("B") pass on `batch` samples."""
 
-    def optimizer_s(self, num_params: int) -> float:
-        """Seconds for one optimizer update of `num_params` parameters."""
+    def optimizer_s(self, num_params: int, layers: tuple[int, int] | None = None) -> float:
+        """Seconds for one optimizer update of `num_params` parameters (those of layers
+        [start, end) when `layers` is given: a cost model may cost them per layer)."""
 
-    def weight_pass_s(self, name: str, num_params: int) -> float:
+    def weight_pass_s(self, name: str, num_params: int, layers: tuple[int, int] | None = None) -> float:
         """Seconds for one pass `name` ("stash", "predict", "repredict",
         "accumulate" or "average", `WEIGHT_PASS_WORDS`)
-        over `num_params` weights (only asynchronous pipeline plans call it)."""
+        over `num_params` weights (of layers [start, end) when given; only asynchronous pipeline
+        plans and replicated updates call it)."""
 
     def topk_s(self, num_elements: float, density: float | None = None) -> float:
         """Seconds for the top-k selection pass (error feedback + selection) over a gradient bucket
@@ -108,11 +110,11 @@ class AnalyticCosts:
         memory_s = elements * self._element_bytes / self.gpu.memory_bandwidth_bytes_per_s
         return max(flops / achieved, memory_s)
 
-    def optimizer_s(self, num_params: int) -> float:
+    def optimizer_s(self, num_params: int, layers: tuple[int, int] | None = None) -> float:
         bytes_moved = num_params * OPTIMIZER_BYTES_PER_PARAM[self.optimizer]
         return bytes_moved / self.gpu.memory_bandwidth_bytes_per_s
 
-    def weight_pass_s(self, name: str, num_params: int) -> float:
+    def weight_pass_s(self, name: str, num_params: int, layers: tuple[int, int] | None = None) -> float:
         """Memory-bound: WEIGHT_PASS_WORDS[name] x num_params x element bytes / memory bandwidth
         (e.g. SpecTrain's prediction W_hat = W - s lr v reads W and v and writes W_hat: 3 words)."""
         return WEIGHT_PASS_WORDS[name] * num_params * self._element_bytes / self.gpu.memory_bandwidth_bytes_per_s

@@ -327,10 +327,12 @@ class Engine:
     def _duration_s(self, action: Compute, rank: int = 0) -> float:
         costs = self._rank_costs[rank]  # this rank's GPU type and straggler slowdown (simulator.heterogeneity)
         if action.phase == OPTIMIZER:
-            average_s = costs.weight_pass_s("average", action.num_params) if self._averages_gradients else 0.0
-            return costs.optimizer_s(action.num_params) + average_s
+            layers = (action.layer_start, action.layer_end)  # per-layer costs where the profile has them
+            average_s = (costs.weight_pass_s("average", action.num_params, layers=layers)
+                         if self._averages_gradients else 0.0)
+            return costs.optimizer_s(action.num_params, layers=layers) + average_s
         if action.phase in WEIGHT_PASS_WORDS:  # asynchronous pipelines' stash / predict / accumulate
-            return costs.weight_pass_s(action.phase, action.num_params)
+            return costs.weight_pass_s(action.phase, action.num_params, layers=(action.layer_start, action.layer_end))
         if action.phase == SELECTION_PHASE:  # top-k selection over num_params gradient elements (simulator.sparse)
             return costs.topk_s(action.num_params, self.plan.meta["topk"]["density"])
         key = (id(costs), action.phase, action.layer_start, action.layer_end, action.batch, action.num_params)
@@ -340,7 +342,8 @@ class Engine:
                            for layer in range(action.layer_start, action.layer_end))
             if action.phase == FORWARD and action.num_params > 0:  # a forward on a weight copy
                 copy_forward_s = getattr(costs, "copy_forward_s", None)
-                duration += copy_forward_s(action.num_params) if copy_forward_s is not None else 0.0
+                duration += (copy_forward_s(action.num_params, layers=(action.layer_start, action.layer_end))
+                             if copy_forward_s is not None else 0.0)
             self._duration_cache[key] = duration
         return duration
 

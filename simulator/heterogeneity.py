@@ -58,15 +58,15 @@ class Slowed:
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         return self.costs.compute_s(layer_index, phase, batch) * self.factor
 
-    def optimizer_s(self, num_params: int) -> float:
-        return self.costs.optimizer_s(num_params) * self.factor
+    def optimizer_s(self, num_params: int, layers: tuple[int, int] | None = None) -> float:
+        return self.costs.optimizer_s(num_params, layers=layers) * self.factor
 
-    def weight_pass_s(self, name: str, num_params: int) -> float:
-        return self.costs.weight_pass_s(name, num_params) * self.factor
+    def weight_pass_s(self, name: str, num_params: int, layers: tuple[int, int] | None = None) -> float:
+        return self.costs.weight_pass_s(name, num_params, layers=layers) * self.factor
 
-    def copy_forward_s(self, num_params: int) -> float:
+    def copy_forward_s(self, num_params: int, layers: tuple[int, int] | None = None) -> float:
         base = getattr(self.costs, "copy_forward_s", None)
-        return base(num_params) * self.factor if base is not None else 0.0
+        return base(num_params, layers=layers) * self.factor if base is not None else 0.0
 
     def topk_s(self, num_elements: int, density: float | None = None) -> float:
         return self.costs.topk_s(num_elements, density) * self.factor

@@ -17,6 +17,7 @@ from typing import Any
 
 from simulator.cold_start import ColdStart, parse_cold_start
 from simulator.cycle_compute import CycleCompute, parse_cycle_compute
+from simulator.weight_pass_layers import PassSets, parse_pass_sets
 from simulator.layer_sweep import LayerSweep, parse_layer_sweep
 from simulator.costs import PROFILED_WEIGHT_PASSES
 from simulator.errors import ScenarioError
@@ -79,6 +80,9 @@ class Profile:
     layer_sweep: LayerSweep | None = None
     """A layer's pass inside a sweep over its back-to-back time (`simulator.layer_sweep`); None in
     older profiles and GPU ones."""
+    pass_sets: PassSets | None = None
+    """The weight passes' and the in-cycle update's medians over the calibration's layer sets, for
+    per-layer costs (`simulator.weight_pass_layers`); None in profiles that did not keep them."""
     cycle_compute: CycleCompute | None = None
     """Compute in the asynchronous 1F1B cycle over the processor-sharing expectation
     (`simulator.cycle_compute`); None in older profiles and GPU ones."""
@@ -247,6 +251,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         pass_jitter=parse_pass_jitter(read, document),
         layer_sweep=parse_layer_sweep(read, document, len(layers)),
         cycle_compute=parse_cycle_compute(read, document),
+        pass_sets=parse_pass_sets(read, document),
         model_layer_names=tuple(layer_names) if layer_names is not None else None,
         model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,
         document=document,

@@ -11,6 +11,7 @@ from simulator.cold_start import update_state_share
 from simulator.costs import COPY_FORWARD, OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.profile import Profile, load_profile
+from simulator.weight_pass_layers import UPDATE, LayerPassCosts
 from simulator.workload import Workload
 
 def profile_costs(path, workload: Workload, optimizer: str | None = None) -> "ProfileCosts":
@@ -157,6 +158,9 @@ class ProfileCosts:
         so `simulator.layer_ages` adds no cold-start factor to it."""
         self._in_cycle_scale = (rescaled_from(profile.optimizer_in_cycle_ranks_at_once)
                                 if self.update_timed_in_cycle else 1.0)
+        self._layer_passes = (LayerPassCosts(profile.pass_sets, [layer.num_params for layer in workload.layers])
+                              if profile.pass_sets is not None else None)
+        """Per-layer costs of the weight passes and the update in cycle (`simulator.weight_pass_layers`)."""
         self._forward = [layer.forward for layer in profile.layers]
         self._backward = [layer.backward for layer in profile.layers]
         self.cold_start = profile.cold_start
@@ -188,8 +192,10 @@ class ProfileCosts:
         sweep = self.layer_sweep.ratio(phase, layer_index, batch) if self.layer_sweep is not None else 1.0
         return self.speed_factor * self.scale * (fit.at(batch) + single_pass_s) * sweep
 
-    def optimizer_s(self, num_params: int) -> float:
-        """One update over `num_params` weights. Profiles since 2026-11-23 time it inside a
+    def optimizer_s(self, num_params: int, layers: tuple[int, int] | None = None) -> float:
+        """One update over `num_params` weights (of layers [start, end) when given: then, where the
+        profile kept the in-cycle timings' set medians, the sum of per-layer costs,
+        `simulator.weight_pass_layers`). Profiles since 2026-11-23 time it inside a
         micro-batch cycle, rank 0 alone (`optimizer.in_cycle`; `update_timed_in_cycle`), rescaled
         like the weight passes; older ones: the back-to-back fit, to which the engine adds the
         cold-start factor. (Measured on this project's CPU host, one process: a stage's update right
@@ -198,12 +204,15 @@ class ProfileCosts:
         if num_params <= 0:
             return 0.0
         if self.update_timed_in_cycle:
-            return self.speed_factor * self._in_cycle_scale * self.profile.optimizer_in_cycle.at(num_params)
+            per_layer_s = self._per_layer_s(UPDATE, num_params, layers)
+            fitted_s = self.profile.optimizer_in_cycle.at(num_params) if per_layer_s is None else per_layer_s
+            return self.speed_factor * self._in_cycle_scale * fitted_s
         return self.speed_factor * self.scale * self.profile.optimizer.at(num_params)
 
-    def weight_pass_s(self, name: str, num_params: int) -> float:
-        """A stash / predict / accumulate pass over `num_params` weights: the profile's
-        `weight_passes` fit, rescaled from the ranks at once it was timed with (rank 0 alone since
+    def weight_pass_s(self, name: str, num_params: int, layers: tuple[int, int] | None = None) -> float:
+        """A stash / predict / accumulate pass over `num_params` weights (of layers [start, end) when
+        given): the profile's `weight_passes` per-layer costs over those layers where it kept the
+        sets' medians (`simulator.weight_pass_layers`), else its fit; rescaled from the ranks at once it was timed with (rank 0 alone since
         2026-11: `validator.calibration_phases`) by compute_slowdown. Profiles from before the
         re-prediction was timed (2026-11-23) cost a "repredict" as their "predict" fit, as the
         model did then (no ratio is assumed: on this project's CPU host it took 1.1-1.5x the
@@ -212,31 +221,40 @@ class ProfileCosts:
         intercept_s + per_param_s x num_params x 4 WEIGHT_PASS_WORDS[name] / OPTIMIZER_BYTES_PER_PARAM."""
         if num_params <= 0:
             return 0.0
-        measured_s = self._measured_pass_s(name, num_params)
+        measured_s = self._measured_pass_s(name, num_params, layers)
         if measured_s is not None:
             return measured_s
         if name == "repredict" and "predict" in self.profile.weight_passes:
-            return self.weight_pass_s("predict", num_params)
+            return self.weight_pass_s("predict", num_params, layers)
         update = self.profile.optimizer
         update_bytes_per_param = OPTIMIZER_BYTES_PER_PARAM[self.profile.optimizer_name]
         return self.speed_factor * self.scale * (update.intercept_s + update.per_unit_s * num_params * 4
                                                  * WEIGHT_PASS_WORDS[name] / update_bytes_per_param)
 
-    def copy_forward_s(self, num_params: int) -> float:
+    def copy_forward_s(self, num_params: int, layers: tuple[int, int] | None = None) -> float:
         """What a forward over `num_params` weights costs more on a copy of them than through the
         module (asynchronous pipelines, `simulator.costs.COPY_FORWARD`): the profile's fit, rescaled
         as the weight passes; 0 for profiles that did not time it (before 2026-11-23)."""
         if num_params <= 0:
             return 0.0
-        return self._measured_pass_s(COPY_FORWARD, num_params) or 0.0
+        return self._measured_pass_s(COPY_FORWARD, num_params, layers) or 0.0
 
-    def _measured_pass_s(self, name: str, num_params: int) -> float | None:
-        """The profile's `weight_passes[name]` fit at `num_params`, rescaled from the ranks at once
-        it was timed with; None when the profile has no such fit."""
+    def _measured_pass_s(self, name: str, num_params: int, layers: tuple[int, int] | None = None) -> float | None:
+        """The profile's `weight_passes[name]` at `num_params` (per layer over `layers` where it can,
+        else the fit), rescaled from the ranks at once it was timed with; None when the profile has
+        no such pass."""
         fit = self.profile.weight_passes.get(name)
         if fit is None:
             return None
-        return self.speed_factor * self._weight_pass_scale.get(name, 1.0) * fit.at(num_params)
+        per_layer_s = self._per_layer_s(name, num_params, layers)
+        return (self.speed_factor * self._weight_pass_scale.get(name, 1.0)
+                * (fit.at(num_params) if per_layer_s is None else per_layer_s))
+
+    def _per_layer_s(self, name: str, num_params: int, layers: tuple[int, int] | None) -> float | None:
+        """Pass `name` over `layers` from the per-layer costs, unscaled; None without them."""
+        if layers is None or self._layer_passes is None:
+            return None
+        return self._layer_passes.over(name, *layers, num_params)
 
     def p2p_s(self, size_bytes: float) -> float:
         """One-way point-to-point time of `size_bytes` (alpha + S / beta)."""

@@ -30,10 +30,10 @@ class FixedCosts:
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         return self.forward_s_per_sample * batch * (1 if phase == "F" else 2)
 
-    def optimizer_s(self, num_params: int) -> float:
+    def optimizer_s(self, num_params: int, layers=None) -> float:
         return self.fixed_optimizer_s
 
-    def weight_pass_s(self, name: str, num_params: int) -> float:
+    def weight_pass_s(self, name: str, num_params: int, layers=None) -> float:
         """Stash, predict and accumulate passes (asynchronous pipelines) are free."""
         return 0.0
 

@@ -3,6 +3,7 @@ section, and the engine playing them for asynchronous pipelines only."""
 
 import copy
 import json
+import time
 
 import pytest
 
@@ -12,7 +13,7 @@ from simulator.profile import load_profile
 from simulator.profile_costs import MessageCosts, ProfileCosts
 from tests.helpers import FixedCosts, toy_workload
 from tests.test_profile import document, workload
-from validator.handoff_bench import CYCLE_REQUIRED_KEYS, cycle_order
+from validator.handoff_bench import CYCLE_REQUIRED_KEYS, DEFAULT_HOP_COMPUTE_S, cycle_order
 
 CYCLE = {"num_messages": 40, "mean_delay_s": 0.004, "median_delay_s": 0.001, "send_post_s": 0.0002,
          "send_post_mean_s": 0.0009, "ready_receive_s": 0.0001, "ready_receive_mean_s": 0.0006, "num_ready": 50}
@@ -107,3 +108,19 @@ def test_the_cycle_can_be_measured_alone():
     assert cycle is not None and set(CYCLE_REQUIRED_KEYS) <= set(cycle)
     assert cycle["num_messages"] >= 1 and cycle["num_ready"] >= 1
     assert cycle["mean_delay_s"] > 0 and cycle["send_post_s"] > 0
+    assert cycle["hop_compute_s"] >= DEFAULT_HOP_COMPUTE_S  # the tiny MLP's steps are far below the floor
+
+
+def _fitted_hop_rank_main(rank: int, step_s: float) -> float:
+    from validator.handoff_bench import stage_hop_compute_s
+    return stage_hop_compute_s([lambda: time.sleep(step_s)] * 3)
+
+
+@pytest.mark.parametrize("step_s, expected_s", [(0.006, 0.006), (0.0001, DEFAULT_HOP_COMPUTE_S)])
+def test_the_cycles_window_fits_a_balanced_stage_of_the_model(step_s, expected_s):
+    """Three 6 ms layer steps at 2 ranks: a stage's forward and backward take 9 ms, its backward window
+    two thirds of that; steps far below the default window keep the default."""
+    from validator.launch import LaunchConfig, spawn
+    hops = spawn(_fitted_hop_rank_main, (step_s,), LaunchConfig(world_size=2))
+    assert hops[0] == hops[1]  # both ranks run the same windows
+    assert hops[0] == pytest.approx(expected_s, rel=0.3)

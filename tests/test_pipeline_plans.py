@@ -26,7 +26,7 @@ class Costs(FixedCosts):
         self.axpy, self.stash, self.accumulate, self.average = axpy, stash, accumulate, average
         self.repredict = axpy if repredict is None else repredict
 
-    def weight_pass_s(self, name: str, num_params: int) -> float:
+    def weight_pass_s(self, name: str, num_params: int, layers=None) -> float:
         if name == "predict":
             return self.axpy
         if name == "repredict":
@@ -238,7 +238,7 @@ class CopyForwardCosts(Costs):
         super().__init__(**passes)
         self.copy = copy
 
-    def copy_forward_s(self, num_params: int) -> float:
+    def copy_forward_s(self, num_params: int, layers=None) -> float:
         return self.copy * num_params / 1000
 
 

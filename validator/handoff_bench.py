@@ -263,12 +263,37 @@ The section's means sit on a heavy tail (a call or a wait now and then lasts a s
 same-day re-measurements gave 0.33-0.75 ms (2026-11-24), so four times as many."""
 
 
+def stage_hop_compute_s(steps: Sequence[Callable[[], None]], minimum_s: float = DEFAULT_HOP_COMPUTE_S) -> float:
+    """The cycle's backward window fitted to the model: a balanced stage's share of one forward and
+    backward over every layer (each layer step timed once, after one untimed call, every rank at
+    once; the median over ranks of their sums, over the world size), two thirds of it (a forward
+    window is half a backward one); at least `minimum_s`. Every rank must call it at the same time.
+
+    Why: with a fixed 2 ms window, the transformer's 9-16 ms layer steps overran every window, and
+    its 2-rank cycle gave a mean isend call of 2.1-2.6 ms (median 1.7-2.1 ms) where its validated
+    PipeDream's isend calls averaged 0.2 ms; with a 16 ms window the same cycle gave 0.7-0.8 ms
+    (`reports/diagnostics/cycle_window/`)."""
+    world = dist.get_world_size()
+    for step in steps:
+        step()
+    total_s = 0.0
+    for step in steps:
+        started = time.perf_counter()
+        step()
+        total_s += time.perf_counter() - started
+    everyone = [None] * world
+    dist.all_gather_object(everyone, total_s)
+    return max(minimum_s, statistics.median(everyone) / world * 2 / 3)
+
+
 def measure_cycle(steps: Sequence[Callable[[], None]], repeats: int = CYCLE_REPEATS) -> dict | None:
-    """The profile's `handoff.cycle` (`time_cycle_handoffs`), or None if the cycle found no waited or
-    no arrived message to time. Every rank must call it at the same time."""
-    cycle = time_cycle_handoffs(steps, repeats=repeats)
+    """The profile's `handoff.cycle` (`time_cycle_handoffs`, its backward window fitted to the model
+    by `stage_hop_compute_s`, kept as `hop_compute_s`), or None if the cycle found no waited or no
+    arrived message to time. Every rank must call it at the same time."""
+    hop_compute_s = stage_hop_compute_s(steps)
+    cycle = time_cycle_handoffs(steps, hop_compute_s=hop_compute_s, repeats=repeats)
     kept = {key: cycle[key] for key in PREPOSTED_KEYS if cycle[key] is not None}
-    return kept if all(key in kept for key in CYCLE_REQUIRED_KEYS) else None
+    return {**kept, "hop_compute_s": hop_compute_s} if all(key in kept for key in CYCLE_REQUIRED_KEYS) else None
 
 
 CYCLE_REQUIRED_KEYS = ("mean_delay_s", "send_post_s", "ready_receive_s", "send_post_mean_s", "ready_receive_mean_s")

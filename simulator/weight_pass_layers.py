@@ -1,0 +1,131 @@
+"""Per-layer costs of the weight passes and of the update timed in cycle, from the calibration's sets.
+
+The calibration (`validator.calibration_phases`) times the asynchronous runtimes' weight passes
+(stash, predict, repredict, accumulate, average, copy_forward) and the update in cycle over each
+single layer and each prefix of layers (`calibration_layer_sets`), and fits `intercept + per_param x
+parameters` to those medians. On this project's CPU host the cost is per layer rather than per
+parameter: a ResNet-20 single layer's stash took 0.027-0.029 ms whatever its size (3.5k-18.6k
+parameters), prefixes grew by about 0.03 ms a layer (the runtime loops over layers and tensors), and
+in a validated 2-stage PipeDream the last stage (few layers, most parameters) ran its accumulate,
+update and stash at 0.40-0.54x the parameter fit while the first stage (many small layers) ran them at
+1.2-1.5x (reports/ACCURACY.md, 2026-11-24).
+
+So where the profile keeps the sets' medians, a pass over a stage's layers costs the sum of per-layer
+costs c_l >= 0 fitted by non-negative least squares to every set's median (sum of c_l over the set's
+layers = median). A single layer's timing and the prefixes that contain it both enter, so a layer
+whose passes run from cache when alone but not within a larger range (the MLP's 1M-parameter layers)
+is costed between the two. The sets are rebuilt from the workload's parameter counts by the
+calibration's own rule (which layers have weights); a pass whose number of sets differs keeps its fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+UPDATE = "update"
+"""The key of the update timed in cycle (`optimizer.in_cycle`) among the per-layer costs."""
+
+
+def calibration_layer_sets(params: Sequence[int]) -> list[tuple[int, ...]]:
+    """The layer sets the calibration times, as its layers with weights: each single layer, then each
+    prefix, in order, a set kept when no earlier one covered the same layers with weights (the rule of
+    `validator.calibration_phases._layer_sets`)."""
+    sets, seen = [], set()
+    for end in range(1, len(params) + 1):
+        for candidate in ((end - 1,), tuple(range(end))):
+            key = tuple(layer for layer in candidate if params[layer] > 0)
+            if key and key not in seen:
+                seen.add(key)
+                sets.append(key)
+    return sets
+
+
+def nonnegative_least_squares(matrix: np.ndarray, target: np.ndarray, max_iterations: int = 200) -> np.ndarray:
+    """x >= 0 minimising |matrix x - target| (Lawson & Hanson, "Solving Least Squares Problems", 1974,
+    ch. 23: the active-set method)."""
+    rows, columns = matrix.shape
+    x, passive = np.zeros(columns), np.zeros(columns, dtype=bool)
+    tolerance = 1e-12 * max(1.0, float(np.abs(matrix).max()) * float(np.abs(target).max()))
+    for _ in range(max_iterations):
+        gradient = matrix.T @ (target - matrix @ x)
+        candidates = ~passive & (gradient > tolerance)
+        if not candidates.any():
+            break
+        passive[np.argmax(np.where(candidates, gradient, -np.inf))] = True
+        while True:
+            trial = np.zeros(columns)
+            trial[passive] = np.linalg.lstsq(matrix[:, passive], target, rcond=None)[0]
+            if (trial[passive] > 0).all():
+                x = trial
+                break
+            shrinking = passive & (trial <= 0)
+            step = np.min(x[shrinking] / (x[shrinking] - trial[shrinking]))
+            x = x + step * (trial - x)
+            passive &= x > tolerance
+            x[~passive] = 0.0
+    return x
+
+
+def per_layer_costs(layer_sets: Sequence[Sequence[int]], medians_s: Sequence[float], num_layers: int) -> np.ndarray:
+    """c_l >= 0 with sum over each set's layers close to its median (least squares)."""
+    matrix = np.zeros((len(layer_sets), num_layers))
+    for row, layers in enumerate(layer_sets):
+        matrix[row, list(layers)] = 1.0
+    return nonnegative_least_squares(matrix, np.asarray(medians_s, dtype=float))
+
+
+@dataclass(frozen=True)
+class PassSets:
+    """The sets' medians a profile keeps: per pass name (and `UPDATE`), the median of each set in
+    the calibration's order (`calibration_layer_sets`)."""
+
+    medians_s: Mapping[str, tuple[float, ...]]
+
+
+def parse_pass_sets(read, document: Mapping) -> PassSets | None:
+    """The sets' medians of `weight_passes.*` and `optimizer.in_cycle` (`medians_s`, with
+    `num_params` of the same length); None if no pass kept its medians. Malformed lists fail naming
+    the field."""
+    entries = {name: entry for name, entry in (document.get("weight_passes") or {}).items()
+               if isinstance(entry, Mapping)}
+    in_cycle = (document.get("optimizer") or {}).get("in_cycle")
+    if isinstance(in_cycle, Mapping):
+        entries[UPDATE] = in_cycle
+    medians = {}
+    for name, entry in entries.items():
+        where = "optimizer.in_cycle" if name == UPDATE else f"weight_passes.{name}"
+        values = entry.get("medians_s")
+        if values is None:
+            continue
+        if not isinstance(values, list) or len(values) != len(entry.get("num_params") or []):
+            raise read.fail(f"{where}.medians_s", f"expected a list as long as num_params, got {values!r}")
+        medians[name] = tuple(read.number({"value": value}, "value", f"{where}.medians_s[{i}]", minimum=0)
+                              for i, value in enumerate(values))
+    if not medians:
+        return None
+    return PassSets(medians)
+
+
+class LayerPassCosts:
+    """Per-layer costs of each pass with kept medians, for one workload."""
+
+    def __init__(self, sets: PassSets, layer_params: Sequence[int]):
+        self.layer_params = tuple(layer_params)
+        layer_sets = calibration_layer_sets(layer_params)
+        self.costs_s = {name: per_layer_costs(layer_sets, medians, len(layer_params))
+                        for name, medians in sets.medians_s.items() if len(medians) == len(layer_sets)}
+        """Pass name -> per-layer seconds; a pass whose sets do not match the workload's is left out."""
+
+    def over(self, name: str, layer_start: int, layer_end: int, num_params: int) -> float | None:
+        """Seconds of pass `name` over layers [layer_start, layer_end), or None when this pass has no
+        per-layer costs or the range does not hold exactly `num_params` (an interleaved stage's update
+        over chunks apart; the caller then uses the fit)."""
+        costs = self.costs_s.get(name)
+        if costs is None or not 0 <= layer_start < layer_end <= len(self.layer_params):
+            return None
+        if sum(self.layer_params[layer_start:layer_end]) != num_params:
+            return None
+        return float(costs[layer_start:layer_end].sum())
