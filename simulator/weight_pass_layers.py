@@ -62,7 +62,8 @@ def nonnegative_least_squares(matrix: np.ndarray, target: np.ndarray, max_iterat
                 x = trial
                 break
             shrinking = passive & (trial <= 0)
-            step = np.min(x[shrinking] / (x[shrinking] - trial[shrinking]))
+            gaps = x[shrinking] - trial[shrinking]  # >= 0: x > 0 or a new column at 0
+            step = float(np.min(np.divide(x[shrinking], gaps, out=np.zeros_like(gaps), where=gaps > 0)))
             x = x + step * (trial - x)
             passive &= x > tolerance
             x[~passive] = 0.0

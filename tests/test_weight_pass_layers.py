@@ -32,6 +32,12 @@ def test_nonnegative_least_squares_matches_the_exact_solution_and_clips_at_zero(
     assert unconstrained[2] < 0
 
 
+def test_nonnegative_least_squares_ends_on_identical_columns():
+    """Two layers that only ever appear together: any split of the cost fits; one is returned."""
+    solution = nonnegative_least_squares(np.array([[1.0, 1.0], [1.0, 1.0]]), np.array([2.0, 2.0]))
+    assert (solution >= 0).all() and solution.sum() == pytest.approx(2.0)
+
+
 def test_a_flat_cost_per_layer_is_recovered_where_the_parameter_fit_is_not():
     """Every layer costing 30 us whatever its size (as the ResNet's stash did): the per-layer costs
     give a stage of many small layers more than a stage of few large ones, which a fit on parameters
