@@ -29,18 +29,23 @@ UPDATE = "update"
 """The key of the update timed in cycle (`optimizer.in_cycle`) among the per-layer costs."""
 
 
-def calibration_layer_sets(params: Sequence[int]) -> list[tuple[int, ...]]:
-    """The layer sets the calibration times, as its layers with weights: each single layer, then each
-    prefix, in order, a set kept when no earlier one covered the same layers with weights (the rule of
-    `validator.calibration_phases._layer_sets`)."""
+def timed_layer_sets(params: Sequence[int]) -> list[tuple[int, ...]]:
+    """The layer sets the calibration times the update and the weight passes over
+    (`validator.calibration_phases`): each single layer, then each prefix, in order, a set kept when
+    no earlier one covered the same layers with weights."""
     sets, seen = [], set()
     for end in range(1, len(params) + 1):
         for candidate in ((end - 1,), tuple(range(end))):
             key = tuple(layer for layer in candidate if params[layer] > 0)
             if key and key not in seen:
                 seen.add(key)
-                sets.append(key)
+                sets.append(candidate)
     return sets
+
+
+def calibration_layer_sets(params: Sequence[int]) -> list[tuple[int, ...]]:
+    """`timed_layer_sets` as their layers with weights (the layers a pass's cost is spread over)."""
+    return [tuple(layer for layer in layers if params[layer] > 0) for layers in timed_layer_sets(params)]
 
 
 def nonnegative_least_squares(matrix: np.ndarray, target: np.ndarray, max_iterations: int = 200) -> np.ndarray:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from simulator.weight_pass_layers import timed_layer_sets
 from simulator.workload import Workload
 from validator.cold_bench import time_cold_start
 from validator.cycle_compute_bench import measure_cycle_compute
@@ -70,16 +71,10 @@ def _divisors(world_size: int, minimum: int = 2) -> list[int]:
 
 
 def _layer_sets(modules) -> list[list[int]]:
-    """Each single layer and each prefix of layers, as layer indices, kept when it covers parameters
-    no earlier set covered exactly: the sets the update and the weight passes are timed over."""
-    sets, seen = [], set()
-    for end in range(1, len(modules) + 1):
-        for candidate in ([end - 1], list(range(end))):
-            key = tuple(layer for layer in candidate if any(p.numel() for p in modules[layer].parameters()))
-            if key and key not in seen:
-                seen.add(key)
-                sets.append(candidate)
-    return sets
+    """The sets the update and the weight passes are timed over, as layer indices
+    (`simulator.weight_pass_layers.timed_layer_sets`, which the simulator rebuilds from the workload)."""
+    return [list(layers) for layers in timed_layer_sets([sum(p.numel() for p in module.parameters())
+                                                         for module in modules])]
 
 
 def _parameter_sets(modules) -> list[list[torch.Tensor]]:
