@@ -17,9 +17,10 @@ done, and integrates the pool's rate over the windows actually open at each mome
 
 where n(t) is the number of windows open at t on the host. `efficiency` is the steps done over
 the steps expected, median over rounds. The engine divides nothing else: it multiplies the compute
-work of asynchronous plans (`pipedream`, `spectrain`, `delayed_gradient`: those that use the
-cycle's message figures, `handoff.cycle`) by 1 / efficiency on shared hosts (`ProfileCosts.
-asynchronous_compute_factor`). Synchronous pipelines keep the chain's figures and factor 1.
+work of asynchronous plans (`pipedream`, `spectrain`, `delayed_gradient`) by 1 / efficiency on
+shared hosts (`ProfileCosts.asynchronous_compute_factor`). Synchronous pipelines keep factor 1 (on a
+shared host 1F1B and interleaved 1F1B pay the cycle's message figures, `handoff.cycle`, as the
+asynchronous kinds do: `Engine._messages_as_in_cycle`; GPipe the chain's).
 """
 
 from __future__ import annotations

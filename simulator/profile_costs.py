@@ -95,7 +95,8 @@ class ProfileCosts:
         """An allreduce queued behind another on its rank takes its fit times this (shared hosts)."""
         self.asynchronous_messages: MessageCosts | None = None
         """What a message costs in asynchronous pipelines (`handoff.cycle`), in place of the five
-        figures above; None: the chain's figures for every plan."""
+        figures above, and on a shared host in 1F1B and interleaved 1F1B too (`Engine.
+        _messages_as_in_cycle`); None: the chain's figures for every plan."""
         self.asynchronous_compute_factor = 1.0
         """Compute work of asynchronous pipelines times this on a shared host: 1 / the profile's
         `cycle_compute.efficiency` (`simulator.cycle_compute`); 1 without it."""

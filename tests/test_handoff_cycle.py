@@ -1,5 +1,6 @@
 """The asynchronous cycle's message costs (`handoff.cycle`): the benchmark's order, the profile
-section, and the engine playing them for asynchronous pipelines only."""
+section, and the engine playing them for asynchronous pipelines, and on a shared host for the
+synchronous schedules whose ranks interleave forwards and backwards (1F1B, not GPipe)."""
 
 import copy
 import json
@@ -69,18 +70,31 @@ def test_malformed_cycle_names_the_field(tmp_path, key):
         _profile(tmp_path, missing)
 
 
-def _step_s(kind: str, cycling: MessageCosts | None) -> float:
+def _step_s(kind: str, cycling: MessageCosts | None, shared_host: bool = False) -> float:
     costs = FixedCosts(forward_s_per_sample=0.001)
     costs.send_post_s, costs.ready_receive_s = 0.0001, 0.0001
     costs.asynchronous_messages = cycling
+    if shared_host:  # a processor-sharing pool of 2 cores (simulator.host_sharing), as a calibrated CPU host
+        costs.host_parallelism = 2.0
+    strategy = {"kind": kind, "num_microbatches": 4, "partition": [2, 2]}
+    if kind == "interleaved_1f1b":
+        strategy = {**strategy, "num_virtual_stages": 2, "partition": [1, 1, 1, 1]}
     scenario = load_scenario({
         "cluster": {"num_nodes": 1, "gpus_per_node": 2,
                     "intra_node_link": {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}},
         "model": {"name": "mlp"},
-        "strategy": {"kind": kind, "num_microbatches": 4, "partition": [2, 2]},
+        "strategy": strategy,
         "training": {"global_batch_size": 16},
     })
     return simulate(scenario, costs=costs, workload=toy_workload(4, num_params=1000)).step_time_s
+
+
+SAME = MessageCosts(handoff_s=0.0, send_post_s=0.0001, send_post_tail_s=0.0, ready_receive_s=0.0001,
+                    ready_receive_tail_s=0.0)
+"""The chain's own figures in the cycle's place."""
+DEAR = MessageCosts(handoff_s=0.0, send_post_s=0.0021, send_post_tail_s=0.0, ready_receive_s=0.0001,
+                    ready_receive_tail_s=0.0)
+"""A dearer isend call in the cycle: 2 ms more per message sent."""
 
 
 @pytest.mark.parametrize("kind", ["pipedream", "spectrain"])
@@ -88,14 +102,21 @@ def test_asynchronous_plans_pay_the_cycles_message_costs_and_synchronous_ones_th
     """Two stages, four micro-batches: with the chain's own figures in the cycle's place an
     asynchronous step is unchanged; a dearer isend call in the cycle lengthens it, and leaves GPipe
     and 1F1B as they were."""
-    same = MessageCosts(handoff_s=0.0, send_post_s=0.0001, send_post_tail_s=0.0, ready_receive_s=0.0001,
-                        ready_receive_tail_s=0.0)
-    dear = MessageCosts(handoff_s=0.0, send_post_s=0.0021, send_post_tail_s=0.0, ready_receive_s=0.0001,
-                        ready_receive_tail_s=0.0)
-    assert _step_s(kind, same) == pytest.approx(_step_s(kind, None))
-    assert _step_s(kind, dear) > _step_s(kind, None) + 0.002
-    for synchronous in ("gpipe", "1f1b"):
-        assert _step_s(synchronous, dear) == pytest.approx(_step_s(synchronous, None))
+    assert _step_s(kind, SAME) == pytest.approx(_step_s(kind, None))
+    assert _step_s(kind, DEAR) > _step_s(kind, None) + 0.002
+    for synchronous in ("gpipe", "1f1b", "interleaved_1f1b"):
+        assert _step_s(synchronous, DEAR) == pytest.approx(_step_s(synchronous, None))
+
+
+def test_on_a_shared_host_1f1b_pays_the_cycles_message_costs_and_gpipe_the_chains():
+    """On a shared host (2026-11-24: a 2-stage 1F1B's isend calls averaged what the cycle's did,
+    not the chain's), the schedules that interleave forwards and backwards pay the cycle's figures:
+    a dearer isend call lengthens 1F1B's and interleaved 1F1B's step by at least one call's excess
+    on the critical path; GPipe's sweeps, one way at a time, keep the chain's."""
+    for kind in ("1f1b", "interleaved_1f1b", "pipedream"):
+        assert _step_s(kind, SAME, shared_host=True) == pytest.approx(_step_s(kind, None, shared_host=True))
+        assert _step_s(kind, DEAR, shared_host=True) > _step_s(kind, None, shared_host=True) + 0.002
+    assert _step_s("gpipe", DEAR, shared_host=True) == pytest.approx(_step_s("gpipe", None, shared_host=True))
 
 
 def test_the_cycle_can_be_measured_alone():

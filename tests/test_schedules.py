@@ -120,6 +120,21 @@ def test_every_builder_passes_the_checker():
                 check_schedule(build_schedule("interleaved_1f1b", p, m, v))
 
 
+def test_which_schedules_interleave_forwards_and_backwards():
+    """What decides the message figures a shared host pays (`Engine._messages_as_in_cycle`): a rank
+    that runs a forward after a backward. GPipe never does; 1F1B does once m >= 2 (the last stage
+    alternates from its first micro-batch); with one micro-batch it is a chain one way then back."""
+    for p in (1, 2, 4):
+        for m in (1, 4, 8):
+            assert not build_schedule("gpipe", p, m).interleaves_passes
+    for kind in ("1f1b", "pipedream", "spectrain", "delayed_gradient"):
+        assert build_schedule(kind, 2, 4).interleaves_passes
+        assert not build_schedule(kind, 2, 1).interleaves_passes
+    assert build_schedule("interleaved_1f1b", 2, 4, 2).interleaves_passes
+    assert _schedule([[("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("B", 0, 1)]], p=1).interleaves_passes is False
+    assert _schedule([[("F", 0, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1)]], p=1).interleaves_passes is True
+
+
 def test_impossible_settings_are_scenario_errors():
     with pytest.raises(ScenarioError, match="strategy.num_microbatches: 6 is not a multiple of the 4 stages"):
         build_schedule("interleaved_1f1b", 4, 6, 2)

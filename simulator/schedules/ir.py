@@ -51,6 +51,18 @@ class Schedule:
     def asynchronous(self) -> bool:
         return self.kind in ASYNCHRONOUS_KINDS
 
+    @property
+    def interleaves_passes(self) -> bool:
+        """Whether some rank runs a forward after one of its backwards (1F1B's steady state, every
+        asynchronous kind): activations and gradients are then in flight at once while the stages
+        compute, as in `validator.handoff_bench`'s asynchronous cycle; GPipe's forward and backward
+        sweeps are not (its messages go one way at a time, as in the benchmark's chain)."""
+        for ops in self.ranks:
+            passes = [op.phase for op in ops if op.phase in PASSES]
+            if BACKWARD in passes and FORWARD in passes[passes.index(BACKWARD):]:
+                return True
+        return False
+
     def rank_of_chunk(self, chunk: int) -> int:
         return chunk % self.num_stages
 

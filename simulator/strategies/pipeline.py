@@ -107,6 +107,7 @@ def compile_pipeline_plan(config: PipelineConfig, workload: Workload, topology: 
             "schedule_kind": config.kind, "num_microbatches": config.num_microbatches,
             "num_virtual_stages": v, "asynchronous": schedule.asynchronous, "weight_stashing": stashing,
             "receives": "preposted",  # each rank's next receive posted one ahead, as pipeline runtimes do
+            "interleaves_passes": schedule.interleaves_passes,
             **stage_metrics(schedule, stashing)}
     return Plan(config.kind, groups, num_stages, stages, rank_to_device, actions,
                 config.global_batch_size / groups, meta=meta)
