@@ -6,7 +6,9 @@ figures of a `ghpsim validate --step-spans` table, beside the simulated trace's.
 
 One line per rank and span name, the micro-batch index dropped (`F3 L0-2` -> `F L0-2`, `send act1`
 -> `send act`): how many a step holds, the median, 90th percentile and largest duration over all
-steps and launches, the median over steps of their sum per step, and with `--simulated` the
+steps and launches, the median over steps of their sum per step (and that sum per micro-batch: an
+asynchronous plan's recorded step is its whole steady-state run, K m >= 3p + m + 1 micro-batches,
+`simulator.schedules.steady_state`), and with `--simulated` the
 simulated median and the measured / simulated ratio. The median step's trace hides the tails (an
 isend call held for milliseconds once in a few steps); this shows them. Tables with a `cpu_s` column
 (compute spans' main-thread CPU time, since 2026-11-23) add the median and mean CPU time and
@@ -34,11 +36,15 @@ def pass_name(name: str) -> str:
 
 
 def measured_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per (rank, pass name): count per step, median / p90 / max duration and median per-step sum, in ms;
-    with a `cpu_s` column also the median and mean CPU time (ms) and the percentage of the summed wall
-    time not on a core (NaN for spans without CPU time)."""
+    """Per (rank, pass name): count per step, median / p90 / max duration and median per-step sum, in ms,
+    and that sum per micro-batch of a recorded step (`per_microbatch_ms`: an asynchronous plan's
+    recorded step is its whole steady-state run, K m >= 3p + m + 1 micro-batches, while its figure is
+    the window of m; `validator.measure`); with a `cpu_s` column also the median and mean CPU time (ms) and the
+    percentage of the summed wall time not on a core (NaN for spans without CPU time)."""
     steps = steps.assign(pass_name=steps["name"].map(pass_name), duration_ms=1e3 * steps["duration_s"])
     num_steps = steps.groupby(["launch", "step"]).ngroups
+    microbatches = steps[steps["microbatch"] >= 0].groupby(["launch", "step"])["microbatch"].nunique()
+    microbatches_per_step = float(microbatches.median()) if len(microbatches) else float("nan")
     per_step = steps.groupby(["rank", "pass_name", "launch", "step"])["duration_ms"].sum()
     grouped = steps.groupby(["rank", "pass_name"])["duration_ms"]
     table = pd.DataFrame({
@@ -48,6 +54,7 @@ def measured_table(steps: pd.DataFrame) -> pd.DataFrame:
         "max_ms": grouped.max(),
         "step_sum_median_ms": per_step.groupby(["rank", "pass_name"]).median(),
     })
+    table["per_microbatch_ms"] = table["step_sum_median_ms"] / microbatches_per_step
     if "cpu_s" in steps:
         cpu = steps.assign(cpu_ms=1e3 * steps["cpu_s"]).dropna(subset=["cpu_ms"])
         by_pass = cpu.groupby(["rank", "pass_name"])

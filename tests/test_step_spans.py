@@ -41,6 +41,8 @@ def test_measured_table_counts_medians_tails_and_step_sums():
     assert forward["per_step"] == 2 and send["per_step"] == 1
     assert forward["median_ms"] == pytest.approx(2.0) and forward["max_ms"] == pytest.approx(3.0)
     assert forward["step_sum_median_ms"] == pytest.approx(4.0)  # both steps' forwards sum to 4 ms
+    assert forward["per_microbatch_ms"] == pytest.approx(2.0)  # two micro-batches a step
+    assert send["per_microbatch_ms"] == pytest.approx(send["step_sum_median_ms"] / 2)
     assert send["median_ms"] == pytest.approx(5.0) and send["max_ms"] == pytest.approx(9.0)
 
 
