@@ -1,0 +1,127 @@
+"""What-ifs behind ACCURACY "Latest" (2026-11-24, fifteenth session): three ways to close the gap
+between the asynchronous and the synchronous pipeline cases of one profile, each scored on the five
+committed CPU pipeline runs (six since the third run of the day, which they were not
+formulated on) with their own profiles (nothing fitted to the measurements). Prints,
+per run, the MAPE / worst over its cases, per depth, with each profile's level removed, and the
+asynchronous-minus-synchronous mean error per profile. Writes nothing.
+
+Variants (each patches the cost model or the engine in this process only):
+- `none`: the current model.
+- `cycle_rate`: asynchronous compute at the rate the cycle calibration measured, in absolute terms:
+  work x P / (P_round x efficiency), where P_round is `cycle_compute.host_parallelism` (the
+  all-ranks rate over rank 0's alone, measured in the cycle's own rounds) and P = W /
+  compute_slowdown[W] is the engine's pool. The model multiplies by 1 / efficiency only.
+- `cycle_pool`: the engine's pool at P_round for every plan (synchronous ones too).
+- `busy_tails`: the message tails (mean over median of the isend call and of the wait on an
+  arrived message) played in proportion to the share of the host's other ranks computing at that
+  moment, instead of always (the cycle measured them with every rank computing).
+
+Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
+     RUN: latest, second_run, first_run, noisy, cc_second, cc_first (default: all)
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import pandas as pd  # noqa: E402
+
+import simulator.engine as engine  # noqa: E402
+import simulator.profile_costs as profile_costs  # noqa: E402
+
+VARIANTS = ("none", "cycle_rate", "cycle_pool", "busy_tails")
+RUNS = {
+    "latest": ("reports/validation_pipelines_cpu.csv", "reports/profiles"),
+    "second_run": ("reports/diagnostics/sync_cycle_messages/second_run/validation_pipelines_cpu.csv",
+                   "reports/diagnostics/sync_cycle_messages/second_run/profiles"),
+    "first_run": ("reports/diagnostics/sync_cycle_messages/first_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/sync_cycle_messages/first_run/profiles"),
+    "noisy": ("reports/diagnostics/weight_pass_layers/validation_pipelines_cpu.csv",
+              "reports/diagnostics/weight_pass_layers/profiles"),
+    "cc_second": ("reports/diagnostics/cycle_compute/second_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/cycle_compute/second_run/profiles"),
+    "cc_first": ("reports/diagnostics/cycle_compute/first_run/validation_pipelines_cpu.csv",
+                 "reports/diagnostics/cycle_compute/first_run/profiles"),
+}
+
+
+def patch(variant: str) -> None:
+    original_init = profile_costs.ProfileCosts.__init__
+
+    def init(self, profile, workload, **options):
+        original_init(self, profile, workload, **options)
+        cycle = profile.cycle_compute
+        if self.host_parallelism is None or cycle is None or not cycle.host_parallelism:
+            return
+        if variant == "cycle_rate":
+            self.asynchronous_compute_factor = self.host_parallelism / (cycle.host_parallelism * cycle.efficiency)
+        elif variant == "cycle_pool":
+            self.host_parallelism = cycle.host_parallelism
+
+    profile_costs.ProfileCosts.__init__ = init
+    if variant != "busy_tails":
+        return
+
+    def message_work(self, rank, messages, work_s, tail_s):
+        yield from self._rank_work(rank, messages * work_s)
+        if tail_s <= 0:
+            return
+        share = 1.0
+        if self.hosts is not None:
+            node = self.topology.node_of(self.plan.rank_to_device[rank])
+            peers = sum(1 for other in range(self.plan.num_ranks)
+                        if self.topology.node_of(self.plan.rank_to_device[other]) == node) - 1
+            if peers > 0:
+                share = min(1.0, self.hosts.active_threads(node, engine.COMPUTE) / peers)
+        if share > 0:
+            yield self.env.timeout(messages * tail_s * share)
+
+    engine.Engine._message_work = message_work
+
+
+def score(name: str, variant: str) -> None:
+    from repredict import cases, error_pct
+    from validator.measure import RunOptions
+    from validator.validate import predictions
+
+    csv, profiles = RUNS[name]
+    frame = pd.read_csv(ROOT / csv)
+    rows = []
+    for scenario, profile, specs, group in cases(frame, True, "", ROOT / profiles):
+        figures = predictions(scenario, str(profile), specs, RunOptions(optimizer=scenario.training.optimizer))
+        for row in group.itertuples():
+            rows.append({"model": row.model, "ranks": row.world_size, "kind": row.kind,
+                         "error": error_pct(figures[row.strategy]["predicted_jitter_s"], row)})
+    table = pd.DataFrame(rows)
+    table["asynchronous"] = table["kind"].str.startswith(("pipedream", "spectrain"))
+    level = table.groupby(["model", "ranks"])["error"].transform("mean")
+    by_depth = " ".join(f"ws{ranks} {part['error'].abs().mean():4.1f}/{part['error'].abs().max():4.1f}"
+                        for ranks, part in table.groupby("ranks"))
+    print(f"{variant:10s} {name:10s} MAPE {table['error'].abs().mean():4.1f} worst {table['error'].abs().max():4.1f} "
+          f"| {by_depth} | levels removed {(table['error'] - level).abs().mean():4.1f}/"
+          f"{(table['error'] - level).abs().max():4.1f}")
+    means = table.groupby(["model", "ranks", "asynchronous"])["error"].mean().unstack()
+    gaps = {f"{model.split('_')[0]}{ranks}": round(value, 1)
+            for (model, ranks), value in (means[True] - means[False]).items()}
+    print(f"    asynchronous minus synchronous: {gaps}")
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in VARIANTS:
+        print(f"usage: whatif_variants.py {{{'|'.join(VARIANTS)}}} [RUN,...]", file=sys.stderr)
+        return 2
+    names = sys.argv[2].split(",") if len(sys.argv) > 2 else list(RUNS)
+    unknown = [name for name in names if name not in RUNS]
+    if unknown:
+        print(f"RUN: unknown {unknown[0]!r}; one of {', '.join(RUNS)}", file=sys.stderr)
+        return 2
+    patch(sys.argv[1])
+    for name in names:
+        score(name, sys.argv[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
