@@ -41,7 +41,6 @@ run on this send/recv runtime by default.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -55,19 +54,10 @@ from validator import comm_device
 from validator.microbench import make_optimizer
 from validator.models import build_modules, loss_fn, make_batch
 from validator.pipeline_plan import (PREDICT, chunk_ranges, message_tag, num_microbatches, prediction_steps,
-                                     prediction_variant, predicted_weights, sends_delivered_by, weight_mode)
+                                     prediction_variant, sends_delivered_by, weight_mode)
 from validator.runtime import gradient_bucket, layer_output_shapes, peer_groups
-
-@dataclass
-class MicroState:
-    """One micro-batch on one chunk: layer inputs/outputs of its graph, input grads, weights used."""
-
-    inputs: dict = field(default_factory=dict)
-    outputs: dict = field(default_factory=dict)
-    input_grads: dict = field(default_factory=dict)
-    weights: dict | None = None
-    """layer -> {name: tensor} the forward ran on (None: the live modules)."""
-    loss: torch.Tensor | None = None
+from validator.weight_versions import (MicroState, accumulate_gradients, predict_layer_weights, release_backward,
+                                      repredict_layer_weights, stash_weights)
 
 
 class PipelineExecutor:
@@ -347,55 +337,6 @@ class PipelineExecutor:
                 for layer in sorted(self.modules) for name, p in self.modules[layer].named_parameters()}
 
 
-# ---------------------------------------------------------------------- weight passes
-# The per-micro-batch passes of the asynchronous kinds, shared with their microbenchmark
-# (`validator.weight_pass_bench`), so that the calibration times the code these runs execute.
-
-def stash_weights(modules: dict, layers: range) -> dict:
-    """PipeDream weight stashing (Narayanan et al., SOSP 2019, 3.3): a copy of the layers' weights,
-    layer -> {name: tensor}, for a micro-batch's forward and backward."""
-    return {layer: {name: p.detach().clone().requires_grad_(True) for name, p in modules[layer].named_parameters()}
-            for layer in layers}
-
-
-def predict_layer_weights(modules: dict, layers: range, optimizer, steps: int, learning_rate: float) -> dict:
-    """SpecTrain (Chen et al., arXiv 1809.02839): W_hat = W - steps * lr * v for the layers, as
-    layer -> {name: tensor}."""
-    params = [p for layer in layers for p in modules[layer].parameters()]
-    values = iter(predicted_weights(params, optimizer, steps, learning_rate))
-    return {layer: {name: next(values).requires_grad_(True) for name, _ in modules[layer].named_parameters()}
-            for layer in layers}
-
-
-def repredict_layer_weights(modules: dict, layers: range, optimizer, steps: int, learning_rate: float,
-                            into: dict) -> None:
-    """Staggered SpecTrain (Chen et al., arXiv 1809.02839, 3.3): W_hat = W - steps * lr * v for the
-    layers, copied into `into` (layer -> {name: tensor}, the weights the micro-batch's forward ran
-    on) without a version bump, since its graph reads them."""
-    for layer in layers:
-        live = dict(modules[layer].named_parameters())
-        predicted = predicted_weights(live.values(), optimizer, steps, learning_rate)
-        for name, value in zip(live, predicted):
-            into[layer][name].data.copy_(value)
-
-
-def accumulate_gradients(modules: dict, layers: range, used: dict) -> None:
-    """The gradients w.r.t. the weights a micro-batch ran on (`used`, layer -> {name: tensor})
-    added onto the live weights' gradients."""
-    with torch.no_grad():
-        for layer in layers:
-            for name, p in modules[layer].named_parameters():
-                grad = used[layer][name].grad
-                p.grad = grad.clone() if p.grad is None else p.grad.add_(grad)
-
-
-def release_backward(state: MicroState, first_layer: int) -> None:
-    """A micro-batch's backward on a chunk is over: drop its feature maps, gradient maps and weights
-    (autograd would have freed them), all but the input gradient to send."""
-    state.inputs, state.weights, state.loss = {}, None, None
-    state.input_grads = {first_layer: state.input_grads[first_layer]}
-
-
 COMPUTE_PHASES = {FORWARD: PipelineExecutor._forward, BACKWARD: PipelineExecutor._backward,
                   OPTIMIZER: PipelineExecutor._update, PREDICT: PipelineExecutor._predict,
                   REPREDICT_PHASE: PipelineExecutor._repredict,
@@ -403,5 +344,4 @@ COMPUTE_PHASES = {FORWARD: PipelineExecutor._forward, BACKWARD: PipelineExecutor
 HANDLERS = {Recv: PipelineExecutor._recv, Send: PipelineExecutor._send, Compute: PipelineExecutor._compute,
             Collective: PipelineExecutor._collective}
 
-__all__ = ["MicroState", "PipelineExecutor", "accumulate_gradients", "predict_layer_weights", "release_backward",
-           "repredict_layer_weights", "stash_weights"]
+__all__ = ["PipelineExecutor"]

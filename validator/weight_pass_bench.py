@@ -5,16 +5,16 @@ stage's parameters for every micro-batch of an asynchronous schedule (the simula
 phases of the same names, `simulator.strategies.pipeline`):
 
 - **stash** (pipedream with weight stashing): a copy of the weights for the micro-batch's forward
-  and backward (Narayanan et al., SOSP 2019, 3.3), `pipeline_runtime.stash_weights`;
+  and backward (Narayanan et al., SOSP 2019, 3.3), `weight_versions.stash_weights`;
 - **predict** (spectrain): W_hat = W - s lr v from the momentum buffer (Chen et al., arXiv
-  1809.02839), `pipeline_runtime.predict_layer_weights`;
+  1809.02839), `weight_versions.predict_layer_weights`;
 - **repredict** (spectrain, staggered): the prediction again before the backward, copied into the
-  weights the micro-batch's forward ran on, `pipeline_runtime.repredict_layer_weights` (timed
+  weights the micro-batch's forward ran on, `weight_versions.repredict_layer_weights` (timed
   since 2026-11-23: on this project's CPU host, in a 2-stage MLP run, it took 1.1-1.5x the
   forward's prediction, which the simulator had charged for it);
 - **accumulate** (every asynchronous kind: the backward ran on weights other than the live
   tensors): the micro-batch's weight gradients added onto the live gradients, then its backward
-  state dropped, `pipeline_runtime.accumulate_gradients` and `release_backward`;
+  state dropped, `weight_versions.accumulate_gradients` and `release_backward`;
 - **average** (every runtime's update on a stage with G > 1 replicas): the reduced flat gradient
   bucket divided by G in place, `flat /= G`;
 - **copy_forward** (every asynchronous kind): what a forward on weights other than the module's own
@@ -73,8 +73,8 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
     returns the seconds of the stash, predict, repredict, accumulate and average passes, of the
     update (`update`: the profiled optimizer; the prediction reads `optimizer`'s momentum), of the
     modules' forward, of the forward on the stashed copy and of the backward."""
-    from validator.pipeline_runtime import (MicroState, accumulate_gradients, predict_layer_weights,
-                                            release_backward, repredict_layer_weights, stash_weights)
+    from validator.weight_versions import (MicroState, accumulate_gradients, predict_layer_weights,
+                                           release_backward, repredict_layer_weights, stash_weights)
 
     first = layers[0]
 
