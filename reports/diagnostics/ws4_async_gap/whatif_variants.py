@@ -2,7 +2,7 @@
 between the asynchronous and the synchronous pipeline cases of one profile, each scored on the five
 committed CPU pipeline runs (six since the third run of the day, which they were not
 formulated on) with their own profiles (nothing fitted to the measurements). Prints,
-per run, the MAPE / worst over its cases, per depth, with each profile's level removed, and the
+per run, the MAPE / worst over its cases, per depth, with each profile's level removed (`validator.report.calibration_level_summary`), and the
 asynchronous-minus-synchronous mean error per profile. Writes nothing.
 
 Variants (each patches the cost model or the engine in this process only):
@@ -84,6 +84,7 @@ def patch(variant: str) -> None:
 def score(name: str, variant: str) -> None:
     from repredict import cases, error_pct
     from validator.measure import RunOptions
+    from validator.report import calibration_level_summary
     from validator.validate import predictions
 
     csv, profiles = RUNS[name]
@@ -92,17 +93,17 @@ def score(name: str, variant: str) -> None:
     for scenario, profile, specs, group in cases(frame, True, "", ROOT / profiles):
         figures = predictions(scenario, str(profile), specs, RunOptions(optimizer=scenario.training.optimizer))
         for row in group.itertuples():
-            rows.append({"model": row.model, "ranks": row.world_size, "kind": row.kind,
-                         "error": error_pct(figures[row.strategy]["predicted_jitter_s"], row)})
+            predicted_s = figures[row.strategy]["predicted_jitter_s"]
+            rows.append({"model": row.model, "world_size": row.world_size, "kind": row.kind,
+                         "predicted_jitter_s": predicted_s, "jitter_error_pct": error_pct(predicted_s, row)})
     table = pd.DataFrame(rows)
+    errors = table["jitter_error_pct"]
     table["asynchronous"] = table["kind"].str.startswith(("pipedream", "spectrain"))
-    level = table.groupby(["model", "ranks"])["error"].transform("mean")
-    by_depth = " ".join(f"ws{ranks} {part['error'].abs().mean():4.1f}/{part['error'].abs().max():4.1f}"
-                        for ranks, part in table.groupby("ranks"))
-    print(f"{variant:10s} {name:10s} MAPE {table['error'].abs().mean():4.1f} worst {table['error'].abs().max():4.1f} "
-          f"| {by_depth} | levels removed {(table['error'] - level).abs().mean():4.1f}/"
-          f"{(table['error'] - level).abs().max():4.1f}")
-    means = table.groupby(["model", "ranks", "asynchronous"])["error"].mean().unstack()
+    by_depth = " ".join(f"ws{ranks} {part.abs().mean():4.1f}/{part.abs().max():4.1f}"
+                        for ranks, part in errors.groupby(table["world_size"]))
+    print(f"{variant:10s} {name:10s} MAPE {errors.abs().mean():4.1f} worst {errors.abs().max():4.1f} | {by_depth}")
+    print(f"    {calibration_level_summary(table)}")
+    means = errors.groupby([table["model"], table["world_size"], table["asynchronous"]]).mean().unstack()
     gaps = {f"{model.split('_')[0]}{ranks}": round(value, 1)
             for (model, ranks), value in (means[True] - means[False]).items()}
     print(f"    asynchronous minus synchronous: {gaps}")
