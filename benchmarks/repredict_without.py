@@ -39,6 +39,14 @@ def without(document: dict, section: str) -> tuple[dict, bool]:
     return trimmed, isinstance(node, dict) and node.pop(last, None) is not None
 
 
+def case_predictions(model: str, stages: int, profile: Path, kinds) -> dict[str, dict]:
+    """The benchmark's predictions (`validator.validate.predictions`) of `kinds` for `model` at p =
+    `stages` with `profile`, keyed by strategy label."""
+    scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml",
+                             [*pipeline_overrides(stages), VIRTUAL_STAGES])
+    return predictions(scenario, str(profile), parse_strategy_specs(",".join(kinds)))
+
+
 def main() -> int:
     if len(sys.argv) != 4:
         print(__doc__.strip().splitlines()[3].strip(), file=sys.stderr)
@@ -50,9 +58,7 @@ def main() -> int:
         trimmed, present = without(json.loads(path.read_text()), section)
         temporary = Path(tempfile.gettempdir()) / f"{path.stem}_without_{section}.json"
         temporary.write_text(json.dumps(trimmed))
-        scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml",
-                                 [*pipeline_overrides(int(stages)), VIRTUAL_STAGES])
-        figures = predictions(scenario, str(temporary), parse_strategy_specs(",".join(group.kind)))
+        figures = case_predictions(model, int(stages), temporary, group.kind)
         for _, row in group.iterrows():
             predicted_s = figures[row.strategy]["predicted_jitter_s"]
             out.append((model, stages, row.kind, present, row.jitter_error_pct,

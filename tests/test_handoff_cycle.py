@@ -145,3 +145,27 @@ def test_the_cycles_window_fits_a_balanced_stage_of_the_model(step_s, expected_s
     hops = spawn(_fitted_hop_rank_main, (step_s,), LaunchConfig(world_size=2))
     assert hops[0] == hops[1]  # both ranks run the same windows
     assert hops[0] == pytest.approx(expected_s, rel=0.3)
+
+
+def _cycle_windows_rank_main(rank, forward_share):
+    import torch
+    from validator.handoff_bench import run_cycle
+    weight = torch.randn(64, 64)
+    windows = []
+    run_cycle([lambda: torch.mm(weight, weight)], torch.ones(256), 6, 0.004, 0, windows, forward_share)
+    order = cycle_order(rank, 2, 6)
+    return [(step, end - start) for (step, _), (start, end, _) in zip(order, windows)]
+
+
+@pytest.mark.parametrize("forward_share", [0.5, 0.75])
+def test_the_cycle_forward_window_is_its_share_of_the_backward_one(forward_share):
+    """`run_cycle(forward_share=...)` (the default 0.5 is what calibrations run): every forward
+    window lasts at least its share of the 4 ms backward one, and the backward ones at least 4 ms
+    (a window runs steps until its time has passed)."""
+    from validator.launch import LaunchConfig, spawn
+    for windows in spawn(_cycle_windows_rank_main, (forward_share,), LaunchConfig(world_size=2)):
+        forwards = [s for step, s in windows if step == "F"]
+        backwards = [s for step, s in windows if step == "B"]
+        assert len(forwards) == len(backwards) == 6
+        assert min(forwards) >= 0.004 * forward_share and min(backwards) >= 0.004
+        assert sorted(forwards)[3] < 0.004 * forward_share + 0.002  # the median window ends soon after its time

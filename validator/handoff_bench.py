@@ -192,9 +192,10 @@ def cycle_order(rank: int, world: int, num_microbatches: int) -> list[tuple[str,
 
 
 def run_cycle(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s: float, repeat: int,
-           windows: list | None = None):
+           windows: list | None = None, forward_share: float = 0.5):
     """One asynchronous 1F1B run of `num_microbatches` on this rank (receives posted one ahead, as
-    `validator.pipeline_runtime`): a forward computes hop_compute_s / 2, a backward hop_compute_s.
+    `validator.pipeline_runtime`): a forward computes hop_compute_s x `forward_share`, a backward
+    hop_compute_s.
     (sends, receives, isend calls) as `_sweeps` records them, direction +1 for activations, -1 for
     gradients. `windows`, if given, gets (start, end, steps done) of every compute window
     (`validator.cycle_compute_bench`)."""
@@ -210,7 +211,7 @@ def run_cycle(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s:
             waited_from = time.perf_counter()
             incoming.wait()
             receives.append((repeat, direction, microbatch, rank, waited_from, time.perf_counter()))
-        duration_s = hop_compute_s / 2 if step == "F" else hop_compute_s
+        duration_s = hop_compute_s * forward_share if step == "F" else hop_compute_s
         started = time.perf_counter()
         done = _compute_for(steps, duration_s, position, buffer.device)
         if windows is not None:
