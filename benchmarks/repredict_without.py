@@ -21,12 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench_pipeline_validation import VIRTUAL_STAGES, pipeline_overrides, pipeline_profile
-from simulator.compare import parse_strategy_specs
-from simulator.scenario import load_scenario
+from repredict import cases
 from validator.validate import predictions
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def without(document: dict, section: str) -> tuple[dict, bool]:
@@ -39,29 +35,21 @@ def without(document: dict, section: str) -> tuple[dict, bool]:
     return trimmed, isinstance(node, dict) and node.pop(last, None) is not None
 
 
-def case_predictions(model: str, stages: int, profile: Path, kinds) -> dict[str, dict]:
-    """The benchmark's predictions (`validator.validate.predictions`) of `kinds` for `model` at p =
-    `stages` with `profile`, keyed by strategy label."""
-    scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml",
-                             [*pipeline_overrides(stages), VIRTUAL_STAGES])
-    return predictions(scenario, str(profile), parse_strategy_specs(",".join(kinds)))
-
-
 def main() -> int:
     if len(sys.argv) != 4:
-        print(__doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+        print("usage: " + next(line.strip() for line in __doc__.splitlines() if "repredict_without.py CSV" in line),
+              file=sys.stderr)
         return 2
     csv_path, profiles, section = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-    rows, out = pd.read_csv(csv_path), []
-    for (model, stages), group in rows.groupby(["model", "world_size"], sort=False):
-        path = pipeline_profile(model, int(stages), profiles)
+    out = []
+    for scenario, path, specs, group in cases(pd.read_csv(csv_path), True, profiles=profiles):
         trimmed, present = without(json.loads(path.read_text()), section)
         temporary = Path(tempfile.gettempdir()) / f"{path.stem}_without_{section}.json"
         temporary.write_text(json.dumps(trimmed))
-        figures = case_predictions(model, int(stages), temporary, group.kind)
+        figures = predictions(scenario, str(temporary), specs)
         for _, row in group.iterrows():
             predicted_s = figures[row.strategy]["predicted_jitter_s"]
-            out.append((model, stages, row.kind, present, row.jitter_error_pct,
+            out.append((row.model, row.world_size, row.kind, present, row.jitter_error_pct,
                         100 * (predicted_s - row.measured_s) / row.measured_s))
     table = pd.DataFrame(out, columns=["model", "stages", "kind", "had_section", "as_run_pct", "without_pct"])
     print(table.round(1).to_string(index=False))

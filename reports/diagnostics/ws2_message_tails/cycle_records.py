@@ -57,13 +57,19 @@ def cycle_rank(rank: int, workload, batch: int, size_bytes: int, runs: int, forw
 
 
 def main() -> int:
+    usage = f"usage: cycle_records.py {{{','.join(MODELS)}}} {{2,4}} OUT.json [SIZE_BYTES] [RUNS] [FORWARD_SHARE]"
     if len(sys.argv) not in (4, 5, 6, 7) or sys.argv[1] not in MODELS or sys.argv[2] not in ("2", "4"):
-        print(f"usage: cycle_records.py {{{','.join(MODELS)}}} {{2,4}} OUT.json [SIZE_BYTES] [RUNS] [FORWARD_SHARE]", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     name, stages, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
-    size_bytes = int(sys.argv[4]) if len(sys.argv) > 4 else DEFAULT_HANDOFF_BYTES
-    runs = int(sys.argv[5]) if len(sys.argv) > 5 else 24
-    forward_share = float(sys.argv[6]) if len(sys.argv) > 6 else 0.5
+    optional = [*sys.argv[4:], *[None] * 3][:3]
+    try:
+        size_bytes = int(optional[0]) if optional[0] else DEFAULT_HANDOFF_BYTES
+        runs = int(optional[1]) if optional[1] else 24
+        forward_share = float(optional[2]) if optional[2] else 0.5
+    except ValueError as error:
+        print(f"{usage} ({error})", file=sys.stderr)
+        return 2
     scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{name}.yaml", pipeline_overrides(stages))
     workload = resolve_workload(scenario.model, scenario.base_dir)
     batch = DEFAULT_BATCH_SIZES[len(DEFAULT_BATCH_SIZES) // 2]  # as the calibration's handoff phase

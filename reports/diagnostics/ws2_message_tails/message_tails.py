@@ -48,7 +48,7 @@ def span_messages(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     table["run"] = table["launch"] * 1000 + table["step"]
     message = table["name"].str.extract(r"^(send|recv) (act|grad)")
     table["direction"] = message[1].map({"act": 1, "grad": -1})
-    sends = table[message[0] == "send"].rename(columns={"start_s": "start_s", "duration_s": "call_s"})
+    sends = table[message[0] == "send"].rename(columns={"duration_s": "call_s"})
     sends = sends.assign(target=sends["rank"] + sends["direction"])
     receives = table[message[0] == "recv"].rename(columns={"start_s": "wait_from_s", "end_s": "wait_end_s"})
     keep = ["rank", "run", "direction", "microbatch", "target", "start_s", "call_s"]

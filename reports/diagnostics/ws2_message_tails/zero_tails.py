@@ -22,8 +22,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_pipeline_validation import pipeline_profile  # noqa: E402
-from repredict_without import case_predictions  # noqa: E402
+from repredict import cases  # noqa: E402
+from validator.validate import predictions  # noqa: E402
 
 MEDIANS = {"send_post_mean_s": "send_post_s", "ready_receive_mean_s": "ready_receive_s",
            "mean_delay_s": "median_delay_s"}
@@ -48,19 +48,18 @@ def main() -> int:
         print(__doc__.strip().splitlines()[-3].strip(), file=sys.stderr)
         return 2
     csv_path = Path(sys.argv[1])
-    rows, out = pd.read_csv(csv_path), []
-    for (model, stages), group in rows.groupby(["model", "world_size"], sort=False):
-        path = pipeline_profile(model, int(stages), csv_path.parent / "profiles")
+    out = []
+    for scenario, path, specs, group in cases(pd.read_csv(csv_path), True, profiles=csv_path.parent / "profiles"):
         document = json.loads(path.read_text())
         cycle = document["handoff"]["cycle"]
         for key, factor in scalings.items():
             cycle[key] = cycle[MEDIANS[key]] + factor * (cycle[key] - cycle[MEDIANS[key]])
         temporary = Path(tempfile.gettempdir()) / f"{path.stem}_scaled_tails.json"
         temporary.write_text(json.dumps(document))
-        figures = case_predictions(model, int(stages), temporary, group.kind)
+        figures = predictions(scenario, str(temporary), specs)
         for _, row in group.iterrows():
             predicted_s = figures[row.strategy]["predicted_jitter_s"]
-            out.append((model, stages, row.kind, row.jitter_error_pct,
+            out.append((row.model, row.world_size, row.kind, row.jitter_error_pct,
                         100 * (predicted_s - row.measured_s) / row.measured_s))
     table = pd.DataFrame(out, columns=["model", "stages", "kind", "as_run_pct", "scaled_pct"])
     print(f"scaled: {' '.join(sys.argv[2:])}")
