@@ -1,4 +1,4 @@
-"""What-ifs behind ACCURACY "Latest" (2026-11-24, fifteenth session): three ways to close the gap
+"""What-ifs behind ACCURACY "Latest" (2026-11-24, fifteenth session): ways to close the gap
 between the asynchronous and the synchronous pipeline cases of one profile, each scored on the five
 committed CPU pipeline runs (six since the third run of the day, which they were not
 formulated on) with their own profiles (nothing fitted to the measurements). Prints,
@@ -12,6 +12,10 @@ Variants (each patches the cost model or the engine in this process only):
   all-ranks rate over rank 0's alone, measured in the cycle's own rounds) and P = W /
   compute_slowdown[W] is the engine's pool. The model multiplies by 1 / efficiency only.
 - `cycle_pool`: the engine's pool at P_round for every plan (synchronous ones too).
+- `step_tail` (seventeenth session): the cycle's tail of the wait on an arrived message x 0.6, what
+  the cycle gave in 4-micro-batch runs counting every message against its steady state at 4 ranks
+  (`../ws2_message_tails/cycle_variants.log`: 0.67-0.80 against 1.19-1.23 ms).
+- `rate_step_tail`: `cycle_rate` and `step_tail` together.
 - `busy_tails`: the message tails (mean over median of the isend call and of the wait on an
   arrived message) played in proportion to the share of the host's other ranks computing at that
   moment, instead of always (the cycle measured them with every rank computing).
@@ -20,6 +24,7 @@ Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RU
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first (default: all)
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -31,7 +36,8 @@ import pandas as pd  # noqa: E402
 import simulator.engine as engine  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "cycle_rate", "cycle_pool", "busy_tails")
+VARIANTS = ("none", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
+STEP_TAIL_FACTOR = 0.6
 RUNS = {
     "latest": ("reports/validation_pipelines_cpu.csv", "reports/profiles"),
     "second_run": ("reports/diagnostics/sync_cycle_messages/second_run/validation_pipelines_cpu.csv",
@@ -52,10 +58,14 @@ def patch(variant: str) -> None:
 
     def init(self, profile, workload, **options):
         original_init(self, profile, workload, **options)
+        if variant in ("step_tail", "rate_step_tail") and self.asynchronous_messages is not None:
+            messages = self.asynchronous_messages
+            self.asynchronous_messages = dataclasses.replace(
+                messages, ready_receive_tail_s=messages.ready_receive_tail_s * STEP_TAIL_FACTOR)
         cycle = profile.cycle_compute
         if self.host_parallelism is None or cycle is None or not cycle.host_parallelism:
             return
-        if variant == "cycle_rate":
+        if variant in ("cycle_rate", "rate_step_tail"):
             self.asynchronous_compute_factor = self.host_parallelism / (cycle.host_parallelism * cycle.efficiency)
         elif variant == "cycle_pool":
             self.host_parallelism = cycle.host_parallelism
