@@ -70,28 +70,18 @@ def spin_steps(syscall_every: int) -> list:
     return [spin]
 
 
-class TaggedReceives(handoff_bench._Receives):
-    """Receives as the pipeline runtime posts them: a fresh buffer and the message's own tag."""
+def tag_messages() -> None:
+    """Make the cycle's sends and receives as `validator.pipeline_runtime` posts them: each message
+    with its own tag (a count per peer and direction) and each receive into a fresh buffer."""
+    isend, irecv, counts = comm_device.isend, comm_device.irecv, {}
 
-    def _post(self) -> None:
-        if self.next < len(self.sources):
-            source = self.sources[self.next]
-            TAGS[("recv", source)] = TAGS.get(("recv", source), -1) + 1
-            self.posted = comm_device.irecv(torch.empty_like(self.buffers[0]), src=source,
-                                            tag=TAGS[("recv", source)])
-            self.next += 1
+    def next_tag(key: tuple) -> int:
+        counts[key] = counts.get(key, -1) + 1
+        return counts[key]
 
-
-TAGS: dict = {}
-
-
-def tagged_send(buffer, target, key, sends, pending, posts) -> None:
-    TAGS[("send", target)] = TAGS.get(("send", target), -1) + 1
-    outgoing = buffer.clone()
-    sent_at = time.perf_counter()
-    pending.append(comm_device.isend(outgoing, dst=target, tag=TAGS[("send", target)]))
-    posts.append(time.perf_counter() - sent_at)
-    sends.append((*key, target, sent_at))
+    comm_device.isend = lambda tensor, dst, tag=0: isend(tensor, dst=dst, tag=next_tag(("send", dst)))
+    comm_device.irecv = lambda tensor, src, tag=0: irecv(torch.empty_like(tensor), src=src,
+                                                         tag=next_tag(("recv", src)))
 
 
 def timed_waits(original_wait, log: list):
@@ -109,8 +99,7 @@ def variant_rank(rank: int, workload, batch: int, variant: str, runs: int, micro
     if variant in ("spin", "syscall"):
         steps = spin_steps(20 if variant == "syscall" else 0)
     if variant == "tagged":
-        handoff_bench._Receives = TaggedReceives
-        handoff_bench._timed_send = tagged_send
+        tag_messages()
     log: list = []
     handoff_bench._Receives.wait = timed_waits(handoff_bench._Receives.wait, log)
     buffer = torch.ones(DEFAULT_HANDOFF_BYTES // 4)
@@ -134,7 +123,7 @@ def variant_rank(rank: int, workload, batch: int, variant: str, runs: int, micro
         for run, direction, microbatch, receiver, waited_from, _ in received:
             start_s, call_s = sent_at[(run, direction, microbatch, receiver)]
             if microbatch in steady and waited_from - start_s >= READY_MARGIN_S and waited_from > start_s + call_s:
-                waits.append(rank_log[_first_at_or_after(starts, waited_from)])
+                waits.append(rank_log[bisect.bisect_left(starts, waited_from)])  # the wait it stands for
     slow = [entry for entry in waits if entry[1] > SLOW_S]
     return {"variant": variant, "world_size": world, "microbatches": microbatches, "runs": runs,
             "hop_compute_ms": round(hop_compute_s * 1e3, 3), "arrived": len(waits),
@@ -142,11 +131,6 @@ def variant_rank(rank: int, workload, batch: int, variant: str, runs: int, micro
             "share_over_0.3ms": round(len(slow) / len(waits), 3) if waits else None,
             "slow_run_queue_share": (round(sum(entry[2] for entry in slow) / sum(entry[1] for entry in slow), 3)
                                      if slow else None)}
-
-
-def _first_at_or_after(starts: list[float], moment: float) -> int:
-    """Index of the first timed wait that began at or after `moment` (the wait a record stands for)."""
-    return bisect.bisect_left(starts, moment)
 
 
 def main() -> int:

@@ -29,15 +29,20 @@ SLOW_S = 0.0003
 """A call or wait past 0.3 ms is in the tail (medians here are 0.03-0.15 ms)."""
 
 
-def cycle_messages(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(sends, receives) of a cycle's records, steady state only (the benchmark's own window)."""
+def cycle_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, range]:
+    """(sends, receives) of a cycle's records, every message, and its steady state's micro-batches."""
     document = json.loads(path.read_text())
     world, microbatches = document["world_size"], document["microbatches"]
     sends = pd.DataFrame(document["sends"], columns=["rank", "run", "direction", "microbatch", "target",
                                                      "start_s", "call_s"])
     receives = pd.DataFrame(document["receives"], columns=["run", "direction", "microbatch", "rank",
                                                            "wait_from_s", "wait_end_s"])
-    steady = range(world, microbatches - world)
+    return sends, receives, range(world, microbatches - world)
+
+
+def cycle_messages(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(sends, receives) of a cycle's records, steady state only (the benchmark's own window)."""
+    sends, receives, steady = cycle_tables(path)
     return (sends[sends.microbatch.isin(steady)].reset_index(drop=True),
             receives[receives.microbatch.isin(steady)].reset_index(drop=True))
 

@@ -13,13 +13,12 @@ validation's step spans (`<strategy>.steps.csv[.gz]`), prints the count, mean wa
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from message_tails import SLOW_S, span_messages
+from message_tails import SLOW_S, cycle_tables, span_messages
 from validator.handoff_bench import READY_MARGIN_S
 
 RECENT_S = 0.0005
@@ -28,13 +27,7 @@ RECENT_S = 0.0005
 def messages(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(receives joined with their sends, arrived waits, each rank's run extent)."""
     if path.suffix == ".json":
-        document = json.loads(path.read_text())
-        sends = pd.DataFrame(document["sends"], columns=["rank", "run", "direction", "microbatch", "target",
-                                                         "start_s", "call_s"])
-        receives = pd.DataFrame(document["receives"], columns=["run", "direction", "microbatch", "rank",
-                                                               "wait_from_s", "wait_end_s"])
-        world, count = document["world_size"], document["microbatches"]
-        steady = set(range(world, count - world))
+        sends, receives, steady = cycle_tables(path)
         extent = receives.groupby(["run", "rank"]).agg(first_s=("wait_from_s", "min"), last_s=("wait_end_s", "max"))
     else:
         sends, receives = span_messages(path)
