@@ -71,19 +71,18 @@ def main() -> int:
                                                  args.cycle_only), config)[0]
             stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             if args.cycle_only:
-                if measured["cycle"] is None or measured["cycle_steps"] is None:
+                if measured is None:
                     print(f"{path}: the cycle timed no waited or no arrived message; profile left as it was",
                           file=sys.stderr)
                     return 1
                 if "handoff" not in document:
                     print(f"{path}: no handoff section to add a cycle to (run without --cycle-only)", file=sys.stderr)
                     return 2
-                document["handoff"].update(measured)
-                document.setdefault("notes", []).append(f"handoff.cycle and handoff.cycle_steps measured alone "
-                                                        f"at {stamp} (benchmarks/handoff_recalibrate.py --cycle-only)")
+                document["handoff"]["cycle"] = measured
+                document.setdefault("notes", []).append(f"handoff.cycle measured alone at {stamp} "
+                                                        "(benchmarks/handoff_recalibrate.py --cycle-only)")
                 write_json_atomic(path, document)
-                print(f"{name:16s} p={stages} {_figures('cycle', measured['cycle'])}", flush=True)
-                print(f"{'':16s}     {_figures('cycle_steps', measured['cycle_steps'])}", flush=True)
+                print(f"{name:16s} p={stages} {_figures('cycle', measured)}", flush=True)
                 continue
             handoff = measured
             document["handoff"] = handoff
@@ -96,9 +95,8 @@ def main() -> int:
                   f"(mean {1e3 * (pre.get('send_post_mean_s') or 0):.3f}), ready receive "
                   f"{1e3 * (pre.get('ready_receive_s') or 0):.3f} ms (mean {1e3 * (pre.get('ready_receive_mean_s') or 0):.3f})",
                   flush=True)
-            for section in ("cycle", "cycle_steps"):
-                if section in handoff:
-                    print(f"{'':16s}     {_figures(section, handoff[section])}", flush=True)
+            if "cycle" in handoff:
+                print(f"{'':16s}     {_figures('cycle', handoff['cycle'])}", flush=True)
     return 0
 
 

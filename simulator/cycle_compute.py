@@ -16,9 +16,9 @@ done, and integrates the pool's rate over the windows actually open at each mome
     expected steps of a window = alone rate x integral over the window of min(1, P / n(t)) dt
 
 where n(t) is the number of windows open at t on the host. `efficiency` is the steps done over
-the steps expected, median over rounds. The engine multiplies the compute work of asynchronous plans
-(`pipedream`, `spectrain`, `delayed_gradient`) on shared hosts by P / (P_cycle x efficiency), P_cycle
-being the cycle rounds' own parallelism (`asynchronous_compute_factor`). Synchronous pipelines keep factor 1 (on a
+the steps expected, median over rounds. The engine divides nothing else: it multiplies the compute
+work of asynchronous plans (`pipedream`, `spectrain`, `delayed_gradient`) by 1 / efficiency on
+shared hosts (`ProfileCosts.asynchronous_compute_factor`). Synchronous pipelines keep factor 1 (on a
 shared host 1F1B and interleaved 1F1B pay the cycle's message figures, `handoff.cycle`, as the
 asynchronous kinds do: `Engine._messages_as_in_cycle`; GPipe the chain's).
 """
@@ -76,23 +76,6 @@ def summarize(round_efficiencies: Sequence[float], hop_compute_s: float, host_pa
     return {"efficiency": statistics.median(round_efficiencies),
             "round_efficiencies": list(round_efficiencies),
             "hop_compute_s": hop_compute_s, "host_parallelism": host_parallelism}
-
-
-def asynchronous_compute_factor(cycle: CycleCompute, pool_parallelism: float) -> float:
-    """What the engine multiplies an asynchronous plan's compute work by on a shared host, so that
-    its pool of parallelism P (`pool_parallelism`, W / compute_slowdown[W] from the layer
-    calibration) gives the rate the cycle measured: P / (P_cycle x efficiency), where P_cycle is
-    the cycle rounds' own all-ranks rate over rank 0's alone (`host_parallelism`); 1 / efficiency
-    where the profile has no P_cycle (older profiles).
-
-    Why P_cycle and not P (2026-11-24, eighteenth session): in nine 4-rank profiles the cycle's
-    rounds measured 0.77-0.97 of P (the ResNet-20's P = 2.03, more than the host's 2 cores), at
-    2 ranks 0.95-1.06 of it; on six committed CPU pipeline runs this factor took the 4-stage cases'
-    asynchronous-minus-synchronous gap from -7.6 to +4.3 points in the mean
-    (`reports/diagnostics/ws4_async_gap/`)."""
-    if cycle.host_parallelism <= 0:
-        return 1.0 / cycle.efficiency
-    return pool_parallelism / (cycle.host_parallelism * cycle.efficiency)
 
 
 EFFICIENCY_RANGE = (0.2, 2.0)

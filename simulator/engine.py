@@ -116,7 +116,7 @@ class Engine:
         self._send_post_tail_s = getattr(costs, "send_post_tail_s", 0.0) if preposted else 0.0
         self._ready_receive_tail_s = getattr(costs, "ready_receive_tail_s", 0.0) if preposted else 0.0
         """Their tails (mean over median): a delay on the rank's path that uses no core."""
-        cycling = self._cycle_messages(costs, plan) if self._messages_as_in_cycle(plan) else None
+        cycling = getattr(costs, "asynchronous_messages", None) if self._messages_as_in_cycle(plan) else None
         if preposted and cycling is not None:  # every stage computing and messaging at once
             self._handoff_s, self._send_post_s, self._send_post_tail_s = (
                 cycling.handoff_s, cycling.send_post_s, cycling.send_post_tail_s)
@@ -129,15 +129,6 @@ class Engine:
                           for actions in plan.actions]
         self._symmetry = plan.meta.get("symmetry")
         """Symmetric runs (simulator.symmetry): the device groups each representative's flows stand for."""
-
-    @staticmethod
-    def _cycle_messages(costs, plan: Plan):
-        """The cycle's message costs for this plan's micro-batch count (`ProfileCosts.
-        asynchronous_messages_for`), or a cost model's fixed `asynchronous_messages`; None: none."""
-        for_microbatches = getattr(costs, "asynchronous_messages_for", None)
-        if for_microbatches is not None:
-            return for_microbatches(plan.meta.get("num_microbatches", 1))
-        return getattr(costs, "asynchronous_messages", None)
 
     def _messages_as_in_cycle(self, plan: Plan) -> bool:
         """Whether a message costs what `handoff.cycle` measured (`ProfileCosts.asynchronous_messages`)

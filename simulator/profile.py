@@ -211,7 +211,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
                           if raw_preposted else None,
                           optional_s("send_post_s"), optional_s("ready_receive_s"),
                           optional_s("send_post_mean_s"), optional_s("ready_receive_mean_s"),
-                          _cycle_handoff(read, raw_handoff), _cycle_handoff(read, raw_handoff, "cycle_steps"))
+                          _cycle_handoff(read, raw_handoff))
     weight_passes, weight_pass_ranks = {}, {}
     for name, entry in (read.mapping(document, "weight_passes", "weight_passes", optional=True) or {}).items():
         where = f"weight_passes.{name}"
@@ -258,18 +258,14 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
     )
 
 
-def _cycle_handoff(read, raw_handoff, section: str = "cycle") -> CycleHandoff | None:
-    """`handoff.cycle` or `handoff.cycle_steps` (optional): the pre-posted figures measured in the
-    asynchronous cycle, in its steady state or in short steps (with their `microbatches`)."""
-    raw_cycle = read.mapping(raw_handoff, section, f"handoff.{section}", optional=True)
+def _cycle_handoff(read, raw_handoff) -> CycleHandoff | None:
+    """`handoff.cycle` (optional): the pre-posted figures measured in the asynchronous cycle."""
+    raw_cycle = read.mapping(raw_handoff, "cycle", "handoff.cycle", optional=True)
     if not raw_cycle:
         return None
-    figures = [read.number(raw_cycle, key, f"handoff.{section}.{key}", minimum=0)
-               for key in ("mean_delay_s", "send_post_s", "ready_receive_s", "send_post_mean_s",
-                           "ready_receive_mean_s")]
-    microbatches = (read.integer(raw_cycle, "microbatches", f"handoff.{section}.microbatches", minimum=1)
-                    if section == "cycle_steps" else 0)
-    return CycleHandoff(*figures, microbatches=microbatches)
+    return CycleHandoff(*(read.number(raw_cycle, key, f"handoff.cycle.{key}", minimum=0)
+                          for key in ("mean_delay_s", "send_post_s", "ready_receive_s", "send_post_mean_s",
+                                      "ready_receive_mean_s")))
 
 
 def _overlap(read: _Reader, document) -> Interference | None:

@@ -4,12 +4,10 @@ Nothing here imports torch."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 from simulator.cold_start import update_state_share
-from simulator.cycle_compute import asynchronous_compute_factor
 from simulator.costs import COPY_FORWARD, OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.profile import Profile, load_profile
@@ -48,31 +46,6 @@ class MessageCosts:
     send_post_tail_s: float
     ready_receive_s: float
     ready_receive_tail_s: float
-
-
-def _cycle_message_costs(cycle, idle_s: float) -> MessageCosts:
-    """A cycle section's figures as the engine plays them: the isend call's median and tail on the
-    sender, then the idle point-to-point time (`idle_s`), then the handoff, adding up to the
-    cycle's mean delay; the wait on an arrived message's median and tail on the receiver."""
-    send_tail_s = _tail_s(cycle.send_post_mean_s, cycle.send_post_s)
-    return MessageCosts(handoff_s=max(0.0, cycle.mean_delay_s - idle_s - cycle.send_post_s - send_tail_s),
-                        send_post_s=cycle.send_post_s, send_post_tail_s=send_tail_s,
-                        ready_receive_s=cycle.ready_receive_s,
-                        ready_receive_tail_s=_tail_s(cycle.ready_receive_mean_s, cycle.ready_receive_s))
-
-
-def blend_message_costs(in_steps: MessageCosts, step_microbatches: int, steady: MessageCosts,
-                        num_microbatches: int) -> MessageCosts:
-    """What a message costs on average in a plan step of `num_microbatches`, from the cycle timed in
-    steps of `step_microbatches` (fill and drain included) and in its steady state: a step of m >= m_s
-    micro-batches counted as one short step's fill and drain plus m - m_s steady micro-batches, so
-    each figure is (m_s x in_steps + (m - m_s) x steady) / m; a step of m <= m_s pays `in_steps`.
-    An assumption between two measured points (m_s and the steady state), not measured at other m."""
-    if num_microbatches <= step_microbatches:
-        return in_steps
-    weight = step_microbatches / num_microbatches
-    return MessageCosts(*(weight * short + (1 - weight) * long
-                          for short, long in zip(dataclasses.astuple(in_steps), dataclasses.astuple(steady))))
 
 
 class ProfileCosts:
@@ -121,16 +94,12 @@ class ProfileCosts:
         self.streamed_allreduce_factor = 1.0
         """An allreduce queued behind another on its rank takes its fit times this (shared hosts)."""
         self.asynchronous_messages: MessageCosts | None = None
-        """What a message costs in asynchronous pipelines (`handoff.cycle`, the cycle's steady state;
-        `asynchronous_messages_for` mixes in its short steps), in place of the five
+        """What a message costs in asynchronous pipelines (`handoff.cycle`), in place of the five
         figures above, and on a shared host in 1F1B and interleaved 1F1B too (`Engine.
         _messages_as_in_cycle`); None: the chain's figures for every plan."""
-        self.asynchronous_step_messages: tuple[int, MessageCosts] | None = None
-        """(micro-batches per run, costs) of the cycle timed in short steps (`handoff.cycle_steps`);
-        `asynchronous_messages_for` mixes it with `asynchronous_messages` by a plan's micro-batch count."""
         self.asynchronous_compute_factor = 1.0
-        """Compute work of asynchronous pipelines times this on a shared host: P / (P_cycle x
-        efficiency) from the profile's `cycle_compute` (`simulator.cycle_compute`); 1 without it."""
+        """Compute work of asynchronous pipelines times this on a shared host: 1 / the profile's
+        `cycle_compute.efficiency` (`simulator.cycle_compute`); 1 without it."""
         if shared_host:
             # Ranks share the host's cores: the engine plays every compute and communication job
             # on a processor-sharing pool of parallelism P = W / slowdown(W) (W ranks computing at
@@ -141,8 +110,7 @@ class ProfileCosts:
             self.interference = profile.overlap
             self.streamed_allreduce_factor = streamed_allreduce_factor(profile)
             if profile.cycle_compute is not None:
-                self.asynchronous_compute_factor = asynchronous_compute_factor(
-                    profile.cycle_compute, self.host_parallelism)
+                self.asynchronous_compute_factor = 1.0 / profile.cycle_compute.efficiency
         if (shared_host or profile.device_kind != "cpu") and profile.handoff is not None and profile.p2p is not None:
             # a GPU's messages are staged through the host (gloo): the same handoff and per-message
             # work on the rank's thread, measured the same way (`validator.handoff_bench`)
@@ -158,13 +126,16 @@ class ProfileCosts:
                                         else max(0.0, preposted_s - idle_s - self.send_post_s - self.send_post_tail_s))
             self.ready_receive_tail_s = _tail_s(profile.handoff.preposted_ready_receive_mean_s,
                                                 self.ready_receive_s)
-            # all stages cycling at once (asynchronous pipelines): the same three figures, taken
-            # where every rank computes and messages at once, instead of along the chain
-            if profile.handoff.cycle is not None:
-                self.asynchronous_messages = _cycle_message_costs(profile.handoff.cycle, idle_s)
-            in_steps = profile.handoff.cycle_steps
-            if in_steps is not None:
-                self.asynchronous_step_messages = (in_steps.microbatches, _cycle_message_costs(in_steps, idle_s))
+            cycle = profile.handoff.cycle
+            if cycle is not None:
+                # all stages cycling at once (asynchronous pipelines): the same three figures, taken
+                # where every rank computes and messages at once, instead of along the chain
+                send_tail_s = _tail_s(cycle.send_post_mean_s, cycle.send_post_s)
+                self.asynchronous_messages = MessageCosts(
+                    handoff_s=max(0.0, cycle.mean_delay_s - idle_s - cycle.send_post_s - send_tail_s),
+                    send_post_s=cycle.send_post_s, send_post_tail_s=send_tail_s,
+                    ready_receive_s=cycle.ready_receive_s,
+                    ready_receive_tail_s=_tail_s(cycle.ready_receive_mean_s, cycle.ready_receive_s))
         _check_model(profile, workload)
         if optimizer is not None and optimizer != profile.optimizer_name:
             raise ScenarioError(
@@ -201,17 +172,6 @@ class ProfileCosts:
         """The optimizer state's share of an update's bytes (its other operands age apart, `simulator.cold_start`)."""
         self.pass_jitter = profile.pass_jitter
         """Read by `simulator.pass_jitter.jittered_prediction` (the validator's prediction)."""
-
-    def asynchronous_messages_for(self, num_microbatches: int) -> MessageCosts | None:
-        """What a message costs in a plan step of `num_microbatches` where messages cost as in the
-        cycle (`Engine._messages_as_in_cycle`): the steady state's and the short steps' figures
-        mixed by `blend_message_costs`, or whichever the profile has; None: the chain's figures."""
-        if self.asynchronous_step_messages is None:
-            return self.asynchronous_messages
-        step_microbatches, in_steps = self.asynchronous_step_messages
-        if self.asynchronous_messages is None:
-            return in_steps
-        return blend_message_costs(in_steps, step_microbatches, self.asynchronous_messages, num_microbatches)
 
     def slowdown(self, num_ranks: int) -> float:
         """compute_slowdown[num_ranks] of the profile; ScenarioError naming the levels measured."""

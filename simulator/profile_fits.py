@@ -50,10 +50,6 @@ class Handoff:
     cycle: "CycleHandoff | None" = None
     """The same pre-posted figures with every rank in the asynchronous 1F1B steady state at once
     (`handoff.cycle`; None in profiles before 2026-11-23's sixth session)."""
-    cycle_steps: "CycleHandoff | None" = None
-    """The same cycle run in short steps from a barrier, every message counted, fill and drain
-    included (`handoff.cycle_steps`, with its `microbatches`; None in profiles before 2026-11-24's
-    eighteenth session)."""
 
 
 @dataclass(frozen=True)
@@ -67,8 +63,6 @@ class CycleHandoff:
     ready_receive_s: float
     send_post_mean_s: float
     ready_receive_mean_s: float
-    microbatches: int = 0
-    """Micro-batches per run of a cycle timed in short steps (`handoff.cycle_steps`); 0: the steady state."""
 
 
 @dataclass(frozen=True)

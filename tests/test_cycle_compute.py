@@ -39,20 +39,13 @@ def test_a_window_free_record_cannot_be_scored():
         cycle_efficiency([[], []], 100.0, 2.0)
 
 
-def test_profile_reads_the_section_and_shared_hosts_play_the_cycles_own_rate():
-    """The factor brings the engine's pool (P = W / slowdown[W]) to the rate the cycle's rounds had:
-    P_cycle x efficiency; without P_cycle (older profiles) 1 / efficiency."""
+def test_profile_reads_the_section_and_shared_hosts_scale_by_its_inverse():
     doc = copy.deepcopy(document())
     doc["cycle_compute"] = SECTION
     profile = profile_from_dict(doc)
     assert profile.cycle_compute.efficiency == 0.8
     assert profile.cycle_compute.round_efficiencies == (0.78, 0.8, 0.83)
-    costs = ProfileCosts(profile, workload(), shared_host=True)
-    assert costs.host_parallelism > 0
-    assert costs.asynchronous_compute_factor == pytest.approx(costs.host_parallelism / (1.7 * 0.8))
-    doc["cycle_compute"] = {key: value for key, value in SECTION.items() if key != "host_parallelism"}
-    older = ProfileCosts(profile_from_dict(doc), workload(), shared_host=True)
-    assert older.asynchronous_compute_factor == pytest.approx(1.25)
+    assert ProfileCosts(profile, workload(), shared_host=True).asynchronous_compute_factor == pytest.approx(1.25)
     # a dedicated device (no shared cores) and an older profile: no factor
     assert ProfileCosts(profile, workload()).asynchronous_compute_factor == 1.0
     assert ProfileCosts(profile_from_dict(document()), workload(), shared_host=True).asynchronous_compute_factor == 1.0

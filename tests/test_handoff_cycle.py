@@ -14,7 +14,7 @@ from simulator.profile import load_profile
 from simulator.profile_costs import MessageCosts, ProfileCosts
 from tests.helpers import FixedCosts, toy_workload
 from tests.test_profile import document, workload
-from validator.handoff_bench import CYCLE_REQUIRED_KEYS, CYCLE_STEP_MICROBATCHES, DEFAULT_HOP_COMPUTE_S, cycle_order
+from validator.handoff_bench import CYCLE_REQUIRED_KEYS, DEFAULT_HOP_COMPUTE_S, cycle_order
 
 CYCLE = {"num_messages": 40, "mean_delay_s": 0.004, "median_delay_s": 0.001, "send_post_s": 0.0002,
          "send_post_mean_s": 0.0009, "ready_receive_s": 0.0001, "ready_receive_mean_s": 0.0006, "num_ready": 50}
@@ -60,70 +60,6 @@ def test_profile_reads_the_cycle_and_the_costs_add_up_to_its_mean_delay(tmp_path
     assert ProfileCosts(_profile(tmp_path, name="older.json"), workload(), shared_host=True).asynchronous_messages is None
 
 
-STEPS = {**CYCLE, "mean_delay_s": 0.002, "send_post_mean_s": 0.0005, "ready_receive_mean_s": 0.0003,
-         "microbatches": 4}
-"""The cycle in runs of 4 micro-batches: cheaper tails than its steady state (as measured at 4 ranks)."""
-
-
-def _profile_with_steps(tmp_path, steps, cycle=CYCLE, name="steps.json"):
-    doc = copy.deepcopy(document())
-    doc["handoff"] = {"size_bytes": 65536, "mean_delay_s": 0.001, "cycle_steps": steps}
-    if cycle is not None:
-        doc["handoff"]["cycle"] = cycle
-    path = tmp_path / name
-    path.write_text(json.dumps(doc))
-    return load_profile(path)
-
-
-def test_a_plan_of_the_short_steps_micro_batches_pays_them_and_longer_plans_tend_to_the_steady_state(tmp_path):
-    """m <= 4 pays the short steps' figures; m = 8: half each; m = 40: one tenth short steps. A
-    profile with one of the two sections pays it for every m."""
-    profile = _profile_with_steps(tmp_path, STEPS)
-    assert profile.handoff.cycle_steps.microbatches == 4 and profile.handoff.cycle.microbatches == 0
-    costs = ProfileCosts(profile, workload(), shared_host=True)
-    steady, short = costs.asynchronous_messages, costs.asynchronous_step_messages[1]
-    assert short.ready_receive_tail_s == pytest.approx(0.0002) and steady.ready_receive_tail_s == pytest.approx(0.0005)
-    assert costs.asynchronous_messages_for(2) == costs.asynchronous_messages_for(4) == short
-    halfway = costs.asynchronous_messages_for(8)
-    for field in ("handoff_s", "send_post_tail_s", "ready_receive_tail_s"):
-        assert getattr(halfway, field) == pytest.approx((getattr(short, field) + getattr(steady, field)) / 2)
-    assert costs.asynchronous_messages_for(40).ready_receive_tail_s == pytest.approx(0.1 * 0.0002 + 0.9 * 0.0005)
-    only_steps = ProfileCosts(_profile_with_steps(tmp_path, STEPS, cycle=None, name="only.json"), workload(),
-                              shared_host=True)
-    assert only_steps.asynchronous_messages is None and only_steps.asynchronous_messages_for(40) == short
-    assert ProfileCosts(_profile(tmp_path, CYCLE), workload(), shared_host=True).asynchronous_messages_for(4) == steady
-
-
-@pytest.mark.parametrize("bad", [0, 2.5, "four", None])
-def test_malformed_cycle_steps_microbatches_names_the_field(tmp_path, bad):
-    with pytest.raises(ScenarioError, match="handoff.cycle_steps.microbatches"):
-        _profile_with_steps(tmp_path, {**STEPS, "microbatches": bad})
-    with pytest.raises(ScenarioError, match="handoff.cycle_steps.ready_receive_mean_s"):
-        _profile_with_steps(tmp_path, {**STEPS, "ready_receive_mean_s": -1.0})
-
-
-def test_the_engine_asks_for_the_plans_micro_batch_count():
-    """A cost model whose cycle figures depend on m, on a shared host: a 4-micro-batch 1F1B step pays
-    the dear isend call, an 8-micro-batch one the chain's own figures. An asynchronous plan is timed
-    in the steady state of a longer run (`simulator.schedules.steady_state`: 12 micro-batches for
-    m = 4 on 2 stages), and that run's count is the one asked for."""
-    asked = []
-
-    def for_microbatches(num_microbatches):
-        asked.append(num_microbatches)
-        return DEAR if num_microbatches == 4 else SAME
-
-    def step_s(kind, microbatches=4, chooser=None):
-        return _step_s(kind, None, shared_host=True, microbatches=microbatches, for_microbatches=chooser)
-
-    assert step_s("1f1b", chooser=for_microbatches) > step_s("1f1b") + 0.002
-    assert step_s("1f1b", 8, for_microbatches) == pytest.approx(step_s("1f1b", 8))
-    assert asked == [4, 8]
-    asked.clear()
-    assert step_s("pipedream", chooser=for_microbatches) == pytest.approx(step_s("pipedream"))
-    assert asked == [4, 12]  # the one-step plan, then the longer run whose window is the step time
-
-
 @pytest.mark.parametrize("key", CYCLE_REQUIRED_KEYS)
 def test_malformed_cycle_names_the_field(tmp_path, key):
     for bad in (-0.001, "fast"):
@@ -134,16 +70,13 @@ def test_malformed_cycle_names_the_field(tmp_path, key):
         _profile(tmp_path, missing)
 
 
-def _step_s(kind: str, cycling: MessageCosts | None, shared_host: bool = False, microbatches: int = 4,
-            for_microbatches=None) -> float:
+def _step_s(kind: str, cycling: MessageCosts | None, shared_host: bool = False) -> float:
     costs = FixedCosts(forward_s_per_sample=0.001)
     costs.send_post_s, costs.ready_receive_s = 0.0001, 0.0001
     costs.asynchronous_messages = cycling
-    if for_microbatches is not None:  # as ProfileCosts.asynchronous_messages_for
-        costs.asynchronous_messages_for = for_microbatches
     if shared_host:  # a processor-sharing pool of 2 cores (simulator.host_sharing), as a calibrated CPU host
         costs.host_parallelism = 2.0
-    strategy = {"kind": kind, "num_microbatches": microbatches, "partition": [2, 2]}
+    strategy = {"kind": kind, "num_microbatches": 4, "partition": [2, 2]}
     if kind == "interleaved_1f1b":
         strategy = {**strategy, "num_virtual_stages": 2, "partition": [1, 1, 1, 1]}
     scenario = load_scenario({
@@ -192,15 +125,11 @@ def test_the_cycle_can_be_measured_alone():
     from tests.test_calibrate import MODELS, tiny_mlp
     from validator.handoff_bench import handoff_rank_main
     from validator.launch import LaunchConfig, spawn
-    measured = spawn(handoff_rank_main, (tiny_mlp(), 8, MODELS, 0, 2, 1, True), LaunchConfig(world_size=2))[0]
-    assert set(measured) == {"cycle", "cycle_steps"}
-    for cycle in measured.values():
-        assert cycle is not None and set(CYCLE_REQUIRED_KEYS) <= set(cycle)
-        assert cycle["num_messages"] >= 1 and cycle["num_ready"] >= 1
-        assert cycle["mean_delay_s"] > 0 and cycle["send_post_s"] > 0
-        assert cycle["hop_compute_s"] >= DEFAULT_HOP_COMPUTE_S  # the tiny MLP's steps are far below the floor
-    assert measured["cycle_steps"]["microbatches"] == CYCLE_STEP_MICROBATCHES
-    assert "microbatches" not in measured["cycle"]
+    cycle = spawn(handoff_rank_main, (tiny_mlp(), 8, MODELS, 0, 2, 1, True), LaunchConfig(world_size=2))[0]
+    assert cycle is not None and set(CYCLE_REQUIRED_KEYS) <= set(cycle)
+    assert cycle["num_messages"] >= 1 and cycle["num_ready"] >= 1
+    assert cycle["mean_delay_s"] > 0 and cycle["send_post_s"] > 0
+    assert cycle["hop_compute_s"] >= DEFAULT_HOP_COMPUTE_S  # the tiny MLP's steps are far below the floor
 
 
 def _fitted_hop_rank_main(rank: int, step_s: float) -> float:

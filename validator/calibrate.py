@@ -59,11 +59,9 @@
    along a chain of all ranks computing between hops; the mean delay from send to the end of a
    waiting receiver's `wait()`, with receives posted on demand (`ProfileCosts.handoff_s`) and
    posted one ahead as the pipeline runtime does (`ProfileCosts.handoff_preposted_s`); then the
-   same pre-posted figures with every rank in the asynchronous 1F1B cycle at once, in its steady
-   state (`handoff.cycle`) and in runs of 4 micro-batches from a barrier with every message counted
-   (`handoff.cycle_steps`), mixed by a plan's micro-batch count (`ProfileCosts.
-   asynchronous_messages_for`: what PipeDream and SpecTrain pay per message, and on a shared host
-   1F1B and interleaved 1F1B too); then, on a
+   same pre-posted figures with every rank in the asynchronous 1F1B cycle at once (`handoff.cycle`,
+   `ProfileCosts.asynchronous_messages`: what PipeDream and SpecTrain pay per message, and on a
+   shared host 1F1B and interleaved 1F1B too); then, on a
    CPU, the layers inside that cycle's compute windows against the processor sharing the engine
    would give them (`cycle_compute`, `validator.cycle_compute_bench`,
    `ProfileCosts.asynchronous_compute_factor`).

@@ -227,27 +227,23 @@ def run_cycle(steps, buffer: torch.Tensor, num_microbatches: int, hop_compute_s:
 
 def time_cycle_handoffs(steps: Sequence[Callable[[], None]], size_bytes: int = DEFAULT_HANDOFF_BYTES,
                         hop_compute_s: float = DEFAULT_HOP_COMPUTE_S, num_microbatches: int = 24,
-                        repeats: int = 3, warmup: int = 1, every_message: bool = False) -> dict:
-    """The pre-posted handoff figures again, with every rank in the asynchronous 1F1B cycle at once
-    (all stages computing, as PipeDream and SpecTrain run) instead of one hop at a time along a
-    chain, each run of `num_microbatches` from a barrier. By default only the steady state counts:
-    messages of micro-batches `world` .. num_microbatches - world - 1 (the fill and drain dropped);
-    `every_message`: all of them (a short step, fill and drain included, as a validated plan's step
-    runs). Every rank must call it at the same time; returns the same dict on every rank
-    (`handoff_summary`'s keys)."""
+                        repeats: int = 3, warmup: int = 1) -> dict:
+    """The pre-posted handoff figures again, with every rank in the asynchronous 1F1B steady state at
+    once (all stages computing, as PipeDream and SpecTrain run) instead of one hop at a time along a
+    chain. Only the steady state counts: messages of micro-batches `world` .. num_microbatches -
+    world - 1 (the fill and drain dropped). Every rank must call it at the same time; returns the
+    same dict on every rank (`handoff_summary`'s keys)."""
     world = dist.get_world_size()
-    if not every_message and num_microbatches < 2 * world + 2:
+    if num_microbatches < 2 * world + 2:
         raise ValueError(f"num_microbatches: the cycle needs at least {2 * world + 2} for a steady state, "
                          f"got {num_microbatches}")
-    if num_microbatches < 1:
-        raise ValueError(f"num_microbatches: at least 1, got {num_microbatches}")
     buffer = torch.ones(max(size_bytes // 4, 1), device=comm_device.data_device())
     sends, receives, posts = [], [], []
     for repeat in range(warmup + repeats):
         dist.barrier()
         sent, received, posted = run_cycle(steps, buffer, num_microbatches, hop_compute_s, repeat)
         if repeat >= warmup:
-            steady = range(num_microbatches) if every_message else range(world, num_microbatches - world)
+            steady = range(world, num_microbatches - world)
             sends += [record for record in sent if record[2] in steady]
             receives += [record for record in received if record[2] in steady]
             posts += [call for call, record in zip(posted, sent) if record[2] in steady]
@@ -291,38 +287,14 @@ def stage_hop_compute_s(steps: Sequence[Callable[[], None]], minimum_s: float = 
     return max(minimum_s, statistics.median(everyone) / world * 2 / 3)
 
 
-CYCLE_STEP_MICROBATCHES = 4
-"""Micro-batches per run of `handoff.cycle_steps`: the validation benchmarks' plans run steps of 4."""
-CYCLE_STEP_REPEATS = 144
-"""Runs of `handoff.cycle_steps`: as many micro-batches as `handoff.cycle`'s 24 runs of 24."""
-
-
-def _kept_cycle(cycle: dict, hop_compute_s: float, **extra) -> dict | None:
-    kept = {key: cycle[key] for key in PREPOSTED_KEYS if cycle[key] is not None}
-    if not all(key in kept for key in CYCLE_REQUIRED_KEYS):
-        return None
-    return {**kept, "hop_compute_s": hop_compute_s, **extra}
-
-
-def measure_cycle(steps: Sequence[Callable[[], None]], repeats: int = CYCLE_REPEATS,
-                  step_repeats: int = CYCLE_STEP_REPEATS,
-                  step_microbatches: int = CYCLE_STEP_MICROBATCHES) -> tuple[dict | None, dict | None]:
-    """The profile's `handoff.cycle` and `handoff.cycle_steps`, each None if its cycle found no waited
-    or no arrived message to time. Every rank must call it at the same time.
-
-    `cycle`: the steady state of runs of 24 micro-batches (`time_cycle_handoffs`, the backward window
-    fitted to the model by `stage_hop_compute_s`, kept as `hop_compute_s`). `cycle_steps`: the same
-    cycle in runs of `step_microbatches` from a barrier, every message counted (kept with
-    `microbatches`). Why both (2026-11-24, `reports/diagnostics/ws2_message_tails/`): run as the
-    validated plans run, 4 micro-batches from a barrier, the ResNet-20's cycle waited 0.67-0.80 ms
-    on an arrived message at 4 ranks against 1.19-1.23 ms in its steady state; the simulator plays
-    a plan's messages as a mix of the two by its micro-batch count (`ProfileCosts.asynchronous_messages_for`)."""
+def measure_cycle(steps: Sequence[Callable[[], None]], repeats: int = CYCLE_REPEATS) -> dict | None:
+    """The profile's `handoff.cycle` (`time_cycle_handoffs`, its backward window fitted to the model
+    by `stage_hop_compute_s`, kept as `hop_compute_s`), or None if the cycle found no waited or no
+    arrived message to time. Every rank must call it at the same time."""
     hop_compute_s = stage_hop_compute_s(steps)
     cycle = time_cycle_handoffs(steps, hop_compute_s=hop_compute_s, repeats=repeats)
-    in_steps = time_cycle_handoffs(steps, hop_compute_s=hop_compute_s, num_microbatches=step_microbatches,
-                                   repeats=step_repeats, every_message=True)
-    return (_kept_cycle(cycle, hop_compute_s),
-            _kept_cycle(in_steps, hop_compute_s, microbatches=step_microbatches))
+    kept = {key: cycle[key] for key in PREPOSTED_KEYS if cycle[key] is not None}
+    return {**kept, "hop_compute_s": hop_compute_s} if all(key in kept for key in CYCLE_REQUIRED_KEYS) else None
 
 
 CYCLE_REQUIRED_KEYS = ("mean_delay_s", "send_post_s", "ready_receive_s", "send_post_mean_s", "ready_receive_mean_s")
@@ -339,12 +311,10 @@ def measure_handoff(steps: Sequence[Callable[[], None]], repeats: int, warmup: i
     say("handoff: the same chain, receives posted one ahead")
     preposted = time_handoffs(steps, repeats=repeats, warmup=warmup, preposted=True)
     handoff["preposted"] = {key: preposted[key] for key in PREPOSTED_KEYS if preposted[key] is not None}
-    say("handoff: every rank in the asynchronous 1F1B cycle at once, in its steady state and in short steps")
-    cycle, cycle_steps = measure_cycle(steps)
+    say("handoff: every rank in the asynchronous 1F1B cycle at once")
+    cycle = measure_cycle(steps)
     if cycle is not None:
         handoff["cycle"] = cycle
-    if cycle_steps is not None:
-        handoff["cycle_steps"] = cycle_steps
     return handoff
 
 
@@ -352,12 +322,7 @@ def handoff_rank_main(rank: int, workload, batch: int, models, seed: int, repeat
                       cycle_only: bool = False) -> dict | None:
     """A launch that measures the handoff section alone (`benchmarks/handoff_recalibrate.py`): each
     rank computes the workload's layer steps on its launch's device between hops. `cycle_only`:
-    just `handoff.cycle` and `handoff.cycle_steps` ({"cycle": ..., "cycle_steps": ...}, each None if
-    its cycle timed no waited or no arrived message)."""
+    just `handoff.cycle` (None if it timed no waited or no arrived message)."""
     steps = model_steps(workload, batch, load_models_module(models), seed=seed, device=str(comm_device.data_device()))
-    if cycle_only:
-        cycle, cycle_steps = measure_cycle(steps)
-        handoff = {"cycle": cycle, "cycle_steps": cycle_steps}
-    else:
-        handoff = measure_handoff(steps, repeats, warmup)
+    handoff = measure_cycle(steps) if cycle_only else measure_handoff(steps, repeats, warmup)
     return handoff if rank == 0 else None

@@ -16,18 +16,12 @@ Variants (each patches the cost model or the engine in this process only):
   the cycle gave in 4-micro-batch runs counting every message against its steady state at 4 ranks
   (`../ws2_message_tails/cycle_variants.log`: 0.67-0.80 against 1.19-1.23 ms).
 - `rate_step_tail`: `cycle_rate` and `step_tail` together.
-- `previous` (eighteenth session): the model before that session's change, for scoring the change
-  on runs measured after it: no `handoff.cycle_steps` (the steady-state cycle's message figures
-  for every plan) and asynchronous compute x 1 / efficiency (no P_cycle).
-- `steady_only`: the model without `handoff.cycle_steps` (what `cycle_rate` alone gives).
-- `no_rate`: the model with 1 / efficiency for asynchronous compute (what `cycle_steps` alone gives).
 - `busy_tails`: the message tails (mean over median of the isend call and of the wait on an
   arrived message) played in proportion to the share of the host's other ranks computing at that
   moment, instead of always (the cycle measured them with every rank computing).
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
-     RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first (default: all
-     whose CSV exists)
+     RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first (default: all)
 """
 
 import dataclasses
@@ -42,8 +36,7 @@ import pandas as pd  # noqa: E402
 import simulator.engine as engine  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail", "previous",
-            "steady_only", "no_rate")
+VARIANTS = ("none", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 RUNS = {
     "latest": ("reports/validation_pipelines_cpu.csv", "reports/profiles"),
@@ -71,13 +64,9 @@ def patch(variant: str) -> None:
             messages = self.asynchronous_messages
             self.asynchronous_messages = dataclasses.replace(
                 messages, ready_receive_tail_s=messages.ready_receive_tail_s * STEP_TAIL_FACTOR)
-        if variant in ("previous", "steady_only"):
-            self.asynchronous_step_messages = None
         cycle = profile.cycle_compute
         if self.host_parallelism is None or cycle is None or not cycle.host_parallelism:
             return
-        if variant in ("previous", "no_rate"):
-            self.asynchronous_compute_factor = 1.0 / cycle.efficiency
         if variant in ("cycle_rate", "rate_step_tail"):
             self.asynchronous_compute_factor = self.host_parallelism / (cycle.host_parallelism * cycle.efficiency)
         elif variant == "cycle_pool":
@@ -136,8 +125,7 @@ def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in VARIANTS:
         print(f"usage: whatif_variants.py {{{'|'.join(VARIANTS)}}} [RUN,...]", file=sys.stderr)
         return 2
-    names = (sys.argv[2].split(",") if len(sys.argv) > 2 else
-             [name for name, (csv, _) in RUNS.items() if (ROOT / csv).is_file()])
+    names = sys.argv[2].split(",") if len(sys.argv) > 2 else list(RUNS)
     unknown = [name for name in names if name not in RUNS]
     if unknown:
         print(f"RUN: unknown {unknown[0]!r}; one of {', '.join(RUNS)}", file=sys.stderr)
