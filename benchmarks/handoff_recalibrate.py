@@ -82,7 +82,7 @@ def main() -> int:
                 document.setdefault("notes", []).append(f"handoff.cycle measured alone at {stamp} "
                                                         "(benchmarks/handoff_recalibrate.py --cycle-only)")
                 write_json_atomic(path, document)
-                print(f"{name:16s} p={stages} {_figures('cycle', measured)}", flush=True)
+                print(f"{name:16s} p={stages} {section_figures('cycle', measured)}", flush=True)
                 continue
             handoff = measured
             document["handoff"] = handoff
@@ -96,11 +96,11 @@ def main() -> int:
                   f"{1e3 * (pre.get('ready_receive_s') or 0):.3f} ms (mean {1e3 * (pre.get('ready_receive_mean_s') or 0):.3f})",
                   flush=True)
             if "cycle" in handoff:
-                print(f"{'':16s}     {_figures('cycle', handoff['cycle'])}", flush=True)
+                print(f"{'':16s}     {section_figures('cycle', handoff['cycle'])}", flush=True)
     return 0
 
 
-def _figures(label: str, section: dict) -> str:
+def section_figures(label: str, section: dict) -> str:
     """One line of a pre-posted section's figures in ms."""
     ms = {key: 1e3 * (section.get(key) or 0.0) for key in ("mean_delay_s", "send_post_s", "send_post_mean_s",
                                                             "ready_receive_s", "ready_receive_mean_s")}

@@ -10,17 +10,18 @@ import json
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 FOLDER = Path(__file__).resolve().parent / "first_run" / "profiles"
 
+from handoff_recalibrate import section_figures  # noqa: E402
 
-def figures(section: dict | None) -> str:
+
+def figures(label: str, section: dict | None) -> str:
     if section is None:
-        return "none"
-    ms = {key: 1e3 * section[key] for key in ("mean_delay_s", "send_post_s", "send_post_mean_s",
-                                              "ready_receive_s", "ready_receive_mean_s")}
-    return (f"delay {ms['mean_delay_s']:.2f} ms | isend median/mean {ms['send_post_s']:.2f}/"
-            f"{ms['send_post_mean_s']:.2f} | arrived wait median/mean {ms['ready_receive_s']:.2f}/"
-            f"{ms['ready_receive_mean_s']:.2f} | messages waited/arrived {section['num_messages']}/{section['num_ready']}")
+        return f"{label}: none"
+    return (f"{section_figures(label, section)}; messages waited/arrived "
+            f"{section['num_messages']}/{section['num_ready']}")
 
 
 def main() -> int:
@@ -33,8 +34,8 @@ def main() -> int:
         document = json.loads(path.read_text())
         handoff, compute = document.get("handoff") or {}, document.get("cycle_compute") or {}
         print(path.name)
-        print(f"  steady state  {figures(handoff.get('cycle'))}")
-        print(f"  short steps   {figures(handoff.get('cycle_steps'))}")
+        print(f"  {figures('steady state', handoff.get('cycle'))}")
+        print(f"  {figures('short steps', handoff.get('cycle_steps'))}")
         print(f"  cycle_compute efficiency {compute.get('efficiency', 0):.3f}, P_cycle {compute.get('host_parallelism', 0):.2f}")
     return 0
 
