@@ -21,7 +21,7 @@ Variants (each patches the cost model or the engine in this process only):
   moment, instead of always (the cycle measured them with every rank computing).
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
-     RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first (default: all)
+     RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth (default: all)
 """
 
 import dataclasses
@@ -52,6 +52,8 @@ RUNS = {
                  "reports/diagnostics/cycle_compute/first_run/profiles"),
     "s18_first": ("reports/diagnostics/cycle_steps/first_run/validation_pipelines_cpu.csv",
                   "reports/diagnostics/cycle_steps/first_run/profiles"),
+    "s19_fifth": ("reports/diagnostics/exposed_latency/fifth_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/exposed_latency/fifth_run/profiles"),
 }
 
 
