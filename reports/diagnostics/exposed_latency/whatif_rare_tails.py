@@ -24,8 +24,6 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "reports/diagnostics/ws4_async_gap"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import pandas as pd  # noqa: E402
-
 import simulator.engine as engine  # noqa: E402
 import whatif_variants  # noqa: E402
 
@@ -58,19 +56,8 @@ def _message_work(self, rank, messages, work_s, tail_s):
 
 
 def resnet_cases(name: str, variant: str) -> None:
-    from repredict import cases, error_pct
-    from validator.measure import RunOptions
-    from validator.validate import predictions
-
-    csv, profiles = whatif_variants.RUNS[name]
-    frame = pd.read_csv(ROOT / csv)
-    for scenario, profile, specs, group in cases(frame, True, "", ROOT / profiles):
-        if "resnet" not in str(profile):
-            continue
-        figures = predictions(scenario, str(profile), specs, RunOptions(optimizer=scenario.training.optimizer))
-        for row in group.itertuples():
-            print(f"{name} resnet {row.world_size} ranks {row.kind:20s} "
-                  f"{error_pct(figures[row.strategy]['predicted_jitter_s'], row):+6.1f} %")
+    for row in whatif_variants.case_errors(name, "resnet_cpu").itertuples():
+        print(f"{name} resnet {row.world_size} ranks {row.kind:20s} {row.jitter_error_pct:+6.1f} %")
 
 
 if __name__ == "__main__":

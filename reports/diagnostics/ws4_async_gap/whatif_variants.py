@@ -95,22 +95,31 @@ def patch(variant: str) -> None:
     engine.Engine._message_work = message_work
 
 
-def score(name: str, variant: str) -> None:
+def case_errors(name: str, model: str | None = None) -> pd.DataFrame:
+    """Run `name`'s cases (only `model`'s, if given) re-predicted with the (patched) model from
+    their own profiles: model, world_size, kind, predicted_jitter_s, jitter_error_pct."""
     from repredict import cases, error_pct
     from validator.measure import RunOptions
-    from validator.report import calibration_level_summary
     from validator.validate import predictions
 
     csv, profiles = RUNS[name]
     frame = pd.read_csv(ROOT / csv)
     rows = []
+    if model is not None:
+        frame = frame[frame["model"] == model]
     for scenario, profile, specs, group in cases(frame, True, "", ROOT / profiles):
         figures = predictions(scenario, str(profile), specs, RunOptions(optimizer=scenario.training.optimizer))
         for row in group.itertuples():
             predicted_s = figures[row.strategy]["predicted_jitter_s"]
             rows.append({"model": row.model, "world_size": row.world_size, "kind": row.kind,
                          "predicted_jitter_s": predicted_s, "jitter_error_pct": error_pct(predicted_s, row)})
-    table = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+def score(name: str, variant: str) -> None:
+    from validator.report import calibration_level_summary
+
+    table = case_errors(name)
     errors = table["jitter_error_pct"]
     table["asynchronous"] = table["kind"].str.startswith(("pipedream", "spectrain"))
     by_depth = " ".join(f"ws{ranks} {part.abs().mean():4.1f}/{part.abs().max():4.1f}"
