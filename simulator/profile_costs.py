@@ -11,6 +11,7 @@ from simulator.cold_start import update_state_share
 from simulator.costs import COPY_FORWARD, OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.profile import Profile, load_profile
+from simulator.profile_fits import CycleHandoff
 from simulator.weight_pass_layers import UPDATE, LayerPassCosts
 from simulator.workload import Workload
 
@@ -29,6 +30,19 @@ def streamed_allreduce_factor(profile: Profile) -> float:
     if stream is None or fit is None:
         return 1.0
     return min(1.0, stream.stream_s / stream.num_messages / fit.time_s(stream.size_bytes))
+
+
+def message_costs(figures: CycleHandoff, idle_s: float) -> MessageCosts:
+    """A message's costs from a section of the `handoff` figures (`cycle`; `runtime` in what-ifs):
+    the waited delay less the idle ping-pong (`idle_s`) and the isend call (median and tail), which
+    the engine plays before the send; the isend call and the wait on an arrived message as median
+    and tail."""
+    send_tail_s = _tail_s(figures.send_post_mean_s, figures.send_post_s)
+    return MessageCosts(
+        handoff_s=max(0.0, figures.mean_delay_s - idle_s - figures.send_post_s - send_tail_s),
+        send_post_s=figures.send_post_s, send_post_tail_s=send_tail_s,
+        ready_receive_s=figures.ready_receive_s,
+        ready_receive_tail_s=_tail_s(figures.ready_receive_mean_s, figures.ready_receive_s))
 
 
 def _tail_s(mean_s: float | None, median_s: float) -> float:
@@ -126,16 +140,10 @@ class ProfileCosts:
                                         else max(0.0, preposted_s - idle_s - self.send_post_s - self.send_post_tail_s))
             self.ready_receive_tail_s = _tail_s(profile.handoff.preposted_ready_receive_mean_s,
                                                 self.ready_receive_s)
-            cycle = profile.handoff.cycle
-            if cycle is not None:
+            if profile.handoff.cycle is not None:
                 # all stages cycling at once (asynchronous pipelines): the same three figures, taken
                 # where every rank computes and messages at once, instead of along the chain
-                send_tail_s = _tail_s(cycle.send_post_mean_s, cycle.send_post_s)
-                self.asynchronous_messages = MessageCosts(
-                    handoff_s=max(0.0, cycle.mean_delay_s - idle_s - cycle.send_post_s - send_tail_s),
-                    send_post_s=cycle.send_post_s, send_post_tail_s=send_tail_s,
-                    ready_receive_s=cycle.ready_receive_s,
-                    ready_receive_tail_s=_tail_s(cycle.ready_receive_mean_s, cycle.ready_receive_s))
+                self.asynchronous_messages = message_costs(profile.handoff.cycle, idle_s)
         _check_model(profile, workload)
         if optimizer is not None and optimizer != profile.optimizer_name:
             raise ScenarioError(

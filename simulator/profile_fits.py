@@ -50,6 +50,11 @@ class Handoff:
     cycle: "CycleHandoff | None" = None
     """The same pre-posted figures with every rank in the asynchronous 1F1B steady state at once
     (`handoff.cycle`; None in profiles before 2026-11-23's sixth session)."""
+    runtime: "CycleHandoff | None" = None
+    """The same figures timed inside the pipeline runtime running an asynchronous plan of a synthetic
+    workload (`handoff.runtime`, `validator.runtime_messages_bench`; None before 2026-11-24's
+    twentieth session). Recorded for diagnostics; the model does not play it (its candidate was
+    not kept: `reports/diagnostics/runtime_messages/results.md`)."""
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,10 @@
    posted one ahead as the pipeline runtime does (`ProfileCosts.handoff_preposted_s`); then the
    same pre-posted figures with every rank in the asynchronous 1F1B cycle at once (`handoff.cycle`,
    `ProfileCosts.asynchronous_messages`: what PipeDream and SpecTrain pay per message, and on a
-   shared host 1F1B and interleaved 1F1B too); then, on a
+   shared host 1F1B and interleaved 1F1B too); then the same figures timed inside the pipeline
+   runtime running PipeDream on a synthetic MLP (`handoff.runtime`,
+   `validator.runtime_messages_bench`; recorded for diagnostics, not played by the model); then,
+   on a
    CPU, the layers inside that cycle's compute windows against the processor sharing the engine
    would give them (`cycle_compute`, `validator.cycle_compute_bench`,
    `ProfileCosts.asynchronous_compute_factor`).

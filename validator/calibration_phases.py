@@ -24,6 +24,7 @@ from simulator.weight_pass_layers import timed_layer_sets
 from simulator.workload import Workload
 from validator.cold_bench import time_cold_start
 from validator.cycle_compute_bench import measure_cycle_compute
+from validator.runtime_messages_bench import measure_runtime_messages
 from validator.sweep_bench import time_layer_sweeps
 from validator.handoff_bench import measure_handoff
 from validator.machine_cpu import machine_cpu_s
@@ -194,6 +195,10 @@ def _measure_overlap(settings: CalibrationSettings, device: str, rank: int) -> d
             overlap[kind] = time_overlap(steps, kind, DEFAULT_OVERLAP_BYTES[kind], DEFAULT_OVERLAP_MESSAGES[kind],
                                          repeats=settings.repeats, warmup=settings.warmup)
     handoff = measure_handoff(steps, settings.repeats + 3, settings.warmup, lambda message: say(settings, message))
+    say(settings, "handoff: the pipeline runtime's own messages, PipeDream on a synthetic MLP")
+    runtime = measure_runtime_messages()
+    if runtime is not None:
+        handoff["runtime"] = runtime
     cycle_compute = None
     if device == "cpu":
         say(settings, "cycle compute: the layers in the asynchronous 1F1B cycle's windows against the shared cores")

@@ -7,6 +7,10 @@ asynchronous-minus-synchronous mean error per profile. Writes nothing.
 
 Variants (each patches the cost model or the engine in this process only):
 - `none`: the current model.
+- `runtime_messages` (twentieth session's candidate, not kept): asynchronous plans pay the message
+  figures timed in the pipeline runtime itself (`handoff.runtime`, profiles since that session;
+  1F1B keeps the cycle's), and their compute runs at `cycle_rate`'s rate. `runtime_only`: the
+  messages alone (`../runtime_messages/results.md`).
 - `cycle_rate`: asynchronous compute at the rate the cycle calibration measured, in absolute terms:
   work x P / (P_round x efficiency), where P_round is `cycle_compute.host_parallelism` (the
   all-ranks rate over rank 0's alone, measured in the cycle's own rounds) and P = W /
@@ -21,7 +25,8 @@ Variants (each patches the cost model or the engine in this process only):
   moment, instead of always (the cycle measured them with every rank computing).
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
-     RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth (default: all)
+     RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh
+          (default: all)
 """
 
 import dataclasses
@@ -36,7 +41,7 @@ import pandas as pd  # noqa: E402
 import simulator.engine as engine  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 RUNS = {
     "latest": ("reports/validation_pipelines_cpu.csv", "reports/profiles"),
@@ -54,6 +59,8 @@ RUNS = {
                   "reports/diagnostics/cycle_steps/first_run/profiles"),
     "s19_fifth": ("reports/diagnostics/exposed_latency/fifth_run/validation_pipelines_cpu.csv",
                   "reports/diagnostics/exposed_latency/fifth_run/profiles"),
+    "s20_fresh": ("reports/diagnostics/runtime_messages/fresh_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/runtime_messages/fresh_run/profiles"),
 }
 
 
@@ -62,6 +69,11 @@ def patch(variant: str) -> None:
 
     def init(self, profile, workload, **options):
         original_init(self, profile, workload, **options)
+        self.runtime_messages = None
+        if variant in ("runtime_messages", "runtime_only") and self.asynchronous_messages is not None \
+                and profile.handoff.runtime is not None:
+            idle_s = profile.p2p.time_s(profile.handoff.size_bytes)
+            self.runtime_messages = profile_costs.message_costs(profile.handoff.runtime, idle_s)
         if variant in ("step_tail", "rate_step_tail") and self.asynchronous_messages is not None:
             messages = self.asynchronous_messages
             self.asynchronous_messages = dataclasses.replace(
@@ -69,12 +81,24 @@ def patch(variant: str) -> None:
         cycle = profile.cycle_compute
         if self.host_parallelism is None or cycle is None or not cycle.host_parallelism:
             return
-        if variant in ("cycle_rate", "rate_step_tail"):
+        if variant in ("cycle_rate", "rate_step_tail", "runtime_messages"):
             self.asynchronous_compute_factor = self.host_parallelism / (cycle.host_parallelism * cycle.efficiency)
         elif variant == "cycle_pool":
             self.host_parallelism = cycle.host_parallelism
 
     profile_costs.ProfileCosts.__init__ = init
+    if variant in ("runtime_messages", "runtime_only"):
+        original_engine_init = engine.Engine.__init__
+
+        def engine_init(self, plan, topology, costs, *args, **kwargs):
+            original_engine_init(self, plan, topology, costs, *args, **kwargs)
+            runtime = getattr(costs, "runtime_messages", None)
+            if runtime is not None and plan.meta.get("asynchronous") and plan.meta.get("receives") == "preposted":
+                self._handoff_s, self._send_post_s, self._send_post_tail_s = (
+                    runtime.handoff_s, runtime.send_post_s, runtime.send_post_tail_s)
+                self._ready_receive_s, self._ready_receive_tail_s = runtime.ready_receive_s, runtime.ready_receive_tail_s
+
+        engine.Engine.__init__ = engine_init
     if variant != "busy_tails":
         return
 
