@@ -211,7 +211,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
                           if raw_preposted else None,
                           optional_s("send_post_s"), optional_s("ready_receive_s"),
                           optional_s("send_post_mean_s"), optional_s("ready_receive_mean_s"),
-                          _cycle_handoff(read, raw_handoff), _cycle_handoff(read, raw_handoff, "runtime"))
+                          _handoff_section(read, raw_handoff), _handoff_section(read, raw_handoff, "runtime"))
     weight_passes, weight_pass_ranks = {}, {}
     for name, entry in (read.mapping(document, "weight_passes", "weight_passes", optional=True) or {}).items():
         where = f"weight_passes.{name}"
@@ -258,13 +258,13 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
     )
 
 
-def _cycle_handoff(read, raw_handoff, section: str = "cycle") -> CycleHandoff | None:
-    """`handoff.cycle` (optional): the pre-posted figures measured in the asynchronous cycle; with
-    `section="runtime"`, `handoff.runtime`: the same figures timed in the pipeline runtime."""
-    raw_cycle = read.mapping(raw_handoff, section, f"handoff.{section}", optional=True)
-    if not raw_cycle:
+def _handoff_section(read, raw_handoff, section: str = "cycle") -> CycleHandoff | None:
+    """`handoff.<section>` (optional): the pre-posted figures measured in the asynchronous cycle
+    (`cycle`) or timed in the pipeline runtime (`runtime`)."""
+    raw = read.mapping(raw_handoff, section, f"handoff.{section}", optional=True)
+    if not raw:
         return None
-    return CycleHandoff(*(read.number(raw_cycle, key, f"handoff.{section}.{key}", minimum=0)
+    return CycleHandoff(*(read.number(raw, key, f"handoff.{section}.{key}", minimum=0)
                           for key in ("mean_delay_s", "send_post_s", "ready_receive_s", "send_post_mean_s",
                                       "ready_receive_mean_s")))
 

@@ -1,85 +1,90 @@
-"""Twentieth session, 2026-11-24. Back to back in one launch: the cycle's message figures (ResNet layer steps, time_cycle_handoffs) against
-the same figures timed in the pipeline runtime (PipeDream steady-state plans of the ResNet and of a synthetic
-MLP), by the cycle's definitions (validator.handoff_bench.handoff_summary): isend call mean; a receive waited
-for before its send began: delay from the isend start to the wait's end; a receive whose send began >= 0.5 ms
-before the wait: the wait's duration. Prints one line per round (ms; counts in brackets).
+"""Twentieth session, 2026-11-24. Back to back in one launch of WORLD ranks, ROUNDS times: the
+calibration cycle's message figures (`validator.handoff_bench.time_cycle_handoffs` on the ResNet's
+layer steps) against the same figures timed in the pipeline runtime on PipeDream's steady-state
+plans of the ResNet and of a synthetic MLP (hidden 768 x 8 layers), both by the cycle's definitions
+(`validator.handoff_bench.handoff_summary`, the runtime's spans turned into its records by
+`validator.runtime_messages_bench.message_records`): the mean isend call; the mean delay from an
+isend to the end of a wait that began before it; the mean wait on a message sent >= 0.5 ms before
+the wait. Also the runtime ranks' median share of time computing (`util`). Prints one line per
+round (ms; message counts in brackets). Writes nothing.
 
     python reports/diagnostics/runtime_messages/cycle_vs_runtime.py WORLD ROUNDS
 """
-import statistics, sys
-from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exposed_latency"))
-import torch.distributed as dist
-import util_compare as uc
-from validator.handoff_bench import time_cycle_handoffs, stage_hop_compute_s, READY_MARGIN_S
-from validator.launch import LaunchConfig, spawn
-from validator.microbench import load_models_module
-from validator.overlap_bench import model_steps
-import validator.pipeline_runtime as prt
 
-def runtime_records(rank, plan, workload, steps=8, warmup=2):
-    ex = prt.PipelineExecutor(plan, workload, rank, "momentum", 0.01, 0, "cpu")
-    sends, recvs, util = [], [], []
+import statistics
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exposed_latency"))
+
+import util_compare  # noqa: E402
+from validator.handoff_bench import handoff_summary, stage_hop_compute_s, time_cycle_handoffs  # noqa: E402
+from validator.launch import LaunchConfig, spawn  # noqa: E402
+from validator.microbench import load_models_module  # noqa: E402
+from validator.overlap_bench import model_steps  # noqa: E402
+from validator.pipeline_runtime import PipelineExecutor  # noqa: E402
+from validator.runtime_messages_bench import message_records  # noqa: E402
+
+SYNTHETIC = ["model.params.hidden_dim=768", "model.params.num_hidden_layers=8"]
+
+
+def runtime_figures(rank: int, world: int, plan, workload, steps: int = 8, warmup: int = 2) -> dict:
+    """`handoff_summary` of the runtime's messages over `steps` steps after `warmup`, with `util`."""
+    executor = PipelineExecutor(plan, workload, rank, "momentum", 0.01, 0, "cpu")
+    sends, receives, posts, shares = [], [], [], []
     for step in range(warmup + steps):
-        ex.load_batch(step); dist.barrier()
-        spans = ex.step(step)
+        executor.load_batch(step)
+        dist.barrier()
+        spans = executor.step(step)
         if step < warmup:
             continue
-        t0 = ex.step_start
-        for s in spans:
-            if s[1] not in ("send", "recv"):
-                continue
-            kind, i = s[2].split(" ")[1].rstrip("0123456789"), s[7]
-            if s[1] == "send":
-                sends.append(((step, kind, i, rank, +1 if kind == "act" else -1), t0 + s[4], s[5] - s[4]))
-            elif s[1] == "recv":
-                src = rank - 1 if kind == "act" else rank + 1
-                recvs.append(((step, kind, i, src, +1 if kind == "act" else -1), t0 + s[4], t0 + s[5]))
-        util.append(uc.middle_utilisation([(s[4], s[5]) for s in spans if s[1] == "compute"]))
-    return sends, recvs, util
+        sent, received, posted = message_records(spans, step, rank, executor.step_start)
+        sends += sent
+        receives += received
+        posts += posted
+        shares.append(util_compare.middle_utilisation([(span[4], span[5]) for span in spans if span[1] == "compute"]))
+    everyone = [None] * world
+    dist.all_gather_object(everyone, (sends, receives, posts, shares))
+    summary = handoff_summary([record[:3] for record in everyone], 0, 0.0, 0)
+    return {**summary, "util": statistics.median(share for record in everyone for share in record[3])}
 
-def summary(every):
-    sent = {k: t for e in every for k, t, _ in e[0]}
-    posts = [d for e in every for _, _, d in e[0]]
-    delays, ready = [], []
-    for e in every:
-        for k, start, end in e[1]:
-            s = sent[k]
-            lead = start - s
-            if lead < 0: delays.append(end - s)
-            elif lead >= READY_MARGIN_S: ready.append(end - start)
-    return {"send_mean": statistics.fmean(posts), "ready_mean": statistics.fmean(ready) if ready else float("nan"),
-            "delay_mean": statistics.fmean(delays) if delays else float("nan"), "n_ready": len(ready), "n_wait": len(delays),
-            "util": statistics.median([u for e in every for u in e[2]])}
 
-def rank_main(rank, world, rounds):
-    try:
-        return _rank_main(rank, world, rounds)
-    except Exception:
-        import traceback; traceback.print_exc(); raise
-
-def _rank_main(rank, world, rounds):
-    ov = [f"cluster.gpus_per_node={world}", "training.optimizer=momentum", f"training.global_batch_size={16 * world}"]
-    rp, rw = uc.pipedream_plan("scenarios/validation/resnet_cpu.yaml", ov, f"{uc.PROFILES}/resnet_cpu_ws{world}_momentum.json")
-    sp, sw = uc.pipedream_plan("scenarios/validation/mlp_cpu.yaml", ov + ["model.params.hidden_dim=768", "model.params.num_hidden_layers=8"], None)
-    steps = model_steps(rw, 16, load_models_module(None), seed=0, device="cpu")
-    hop = stage_hop_compute_s(steps)
+def rank_main(rank: int, world: int, rounds: int) -> list[dict]:
+    overrides = [f"cluster.gpus_per_node={world}", "training.optimizer=momentum",
+                 f"training.global_batch_size={16 * world}"]
+    resnet_plan, resnet = util_compare.pipedream_plan(
+        "scenarios/validation/resnet_cpu.yaml", overrides,
+        f"{util_compare.PROFILES}/resnet_cpu_ws{world}_momentum.json")
+    synthetic_plan, synthetic = util_compare.pipedream_plan("scenarios/validation/mlp_cpu.yaml",
+                                                            overrides + SYNTHETIC, None)
+    steps = model_steps(resnet, 16, load_models_module(None), seed=0, device="cpu")
+    hop_s = stage_hop_compute_s(steps)
     rows = []
     for _ in range(rounds):
-        c = time_cycle_handoffs(steps, hop_compute_s=hop, repeats=12)
-        row = {"cycle": {"send_mean": c["send_post_mean_s"], "ready_mean": c["ready_receive_mean_s"], "delay_mean": c["mean_delay_s"],
-                         "n_ready": c["num_ready"], "n_wait": c["num_messages"], "util": float("nan")}}
-        for name, plan, wl in (("resnet", rp, rw), ("synth", sp, sw)):
-            every = [None] * world
-            dist.all_gather_object(every, runtime_records(rank, plan, wl))
-            row[name] = summary(every)
+        row = {"cycle": {**time_cycle_handoffs(steps, hop_compute_s=hop_s, repeats=12), "util": float("nan")}}
+        for name, plan, workload in (("resnet", resnet_plan, resnet), ("synth", synthetic_plan, synthetic)):
+            row[name] = runtime_figures(rank, world, plan, workload)
         rows.append(row)
     return rows
 
-if __name__ == "__main__":
+
+def line(name: str, figures: dict) -> str:
+    ms = lambda value: "nan" if value is None else f"{value * 1e3:.3f}"  # noqa: E731
+    return (f"{name} send {ms(figures['send_post_mean_s'])} ready {ms(figures['ready_receive_mean_s'])} "
+            f"({figures['num_ready']}) delay {ms(figures['mean_delay_s'])} ({figures['num_messages']}) "
+            f"util {figures['util']:.2f}")
+
+
+def main() -> int:
     world, rounds = int(sys.argv[1]), int(sys.argv[2])
-    res = spawn(rank_main, (world, rounds), LaunchConfig(world_size=world, timeout_s=1200))
-    for n, row in enumerate(res[0]):
-        print(f"ws{world} round {n}: " + " | ".join(
-            f"{name} send {f['send_mean']*1e3:.3f} ready {f['ready_mean']*1e3:.3f} ({f['n_ready']}) delay {f['delay_mean']*1e3:.3f} ({f['n_wait']}) util {f['util']:.2f}"
-            for name, f in row.items()), flush=True)
+    results = spawn(rank_main, (world, rounds), LaunchConfig(world_size=world, timeout_s=1200))
+    for index, row in enumerate(results[0]):
+        print(f"ws{world} round {index}: " + " | ".join(line(name, figures) for name, figures in row.items()),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

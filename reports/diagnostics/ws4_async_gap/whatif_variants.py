@@ -29,6 +29,7 @@ Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RU
           (default: all)
 """
 
+import copy
 import dataclasses
 import sys
 from pathlib import Path
@@ -91,12 +92,12 @@ def patch(variant: str) -> None:
         original_engine_init = engine.Engine.__init__
 
         def engine_init(self, plan, topology, costs, *args, **kwargs):
-            original_engine_init(self, plan, topology, costs, *args, **kwargs)
+            # asynchronous plans see the runtime's figures where the engine reads the cycle's
             runtime = getattr(costs, "runtime_messages", None)
-            if runtime is not None and plan.meta.get("asynchronous") and plan.meta.get("receives") == "preposted":
-                self._handoff_s, self._send_post_s, self._send_post_tail_s = (
-                    runtime.handoff_s, runtime.send_post_s, runtime.send_post_tail_s)
-                self._ready_receive_s, self._ready_receive_tail_s = runtime.ready_receive_s, runtime.ready_receive_tail_s
+            if runtime is not None and plan.meta.get("asynchronous"):
+                costs = copy.copy(costs)
+                costs.asynchronous_messages = runtime
+            original_engine_init(self, plan, topology, costs, *args, **kwargs)
 
         engine.Engine.__init__ = engine_init
     if variant != "busy_tails":
