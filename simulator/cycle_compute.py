@@ -21,6 +21,15 @@ work of asynchronous plans (`pipedream`, `spectrain`, `delayed_gradient`) by 1 /
 shared hosts (`ProfileCosts.asynchronous_compute_factor`). Synchronous pipelines keep factor 1 (on a
 shared host 1F1B and interleaved 1F1B pay the cycle's message figures, `handoff.cycle`, as the
 asynchronous kinds do: `Engine._messages_as_in_cycle`; GPipe the chain's).
+
+Where ranks outnumber the host's cores, the efficiency is also taken at the rounds' own pool
+(since 2026-11-24, twenty-first session): the rounds' P_round = W x (a rank's steps per second,
+all ranks computing for 0.4 s) / (rank 0's alone) counts every scheduler slice a rank lost, while
+the engine's P = W / compute_slowdown[W] comes from medians of >= 10 ms blocks, which drop the
+blocks that lost one. With 4 ranks on the project's 2 cores P_round was below P in all 27 profiles
+of nine pipeline runs (1.49-1.83 against 1.73-2.16); with 2 ranks, a core each, the two straddled
+(1.74-2.03 against 1.75-1.98; below in 16 of 27). The factor is then P / (P_round x efficiency), so that the engine's
+pool plays the rate the rounds measured; elsewhere 1 / efficiency.
 """
 
 from __future__ import annotations
@@ -103,3 +112,13 @@ def parse_cycle_compute(read, document: Mapping) -> CycleCompute | None:
         if section.get("hop_compute_s") is not None else 0.0,
         host_parallelism=read.number(section, "host_parallelism", "cycle_compute.host_parallelism", minimum=0)
         if section.get("host_parallelism") is not None else 0.0)
+
+
+def asynchronous_compute_factor(cycle: CycleCompute, host_parallelism: float, oversubscribed: bool) -> float:
+    """What the engine multiplies asynchronous pipelines' compute by on a shared host whose pool has
+    parallelism `host_parallelism` (P): 1 / efficiency, and with `oversubscribed` (ranks outnumber
+    cores) and the rounds' P_round recorded, P / (P_round x efficiency) (module docstring)."""
+    factor = 1.0 / cycle.efficiency
+    if oversubscribed and cycle.host_parallelism > 0:
+        factor *= host_parallelism / cycle.host_parallelism
+    return factor

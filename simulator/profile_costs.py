@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from simulator.cold_start import update_state_share
+from simulator.cycle_compute import asynchronous_compute_factor
 from simulator.costs import COPY_FORWARD, OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.profile import Profile, load_profile
@@ -62,6 +63,14 @@ class MessageCosts:
     ready_receive_tail_s: float
 
 
+def ranks_outnumber_cores(profile: Profile) -> bool:
+    """Whether the calibration's ranks outnumbered its host's cores: on such a host it also times
+    whole-model passes with as many ranks as there are cores, so `pass_jitter` has a level below
+    the world size (`validator.pass_jitter_bench`). False without the section."""
+    jitter = profile.pass_jitter
+    return jitter is not None and bool(jitter.levels) and min(jitter.levels) < profile.world_size
+
+
 class ProfileCosts:
     """The `CostModel` of a calibration profile, for the workload it was calibrated on.
 
@@ -113,7 +122,9 @@ class ProfileCosts:
         _messages_as_in_cycle`); None: the chain's figures for every plan."""
         self.asynchronous_compute_factor = 1.0
         """Compute work of asynchronous pipelines times this on a shared host: 1 / the profile's
-        `cycle_compute.efficiency` (`simulator.cycle_compute`); 1 without it."""
+        `cycle_compute.efficiency` (`simulator.cycle_compute`), and where ranks outnumber the host's
+        cores also P / the cycle rounds' own parallelism (`cycle_compute.asynchronous_compute_factor`);
+        1 without the section."""
         if shared_host:
             # Ranks share the host's cores: the engine plays every compute and communication job
             # on a processor-sharing pool of parallelism P = W / slowdown(W) (W ranks computing at
@@ -124,7 +135,8 @@ class ProfileCosts:
             self.interference = profile.overlap
             self.streamed_allreduce_factor = streamed_allreduce_factor(profile)
             if profile.cycle_compute is not None:
-                self.asynchronous_compute_factor = 1.0 / profile.cycle_compute.efficiency
+                self.asynchronous_compute_factor = asynchronous_compute_factor(
+                    profile.cycle_compute, self.host_parallelism, ranks_outnumber_cores(profile))
         if (shared_host or profile.device_kind != "cpu") and profile.handoff is not None and profile.p2p is not None:
             # a GPU's messages are staged through the host (gloo): the same handoff and per-message
             # work on the rank's thread, measured the same way (`validator.handoff_bench`)

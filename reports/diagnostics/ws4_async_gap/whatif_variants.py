@@ -42,7 +42,7 @@ import pandas as pd  # noqa: E402
 import simulator.engine as engine  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 RUNS = {
     "latest": ("reports/validation_pipelines_cpu.csv", "reports/profiles"),
@@ -84,6 +84,13 @@ def patch(variant: str) -> None:
             return
         if variant in ("cycle_rate", "rate_step_tail", "runtime_messages"):
             self.asynchronous_compute_factor = self.host_parallelism / (cycle.host_parallelism * cycle.efficiency)
+        elif variant == "oversubscribed_rate":
+            jitter = profile.pass_jitter  # a level at the host's cores when ranks outnumber them
+            if jitter is not None and min(jitter.levels) < profile.world_size:
+                self.asynchronous_compute_factor = self.host_parallelism / (cycle.host_parallelism * cycle.efficiency)
+        elif variant == "min_rate":
+            rounds = min(cycle.host_parallelism, self.host_parallelism)
+            self.asynchronous_compute_factor = self.host_parallelism / (rounds * cycle.efficiency)
         elif variant == "cycle_pool":
             self.host_parallelism = cycle.host_parallelism
 
