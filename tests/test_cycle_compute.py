@@ -7,10 +7,11 @@ import copy
 import pytest
 
 from simulator.document_reader import DocumentReader
-from simulator.cycle_compute import cycle_efficiency, expected_steps, parse_cycle_compute
+from simulator.cycle_compute import (CycleCompute, asynchronous_compute_factor, cycle_efficiency,
+                                     expected_steps, parse_cycle_compute)
 from simulator.errors import ScenarioError
 from simulator.profile import profile_from_dict
-from simulator.profile_costs import ProfileCosts
+from simulator.profile_costs import ProfileCosts, ranks_outnumber_cores
 from tests.test_pipeline_plans import Costs, run
 from tests.test_profile import document, workload
 
@@ -49,6 +50,30 @@ def test_profile_reads_the_section_and_shared_hosts_scale_by_its_inverse():
     # a dedicated device (no shared cores) and an older profile: no factor
     assert ProfileCosts(profile, workload()).asynchronous_compute_factor == 1.0
     assert ProfileCosts(profile_from_dict(document()), workload(), shared_host=True).asynchronous_compute_factor == 1.0
+
+
+def _with_jitter_levels(levels: list[int]) -> dict:
+    doc = copy.deepcopy(document())  # 4 ranks, compute_slowdown[4] = 2: the engine's pool P = 2
+    doc["cycle_compute"] = SECTION  # the rounds' own P_round = 1.7, efficiency 0.8
+    doc["pass_jitter"] = {"batch_size": 16,
+                          "levels": {str(k): [[0.01] * k, [0.012] * k] for k in levels}}
+    return doc
+
+
+def test_ranks_outnumbering_cores_compute_at_the_rounds_own_rate():
+    # a calibration that also timed passes with 2 ranks at once (its host's cores) had more ranks
+    # than cores: asynchronous compute x P / (P_round x efficiency) = 2 / (1.7 x 0.8)
+    oversubscribed = profile_from_dict(_with_jitter_levels([2, 4]))
+    assert ranks_outnumber_cores(oversubscribed)
+    costs = ProfileCosts(oversubscribed, workload(), shared_host=True)
+    assert costs.asynchronous_compute_factor == pytest.approx(2.0 / (1.7 * 0.8))
+    # a core per rank (only the all-ranks level): 1 / efficiency, the rounds' pool not used
+    own_cores = profile_from_dict(_with_jitter_levels([4]))
+    assert not ranks_outnumber_cores(own_cores)
+    assert ProfileCosts(own_cores, workload(), shared_host=True).asynchronous_compute_factor == pytest.approx(1.25)
+    # no rounds' pool recorded (older profiles): 1 / efficiency
+    older = CycleCompute(efficiency=0.8)
+    assert asynchronous_compute_factor(older, 2.0, True) == pytest.approx(1.25)
 
 
 @pytest.mark.parametrize("field,bad", [("efficiency", 0.05), ("efficiency", "fast"), ("efficiency", -1),

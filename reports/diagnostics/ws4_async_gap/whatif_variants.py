@@ -5,8 +5,15 @@ formulated on) with their own profiles (nothing fitted to the measurements). Pri
 per run, the MAPE / worst over its cases, per depth, with each profile's level removed (`validator.report.calibration_level_summary`), and the
 asynchronous-minus-synchronous mean error per profile. Writes nothing.
 
-Variants (each patches the cost model or the engine in this process only):
+Variants (each patches the current cost model or engine in this process only; since the
+twenty-first session the current model includes `oversubscribed_rate`, so variants scored before
+it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 - `none`: the current model.
+- `before_s21`: the model before the twenty-first session (asynchronous compute at 1 / efficiency
+  on every shared host, where ranks outnumber cores too).
+- `oversubscribed_rate` (twenty-first session's candidate, `../oversubscribed_rate/RULE.md`):
+  `cycle_rate` only where ranks outnumber the host's cores. `min_rate`: the rounds' parallelism
+  capped at the engine's, on every shared host.
 - `runtime_messages` (twentieth session's candidate, not kept): asynchronous plans pay the message
   figures timed in the pipeline runtime itself (`handoff.runtime`, profiles since that session;
   1F1B keeps the cycle's), and their compute runs at `cycle_rate`'s rate. `runtime_only`: the
@@ -25,7 +32,8 @@ Variants (each patches the cost model or the engine in this process only):
   moment, instead of always (the cycle measured them with every rank computing).
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
-     RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh
+     RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
+          s21_fresh
           (default: all)
 """
 
@@ -42,7 +50,7 @@ import pandas as pd  # noqa: E402
 import simulator.engine as engine  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "before_s21", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 RUNS = {
     "latest": ("reports/validation_pipelines_cpu.csv", "reports/profiles"),
@@ -62,6 +70,8 @@ RUNS = {
                   "reports/diagnostics/exposed_latency/fifth_run/profiles"),
     "s20_fresh": ("reports/diagnostics/runtime_messages/fresh_run/validation_pipelines_cpu.csv",
                   "reports/diagnostics/runtime_messages/fresh_run/profiles"),
+    "s21_fresh": ("reports/diagnostics/oversubscribed_rate/fresh_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/oversubscribed_rate/fresh_run/profiles"),
 }
 
 
@@ -82,12 +92,13 @@ def patch(variant: str) -> None:
         cycle = profile.cycle_compute
         if self.host_parallelism is None or cycle is None or not cycle.host_parallelism:
             return
-        if variant in ("cycle_rate", "rate_step_tail", "runtime_messages"):
+        if variant == "before_s21":  # the model before the twenty-first session: 1 / efficiency everywhere
+            self.asynchronous_compute_factor = 1.0 / cycle.efficiency
+        elif variant in ("cycle_rate", "rate_step_tail", "runtime_messages"):
             self.asynchronous_compute_factor = self.host_parallelism / (cycle.host_parallelism * cycle.efficiency)
-        elif variant == "oversubscribed_rate":
-            jitter = profile.pass_jitter  # a level at the host's cores when ranks outnumber them
-            if jitter is not None and min(jitter.levels) < profile.world_size:
-                self.asynchronous_compute_factor = self.host_parallelism / (cycle.host_parallelism * cycle.efficiency)
+        elif variant == "oversubscribed_rate":  # what the model does since that session (same as `none`)
+            self.asynchronous_compute_factor = profile_costs.asynchronous_compute_factor(
+                cycle, self.host_parallelism, profile_costs.ranks_outnumber_cores(profile))
         elif variant == "min_rate":
             rounds = min(cycle.host_parallelism, self.host_parallelism)
             self.asynchronous_compute_factor = self.host_parallelism / (rounds * cycle.efficiency)
