@@ -12,8 +12,9 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 - `before_s21`: the model before the twenty-first session (asynchronous compute at 1 / efficiency
   on every shared host, where ranks outnumber cores too).
 - `oversubscribed_rate` (twenty-first session's candidate, `../oversubscribed_rate/RULE.md`):
-  `cycle_rate` only where ranks outnumber the host's cores. `min_rate`: the rounds' parallelism
-  capped at the engine's, on every shared host.
+  `cycle_rate` only where ranks outnumber the host's cores. Kept, so the current model does it and
+  the name patches nothing (the same as `none`). `min_rate`: the rounds' parallelism capped at the
+  engine's, on every shared host.
 - `runtime_messages` (twentieth session's candidate, not kept): asynchronous plans pay the message
   figures timed in the pipeline runtime itself (`handoff.runtime`, profiles since that session;
   1F1B keeps the cycle's), and their compute runs at `cycle_rate`'s rate. `runtime_only`: the
@@ -94,11 +95,9 @@ def patch(variant: str) -> None:
             return
         if variant == "before_s21":  # the model before the twenty-first session: 1 / efficiency everywhere
             self.asynchronous_compute_factor = 1.0 / cycle.efficiency
-        elif variant in ("cycle_rate", "rate_step_tail", "runtime_messages"):
-            self.asynchronous_compute_factor = self.host_parallelism / (cycle.host_parallelism * cycle.efficiency)
-        elif variant == "oversubscribed_rate":  # what the model does since that session (same as `none`)
+        elif variant in ("cycle_rate", "rate_step_tail", "runtime_messages"):  # the rounds' rate on every shared host
             self.asynchronous_compute_factor = profile_costs.asynchronous_compute_factor(
-                cycle, self.host_parallelism, profile_costs.ranks_outnumber_cores(profile))
+                cycle, self.host_parallelism, oversubscribed=True)
         elif variant == "min_rate":
             rounds = min(cycle.host_parallelism, self.host_parallelism)
             self.asynchronous_compute_factor = self.host_parallelism / (rounds * cycle.efficiency)
