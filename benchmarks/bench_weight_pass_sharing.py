@@ -71,8 +71,12 @@ def _ratios(pairs, key: str) -> tuple[float, float]:
         rows = zip(together["update"], alone["update"]) if key == "update" else zip(together["passes"], alone["passes"])
         field = "median_s" if key == "update" else f"{key}_s"
         for a, b in rows:
+            if b[field] <= 0:  # copy_forward is a difference of two forwards, clamped at 0
+                continue
             per_set.append(a[field] / b[field])
             together_s, alone_s = together_s + a[field], alone_s + b[field]
+    if not per_set:
+        return float("nan"), float("nan")
     return statistics.median(per_set), together_s / alone_s
 
 

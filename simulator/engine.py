@@ -117,6 +117,8 @@ class Engine:
         self._ready_receive_tail_s = getattr(costs, "ready_receive_tail_s", 0.0) if preposted else 0.0
         """Their tails (mean over median): a delay on the rank's path that uses no core."""
         cycling = getattr(costs, "asynchronous_messages", None) if self._messages_as_in_cycle(plan) else None
+        if plan.meta.get("asynchronous") and getattr(costs, "runtime_messages", None) is not None:
+            cycling = costs.runtime_messages  # timed in the runtime itself (`ProfileCosts.runtime_messages`)
         if preposted and cycling is not None:  # every stage computing and messaging at once
             self._handoff_s, self._send_post_s, self._send_post_tail_s = (
                 cycling.handoff_s, cycling.send_post_s, cycling.send_post_tail_s)

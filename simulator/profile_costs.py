@@ -34,7 +34,7 @@ def streamed_allreduce_factor(profile: Profile) -> float:
 
 
 def message_costs(figures: CycleHandoff, idle_s: float) -> MessageCosts:
-    """A message's costs from a section of the `handoff` figures (`cycle`; `runtime` in what-ifs):
+    """A message's costs from a section of the `handoff` figures (`cycle` or `runtime`):
     the waited delay less the idle ping-pong (`idle_s`) and the isend call (median and tail), which
     the engine plays before the send; the isend call and the wait on an arrived message as median
     and tail."""
@@ -120,6 +120,14 @@ class ProfileCosts:
         """What a message costs in asynchronous pipelines (`handoff.cycle`), in place of the five
         figures above, and on a shared host in 1F1B and interleaved 1F1B too (`Engine.
         _messages_as_in_cycle`); None: the chain's figures for every plan."""
+        self.runtime_messages: MessageCosts | None = None
+        """What a message costs asynchronous pipelines on a shared CPU host with a core for each rank:
+        the figures timed in the pipeline runtime itself (`handoff.runtime`,
+        `validator.runtime_messages_bench`), in place of the cycle's. At 2 ranks on the 2-core host
+        the cycle's figures were about twice the runtime's (isend 0.34-0.49 against 0.19-0.28 ms,
+        wait on an arrived message 0.86-1.16 against 0.27-0.59 ms: `reports/diagnostics/
+        runtime_messages/`); where ranks outnumber cores the two agreed more closely and the cycle's are
+        kept. None elsewhere, and for profiles without the section (before 2026-11-24)."""
         self.asynchronous_compute_factor = 1.0
         """Compute work of asynchronous pipelines times this on a shared host: 1 / the profile's
         `cycle_compute.efficiency` (`simulator.cycle_compute`), and where ranks outnumber the host's
@@ -156,6 +164,8 @@ class ProfileCosts:
                 # all stages cycling at once (asynchronous pipelines): the same three figures, taken
                 # where every rank computes and messages at once, instead of along the chain
                 self.asynchronous_messages = message_costs(profile.handoff.cycle, idle_s)
+            if shared_host and profile.handoff.runtime is not None and not ranks_outnumber_cores(profile):
+                self.runtime_messages = message_costs(profile.handoff.runtime, idle_s)
         _check_model(profile, workload)
         if optimizer is not None and optimizer != profile.optimizer_name:
             raise ScenarioError(

@@ -53,8 +53,8 @@ class Handoff:
     runtime: "CycleHandoff | None" = None
     """The same figures timed inside the pipeline runtime running an asynchronous plan of a synthetic
     workload (`handoff.runtime`, `validator.runtime_messages_bench`; None before 2026-11-24's
-    twentieth session). Recorded for diagnostics; the model does not play it (its candidate was
-    not kept: `reports/diagnostics/runtime_messages/results.md`)."""
+    twentieth session). Asynchronous pipelines pay it on a shared CPU host with a core per rank
+    (`ProfileCosts.runtime_messages`, since the twenty-second session)."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from simulator.profile import load_profile  # noqa: E402
 from simulator.profile_costs import ProfileCosts  # noqa: E402
 from simulator.zoo import build_model  # noqa: E402
+from validator.calibration_phases import weight_pass_ranks_at_once  # noqa: E402
 from validator.microbench import ClampedFitWarning, fit_line, fit_linear, time_layers, time_optimizer  # noqa: E402
 
 MODELS = "validator.models"
@@ -99,6 +100,17 @@ def test_time_weight_passes_single_process_leaves_the_modules_alone():
 
 # ----------------------------------------------------------------------------- real calibration
 
+def test_weight_passes_are_timed_by_all_ranks_where_each_has_a_core():
+    # a core per rank: they share the memory bus, which the passes stream through, so all at once
+    assert weight_pass_ranks_at_once(2, "cpu", cores=2) == 2
+    assert weight_pass_ranks_at_once(4, "cpu", cores=8) == 4
+    # more ranks than cores: rank 0 alone (all at once, the block medians hid the time-sharing)
+    assert weight_pass_ranks_at_once(4, "cpu", cores=2) == 1
+    # one rank, and a GPU per rank (unchanged): rank 0 alone
+    assert weight_pass_ranks_at_once(1, "cpu", cores=2) == 1
+    assert weight_pass_ranks_at_once(2, "cuda", cores=16) == 1
+
+
 def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     from validator.calibrate import calibrate
 
@@ -151,12 +163,19 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert all(t > 0 for t in passes["repredict"]["medians_s"])  # timed, not derived
     assert set(profile.weight_passes) == {"stash", "predict", "repredict", "accumulate", "average", "copy_forward"}
     assert all(t >= 0 for t in passes["copy_forward"]["medians_s"])
-    assert all(entry["ranks_at_once"] == 1 for entry in passes.values())  # rank 0 alone
-    assert set(profile.weight_pass_ranks_at_once.values()) == {1}
-    in_cycle = document["optimizer"]["in_cycle"]  # the update at the end of those cycles, rank 0 alone
-    assert in_cycle["ranks_at_once"] == 1 and in_cycle["num_params"] == document["optimizer"]["num_params"]
+    at_once = weight_pass_ranks_at_once(2, "cpu")  # both ranks where each has a core, else rank 0 alone
+    assert all(entry["ranks_at_once"] == at_once for entry in passes.values())
+    assert set(profile.weight_pass_ranks_at_once.values()) == {at_once}
+    in_cycle = document["optimizer"]["in_cycle"]  # the update at the end of those cycles
+    assert in_cycle["ranks_at_once"] == at_once and in_cycle["num_params"] == document["optimizer"]["num_params"]
     assert all(t > 0 for t in in_cycle["medians_s"])
-    assert profile.optimizer_in_cycle is not None and profile.optimizer_in_cycle_ranks_at_once == 1
+    assert profile.optimizer_in_cycle is not None and profile.optimizer_in_cycle_ranks_at_once == at_once
+    for entry in (*passes.values(), in_cycle):  # timed all at once: rank 0 alone kept beside, as recorded
+        assert ("alone" in entry) == (at_once > 1)
+        if at_once > 1:
+            assert entry["alone"]["ranks_at_once"] == 1 and len(entry["alone"]["medians_s"]) == len(entry["medians_s"])
+    if at_once > 1:
+        assert all(t > 0 for t in in_cycle["alone"]["medians_s"])
     cold = document["cold_start"]  # at the middle batch size, one factor per layer
     assert cold["batch_size"] == 32 and len(cold["forward_factors"]) == len(cold["backward_factors"]) == 3
     assert profile.cold_start is not None and profile.cold_start.forward_factors == tuple(cold["forward_factors"])

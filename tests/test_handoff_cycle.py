@@ -70,10 +70,12 @@ def test_malformed_cycle_names_the_field(tmp_path, key):
         _profile(tmp_path, missing)
 
 
-def _step_s(kind: str, cycling: MessageCosts | None, shared_host: bool = False) -> float:
+def _step_s(kind: str, cycling: MessageCosts | None, shared_host: bool = False,
+            runtime: MessageCosts | None = None) -> float:
     costs = FixedCosts(forward_s_per_sample=0.001)
     costs.send_post_s, costs.ready_receive_s = 0.0001, 0.0001
     costs.asynchronous_messages = cycling
+    costs.runtime_messages = runtime
     if shared_host:  # a processor-sharing pool of 2 cores (simulator.host_sharing), as a calibrated CPU host
         costs.host_parallelism = 2.0
     strategy = {"kind": kind, "num_microbatches": 4, "partition": [2, 2]}
@@ -169,3 +171,12 @@ def test_the_cycle_forward_window_is_its_share_of_the_backward_one(forward_share
         assert len(forwards) == len(backwards) == 6
         assert min(forwards) >= 0.004 * forward_share and min(backwards) >= 0.004
         assert sorted(forwards)[3] < 0.004 * forward_share + 0.002  # the median window ends soon after its time
+
+
+def test_asynchronous_plans_pay_the_runtimes_own_message_costs_where_the_model_has_them():
+    """`ProfileCosts.runtime_messages` (a shared host with a core per rank): asynchronous plans pay
+    the figures timed in the runtime itself instead of the cycle's; 1F1B keeps the cycle's."""
+    for kind in ("pipedream", "spectrain"):
+        assert _step_s(kind, DEAR, True, runtime=SAME) == pytest.approx(_step_s(kind, None, True))
+        assert _step_s(kind, SAME, True, runtime=DEAR) > _step_s(kind, SAME, True) + 0.002
+    assert _step_s("1f1b", DEAR, True, runtime=SAME) == pytest.approx(_step_s("1f1b", DEAR, True))

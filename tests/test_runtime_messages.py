@@ -1,6 +1,6 @@
-"""The pipeline runtime's own message figures (`handoff.runtime`, recorded by the calibration, not
-played by the model): the records taken from the runtime's spans, the profile section and its
-errors, the figures as `what-if`s turn them into message costs, and the microbenchmark on two real
+"""The pipeline runtime's own message figures (`handoff.runtime`, recorded by the calibration and
+played for asynchronous plans where each rank has a core): the records taken from the runtime's spans, the profile section and its
+errors, the figures as the cost model turns them into message costs, and the microbenchmark on two real
 ranks."""
 
 import json
@@ -58,6 +58,16 @@ def test_profile_reads_the_runtime_section_beside_the_cycle(tmp_path):
     costs = ProfileCosts(with_runtime, workload(), shared_host=True)
     assert costs.asynchronous_messages == message_costs(with_runtime.handoff.cycle, idle_s)
     assert costs.asynchronous_messages.handoff_s > runtime.handoff_s
+    # a core per rank (no pass_jitter level below the world size): asynchronous plans pay the
+    # runtime's figures (`ProfileCosts.runtime_messages`); a dedicated device and older profiles: none
+    assert costs.runtime_messages == runtime
+    assert ProfileCosts(with_runtime, workload()).runtime_messages is None
+    assert ProfileCosts(profile, workload(), shared_host=True).runtime_messages is None
+    # ranks outnumbering the host's cores (it also timed passes with fewer ranks at once): the cycle's
+    doc["pass_jitter"] = {"batch_size": 16, "levels": {str(k): [[0.01] * k, [0.012] * k]
+                                                      for k in (1, doc["world_size"])}}
+    doc_path.write_text(json.dumps(doc))
+    assert ProfileCosts(load_profile(doc_path), workload(), shared_host=True).runtime_messages is None
 
 
 @pytest.mark.parametrize("key", CYCLE_REQUIRED_KEYS)

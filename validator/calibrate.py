@@ -27,11 +27,13 @@
    rank's exit from the pass's barrier after the first rank's (`start_offsets_s`).
 2. **Optimizer, all ranks at once**: one update (step, then the gradients zeroed, as the runtimes
    do) over the parameters of each layer and of each prefix of layers (the stages a plan can
-   have), fitted against the number of parameters; then, on the same sets and **rank 0 alone**
-   (the others at a barrier: all at once, the block medians hid the sharing of these short passes,
-   `validator.calibration_phases.WEIGHT_PASS_RANKS_AT_ONCE`), the asynchronous pipeline runtime's
-   weight passes (stash, predict, repredict, accumulate), the replicas' gradient averaging and
-   what a forward costs more on a weight copy than through the module (copy_forward)
+   have), fitted against the number of parameters; then, on the same sets, the asynchronous pipeline
+   runtime's weight passes, **all ranks at once on a CPU host with a core per rank** (they share the
+   memory bus), **rank 0 alone** where ranks outnumber cores or on a GPU (the others at a barrier:
+   all at once, the block medians hid the time-sharing of these short passes;
+   `validator.calibration_phases.weight_pass_ranks_at_once`; timed all at once, rank 0 alone
+   too, kept as each fit's `alone`): stash, predict, repredict, accumulate, the replicas' gradient
+   averaging and what a forward costs more on a weight copy than through the module (copy_forward)
    (`validator.weight_pass_bench`); each fit records its `ranks_at_once`.
    **Cold start**, all ranks at once (`validator.cold_bench`): every layer at the middle batch
    size and the update, each timed back to back and after a 50 ms pause, alternately; the ratios
@@ -136,27 +138,37 @@ def _topk_fit(items: list[dict], notes: list[str], what: str) -> dict:
             "medians_s": medians, "r2": fit.r2}
 
 
-def _weight_pass_fits(items: list[dict], notes: list[str], ranks_at_once: int) -> dict:
+def _pass_fit(items: list[dict], key: str, notes: list[str], what: str, ranks_at_once: int | None,
+              alone: list[dict] | None = None) -> dict:
+    """The fit of `key` over the layer sets of `items` (`validator.weight_pass_bench`), with the
+    sets' medians; where the passes were timed with several ranks at once and rank 0 alone too
+    (`alone`), that timing's fit as `alone` (recorded, not played by the model)."""
     counts = [item["num_params"] for item in items]
-    fits = {}
-    for name in WEIGHT_PASSES:
-        times = [item[f"{name}_s"] for item in items]
-        fit = _fit_entry(counts, times, notes, f"weight_passes.{name}")
-        fits[name] = {"intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
-                      "ranks_at_once": ranks_at_once, "num_params": counts, "medians_s": times}
-    return fits
+    times = [item[key] for item in items]
+    fit = _fit_entry(counts, times, notes, what)
+    entry = {"intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
+             "ranks_at_once": ranks_at_once, "num_params": counts, "medians_s": times}
+    if alone:
+        alone_times = [item[key] for item in alone]
+        alone_fit = _fit_entry(counts, alone_times, notes, f"{what}.alone")
+        entry["alone"] = {"intercept_s": alone_fit.intercept, "per_param_s": alone_fit.slope, "r2": alone_fit.r2,
+                          "ranks_at_once": 1, "medians_s": alone_times}
+    return entry
 
 
-def _update_in_cycle_fit(items: list[dict] | None, notes: list[str], ranks_at_once: int | None) -> dict:
+def _weight_pass_fits(items: list[dict], notes: list[str], ranks_at_once: int,
+                      alone: list[dict] | None = None) -> dict:
+    return {name: _pass_fit(items, f"{name}_s", notes, f"weight_passes.{name}", ranks_at_once, alone)
+            for name in WEIGHT_PASSES}
+
+
+def _update_in_cycle_fit(items: list[dict] | None, notes: list[str], ranks_at_once: int | None,
+                         alone: list[dict] | None = None) -> dict:
     """`{"in_cycle": fit}` of the update timed at the end of the weight passes' micro-batch cycles
     (`validator.weight_pass_bench`), or {} when the calibration did not time it."""
     if not items or any("update_s" not in item for item in items):
         return {}
-    counts = [item["num_params"] for item in items]
-    times = [item["update_s"] for item in items]
-    fit = _fit_entry(counts, times, notes, "optimizer.in_cycle")
-    return {"in_cycle": {"intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
-                         "ranks_at_once": ranks_at_once, "num_params": counts, "medians_s": times}}
+    return {"in_cycle": _pass_fit(items, "update_s", notes, "optimizer.in_cycle", ranks_at_once, alone)}
 
 
 def build_document(workload: Workload, model_params: dict, raw: dict, *, world_size: int, device: str,
@@ -210,8 +222,10 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
         "layers": layers,
         "optimizer": {"name": optimizer, "intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
                       "num_params": counts, "medians_s": times,
-                      **_update_in_cycle_fit(raw.get("weight_passes"), notes, raw.get("weight_pass_ranks_at_once"))},
-        **({"weight_passes": _weight_pass_fits(raw["weight_passes"], notes, raw["weight_pass_ranks_at_once"])}
+                      **_update_in_cycle_fit(raw.get("weight_passes"), notes, raw.get("weight_pass_ranks_at_once"),
+                                             raw.get("weight_passes_alone"))},
+        **({"weight_passes": _weight_pass_fits(raw["weight_passes"], notes, raw["weight_pass_ranks_at_once"],
+                                               raw.get("weight_passes_alone"))}
            if raw.get("weight_passes") else {}),
         **({"cold_start": cold_start} if cold_start else {}),
         **({"layer_sweep": raw["layer_sweep"]} if raw.get("layer_sweep") else {}),

@@ -91,17 +91,32 @@ def _topk_sizes(num_params: int) -> list[int]:
     return sizes + [num_params if num_params > sizes[-1] else 2 * sizes[-1]]
 
 
-WEIGHT_PASS_RANKS_AT_ONCE = 1
-"""The weight passes are timed on rank 0 alone, the others waiting at a barrier. All ranks at once,
-the median over blocks hid the time-sharing: a pass is a small share of its micro-batch cycle, so
-most blocks saw no preemption inside it. On the 2-core host, 4 ranks at once over rank 0 alone
-measured 1.0-1.8x for the passes against the layers' 1.9-2.5x, so rescaling them to one rank by
-the layers' slowdown kept 0.44-0.87 of their work (`benchmarks/bench_weight_pass_sharing.py`)."""
+def weight_pass_ranks_at_once(world_size: int, device: str, cores: int | None = None) -> int:
+    """How many ranks time the weight passes at once: all of them on a CPU host with a core for
+    each rank, else rank 0 alone (the others at a barrier).
+
+    - Ranks outnumbering the cores: all ranks at once, the median over blocks hid the time-sharing.
+      A pass is a small share of its micro-batch cycle, so most blocks saw no preemption inside
+      it. On the 2-core host, 4 ranks at once over rank 0 alone measured 1.0-1.8x for the passes
+      against the layers' 1.9-2.5x, so rescaling them by the layers' slowdown kept 0.44-0.87 of
+      their work (`benchmarks/bench_weight_pass_sharing.py`). So rank 0 alone.
+    - A core for each rank: no preemption to hide, but the ranks share the memory bus, and the
+      passes stream a stage's weights (and the update its optimizer state) through it. On the
+      2-core host, 2 ranks at once over rank 0 alone measured 1.43-1.56x for the MLP's passes
+      (its layers' compute_slowdown[2]: 1.10), 1.12-1.27x for the transformer's (1.06) and 1.00-1.03x
+      for the ResNet-20's (1.01) (2026-11-24, `bench_weight_pass_sharing.py --ranks 2`). Timed
+      alone and rescaled by the layers' slowdown, the MLP's kept about 0.7 of their work. So all
+      ranks at once, timed in cycles as the runtime runs them.
+    - A GPU per rank: rank 0 alone (unchanged; not measured on a GPU host)."""
+    if device != "cpu" or world_size <= 1:
+        return 1
+    return world_size if world_size <= (cores or os.cpu_count() or 1) else 1
 
 
 def _measure_updates(settings: CalibrationSettings, device: str, rank: int) -> dict:
-    """Optimizer updates, all ranks at once; the asynchronous runtimes' weight passes, rank 0 alone
-    (`WEIGHT_PASS_RANKS_AT_ONCE`)."""
+    """Optimizer updates, all ranks at once; the asynchronous runtimes' weight passes with
+    `weight_pass_ranks_at_once` ranks at once, and where that is all of them, rank 0 alone too
+    (kept beside the fits as `alone`: what the passes cost without the others' memory traffic)."""
     world = dist.get_world_size()
     modules = load_models_module(settings.models).build_modules(settings.workload, seed=settings.seed)
     timing = dict(repeats=settings.repeats, device=device, warmup=settings.warmup,
@@ -110,15 +125,30 @@ def _measure_updates(settings: CalibrationSettings, device: str, rank: int) -> d
     optimizer = time_optimizer(settings.optimizer, _parameter_sets(modules), barrier=dist.barrier,
                                agree=agree_max, **timing)
     micro_batch = settings.batch_sizes[len(settings.batch_sizes) // 2]
-    say(settings, f"weight passes (stash, predict, accumulate) and the update in micro-batch cycles at batch {micro_batch}: "
-                  f"rank 0 alone")
+    ranks_at_once = weight_pass_ranks_at_once(world, device)
     batch, _targets = load_models_module(settings.models).make_batch(settings.workload, micro_batch, seed=settings.seed)
+
+    def time_passes(**sync) -> list[dict]:
+        return time_weight_passes(modules, _layer_sets(modules), batch, optimizer=settings.optimizer,
+                                  **sync, **timing)
+
+    weight_passes = alone = None
+    if ranks_at_once > 1:
+        say(settings, f"weight passes (stash, predict, accumulate) and the update in micro-batch cycles at "
+                      f"batch {micro_batch}: {ranks_at_once} ranks at once")
+        dist.barrier()
+        weight_passes = time_passes(barrier=dist.barrier, agree=agree_max)
+        if rank != 0:
+            weight_passes = None
+    say(settings, f"weight passes and the update in micro-batch cycles at batch {micro_batch}: rank 0 alone")
     dist.barrier()
-    weight_passes = (time_weight_passes(modules, _layer_sets(modules), batch, optimizer=settings.optimizer, **timing)
-                     if rank == 0 else None)
+    if rank == 0:
+        alone = time_passes()
     dist.barrier()
-    return {"optimizer": optimizer, "weight_passes": weight_passes,
-            "weight_pass_ranks_at_once": WEIGHT_PASS_RANKS_AT_ONCE}
+    if ranks_at_once == 1:
+        weight_passes, alone = alone, None
+    return {"optimizer": optimizer, "weight_passes": weight_passes, "weight_passes_alone": alone,
+            "weight_pass_ranks_at_once": ranks_at_once}
 
 
 def _measure_cold_and_topk(settings: CalibrationSettings, device: str, rank: int) -> dict:

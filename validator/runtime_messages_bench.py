@@ -11,10 +11,14 @@ the synthetic MLP 0.19-0.28, 0.27-0.59 and 0.36-0.55 ms. At 4 ranks the runtime'
 the cycle's. The 2-stage asynchronous steps measure a message's exposed latency almost directly
 (0.06-0.26 ms, `reports/diagnostics/exposed_latency/`), and the model charges the cycle's.
 
-Recorded for diagnostics only: asynchronous plans playing these figures (with their compute at the
-cycle's own rate) were scored on a fresh held-out run against the model and not kept (MAPE 8.1
-against 9.3 %, worst 27.9 against 23.3 %: the MLP's 2-stage SpecTrain, under-predicted further;
-`reports/diagnostics/runtime_messages/results.md`). `whatif_variants.py runtime_messages` plays them.
+Played since the twenty-second session (2026-11-24) for asynchronous plans on a shared CPU host
+with a core per rank (`simulator.profile_costs.ProfileCosts.runtime_messages`), together with the
+weight passes timed by all ranks at once there (`validator.calibration_phases.
+weight_pass_ranks_at_once`): alone, in the twentieth session, they under-predicted the MLP's 2-stage
+SpecTrain further (MAPE 8.1 against 9.3 %, worst 27.9 against 23.3 %;
+`reports/diagnostics/runtime_messages/results.md`), whose weight passes the memory traffic of the
+other rank slows by 1.4-1.6x (`reports/diagnostics/concurrent_passes/`). Where ranks outnumber
+cores the cycle's figures stay.
 
 Definitions as `handoff_bench.handoff_summary`: a receive waited for before its message's isend
 began gives the delay from that isend to the wait's end; a receive whose isend began at least

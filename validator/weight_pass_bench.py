@@ -32,10 +32,11 @@ pass meets the caches and the allocator as the runtime leaves them, and pays the
 per-tensor Python work (an earlier version timed bare tensor loops on hot buffers and measured
 0.1-0.5x what the runtime spent; benchmarks/bench_pipeline_cpu_time.py). Per layer set, the
 median over blocks of back-to-back cycles, as `validator.microbench.time_optimizer` (with
-`barrier` and `agree` when several ranks time at once). The calibration times them on one rank
-alone: a pass is a small share of its cycle, so with more ranks than cores most blocks see no
-preemption inside it and the median hides the sharing
-(`validator.calibration_phases.WEIGHT_PASS_RANKS_AT_ONCE`).
+`barrier` and `agree` when several ranks time at once). Where ranks outnumber the host's cores the
+calibration times them on one rank alone: a pass is a small share of its cycle, so most blocks see
+no preemption inside it and the median hides the sharing. With a core per rank it times them with
+all ranks at once, which shows what the ranks' memory traffic costs them
+(`validator.calibration_phases.weight_pass_ranks_at_once`).
 """
 
 from __future__ import annotations

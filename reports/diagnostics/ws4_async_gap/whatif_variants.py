@@ -49,10 +49,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import pandas as pd  # noqa: E402
 
 import simulator.engine as engine  # noqa: E402
+import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "before_s21", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "before_s22", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
+PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
+    "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
+            "copy_forward": 1.02, "update": 1.28},
+    "resnet20": {"stash": 1.01, "predict": 1.00, "repredict": 1.01, "accumulate": 1.02, "average": 1.03,
+               "copy_forward": 0.94, "update": 0.99},
+    "transformer": {"stash": 1.14, "predict": 1.12, "repredict": 1.14, "accumulate": 1.27, "average": 1.19,
+                    "copy_forward": 1.0, "update": 1.0},
+}
 RUNS = {
     "latest": ("reports/validation_pipelines_cpu.csv", "reports/profiles"),
     "second_run": ("reports/diagnostics/sync_cycle_messages/second_run/validation_pipelines_cpu.csv",
@@ -76,12 +85,33 @@ RUNS = {
 }
 
 
+def _alone_passes(document):
+    """The profile document with every weight-pass fit (and the update in cycle) timed with all ranks
+    at once replaced by its `alone` timing (rank 0 alone), as calibrations before the
+    twenty-second session recorded them."""
+    document = copy.deepcopy(document)
+    entries = list((document.get("weight_passes") or {}).values())
+    in_cycle = (document.get("optimizer") or {}).get("in_cycle")
+    if isinstance(in_cycle, dict):
+        entries.append(in_cycle)
+    for entry in entries:
+        alone = entry.pop("alone", None) if isinstance(entry, dict) else None
+        if alone:
+            entry.update(alone)
+    return document
+
+
 def patch(variant: str) -> None:
     original_init = profile_costs.ProfileCosts.__init__
+    if variant in ("before_s22", "before_s21"):
+        original_from_dict = simulator_profile.profile_from_dict
+        simulator_profile.profile_from_dict = lambda document, *args, **kwargs: original_from_dict(
+            _alone_passes(document), *args, **kwargs)
 
     def init(self, profile, workload, **options):
         original_init(self, profile, workload, **options)
-        self.runtime_messages = None
+        if variant in ("before_s22", "before_s21"):
+            self.runtime_messages = None  # the model before the twenty-second session
         if variant in ("runtime_messages", "runtime_only") and self.asynchronous_messages is not None \
                 and profile.handoff.runtime is not None:
             idle_s = profile.p2p.time_s(profile.handoff.size_bytes)
@@ -90,6 +120,15 @@ def patch(variant: str) -> None:
             messages = self.asynchronous_messages
             self.asynchronous_messages = dataclasses.replace(
                 messages, ready_receive_tail_s=messages.ready_receive_tail_s * STEP_TAIL_FACTOR)
+        if variant in ("concurrent_passes", "concurrent_runtime") and profile.world_size == 2:
+            ratios = PASSES_TOGETHER_OVER_ALONE_WS2[profile.model_name]
+            self._weight_pass_scale = {name: ratios[name] for name in self._weight_pass_scale}
+            if self.update_timed_in_cycle:
+                self._in_cycle_scale = ratios["update"]
+        if variant == "concurrent_runtime" and self.runtime_messages is None and self.asynchronous_messages is not None \
+                and profile.handoff.runtime is not None and profile.world_size == 2:
+            idle_s = profile.p2p.time_s(profile.handoff.size_bytes)
+            self.runtime_messages = profile_costs.message_costs(profile.handoff.runtime, idle_s)
         cycle = profile.cycle_compute
         if self.host_parallelism is None or cycle is None or not cycle.host_parallelism:
             return
@@ -105,7 +144,7 @@ def patch(variant: str) -> None:
             self.host_parallelism = cycle.host_parallelism
 
     profile_costs.ProfileCosts.__init__ = init
-    if variant in ("runtime_messages", "runtime_only"):
+    if variant in ("runtime_messages", "runtime_only", "concurrent_runtime"):
         original_engine_init = engine.Engine.__init__
 
         def engine_init(self, plan, topology, costs, *args, **kwargs):
