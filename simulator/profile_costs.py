@@ -126,8 +126,12 @@ class ProfileCosts:
         `validator.runtime_messages_bench`), in place of the cycle's. At 2 ranks on the 2-core host
         the cycle's figures were about twice the runtime's (isend 0.34-0.49 against 0.19-0.28 ms,
         wait on an arrived message 0.86-1.16 against 0.27-0.59 ms: `reports/diagnostics/
-        runtime_messages/`); where ranks outnumber cores the two agreed more closely and the cycle's are
-        kept. None elsewhere, and for profiles without the section (before 2026-11-24)."""
+        runtime_messages/`). Where ranks outnumber cores the runtime's were 0.6-0.8 of the cycle's, and
+        played there they took the ResNet's 4-stage PipeDream from -9.6 to -15.7 % (mean over two
+        runs, `reports/diagnostics/ws4_async_gap/whatif_variants.py runtime_only`), so the cycle's
+        are kept. None elsewhere, and for profiles without the section (before 2026-11-24).
+        Played with the weight passes timed by all ranks at once (`validator.calibration_phases.
+        weight_pass_ranks_at_once`): kept after a fresh run, `reports/diagnostics/concurrent_passes/`."""
         self.asynchronous_compute_factor = 1.0
         """Compute work of asynchronous pipelines times this on a shared host: 1 / the profile's
         `cycle_compute.efficiency` (`simulator.cycle_compute`), and where ranks outnumber the host's

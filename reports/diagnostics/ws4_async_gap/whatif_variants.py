@@ -9,8 +9,18 @@ Variants (each patches the current cost model or engine in this process only; si
 twenty-first session the current model includes `oversubscribed_rate`, so variants scored before
 it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 - `none`: the current model.
+- `before_s22`: the model and calibration before the twenty-second session: every weight-pass fit
+  timed with all ranks at once replaced by its `alone` timing (rank 0 alone, kept in profiles since
+  that session), and asynchronous plans paying the cycle's message figures, not the runtime's.
+  Its two halves: `alone_passes` (the passes alone, the runtime's messages kept) and
+  `cycle_messages` (the passes as timed, the cycle's messages).
+- `concurrent_passes` (twenty-second session, `../concurrent_passes/RULE.md`): on profiles from
+  before it, the 2-rank weight passes rescaled by what `benchmarks/bench_weight_pass_sharing.py
+  --ranks 2` measured for all ranks at once over rank 0 alone, not by the layers' slowdown.
+  `concurrent_runtime`: that and the runtime's message figures (the candidate; profiles since
+  then time the passes all at once, so on them it is the same as `none`).
 - `before_s21`: the model before the twenty-first session (asynchronous compute at 1 / efficiency
-  on every shared host, where ranks outnumber cores too).
+  on every shared host, where ranks outnumber cores too), with `before_s22`'s passes and messages.
 - `oversubscribed_rate` (twenty-first session's candidate, `../oversubscribed_rate/RULE.md`):
   `cycle_rate` only where ranks outnumber the host's cores. Kept, so the current model does it and
   the name patches nothing (the same as `none`). `min_rate`: the rounds' parallelism capped at the
@@ -18,7 +28,8 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 - `runtime_messages` (twentieth session's candidate, not kept): asynchronous plans pay the message
   figures timed in the pipeline runtime itself (`handoff.runtime`, profiles since that session;
   1F1B keeps the cycle's), and their compute runs at `cycle_rate`'s rate. `runtime_only`: the
-  messages alone (`../runtime_messages/results.md`).
+  messages alone (`../runtime_messages/results.md`). Since the twenty-second session the model pays
+  them itself where each rank has a core, so both now add them only where ranks outnumber cores.
 - `cycle_rate`: asynchronous compute at the rate the cycle calibration measured, in absolute terms:
   work x P / (P_round x efficiency), where P_round is `cycle_compute.host_parallelism` (the
   all-ranks rate over rank 0's alone, measured in the cycle's own rounds) and P = W /
@@ -34,7 +45,7 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh
+          s21_fresh, s22_fresh, s22_second
           (default: all)
 """
 
@@ -52,7 +63,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "before_s22", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "before_s22", "alone_passes", "cycle_messages", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -82,6 +93,10 @@ RUNS = {
                   "reports/diagnostics/runtime_messages/fresh_run/profiles"),
     "s21_fresh": ("reports/diagnostics/oversubscribed_rate/fresh_run/validation_pipelines_cpu.csv",
                   "reports/diagnostics/oversubscribed_rate/fresh_run/profiles"),
+    "s22_fresh": ("reports/diagnostics/concurrent_passes/fresh_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/concurrent_passes/fresh_run/profiles"),
+    "s22_second": ("reports/diagnostics/concurrent_passes/second_run/validation_pipelines_cpu.csv",
+                   "reports/diagnostics/concurrent_passes/second_run/profiles"),
 }
 
 
@@ -103,14 +118,14 @@ def _alone_passes(document):
 
 def patch(variant: str) -> None:
     original_init = profile_costs.ProfileCosts.__init__
-    if variant in ("before_s22", "before_s21"):
+    if variant in ("before_s22", "before_s21", "alone_passes"):
         original_from_dict = simulator_profile.profile_from_dict
         simulator_profile.profile_from_dict = lambda document, *args, **kwargs: original_from_dict(
             _alone_passes(document), *args, **kwargs)
 
     def init(self, profile, workload, **options):
         original_init(self, profile, workload, **options)
-        if variant in ("before_s22", "before_s21"):
+        if variant in ("before_s22", "before_s21", "cycle_messages"):
             self.runtime_messages = None  # the model before the twenty-second session
         if variant in ("runtime_messages", "runtime_only") and self.asynchronous_messages is not None \
                 and profile.handoff.runtime is not None:
@@ -120,7 +135,8 @@ def patch(variant: str) -> None:
             messages = self.asynchronous_messages
             self.asynchronous_messages = dataclasses.replace(
                 messages, ready_receive_tail_s=messages.ready_receive_tail_s * STEP_TAIL_FACTOR)
-        if variant in ("concurrent_passes", "concurrent_runtime") and profile.world_size == 2:
+        if variant in ("concurrent_passes", "concurrent_runtime") and profile.world_size == 2 \
+                and set(profile.weight_pass_ranks_at_once.values()) == {1}:  # timed alone (older profiles)
             ratios = PASSES_TOGETHER_OVER_ALONE_WS2[profile.model_name]
             self._weight_pass_scale = {name: ratios[name] for name in self._weight_pass_scale}
             if self.update_timed_in_cycle:
