@@ -14,6 +14,9 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
   that session), and asynchronous plans paying the cycle's message figures, not the runtime's.
   Its two halves: `alone_passes` (the passes alone, the runtime's messages kept) and
   `cycle_messages` (the passes as timed, the cycle's messages).
+- `pass_fits` (twenty-second session, the next lead of `../concurrent_passes/second_run.md`): the
+  weight passes and the update in cycle from each fit's line over the parameter count, not from
+  per-layer costs fitted to the calibration's sets (`simulator.weight_pass_layers`).
 - `concurrent_passes` (twenty-second session, `../concurrent_passes/RULE.md`): on profiles from
   before it, the 2-rank weight passes rescaled by what `benchmarks/bench_weight_pass_sharing.py
   --ranks 2` measured for all ranks at once over rank 0 alone, not by the layers' slowdown.
@@ -63,7 +66,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "before_s22", "alone_passes", "cycle_messages", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -125,6 +128,8 @@ def patch(variant: str) -> None:
 
     def init(self, profile, workload, **options):
         original_init(self, profile, workload, **options)
+        if variant == "pass_fits":
+            self._layer_passes = None  # every pass and the update in cycle from its fit over num_params
         if variant in ("before_s22", "before_s21", "cycle_messages"):
             self.runtime_messages = None  # the model before the twenty-second session
         if variant in ("runtime_messages", "runtime_only") and self.asynchronous_messages is not None \
