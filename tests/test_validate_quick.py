@@ -28,19 +28,23 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
                  "--jitter-passes", "3"]) == 0
     capsys.readouterr()
     out = tmp_path / "validation"
-    assert main(["validate", SCENARIO, *SMALL, "--profile", str(profile), "--strategies", "dp,mp",
-                 "--steps", "4", "--warmup", "2", "--repeats", "2", "--speed-anchor", "2", "--out", str(out),
-                 "--bracket", "--interleave", "2", "--step-spans", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+
+    def validate() -> dict:
+        assert main(["validate", SCENARIO, *SMALL, "--profile", str(profile), "--strategies", "dp,mp",
+                     "--steps", "4", "--warmup", "2", "--repeats", "2", "--speed-anchor", "2", "--out", str(out),
+                     "--bracket", "--interleave", "2", "--step-spans", "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    report = validate()
+    if not all(_within_loose_bound(row) for row in report["rows"]):
+        # a slow spell of the shared 2-core host (CI, 2026-11-24: a measured step over 2.5x its
+        # prediction, which neither the speed anchor nor the calibration after the runs saw):
+        # measure once more; a slip in units or accounting misses the bound both times
+        report = validate()
     assert [row["kind"] for row in report["rows"]] == ["dp", "mp"]
     for row in report["rows"]:
         assert row["measured_s"] > 0 and row["predicted_s"] > 0
-        # a few-millisecond step on a shared 2-core box: one calibration taken in a slow or fast
-        # moment is off by a factor (CI once saw +76 %), so the plain figure only has to be within a
-        # factor of 2.5 (a unit or accounting slip is off by far more); the bracketed prediction,
-        # which pools a calibration before and after the runs, is held to the loose bound
-        assert 0.4 < row["predicted_s"] / row["measured_s"] < 2.5, row
-        assert abs(row["bracketed_error_pct"]) < 75, row
+        assert _within_loose_bound(row), row
         # the prediction under the profile's pass jitter: a median inside its own 10-90 % band,
         # set beside the measured steps' band
         assert row["predicted_p10_s"] <= row["predicted_jitter_s"] <= row["predicted_p90_s"]
@@ -82,6 +86,14 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path, c
     assert list(table["kind"]) == ["dp", "mp"] and list(table["launches"]) == [2, 2]
     assert len(list((out / "traces").glob("*.trace.json"))) == 4
     _check_step_spans(out / "traces")
+
+
+def _within_loose_bound(row: dict) -> bool:
+    """A few-millisecond step on a shared 2-core box: one calibration taken in a slow or fast moment
+    is off by a factor (CI once saw +76 %), so the plain figure only has to be within a factor of 2.5
+    (a unit or accounting slip is off by far more); the bracketed prediction, which pools a
+    calibration before and after the runs, is held to the loose bound."""
+    return 0.4 < row["predicted_s"] / row["measured_s"] < 2.5 and abs(row["bracketed_error_pct"]) < 75
 
 
 def _check_step_spans(folder) -> None:
