@@ -20,8 +20,9 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 - `concurrent_passes` (twenty-second session, `../concurrent_passes/RULE.md`): on profiles from
   before it, the 2-rank weight passes rescaled by what `benchmarks/bench_weight_pass_sharing.py
   --ranks 2` measured for all ranks at once over rank 0 alone, not by the layers' slowdown.
-  `concurrent_runtime`: that and the runtime's message figures (the candidate; profiles since
-  then time the passes all at once, so on them it is the same as `none`).
+  `concurrent_passes` keeps the cycle's message figures; `concurrent_runtime` the model's (the
+  runtime's, the candidate; profiles since then time the passes all at once, so on them it is the
+  same as `none`).
 - `before_s21`: the model before the twenty-first session (asynchronous compute at 1 / efficiency
   on every shared host, where ranks outnumber cores too), with `before_s22`'s passes and messages.
 - `oversubscribed_rate` (twenty-first session's candidate, `../oversubscribed_rate/RULE.md`):
@@ -130,8 +131,8 @@ def patch(variant: str) -> None:
         original_init(self, profile, workload, **options)
         if variant == "pass_fits":
             self._layer_passes = None  # every pass and the update in cycle from its fit over num_params
-        if variant in ("before_s22", "before_s21", "cycle_messages"):
-            self.runtime_messages = None  # the model before the twenty-second session
+        if variant in ("before_s22", "before_s21", "cycle_messages", "concurrent_passes"):
+            self.runtime_messages = None  # the cycle's message figures, as before the twenty-second session
         if variant in ("runtime_messages", "runtime_only") and self.asynchronous_messages is not None \
                 and profile.handoff.runtime is not None:
             idle_s = profile.p2p.time_s(profile.handoff.size_bytes)
@@ -146,10 +147,6 @@ def patch(variant: str) -> None:
             self._weight_pass_scale = {name: ratios[name] for name in self._weight_pass_scale}
             if self.update_timed_in_cycle:
                 self._in_cycle_scale = ratios["update"]
-        if variant == "concurrent_runtime" and self.runtime_messages is None and self.asynchronous_messages is not None \
-                and profile.handoff.runtime is not None and profile.world_size == 2:
-            idle_s = profile.p2p.time_s(profile.handoff.size_bytes)
-            self.runtime_messages = profile_costs.message_costs(profile.handoff.runtime, idle_s)
         cycle = profile.cycle_compute
         if self.host_parallelism is None or cycle is None or not cycle.host_parallelism:
             return
@@ -165,18 +162,6 @@ def patch(variant: str) -> None:
             self.host_parallelism = cycle.host_parallelism
 
     profile_costs.ProfileCosts.__init__ = init
-    if variant in ("runtime_messages", "runtime_only", "concurrent_runtime"):
-        original_engine_init = engine.Engine.__init__
-
-        def engine_init(self, plan, topology, costs, *args, **kwargs):
-            # asynchronous plans see the runtime's figures where the engine reads the cycle's
-            runtime = getattr(costs, "runtime_messages", None)
-            if runtime is not None and plan.meta.get("asynchronous"):
-                costs = copy.copy(costs)
-                costs.asynchronous_messages = runtime
-            original_engine_init(self, plan, topology, costs, *args, **kwargs)
-
-        engine.Engine.__init__ = engine_init
     if variant != "busy_tails":
         return
 
