@@ -14,6 +14,11 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
   that session), and asynchronous plans paying the cycle's message figures, not the runtime's.
   Its two halves: `alone_passes` (the passes alone, the runtime's messages kept) and
   `cycle_messages` (the passes as timed, the cycle's messages).
+- `prefix_sets` (twenty-third session, the model before it, `../stage_ranges/RULE.md`): on profiles
+  that timed every contiguous range of layers (`layer_ranges`), only the singles and prefixes that
+  calibrations timed before (`simulator.weight_pass_layers.calibration_layer_sets`) are kept, and a
+  stage's passes cost the sum of per-layer costs fitted to them. `ranges_nnls`: per-layer costs
+  fitted to every range, no range's own median played. Profiles without ranges: as `none`.
 - `pass_fits` (twenty-second session, the next lead of `../concurrent_passes/second_run.md`): the
   weight passes and the update in cycle from each fit's line over the parameter count, not from
   per-layer costs fitted to the calibration's sets (`simulator.weight_pass_layers`).
@@ -49,7 +54,7 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh, s22_fresh, s22_second
+          s21_fresh, s22_fresh, s22_second, s23_fresh
           (default: all)
 """
 
@@ -67,7 +72,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "ranges_nnls", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -101,6 +106,8 @@ RUNS = {
                   "reports/diagnostics/concurrent_passes/fresh_run/profiles"),
     "s22_second": ("reports/diagnostics/concurrent_passes/second_run/validation_pipelines_cpu.csv",
                    "reports/diagnostics/concurrent_passes/second_run/profiles"),
+    "s23_fresh": ("reports/diagnostics/stage_ranges/fresh_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/stage_ranges/fresh_run/profiles"),
 }
 
 
@@ -120,8 +127,39 @@ def _alone_passes(document):
     return document
 
 
+def _prefix_sets(document):
+    """The profile document with each pass's timed ranges cut to the singles and prefixes the
+    calibration timed before the twenty-third session, in that rule's order, `layer_ranges` dropped."""
+    from simulator.weight_pass_layers import calibration_layer_sets
+
+    document = copy.deepcopy(document)
+    entries = list((document.get("weight_passes") or {}).values())
+    in_cycle = (document.get("optimizer") or {}).get("in_cycle")
+    if isinstance(in_cycle, dict):
+        entries.append(in_cycle)
+    for entry in entries:
+        ranges = entry.pop("layer_ranges", None) if isinstance(entry, dict) else None
+        if not ranges:
+            continue
+        params = [0] * (max(last for _, last in ranges) + 1)
+        for (first, last), count in zip(ranges, entry["num_params"]):
+            if first == last:
+                params[first] = count
+        weighted = [tuple(layer for layer in range(first, last + 1) if params[layer] > 0) for first, last in ranges]
+        keep = [weighted.index(layers) for layers in calibration_layer_sets(params)]
+        for key in ("num_params", "medians_s"):
+            entry[key] = [entry[key][i] for i in keep]
+        if isinstance(entry.get("alone"), dict) and "medians_s" in entry["alone"]:
+            entry["alone"]["medians_s"] = [entry["alone"]["medians_s"][i] for i in keep]
+    return document
+
+
 def patch(variant: str) -> None:
     original_init = profile_costs.ProfileCosts.__init__
+    if variant == "prefix_sets":
+        original_from_dict = simulator_profile.profile_from_dict
+        simulator_profile.profile_from_dict = lambda document, *args, **kwargs: original_from_dict(
+            _prefix_sets(document), *args, **kwargs)
     if variant in ("before_s22", "before_s21", "alone_passes"):
         original_from_dict = simulator_profile.profile_from_dict
         simulator_profile.profile_from_dict = lambda document, *args, **kwargs: original_from_dict(
@@ -131,6 +169,8 @@ def patch(variant: str) -> None:
         original_init(self, profile, workload, **options)
         if variant == "pass_fits":
             self._layer_passes = None  # every pass and the update in cycle from its fit over num_params
+        if variant == "ranges_nnls" and self._layer_passes is not None:
+            self._layer_passes.range_medians_s = {}  # per-layer costs over every range, no range's own median
         if variant in ("before_s22", "before_s21", "cycle_messages", "concurrent_passes"):
             self.runtime_messages = None  # the cycle's message figures, as before the twenty-second session
         if variant in ("runtime_messages", "runtime_only") and self.asynchronous_messages is not None \
