@@ -17,24 +17,15 @@ whose passes run from cache when alone but not within a larger range (the MLP's 
 is costed between the two. The sets are rebuilt from the workload's parameter counts by the
 calibration's own rule (which layers have weights); a pass whose number of sets differs keeps its fit.
 
-Since 2026-11-24's twenty-third session the calibration times every contiguous range of layers
-(`timed_layer_ranges`) and the profile keeps each set's `layer_ranges`; a pass over a stage's layers
-then costs the median of the stage's own range, timed inside the cycle that stage runs. The large
-prefixes had cost up to 2x what the runtime spent on the later stages: in two 2-rank calibrations
-the ResNet-20's accumulate over all 11 layers took 0.37 ms against 0.17-0.18 in quieter ones, and
-the 2-stage runs' last stage (layers 5-10) accumulated in 0.13 ms where the per-layer costs charged
-0.27 (`reports/diagnostics/concurrent_passes/resnet2_step_spans.log`); a prefix's cycle runs the
-early layers' large activations through the caches, which the last stage's cycle never does. Timed
-alone on one rank, per-layer costs fitted to singles and prefixes fell short of the ranges' own
-medians by 2.5-18 % (median over the 66 ranges; worst -26 to -62 %, the update's per-call work
-spread over layers; `reports/diagnostics/stage_ranges/`). Profiles without `layer_ranges` keep the
-singles-and-prefixes rule and its per-layer costs.
+Tried and not kept (2026-11-24, `reports/diagnostics/stage_ranges/results.md`): timing every
+contiguous range of layers and costing a stage by its own range's median. On a fresh held-out run it
+scored MAPE 8.8 % / worst 24.9 % against 8.4 / 23.6 for this rule on the same measurements.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,20 +44,6 @@ def timed_layer_sets(params: Sequence[int]) -> list[tuple[int, ...]]:
             if key and key not in seen:
                 seen.add(key)
                 sets.append(candidate)
-    return sets
-
-
-def timed_layer_ranges(params: Sequence[int]) -> list[tuple[int, ...]]:
-    """Every contiguous range of layers, by last layer then first layer from the last one down (so
-    each single layer comes before the ranges that end with it), a range kept when no earlier one
-    held the same layers with weights: the sets the calibration times since 2026-11-24."""
-    sets, seen = [], set()
-    for end in range(1, len(params) + 1):
-        for start in range(end - 1, -1, -1):
-            key = tuple(layer for layer in range(start, end) if params[layer] > 0)
-            if key and key not in seen:
-                seen.add(key)
-                sets.append(tuple(range(start, end)))
     return sets
 
 
@@ -113,11 +90,9 @@ def per_layer_costs(layer_sets: Sequence[Sequence[int]], medians_s: Sequence[flo
 @dataclass(frozen=True)
 class PassSets:
     """The sets' medians a profile keeps: per pass name (and `UPDATE`), the median of each set in
-    the calibration's order, and where the profile records them, each set's `(first, last)` layers
-    (`layer_ranges`; without them the sets are `calibration_layer_sets`)."""
+    the calibration's order (`calibration_layer_sets`)."""
 
     medians_s: Mapping[str, tuple[float, ...]]
-    layer_ranges: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
 
 def parse_pass_sets(read, document: Mapping) -> PassSets | None:
@@ -129,7 +104,7 @@ def parse_pass_sets(read, document: Mapping) -> PassSets | None:
     in_cycle = (document.get("optimizer") or {}).get("in_cycle")
     if isinstance(in_cycle, Mapping):
         entries[UPDATE] = in_cycle
-    medians, ranges = {}, {}
+    medians = {}
     for name, entry in entries.items():
         where = "optimizer.in_cycle" if name == UPDATE else f"weight_passes.{name}"
         values = entry.get("medians_s")
@@ -139,65 +114,28 @@ def parse_pass_sets(read, document: Mapping) -> PassSets | None:
             raise read.fail(f"{where}.medians_s", f"expected a list as long as num_params, got {values!r}")
         medians[name] = tuple(read.number({"value": value}, "value", f"{where}.medians_s[{i}]", minimum=0)
                               for i, value in enumerate(values))
-        raw_ranges = entry.get("layer_ranges")
-        if raw_ranges is not None:
-            ranges[name] = _parse_ranges(read, raw_ranges, len(values), f"{where}.layer_ranges")
     if not medians:
         return None
-    return PassSets(medians, ranges)
-
-
-def _parse_ranges(read, raw, count: int, where: str) -> tuple[tuple[int, int], ...]:
-    """`[[first, last], ...]`, one per median, 0 <= first <= last."""
-    if not isinstance(raw, list) or len(raw) != count:
-        raise read.fail(where, f"expected a list of {count} [first, last] layer pairs (one per median), got {raw!r}")
-    ranges = []
-    for i, pair in enumerate(raw):
-        if (not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                                   for v in pair) or not 0 <= pair[0] <= pair[1]):
-            raise read.fail(f"{where}[{i}]", f"expected [first, last] layer indices with 0 <= first <= last, got {pair!r}")
-        ranges.append((pair[0], pair[1]))
-    return tuple(ranges)
+    return PassSets(medians)
 
 
 class LayerPassCosts:
-    """Per-layer costs of each pass with kept medians, for one workload, and where the profile
-    records the sets' layer ranges, each range's own median."""
+    """Per-layer costs of each pass with kept medians, for one workload."""
 
     def __init__(self, sets: PassSets, layer_params: Sequence[int]):
         self.layer_params = tuple(layer_params)
-        self.costs_s: dict[str, np.ndarray] = {}
+        layer_sets = calibration_layer_sets(layer_params)
+        self.costs_s = {name: per_layer_costs(layer_sets, medians, len(layer_params))
+                        for name, medians in sets.medians_s.items() if len(medians) == len(layer_sets)}
         """Pass name -> per-layer seconds; a pass whose sets do not match the workload's is left out."""
-        self.range_medians_s: dict[str, dict[tuple[int, ...], float]] = {}
-        """Pass name -> {a timed range's layers with weights: its median} (profiles with `layer_ranges`)."""
-        prefix_sets = calibration_layer_sets(layer_params)
-        for name, medians in sets.medians_s.items():
-            ranges = sets.layer_ranges.get(name)
-            layer_sets = prefix_sets if ranges is None else self._weighted_sets(ranges)
-            if layer_sets is None or len(medians) != len(layer_sets):
-                continue
-            self.costs_s[name] = per_layer_costs(layer_sets, medians, len(layer_params))
-            if ranges is not None:
-                self.range_medians_s[name] = dict(zip(layer_sets, medians))
-
-    def _weighted_sets(self, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, ...]] | None:
-        """Each range's layers with weights; None when a range lies outside the workload's layers
-        (a profile of another model)."""
-        if any(last >= len(self.layer_params) for _, last in ranges):
-            return None
-        return [tuple(layer for layer in range(first, last + 1) if self.layer_params[layer] > 0)
-                for first, last in ranges]
 
     def over(self, name: str, layer_start: int, layer_end: int, num_params: int) -> float | None:
-        """Seconds of pass `name` over layers [layer_start, layer_end): the median of that range where
-        it was timed, else the sum of the per-layer costs; None when this pass has neither or the range
-        does not hold exactly `num_params` (an interleaved stage's update over chunks apart; the caller
-        then uses the fit)."""
+        """Seconds of pass `name` over layers [layer_start, layer_end), or None when this pass has no
+        per-layer costs or the range does not hold exactly `num_params` (an interleaved stage's update
+        over chunks apart; the caller then uses the fit)."""
         costs = self.costs_s.get(name)
         if costs is None or not 0 <= layer_start < layer_end <= len(self.layer_params):
             return None
         if sum(self.layer_params[layer_start:layer_end]) != num_params:
             return None
-        key = tuple(layer for layer in range(layer_start, layer_end) if self.layer_params[layer] > 0)
-        timed_s = self.range_medians_s.get(name, {}).get(key)
-        return float(costs[layer_start:layer_end].sum()) if timed_s is None else timed_s
+        return float(costs[layer_start:layer_end].sum())

@@ -9,7 +9,7 @@ from simulator.errors import ScenarioError
 from simulator.profile import load_profile
 from simulator.profile_costs import ProfileCosts
 from simulator.weight_pass_layers import (LayerPassCosts, PassSets, calibration_layer_sets,
-                                          nonnegative_least_squares, per_layer_costs, timed_layer_ranges)
+                                          nonnegative_least_squares, per_layer_costs)
 from tests.test_profile import document, workload, write
 
 
@@ -18,42 +18,6 @@ def test_the_sets_follow_the_calibrations_rule():
     `validator.calibration_phases._layer_sets`)."""
     assert calibration_layer_sets([5, 0, 7]) == [(0,), (2,), (0, 2)]
     assert calibration_layer_sets([3, 4, 5]) == [(0,), (1,), (0, 1), (2,), (0, 1, 2)]
-
-
-def test_the_ranges_are_every_contiguous_range_once_by_its_layers_with_weights():
-    """Each single layer before the ranges ending with it; a range whose layers with weights an
-    earlier one held (a weightless layer at either end) is skipped."""
-    assert timed_layer_ranges([3, 4, 5]) == [(0,), (1,), (0, 1), (2,), (1, 2), (0, 1, 2)]
-    assert timed_layer_ranges([5, 0, 7]) == [(0,), (2,), (0, 1, 2)]
-    assert len(timed_layer_ranges([1] * 11)) == 66
-
-
-def _ranges_costs(params, medians_by_range, name="stash"):
-    ranges = [(layers[0], layers[-1]) for layers in timed_layer_ranges(params)]
-    return LayerPassCosts(PassSets({name: tuple(medians_by_range(first, last) for first, last in ranges)},
-                                   {name: tuple(ranges)}), params)
-
-
-def test_a_timed_range_costs_its_own_median_not_the_sum_of_per_layer_costs():
-    """A range's median can hold what no per-layer split gives (a per-call cost, or caches that a
-    long prefix's cycle spills and a later stage's does not): the stage's own median is played."""
-    params = [100, 200, 300, 400]
-
-    def median_s(first, last):  # 10 us a layer; the long ranges from layer 0 spill: 40 us more
-        return 1e-5 * (last - first + 1) + (4e-5 if first == 0 and last >= 2 else 0.0)
-
-    costs = _ranges_costs(params, median_s)
-    assert costs.over("stash", 2, 4, 700) == pytest.approx(2e-5)
-    assert costs.over("stash", 0, 4, 1000) == pytest.approx(8e-5)
-    per_layer_sum = float(costs.costs_s["stash"][2:4].sum())
-    assert per_layer_sum > 1.1 * 2e-5  # the least-squares split charges the later layers some of the spill
-    assert costs.over("stash", 0, 4, 999) is None  # not the range's parameters: the caller's fit
-
-
-def test_ranges_beyond_the_workload_leave_the_pass_to_its_fit():
-    params = [100, 200]
-    sets = PassSets({"stash": (1.0, 2.0, 3.0)}, {"stash": ((0, 0), (1, 1), (1, 2))})
-    assert LayerPassCosts(sets, params).over("stash", 0, 2, 300) is None
 
 
 def test_nonnegative_least_squares_matches_the_exact_solution_and_clips_at_zero():
@@ -136,38 +100,6 @@ def test_profile_costs_use_the_per_layer_costs_over_a_layer_range(tmp_path):
             del entry["medians_s"]
     older = ProfileCosts(load_profile(write(tmp_path, doc, "older.json")), workload(), shared_host=True)
     assert older.weight_pass_s("stash", head, layers=(2, 3)) == pytest.approx(1e-5 + 2e-9 * head)
-
-
-def test_profile_costs_play_a_stages_own_range_where_the_profile_records_ranges(tmp_path):
-    """The test MLP (4160, 4160, 650 parameters): six ranges timed; a pass over fc2..fc3 costs that
-    range's median, rescaled by compute_slowdown like the fit; the update in cycle likewise."""
-    w = workload()
-    params = [layer.num_params for layer in w.layers]
-    ranges = [(layers[0], layers[-1]) for layers in timed_layer_ranges(params)]
-    medians = [1e-4 * (first + 1) + 1e-5 * last for first, last in ranges]
-    doc = document()
-    fit = {"intercept_s": 1e-5, "per_param_s": 2e-9, "ranks_at_once": 1,
-           "num_params": [sum(params[first:last + 1]) for first, last in ranges],
-           "layer_ranges": [list(pair) for pair in ranges]}
-    doc["weight_passes"] = {"stash": dict(fit, medians_s=medians)}
-    doc["optimizer"]["in_cycle"] = dict(fit, intercept_s=2e-4, medians_s=[3 * m for m in medians])
-    shared = ProfileCosts(load_profile(write(tmp_path, doc)), w, shared_host=True)
-    tail = params[1] + params[2]
-    assert shared.weight_pass_s("stash", tail, layers=(1, 3)) == pytest.approx(2e-4 + 2e-5)
-    assert shared.optimizer_s(tail, layers=(1, 3)) == pytest.approx(3 * (2e-4 + 2e-5))
-    at_four = ProfileCosts(load_profile(write(tmp_path, doc, "at_four.json")), w)
-    assert at_four.weight_pass_s("stash", tail, layers=(1, 3)) == pytest.approx(2 * (2e-4 + 2e-5))
-
-
-@pytest.mark.parametrize("ranges, field", [([[0, 0]], "weight_passes.stash.layer_ranges"),
-                                           ([[0, 0], [1, 1], [0, 1], [2, 2], [1, 2], [2, 1]],
-                                            r"weight_passes.stash.layer_ranges\[5\]")])
-def test_malformed_layer_ranges_name_the_field(tmp_path, ranges, field):
-    doc = document()
-    doc["weight_passes"] = {"stash": {"intercept_s": 1e-5, "per_param_s": 2e-9, "num_params": [1] * 6,
-                                      "medians_s": [1e-4] * 6, "layer_ranges": ranges}}
-    with pytest.raises(ScenarioError, match=field):
-        load_profile(write(tmp_path, doc))
 
 
 @pytest.mark.parametrize("medians, field", [([1e-4, 1e-4], "weight_passes.stash.medians_s"),

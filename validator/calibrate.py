@@ -148,8 +148,6 @@ def _pass_fit(items: list[dict], key: str, notes: list[str], what: str, ranks_at
     fit = _fit_entry(counts, times, notes, what)
     entry = {"intercept_s": fit.intercept, "per_param_s": fit.slope, "r2": fit.r2,
              "ranks_at_once": ranks_at_once, "num_params": counts, "medians_s": times}
-    if all("layers" in item for item in items):
-        entry["layer_ranges"] = [list(item["layers"]) for item in items]
     if alone:
         alone_times = [item[key] for item in alone]
         alone_fit = _fit_entry(counts, alone_times, notes, f"{what}.alone")

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from simulator.weight_pass_layers import timed_layer_ranges, timed_layer_sets
+from simulator.weight_pass_layers import timed_layer_sets
 from simulator.workload import Workload
 from validator.cold_bench import time_cold_start
 from validator.cycle_compute_bench import measure_cycle_compute
@@ -72,18 +72,15 @@ def _divisors(world_size: int, minimum: int = 2) -> list[int]:
 
 
 def _layer_sets(modules) -> list[list[int]]:
-    """The sets the update and the weight passes are timed over, as layer indices: every contiguous
-    range with weights (`simulator.weight_pass_layers.timed_layer_ranges`; the profile records each
-    set's first and last layer, `layer_ranges`)."""
-    return [list(layers) for layers in timed_layer_ranges([sum(p.numel() for p in module.parameters())
-                                                           for module in modules])]
+    """The sets the update and the weight passes are timed over, as layer indices
+    (`simulator.weight_pass_layers.timed_layer_sets`, which the simulator rebuilds from the workload)."""
+    return [list(layers) for layers in timed_layer_sets([sum(p.numel() for p in module.parameters())
+                                                         for module in modules])]
 
 
 def _parameter_sets(modules) -> list[list[torch.Tensor]]:
-    """The parameters the back-to-back update is timed over: each single layer and each prefix
-    (`simulator.weight_pass_layers.timed_layer_sets`; its fit is a line over the parameter count)."""
-    params = [sum(p.numel() for p in module.parameters()) for module in modules]
-    return [[p for layer in layers for p in modules[layer].parameters()] for layers in timed_layer_sets(params)]
+    """The parameters of each of `_layer_sets`."""
+    return [[p for layer in layers for p in modules[layer].parameters()] for layers in _layer_sets(modules)]
 
 
 def _topk_sizes(num_params: int) -> list[int]:

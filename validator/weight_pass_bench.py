@@ -145,8 +145,8 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
     update with `optimizer` (step, then the gradients zeroed) at the cycle's end, where every
     runtime runs it: after the stage's passes, not after itself as in `time_optimizer`'s blocks.
 
-    Returns `[{"num_params", "num_tensors", "layers": [first, last], "stash_s", "predict_s",
-    "repredict_s", "accumulate_s", "average_s", "copy_forward_s", "update_s"}]` ("copy_forward_s": the forward on the copy less the
+    Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "repredict_s", "accumulate_s",
+    "average_s", "copy_forward_s", "update_s"}]` ("copy_forward_s": the forward on the copy less the
     forward through the modules, each a median over blocks, at least 0).
     """
     barrier = barrier or (lambda: None)
@@ -170,8 +170,7 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
         barrier()
         *medians, update_s, plain_forward_s, copy_forward_s, _backward_s = _time_blocks(
             run, repeats, warmup, min_block_s, agree)
-        entry = {"num_params": int(sum(p.numel() for p in params)), "num_tensors": len(params),
-                 "layers": [layers[0], layers[-1]]}
+        entry = {"num_params": int(sum(p.numel() for p in params)), "num_tensors": len(params)}
         entry.update({f"{name}_s": median for name, median in zip(CYCLE_PASSES, medians, strict=True)})
         entry[f"{COPY_FORWARD}_s"] = max(0.0, copy_forward_s - plain_forward_s)
         entry["update_s"] = update_s

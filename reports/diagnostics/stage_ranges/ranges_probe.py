@@ -17,13 +17,26 @@ import torch
 
 from simulator.model_source import resolve_workload
 from simulator.scenario import ModelConfig
-from simulator.weight_pass_layers import calibration_layer_sets, per_layer_costs, timed_layer_ranges
+from simulator.weight_pass_layers import calibration_layer_sets, per_layer_costs
 from validator.models import build_modules, make_batch
 from validator.weight_pass_bench import time_weight_passes
 
 PARAMS = {"resnet20": {"width_multiplier": 0.5, "image_size": 16},
           "mlp": {"input_dim": 512, "hidden_dim": 1024, "num_hidden_layers": 6, "num_classes": 10},
           "transformer": {"num_layers": 4, "hidden_size": 128, "num_heads": 4, "seq_len": 32, "vocab_size": 512}}
+
+
+def timed_layer_ranges(params):
+    """Every contiguous range of layers, by last layer then first layer downward, a range kept when
+    no earlier one held the same layers with weights (the candidate's sets, not kept: ./results.md)."""
+    sets, seen = [], set()
+    for end in range(1, len(params) + 1):
+        for start in range(end - 1, -1, -1):
+            key = tuple(layer for layer in range(start, end) if params[layer] > 0)
+            if key and key not in seen:
+                seen.add(key)
+                sets.append(tuple(range(start, end)))
+    return sets
 
 
 def main() -> None:

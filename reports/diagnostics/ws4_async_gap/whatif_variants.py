@@ -17,8 +17,11 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 - `prefix_sets` (twenty-third session, the model before it, `../stage_ranges/RULE.md`): on profiles
   that timed every contiguous range of layers (`layer_ranges`), only the singles and prefixes that
   calibrations timed before (`simulator.weight_pass_layers.calibration_layer_sets`) are kept, and a
-  stage's passes cost the sum of per-layer costs fitted to them. `ranges_nnls`: per-layer costs
-  fitted to every range, no range's own median played. Profiles without ranges: as `none`.
+  stage's passes cost the sum of per-layer costs fitted to them: the model as it stands, the
+  candidate not kept. On those profiles `none` now plays each pass's fit over the parameter count
+  (their number of sets is not the rule's); the candidate's own scores, and `ranges_nnls` (per-layer
+  costs fitted to every range), were taken with commit 1c65bf6 (`../stage_ranges/score.log`).
+  Profiles without ranges: as `none`.
 - `pass_fits` (twenty-second session, the next lead of `../concurrent_passes/second_run.md`): the
   weight passes and the update in cycle from each fit's line over the parameter count, not from
   per-layer costs fitted to the calibration's sets (`simulator.weight_pass_layers`).
@@ -72,7 +75,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "ranges_nnls", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -169,8 +172,6 @@ def patch(variant: str) -> None:
         original_init(self, profile, workload, **options)
         if variant == "pass_fits":
             self._layer_passes = None  # every pass and the update in cycle from its fit over num_params
-        if variant == "ranges_nnls" and self._layer_passes is not None:
-            self._layer_passes.range_medians_s = {}  # per-layer costs over every range, no range's own median
         if variant in ("before_s22", "before_s21", "cycle_messages", "concurrent_passes"):
             self.runtime_messages = None  # the cycle's message figures, as before the twenty-second session
         if variant in ("runtime_messages", "runtime_only") and self.asynchronous_messages is not None \
