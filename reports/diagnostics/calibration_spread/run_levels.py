@@ -19,7 +19,7 @@ sys.path.insert(0, str(HERE))
 import pandas as pd  # noqa: E402
 
 import whatif_variants  # noqa: E402
-from section_spread import RUNS  # noqa: E402
+from section_spread import RUNS, spread_pct  # noqa: E402
 
 
 def main() -> int:
@@ -30,13 +30,13 @@ def main() -> int:
         errors["run"] = run
         frames.append(errors)
     table = pd.concat(frames, ignore_index=True)
-    table["measured_ms"] = table["predicted_jitter_s"] / (1 + table["jitter_error_pct"] / 100) * 1e3
+    table["measured_ms"] = table["measured_s"] * 1e3
     table["predicted_ms"] = table["predicted_jitter_s"] * 1e3
     table["asynchronous"] = table["kind"].str.startswith(("pipedream", "spectrain"))
     means = table.groupby(["model", "world_size", "asynchronous", "run"])[["predicted_ms", "measured_ms"]].mean()
     for column in ("predicted_ms", "measured_ms"):
         by_run = means[column].unstack("run")[list(RUNS)]
-        by_run["cv_pct"] = by_run.std(axis=1) / by_run.mean(axis=1) * 100
+        by_run["cv_pct"] = by_run.apply(spread_pct, axis=1)
         pd.set_option("display.width", 250)
         print(f"# {column}: mean over the profile's cases, by run; cv_pct over the runs")
         print(by_run.round(2).to_string())

@@ -67,7 +67,6 @@ def main() -> int:
             folder = mixed_profiles(reference_profiles, root / profiles, section, scratch / f"{section}-{run}")
             whatif_variants.RUNS[f"mixed-{run}"] = (csv, str(folder))
             errors = whatif_variants.case_errors(f"mixed-{run}")
-            errors["measured_s"] = errors["predicted_jitter_s"] / (1 + errors["jitter_error_pct"] / 100)
             errors["run"], errors["section"] = run, section or "all own"
             rows.append(errors)
         print(f"  {section or 'all own'} done", file=sys.stderr, flush=True)

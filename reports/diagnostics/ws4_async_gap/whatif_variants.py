@@ -225,7 +225,7 @@ def patch(variant: str) -> None:
 
 def case_errors(name: str, model: str | None = None) -> pd.DataFrame:
     """Run `name`'s cases (only `model`'s, if given) re-predicted with the (patched) model from
-    their own profiles: model, world_size, kind, predicted_jitter_s, jitter_error_pct."""
+    their own profiles: model, world_size, kind, predicted_jitter_s, measured_s, jitter_error_pct."""
     from repredict import cases, error_pct
     from validator.measure import RunOptions
     from validator.validate import predictions
@@ -240,7 +240,8 @@ def case_errors(name: str, model: str | None = None) -> pd.DataFrame:
         for row in group.itertuples():
             predicted_s = figures[row.strategy]["predicted_jitter_s"]
             rows.append({"model": row.model, "world_size": row.world_size, "kind": row.kind,
-                         "predicted_jitter_s": predicted_s, "jitter_error_pct": error_pct(predicted_s, row)})
+                         "predicted_jitter_s": predicted_s, "measured_s": row.measured_s,
+                         "jitter_error_pct": error_pct(predicted_s, row)})
     return pd.DataFrame(rows)
 
 
