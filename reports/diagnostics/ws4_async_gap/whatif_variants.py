@@ -47,6 +47,13 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
   all-ranks rate over rank 0's alone, measured in the cycle's own rounds) and P = W /
   compute_slowdown[W] is the engine's pool. The model multiplies by 1 / efficiency only.
 - `cycle_pool`: the engine's pool at P_round for every plan (synchronous ones too).
+- `efficiency_only` (twenty-sixth session, a diagnostic of the Intel host's run `s26_intel`):
+  asynchronous compute at 1 / efficiency on every shared host, the rounds' rate
+  (`oversubscribed_rate`) left out where ranks outnumber cores; passes and messages as the model.
+- `pool_curve_all` (twenty-sixth session's candidate, `../pool_curve/RULE.md`): where ranks
+  outnumber cores, the pool's parallelism is a curve of the compute threads open (min(P, cores) up
+  to the cores, the cycle rounds' P_round with all W computing, linear between) for every plan, and
+  asynchronous compute pays 1 / efficiency only. `pool_curve`: the curve for asynchronous plans only.
 - `step_tail` (seventeenth session): the cycle's tail of the wait on an arrived message x 0.6, what
   the cycle gave in 4-micro-batch runs counting every message against its steady state at 4 ranks
   (`../ws2_message_tails/cycle_variants.log`: 0.67-0.80 against 1.19-1.23 ms).
@@ -57,7 +64,8 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh, s22_fresh, s22_second, s23_fresh
+          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh (the Intel Xeon host; every run
+          before them since s18_first was on the AMD EPYC host)
           (default: all)
 """
 
@@ -75,7 +83,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -111,6 +119,10 @@ RUNS = {
                    "reports/diagnostics/concurrent_passes/second_run/profiles"),
     "s23_fresh": ("reports/diagnostics/stage_ranges/fresh_run/validation_pipelines_cpu.csv",
                   "reports/diagnostics/stage_ranges/fresh_run/profiles"),
+    "s26_intel": ("reports/diagnostics/calibration_launches/intel_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/calibration_launches/intel_run/profiles"),
+    "s26_fresh": ("reports/diagnostics/pool_curve/fresh_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/pool_curve/fresh_run/profiles"),
 }
 
 
@@ -199,10 +211,18 @@ def patch(variant: str) -> None:
         elif variant == "min_rate":
             rounds = min(cycle.host_parallelism, self.host_parallelism)
             self.asynchronous_compute_factor = self.host_parallelism / (rounds * cycle.efficiency)
+        elif variant in ("pool_curve", "pool_curve_all"):
+            self.asynchronous_compute_factor = 1.0 / cycle.efficiency
+            if profile_costs.ranks_outnumber_cores(profile):
+                self._round_parallelism = cycle.host_parallelism
+        elif variant == "efficiency_only":  # the twenty-first session's rounds' rate left out everywhere
+            self.asynchronous_compute_factor = 1.0 / cycle.efficiency
         elif variant == "cycle_pool":
             self.host_parallelism = cycle.host_parallelism
 
     profile_costs.ProfileCosts.__init__ = init
+    if variant in ("pool_curve", "pool_curve_all"):
+        _patch_pool_curve(everywhere=variant == "pool_curve_all")
     if variant != "busy_tails":
         return
 
@@ -223,8 +243,50 @@ def patch(variant: str) -> None:
     engine.Engine._message_work = message_work
 
 
-def case_errors(name: str, model: str | None = None) -> pd.DataFrame:
-    """Run `name`'s cases (only `model`'s, if given) re-predicted with the (patched) model from
+POOL_CURVE_CORES = 2
+"""The cores of the hosts every committed CPU run was measured on (both VMs: 2)."""
+
+
+def _patch_pool_curve(everywhere: bool) -> None:
+    """`pool_curve`: where ranks outnumber cores, the pool's parallelism depends on the compute
+    threads n open on the host: the engine's P for n <= cores (capped at the cores), the cycle
+    rounds' P_round with every rank computing (n = W), linear between; asynchronous compute pays
+    1 / efficiency only. `pool_curve_all`: every plan's compute on that curve, not only the
+    asynchronous plans'."""
+    from simulator.host_sharing import COMPUTE, HostPool
+
+    original_engine_init = engine.Engine.__init__
+    original_rate = HostPool.thread_rate
+
+    def engine_init(self, plan, topology, costs, *args, **kwargs):
+        original_engine_init(self, plan, topology, costs, *args, **kwargs)
+        round_parallelism = getattr(costs, "_round_parallelism", None)
+        if self.hosts is not None and round_parallelism and (everywhere or plan.meta.get("asynchronous")):
+            self.hosts.curve = (min(self.hosts.parallelism, POOL_CURVE_CORES), round_parallelism,
+                                plan.num_ranks // max(1, topology.num_nodes))
+
+    def thread_rate(self, host, kind):
+        curve = getattr(self, "curve", None)
+        if curve is None or kind != COMPUTE:
+            return original_rate(self, host, kind)
+        low, high, world = curve
+        n = self._threads[host][COMPUTE]
+        if n <= POOL_CURVE_CORES:
+            return original_rate(self, host, kind)
+        share = min(1.0, (n - POOL_CURVE_CORES) / max(1, world - POOL_CURVE_CORES))
+        saved = self.parallelism
+        self.parallelism = low + (high - low) * share
+        try:
+            return original_rate(self, host, kind)
+        finally:
+            self.parallelism = saved
+
+    engine.Engine.__init__ = engine_init
+    HostPool.thread_rate = thread_rate
+
+
+def case_errors(name: str, model: str | None = None, world_size: int | None = None) -> pd.DataFrame:
+    """Run `name`'s cases (only `model`'s and `world_size`'s, if given) re-predicted with the (patched) model from
     their own profiles: model, world_size, kind, predicted_jitter_s, measured_s, jitter_error_pct."""
     from repredict import cases, error_pct
     from validator.measure import RunOptions
@@ -235,6 +297,8 @@ def case_errors(name: str, model: str | None = None) -> pd.DataFrame:
     rows = []
     if model is not None:
         frame = frame[frame["model"] == model]
+    if world_size is not None:
+        frame = frame[frame["world_size"] == world_size]
     for scenario, profile, specs, group in cases(frame, True, "", ROOT / profiles):
         figures = predictions(scenario, str(profile), specs, RunOptions(optimizer=scenario.training.optimizer))
         for row in group.itertuples():
