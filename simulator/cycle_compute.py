@@ -28,8 +28,13 @@ all ranks computing for 0.4 s) / (rank 0's alone) counts every scheduler slice a
 the engine's P = W / compute_slowdown[W] comes from medians of >= 10 ms blocks, which drop the
 blocks that lost one. With 4 ranks on the project's 2 cores P_round was below P in all 27 profiles
 of nine pipeline runs (1.49-1.83 against 1.73-2.16); with 2 ranks, a core each, the two straddled
-(1.74-2.03 against 1.75-1.98; below in 16 of 27). The factor is then P / (P_round x efficiency), so that the engine's
-pool plays the rate the rounds measured; elsewhere 1 / efficiency.
+(1.74-2.03 against 1.75-1.98; below in 16 of 27). Until the twenty-sixth session the factor was then P / (P_round x efficiency), on every
+pass of an asynchronous plan. Since then P_round enters the engine's pool instead, as the
+parallelism with all W ranks computing (`simulator.host_sharing.PoolCurve`, every plan): the
+rounds' loss is paid only while more ranks compute than the host has cores, and asynchronous
+compute pays 1 / efficiency everywhere. (On the Intel Xeon host the constant was 1.96 and charged
+the MLP's 4-stage PipeDream passes about 2x what its step spans measured:
+`reports/diagnostics/pool_curve/`.)
 """
 
 from __future__ import annotations
@@ -114,11 +119,7 @@ def parse_cycle_compute(read, document: Mapping) -> CycleCompute | None:
         if section.get("host_parallelism") is not None else 0.0)
 
 
-def asynchronous_compute_factor(cycle: CycleCompute, host_parallelism: float, oversubscribed: bool) -> float:
-    """What the engine multiplies asynchronous pipelines' compute by on a shared host whose pool has
-    parallelism `host_parallelism` (P): 1 / efficiency, and with `oversubscribed` (ranks outnumber
-    cores) and the rounds' P_round recorded, P / (P_round x efficiency) (module docstring)."""
-    factor = 1.0 / cycle.efficiency
-    if oversubscribed and cycle.host_parallelism > 0:
-        factor *= host_parallelism / cycle.host_parallelism
-    return factor
+def asynchronous_compute_factor(cycle: CycleCompute) -> float:
+    """What the engine multiplies asynchronous pipelines' compute by on a shared host: 1 / efficiency
+    (module docstring; the rounds' P_round enters the pool's curve instead, `host_sharing.PoolCurve`)."""
+    return 1.0 / cycle.efficiency

@@ -92,7 +92,7 @@ class Engine:
         self.hosts: HostPool | None = None
         if self.host_parallelism is not None:  # shared host processors (a calibrated CPU host)
             self.hosts = HostPool(self.env, self.host_parallelism, topology.num_nodes,
-                                  getattr(costs, "interference", None))
+                                  getattr(costs, "interference", None), getattr(costs, "pool_curve", None))
         device_costs = DeviceCosts(costs, topology)
         self._rank_costs = [device_costs.model_of(device) for device in plan.rank_to_device]
         # G > 1 replicas of a stage average the reduced gradients before the update (megatron plans

@@ -15,7 +15,12 @@ time it takes at rate 1, and runs at a rate that is the product of two terms:
   the calibration's threads (an interpolation, not a derived law).
 
 Without interference factors (profiles older than the overlap microbenchmark) both classes share
-one pool, every thread at min(1, P / (n_compute + n_comm)). A job on several hosts (a collective
+one pool, every thread at min(1, P / (n_compute + n_comm)).
+
+Where a calibration's ranks outnumbered its host's cores, P for compute threads depends on how many
+are open (`PoolCurve`, since the twenty-sixth session): the layers' block medians give P for any
+number up to the cores, the asynchronous cycle's rounds (all W ranks computing for 0.4 s,
+`simulator.cycle_compute`) give P_round for W, and the curve is linear in between. A job on several hosts (a collective
 across nodes) runs at its slowest host's rate. Rates change only when a job starts or ends; finish
 times sit in one heap under one armed timer, as in `simulator.network.FlowNetwork`.
 """
@@ -42,6 +47,32 @@ class Interference:
     """{comm class: s_m}: that communication's slowdown while every rank computes."""
 
 
+@dataclass(frozen=True)
+class PoolCurve:
+    """A host's parallelism for compute threads where its ranks outnumber its cores: P (the pool's
+    own) for up to `cores` threads; `parallelism_all` (the cycle rounds' P_round, measured with
+    `world_size` ranks computing at once) for `world_size`; linear from min(P, cores) at `cores` to
+    it in between (an interpolation between two measured points, not a derived law).
+
+    Why: the rounds count every scheduler slice a rank loses while all W compute, which the block
+    medians behind P drop; before this curve asynchronous plans paid P / P_round on every pass,
+    also while only some ranks computed. On the Intel Xeon host (P_round 1.24 against P 2.29 for 4
+    ranks on 2 cores) that constant charged the MLP's 4-stage PipeDream passes 2x, where the
+    runtime's step spans measured 1.0-1.3x their 1F1B time (`reports/diagnostics/pool_curve/`)."""
+
+    cores: int
+    parallelism_at_cores: float
+    parallelism_all: float
+    world_size: int
+
+    def parallelism(self, num_compute: int, pool_parallelism: float) -> float:
+        """P for `num_compute` compute threads open on a host whose pool has `pool_parallelism`."""
+        if num_compute <= self.cores:
+            return pool_parallelism
+        share = min(1.0, (num_compute - self.cores) / max(1, self.world_size - self.cores))
+        return self.parallelism_at_cores + (self.parallelism_all - self.parallelism_at_cores) * share
+
+
 class _Job:
     __slots__ = ("id", "remaining", "kind", "threads", "rate", "since_s", "done", "version")
 
@@ -53,10 +84,12 @@ class _Job:
 class HostPool:
     """Jobs of compute and communication threads on hosts of parallelism `parallelism` each."""
 
-    def __init__(self, env, parallelism: float, num_hosts: int, interference: Interference | None = None):
+    def __init__(self, env, parallelism: float, num_hosts: int, interference: Interference | None = None,
+                 curve: PoolCurve | None = None):
         self.env = env
         self.parallelism = parallelism
         self.interference = interference
+        self.curve = curve
         self._threads = [defaultdict(int) for _ in range(num_hosts)]  # host -> {kind: active threads}
         self._jobs = [dict() for _ in range(num_hosts)]                # host -> {job id: job}
         self._finishes: list[tuple[float, int, int, _Job]] = []
@@ -87,6 +120,8 @@ class HostPool:
         active = self._threads[host]
         parallelism = self.parallelism
         num_compute = active[COMPUTE]
+        if kind == COMPUTE and self.curve is not None:
+            parallelism = self.curve.parallelism(num_compute, parallelism)
         num_comm = sum(active[c] for c in COMM_CLASSES)
         if self.interference is None:
             return min(1.0, parallelism / max(num_compute + num_comm, 1))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from simulator.cold_start import update_state_share
 from simulator.cycle_compute import asynchronous_compute_factor
+from simulator.host_sharing import PoolCurve
 from simulator.costs import COPY_FORWARD, OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.profile import Profile, load_profile
@@ -69,6 +70,18 @@ def ranks_outnumber_cores(profile: Profile) -> bool:
     the world size (`validator.pass_jitter_bench`). False without the section."""
     jitter = profile.pass_jitter
     return jitter is not None and bool(jitter.levels) and min(jitter.levels) < profile.world_size
+
+
+def pool_curve(profile: Profile, host_parallelism: float) -> PoolCurve | None:
+    """The host's parallelism curve (`simulator.host_sharing.PoolCurve`) where the calibration's ranks
+    outnumbered its host's cores (the cores: the smallest `pass_jitter` level, the passes timed with
+    as many ranks as cores) and its cycle rounds measured P_round; else None."""
+    cycle = profile.cycle_compute
+    if cycle is None or cycle.host_parallelism <= 0 or not ranks_outnumber_cores(profile):
+        return None
+    cores = min(profile.pass_jitter.levels)
+    return PoolCurve(cores=cores, parallelism_at_cores=min(host_parallelism, float(cores)),
+                     parallelism_all=cycle.host_parallelism, world_size=profile.world_size)
 
 
 class ProfileCosts:
@@ -134,9 +147,11 @@ class ProfileCosts:
         weight_pass_ranks_at_once`): kept after a fresh run, `reports/diagnostics/concurrent_passes/`."""
         self.asynchronous_compute_factor = 1.0
         """Compute work of asynchronous pipelines times this on a shared host: 1 / the profile's
-        `cycle_compute.efficiency` (`simulator.cycle_compute`), and where ranks outnumber the host's
-        cores also P / the cycle rounds' own parallelism (`cycle_compute.asynchronous_compute_factor`);
-        1 without the section."""
+        `cycle_compute.efficiency` (`simulator.cycle_compute`); 1 without the section."""
+        self.pool_curve: PoolCurve | None = None
+        """Where the calibration's ranks outnumbered its host's cores and the cycle's rounds measured
+        their own parallelism: the pool's P for compute as a curve of the threads open
+        (`simulator.host_sharing.PoolCurve`), for every plan; None elsewhere."""
         if shared_host:
             # Ranks share the host's cores: the engine plays every compute and communication job
             # on a processor-sharing pool of parallelism P = W / slowdown(W) (W ranks computing at
@@ -147,8 +162,8 @@ class ProfileCosts:
             self.interference = profile.overlap
             self.streamed_allreduce_factor = streamed_allreduce_factor(profile)
             if profile.cycle_compute is not None:
-                self.asynchronous_compute_factor = asynchronous_compute_factor(
-                    profile.cycle_compute, self.host_parallelism, ranks_outnumber_cores(profile))
+                self.asynchronous_compute_factor = asynchronous_compute_factor(profile.cycle_compute)
+                self.pool_curve = pool_curve(profile, self.host_parallelism)
         if (shared_host or profile.device_kind != "cpu") and profile.handoff is not None and profile.p2p is not None:
             # a GPU's messages are staged through the host (gloo): the same handoff and per-message
             # work on the rank's thread, measured the same way (`validator.handoff_bench`)

@@ -10,6 +10,7 @@ from simulator.document_reader import DocumentReader
 from simulator.cycle_compute import (CycleCompute, asynchronous_compute_factor, cycle_efficiency,
                                      expected_steps, parse_cycle_compute)
 from simulator.errors import ScenarioError
+from simulator.host_sharing import PoolCurve
 from simulator.profile import profile_from_dict
 from simulator.profile_costs import ProfileCosts, ranks_outnumber_cores
 from tests.test_pipeline_plans import Costs, run
@@ -60,20 +61,27 @@ def _with_jitter_levels(levels: list[int]) -> dict:
     return doc
 
 
-def test_ranks_outnumbering_cores_compute_at_the_rounds_own_rate():
+def test_ranks_outnumbering_cores_put_the_rounds_rate_on_the_pools_curve():
     # a calibration that also timed passes with 2 ranks at once (its host's cores) had more ranks
-    # than cores: asynchronous compute x P / (P_round x efficiency) = 2 / (1.7 x 0.8)
+    # than cores: asynchronous compute x 1 / efficiency, and the pool's P for compute runs from
+    # min(P, cores) = 2 at 2 threads to the rounds' P_round = 1.7 at all 4
     oversubscribed = profile_from_dict(_with_jitter_levels([2, 4]))
     assert ranks_outnumber_cores(oversubscribed)
     costs = ProfileCosts(oversubscribed, workload(), shared_host=True)
-    assert costs.asynchronous_compute_factor == pytest.approx(2.0 / (1.7 * 0.8))
-    # a core per rank (only the all-ranks level): 1 / efficiency, the rounds' pool not used
+    assert costs.asynchronous_compute_factor == pytest.approx(1.25)
+    assert costs.pool_curve == PoolCurve(cores=2, parallelism_at_cores=2.0, parallelism_all=1.7, world_size=4)
+    assert costs.pool_curve.parallelism(3, costs.host_parallelism) == pytest.approx(1.85)
+    # a core per rank (only the all-ranks level): 1 / efficiency, no curve
     own_cores = profile_from_dict(_with_jitter_levels([4]))
     assert not ranks_outnumber_cores(own_cores)
-    assert ProfileCosts(own_cores, workload(), shared_host=True).asynchronous_compute_factor == pytest.approx(1.25)
-    # no rounds' pool recorded (older profiles): 1 / efficiency
-    older = CycleCompute(efficiency=0.8)
-    assert asynchronous_compute_factor(older, 2.0, True) == pytest.approx(1.25)
+    own = ProfileCosts(own_cores, workload(), shared_host=True)
+    assert own.asynchronous_compute_factor == pytest.approx(1.25) and own.pool_curve is None
+    # no rounds' pool recorded (older profiles): 1 / efficiency, no curve
+    older = copy.deepcopy(_with_jitter_levels([2, 4]))
+    del older["cycle_compute"]["host_parallelism"]
+    costs = ProfileCosts(profile_from_dict(older), workload(), shared_host=True)
+    assert costs.asynchronous_compute_factor == pytest.approx(1.25) and costs.pool_curve is None
+    assert asynchronous_compute_factor(CycleCompute(efficiency=0.8)) == pytest.approx(1.25)
 
 
 @pytest.mark.parametrize("field,bad", [("efficiency", 0.05), ("efficiency", "fast"), ("efficiency", -1),

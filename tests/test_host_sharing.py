@@ -3,7 +3,7 @@
 import pytest
 import simpy
 
-from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool, Interference
+from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool, Interference, PoolCurve
 from tests.helpers import FixedCosts, Topology, link, run_grid, toy_workload
 
 
@@ -111,3 +111,46 @@ def test_bucket_allreduces_queued_behind_one_another_take_the_streamed_factor():
     assert durations[1.0] == pytest.approx([4.0] * 4)
     # the first bucket's allreduce waits for nothing; the three after it were ready while it ran
     assert durations[0.5] == pytest.approx([4.0, 2.0, 2.0, 2.0])
+
+
+CURVE = PoolCurve(cores=2, parallelism_at_cores=2.0, parallelism_all=1.24, world_size=4)
+"""4 ranks on 2 cores: the pool's P = 2.29 from the block medians, the rounds' P_round = 1.24."""
+
+
+@pytest.mark.parametrize("threads,finish_s", [(2, 1.0), (3, 1 / (1.62 / 3)), (4, 1 / (1.24 / 4))])
+def test_the_pools_curve_sets_compute_parallelism_by_threads_open(threads, finish_s):
+    # up to the cores the pool's own P (2.29: each at rate 1); 4 threads at P_round (1.24 / 4 each);
+    # 3 halfway between min(P, cores) = 2 and P_round: 1.62 / 3 each
+    times = _finish_times((2.29, 1, None, CURVE), [(0, 1.0, COMPUTE, ((0, 1),))] * threads)
+    assert times == pytest.approx([finish_s] * threads)
+
+
+def test_the_curve_follows_threads_as_they_end():
+    # 4 jobs (one of 0.5 s work): all at 0.31 until the short one ends at 0.5 / 0.31 s, then the
+    # other three at 1.62 / 3 = 0.54 for the 0.5 s they have left
+    first_s = 0.5 / 0.31
+    times = _finish_times((2.29, 1, None, CURVE), [(0, 0.5, COMPUTE, ((0, 1),))] + [(0, 1.0, COMPUTE, ((0, 1),))] * 3)
+    assert times == pytest.approx([first_s] + [first_s + 0.5 / 0.54] * 3)
+
+
+def test_the_curve_leaves_communication_threads_on_the_pools_own_parallelism():
+    # 4 compute threads (on the curve: 0.31 each) and a 4-thread collective at min(1, 2.29 / 4)
+    interference = Interference(4, {COLLECTIVE: 1.0}, {COLLECTIVE: 1.0})
+    times = _finish_times((2.29, 1, interference, CURVE),
+                          [(0, 1.0, COMPUTE, ((0, 1),))] * 4 + [(0, 1.0, COLLECTIVE, ((0, 4),))])
+    assert times == pytest.approx([1 / 0.31] * 4 + [1 / (2.29 / 4)])
+
+
+def test_the_engine_plays_a_costs_pool_curve_for_every_plan():
+    # 4 data-parallel ranks on one host of P = 2 compute every pass at once (free links keep them in
+    # step), so with the curve (P_round 1.0 at 4 threads) each pass takes twice what the pool gives
+    workload = toy_workload(4, num_params=1000)
+    topology = Topology(1, 4, link(0.0, 1e9), link(0.0, 1e9))
+    compute_s = {}
+    for name, curve in (("pool", None), ("curve", PoolCurve(2, 2.0, 1.0, 4))):
+        costs = _SharedHostCosts(Interference(4, {COLLECTIVE: 1.0}, {COLLECTIVE: 1.0}), allreduce_s=0.0)
+        costs.pool_curve = curve
+        _, spans = run_grid(workload, topology, costs, 4, 1, 64)
+        passes = spans[spans["stream"] == "compute"]
+        compute_s[name] = (passes["end_s"] - passes["start_s"]).sum()
+    assert compute_s["curve"] == pytest.approx(2 * compute_s["pool"])

@@ -48,12 +48,17 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
   compute_slowdown[W] is the engine's pool. The model multiplies by 1 / efficiency only.
 - `cycle_pool`: the engine's pool at P_round for every plan (synchronous ones too).
 - `efficiency_only` (twenty-sixth session, a diagnostic of the Intel host's run `s26_intel`):
-  asynchronous compute at 1 / efficiency on every shared host, the rounds' rate
-  (`oversubscribed_rate`) left out where ranks outnumber cores; passes and messages as the model.
+  asynchronous compute at 1 / efficiency on every shared host, the rounds' rate left out where
+  ranks outnumber cores (neither the constant factor nor the pool's curve).
 - `pool_curve_all` (twenty-sixth session's candidate, `../pool_curve/RULE.md`): where ranks
   outnumber cores, the pool's parallelism is a curve of the compute threads open (min(P, cores) up
   to the cores, the cycle rounds' P_round with all W computing, linear between) for every plan, and
-  asynchronous compute pays 1 / efficiency only. `pool_curve`: the curve for asynchronous plans only.
+  asynchronous compute pays 1 / efficiency only. Kept after its fresh run (`s26_fresh`): the model
+  itself since (`simulator.host_sharing.PoolCurve`), so the name patches nothing (the same as
+  `none`). Before that it was scored by a hand-made patch of the engine, which the model's code
+  reproduces (`../pool_curve/results.md`). `pool_curve`: the curve for asynchronous plans only.
+  `before_s26`: the model before it (no curve; P / (P_round x efficiency) on asynchronous compute
+  where ranks outnumber cores).
 - `step_tail` (seventeenth session): the cycle's tail of the wait on an arrived message x 0.6, what
   the cycle gave in 4-micro-batch runs counting every message against its steady state at 4 ranks
   (`../ws2_message_tails/cycle_variants.log`: 0.67-0.80 against 1.19-1.23 ms).
@@ -83,7 +88,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -211,18 +216,19 @@ def patch(variant: str) -> None:
         elif variant == "min_rate":
             rounds = min(cycle.host_parallelism, self.host_parallelism)
             self.asynchronous_compute_factor = self.host_parallelism / (rounds * cycle.efficiency)
-        elif variant in ("pool_curve", "pool_curve_all"):
-            self.asynchronous_compute_factor = 1.0 / cycle.efficiency
+        elif variant == "before_s26":  # the rounds' rate as a constant factor on asynchronous compute
+            self.pool_curve = None
             if profile_costs.ranks_outnumber_cores(profile):
-                self._round_parallelism = cycle.host_parallelism
+                self.asynchronous_compute_factor = self.host_parallelism / (cycle.host_parallelism * cycle.efficiency)
         elif variant == "efficiency_only":  # the twenty-first session's rounds' rate left out everywhere
             self.asynchronous_compute_factor = 1.0 / cycle.efficiency
+            self.pool_curve = None
         elif variant == "cycle_pool":
             self.host_parallelism = cycle.host_parallelism
 
     profile_costs.ProfileCosts.__init__ = init
-    if variant in ("pool_curve", "pool_curve_all"):
-        _patch_pool_curve(everywhere=variant == "pool_curve_all")
+    if variant == "pool_curve":
+        _patch_asynchronous_curve_only()
     if variant != "busy_tails":
         return
 
@@ -243,46 +249,17 @@ def patch(variant: str) -> None:
     engine.Engine._message_work = message_work
 
 
-POOL_CURVE_CORES = 2
-"""The cores of the hosts every committed CPU run was measured on (both VMs: 2)."""
-
-
-def _patch_pool_curve(everywhere: bool) -> None:
-    """`pool_curve`: where ranks outnumber cores, the pool's parallelism depends on the compute
-    threads n open on the host: the engine's P for n <= cores (capped at the cores), the cycle
-    rounds' P_round with every rank computing (n = W), linear between; asynchronous compute pays
-    1 / efficiency only. `pool_curve_all`: every plan's compute on that curve, not only the
-    asynchronous plans'."""
-    from simulator.host_sharing import COMPUTE, HostPool
-
+def _patch_asynchronous_curve_only() -> None:
+    """`pool_curve`: the host's parallelism curve (`simulator.host_sharing.PoolCurve`) for
+    asynchronous plans only; synchronous ones on the pool's constant P, as before the session."""
     original_engine_init = engine.Engine.__init__
-    original_rate = HostPool.thread_rate
 
     def engine_init(self, plan, topology, costs, *args, **kwargs):
         original_engine_init(self, plan, topology, costs, *args, **kwargs)
-        round_parallelism = getattr(costs, "_round_parallelism", None)
-        if self.hosts is not None and round_parallelism and (everywhere or plan.meta.get("asynchronous")):
-            self.hosts.curve = (min(self.hosts.parallelism, POOL_CURVE_CORES), round_parallelism,
-                                plan.num_ranks // max(1, topology.num_nodes))
-
-    def thread_rate(self, host, kind):
-        curve = getattr(self, "curve", None)
-        if curve is None or kind != COMPUTE:
-            return original_rate(self, host, kind)
-        low, high, world = curve
-        n = self._threads[host][COMPUTE]
-        if n <= POOL_CURVE_CORES:
-            return original_rate(self, host, kind)
-        share = min(1.0, (n - POOL_CURVE_CORES) / max(1, world - POOL_CURVE_CORES))
-        saved = self.parallelism
-        self.parallelism = low + (high - low) * share
-        try:
-            return original_rate(self, host, kind)
-        finally:
-            self.parallelism = saved
+        if self.hosts is not None and not plan.meta.get("asynchronous"):
+            self.hosts.curve = None
 
     engine.Engine.__init__ = engine_init
-    HostPool.thread_rate = thread_rate
 
 
 def case_errors(name: str, model: str | None = None, world_size: int | None = None) -> pd.DataFrame:
