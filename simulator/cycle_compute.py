@@ -22,18 +22,18 @@ shared hosts (`ProfileCosts.asynchronous_compute_factor`). Synchronous pipelines
 shared host 1F1B and interleaved 1F1B pay the cycle's message figures, `handoff.cycle`, as the
 asynchronous kinds do: `Engine._messages_as_in_cycle`; GPipe the chain's).
 
-Where ranks outnumber the host's cores, the efficiency is also taken at the rounds' own pool
+Where ranks outnumber the host's cores, the rounds also measure their own pool
 (since 2026-11-24, twenty-first session): the rounds' P_round = W x (a rank's steps per second,
 all ranks computing for 0.4 s) / (rank 0's alone) counts every scheduler slice a rank lost, while
 the engine's P = W / compute_slowdown[W] comes from medians of >= 10 ms blocks, which drop the
 blocks that lost one. With 4 ranks on the project's 2 cores P_round was below P in all 27 profiles
 of nine pipeline runs (1.49-1.83 against 1.73-2.16); with 2 ranks, a core each, the two straddled
-(1.74-2.03 against 1.75-1.98; below in 16 of 27). Until the twenty-sixth session the factor was then P / (P_round x efficiency), on every
-pass of an asynchronous plan. Since then P_round enters the engine's pool instead, as the
-parallelism with all W ranks computing (`simulator.host_sharing.PoolCurve`, every plan): the
-rounds' loss is paid only while more ranks compute than the host has cores, and asynchronous
-compute pays 1 / efficiency everywhere. (On the Intel Xeon host the constant was 1.96 and charged
-the MLP's 4-stage PipeDream passes about 2x what its step spans measured:
+(1.74-2.03 against 1.75-1.98; below in 16 of 27). Until the twenty-sixth session asynchronous
+compute then paid P / (P_round x efficiency) on every pass. Since then P_round enters the engine's
+pool instead, as the parallelism with all W ranks computing (`simulator.host_sharing.PoolCurve`,
+every plan): the rounds' loss is paid only while more ranks compute than the host has cores, and
+asynchronous compute pays 1 / efficiency everywhere. (On the Intel Xeon host the constant was 1.96
+and charged the MLP's 4-stage PipeDream passes about 2x what its step spans measured:
 `reports/diagnostics/pool_curve/`.)
 """
 

@@ -20,9 +20,11 @@ one pool, every thread at min(1, P / (n_compute + n_comm)).
 Where a calibration's ranks outnumbered its host's cores, P for compute threads depends on how many
 are open (`PoolCurve`, since the twenty-sixth session): the layers' block medians give P for any
 number up to the cores, the asynchronous cycle's rounds (all W ranks computing for 0.4 s,
-`simulator.cycle_compute`) give P_round for W, and the curve is linear in between. A job on several hosts (a collective
-across nodes) runs at its slowest host's rate. Rates change only when a job starts or ends; finish
-times sit in one heap under one armed timer, as in `simulator.network.FlowNetwork`.
+`simulator.cycle_compute`) give P_round for W, and the curve is linear in between.
+
+A job on several hosts (a collective across nodes) runs at its slowest host's rate. Rates change
+only when a job starts or ends; finish times sit in one heap under one armed timer, as in
+`simulator.network.FlowNetwork`.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from simulator.cold_start import update_state_share
 from simulator.cycle_compute import asynchronous_compute_factor
-from simulator.host_sharing import PoolCurve
 from simulator.costs import COPY_FORWARD, OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
+from simulator.host_sharing import PoolCurve
 from simulator.profile import Profile, load_profile
 from simulator.profile_fits import CycleHandoff
 from simulator.weight_pass_layers import UPDATE, LayerPassCosts
