@@ -30,19 +30,11 @@ from torch.func import functional_call
 from simulator.model_source import resolve_workload
 from simulator.scenario import ModelConfig
 from validator.models import build_modules, make_batch
+from validator.weight_pass_bench import _layer_inputs
 from validator.weight_versions import stash_weights
 
 BLOCKS, REPEATS = 15, 10
 STAGES = {2: [range(0, 3), range(3, 7)], 4: [range(0, 2), range(2, 3), range(3, 5), range(5, 7)]}
-
-
-def _inputs(modules, batch):
-    inputs, x = [], batch
-    with torch.no_grad():
-        for module in modules:
-            inputs.append(x)
-            x = module(x)
-    return inputs
 
 
 def _backward_s(modules, layers, x, use_copy: bool) -> float:
@@ -79,7 +71,7 @@ def main() -> int:
         p.grad = torch.zeros_like(p)  # live gradients present, as after a step's first micro-batch
     print("round stages micro_batch layers   modules_ms  copy_ms  copy/modules")
     for round_index, batch_size in ((0, 8), (0, 16), (1, 8), (1, 16)):
-        inputs = _inputs(modules, make_batch(workload, batch_size)[0])
+        inputs = _layer_inputs(modules, make_batch(workload, batch_size)[0])
         for stages, ranges in STAGES.items():
             for layers in ranges:
                 _backward_s(modules, layers, inputs[layers[0]], True)  # warm up both
