@@ -33,7 +33,7 @@ from simulator.heterogeneity import DeviceCosts
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
 from simulator.layer_ages import LayerAges
 from simulator.network import FlowNetwork
-from simulator.plan import FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
+from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
 from simulator.sparse import SELECTION_PHASE
 from simulator.topology import Topology
 
@@ -126,6 +126,9 @@ class Engine:
         self._compute_factor = (getattr(costs, "asynchronous_compute_factor", 1.0)
                                 if plan.meta.get("asynchronous") and self.host_parallelism is not None else 1.0)
         """Compute work of an asynchronous plan on a shared host over the pool's (`simulator.cycle_compute`)."""
+        self._backward_factor = (getattr(costs, "asynchronous_backward_factor", 1.0)
+                                 if plan.meta.get("asynchronous") else 1.0)
+        """An asynchronous plan's backward on a weight copy over the modules' (`simulator.copy_backward`)."""
         self._messages = [_message_links(actions, self._ready_receive_s + self._ready_receive_tail_s > 0,
                                          self._send_post_s + self._send_post_tail_s > 0)
                           for actions in plan.actions]
@@ -191,6 +194,8 @@ class Engine:
                 yield from self._message_work(rank, arrived, self._ready_receive_s, self._ready_receive_tail_s)
             start = self.env.now
             duration_s = self._duration_s(action, rank) * self._cold.factor(action, rank, start) * self._compute_factor
+            if action.phase == BACKWARD:
+                duration_s *= self._backward_factor
             yield from self._rank_work(rank, duration_s)
             if self._cold.tracks(rank):
                 self._cold.ran(action, rank, self.env.now)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.cold_start import ColdStart, parse_cold_start
+from simulator.copy_backward import CopyBackward, parse_copy_backward
 from simulator.cycle_compute import CycleCompute, parse_cycle_compute
 from simulator.weight_pass_layers import PassSets, parse_pass_sets
 from simulator.layer_sweep import LayerSweep, parse_layer_sweep
@@ -86,6 +87,9 @@ class Profile:
     cycle_compute: CycleCompute | None = None
     """Compute in the asynchronous 1F1B cycle over the processor-sharing expectation
     (`simulator.cycle_compute`); None in older profiles and GPU ones."""
+    copy_backward: CopyBackward | None = None
+    """An asynchronous stage's backward on a weight copy over the same backward through the modules
+    (`simulator.copy_backward`); None in older profiles."""
     model_layer_names: tuple[str, ...] | None = None
     model_num_params: int | None = None
     model_forward_flops_per_sample: float | None = None
@@ -251,6 +255,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         pass_jitter=parse_pass_jitter(read, document),
         layer_sweep=parse_layer_sweep(read, document, len(layers)),
         cycle_compute=parse_cycle_compute(read, document),
+        copy_backward=parse_copy_backward(read, document),
         pass_sets=parse_pass_sets(read, document),
         model_layer_names=tuple(layer_names) if layer_names is not None else None,
         model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,

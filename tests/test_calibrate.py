@@ -91,6 +91,10 @@ def test_time_weight_passes_single_process_leaves_the_modules_alone():
         assert result[1][f"{name}_s"] > 5 * result[0][f"{name}_s"] > 0
     # the forward on the stashed copy against the same forward through the modules: never negative
     assert all(r["copy_forward_s"] >= 0 for r in result)
+    # both backwards timed in the cycle; 4 M parameters' weight gradients against 36 parameters'
+    assert all(r["module_backward_s"] > 0 and r["copy_backward_s"] > 0 for r in result)
+    assert result[1]["module_backward_s"] > 5 * result[0]["module_backward_s"]
+    assert result[1]["copy_backward_s"] > 5 * result[0]["copy_backward_s"]
     for module, state in zip(modules, before):
         assert all(torch.equal(value, module.state_dict()[key]) for key, value in state.items())
         assert all(p.grad is None for p in module.parameters())
@@ -163,6 +167,10 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert all(t > 0 for t in passes["repredict"]["medians_s"])  # timed, not derived
     assert set(profile.weight_passes) == {"stash", "predict", "repredict", "accumulate", "average", "copy_forward"}
     assert all(t >= 0 for t in passes["copy_forward"]["medians_s"])
+    ratios = document["copy_backward"]["ratios"]  # the backward on the copy over the modules', per set
+    assert len(ratios) == len(document["optimizer"]["num_params"]) and all(r > 0 for r in ratios)
+    assert profile.copy_backward.factor == document["copy_backward"]["factor"] == pytest.approx(
+        statistics.median(ratios))
     at_once = weight_pass_ranks_at_once(2, "cpu")  # both ranks where each has a core, else rank 0 alone
     assert all(entry["ranks_at_once"] == at_once for entry in passes.values())
     assert set(profile.weight_pass_ranks_at_once.values()) == {at_once}

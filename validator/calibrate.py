@@ -34,7 +34,9 @@
    `validator.calibration_phases.weight_pass_ranks_at_once`; timed all at once, rank 0 alone
    too, kept as each fit's `alone`): stash, predict, repredict, accumulate, the replicas' gradient
    averaging and what a forward costs more on a weight copy than through the module (copy_forward)
-   (`validator.weight_pass_bench`); each fit records its `ranks_at_once`.
+   (`validator.weight_pass_bench`); each fit records its `ranks_at_once`. In the same cycles the
+   backward on the copy over the backward through the modules (`copy_backward`, a median ratio:
+   `simulator.copy_backward`).
    **Cold start**, all ranks at once (`validator.cold_bench`): every layer at the middle batch
    size and the update, each timed back to back and after a 50 ms pause, alternately; the ratios
    and the decay over shorter pauses (`simulator.cold_start`); on a CPU host no more ranks at
@@ -92,6 +94,7 @@ from collections.abc import Sequence
 
 import torch
 
+from simulator.copy_backward import copy_backward_section
 from simulator.output import write_json_atomic
 from simulator.profile import FORMAT
 from simulator.workload import Workload
@@ -207,6 +210,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
     counts = [item["num_params"] for item in raw["optimizer"]]
     times = [item["median_s"] for item in raw["optimizer"]]
     fit = _fit_entry(counts, times, notes, "optimizer")
+    copy_backward = copy_backward_section(raw.get("weight_passes"))
     document = {
         "format": FORMAT,
         "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -227,6 +231,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
         **({"weight_passes": _weight_pass_fits(raw["weight_passes"], notes, raw["weight_pass_ranks_at_once"],
                                                raw.get("weight_passes_alone"))}
            if raw.get("weight_passes") else {}),
+        **({"copy_backward": copy_backward} if copy_backward else {}),
         **({"cold_start": cold_start} if cold_start else {}),
         **({"layer_sweep": raw["layer_sweep"]} if raw.get("layer_sweep") else {}),
         "p2p": (_alpha_beta(comm_sizes, raw["p2p"], notes, "p2p") if raw["p2p"] is not None else None),

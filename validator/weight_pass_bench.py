@@ -25,6 +25,12 @@ phases of the same names, `simulator.strategies.pipeline`):
   this project's 2-core CPU host, ResNet-20 stages at a micro-batch of 16: 1.14-1.22x the plain
   forward, about 0.1 ms a stage; in 4-stage PipeDream runs the forwards' CPU time was 1.13x that
   of 1F1B's, the backwards' 0.96x, so the backward is not charged).
+- **copy_backward** (every asynchronous kind, since the twenty-seventh session): the backward on
+  the copy against the same backward through the modules in the same cycle. The copy's leaves are
+  fresh, so its weight gradients are written, not added onto the live ones (the accumulate pass
+  adds them later); on the Intel Xeon host a one-rank probe measured it at 0.53-0.74 of the
+  modules' backward in most blocks, 1.02-1.61 in others (`reports/diagnostics/copy_backward/`).
+  The calibration keeps both medians per layer set (`simulator.copy_backward`).
 
 The passes are timed where the runtime runs them: inside a micro-batch's cycle on the layers' own
 modules (stash, predict, forward on the stashed copy, repredict, backward, accumulate, update), so each
@@ -70,10 +76,11 @@ def _layer_inputs(modules: Sequence[torch.nn.Module], batch: torch.Tensor) -> li
 def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, flat: torch.Tensor,
            device: torch.device) -> Callable[[], tuple[float, ...]]:
     """One asynchronous micro-batch on `layers`, the runtime's functions in the runtime's order,
-    after a forward of the same layers through the modules (as a synchronous runtime runs it);
-    returns the seconds of the stash, predict, repredict, accumulate and average passes, of the
-    update (`update`: the profiled optimizer; the prediction reads `optimizer`'s momentum), of the
-    modules' forward, of the forward on the stashed copy and of the backward."""
+    after a forward and a backward of the same layers through the modules (as a synchronous
+    runtime runs them); returns the seconds of the stash, predict, repredict, accumulate and
+    average passes, of the update (`update`: the profiled optimizer; the prediction reads
+    `optimizer`'s momentum), of the modules' forward, of the forward on the stashed copy, of the
+    modules' backward and of the backward on the copy."""
     from validator.weight_versions import (MicroState, accumulate_gradients, predict_layer_weights,
                                            release_backward, repredict_layer_weights, stash_weights)
 
@@ -82,15 +89,21 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
     def run() -> tuple[float, ...]:
         _sync(device)
         t_plain = time.perf_counter()
+        plain = MicroState()
         out = x
-        for layer in layers:  # the same forward through the modules' own weights, graph discarded
+        for layer in layers:  # the same forward through the modules' own weights, as a synchronous runtime
             if layer > 0:
                 out = out.detach().requires_grad_(True)
-            out = modules[layer](out)
-        del out
+            plain.inputs[layer] = out
+            plain.outputs[layer] = out = modules[layer](out)
+        _sync(device)
+        t_plain_backward = time.perf_counter()
+        _backward(plain, layers)  # onto the modules' own gradients, as the calibration's layers
+        del out, plain
         _sync(device)
         t0 = time.perf_counter()
-        plain_forward_s = t0 - t_plain
+        plain_forward_s = t_plain_backward - t_plain
+        plain_backward_s = t0 - t_plain_backward
         used = stash_weights(modules, layers)
         _sync(device)
         t1 = time.perf_counter()
@@ -110,10 +123,7 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
         repredict_layer_weights(modules, layers, optimizer, 1, LEARNING_RATE, used)
         _sync(device)
         t_repredicted = time.perf_counter()
-        for layer in reversed(layers):
-            output, state.outputs[layer] = state.outputs[layer], None
-            output.backward(state.input_grads[layer + 1] if layer < layers[-1] else torch.ones_like(output))
-            state.input_grads[layer] = state.inputs[layer].grad
+        _backward(state, layers)  # onto the copy's fresh leaves, as the asynchronous runtime
         _sync(device)
         t3 = time.perf_counter()
         accumulate_gradients(modules, layers, used)
@@ -130,9 +140,18 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
         t6 = time.perf_counter()
         repredict_s = t_repredicted - t_forward
         return (t1 - t0, t2 - t1, repredict_s, t4 - t3, t5 - t4, t6 - t5, plain_forward_s, t_forward - t2,
-                t3 - t_repredicted)
+                plain_backward_s, t3 - t_repredicted)
 
     return run
+
+
+def _backward(state, layers: range) -> None:
+    """The runtime's layer-wise backward of one micro-batch over `layers` (each layer's input a
+    leaf, its gradient handed to the layer before), from a gradient of ones at the last output."""
+    for layer in reversed(layers):
+        output, state.outputs[layer] = state.outputs[layer], None
+        output.backward(state.input_grads[layer + 1] if layer < layers[-1] else torch.ones_like(output))
+        state.input_grads[layer] = state.inputs[layer].grad
 
 
 def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[Sequence[int]],
@@ -146,8 +165,11 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
     runtime runs it: after the stage's passes, not after itself as in `time_optimizer`'s blocks.
 
     Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "repredict_s", "accumulate_s",
-    "average_s", "copy_forward_s", "update_s"}]` ("copy_forward_s": the forward on the copy less the
-    forward through the modules, each a median over blocks, at least 0).
+    "average_s", "copy_forward_s", "update_s", "module_backward_s", "copy_backward_s"}]`
+    ("copy_forward_s": the forward on the copy less the forward through the modules, each a median
+    over blocks, at least 0; "module_backward_s" and "copy_backward_s": the backward through the
+    modules, onto their gradients, and the backward on the copy, onto fresh leaves, medians over
+    blocks).
     """
     barrier = barrier or (lambda: None)
     agree = agree or _same
@@ -168,12 +190,13 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
         flat = torch.cat([p.detach().reshape(-1) for p in params])
         run = _cycle(own, layers, inputs[layers[0]].to(device), momentum, update, flat, device)
         barrier()
-        *medians, update_s, plain_forward_s, copy_forward_s, _backward_s = _time_blocks(
+        *medians, update_s, plain_forward_s, copy_forward_s, plain_backward_s, copy_backward_s = _time_blocks(
             run, repeats, warmup, min_block_s, agree)
         entry = {"num_params": int(sum(p.numel() for p in params)), "num_tensors": len(params)}
         entry.update({f"{name}_s": median for name, median in zip(CYCLE_PASSES, medians, strict=True)})
         entry[f"{COPY_FORWARD}_s"] = max(0.0, copy_forward_s - plain_forward_s)
         entry["update_s"] = update_s
+        entry["module_backward_s"], entry["copy_backward_s"] = plain_backward_s, copy_backward_s
         results.append(entry)
         del momentum, update, own, params, run
     barrier()

@@ -59,6 +59,11 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
   reproduces (`../pool_curve/results.md`). `pool_curve`: the curve for asynchronous plans only.
   `before_s26`: the model before it (no curve; P / (P_round x efficiency) on asynchronous compute
   where ranks outnumber cores).
+- `copy_backward` (twenty-seventh session's candidate, `../copy_backward/RULE.md`): asynchronous
+  plans' backward times the profile's `copy_backward.factor` (the backward on a weight copy over the
+  same backward through the modules, timed in the weight passes' cycle; `simulator.copy_backward`).
+  Profiles without the section (before that session): as `none`. `copy_backward_probe`: the factor
+  per model from one check on one rank (`COPY_BACKWARD_PROBE`), for the runs before the section.
 - `step_tail` (seventeenth session): the cycle's tail of the wait on an arrived message x 0.6, what
   the cycle gave in 4-micro-batch runs counting every message against its steady state at 4 ranks
   (`../ws2_message_tails/cycle_variants.log`: 0.67-0.80 against 1.19-1.23 ms).
@@ -88,7 +93,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -98,6 +103,8 @@ PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --
     "transformer": {"stash": 1.14, "predict": 1.12, "repredict": 1.14, "accumulate": 1.27, "average": 1.19,
                     "copy_forward": 1.0, "update": 1.0},
 }
+COPY_BACKWARD_PROBE = {  # validator.weight_pass_bench on one rank, micro-batch 16, Intel Xeon host,
+    "mlp": 0.71, "resnet20": 0.99, "transformer": 0.99}  # 2026-11-24 (s27): median copy / module over the sets
 RUNS = {
     "latest": ("reports/validation_pipelines_cpu.csv", "reports/profiles"),
     "second_run": ("reports/diagnostics/sync_cycle_messages/second_run/validation_pipelines_cpu.csv",
@@ -187,6 +194,10 @@ def patch(variant: str) -> None:
 
     def init(self, profile, workload, **options):
         original_init(self, profile, workload, **options)
+        if variant == "copy_backward" and profile.copy_backward is not None:
+            self.asynchronous_backward_factor = profile.copy_backward.factor
+        if variant == "copy_backward_probe":
+            self.asynchronous_backward_factor = COPY_BACKWARD_PROBE[profile.model_name]
         if variant == "pass_fits":
             self._layer_passes = None  # every pass and the update in cycle from its fit over num_params
         if variant in ("before_s22", "before_s21", "cycle_messages", "concurrent_passes"):

@@ -1,0 +1,83 @@
+"""An asynchronous stage's backward on a weight copy over the same backward through the modules
+(`simulator.copy_backward`): the section built from the weight passes' timings, read back, its
+errors naming the field, and the engine playing the cost model's factor on asynchronous plans'
+backwards only."""
+
+import copy
+
+import pytest
+
+from simulator.copy_backward import copy_backward_section
+from simulator.errors import ScenarioError
+from simulator.profile import profile_from_dict
+from simulator.profile_costs import ProfileCosts
+from tests.test_pipeline_plans import Costs, run
+from tests.test_profile import document, workload
+
+
+def test_section_is_the_median_ratio_over_the_sets():
+    items = [{"module_backward_s": 1.0, "copy_backward_s": 0.7},
+             {"module_backward_s": 2.0, "copy_backward_s": 1.0},
+             {"module_backward_s": 4.0, "copy_backward_s": 3.6}]
+    section = copy_backward_section(items)
+    assert section["ratios"] == pytest.approx([0.7, 0.5, 0.9])
+    assert section["factor"] == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize("items", [None, [], [{"stash_s": 1.0}],
+                                   [{"module_backward_s": 0.0, "copy_backward_s": 0.1}]])
+def test_no_section_without_both_backwards_timed(items):
+    assert copy_backward_section(items) is None
+
+
+def test_profile_reads_the_section_and_the_model_does_not_play_it_yet():
+    doc = copy.deepcopy(document())
+    doc["copy_backward"] = {"factor": 0.7, "ratios": [0.6, 0.7, 0.8]}
+    profile = profile_from_dict(doc)
+    assert profile.copy_backward.factor == 0.7 and profile.copy_backward.ratios == (0.6, 0.7, 0.8)
+    assert ProfileCosts(profile, workload()).asynchronous_backward_factor == 1.0  # the candidate's rule decides
+    assert profile_from_dict(document()).copy_backward is None  # older profiles
+
+
+@pytest.mark.parametrize("field,value", [("factor", 0.01), ("factor", "fast"), ("ratios", "0.7"),
+                                         ("ratios", [0.7, -1])])
+def test_malformed_section_names_the_field(field, value):
+    doc = copy.deepcopy(document())
+    doc["copy_backward"] = {"factor": 0.7, "ratios": [0.7], field: value}
+    with pytest.raises(ScenarioError, match=f"copy_backward.{field}"):
+        profile_from_dict(doc)
+
+
+class CopyBackwardCosts(Costs):
+    """`Costs` whose asynchronous backward runs at `factor` of the modules' (B = 2 s per sample per layer)."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.asynchronous_backward_factor = factor
+
+
+class ScaledBackwardCosts(Costs):
+    """`Costs` whose backward itself is `factor` x 2 s per sample per layer, for every plan."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor
+
+    def compute_s(self, layer_index, phase, batch):
+        return super().compute_s(layer_index, phase, batch) * (self.factor if phase == "B" else 1.0)
+
+
+@pytest.mark.parametrize("kind", ["pipedream", "spectrain", "delayed_gradient"])
+@pytest.mark.parametrize("factor", [0.5, 1.5])
+def test_asynchronous_backwards_pay_the_factor(kind, factor):
+    # the same step as a cost model whose backward itself takes factor x as long, and not the plain one
+    p, m = 3, 6
+    played = run(kind, p, m, [2] * p, costs=CopyBackwardCosts(factor)).step_time_s
+    assert played == pytest.approx(run(kind, p, m, [2] * p, costs=ScaledBackwardCosts(factor)).step_time_s, rel=1e-9)
+    assert played != pytest.approx(run(kind, p, m, [2] * p, costs=Costs()).step_time_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_synchronous_backwards_ignore_the_factor(kind):
+    p, m = 3, 6  # F = 4 s, B = 8 s a stage: (m + p - 1)(t_f + t_b)
+    assert run(kind, p, m, [2] * p, costs=CopyBackwardCosts(0.5)).step_time_s == pytest.approx((m + p - 1) * 12)
