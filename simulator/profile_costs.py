@@ -148,11 +148,11 @@ class ProfileCosts:
         self.asynchronous_compute_factor = 1.0
         """Compute work of asynchronous pipelines times this on a shared host: 1 / the profile's
         `cycle_compute.efficiency` (`simulator.cycle_compute`); 1 without the section."""
-        self.asynchronous_backward_factor = 1.0
+        self.asynchronous_backward_factor = profile.copy_backward.factor if profile.copy_backward else 1.0
         """The backward of asynchronous pipelines times this: they run it on a weight copy whose
-        gradients are written, not added (`simulator.copy_backward`). 1: the model does not play
-        the profile's `copy_backward` section (the twenty-seventh session's candidate,
-        `reports/diagnostics/copy_backward/RULE.md`)."""
+        gradients are written, not added: the profile's `copy_backward.factor`
+        (`simulator.copy_backward`), 1 without the section (before the twenty-seventh session).
+        Kept after its fresh run: `reports/diagnostics/copy_backward/`."""
         self.pool_curve: PoolCurve | None = None
         """Where the calibration's ranks outnumbered its host's cores and the cycle's rounds measured
         their own parallelism: the pool's P for compute as a curve of the threads open

@@ -1,7 +1,7 @@
 """An asynchronous stage's backward on a weight copy over the same backward through the modules
 (`simulator.copy_backward`): the section built from the weight passes' timings, read back, its
-errors naming the field, and the engine playing the cost model's factor on asynchronous plans'
-backwards only."""
+errors naming the field, the cost model taking its factor, and the engine playing that factor on
+asynchronous plans' backwards only."""
 
 import copy
 
@@ -30,13 +30,14 @@ def test_no_section_without_both_backwards_timed(items):
     assert copy_backward_section(items) is None
 
 
-def test_profile_reads_the_section_and_the_model_does_not_play_it_yet():
+def test_profile_reads_the_section_and_the_cost_model_plays_its_factor():
     doc = copy.deepcopy(document())
     doc["copy_backward"] = {"factor": 0.7, "ratios": [0.6, 0.7, 0.8]}
     profile = profile_from_dict(doc)
     assert profile.copy_backward.factor == 0.7 and profile.copy_backward.ratios == (0.6, 0.7, 0.8)
-    assert ProfileCosts(profile, workload()).asynchronous_backward_factor == 1.0  # the candidate's rule decides
-    assert profile_from_dict(document()).copy_backward is None  # older profiles
+    assert ProfileCosts(profile, workload()).asynchronous_backward_factor == 0.7
+    older = profile_from_dict(document())  # profiles from before the section: the backward as timed
+    assert older.copy_backward is None and ProfileCosts(older, workload()).asynchronous_backward_factor == 1.0
 
 
 @pytest.mark.parametrize("field,value", [("factor", 0.01), ("factor", "fast"), ("ratios", "0.7"),

@@ -62,8 +62,10 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 - `copy_backward` (twenty-seventh session's candidate, `../copy_backward/RULE.md`): asynchronous
   plans' backward times the profile's `copy_backward.factor` (the backward on a weight copy over the
   same backward through the modules, timed in the weight passes' cycle; `simulator.copy_backward`).
-  Profiles without the section (before that session): as `none`. `copy_backward_probe`: the factor
-  per model from one check on one rank (`COPY_BACKWARD_PROBE`), for the runs before the section.
+  Kept after its fresh run (`s27_fresh`): the model itself since, so the name patches nothing (the
+  same as `none`; profiles without the section, before that session, play factor 1 either way).
+  `before_s27`: the model before it (factor 1). `copy_backward_probe`: the factor per model from one
+  check on one rank (`COPY_BACKWARD_PROBE`), for the runs before the section.
 - `step_tail` (seventeenth session): the cycle's tail of the wait on an arrived message x 0.6, what
   the cycle gave in 4-micro-batch runs counting every message against its steady state at 4 ranks
   (`../ws2_message_tails/cycle_variants.log`: 0.67-0.80 against 1.19-1.23 ms).
@@ -74,7 +76,7 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh (the Intel Xeon host; every run
+          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh (the Intel Xeon host; every run
           before them since s18_first was on the AMD EPYC host)
           (default: all)
 """
@@ -93,7 +95,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -135,6 +137,8 @@ RUNS = {
                   "reports/diagnostics/calibration_launches/intel_run/profiles"),
     "s26_fresh": ("reports/diagnostics/pool_curve/fresh_run/validation_pipelines_cpu.csv",
                   "reports/diagnostics/pool_curve/fresh_run/profiles"),
+    "s27_fresh": ("reports/diagnostics/copy_backward/fresh_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/copy_backward/fresh_run/profiles"),
 }
 
 
@@ -194,8 +198,8 @@ def patch(variant: str) -> None:
 
     def init(self, profile, workload, **options):
         original_init(self, profile, workload, **options)
-        if variant == "copy_backward" and profile.copy_backward is not None:
-            self.asynchronous_backward_factor = profile.copy_backward.factor
+        if variant in ("before_s27", "before_s26"):  # the backward on a weight copy as timed through the modules
+            self.asynchronous_backward_factor = 1.0
         if variant == "copy_backward_probe":
             self.asynchronous_backward_factor = COPY_BACKWARD_PROBE[profile.model_name]
         if variant == "pass_fits":
