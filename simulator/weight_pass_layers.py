@@ -10,16 +10,25 @@ in a validated 2-stage PipeDream the last stage (few layers, most parameters) ra
 update and stash at 0.40-0.54x the parameter fit while the first stage (many small layers) ran them at
 1.2-1.5x (reports/ACCURACY.md, 2026-11-24).
 
-So where the profile keeps the sets' medians, a pass over a stage's layers costs the sum of per-layer
-costs c_l >= 0 fitted by non-negative least squares to every set's median (sum of c_l over the set's
-layers = median). A single layer's timing and the prefixes that contain it both enter, so a layer
-whose passes run from cache when alone but not within a larger range (the MLP's 1M-parameter layers)
-is costed between the two. The sets are rebuilt from the workload's parameter counts by the
-calibration's own rule (which layers have weights); a pass whose number of sets differs keeps its fit.
+Where the profile keeps the sets' medians, a pass over a stage costs the sum of its layers'
+single-layer medians times r(P): P the stage's parameters, r each prefix's median over the sum of
+its layers' singles, interpolated linearly in P between the prefixes (the first prefix's ratio, 1,
+below; the last one's beyond). The prefixes' growth beyond their singles is the cost of a larger
+working set, so a stage pays the growth of a set of its own size. The sets are rebuilt from the
+workload's parameter counts by the calibration's own rule (which layers have weights); a pass whose
+number of sets differs keeps its fit. (Since the twenty-seventh session, kept after a fresh run:
+`reports/diagnostics/size_curve/`; on the Intel Xeon host the MLP's prefixes cost 1.0-1.1x their
+singles up to 2.6 M parameters and 1.4-1.7x from 3.7 M on.)
+
+Until then the per-layer costs c_l >= 0 were fitted by non-negative least squares to singles and
+prefixes together (`per_layer_costs`, kept for the what-ifs): the prefixes' growth landed on the
+later layers, and a 2-stage MLP's last stage (3.2 M parameters) paid 1.5-1.7x what the runtime's
+step spans measured for its update, stash and accumulate.
 
 Tried and not kept (2026-11-24, `reports/diagnostics/stage_ranges/results.md`): timing every
 contiguous range of layers and costing a stage by its own range's median. On a fresh held-out run it
-scored MAPE 8.8 % / worst 24.9 % against 8.4 / 23.6 for this rule on the same measurements.
+scored MAPE 8.8 % / worst 24.9 % against 8.4 / 23.6 for the least-squares costs on the same
+measurements.
 """
 
 from __future__ import annotations
@@ -120,22 +129,49 @@ def parse_pass_sets(read, document: Mapping) -> PassSets | None:
 
 
 class LayerPassCosts:
-    """Per-layer costs of each pass with kept medians, for one workload."""
+    """Each pass's cost over a stage, for one workload: the sum of its layers' single-layer medians
+    times the prefixes' growth at the stage's size (module docstring)."""
 
     def __init__(self, sets: PassSets, layer_params: Sequence[int]):
         self.layer_params = tuple(layer_params)
         layer_sets = calibration_layer_sets(layer_params)
-        self.costs_s = {name: per_layer_costs(layer_sets, medians, len(layer_params))
-                        for name, medians in sets.medians_s.items() if len(medians) == len(layer_sets)}
-        """Pass name -> per-layer seconds; a pass whose sets do not match the workload's is left out."""
+        self.singles_s: dict[str, np.ndarray] = {}
+        """Pass name -> each layer's single-layer median (0 for layers without weights); a pass
+        whose sets do not match the workload's is left out."""
+        self.growth: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        """Pass name -> (the prefixes' parameter counts, each prefix's median over the sum of its
+        layers' singles), in increasing order."""
+        for name, medians in sets.medians_s.items():
+            if len(medians) == len(layer_sets):
+                self.singles_s[name], self.growth[name] = _singles_and_growth(layer_sets, medians, self.layer_params)
 
     def over(self, name: str, layer_start: int, layer_end: int, num_params: int) -> float | None:
         """Seconds of pass `name` over layers [layer_start, layer_end), or None when this pass has no
         per-layer costs or the range does not hold exactly `num_params` (an interleaved stage's update
         over chunks apart; the caller then uses the fit)."""
-        costs = self.costs_s.get(name)
-        if costs is None or not 0 <= layer_start < layer_end <= len(self.layer_params):
+        singles = self.singles_s.get(name)
+        if singles is None or not 0 <= layer_start < layer_end <= len(self.layer_params):
             return None
         if sum(self.layer_params[layer_start:layer_end]) != num_params:
             return None
-        return float(costs[layer_start:layer_end].sum())
+        sizes, ratios = self.growth[name]
+        growth = float(np.interp(num_params, sizes, ratios)) if len(sizes) else 1.0
+        return float(singles[layer_start:layer_end].sum()) * growth
+
+
+def _singles_and_growth(layer_sets: Sequence[tuple[int, ...]], medians_s: Sequence[float],
+                        layer_params: Sequence[int]) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Each layer's single-layer median, and the prefixes' (parameters, median / sum of singles),
+    prefixes whose singles sum to 0 left out."""
+    singles = np.zeros(len(layer_params))
+    for layers, median in zip(layer_sets, medians_s):
+        if len(layers) == 1:
+            singles[layers[0]] = median
+    weighted = [layer for layer in range(len(layer_params)) if layer_params[layer] > 0]
+    points = []
+    for layers, median in zip(layer_sets, medians_s):
+        singles_s = float(singles[list(layers)].sum())
+        if tuple(layers) == tuple(weighted[:len(layers)]) and singles_s > 0:  # a prefix
+            points.append((sum(layer_params[layer] for layer in layers), median / singles_s))
+    points.sort()
+    return singles, (np.array([size for size, _ in points], dtype=float), np.array([ratio for _, ratio in points]))

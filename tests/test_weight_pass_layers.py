@@ -53,6 +53,31 @@ def test_a_flat_cost_per_layer_is_recovered_where_the_parameter_fit_is_not():
     assert per_param * 4000 < per_param * 100_000  # the fit's order is the other way round
 
 
+def test_a_stage_pays_the_prefixes_growth_at_its_own_size():
+    """Four 1000-parameter layers at 1 s each alone; the prefixes cost their singles' sum up to
+    2000 parameters and 1.5x from 3000 on (a working set past a cache). A stage of the last two
+    layers is the size of the 2-layer prefix: it pays 2 s, not the growth the larger prefixes
+    show (the least-squares fit puts that growth on the later layers)."""
+    params = [1000] * 4
+    sets = calibration_layer_sets(params)  # (0,), (1,), (0, 1), (2,), (0, 1, 2), (3,), (0, 1, 2, 3)
+    medians = [1.0, 1.0, 2.0, 1.0, 4.5, 1.0, 6.0]
+    costs = LayerPassCosts(PassSets({"stash": tuple(medians)}), params)
+    assert costs.over("stash", 2, 4, 2000) == pytest.approx(2.0)
+    assert costs.over("stash", 1, 4, 3000) == pytest.approx(4.5)
+    assert costs.over("stash", 0, 4, 4000) == pytest.approx(6.0)
+    assert costs.over("stash", 3, 4, 1000) == pytest.approx(1.0)
+    assert costs.over("stash", 0, 2, 2000) + costs.over("stash", 2, 4, 2000) == pytest.approx(4.0)  # halves
+    assert per_layer_costs(sets, medians, 4)[2:].sum() > 2.5  # what the fit before charged the last two
+
+
+def test_the_growth_is_interpolated_between_the_prefixes_sizes():
+    params = [1000, 3000, 1000]  # prefixes at 1000 (ratio 1), 4000 (ratio 2), 5000 (ratio 2)
+    sets = calibration_layer_sets(params)  # (0,), (1,), (0, 1), (2,), (0, 1, 2)
+    costs = LayerPassCosts(PassSets({"stash": (1.0, 3.0, 8.0, 1.0, 10.0)}), params)
+    assert costs.over("stash", 1, 2, 3000) == pytest.approx(3.0 * (1 + 2000 / 3000))  # r(3000) = 5/3
+    assert costs.over("stash", 1, 3, 4000) == pytest.approx(4.0 * 2.0)
+
+
 def test_ranges_that_do_not_hold_the_actions_parameters_fall_back():
     params = [10, 20, 30]
     costs = LayerPassCosts(PassSets({"stash": (1.0, 2.0, 3.0, 3.0, 6.0), "predict": (1.0, 2.0)}), params)

@@ -64,14 +64,19 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
   same backward through the modules, timed in the weight passes' cycle; `simulator.copy_backward`).
   Kept after its fresh run (`s27_fresh`): the model itself since, so the name patches nothing (the
   same as `none`; profiles without the section, before that session, play factor 1 either way).
-  `before_s27`: the model before it (factor 1). `copy_backward_probe`: the factor per model from one
+  `before_s27`: the model before the session (factor 1, and `nnls_passes`). `copy_backward_probe`: the factor per model from one
   check on one rank (`COPY_BACKWARD_PROBE`), for the runs before the section.
 - `singles` (twenty-seventh session): the weight passes' and the in-cycle update's per-layer
   costs from the single-layer sets alone (a stage pays the sum of its layers' singles), the
   prefixes left out (`simulator.weight_pass_layers` fits them to singles and prefixes).
-- `size_curve` (twenty-seventh session): a stage's weight passes and in-cycle update cost the sum
-  of its layers' single-layer medians times the prefixes' growth over their singles, interpolated at
-  the stage's parameter count (`_patch_size_curve`).
+- `size_curve` (twenty-seventh session's second candidate, `../size_curve/RULE.md`): a stage's
+  weight passes and in-cycle update cost the sum of its layers' single-layer medians times the
+  prefixes' growth over their singles, interpolated at the stage's parameter count. Kept after its
+  fresh run (`s27_second`): the model itself since (`simulator.weight_pass_layers`), so the name
+  patches nothing (the same as `none`); before that it was scored by a patch of
+  `LayerPassCosts`, which the model's code reproduces (`../size_curve/results.md`).
+  `nnls_passes`: the per-layer costs before it (non-negative least squares over singles and
+  prefixes together).
 - `step_tail` (seventeenth session): the cycle's tail of the wait on an arrived message x 0.6, what
   the cycle gave in 4-micro-batch runs counting every message against its steady state at 4 ranks
   (`../ws2_message_tails/cycle_variants.log`: 0.67-0.80 against 1.19-1.23 ms).
@@ -82,7 +87,7 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh (the Intel Xeon host; every run
+          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second (the Intel Xeon host; every run
           before them since s18_first was on the AMD EPYC host)
           (default: all)
 """
@@ -101,7 +106,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -145,6 +150,8 @@ RUNS = {
                   "reports/diagnostics/pool_curve/fresh_run/profiles"),
     "s27_fresh": ("reports/diagnostics/copy_backward/fresh_run/validation_pipelines_cpu.csv",
                   "reports/diagnostics/copy_backward/fresh_run/profiles"),
+    "s27_second": ("reports/diagnostics/size_curve/fresh_run/validation_pipelines_cpu.csv",
+                   "reports/diagnostics/size_curve/fresh_run/profiles"),
 }
 
 
@@ -192,26 +199,22 @@ def _prefix_sets(document):
 
 
 def _patch_singles() -> None:
-    """`singles`: each layer's pass and in-cycle update cost is its single-layer set's median (the
-    prefixes left out of the per-layer costs), a stage's the sum over its layers."""
+    """`singles`: each layer's pass and in-cycle update cost is its single-layer set's median, a
+    stage's the sum over its layers (the prefixes' growth left out)."""
     import simulator.weight_pass_layers as weight_pass_layers
 
-    original = weight_pass_layers.per_layer_costs
+    original_init = weight_pass_layers.LayerPassCosts.__init__
 
-    def singles_only(layer_sets, medians_s, num_layers):
-        kept = [(layers, median) for layers, median in zip(layer_sets, medians_s) if len(layers) == 1]
-        return original([layers for layers, _ in kept], [median for _, median in kept], num_layers)
+    def init(self, sets, layer_params):
+        original_init(self, sets, layer_params)
+        self.growth = {name: ((), ()) for name in self.growth}
 
-    weight_pass_layers.per_layer_costs = singles_only
+    weight_pass_layers.LayerPassCosts.__init__ = init
 
 
-def _patch_size_curve() -> None:
-    """`size_curve`: a pass over a stage costs the sum of its layers' single-layer medians times
-    r(P), P the stage's parameters and r the prefixes' median over the sum of their layers' singles,
-    interpolated in P between the calibration's prefixes (1 up to the first layer's size, the last
-    prefix's beyond it): the growth with the working set the prefixes show, at the stage's size."""
-    import numpy as np
-
+def _patch_least_squares() -> None:
+    """`nnls_passes`: the model before the twenty-seventh session's size curve: per-layer costs
+    fitted by non-negative least squares to singles and prefixes together, a stage's the sum."""
     import simulator.weight_pass_layers as weight_pass_layers
 
     original_init = weight_pass_layers.LayerPassCosts.__init__
@@ -219,29 +222,16 @@ def _patch_size_curve() -> None:
     def init(self, sets, layer_params):
         original_init(self, sets, layer_params)
         layer_sets = weight_pass_layers.calibration_layer_sets(layer_params)
-        self.size_curve = {}
-        for name, medians in sets.medians_s.items():
-            if len(medians) != len(layer_sets):
-                continue
-            singles = np.zeros(len(layer_params))
-            for layers, median in zip(layer_sets, medians):
-                if len(layers) == 1:
-                    singles[layers[0]] = median
-            points = [(sum(layer_params[layer] for layer in layers), median / singles[list(layers)].sum())
-                      for layers, median in zip(layer_sets, medians)
-                      if layers == tuple(layer for layer in range(layers[-1] + 1) if layer_params[layer] > 0)
-                      and singles[list(layers)].sum() > 0]
-            sizes, ratios = zip(*sorted(points))
-            self.size_curve[name] = (singles, np.array(sizes, dtype=float), np.array(ratios))
+        self.least_squares_s = {name: weight_pass_layers.per_layer_costs(layer_sets, medians, len(layer_params))
+                                for name, medians in sets.medians_s.items() if len(medians) == len(layer_sets)}
 
     def over(self, name, layer_start, layer_end, num_params):
-        curve = self.size_curve.get(name)
-        if curve is None or not 0 <= layer_start < layer_end <= len(self.layer_params):
+        costs = self.least_squares_s.get(name)
+        if costs is None or not 0 <= layer_start < layer_end <= len(self.layer_params):
             return None
         if sum(self.layer_params[layer_start:layer_end]) != num_params:
             return None
-        singles, sizes, ratios = curve
-        return float(singles[layer_start:layer_end].sum() * np.interp(num_params, sizes, ratios))
+        return float(costs[layer_start:layer_end].sum())
 
     weight_pass_layers.LayerPassCosts.__init__ = init
     weight_pass_layers.LayerPassCosts.over = over
@@ -251,8 +241,8 @@ def patch(variant: str) -> None:
     original_init = profile_costs.ProfileCosts.__init__
     if variant == "singles":
         _patch_singles()
-    if variant == "size_curve":
-        _patch_size_curve()
+    if variant in ("nnls_passes", "before_s27", "before_s26"):
+        _patch_least_squares()
     if variant == "prefix_sets":
         original_from_dict = simulator_profile.profile_from_dict
         simulator_profile.profile_from_dict = lambda document, *args, **kwargs: original_from_dict(
