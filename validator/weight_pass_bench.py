@@ -29,8 +29,10 @@ phases of the same names, `simulator.strategies.pipeline`):
   the copy against the same backward through the modules in the same cycle. The copy's leaves are
   fresh, so its weight gradients are written, not added onto the live ones (the accumulate pass
   adds them later); on the Intel Xeon host a one-rank probe measured it at 0.53-0.74 of the
-  modules' backward in most blocks, 1.02-1.61 in others (`reports/diagnostics/copy_backward/`).
-  The calibration keeps both medians per layer set (`simulator.copy_backward`).
+  modules' backward in most blocks, 1.02-1.61 in others; inside this cycle the two regimes did
+  not show (a fresh run's profiles: the MLP 0.69-0.70, ResNet-20 and the transformer 0.98-1.00;
+  `reports/diagnostics/copy_backward/`). The profile keeps each set's ratio and their median
+  (`simulator.copy_backward`).
 
 The passes are timed where the runtime runs them: inside a micro-batch's cycle on the layers' own
 modules (stash, predict, forward on the stashed copy, repredict, backward, accumulate, update), so each
