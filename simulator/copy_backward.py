@@ -64,9 +64,5 @@ def parse_copy_backward(read, document: Mapping) -> CopyBackward | None:
     factor = read.number(section, "factor", "copy_backward.factor", positive=True)
     if not low <= factor <= high:
         raise read.fail("copy_backward.factor", f"expected a ratio between {low} and {high}, got {factor!r}")
-    ratios = section.get("ratios") or []
-    if not isinstance(ratios, list):
-        raise read.fail("copy_backward.ratios", f"expected a list of ratios, got {ratios!r}")
-    return CopyBackward(factor=factor, ratios=tuple(
-        read.number({"value": value}, "value", f"copy_backward.ratios[{i}]", positive=True)
-        for i, value in enumerate(ratios)))
+    return CopyBackward(factor=factor, ratios=read.number_list(section, "ratios", "copy_backward.ratios",
+                                                               positive=True, optional=True))

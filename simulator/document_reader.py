@@ -68,6 +68,17 @@ class DocumentReader:
             raise self.fail(where, f"expected one of {', '.join(choices)}, got {value!r}")
         return value
 
+    def number_list(self, node, key, where, *, positive: bool = False, optional: bool = False) -> tuple[float, ...]:
+        """A list of finite numbers, each checked as `number` and named `where[i]` in an error; () for
+        an optional key that is absent."""
+        value = self.get(node, key, where, optional=optional)
+        if value is None and optional:
+            return ()
+        if not isinstance(value, list):
+            raise self.fail(where, f"expected a list of numbers, got {show_value(value)}")
+        return tuple(self.number({"value": item}, "value", f"{where}[{i}]", positive=positive)
+                     for i, item in enumerate(value))
+
     def int_list(self, node, key, where, *, optional: bool = False) -> tuple[int, ...]:
         value = self.get(node, key, where, optional=optional)
         if value is None and optional:
