@@ -92,7 +92,8 @@ class Engine:
         self.hosts: HostPool | None = None
         if self.host_parallelism is not None:  # shared host processors (a calibrated CPU host)
             self.hosts = HostPool(self.env, self.host_parallelism, topology.num_nodes,
-                                  getattr(costs, "interference", None), getattr(costs, "pool_curve", None))
+                                  getattr(costs, "interference", None), getattr(costs, "pool_curve", None),
+                                  getattr(costs, "memory_contention_ranks", 2))
         device_costs = DeviceCosts(costs, topology)
         self._rank_costs = [device_costs.model_of(device) for device in plan.rank_to_device]
         # G > 1 replicas of a stage average the reduced gradients before the update (megatron plans
@@ -196,7 +197,8 @@ class Engine:
             duration_s = self._duration_s(action, rank) * self._cold.factor(action, rank, start) * self._compute_factor
             if action.phase == BACKWARD:
                 duration_s *= self._backward_factor
-            yield from self._rank_work(rank, duration_s)
+            contention = self._memory_contention(action)
+            yield from self._rank_work(rank, duration_s if contention is None else duration_s / contention, contention)
             if self._cold.tracks(rank):
                 self._cold.ran(action, rank, self.env.now)
             self.spans.append((rank, "compute", action.label, action.phase, start, self.env.now, 0.0,
@@ -212,12 +214,29 @@ class Engine:
         if tail_s > 0:
             yield self.env.timeout(messages * tail_s)
 
-    def _rank_work(self, rank: int, seconds: float):
-        """`seconds` of the rank's own thread (played on its host's cores when they are shared)."""
+    def _rank_work(self, rank: int, seconds: float, memory_contention: float | None = None):
+        """`seconds` of the rank's own thread (played on its host's cores when they are shared;
+        `memory_contention`: a memory-bound pass's slowdown while other ranks run theirs)."""
         if self.host_parallelism is None:
             yield self.env.timeout(seconds)
         else:
-            yield self._host_job(seconds, [rank], 1, COMPUTE)
+            yield self._host_job(seconds, [rank], 1, COMPUTE, memory_contention)
+
+    def _memory_contention(self, action: Compute) -> float | None:
+        """On a shared host, an update's or weight pass's slowdown s while the host's other ranks run
+        theirs (`ProfileCosts.memory_contention`; the engine plays its cost / s as work, and the pool
+        slows it back by up to s: `simulator.host_sharing`); None for other passes, elsewhere, or
+        cost models without it."""
+        contention = getattr(self.costs, "memory_contention", None)
+        if self.hosts is None or contention is None or not (
+                action.phase == OPTIMIZER or action.phase in WEIGHT_PASS_WORDS):
+            return None
+        key = ("contention", action.phase, action.layer_start, action.layer_end, action.num_params)
+        value = self._duration_cache.get(key)
+        if value is None:
+            value = self._duration_cache[key] = contention(action.phase, action.num_params,
+                                                           (action.layer_start, action.layer_end))
+        return value
 
     def _comm_stream(self, rank: int, actions: list[Collective]):
         for position, action in enumerate(actions):
@@ -327,7 +346,8 @@ class Engine:
         for tier, size in phase.tier_bytes:
             self.tier_bytes[tier] += size
 
-    def _host_job(self, measured_s: float, ranks, ranks_when_measured: int, kind: str) -> simpy.Event:
+    def _host_job(self, measured_s: float, ranks, ranks_when_measured: int, kind: str,
+                  memory_contention: float | None = None) -> simpy.Event:
         """A job of threads on calibrated hosts (processes on shared cores, e.g. gloo on a CPU;
         `simulator.host_sharing`): each participating rank is one thread of its node. A job measured
         at `measured_s` while `ranks_when_measured` threads of its class were busy holds
@@ -337,7 +357,7 @@ class Engine:
         per_host: dict[int, int] = defaultdict(int)
         for rank in ranks:
             per_host[self.topology.node_of(self.plan.rank_to_device[rank])] += 1
-        return self.hosts.run(work_s, kind, tuple(sorted(per_host.items())))
+        return self.hosts.run(work_s, kind, tuple(sorted(per_host.items())), memory_contention)
 
     # ------------------------------------------------------------------ bookkeeping
     def _register_receives(self) -> None:

@@ -22,6 +22,16 @@ are open (`PoolCurve`, since the twenty-sixth session): the layers' block median
 number up to the cores, the asynchronous cycle's rounds (all W ranks computing for 0.4 s,
 `simulator.cycle_compute`) give P_round for W, and the curve is linear in between.
 
+Memory-bound passes (a rank's update and weight passes: `memory_contention` jobs) also slow each
+other: a 2-rank calibration times them both with rank 0 alone and with every rank at once, and
+their ratio s (`ProfileCosts.memory_contention`) is what a pass pays while the host's other ranks run
+theirs. The engine plays the alone time as its work, and with m other such jobs open on its host a
+job runs 1 + (s - 1) x min(1, m / (W_s - 1)) times slower (W_s: the ranks of those timings), linear
+in the other ranks' share as for `Interference`. Why: in a 2-stage pipeline the ranks' passes
+overlap only in part; played at the at-once timing throughout, the MLP's 2-stage PipeDream update
+cost 1.15-1.32x what the runtime's step spans measured, the alone timing 0.9-1.0x
+(`reports/diagnostics/memory_contention/`).
+
 A job on several hosts (a collective across nodes) runs at its slowest host's rate. Rates change
 only when a job starts or ends; finish times sit in one heap under one armed timer, as in
 `simulator.network.FlowNetwork`.
@@ -76,40 +86,48 @@ class PoolCurve:
 
 
 class _Job:
-    __slots__ = ("id", "remaining", "kind", "threads", "rate", "since_s", "done", "version")
+    __slots__ = ("id", "remaining", "kind", "threads", "rate", "since_s", "done", "version", "contention")
 
-    def __init__(self, job_id, work_s, kind, threads, now_s, done):
+    def __init__(self, job_id, work_s, kind, threads, now_s, done, contention=None):
         self.id, self.remaining, self.kind, self.threads = job_id, work_s, kind, threads
         self.rate, self.since_s, self.done, self.version = 0.0, now_s, done, 0
+        self.contention = contention
 
 
 class HostPool:
     """Jobs of compute and communication threads on hosts of parallelism `parallelism` each."""
 
     def __init__(self, env, parallelism: float, num_hosts: int, interference: Interference | None = None,
-                 curve: PoolCurve | None = None):
+                 curve: PoolCurve | None = None, contention_ranks: int = 2):
         self.env = env
         self.parallelism = parallelism
         self.interference = interference
         self.curve = curve
+        self.contention_ranks = contention_ranks
+        """Ranks that ran the at-once timings behind the memory-bound jobs' contention (module docstring)."""
+        self._memory_jobs = [0] * num_hosts
         self._threads = [defaultdict(int) for _ in range(num_hosts)]  # host -> {kind: active threads}
         self._jobs = [dict() for _ in range(num_hosts)]                # host -> {job id: job}
         self._finishes: list[tuple[float, int, int, _Job]] = []
         self._timer_at_s = math.inf
         self._next_id = 0
 
-    def run(self, work_s: float, kind: str, threads: tuple[tuple[int, int], ...]):
+    def run(self, work_s: float, kind: str, threads: tuple[tuple[int, int], ...],
+            memory_contention: float | None = None):
         """Start a job of `work_s` seconds at rate 1 with `threads` = ((host, count), ...); returns
-        an event that succeeds when its work is done."""
+        an event that succeeds when its work is done. `memory_contention`: a memory-bound pass's
+        slowdown s while the host's other ranks run theirs (module docstring); None: not one."""
         done = self.env.event()
         if work_s <= 0 or not threads:
             done.succeed()
             return done
-        job = _Job(self._next_id, work_s, kind, threads, self.env.now, done)
+        job = _Job(self._next_id, work_s, kind, threads, self.env.now, done, memory_contention)
         self._next_id += 1
         for host, count in threads:
             self._threads[host][kind] += count
             self._jobs[host][job.id] = job
+            if memory_contention is not None:
+                self._memory_jobs[host] += 1
         self._reschedule({host for host, _ in threads})
         return done
 
@@ -135,12 +153,19 @@ class HostPool:
         slowdown = 1.0 + (self.interference.comm_slowdown.get(kind, 1.0) - 1.0) * min(1.0, num_compute / world)
         return min(1.0, parallelism / max(num_comm, 1)) / slowdown
 
+    def _contention_slowdown(self, job: _Job) -> float:
+        """1 + (s - 1) x min(1, m / (W_s - 1)) for a memory-bound job with m others on its host."""
+        if job.contention is None or job.contention <= 1.0:
+            return 1.0
+        others = max(self._memory_jobs[host] - 1 for host, _ in job.threads)
+        return 1.0 + (job.contention - 1.0) * min(1.0, others / max(1, self.contention_ranks - 1))
+
     # ------------------------------------------------------------------ internals
     def _reschedule(self, hosts) -> None:
         now = self.env.now
         jobs = {job.id: job for host in hosts for job in self._jobs[host].values()}
         for job in sorted(jobs.values(), key=lambda j: j.id):
-            rate = min(self.thread_rate(host, job.kind) for host, _ in job.threads)
+            rate = min(self.thread_rate(host, job.kind) for host, _ in job.threads) / self._contention_slowdown(job)
             if rate == job.rate:
                 continue
             job.remaining -= job.rate * (now - job.since_s)
@@ -177,6 +202,8 @@ class HostPool:
             for host, count in job.threads:
                 self._threads[host][job.kind] -= count
                 del self._jobs[host][job.id]
+                if job.contention is not None:
+                    self._memory_jobs[host] -= 1
                 hosts.add(host)
         for job in ended:
             job.done.succeed()

@@ -14,7 +14,7 @@ from simulator.errors import ScenarioError
 from simulator.host_sharing import PoolCurve
 from simulator.profile import Profile, load_profile
 from simulator.profile_fits import CycleHandoff
-from simulator.weight_pass_layers import UPDATE, LayerPassCosts
+from simulator.weight_pass_layers import UPDATE, LayerPassCosts, PassSets
 from simulator.workload import Workload
 
 def profile_costs(path, workload: Workload, optimizer: str | None = None) -> "ProfileCosts":
@@ -216,6 +216,17 @@ class ProfileCosts:
         self._layer_passes = (LayerPassCosts(profile.pass_sets, [layer.num_params for layer in workload.layers])
                               if profile.pass_sets is not None else None)
         """Per-layer costs of the weight passes and the update in cycle (`simulator.weight_pass_layers`)."""
+        self._alone_layer_passes = None
+        """The same from the sets timed by rank 0 alone, on a shared host whose calibration timed them
+        with all ranks at once too (`memory_contention`); None elsewhere."""
+        self.memory_contention_ranks = 1
+        """How many ranks ran those at-once timings (`simulator.host_sharing.HostPool`'s contention)."""
+        if shared_host and profile.pass_sets is not None and profile.pass_sets.alone_medians_s:
+            self._alone_layer_passes = LayerPassCosts(PassSets(profile.pass_sets.alone_medians_s),
+                                                      [layer.num_params for layer in workload.layers])
+            self.memory_contention_ranks = max([profile.weight_pass_ranks_at_once.get(name, 1)
+                                                for name in profile.weight_passes]
+                                               + [profile.optimizer_in_cycle_ranks_at_once])
         self._forward = [layer.forward for layer in profile.layers]
         self._backward = [layer.backward for layer in profile.layers]
         self.cold_start = profile.cold_start
@@ -304,6 +315,22 @@ class ProfileCosts:
         per_layer_s = self._per_layer_s(name, num_params, layers)
         return (self.speed_factor * self._weight_pass_scale.get(name, 1.0)
                 * (fit.at(num_params) if per_layer_s is None else per_layer_s))
+
+    def memory_contention(self, phase: str, num_params: int, layers: tuple[int, int] | None) -> float:
+        """How much slower the update (`phase` "opt") or weight pass `phase` over `layers` runs while
+        the host's other ranks run theirs: the cost played (timed with all ranks at once) over the
+        same sets timed by rank 0 alone, at least 1; 1 where the profile kept no alone timing or the
+        stage has no per-layer costs. The engine plays the alone cost and slows it by this only
+        while another rank's update or weight pass runs (`simulator.host_sharing.HostPool`)."""
+        if self._alone_layer_passes is None or layers is None or num_params <= 0:
+            return 1.0
+        name = UPDATE if phase == "opt" else phase
+        alone_s = self._alone_layer_passes.over(name, *layers, num_params)
+        if not alone_s:
+            return 1.0
+        played_s = (self.optimizer_s(num_params, layers) if name == UPDATE
+                    else self._measured_pass_s(name, num_params, layers))
+        return max(1.0, played_s / (self.speed_factor * alone_s)) if played_s else 1.0
 
     def _per_layer_s(self, name: str, num_params: int, layers: tuple[int, int] | None) -> float | None:
         """Pass `name` over `layers` from the per-layer costs, unscaled; None without them."""

@@ -34,7 +34,7 @@ measurements.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -102,6 +102,9 @@ class PassSets:
     the calibration's order (`calibration_layer_sets`)."""
 
     medians_s: Mapping[str, tuple[float, ...]]
+    alone_medians_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """The same sets timed by rank 0 alone, where the calibration timed them with all ranks at once
+    and kept both (`alone.medians_s`, 2-rank profiles since the twenty-second session)."""
 
 
 def parse_pass_sets(read, document: Mapping) -> PassSets | None:
@@ -113,19 +116,28 @@ def parse_pass_sets(read, document: Mapping) -> PassSets | None:
     in_cycle = (document.get("optimizer") or {}).get("in_cycle")
     if isinstance(in_cycle, Mapping):
         entries[UPDATE] = in_cycle
-    medians = {}
+    medians, alone_medians = {}, {}
     for name, entry in entries.items():
         where = "optimizer.in_cycle" if name == UPDATE else f"weight_passes.{name}"
-        values = entry.get("medians_s")
-        if values is None:
+        if entry.get("medians_s") is None:
             continue
-        if not isinstance(values, list) or len(values) != len(entry.get("num_params") or []):
-            raise read.fail(f"{where}.medians_s", f"expected a list as long as num_params, got {values!r}")
-        medians[name] = tuple(read.number({"value": value}, "value", f"{where}.medians_s[{i}]", minimum=0)
-                              for i, value in enumerate(values))
+        size = len(entry.get("num_params") or [])
+        medians[name] = _medians(read, entry, where, size)
+        alone = entry.get("alone")
+        if isinstance(alone, Mapping) and alone.get("medians_s") is not None:
+            alone_medians[name] = _medians(read, alone, f"{where}.alone", size)
     if not medians:
         return None
-    return PassSets(medians)
+    return PassSets(medians, alone_medians)
+
+
+def _medians(read, entry: Mapping, where: str, size: int) -> tuple[float, ...]:
+    """`entry["medians_s"]`: `size` numbers >= 0, a malformed one failing as `where.medians_s[i]`."""
+    values = entry["medians_s"]
+    if not isinstance(values, list) or len(values) != size:
+        raise read.fail(f"{where}.medians_s", f"expected a list as long as num_params, got {values!r}")
+    return tuple(read.number({"value": value}, "value", f"{where}.medians_s[{i}]", minimum=0)
+                 for i, value in enumerate(values))
 
 
 class LayerPassCosts:

@@ -154,3 +154,68 @@ def test_the_engine_plays_a_costs_pool_curve_for_every_plan():
         passes = spans[spans["stream"] == "compute"]
         compute_s[name] = (passes["end_s"] - passes["start_s"]).sum()
     assert compute_s["curve"] == pytest.approx(2 * compute_s["pool"])
+
+
+def _memory_finish_times(jobs, contention_ranks=2, parallelism=4.0):
+    """Run `jobs` = [(start_s, work_s, memory_contention)] as one-thread compute jobs on a host with
+    cores to spare; their finish times in order."""
+    env = simpy.Environment()
+    pool = HostPool(env, parallelism, 1, contention_ranks=contention_ranks)
+    finished = [None] * len(jobs)
+
+    def job(index, start_s, work_s, contention):
+        yield env.timeout(start_s)
+        yield pool.run(work_s, COMPUTE, ((0, 1),), contention)
+        finished[index] = env.now
+
+    for index, spec in enumerate(jobs):
+        env.process(job(index, *spec))
+    env.run()
+    return finished
+
+
+def test_a_memory_bound_pass_runs_at_its_alone_time_while_no_other_runs():
+    # beside a plain compute job (not memory-bound) it keeps rate 1
+    assert _memory_finish_times([(0, 1.0, 1.5), (0, 2.0, None)]) == pytest.approx([1.0, 2.0])
+
+
+def test_memory_bound_passes_at_once_each_pay_their_contention():
+    assert _memory_finish_times([(0, 1.0, 1.5), (0, 1.0, 1.5)]) == pytest.approx([1.5, 1.5])
+    # a pass measured not to slow (s = 1) still counts as the other's contender
+    assert _memory_finish_times([(0, 1.0, 2.0), (0, 3.0, 1.0)]) == pytest.approx([2.0, 3.0])
+
+
+def test_contention_follows_the_overlap_of_staggered_passes():
+    # s = 2: A alone for 0.5 s (0.5 left), then both at 1/2: A ends at 1.5, B has done 0.5 and
+    # finishes alone at rate 1 by 2.0
+    assert _memory_finish_times([(0, 1.0, 2.0), (0.5, 1.0, 2.0)]) == pytest.approx([1.5, 2.0])
+
+
+def test_contention_scales_with_the_share_of_the_ranks_that_timed_it():
+    # timed with 3 ranks at once: one other pass open gives half the slowdown, 1 + (2 - 1) / 2
+    assert _memory_finish_times([(0, 1.0, 2.0), (0, 10.0, None), (0, 2.0, 1.0)], contention_ranks=3) == \
+        pytest.approx([1.5, 10.0, 2.0])
+
+
+class _ContendedCosts(_SharedHostCosts):
+    """A shared host whose update was timed 1.5x slower with both ranks at once than alone."""
+
+    def __init__(self):
+        super().__init__(Interference(2, {COLLECTIVE: 1.0}, {COLLECTIVE: 1.0}), allreduce_s=0.0)
+        self.fixed_optimizer_s = 0.003
+        self.memory_contention_ranks = 2
+
+    def memory_contention(self, phase, num_params, layers):
+        return 1.5
+
+
+def test_the_engine_plays_a_memory_bound_update_alone_unless_another_runs_with_it():
+    # two model-parallel ranks (G = 1 x W = 2) update at different times: each plays the alone
+    # time, 3 ms / 1.5; two data-parallel replicas (G = 2) update together: each the played 3 ms
+    workload = toy_workload(4, num_params=1000)
+    topology = Topology(1, 2, link(0.0, 1e9), link(0.0, 1e9))
+    for groups, workers, update_s in ((1, 2, 0.002), (2, 1, 0.003)):
+        _, spans = run_grid(workload, topology, _ContendedCosts(), groups, workers, 16)
+        updates = spans[spans["kind"] == "opt"]
+        assert len(updates) == 2
+        assert (updates["end_s"] - updates["start_s"]).tolist() == pytest.approx([update_s] * 2)

@@ -13,7 +13,7 @@ from simulator.profile_costs import ProfileCosts, message_costs
 from tests.test_handoff_cycle import CYCLE, _profile
 from tests.test_profile import workload
 from validator.handoff_bench import CYCLE_REQUIRED_KEYS, handoff_summary
-from validator.runtime_messages_bench import message_records
+from validator.runtime_messages_bench import message_records, thread_cpu_per_message_s
 
 RUNTIME = {**CYCLE, "mean_delay_s": 0.001, "send_post_mean_s": 0.0003, "ready_receive_mean_s": 0.0002,
            "workload": "mlp 768x8, pipedream:4, micro-batch 16"}
@@ -97,3 +97,11 @@ def test_the_runtimes_messages_are_timed_on_two_real_ranks():
     assert section["num_messages"] >= 1 and section["num_ready"] >= 1
     assert section["mean_delay_s"] > 0 and section["send_post_s"] > 0
     assert "mlp" in section["workload"]
+
+
+def test_thread_cpu_per_message_is_the_ranks_sum_over_their_message_ends():
+    # rank 0: 3 ms of other-thread CPU over 10 ends; rank 1: 1 ms over 10 (a negative clock jitter
+    # counts as 0); no message timed: 0
+    assert thread_cpu_per_message_s([(0.003, 10), (0.001, 10)]) == pytest.approx(0.0002)
+    assert thread_cpu_per_message_s([(0.002, 4), (-1e-6, 4)]) == pytest.approx(0.00025)
+    assert thread_cpu_per_message_s([(0.001, 0)]) == 0.0

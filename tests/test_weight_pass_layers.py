@@ -133,3 +133,41 @@ def test_malformed_medians_name_the_field(tmp_path, medians, field):
     doc = _with_sets(document(), medians, [1e-4] * 5)
     with pytest.raises(ScenarioError, match=field):
         load_profile(write(tmp_path, doc))
+
+
+def _with_alone_sets(doc, ratio):
+    """`_with_sets`'s passes timed with all 4 ranks at once (played at / compute_slowdown[4] = 2 on a
+    shared host), and the same sets alone at 1 / `ratio` of what is played."""
+    flat = [1e-4, 1e-4, 2e-4, 1e-4, 3e-4]
+    doc = _with_sets(doc, flat, [m * 2 for m in flat])
+    for entry in (doc["weight_passes"]["stash"], doc["optimizer"]["in_cycle"]):
+        entry["ranks_at_once"] = 4
+        entry["alone"] = {"intercept_s": 0.0, "per_param_s": 1e-9, "ranks_at_once": 1,
+                          "medians_s": [m / 2 / ratio for m in entry["medians_s"]]}
+    return doc
+
+
+def test_memory_contention_is_the_played_cost_over_the_alone_one(tmp_path):
+    w = workload()
+    profile = load_profile(write(tmp_path, _with_alone_sets(document(), 1.5)))
+    assert profile.pass_sets.alone_medians_s["stash"] == pytest.approx([m / 3 for m in (1e-4, 1e-4, 2e-4, 1e-4, 3e-4)])
+    shared = ProfileCosts(profile, w, shared_host=True)
+    head = w.layers[2].num_params
+    assert shared.memory_contention("stash", head, (2, 3)) == pytest.approx(1.5)
+    assert shared.memory_contention("opt", w.num_params, (0, 3)) == pytest.approx(1.5)
+    assert shared.memory_contention_ranks == 4
+    assert shared.memory_contention("stash", head, None) == 1.0  # no per-layer costs: played as timed
+    assert ProfileCosts(profile, w).memory_contention("stash", head, (2, 3)) == 1.0  # not a shared host
+    faster_at_once = ProfileCosts(load_profile(write(tmp_path, _with_alone_sets(document(), 0.8), "fast.json")), w,
+                                  shared_host=True)
+    assert faster_at_once.memory_contention("stash", head, (2, 3)) == 1.0
+
+
+def test_malformed_alone_medians_name_the_field(tmp_path):
+    doc = _with_alone_sets(document(), 1.5)
+    doc["weight_passes"]["stash"]["alone"]["medians_s"][1] = "fast"
+    with pytest.raises(ScenarioError, match=r"weight_passes.stash.alone.medians_s\[1\]"):
+        load_profile(write(tmp_path, doc))
+    doc["weight_passes"]["stash"]["alone"]["medians_s"] = [1e-4]
+    with pytest.raises(ScenarioError, match=r"weight_passes.stash.alone.medians_s"):
+        load_profile(write(tmp_path, doc))

@@ -20,6 +20,12 @@ SpecTrain further (MAPE 8.1 against 9.3 %, worst 27.9 against 23.3 %;
 other rank slows by 1.4-1.6x (`reports/diagnostics/concurrent_passes/`). Where ranks outnumber
 cores the cycle's figures stay.
 
+Since the twenty-eighth session it also records `thread_cpu_per_message_s`: the CPU time of the
+ranks' other threads (gloo's communication threads) per message end, over the same steps. Recorded
+for diagnostics, not played: on the Intel Xeon host it measured 0.09-0.11 ms at 2 ranks and 0.21-0.29
+ms at 4, and charged as work on the shared cores it moved the 4-stage synchronous cases up as much
+as the asynchronous ones (`reports/diagnostics/message_threads/`).
+
 Definitions as `handoff_bench.handoff_summary`: a receive waited for before its message's isend
 began gives the delay from that isend to the wait's end; a receive whose isend began at least
 `READY_MARGIN_S` before the wait gives the wait (with posting the next receive); every isend call
@@ -29,6 +35,7 @@ count.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch.distributed as dist
@@ -88,6 +95,16 @@ def message_records(spans: Sequence[tuple], step: int, rank: int, step_start_s: 
     return sends, receives, posts
 
 
+def thread_cpu_per_message_s(per_rank: Sequence[tuple[float, int]]) -> float:
+    """CPU time of the ranks' other threads (gloo's communication threads: the main thread runs the
+    plan) per message end, each message counted at its sender and at its receiver: the sum over
+    ranks of (process CPU - main-thread CPU) over the timed steps, over the sum of their messages
+    sent and received. 0 where no message was timed."""
+    cpu_s = sum(max(0.0, seconds) for seconds, _ in per_rank)
+    ends = sum(count for _, count in per_rank)
+    return cpu_s / ends if ends else 0.0
+
+
 def measure_runtime_messages(steps: int = RUNTIME_STEPS, warmup: int = RUNTIME_WARMUP) -> dict | None:
     """The `handoff.runtime` section (`PREPOSTED_KEYS`, plus the workload it ran), or None if the
     runs timed no waited or no arrived message. Every rank must call it at the same time."""
@@ -95,17 +112,23 @@ def measure_runtime_messages(steps: int = RUNTIME_STEPS, warmup: int = RUNTIME_W
     plan, workload = synthetic_plan(world)
     executor = PipelineExecutor(plan, workload, rank, "momentum", 0.01, 0, str(comm_device.data_device()))
     sends, receives, posts = [], [], []
+    other_threads_cpu_s, message_ends = 0.0, 0
     for step in range(warmup + steps):
         executor.load_batch(step)
         dist.barrier()
+        process_cpu_s, thread_cpu_s = time.process_time(), time.thread_time()
         spans = executor.step(step)
         if step >= warmup:
+            other_threads_cpu_s += (time.process_time() - process_cpu_s) - (time.thread_time() - thread_cpu_s)
             sent, received, posted = message_records(spans, step, rank, executor.step_start)
             sends += sent
             receives += received
             posts += posted
+            message_ends += len(sent) + len(received)
     everyone = [None] * world
     dist.all_gather_object(everyone, (sends, receives, posts))
+    threads = [None] * world
+    dist.all_gather_object(threads, (other_threads_cpu_s, message_ends))
     try:
         summary = handoff_summary(everyone, 0, 0.0, NUM_MICROBATCHES)
     except ValueError:
@@ -113,5 +136,6 @@ def measure_runtime_messages(steps: int = RUNTIME_STEPS, warmup: int = RUNTIME_W
     kept = {key: summary[key] for key in PREPOSTED_KEYS if summary[key] is not None}
     if not all(key in kept for key in CYCLE_REQUIRED_KEYS):
         return None
+    kept["thread_cpu_per_message_s"] = thread_cpu_per_message_s(threads)
     return {**kept, "workload": f"mlp {SYNTHETIC_MLP['hidden_dim']}x{SYNTHETIC_MLP['num_hidden_layers']}, "
                                 f"pipedream:{NUM_MICROBATCHES}, micro-batch {MICROBATCH_SIZE}"}

@@ -77,6 +77,14 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
   `LayerPassCosts`, which the model's code reproduces (`../size_curve/results.md`).
   `nnls_passes`: the per-layer costs before it (non-negative least squares over singles and
   prefixes together).
+- `memory_contention` (twenty-eighth session's candidate, `../memory_contention/RULE.md`): on a
+  shared host whose 2-rank calibration timed the update and the weight passes both with all ranks at
+  once and rank 0 alone, a stage's pass plays its alone cost and is slowed by the ratio of the two
+  only while another rank's update or weight pass runs on the host (`simulator.host_sharing`). The
+  model's code since this session, committed before its fresh run (`s28_fresh`), which decides
+  whether it stays; so the name patches nothing (the same as `none`); `before_s28`: the model without it (every such pass at
+  its at-once timing, as played since the twenty-second session). `alone_growth`: the prefixes'
+  growth from the alone timings, the singles as played (scored before the candidate, not it).
 - `step_tail` (seventeenth session): the cycle's tail of the wait on an arrived message x 0.6, what
   the cycle gave in 4-micro-batch runs counting every message against its steady state at 4 ranks
   (`../ws2_message_tails/cycle_variants.log`: 0.67-0.80 against 1.19-1.23 ms).
@@ -87,7 +95,7 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second (the Intel Xeon host; every run
+          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh (the Intel Xeon host; every run
           before them since s18_first was on the AMD EPYC host)
           (default: all)
 """
@@ -106,7 +114,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -152,6 +160,8 @@ RUNS = {
                   "reports/diagnostics/copy_backward/fresh_run/profiles"),
     "s27_second": ("reports/diagnostics/size_curve/fresh_run/validation_pipelines_cpu.csv",
                    "reports/diagnostics/size_curve/fresh_run/profiles"),
+    "s28_fresh": ("reports/diagnostics/memory_contention/fresh_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/memory_contention/fresh_run/profiles"),
 }
 
 
@@ -237,10 +247,48 @@ def _patch_least_squares() -> None:
     weight_pass_layers.LayerPassCosts.over = over
 
 
+def _patch_alone_growth() -> None:
+    """`alone_growth` (twenty-eighth session): where a profile kept a pass's sets timed by rank 0
+    alone beside those timed by all ranks at once (2-rank profiles since the twenty-second session),
+    the prefixes' growth comes from the alone timings; the singles stay as played."""
+    import simulator.weight_pass_layers as weight_pass_layers
+
+    original_parse = simulator_profile.parse_pass_sets
+
+    def parse(read, document):
+        sets = original_parse(read, document)
+        if sets is None:
+            return None
+        entries = {name: entry for name, entry in (document.get("weight_passes") or {}).items()
+                   if isinstance(entry, dict)}
+        in_cycle = (document.get("optimizer") or {}).get("in_cycle")
+        if isinstance(in_cycle, dict):
+            entries[weight_pass_layers.UPDATE] = in_cycle
+        alone = {name: tuple(entry["alone"]["medians_s"]) for name, entry in entries.items()
+                 if isinstance(entry.get("alone"), dict) and entry["alone"].get("medians_s")
+                 and len(entry["alone"]["medians_s"]) == len(sets.medians_s.get(name, ()))}
+        object.__setattr__(sets, "alone_medians_s", alone)
+        return sets
+
+    original_init = weight_pass_layers.LayerPassCosts.__init__
+
+    def init(self, sets, layer_params):
+        original_init(self, sets, layer_params)
+        layer_sets = weight_pass_layers.calibration_layer_sets(layer_params)
+        for name, medians in getattr(sets, "alone_medians_s", {}).items():
+            if name in self.growth and len(medians) == len(layer_sets):
+                self.growth[name] = weight_pass_layers._singles_and_growth(layer_sets, medians, self.layer_params)[1]
+
+    simulator_profile.parse_pass_sets = parse
+    weight_pass_layers.LayerPassCosts.__init__ = init
+
+
 def patch(variant: str) -> None:
     original_init = profile_costs.ProfileCosts.__init__
     if variant == "singles":
         _patch_singles()
+    if variant == "alone_growth":
+        _patch_alone_growth()
     if variant in ("nnls_passes", "before_s27", "before_s26"):
         _patch_least_squares()
     if variant == "prefix_sets":
@@ -256,6 +304,8 @@ def patch(variant: str) -> None:
         original_init(self, profile, workload, **options)
         if variant in ("before_s27", "before_s26"):  # the backward on a weight copy as timed through the modules
             self.asynchronous_backward_factor = 1.0
+        if variant == "before_s28":  # every update and weight pass at its at-once timing throughout
+            self._alone_layer_passes = None
         if variant == "copy_backward_probe":
             self.asynchronous_backward_factor = COPY_BACKWARD_PROBE[profile.model_name]
         if variant == "pass_fits":
