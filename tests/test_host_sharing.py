@@ -7,15 +7,16 @@ from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool, Interfere
 from tests.helpers import FixedCosts, Topology, link, run_grid, toy_workload
 
 
-def _finish_times(pool_args, jobs):
-    """Run `jobs` = [(start_s, work_s, kind, threads)] on a HostPool; their finish times in order."""
+def _finish_times(pool_args, jobs, **pool_options):
+    """Run `jobs` = [(start_s, work_s, kind, threads[, memory_contention])] on a HostPool; their
+    finish times in order."""
     env = simpy.Environment()
-    pool = HostPool(env, *pool_args)
+    pool = HostPool(env, *pool_args, **pool_options)
     finished = [None] * len(jobs)
 
-    def job(index, start_s, work_s, kind, threads):
+    def job(index, start_s, work_s, kind, threads, memory_contention=None):
         yield env.timeout(start_s)
-        yield pool.run(work_s, kind, threads)
+        yield pool.run(work_s, kind, threads, memory_contention)
         finished[index] = env.now
 
     for index, spec in enumerate(jobs):
@@ -156,22 +157,11 @@ def test_the_engine_plays_a_costs_pool_curve_for_every_plan():
     assert compute_s["curve"] == pytest.approx(2 * compute_s["pool"])
 
 
-def _memory_finish_times(jobs, contention_ranks=2, parallelism=4.0):
+def _memory_finish_times(jobs, contention_ranks=2):
     """Run `jobs` = [(start_s, work_s, memory_contention)] as one-thread compute jobs on a host with
-    cores to spare; their finish times in order."""
-    env = simpy.Environment()
-    pool = HostPool(env, parallelism, 1, contention_ranks=contention_ranks)
-    finished = [None] * len(jobs)
-
-    def job(index, start_s, work_s, contention):
-        yield env.timeout(start_s)
-        yield pool.run(work_s, COMPUTE, ((0, 1),), contention)
-        finished[index] = env.now
-
-    for index, spec in enumerate(jobs):
-        env.process(job(index, *spec))
-    env.run()
-    return finished
+    cores to spare (P = 4); their finish times in order."""
+    return _finish_times((4.0, 1), [(start_s, work_s, COMPUTE, ((0, 1),), contention)
+                                    for start_s, work_s, contention in jobs], contention_ranks=contention_ranks)
 
 
 def test_a_memory_bound_pass_runs_at_its_alone_time_while_no_other_runs():
