@@ -81,8 +81,8 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
   shared host whose 2-rank calibration timed the update and the weight passes both with all ranks at
   once and rank 0 alone, a stage's pass plays its alone cost and is slowed by the ratio of the two
   only while another rank's update or weight pass runs on the host (`simulator.host_sharing`). The
-  model's code since this session, committed before its fresh run (`s28_fresh`), which decides
-  whether it stays; so the name patches nothing (the same as `none`); `before_s28`: the model without it (every such pass at
+  model's code since this session, committed before its fresh run (`s28_fresh`) and kept after it
+  (`../memory_contention/results.md`), so the name patches nothing (the same as `none`); `before_s28`: the model without it (every such pass at
   its at-once timing, as played since the twenty-second session). `alone_growth`: the prefixes'
   growth from the alone timings, the singles as played (scored before the candidate, not it).
 - `step_tail` (seventeenth session): the cycle's tail of the wait on an arrived message x 0.6, what
