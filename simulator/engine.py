@@ -108,6 +108,7 @@ class Engine:
         self._rendezvous: dict[tuple, list] = {}
         self._duration_cache: dict[tuple, float] = {}
         self._phase_cache: dict[tuple, tuple] = {}
+        self._contention_cache: dict[tuple, float] = {}
         preposted = plan.meta.get("receives") == "preposted"
         self._handoff_s = getattr(costs, "handoff_preposted_s" if preposted else "handoff_s", 0.0)
         """Waking a waiting receiver on a busy shared host (`ProfileCosts`), by how its receives are posted."""
@@ -224,18 +225,19 @@ class Engine:
 
     def _memory_contention(self, action: Compute) -> float | None:
         """On a shared host, an update's or weight pass's slowdown s while the host's other ranks run
-        theirs (`ProfileCosts.memory_contention`; the engine plays its cost / s as work, and the pool
-        slows it back by up to s: `simulator.host_sharing`); None for other passes, elsewhere, or
-        cost models without it."""
+        theirs (`ProfileCosts.memory_contention`); None for other passes, elsewhere, or cost models
+        without it. The engine plays the action's whole duration / s as work (its cold-start factor
+        and, with G > 1 replicas, the update's averaging included), and the pool slows it back by up
+        to s (`simulator.host_sharing`)."""
         contention = getattr(self.costs, "memory_contention", None)
         if self.hosts is None or contention is None or not (
                 action.phase == OPTIMIZER or action.phase in WEIGHT_PASS_WORDS):
             return None
-        key = ("contention", action.phase, action.layer_start, action.layer_end, action.num_params)
-        value = self._duration_cache.get(key)
+        key = (action.phase, action.layer_start, action.layer_end, action.num_params)
+        value = self._contention_cache.get(key)
         if value is None:
-            value = self._duration_cache[key] = contention(action.phase, action.num_params,
-                                                           (action.layer_start, action.layer_end))
+            value = self._contention_cache[key] = contention(action.phase, action.num_params,
+                                                             (action.layer_start, action.layer_end))
         return value
 
     def _comm_stream(self, rank: int, actions: list[Collective]):

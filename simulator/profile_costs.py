@@ -12,6 +12,7 @@ from simulator.cycle_compute import asynchronous_compute_factor
 from simulator.costs import COPY_FORWARD, OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
 from simulator.host_sharing import PoolCurve
+from simulator.plan import OPTIMIZER
 from simulator.profile import Profile, load_profile
 from simulator.profile_fits import CycleHandoff
 from simulator.weight_pass_layers import UPDATE, LayerPassCosts, PassSets
@@ -317,14 +318,14 @@ class ProfileCosts:
                 * (fit.at(num_params) if per_layer_s is None else per_layer_s))
 
     def memory_contention(self, phase: str, num_params: int, layers: tuple[int, int] | None) -> float:
-        """How much slower the update (`phase` "opt") or weight pass `phase` over `layers` runs while
+        """How much slower the update (`phase` OPTIMIZER) or weight pass `phase` over `layers` runs while
         the host's other ranks run theirs: the cost played (timed with all ranks at once) over the
         same sets timed by rank 0 alone, at least 1; 1 where the profile kept no alone timing or the
         stage has no per-layer costs. The engine plays the alone cost and slows it by this only
         while another rank's update or weight pass runs (`simulator.host_sharing.HostPool`)."""
         if self._alone_layer_passes is None or layers is None or num_params <= 0:
             return 1.0
-        name = UPDATE if phase == "opt" else phase
+        name = UPDATE if phase == OPTIMIZER else phase
         alone_s = self._alone_layer_passes.over(name, *layers, num_params)
         if not alone_s:
             return 1.0
