@@ -95,7 +95,7 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh (the Intel Xeon host; every run
+          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh, s28_second (the Intel Xeon host; every run
           before them since s18_first was on the AMD EPYC host)
           (default: all)
 """
@@ -162,6 +162,8 @@ RUNS = {
                    "reports/diagnostics/size_curve/fresh_run/profiles"),
     "s28_fresh": ("reports/diagnostics/memory_contention/fresh_run/validation_pipelines_cpu.csv",
                   "reports/diagnostics/memory_contention/fresh_run/profiles"),
+    "s28_second": ("reports/diagnostics/memory_contention/second_run/validation_pipelines_cpu.csv",
+                   "reports/diagnostics/memory_contention/second_run/profiles"),
 }
 
 
