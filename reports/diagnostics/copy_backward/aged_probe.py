@@ -17,17 +17,18 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pair_probe import _layers, _output, _copy, DIMS, MICROBATCH, FIRST
+from stage_probe import DIMS, MICROBATCH, build_layers, stage_output, weight_copy
 torch.set_num_threads(1)
-layers = _layers()
+FIRST = [0, 1, 2]
+layers = build_layers()
 src = torch.randn(MICROBATCH, DIMS[0]); grad = torch.randn(MICROBATCH, DIMS[FIRST[-1] + 1])
 def run(on_copy, versions, iterations=300, warmup=50):
     """`versions` micro-batches in flight: each forward on its own copy (made at its forward), its
     backward `versions - 1` forwards later, as PipeDream's first stage at 2 stages keeps 2."""
     pending, times = [], []
     for it in range(iterations):
-        w = _copy(layers, FIRST) if on_copy else None
-        pending.append(_output(layers, FIRST, src, w))
+        w = weight_copy(layers, FIRST) if on_copy else None
+        pending.append(stage_output(layers, FIRST, src, w))
         if len(pending) >= versions:
             out = pending.pop(0)
             t = time.perf_counter(); out.backward(grad); times.append(time.perf_counter() - t)

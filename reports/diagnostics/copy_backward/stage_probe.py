@@ -21,7 +21,14 @@ DIMS = [512] + [1024] * 6 + [10]
 MICROBATCH = 16
 
 
-def _stage_output(layers, indices, x, weights=None):
+def build_layers() -> list:
+    """The MLP's layers (fc1-fc7), seeded."""
+    torch.manual_seed(0)
+    return [torch.nn.Linear(DIMS[i], DIMS[i + 1]) for i in range(len(DIMS) - 1)]
+
+
+def stage_output(layers, indices, x, weights=None):
+    """The stage's forward over `indices` (ReLU between layers), on `weights` where given."""
     for index in indices:
         layer = layers[index]
         x = layer(x) if weights is None else functional_call(layer, weights[index], (x,))
@@ -30,15 +37,20 @@ def _stage_output(layers, indices, x, weights=None):
     return x
 
 
+def weight_copy(layers, indices) -> dict:
+    """A fresh copy of the layers' weights, as leaves (PipeDream's stash)."""
+    return {index: {name: p.detach().clone().requires_grad_(True) for name, p in layers[index].named_parameters()}
+            for index in indices}
+
+
 def backward_ms(layers, indices, on_copy: bool, first_stage: bool, iterations: int = 300, warmup: int = 50) -> float:
     source = torch.randn(MICROBATCH, DIMS[indices[0]])
     output_grad = torch.randn(MICROBATCH, DIMS[indices[-1] + 1])
     times = []
     for iteration in range(iterations):
         x = source if first_stage else source.detach().requires_grad_(True)
-        weights = ({index: {name: p.detach().clone().requires_grad_(True) for name, p in layers[index].named_parameters()}
-                    for index in indices} if on_copy else None)
-        output = _stage_output(layers, indices, x, weights)
+        weights = weight_copy(layers, indices) if on_copy else None
+        output = stage_output(layers, indices, x, weights)
         started = time.perf_counter()
         output.backward(output_grad)
         times.append(time.perf_counter() - started)
@@ -51,8 +63,7 @@ def backward_ms(layers, indices, on_copy: bool, first_stage: bool, iterations: i
 
 def main() -> None:
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear(DIMS[i], DIMS[i + 1]) for i in range(len(DIMS) - 1)]
+    layers = build_layers()
     for name, indices, first in (("stage 0, fc1-fc3", [0, 1, 2], True), ("stage 1, fc4-fc7", [3, 4, 5, 6], False)):
         modules_ms = backward_ms(layers, indices, on_copy=False, first_stage=first)
         copy_ms = backward_ms(layers, indices, on_copy=True, first_stage=first)
