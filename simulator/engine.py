@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import simpy
 
 from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
+from simulator.copy_backward import copy_ages
 from simulator.costs import WEIGHT_PASS_WORDS, CostModel
 from simulator.errors import SimulationError
 from simulator.heterogeneity import DeviceCosts
@@ -131,11 +132,22 @@ class Engine:
         self._backward_factor = (getattr(costs, "asynchronous_backward_factor", 1.0)
                                  if plan.meta.get("asynchronous") else 1.0)
         """An asynchronous plan's backward on a weight copy over the modules' (`simulator.copy_backward`)."""
+        self._aged_backward_factors = self._copy_age_factors(plan, getattr(costs, "copy_backward", None))
+        """Per rank, backward id -> the factor at its copy's age, where the profile timed ages."""
         self._messages = [_message_links(actions, self._ready_receive_s + self._ready_receive_tail_s > 0,
                                          self._send_post_s + self._send_post_tail_s > 0)
                           for actions in plan.actions]
         self._symmetry = plan.meta.get("symmetry")
         """Symmetric runs (simulator.symmetry): the device groups each representative's flows stand for."""
+
+    @staticmethod
+    def _copy_age_factors(plan: Plan, section) -> list[dict[int, float]]:
+        """An asynchronous plan's backwards at their copies' ages (`simulator.copy_backward.copy_ages`,
+        `CopyBackward.at_age`); empty where the plan is synchronous or the profile timed no ages."""
+        if not plan.meta.get("asynchronous") or section is None or not section.age_factors:
+            return [{} for _ in plan.actions]
+        return [{action_id: section.at_age(age) for action_id, age in copy_ages(actions).items()}
+                for actions in plan.actions]
 
     def _messages_as_in_cycle(self, plan: Plan) -> bool:
         """Whether a message costs what `handoff.cycle` measured (`ProfileCosts.asynchronous_messages`)
@@ -197,7 +209,7 @@ class Engine:
             start = self.env.now
             duration_s = self._duration_s(action, rank) * self._cold.factor(action, rank, start) * self._compute_factor
             if action.phase == BACKWARD:
-                duration_s *= self._backward_factor
+                duration_s *= self._aged_backward_factors[rank].get(action.id, self._backward_factor)
             contention = self._memory_contention(action)
             yield from self._rank_work(rank, duration_s if contention is None else duration_s / contention, contention)
             if self._cold.tracks(rank):

@@ -154,6 +154,8 @@ class ProfileCosts:
         gradients are written, not added: the profile's `copy_backward.factor`
         (`simulator.copy_backward`), 1 without the section (before the twenty-seventh session).
         Kept after its fresh run: `reports/diagnostics/copy_backward/`."""
+        self.copy_backward = profile.copy_backward
+        """The whole section, for the factor at a copy's age (`CopyBackward.at_age`); None without it."""
         self.pool_curve: PoolCurve | None = None
         """Where the calibration's ranks outnumbered its host's cores and the cycle's rounds measured
         their own parallelism: the pool's P for compute as a curve of the threads open

@@ -84,7 +84,7 @@ def test_time_weight_passes_single_process_leaves_the_modules_alone():
 
     modules = [torch.nn.Linear(8, 4), torch.nn.Linear(4, 2048), torch.nn.Linear(2048, 2048)]
     before = [copy.deepcopy(m.state_dict()) for m in modules]
-    result = time_weight_passes(modules, [[0], [1, 2]], torch.ones(4, 8), repeats=3, warmup=1)
+    result = time_weight_passes(modules, [[0], [1, 2]], torch.ones(4, 8), repeats=3, warmup=1, max_copy_age=2)
     assert [(r["num_params"], r["num_tensors"]) for r in result] == [(36, 2), (4 * 2048 + 2048 * 2049 + 2048, 4)]
     for name in ("stash", "predict", "accumulate", "average"):
         # 4 M parameters (16 MiB read, at least as much written) against 36: far above the overheads
@@ -95,6 +95,9 @@ def test_time_weight_passes_single_process_leaves_the_modules_alone():
     assert all(r["module_backward_s"] > 0 and r["copy_backward_s"] > 0 for r in result)
     assert result[1]["module_backward_s"] > 5 * result[0]["module_backward_s"]
     assert result[1]["copy_backward_s"] > 5 * result[0]["copy_backward_s"]
+    # the backward on copies one and two forwards old, in their own cycles
+    assert all(len(r["aged_copy_backward_s"]) == 2 and min(r["aged_copy_backward_s"]) > 0 for r in result)
+    assert min(result[1]["aged_copy_backward_s"]) > 5 * max(result[0]["aged_copy_backward_s"])
     for module, state in zip(modules, before):
         assert all(torch.equal(value, module.state_dict()[key]) for key, value in state.items())
         assert all(p.grad is None for p in module.parameters())
@@ -171,6 +174,11 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert len(ratios) == len(document["optimizer"]["num_params"]) and all(r > 0 for r in ratios)
     assert profile.copy_backward.factor == document["copy_backward"]["factor"] == pytest.approx(
         statistics.median(ratios))
+    # 2 ranks: a copy at most one forward old; its factor the median over the sets
+    ages = document["copy_backward"]["age_ratios"]
+    assert len(ages) == len(ratios) and all(len(per_set) == 1 for per_set in ages)
+    assert profile.copy_backward.age_factors == pytest.approx(
+        (document["copy_backward"]["factor"], statistics.median(per_set[0] for per_set in ages)))
     at_once = weight_pass_ranks_at_once(2, "cpu")  # both ranks where each has a core, else rank 0 alone
     assert all(entry["ranks_at_once"] == at_once for entry in passes.values())
     assert set(profile.weight_pass_ranks_at_once.values()) == {at_once}

@@ -82,3 +82,76 @@ def test_asynchronous_backwards_pay_the_factor(kind, factor):
 def test_synchronous_backwards_ignore_the_factor(kind):
     p, m = 3, 6  # F = 4 s, B = 8 s a stage: (m + p - 1)(t_f + t_b)
     assert run(kind, p, m, [2] * p, costs=CopyBackwardCosts(0.5)).step_time_s == pytest.approx((m + p - 1) * 12)
+
+
+# ----------------------------------------------------------------------------- the copy's age
+
+def test_section_keeps_each_age_as_the_median_over_the_sets():
+    items = [{"module_backward_s": 1.0, "copy_backward_s": 0.7, "aged_copy_backward_s": [0.8, 0.9]},
+             {"module_backward_s": 2.0, "copy_backward_s": 1.0, "aged_copy_backward_s": [1.8, 2.2]},
+             {"module_backward_s": 4.0, "copy_backward_s": 3.6, "aged_copy_backward_s": [3.0, 4.0]}]
+    section = copy_backward_section(items)
+    expected = [[0.8, 0.9], [0.9, 1.1], [0.75, 1.0]]
+    assert all(row == pytest.approx(want) for row, want in zip(section["age_ratios"], expected, strict=True))
+    assert section["age_factors"] == pytest.approx([0.7, 0.8, 1.0])  # age 0 is the fresh copy's factor
+    items[1]["aged_copy_backward_s"] = [1.8]  # ages not timed alike on every set: no ages kept
+    assert "age_factors" not in copy_backward_section(items)
+
+
+def test_copy_ages_count_the_forwards_between_a_microbatch_forward_and_its_backward():
+    from simulator.copy_backward import copy_ages
+    from simulator.plan import Compute
+
+    def forward(i, mb):
+        return Compute(i, "F", 0, 3, 8.0, microbatch=mb)
+
+    def backward(i, mb):
+        return Compute(i, "B", 0, 3, 8.0, microbatch=mb)
+
+    # a first stage of two in asynchronous 1F1B: two in flight once warm
+    actions = [forward(0, 0), forward(1, 1), backward(2, 0), forward(3, 2), backward(4, 1), backward(5, 2)]
+    assert copy_ages(actions) == {2: 1, 4: 1, 5: 0}
+
+
+def test_profile_reads_the_ages_and_malformed_ones_name_the_field():
+    doc = copy.deepcopy(document())
+    doc["copy_backward"] = {"factor": 0.7, "ratios": [0.7], "age_factors": [0.7, 0.8, 0.95]}
+    section = profile_from_dict(doc).copy_backward
+    assert [section.at_age(age) for age in range(5)] == [0.7, 0.8, 0.95, 0.95, 0.95]  # the oldest beyond
+    assert profile_from_dict(document()).copy_backward is None
+    doc["copy_backward"]["age_factors"] = [0.7, 80.0]
+    with pytest.raises(ScenarioError, match=r"copy_backward.age_factors\[1\]"):
+        profile_from_dict(doc)
+
+
+class AgedCopyCosts(Costs):
+    """`Costs` with a copy factor 1 on a fresh copy and `older` on any older one."""
+
+    def __init__(self, older: float):
+        from simulator.copy_backward import CopyBackward
+
+        super().__init__()
+        self.asynchronous_backward_factor = 1.0
+        self.copy_backward = CopyBackward(factor=1.0, age_factors=(1.0, older))
+
+
+def test_engine_charges_each_backward_the_factor_at_its_copy_age():
+    p, m = 2, 6
+    fresh = run("pipedream", p, m, [2] * p, costs=AgedCopyCosts(1.0))
+    aged = run("pipedream", p, m, [2] * p, costs=AgedCopyCosts(1.5))
+    assert fresh.step_time_s == pytest.approx(run("pipedream", p, m, [2] * p, costs=Costs()).step_time_s, rel=1e-9)
+    durations = {}
+    for result, name in ((fresh, "fresh"), (aged, "aged")):
+        backwards = result.spans[(result.spans["stream"] == "compute") & (result.spans["kind"] == "B")]
+        durations[name] = {(row.rank, row.microbatch): row.duration_s for row in backwards.itertuples()}
+    # the last stage runs each backward right after its forward: no copy ages there
+    last = [key for key in durations["fresh"] if key[0] == p - 1]
+    assert all(durations["aged"][key] == pytest.approx(durations["fresh"][key]) for key in last)
+    # the first stage's backwards behind another forward pay 1.5x
+    first = [key for key in durations["fresh"] if key[0] == 0]
+    ratios = sorted(durations["aged"][key] / durations["fresh"][key] for key in first)
+    assert ratios[-1] == pytest.approx(1.5) and ratios.count(pytest.approx(1.5)) >= m - 2
+    assert aged.step_time_s > fresh.step_time_s
+    # a synchronous plan's backwards do not run on copies
+    assert run("1f1b", p, m, [2] * p, costs=AgedCopyCosts(1.5)).step_time_s == pytest.approx(
+        run("1f1b", p, m, [2] * p, costs=Costs()).step_time_s, rel=1e-9)

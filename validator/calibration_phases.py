@@ -130,7 +130,7 @@ def _measure_updates(settings: CalibrationSettings, device: str, rank: int) -> d
 
     def time_passes(**sync) -> list[dict]:
         return time_weight_passes(modules, _layer_sets(modules), batch, optimizer=settings.optimizer,
-                                  **sync, **timing)
+                                  max_copy_age=world - 1, **sync, **timing)
 
     weight_passes = alone = None
     if ranks_at_once > 1:

@@ -33,6 +33,14 @@ phases of the same names, `simulator.strategies.pipeline`):
   not show (a fresh run's profiles: the MLP 0.69-0.70, ResNet-20 and the transformer 0.98-1.00;
   `reports/diagnostics/copy_backward/`). The profile keeps each set's ratio and their median
   (`simulator.copy_backward`).
+- **aged copy_backward** (since the twenty-ninth session): the same backward on a copy that has aged
+  behind `age` forwards on other copies, as a pipeline stage's micro-batch does while the stages
+  after it work (a stage s of p keeps p - s micro-batches in flight). Timed in its own cycle (stash,
+  forward on the copy, the backward of the micro-batch `age` forwards back, its accumulate, the
+  update), for every age from 1 to the calibration's world size - 1. On the Intel Xeon host a
+  one-process probe of the MLP's first 2-stage stage measured the copy over the modules at 0.69-0.72
+  fresh, 0.79-0.80 one forward back and 0.92-0.96 two back
+  (`reports/diagnostics/copy_backward/aged_probe.py`).
 
 The passes are timed where the runtime runs them: inside a micro-batch's cycle on the layers' own
 modules (stash, predict, forward on the stashed copy, repredict, backward, accumulate, update), so each
@@ -147,6 +155,46 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
     return run
 
 
+def _aged_cycle(modules: dict, layers: range, x: torch.Tensor, update, age: int,
+                device: torch.device) -> Callable[[], tuple[float]]:
+    """A stage's micro-batch with `age` others in flight: a stashed copy and a forward on it, then
+    the backward of the micro-batch `age` forwards back on its own copy, its accumulate and the
+    update; returns the seconds of that backward. Primed: the first call already finds `age`
+    micro-batches in flight."""
+    from validator.weight_versions import MicroState, accumulate_gradients, release_backward, stash_weights
+
+    in_flight: list[MicroState] = []
+
+    def forward() -> None:
+        state = MicroState(weights=stash_weights(modules, layers))
+        out = x
+        for layer in layers:
+            if layer > 0:
+                out = out.detach().requires_grad_(True)
+            state.inputs[layer] = out
+            state.outputs[layer] = out = functional_call(modules[layer], state.weights[layer], (out,))
+        in_flight.append(state)
+
+    for _ in range(age):
+        forward()
+
+    def run() -> tuple[float]:
+        forward()
+        oldest = in_flight.pop(0)
+        _sync(device)
+        t0 = time.perf_counter()
+        _backward(oldest, layers)
+        _sync(device)
+        t1 = time.perf_counter()
+        accumulate_gradients(modules, layers, oldest.weights)
+        release_backward(oldest, layers[0])
+        update.step()
+        update.zero_grad(set_to_none=False)
+        return (t1 - t0,)
+
+    return run
+
+
 def _backward(state, layers: range) -> None:
     """The runtime's layer-wise backward of one micro-batch over `layers` (each layer's input a
     leaf, its gradient handed to the layer before), from a gradient of ones at the last output."""
@@ -159,7 +207,8 @@ def _backward(state, layers: range) -> None:
 def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[Sequence[int]],
                        batch: torch.Tensor, repeats: int = 7, device: str = "cpu", warmup: int = 2, *,
                        barrier: Callable[[], None] | None = None, agree: Callable[[int], int] | None = None,
-                       min_block_s: float = DEFAULT_MIN_BLOCK_S, optimizer: str = "momentum") -> list[dict]:
+                       min_block_s: float = DEFAULT_MIN_BLOCK_S, optimizer: str = "momentum",
+                       max_copy_age: int = 0) -> list[dict]:
     """Time of each weight pass (`WEIGHT_PASSES`) over each set of consecutive layers of `modules`
     (one module per layer; copies are used, so the originals are untouched), with `batch` as the
     first layer's input (the micro-batch the cycle's forward and backward run on), and of the
@@ -171,7 +220,8 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
     ("copy_forward_s": the forward on the copy less the forward through the modules, each a median
     over blocks, at least 0; "module_backward_s" and "copy_backward_s": the backward through the
     modules, onto their gradients, and the backward on the copy, onto fresh leaves, medians over
-    blocks).
+    blocks), and with `max_copy_age` > 0 "aged_copy_backward_s": the backward on a copy `age`
+    forwards old, for age 1 .. `max_copy_age` (`_aged_cycle`).
     """
     barrier = barrier or (lambda: None)
     agree = agree or _same
@@ -199,6 +249,13 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
         entry[f"{COPY_FORWARD}_s"] = max(0.0, copy_forward_s - plain_forward_s)
         entry["update_s"] = update_s
         entry["module_backward_s"], entry["copy_backward_s"] = plain_backward_s, copy_backward_s
+        if max_copy_age > 0:
+            entry["aged_copy_backward_s"] = []
+            for age in range(1, max_copy_age + 1):
+                barrier()
+                aged = _aged_cycle(own, layers, inputs[layers[0]].to(device), update, age, device)
+                entry["aged_copy_backward_s"].append(_time_blocks(aged, repeats, warmup, min_block_s, agree)[0])
+                del aged
         results.append(entry)
         del momentum, update, own, params, run
     barrier()

@@ -85,6 +85,14 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
   (`../memory_contention/results.md`), so the name patches nothing (the same as `none`); `before_s28`: the model without it (every such pass at
   its at-once timing, as played since the twenty-second session). `alone_growth`: the prefixes'
   growth from the alone timings, the singles as played (scored before the candidate, not it).
+- `copy_age` (twenty-ninth session's candidate, `../copy_age/RULE.md`): an asynchronous backward
+  pays the copy factor at its copy's age (the forwards its rank ran since the micro-batch's forward)
+  where the profile timed ages (`copy_backward.age_factors`, calibrations since this session;
+  `simulator.copy_backward`). The model's code since this session, so the name patches nothing (the
+  same as `none`); `before_s29`: the model without it (the age-0 factor at every age).
+  `copy_age_probe`: on profiles with the age-0 factor but no ages, the ages' factors taken as the
+  age-0 factor times what `../copy_age/age_probe.py` measured over the fresh copy, per model
+  (`COPY_AGE_PROBE_GROWTH`; the last beyond), to score the candidate on runs before it.
 - `step_tail` (seventeenth session): the cycle's tail of the wait on an arrived message x 0.6, what
   the cycle gave in 4-micro-batch runs counting every message against its steady state at 4 ranks
   (`../ws2_message_tails/cycle_variants.log`: 0.67-0.80 against 1.19-1.23 ms).
@@ -95,7 +103,7 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh, s28_second (the Intel Xeon host; every run
+          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh, s28_second, s29_fresh (the Intel Xeon host; every run
           before them since s18_first was on the AMD EPYC host)
           (default: all)
 """
@@ -114,7 +122,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -126,6 +134,9 @@ PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --
 }
 COPY_BACKWARD_PROBE = {  # validator.weight_pass_bench on one rank, micro-batch 16, Intel Xeon host,
     "mlp": 0.71, "resnet20": 0.99, "transformer": 0.99}  # 2026-11-24 (s27): median copy / module over the sets
+COPY_AGE_PROBE_GROWTH = {  # ../copy_age/age_probe.log (s29, one process): the copy factor at ages 0-3 over
+    "mlp": (1.0, 1.09, 1.21, 1.24),  # age 0's, the mean of its two rounds
+    "resnet20": (1.0, 1.02, 1.03, 1.035), "transformer": (1.0, 1.055, 1.095, 1.115)}
 RUNS = {
     "latest": ("reports/validation_pipelines_cpu.csv", "reports/profiles"),
     "second_run": ("reports/diagnostics/sync_cycle_messages/second_run/validation_pipelines_cpu.csv",
@@ -308,6 +319,13 @@ def patch(variant: str) -> None:
             self.asynchronous_backward_factor = 1.0
         if variant == "before_s28":  # every update and weight pass at its at-once timing throughout
             self._alone_layer_passes = None
+        if variant == "before_s29" and self.copy_backward is not None:  # the age-0 factor at every age
+            self.copy_backward = dataclasses.replace(self.copy_backward, age_factors=())
+        if variant == "copy_age_probe" and self.copy_backward is not None and not self.copy_backward.age_factors:
+            factor = self.copy_backward.factor
+            self.copy_backward = dataclasses.replace(
+                self.copy_backward, age_factors=tuple(factor * growth
+                                                      for growth in COPY_AGE_PROBE_GROWTH[profile.model_name]))
         if variant == "copy_backward_probe":
             self.asynchronous_backward_factor = COPY_BACKWARD_PROBE[profile.model_name]
         if variant == "pass_fits":
