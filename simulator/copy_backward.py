@@ -23,16 +23,23 @@ fixed before it: MAPE 8.8 -> 7.9 %, worst 46.1 -> 36.8 % (`reports/diagnostics/c
 
 **The copy's age** (twenty-ninth session, `reports/diagnostics/copy_age/`). A pipeline stage keeps
 micro-batches in flight (stage s of p in asynchronous 1F1B: p - s), so the copy a backward reads was
-made, and its forward run, some forwards earlier, with other passes between: its weights and saved
-activations have left the caches. Calibrations since then also time the backward on a copy `age`
-forwards old, for ages 1 to the world size - 1 (`validator.weight_pass_bench`), and keep
-`age_factors`: the factor at age 0, then the median over the sets of each age's backward over the
-modules'. The engine charges each asynchronous backward the factor at its copy's age
-(`copy_ages`: the forwards its rank ran between the micro-batch's forward and this backward), the
-last factor beyond the ages timed; profiles without `age_factors` play `factor` at every age.
-Measured on the Intel Xeon host, one process, the MLP's first 2-stage stage (layers 0-2) with the
-heap held (no fresh pages per pass): 1.81-1.85 ms fresh, 2.27-2.51 one forward back, 2.70-2.75 two
-back, 2.85-3.00 three back; the runtime's first stage, one forward back, measured 2.51 ms.
+made, and its forward run, some forwards earlier, with other passes between. Calibrations since then
+also time, in aged cycles (`validator.weight_pass_bench._aged_cycle`), the backward on a copy `age`
+forwards old, for ages 0 to the world size - 1, and the same backward through the modules with `age`
+micro-batches before it in flight.
+- `age_factors`: the aged copy over the fresh modules' backward. Charging it was the session's first
+  candidate, scored on a fresh run under a rule fixed before it and not kept: MAPE 7.4 -> 7.6 %,
+  worst 16.7 -> 18.1 %. It helped the MLP's 4-stage asynchronous cases (-11.9 -> -8.4 %) and hurt
+  the transformer's (+6.1 -> +12.3 %): the transformer's backward through the modules ages as much
+  as its copy's (its activations, not its weights, leave the caches), and synchronous plans, whose
+  stages keep as many micro-batches in flight, are charged the fresh modules' backward.
+  Informational; the what-if `copy_age` plays it.
+- `copy_age_factors`: `factor` times the copy's growth with age over the modules' growth with as many
+  in flight, the median over the sets. Measured in one process (`reports/diagnostics/copy_age/
+  growth_probe.log`), ages 1-3: the MLP 1.02-1.04, 1.04-1.12, 1.06-1.12; ResNet-20 and the
+  transformer within 1.00-1.03. The engine charges each asynchronous backward the factor at its
+  copy's age (`copy_ages`: the forwards its rank ran between the micro-batch's forward and this
+  backward; `CopyBackward.at_age`, the oldest timed beyond); profiles without it play `factor`.
 """
 
 from __future__ import annotations
@@ -56,14 +63,18 @@ class CopyBackward:
     ratios: tuple[float, ...] = ()
     """Each set's ratio, in the calibration's order (informational)."""
     age_factors: tuple[float, ...] = ()
-    """The factor on a copy 0, 1, ... forwards old (the first is `factor`); empty before the
-    twenty-ninth session."""
+    """The backward on a copy 0, 1, ... forwards old over the fresh modules' (the first is
+    `factor`); informational (its candidate was not kept); empty before the twenty-ninth session."""
+    copy_age_factors: tuple[float, ...] = ()
+    """`factor` times the copy's growth with age over the modules' (the first is `factor`), what
+    the engine charges; empty before the twenty-ninth session's second candidate."""
 
     def at_age(self, age: int) -> float:
-        """The factor for a backward on a copy `age` forwards old (the oldest timed beyond them)."""
-        if not self.age_factors:
+        """The factor charged for a backward on a copy `age` forwards old (`copy_age_factors`, the
+        oldest timed beyond them; `factor` where none were timed)."""
+        if not self.copy_age_factors:
             return self.factor
-        return self.age_factors[min(age, len(self.age_factors) - 1)]
+        return self.copy_age_factors[min(age, len(self.copy_age_factors) - 1)]
 
 
 def copy_backward_section(items: Sequence[Mapping] | None) -> dict | None:
@@ -81,7 +92,22 @@ def copy_backward_section(items: Sequence[Mapping] | None) -> dict | None:
         section["age_ratios"] = [[a / item["module_backward_s"] for a in ages] for item, ages in zip(items, aged)]
         section["age_factors"] = [section["factor"], *(statistics.median(column)
                                                        for column in zip(*section["age_ratios"]))]
+        growth = [_copy_growth(item) for item in items]
+        if all(g is not None and len(g) == len(aged[0]) for g in growth):
+            section["copy_age_growth"] = growth
+            section["copy_age_factors"] = [section["factor"], *(section["factor"] * statistics.median(column)
+                                                                for column in zip(*growth))]
     return section
+
+
+def _copy_growth(item: Mapping) -> list[float] | None:
+    """One set's growth of the copy backward with its age over the modules' backward's with the
+    same micro-batches in flight, ages 1 ..: (copy[a] / copy[0]) / (module[a] / module[0])."""
+    copies = [item.get("copy_cycle_fresh_s"), *item["aged_copy_backward_s"]]
+    modules = item.get("aged_module_backward_s")
+    if None in copies or not modules or len(modules) != len(copies) or min(copies + list(modules)) <= 0:
+        return None
+    return [(copies[a] / copies[0]) / (modules[a] / modules[0]) for a in range(1, len(copies))]
 
 
 def copy_ages(actions: Sequence) -> dict[int, int]:
@@ -110,12 +136,12 @@ def parse_copy_backward(read, document: Mapping) -> CopyBackward | None:
     factor = read.number(section, "factor", "copy_backward.factor", positive=True)
     if not low <= factor <= high:
         raise read.fail("copy_backward.factor", f"expected a ratio between {low} and {high}, got {factor!r}")
-    age_factors = read.number_list(section, "age_factors", "copy_backward.age_factors", positive=True,
-                                   optional=True)
-    for index, value in enumerate(age_factors):
-        if not low <= value <= high:
-            raise read.fail(f"copy_backward.age_factors[{index}]",
-                            f"expected a ratio between {low} and {high}, got {value!r}")
+    by_age = {}
+    for key in ("age_factors", "copy_age_factors"):
+        by_age[key] = read.number_list(section, key, f"copy_backward.{key}", positive=True, optional=True)
+        for index, value in enumerate(by_age[key]):
+            if not low <= value <= high:
+                raise read.fail(f"copy_backward.{key}[{index}]",
+                                f"expected a ratio between {low} and {high}, got {value!r}")
     return CopyBackward(factor=factor, ratios=read.number_list(section, "ratios", "copy_backward.ratios",
-                                                               positive=True, optional=True),
-                        age_factors=age_factors)
+                                                               positive=True, optional=True), **by_age)

@@ -133,7 +133,7 @@ class Engine:
                                  if plan.meta.get("asynchronous") else 1.0)
         """An asynchronous plan's backward on a weight copy over the modules' (`simulator.copy_backward`)."""
         self._aged_backward_factors = self._copy_age_factors(plan, getattr(costs, "copy_backward", None))
-        """Per rank, backward id -> the factor at its copy's age, where the profile timed ages."""
+        """Per rank, backward id -> the factor at its copy's age, where the profile timed the copy's growth."""
         self._messages = [_message_links(actions, self._ready_receive_s + self._ready_receive_tail_s > 0,
                                          self._send_post_s + self._send_post_tail_s > 0)
                           for actions in plan.actions]
@@ -143,8 +143,8 @@ class Engine:
     @staticmethod
     def _copy_age_factors(plan: Plan, section) -> list[dict[int, float]]:
         """An asynchronous plan's backwards at their copies' ages (`simulator.copy_backward.copy_ages`,
-        `CopyBackward.at_age`); empty where the plan is synchronous or the profile timed no ages."""
-        if not plan.meta.get("asynchronous") or section is None or not section.age_factors:
+        `CopyBackward.at_age`); empty where the plan is synchronous or the profile timed no growth."""
+        if not plan.meta.get("asynchronous") or section is None or not section.copy_age_factors:
             return [{} for _ in plan.actions]
         return [{action_id: section.at_age(age) for action_id, age in copy_ages(actions).items()}
                 for actions in plan.actions]

@@ -95,9 +95,12 @@ def test_time_weight_passes_single_process_leaves_the_modules_alone():
     assert all(r["module_backward_s"] > 0 and r["copy_backward_s"] > 0 for r in result)
     assert result[1]["module_backward_s"] > 5 * result[0]["module_backward_s"]
     assert result[1]["copy_backward_s"] > 5 * result[0]["copy_backward_s"]
-    # the backward on copies one and two forwards old, in their own cycles
+    # the backward on copies one and two forwards old, in their own cycles, and through the modules
+    # with 0, 1 and 2 micro-batches in flight before it
     assert all(len(r["aged_copy_backward_s"]) == 2 and min(r["aged_copy_backward_s"]) > 0 for r in result)
     assert min(result[1]["aged_copy_backward_s"]) > 5 * max(result[0]["aged_copy_backward_s"])
+    assert all(len(r["aged_module_backward_s"]) == 3 and r["copy_cycle_fresh_s"] > 0 for r in result)
+    assert min(result[1]["aged_module_backward_s"]) > 5 * max(result[0]["aged_module_backward_s"])
     for module, state in zip(modules, before):
         assert all(torch.equal(value, module.state_dict()[key]) for key, value in state.items())
         assert all(p.grad is None for p in module.parameters())
@@ -179,6 +182,10 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert len(ages) == len(ratios) and all(len(per_set) == 1 for per_set in ages)
     assert profile.copy_backward.age_factors == pytest.approx(
         (document["copy_backward"]["factor"], statistics.median(per_set[0] for per_set in ages)))
+    growth = document["copy_backward"]["copy_age_growth"]  # the copy's over the modules', per set
+    assert len(growth) == len(ratios) and all(len(per_set) == 1 and per_set[0] > 0 for per_set in growth)
+    assert profile.copy_backward.copy_age_factors == pytest.approx(
+        (profile.copy_backward.factor, profile.copy_backward.factor * statistics.median(g[0] for g in growth)))
     at_once = weight_pass_ranks_at_once(2, "cpu")  # both ranks where each has a core, else rank 0 alone
     assert all(entry["ranks_at_once"] == at_once for entry in passes.values())
     assert set(profile.weight_pass_ranks_at_once.values()) == {at_once}

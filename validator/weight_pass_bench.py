@@ -40,7 +40,12 @@ phases of the same names, `simulator.strategies.pipeline`):
   update), for every age from 1 to the calibration's world size - 1. On the Intel Xeon host a
   one-process probe of the MLP's first 2-stage stage measured the copy over the modules at 0.69-0.72
   fresh, 0.79-0.80 one forward back and 0.92-0.96 two back
-  (`reports/diagnostics/copy_backward/aged_probe.py`).
+  (`reports/diagnostics/copy_backward/aged_probe.py`). Charging that over the fresh modules' backward
+  was scored on a fresh run and not kept (`reports/diagnostics/copy_age/`): the transformer's
+  backward through the modules ages as much as its copy's, and synchronous plans are charged the
+  fresh one. So the same cycle is also timed through the modules (no copy, no update: a synchronous
+  stage with `age` micro-batches in flight), and the simulator takes only the copy's growth with age
+  over the modules' (`simulator.copy_backward`).
 
 The passes are timed where the runtime runs them: inside a micro-batch's cycle on the layers' own
 modules (stash, predict, forward on the stashed copy, repredict, backward, accumulate, update), so each
@@ -156,23 +161,26 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
 
 
 def _aged_cycle(modules: dict, layers: range, x: torch.Tensor, update, age: int,
-                device: torch.device) -> Callable[[], tuple[float]]:
+                device: torch.device, on_copy: bool = True) -> Callable[[], tuple[float]]:
     """A stage's micro-batch with `age` others in flight: a stashed copy and a forward on it, then
     the backward of the micro-batch `age` forwards back on its own copy, its accumulate and the
     update; returns the seconds of that backward. Primed: the first call already finds `age`
-    micro-batches in flight."""
+    micro-batches in flight. `on_copy=False`: the same through the modules (no copy, the backward
+    onto their gradients, no accumulate and no update), as a synchronous 1F1B stage keeps
+    micro-batches in flight within its step."""
     from validator.weight_versions import MicroState, accumulate_gradients, release_backward, stash_weights
 
     in_flight: list[MicroState] = []
 
     def forward() -> None:
-        state = MicroState(weights=stash_weights(modules, layers))
+        state = MicroState(weights=stash_weights(modules, layers) if on_copy else None)
         out = x
         for layer in layers:
             if layer > 0:
                 out = out.detach().requires_grad_(True)
             state.inputs[layer] = out
-            state.outputs[layer] = out = functional_call(modules[layer], state.weights[layer], (out,))
+            state.outputs[layer] = out = (functional_call(modules[layer], state.weights[layer], (out,))
+                                          if on_copy else modules[layer](out))
         in_flight.append(state)
 
     for _ in range(age):
@@ -186,10 +194,12 @@ def _aged_cycle(modules: dict, layers: range, x: torch.Tensor, update, age: int,
         _backward(oldest, layers)
         _sync(device)
         t1 = time.perf_counter()
-        accumulate_gradients(modules, layers, oldest.weights)
+        if on_copy:  # a synchronous stage updates once its step's micro-batches are all through
+            accumulate_gradients(modules, layers, oldest.weights)
         release_backward(oldest, layers[0])
-        update.step()
-        update.zero_grad(set_to_none=False)
+        if on_copy:
+            update.step()
+            update.zero_grad(set_to_none=False)
         return (t1 - t0,)
 
     return run
@@ -220,8 +230,10 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
     ("copy_forward_s": the forward on the copy less the forward through the modules, each a median
     over blocks, at least 0; "module_backward_s" and "copy_backward_s": the backward through the
     modules, onto their gradients, and the backward on the copy, onto fresh leaves, medians over
-    blocks), and with `max_copy_age` > 0 "aged_copy_backward_s": the backward on a copy `age`
-    forwards old, for age 1 .. `max_copy_age` (`_aged_cycle`).
+    blocks), and with `max_copy_age` > 0, in `_aged_cycle`s: "aged_copy_backward_s", the backward on
+    a copy `age` forwards old, for age 1 .. `max_copy_age`, "copy_cycle_fresh_s" the same at age 0,
+    and "aged_module_backward_s" the backward through the modules with `age` micro-batches before it
+    in flight, for age 0 .. `max_copy_age`.
     """
     barrier = barrier or (lambda: None)
     agree = agree or _same
@@ -250,12 +262,14 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
         entry["update_s"] = update_s
         entry["module_backward_s"], entry["copy_backward_s"] = plain_backward_s, copy_backward_s
         if max_copy_age > 0:
-            entry["aged_copy_backward_s"] = []
-            for age in range(1, max_copy_age + 1):
+            def aged_s(age: int, on_copy: bool) -> float:
                 barrier()
-                aged = _aged_cycle(own, layers, inputs[layers[0]].to(device), update, age, device)
-                entry["aged_copy_backward_s"].append(_time_blocks(aged, repeats, warmup, min_block_s, agree)[0])
-                del aged
+                aged = _aged_cycle(own, layers, inputs[layers[0]].to(device), update, age, device, on_copy)
+                return _time_blocks(aged, repeats, warmup, min_block_s, agree)[0]
+
+            copies = [aged_s(age, True) for age in range(max_copy_age + 1)]
+            entry["copy_cycle_fresh_s"], entry["aged_copy_backward_s"] = copies[0], copies[1:]
+            entry["aged_module_backward_s"] = [aged_s(age, False) for age in range(max_copy_age + 1)]
         results.append(entry)
         del momentum, update, own, params, run
     barrier()

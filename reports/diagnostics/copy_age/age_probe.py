@@ -1,7 +1,8 @@
 """The calibration's copy-age timing (`validator.weight_pass_bench`, `max_copy_age=3`) on each
 validation model's 4-stage layer sets, one process, one thread, micro-batch 16: prints the copy
-factor at ages 0-3 (`simulator.copy_backward.copy_backward_section`) and each age over age 0.
-Writes nothing.
+factor at ages 0-3 (`simulator.copy_backward.copy_backward_section`) and each age over age 0, and
+(since the session's second candidate) the copy's growth with age over the modules' backward's
+(`copy_age_factors` over the age-0 factor). Writes nothing.
 
     python reports/diagnostics/copy_age/age_probe.py [mlp_cpu,resnet_cpu,transformer_cpu]
 
@@ -32,5 +33,9 @@ for name in names.split(","):
     models = load_models_module()
     modules = models.build_modules(workload, seed=0)
     batch, _targets = models.make_batch(workload, 16, seed=0)
-    factors = copy_backward_section(time_weight_passes(modules, _layer_sets(modules), batch, max_copy_age=3))["age_factors"]
-    print(f"{name}: factors {[round(f, 3) for f in factors]}, over age 0 {[round(f / factors[0], 2) for f in factors]}")
+    section = copy_backward_section(time_weight_passes(modules, _layer_sets(modules), batch, max_copy_age=3))
+    factors = section["age_factors"]
+    line = f"{name}: factors {[round(f, 3) for f in factors]}, over age 0 {[round(f / factors[0], 2) for f in factors]}"
+    if "copy_age_factors" in section:  # since the second candidate: the copy's growth over the modules'
+        line += f", copy growth over the modules' {[round(f / factors[0], 3) for f in section['copy_age_factors']]}"
+    print(line)

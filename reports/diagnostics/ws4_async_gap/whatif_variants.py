@@ -88,8 +88,17 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 - `copy_age` (twenty-ninth session's candidate, `../copy_age/RULE.md`): an asynchronous backward
   pays the copy factor at its copy's age (the forwards its rank ran since the micro-batch's forward)
   where the profile timed ages (`copy_backward.age_factors`, calibrations since this session;
-  `simulator.copy_backward`). The model's code since this session, so the name patches nothing (the
-  same as `none`); `before_s29`: the model without it (the age-0 factor at every age).
+  `simulator.copy_backward`). Committed in the model before its fresh run (`s29_fresh`), not kept
+  after it (`../copy_age/results.md`): the engine's lookup was taken out again and this variant
+  patches it back in (`_patch_copy_age`; the calibration keeps timing the ages). `before_s29`: the
+  model before the session (the age-0 factor at every age; `copy_growth` taken out).
+- `copy_growth` (twenty-ninth session's second candidate, `../copy_age/RULE_growth.md`): the same,
+  but an age's factor is the age-0 factor times the copy's growth with age over the modules'
+  backward's growth with as many micro-batches in flight (`copy_backward.copy_age_factors`, both
+  timed in the calibration's aged cycles since then). The model's code since then, so the name
+  patches nothing (the same as `none`; profiles without `copy_age_factors` play the age-0 factor).
+  `copy_growth_probe`: on profiles with the age-0 factor but no growth, the growth per model that
+  `../copy_age/age_probe.py` and `growth_probe.py` measured (`COPY_GROWTH_PROBE`; the last beyond).
   `copy_age_probe`: on profiles with the age-0 factor but no ages, the ages' factors taken as the
   age-0 factor times what `../copy_age/age_probe.py` measured over the fresh copy, per model
   (`COPY_AGE_PROBE_GROWTH`; the last beyond), to score the candidate on runs before it.
@@ -122,7 +131,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -137,6 +146,9 @@ COPY_BACKWARD_PROBE = {  # validator.weight_pass_bench on one rank, micro-batch 
 COPY_AGE_PROBE_GROWTH = {  # ../copy_age/age_probe.log (s29, one process): the copy factor at ages 0-3 over
     "mlp": (1.0, 1.09, 1.21, 1.24),  # age 0's, the mean of its two rounds
     "resnet20": (1.0, 1.02, 1.03, 1.035), "transformer": (1.0, 1.055, 1.095, 1.115)}
+COPY_GROWTH_PROBE = {  # ../copy_age/growth_probe.log (s29, one process, three rounds, means): the copy's growth
+    "mlp": (1.0, 1.026, 1.08, 1.09),  # with age over the modules' backward's, ages 0-3
+    "resnet20": (1.0, 1.003, 1.015, 1.007), "transformer": (1.0, 1.011, 1.012, 1.009)}
 RUNS = {
     "latest": ("reports/validation_pipelines_cpu.csv", "reports/profiles"),
     "second_run": ("reports/diagnostics/sync_cycle_messages/second_run/validation_pipelines_cpu.csv",
@@ -175,6 +187,8 @@ RUNS = {
                   "reports/diagnostics/memory_contention/fresh_run/profiles"),
     "s28_second": ("reports/diagnostics/memory_contention/second_run/validation_pipelines_cpu.csv",
                    "reports/diagnostics/memory_contention/second_run/profiles"),
+    "s29_fresh": ("reports/diagnostics/copy_age/fresh_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/copy_age/fresh_run/profiles"),
 }
 
 
@@ -296,10 +310,36 @@ def _patch_alone_growth() -> None:
     weight_pass_layers.LayerPassCosts.__init__ = init
 
 
+def _patch_copy_age() -> None:
+    """`copy_age`: each asynchronous backward at its copy's age (`simulator.copy_backward.copy_ages`,
+    `CopyBackward.age_factors`: the aged copy over the fresh modules) over the age-0 factor, where
+    the profile timed ages; the model's own lookup (`copy_growth`) off."""
+    from simulator.copy_backward import copy_ages
+
+    original_init, original_duration = engine.Engine.__init__, engine.Engine._duration_s
+
+    def engine_init(self, plan, topology, costs, *args, **kwargs):
+        original_init(self, plan, topology, costs, *args, **kwargs)
+        section = getattr(costs, "copy_backward", None)
+        self._age_over_fresh = [{} for _ in plan.actions]
+        if plan.meta.get("asynchronous") and section is not None and section.age_factors:
+            ages = section.age_factors
+            self._age_over_fresh = [{action_id: ages[min(age, len(ages) - 1)] / section.factor
+                                     for action_id, age in copy_ages(actions).items()} for actions in plan.actions]
+            self._aged_backward_factors = [{} for _ in plan.actions]  # the second candidate's lookup off
+
+    def duration_s(self, action, rank=0):
+        return original_duration(self, action, rank) * self._age_over_fresh[rank].get(action.id, 1.0)
+
+    engine.Engine.__init__, engine.Engine._duration_s = engine_init, duration_s
+
+
 def patch(variant: str) -> None:
     original_init = profile_costs.ProfileCosts.__init__
     if variant == "singles":
         _patch_singles()
+    if variant in ("copy_age", "copy_age_probe"):
+        _patch_copy_age()
     if variant == "alone_growth":
         _patch_alone_growth()
     if variant in ("nnls_passes", "before_s27", "before_s26"):
@@ -319,13 +359,19 @@ def patch(variant: str) -> None:
             self.asynchronous_backward_factor = 1.0
         if variant == "before_s28":  # every update and weight pass at its at-once timing throughout
             self._alone_layer_passes = None
-        if variant == "before_s29" and self.copy_backward is not None:  # the age-0 factor at every age
-            self.copy_backward = dataclasses.replace(self.copy_backward, age_factors=())
         if variant == "copy_age_probe" and self.copy_backward is not None and not self.copy_backward.age_factors:
             factor = self.copy_backward.factor
             self.copy_backward = dataclasses.replace(
                 self.copy_backward, age_factors=tuple(factor * growth
                                                       for growth in COPY_AGE_PROBE_GROWTH[profile.model_name]))
+        if variant == "before_s29" and self.copy_backward is not None:  # the age-0 factor at every age
+            self.copy_backward = dataclasses.replace(self.copy_backward, copy_age_factors=())
+        if variant == "copy_growth_probe" and self.copy_backward is not None \
+                and not self.copy_backward.copy_age_factors:
+            factor = self.copy_backward.factor
+            self.copy_backward = dataclasses.replace(
+                self.copy_backward, copy_age_factors=tuple(factor * growth
+                                                           for growth in COPY_GROWTH_PROBE[profile.model_name]))
         if variant == "copy_backward_probe":
             self.asynchronous_backward_factor = COPY_BACKWARD_PROBE[profile.model_name]
         if variant == "pass_fits":
