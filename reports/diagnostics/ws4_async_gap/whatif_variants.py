@@ -112,7 +112,7 @@ it, e.g. `runtime_only` or `step_tail`, now sit on top of it):
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh, s28_second, s29_fresh (the Intel Xeon host; every run
+          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh, s28_second, s29_fresh, s29_growth (the Intel Xeon host; every run
           before them since s18_first was on the AMD EPYC host)
           (default: all)
 """
@@ -189,6 +189,8 @@ RUNS = {
                    "reports/diagnostics/memory_contention/second_run/profiles"),
     "s29_fresh": ("reports/diagnostics/copy_age/fresh_run/validation_pipelines_cpu.csv",
                   "reports/diagnostics/copy_age/fresh_run/profiles"),
+    "s29_growth": ("reports/diagnostics/copy_age/fresh_run_growth/validation_pipelines_cpu.csv",
+                   "reports/diagnostics/copy_age/fresh_run_growth/profiles"),
 }
 
 
