@@ -37,7 +37,8 @@ phases of the same names, `simulator.strategies.pipeline`):
   behind `age` forwards on other copies, as a pipeline stage's micro-batch does while the stages
   after it work (a stage s of p keeps p - s micro-batches in flight). Timed in its own cycle (stash,
   forward on the copy, the backward of the micro-batch `age` forwards back, its accumulate, the
-  update), for every age from 1 to the calibration's world size - 1. On the Intel Xeon host a
+  update), for every age from 0 (the cycle's own reference) to the calibration's world size - 1. On
+  the Intel Xeon host a
   one-process probe of the MLP's first 2-stage stage measured the copy over the modules at 0.69-0.72
   fresh, 0.79-0.80 one forward back and 0.92-0.96 two back
   (`reports/diagnostics/copy_backward/aged_probe.py`). Charging that over the fresh modules' backward
@@ -194,10 +195,10 @@ def _aged_cycle(modules: dict, layers: range, x: torch.Tensor, update, age: int,
         _backward(oldest, layers)
         _sync(device)
         t1 = time.perf_counter()
-        if on_copy:  # a synchronous stage updates once its step's micro-batches are all through
+        if on_copy:
             accumulate_gradients(modules, layers, oldest.weights)
         release_backward(oldest, layers[0])
-        if on_copy:
+        if on_copy:  # through the modules no update: a synchronous stage updates after its step's last backward
             update.step()
             update.zero_grad(set_to_none=False)
         return (t1 - t0,)
