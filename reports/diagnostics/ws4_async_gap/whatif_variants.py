@@ -209,36 +209,10 @@ def _patch_alone_growth() -> None:
     weight_pass_layers.LayerPassCosts.__init__ = init
 
 
-def _patch_copy_age() -> None:
-    """`copy_age`: each asynchronous backward at its copy's age (`simulator.copy_backward.copy_ages`,
-    `CopyBackward.age_factors`: the aged copy over the fresh modules) over the age-0 factor, where
-    the profile timed ages; the model's own lookup (`copy_growth`) off."""
-    from simulator.copy_backward import copy_ages
-
-    original_init, original_duration = engine.Engine.__init__, engine.Engine._duration_s
-
-    def engine_init(self, plan, topology, costs, *args, **kwargs):
-        original_init(self, plan, topology, costs, *args, **kwargs)
-        section = getattr(costs, "copy_backward", None)
-        self._age_over_fresh = [{} for _ in plan.actions]
-        if plan.meta.get("asynchronous") and section is not None and section.age_factors:
-            ages = section.age_factors
-            self._age_over_fresh = [{action_id: ages[min(age, len(ages) - 1)] / section.factor
-                                     for action_id, age in copy_ages(actions).items()} for actions in plan.actions]
-            self._aged_backward_factors = [{} for _ in plan.actions]  # the second candidate's lookup off
-
-    def duration_s(self, action, rank=0):
-        return original_duration(self, action, rank) * self._age_over_fresh[rank].get(action.id, 1.0)
-
-    engine.Engine.__init__, engine.Engine._duration_s = engine_init, duration_s
-
-
 def patch(variant: str) -> None:
     original_init = profile_costs.ProfileCosts.__init__
     if variant == "singles":
         _patch_singles()
-    if variant in ("copy_age", "copy_age_probe"):
-        _patch_copy_age()
     if variant == "alone_growth":
         _patch_alone_growth()
     if variant in ("nnls_passes", "before_s27", "before_s26"):
@@ -258,19 +232,15 @@ def patch(variant: str) -> None:
             self.asynchronous_backward_factor = 1.0
         if variant == "before_s28":  # every update and weight pass at its at-once timing throughout
             self._alone_layer_passes = None
-        if variant == "copy_age_probe" and self.copy_backward is not None and not self.copy_backward.age_factors:
-            factor = self.copy_backward.factor
-            self.copy_backward = dataclasses.replace(
-                self.copy_backward, age_factors=tuple(factor * growth
-                                                      for growth in COPY_AGE_PROBE_GROWTH[profile.model_name]))
-        if variant == "before_s29" and self.copy_backward is not None:  # the age-0 factor at every age
-            self.copy_backward = dataclasses.replace(self.copy_backward, copy_age_factors=())
-        if variant == "copy_growth_probe" and self.copy_backward is not None \
-                and not self.copy_backward.copy_age_factors:
-            factor = self.copy_backward.factor
-            self.copy_backward = dataclasses.replace(
-                self.copy_backward, copy_age_factors=tuple(factor * growth
-                                                           for growth in COPY_GROWTH_PROBE[profile.model_name]))
+        section = self.copy_backward
+        if section is not None and variant in ("before_s29", "copy_age", "copy_age_probe", "copy_growth_probe"):
+            # the engine charges `copy_age_factors` by the copy's age (`CopyBackward.at_age`); () plays the age-0 factor
+            played = {"before_s29": (), "copy_growth_probe": section.copy_age_factors}.get(variant, section.age_factors)
+            growth = {"copy_age_probe": COPY_AGE_PROBE_GROWTH,
+                      "copy_growth_probe": COPY_GROWTH_PROBE}.get(variant, {}).get(profile.model_name)
+            if not played and growth:  # a profile that did not time the ages: the probes' growth per model
+                played = tuple(section.factor * g for g in growth)
+            self.copy_backward = dataclasses.replace(section, copy_age_factors=played)
         if variant == "copy_backward_probe":
             self.asynchronous_backward_factor = COPY_BACKWARD_PROBE[profile.model_name]
         if variant == "pass_fits":
