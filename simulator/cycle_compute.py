@@ -35,6 +35,14 @@ every plan): the rounds' loss is paid only while more ranks compute than the hos
 asynchronous compute pays 1 / efficiency everywhere. (On the Intel Xeon host the constant was 1.96
 and charged the MLP's 4-stage PipeDream passes about 2x what its step spans measured:
 `reports/diagnostics/pool_curve/`.)
+
+Since the thirtieth session the factor applies only where ranks outnumber the host's cores (or a
+profile without `pass_jitter` levels does not say): with a core per rank it is 1. On the Intel Xeon
+host the 2-rank efficiencies were 0.91-0.985, so the factor charged 2-stage asynchronous passes
+1.02-1.10x, while the runtime's step spans measured them no slower than the same plan's synchronous
+passes beyond the weight copy's own costs (the transformer's 2-stage PipeDream backward 0.97-0.99x
+its 1F1B backward); and the 2-stage asynchronous cases sat above the synchronous ones of their
+profiles in most runs (`reports/diagnostics/cycle_efficiency/`).
 """
 
 from __future__ import annotations
@@ -119,7 +127,9 @@ def parse_cycle_compute(read, document: Mapping) -> CycleCompute | None:
         if section.get("host_parallelism") is not None else 0.0)
 
 
-def asynchronous_compute_factor(cycle: CycleCompute) -> float:
+def asynchronous_compute_factor(cycle: CycleCompute, core_per_rank: bool = False) -> float:
     """What the engine multiplies asynchronous pipelines' compute by on a shared host: 1 / efficiency
-    (module docstring; the rounds' P_round enters the pool's curve instead, `host_sharing.PoolCurve`)."""
-    return 1.0 / cycle.efficiency
+    where the calibration's ranks outnumbered the host's cores or the profile does not say, 1 where
+    each rank had a core of its own (`core_per_rank`; module docstring; the rounds' P_round enters
+    the pool's curve instead, `host_sharing.PoolCurve`)."""
+    return 1.0 if core_per_rank else 1.0 / cycle.efficiency

@@ -73,6 +73,13 @@ def ranks_outnumber_cores(profile: Profile) -> bool:
     return jitter is not None and bool(jitter.levels) and min(jitter.levels) < profile.world_size
 
 
+def ranks_have_own_cores(profile: Profile) -> bool:
+    """Whether each of the calibration's ranks had a core of its own: its `pass_jitter` levels say so
+    (none below the world size). False without the section: the profile does not say."""
+    jitter = profile.pass_jitter
+    return jitter is not None and bool(jitter.levels) and not ranks_outnumber_cores(profile)
+
+
 def pool_curve(profile: Profile, host_parallelism: float) -> PoolCurve | None:
     """The host's parallelism curve (`simulator.host_sharing.PoolCurve`) where the calibration's ranks
     outnumbered its host's cores (the cores: the smallest `pass_jitter` level, the passes timed with
@@ -147,8 +154,9 @@ class ProfileCosts:
         Played with the weight passes timed by all ranks at once (`validator.calibration_phases.
         weight_pass_ranks_at_once`): kept after a fresh run, `reports/diagnostics/concurrent_passes/`."""
         self.asynchronous_compute_factor = 1.0
-        """Compute work of asynchronous pipelines times this on a shared host: 1 / the profile's
-        `cycle_compute.efficiency` (`simulator.cycle_compute`); 1 without the section."""
+        """Compute work of asynchronous pipelines times this on a shared host whose ranks outnumbered
+        its cores: 1 / the profile's `cycle_compute.efficiency` (`simulator.cycle_compute`); 1 without
+        the section, and 1 with a core per rank (since the thirtieth session)."""
         self.asynchronous_backward_factor = profile.copy_backward.factor if profile.copy_backward else 1.0
         """The backward of asynchronous pipelines times this: they run it on a weight copy whose
         gradients are written, not added: the profile's `copy_backward.factor`
@@ -170,7 +178,8 @@ class ProfileCosts:
             self.interference = profile.overlap
             self.streamed_allreduce_factor = streamed_allreduce_factor(profile)
             if profile.cycle_compute is not None:
-                self.asynchronous_compute_factor = asynchronous_compute_factor(profile.cycle_compute)
+                self.asynchronous_compute_factor = asynchronous_compute_factor(profile.cycle_compute,
+                                                                               ranks_have_own_cores(profile))
                 self.pool_curve = pool_curve(profile, self.host_parallelism)
         if (shared_host or profile.device_kind != "cpu") and profile.handoff is not None and profile.p2p is not None:
             # a GPU's messages are staged through the host (gloo): the same handoff and per-message

@@ -12,7 +12,7 @@ from simulator.cycle_compute import (CycleCompute, asynchronous_compute_factor, 
 from simulator.errors import ScenarioError
 from simulator.host_sharing import PoolCurve
 from simulator.profile import profile_from_dict
-from simulator.profile_costs import ProfileCosts, ranks_outnumber_cores
+from simulator.profile_costs import ProfileCosts, ranks_have_own_cores, ranks_outnumber_cores
 from tests.test_pipeline_plans import Costs, run
 from tests.test_profile import document, workload
 
@@ -48,6 +48,8 @@ def test_profile_reads_the_section_and_shared_hosts_scale_by_its_inverse():
     assert profile.cycle_compute.efficiency == 0.8
     assert profile.cycle_compute.round_efficiencies == (0.78, 0.8, 0.83)
     assert ProfileCosts(profile, workload(), shared_host=True).asynchronous_compute_factor == pytest.approx(1.25)
+    # without `pass_jitter` levels the profile does not say whether each rank had a core: 1 / efficiency
+    assert not ranks_have_own_cores(profile)
     # a dedicated device (no shared cores) and an older profile: no factor
     assert ProfileCosts(profile, workload()).asynchronous_compute_factor == 1.0
     assert ProfileCosts(profile_from_dict(document()), workload(), shared_host=True).asynchronous_compute_factor == 1.0
@@ -71,17 +73,18 @@ def test_ranks_outnumbering_cores_put_the_rounds_rate_on_the_pools_curve():
     assert costs.asynchronous_compute_factor == pytest.approx(1.25)
     assert costs.pool_curve == PoolCurve(cores=2, parallelism_at_cores=2.0, parallelism_all=1.7, world_size=4)
     assert costs.pool_curve.parallelism(3, costs.host_parallelism) == pytest.approx(1.85)
-    # a core per rank (only the all-ranks level): 1 / efficiency, no curve
+    # a core per rank (only the all-ranks level): no factor (since the thirtieth session), no curve
     own_cores = profile_from_dict(_with_jitter_levels([4]))
-    assert not ranks_outnumber_cores(own_cores)
+    assert not ranks_outnumber_cores(own_cores) and ranks_have_own_cores(own_cores)
     own = ProfileCosts(own_cores, workload(), shared_host=True)
-    assert own.asynchronous_compute_factor == pytest.approx(1.25) and own.pool_curve is None
+    assert own.asynchronous_compute_factor == 1.0 and own.pool_curve is None
     # no rounds' pool recorded (older profiles): 1 / efficiency, no curve
     older = copy.deepcopy(_with_jitter_levels([2, 4]))
     del older["cycle_compute"]["host_parallelism"]
     costs = ProfileCosts(profile_from_dict(older), workload(), shared_host=True)
     assert costs.asynchronous_compute_factor == pytest.approx(1.25) and costs.pool_curve is None
     assert asynchronous_compute_factor(CycleCompute(efficiency=0.8)) == pytest.approx(1.25)
+    assert asynchronous_compute_factor(CycleCompute(efficiency=0.8), core_per_rank=True) == 1.0
 
 
 @pytest.mark.parametrize("field,bad", [("efficiency", 0.05), ("efficiency", "fast"), ("efficiency", -1),

@@ -67,11 +67,12 @@
    `ProfileCosts.asynchronous_messages`: what PipeDream and SpecTrain pay per message, and on a
    shared host 1F1B and interleaved 1F1B too); then the same figures timed inside the pipeline
    runtime running PipeDream on a synthetic MLP (`handoff.runtime`,
-   `validator.runtime_messages_bench`; recorded for diagnostics, not played by the model); then,
-   on a CPU, the layers inside that cycle's compute windows against the processor sharing the
-   engine would give them (`cycle_compute`, `validator.cycle_compute_bench`,
-   `ProfileCosts.asynchronous_compute_factor`, and where ranks outnumber cores the pool's
-   parallelism with all ranks computing, `ProfileCosts.pool_curve`).
+   `validator.runtime_messages_bench`; what asynchronous plans pay per message where each rank has
+   a core, `ProfileCosts.runtime_messages`); then, on a CPU, the layers inside that cycle's compute
+   windows against the processor sharing the engine would give them (`cycle_compute`,
+   `validator.cycle_compute_bench`; where ranks outnumber cores `ProfileCosts.
+   asynchronous_compute_factor` and the pool's parallelism with all ranks computing,
+   `ProfileCosts.pool_curve`).
 5. **Top-k** (sparse gradients, `simulator.sparse`): the runtime's selection with error feedback
    (`validator.microbench.time_topk`) on flat gradients of 4096 x 4^j elements up to the model's
    parameter count, all ranks at once, at each density of `topk_densities` (fitted against the

@@ -28,7 +28,7 @@ import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -88,6 +88,8 @@ RUNS = {
                   "reports/diagnostics/copy_age/fresh_run/profiles"),
     "s29_growth": ("reports/diagnostics/copy_age/fresh_run_growth/validation_pipelines_cpu.csv",
                    "reports/diagnostics/copy_age/fresh_run_growth/profiles"),
+    "s30_fresh": ("reports/diagnostics/cycle_efficiency/fresh_run/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/cycle_efficiency/fresh_run/profiles"),
 }
 
 
@@ -262,6 +264,8 @@ def patch(variant: str) -> None:
             if self.update_timed_in_cycle:
                 self._in_cycle_scale = ratios["update"]
         cycle = profile.cycle_compute
+        if variant == "before_s30" and self.host_parallelism is not None and cycle is not None:
+            self.asynchronous_compute_factor = 1.0 / cycle.efficiency  # with a core per rank too
         if self.host_parallelism is None or cycle is None or not cycle.host_parallelism:
             return
         if variant == "before_s21":  # the model before the twenty-first session: 1 / efficiency everywhere
