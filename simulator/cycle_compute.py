@@ -18,9 +18,10 @@ done, and integrates the pool's rate over the windows actually open at each mome
 where n(t) is the number of windows open at t on the host. `efficiency` is the steps done over
 the steps expected, median over rounds. The engine divides nothing else: it multiplies the compute
 work of asynchronous plans (`pipedream`, `spectrain`, `delayed_gradient`) by 1 / efficiency on
-shared hosts (`ProfileCosts.asynchronous_compute_factor`). Synchronous pipelines keep factor 1 (on a
-shared host 1F1B and interleaved 1F1B pay the cycle's message figures, `handoff.cycle`, as the
-asynchronous kinds do: `Engine._messages_as_in_cycle`; GPipe the chain's).
+shared hosts whose ranks outnumber their cores (`ProfileCosts.asynchronous_compute_factor`; below).
+Synchronous pipelines keep factor 1 (on a shared host 1F1B and interleaved 1F1B pay the cycle's
+message figures, `handoff.cycle`, as the asynchronous kinds do: `Engine._messages_as_in_cycle`;
+GPipe the chain's).
 
 Where ranks outnumber the host's cores, the rounds also measure their own pool
 (since 2026-11-24, twenty-first session): the rounds' P_round = W x (a rank's steps per second,
@@ -40,7 +41,7 @@ Since the thirtieth session the factor applies only where ranks outnumber the ho
 profile without `pass_jitter` levels does not say): with a core per rank it is 1. On the Intel Xeon
 host the 2-rank efficiencies were 0.91-0.985, so the factor charged 2-stage asynchronous passes
 1.02-1.10x, while the runtime's step spans measured them no slower than the same plan's synchronous
-passes beyond the weight copy's own costs (the transformer's 2-stage PipeDream backward 0.97-0.99x
+passes beyond the weight copy's own costs (the transformer's 2-stage PipeDream backward 0.98-1.00x
 its 1F1B backward); and the 2-stage asynchronous cases sat above the synchronous ones of their
 profiles in most runs (`reports/diagnostics/cycle_efficiency/`).
 """

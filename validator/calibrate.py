@@ -70,8 +70,8 @@
    `validator.runtime_messages_bench`; what asynchronous plans pay per message where each rank has
    a core, `ProfileCosts.runtime_messages`); then, on a CPU, the layers inside that cycle's compute
    windows against the processor sharing the engine would give them (`cycle_compute`,
-   `validator.cycle_compute_bench`; where ranks outnumber cores `ProfileCosts.
-   asynchronous_compute_factor` and the pool's parallelism with all ranks computing,
+   `validator.cycle_compute_bench`; where ranks outnumber cores, the factor on asynchronous compute,
+   `ProfileCosts.asynchronous_compute_factor`, and the pool's parallelism with all ranks computing,
    `ProfileCosts.pool_curve`).
 5. **Top-k** (sparse gradients, `simulator.sparse`): the runtime's selection with error feedback
    (`validator.microbench.time_topk`) on flat gradients of 4096 x 4^j elements up to the model's
