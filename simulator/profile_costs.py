@@ -5,7 +5,6 @@ Nothing here imports torch."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from simulator.cold_start import update_state_share
 from simulator.cycle_compute import asynchronous_compute_factor
@@ -14,82 +13,17 @@ from simulator.errors import ScenarioError
 from simulator.host_sharing import PoolCurve
 from simulator.plan import OPTIMIZER
 from simulator.profile import Profile, load_profile
-from simulator.profile_fits import CycleHandoff
+from simulator.profile_host import (MessageCosts, message_costs, pool_curve, ranks_have_own_cores,
+                                    ranks_outnumber_cores, streamed_allreduce_factor, tail_over_median_s)
 from simulator.weight_pass_layers import UPDATE, LayerPassCosts, PassSets
 from simulator.workload import Workload
+
 
 def profile_costs(path, workload: Workload, optimizer: str | None = None) -> "ProfileCosts":
     """The cost model of the calibration profile at `path` for `workload` (a CPU profile plays
     its ranks on the host's shared cores); `optimizer`, when given, must be the one profiled."""
     profile = load_profile(path)
     return ProfileCosts(profile, workload, optimizer=optimizer, shared_host=profile.device_kind == "cpu")
-
-
-def streamed_allreduce_factor(profile: Profile) -> float:
-    """Time per allreduce in the overlap microbenchmark's asynchronous stream over the alpha-beta
-    fit of one at a time (same size, all ranks), at most 1; 1 without the stream or the fit.
-    Both are the profile's own microbenchmarks: a stream's allreduces overlap their latencies."""
-    stream, fit = profile.allreduce_stream, profile.allreduce.get(profile.world_size)
-    if stream is None or fit is None:
-        return 1.0
-    return min(1.0, stream.stream_s / stream.num_messages / fit.time_s(stream.size_bytes))
-
-
-def message_costs(figures: CycleHandoff, idle_s: float) -> MessageCosts:
-    """A message's costs from a section of the `handoff` figures (`cycle` or `runtime`):
-    the waited delay less the idle ping-pong (`idle_s`) and the isend call (median and tail), which
-    the engine plays before the send; the isend call and the wait on an arrived message as median
-    and tail."""
-    send_tail_s = _tail_s(figures.send_post_mean_s, figures.send_post_s)
-    return MessageCosts(
-        handoff_s=max(0.0, figures.mean_delay_s - idle_s - figures.send_post_s - send_tail_s),
-        send_post_s=figures.send_post_s, send_post_tail_s=send_tail_s,
-        ready_receive_s=figures.ready_receive_s,
-        ready_receive_tail_s=_tail_s(figures.ready_receive_mean_s, figures.ready_receive_s))
-
-
-def _tail_s(mean_s: float | None, median_s: float) -> float:
-    """The mean's excess over the median of a per-message time (0 where the mean was not recorded)."""
-    return 0.0 if mean_s is None else max(0.0, mean_s - median_s)
-
-
-@dataclass(frozen=True)
-class MessageCosts:
-    """A pre-posted message's costs (`ProfileCosts.handoff_preposted_s`, `send_post_s`, their tails,
-    `ready_receive_s`) measured under one kind of load."""
-
-    handoff_s: float
-    send_post_s: float
-    send_post_tail_s: float
-    ready_receive_s: float
-    ready_receive_tail_s: float
-
-
-def ranks_outnumber_cores(profile: Profile) -> bool:
-    """Whether the calibration's ranks outnumbered its host's cores: on such a host it also times
-    whole-model passes with as many ranks as there are cores, so `pass_jitter` has a level below
-    the world size (`validator.pass_jitter_bench`). False without the section."""
-    jitter = profile.pass_jitter
-    return jitter is not None and bool(jitter.levels) and min(jitter.levels) < profile.world_size
-
-
-def ranks_have_own_cores(profile: Profile) -> bool:
-    """Whether each of the calibration's ranks had a core of its own: its `pass_jitter` levels say so
-    (none below the world size). False without the section: the profile does not say."""
-    jitter = profile.pass_jitter
-    return jitter is not None and bool(jitter.levels) and not ranks_outnumber_cores(profile)
-
-
-def pool_curve(profile: Profile, host_parallelism: float) -> PoolCurve | None:
-    """The host's parallelism curve (`simulator.host_sharing.PoolCurve`) where the calibration's ranks
-    outnumbered its host's cores (the cores: the smallest `pass_jitter` level, the passes timed with
-    as many ranks as cores) and its cycle rounds measured P_round; else None."""
-    cycle = profile.cycle_compute
-    if cycle is None or cycle.host_parallelism <= 0 or not ranks_outnumber_cores(profile):
-        return None
-    cores = min(profile.pass_jitter.levels)
-    return PoolCurve(cores=cores, parallelism_at_cores=min(host_parallelism, float(cores)),
-                     parallelism_all=cycle.host_parallelism, world_size=profile.world_size)
 
 
 class ProfileCosts:
@@ -188,14 +122,14 @@ class ProfileCosts:
             self.handoff_s = max(0.0, profile.handoff.mean_delay_s - idle_s)
             self.send_post_s = profile.handoff.preposted_send_post_s or 0.0
             self.ready_receive_s = profile.handoff.preposted_ready_receive_s or 0.0
-            self.send_post_tail_s = _tail_s(profile.handoff.preposted_send_post_mean_s, self.send_post_s)
+            self.send_post_tail_s = tail_over_median_s(profile.handoff.preposted_send_post_mean_s, self.send_post_s)
             preposted_s = profile.handoff.preposted_mean_delay_s
             # the chain's delay runs from the start of the isend call, which the engine plays before
             # the send (send_post_s + its tail): only the rest comes after the point-to-point time
             self.handoff_preposted_s = (self.handoff_s if preposted_s is None  # older profiles
                                         else max(0.0, preposted_s - idle_s - self.send_post_s - self.send_post_tail_s))
-            self.ready_receive_tail_s = _tail_s(profile.handoff.preposted_ready_receive_mean_s,
-                                                self.ready_receive_s)
+            self.ready_receive_tail_s = tail_over_median_s(profile.handoff.preposted_ready_receive_mean_s,
+                                                           self.ready_receive_s)
             if profile.handoff.cycle is not None:
                 # all stages cycling at once (asynchronous pipelines): the same three figures, taken
                 # where every rank computes and messages at once, instead of along the chain
@@ -290,12 +224,12 @@ class ProfileCosts:
     def weight_pass_s(self, name: str, num_params: int, layers: tuple[int, int] | None = None) -> float:
         """A stash / predict / accumulate pass over `num_params` weights (of layers [start, end) when
         given): the profile's `weight_passes` per-layer costs over those layers where it kept the
-        sets' medians (`simulator.weight_pass_layers`), else its fit; rescaled from the ranks at once it was timed with (rank 0 alone since
-        2026-11: `validator.calibration_phases`) by compute_slowdown. Profiles from before the
-        re-prediction was timed (2026-11-23) cost a "repredict" as their "predict" fit, as the
-        model did then (no ratio is assumed: on this project's CPU host it took 1.1-1.5x the
-        prediction, and on a GPU it is launch-bound); profiles without weight passes: scaled from
-        the update by the fp32 words moved,
+        sets' medians (`simulator.weight_pass_layers`), else its fit; rescaled from the ranks at once
+        it was timed with (rank 0 alone since 2026-11: `validator.calibration_phases`) by
+        compute_slowdown. Profiles from before the re-prediction was timed (2026-11-23) cost a
+        "repredict" as their "predict" fit, as the model did then (no ratio is assumed: on this
+        project's CPU host it took 1.1-1.5x the prediction, and on a GPU it is launch-bound);
+        profiles without weight passes: scaled from the update by the fp32 words moved,
         intercept_s + per_param_s x num_params x 4 WEIGHT_PASS_WORDS[name] / OPTIMIZER_BYTES_PER_PARAM."""
         if num_params <= 0:
             return 0.0

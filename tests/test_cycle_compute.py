@@ -12,7 +12,8 @@ from simulator.cycle_compute import (CycleCompute, asynchronous_compute_factor, 
 from simulator.errors import ScenarioError
 from simulator.host_sharing import PoolCurve
 from simulator.profile import profile_from_dict
-from simulator.profile_costs import ProfileCosts, ranks_have_own_cores, ranks_outnumber_cores
+from simulator.profile_costs import ProfileCosts
+from simulator.profile_host import ranks_have_own_cores, ranks_outnumber_cores
 from tests.test_pipeline_plans import Costs, run
 from tests.test_profile import document, workload
 

@@ -11,7 +11,8 @@ import pytest
 from simulator import load_scenario, simulate
 from simulator.errors import ScenarioError
 from simulator.profile import load_profile
-from simulator.profile_costs import MessageCosts, ProfileCosts
+from simulator.profile_costs import ProfileCosts
+from simulator.profile_host import MessageCosts
 from tests.helpers import FixedCosts, toy_workload
 from tests.test_profile import document, workload
 from validator.handoff_bench import CYCLE_REQUIRED_KEYS, DEFAULT_HOP_COMPUTE_S, cycle_order

@@ -9,7 +9,8 @@ import pytest
 
 from simulator.errors import ScenarioError
 from simulator.profile import load_profile
-from simulator.profile_costs import ProfileCosts, message_costs
+from simulator.profile_costs import ProfileCosts
+from simulator.profile_host import message_costs
 from tests.test_handoff_cycle import CYCLE, _profile
 from tests.test_profile import workload
 from validator.handoff_bench import CYCLE_REQUIRED_KEYS, handoff_summary

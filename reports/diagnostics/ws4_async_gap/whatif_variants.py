@@ -27,6 +27,7 @@ import pandas as pd  # noqa: E402
 import simulator.engine as engine  # noqa: E402
 import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
+import simulator.profile_host as profile_host  # noqa: E402
 
 VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail")
 STEP_TAIL_FACTOR = 0.6
@@ -252,7 +253,7 @@ def patch(variant: str) -> None:
         if variant in ("runtime_messages", "runtime_only") and self.asynchronous_messages is not None \
                 and profile.handoff.runtime is not None:
             idle_s = profile.p2p.time_s(profile.handoff.size_bytes)
-            self.runtime_messages = profile_costs.message_costs(profile.handoff.runtime, idle_s)
+            self.runtime_messages = profile_host.message_costs(profile.handoff.runtime, idle_s)
         if variant in ("step_tail", "rate_step_tail") and self.asynchronous_messages is not None:
             messages = self.asynchronous_messages
             self.asynchronous_messages = dataclasses.replace(
@@ -278,7 +279,7 @@ def patch(variant: str) -> None:
             self.asynchronous_compute_factor = self.host_parallelism / (rounds * cycle.efficiency)
         elif variant == "before_s26":  # the rounds' rate as a constant factor on asynchronous compute
             self.pool_curve = None
-            if profile_costs.ranks_outnumber_cores(profile):
+            if profile_host.ranks_outnumber_cores(profile):
                 self.asynchronous_compute_factor = self.host_parallelism / (cycle.host_parallelism * cycle.efficiency)
         elif variant == "efficiency_only":  # the twenty-first session's rounds' rate left out everywhere
             self.asynchronous_compute_factor = 1.0 / cycle.efficiency
