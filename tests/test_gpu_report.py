@@ -67,17 +67,25 @@ def test_pipeline_report_covers_every_schedule_at_two_and_four_stages():
         assert frame["repredicted"].notna().all() and (frame["repredicted"].str.len() > 0).all()
 
 
-def test_every_pipeline_prediction_is_reproduced_from_the_committed_gpu_profile():
+H100_PIPELINE_REPORT = ROOT / "reports" / "gpu" / "h100_p2" / "validation_pipelines_h100_ws2_cuda.csv"
+"""The fresh 2-stage run on an H100 (thirty-first session), its profiles beside it."""
+
+
+@pytest.mark.parametrize("report, profiles, device_name", [
+    (PIPELINE_REPORT, ROOT / "reports" / "profiles", "H200"),
+    (H100_PIPELINE_REPORT, H100_PIPELINE_REPORT.parent, "H100"),
+])
+def test_every_pipeline_prediction_is_reproduced_from_the_committed_gpu_profile(report, profiles, device_name):
     import sys
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_pipeline_validation import VIRTUAL_STAGES, pipeline_overrides, pipeline_profile
-    frame = pd.read_csv(PIPELINE_REPORT)
+    frame = pd.read_csv(report)
     for (model, stages), group in frame.groupby(["model", "world_size"]):
         scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml",
                                  pipeline_overrides(stages) + [VIRTUAL_STAGES])
-        profile = pipeline_profile(model, stages, suffix="_cuda")
+        profile = pipeline_profile(model, stages, profiles, suffix="_cuda")
         document = json.loads(profile.read_text())
-        assert document["device"]["kind"] == "cuda"
+        assert document["device"]["kind"] == "cuda" and device_name in document["device"]["name"]
         assert document["handoff"]["cycle"]["num_messages"] > 0  # asynchronous plans play the cycle's figures
         figures = predictions(scenario, str(profile), [(kind, None) for kind in group["kind"]],
                               RunOptions(optimizer="momentum"))
@@ -86,3 +94,12 @@ def test_every_pipeline_prediction_is_reproduced_from_the_committed_gpu_profile(
             assert figures[row.strategy]["predicted_jitter_s"] == pytest.approx(row.predicted_jitter_s, rel=1e-9)
             assert row.jitter_error_pct == pytest.approx(
                 100 * (row.predicted_jitter_s - row.measured_s) / row.measured_s, rel=1e-6)
+
+
+def test_h100_run_covers_every_schedule_of_the_three_models_at_two_stages():
+    frame = pd.read_csv(H100_PIPELINE_REPORT)
+    assert sorted(frame["model"].unique()) == ["mlp_cpu", "resnet_cpu", "transformer_cpu"]
+    assert set(frame["world_size"]) == {2}
+    for model, group in frame.groupby("model"):
+        assert sorted(kind.split(":")[0] for kind in group["kind"]) == sorted(
+            ["gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain"]), model
