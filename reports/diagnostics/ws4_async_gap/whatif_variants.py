@@ -9,7 +9,7 @@ The variants, what each patches and where it was scored: `VARIANTS.md` beside th
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh, s28_second, s29_fresh, s29_growth (the Intel Xeon host; every run
+          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh, s28_second, s29_fresh, s29_growth, s30_fresh, s30_second, s31_fresh (the Intel Xeon host; every run
           before them since s18_first was on the AMD EPYC host)
           (default: all)
 """
@@ -29,7 +29,7 @@ import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 import simulator.profile_host as profile_host  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail")
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail", "burst_jitter")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -91,6 +91,10 @@ RUNS = {
                    "reports/diagnostics/copy_age/fresh_run_growth/profiles"),
     "s30_fresh": ("reports/diagnostics/cycle_efficiency/fresh_run/validation_pipelines_cpu.csv",
                   "reports/diagnostics/cycle_efficiency/fresh_run/profiles"),
+    "s30_second": ("reports/diagnostics/cycle_efficiency/second_run/validation_pipelines_cpu.csv",
+                   "reports/diagnostics/cycle_efficiency/second_run/profiles"),
+    "s31_fresh": ("reports/diagnostics/confirmation_runs/s31_fresh/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/confirmation_runs/s31_fresh/profiles"),
 }
 
 
@@ -212,8 +216,55 @@ def _patch_alone_growth() -> None:
     weight_pass_layers.LayerPassCosts.__init__ = init
 
 
+def _over_burst_medians(rows, passes_per_burst):
+    """Each row (in time order) over the median of every value in its burst of `passes_per_burst` rows."""
+    import statistics
+
+    factors = []
+    for first in range(0, len(rows), passes_per_burst):
+        burst = rows[first:first + passes_per_burst]
+        median = statistics.median(value for row in burst for value in row)
+        factors.extend(tuple(value / median for value in row) for row in burst)
+    return tuple(factors)
+
+
+def patch_burst_jitter() -> None:
+    """`burst_jitter` (thirty-first session, `../burst_jitter/results.md`, not kept): the pass jitter's
+    factors over the median of their own burst (`pass_jitter.passes_per_burst` rows) instead of the
+    level's, for the rows of `levels` and for the work under processor sharing on a shared host."""
+    import simulator.pass_jitter as pass_jitter
+
+    parse = pass_jitter.parse_pass_jitter
+
+    def parse_by_burst(read, document):
+        jitter = parse(read, document)
+        burst = (document.get("pass_jitter") or {}).get("passes_per_burst")
+        if jitter is None or not burst:
+            return jitter
+        jitter = dataclasses.replace(jitter, levels={k: _over_burst_medians(rows, burst)
+                                                     for k, rows in jitter.times_s.items()})
+        object.__setattr__(jitter, "passes_per_burst", burst)
+        return jitter
+
+    def speed_draws(self, level, samples, parallelism=None):
+        burst = getattr(self, "passes_per_burst", None)
+        if parallelism is None or not burst:
+            return original_draws(self, level, samples, parallelism)
+        offsets = self.start_offsets_s.get(level) or tuple((0.0,) * len(row) for row in self.levels[level])
+        times = self.times_s.get(level) or self.levels[level]
+        work = [pass_jitter.shared_work_s(starts, row, parallelism) for starts, row in zip(offsets, times)]
+        factors = _over_burst_medians(work, burst)
+        return [(factors[i], offsets[i]) for i in pass_jitter._spaced(len(factors), samples)]
+
+    original_draws = pass_jitter.PassJitter.speed_draws
+    pass_jitter.PassJitter.speed_draws = speed_draws
+    simulator_profile.parse_pass_jitter = parse_by_burst
+
+
 def patch(variant: str) -> None:
     original_init = profile_costs.ProfileCosts.__init__
+    if variant == "burst_jitter":
+        patch_burst_jitter()
     if variant == "singles":
         _patch_singles()
     if variant == "alone_growth":
