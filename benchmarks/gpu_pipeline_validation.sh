@@ -7,6 +7,11 @@
 #   STAGES=2,4 MODELS=mlp_cpu,resnet_cpu LAUNCHES=3 bash benchmarks/gpu_pipeline_validation.sh
 #   EXTRA_ARGS=--reuse-profiles ...   (validate with the profiles already under $OUT)
 #
+# Time: on an H100 (2026-11-27) one model's 2-stage calibration plus its five cases x 3 launches took
+# about 3 minutes, so a 15-minute lease (machine start included) holds the 2-stage half of the three
+# models, not both depths; a model cut off after its calibration can finish with --reuse-profiles
+# (reports/gpu/h100_p2/README.md).
+#
 # Writes under $OUT (default reports/gpu): the profiles (<model>_ws<p>_momentum_cuda.json), the CSV
 # validation_pipelines_cuda_<models>.csv and the benchmark's log.
 set -uo pipefail

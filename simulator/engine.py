@@ -4,10 +4,11 @@ Per rank there is a compute stream (Compute actions in order) and a comm stream 
 order); sends run as soon as their dependencies are done. All data movement goes through one
 flow-level network (`simulator.network.FlowNetwork`): each active flow is a phase of lock-step
 sub-flows, links are shared max-min fairly (progressive filling), and rates are recomputed whenever
-a flow starts or ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013). A calibrated cost model (`simulator.profile_costs.ProfileCosts`) that
-measures communication itself (`allreduce_s`, `allgather_s`, `p2p_s`) replaces the flow model for those actions:
-its fits already contain the contention of the machine they were measured on. The engine appends immutable span tuples; everything else is
-analysis of the span table (`simulator.records`).
+a flow starts or ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013). A calibrated cost
+model (`simulator.profile_costs.ProfileCosts`) that measures communication itself (`allreduce_s`,
+`allgather_s`, `p2p_s`) replaces the flow model for those actions: its fits already contain the
+contention of the machine they were measured on. The engine appends immutable span tuples;
+everything else is analysis of the span table (`simulator.records`).
 
 A cost model with a `cold_start` section (`simulator.cold_start`) makes a pass slower the longer the
 rank has not run its layers: `simulator.layer_ages` keeps each rank's layer ages and hands them
@@ -34,7 +35,7 @@ from simulator.heterogeneity import DeviceCosts
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
 from simulator.layer_ages import LayerAges
 from simulator.network import FlowNetwork
-from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send
+from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, message_links
 from simulator.sparse import SELECTION_PHASE
 from simulator.topology import Topology
 
@@ -58,25 +59,6 @@ class _CountingEnvironment(simpy.Environment):
     def step(self):
         self.num_events += 1
         super().step()
-
-
-def _message_links(actions, receives_needed: bool = True, sends_needed: bool = True
-                   ) -> tuple[dict[int, tuple[int, ...]], dict[int, int]]:
-    """Per compute action of one rank: the receives it waits for, and how many sends wait for it
-    (each left empty when not needed)."""
-    if not (receives_needed or sends_needed):
-        return {}, {}
-    kinds = {action.id: type(action) for action in actions}
-    receives = {action.id: tuple(dep for dep in action.deps if kinds.get(dep) is Recv)
-                for action in actions if isinstance(action, Compute)}
-    sends: dict[int, int] = defaultdict(int)
-    for action in actions:
-        if isinstance(action, Send):
-            for dep in action.deps:
-                if kinds.get(dep) is Compute:
-                    sends[dep] += 1
-    return ({key: value for key, value in receives.items() if value} if receives_needed else {},
-            dict(sends) if sends_needed else {})
 
 
 class Engine:
@@ -134,7 +116,7 @@ class Engine:
         """An asynchronous plan's backward on a weight copy over the modules' (`simulator.copy_backward`)."""
         self._aged_backward_factors = self._copy_age_factors(plan, getattr(costs, "copy_backward", None))
         """Per rank, backward id -> the factor at its copy's age, where the profile timed the copy's growth."""
-        self._messages = [_message_links(actions, self._ready_receive_s + self._ready_receive_tail_s > 0,
+        self._messages = [message_links(actions, self._ready_receive_s + self._ready_receive_tail_s > 0,
                                          self._send_post_s + self._send_post_tail_s > 0)
                           for actions in plan.actions]
         self._symmetry = plan.meta.get("symmetry")

@@ -14,6 +14,7 @@ Action ids are unique within a rank; `deps` name ids of the same rank.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -115,3 +116,22 @@ class Plan:
     def grid_position(self, rank: int) -> tuple[int, int]:
         """(group, stage) of a rank."""
         return divmod(rank, self.workers_per_group)
+
+
+def message_links(actions, receives_needed: bool = True, sends_needed: bool = True
+                  ) -> tuple[dict[int, tuple[int, ...]], dict[int, int]]:
+    """Per compute action of one rank: the receives it waits for, and how many sends wait for it
+    (each left empty when not needed)."""
+    if not (receives_needed or sends_needed):
+        return {}, {}
+    kinds = {action.id: type(action) for action in actions}
+    receives = {action.id: tuple(dep for dep in action.deps if kinds.get(dep) is Recv)
+                for action in actions if isinstance(action, Compute)}
+    sends: dict[int, int] = defaultdict(int)
+    for action in actions:
+        if isinstance(action, Send):
+            for dep in action.deps:
+                if kinds.get(dep) is Compute:
+                    sends[dep] += 1
+    return ({key: value for key, value in receives.items() if value} if receives_needed else {},
+            dict(sends) if sends_needed else {})
