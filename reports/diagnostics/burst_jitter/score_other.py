@@ -13,10 +13,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "ws4_async_gap"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import repredict  # noqa: E402
-from whatif_variants import patch_burst_jitter  # noqa: E402
+from burst_patch import patch_burst_jitter  # noqa: E402
 
 RUNS = (("reports/validation_cpu.csv", "reports/profiles"),
         ("reports/validation_cuda.csv", "reports/profiles"),

@@ -29,6 +29,9 @@ import simulator.profile as simulator_profile  # noqa: E402
 import simulator.profile_costs as profile_costs  # noqa: E402
 import simulator.profile_host as profile_host  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "burst_jitter"))
+from burst_patch import patch_burst_jitter  # noqa: E402
+
 VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail", "burst_jitter")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
@@ -214,51 +217,6 @@ def _patch_alone_growth() -> None:
 
     simulator_profile.parse_pass_sets = parse
     weight_pass_layers.LayerPassCosts.__init__ = init
-
-
-def _over_burst_medians(rows, passes_per_burst):
-    """Each row (in time order) over the median of every value in its burst of `passes_per_burst` rows."""
-    import statistics
-
-    factors = []
-    for first in range(0, len(rows), passes_per_burst):
-        burst = rows[first:first + passes_per_burst]
-        median = statistics.median(value for row in burst for value in row)
-        factors.extend(tuple(value / median for value in row) for row in burst)
-    return tuple(factors)
-
-
-def patch_burst_jitter() -> None:
-    """`burst_jitter` (thirty-first session, `../burst_jitter/results.md`, not kept): the pass jitter's
-    factors over the median of their own burst (`pass_jitter.passes_per_burst` rows) instead of the
-    level's, for the rows of `levels` and for the work under processor sharing on a shared host."""
-    import simulator.pass_jitter as pass_jitter
-
-    parse = pass_jitter.parse_pass_jitter
-
-    def parse_by_burst(read, document):
-        jitter = parse(read, document)
-        burst = (document.get("pass_jitter") or {}).get("passes_per_burst")
-        if jitter is None or not burst:
-            return jitter
-        jitter = dataclasses.replace(jitter, levels={k: _over_burst_medians(rows, burst)
-                                                     for k, rows in jitter.times_s.items()})
-        object.__setattr__(jitter, "passes_per_burst", burst)
-        return jitter
-
-    def speed_draws(self, level, samples, parallelism=None):
-        burst = getattr(self, "passes_per_burst", None)
-        if parallelism is None or not burst:
-            return original_draws(self, level, samples, parallelism)
-        offsets = self.start_offsets_s.get(level) or tuple((0.0,) * len(row) for row in self.levels[level])
-        times = self.times_s.get(level) or self.levels[level]
-        work = [pass_jitter.shared_work_s(starts, row, parallelism) for starts, row in zip(offsets, times)]
-        factors = _over_burst_medians(work, burst)
-        return [(factors[i], offsets[i]) for i in pass_jitter._spaced(len(factors), samples)]
-
-    original_draws = pass_jitter.PassJitter.speed_draws
-    pass_jitter.PassJitter.speed_draws = speed_draws
-    simulator_profile.parse_pass_jitter = parse_by_burst
 
 
 def patch(variant: str) -> None:
