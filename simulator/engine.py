@@ -117,7 +117,7 @@ class Engine:
         self._aged_backward_factors = self._copy_age_factors(plan, getattr(costs, "copy_backward", None))
         """Per rank, backward id -> the factor at its copy's age, where the profile timed the copy's growth."""
         self._messages = [message_links(actions, self._ready_receive_s + self._ready_receive_tail_s > 0,
-                                         self._send_post_s + self._send_post_tail_s > 0)
+                                        self._send_post_s + self._send_post_tail_s > 0)
                           for actions in plan.actions]
         self._symmetry = plan.meta.get("symmetry")
         """Symmetric runs (simulator.symmetry): the device groups each representative's flows stand for."""
