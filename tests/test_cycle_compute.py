@@ -135,9 +135,9 @@ def test_the_microbenchmark_on_two_real_ranks():
     from validator.launch import LaunchConfig, spawn
     section = spawn(_measure_tiny_cycle, (), LaunchConfig(world_size=2))[0]
     parsed = parse_cycle_compute(DocumentReader("<test>"), {"cycle_compute": section})
-    assert len(parsed.round_efficiencies) == 2 and parsed.hop_compute_s == 0.004
+    assert len(parsed.round_efficiencies) == 3 and parsed.hop_compute_s == 0.004
     assert 0.3 < parsed.efficiency < 1.7  # a broken integration is off by the number of ranks or more
-    assert 0.5 < parsed.host_parallelism <= 2.5
+    assert 0.5 < parsed.host_parallelism <= 2.0  # at most the ranks, even when the alone window ran slow
 
 
 def _measure_tiny_cycle(rank):
@@ -147,4 +147,4 @@ def _measure_tiny_cycle(rank):
 
     def step():
         torch.mm(weight, weight)
-    return measure_cycle_compute([step], hop_compute_s=0.004, rounds=2, num_microbatches=10)
+    return measure_cycle_compute([step], hop_compute_s=0.004, rounds=3, num_microbatches=10)

@@ -7,7 +7,9 @@ ranks computing: their rate), then rank 0 alone for as long (the others at a bar
 alone), then one asynchronous 1F1B run of `handoff_bench`'s cycle with the same steps in its
 compute windows, each window's start, end and steps recorded on the host's monotonic clock. The
 pool's parallelism of the round is P = W x the all-ranks rate / the alone rate, as the profile's
-compute_slowdown[W] gives it to the engine. No validated run enters it.
+compute_slowdown[W] gives it to the engine, at most W: W ranks cannot get more than W times one
+rank's work done, so a round above W measured its alone window slowed by something outside the
+ranks (a CI run measured 2.86 with 2 ranks on 2 cores). No validated run enters it.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def measure_cycle_compute(steps: Sequence[Callable[[], None]], hop_compute_s: fl
         alone_steps, alone_s = everyone[0][1]
         alone_rate = alone_steps / alone_s
         busy_rate = statistics.median(done / seconds for (done, seconds), _, _ in everyone)
-        parallelism = world * busy_rate / alone_rate
+        parallelism = min(float(world), world * busy_rate / alone_rate)
         parallelisms.append(parallelism)
         efficiencies.append(cycle_efficiency([w for _, _, w in everyone], alone_rate, parallelism))
     return summarize(efficiencies, hop_compute_s, statistics.median(parallelisms))
