@@ -9,7 +9,7 @@ The variants, what each patches and where it was scored: `VARIANTS.md` beside th
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
      RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh, s28_second, s29_fresh, s29_growth, s30_fresh, s30_second, s31_fresh (the Intel Xeon host; every run
+          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh, s28_second, s29_fresh, s29_growth, s30_fresh, s30_second, s31_fresh, s32_fresh (the Intel Xeon host; every run
           before them since s18_first was on the AMD EPYC host)
           (default: all)
 """
@@ -32,7 +32,10 @@ import simulator.profile_host as profile_host  # noqa: E402
 sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "burst_jitter"))
 from burst_patch import patch_burst_jitter  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail", "burst_jitter")
+sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "module_age"))
+from module_age_patch import patch_module_age  # noqa: E402
+
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail", "burst_jitter", "module_age")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -98,6 +101,8 @@ RUNS = {
                    "reports/diagnostics/cycle_efficiency/second_run/profiles"),
     "s31_fresh": ("reports/diagnostics/confirmation_runs/s31_fresh/validation_pipelines_cpu.csv",
                   "reports/diagnostics/confirmation_runs/s31_fresh/profiles"),
+    "s32_fresh": ("reports/diagnostics/confirmation_runs/s32_fresh/validation_pipelines_cpu.csv",
+                  "reports/diagnostics/confirmation_runs/s32_fresh/profiles"),
 }
 
 
@@ -223,6 +228,8 @@ def patch(variant: str) -> None:
     original_init = profile_costs.ProfileCosts.__init__
     if variant == "burst_jitter":
         patch_burst_jitter()
+    if variant == "module_age":
+        patch_module_age()
     if variant == "singles":
         _patch_singles()
     if variant == "alone_growth":
