@@ -82,6 +82,10 @@
 Communication times are fitted to alpha + S / beta by least squares weighted by 1 / t^2 (i.e.
 relative errors, so the small sizes pin alpha and the large ones beta). Nothing is timed end to
 end: no training step enters a fit. The profile format: `simulator.profile.PROFILE_FORMAT`.
+Before it is written, the document is loaded as the simulator will load it
+(`validator.calibration_document.loadable_document`): an optional `cycle_compute` or `copy_backward`
+section whose ratio the loader finds implausible (a rank stalled mid-measurement) is left out with a
+note naming the field and value; any other refusal stops the calibration, and no file is written.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ from collections.abc import Sequence
 
 from simulator.output import write_json_atomic
 from simulator.workload import Workload
-from validator.calibration_document import build_document
+from validator.calibration_document import build_document, loadable_document
 from validator.calibration_phases import DEFAULT_TOPK_DENSITIES, CalibrationSettings, load_average, rank_main
 from validator.comm_device import default_backend, device_problem
 from validator.launch import LaunchConfig, spawn
@@ -168,6 +172,7 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
         if problem:
             document["notes"].append(f"{problem} during the calibration: compute and comm figures are distorted; "
                                      "recalibrate on a quiet machine")
+    document = loadable_document(document, str(out_path))
     if verbose:
         for note in document["notes"]:
             print(f"[calibrate] note: {note}", file=sys.stderr)

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import torch
 
 from simulator.copy_backward import copy_backward_section
-from simulator.profile import FORMAT
+from simulator.errors import ScenarioError
+from simulator.profile import FORMAT, profile_from_dict
 from simulator.workload import Workload
 from validator.cold_bench import single_pass_overheads
 from validator.microbench import DEFAULT_MIN_BLOCK_S, fit_line
@@ -168,3 +169,29 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
         "notes": notes,
     }
     return document
+
+
+PLAUSIBILITY_CHECKED_SECTIONS = ("cycle_compute", "copy_backward")
+"""Optional measured sections whose loader refuses a ratio outside a plausible range (a rank
+stalled or the clock jumped while they were timed); the simulator plays profiles without them."""
+
+
+def loadable_document(document: dict, source: str) -> dict:
+    """`document` as `simulator.profile.profile_from_dict` will accept it, checked before the
+    calibration writes it, so that no profile the simulator refuses is written. A section of
+    `PLAUSIBILITY_CHECKED_SECTIONS` the loader refuses is dropped, with a note naming the field and
+    the value; any other refusal raises the loader's one-line ScenarioError."""
+    for _ in range(len(PLAUSIBILITY_CHECKED_SECTIONS) + 1):
+        try:
+            profile_from_dict(document, source)
+            return document
+        except ScenarioError as error:
+            field_and_problem = str(error).removeprefix(f"{source}: ")
+            section = field_and_problem.split(":", 1)[0].split(".", 1)[0].split("[", 1)[0]
+            if section not in PLAUSIBILITY_CHECKED_SECTIONS or section not in document:
+                raise
+            del document[section]
+            document.setdefault("notes", []).append(
+                f"{field_and_problem}: the {section} section is left out (the simulator plays the profile without "
+                "it); recalibrate on a quiet machine to time it")
+    raise AssertionError("unreachable: every plausibility-checked section was dropped")
