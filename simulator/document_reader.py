@@ -18,7 +18,10 @@ class DocumentReader:
         self.source = source
 
     def fail(self, where: str, problem: str) -> ScenarioError:
-        return ScenarioError(f"{self.source}: {where}: {problem}")
+        """The error, with the dotted field it names kept as its `field` attribute."""
+        error = ScenarioError(f"{self.source}: {where}: {problem}")
+        error.field = where
+        return error
 
     def get(self, node: Mapping, key: str, where: str, *, optional: bool = False):
         if not isinstance(node, Mapping):

@@ -187,7 +187,7 @@ def loadable_document(document: dict, source: str) -> dict:
             return document
         except ScenarioError as error:
             field_and_problem = str(error).removeprefix(f"{source}: ")
-            section = field_and_problem.split(":", 1)[0].split(".", 1)[0].split("[", 1)[0]
+            section = getattr(error, "field", "").split(".", 1)[0].split("[", 1)[0]
             if section not in PLAUSIBILITY_CHECKED_SECTIONS or section not in document:
                 raise
             del document[section]
