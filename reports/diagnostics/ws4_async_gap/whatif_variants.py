@@ -1,17 +1,12 @@
-"""What-ifs behind ACCURACY "Latest" (2026-11-24, fifteenth session): ways to close the gap
-between the asynchronous and the synchronous pipeline cases of one profile, each scored on the five
-committed CPU pipeline runs (six since the third run of the day, which they were not
-formulated on) with their own profiles (nothing fitted to the measurements). Prints,
-per run, the MAPE / worst over its cases, per depth, with each profile's level removed (`validator.report.calibration_level_summary`), and the
-asynchronous-minus-synchronous mean error per profile. Writes nothing.
-
-The variants, what each patches and where it was scored: `VARIANTS.md` beside this script.
+"""What-ifs on the pipeline model since the fifteenth session (2026-11-24): each variant patches the
+model in this process and re-predicts the committed CPU pipeline runs, each from its own profiles
+(nothing fitted to the measurements). Prints, per run, the MAPE / worst over its cases, per depth,
+with each profile's level removed (`validator.report.calibration_level_summary`), and the
+asynchronous-minus-synchronous mean error per profile. Writes nothing. The variants, what each
+patches and where it was scored: `VARIANTS.md` beside this script.
 
 Run: python reports/diagnostics/ws4_async_gap/whatif_variants.py VARIANT [RUN,RUN,...]
-     RUN: latest, second_run, first_run, noisy, cc_second, cc_first, s18_first, s19_fifth, s20_fresh,
-          s21_fresh, s22_fresh, s22_second, s23_fresh, s26_intel, s26_fresh, s27_fresh, s27_second, s28_fresh, s28_second, s29_fresh, s29_growth, s30_fresh, s30_second, s31_fresh, s32_fresh (the Intel Xeon host; every run
-          before them since s18_first was on the AMD EPYC host)
-          (default: all)
+     RUN: a key of RUNS (default: all); s26_intel to s32_fresh ran on the Intel Xeon host, the rest on AMD EPYC
 """
 
 import copy
@@ -35,7 +30,10 @@ from burst_patch import patch_burst_jitter  # noqa: E402
 sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "module_age"))
 from module_age_patch import patch_module_age  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail", "burst_jitter", "module_age")
+sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "inflight_probe"))
+from message_rule_patch import patch_message_rule  # noqa: E402
+
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail", "burst_jitter", "module_age", "gpipe_cycle_messages", "chain_synchronous")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -53,57 +51,36 @@ COPY_AGE_PROBE_GROWTH = {  # ../copy_age/age_probe.log (s29, one process): the c
 COPY_GROWTH_PROBE = {  # ../copy_age/growth_probe.log (s29, one process, three rounds, means): the copy's growth
     "mlp": (1.0, 1.026, 1.08, 1.09),  # with age over the modules' backward's, ages 0-3
     "resnet20": (1.0, 1.003, 1.015, 1.007), "transformer": (1.0, 1.011, 1.012, 1.009)}
-RUNS = {
-    "latest": ("reports/validation_pipelines_cpu.csv", "reports/profiles"),
-    "second_run": ("reports/diagnostics/sync_cycle_messages/second_run/validation_pipelines_cpu.csv",
-                   "reports/diagnostics/sync_cycle_messages/second_run/profiles"),
-    "first_run": ("reports/diagnostics/sync_cycle_messages/first_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/sync_cycle_messages/first_run/profiles"),
-    "noisy": ("reports/diagnostics/weight_pass_layers/validation_pipelines_cpu.csv",
-              "reports/diagnostics/weight_pass_layers/profiles"),
-    "cc_second": ("reports/diagnostics/cycle_compute/second_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/cycle_compute/second_run/profiles"),
-    "cc_first": ("reports/diagnostics/cycle_compute/first_run/validation_pipelines_cpu.csv",
-                 "reports/diagnostics/cycle_compute/first_run/profiles"),
-    "s18_first": ("reports/diagnostics/cycle_steps/first_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/cycle_steps/first_run/profiles"),
-    "s19_fifth": ("reports/diagnostics/exposed_latency/fifth_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/exposed_latency/fifth_run/profiles"),
-    "s20_fresh": ("reports/diagnostics/runtime_messages/fresh_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/runtime_messages/fresh_run/profiles"),
-    "s21_fresh": ("reports/diagnostics/oversubscribed_rate/fresh_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/oversubscribed_rate/fresh_run/profiles"),
-    "s22_fresh": ("reports/diagnostics/concurrent_passes/fresh_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/concurrent_passes/fresh_run/profiles"),
-    "s22_second": ("reports/diagnostics/concurrent_passes/second_run/validation_pipelines_cpu.csv",
-                   "reports/diagnostics/concurrent_passes/second_run/profiles"),
-    "s23_fresh": ("reports/diagnostics/stage_ranges/fresh_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/stage_ranges/fresh_run/profiles"),
-    "s26_intel": ("reports/diagnostics/calibration_launches/intel_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/calibration_launches/intel_run/profiles"),
-    "s26_fresh": ("reports/diagnostics/pool_curve/fresh_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/pool_curve/fresh_run/profiles"),
-    "s27_fresh": ("reports/diagnostics/copy_backward/fresh_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/copy_backward/fresh_run/profiles"),
-    "s27_second": ("reports/diagnostics/size_curve/fresh_run/validation_pipelines_cpu.csv",
-                   "reports/diagnostics/size_curve/fresh_run/profiles"),
-    "s28_fresh": ("reports/diagnostics/memory_contention/fresh_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/memory_contention/fresh_run/profiles"),
-    "s28_second": ("reports/diagnostics/memory_contention/second_run/validation_pipelines_cpu.csv",
-                   "reports/diagnostics/memory_contention/second_run/profiles"),
-    "s29_fresh": ("reports/diagnostics/copy_age/fresh_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/copy_age/fresh_run/profiles"),
-    "s29_growth": ("reports/diagnostics/copy_age/fresh_run_growth/validation_pipelines_cpu.csv",
-                   "reports/diagnostics/copy_age/fresh_run_growth/profiles"),
-    "s30_fresh": ("reports/diagnostics/cycle_efficiency/fresh_run/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/cycle_efficiency/fresh_run/profiles"),
-    "s30_second": ("reports/diagnostics/cycle_efficiency/second_run/validation_pipelines_cpu.csv",
-                   "reports/diagnostics/cycle_efficiency/second_run/profiles"),
-    "s31_fresh": ("reports/diagnostics/confirmation_runs/s31_fresh/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/confirmation_runs/s31_fresh/profiles"),
-    "s32_fresh": ("reports/diagnostics/confirmation_runs/s32_fresh/validation_pipelines_cpu.csv",
-                  "reports/diagnostics/confirmation_runs/s32_fresh/profiles"),
+RUN_FOLDERS = {  # each run's folder: its validation_pipelines_cpu.csv and profiles/
+    "latest": "reports",
+    "second_run": "reports/diagnostics/sync_cycle_messages/second_run",
+    "first_run": "reports/diagnostics/sync_cycle_messages/first_run",
+    "noisy": "reports/diagnostics/weight_pass_layers",
+    "cc_second": "reports/diagnostics/cycle_compute/second_run",
+    "cc_first": "reports/diagnostics/cycle_compute/first_run",
+    "s18_first": "reports/diagnostics/cycle_steps/first_run",
+    "s19_fifth": "reports/diagnostics/exposed_latency/fifth_run",
+    "s20_fresh": "reports/diagnostics/runtime_messages/fresh_run",
+    "s21_fresh": "reports/diagnostics/oversubscribed_rate/fresh_run",
+    "s22_fresh": "reports/diagnostics/concurrent_passes/fresh_run",
+    "s22_second": "reports/diagnostics/concurrent_passes/second_run",
+    "s23_fresh": "reports/diagnostics/stage_ranges/fresh_run",
+    "s26_intel": "reports/diagnostics/calibration_launches/intel_run",
+    "s26_fresh": "reports/diagnostics/pool_curve/fresh_run",
+    "s27_fresh": "reports/diagnostics/copy_backward/fresh_run",
+    "s27_second": "reports/diagnostics/size_curve/fresh_run",
+    "s28_fresh": "reports/diagnostics/memory_contention/fresh_run",
+    "s28_second": "reports/diagnostics/memory_contention/second_run",
+    "s29_fresh": "reports/diagnostics/copy_age/fresh_run",
+    "s29_growth": "reports/diagnostics/copy_age/fresh_run_growth",
+    "s30_fresh": "reports/diagnostics/cycle_efficiency/fresh_run",
+    "s30_second": "reports/diagnostics/cycle_efficiency/second_run",
+    "s31_fresh": "reports/diagnostics/confirmation_runs/s31_fresh",
+    "s32_fresh": "reports/diagnostics/confirmation_runs/s32_fresh",
+    "s33_amd": "reports/diagnostics/confirmation_runs/s33_amd",
+    "s33_second": "reports/diagnostics/confirmation_runs/s33_second",
 }
+RUNS = {name: (f"{folder}/validation_pipelines_cpu.csv", f"{folder}/profiles") for name, folder in RUN_FOLDERS.items()}
 
 
 def _alone_passes(document):
@@ -230,6 +207,8 @@ def patch(variant: str) -> None:
         patch_burst_jitter()
     if variant == "module_age":
         patch_module_age()
+    if variant in ("gpipe_cycle_messages", "chain_synchronous"):
+        patch_message_rule(variant)
     if variant == "singles":
         _patch_singles()
     if variant == "alone_growth":
