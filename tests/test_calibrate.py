@@ -86,7 +86,7 @@ def test_time_weight_passes_single_process_leaves_the_modules_alone():
     before = [copy.deepcopy(m.state_dict()) for m in modules]
     result = time_weight_passes(modules, [[0], [1, 2]], torch.ones(4, 8), repeats=3, warmup=1, max_copy_age=2)
     assert [(r["num_params"], r["num_tensors"]) for r in result] == [(36, 2), (4 * 2048 + 2048 * 2049 + 2048, 4)]
-    for name in ("stash", "predict", "accumulate", "average"):
+    for name in ("stash", "predict", "accumulate", "average", "stash_after_plain"):
         # 4 M parameters (16 MiB read, at least as much written) against 36: far above the overheads
         assert result[1][f"{name}_s"] > 5 * result[0][f"{name}_s"] > 0
     # the forward on the stashed copy against the same forward through the modules: never negative
@@ -171,6 +171,10 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert set(passes) == {"stash", "predict", "repredict", "accumulate", "average", "copy_forward"}
     assert all(entry["num_params"] == document["optimizer"]["num_params"] for entry in passes.values())
     assert all(t > 0 for t in passes["repredict"]["medians_s"])  # timed, not derived
+    # the stash timed right after an update (the runtime's order); the cycle's, after the modules'
+    # forward and backward, kept beside it, one per set
+    after_plain = passes["stash"]["after_plain_medians_s"]
+    assert len(after_plain) == len(passes["stash"]["medians_s"]) and all(t > 0 for t in after_plain)
     assert set(profile.weight_passes) == {"stash", "predict", "repredict", "accumulate", "average", "copy_forward"}
     assert all(t >= 0 for t in passes["copy_forward"]["medians_s"])
     ratios = document["copy_backward"]["ratios"]  # the backward on the copy over the modules', per set

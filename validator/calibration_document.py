@@ -65,8 +65,11 @@ def _pass_fit(items: list[dict], key: str, notes: list[str], what: str, ranks_at
 
 def _weight_pass_fits(items: list[dict], notes: list[str], ranks_at_once: int,
                       alone: list[dict] | None = None) -> dict:
-    return {name: _pass_fit(items, f"{name}_s", notes, f"weight_passes.{name}", ranks_at_once, alone)
+    fits = {name: _pass_fit(items, f"{name}_s", notes, f"weight_passes.{name}", ranks_at_once, alone)
             for name in WEIGHT_PASSES}
+    if all("stash_after_plain_s" in item for item in items):  # informational: the stash as timed before
+        fits["stash"]["after_plain_medians_s"] = [item["stash_after_plain_s"] for item in items]
+    return fits
 
 
 def _update_in_cycle_fit(items: list[dict] | None, notes: list[str], ranks_at_once: int | None,

@@ -5,7 +5,9 @@ stage's parameters for every micro-batch of an asynchronous schedule (the simula
 phases of the same names, `simulator.strategies.pipeline`):
 
 - **stash** (pipedream with weight stashing): a copy of the weights for the micro-batch's forward
-  and backward (Narayanan et al., SOSP 2019, 3.3), `weight_versions.stash_weights`;
+  and backward (Narayanan et al., SOSP 2019, 3.3), `weight_versions.stash_weights`; since the
+  thirty-fourth session timed in its own cycle right after an update, where the runtime runs it
+  (`_stash_cycle`), not after the cycle's forward and backward through the modules;
 - **predict** (spectrain): W_hat = W - s lr v from the momentum buffer (Chen et al., arXiv
   1809.02839), `weight_versions.predict_layer_weights`;
 - **repredict** (spectrain, staggered): the prediction again before the backward, copied into the
@@ -161,6 +163,41 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
     return run
 
 
+def _stash_cycle(modules: dict, layers: range, x: torch.Tensor, update,
+                 device: torch.device) -> Callable[[], tuple[float]]:
+    """PipeDream's micro-batch in the runtime's order: the stash right after the previous
+    micro-batch's update (as `validator.pipeline_runtime` runs it: ... accumulate, update, stash,
+    forward on the copy, ...), then the forward on the copy, its backward, the accumulate and the
+    update; returns the seconds of the stash. `_cycle` runs a forward and a backward through the
+    modules before its stash, and on the AMD EPYC host (thirty-fourth session,
+    `reports/diagnostics/runtime_pass_gap/`) a stash after those took 0.7-0.8x one right after
+    the update, in every pair timed; the validated runs' stashes took 1.5-1.6x `_cycle`'s."""
+    from validator.weight_versions import MicroState, accumulate_gradients, release_backward, stash_weights
+
+    def run() -> tuple[float]:
+        _sync(device)
+        t0 = time.perf_counter()
+        used = stash_weights(modules, layers)
+        _sync(device)
+        t1 = time.perf_counter()
+        state = MicroState(weights=used)
+        out = x
+        for layer in layers:
+            if layer > 0:
+                out = out.detach().requires_grad_(True)
+            state.inputs[layer] = out
+            state.outputs[layer] = out = functional_call(modules[layer], used[layer], (out,))
+        _backward(state, layers)
+        accumulate_gradients(modules, layers, used)
+        del used
+        release_backward(state, layers[0])
+        update.step()
+        update.zero_grad(set_to_none=False)
+        return (t1 - t0,)
+
+    return run
+
+
 def _aged_cycle(modules: dict, layers: range, x: torch.Tensor, update, age: int,
                 device: torch.device, on_copy: bool = True) -> Callable[[], tuple[float]]:
     """A stage's micro-batch with `age` others in flight: a stashed copy and a forward on it, then
@@ -227,7 +264,10 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
     runtime runs it: after the stage's passes, not after itself as in `time_optimizer`'s blocks.
 
     Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "repredict_s", "accumulate_s",
-    "average_s", "copy_forward_s", "update_s", "module_backward_s", "copy_backward_s"}]`
+    "average_s", "copy_forward_s", "update_s", "module_backward_s", "copy_backward_s",
+    "stash_after_plain_s"}]` ("stash_s": timed in `_stash_cycle`, right after an update as the
+    runtime runs it, since the thirty-fourth session; "stash_after_plain_s": `_cycle`'s, after a
+    forward and a backward through the modules, the figure before it)
     ("copy_forward_s": the forward on the copy less the forward through the modules, each a median
     over blocks, at least 0; "module_backward_s" and "copy_backward_s": the backward through the
     modules, onto their gradients, and the backward on the copy, onto fresh leaves, medians over
@@ -262,6 +302,11 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
         entry[f"{COPY_FORWARD}_s"] = max(0.0, copy_forward_s - plain_forward_s)
         entry["update_s"] = update_s
         entry["module_backward_s"], entry["copy_backward_s"] = plain_backward_s, copy_backward_s
+        # the stash as the runtime meets it, right after an update; `_cycle`'s kept beside it
+        entry["stash_after_plain_s"] = entry["stash_s"]
+        barrier()
+        stash = _stash_cycle(own, layers, inputs[layers[0]].to(device), update, device)
+        entry["stash_s"] = _time_blocks(stash, repeats, warmup, min_block_s, agree)[0]
         if max_copy_age > 0:
             def aged_s(age: int, on_copy: bool) -> float:
                 barrier()
