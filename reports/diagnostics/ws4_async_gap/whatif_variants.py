@@ -84,6 +84,7 @@ RUN_FOLDERS = {  # each run's folder: its validation_pipelines_cpu.csv and profi
     "s33_second": "reports/diagnostics/confirmation_runs/s33_second",
     "s33_third": "reports/diagnostics/confirmation_runs/s33_third",
     "s34_fresh": "reports/diagnostics/runtime_pass_gap/fresh_run",
+    "s34_second": "reports/diagnostics/confirmation_runs/s34_second",
 }
 RUNS = {name: (f"{folder}/validation_pipelines_cpu.csv", f"{folder}/profiles") for name, folder in RUN_FOLDERS.items()}
 
