@@ -170,8 +170,10 @@ def _stash_cycle(modules: dict, layers: range, x: torch.Tensor, update,
     forward on the copy, ...), then the forward on the copy, its backward, the accumulate and the
     update; returns the seconds of the stash. `_cycle` runs a forward and a backward through the
     modules before its stash, and on the AMD EPYC host (thirty-fourth session,
-    `reports/diagnostics/runtime_pass_gap/`) a stash after those took 0.7-0.8x one right after
-    the update, in every pair timed; the validated runs' stashes took 1.5-1.6x `_cycle`'s."""
+    `reports/diagnostics/runtime_pass_gap/`) a stash of the MLP's stage-sized layer sets after
+    those took 0.7-0.85x one right after the update, in every pair timed (its single layers: level;
+    ResNet-20's and the transformer's sets: 1.3x), and the validated runs' stashes took 1.5-1.6x
+    what the model charged from `_cycle`'s."""
     from validator.weight_versions import MicroState, accumulate_gradients, release_backward, stash_weights
 
     def run() -> tuple[float]:
