@@ -204,16 +204,24 @@ def _aged_cycle(modules: dict, layers: range, x: torch.Tensor, update, age: int,
                 device: torch.device, on_copy: bool = True) -> Callable[[], tuple[float]]:
     """A stage's micro-batch with `age` others in flight: a stashed copy and a forward on it, then
     the backward of the micro-batch `age` forwards back on its own copy, its accumulate and the
-    update; returns the seconds of that backward. Primed: the first call already finds `age`
+    update; returns the seconds of that backward and of the new micro-batch's stash (0 through the
+    modules; at age 0 the stash runs right after the previous update, as in the runtime, and
+    stands for `_stash_cycle`'s). Primed: the first call already finds `age`
     micro-batches in flight. `on_copy=False`: the same through the modules (no copy, the backward
     onto their gradients, no accumulate and no update), as a synchronous 1F1B stage keeps
     micro-batches in flight within its step."""
     from validator.weight_versions import MicroState, accumulate_gradients, release_backward, stash_weights
 
     in_flight: list[MicroState] = []
+    stash_s = [0.0]
 
     def forward() -> None:
-        state = MicroState(weights=stash_weights(modules, layers) if on_copy else None)
+        _sync(device)
+        started = time.perf_counter()
+        weights = stash_weights(modules, layers) if on_copy else None
+        _sync(device)
+        stash_s[0] = time.perf_counter() - started if on_copy else 0.0
+        state = MicroState(weights=weights)
         out = x
         for layer in layers:
             if layer > 0:
@@ -226,7 +234,7 @@ def _aged_cycle(modules: dict, layers: range, x: torch.Tensor, update, age: int,
     for _ in range(age):
         forward()
 
-    def run() -> tuple[float]:
+    def run() -> tuple[float, float]:
         forward()
         oldest = in_flight.pop(0)
         _sync(device)
@@ -240,7 +248,7 @@ def _aged_cycle(modules: dict, layers: range, x: torch.Tensor, update, age: int,
         if on_copy:  # through the modules no update: a synchronous stage updates after its step's last backward
             update.step()
             update.zero_grad(set_to_none=False)
-        return (t1 - t0,)
+        return (t1 - t0, stash_s[0])
 
     return run
 
@@ -306,18 +314,21 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
         entry["module_backward_s"], entry["copy_backward_s"] = plain_backward_s, copy_backward_s
         # the stash as the runtime meets it, right after an update; `_cycle`'s kept beside it
         entry["stash_after_plain_s"] = entry["stash_s"]
-        barrier()
-        stash = _stash_cycle(own, layers, inputs[layers[0]].to(device), update, device)
-        entry["stash_s"] = _time_blocks(stash, repeats, warmup, min_block_s, agree)[0]
-        if max_copy_age > 0:
-            def aged_s(age: int, on_copy: bool) -> float:
+        if max_copy_age > 0:  # the aged copy cycle at age 0 runs the stash in the runtime's order
+            def aged_s(age: int, on_copy: bool) -> tuple[float, float]:
                 barrier()
                 aged = _aged_cycle(own, layers, inputs[layers[0]].to(device), update, age, device, on_copy)
-                return _time_blocks(aged, repeats, warmup, min_block_s, agree)[0]
+                return _time_blocks(aged, repeats, warmup, min_block_s, agree)
 
             copies = [aged_s(age, True) for age in range(max_copy_age + 1)]
-            entry["copy_cycle_fresh_s"], entry["aged_copy_backward_s"] = copies[0], copies[1:]
-            entry["aged_module_backward_s"] = [aged_s(age, False) for age in range(max_copy_age + 1)]
+            entry["stash_s"] = copies[0][1]
+            entry["copy_cycle_fresh_s"] = copies[0][0]
+            entry["aged_copy_backward_s"] = [backward_s for backward_s, _stash in copies[1:]]
+            entry["aged_module_backward_s"] = [aged_s(age, False)[0] for age in range(max_copy_age + 1)]
+        else:
+            barrier()
+            stash = _stash_cycle(own, layers, inputs[layers[0]].to(device), update, device)
+            entry["stash_s"] = _time_blocks(stash, repeats, warmup, min_block_s, agree)[0]
         results.append(entry)
         del momentum, update, own, params, run
     barrier()
