@@ -6,8 +6,9 @@ phases of the same names, `simulator.strategies.pipeline`):
 
 - **stash** (pipedream with weight stashing): a copy of the weights for the micro-batch's forward
   and backward (Narayanan et al., SOSP 2019, 3.3), `weight_versions.stash_weights`; since the
-  thirty-fourth session timed in its own cycle right after an update, where the runtime runs it
-  (`_stash_cycle`), not after the cycle's forward and backward through the modules;
+  thirty-fourth session timed right after an update, where the runtime runs it (in the aged copy
+  cycle at age 0, or `_stash_cycle` where no ages are timed), not after the cycle's forward and
+  backward through the modules;
 - **predict** (spectrain): W_hat = W - s lr v from the momentum buffer (Chen et al., arXiv
   1809.02839), `weight_versions.predict_layer_weights`;
 - **repredict** (spectrain, staggered): the prediction again before the backward, copied into the
