@@ -7,7 +7,7 @@ phases of the same names, `simulator.strategies.pipeline`):
 - **stash** (pipedream with weight stashing): a copy of the weights for the micro-batch's forward
   and backward (Narayanan et al., SOSP 2019, 3.3), `weight_versions.stash_weights`; since the
   thirty-fourth session timed right after an update, where the runtime runs it (in the aged copy
-  cycle at age 0, or `_stash_cycle` where no ages are timed), not after the cycle's forward and
+  cycle at age 0, `_aged_cycle`), not after the cycle's forward and
   backward through the modules;
 - **predict** (spectrain): W_hat = W - s lr v from the momentum buffer (Chen et al., arXiv
   1809.02839), `weight_versions.predict_layer_weights`;
@@ -164,50 +164,14 @@ def _cycle(modules: dict, layers: range, x: torch.Tensor, optimizer, update, fla
     return run
 
 
-def _stash_cycle(modules: dict, layers: range, x: torch.Tensor, update,
-                 device: torch.device) -> Callable[[], tuple[float]]:
-    """PipeDream's micro-batch in the runtime's order: the stash right after the previous
-    micro-batch's update (as `validator.pipeline_runtime` runs it: ... accumulate, update, stash,
-    forward on the copy, ...), then the forward on the copy, its backward, the accumulate and the
-    update; returns the seconds of the stash. `_cycle` runs a forward and a backward through the
-    modules before its stash, and on the AMD EPYC host (thirty-fourth session,
-    `reports/diagnostics/runtime_pass_gap/`) a stash of the MLP's stage-sized layer sets after
-    those took 0.7-0.85x one right after the update, in every pair timed (its single layers: level;
-    ResNet-20's and the transformer's sets: 1.3x), and the validated runs' stashes took 1.5-1.6x
-    what the model charged from `_cycle`'s."""
-    from validator.weight_versions import MicroState, accumulate_gradients, release_backward, stash_weights
-
-    def run() -> tuple[float]:
-        _sync(device)
-        t0 = time.perf_counter()
-        used = stash_weights(modules, layers)
-        _sync(device)
-        t1 = time.perf_counter()
-        state = MicroState(weights=used)
-        out = x
-        for layer in layers:
-            if layer > 0:
-                out = out.detach().requires_grad_(True)
-            state.inputs[layer] = out
-            state.outputs[layer] = out = functional_call(modules[layer], used[layer], (out,))
-        _backward(state, layers)
-        accumulate_gradients(modules, layers, used)
-        del used
-        release_backward(state, layers[0])
-        update.step()
-        update.zero_grad(set_to_none=False)
-        return (t1 - t0,)
-
-    return run
-
-
 def _aged_cycle(modules: dict, layers: range, x: torch.Tensor, update, age: int,
                 device: torch.device, on_copy: bool = True) -> Callable[[], tuple[float]]:
     """A stage's micro-batch with `age` others in flight: a stashed copy and a forward on it, then
     the backward of the micro-batch `age` forwards back on its own copy, its accumulate and the
     update; returns the seconds of that backward and of the new micro-batch's stash (0 through the
-    modules; at age 0 the stash runs right after the previous update, as in the runtime, and
-    stands for `_stash_cycle`'s). Primed: the first call already finds `age`
+    modules; at age 0 the stash runs right after the previous update, as in the runtime, : the calibration's stash since the thirty-fourth session;
+    `reports/diagnostics/runtime_pass_gap/`: on the AMD EPYC host a stash of the MLP's stage-sized
+    sets after the modules' forward and backward took 0.7-0.85x one right after the update). Primed: the first call already finds `age`
     micro-batches in flight. `on_copy=False`: the same through the modules (no copy, the backward
     onto their gradients, no accumulate and no update), as a synchronous 1F1B stage keeps
     micro-batches in flight within its step."""
@@ -276,7 +240,7 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
 
     Returns `[{"num_params", "num_tensors", "stash_s", "predict_s", "repredict_s", "accumulate_s",
     "average_s", "copy_forward_s", "update_s", "module_backward_s", "copy_backward_s",
-    "stash_after_plain_s"}]` ("stash_s": timed in `_stash_cycle`, right after an update as the
+    "stash_after_plain_s"}]` ("stash_s": timed in `_aged_cycle` at age 0, right after an update as the
     runtime runs it, since the thirty-fourth session; "stash_after_plain_s": `_cycle`'s, after a
     forward and a backward through the modules, the figure before it)
     ("copy_forward_s": the forward on the copy less the forward through the modules, each a median
@@ -326,10 +290,10 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
             entry["copy_cycle_fresh_s"] = copies[0][0]
             entry["aged_copy_backward_s"] = [backward_s for backward_s, _stash in copies[1:]]
             entry["aged_module_backward_s"] = [aged_s(age, False)[0] for age in range(max_copy_age + 1)]
-        else:
+        else:  # no ages timed: the same cycle at age 0 for the stash alone
             barrier()
-            stash = _stash_cycle(own, layers, inputs[layers[0]].to(device), update, device)
-            entry["stash_s"] = _time_blocks(stash, repeats, warmup, min_block_s, agree)[0]
+            fresh = _aged_cycle(own, layers, inputs[layers[0]].to(device), update, 0, device, True)
+            entry["stash_s"] = _time_blocks(fresh, repeats, warmup, min_block_s, agree)[1]
         results.append(entry)
         del momentum, update, own, params, run
     barrier()
