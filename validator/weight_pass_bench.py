@@ -169,9 +169,10 @@ def _aged_cycle(modules: dict, layers: range, x: torch.Tensor, update, age: int,
     """A stage's micro-batch with `age` others in flight: a stashed copy and a forward on it, then
     the backward of the micro-batch `age` forwards back on its own copy, its accumulate and the
     update; returns the seconds of that backward and of the new micro-batch's stash (0 through the
-    modules; at age 0 the stash runs right after the previous update, as in the runtime, : the calibration's stash since the thirty-fourth session;
-    `reports/diagnostics/runtime_pass_gap/`: on the AMD EPYC host a stash of the MLP's stage-sized
-    sets after the modules' forward and backward took 0.7-0.85x one right after the update). Primed: the first call already finds `age`
+    modules). At age 0 the stash runs right after the previous update, as in the runtime: the
+    calibration's stash since the thirty-fourth session (`reports/diagnostics/runtime_pass_gap/`: on
+    the AMD EPYC host a stash of the MLP's stage-sized sets after the modules' forward and backward
+    took 0.7-0.85x one right after the update). Primed: the first call already finds `age`
     micro-batches in flight. `on_copy=False`: the same through the modules (no copy, the backward
     onto their gradients, no accumulate and no update), as a synchronous 1F1B stage keeps
     micro-batches in flight within its step."""
