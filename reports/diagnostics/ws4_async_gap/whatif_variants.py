@@ -36,7 +36,10 @@ from message_rule_patch import patch_message_rule  # noqa: E402
 sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "runtime_pass_gap"))
 from stash_order_patch import patch_stash_order  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail", "burst_jitter", "module_age", "gpipe_cycle_messages", "chain_synchronous", "before_s34")
+sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "busy_neighbour"))
+from neighbour_patch import patch_busy_neighbour  # noqa: E402
+
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail", "burst_jitter", "module_age", "gpipe_cycle_messages", "chain_synchronous", "before_s34", "busy_neighbour")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -85,6 +88,8 @@ RUN_FOLDERS = {  # each run's folder: its validation_pipelines_cpu.csv and profi
     "s33_third": "reports/diagnostics/confirmation_runs/s33_third",
     "s34_fresh": "reports/diagnostics/runtime_pass_gap/fresh_run",
     "s34_second": "reports/diagnostics/confirmation_runs/s34_second",
+    "s35_fresh": "reports/diagnostics/confirmation_runs/s35_fresh",
+    "s35_second": "reports/diagnostics/confirmation_runs/s35_second",
 }
 RUNS = {name: (f"{folder}/validation_pipelines_cpu.csv", f"{folder}/profiles") for name, folder in RUN_FOLDERS.items()}
 
@@ -215,6 +220,8 @@ def patch(variant: str) -> None:
         patch_module_age()
     if variant == "before_s34":
         patch_stash_order()
+    if variant == "busy_neighbour":
+        patch_busy_neighbour()
     if variant in ("gpipe_cycle_messages", "chain_synchronous"):
         patch_message_rule(variant)
     if variant == "singles":
