@@ -23,9 +23,9 @@ def patch_busy_neighbour() -> None:
 
     def run(self, work_s, kind, threads, memory_contention=None):
         done = original_run(self, work_s, kind, threads, memory_contention)
-        if getattr(self, "_next_is_pass", False) and work_s > 0 and threads:
+        is_pass, self._next_is_pass = getattr(self, "_next_is_pass", False), False
+        if is_pass and work_s > 0 and threads:  # a job was started: its id is the last one given
             self.__dict__.setdefault("_pass_ids", set()).add(self._next_id - 1)
-            self._next_is_pass = False
             self._reschedule({host for host, _ in threads})
         return done
 
