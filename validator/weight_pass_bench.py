@@ -7,8 +7,7 @@ phases of the same names, `simulator.strategies.pipeline`):
 - **stash** (pipedream with weight stashing): a copy of the weights for the micro-batch's forward
   and backward (Narayanan et al., SOSP 2019, 3.3), `weight_versions.stash_weights`; since the
   thirty-fourth session timed right after an update, where the runtime runs it (in the aged copy
-  cycle at age 0, `_aged_cycle`), not after the cycle's forward and
-  backward through the modules;
+  cycle at age 0, `_aged_cycle`), not after the cycle's forward and backward through the modules;
 - **predict** (spectrain): W_hat = W - s lr v from the momentum buffer (Chen et al., arXiv
   1809.02839), `weight_versions.predict_layer_weights`;
 - **repredict** (spectrain, staggered): the prediction again before the backward, copied into the
@@ -280,21 +279,18 @@ def time_weight_passes(modules: Sequence[torch.nn.Module], layer_sets: Sequence[
         entry["module_backward_s"], entry["copy_backward_s"] = plain_backward_s, copy_backward_s
         # the stash as the runtime meets it, right after an update; `_cycle`'s kept beside it
         entry["stash_after_plain_s"] = entry["stash_s"]
-        if max_copy_age > 0:  # the aged copy cycle at age 0 runs the stash in the runtime's order
-            def aged_s(age: int, on_copy: bool) -> tuple[float, float]:
-                barrier()
-                aged = _aged_cycle(own, layers, inputs[layers[0]].to(device), update, age, device, on_copy)
-                return _time_blocks(aged, repeats, warmup, min_block_s, agree)
+        def aged_s(age: int, on_copy: bool) -> tuple[float, float]:
+            barrier()
+            aged = _aged_cycle(own, layers, inputs[layers[0]].to(device), update, age, device, on_copy)
+            return _time_blocks(aged, repeats, warmup, min_block_s, agree)
 
-            copies = [aged_s(age, True) for age in range(max_copy_age + 1)]
-            entry["stash_s"] = copies[0][1]
+        # the aged copy cycle at age 0 runs the stash in the runtime's order (alone where no ages are timed)
+        copies = [aged_s(age, True) for age in range(max_copy_age + 1)]
+        entry["stash_s"] = copies[0][1]
+        if max_copy_age > 0:
             entry["copy_cycle_fresh_s"] = copies[0][0]
             entry["aged_copy_backward_s"] = [backward_s for backward_s, _stash in copies[1:]]
             entry["aged_module_backward_s"] = [aged_s(age, False)[0] for age in range(max_copy_age + 1)]
-        else:  # no ages timed: the same cycle at age 0 for the stash alone
-            barrier()
-            fresh = _aged_cycle(own, layers, inputs[layers[0]].to(device), update, 0, device, True)
-            entry["stash_s"] = _time_blocks(fresh, repeats, warmup, min_block_s, agree)[1]
         results.append(entry)
         del momentum, update, own, params, run
     barrier()
