@@ -8,9 +8,9 @@ import os
 import sys
 from importlib import resources
 
-from simulator.compare import compare, parse_strategy_specs
+from simulator.compare import STRATEGIES_HELP, compare, parse_strategy_specs
 from simulator.errors import ScenarioError, SimulationError
-from simulator.output import write_json_atomic
+from simulator.output import check_figure_file, check_output_file, write_json_atomic
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
 from simulator.tables import comparison_frame, print_comparison, print_summary
@@ -46,20 +46,21 @@ def build_parser(extend=None) -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="GHP vs DP vs MP on the embedded default scenario")
     _add_scenario_args(demo, scenario=False)
-    demo.add_argument("--strategies", default="dp,mp,ghp")
+    demo.add_argument("--strategies", default="dp,mp,ghp", help=f"{STRATEGIES_HELP} (default dp,mp,ghp)")
 
     sim = commands.add_parser("simulate", help="simulate one training step of a scenario")
     _add_scenario_args(sim)
     sim.add_argument("--profile", metavar="FILE", help="calibration profile from `ghpsim calibrate` (default: analytic costs)")
     sim.add_argument("--trace", metavar="FILE", help="write the step's timeline as Perfetto trace JSON")
-    sim.add_argument("--memory-plot", metavar="FILE.png", help="write each device's memory over the step as a PNG")
+    sim.add_argument("--memory-plot", metavar="FILE.png", help="write each device's memory over the step as an image "
+                     "(format from the suffix: png, svg, pdf, ...)")
     sim.add_argument("--jitter", action="store_true",
                      help="also the step under the profile's measured pass-to-pass jitter: median and 10th-90th "
                           "percentiles over draws (needs a --profile with a pass_jitter section)")
 
     cmp_ = commands.add_parser("compare", help="simulate several strategies, sorted by step time")
     _add_scenario_args(cmp_)
-    cmp_.add_argument("--strategies", default="dp,mp,ghp", help="comma list of dp, mp, ghp, ghp:G")
+    cmp_.add_argument("--strategies", default="dp,mp,ghp", help=f"{STRATEGIES_HELP} (default dp,mp,ghp)")
     cmp_.add_argument("--profile", metavar="FILE", help="calibration profile from `ghpsim calibrate` (default: analytic costs)")
 
     listing = commands.add_parser("list", help="list presets: gpus, links or models")
@@ -129,6 +130,10 @@ def _profile_costs(scenario, args):
 
 
 def cmd_simulate(args) -> int:
+    if args.trace:
+        check_output_file(args.trace, "--trace")
+    if args.memory_plot:
+        check_figure_file(args.memory_plot, "--memory-plot")
     scenario = load_scenario(args.scenario, args.overrides)
     costs = _profile_costs(scenario, args)
     if args.jitter:

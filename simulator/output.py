@@ -9,6 +9,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from simulator.errors import ScenarioError
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -27,6 +29,9 @@ def write_bytes_atomic(path: str | Path, content: bytes) -> Path:
             stream.write(content)
         os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, path)
+    except OSError as error:  # name the user's path, not the temporary file
+        Path(temporary).unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror, str(path)) from None
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
@@ -44,5 +49,45 @@ def write_json_atomic(path: str | Path, document) -> Path:
 def write_figure_atomic(path: str | Path, figure, **savefig_options) -> Path:
     """Save a matplotlib figure atomically; the format follows the file's suffix."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format=Path(path).suffix.lstrip(".") or "png", **savefig_options)
+    figure.savefig(buffer, format=figure_format(path), **savefig_options)
     return write_bytes_atomic(path, buffer.getvalue())
+
+
+def figure_format(path: str | Path) -> str:
+    """The image format of `path`: its suffix, lower case (no suffix: png)."""
+    return Path(path).suffix.lstrip(".").lower() or "png"
+
+
+def check_output_file(path: str | Path, option: str) -> None:
+    """ScenarioError naming `option` unless `path` can be written as a file: not a folder, and no
+    existing part of its folder is a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise ScenarioError(f"{option} {path}: is a directory")
+    _check_parents(path, option)
+
+
+def check_output_folder(path: str | Path, option: str) -> None:
+    """ScenarioError naming `option` unless `path` is (or can be made) a folder."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ScenarioError(f"{option} {path}: exists and is not a directory")
+    _check_parents(path, option)
+
+
+def _check_parents(path: Path, option: str) -> None:
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ScenarioError(f"{option} {path}: {parent} is not a directory")
+            return
+
+
+def check_figure_file(path: str | Path, option: str) -> None:
+    """`check_output_file`, and ScenarioError unless matplotlib can write the suffix's format."""
+    from matplotlib.backend_bases import FigureCanvasBase  # matplotlib only when a figure is asked for
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if figure_format(path) not in supported:
+        raise ScenarioError(f"{option} {path}: format {figure_format(path)!r} is not supported "
+                            f"(use one of {', '.join(sorted(supported))})")
+    check_output_file(path, option)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import ScenarioError
-from simulator.output import write_json_atomic
+from simulator.output import check_output_file, write_json_atomic
 from simulator.profile import FORMAT as PROFILE_FORMAT_ID
 
 COMMAND = "merge-profiles"
@@ -150,6 +150,7 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     if len(args.profiles) < 2:
         raise ScenarioError(f"profiles: {len(args.profiles)} given; pooling needs at least two")
+    check_output_file(args.out, "--out")
     merge_profile_files(args.profiles, args.out)
     print(f"pooled {len(args.profiles)} calibrations into {args.out}")
     return 0

@@ -10,6 +10,7 @@ from rich.table import Table
 from simulator.errors import ScenarioError
 from simulator.heuristics import HEURISTICS, grid_estimates
 from simulator.model_source import resolve_workload
+from simulator.output import check_figure_file
 from simulator.planner import (ASYNC_KINDS, MICROBATCH_COUNTS, Ranking, candidate_kinds, grid_candidate,
                                rank_candidates)
 from simulator.scenario import load_scenario
@@ -39,14 +40,15 @@ def run(args) -> int:
     for option, value in (("--top", args.top), ("--workers", args.workers), ("--gpus", args.gpus)):
         if value is not None and value < 1:
             raise ScenarioError(f"{option}: {value} must be a positive integer")
+    if args.plot:
+        check_figure_file(args.plot, "--plot")
     microbatches = _int_list(args.microbatches, "--microbatches")
     kinds = _kinds(args.kinds)
     scenario = load_scenario(args.scenario, args.overrides)
     ranking = rank_candidates(scenario, args.gpus, kinds=kinds, microbatch_counts=microbatches, workers=args.workers,
                               show_progress=not args.json)
     if not ranking.rows:
-        raise ScenarioError(f"--gpus: no candidate could be simulated on {ranking.scenario.num_gpus} GPUs "
-                            f"({'; '.join(s['label'] + ': ' + s['reason'] for s in ranking.skipped[:3])})")
+        raise no_candidate_error(ranking, args)
     heuristics = heuristic_rows(ranking)
     plot = None
     if args.plot:
@@ -64,6 +66,22 @@ def run(args) -> int:
         if plot:
             print(f"plot written to {plot}")
     return 0
+
+
+def no_candidate_error(ranking: Ranking, args) -> ScenarioError:
+    """Every candidate skipped: name the flag to blame (--microbatches when every reason is about
+    micro-batches), the flags in play and the first reasons."""
+    given = [f"--gpus {ranking.scenario.num_gpus}"]
+    if args.kinds is not None:
+        given.append(f"--kinds {args.kinds}")
+    given.append(f"--microbatches {args.microbatches}")
+    reasons = [s["reason"] for s in ranking.skipped]
+    blame = "--microbatches" if reasons and all("micro-batch" in r for r in reasons) else "--gpus/--kinds"
+    if blame == "--microbatches":
+        given.append(f"batch {ranking.scenario.training.global_batch_size}")
+    first = "; ".join(s["label"] + ": " + s["reason"] for s in ranking.skipped[:3])
+    return ScenarioError(f"{blame}: no candidate could be simulated with {', '.join(given)} "
+                         f"({first or 'none enumerated'})")
 
 
 def heuristic_rows(ranking: Ranking, costs=None) -> list[dict]:

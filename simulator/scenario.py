@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, PositiveInt,
-                      ValidationError, model_validator)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.errors import ScenarioError
 from simulator.hardware import GpuSpec, LinkSpec, resolve_gpu, resolve_link
@@ -26,6 +25,19 @@ STRATEGY_KINDS: tuple[str, ...] = ("dp", "mp", "ghp", "gpipe", "1f1b", "interlea
 PIPELINE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain", "delayed_gradient")
 """Kinds that split each group's batch into micro-batches flowing through its M stages."""
 
+
+def _reject_bool(value: Any) -> Any:
+    """pydantic's lax mode reads true/false as 1/0; a count or factor given as a boolean is a mistake."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not a boolean")
+    return value
+
+
+NoBool = BeforeValidator(_reject_bool)
+Int = Annotated[int, NoBool]
+PositiveInt = Annotated[int, NoBool, Field(gt=0)]
+NonNegativeInt = Annotated[int, NoBool, Field(ge=0)]
+Float = Annotated[float, NoBool]
 PositiveBytes = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "bytes")), Field(gt=0)]
 
 
@@ -55,9 +67,9 @@ class ClusterConfig(_Frozen):
     """graph_file: node-link JSON or GraphML (relative to the scenario file)."""
     node_gpus: dict[NonNegativeInt, Gpu] = Field(default_factory=dict)
     """Node index -> GPU type of its devices, for nodes whose GPU is not `gpu`."""
-    stragglers: dict[NonNegativeInt, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    stragglers: dict[NonNegativeInt, Annotated[Float, Field(gt=0)]] = Field(default_factory=dict)
     """Device index -> compute slowdown factor (2.0: every compute action takes twice as long)."""
-    degraded_links: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
+    degraded_links: dict[str, Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=dict)
     """"node<n>" (node n's links to the fabric), "gpu<d>" (device d's links) or "<a>--<b>" (a graph
     edge) -> bandwidth factor in (0, 1]."""
 
@@ -92,12 +104,12 @@ class LayerRow(_Frozen):
 
     name: str
     kind: str = "linear"
-    forward_flops_per_sample: float = Field(ge=0)
-    backward_flops_per_sample: float | None = Field(default=None, ge=0)
-    num_params: int = Field(ge=0)
-    input_elements_per_sample: int = Field(gt=0)
-    output_elements_per_sample: int = Field(gt=0)
-    saved_elements_per_sample: int | None = Field(default=None, ge=0)
+    forward_flops_per_sample: Float = Field(ge=0)
+    backward_flops_per_sample: Float | None = Field(default=None, ge=0)
+    num_params: Int = Field(ge=0)
+    input_elements_per_sample: Int = Field(gt=0)
+    output_elements_per_sample: Int = Field(gt=0)
+    saved_elements_per_sample: Int | None = Field(default=None, ge=0)
 
 
 class ModelConfig(_Frozen):
@@ -122,7 +134,7 @@ class StrategyConfig(_Frozen):
 
     kind: StrategyKind = "dp"
     num_groups: PositiveInt | None = None
-    placement: Literal["group_per_node", "stage_per_node"] | tuple[int, ...] = "group_per_node"
+    placement: Literal["group_per_node", "stage_per_node"] | tuple[Int, ...] = "group_per_node"
     partition: Literal["balanced", "pipedream"] | tuple[PositiveInt, ...] = "balanced"
     bucket_size_bytes: PositiveBytes = 25 * 2**20
     overlap_backward: bool = True
@@ -140,7 +152,7 @@ class StrategyConfig(_Frozen):
     """pipedream: keep the forward's weight version for the backward (False: the no-stash
     asynchronous schedule, whose backward uses the newest weights)."""
     gradient_compression: Literal["none", "topk"] = "none"
-    compression_density: Annotated[float, Field(gt=0, le=1)] = 0.01
+    compression_density: Annotated[Float, Field(gt=0, le=1)] = 0.01
     """topk: fraction rho of each layer's gradient entries sent."""
     tp_degree: PositiveInt = 1
     """megatron: tensor-parallel ranks t per layer (simulator/strategies/tensor.py)."""
@@ -148,7 +160,7 @@ class StrategyConfig(_Frozen):
     """megatron: pipeline stages p; data-parallel replicas d = N / (t p)."""
     sequence_parallel: bool = False
     """megatron: reduce-scatter + allgather instead of each TP allreduce (Korthikanti et al. 2022)."""
-    zero_stage: Literal[0, 1] = 0
+    zero_stage: Annotated[Literal[0, 1], NoBool] = 0
     """megatron: 1 shards the optimizer state over the d replicas (ZeRO-1, Rajbhandari et al. 2020)."""
     symmetry: Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)] = "auto"
     """megatron: auto simulates one representative per symmetric set of ranks (simulator/symmetry.py);
@@ -171,7 +183,7 @@ LayerKind = Literal["conv", "linear", "attention", "embedding", "norm", "pool", 
 class CostConfig(_Frozen):
     """Analytic cost settings: achieved fraction of peak FLOP/s per layer kind (0 < e <= 1)."""
 
-    efficiency: dict[LayerKind, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
+    efficiency: dict[LayerKind, Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=dict)
 
 
 class Scenario(_Frozen):

@@ -10,6 +10,10 @@ from simulator.schedules import SCHEDULES, build_schedule
 from simulator.schedules.grid import render_grid, schedule_document
 
 COMMAND = "schedule"
+MAX_ACTIONS = 100_000
+"""At most this many F and B actions (2 p m v): the check and the grid stay within a few seconds."""
+MAX_CELLS = 2_000_000
+"""At most this many grid cells, ranks x slots (about p x 2 (m v + p))."""
 
 
 def add_parser(commands) -> None:
@@ -31,6 +35,7 @@ def run(args) -> int:
         if value is not None and value < 1:
             raise ScenarioError(f"{option}: {value} must be at least 1")
     virtual = args.virtual_stages or (2 if args.kind == "interleaved_1f1b" else 1)
+    check_size(args.stages, args.microbatches, virtual)
     schedule = build_schedule(args.kind, args.stages, args.microbatches, virtual,
                               args.weight_prediction == "staggered")
     if args.json:
@@ -38,3 +43,13 @@ def run(args) -> int:
     else:
         print(render_grid(schedule), end="")
     return 0
+
+
+def check_size(stages: int, microbatches: int, virtual: int) -> None:
+    """ScenarioError when the schedule would be too large to check and print in a few seconds."""
+    actions = 2 * stages * microbatches * virtual
+    cells = stages * 2 * (microbatches * virtual + stages)
+    if actions > MAX_ACTIONS or cells > MAX_CELLS:
+        raise ScenarioError(f"--stages {stages} x --microbatches {microbatches} x --virtual-stages {virtual}: "
+                            f"too large ({actions:,} F/B actions, ~{cells:,} grid cells; at most "
+                            f"{MAX_ACTIONS:,} actions and {MAX_CELLS:,} cells)")

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from simulator.cli import _add_scenario_args, main as simulator_main
-from simulator.compare import parse_strategy_specs
+from simulator.compare import STRATEGIES_HELP, parse_strategy_specs
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.output import write_text_atomic
@@ -44,7 +44,7 @@ def add_commands(commands) -> None:
     validate = commands.add_parser("validate", help="run plans for real and compare with the prediction")
     _add_scenario_args(validate)
     validate.add_argument("--profile", required=True, help="profile JSON from `ghpsim calibrate`")
-    validate.add_argument("--strategies", default="dp,mp,ghp", help="comma list of dp, mp, ghp, ghp:G")
+    validate.add_argument("--strategies", default="dp,mp,ghp", help=STRATEGIES_HELP)
     validate.add_argument("--steps", type=int, default=10, help="measured steps (median reported)")
     validate.add_argument("--repeats", type=int, default=1,
                           help="launches of each strategy, in rounds (median over all their steps); "

@@ -48,7 +48,8 @@ def run(args) -> int:
         for p in gpus:
             check_gpus(scenario, p)
         graph = graph_for_scenario(scenario)
-        with Progress(transient=True, disable=args.json, console=Console(stderr=True)) as progress:
+        console = Console(stderr=True)  # no bar off a terminal: rich would leave a blank line on stderr
+        with Progress(transient=True, disable=args.json or not console.is_terminal, console=console) as progress:
             task = progress.add_task(f"searching {graph.name} ({graph.num_vertices} vertices)", total=len(gpus))
             for p in gpus:
                 points.append(search_point(scenario, graph, p, simulate=not args.no_simulate))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from simulator.compare import STRATEGIES_HELP
+from simulator.output import check_output_folder
 from simulator.report.inputs import KINDS_HELP
 
 COMMAND = "report"
@@ -19,7 +21,7 @@ def add_parser(commands) -> None:
                         "figures/ and traces/")
     parser.add_argument("--title", help="report title (default: ghpsim report: <scenario or file name>)")
     parser.add_argument("--strategies", default="dp,mp,ghp",
-                        help="scenario INPUT: strategies to compare (comma list of dp, mp, ghp, ghp:G)")
+                        help=f"scenario INPUT: strategies to compare ({STRATEGIES_HELP})")
     parser.add_argument("--profile", metavar="FILE",
                         help="scenario INPUT: simulate with this calibration profile's costs")
     _add_scenario_args(parser, scenario=False)
@@ -30,9 +32,10 @@ def run(args) -> int:
     from simulator.report.inputs import load_report_input
     from simulator.report.render import HTML_NAME, MARKDOWN_NAME, write_report
 
-    if not args.json:
-        print(f"building the report of {args.input} ...", file=sys.stderr)
+    check_output_folder(args.out, "--out")
     data = load_report_input(args.input, args.overrides, args.strategies, args.profile)
+    if not args.json:  # only once INPUT is valid, so that an error is the only line on stderr
+        print(f"building the report of {args.input} ...", file=sys.stderr)
     report = build_report(data, args.title)
     paths = write_report(report, args.out)
     html = next(path for path in paths if path.name == HTML_NAME)

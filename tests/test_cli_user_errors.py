@@ -1,0 +1,152 @@
+"""User mistakes on the command line found by an audit: each is one line on stderr naming the flag
+(or field) and the value, exit code 2, no traceback, nothing written; successes leave stderr empty."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from simulator.output import write_text_atomic
+from simulator import schedule_cli
+from tests.test_bad_input import SMALL, assert_one_line_error, run_cli, write_scenario
+
+
+def assert_only_line(result, *needles):
+    """`assert_one_line_error`, and stderr is exactly that line (no blank line before it)."""
+    line = assert_one_line_error(result, *needles)
+    assert result[2] == line + "\n", repr(result[2])
+    return line
+
+
+# ----------------------------------------------------------------------------- 1: figure formats
+
+def test_memory_plot_with_an_unsupported_format(capsys, tmp_path):
+    out = tmp_path / "x" / "mem.txt"
+    assert_only_line(run_cli(capsys, "simulate", SMALL, "--memory-plot", out), "--memory-plot", out, "'txt'", "png")
+    assert not (tmp_path / "x").exists()
+
+
+def test_rank_plot_with_an_unsupported_format(capsys, tmp_path):
+    out = tmp_path / "x" / "rank.txt"
+    started = time.perf_counter()
+    result = run_cli(capsys, "rank", SMALL, "--workers", 1, "--plot", out)
+    assert_only_line(result, "--plot", out, "'txt'")
+    assert time.perf_counter() - started < 5, "checked before simulating"
+    assert not (tmp_path / "x").exists()
+
+
+def test_memory_plot_suffix_case_is_ignored(capsys, tmp_path):
+    out = tmp_path / "mem.SVG"
+    code, _out, err = run_cli(capsys, "simulate", SMALL, "--memory-plot", out)
+    assert code == 0 and err == "" and out.read_bytes().lstrip().startswith(b"<?xml")
+
+
+# ----------------------------------------------------------------------------- 2: booleans are not numbers
+
+def test_boolean_batch_size_in_the_file(capsys, tmp_path):
+    path = write_scenario(tmp_path, training={"global_batch_size": True})
+    assert_only_line(run_cli(capsys, "simulate", path), path, "training.global_batch_size", "boolean", "True")
+
+
+@pytest.mark.parametrize("assignment, field", [
+    ("cluster.num_nodes=true", "cluster.num_nodes"),
+    ("strategy.num_microbatches=false", "strategy.num_microbatches"),
+    ("strategy.zero_stage=true", "strategy.zero_stage"),
+    ("cluster.stragglers={0: true}", "cluster.stragglers.0"),
+    ("cluster.node_gpus={true: A100}", "cluster.node_gpus"),
+])
+def test_boolean_for_a_number_with_set(capsys, assignment, field):
+    assert_only_line(run_cli(capsys, "simulate", SMALL, "--set", assignment), SMALL, field, "boolean")
+
+
+def test_boolean_fields_still_take_booleans(capsys):
+    code, _out, err = run_cli(capsys, "simulate", SMALL, "--set", "strategy.overlap_backward=false")
+    assert code == 0 and err == ""
+
+
+# ----------------------------------------------------------------------------- 3: output paths
+
+def test_trace_into_a_directory_names_the_flag_and_path(capsys, tmp_path):
+    assert_only_line(run_cli(capsys, "simulate", SMALL, "--trace", tmp_path), f"--trace {tmp_path}: is a directory")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_trace_under_a_file(capsys, tmp_path):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "t.json"
+    assert_only_line(run_cli(capsys, "simulate", SMALL, "--trace", out), "--trace", out, "not a directory")
+
+
+def test_atomic_write_errors_name_the_target_not_the_temporary(tmp_path):
+    with pytest.raises(IsADirectoryError) as error:
+        write_text_atomic(tmp_path, "x")
+    assert error.value.filename == str(tmp_path) and ".tmp" not in str(error.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_merge_profiles_out_is_a_directory(capsys, tmp_path):
+    profile = tmp_path / "p.json"
+    profile.write_text("{}")
+    out = tmp_path / "dir"
+    out.mkdir()
+    assert_only_line(run_cli(capsys, "merge-profiles", profile, profile, "--out", out), f"--out {out}: is a directory")
+
+
+def test_report_out_is_an_existing_file(capsys, tmp_path):
+    out = tmp_path / "file"
+    out.write_text("keep")
+    line = assert_only_line(run_cli(capsys, "report", SMALL, "--out", out), f"--out {out}", "not a directory")
+    assert "figures" not in line and out.read_text() == "keep"
+
+
+# ----------------------------------------------------------------------------- 4: rank blames the right flag
+
+def test_rank_with_indivisible_microbatches_blames_microbatches(capsys):
+    line = assert_only_line(run_cli(capsys, "rank", SMALL, "--workers", 1, "--microbatches", 3, "--kinds", "gpipe"),
+                            "--microbatches 3", "not divisible by m=3")
+    assert line.startswith("ghpsim: error: --microbatches:"), line
+
+
+# ----------------------------------------------------------------------------- 5: schedule size
+
+def test_huge_schedule_is_refused_quickly(capsys):
+    started = time.perf_counter()
+    result = run_cli(capsys, "schedule", "gpipe", "--stages", 100000, "--microbatches", 1)
+    assert_only_line(result, "--stages 100000", "--microbatches 1", "at most")
+    assert time.perf_counter() - started < 2
+
+
+def test_schedule_bound_leaves_room_for_real_pipelines():
+    schedule_cli.check_size(200, 200, 1)
+    schedule_cli.check_size(64, 64, 4)
+    with pytest.raises(ValueError, match=f"{schedule_cli.MAX_ACTIONS:,} actions"):
+        schedule_cli.check_size(3000, 1, 1)
+
+
+# ----------------------------------------------------------------------------- 6: stderr is only the error
+
+def test_rank_success_writes_nothing_to_stderr(capsys):
+    code, _out, err = run_cli(capsys, "rank", SMALL, "--workers", 1, "--kinds", "dp")
+    assert code == 0 and err == ""
+
+
+def test_search_success_writes_nothing_to_stderr(capsys):
+    code, _out, err = run_cli(capsys, "search", SMALL, "--gpus", 2, "--no-simulate")
+    assert code == 0 and err == ""
+
+
+def test_failing_report_prints_only_the_error(capsys, tmp_path):
+    result = run_cli(capsys, "report", SMALL, "--set", "cluster.num_nodes=0", "--out", tmp_path / "r")
+    line = assert_only_line(result, "cluster.num_nodes")
+    assert "building" not in line and not (tmp_path / "r").exists()
+
+
+# ----------------------------------------------------------------------------- 7: help text
+
+@pytest.mark.parametrize("command", ["demo", "compare", "report"])
+def test_strategies_help_lists_pipeline_specs(capsys, command):
+    code, out, _err = run_cli(capsys, command, "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    assert "ghp:G" in text and "KIND:m" in text and "interleaved_1f1b" in text
