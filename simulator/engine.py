@@ -37,6 +37,7 @@ from simulator.layer_ages import LayerAges
 from simulator.network import FlowNetwork
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, message_links
 from simulator.sparse import SELECTION_PHASE
+from simulator.stage_loop import stage_loop_factor
 from simulator.topology import Topology
 
 SPAN_FIELDS = ("rank", "stream", "name", "kind", "start_s", "end_s", "size_bytes", "microbatch")
@@ -110,7 +111,9 @@ class Engine:
             self._ready_receive_s, self._ready_receive_tail_s = cycling.ready_receive_s, cycling.ready_receive_tail_s
         self._compute_factor = (getattr(costs, "asynchronous_compute_factor", 1.0)
                                 if plan.meta.get("asynchronous") and self.host_parallelism is not None else 1.0)
-        """Compute work of an asynchronous plan on a shared host over the pool's (`simulator.cycle_compute`)."""
+        """Compute work of an asynchronous plan on a shared host over the pool's (`simulator.cycle_compute`),
+        times its weight mode's stage loop factor where the profile timed one (`simulator.stage_loop`)."""
+        self._compute_factor *= stage_loop_factor(plan, getattr(costs, "stage_loops", {}))
         self._backward_factor = (getattr(costs, "asynchronous_backward_factor", 1.0)
                                  if plan.meta.get("asynchronous") else 1.0)
         """An asynchronous plan's backward on a weight copy over the modules' (`simulator.copy_backward`)."""

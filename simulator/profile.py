@@ -24,6 +24,7 @@ from simulator.costs import PROFILED_WEIGHT_PASSES
 from simulator.errors import ScenarioError
 from simulator.host_sharing import COMM_CLASSES, Interference
 from simulator.pass_jitter import PassJitter, parse_pass_jitter
+from simulator.stage_loop import StageLoop, parse_stage_loops
 from simulator.profile_fits import (AllreduceStream, AlphaBeta, CycleHandoff, Handoff, LayerProfile, LinearFit,
                                     SelectionFit)
 from simulator.profile_format import PROFILE_FORMAT  # re-exported: the documented format
@@ -90,6 +91,9 @@ class Profile:
     copy_backward: CopyBackward | None = None
     """An asynchronous stage's backward on a weight copy over the same backward through the modules
     (`simulator.copy_backward`); None in older profiles."""
+    stage_loops: Mapping[str, StageLoop] = field(default_factory=dict)
+    """Per weight mode, an asynchronous stage's own loop over what the model charges for it
+    (`simulator.stage_loop`); empty in older profiles."""
     model_layer_names: tuple[str, ...] | None = None
     model_num_params: int | None = None
     model_forward_flops_per_sample: float | None = None
@@ -256,6 +260,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
         layer_sweep=parse_layer_sweep(read, document, len(layers)),
         cycle_compute=parse_cycle_compute(read, document),
         copy_backward=parse_copy_backward(read, document),
+        stage_loops=parse_stage_loops(read, document),
         pass_sets=parse_pass_sets(read, document),
         model_layer_names=tuple(layer_names) if layer_names is not None else None,
         model_num_params=model_num_params, model_forward_flops_per_sample=model_flops,

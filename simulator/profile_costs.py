@@ -98,6 +98,13 @@ class ProfileCosts:
         Kept after its fresh run: `reports/diagnostics/copy_backward/`."""
         self.copy_backward = profile.copy_backward
         """The whole section, for the factor at a copy's age (`CopyBackward.at_age`); None without it."""
+        self.stage_loops = profile.stage_loops if shared_host and ranks_have_own_cores(profile) else {}
+        """Per weight mode, the stage's own loop over the model's charge for it: the engine multiplies
+        an asynchronous plan's compute by its mode's factor (`simulator.stage_loop`). Played only on a
+        shared CPU host where each rank had a core: where ranks outnumber cores a loop without
+        messages keeps every rank computing, which no pipeline with waits does, and no GPU profile
+        has been scored with it. Empty elsewhere and without the section (profiles before the
+        thirty-sixth session)."""
         self.pool_curve: PoolCurve | None = None
         """Where the calibration's ranks outnumbered its host's cores and the cycle's rounds measured
         their own parallelism: the pool's P for compute as a curve of the threads open

@@ -167,6 +167,15 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
     assert len(document["cycle_compute"]["round_efficiencies"]) == 5
     assert profile.cycle_compute.efficiency == document["cycle_compute"]["efficiency"]
     assert 0.2 <= profile.cycle_compute.efficiency <= 2.0 and profile.cycle_compute.host_parallelism > 0
+    # the asynchronous kinds' stage loops beside 1F1B's (SGD: no SpecTrain); a stalled rank's ratio
+    # would leave the section out with a note instead
+    if "stage_loops" in document:
+        assert set(document["stage_loops"]) == {"stash", "newest"}
+        for mode, entry in document["stage_loops"].items():
+            assert len(entry["measured_s"]) == len(entry["modelled_reference_s"]) == 2
+            assert profile.stage_loops[mode].factor == entry["factor"]
+    else:
+        assert any(note.startswith("stage_loops.") for note in document["notes"])
     passes = document["weight_passes"]  # on the optimizer's parameter sets
     assert set(passes) == {"stash", "predict", "repredict", "accumulate", "average", "copy_forward"}
     assert all(entry["num_params"] == document["optimizer"]["num_params"] for entry in passes.values())

@@ -72,7 +72,10 @@
    windows against the processor sharing the engine would give them (`cycle_compute`,
    `validator.cycle_compute_bench`; where ranks outnumber cores, the factor on asynchronous compute,
    `ProfileCosts.asynchronous_compute_factor`, and the pool's parallelism with all ranks computing,
-   `ProfileCosts.pool_curve`).
+   `ProfileCosts.pool_curve`); then, on every device, each asynchronous kind's stage loop through
+   the pipeline runtime without messages, in turns with 1F1B's (`stage_loops`,
+   `validator.stage_loop_bench`; after the document is built, the engine plays the same loops on it
+   for the section's model half, `simulator.stage_loop`).
 5. **Top-k** (sparse gradients, `simulator.sparse`): the runtime's selection with error feedback
    (`validator.microbench.time_topk`) on flat gradients of 4096 x 4^j elements up to the model's
    parameter count, all ranks at once, at each density of `topk_densities` (fitted against the
@@ -83,8 +86,8 @@ Communication times are fitted to alpha + S / beta by least squares weighted by 
 relative errors, so the small sizes pin alpha and the large ones beta). Nothing is timed end to
 end: no training step enters a fit. The profile format: `simulator.profile.PROFILE_FORMAT`.
 Before it is written, the document is loaded as the simulator will load it
-(`validator.calibration_document.loadable_document`): an optional `cycle_compute` or `copy_backward`
-section whose ratio the loader finds implausible (a rank stalled mid-measurement) is left out with a
+(`validator.calibration_document.loadable_document`): an optional `cycle_compute`, `copy_backward` or
+`stage_loops` section whose ratio the loader finds implausible (a rank stalled mid-measurement) is left out with a
 note naming the field and value; any other refusal stops the calibration, and no file is written.
 """
 
@@ -96,6 +99,7 @@ import time
 from collections.abc import Sequence
 
 from simulator.output import write_json_atomic
+from simulator.stage_loop import stage_loops_section
 from simulator.workload import Workload
 from validator.calibration_document import build_document, loadable_document
 from validator.calibration_phases import DEFAULT_TOPK_DENSITIES, CalibrationSettings, load_average, rank_main
@@ -173,6 +177,9 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
             document["notes"].append(f"{problem} during the calibration: compute and comm figures are distorted; "
                                      "recalibrate on a quiet machine")
     document = loadable_document(document, str(out_path))
+    if raw.get("stage_loops"):  # the model's half needs the rest of the profile (`simulator.stage_loop`)
+        document["stage_loops"] = stage_loops_section(document, workload, raw["stage_loops"])
+        document = loadable_document(document, str(out_path))
     if verbose:
         for note in document["notes"]:
             print(f"[calibrate] note: {note}", file=sys.stderr)

@@ -174,7 +174,7 @@ def build_document(workload: Workload, model_params: dict, raw: dict, *, world_s
     return document
 
 
-PLAUSIBILITY_CHECKED_SECTIONS = ("cycle_compute", "copy_backward")
+PLAUSIBILITY_CHECKED_SECTIONS = ("cycle_compute", "copy_backward", "stage_loops")
 """Optional measured sections whose loader refuses a ratio outside a plausible range (a rank
 stalled or the clock jumped while they were timed); the simulator plays profiles without them."""
 

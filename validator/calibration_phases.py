@@ -25,6 +25,7 @@ from simulator.workload import Workload
 from validator.cold_bench import time_cold_start
 from validator.cycle_compute_bench import measure_cycle_compute
 from validator.runtime_messages_bench import measure_runtime_messages
+from validator.stage_loop_bench import measure_stage_loops
 from validator.sweep_bench import time_layer_sweeps
 from validator.handoff_bench import measure_handoff
 from validator.machine_cpu import machine_cpu_s
@@ -212,11 +213,12 @@ def _measure_comm(settings: CalibrationSettings, device: str, rank: int) -> dict
 def _measure_overlap(settings: CalibrationSettings, device: str, rank: int) -> dict:
     """>= 2 ranks: handoffs and the runtime's own work per message (`validator.handoff_bench`; on a
     GPU, messages staged through the host); shared cores (CPU): also how compute and communication
-    slow each other, and how much the layers get done in the asynchronous cycle (`cycle_compute`)."""
+    slow each other, and how much the layers get done in the asynchronous cycle (`cycle_compute`);
+    every device: each asynchronous kind's stage loop (`validator.stage_loop_bench`)."""
     world = dist.get_world_size()
     overlap, handoff = {}, None
     if world < 2:
-        return {"overlap": overlap, "handoff": handoff, "cycle_compute": None}
+        return {"overlap": overlap, "handoff": handoff, "cycle_compute": None, "stage_loops": {}}
     steps = model_steps(settings.workload, settings.batch_sizes[len(settings.batch_sizes) // 2],
                         load_models_module(settings.models), seed=settings.seed, device=device)
     if device == "cpu":
@@ -233,7 +235,10 @@ def _measure_overlap(settings: CalibrationSettings, device: str, rank: int) -> d
     if device == "cpu":
         say(settings, "cycle compute: the layers in the asynchronous 1F1B cycle's windows against the shared cores")
         cycle_compute = measure_cycle_compute(steps)
-    return {"overlap": overlap, "handoff": handoff, "cycle_compute": cycle_compute}
+    say(settings, "stage loops: each asynchronous kind's stages through the pipeline runtime, without messages")
+    stage_loops = measure_stage_loops(settings.workload, settings.optimizer, device,
+                                      "cpu" if device == "cpu" else "cuda")
+    return {"overlap": overlap, "handoff": handoff, "cycle_compute": cycle_compute, "stage_loops": stage_loops}
 
 
 _PHASES = (_measure_updates, _measure_cold_and_topk, _measure_overlap)

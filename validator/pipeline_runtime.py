@@ -127,7 +127,7 @@ class PipelineExecutor:
         self.step_start = time.perf_counter()
         self._post_next_receive()
         for action in self.plan.actions[self.rank]:
-            HANDLERS[type(action)](self, action)
+            getattr(self, HANDLERS[type(action)])(action)  # by name: a subclass may stand in for one
         for work in self.pending_sends.values():
             work.wait()
         return self.spans
@@ -341,7 +341,6 @@ COMPUTE_PHASES = {FORWARD: PipelineExecutor._forward, BACKWARD: PipelineExecutor
                   OPTIMIZER: PipelineExecutor._update, PREDICT: PipelineExecutor._predict,
                   REPREDICT_PHASE: PipelineExecutor._repredict,
                   STASH_PHASE: PipelineExecutor._stash, ACCUMULATE_PHASE: PipelineExecutor._accumulate}
-HANDLERS = {Recv: PipelineExecutor._recv, Send: PipelineExecutor._send, Compute: PipelineExecutor._compute,
-            Collective: PipelineExecutor._collective}
+HANDLERS = {Recv: "_recv", Send: "_send", Compute: "_compute", Collective: "_collective"}
 
 __all__ = ["PipelineExecutor"]

@@ -39,7 +39,10 @@ from stash_order_patch import patch_stash_order  # noqa: E402
 sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "busy_neighbour"))
 from neighbour_patch import patch_busy_neighbour  # noqa: E402
 
-VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail", "burst_jitter", "module_age", "gpipe_cycle_messages", "chain_synchronous", "before_s34", "busy_neighbour")
+sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "stage_loops"))
+from stage_loop_patch import patch_stage_loops, patch_without_stage_loops  # noqa: E402
+
+VARIANTS = ("none", "prefix_sets", "before_s22", "alone_passes", "cycle_messages", "pass_fits", "before_s21", "concurrent_passes", "concurrent_runtime", "oversubscribed_rate", "min_rate", "runtime_messages", "runtime_only", "cycle_rate", "cycle_pool", "efficiency_only", "pool_curve", "pool_curve_all", "before_s26", "copy_backward", "copy_backward_probe", "before_s27", "singles", "size_curve", "nnls_passes", "alone_growth", "memory_contention", "before_s28", "copy_age", "before_s29", "copy_age_probe", "copy_growth", "copy_growth_probe", "before_s30", "busy_tails", "step_tail", "rate_step_tail", "burst_jitter", "module_age", "gpipe_cycle_messages", "chain_synchronous", "before_s34", "busy_neighbour", "stage_loops", "stage_loops_all", "before_s36")
 STEP_TAIL_FACTOR = 0.6
 PASSES_TOGETHER_OVER_ALONE_WS2 = {  # benchmarks/bench_weight_pass_sharing.py --ranks 2, 2026-11-24 (s22), medians
     "mlp": {"stash": 1.56, "predict": 1.56, "repredict": 1.53, "accumulate": 1.43, "average": 1.42,
@@ -90,6 +93,7 @@ RUN_FOLDERS = {  # each run's folder: its validation_pipelines_cpu.csv and profi
     "s34_second": "reports/diagnostics/confirmation_runs/s34_second",
     "s35_fresh": "reports/diagnostics/confirmation_runs/s35_fresh",
     "s35_second": "reports/diagnostics/confirmation_runs/s35_second",
+    "stage_loops_fresh": "reports/diagnostics/stage_loops/fresh_run",
 }
 RUNS = {name: (f"{folder}/validation_pipelines_cpu.csv", f"{folder}/profiles") for name, folder in RUN_FOLDERS.items()}
 
@@ -222,6 +226,10 @@ def patch(variant: str) -> None:
         patch_stash_order()
     if variant == "busy_neighbour":
         patch_busy_neighbour()
+    if variant in ("stage_loops", "stage_loops_all", "before_s36"):
+        patch_stage_loops(every_profile=variant == "stage_loops_all")
+    if variant == "before_s36":
+        patch_without_stage_loops()
     if variant in ("gpipe_cycle_messages", "chain_synchronous"):
         patch_message_rule(variant)
     if variant == "singles":
