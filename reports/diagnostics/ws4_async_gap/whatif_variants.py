@@ -38,7 +38,6 @@ from stash_order_patch import patch_stash_order  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "busy_neighbour"))
 from neighbour_patch import patch_busy_neighbour  # noqa: E402
-
 sys.path.insert(0, str(ROOT / "reports" / "diagnostics" / "stage_loops"))
 from stage_loop_patch import patch_stage_loops, patch_without_stage_loops  # noqa: E402
 
@@ -94,6 +93,7 @@ RUN_FOLDERS = {  # each run's folder: its validation_pipelines_cpu.csv and profi
     "s35_fresh": "reports/diagnostics/confirmation_runs/s35_fresh",
     "s35_second": "reports/diagnostics/confirmation_runs/s35_second",
     "stage_loops_fresh": "reports/diagnostics/stage_loops/fresh_run",
+    "s36_second": "reports/diagnostics/confirmation_runs/s36_second",
 }
 RUNS = {name: (f"{folder}/validation_pipelines_cpu.csv", f"{folder}/profiles") for name, folder in RUN_FOLDERS.items()}
 
