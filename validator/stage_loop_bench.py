@@ -34,11 +34,15 @@ class LoopExecutor(PipelineExecutor):
     """The runtime's stage without messages: receives hand over a copy of a stand-in tensor of the
     message's shape, sends drop theirs."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._stand_ins: dict[int, torch.Tensor] = {}  # chunk -> the tensor its messages copy
+
     def _post_next_receive(self) -> None:
         return None
 
     def _stand_in(self, chunk: int) -> torch.Tensor:
-        stand_ins = self.__dict__.setdefault("_stand_ins", {})
+        stand_ins = self._stand_ins
         if chunk not in stand_ins:
             layer = self.chunks[chunk][1] - 1
             generator = torch.Generator().manual_seed(self.seed + 7 * chunk + 1)
