@@ -70,7 +70,7 @@ class StageLoop:
 
 def loop_mode(plan: Plan) -> str | None:
     """The weight mode of an asynchronous plan (stash | predict | newest), None for a synchronous
-    one; the validator's runtime keys its weight handling on the same (`validator.pipeline_plan`)."""
+    one; the validator's runtime keys its weight handling on it (`validator.pipeline_plan.weight_mode`)."""
     if plan.strategy not in ASYNCHRONOUS_KINDS:
         return None
     if plan.strategy == "spectrain":
