@@ -1,6 +1,7 @@
 # Sourced by the GPU benchmark wrappers (gpu_validation.sh, gpu_pipeline_validation.sh): installs the
-# Python packages that travelled as wheels in .whl/ (the GPU machine reaches no registry), puts the
-# repository on PYTHONPATH and prints the machine and a gloo-on-CUDA communication check into $1.
+# Python packages that travelled as wheels in .whl/ (benchmarks/gpu_wheels.sh fills it; the GPU
+# machine reaches no registry), puts the repository on PYTHONPATH and prints the machine
+# and a gloo-on-CUDA communication check into $1.
 gpu_preamble() {
   local log=$1
   if compgen -G ".whl/*.whl" > /dev/null; then

@@ -7,10 +7,14 @@
 #   STAGES=2,4 MODELS=mlp_cpu,resnet_cpu LAUNCHES=3 bash benchmarks/gpu_pipeline_validation.sh
 #   EXTRA_ARGS=--reuse-profiles ...   (validate with the profiles already under $OUT)
 #
+# First, here: bash benchmarks/gpu_wheels.sh, and carry [".whl"] in the device call.
+#
 # Time: on an H100 (2026-11-27) one model's 2-stage calibration plus its five cases x 3 launches took
 # about 3 minutes, so a 15-minute lease (machine start included) holds the 2-stage half of the three
 # models, not both depths; a model cut off after its calibration can finish with --reuse-profiles
-# (reports/gpu/h100_p2/README.md).
+# (reports/gpu/h100_p2/README.md). On an H200 (2026-11-28) the 4-stage half of the MLP and ResNet-20
+# fit one 550 s call (the transformer, third, was cut off), the transformer's a second of 200 s
+# (reports/gpu/h200_p4/README.md).
 #
 # Writes under $OUT (default reports/gpu): the profiles (<model>_ws<p>_momentum_cuda.json), the CSV
 # validation_pipelines_cuda_<models>.csv and the benchmark's log.

@@ -7,7 +7,7 @@
 #
 # Writes under $OUT (default reports/gpu): the profiles (<model>_ws<N>_cuda.json), the CSV
 # validation_cuda_ws<sizes>.csv and the benchmark's log. Python packages missing on the GPU machine
-# can travel as wheels in .whl/ (installed into /tmp/site first).
+# travel as wheels in .whl/ (bash benchmarks/gpu_wheels.sh; installed into /tmp/site first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/gpu}

@@ -69,11 +69,14 @@ def test_pipeline_report_covers_every_schedule_at_two_and_four_stages():
 
 H100_PIPELINE_REPORT = ROOT / "reports" / "gpu" / "h100_p2" / "validation_pipelines_h100_ws2_cuda.csv"
 """The fresh 2-stage run on an H100 (thirty-first session), its profiles beside it."""
+H200_P4_PIPELINE_REPORT = ROOT / "reports" / "gpu" / "h200_p4" / "validation_pipelines_h200_ws4_cuda.csv"
+"""The fresh 4-stage run on an H200 (thirty-seventh session), its profiles beside it."""
 
 
 @pytest.mark.parametrize("report, profiles, device_name", [
     (PIPELINE_REPORT, ROOT / "reports" / "profiles", "H200"),
     (H100_PIPELINE_REPORT, H100_PIPELINE_REPORT.parent, "H100"),
+    (H200_P4_PIPELINE_REPORT, H200_P4_PIPELINE_REPORT.parent, "H200"),
 ])
 def test_every_pipeline_prediction_is_reproduced_from_the_committed_gpu_profile(report, profiles, device_name):
     import sys
@@ -103,3 +106,14 @@ def test_h100_run_covers_every_schedule_of_the_three_models_at_two_stages():
     for model, group in frame.groupby("model"):
         assert sorted(kind.split(":")[0] for kind in group["kind"]) == sorted(
             ["gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain"]), model
+
+
+def test_h200_run_covers_the_schedules_each_model_takes_at_four_stages():
+    """Interleaving (v = 2) needs 2p layers: at 4 stages only ResNet-20 has eight; the benchmark
+    leaves it out for the MLP and the transformer."""
+    frame = pd.read_csv(H200_P4_PIPELINE_REPORT)
+    assert set(frame["world_size"]) == {4}
+    kinds = {model: sorted(kind.split(":")[0] for kind in group["kind"]) for model, group in frame.groupby("model")}
+    assert kinds == {"mlp_cpu": ["1f1b", "gpipe", "pipedream", "spectrain"],
+                     "resnet_cpu": ["1f1b", "gpipe", "interleaved_1f1b", "pipedream", "spectrain"],
+                     "transformer_cpu": ["1f1b", "gpipe", "pipedream", "spectrain"]}

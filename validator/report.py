@@ -10,15 +10,11 @@ import io
 import math
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from simulator.output import write_json_atomic, write_text_atomic  # noqa: E402
-from simulator.records import span_table  # noqa: E402
-from simulator.trace import trace_events  # noqa: E402
+from simulator.output import write_json_atomic, write_text_atomic
+from simulator.records import span_table
+from simulator.trace import trace_events
 
 
 def write_rows_csv(rows: list[dict], path: Path) -> Path:
@@ -225,6 +221,11 @@ def plot_predicted_vs_measured(frame: pd.DataFrame, axis) -> None:
 
 
 def write_plot(frame: pd.DataFrame, path: Path, title: str) -> Path:
+    import matplotlib  # only here: validating and summarising need no plotting library
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     figure, axis = plt.subplots(figsize=(5, 5))
     plot_predicted_vs_measured(frame, axis)
     axis.set_title(title, fontsize=9)
