@@ -9,6 +9,7 @@ missing `saved_elements_per_sample` defaults to the layer's input elements.
 from __future__ import annotations
 
 import difflib
+import inspect
 from pathlib import Path
 
 import pandas as pd
@@ -35,6 +36,7 @@ def _from_zoo(name: str, params: dict) -> Workload:
         near = difflib.get_close_matches(key, MODELS, n=3, cutoff=0.5)
         hint = f"nearest: {', '.join(near)}" if near else f"known: {', '.join(sorted(MODELS))}"
         raise ScenarioError(f"model.name: unknown model {name!r}; {hint}")
+    _check_param_types(name, MODELS[key], params)
     try:
         workload = build_model(key, **params)
     except TypeError as error:
@@ -46,6 +48,21 @@ def _from_zoo(name: str, params: dict) -> Workload:
         if min(counts) < 0 or layer.output_elements_per_sample == 0:
             raise ScenarioError(f"model.params: {params!r} gives layer {layer.name!r} non-positive sizes")
     return workload
+
+
+def _check_param_types(name: str, factory, params: dict) -> None:
+    """ScenarioError naming `model.params.<key>` when a value is not of the kind the factory's
+    default is: a number where it takes a number (a YAML `true` is not a count), a name where a name."""
+    defaults = {key: parameter.default for key, parameter in inspect.signature(factory).parameters.items()
+                if parameter.default is not inspect.Parameter.empty}
+    for key, value in params.items():
+        default = defaults.get(key)
+        wants_number = isinstance(default, (int, float)) and not isinstance(default, bool)
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if isinstance(value, bool) or (wants_number and not is_number) or (isinstance(default, str) and
+                                                                          not isinstance(value, str)):
+            kind = "a number" if wants_number else "a name" if isinstance(default, str) else "a number or a name"
+            raise ScenarioError(f"model.params.{key}: expected {kind} for model {name!r}, got {value!r}")
 
 
 def load_layer_table(path: Path) -> Workload:

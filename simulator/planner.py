@@ -253,14 +253,13 @@ def planned_peak_memory_bytes(plan, workload, scenario: Scenario) -> list[float]
 def run_payloads(payloads: list[dict], workers: int = 1, show_progress: bool = True) -> list[dict]:
     """`simulate_candidate` over every payload (a process pool when workers > 1), in input order,
     with a rich progress bar on stderr when it is a terminal."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+
+    from simulator.progress import stderr_progress
 
     outcomes: dict[int, dict] = {}
-    console = Console(stderr=True)  # no bar off a terminal: rich would leave a blank line on stderr
-    progress = Progress(TextColumn("simulating candidates"), BarColumn(), MofNCompleteColumn(),
-                        TimeRemainingColumn(), console=console, transient=True,
-                        disable=not show_progress or not console.is_terminal)
+    progress = stderr_progress(TextColumn("simulating candidates"), BarColumn(), MofNCompleteColumn(),
+                               TimeRemainingColumn(), enabled=show_progress)
     if workers <= 1 or len(payloads) <= 1:
         with progress:
             task = progress.add_task("simulate", total=len(payloads))

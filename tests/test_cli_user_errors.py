@@ -60,6 +60,22 @@ def test_boolean_for_a_number_with_set(capsys, assignment, field):
     assert_only_line(run_cli(capsys, "simulate", SMALL, "--set", assignment), SMALL, field, "boolean")
 
 
+@pytest.mark.parametrize("params, field, kind", [
+    ({"depth": True}, "model.params.depth", "a number"),
+    ({"width_multiplier": "wide"}, "model.params.width_multiplier", "a number"),
+    ({"variant": 3}, "model.params.variant", "a name"),
+])
+def test_zoo_params_of_the_wrong_kind(capsys, tmp_path, params, field, kind):
+    path = write_scenario(tmp_path, model={"name": "resnet_cifar", "params": params})
+    assert_only_line(run_cli(capsys, "simulate", path), path, field, kind, repr(next(iter(params.values()))))
+
+
+def test_zoo_params_of_the_right_kind_still_work(capsys, tmp_path):
+    path = write_scenario(tmp_path, model={"name": "resnet_cifar", "params": {"depth": 20, "width_multiplier": 0.5}})
+    code, _out, err = run_cli(capsys, "simulate", path)
+    assert code == 0 and err == ""
+
+
 def test_boolean_fields_still_take_booleans(capsys):
     code, _out, err = run_cli(capsys, "simulate", SMALL, "--set", "strategy.overlap_backward=false")
     assert code == 0 and err == ""

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from simulator.errors import ScenarioError
+from simulator.progress import stderr_progress
 from simulator.scenario import load_scenario
 from simulator.simulate import naming_source
 
@@ -48,8 +48,7 @@ def run(args) -> int:
         for p in gpus:
             check_gpus(scenario, p)
         graph = graph_for_scenario(scenario)
-        console = Console(stderr=True)  # no bar off a terminal: rich would leave a blank line on stderr
-        with Progress(transient=True, disable=args.json or not console.is_terminal, console=console) as progress:
+        with stderr_progress(*Progress.get_default_columns(), enabled=not args.json) as progress:
             task = progress.add_task(f"searching {graph.name} ({graph.num_vertices} vertices)", total=len(gpus))
             for p in gpus:
                 points.append(search_point(scenario, graph, p, simulate=not args.no_simulate))

@@ -71,8 +71,9 @@ def build_gallery(out_dir: str | Path, names: list[str] | None = None, quick: bo
                   show_progress: bool = True, root: Path = ROOT) -> dict:
     """Build and write each entry into out_dir/<name>/ (atomic files), then the index README when
     every entry was built. Returns what was written (paths and headlines)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+
+    from simulator.progress import stderr_progress
 
     from simulator.output import write_text_atomic
     from simulator.report.render import HTML_NAME, MARKDOWN_NAME, write_report
@@ -80,8 +81,8 @@ def build_gallery(out_dir: str | Path, names: list[str] | None = None, quick: bo
     names = names or list(ENTRIES)
     out_dir = Path(out_dir)
     entries, written = [], []
-    progress = Progress(TextColumn("gallery {task.description}"), BarColumn(), MofNCompleteColumn(),
-                        console=Console(stderr=True), transient=True, disable=not show_progress)
+    progress = stderr_progress(TextColumn("gallery {task.description}"), BarColumn(), MofNCompleteColumn(),
+                               enabled=show_progress)
     with progress:
         task = progress.add_task("", total=len(names))
         for name in names:

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from simulator.errors import ScenarioError, SimulationError
+from simulator.progress import stderr_progress
 from simulator.scenario import Scenario
 from simulator.simulate import simulate
 from simulator.sweep.export import export_frame, results_frame, summary_figures
@@ -178,9 +177,9 @@ class _progress_bar:
     """A rich progress bar with ETA on stderr; `advance()` per finished point."""
 
     def __init__(self, total: int, name: str, enabled: bool):
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                                 console=Console(stderr=True), disable=not enabled)
+        self.progress = stderr_progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                                        enabled=enabled, transient=False)
         self.task = self.progress.add_task(name, total=total)
 
     def __enter__(self):
