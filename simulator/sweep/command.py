@@ -32,7 +32,7 @@ def add_parser(commands) -> None:
                              "(default: a local process pool)")
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="local worker processes (default: the number of CPUs; 1 = in this process)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (drawn only when stderr is a terminal)")
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary")
 
 
