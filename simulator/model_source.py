@@ -51,18 +51,25 @@ def _from_zoo(name: str, params: dict) -> Workload:
 
 
 def _check_param_types(name: str, factory, params: dict) -> None:
-    """ScenarioError naming `model.params.<key>` when a value is not of the kind the factory's
-    default is: a number where it takes a number (a YAML `true` is not a count), a name where a name."""
+    """ScenarioError naming `model.params.<key>` when a value is not of the kind of the factory's
+    default: a number where it takes a number (a YAML `true` is not a count), a name where a name."""
     defaults = {key: parameter.default for key, parameter in inspect.signature(factory).parameters.items()
                 if parameter.default is not inspect.Parameter.empty}
+
+    def is_number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
     for key, value in params.items():
         default = defaults.get(key)
-        wants_number = isinstance(default, (int, float)) and not isinstance(default, bool)
-        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if isinstance(value, bool) or (wants_number and not is_number) or (isinstance(default, str) and
-                                                                          not isinstance(value, str)):
-            kind = "a number" if wants_number else "a name" if isinstance(default, str) else "a number or a name"
-            raise ScenarioError(f"model.params.{key}: expected {kind} for model {name!r}, got {value!r}")
+        if is_number(default) and not is_number(value):
+            expected = "a number"
+        elif isinstance(default, str) and not isinstance(value, str):
+            expected = "a name"
+        elif isinstance(value, bool):
+            expected = "a number or a name"
+        else:
+            continue
+        raise ScenarioError(f"model.params.{key}: expected {expected} for model {name!r}, got {value!r}")
 
 
 def load_layer_table(path: Path) -> Workload:

@@ -73,9 +73,8 @@ def build_gallery(out_dir: str | Path, names: list[str] | None = None, quick: bo
     every entry was built. Returns what was written (paths and headlines)."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
-    from simulator.progress import stderr_progress
-
     from simulator.output import write_text_atomic
+    from simulator.progress import stderr_progress
     from simulator.report.render import HTML_NAME, MARKDOWN_NAME, write_report
 
     names = names or list(ENTRIES)
