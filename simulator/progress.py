@@ -11,7 +11,8 @@ from rich.progress import Progress, ProgressColumn
 
 
 def stderr_progress(*columns: str | ProgressColumn, enabled: bool = True, transient: bool = True) -> Progress:
-    """A `rich.progress.Progress` on stderr, disabled unless `enabled` and stderr is a terminal."""
+    """A `rich.progress.Progress` on stderr (rich's default columns when none are given), disabled
+    unless `enabled` and stderr is a terminal."""
     console = Console(stderr=True)
     return Progress(*columns, console=console, transient=transient,
                     disable=not enabled or not console.is_terminal)

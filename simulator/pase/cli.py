@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from rich.progress import Progress
 from rich.table import Table
 
 from simulator.errors import ScenarioError
@@ -48,7 +47,7 @@ def run(args) -> int:
         for p in gpus:
             check_gpus(scenario, p)
         graph = graph_for_scenario(scenario)
-        with stderr_progress(*Progress.get_default_columns(), enabled=not args.json) as progress:
+        with stderr_progress(enabled=not args.json) as progress:
             task = progress.add_task(f"searching {graph.name} ({graph.num_vertices} vertices)", total=len(gpus))
             for p in gpus:
                 points.append(search_point(scenario, graph, p, simulate=not args.no_simulate))
