@@ -70,6 +70,11 @@ def test_zoo_params_of_the_wrong_kind(capsys, tmp_path, params, field, kind):
     assert_only_line(run_cli(capsys, "simulate", path), path, field, kind, repr(next(iter(params.values()))))
 
 
+def test_unknown_zoo_param_is_named_as_not_accepted(capsys, tmp_path):
+    path = write_scenario(tmp_path, model={"name": "mlp", "params": {"depth": True}})
+    assert_only_line(run_cli(capsys, "simulate", path), path, "model.params", "not accepted", "depth")
+
+
 def test_zoo_params_of_the_right_kind_still_work(capsys, tmp_path):
     path = write_scenario(tmp_path, model={"name": "resnet_cifar", "params": {"depth": 20, "width_multiplier": 0.5}})
     code, _out, err = run_cli(capsys, "simulate", path)
