@@ -136,3 +136,21 @@ def test_validate_rank_cli(monkeypatch, profile, tmp_path, capsys):
     error = capsys.readouterr().err.strip()
     assert code == 2 and error.startswith("ghpsim: error: --step-spans: not with --rank") and len(error.splitlines()) == 1
     assert not (out / "spans").exists()
+
+
+def test_an_empty_ranking_is_one_error_naming_the_kinds_and_ranks(monkeypatch, profile):
+    import types
+
+    import validator.rank_check
+    from simulator.errors import ScenarioError
+
+    scenario = load_scenario(SCENARIO)
+    empty = types.SimpleNamespace(rows=[], skipped=[], scenario=scenario)
+    monkeypatch.setattr(validator.rank_check, "rank_candidates", lambda *args, **kwargs: empty)
+    with pytest.raises(ScenarioError, match=r"no allocation of the checked kinds \(dp, .*\) exists on 4 ranks"):
+        rank_check(scenario, profile, 4)
+    skipped = types.SimpleNamespace(rows=[], scenario=scenario,
+                                    skipped=[{"label": "mp (G=1 x M=4)", "reason": "out of memory"}])
+    monkeypatch.setattr(validator.rank_check, "rank_candidates", lambda *args, **kwargs: skipped)
+    with pytest.raises(ScenarioError, match=r"no candidate could be simulated on 4 ranks \(mp \(G=1 x M=4\): out of memory\)"):
+        rank_check(scenario, profile, 4)

@@ -103,7 +103,8 @@ def rank_check(scenario: Scenario, profile_path: str, num_gpus: int | None = Non
     if not ranking.rows:
         raise ScenarioError(f"--rank: no candidate could be simulated on {ranking.scenario.num_gpus} ranks "
                             f"({ranking.skipped[0]['label']}: {ranking.skipped[0]['reason']})" if ranking.skipped else
-                            f"--rank: no candidate on {ranking.scenario.num_gpus} ranks")
+                            f"--rank: no allocation of the checked kinds ({', '.join(checked_kinds())}) "
+                            f"exists on {ranking.scenario.num_gpus} ranks")
     distinct = distinct_predictions([row["step_time_s"] for row in ranking.rows], min_gap_pct)
     rows = []
     for index in pick_cases(distinct, top, others):
