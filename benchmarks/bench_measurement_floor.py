@@ -35,14 +35,18 @@ def run_name(path: Path) -> str:
 
 
 def load_runs(paths: list[Path]) -> dict[str, pd.DataFrame]:
+    """Each CSV read as one run, named by its folder; ValueError naming the path for a bad one."""
     runs = {}
     for path in paths:
         if not path.is_file():
-            raise SystemExit(f"error: no validation CSV at {path}")
+            raise ValueError(f"no validation CSV at {path}")
         name = run_name(path)
         if name in runs:
-            raise SystemExit(f"error: two CSVs in one folder ({path.parent}); give one per run")
-        runs[name] = pd.read_csv(path)
+            raise ValueError(f"two CSVs in one folder ({path.parent}); give one per run")
+        try:
+            runs[name] = pd.read_csv(path)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path} is not a readable CSV ({str(error).splitlines()[0]})") from None
     return runs
 
 
@@ -50,7 +54,8 @@ def floor_report(runs: dict[str, pd.DataFrame]) -> dict:
     """Every figure the benchmark prints: per run, the model's error and the other runs'
     measurements as predictors of it; the pairs; and the shares meeting the targets."""
     pairs = measured_against_measured(runs)
-    error_column = headline_error_column(next(iter(runs.values())))
+    headline_columns = {headline_error_column(frame) for frame in runs.values()}
+    error_column = headline_columns.pop() if len(headline_columns) == 1 else "error_pct"
     model = model_figures(runs, error_column)
     per_run = []
     for row in model.itertuples():
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least two runs' CSVs")
     try:
         report = floor_report(load_runs(args.csvs))
-    except ValueError as error:
+    except (ValueError, KeyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.json:

@@ -68,11 +68,19 @@ def test_the_benchmark_prints_the_model_beside_the_replay(tmp_path, capsys):
     assert "25.0-25.0" in run_b                          # run_a's measurements as its prediction
 
 
-def test_the_benchmark_refuses_a_missing_csv(tmp_path):
+def test_the_benchmark_refuses_bad_runs_in_one_line(tmp_path, capsys):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_measurement_floor
 
-    (tmp_path / "run_a").mkdir()
-    A.to_csv(tmp_path / "run_a" / "v.csv", index=False)
-    with pytest.raises(SystemExit, match="no validation CSV at"):
-        bench_measurement_floor.main([str(tmp_path / "run_a" / "v.csv"), str(tmp_path / "gone" / "v.csv")])
+    for name in ("run_a", "run_b", "empty"):
+        (tmp_path / name).mkdir()
+    A.assign(predicted_jitter_s=1.0).to_csv(tmp_path / "run_a" / "v.csv", index=False)
+    B.assign(predicted_jitter_s=1.0).drop(columns="jitter_error_pct").to_csv(tmp_path / "run_b" / "v.csv", index=False)
+    (tmp_path / "empty" / "v.csv").write_text("")
+    good = str(tmp_path / "run_a" / "v.csv")
+    for other, message in ((tmp_path / "gone" / "v.csv", "no validation CSV at"),
+                           (tmp_path / "empty" / "v.csv", "is not a readable CSV"),
+                           (tmp_path / "run_b" / "v.csv", "run run_b has no column jitter_error_pct")):
+        assert bench_measurement_floor.main([good, str(other)]) == 2
+        error = capsys.readouterr().err.strip()
+        assert message in error and len(error.splitlines()) == 1

@@ -54,6 +54,9 @@ def measured_against_measured(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 def model_figures(runs: dict[str, pd.DataFrame], error_column: str) -> pd.DataFrame:
     """The model's own errors on each run (`error_column`, e.g. `jitter_error_pct`): one row per run."""
+    for name, frame in runs.items():
+        if error_column not in frame:
+            raise ValueError(f"run {name} has no column {error_column}")
     return pd.DataFrame([{"run": name, **error_figures(frame[error_column])}
                          for name, frame in runs.items()])
 
