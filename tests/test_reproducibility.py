@@ -35,6 +35,12 @@ def test_one_runs_measurements_score_anothers_over_their_common_cases():
     assert b_for_a["worst_pct"] == pytest.approx(20.0)   # 0.16 for 0.20
 
 
+def test_a_case_that_measured_nothing_is_left_out():
+    unmeasured = B.assign(measured_s=[0.11, float("nan"), 0.30])
+    pairs = measured_against_measured({"a": A, "b": unmeasured}).set_index(["predictor_run", "measured_run"])
+    assert pairs.loc[("a", "b"), "cases"] == 1 and pairs.loc[("a", "b"), "worst_pct"] == pytest.approx(100 / 11)
+
+
 def test_shares_count_the_rows_meeting_each_target():
     figures = model_figures({"a": A, "b": B}, "jitter_error_pct")
     share = share_within(figures, mape_target_pct=10.0, worst_target_pct=20.0)

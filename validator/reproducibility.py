@@ -27,7 +27,7 @@ def _measured_by_case(frame: pd.DataFrame) -> pd.Series:
     if keyed.index.duplicated().any():
         twice = keyed.index[keyed.index.duplicated()][0]
         raise ValueError(f"case {twice} appears twice in one run")
-    return keyed
+    return keyed[keyed > 0]     # a case that measured nothing (NaN) is no figure to compare
 
 
 def error_figures(errors_pct: pd.Series) -> dict:
