@@ -52,6 +52,7 @@ def test_shares_count_the_rows_meeting_each_target():
     ({"a": A}, "at least two runs"),
     ({"a": A, "b": A.drop(columns="strategy")}, "lacks the column(s) strategy"),
     ({"a": A, "b": pd.concat([A, A.head(1)])}, "appears twice"),
+    ({"a": A.head(1), "b": B.tail(1)}, "measured no case in common"),
 ])
 def test_bad_runs_are_named(runs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -49,6 +49,8 @@ def measured_against_measured(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
             continue
         errors = 100.0 * (measured[predictor][common] / measured[target][common] - 1.0)
         rows.append({"predictor_run": predictor, "measured_run": target, **error_figures(errors)})
+    if not rows:
+        raise ValueError(f"the runs {', '.join(runs)} measured no case in common")
     return pd.DataFrame(rows)
 
 
