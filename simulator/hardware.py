@@ -1,17 +1,26 @@
-"""Hardware catalogue: GPU and link presets with their datasheet sources.
+"""Hardware catalogue: the GPU and link spec models, and their presets with datasheet sources.
 
-A scenario names a preset ("A100-80GB", "ib-hdr") or gives an inline spec with the same fields.
-All figures are SI: FLOP/s, bytes, bytes/s, seconds. Bandwidths are per direction, per device
-port (a link is full duplex: the engine models each direction separately).
+The presets are data, loaded once at import from simulator/data/gpus.yaml (GPUS) and
+simulator/data/links.yaml (LINKS), in file order. A scenario names a preset ("A100-80GB", "ib-hdr")
+or gives an inline spec with the same fields. All figures are SI: FLOP/s, bytes, bytes/s, seconds,
+Hz. Bandwidths are per direction, per device port (a link is full duplex: the engine models each
+direction separately).
+
+Besides the figures the step-time model reads (dense peak FLOP/s per dtype, memory, latency and
+bandwidth), a GPU records its architecture, SM (or CU) count, boost clock, L2 size and memory kind,
+and a link its kind and whether its switch reduces in-network (NVLS), for kernel-level and
+NCCL-style collective models. Those fields are optional: an inline spec without them stays valid.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import Annotated
+from importlib import resources
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.units import parse_quantity
 
@@ -24,10 +33,18 @@ Seconds = Annotated[float, _quantity("s"), Field(ge=0)]
 Bytes = Annotated[float, _quantity("bytes"), Field(gt=0)]
 BytesPerSecond = Annotated[float, _quantity("bytes_per_s"), Field(gt=0)]
 FlopsPerSecond = Annotated[float, _quantity("flops_per_s"), Field(gt=0)]
+Hertz = Annotated[float, Field(gt=0)]
+Count = Annotated[int, Field(gt=0)]
+
+Architecture = Literal["pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3",
+                       "cpu"]
+MemoryKind = Literal["HBM2", "HBM2e", "HBM3", "HBM3e", "GDDR5", "GDDR5X", "GDDR6", "GDDR6X", "DDR4", "DDR5"]
+LinkKind = Literal["nvlink", "pcie", "infiniband", "roce", "ethernet", "host"]
 
 
 class GpuSpec(BaseModel):
-    """A compute device: dense peak FLOP/s per dtype, memory capacity and bandwidth."""
+    """A compute device: dense peak FLOP/s per dtype, memory capacity and bandwidth, and (optional)
+    the micro-architecture figures a kernel-level model needs."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -35,6 +52,13 @@ class GpuSpec(BaseModel):
     peak_flops_per_s: dict[str, FlopsPerSecond]
     memory_bytes: Bytes
     memory_bandwidth_bytes_per_s: BytesPerSecond
+    architecture: Architecture | None = None
+    num_sms: Count | None = None
+    """Streaming multiprocessors (NVIDIA) or compute units (AMD)."""
+    boost_clock_hz: Hertz | None = None
+    """Maximum boost clock. Hopper/Blackwell quote tensor-core peaks at a lower clock (see presets)."""
+    l2_cache_bytes: Bytes | None = None
+    memory_kind: MemoryKind | None = None
     source: str = "user supplied"
 
     def peak_for(self, dtype: str) -> float:
@@ -49,250 +73,97 @@ _DTYPE_FALLBACK = {"bf16": ("fp16",), "fp16": ("bf16",), "tf32": ("fp32",), "fp8
 
 
 class LinkSpec(BaseModel):
-    """A link tier: one-way latency (alpha) and per-direction bandwidth (1/beta)."""
+    """A link tier: one-way latency (alpha), per-direction bandwidth (1/beta), and its kind.
+
+    `kind` names the transport (NCCL's tables key on it: NVLink, PCIe, network); an inline spec
+    without it is taken as "ethernet". `nvls` marks an NVSwitch fabric that reduces in the switch
+    (NVLink SHARP, third-generation NVSwitch and later)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = "custom"
     latency_s: Seconds
     bandwidth_bytes_per_s: BytesPerSecond
+    kind: LinkKind = "ethernet"
+    nvls: bool = False
     source: str = "user supplied"
 
+    @model_validator(mode="after")
+    def _nvls_needs_nvlink(self) -> LinkSpec:
+        if self.nvls and self.kind != "nvlink":
+            raise ValueError(f"nvls: NVLink SHARP is an NVSwitch feature, so it needs kind 'nvlink', "
+                             f"got kind {self.kind!r}")
+        return self
+
+
+SpecT = TypeVar("SpecT", GpuSpec, LinkSpec)
 
 # ---------------------------------------------------------------------------------------------
-# Catalogue conventions
+# Catalogue conventions (the presets themselves are data: simulator/data/gpus.yaml and links.yaml,
+# each entry with its datasheet source and, as a comment, the arithmetic behind its figures)
 #
-# * Peak FLOP/s are DENSE (no 2:4 structured sparsity): NVIDIA datasheets for A100/H100/H200
-#   print the sparse figure with an asterisk; those are halved here.
-# * fp16 / bf16 / tf32 / fp8 use the tensor-core rate wherever the part has tensor cores.
+# * Peak FLOP/s are DENSE (no 2:4 structured sparsity): NVIDIA datasheets for A100/H100/H200,
+#   L4, L40S and B200 print the sparse figure with an asterisk; those are halved here.
+# * fp16 / bf16 / tf32 / fp8 use the tensor-core (AMD: matrix-core) rate wherever the part has
+#   them. "fp32" is the plain IEEE fp32 GEMM peak: CUDA cores on NVIDIA, the FP32 matrix (MFMA)
+#   rate on AMD CDNA. fp64 and int8 are not listed (no training dtype uses them).
 # * Memory bandwidth "GB/s" / "TB/s" in datasheets is decimal (1e9 / 1e12 bytes/s).
 # * Memory capacity: a datasheet's "32 GB" of HBM (or GDDR) is 32 GiB in practice (e.g. an
 #   A100-40GB reports 40960 MiB), so capacities use GiB. H100 (~79.6 GiB usable) and H200
 #   (~140 GiB usable) report slightly less than the nominal figure; the nominal is kept.
+#   L2 sizes are binary too (A100 "40 MB" = 40960 KiB).
+# * num_sms x per-SM rate x clock reproduces each peak; the per-SM dense rates (FMA per clock per
+#   SM, 1 FMA = 2 FLOP) come from the architecture whitepapers: fp32 64 (Pascal GP100, Volta,
+#   Turing, A100) or 128 (GP102, GA102, Ada, Hopper, Blackwell) lanes; fp16 tensor 512 (Volta,
+#   Turing, GA102, Ada), 1024 (A100), 2048 (Hopper). The tests check this arithmetic.
 # * Link bandwidth is per direction, per device port; latency is one-way, end to end for the
-#   tier. Bandwidths are theoretical line rates; latencies are typical measured values.
+#   tier. Bandwidths are theoretical line (data) rates; latencies are typical measured values.
 # ---------------------------------------------------------------------------------------------
 
-GB = 1e9
-GiB = 2**30
-TFLOPS = 1e12
-GFLOPS = 1e9
-us = 1e-6
+CATALOGUE_FILES = {"GPUS": "data/gpus.yaml", "LINKS": "data/links.yaml"}  # inside the package
 
-GPUS: dict[str, GpuSpec] = {
-    # Tesla V100 datasheet, SXM2: 15.7 TFLOP/s fp32, 125 TFLOP/s tensor (fp16), 900 GB/s HBM2.
-    "V100": GpuSpec(
-        name="V100",
-        peak_flops_per_s={"fp32": 15.7 * TFLOPS, "fp16": 125 * TFLOPS},
-        memory_bytes=32 * GiB,
-        memory_bandwidth_bytes_per_s=900 * GB,
-        source="NVIDIA Tesla V100 datasheet, SXM2 32GB (datasheet figures; fp16 = tensor core)",
-    ),
-    # Same SXM2 part with 16 GB HBM2: compute and bandwidth identical to the 32 GB SKU.
-    "V100-16GB": GpuSpec(
-        name="V100-16GB",
-        peak_flops_per_s={"fp32": 15.7 * TFLOPS, "fp16": 125 * TFLOPS},
-        memory_bytes=16 * GiB,
-        memory_bandwidth_bytes_per_s=900 * GB,
-        source="NVIDIA Tesla V100 datasheet, SXM2 16GB (datasheet figures; fp16 = tensor core)",
-    ),
-    # A100 datasheet, SXM 40GB: 19.5 fp32, 156 tf32, 312 fp16/bf16 (dense), 1555 GB/s HBM2.
-    "A100-40GB": GpuSpec(
-        name="A100-40GB",
-        peak_flops_per_s={
-            "fp32": 19.5 * TFLOPS,
-            "tf32": 156 * TFLOPS,
-            "fp16": 312 * TFLOPS,
-            "bf16": 312 * TFLOPS,
-        },
-        memory_bytes=40 * GiB,
-        memory_bandwidth_bytes_per_s=1555 * GB,
-        source="NVIDIA A100 Tensor Core GPU datasheet, SXM4 40GB (datasheet figures, dense)",
-    ),
-    # A100 datasheet, SXM 80GB: same compute as 40GB, 2039 GB/s HBM2e.
-    "A100-80GB": GpuSpec(
-        name="A100-80GB",
-        peak_flops_per_s={
-            "fp32": 19.5 * TFLOPS,
-            "tf32": 156 * TFLOPS,
-            "fp16": 312 * TFLOPS,
-            "bf16": 312 * TFLOPS,
-        },
-        memory_bytes=80 * GiB,
-        memory_bandwidth_bytes_per_s=2039 * GB,
-        source="NVIDIA A100 Tensor Core GPU datasheet, SXM4 80GB (datasheet figures, dense)",
-    ),
-    # H100 datasheet, SXM5: 67 fp32; sparse tf32 989 / fp16,bf16 1979 / fp8 3958 -> halved
-    # to dense 494.5 / 989.5 / 1979; 3.35 TB/s HBM3.
-    "H100-SXM": GpuSpec(
-        name="H100-SXM",
-        peak_flops_per_s={
-            "fp32": 67 * TFLOPS,
-            "tf32": 494.5 * TFLOPS,
-            "fp16": 989.5 * TFLOPS,
-            "bf16": 989.5 * TFLOPS,
-            "fp8": 1979 * TFLOPS,
-        },
-        memory_bytes=80 * GiB,
-        memory_bandwidth_bytes_per_s=3350 * GB,
-        source="NVIDIA H100 Tensor Core GPU datasheet, SXM5 80GB (datasheet sparse figures halved to dense)",
-    ),
-    # H200 datasheet, SXM: same Hopper compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s.
-    "H200": GpuSpec(
-        name="H200",
-        peak_flops_per_s={
-            "fp32": 67 * TFLOPS,
-            "tf32": 494.5 * TFLOPS,
-            "fp16": 989.5 * TFLOPS,
-            "bf16": 989.5 * TFLOPS,
-            "fp8": 1979 * TFLOPS,
-        },
-        memory_bytes=141 * GiB,
-        memory_bandwidth_bytes_per_s=4800 * GB,
-        source="NVIDIA H200 Tensor Core GPU datasheet, SXM 141GB (datasheet sparse figures halved to dense)",
-    ),
-    # GeForce GTX 1080 Ti spec (Pascal GP102, no tensor cores): 3584 cores x 2 x 1582 MHz boost
-    # = 11.34 TFLOP/s fp32; native fp16 runs at 1/64 of fp32; 11 GB GDDR5X at 484 GB/s.
-    "GTX-1080Ti": GpuSpec(
-        name="GTX-1080Ti",
-        peak_flops_per_s={"fp32": 11.34 * TFLOPS, "fp16": 11.34 * TFLOPS / 64},
-        memory_bytes=11 * GiB,
-        memory_bandwidth_bytes_per_s=484 * GB,
-        source="NVIDIA GeForce GTX 1080 Ti spec (reference boost clock); fp16 = 1/64 of fp32 (GP102)",
-    ),
-    # Turing whitepaper, RTX 2080 Ti reference (1545 MHz boost): 13.4 TFLOP/s fp32; fp16 tensor
-    # 107.6 TFLOP/s with fp16 accumulate but 53.8 with fp32 accumulate (GeForce runs it at
-    # half rate); training accumulates in fp32, so 53.8 is used. 11 GB GDDR6 at 616 GB/s.
-    "RTX-2080Ti": GpuSpec(
-        name="RTX-2080Ti",
-        peak_flops_per_s={"fp32": 13.4 * TFLOPS, "fp16": 53.8 * TFLOPS},
-        memory_bytes=11 * GiB,
-        memory_bandwidth_bytes_per_s=616 * GB,
-        source="NVIDIA Turing architecture whitepaper, RTX 2080 Ti reference clocks; "
-        "fp16 = tensor core with fp32 accumulate (half the fp16-accumulate rate)",
-    ),
-    # Nominal placeholder: generic 2-core AVX2-FMA x86 server CPU, 2 cores x ~2.5 GHz x
-    # 32 FLOP/cycle (2 FMA units x 8 fp32 lanes x 2) = 160 GFLOP/s fp32; no native fp16/bf16
-    # arithmetic, so those are taken at the fp32 rate (an upper bound). Calibration replaces it.
-    "cpu": GpuSpec(
-        name="cpu",
-        peak_flops_per_s={"fp32": 160 * GFLOPS, "fp16": 160 * GFLOPS, "bf16": 160 * GFLOPS},
-        memory_bytes=24 * GiB,
-        memory_bandwidth_bytes_per_s=20 * GB,
-        source="nominal placeholder: generic 2-core AVX2 x86 server CPU (2 x 2.5 GHz x 32 FLOP/cycle); "
-        "replace by calibration",
-    ),
-}
 
-LINKS: dict[str, LinkSpec] = {
-    # NVLink 2 on V100 SXM2: 6 links x 25 GB/s per direction = 150 GB/s (300 GB/s bidirectional).
-    "nvlink2-v100": LinkSpec(
-        name="nvlink2-v100",
-        latency_s=2 * us,
-        bandwidth_bytes_per_s=150 * GB,
-        source="NVIDIA Tesla V100 datasheet: NVLink 2, 6 x 25 GB/s per direction (datasheet); "
-        "latency typical measured NCCL-level p2p",
-    ),
-    # NVLink 3 on A100 SXM4: 12 links x 25 GB/s per direction = 300 GB/s (600 GB/s bidirectional).
-    "nvlink3-a100": LinkSpec(
-        name="nvlink3-a100",
-        latency_s=2 * us,
-        bandwidth_bytes_per_s=300 * GB,
-        source="NVIDIA A100 datasheet: NVLink 3, 12 x 25 GB/s per direction (datasheet); "
-        "latency typical measured NCCL-level p2p",
-    ),
-    # NVLink 4 on H100/H200 SXM5: 18 links x 25 GB/s per direction = 450 GB/s (900 bidirectional).
-    "nvlink4-h100": LinkSpec(
-        name="nvlink4-h100",
-        latency_s=2 * us,
-        bandwidth_bytes_per_s=450 * GB,
-        source="NVIDIA H100 datasheet: NVLink 4, 18 x 25 GB/s per direction (datasheet); "
-        "latency typical measured NCCL-level p2p",
-    ),
-    # PCIe 3.0 x16: 8 GT/s x 16 lanes x 128/130 encoding / 8 = 15.75 GB/s per direction.
-    "pcie3": LinkSpec(
-        name="pcie3",
-        latency_s=3 * us,
-        bandwidth_bytes_per_s=15.75 * GB,
-        source="PCI Express 3.0 spec, x16 with GPU peer-to-peer: 15.75 GB/s theoretical per direction; "
-        "latency typical measured NCCL-level p2p",
-    ),
-    # Modelling assumption: without P2P the copy is staged through host memory (two hops), so
-    # half the pcie3 bandwidth and twice its latency.
-    "pcie3-no-p2p": LinkSpec(
-        name="pcie3-no-p2p",
-        latency_s=6 * us,
-        bandwidth_bytes_per_s=15.75 * GB / 2,
-        source="PCI Express 3.0 x16 without peer-to-peer (staged via host memory): modelling "
-        "assumption of half pcie3 bandwidth and twice its latency",
-    ),
-    # PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 / 8 = 31.5 GB/s per direction.
-    "pcie4": LinkSpec(
-        name="pcie4",
-        latency_s=3 * us,
-        bandwidth_bytes_per_s=31.5 * GB,
-        source="PCI Express 4.0 spec, x16 with GPU peer-to-peer: 31.5 GB/s theoretical per direction; "
-        "latency typical measured NCCL-level p2p",
-    ),
-    # Modelling assumption, as for pcie3-no-p2p.
-    "pcie4-no-p2p": LinkSpec(
-        name="pcie4-no-p2p",
-        latency_s=6 * us,
-        bandwidth_bytes_per_s=31.5 * GB / 2,
-        source="PCI Express 4.0 x16 without peer-to-peer (staged via host memory): modelling "
-        "assumption of half pcie4 bandwidth and twice its latency",
-    ),
-    # InfiniBand EDR: 4x 25 Gb/s lanes = 100 Gb/s = 12.5 GB/s per direction.
-    "ib-edr": LinkSpec(
-        name="ib-edr",
-        latency_s=1.5 * us,
-        bandwidth_bytes_per_s=12.5 * GB,
-        source="InfiniBand EDR 100 Gb/s (4x 25 Gb/s lanes), line rate; latency typical measured "
-        "(verbs/MPI level)",
-    ),
-    # InfiniBand HDR: 4x 50 Gb/s lanes = 200 Gb/s = 25 GB/s per direction.
-    "ib-hdr": LinkSpec(
-        name="ib-hdr",
-        latency_s=1.5 * us,
-        bandwidth_bytes_per_s=25 * GB,
-        source="InfiniBand HDR 200 Gb/s (4x 50 Gb/s lanes), line rate; latency typical measured "
-        "(verbs/MPI level)",
-    ),
-    # InfiniBand NDR: 4x 100 Gb/s lanes = 400 Gb/s = 50 GB/s per direction.
-    "ib-ndr": LinkSpec(
-        name="ib-ndr",
-        latency_s=1.5 * us,
-        bandwidth_bytes_per_s=50 * GB,
-        source="InfiniBand NDR 400 Gb/s (4x 100 Gb/s lanes), line rate; latency typical measured "
-        "(verbs/MPI level)",
-    ),
-    # Ethernet: bandwidth = line rate / 8; latency dominated by the kernel TCP/IP stack.
-    "10gbe": LinkSpec(
-        name="10gbe",
-        latency_s=20 * us,
-        bandwidth_bytes_per_s=10 * GB / 8,
-        source="10 Gigabit Ethernet, line rate / 8; latency typical measured TCP/IP (10-30 us)",
-    ),
-    "25gbe": LinkSpec(
-        name="25gbe",
-        latency_s=20 * us,
-        bandwidth_bytes_per_s=25 * GB / 8,
-        source="25 Gigabit Ethernet, line rate / 8; latency typical measured TCP/IP (10-30 us)",
-    ),
-    "100gbe": LinkSpec(
-        name="100gbe",
-        latency_s=20 * us,
-        bandwidth_bytes_per_s=100 * GB / 8,
-        source="100 Gigabit Ethernet, line rate / 8; latency typical measured TCP/IP (10-30 us)",
-    ),
-    # Nominal placeholder: shared-memory transport between processes on one host.
-    "loopback": LinkSpec(
-        name="loopback",
-        latency_s=5 * us,
-        bandwidth_bytes_per_s=5 * GB,
-        source="nominal placeholder: intra-host shared-memory transport; replace by calibration",
-    ),
-}
+class HardwareCatalogueError(ValueError):
+    """A malformed hardware data file; the message names the file and the preset."""
+
+
+def _load_presets(text: str, spec_type: type[SpecT], filename: str) -> dict[str, SpecT]:
+    """Validate one data file's text: a mapping of preset name -> spec fields, kept in file order."""
+    where = f"simulator/{filename}"
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)  # node level: sees duplicate names
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise HardwareCatalogueError(f"{where}: not valid YAML: {exc}") from exc
+    if not isinstance(document, dict) or not document:
+        raise HardwareCatalogueError(f"{where}: expected a mapping of preset name to spec fields")
+    names = [node.value for node, _ in root.value]
+    if duplicates := sorted({name for name in names if names.count(name) > 1}):
+        raise HardwareCatalogueError(f"{where}: preset {duplicates[0]!r} is defined more than once")
+    presets: dict[str, SpecT] = {}
+    for name, fields in document.items():
+        if not isinstance(name, str):
+            raise HardwareCatalogueError(f"{where}: preset name {name!r} is not a string (quote it)")
+        if not isinstance(fields, dict):
+            raise HardwareCatalogueError(f"{where}: preset {name!r}: expected a mapping of "
+                                         f"{spec_type.__name__} fields, got {fields!r}")
+        if fields.get("name", name) != name:
+            raise HardwareCatalogueError(f"{where}: preset {name!r}: its key is its name, but it "
+                                         f"says name {fields['name']!r}")
+        try:
+            presets[name] = spec_type.model_validate({**fields, "name": name})
+        except ValidationError as exc:
+            raise HardwareCatalogueError(f"{where}: preset {name!r} is malformed: {exc}") from exc
+    return presets
+
+
+def _read_presets(filename: str, spec_type: type[SpecT]) -> dict[str, SpecT]:
+    text = resources.files("simulator").joinpath(filename).read_text(encoding="utf-8")
+    return _load_presets(text, spec_type, filename)
+
+
+GPUS: dict[str, GpuSpec] = _read_presets(CATALOGUE_FILES["GPUS"], GpuSpec)
+LINKS: dict[str, LinkSpec] = _read_presets(CATALOGUE_FILES["LINKS"], LinkSpec)
 
 
 def _lookup(value: str, catalogue: Mapping[str, object], what: str):

@@ -9,10 +9,14 @@ from pydantic import ValidationError
 
 from simulator.hardware import GPUS, LINKS, GpuSpec, LinkSpec, resolve_gpu, resolve_link
 
-GPU_KEYS = {"V100", "V100-16GB", "A100-40GB", "A100-80GB", "H100-SXM", "H200",
-            "GTX-1080Ti", "RTX-2080Ti", "cpu"}
-LINK_KEYS = {"nvlink2-v100", "nvlink3-a100", "nvlink4-h100", "pcie3", "pcie3-no-p2p", "pcie4",
-             "pcie4-no-p2p", "ib-edr", "ib-hdr", "ib-ndr", "10gbe", "25gbe", "100gbe", "loopback"}
+GPU_KEYS = {"P100-PCIe", "P100-SXM2", "P40", "GTX-1080Ti", "V100", "V100-16GB", "V100-PCIe", "T4",
+            "RTX-2080Ti", "A100-40GB", "A100-80GB", "A100-40GB-PCIe", "A100-80GB-PCIe", "A10", "L4",
+            "L40S", "H100-SXM", "H100-PCIe", "H200", "B200", "MI250X", "MI250X-GCD", "MI300X", "cpu"}
+LINK_KEYS = {"nvlink1-p100", "nvlink2-v100", "nvlink3-a100", "nvlink4-h100", "nvlink5-b200",
+             "nvswitch1-v100", "nvswitch2-a100", "nvswitch3-h100", "nvswitch4-b200",
+             "pcie3", "pcie3-no-p2p", "pcie4", "pcie4-no-p2p", "pcie5", "pcie5-no-p2p",
+             "ib-edr", "ib-hdr", "ib-ndr", "ib-xdr", "roce-25g", "roce-100g", "roce-200g", "roce-400g",
+             "10gbe", "25gbe", "100gbe", "loopback"}
 
 
 def test_catalogue_keys():
@@ -83,7 +87,7 @@ def test_link_figures():
     assert LINKS["100gbe"].bandwidth_bytes_per_s == pytest.approx(12.5e9)
 
 
-@pytest.mark.parametrize("gen", ["pcie3", "pcie4"])
+@pytest.mark.parametrize("gen", ["pcie3", "pcie4", "pcie5"])
 def test_no_p2p_is_half_bandwidth_double_latency(gen):
     p2p, staged = LINKS[gen], LINKS[f"{gen}-no-p2p"]
     assert staged.bandwidth_bytes_per_s == pytest.approx(p2p.bandwidth_bytes_per_s / 2)
