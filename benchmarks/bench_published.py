@@ -1,0 +1,117 @@
+"""Accuracy on published GPU measurements: 1,440 Megatron-DeepSpeed iteration times on one 8xA100
+node (`shared/data/published/vtrain_a100_single_node.csv`, Bang et al., vTrain, MICRO 2024).
+
+Each row becomes a scenario (GPT, seq 1024, vocabulary 50257, fp16, Adam, full recompute, 1F1B,
+TP x PP x DP on one DGX A100 node with NVSwitch) and is simulated; nothing in the model is fitted
+to these rows. Prints MAPE, mean signed error, worst, the share within 10 %, and the mean signed
+error per tensor-parallel degree, micro-batch size and hidden size.
+
+    python benchmarks/bench_published.py [--rows N] [--json] [--csv PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from simulator.errors import ScenarioError  # noqa: E402
+from simulator.scenario import scenario_from_dict  # noqa: E402
+from simulator.simulate import simulate  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "published" / "vtrain_a100_single_node.csv"
+COLUMNS = {"# GPUs": "num_gpus", "global batch": "global_batch", "micro batch": "micro_batch",
+           "hidden size": "hidden", "attention heads": "heads", "# layers": "layers",
+           "sequence length": "seq", "tensor parallelism": "tp", "data parallelism": "dp",
+           "pipeline parallelism": "pp", "iteration time (ms)": "measured_ms"}
+VOCABULARY = 50257
+"""GPT-2 tokenizer, as in the authors' validation configurations (the data's README)."""
+
+
+def read_rows(path: Path = DATA) -> pd.DataFrame:
+    """The published rows with short column names; ScenarioError naming the file if unreadable."""
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError) as error:
+        raise ScenarioError(f"{path}: cannot read the published measurements: {error}") from None
+    missing = sorted(set(COLUMNS) - set(frame.columns))
+    if missing:
+        raise ScenarioError(f"{path}: missing columns {missing}")
+    return frame.rename(columns=COLUMNS)
+
+
+def row_scenario(row) -> dict:
+    """The scenario of one published run (settings from the data's README)."""
+    num_microbatches = int(row.global_batch) // (int(row.micro_batch) * int(row.dp))
+    return {
+        "name": f"vtrain_t{row.tp}p{row.pp}d{row.dp}_h{row.hidden}_l{row.layers}_b{row.micro_batch}",
+        "cluster": {"num_nodes": 1, "gpus_per_node": int(row.num_gpus), "gpu": "A100-80GB",
+                    "intra_node_link": "nvlink3-a100", "inter_node_link": "ib-hdr"},
+        "model": {"name": "transformer", "params": {
+            "num_layers": int(row.layers), "hidden_size": int(row.hidden), "num_heads": int(row.heads),
+            "seq_len": int(row.seq), "vocab_size": VOCABULARY}},
+        "strategy": {"kind": "megatron", "tp_degree": int(row.tp), "pp_degree": int(row.pp),
+                     "num_microbatches": num_microbatches},
+        "training": {"global_batch_size": int(row.global_batch), "dtype": "fp16", "optimizer": "adam",
+                     "recompute": "full"},
+    }
+
+
+def predict_ms(frame: pd.DataFrame, overrides: dict | None = None) -> list[float]:
+    """Predicted iteration time (ms) of every row; `overrides` merge into each scenario's sections."""
+    out = []
+    for row in frame.itertuples(index=False):
+        document = row_scenario(row)
+        for section, values in (overrides or {}).items():
+            document[section] = {**document.get(section, {}), **values}
+        out.append(1e3 * simulate(scenario_from_dict(document)).step_time_s)
+    return out
+
+
+def error_table(frame: pd.DataFrame) -> dict:
+    """MAPE, mean signed, worst, share within 10 % and the signed error by group, in percent."""
+    error = 100 * (frame.predicted_ms - frame.measured_ms) / frame.measured_ms
+    groups = {name: {str(key): round(float(part.mean()), 1) for key, part in error.groupby(frame[name])}
+              for name in ("tp", "pp", "micro_batch", "hidden")}
+    return {"rows": len(frame), "mape_pct": float(error.abs().mean()), "mean_signed_pct": float(error.mean()),
+            "worst_pct": float(error.abs().max()), "within_10_pct_share": float((error.abs() <= 10).mean()),
+            "mean_signed_by_group_pct": groups}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=None, help="score only the first N rows (default: all)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--csv", type=Path, default=DATA, help="the published measurements (default: %(default)s)")
+    args = parser.parse_args(argv)
+    try:
+        frame = read_rows(args.csv)
+    except ScenarioError as error:
+        print(f"bench_published: error: {error}", file=sys.stderr)
+        return 2
+    if args.rows is not None:
+        frame = frame.head(args.rows)
+    started = time.perf_counter()
+    frame = frame.assign(predicted_ms=predict_ms(frame))
+    figures = {"datasheet": error_table(frame), "wall_s": time.perf_counter() - started}
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    table = figures["datasheet"]
+    print(f"{table['rows']} rows, datasheet defaults: MAPE {table['mape_pct']:.1f} %, mean signed "
+          f"{table['mean_signed_pct']:+.1f} %, worst {table['worst_pct']:.1f} %, "
+          f"{100 * table['within_10_pct_share']:.0f} % of rows within 10 % ({figures['wall_s']:.0f} s)")
+    for name, by_key in table["mean_signed_by_group_pct"].items():
+        print(f"  mean signed by {name}: " + ", ".join(f"{key} {value:+.1f} %" for key, value in by_key.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""Kernel-level compute costs: a layer's pass = the sum of its kernels' times on one GPU.
+
+Per kernel (`kernel_s`), with every knob in `ARCHITECTURES` (one row per GPU architecture family,
+each figure with its source) and nothing per model or configuration:
+
+* GEMM-like (gemm, flash_attention): launch + max(compute, memory). Compute is tile / wave
+  quantised: tiles = ceil(m / tile_m) ceil(n / tile_n) batch_count, waves = ceil(tiles / SMs),
+  compute_s = waves x 2 tile_m tile_n k / (peak / SMs x efficiency) (the wave model of NVIDIA's
+  "Matrix Multiplication Background User's Guide", sec. "Wave quantization"); a GPU without an SM
+  count is costed without quantisation: FLOPs / (peak x efficiency).
+* memory-bound (everything else): launch + bytes / bw(bytes), with the saturation curve
+  bw(S) = B x S / (S + S_half), B = peak bandwidth x stream efficiency. S_half = latency x B is
+  the bytes that must be in flight to cover the memory latency (Little's law), so the time is
+  latency + S / B: a small kernel pays the latency, a large one streams at B.
+* generic (a layer without kernel expansion): launch + max(FLOPs / (peak x GEMM efficiency),
+  bytes / bw(bytes)), a roofline (Williams et al. 2009).
+
+`KernelCosts` implements the `simulator.costs.CostModel` protocol on top of
+`simulator.kernels.layer_kernels`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+from simulator.costs import TOPK_SELECTION_BYTES_PER_ELEMENT, WEIGHT_PASS_WORDS
+from simulator.kernels import (
+    Kernel,
+    layer_kernels,
+    multi_tensor_launches,
+    num_param_tensors,
+    optimizer_kernels,
+)
+from simulator.workload import Workload, dtype_bytes
+
+FORWARD, BACKWARD, RECOMPUTE = "F", "B", "R"
+RECOMPUTE_MODES = ("none", "full")
+TILED_KINDS = ("gemm", "flash_attention")
+
+
+@dataclass(frozen=True)
+class KernelParameters:
+    """The physical knobs of the kernel model (what `ghpsim fit` may fit), per architecture."""
+
+    gemm_efficiency: float
+    """Fraction of the per-SM dense peak a full GEMM tile sustains (large-GEMM ceiling)."""
+    flash_attention_efficiency: float
+    """The same for a flash-attention tile (query block x head dim)."""
+    memory_efficiency: float
+    """Fraction of the datasheet memory bandwidth a large streaming kernel reaches."""
+    launch_overhead_s: float
+    """Per-kernel launch + scheduling time added to every kernel on the GPU."""
+    host_overhead_s: float = 0.0
+    """Host (framework + driver) time to issue one kernel: a pass lasts at least its kernel count
+    x this (the GPU idles when the host issues slower than it executes). 0 in every table row
+    (no published per-kernel figure for a training framework): the GPU-bound limit; a fit sets it."""
+
+    def __post_init__(self) -> None:
+        for name in ("gemm_efficiency", "flash_attention_efficiency", "memory_efficiency"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ValueError(f"KernelParameters.{name}: {value!r} must be in (0, 1]")
+        for name in ("launch_overhead_s", "host_overhead_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"KernelParameters.{name}: {getattr(self, name)!r} must be >= 0")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Structural figures of a GPU family (not fitted) and its default `KernelParameters`."""
+
+    tile_m: int
+    tile_n: int
+    memory_latency_s: float
+    parameters: KernelParameters
+    source: str
+
+
+LAUNCH_OVERHEAD_S = 5e-6
+LAUNCH_SOURCE = ("launch 5 us: NVIDIA, 'Getting Started with CUDA Graphs' (A. Gray, 2019): a 2.9 us kernel took "
+                 "9.6 us per launch+sync on V100, i.e. ~6.7 us launch latency, 3.8 us when queued back to back; "
+                 "5 us is the commonly quoted 3-7 us range's middle, one value for every CUDA family")
+LATENCY_SOURCE = ("memory latency 0.6 us: HBM load latency is several hundred ns on V100/A100/H100 (pointer-chase "
+                  "microbenchmarks: Jia et al. 2018, arXiv:1804.06826; Abdelkhalik et al. 2022, arXiv:2208.11174); "
+                  "an order-of-magnitude figure, the least certain entry here")
+TILE_SOURCE = ("tile 128x128: the CTA tile of cuBLAS's usual 16-bit tensor-core GEMM kernels on Volta/Ampere/Hopper "
+               "(kernel names ..._128x128_... e.g. ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn) and "
+               "CUTLASS's SIMT default GemmShape<128, 128, 8>; CUTLASS's sm80 tensor-op default is 128x256x64")
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "ampere": Architecture(128, 128, 0.6e-6, KernelParameters(
+        gemm_efficiency=256.5 / 312, flash_attention_efficiency=179.5 / 312,
+        memory_efficiency=1.70 / 2.039, launch_overhead_s=LAUNCH_OVERHEAD_S),
+        source="A100-SXM4-80GB, data/published/gpu_microbenchmarks.csv (Azure AI-benchmarking-guide): cuBLASLt "
+               "fp16 GEMM 16384^3 256.5 TFLOP/s / 312 = 0.822; flash_attention_2 179.5 / 312 = 0.575; HBM triad "
+               f"1.70 TB/s / 2.039 = 0.834. {TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}"),
+    "hopper": Architecture(128, 128, 0.6e-6, KernelParameters(
+        gemm_efficiency=1377.3 / 1979, flash_attention_efficiency=(327.9 + 329.3) / 2 / 989.5,
+        memory_efficiency=(2.97 / 3.35 + 4.15 / 4.8) / 2, launch_overhead_s=LAUNCH_OVERHEAD_S),
+        source="H100-SXM / H200, data/published/gpu_microbenchmarks.csv: cuBLASLt GEMM 16384^3 1377.3 TFLOP/s "
+               "/ 1979 = 0.696, measured in FP8 only (no 16-bit figure published there: applied to every dtype, "
+               "an assumption); flash_attention_2 (328, 329 TFLOP/s) / 989.5 = 0.332; HBM triad H100 2.97/3.35, "
+               f"H200 4.15/4.8, mean 0.876. {TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}"),
+}
+ARCHITECTURES["generic"] = replace(
+    ARCHITECTURES["ampere"],
+    source="no published figures for this family in the project's data: Ampere's row is used (an assumption)")
+
+PRESET_GPUS = {"A100-40GB": ("ampere", 108), "A100-80GB": ("ampere", 108), "H100-SXM": ("hopper", 132),
+               "H200": ("hopper", 132), "V100": ("volta", 80), "V100-16GB": ("volta", 80)}
+"""Architecture and SM count of the catalogue's presets while `GpuSpec` lacks `architecture` /
+`num_sms` (A100, H100, V100 whitepapers: 108, 132 (SXM5), 80 SMs); the GPU's own fields win."""
+
+
+def gpu_architecture(gpu) -> str:
+    """The GPU's architecture family: `gpu.architecture`, else its preset's, else "generic"."""
+    named = getattr(gpu, "architecture", None) or PRESET_GPUS.get(getattr(gpu, "name", ""), ("generic",))[0]
+    return named.lower() if named.lower() in ARCHITECTURES else "generic"
+
+
+def gpu_num_sms(gpu) -> int | None:
+    """`gpu.num_sms`, else its preset's, else None (costed without wave quantisation)."""
+    count = getattr(gpu, "num_sms", None)
+    if count is None and getattr(gpu, "name", "") in PRESET_GPUS:
+        count = PRESET_GPUS[gpu.name][1]
+    return count
+
+
+@dataclass(frozen=True)
+class Device:
+    """What `kernel_s` needs of a GPU and a dtype."""
+
+    peak_flops_per_s: float
+    memory_bandwidth_bytes_per_s: float
+    num_sms: int | None
+    tile_m: int
+    tile_n: int
+    memory_latency_s: float
+    parameters: KernelParameters
+
+
+def device_for(gpu, dtype: str, parameters: KernelParameters | None = None) -> Device:
+    """A `Device` from a `GpuSpec` (or any object with its fields) and the architecture table."""
+    arch = ARCHITECTURES[gpu_architecture(gpu)]
+    return Device(gpu.peak_for(dtype), gpu.memory_bandwidth_bytes_per_s, gpu_num_sms(gpu), arch.tile_m,
+                  arch.tile_n, arch.memory_latency_s, parameters or arch.parameters)
+
+
+# --- per-kernel times ---------------------------------------------------------------------------
+
+def memory_s(size_bytes: float, device: Device) -> float:
+    """bytes / bw(bytes) with bw(S) = B S / (S + latency B): latency + S / B (Little's law)."""
+    if size_bytes <= 0:
+        return 0.0
+    stream = device.memory_bandwidth_bytes_per_s * device.parameters.memory_efficiency
+    return device.memory_latency_s + size_bytes / stream
+
+
+def tiled_compute_s(m: float, n: float, k: float, batch_count: float, device: Device, efficiency: float,
+                    tile_n: float | None = None, work_fraction: float = 1.0) -> float:
+    """Wave-quantised GEMM time: ceil(tiles / SMs) waves of one tile's 2 tile_m tile_n k FLOPs at
+    the per-SM peak x efficiency; no SM count: 2 m n k batch_count / (peak x efficiency)."""
+    peak = device.peak_flops_per_s * efficiency
+    if not device.num_sms:
+        return 2.0 * m * n * k * batch_count * work_fraction / peak
+    tile_m, tile_n = device.tile_m, tile_n or device.tile_n
+    tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * math.ceil(batch_count)
+    waves = math.ceil(tiles / device.num_sms)
+    return waves * 2.0 * tile_m * tile_n * k * work_fraction / (peak / device.num_sms)
+
+
+def kernel_s(kernel: Kernel, device: Device) -> float:
+    """Seconds for one kernel (module docstring). Flash attention tiles are (tile_m queries x the
+    whole head dimension n), one CTA per query block and head (Dao 2023, FlashAttention-2)."""
+    p = device.parameters
+    moved = memory_s(kernel.bytes_moved, device)
+    if kernel.kind == "gemm":
+        compute = tiled_compute_s(kernel.m, kernel.n, kernel.k, kernel.batch_count, device, p.gemm_efficiency,
+                                  work_fraction=kernel.work_fraction)
+    elif kernel.kind == "flash_attention":
+        compute = tiled_compute_s(kernel.m, kernel.n, kernel.k, kernel.batch_count, device,
+                                  p.flash_attention_efficiency, tile_n=kernel.n, work_fraction=kernel.work_fraction)
+    elif kernel.kind == "generic":
+        compute = kernel.flops / (device.peak_flops_per_s * p.gemm_efficiency)
+    else:
+        compute = 0.0
+    return p.launch_overhead_s + max(compute, moved)
+
+
+def kernels_s(kernels, device: Device) -> float:
+    """A pass (kernels in one stream): max(sum of kernel times, kernels x host overhead), the GPU
+    running behind an asynchronous host that issues one kernel per `host_overhead_s`."""
+    gpu_s = sum(kernel_s(kernel, device) for kernel in kernels)
+    return max(gpu_s, len(kernels) * device.parameters.host_overhead_s)
+
+
+def time_breakdown(kernels, device: Device) -> dict[str, float]:
+    """GPU seconds per kernel kind with the launch overheads apart (key "launch"); a host-bound
+    pass (`kernels_s`) lasts longer than their sum."""
+    shares: dict[str, float] = defaultdict(float)
+    for kernel in kernels:
+        shares["launch"] += device.parameters.launch_overhead_s
+        shares[kernel.kind] += kernel_s(kernel, device) - device.parameters.launch_overhead_s
+    return dict(shares)
+
+
+# --- the cost model -----------------------------------------------------------------------------
+
+class KernelCosts:
+    """`CostModel` summing kernel times (`simulator.kernels`) on one GPU.
+
+    `tp_degree`, `flash_attention`, `sequence_parallel`: how each layer is expanded (the costs
+    of one tensor-parallel rank's share; `workload` is the whole model, not a rank's shard).
+    `recompute="full"`: a layer's backward includes its recompute forward (activation
+    checkpointing; Korthikanti et al. 2022), for plans that do not emit recompute actions
+    themselves. `parameters` replaces the architecture table's `KernelParameters`."""
+
+    communication = None
+    shared_processors = None
+
+    def __init__(self, workload: Workload, gpu, dtype: str, optimizer: str, *, tp_degree: int = 1,
+                 flash_attention: bool = False, sequence_parallel: bool = False, recompute: str = "none",
+                 parameters: KernelParameters | None = None):
+        if recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE_MODES)}")
+        self.workload = workload
+        self.gpu = gpu
+        self.dtype = dtype
+        self.optimizer = optimizer
+        self.tp_degree = tp_degree
+        self.flash_attention = flash_attention
+        self.sequence_parallel = sequence_parallel
+        self.recompute = recompute
+        self.architecture = gpu_architecture(gpu)
+        self.device = device_for(gpu, dtype, parameters)
+        self.parameters = self.device.parameters
+        self._element_bytes = dtype_bytes(dtype)
+        self._cache: dict[tuple, float] = {}
+
+    def kernels(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
+        """The kernels of a pass; "B" with full recompute is the recompute forward + backward."""
+        if phase == BACKWARD and self.recompute == "full":
+            return self._expand(layer_index, RECOMPUTE, batch) + self._expand(layer_index, BACKWARD, batch)
+        return self._expand(layer_index, phase, batch)
+
+    def _expand(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
+        return layer_kernels(self.workload.layers[layer_index], phase, batch, dtype=self.dtype,
+                             tp_degree=self.tp_degree, flash_attention=self.flash_attention,
+                             sequence_parallel=self.sequence_parallel)
+
+    def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
+        key = (layer_index, phase, batch)
+        if key not in self._cache:
+            self._cache[key] = kernels_s(self.kernels(layer_index, phase, batch), self.device)
+        return self._cache[key]
+
+    def breakdown(self, layer_index: int, phase: str, batch: float) -> dict[str, float]:
+        """GPU seconds of a pass per kernel kind, launch overheads apart (`time_breakdown`)."""
+        return time_breakdown(self.kernels(layer_index, phase, batch), self.device)
+
+    def _num_tensors(self, num_params: float, layers: tuple[int, int] | None) -> int:
+        if layers is not None:
+            return max(1, sum(num_param_tensors(layer) for layer in self.workload.layers[layers[0]:layers[1]]))
+        total = sum(num_param_tensors(layer) for layer in self.workload.layers)
+        share = num_params / self.workload.num_params if self.workload.num_params else 1.0
+        return max(1, math.ceil(total * share))
+
+    def optimizer_s(self, num_params: int, layers: tuple[int, int] | None = None) -> float:
+        """Fused multi-tensor update kernels (`simulator.kernels.optimizer_kernels`)."""
+        if num_params <= 0:
+            return 0.0
+        kernels = optimizer_kernels(self.optimizer, num_params, self._num_tensors(num_params, layers), self.dtype)
+        return kernels_s(kernels, self.device)
+
+    def weight_pass_s(self, name: str, num_params: int, layers: tuple[int, int] | None = None) -> float:
+        """WEIGHT_PASS_WORDS[name] x num_params words in the model dtype, as multi-tensor launches."""
+        if num_params <= 0:
+            return 0.0
+        words = WEIGHT_PASS_WORDS[name]
+        launches = multi_tensor_launches(num_params, self._num_tensors(num_params, layers), words)
+        per_launch = Kernel(name, "optimizer", 0.0, words * num_params * self._element_bytes / launches, 0.0)
+        return launches * kernel_s(per_launch, self.device)
+
+    def topk_s(self, num_elements: float, density: float | None = None) -> float:
+        """Error feedback (one elementwise kernel) + threshold selection (one kernel), together
+        TOPK_SELECTION_BYTES_PER_ELEMENT bytes per element (`simulator.costs`)."""
+        if num_elements <= 0:
+            return 0.0
+        feedback = Kernel("topk.error_feedback", "elementwise", num_elements, 8 * num_elements, 4 * num_elements)
+        select = Kernel("topk.select", "reduction", 0.0,
+                        (TOPK_SELECTION_BYTES_PER_ELEMENT - 12) * num_elements, 0.0)
+        return kernels_s((feedback, select), self.device)

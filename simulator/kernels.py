@@ -1,0 +1,589 @@
+"""A layer as the GPU kernels a framework launches for it, per pass (forward, backward, recompute).
+
+`layer_kernels(layer, phase, batch, dtype=...)` reads the zoo layer's `spec` (simulator/zoo/README.md)
+and returns a tuple of `Kernel`s: GEMMs with their (m, n, k, batch_count), and the memory-bound
+kernels around them with the bytes they read and write. `simulator.kernel_costs` prices them.
+Phases: "F" forward, "B" backward (data- and weight-gradient GEMMs and the elementwise backward
+kernels), "R" the recompute forward of activation checkpointing (the same kernels as "F").
+
+Kernel sets follow Megatron-LM for transformers (Shoeybi et al. 2019; Narayanan et al. SC'21,
+sec. 2.3: QKV and MLP-up column-parallel, N / tp; out-projection and MLP-down row-parallel,
+K / tp; heads / tp in the attention core; LayerNorms, dropouts and residual adds replicated, or
+over s / tp tokens with sequence parallelism, Korthikanti et al. 2022), with its fused kernels
+(apex LayerNorm, scale-mask-softmax, bias-GELU, bias-dropout-add) and PyTorch/cuDNN for CNNs
+(convolutions as implicit GEMMs, cuDNN batch norm: one kernel per pass).
+
+FLOP conventions: those of `simulator.zoo._ops` (GEMM 2mnk; LayerNorm/BatchNorm 5, GELU 8,
+softmax 5, residual add 1 per element; bias adds, dropout, copies 0). Differences from the
+layer's own counts, which the tests bound: the zoo counts a layer's backward as 2x its whole
+forward, here only the GEMMs double and an elementwise backward costs 1x its forward (about
+-0.2 % on a GPT block); the LM head adds the softmax cross-entropy (5 FLOPs per logit, +2.5/h),
+which the zoo leaves out; convolution data gradients are kept for the first layer too.
+Flash attention's backward recomputes the scores: 2.5x its forward (Dao 2023, FlashAttention-2,
+sec. 3.1.2), so its backward FLOPs exceed the zoo's 2x by half the attention core.
+
+Dropout: p from `spec["dropout"]`, else `DEFAULT_DROPOUT` (Megatron-LM's default 0.1 for hidden
+and attention dropout; the zoo itself models p = 0). Masks are 1 byte per element (torch bool).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from simulator.workload import Layer, dtype_bytes
+from simulator.zoo._ops import (
+    ADD_FLOPS,
+    GELU_FLOPS,
+    NORM_FLOPS,
+    RELU_FLOPS,
+    SOFTMAX_FLOPS,
+)
+
+PHASES = ("F", "B", "R")
+DEFAULT_DROPOUT = 0.1
+"""Megatron-LM `--hidden-dropout` / `--attention-dropout` defaults (megatron/arguments.py)."""
+MASK_BYTES = 1
+INDEX_BYTES = 8  # int64 token ids and max-pool indices
+STATS_BYTES = 4  # fp32 per-row statistics (LayerNorm mean / rstd, softmax-loss sums)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel launch: FLOPs executed and bytes moved to/from device memory.
+
+    GEMM-like kernels also carry C[m, n] = A[m, k] B[k, n] repeated `batch_count` times;
+    `work_fraction` is the share of its tiles a kernel runs (causal flash attention skips the
+    tiles above the diagonal: 1/2)."""
+
+    name: str
+    kind: str
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    m: float = 0.0
+    n: float = 0.0
+    k: float = 0.0
+    batch_count: float = 1.0
+    work_fraction: float = 1.0
+
+    @property
+    def bytes_moved(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+
+# --- constructors -------------------------------------------------------------------------------
+
+def gemm(name: str, m: float, n: float, k: float, e: int, *, batch_count: float = 1.0) -> Kernel:
+    """C[m, n] = A[m, k] B[k, n], `batch_count` times: 2mnk FLOPs each; reads A, B, writes C."""
+    return Kernel(name, "gemm", 2.0 * m * n * k * batch_count, (m * k + k * n) * e * batch_count,
+                  m * n * e * batch_count, m, n, k, batch_count)
+
+
+def pointwise(name: str, kind: str, elements: float, read_bytes: float, write_bytes: float,
+              flops: float = 0.0) -> Kernel:
+    """A memory-bound kernel over `elements`: bytes read / written and FLOPs per element."""
+    return Kernel(name, kind, flops * elements, read_bytes * elements, write_bytes * elements)
+
+
+def linear(name: str, m: float, n: float, k: float, e: int, phase: str, *,
+           bias_grad: bool = False, input_grad: bool = True) -> list[Kernel]:
+    """y[m, n] = x[m, k] W[n, k]^T (bias in the cuBLASLt epilogue). Backward: dx = dy W
+    (m, k, n), dW = dy^T x (n, k, m), and db = sum of dy over m (a reduction kernel)."""
+    if phase != "B":
+        return [gemm(name, m, n, k, e)]
+    kernels = [gemm(f"{name}.dgrad", m, k, n, e)] if input_grad else []
+    kernels.append(gemm(f"{name}.wgrad", n, k, m, e))
+    if bias_grad:
+        kernels.append(Kernel(f"{name}.bias_grad", "reduction", 0.0, m * n * e, n * e))
+    return kernels
+
+
+def layer_norm(name: str, rows: float, width: int, e: int, phase: str) -> list[Kernel]:
+    """apex fused LayerNorm over `rows` x `width`: one forward kernel (saves fp32 mean / rstd);
+    backward = cuComputePartGradGammaBeta + cuComputeGradGammaBeta + cuComputeGradInput."""
+    elements = rows * width
+    if phase != "B":
+        return [Kernel(name, "norm", NORM_FLOPS * elements, elements * e + 2 * width * e,
+                       elements * e + 2 * rows * STATS_BYTES)]
+    return [Kernel(f"{name}.grad_params_partial", "reduction", 0.0, 2 * elements * e, 0.0),
+            Kernel(f"{name}.grad_params", "reduction", 0.0, 0.0, 2 * width * e),
+            Kernel(f"{name}.grad_input", "norm", NORM_FLOPS * elements,
+                   2 * elements * e + 2 * rows * STATS_BYTES, elements * e)]
+
+
+def dropout(name: str, elements: float, e: int, phase: str) -> Kernel:
+    """Forward writes output + bool mask; backward reads the gradient and the mask."""
+    if phase != "B":
+        return pointwise(name, "elementwise", elements, e, e + MASK_BYTES)
+    return pointwise(f"{name}.bwd", "elementwise", elements, e + MASK_BYTES, e)
+
+
+def copy(name: str, elements: float, e: int) -> Kernel:
+    """A layout change (permute / transpose + contiguous): read and write every element once."""
+    return pointwise(name, "copy", elements, e, e)
+
+
+def add(name: str, elements: float, e: int) -> Kernel:
+    """Residual add, or the gradient accumulation where a tensor fed two consumers."""
+    return pointwise(name, "elementwise", elements, 2 * e, e, ADD_FLOPS)
+
+
+# --- transformer (Megatron-LM) ------------------------------------------------------------------
+
+def _check_tp(what: str, size: int, tp: int) -> None:
+    if size % tp:
+        raise ValueError(f"tp_degree {tp} does not divide {what} {size}")
+
+
+def _attention_core(b: float, s: int, h: int, heads: int, t: int, e: int, phase: str,
+                    flash: bool, causal: bool, p: float) -> list[Kernel]:
+    """Scores Q K^T (batched per head, scale in the GEMM's alpha), fused scale-mask-softmax,
+    dropout, P V, context permute (Megatron CoreAttention); or one flash-attention kernel
+    (Dao 2023) between layout copies, tiled as m = s queries, n = d, k = 2s (forward: 4 s^2 d
+    FLOPs per head) or k = 5s (backward: 5 GEMMs, scores recomputed)."""
+    d, a = h // heads, heads // t
+    tokens, heads_total = b * s, b * a
+    probs = heads_total * s * s
+    qkv_e, ctx_e = 3 * tokens * h / t, tokens * h / t
+    work = 0.5 if causal else 1.0
+    if flash:
+        if phase != "B":
+            return [copy("attn.qkv_layout", qkv_e, e),
+                    Kernel("attn.flash", "flash_attention", 4.0 * heads_total * s * s * d,
+                           qkv_e * e, ctx_e * e + heads_total * s * STATS_BYTES,
+                           s, d, 2 * s, heads_total, work),
+                    copy("attn.context_layout", ctx_e, e)]
+        return [copy("attn.context_layout.bwd", ctx_e, e),
+                pointwise("attn.flash_bwd_dot_do_o", "reduction", ctx_e, 2 * e, 0.0),
+                Kernel("attn.flash_bwd", "flash_attention", 10.0 * heads_total * s * s * d,
+                       (qkv_e + 2 * ctx_e) * e + heads_total * s * STATS_BYTES,
+                       2 * ctx_e * e + ctx_e * STATS_BYTES, s, d, 5 * s, heads_total, work),
+                pointwise("attn.flash_bwd_convert_dq", "elementwise", ctx_e, STATS_BYTES, e),
+                copy("attn.qkv_layout.bwd", qkv_e, e)]
+    if phase != "B":
+        kernels = [gemm("attn.score", s, s, d, e, batch_count=heads_total),
+                   pointwise("attn.softmax", "softmax", probs, e, e, SOFTMAX_FLOPS)]
+        kernels += [dropout("attn.dropout", probs, e, phase)] if p > 0 else []
+        return kernels + [gemm("attn.value", s, d, s, e, batch_count=heads_total),
+                          copy("attn.context_permute", ctx_e, e)]
+    kernels = [copy("attn.context_permute.bwd", ctx_e, e),
+               gemm("attn.value.dgrad_probs", s, s, d, e, batch_count=heads_total),
+               gemm("attn.value.dgrad_v", s, d, s, e, batch_count=heads_total)]
+    kernels += [dropout("attn.dropout", probs, e, phase)] if p > 0 else []
+    return kernels + [pointwise("attn.softmax.bwd", "softmax", probs, 2 * e, e, SOFTMAX_FLOPS),
+                      gemm("attn.score.dgrad_q", s, d, s, e, batch_count=heads_total),
+                      gemm("attn.score.dgrad_k", s, d, s, e, batch_count=heads_total),
+                      copy("attn.qkv_split.bwd", qkv_e, e)]
+
+
+def _bias_dropout_add(name: str, elements: float, width: int, e: int, phase: str,
+                      p: float) -> list[Kernel]:
+    """Megatron's jit-fused bias + dropout + residual add (the bias of a row-parallel GEMM)."""
+    mask = MASK_BYTES if p > 0 else 0
+    if phase != "B":
+        return [pointwise(name, "elementwise", elements, 2 * e, e + mask, ADD_FLOPS)]
+    kernels = [pointwise(f"{name}.bwd", "elementwise", elements, e + mask, e)] if p > 0 else []
+    return kernels + [Kernel(f"{name}.bias_grad", "reduction", 0.0, elements * e, width * e)]
+
+
+def transformer_block_kernels(spec, b: float, e: int, phase: str, t: int, flash: bool,
+                              sp: bool) -> list[Kernel]:
+    """Pre-/post-LN block: LN, QKV, attention core, out-proj, bias-dropout-add, LN, fc1,
+    bias-GELU, fc2, bias-dropout-add (post-LN reorders the same kernels)."""
+    s, h, heads, f = spec["seq_len"], spec["hidden_size"], spec["num_heads"], spec["ffn_hidden_size"]
+    _check_tp("num_heads", heads, t)
+    _check_tp("ffn_hidden_size", f, t)
+    p = spec.get("dropout", DEFAULT_DROPOUT)
+    tokens = b * s
+    rows = tokens / t if sp else tokens  # LayerNorm / dropout / residual rows
+    core = _attention_core(b, s, h, heads, t, e, phase, flash, spec.get("causal", True), p)
+    if phase != "B":
+        return [*layer_norm("ln1", rows, h, e, phase), *linear("qkv", tokens, 3 * h / t, h, e, phase),
+                *core, *linear("proj", tokens, h, h / t, e, phase),
+                *_bias_dropout_add("bda1", rows * h, h, e, phase, p),
+                *layer_norm("ln2", rows, h, e, phase), *linear("fc1", tokens, f / t, h, e, phase),
+                pointwise("bias_gelu", "elementwise", tokens * f / t, e, e, GELU_FLOPS),
+                *linear("fc2", tokens, h, f / t, e, phase),
+                *_bias_dropout_add("bda2", rows * h, h, e, phase, p)]
+    return [*_bias_dropout_add("bda2", rows * h, h, e, phase, p),
+            *linear("fc2", tokens, h, f / t, e, phase),
+            pointwise("bias_gelu.bwd", "elementwise", tokens * f / t, 2 * e, e, GELU_FLOPS),
+            Kernel("fc1.bias_grad", "reduction", 0.0, tokens * f / t * e, f / t * e),
+            *linear("fc1", tokens, f / t, h, e, phase), *layer_norm("ln2", rows, h, e, phase),
+            add("residual2.grad_accumulate", rows * h, e),
+            *_bias_dropout_add("bda1", rows * h, h, e, phase, p),
+            *linear("proj", tokens, h, h / t, e, phase), *core,
+            *linear("qkv", tokens, 3 * h / t, h, e, phase, bias_grad=True),
+            *layer_norm("ln1", rows, h, e, phase), add("residual1.grad_accumulate", rows * h, e)]
+
+
+def embedding_kernels(spec, b: float, e: int, phase: str, t: int, sp: bool) -> list[Kernel]:
+    """Vocab-parallel token gather (+ Megatron's out-of-range masking when tp > 1), position
+    [+ token-type] gathers and adds, [LayerNorm], dropout, [s, b] transpose. Backward: each
+    table's gradient is zero-filled and scatter-added (1 add per gathered element)."""
+    s, h, vocab = spec["seq_len"], spec["hidden_size"], spec["vocab_size"]
+    p = spec.get("dropout", DEFAULT_DROPOUT)
+    tokens = b * s
+    rows = tokens / t if sp else tokens
+    tables = [("token", vocab / t), ("position", spec["max_positions"])]
+    tables += [("token_type", spec["token_types"])] if spec.get("token_types") else []
+    if phase != "B":
+        kernels = []
+        if t > 1:
+            kernels.append(pointwise("vocab_mask_ids", "elementwise", tokens, INDEX_BYTES,
+                                     INDEX_BYTES + MASK_BYTES))
+        for name, _ in tables:
+            kernels.append(Kernel(f"{name}_gather", "embedding", 0.0, tokens * (INDEX_BYTES + h * e),
+                                  tokens * h * e))
+        if t > 1:
+            kernels.append(pointwise("vocab_mask_rows", "elementwise", tokens * h, e + MASK_BYTES / h, e))
+        kernels += [add(f"{name}_add", tokens * h, e) for name, _ in tables[1:]]
+    else:
+        kernels = [copy("transpose.bwd", tokens * h, e)]
+        kernels += [dropout("dropout", rows * h, e, phase)] if p > 0 else []
+        kernels += layer_norm("ln", rows, h, e, phase) if spec.get("layernorm") else []
+        for name, table_rows in tables:
+            kernels += [Kernel(f"{name}_grad_zero", "elementwise", 0.0, 0.0, table_rows * h * e),
+                        Kernel(f"{name}_scatter_add", "embedding", tokens * h,
+                               tokens * (INDEX_BYTES + 2 * h * e), tokens * h * e)]
+        return kernels
+    kernels += layer_norm("ln", rows, h, e, phase) if spec.get("layernorm") else []
+    kernels += [dropout("dropout", rows * h, e, phase)] if p > 0 else []
+    return kernels + [copy("transpose", tokens * h, e)]
+
+
+def cross_entropy_kernels(tokens: float, vocab_part: float, e: int, phase: str) -> list[Kernel]:
+    """Megatron's vocab-parallel softmax cross-entropy on fp32 logits (`.float()` upcast when
+    training in 16 bits, fp16_lm_cross_entropy off): max, subtract, target logit, exp, sum,
+    normalise (kept for backward), loss; backward: target update, scale by the loss gradient,
+    downcast. 5 FLOPs per logit forward, 1 backward."""
+    logits, f32 = tokens * vocab_part, STATS_BYTES
+    small = pointwise("ce.target_logit", "elementwise", tokens, INDEX_BYTES + f32, f32)
+    if phase != "B":
+        cast = [pointwise("ce.upcast", "copy", logits, e, f32)] if e < f32 else []
+        return cast + [pointwise("ce.max", "reduction", logits, f32, f32 / vocab_part, 1.0),
+                       pointwise("ce.subtract_max", "elementwise", logits, f32, f32, 1.0), small,
+                       pointwise("ce.exp", "elementwise", logits, f32, f32, 1.0),
+                       pointwise("ce.sum", "reduction", logits, f32, f32 / vocab_part, 1.0),
+                       pointwise("ce.normalise", "elementwise", logits, f32, f32, 1.0),
+                       pointwise("ce.loss", "elementwise", tokens, 2 * f32, f32)]
+    cast = [pointwise("ce.upcast.bwd", "copy", logits, f32, e)] if e < f32 else []
+    return [small, pointwise("ce.scale_grad", "elementwise", logits, f32, f32, 1.0), *cast]
+
+
+def lm_head_kernels(spec, b: float, e: int, phase: str, t: int, sp: bool) -> list[Kernel]:
+    """[Final LN ->] tied vocab-parallel projection (N = V / tp) -> softmax cross-entropy."""
+    s, h, vocab = spec["seq_len"], spec["hidden_size"], spec["vocab_size"]
+    tokens = b * s
+    rows = tokens / t if sp else tokens
+    norm = layer_norm("final_ln", rows, h, e, phase) if spec.get("final_norm", True) else []
+    logits = linear("logits", tokens, vocab / t, h, e, phase, bias_grad=spec.get("bias", False))
+    ce = cross_entropy_kernels(tokens, vocab / t, e, phase)
+    return norm + logits + ce if phase != "B" else ce + logits + norm
+
+
+def bert_mlm_head_kernels(spec, b: float, e: int, phase: str, t: int) -> list[Kernel]:
+    """Dense h -> h (bias), GELU, LayerNorm, tied decoder with bias (N = V / tp), cross-entropy."""
+    s, h, vocab = spec["seq_len"], spec["hidden_size"], spec["vocab_size"]
+    tokens = b * s
+    gelu = pointwise("gelu" + (".bwd" if phase == "B" else ""), "elementwise", tokens * h,
+                     (2 if phase == "B" else 1) * e, e, GELU_FLOPS)
+    kernels = [*linear("dense", tokens, h, h, e, phase, bias_grad=True), gelu,
+               *layer_norm("ln", tokens, h, e, phase),
+               *linear("decoder", tokens, vocab / t, h, e, phase, bias_grad=True),
+               *cross_entropy_kernels(tokens, vocab / t, e, phase)]
+    return kernels if phase != "B" else kernels[::-1]
+
+
+# --- convolutional networks (PyTorch + cuDNN) ---------------------------------------------------
+
+def conv(name: str, b: float, cin: int, cout: int, k: int, in_hw, out_hw, e: int, phase: str,
+         *, bias: bool = False, input_grad: bool = True) -> list[Kernel]:
+    """Implicit GEMM (cuDNN): forward M = b Ho Wo, N = Cout, K = Cin k^2; data gradient
+    M = b Hi Wi, N = Cin, K = Cout k^2 Ho Wo / (Hi Wi) (same FLOPs); weight gradient
+    M = Cout, N = Cin k^2, K = b Ho Wo. Bytes are the tensors (no im2col buffer); a bias is a
+    separate add (forward) / reduction (backward), as PyTorch runs it after cuDNN."""
+    in_area, out_area = in_hw[0] * in_hw[1], out_hw[0] * out_hw[1]
+    x, y, w = b * cin * in_area * e, b * cout * out_area * e, cout * cin * k * k * e
+    m, n, kk = b * out_area, cout, cin * k * k
+    if phase != "B":
+        kernels = [Kernel(name, "gemm", 2.0 * m * n * kk, x + w, y, m, n, kk)]
+        return kernels + ([pointwise(f"{name}.bias", "elementwise", b * cout * out_area, e, e)] if bias else [])
+    kernels = [Kernel(f"{name}.dgrad", "gemm", 2.0 * m * n * kk, y + w, x, b * in_area, cin,
+                      cout * k * k * out_area / in_area)] if input_grad else []
+    kernels.append(Kernel(f"{name}.wgrad", "gemm", 2.0 * m * n * kk, x + y, w, cout, kk, m))
+    if bias:
+        kernels.append(Kernel(f"{name}.bias_grad", "reduction", 0.0, y, cout * e))
+    return kernels
+
+
+def batch_norm(name: str, elements: float, e: int, phase: str) -> Kernel:
+    """cuDNN batch norm, training: one kernel per pass sweeping its input twice (statistics,
+    then normalise; backward: the two reductions, then the input gradient)."""
+    if phase != "B":
+        return pointwise(name, "norm", elements, 2 * e, e, NORM_FLOPS)
+    return pointwise(f"{name}.bwd", "norm", elements, 4 * e, e, NORM_FLOPS)
+
+
+def relu(name: str, elements: float, e: int, phase: str) -> Kernel:
+    if phase != "B":
+        return pointwise(name, "elementwise", elements, e, e, RELU_FLOPS)
+    return pointwise(f"{name}.bwd", "elementwise", elements, 2 * e, e, RELU_FLOPS)
+
+
+def _area(hw) -> int:
+    return hw[0] * hw[1]
+
+
+def conv_block_kernels(spec, b: float, e: int, phase: str) -> list[Kernel]:
+    """conv [-> BN] [-> ReLU] [-> max pool (writes int64 indices)]."""
+    cout, conv_hw = spec["out_channels"], spec["conv_output_hw"]
+    elements = b * cout * _area(conv_hw)
+    kernels = conv("conv", b, spec["in_channels"], cout, spec["kernel_size"], spec["input_hw"],
+                   conv_hw, e, phase, bias=spec.get("bias", False))
+    kernels += [batch_norm("bn", elements, e, phase)] if spec.get("batch_norm") else []
+    kernels += [relu("relu", elements, e, phase)] if spec.get("activation") else []
+    pool = spec.get("pool")
+    if pool:
+        pooled = b * cout * _area(spec["output_hw"])
+        area = pool["kernel_size"] ** 2
+        kernels.append(Kernel("maxpool", "pool", area * pooled, elements * e, pooled * (e + INDEX_BYTES))
+                       if phase != "B" else
+                       Kernel("maxpool.bwd", "pool", area * pooled, pooled * (e + INDEX_BYTES), elements * e))
+    return kernels if phase != "B" else kernels[::-1]
+
+
+def _avgpool(name: str, in_elements: float, out_elements: float, e: int, phase: str) -> Kernel:
+    if phase != "B":
+        return Kernel(name, "pool", in_elements, in_elements * e, out_elements * e)
+    return Kernel(f"{name}.bwd", "pool", in_elements, out_elements * e, in_elements * e)
+
+
+def fc_kernels(spec, b: float, e: int, phase: str, t: int) -> list[Kernel]:
+    """[adaptive avg pool ->] Linear (column-parallel: N / tp, bias in the epilogue) [-> ReLU]."""
+    fin, fout = spec["in_features"], spec["out_features"]
+    kernels = []
+    if spec.get("adaptive_avgpool"):
+        in_elements = b * math.prod(spec["input_shape"])
+        kernels.append(_avgpool("avgpool", in_elements, b * fin, e, phase))
+    kernels += linear("fc", b, fout / t, fin, e, phase, bias_grad=spec.get("bias", True))
+    kernels += [relu("relu", b * fout / t, e, phase)] if spec.get("activation") else []
+    return kernels if phase != "B" else kernels[::-1]
+
+
+def classifier_head_kernels(spec, b: float, e: int, phase: str, t: int) -> list[Kernel]:
+    """[BN -> ReLU ->] global average pool -> Linear (N / tp)."""
+    channels, classes = spec["in_channels"], spec["num_classes"]
+    elements = b * channels * _area(spec["input_hw"])
+    kernels = [batch_norm("bn", elements, e, phase), relu("relu", elements, e, phase)] \
+        if spec.get("pre_activation") else []
+    kernels += [_avgpool("avgpool", elements, b * channels, e, phase),
+                *linear("fc", b, classes / t, channels, e, phase, bias_grad=True)]
+    return kernels if phase != "B" else kernels[::-1]
+
+
+def basic_block_kernels(spec, b: float, e: int, phase: str) -> list[Kernel]:
+    """conv3x3-BN-ReLU-conv3x3-BN, + identity or option-A (subsample + zero-pad) shortcut, ReLU."""
+    cin, cout, in_hw, out_hw = spec["in_channels"], spec["out_channels"], spec["input_hw"], spec["output_hw"]
+    elements = b * cout * _area(out_hw)
+    kernels = [*conv("conv1", b, cin, cout, 3, in_hw, out_hw, e, phase), batch_norm("bn1", elements, e, phase),
+               relu("relu1", elements, e, phase), *conv("conv2", b, cout, cout, 3, out_hw, out_hw, e, phase),
+               batch_norm("bn2", elements, e, phase), relu("relu_out", elements, e, phase)]
+    if spec.get("shortcut") == "pad":
+        kernels.append(pointwise("shortcut_pad" + (".bwd" if phase == "B" else ""), "copy", elements, e, e))
+    kernels.append(add("residual" if phase != "B" else "input.grad_accumulate",
+                       elements if phase != "B" else b * cin * _area(in_hw), e))
+    return kernels if phase != "B" else kernels[::-1]
+
+
+def bottleneck_block_kernels(spec, b: float, e: int, phase: str) -> list[Kernel]:
+    """Post-activation (v1.5): 1x1-BN-ReLU, 3x3(stride)-BN-ReLU, 1x1-BN [+ 1x1 projection-BN],
+    add, ReLU. Pre-activation: BN-ReLU before each conv, projection without BN, no final ReLU."""
+    cin, mid, cout = spec["in_channels"], spec["mid_channels"], spec["out_channels"]
+    in_hw, out_hw, preact = spec["input_hw"], spec["output_hw"], spec.get("preact", False)
+    in_el, mid_in, mid_out, out_el = (b * cin * _area(in_hw), b * mid * _area(in_hw),
+                                      b * mid * _area(out_hw), b * cout * _area(out_hw))
+
+    def norm_act(i: int, elements: float) -> list[Kernel]:
+        return [batch_norm(f"bn{i}", elements, e, phase), relu(f"relu{i}", elements, e, phase)]
+
+    kernels = norm_act(0, in_el) if preact else []
+    kernels += conv("conv1", b, cin, mid, 1, in_hw, in_hw, e, phase)
+    kernels += norm_act(1, mid_in) + conv("conv2", b, mid, mid, 3, in_hw, out_hw, e, phase)
+    kernels += norm_act(2, mid_out) + conv("conv3", b, mid, cout, 1, out_hw, out_hw, e, phase)
+    kernels += [] if preact else [batch_norm("bn3", out_el, e, phase)]
+    if spec.get("shortcut") == "conv":
+        kernels += conv("projection", b, cin, cout, 1, in_hw, out_hw, e, phase)
+        kernels += [] if preact else [batch_norm("bn_projection", out_el, e, phase)]
+    kernels += [] if preact else [relu("relu_out", out_el, e, phase)]
+    kernels.append(add("residual" if phase != "B" else "input.grad_accumulate",
+                       out_el if phase != "B" else in_el, e))
+    return kernels if phase != "B" else kernels[::-1]
+
+
+# --- generic fallback, dispatch, cache ----------------------------------------------------------
+
+SPLIT_KINDS = ("attention", "embedding", "linear")
+"""Layer kinds a tensor-parallel rank computes 1/tp of (as `simulator.strategies.tensor_layers`)."""
+
+
+def generic_kernels(layer: Layer, b: float, e: int, phase: str, t: int) -> list[Kernel]:
+    """One kernel from the layer's own counts (no spec, or a spec kind not listed here):
+    forward reads input + weights and writes output; backward reads saved input, output
+    gradient and weights and writes input and weight gradients (as `AnalyticCosts`)."""
+    split = t if layer.kind in SPLIT_KINDS else 1
+    params = layer.num_params / split
+    x, y = layer.input_elements_per_sample * b, layer.output_elements_per_sample * b
+    if phase != "B":
+        return [Kernel(layer.name, "generic", layer.forward_flops_per_sample * b / split, (x + params) * e, y * e)]
+    return [Kernel(f"{layer.name}.bwd", "generic", layer.backward_flops_per_sample * b / split,
+                   (2 * x + y + params) * e, (x + params) * e)]
+
+
+def _expand(layer: Layer, b: float, e: int, phase: str, t: int, flash: bool, sp: bool) -> list[Kernel]:
+    spec = layer.spec
+    kind = spec.get("kind")
+    if kind == "transformer_block":
+        return transformer_block_kernels(spec, b, e, phase, t, flash, sp)
+    if kind == "embedding":
+        return embedding_kernels(spec, b, e, phase, t, sp)
+    if kind == "lm_head":
+        return lm_head_kernels(spec, b, e, phase, t, sp)
+    if kind == "bert_mlm_head":
+        return bert_mlm_head_kernels(spec, b, e, phase, t)
+    if kind == "fc":
+        return fc_kernels(spec, b, e, phase, t)
+    if kind == "classifier_head":
+        return classifier_head_kernels(spec, b, e, phase, t)
+    if kind in CONV_EXPANSIONS:
+        return CONV_EXPANSIONS[kind](spec, b, e, phase)
+    return generic_kernels(layer, b, e, phase, t)
+
+
+CONV_EXPANSIONS = {"conv_block": conv_block_kernels, "basic_block": basic_block_kernels,
+                   "bottleneck_block": bottleneck_block_kernels}
+
+
+def _freeze(value):
+    """A hashable copy of a spec value (dicts and lists nest in zoo specs)."""
+    if isinstance(value, dict):
+        return tuple(sorted((key, _freeze(item)) for key, item in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(item) for item in value)
+    return value
+
+
+@lru_cache(maxsize=65536)
+def _cached_kernels(layer: Layer, spec_key, phase: str, batch: float, dtype: str, tp_degree: int,
+                    flash_attention: bool, sequence_parallel: bool) -> tuple[Kernel, ...]:
+    if batch == 0:
+        return ()
+    phase_kernels = "F" if phase == "R" else phase
+    kernels = _expand(layer, batch, dtype_bytes(dtype), phase_kernels, tp_degree, flash_attention,
+                      sequence_parallel)
+    return tuple(kernels)
+
+
+def layer_kernels(layer: Layer, phase: str, batch: float, *, dtype: str, tp_degree: int = 1,
+                  flash_attention: bool = False, sequence_parallel: bool = False) -> tuple[Kernel, ...]:
+    """The kernels one tensor-parallel rank launches for `layer`'s pass `phase` on `batch`
+    samples. Cached per (layer, spec, phase, batch, dtype, tp, flags): `cache_info()`."""
+    if phase not in PHASES:
+        raise ValueError(f"phase {phase!r}: expected one of {', '.join(PHASES)}")
+    if batch < 0:
+        raise ValueError(f"batch {batch!r}: must be >= 0")
+    if int(tp_degree) != tp_degree or tp_degree < 1:
+        raise ValueError(f"tp_degree {tp_degree!r}: must be a positive integer")
+    return _cached_kernels(layer, _freeze(layer.spec), phase, batch, dtype, int(tp_degree),
+                           bool(flash_attention), bool(sequence_parallel))
+
+
+layer_kernels.cache_info = _cached_kernels.cache_info  # type: ignore[attr-defined]
+layer_kernels.cache_clear = _cached_kernels.cache_clear  # type: ignore[attr-defined]
+
+
+# --- parameter tensors and the optimizer step ---------------------------------------------------
+
+PARAM_TENSORS = {"transformer_block": 12, "lm_head": 2, "bert_mlm_head": 5, "fc": 2, "classifier_head": 2}
+"""Parameter tensors per layer (weights, biases, norm scales and shifts): a block has 2 LNs x 2,
+4 GEMMs x (weight, bias); the tied LM head only its final LN."""
+
+
+def num_param_tensors(layer: Layer) -> int:
+    """How many parameter tensors `layer` holds (what multi-tensor optimizer kernels iterate)."""
+    spec, kind = layer.spec, layer.spec.get("kind")
+    if kind == "embedding":
+        return 2 + bool(spec.get("token_types")) + 2 * bool(spec.get("layernorm"))
+    if kind == "conv_block":
+        return 1 + bool(spec.get("bias")) + 2 * bool(spec.get("batch_norm"))
+    if kind == "basic_block":
+        return 2 + 2 * 2
+    if kind == "bottleneck_block":
+        projection = spec.get("shortcut") == "conv"
+        if spec.get("preact"):
+            return 3 + 3 * 2 + projection
+        return 3 + 3 * 2 + 3 * projection
+    if kind == "classifier_head":
+        return 2 + 2 * bool(spec.get("pre_activation"))
+    if kind in PARAM_TENSORS:
+        return PARAM_TENSORS[kind]
+    return 2 if layer.num_params else 0
+
+
+MULTI_TENSOR_MAX_TENSORS = {1: 110, 2: 64, 3: 48, 4: 36, 5: 30}
+MULTI_TENSOR_MAX_CHUNKS = 320
+MULTI_TENSOR_CHUNK_ELEMENTS = 65536
+"""apex `csrc/multi_tensor_apply.cuh` (= PyTorch `ATen/native/cuda/MultiTensorApply.cuh`):
+one launch takes at most depth_to_max_tensors[depth] tensors (depth = tensor lists: Adam's
+g, p, m, v is 4) and depth_to_max_blocks = 320 chunks of 2048 x 32 elements (apex FusedAdam's
+chunk_size; PyTorch's kChunkSize)."""
+
+
+def multi_tensor_launches(num_params: float, num_tensors: int, depth: int) -> int:
+    """Launches of one multi-tensor-apply pass: a new launch when the tensor list or the chunk
+    list is full; each tensor's last chunk is partly filled (counted as a whole chunk)."""
+    chunks = math.ceil(num_params / MULTI_TENSOR_CHUNK_ELEMENTS) + num_tensors
+    return max(1, math.ceil(num_tensors / MULTI_TENSOR_MAX_TENSORS[min(depth, 5)]),
+               math.ceil(chunks / MULTI_TENSOR_MAX_CHUNKS))
+
+
+OPTIMIZER_PASSES = {
+    # optimizer -> (tensor lists, bytes read per parameter, bytes written per parameter)
+    "sgd": (2, 8, 4),          # read p, g; write p (fp32)
+    "momentum": (3, 12, 8),    # read p, g, v; write p, v
+    "adam": (4, 16, 12),       # read p, g, m, v; write p, m, v (Kingma & Ba 2015, Alg. 1)
+}
+"""The fused update kernel (apex FusedAdam / multi_tensor_sgd, PyTorch fused / _foreach), in
+fp32: the parameters it updates are the fp32 master weights in mixed precision."""
+
+MIXED_PRECISION_PASSES = (
+    # name, tensor lists, bytes read / written per parameter, only for fp16 (loss scaling)
+    ("unscale_grads", 1, 4, 4, True),     # _amp_foreach_non_finite_check_and_unscale_ on fp32 grads
+    ("grad_norm", 1, 4, 0, False),        # multi_tensor_l2norm for clip_grad (default 1.0)
+    ("copy_to_model_params", 2, 4, None, False),  # multi_tensor_scale: fp32 master -> 16-bit
+)
+"""Megatron-LM `Float16OptimizerWithFloat16Params.step` (megatron/optimizer/optimizer.py) around
+the update in 16-bit training with fp32 master weights and fp32 main gradients; bf16 has no loss
+scale. `None` bytes: the model dtype's."""
+
+
+def optimizer_kernels(optimizer: str, num_params: float, num_tensors: int, dtype: str) -> tuple[Kernel, ...]:
+    """One optimizer step over `num_params` parameters in `num_tensors` tensors: zeroing the
+    fp32 gradient buffer, then each multi-tensor pass split into its launches."""
+    if optimizer not in OPTIMIZER_PASSES:
+        raise ValueError(f"optimizer {optimizer!r}: expected one of {', '.join(OPTIMIZER_PASSES)}")
+    e = dtype_bytes(dtype)
+    passes = [("zero_grads", 1, 0, 4)]
+    depth, read, write = OPTIMIZER_PASSES[optimizer]
+    passes.append((optimizer, depth, read, write))
+    if e < 4:
+        passes += [(name, lists, r, e if w is None else w) for name, lists, r, w, fp16_only
+                   in MIXED_PRECISION_PASSES if dtype == "fp16" or not fp16_only]
+    kernels = []
+    for name, lists, read, write in passes:
+        launches = 1 if name == "zero_grads" else multi_tensor_launches(num_params, num_tensors, lists)
+        kernels += [Kernel(name, "optimizer", 0.0, read * num_params / launches,
+                           write * num_params / launches)] * launches
+    return tuple(kernels)
