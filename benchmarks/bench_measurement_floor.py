@@ -3,7 +3,7 @@
 Reads two or more validation CSVs of the same cases on one host (`bench_pipeline_validation.py` or
 `bench_validation.py` runs) and scores every run's measured step times as the prediction of every
 other run's (`validator.reproducibility`). For each run it prints the model's own error (the
-headline prediction, `validator.report.headline_error_column`) beside the median and range of the
+headline error, `validator.reproducibility.headline_error_column`) beside the median and range of the
 other runs' measurements as predictors of it, then the shares of runs and of pairs that meet the
 targets. Nothing is fitted; the CSVs are read as committed.
 
@@ -22,11 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from validator.report import headline_error_column
-from validator.reproducibility import measured_against_measured, model_figures, share_within
-
-MAPE_TARGET_PCT = 10.0
-WORST_TARGET_PCT = 20.0
+from validator.report import MAPE_TARGET_PCT, WORST_TARGET_PCT
+from validator.reproducibility import headline_error_column, measured_against_measured, model_figures, share_within
 
 
 def run_name(path: Path) -> str:

@@ -9,7 +9,7 @@ action kind (forward, backward, update, stash, predict, accumulate, send, recv),
 its main thread (`time.thread_time`: the time it ran on a core, not the time it waited for one)
 and the wall time; and per step its process CPU time (all threads: gloo's too). The simulator's
 work per phase is the same plan played with the profile's costs on unshared cores (so each
-compute span lasts its work; cold-start factors included). Both are per micro-batch, summed over
+compute span lasts its work). Both are per micro-batch, summed over
 ranks. The cores' busy share is the ranks' process CPU time over the step's wall time: near the
 host's parallelism P, the schedule kept every core busy; below it, ranks waited for each other.
 
@@ -34,14 +34,15 @@ from pathlib import Path
 
 from bench_pipeline_validation import VIRTUAL_STAGES, pipeline_overrides, pipeline_profile
 from simulator.engine import Engine
+from simulator.fabrics import build_topology
 from simulator.model_source import resolve_workload
-from simulator.plan import Compute, Recv, Send
+from simulator.plan import Compute
 from simulator.scenario import load_scenario
 from simulator.simulate import engine_costs
-from simulator.topology import build_topology
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
-from validator.validate import prepare_case, profile_costs
+from simulator.profile_costs import profile_costs
+from validator.validate import prepare_case
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("mlp_cpu", "resnet_cpu", "transformer_cpu")
@@ -65,9 +66,10 @@ def timed_rank(rank: int, plan, workload, options: RunOptions) -> dict:
             calls[kind] += 1
         return run
 
-    runtime.HANDLERS[Compute] = timed(runtime.PipelineExecutor._compute, lambda action: action.phase)
-    runtime.HANDLERS[Recv] = timed(runtime.PipelineExecutor._recv, lambda action: "recv")
-    runtime.HANDLERS[Send] = timed(runtime.PipelineExecutor._send, lambda action: "send")
+    executor = runtime.PipelineExecutor  # the runtime calls its handlers by name (`HANDLERS`)
+    executor._compute = timed(executor._compute, lambda action: action.phase)
+    executor._recv = timed(executor._recv, lambda action: "recv")
+    executor._send = timed(executor._send, lambda action: "send")
     step = runtime.PipelineExecutor.step
 
     def timed_step(executor, index):
@@ -82,13 +84,13 @@ def timed_rank(rank: int, plan, workload, options: RunOptions) -> dict:
     return result
 
 
-def predicted_work_s(case, workload) -> dict[str, float]:
+def predicted_work_s(case, costs, scenario) -> dict[str, float]:
     """Seconds of work per compute phase of the case's run plan, all ranks: the plan played on
-    unshared cores (`host_parallelism` None), so each compute span lasts its work."""
-    costs = copy.copy(engine_costs(case.plan, case.costs))
-    costs.host_parallelism = None
-    topology = build_topology(case.scenario.cluster)
-    spans = Engine(case.plan, topology, costs, case.scenario.strategy.num_parameter_servers).run().spans
+    unshared processors (`shared_processors` None), so each compute span lasts its work."""
+    costs = copy.copy(engine_costs(case.plan, costs))
+    costs.shared_processors = None
+    topology = build_topology(scenario.cluster)
+    spans = Engine(case.plan, topology, costs, scenario.strategy.num_parameter_servers).run().spans
     work = defaultdict(float)
     for span in spans:
         if span[1] == "compute":
@@ -121,7 +123,7 @@ def main() -> int:
             from validator.calibrate import calibrate_quietly
             calibrate_quietly(workload, dict(scenario.model.params), profile, world_size=p,
                               optimizer="momentum", verbose=False)
-        costs = profile_costs(str(profile), workload)
+        costs = profile_costs(str(profile), workload, optimizer="momentum")
         options = RunOptions(steps=args.steps, warmup=2, optimizer="momentum")
         cases = [prepare_case(scenario, workload, costs, f"{kind}:{args.microbatches}", None, options)
                  for kind in args.kinds.split(",")]
@@ -130,13 +132,14 @@ def main() -> int:
             for case in cases:
                 launches[case.kind].append(spawn(timed_rank, (case.plan, workload, case.run_options),
                                                  LaunchConfig(world_size=case.plan.num_ranks)))
-        print(f"\n{name} p={p} (P = {costs.host_parallelism:.2f} cores): ms per micro-batch, summed over ranks")
+        parallelism = costs.shared_processors.parallelism if costs.shared_processors else float("nan")
+        print(f"\n{name} p={p} (P = {parallelism:.2f} cores): ms per micro-batch, summed over ranks")
         for case in cases:
-            report(case, workload, launches[case.kind], options)
+            report(case, predicted_work_s(case, costs, scenario), launches[case.kind], options)
     return 0
 
 
-def report(case, workload, launches: list[list[dict]], options: RunOptions) -> None:
+def report(case, work_s: dict[str, float], launches: list[list[dict]], options: RunOptions) -> None:
     per_step = microbatches_per_run_step(case.plan)
     run_steps = len(launches) * (options.warmup + options.steps)
     microbatches = run_steps * per_step
@@ -146,7 +149,6 @@ def report(case, workload, launches: list[list[dict]], options: RunOptions) -> N
             for kind, seconds in result["cpu_s"].items():
                 cpu_s[kind] += seconds
                 wall_s[kind] += result["wall_s"][kind]
-    work_s = predicted_work_s(case, workload)
     measured = [result["step_times_s"] for ranks in launches for result in ranks[:1]]
     step_s = statistics.median(s for steps in measured for s in steps)
     busy = statistics.median(sum(result["steps"][i][1] for result in ranks) / ranks[0]["steps"][i][0]

@@ -6,8 +6,7 @@ run), then run DP dense and DP with top-k (error feedback, allgather of k values
 real and in simulation. Prints predicted, measured and error per case, plus the selection
 (`topk` spans) and exchange (`allreduce` / `allgather` spans) times per step of rank 0, predicted
 and measured. The validated runs never feed the profile. Writes reports/sparse_validation_cpu.csv
-and the profiles to reports/profiles/mlp_cpu_topk_ws{N}.json. Column machine_drift: a reference
-kernel's time after the case / before its calibration (`validator.speed_probe`; reported only).
+and the profiles to reports/profiles/mlp_cpu_topk_ws{N}.json.
 Run: python benchmarks/bench_sparse_validation.py [--steps 20] [--density 0.01] [--world-sizes 2,4]
 """
 
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,8 +24,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import DEFAULT_REPEATS, calibrate_quietly
 from validator.measure import RunOptions
-from validator.report import jitter_summary, launch_spread_summary
-from validator.speed_probe import reference_kernel_s
+from validator.report import error_summary, summary_line
 from validator.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +43,6 @@ def run_world_size(world_size: int, density: float, args) -> list[dict]:
     scenario = load_scenario(SCENARIO, overrides)
     workload = resolve_workload(scenario.model, scenario.base_dir)
     profile = ROOT / "reports" / "profiles" / f"mlp_cpu_topk_ws{world_size}.json"
-    probe_before_s = reference_kernel_s()
     if not (args.reuse_profiles and profile.is_file()):
         calibrate_quietly(workload, dict(scenario.model.params), profile, world_size=world_size,
                   optimizer=scenario.training.optimizer, repeats=args.repeats, topk_densities=(density,),
@@ -63,13 +59,12 @@ def run_world_size(world_size: int, density: float, args) -> list[dict]:
                    measured_topk_s=_kind_s(measured, ("topk",)),
                    predicted_exchange_s=_kind_s(simulated.spans, ("allreduce", "allgather")),
                    measured_exchange_s=_kind_s(measured, ("allreduce", "allgather")))
-        row["machine_drift"] = reference_kernel_s() / probe_before_s  # > 1: slower than at calibration
         rows.append(row)
         print(f"ws={world_size} dp {label:11s} predicted {row['predicted_s'] * 1e3:8.2f} ms  measured "
               f"{row['measured_s'] * 1e3:8.2f} ms  error {row['error_pct']:+7.1f} %  | selection "
               f"{row['predicted_topk_s'] * 1e3:6.2f} / {row['measured_topk_s'] * 1e3:6.2f} ms  exchange spans "
               f"{row['predicted_exchange_s'] * 1e3:7.2f} / {row['measured_exchange_s'] * 1e3:7.2f} ms "
-              f"(predicted / measured, rank 0) | machine drift {row['machine_drift']:.2f}", flush=True)
+              f"(predicted / measured, rank 0)", flush=True)
     return rows
 
 
@@ -91,13 +86,7 @@ def main() -> int:
         rows += run_world_size(world_size, args.density, args)
     frame = pd.DataFrame(rows)
     write_text_atomic(args.out, frame.to_csv(index=False))
-    errors = frame["error_pct"].abs()
-    print(f"\ncases {len(frame)} | MAPE {errors.mean():.1f} % (target <= 10) | worst {errors.max():.1f} % "
-          f"(target <= 20) | median |error| {statistics.median(errors):.1f} % | 1-min load average at start "
-          f"{load:.2f} on {os.cpu_count()} CPUs")
-    print(launch_spread_summary(frame))
-    if jitter_summary(frame):
-        print(jitter_summary(frame))
+    print(f"\n{summary_line(error_summary(rows))} | 1-min load average at start {load:.2f} on {os.cpu_count()} CPUs")
     for world_size, group in frame.groupby("world_size"):
         dense, sparse = group.iloc[0], group.iloc[1]
         predicted = "topk" if sparse["predicted_s"] < dense["predicted_s"] else "dense"

@@ -254,8 +254,3 @@ def _pairs_phase(topology: Topology, pairs: list[tuple[int, int]], size_bytes: f
         latency_s = max(latency_s, topology.route_latency_s(source, target))
         tier_bytes[topology.route_tier(source, target)] += size_bytes
     return FlowPhase(latency_steps * latency_s, size_bytes, tuple(usage.items()), tuple(tier_bytes.items()))
-
-
-def p2p_phase(topology: Topology, source: int, target: int, size_bytes: float) -> FlowPhase:
-    """A single point-to-point transfer as a one-sub-flow phase."""
-    return _pairs_phase(topology, [(source, target)], size_bytes, 1)

@@ -1,10 +1,12 @@
 """Compute costs: how long a layer's forward or backward pass takes on a device at a batch size.
 
 Two implementations share the `CostModel` protocol: `AnalyticCosts` (a roofline over datasheet
-figures, below) and the calibrated profile of the validator (`simulator.profile`), measured on
-real hardware. The engine calls `compute_s`, `optimizer_s`, `weight_pass_s` (asynchronous pipelines)
-and `topk_s` (top-k compression), and `copy_forward_s` where a cost model has it (a profile that
-timed the asynchronous forward on a weight copy, `COPY_FORWARD`).
+figures, below) and the calibrated profile of the validator (`simulator.profile_costs`), measured
+on real hardware. The engine calls `compute_s`, `optimizer_s`, `weight_pass_s` (asynchronous
+pipelines) and `topk_s` (top-k compression), and reads two attributes: `communication` (None: the
+engine's flow model prices messages; else an object with `p2p_s(size_bytes)`,
+`collective_s(op, size_bytes, num_ranks)` and `message_overheads_s` (LogP's o_s, o_r): measured) and `shared_processors` (None: every
+rank has its own device; else ranks share their host's processors, `simulator.host_sharing`).
 """
 
 from __future__ import annotations
@@ -44,15 +46,6 @@ accumulation of a micro-batch's weight gradient onto the live one reads both and
 "average": with G > 1 replicas the reduced gradient sum is divided by G in place before the
 update (as DDP averages), part of the update's time on replicated stages."""
 
-COPY_FORWARD = "copy_forward"
-"""A profile's weight pass that is not a Compute phase: what a forward of an asynchronous pipeline
-costs more because it runs on weights other than the module's own (a stashed copy, SpecTrain's
-prediction), through `torch.func.functional_call` (`validator.weight_pass_bench`); the engine adds
-it to those forwards (`ProfileCosts.copy_forward_s`). Cost models without it charge nothing."""
-
-PROFILED_WEIGHT_PASSES = (*WEIGHT_PASS_WORDS, COPY_FORWARD)
-"""The names a profile's `weight_passes` section may hold."""
-
 TOPK_SELECTION_BYTES_PER_ELEMENT = 16
 """Bytes moved per gradient element by a top-k selection pass with error feedback: residual +=
 gradient (read g and r, write r: 12 bytes in fp32) and a threshold filter over r (4 bytes), as in
@@ -60,6 +53,11 @@ Deep Gradient Compression (Lin et al., ICLR 2018); an assumption, see `simulator
 
 
 class CostModel(Protocol):
+    communication: object | None
+    """Measured point-to-point and collective times (`p2p_s`, `collective_s`), or None."""
+    shared_processors: object | None
+    """A `simulator.profile.SharedProcessors` when ranks share a host's processors, or None."""
+
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         """Seconds for layer `layer_index`'s forward ("F") or backward ("B") pass on `batch` samples."""
 
@@ -85,6 +83,9 @@ class AnalyticCosts:
     and weights and writes the output; backward reads the saved input, the output gradient and
     the weights, and writes the input gradient and the weight gradient.
     """
+
+    communication = None
+    shared_processors = None
 
     def __init__(self, workload: Workload, gpu: GpuSpec, dtype: str, optimizer: str,
                  efficiency: dict[str, float] | None = None):

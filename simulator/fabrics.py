@@ -1,6 +1,6 @@
 """Fabric builders for `cluster.topology` (the shapes and routing rules are described in
 `simulator.topology`): fat-tree, rail-optimised, 2D torus and graph files; two-tier is
-`Topology`'s own constructor."""
+`Topology`'s own constructor. `build_topology` is a `ClusterConfig`'s whole topology."""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ from simulator.errors import ScenarioError
 from simulator.graph_file import read_graph_file
 from simulator.hardware import LinkSpec
 from simulator.topology import (INTER, Topology, device_name, nic_name, node_switch_name)
+
+
+def build_topology(cluster, base_dir: str = ".") -> Topology:
+    """Topology of a `ClusterConfig`, with its heterogeneous devices and degraded links."""
+    topology = build_fabric(cluster, base_dir)
+    topology.node_gpus = {node: gpu for node, gpu in cluster.node_gpus.items() if gpu != cluster.gpu}
+    topology.slowdowns = {device: factor for device, factor in cluster.stragglers.items() if factor != 1.0}
+    topology.degrade(cluster.degraded_links)
+    return topology
 
 
 def build_fabric(cluster, base_dir: str = ".") -> Topology:

@@ -50,10 +50,8 @@ class Slowed:
     def __init__(self, costs: CostModel, factor: float):
         self.costs = costs
         self.factor = factor
-        self.cold_start = getattr(costs, "cold_start", None)  # the engine's cold-operand model, if any
-        self.workload = getattr(costs, "workload", None)
-        self.update_state_share = getattr(costs, "update_state_share", 1.0)
-        self.update_timed_in_cycle = getattr(costs, "update_timed_in_cycle", False)
+        self.communication = costs.communication
+        self.shared_processors = costs.shared_processors
 
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         return self.costs.compute_s(layer_index, phase, batch) * self.factor
@@ -63,10 +61,6 @@ class Slowed:
 
     def weight_pass_s(self, name: str, num_params: int, layers: tuple[int, int] | None = None) -> float:
         return self.costs.weight_pass_s(name, num_params, layers=layers) * self.factor
-
-    def copy_forward_s(self, num_params: int, layers: tuple[int, int] | None = None) -> float:
-        base = getattr(self.costs, "copy_forward_s", None)
-        return base(num_params, layers=layers) * self.factor if base is not None else 0.0
 
     def topk_s(self, num_elements: int, density: float | None = None) -> float:
         return self.costs.topk_s(num_elements, density) * self.factor

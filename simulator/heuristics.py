@@ -28,7 +28,7 @@ import numpy as np
 from simulator.collectives import ring_allreduce_time_s
 from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.partition import balanced_partition
-from simulator.strategies.ghp import place_ranks
+from simulator.placement import place_ranks
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 

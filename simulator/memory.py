@@ -38,9 +38,10 @@ to their FLOPs (forward in layer order, backward in reverse), so buffers appear 
   the loss's NLL gradient of the log-probabilities, alive with dL/dlogits while log-softmax's
   backward runs (one output map each).
 - offload_activations: a layer's activations leave for host memory when its forward ends and come
-  back when its backward starts, over `host_bandwidth_bytes_per_s` (PCIe 3.0 x16 by default); the
-  transfers out overlap the rank's forward compute, those in its backward compute, and what
-  exceeds them is exposed (`offload_exposed_s`, added to the step time by the summary).
+  back when its backward starts, over `host_bandwidth_bytes_per_s` (the scenario's
+  `costs.host_bandwidth_bytes_per_s`, default PCIe 3.0 x16); the transfers out overlap the rank's
+  forward compute, those in its backward compute, and what exceeds them is exposed
+  (`offload_exposed_s`, added to the step time by the summary).
 - workspace: while a layer computes, its output (F) or its output gradient plus its fresh weight
   gradient before accumulation into .grad (B): a documented stand-in for kernel scratch. On a
   device whose convolutions run in oneDNN's blocked layouts (`BLOCKED_CONV_LAYOUT_DEVICES`: x86
@@ -91,10 +92,11 @@ class MemoryConfig:
 
 
 def memory_config(scenario) -> MemoryConfig:
-    training = scenario.training
+    training, host_bandwidth = scenario.training, scenario.costs.host_bandwidth_bytes_per_s
     return MemoryConfig(training.dtype, training.optimizer, training.memory_policy, training.recompute,
                         training.offload_activations, scenario.cluster.gpu.memory_bytes,
-                        blocked_conv_layout=scenario.cluster.gpu.name in BLOCKED_CONV_LAYOUT_DEVICES)
+                        blocked_conv_layout=scenario.cluster.gpu.name in BLOCKED_CONV_LAYOUT_DEVICES,
+                        **({} if host_bandwidth is None else {"host_bandwidth_bytes_per_s": host_bandwidth}))
 
 
 @dataclass

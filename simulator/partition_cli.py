@@ -18,28 +18,18 @@ from contextlib import nullcontext
 from rich.table import Table
 
 from simulator.errors import ScenarioError
+from simulator.fabrics import build_topology
 from simulator.model_source import resolve_workload
 from simulator.pipedream_costs import cluster_stage_costs
 from simulator.pipedream_partition import PipeDreamPartition, PipeDreamStage, pipedream_partition
 from simulator.scenario import PIPELINE_KINDS, Scenario, load_scenario
 from simulator.simulate import analytic_costs, naming_source
-from simulator.topology import build_topology
 
 COMMAND = "partition"
 
 MAX_STEPS = 3e9
 """Largest L^2 N^2 min(N, L) (the dynamic program's work) the command takes on: ResNet-1001's 335
 layers on 16 workers (4.6e8) take a few seconds; GPT-3's 98 layers on 1024 workers would take days."""
-
-
-def add_parser(commands) -> None:
-    from simulator.cli import _add_scenario_args
-    parser = commands.add_parser(COMMAND, help="PipeDream's partition (stages x replicas) of a scenario's model")
-    _add_scenario_args(parser)
-    parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="workers to partition over (default the scenario's GPU count)")
-    parser.add_argument("--profile", metavar="FILE", default=None,
-                        help="calibration profile (`ghpsim calibrate`) for compute times instead of datasheet defaults")
 
 
 def run(args) -> int:

@@ -39,6 +39,7 @@ from simulator.heterogeneity import stage_compute_s
 from simulator.heuristics import (MASTER_WEIGHT_BYTES_PER_PARAM, OPTIMIZER_STATE_BYTES_PER_PARAM, ring_link,
                                   route_bandwidth)
 from simulator.pipedream_partition import StageCosts, pipedream_partition
+from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
@@ -102,7 +103,6 @@ def grid_stage_costs(config, workload: Workload, topology: Topology, costs: Cost
                      rank_to_device: tuple[int, ...], batch: float) -> StageCosts:
     """Inputs for `strategy.partition: pipedream` on a G x M grid (`strategies.ghp.GridConfig`;
     `rank_to_device` starts with the devices of group 0's stages, as `ghp._partition` gets it)."""
-    from simulator.strategies.ghp import place_ranks
     groups, num_stages = config.num_groups, config.workers_per_group
     compute = stage_compute_s(costs, topology, rank_to_device, groups, num_stages, workload.num_layers, batch)
     compute = compute.max(axis=0) if compute.ndim == 2 else compute  # heterogeneous: the slowest device

@@ -20,7 +20,8 @@ micro-batches of B/(G m) for stage j of the other pipeline schedules (1F1B's bou
 al., SC'21, section 2.2). Candidates that do not fit rank after all that fit, marked.
 
 N GPUs: the cluster keeps `gpus_per_node` and gets N / gpus_per_node nodes; N smaller than a
-node is one node of N GPUs; any other N is an error.
+node is one node of N GPUs; any other N is an error. The scenario's own allocation (kind, G, t, p)
+is not carried to another N (`scenario_for_gpus`): the candidates are the search.
 """
 
 from __future__ import annotations
@@ -93,7 +94,13 @@ def grid_candidate(num_groups: int, workers_per_group: int, placement: str = "gr
 
 
 def scenario_for_gpus(scenario: Scenario, num_gpus: int | None) -> Scenario:
-    """`scenario` on N GPUs (see the module doc for the rule); unchanged for None."""
+    """`scenario` on N GPUs (see the module doc for the rule); unchanged for None or the scenario's N.
+
+    The scenario's own allocation (`strategy.kind`, `num_groups`, `tp_degree`, `pp_degree`, an
+    explicit placement) was chosen for its N and need not exist on another (G = 8 does not divide
+    12); every candidate sets its own (`candidate_scenario`), so on another N it is dropped: the
+    returned scenario's strategy is `dp` with the scenario's other strategy settings (bucket size,
+    collective, ...), which the candidates inherit."""
     if num_gpus is None or num_gpus == scenario.num_gpus:
         return scenario
     per_node = scenario.cluster.gpus_per_node
@@ -103,6 +110,7 @@ def scenario_for_gpus(scenario: Scenario, num_gpus: int | None) -> Scenario:
     raw = scenario.model_dump(mode="json")
     nodes, per_node = (num_gpus // per_node, per_node) if num_gpus >= per_node else (1, num_gpus)
     raw["cluster"] = {**raw["cluster"], "num_nodes": nodes, "gpus_per_node": per_node}
+    raw["strategy"] = {**raw["strategy"], "kind": "dp", "num_groups": None, "tp_degree": 1, "pp_degree": 1}
     if not isinstance(raw["strategy"]["placement"], str):
         raw["strategy"]["placement"] = "group_per_node"
     return scenario_from_dict(raw, scenario.source, scenario.base_dir)
@@ -230,7 +238,7 @@ def _profile_costs(path: str, workload):
     from simulator.profile import load_profile
     from simulator.profile_costs import ProfileCosts
     profile = load_profile(path)
-    return ProfileCosts(profile, workload, shared_host=profile.device_kind == "cpu")
+    return ProfileCosts(profile, workload)
 
 
 def planned_peak_memory_bytes(plan, workload, scenario: Scenario) -> list[float]:

@@ -8,32 +8,15 @@ import json
 from rich.table import Table
 
 from simulator.errors import ScenarioError
+from simulator.fabrics import build_topology
 from simulator.heuristics import HEURISTICS, grid_estimates
 from simulator.model_source import resolve_workload
 from simulator.output import check_figure_file
-from simulator.planner import (ASYNC_KINDS, MICROBATCH_COUNTS, Ranking, candidate_kinds, grid_candidate,
-                               rank_candidates)
+from simulator.planner import ASYNC_KINDS, Ranking, candidate_kinds, grid_candidate, rank_candidates
 from simulator.scenario import load_scenario
 from simulator.simulate import analytic_costs
-from simulator.topology import build_topology
 
 COMMAND = "rank"
-
-
-def add_parser(commands) -> None:
-    from simulator.cli import _add_scenario_args
-    parser = commands.add_parser("rank", help="simulate and rank every worker allocation for N GPUs")
-    _add_scenario_args(parser)
-    parser.add_argument("--gpus", type=int, default=None,
-                        help="N GPUs (default the scenario's): N / gpus_per_node nodes, or one node of N")
-    parser.add_argument("--top", type=int, default=10, help="candidates printed (all are in --json)")
-    parser.add_argument("--plot", metavar="FILE.png", help="write the ranking as a bar plot")
-    parser.add_argument("--workers", type=int, default=None, help="simulation processes (default: CPU count)")
-    parser.add_argument("--kinds", default=None,
-                        help="comma list of strategy kinds to enumerate (default: dp, mp, ghp, every pipeline kind and, "
-                             "for models with attention layers, megatron)")
-    parser.add_argument("--microbatches", default=",".join(map(str, MICROBATCH_COUNTS)),
-                        help="micro-batch counts m tried for pipeline kinds (comma list)")
 
 
 def run(args) -> int:

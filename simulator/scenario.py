@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.errors import ScenarioError
-from simulator.hardware import GpuSpec, LinkSpec, resolve_gpu, resolve_link
+from simulator.hardware import BytesPerSecond, GpuSpec, LinkSpec, resolve_gpu, resolve_link
 from simulator.units import parse_quantity
 
 StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
@@ -181,9 +181,13 @@ LayerKind = Literal["conv", "linear", "attention", "embedding", "norm", "pool", 
 
 
 class CostConfig(_Frozen):
-    """Analytic cost settings: achieved fraction of peak FLOP/s per layer kind (0 < e <= 1)."""
+    """Cost settings: achieved fraction of peak FLOP/s per layer kind (0 < e <= 1) of the analytic
+    model, and the device <-> host bandwidth that offloaded activations move at (`simulator.memory`)."""
 
     efficiency: dict[LayerKind, Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=dict)
+    host_bandwidth_bytes_per_s: BytesPerSecond | None = None
+    """training.offload_activations: bytes/s per direction between a device and host memory; None:
+    PCIe 3.0 x16 (`simulator.memory.HOST_LINK`)."""
 
 
 class Scenario(_Frozen):

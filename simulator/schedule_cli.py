@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from simulator.errors import ScenarioError
-from simulator.schedules import SCHEDULES, build_schedule
+from simulator.schedules import build_schedule
 from simulator.schedules.grid import render_grid, schedule_document
 
 COMMAND = "schedule"
@@ -14,19 +14,6 @@ MAX_ACTIONS = 100_000
 """At most this many F and B actions (2 p m v): the check and the grid stay within a few seconds."""
 MAX_CELLS = 2_000_000
 """At most this many grid cells, ranks x slots (about p x 2 (m v + p))."""
-
-
-def add_parser(commands) -> None:
-    parser = commands.add_parser(COMMAND, help="print a pipeline schedule as a grid of ranks x time slots")
-    parser.add_argument("kind", choices=tuple(SCHEDULES), help="pipeline schedule")
-    parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline stages (ranks)")
-    parser.add_argument("--microbatches", type=int, required=True, metavar="M", help="micro-batches per step")
-    parser.add_argument("--virtual-stages", type=int, default=None, metavar="V",
-                        help="model chunks per rank (interleaved_1f1b; default 2 there, 1 otherwise)")
-    parser.add_argument("--weight-prediction", choices=("staggered", "forward"), default="staggered",
-                        help="spectrain: predict before backwards too (staggered) or not (forward)")
-    parser.add_argument("--no-stash", action="store_true", help="pipedream without weight stashing")
-    parser.add_argument("--json", action="store_true", help="print ops, slots, grid and per-stage figures as JSON")
 
 
 def run(args) -> int:

@@ -12,13 +12,14 @@ import pandas as pd
 from simulator.costs import AnalyticCosts, CostModel, single_device_step_s
 from simulator.engine import Engine
 from simulator.errors import ScenarioError
+from simulator.fabrics import build_topology
 from simulator.flops import flops_summary
 from simulator.model_source import resolve_workload
 from simulator.plan import Plan
 from simulator.records import device_breakdown, span_table
 from simulator.scenario import Scenario
 from simulator.strategies import compile_plan
-from simulator.topology import Topology, build_topology
+from simulator.topology import Topology
 from simulator.workload import Workload
 
 

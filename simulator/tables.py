@@ -80,11 +80,6 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
                   f"speedup {summary['speedup']:.2f}x over one device | "
                   f"intra {summary['bytes_per_tier']['intra'] / 1e6:,.1f} MB, "
                   f"inter {summary['bytes_per_tier']['inter'] / 1e6:,.1f} MB")
-    jitter = summary.get("jitter")
-    if jitter:  # `ghpsim simulate --jitter` (simulator.pass_jitter)
-        console.print(f"under measured pass jitter: median {jitter['step_time_s'] * 1e3:.3f} ms "
-                      f"(p10 {jitter['p10_step_s'] * 1e3:.3f}, p90 {jitter['p90_step_s'] * 1e3:.3f}) over "
-                      f"{jitter['draws']} draws at {jitter['ranks_at_once']} ranks at once")
     console.print(f"model FLOPs {summary['model_flops_per_step']:.3g} per step | "
                   f"{summary['achieved_tflops_per_gpu']:,.1f} TFLOP/s per GPU | MFU {summary['mfu']:.1%}")
     if "tensor" in summary:  # megatron (simulator/strategies/tensor.py)

@@ -60,12 +60,10 @@ class Topology:
     """Devices, switches and directed links of a cluster; routes between devices.
 
     `Topology(num_nodes, gpus_per_node, intra, inter, nics_per_node)` is the two-tier fabric; the
-    other fabrics come from `fat_tree`, `rail_optimized`, `torus_2d` and `from_graph`.
+    other fabrics come from `fat_tree`, `rail_optimized`, `torus_2d` and `from_graph`, and a
+    `ClusterConfig`'s whole topology from `build_topology` (all in `simulator.fabrics`).
     `node_gpus` (node -> GpuSpec differing from the cluster's GPU) and `slowdowns` (device ->
-    compute slowdown) describe heterogeneous devices (`simulator.heterogeneity`); `start_delays_s`
-    (device -> seconds) holds a device's first compute back (ranks leaving a barrier one after
-    another on a shared host: `simulator.pass_jitter`), and `exit_delays_s` (device -> seconds) a
-    device's compute after each collective it had to wait for (leaving a collective late, likewise).
+    compute slowdown) describe heterogeneous devices (`simulator.heterogeneity`).
     """
 
     def __init__(self, num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpec,
@@ -96,8 +94,6 @@ class Topology:
         self.links: list[Link] = []
         self.node_gpus: dict[int, GpuSpec] = {}
         self.slowdowns: dict[int, float] = {}
-        self.start_delays_s: dict[int, float] = {}
-        self.exit_delays_s: dict[int, float] = {}
         self.owner: dict[str, int] = {}
         """Vertex -> node for the vertices inside a node (devices, node switch, NICs)."""
         self._edge_index: dict[tuple[str, str], int] = {}
@@ -203,13 +199,3 @@ def node_switch_name(node: int) -> str:
 def nic_name(node: int, nic: int) -> str:
     return f"nic{node}.{nic}"
 
-
-def build_topology(cluster, base_dir: str = ".") -> Topology:
-    """Topology of a `ClusterConfig`, with its heterogeneous devices and degraded links."""
-    from simulator import fabrics  # the fabric builders need this module's Topology
-
-    topology = fabrics.build_fabric(cluster, base_dir)
-    topology.node_gpus = {node: gpu for node, gpu in cluster.node_gpus.items() if gpu != cluster.gpu}
-    topology.slowdowns = {device: factor for device, factor in cluster.stragglers.items() if factor != 1.0}
-    topology.degrade(cluster.degraded_links)
-    return topology

@@ -23,6 +23,9 @@ def toy_workload(num_layers: int, num_params: int = 1_000_000, output_elements: 
 class FixedCosts:
     """Forward `forward_s_per_sample` x batch per layer, backward twice that; fixed optimizer time."""
 
+    communication = None
+    shared_processors = None
+
     def __init__(self, forward_s_per_sample: float = 1.0, optimizer_s: float = 0.0):
         self.forward_s_per_sample = forward_s_per_sample
         self.fixed_optimizer_s = optimizer_s

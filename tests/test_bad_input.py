@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.cli import main
+from ghpsim.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = str(ROOT / "scenarios" / "small_fast_dp_wins.yaml")
@@ -303,7 +303,7 @@ def test_trace_not_written_when_the_plan_fails(capsys, tmp_path):
 
 def test_subprocess_bad_input_one_line_exit_2(tmp_path):
     path = write_scenario(tmp_path, cluster={"num_nodes": "four"})
-    done = subprocess.run([sys.executable, "-m", "simulator.cli", "simulate", str(path)],
+    done = subprocess.run([sys.executable, "-m", "ghpsim", "simulate", str(path)],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr

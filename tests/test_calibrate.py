@@ -1,23 +1,23 @@
-"""The line fitter and a real (quick) calibration of a tiny MLP at world size 2 on CPU."""
+"""The line fitter, the single-process benchmarks and a real (quick) calibration of a tiny MLP at
+world size 2 on CPU whose profile the simulator loads and uses."""
 
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
-import os
-import statistics
+import json
 import time
-import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from simulator.profile import load_profile  # noqa: E402
+from simulator.errors import ScenarioError  # noqa: E402
+from simulator.profile import WEIGHT_PASS_NAMES, load_profile  # noqa: E402
 from simulator.profile_costs import ProfileCosts  # noqa: E402
 from simulator.zoo import build_model  # noqa: E402
-from validator.calibration_phases import weight_pass_ranks_at_once  # noqa: E402
-from validator.microbench import ClampedFitWarning, fit_line, fit_linear, time_layers, time_optimizer  # noqa: E402
+from validator.calibration_phases import stage_sets  # noqa: E402
+from validator.fitting import fit_line  # noqa: E402
+from validator.microbench import time_layers, time_optimizer  # noqa: E402
 
 MODELS = "validator.models"
 
@@ -28,41 +28,31 @@ def tiny_mlp():
 
 # ----------------------------------------------------------------------------- fitting
 
-def test_fit_linear_recovers_a_known_line():
+def test_fit_line_recovers_a_known_line():
     xs = [1, 2, 4, 8, 16]
-    intercept, slope, r2 = fit_linear(xs, [0.5 + 0.25 * x for x in xs])
-    assert intercept == pytest.approx(0.5)
-    assert slope == pytest.approx(0.25)
-    assert r2 == pytest.approx(1.0)
+    fit = fit_line(xs, [0.5 + 0.25 * x for x in xs])
+    assert fit.intercept == pytest.approx(0.5) and fit.slope == pytest.approx(0.25)
+    assert fit.r2 == pytest.approx(1.0) and fit.clamped is None
 
 
-def test_fit_linear_weighted_recovers_alpha_beta():
+def test_fit_line_weighted_recovers_alpha_beta():
     sizes = [4096 * 4 ** k for k in range(7)]
     times = [20e-6 + s / 2e9 for s in sizes]
-    intercept, slope, r2 = fit_linear(sizes, times, weights=[1 / t ** 2 for t in times])
-    assert intercept == pytest.approx(20e-6, rel=1e-6)
-    assert 1 / slope == pytest.approx(2e9, rel=1e-6)
+    fit = fit_line(sizes, times, weights=[1 / t ** 2 for t in times])
+    assert fit.intercept == pytest.approx(20e-6, rel=1e-6)
+    assert 1 / fit.slope == pytest.approx(2e9, rel=1e-6)
 
 
-def test_fit_linear_clamps_a_negative_intercept_and_says_so():
+def test_fit_line_clamps_a_negative_intercept_and_says_so():
     xs, ys = [1, 2, 3], [0.0, 1.0, 2.0]  # y = -1 + x
-    with pytest.warns(ClampedFitWarning, match="negative intercept"):
-        intercept, slope, _ = fit_linear(xs, ys)
-    assert intercept == 0.0
-    assert slope == pytest.approx((0 * 1 + 1 * 2 + 2 * 3) / (1 + 4 + 9))  # through the origin
-    assert "negative intercept" in fit_line(xs, ys).clamped
+    fit = fit_line(xs, ys)
+    assert fit.intercept == 0.0 and "negative intercept" in fit.clamped
+    assert fit.slope == pytest.approx((0 * 1 + 1 * 2 + 2 * 3) / (1 + 4 + 9))  # through the origin
 
 
-def test_fit_linear_clamps_a_negative_slope():
-    with pytest.warns(ClampedFitWarning, match="negative slope"):
-        intercept, slope, _ = fit_linear([1, 2, 3], [3.0, 2.9, 2.8])
-    assert slope == 0.0 and intercept == pytest.approx(2.9)
-
-
-def test_fit_linear_exact_line_does_not_warn():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fit_linear([1, 2], [1.0, 2.0])
+def test_fit_line_clamps_a_negative_slope():
+    fit = fit_line([1, 2, 3], [3.0, 2.9, 2.8])
+    assert fit.slope == 0.0 and fit.intercept == pytest.approx(2.9) and "negative slope" in fit.clamped
 
 
 # ----------------------------------------------------------------------------- single-process benchmarks
@@ -84,191 +74,226 @@ def test_time_weight_passes_single_process_leaves_the_modules_alone():
 
     modules = [torch.nn.Linear(8, 4), torch.nn.Linear(4, 2048), torch.nn.Linear(2048, 2048)]
     before = [copy.deepcopy(m.state_dict()) for m in modules]
-    result = time_weight_passes(modules, [[0], [1, 2]], torch.ones(4, 8), repeats=3, warmup=1, max_copy_age=2)
+    result = time_weight_passes(modules, [[0], [1, 2]], repeats=3, warmup=1)
     assert [(r["num_params"], r["num_tensors"]) for r in result] == [(36, 2), (4 * 2048 + 2048 * 2049 + 2048, 4)]
-    for name in ("stash", "predict", "accumulate", "average", "stash_after_plain"):
+    for name in WEIGHT_PASS_NAMES:
         # 4 M parameters (16 MiB read, at least as much written) against 36: far above the overheads
         assert result[1][f"{name}_s"] > 5 * result[0][f"{name}_s"] > 0
-    # the forward on the stashed copy against the same forward through the modules: never negative
-    assert all(r["copy_forward_s"] >= 0 for r in result)
-    # both backwards timed in the cycle; 4 M parameters' weight gradients against 36 parameters'
-    assert all(r["module_backward_s"] > 0 and r["copy_backward_s"] > 0 for r in result)
-    assert result[1]["module_backward_s"] > 5 * result[0]["module_backward_s"]
-    assert result[1]["copy_backward_s"] > 5 * result[0]["copy_backward_s"]
-    # the backward on copies one and two forwards old, in their own cycles, and through the modules
-    # with 0, 1 and 2 micro-batches in flight before it
-    assert all(len(r["aged_copy_backward_s"]) == 2 and min(r["aged_copy_backward_s"]) > 0 for r in result)
-    assert min(result[1]["aged_copy_backward_s"]) > 5 * max(result[0]["aged_copy_backward_s"])
-    assert all(len(r["aged_module_backward_s"]) == 3 and r["copy_cycle_fresh_s"] > 0 for r in result)
-    assert min(result[1]["aged_module_backward_s"]) > 5 * max(result[0]["aged_module_backward_s"])
     for module, state in zip(modules, before):
         assert all(torch.equal(value, module.state_dict()[key]) for key, value in state.items())
         assert all(p.grad is None for p in module.parameters())
     with pytest.raises(ValueError, match="consecutive"):
-        time_weight_passes(modules, [[0, 2]], torch.ones(4, 8), repeats=1, warmup=0)
+        time_weight_passes(modules, [[0, 2]], repeats=1, warmup=0)
+
+
+def test_updates_are_timed_over_every_prefix_of_layers_that_adds_weights():
+    assert [list(layers) for layers in stage_sets([10, 0, 5, 0])] == [[0], [0, 1, 2]]
 
 
 # ----------------------------------------------------------------------------- real calibration
 
-def test_weight_passes_are_timed_by_all_ranks_where_each_has_a_core():
-    # a core per rank: they share the memory bus, which the passes stream through, so all at once
-    assert weight_pass_ranks_at_once(2, "cpu", cores=2) == 2
-    assert weight_pass_ranks_at_once(4, "cpu", cores=8) == 4
-    # more ranks than cores: rank 0 alone (all at once, the block medians hid the time-sharing)
-    assert weight_pass_ranks_at_once(4, "cpu", cores=2) == 1
-    # one rank, and a GPU per rank (unchanged): rank 0 alone
-    assert weight_pass_ranks_at_once(1, "cpu", cores=2) == 1
-    assert weight_pass_ranks_at_once(2, "cuda", cores=16) == 1
-
-
-def test_quick_calibration_of_a_tiny_mlp_at_world_size_2(tmp_path):
+def test_quick_calibration_of_a_tiny_mlp_at_world_size_2_is_a_profile_the_simulator_uses(tmp_path, capsys):
+    from ghpsim.cli import main
     from validator.calibrate import calibrate
 
     workload = tiny_mlp()
     params = dict(input_dim=64, hidden_dim=64, num_hidden_layers=2, num_classes=10)
     out = tmp_path / "profile.json"
     started = time.perf_counter()
-    document = calibrate(workload, params, out, world_size=2, batch_sizes=(4, 32), repeats=3, warmup=1,
+    returned = calibrate(workload, params, out, world_size=2, batch_sizes=(4, 32), repeats=3, warmup=1,
                          comm_sizes=(4096, 65536, 1 << 20), comm_repeats=3, models=MODELS, verbose=False,
-                         layer_passes=2, jitter_passes=3)
+                         layer_passes=2, optimizer="momentum")
     elapsed = time.perf_counter() - started
     assert elapsed < 60, f"quick calibration took {elapsed:.1f} s"
-    assert out.is_file()
 
     profile = load_profile(out)
-    assert profile.world_size == 2 and profile.backend == "gloo" and profile.device_kind == "cpu"
-    assert profile.num_threads == 1
-    assert profile.model_name == "mlp" and profile.num_layers == 3
-    for layer in profile.layers:
-        assert layer.forward.per_unit_s >= 0 and layer.backward.per_unit_s >= 0
-        assert layer.forward.intercept_s >= 0 and layer.backward.intercept_s >= 0
-        assert layer.batch_sizes == (4, 32)
+    assert profile == returned and json.loads(out.read_text())["format"] == "ghpsim-profile/2"
+    assert profile.world_size == 2 and profile.backend == "gloo" and profile.device.kind == "cpu"
+    assert profile.device.num_threads == 1
+    assert profile.model.name == "mlp" and profile.model.params == params and profile.num_layers == 3
+    assert profile.model.num_params == workload.num_params
+    assert all(layer.forward.at(32) > 0 and layer.backward.at(32) > 0 for layer in profile.layers)
+    assert profile.optimizer.name == "momentum" and profile.optimizer.at(workload.num_params) > 0
+    assert set(profile.weight_passes) == set(WEIGHT_PASS_NAMES)
+    assert all(fit.at(workload.num_params) > 0 for fit in profile.weight_passes.values())
+    assert set(profile.topk) == {0.001, 0.01, 0.1}
     assert profile.p2p.bandwidth_bytes_per_s > 0
-    assert set(profile.allreduce) == {2}
-    assert profile.allreduce[2].bandwidth_bytes_per_s > 0
-    assert profile.compute_slowdown[1] == 1.0 and profile.compute_slowdown[2] > 0
-    assert profile.overlap is not None and profile.overlap.world_size == 2
-    for kind in ("collective", "p2p"):  # each measured with a stream of at least the default length
-        assert profile.overlap.compute_slowdown[kind] > 0 and profile.overlap.comm_slowdown[kind] > 0
-        assert document["overlap"][kind]["num_messages"] >= {"collective": 16, "p2p": 64}[kind]
-    handoff = document["handoff"]  # the chain: rank 1 always waits for rank 0's first message
-    assert handoff["world_size"] == 2 and handoff["num_messages"] >= 1 and handoff["mean_delay_s"] > 0
-    assert profile.handoff.mean_delay_s == handoff["mean_delay_s"]
-    preposted = handoff["preposted"]  # the same chain with receives posted one ahead
-    assert preposted["num_messages"] >= 1 and preposted["mean_delay_s"] > 0
-    assert profile.handoff.preposted_mean_delay_s == preposted["mean_delay_s"]
-    assert preposted["send_post_s"] > 0 and profile.handoff.preposted_send_post_s == preposted["send_post_s"]
-    assert profile.handoff.preposted_send_post_mean_s == preposted["send_post_mean_s"] > 0  # the tail's mean too
-    cycle = handoff["cycle"]  # every rank in the asynchronous 1F1B cycle at once
-    assert cycle["num_messages"] >= 1 and cycle["num_ready"] >= 1
-    assert profile.handoff.cycle.mean_delay_s == cycle["mean_delay_s"] > 0
-    assert profile.handoff.cycle.send_post_s == cycle["send_post_s"] > 0
-    # the layers in that cycle's windows against the shared cores (`cycle_compute`), five rounds
-    assert len(document["cycle_compute"]["round_efficiencies"]) == 5
-    assert profile.cycle_compute.efficiency == document["cycle_compute"]["efficiency"]
-    assert 0.2 <= profile.cycle_compute.efficiency <= 2.0 and profile.cycle_compute.host_parallelism > 0
-    # the asynchronous kinds' stage loops beside 1F1B's (SGD: no SpecTrain); a stalled rank's ratio
-    # would leave the section out with a note instead
-    if "stage_loops" in document:
-        assert set(document["stage_loops"]) == {"stash", "newest"}
-        for mode, entry in document["stage_loops"].items():
-            assert len(entry["measured_s"]) == len(entry["modelled_reference_s"]) == 2
-            assert profile.stage_loops[mode].factor == entry["factor"]
-    else:
-        assert any(note.startswith("stage_loops.") for note in document["notes"])
-    passes = document["weight_passes"]  # on the optimizer's parameter sets
-    assert set(passes) == {"stash", "predict", "repredict", "accumulate", "average", "copy_forward"}
-    assert all(entry["num_params"] == document["optimizer"]["num_params"] for entry in passes.values())
-    assert all(t > 0 for t in passes["repredict"]["medians_s"])  # timed, not derived
-    # the stash timed right after an update (the runtime's order); the cycle's, after the modules'
-    # forward and backward, kept beside it, one per set
-    after_plain = passes["stash"]["after_plain_medians_s"]
-    assert len(after_plain) == len(passes["stash"]["medians_s"]) and all(t > 0 for t in after_plain)
-    assert set(profile.weight_passes) == {"stash", "predict", "repredict", "accumulate", "average", "copy_forward"}
-    assert all(t >= 0 for t in passes["copy_forward"]["medians_s"])
-    ratios = document["copy_backward"]["ratios"]  # the backward on the copy over the modules', per set
-    assert len(ratios) == len(document["optimizer"]["num_params"]) and all(r > 0 for r in ratios)
-    assert profile.copy_backward.factor == document["copy_backward"]["factor"] == pytest.approx(
-        statistics.median(ratios))
-    # 2 ranks: a copy at most one forward old; its factor the median over the sets
-    ages = document["copy_backward"]["age_ratios"]
-    assert len(ages) == len(ratios) and all(len(per_set) == 1 for per_set in ages)
-    assert profile.copy_backward.age_factors == pytest.approx(
-        (document["copy_backward"]["factor"], statistics.median(per_set[0] for per_set in ages)))
-    growth = document["copy_backward"]["copy_age_growth"]  # the copy's over the modules', per set
-    assert len(growth) == len(ratios) and all(len(per_set) == 1 and per_set[0] > 0 for per_set in growth)
-    assert profile.copy_backward.copy_age_factors == pytest.approx(
-        (profile.copy_backward.factor, profile.copy_backward.factor * statistics.median(g[0] for g in growth)))
-    at_once = weight_pass_ranks_at_once(2, "cpu")  # both ranks where each has a core, else rank 0 alone
-    assert all(entry["ranks_at_once"] == at_once for entry in passes.values())
-    assert set(profile.weight_pass_ranks_at_once.values()) == {at_once}
-    in_cycle = document["optimizer"]["in_cycle"]  # the update at the end of those cycles
-    assert in_cycle["ranks_at_once"] == at_once and in_cycle["num_params"] == document["optimizer"]["num_params"]
-    assert all(t > 0 for t in in_cycle["medians_s"])
-    assert profile.optimizer_in_cycle is not None and profile.optimizer_in_cycle_ranks_at_once == at_once
-    for entry in (*passes.values(), in_cycle):  # timed all at once: rank 0 alone kept beside, as recorded
-        assert ("alone" in entry) == (at_once > 1)
-        if at_once > 1:
-            assert entry["alone"]["ranks_at_once"] == 1 and len(entry["alone"]["medians_s"]) == len(entry["medians_s"])
-    if at_once > 1:
-        assert all(t > 0 for t in in_cycle["alone"]["medians_s"])
-    cold = document["cold_start"]  # at the middle batch size, one factor per layer
-    assert cold["batch_size"] == 32 and len(cold["forward_factors"]) == len(cold["backward_factors"]) == 3
-    assert profile.cold_start is not None and profile.cold_start.forward_factors == tuple(cold["forward_factors"])
-    assert profile.cold_start.optimizer_factor == cold["optimizer_factor"] > 0
-    assert cold["ranks_at_once"] == min(2, os.cpu_count() or 1)  # a single hot pass over a block iteration:
-    for phase in ("forward", "backward"):
-        assert len(cold[f"{phase}_single_pass_s"]) == 3 and all(t >= 0 for t in cold[f"{phase}_single_pass_s"])
-    assert profile.cold_start.forward_single_pass_s == tuple(cold["forward_single_pass_s"])
-    sweep = document["layer_sweep"]  # per layer, one ratio per calibrated batch size, both ranks at once
-    assert sweep["batch_sizes"] == document["layers"][0]["batch_sizes"] and sweep["ranks_at_once"] == min(2, os.cpu_count() or 1)
+    assert profile.p2p.send_overhead_s > 0 and profile.p2p.receive_overhead_s > 0  # LogP's o_s, o_r
+    assert set(profile.allreduce) == set(profile.allgather) == {2}
+    assert set(profile.compute_slowdown) == {1, 2} and profile.compute_slowdown[1] == 1.0
+    shared = profile.shared_processors  # a CPU host: the ranks share its cores
+    assert shared.measured_ranks == 2
+    assert shared.parallelism == pytest.approx(2 / profile.compute_slowdown[2])
+    for factors in (shared.compute_slowdown_while, shared.comm_slowdown_while_computing):
+        assert set(factors) == {"collective", "p2p"} and min(factors.values()) > 0
+    assert shared.wakeup_s >= 0
+    provenance = profile.provenance  # the free-form record of how it was measured
+    assert provenance["settings"]["batch_sizes"] == [4, 32] and provenance["settings"]["layer_passes"] == 2
+    assert provenance["layer_passes"]["passes"] == 2
+    assert set(provenance["comm_passes"]) == {"p2p", "allreduce.2", "allgather.2"}
+    assert 0 < provenance["measure_s"] < provenance["total_s"] and isinstance(provenance["notes"], list)
+    assert provenance["torch_version"] == torch.__version__
+    sweep = provenance["layer_sweep"]  # the fits are the back-to-back medians x these, per batch size
+    assert sweep["batch_sizes"] == [4, 32] and sweep["ranks_at_once"] >= 1
     for phase in ("forward", "backward"):
         assert len(sweep[f"{phase}_ratios"]) == 3
-        assert all(len(row) == len(sweep["batch_sizes"]) and min(row) > 0 for row in sweep[f"{phase}_ratios"])
-    assert profile.layer_sweep is not None
-    assert profile.layer_sweep.ratio("B", 1, sweep["batch_sizes"][0]) == sweep["backward_ratios"][1][0]
-    assert document["format"] == "ghpsim-profile/1"
-    spread = document["method"]["layer_passes"]  # two sweeps over the layers, each total vs their median
-    assert spread["passes"] == 2 and len(spread["relative_totals"]) == 2
-    assert sum(spread["relative_totals"]) == pytest.approx(2.0)
-    assert spread["spread_pct"] >= 0 and "median over 2 pass(es)" in document["method"]["layers"]
+        assert all(len(ratios) == 2 and min(ratios) > 0 for ratios in sweep[f"{phase}_ratios"])
+    messages = provenance["messages"]  # the chain's raw figures
+    assert messages["size_bytes"] == 64 << 10 and messages["num_waited"] > 0 and messages["num_ready"] > 0
+    assert messages["hop_compute_s"] >= 0.002 and messages["hop_source"] in ("default", "stage_backward",
+                                                                             "stage_backward_clamped")
+    assert profile.p2p.send_overhead_s == messages["send_call_mean_s"]
+    assert profile.p2p.receive_overhead_s == messages["ready_receive_mean_s"]
+    assert shared.wakeup_s == pytest.approx(max(0.0, messages["delay_mean_s"] - profile.p2p.time_s(64 << 10)
+                                                - profile.p2p.send_overhead_s))
 
-    comm = document["method"]["comm_passes"]  # p2p and collectives timed after each of the two sweeps
-    assert set(comm) == {"p2p", "allreduce.2", "allgather.2"}
-    assert all(entry["passes"] == 2 and entry["spread_pct"] >= 0 for entry in comm.values())
-    assert "median over 2 pass(es)" in document["method"]["comm"]
+    costs = ProfileCosts(profile, workload, optimizer="momentum")
+    assert costs.compute_s(0, "F", 32) > 0 and costs.weight_pass_s("stash", workload.num_params) > 0
+    assert costs.collective_s("allreduce", 1 << 20, 2) > 0 and costs.p2p_s(1 << 20) > 0
 
-    jitter = document["pass_jitter"]  # a burst of 3 whole-model passes before, between and after the 3 phases
-    assert jitter["batch_size"] == 32 and jitter["passes_per_burst"] == 3
-    assert set(jitter["levels"]) == {"2"} and len(jitter["levels"]["2"]) == 4 * 3
-    assert all(len(row) == 2 and min(row) > 0 for row in jitter["levels"]["2"])
-    factors = profile.pass_jitter.levels[2]
-    assert statistics.median(f for row in factors for f in row) == pytest.approx(1.0)
-    offsets = jitter["start_offsets_s"]["2"]  # both ranks on this host: barrier exits on one clock
-    assert len(offsets) == 4 * 3 and all(len(row) == 2 and min(row) == 0.0 and max(row) < 1.0 for row in offsets)
-
-    costs = ProfileCosts(profile, workload, optimizer="sgd")
-    assert costs.cold_start is profile.cold_start and costs.pass_jitter is profile.pass_jitter
-    assert costs.compute_s(0, "F", 32) > 0 and costs.compute_s(2, "B", 4) > 0
-    without_sweep = ProfileCosts(replace(profile, layer_sweep=None), workload, optimizer="sgd")
-    assert costs.compute_s(2, "B", 32) == pytest.approx(
-        without_sweep.compute_s(2, "B", 32) * profile.layer_sweep.ratio("B", 2, 32))
-    assert costs.optimizer_s(workload.num_params) > 0
-    assert costs.weight_pass_s("stash", workload.num_params) > 0
-    assert costs.allreduce_s(1 << 20, 2) >= costs.allreduce_s(4096, 2) > 0  # few, noisy samples
-    assert costs.p2p_s(1 << 20) > 0
+    capsys.readouterr()  # `ghpsim simulate --profile` plays the profile: dp and a 2-stage pipeline
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(json.dumps({
+        "name": "tiny", "cluster": {"num_nodes": 1, "gpus_per_node": 2, "gpu": "cpu",
+                                    "intra_node_link": "loopback", "inter_node_link": "loopback"},
+        "model": {"name": "mlp", "params": params}, "strategy": {"kind": "pipedream", "num_microbatches": 4},
+        "training": {"global_batch_size": 32, "optimizer": "momentum"}}))
+    for kind in ("dp", "pipedream"):
+        assert main(["simulate", str(scenario), "--set", f"strategy.kind={kind}", "--profile", str(out),
+                     "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
 
 
-def _with_cpu_accounting(other_share: float, steal_s: float) -> dict:
-    return {"method": {"background_cpu": {"wall_s": 200.0, "num_cpus": 2, "other_processes_cpu_s": 0.0,
-                                          "steal_s": steal_s, "share_of_machine": other_share}}, "notes": []}
+@pytest.mark.parametrize("setting, value, message", [
+    ("layer_passes", 0, "layer_passes: 0 must be at least 1"),
+    ("repeats", 0, "repeats: 0 must be at least 1"),
+    ("batch_sizes", (8, 8), "batch_sizes: need at least two distinct"),
+    ("device", "tpu", "device: expected cpu or cuda"),
+])
+def test_bad_settings_are_one_line_errors_that_write_nothing(tmp_path, setting, value, message):
+    from validator.calibrate import calibrate
+
+    out = tmp_path / "profile.json"
+    with pytest.raises(ScenarioError, match=message):
+        calibrate(tiny_mlp(), {}, out, **{setting: value})
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- in-sweep fits, message overheads
+
+def test_in_sweep_medians_are_the_back_to_back_medians_times_the_ratio_per_batch_size():
+    from validator.sweep_ratio import in_sweep
+
+    assert in_sweep([1.0, 2.0, 4.0], [1.5, 1.25, 1.0]) == [1.5, 2.5, 4.0]
+    with pytest.raises(ValueError, match="3 medians but 2 ratios"):
+        in_sweep([1.0, 2.0, 4.0], [1.0, 1.0])
+
+
+def test_layer_fits_are_fitted_to_the_in_sweep_medians_and_the_slowdown_to_the_back_to_back_ones():
+    from validator.calibrate import _layer_fits
+
+    workload = tiny_mlp()  # 3 layers, calibrated at batch sizes 4 and 32 on 2 ranks
+    def rows(scale):  # per layer {forward_s, backward_s}: a + b x batch, the same on every rank
+        return [{"forward_s": [scale * (1e-3 + 1e-4 * b) for b in (4, 32)],
+                 "backward_s": [scale * (2e-3 + 2e-4 * b) for b in (4, 32)]} for _ in range(3)]
+    by_level = {2: [rows(1.8), rows(1.8)], 1: [rows(1.0)]}
+    ratios = {"forward_ratios": [[2.0, 1.0], [1.0, 1.0], [1.0, 1.0]],
+              "backward_ratios": [[1.0, 1.0], [1.5, 1.5], [1.0, 1.0]]}
+    back_to_back, _ = _layer_fits(workload, by_level, (4, 32), 2, [])
+    fits, slowdown = _layer_fits(workload, by_level, (4, 32), 2, [], ratios)
+    assert slowdown == {1: 1.0, 2: pytest.approx(1.8)}  # host sharing: ratios do not enter it
+    # layer 0 forward: 1.8 x (1.4 ms x 2, 4.2 ms x 1) -> the line through them
+    slope = 1.8 * (4.2e-3 - 2.8e-3) / 28
+    assert fits[0]["forward"]["per_sample_s"] == pytest.approx(slope)
+    assert fits[0]["forward"]["intercept_s"] == pytest.approx(1.8 * 2.8e-3 - slope * 4)
+    assert fits[1]["backward"]["intercept_s"] == pytest.approx(1.5 * back_to_back[1]["backward"]["intercept_s"])
+    assert fits[1]["backward"]["per_sample_s"] == pytest.approx(1.5 * back_to_back[1]["backward"]["per_sample_s"])
+    assert fits[2] == back_to_back[2]  # ratios of 1: unchanged
+
+
+def test_sweep_ratios_of_the_ranks_that_measured_are_averaged():
+    from validator.sweep_ratio import combine_ranks, ranks_at_once
+
+    first = {"forward_ratios": [[1.0, 2.0]], "backward_ratios": [[1.2, 1.4]], "sweep_backward_s": [0.01, 0.03]}
+    second = {"forward_ratios": [[3.0, 2.0]], "backward_ratios": [[1.0, 1.0]], "sweep_backward_s": [0.03, 0.05]}
+    combined = combine_ranks([first, None, second, None])
+    assert combined == {"forward_ratios": [[2.0, 2.0]], "backward_ratios": [[pytest.approx(1.1), 1.2]],
+                        "sweep_backward_s": [0.02, 0.04]}
+    with pytest.raises(ValueError, match="no rank measured"):
+        combine_ranks([None, None])
+    assert ranks_at_once(4, "cpu", cores=2) == 2 and ranks_at_once(2, "cpu", cores=8) == 2
+    assert ranks_at_once(4, "cuda", cores=2) == 4
+
+
+def _chain_records():
+    """Two ranks' records (`message_bench._one_repeat`): rank 0 sent 3 messages to rank 1, which sent
+    one back; receivers reached their receives 1 ms after (ready), 0.2 ms after (neither) and 1 ms
+    before (waited) the sends."""
+    sends0 = [((0, 1, 0, 1), 10.000, 100e-6), ((0, 1, 1, 1), 11.000, 200e-6), ((0, 1, 2, 1), 12.000, 300e-6)]
+    receives1 = [((0, 1, 0, 1), 10.001, 10.001, 10.00105),    # ready: o_r 50 us
+                 ((0, 1, 1, 1), 11.0002, 11.0002, 11.0003),   # lead 0.2 ms < margin: neither
+                 ((0, 1, 2, 1), 11.999, 12.0008, 12.0009)]    # waited: delay 0.8 ms
+    sends1 = [((0, -1, 0, 0), 13.000, 400e-6)]
+    receives0 = [((0, -1, 0, 0), 12.998, 13.0012, 13.0013)]   # waited: delay 1.2 ms
+    return [(sends0, receives0), (sends1, receives1)]
+
+
+def test_message_summary_takes_o_s_from_the_isend_calls_o_r_from_ready_receives_delays_from_waited_ones():
+    from validator.message_bench import message_summary
+
+    summary = message_summary(_chain_records(), 65536, 0.002, 4)
+    assert (summary["num_sends"], summary["num_ready"], summary["num_waited"]) == (4, 1, 2)
+    assert summary["send_call_mean_s"] == pytest.approx(250e-6)
+    assert summary["send_call_median_s"] == pytest.approx(250e-6)
+    assert summary["ready_receive_mean_s"] == pytest.approx(50e-6)
+    assert summary["delay_mean_s"] == pytest.approx(1.0e-3) and summary["delay_median_s"] == pytest.approx(1.0e-3)
+    assert summary["size_bytes"] == 65536 and summary["hop_compute_s"] == 0.002 and summary["world_size"] == 2
+    nothing_ready = message_summary(_chain_records(), 65536, 0.002, 4, ready_margin_s=1.0)
+    assert nothing_ready["num_ready"] == 0 and nothing_ready["ready_receive_mean_s"] is None
+
+
+def test_wakeup_is_the_waited_delay_less_the_idle_message_and_the_send_call_never_negative():
+    from validator.message_bench import stage_hop_s, wakeup_s
+
+    assert wakeup_s(1.0e-3, 0.3e-3, 0.2e-3) == pytest.approx(0.5e-3)
+    assert wakeup_s(0.4e-3, 0.3e-3, 0.2e-3) == 0.0
+    assert stage_hop_s(0.03, 2) == (0.015, "stage_backward")
+    assert stage_hop_s(0.001, 2) == (0.002, "stage_backward_clamped")
+    assert stage_hop_s(10.0, 4) == (0.05, "stage_backward_clamped")
+    assert stage_hop_s(None, 2) == (0.002, "default")
+
+
+def test_message_fields_write_the_overheads_and_the_wakeup_and_note_what_is_missing():
+    from validator.calibrate import message_fields
+    from validator.message_bench import message_summary
+
+    p2p = {"latency_s": 100e-6, "bandwidth_bytes_per_s": 65536 / 100e-6}  # 64 KiB: 0.2 ms idle
+    notes = []
+    overheads, wakeup = message_fields(message_summary(_chain_records(), 65536, 0.002, 4), p2p, notes)
+    assert overheads == {"send_overhead_s": pytest.approx(250e-6), "receive_overhead_s": pytest.approx(50e-6)}
+    assert wakeup == pytest.approx(1.0e-3 - 200e-6 - 250e-6) and notes == []
+    summary = message_summary(_chain_records(), 65536, 0.002, 4, ready_margin_s=1.0)
+    overheads, wakeup = message_fields({**summary, "delay_mean_s": None}, p2p, notes)
+    assert overheads["receive_overhead_s"] == 0.0 and wakeup is None
+    assert notes == ["p2p.receive_overhead_s: the message chain timed no such message; left at 0",
+                     "shared_processors.wakeup_s: the message chain timed no waited message; left at 0"]
+
+
+# ----------------------------------------------------------------------------- disturbed machines
+
+def _with_cpu_accounting(other_share: float, steal_s: float):
+    from simulator.profile import Profile
+    return Profile.model_construct(provenance={"background_cpu": {
+        "wall_s": 200.0, "num_cpus": 2, "other_processes_cpu_s": 0.0, "steal_s": steal_s,
+        "share_of_machine": other_share}})
 
 
 def test_disturbance_names_other_processes_and_a_vm_hosts_steal():
+    from simulator.profile import Profile
     from validator.calibrate import disturbance
 
     assert disturbance(_with_cpu_accounting(0.02, 0.2)) is None  # a quiet calibration
-    assert disturbance({"method": {}}) is None  # no accounting (not Linux): nothing to say
+    assert disturbance(Profile.model_construct(provenance={})) is None  # no accounting (not Linux)
     assert disturbance(_with_cpu_accounting(0.0, 196.0)) == "the VM's host took 49% of the machine's CPU time (steal)"
     assert disturbance(_with_cpu_accounting(0.3, 0.0)) == "other processes used 30% of the machine's CPU time"
 
@@ -279,8 +304,8 @@ def test_calibrate_quietly_repeats_a_disturbed_calibration_and_stops_when_quiet(
     results = iter([_with_cpu_accounting(0.0, 196.0), _with_cpu_accounting(0.0, 0.1)])
     calls, said = [], []
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *args, **kwargs: calls.append(args) or next(results))
-    document = calibrate_module.calibrate_quietly("workload", world_size=4, say=said.append)
-    assert len(calls) == 2 and document["method"]["background_cpu"]["steal_s"] == 0.1
+    profile = calibrate_module.calibrate_quietly("workload", world_size=4, say=said.append)
+    assert len(calls) == 2 and profile.provenance["background_cpu"]["steal_s"] == 0.1
     assert said == ["[calibrate] attempt 1 of 3 disturbed: the VM's host took 49% of the machine's CPU time (steal); "
                     "calibrating again"]
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *args, **kwargs: _with_cpu_accounting(0.0, 196.0))
@@ -289,13 +314,3 @@ def test_calibrate_quietly_repeats_a_disturbed_calibration_and_stops_when_quiet(
     assert len(said) == 2 and said[-1].endswith("keeping it, with that note")
     with pytest.raises(ValueError, match="attempts must be >= 1"):
         calibrate_module.calibrate_quietly(attempts=0)
-
-
-def test_the_handoff_section_can_be_measured_alone():
-    """`benchmarks/handoff_recalibrate.py`'s launch: two ranks pass messages along the chain with the
-    model's layers computing between hops, both receive protocols, as the calibration's phase."""
-    from validator.handoff_bench import handoff_rank_main
-    from validator.launch import LaunchConfig, spawn
-    handoff = spawn(handoff_rank_main, (tiny_mlp(), 8, MODELS, 0, 2, 1), LaunchConfig(world_size=2))[0]
-    assert handoff["world_size"] == 2 and handoff["num_messages"] >= 1 and handoff["mean_delay_s"] > 0
-    assert handoff["preposted"]["num_messages"] >= 1 and handoff["preposted"]["send_post_s"] > 0

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ghpsim.cli import main
 from simulator import load_scenario, simulate
-from simulator.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = str(ROOT / "scenarios" / "small_fast_dp_wins.yaml")
@@ -31,7 +31,7 @@ def run_json(capsys, *argv):
 
 
 def test_demo_subprocess_prints_all_three_strategies():
-    done = subprocess.run([sys.executable, "-m", "simulator.cli", "demo"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "ghpsim", "demo"], capture_output=True, text=True,
                           cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if "(G=" in line]
@@ -147,53 +147,17 @@ def test_simulate_and_compare_with_a_calibration_profile(capsys):
     scenario = load_scenario(MLP_CPU, ["cluster.gpus_per_node=2", "strategy.kind=mp"])
     workload = resolve_workload(scenario.model, scenario.base_dir)
     profile = load_profile(MLP_PROFILE)
-    expected = simulate(scenario, costs=ProfileCosts(profile, workload, shared_host=True), workload=workload)
+    expected = simulate(scenario, costs=ProfileCosts(profile, workload), workload=workload)
     summary = run_json(capsys, "simulate", MLP_CPU, *overrides, "--profile", MLP_PROFILE)
     assert summary["step_time_s"] == pytest.approx(expected.step_time_s, rel=1e-12)
     assert summary["step_time_s"] != pytest.approx(run_json(capsys, "simulate", MLP_CPU, *overrides)["step_time_s"])
 
     document = run_json(capsys, "compare", MLP_CPU, "--set", "cluster.gpus_per_node=2", "--strategies", "dp,mp",
                         "--profile", MLP_PROFILE)
-    dp = simulate(with_strategy(scenario, "dp", None), costs=ProfileCosts(profile, workload, shared_host=True),
+    dp = simulate(with_strategy(scenario, "dp", None), costs=ProfileCosts(profile, workload),
                   workload=workload)
     times = {row["strategy"].split()[0]: row["step_time_s"] for row in document["results"]}
     assert times == pytest.approx({"mp": expected.step_time_s, "dp": dp.step_time_s}, rel=1e-12)
-
-
-def test_simulate_with_jitter_adds_the_step_under_the_profiles_measured_jitter(capsys):
-    """--jitter: the same draws `ghpsim validate` predicts from (simulator.pass_jitter), in the
-    JSON and on the summary's screen."""
-    from simulator.model_source import resolve_workload
-    from simulator.pass_jitter import jittered_prediction
-    from simulator.profile_costs import profile_costs
-
-    overrides = ["cluster.gpus_per_node=2", "strategy.kind=dp"]
-    scenario = load_scenario(MLP_CPU, overrides)
-    costs = profile_costs(MLP_PROFILE, resolve_workload(scenario.model, scenario.base_dir))
-    expected = jittered_prediction(simulate(scenario, costs=costs, workload=costs.workload), costs)
-    argv = ("simulate", MLP_CPU, "--set", overrides[0], "--set", overrides[1], "--profile", MLP_PROFILE, "--jitter")
-    jitter = run_json(capsys, *argv)["jitter"]
-    assert jitter["step_time_s"] == pytest.approx(expected["step_time_s"], rel=1e-12)
-    assert jitter["p10_step_s"] <= jitter["step_time_s"] <= jitter["p90_step_s"]
-    assert jitter["p10_step_s"] < jitter["p90_step_s"] and jitter["draws"] == expected["draws"] > 1
-    code, out, err = run_cli(capsys, *argv)
-    assert code == 0 and "under measured pass jitter: median" in out and f"{jitter['draws']} draws" in out
-
-
-@pytest.mark.parametrize("profile, message", [
-    (None, "--jitter: needs --profile"),
-    ("no_jitter.json", "no_jitter.json has no pass_jitter section"),
-])
-def test_simulate_jitter_without_a_measured_jitter_is_a_one_line_error(capsys, tmp_path, profile, message):
-    argv = ["simulate", MLP_CPU, "--set", "cluster.gpus_per_node=2", "--jitter"]
-    if profile:
-        document = json.loads(Path(MLP_PROFILE).read_text())
-        del document["pass_jitter"]
-        (tmp_path / profile).write_text(json.dumps(document))
-        argv += ["--profile", str(tmp_path / profile)]
-    code, out, err = run_cli(capsys, *argv)
-    assert code == 2 and out == ""
-    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 @pytest.mark.parametrize("profile,optimizer,message", [

@@ -55,7 +55,7 @@ def test_device_problem_names_the_missing_gpu_or_the_nccl_rule(monkeypatch):
      "--profile", "reports/profiles/mlp_cpu_ws2_cuda.json", "--out", "{tmp}/report"],
 ])
 def test_cuda_without_a_gpu_is_a_one_line_error_and_writes_nothing(tmp_path, command):
-    result = subprocess.run([sys.executable, "-m", "validator.cli", *(c.format(tmp=tmp_path) for c in command)],
+    result = subprocess.run([sys.executable, "-m", "ghpsim", *(c.format(tmp=tmp_path) for c in command)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "no GPU" in result.stderr and "Traceback" not in result.stderr

@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from ghpsim.cli import main
 from simulator import load_scenario, simulate
-from simulator.cli import main
 from simulator.report.gallery import ENTRIES, QUICK_NOTE, build_entry, index_markdown
 from simulator.report.gallery_claims import VERDICTS, Claim
 from simulator.report.render import report_files

@@ -6,10 +6,11 @@ from simulator import load_scenario, simulate
 from simulator.collectives import hierarchical_allreduce_time_s, ring_allreduce_time_s
 from simulator.costs import AnalyticCosts
 from simulator.errors import ScenarioError
+from simulator.fabrics import build_topology
 from simulator.hardware import resolve_gpu
 from simulator.heterogeneity import DeviceCosts
 from simulator.scenario import ClusterConfig
-from simulator.topology import Topology, build_topology
+from simulator.topology import Topology
 from tests.helpers import FixedCosts, link, run_grid, run_plan, toy_workload
 from tests.test_engine import collective_plan
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from ghpsim.cli import main
 from simulator import load_scenario
-from simulator.cli import main
 from simulator.engine import Engine
 from simulator.pase.graphs import inception_v3_graph
 from simulator.pase.run import search_point, simulate_strategy

@@ -114,20 +114,18 @@ def test_asynchronous_pipelines_equal_the_reference_emulation(name, measured):
     assert worst_error(expected, full_batch) > 1e-3, "staleness must change the result for the check to mean anything"
 
 
-def test_validate_runs_a_pipeline_plan_end_to_end(tmp_path, capsys):
-    """`ghpsim validate --strategies 1f1b:2` at 2 ranks: calibrate, predict, run, one positive row."""
-    import json
+def test_validate_runs_a_pipeline_plan_end_to_end(tmp_path):
+    """`validator.validate` of `1f1b:2` at 2 ranks: calibrate, predict, run, one positive row."""
+    from simulator.model_source import resolve_workload
+    from simulator.scenario import load_scenario
+    from validator.calibrate import calibrate
+    from validator.validate import validate
 
-    from validator.cli import main
-    small = ["--set", "cluster.gpus_per_node=2", "--set", "model.params.hidden_dim=64",
-             "--set", "model.params.num_hidden_layers=3"]
-    scenario = "scenarios/validation/mlp_cpu.yaml"
+    scenario = load_scenario("scenarios/validation/mlp_cpu.yaml", [
+        "cluster.gpus_per_node=2", "model.params.hidden_dim=64", "model.params.num_hidden_layers=3"])
     profile = tmp_path / "profile.json"
-    assert main(["calibrate", "--scenario", scenario, *small, "--world-size", "2", "--out", str(profile),
-                 "--batch-sizes", "4,16", "--repeats", "3"]) == 0
-    capsys.readouterr()
-    assert main(["validate", scenario, *small, "--profile", str(profile), "--strategies", "1f1b:2",
-                 "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "out"), "--json"]) == 0
-    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    calibrate(resolve_workload(scenario.model, scenario.base_dir), dict(scenario.model.params), profile,
+              world_size=2, batch_sizes=(4, 16), repeats=3, layer_passes=1, verbose=False)
+    (row,) = validate(scenario, str(profile), [("1f1b:2", None)], RunOptions(steps=2, warmup=1))["rows"]
     assert row["kind"] == "1f1b:2" and row["world_size"] == 2 and row["workers_per_group"] == 2
     assert row["measured_s"] > 0 and row["predicted_s"] > 0

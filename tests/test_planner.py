@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from simulator.cli import main
+from ghpsim.cli import main
 from simulator.errors import ScenarioError
 from simulator.heuristics import estimate_peak_memory_bytes
 from simulator.planner import (MEMORY_ESTIMATE, MEMORY_MODEL, Candidate, candidate_kinds, enumerate_candidates,

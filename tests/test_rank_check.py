@@ -10,13 +10,13 @@ import pytest
 
 pytest.importorskip("torch")
 
+from ghpsim.cli import main  # noqa: E402
 import validator.validate  # noqa: E402
 from simulator.planner import _profile_costs, rank_candidates  # noqa: E402
 from simulator.profile import FORMAT  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
 from simulator.simulate import simulate  # noqa: E402
 from simulator.zoo import build_model  # noqa: E402
-from validator.cli import main  # noqa: E402
 from validator.rank_check import (checked_kinds, distinct_predictions, kendall_tau, pick_cases,  # noqa: E402
                                   rank_check, top1_regret_pct)
 
@@ -64,18 +64,20 @@ def test_top1_regret_and_case_choice():
 def profile(tmp_path):
     """A synthetic 4-rank CPU profile of the tiny MLP (the format of simulator/profile.py)."""
     workload = build_model("mlp", **PARAMS)
-    fit = {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9, "sizes_bytes": [1024, 1048576]}
+    fit = {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1e9}
     document = {
         "format": FORMAT, "device": {"kind": "cpu", "name": "test", "num_threads": 1}, "backend": "gloo",
         "world_size": 4,
-        "model": {"name": "mlp", "params": PARAMS, "num_layers": 4, "num_params": workload.num_params},
-        "layers": [{"index": i, "name": layer.name,
+        "model": {"name": "mlp", "params": PARAMS, "layer_names": [layer.name for layer in workload.layers],
+                  "num_params": workload.num_params},
+        "layers": [{"name": layer.name,
                     "forward": {"intercept_s": 1e-4, "per_sample_s": 2e-5 * (i + 1)},
                     "backward": {"intercept_s": 2e-4, "per_sample_s": 4e-5 * (i + 1)}}
                    for i, layer in enumerate(workload.layers)],
         "optimizer": {"name": "sgd", "intercept_s": 1e-5, "per_param_s": 1e-9},
         "p2p": fit, "allreduce": {"2": fit, "4": fit},
         "compute_slowdown": {"1": 1.0, "2": 1.5, "4": 2.0},
+        "shared_processors": {"parallelism": 2.0, "measured_ranks": 4},
     }
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(document))
@@ -127,8 +129,9 @@ def test_validate_rank_cli(monkeypatch, profile, tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["num_cases"] == 2 and report["kendall_tau"] == pytest.approx(1.0)
     assert report["rows"][0]["predicted_rank"] == 1 and (out / "tiny_cpu_rank.csv").is_file()
-    code = main(["validate", str(path), "--profile", profile, "--rank", "--gpus", "6", "--out", str(out)])
-    assert code == 2 and "--gpus: 6 is not a multiple" in capsys.readouterr().err
+    code = main(["validate", str(path), "--profile", profile, "--rank", "--gpus", "2", "--out", str(out)])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and "--gpus: 2: the profile" in error and "world size 4" in error and len(error.splitlines()) == 1
     code = main(["validate", str(path), "--profile", profile, "--rank", "--repeats", "3", "--out", str(out)])
     error = capsys.readouterr().err.strip()
     assert code == 2 and error.startswith("ghpsim: error: --repeats: 3") and len(error.splitlines()) == 1

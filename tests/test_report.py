@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ghpsim.cli import main
 from simulator import load_scenario
-from simulator.cli import main
 from simulator.compare import compare
 from simulator.report import plots
 from simulator.tables import strategy_label
@@ -319,7 +319,7 @@ def test_scenario_with_profile_uses_the_profile_costs(capsys, tmp_path):
     assert code == 0, err
     scenario = load_scenario(scenario_path)
     workload = resolve_workload(scenario.model, scenario.base_dir)
-    costs = ProfileCosts(load_profile(profile_path), workload, shared_host=True)
+    costs = ProfileCosts(load_profile(profile_path), workload)
     expected = {f"{kind} (G={groups} x M={4 // groups})":
                 simulate(with_strategy(scenario, kind, groups), costs=costs, workload=workload).step_time_s
                 for kind, groups in (("dp", 4), ("ghp", 2))}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simulator.cli import main
+from ghpsim.cli import main
 from tests.test_report import ROOT, parse_html, records, run_report
 
 SMALL = ROOT / "scenarios" / "small_fast_dp_wins.yaml"

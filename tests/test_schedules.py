@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from simulator.cli import main
+from ghpsim.cli import main
 from simulator.errors import ScenarioError
 from simulator.schedules import Op, Schedule, ScheduleError, build_schedule, check_schedule, unit_time_run
 from simulator.schedules.analysis import stage_metrics

@@ -8,8 +8,9 @@ import pytest
 from simulator import load_scenario, simulate
 from simulator.costs import BACKWARD, FORWARD
 from simulator.partition import balanced_partition
+from simulator.placement import place_ranks
 from simulator.simulate import analytic_costs
-from simulator.strategies.ghp import bucket_segments, place_ranks
+from simulator.strategies.ghp import bucket_segments
 from tests.helpers import toy_workload
 
 FREE_LINK = {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}

@@ -48,7 +48,7 @@ def test_sigkill_mid_run_then_rerun_loses_nothing(tmp_path):
         "training.global_batch_size": {"start": 8, "stop": 8 * NUM_POINTS, "step": 8}}}))
     out = tmp_path / "out"
     store_path = out / STORE_NAME
-    process = subprocess.Popen([sys.executable, "-m", "simulator.cli", "sweep", str(sweep_path), "--out", str(out),
+    process = subprocess.Popen([sys.executable, "-m", "ghpsim", "sweep", str(sweep_path), "--out", str(out),
                                 "--workers", "2", "--no-progress"], cwd=ROOT, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from ghpsim.cli import main
 from simulator import simulate
-from simulator.cli import main
 from simulator.sweep import load_sweep, run_sweep
 from simulator.sweep import runner as runner_module
 from simulator.sweep.export import CSV_NAME, PARQUET_NAME, parquet_engine

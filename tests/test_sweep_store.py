@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from simulator.cli import main
+from ghpsim.cli import main
 from simulator.errors import ScenarioError
 from simulator.sweep.store import STORE_NAME, SweepStore
 

@@ -7,10 +7,10 @@ import networkx as nx
 import pytest
 
 from simulator.errors import ScenarioError
-from simulator.fabrics import fat_tree, rail_optimized, torus_2d
+from simulator.fabrics import build_topology, fat_tree, rail_optimized, torus_2d
 from simulator.network import max_min_rates
 from simulator.scenario import ClusterConfig, load_scenario
-from simulator.topology import Topology, build_topology, device_name
+from simulator.topology import Topology, device_name
 from tests.helpers import link
 
 INTRA, INTER = link(1e-6, 100e9), link(4e-6, 10e9)

@@ -104,7 +104,7 @@ def test_kinds_without_a_torch_schedule_are_refused(kind):
 
 
 def test_cli_rejects_torch_runtime_for_pipedream(capsys, tmp_path):
-    from validator.cli import main
+    from ghpsim.cli import main
     code = main(["validate", "scenarios/validation/mlp_cpu.yaml", "--profile", str(tmp_path / "none.json"),
                  "--strategies", "gpipe:4,pipedream:4", "--pipeline-runtime", "torch",
                  "--out", str(tmp_path / "out")])

@@ -1,113 +1,73 @@
-"""Calibrate a model on this machine: measure, fit and write a profile the simulator can use.
+"""Calibrate a model on this machine: measure, fit and write a profile the simulator can use
+(format `ghpsim-profile/2`, `simulator.profile`).
 
 `calibrate(...)` spawns `world_size` local ranks (gloo on CPU, nccl on CUDA; each rank with
-`torch.set_num_threads(1)` by default) and measures, in order:
+`torch.set_num_threads(1)` by default; `validator.calibration_phases` is what they run):
 
-1. **Layers.** Every layer at every batch size is measured in rounds, back to back (so that a
-   change in background load hits every round alike): first **all ranks at once** (a barrier
-   before each layer; ranks share cores / devices as in a validated run of this world size),
-   then, for every divisor k < world_size (k = 1 always), **k ranks at once** (ranks 0..k-1
-   compute, the others wait at the barrier). The profile's layer fits use the all-ranks round:
-   per layer, batch size and phase, the **mean over ranks of each rank's median**.
-   `compute_slowdown[k]` = (sum over layers, batch sizes and phases of the mean over the k
-   computing ranks of their medians) / (the same sum for k = 1, rank 0 alone); so
-   `compute_slowdown["1"]` = 1 and `compute_slowdown[world_size]` compares the fits with one
-   rank alone. A rank's sample is a block of back-to-back iterations of >= 10 ms
-   (`min_block_s`), divided by the iterations: with more ranks than cores, single iterations
-   shorter than a scheduler time slice mostly run uninterrupted and their median hides the
-   sharing (measured on this 2-core machine: 1.26x instead of 1.83x for 4 ranks).
-   The layers are swept `layer_passes` times (default 3) at evenly spaced points of the
-   calibration, before, between and after the phases below, and each figure is the median over
-   the sweeps, so that a speed spell of a shared host costs one sweep, not the profile
-   (`validator.layer_passes`; the sweeps' spread is recorded as `method.layer_passes`).
-   After every sweep, **whole-model passes** (`validator.pass_jitter_bench`): forward + backward
-   of the whole model at the middle batch size, each after a barrier, all ranks at once; every
-   pass's time on every rank goes into `pass_jitter` (how much a step's slowest rank is slower
-   than the typical pass: `simulator.pass_jitter`), and, when all ranks share one host, each
-   rank's exit from the pass's barrier after the first rank's (`start_offsets_s`).
-2. **Optimizer, all ranks at once**: one update (step, then the gradients zeroed, as the runtimes
-   do) over the parameters of each layer and of each prefix of layers (the stages a plan can
-   have), fitted against the number of parameters; then, on the same sets, the asynchronous pipeline
-   runtime's weight passes, **all ranks at once on a CPU host with a core per rank** (they share the
-   memory bus), **rank 0 alone** where ranks outnumber cores or on a GPU (the others at a barrier:
-   all at once, the block medians hid the time-sharing of these short passes;
-   `validator.calibration_phases.weight_pass_ranks_at_once`; timed all at once, rank 0 alone
-   too, kept as each fit's `alone`): stash, predict, repredict, accumulate, the replicas' gradient
-   averaging and what a forward costs more on a weight copy than through the module (copy_forward)
-   (`validator.weight_pass_bench`); each fit records its `ranks_at_once`. In the same cycles the
-   backward on the copy over the backward through the modules (`copy_backward`, a median ratio:
-   `simulator.copy_backward`).
-   **Cold start**, all ranks at once (`validator.cold_bench`): every layer at the middle batch
-   size and the update, each timed back to back and after a 50 ms pause, alternately; the ratios
-   and the decay over shorter pauses (`simulator.cold_start`); on a CPU host no more ranks at
-   once than it has cores. A layer's pass right after itself (between pauses) against an
-   iteration of a back-to-back block timed in the same pair, the median difference over pairs:
-   the profile's single-pass time per layer and phase (`validator.cold_bench.single_pass_overheads`).
-   **Layer sweeps**, CPU only, no more ranks at once than cores (`validator.sweep_bench`): each layer's forward
-   and backward inside whole-model sweeps against the same passes back to back, per batch size:
-   the caches the other layers of a step refill (`layer_sweep`, `ProfileCosts.compute_s`).
-3. **p2p**: ping-pong between ranks 0 and 1 (one-way = half the round trip).
-4. **allreduce**: for every divisor g >= 2 of world_size, the world is cut into world_size / g
-   groups of consecutive ranks (`new_group`) that all allreduce at the same time (as the
-   concurrent groups of a GHP/DP plan do); each group's median (of the slowest member) is
-   averaged over groups.
-   p2p, allreduce and allgather (5.) are timed after every layer sweep, and each median (per kind,
-   group size and message size) is the median over the sweeps, as the layers' figures
-   (`validator.layer_passes.median_comm_over_passes`; the spread: `method.comm_passes`).
-6. **Overlap** (CPU, world_size >= 2; `validator.overlap_bench`): compute steps (the layers'
-   forward + backward at the middle batch size) alone, a stream of asynchronous allreduces (or of
-   point-to-point messages between rank pairs) alone, and both at once, all ranks together:
-   compute's and communication's slowdowns when they overlap on the shared cores
-   (`simulator.host_sharing`). Then **handoff** (CPU and GPU, world_size >= 2;
-   `validator.handoff_bench`, on a GPU with the messages staged through the host): messages passed
-   along a chain of all ranks computing between hops; the mean delay from send to the end of a
-   waiting receiver's `wait()`, with receives posted on demand (`ProfileCosts.handoff_s`) and
-   posted one ahead as the pipeline runtime does (`ProfileCosts.handoff_preposted_s`); then the
-   same pre-posted figures with every rank in the asynchronous 1F1B cycle at once (`handoff.cycle`,
-   `ProfileCosts.asynchronous_messages`: what PipeDream and SpecTrain pay per message, and on a
-   shared host 1F1B and interleaved 1F1B too); then the same figures timed inside the pipeline
-   runtime running PipeDream on a synthetic MLP (`handoff.runtime`,
-   `validator.runtime_messages_bench`; what asynchronous plans pay per message where each rank has
-   a core, `ProfileCosts.runtime_messages`); then, on a CPU, the layers inside that cycle's compute
-   windows against the processor sharing the engine would give them (`cycle_compute`,
-   `validator.cycle_compute_bench`; where ranks outnumber cores, the factor on asynchronous compute,
-   `ProfileCosts.asynchronous_compute_factor`, and the pool's parallelism with all ranks computing,
-   `ProfileCosts.pool_curve`); then, on every device, each asynchronous kind's stage loop through
-   the pipeline runtime without messages, in turns with 1F1B's (`stage_loops`,
-   `validator.stage_loop_bench`; after the document is built, the engine plays the same loops on it
-   for the section's model half, `simulator.stage_loop`).
-5. **Top-k** (sparse gradients, `simulator.sparse`): the runtime's selection with error feedback
-   (`validator.microbench.time_topk`) on flat gradients of 4096 x 4^j elements up to the model's
-   parameter count, all ranks at once, at each density of `topk_densities` (fitted against the
-   element count, least squares weighted by 1 / t^2); and **allgather** per group size as the
-   allreduce above (sizes = bytes each rank contributes).
+1. **Layers** (`validator.microbench.time_layers`): every layer's forward and backward at every
+   batch size, the ranks in rounds back to back: all ranks at once, then for every divisor k <
+   world_size (k = 1 always) ranks 0..k-1 while the others wait at the barrier. A rank's sample
+   is a block of back-to-back iterations of >= `min_block_s`, per iteration (so that ranks sharing
+   cores count the sharing), its figure the median over blocks. The layers are swept
+   `layer_passes` times, spread over the calibration before, between and after the phases below,
+   and each figure is the median over the sweeps (`validator.layer_passes`). The profile's fits
+   (intercept + per sample x batch, least squares) take the all-ranks round, mean over ranks, each
+   median multiplied by the layer's sweep ratio at its batch size (2.) before fitting, so that the
+   fits are the pass inside a whole-model sweep; `compute_slowdown[k]` = the sum of every
+   back-to-back figure with k ranks at once over the same with rank 0 alone.
+2. **Sweep ratios** (`validator.sweep_ratio`): per batch size, each layer's forward and backward
+   inside whole-model sweeps over the same pass back to back, no more ranks at once than a CPU
+   host has cores (all on GPUs), averaged over them; recorded in `provenance.layer_sweep`.
+3. **Messages** (world_size >= 2; `validator.message_bench`): `message_bytes` (64 KiB) messages
+   along a chain of all ranks computing between hops, receives posted one ahead as the pipeline
+   runtime does; the hop is a balanced stage's in-sweep backward at the middle batch size (the
+   model's backward from 2. over world_size, within 2-50 ms). The mean `isend` call is `p2p`'s
+   `send_overhead_s`, the mean completion of an already-arrived receive with the next one posted
+   its `receive_overhead_s` (LogP's o_s, o_r); on CPU, `shared_processors.wakeup_s` = the mean
+   delivery delay to a waiting rank - p2p(message_bytes) of the idle fit (7.) - o_s, at least 0.
+   The raw figures: `provenance.messages`.
+4. **Optimizer and weight passes**, all ranks at once, back to back: one update (step, then the
+   gradients zeroed, as the runtimes do) and the asynchronous runtime's stash, predict, repredict,
+   accumulate and average (`validator.weight_pass_bench`) over the parameters of every prefix of
+   the layers, fitted against the parameter count.
+5. **Top-k** selection with error feedback (`validator.microbench.time_topk`) on flat gradients
+   of 4096 x 4^j elements up to the model's parameter count, at each of `topk_densities`.
+6. **Overlap** (CPU, world_size >= 2; `validator.overlap_bench`): compute steps alone, a stream of
+   allreduces (or point-to-point messages) alone, and both at once: the profile's
+   `shared_processors` interference factors. Its `parallelism` is W / compute_slowdown[W].
+7. **Communication**, after every layer sweep, medians over the sweeps (`validator.comm_bench`):
+   p2p ping-pong between ranks 0 and 1 (one-way = half the round trip); allreduce and allgather
+   for every divisor g >= 2 of world_size, the world cut into world_size / g groups of consecutive
+   ranks that run at the same time (as the concurrent groups of a GHP / DP plan). Fitted to
+   alpha + S / beta by least squares weighted by 1 / t^2 (relative errors: the small sizes pin
+   alpha, the large ones beta).
 
-Communication times are fitted to alpha + S / beta by least squares weighted by 1 / t^2 (i.e.
-relative errors, so the small sizes pin alpha and the large ones beta). Nothing is timed end to
-end: no training step enters a fit. The profile format: `simulator.profile.PROFILE_FORMAT`.
-Before it is written, the document is loaded as the simulator will load it
-(`validator.calibration_document.loadable_document`): an optional `cycle_compute`, `copy_backward` or
-`stage_loops` section whose ratio the loader finds implausible (a rank stalled mid-measurement) is left out with a
-note naming the field and value; any other refusal stops the calibration, and no file is written.
+Nothing is timed end to end: no training step enters a fit. The settings, timings, CPU
+accounting and notes (a clamped fit, a disturbed machine) go in the profile's `provenance`.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import time
 from collections.abc import Sequence
 
+import torch
+
+from simulator.errors import ScenarioError
 from simulator.output import write_json_atomic
-from simulator.stage_loop import stage_loops_section
+from simulator.profile import FORMAT, WEIGHT_PASS_NAMES, Profile, profile_document, profile_from_dict
 from simulator.workload import Workload
-from validator.calibration_document import build_document, loadable_document
-from validator.calibration_phases import DEFAULT_TOPK_DENSITIES, CalibrationSettings, load_average, rank_main
+from validator.calibration_phases import CalibrationSettings, rank_main
 from validator.comm_device import default_backend, device_problem
 from validator.launch import LaunchConfig, spawn
 from validator.layer_passes import DEFAULT_LAYER_PASSES
+from validator.fitting import fit_line
+from validator.message_bench import DEFAULT_MESSAGE_BYTES, wakeup_s
 from validator.microbench import DEFAULT_MIN_BLOCK_S
-from validator.pass_jitter_bench import DEFAULT_JITTER_PASSES
+from validator.sweep_ratio import DEFAULT_PASSES, DEFAULT_TRIALS, in_sweep
 
 DEFAULT_BATCH_SIZES = (4, 16, 64)
 """Batch sizes each layer is timed at (per rank): spans the micro-batches of small validated runs."""
@@ -116,6 +76,8 @@ DEFAULT_WARMUP = 2
 DEFAULT_COMM_SIZES = tuple(4096 * 4 ** k for k in range(7))
 """4 KiB, 16 KiB, ..., 16 MiB: log-spaced message / allreduce buffer sizes in bytes."""
 DEFAULT_COMM_REPEATS = 10
+DEFAULT_TOPK_DENSITIES = (0.001, 0.01, 0.1)
+"""Densities of the top-k selection fits (strategy.compression_density; default 0.01)."""
 
 
 def calibrate(workload: Workload, model_params: dict, out_path, device: str = "cpu", world_size: int = 2,
@@ -125,68 +87,186 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
               num_threads: int = 1, models: str = "validator.models", seed: int = 0,
               min_block_s: float = DEFAULT_MIN_BLOCK_S, timeout_s: float = 1800.0, verbose: bool = True,
               topk_densities: Sequence[float] = DEFAULT_TOPK_DENSITIES,
-              layer_passes: int = DEFAULT_LAYER_PASSES, jitter_passes: int = DEFAULT_JITTER_PASSES) -> dict:
+              layer_passes: int = DEFAULT_LAYER_PASSES, sweep_trials: int = DEFAULT_TRIALS,
+              sweep_passes: int = DEFAULT_PASSES, message_bytes: int = DEFAULT_MESSAGE_BYTES) -> Profile:
     """Measure `workload` on `world_size` local ranks, write the profile to `out_path` atomically
-    and return it. `models` names the module with `build_modules`, `make_batch` and `loss_fn`;
-    `topk_densities` the densities of the top-k selection fits; `layer_passes` the sweeps over the
-    layers, spread over the calibration (`validator.layer_passes`); `jitter_passes` the whole-model
-    passes timed after each sweep (`validator.pass_jitter_bench`; 0: none)."""
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    and return it. `models` names the module with `build_modules`, `make_batch` and `loss_fn`.
+    Bad settings: a one-line ScenarioError naming the setting; nothing is written."""
     backend = backend or default_backend(device)
-    problem = device_problem(device, backend, world_size)
-    if problem:
-        raise ValueError(f"device {device!r}, backend {backend!r}: {problem}")
-    if world_size < 1:
-        raise ValueError("world_size must be >= 1")
-    if layer_passes < 1:
-        raise ValueError(f"layer_passes must be >= 1, got {layer_passes}")
-    if jitter_passes < 0:
-        raise ValueError(f"jitter_passes must be >= 0, got {jitter_passes}")
-    batch_sizes = tuple(int(b) for b in batch_sizes)
-    if len(set(batch_sizes)) < 2 or min(batch_sizes) < 1:
-        raise ValueError(f"need at least two distinct positive batch sizes, got {batch_sizes}")
-    settings = CalibrationSettings(workload, batch_sizes, repeats, warmup, device, optimizer, tuple(comm_sizes),
-                         comm_repeats, models, seed, verbose, min_block_s,
-                         tuple(sorted({float(d) for d in topk_densities})), layer_passes,
-                         jitter_passes)
+    settings = CalibrationSettings(workload, tuple(int(b) for b in batch_sizes), repeats, warmup, device, optimizer,
+                                   tuple(comm_sizes), comm_repeats, models, seed, verbose, min_block_s,
+                                   tuple(sorted({float(d) for d in topk_densities})), layer_passes,
+                                   sweep_trials, sweep_passes, message_bytes)
+    _check(settings, world_size, backend)
     config = LaunchConfig(world_size=world_size, backend=backend, device=device, timeout_s=timeout_s,
                           collective_timeout_s=max(60.0, timeout_s / 2), num_threads=num_threads)
     started = time.perf_counter()
-    load_before = load_average()
+    load_before = _load_average()
     if verbose and load_before is not None and load_before > (os.cpu_count() or 1):
         print(f"[calibrate] warning: the 1-minute load average is {load_before:.2f} on {os.cpu_count()} CPUs; "
               "other processes will distort the timings", file=sys.stderr)
     raw = spawn(rank_main, (settings,), config)[0]
-    background = raw["background_cpu"]
-    document = build_document(workload, model_params, raw, world_size=world_size, device=device,
-                              backend=backend, batch_sizes=batch_sizes, optimizer=optimizer,
-                              comm_sizes=settings.comm_sizes, repeats=repeats, comm_repeats=comm_repeats,
-                              min_block_s=min_block_s, layer_passes=layer_passes)
-    document["method"]["total_s"] = time.perf_counter() - started
-    document["method"]["settings"] = {  # what a later calibration needs to measure the same (validator.bracket)
-        "batch_sizes": list(batch_sizes), "repeats": repeats, "warmup": warmup, "comm_sizes": list(settings.comm_sizes),
-        "comm_repeats": comm_repeats, "min_block_s": min_block_s, "topk_densities": list(settings.topk_densities),
-        "layer_passes": layer_passes, "jitter_passes": jitter_passes, "num_threads": num_threads}
-    document["method"]["load_average_1m"] = {"before": load_before, "after": load_average(),
-                                             "num_cpus": os.cpu_count()}
-    if background is not None:
-        document["method"]["background_cpu"] = background
-        problem = disturbance(document)
-        if problem:
-            document["notes"].append(f"{problem} during the calibration: compute and comm figures are distorted; "
-                                     "recalibrate on a quiet machine")
-    document = loadable_document(document, str(out_path))
-    if raw.get("stage_loops"):  # the model's half needs the rest of the profile (`simulator.stage_loop`)
-        document["stage_loops"] = stage_loops_section(document, workload, raw["stage_loops"])
-        document = loadable_document(document, str(out_path))
+    notes: list[str] = []
+    document = profile_fields(workload, model_params, raw, settings, world_size, backend, notes)
+    problem = disturbance_of(raw["background_cpu"])
+    if problem:
+        notes.append(f"{problem} during the calibration: compute and comm figures are distorted; "
+                     "recalibrate on a quiet machine")
+    document["provenance"] = {
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch_version": torch.__version__, "settings": {**_settings_record(settings), "num_threads": num_threads},
+        "measure_s": raw["measure_s"], "phase_s": raw["phase_s"], "total_s": time.perf_counter() - started,
+        "layer_passes": raw["layer_passes"], "comm_passes": raw["comm_passes"],
+        "layer_sweep": raw["layer_sweep"], **({"messages": raw["messages"]} if raw.get("messages") else {}),
+        "load_average_1m": {"before": load_before, "after": _load_average(), "num_cpus": os.cpu_count()},
+        **({"background_cpu": raw["background_cpu"]} if raw["background_cpu"] else {}), "notes": notes}
+    profile = profile_from_dict(document, str(out_path))  # the loader's own check, before anything is written
+    write_json_atomic(out_path, profile_document(profile))
     if verbose:
-        for note in document["notes"]:
+        for note in notes:
             print(f"[calibrate] note: {note}", file=sys.stderr)
-    write_json_atomic(out_path, document)
-    if verbose:
-        print(f"[calibrate] wrote {out_path} in {document['method']['total_s']:.1f} s", file=sys.stderr)
+        print(f"[calibrate] wrote {out_path} in {document['provenance']['total_s']:.1f} s", file=sys.stderr)
+    return profile
+
+
+def _settings_record(settings: CalibrationSettings) -> dict:
+    """What a later calibration needs to measure the same (the profile's `provenance.settings`)."""
+    return {"batch_sizes": list(settings.batch_sizes), "repeats": settings.repeats, "warmup": settings.warmup,
+            "comm_sizes": list(settings.comm_sizes), "comm_repeats": settings.comm_repeats,
+            "min_block_s": settings.min_block_s, "topk_densities": list(settings.topk_densities),
+            "layer_passes": settings.layer_passes, "seed": settings.seed, "sweep_trials": settings.sweep_trials,
+            "sweep_passes": settings.sweep_passes, "message_bytes": settings.message_bytes}
+
+
+def _check(settings: CalibrationSettings, world_size: int, backend: str) -> None:
+    if settings.device not in ("cpu", "cuda"):
+        raise ScenarioError(f"device: expected cpu or cuda, got {settings.device!r}")
+    for name, value, least in (("world_size", world_size, 1), ("repeats", settings.repeats, 1),
+                               ("warmup", settings.warmup, 0), ("comm_repeats", settings.comm_repeats, 1),
+                               ("layer_passes", settings.layer_passes, 1), ("sweep_trials", settings.sweep_trials, 1),
+                               ("sweep_passes", settings.sweep_passes, 3), ("message_bytes", settings.message_bytes, 4)):
+        if value < least:
+            raise ScenarioError(f"{name}: {value} must be at least {least}")
+    if len(set(settings.batch_sizes)) < 2 or min(settings.batch_sizes) < 1:
+        raise ScenarioError(f"batch_sizes: need at least two distinct positive batch sizes, got {settings.batch_sizes}")
+    if len(set(settings.comm_sizes)) < 2 or min(settings.comm_sizes) < 4:
+        raise ScenarioError(f"comm_sizes: need at least two distinct sizes of >= 4 bytes, got {settings.comm_sizes}")
+    problem = device_problem(settings.device, backend, world_size)
+    if problem:
+        raise ScenarioError(f"device {settings.device!r}, backend {backend!r}: {problem}")
+
+
+def profile_fields(workload: Workload, model_params: dict, raw: dict, settings: CalibrationSettings,
+                   world_size: int, backend: str, notes: list[str]) -> dict:
+    """The profile document (without provenance) from the ranks' medians (`rank_main`); clamped
+    fits are noted in `notes`."""
+    layers, compute_slowdown = _layer_fits(workload, raw["layers"], settings.batch_sizes, world_size, notes,
+                                           raw["layer_sweep"])
+    counts = [item["num_params"] for item in raw["optimizer"]]
+    update = _fit(counts, [item["median_s"] for item in raw["optimizer"]], notes, "optimizer")
+    passes = {name: _fit(counts, [item[f"{name}_s"] for item in raw["weight_passes"]], notes, f"weight_passes.{name}")
+              for name in WEIGHT_PASS_NAMES}
+    document = {
+        "format": FORMAT,
+        "device": {"kind": settings.device, "name": raw["device_name"], "num_threads": raw["num_threads"]},
+        "backend": backend,
+        "world_size": world_size,
+        "model": {"name": workload.name, "params": dict(model_params),
+                  "layer_names": [layer.name for layer in workload.layers], "num_params": workload.num_params,
+                  "forward_flops_per_sample": workload.forward_flops_per_sample},
+        "layers": layers,
+        "optimizer": {"name": settings.optimizer, "intercept_s": update.intercept, "per_param_s": update.slope},
+        "weight_passes": {name: {"intercept_s": fit.intercept, "per_param_s": fit.slope} for name, fit in passes.items()},
+        "topk": {density: _element_fit(items, notes, f"topk.{density}") for density, items in raw["topk"].items()},
+        "allreduce": {g: _alpha_beta(settings.comm_sizes, item["medians_s"], notes, f"allreduce.{g}")
+                      for g, item in raw["allreduce"].items()},
+        "allgather": {g: _alpha_beta(settings.comm_sizes, item["medians_s"], notes, f"allgather.{g}")
+                      for g, item in raw["allgather"].items()},
+        "compute_slowdown": compute_slowdown,
+    }
+    wakeup = None
+    if raw["p2p"] is not None:
+        document["p2p"] = _alpha_beta(settings.comm_sizes, raw["p2p"], notes, "p2p")
+        if raw.get("messages") is not None:
+            overheads, wakeup = message_fields(raw["messages"], document["p2p"], notes)
+            document["p2p"].update(overheads)
+    if settings.device == "cpu":  # the ranks are processes sharing this host's cores
+        document["shared_processors"] = _shared_processors(world_size, compute_slowdown, raw.get("overlap"))
+        if wakeup is not None:
+            document["shared_processors"]["wakeup_s"] = wakeup
     return document
+
+
+def message_fields(messages: dict, p2p: dict, notes: list[str]) -> tuple[dict, float | None]:
+    """From the message chain's summary (`validator.message_bench.message_summary`) and the idle
+    p2p fit (`{latency_s, bandwidth_bytes_per_s}`): p2p's `{send_overhead_s, receive_overhead_s}`
+    (the mean isend call, the mean ready receive), the wake-up delay (mean delay to a waiting rank
+    - p2p(size) - o_s, >= 0; None without a waited message). A figure the chain could not time is
+    left at 0 / out, with a note."""
+    overheads = {"send_overhead_s": messages["send_call_mean_s"] or 0.0,
+                 "receive_overhead_s": messages["ready_receive_mean_s"] or 0.0}
+    for key, figure in (("send_overhead_s", "send_call_mean_s"), ("receive_overhead_s", "ready_receive_mean_s")):
+        if messages[figure] is None:
+            notes.append(f"p2p.{key}: the message chain timed no such message; left at 0")
+    p2p_s = p2p["latency_s"] + messages["size_bytes"] / p2p["bandwidth_bytes_per_s"]
+    wakeup = None
+    if messages["delay_mean_s"] is None:
+        notes.append("shared_processors.wakeup_s: the message chain timed no waited message; left at 0")
+    else:
+        wakeup = wakeup_s(messages["delay_mean_s"], p2p_s, overheads["send_overhead_s"])
+    return overheads, wakeup
+
+
+def _layer_fits(workload: Workload, by_level: dict, batch_sizes, world_size: int,
+                notes: list[str], sweep: dict | None = None) -> tuple[list[dict], dict[int, float]]:
+    """Per layer and phase the fit against the batch size of the all-ranks round's medians (mean
+    over ranks) times the layer's sweep ratios (`sweep`: `{"forward_ratios", "backward_ratios"}`,
+    per layer one per batch size; None: back to back); and compute_slowdown[k] = total of every
+    back-to-back figure with k ranks at once / with one."""
+    totals = {k: 0.0 for k in by_level}
+    layers = []
+    for index, layer in enumerate(workload.layers):
+        entry = {"name": layer.name}
+        for phase in ("forward", "backward"):
+            for k, ranks in by_level.items():
+                means = [sum(values) / len(values) for values in zip(*(rows[index][f"{phase}_s"] for rows in ranks))]
+                totals[k] += sum(means)
+                if k == world_size:
+                    if sweep is not None:
+                        means = in_sweep(means, sweep[f"{phase}_ratios"][index])
+                    fit = _fit(batch_sizes, means, notes, f"layers[{index}].{phase}")
+                    entry[phase] = {"intercept_s": fit.intercept, "per_sample_s": fit.slope}
+        layers.append(entry)
+    return layers, {k: (totals[k] / totals[1] if totals[1] > 0 else 1.0) for k in sorted(totals)}
+
+
+def _shared_processors(world_size: int, compute_slowdown: dict[int, float], overlap: dict | None) -> dict:
+    """P = W / compute_slowdown[W] ranks at full speed; the interference factors of `overlap`."""
+    section = {"parallelism": world_size / compute_slowdown[world_size], "measured_ranks": world_size}
+    if overlap:
+        section["compute_slowdown_while"] = {kind: entry["compute_slowdown"] for kind, entry in overlap.items()}
+        section["comm_slowdown_while_computing"] = {kind: entry["comm_slowdown"] for kind, entry in overlap.items()}
+    return section
+
+
+def _fit(xs, ys, notes: list[str], what: str, weights=None):
+    fit = fit_line(xs, ys, weights)
+    if fit.clamped:
+        notes.append(f"{what}: {fit.clamped}")
+    return fit
+
+
+def _alpha_beta(sizes, medians, notes: list[str], what: str) -> dict:
+    fit = _fit(sizes, medians, notes, what, weights=[1.0 / t ** 2 for t in medians])
+    if fit.slope <= 0:
+        notes.append(f"{what}: time does not grow with size; bandwidth recorded as 1e30 B/s")
+    return {"latency_s": fit.intercept, "bandwidth_bytes_per_s": 1.0 / fit.slope if fit.slope > 0 else 1e30}
+
+
+def _element_fit(items: list[dict], notes: list[str], what: str) -> dict:
+    medians = [item["median_s"] for item in items]
+    fit = _fit([item["num_elements"] for item in items], medians, notes, what, weights=[1.0 / t ** 2 for t in medians])
+    return {"intercept_s": fit.intercept, "per_element_s": fit.slope}
 
 
 DISTURBED_SHARE = 0.1
@@ -194,80 +274,47 @@ DISTURBED_SHARE = 0.1
 a VM's host (steal), above which a calibration's figures are called distorted."""
 
 
-def disturbance(document: dict) -> str | None:
+def disturbance(profile: Profile) -> str | None:
     """Why a profile's figures are distorted, from the CPU accounting its calibration recorded
-    (`method.background_cpu`: /proc/stat around the measurements), or None. Seen on this project's
-    VM: 196 s of steal in a 204 s calibration of 4 ranks on 2 CPUs (48 % of the machine; a normal
-    calibration has < 1 s); its cold-start pairs timed a 2 ms backward pass at 41 ms, and the
-    profile predicted its pipelines 2-3.7x too slow."""
-    background = document.get("method", {}).get("background_cpu")
+    (`provenance.background_cpu`: /proc/stat around the measurements), or None."""
+    return disturbance_of(profile.provenance.get("background_cpu"))
+
+
+def disturbance_of(background: dict | None) -> str | None:
+    """`disturbance` of one `background_cpu` record. Seen on this project's VM: 196 s of steal in a
+    204 s calibration of 4 ranks on 2 CPUs (48 % of the machine; a normal calibration has < 1 s),
+    and the profile predicted its pipelines 2-3.7x too slow."""
     if not background or background["wall_s"] <= 0:
         return None
-    capacity_s = background["wall_s"] * background["num_cpus"]
     problems = []
     if background["share_of_machine"] > DISTURBED_SHARE:
         problems.append(f"other processes used {100 * background['share_of_machine']:.0f}% of the machine's CPU time")
-    steal_share = background.get("steal_s", 0.0) / capacity_s
+    steal_share = background.get("steal_s", 0.0) / (background["wall_s"] * background["num_cpus"])
     if steal_share > DISTURBED_SHARE:
         problems.append(f"the VM's host took {100 * steal_share:.0f}% of the machine's CPU time (steal)")
     return "; ".join(problems) or None
 
 
-def calibrate_quietly(*args, attempts: int = 3, say=lambda message: print(message, file=sys.stderr), **kwargs) -> dict:
+def calibrate_quietly(*args, attempts: int = 3, say=lambda message: print(message, file=sys.stderr),
+                      **kwargs) -> Profile:
     """`calibrate(*args, **kwargs)` again, up to `attempts` times in all, while the machine was
     disturbed (`disturbance`); returns the last profile (its notes say if it is still disturbed).
     For benchmarks: a calibration taken while a VM's host held the CPUs is not this machine's."""
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     for attempt in range(1, attempts + 1):
-        document = calibrate(*args, **kwargs)
-        problem = disturbance(document)
+        profile = calibrate(*args, **kwargs)
+        problem = disturbance(profile)
         if problem is None:
-            return document
+            return profile
         say(f"[calibrate] attempt {attempt} of {attempts} disturbed: {problem}"
             + ("; calibrating again" if attempt < attempts else "; keeping it, with that note"))
-    return document
+    return profile
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m validator.calibrate MODEL [--param key=value ...] --out profile.json [...]`."""
-    import argparse
-
-    import yaml
-
-    from simulator.errors import ScenarioError
-    from simulator.model_source import resolve_workload
-    from simulator.scenario import ModelConfig
-
-    parser = argparse.ArgumentParser(prog="python -m validator.calibrate", description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="zoo model name, e.g. mlp or resnet20")
-    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="zoo factory parameter (value parsed as YAML); repeatable")
-    parser.add_argument("--out", required=True, help="profile JSON to write")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)))
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--layer-passes", type=int, default=DEFAULT_LAYER_PASSES)
-    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"))
-    parser.add_argument("--backend", default=None, choices=("gloo", "nccl"))
-    parser.add_argument("--models", default="validator.models", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    params = {}
-    for item in args.param:
-        key, _, value = item.partition("=")
-        params[key.strip()] = yaml.safe_load(value)
+def _load_average() -> float | None:
+    """The host's 1-minute load average (recorded: other processes distort CPU timings)."""
     try:
-        workload = resolve_workload(ModelConfig(name=args.model, params=params))
-    except ScenarioError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    calibrate(workload, params, args.out, device=args.device, world_size=args.world_size,
-              batch_sizes=[int(b) for b in args.batch_sizes.split(",")], repeats=args.repeats,
-              backend=args.backend, optimizer=args.optimizer, models=args.models,
-              layer_passes=args.layer_passes)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None

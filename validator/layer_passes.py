@@ -7,7 +7,7 @@ timed in one sweep is a snapshot whose every prediction moves with the spell it 
 profiles of the same model minutes apart predicted the same plan 33 % apart). Timing every layer
 in `passes` sweeps, run at evenly spaced points of the calibration (between its other phases), and
 keeping per figure the median over passes makes one slow spell cost one pass, not the profile.
-The spread of the passes' totals is recorded in the profile (`method.layer_passes`).
+The spread of the passes' totals is recorded in the profile (`provenance.layer_passes`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def pass_totals_s(runs: Sequence[list[dict]]) -> list[float]:
 
 def pass_spread(totals_by_rank: Sequence[Sequence[float]]) -> dict:
     """The passes' totals summed over ranks, each relative to their median (1.0 = typical), and
-    the spread (max - min) / min in percent; the profile's `method.layer_passes` entry."""
+    the spread (max - min) / min in percent; the profile's `provenance.layer_passes` entry."""
     totals = [sum(column) for column in zip(*totals_by_rank)]
     middle = statistics.median(totals)
     relative = [total / middle if middle > 0 else 1.0 for total in totals]
@@ -85,7 +85,7 @@ def median_comm_over_passes(runs: Sequence[dict]) -> dict:
 def comm_pass_spread(runs: Sequence[dict]) -> dict:
     """Per kind ("p2p", "allreduce.<g>", "allgather.<g>"): each pass's sum of medians over the
     message sizes relative to the median pass, and the spread (max - min) / min in percent; the
-    profile's `method.comm_passes` entry (how much the passes disagreed)."""
+    profile's `provenance.comm_passes` entry (how much the passes disagreed)."""
     series = {}
     if runs and runs[0]["p2p"] is not None:
         series["p2p"] = [[sum(run["p2p"])] for run in runs]

@@ -32,7 +32,6 @@ from validator.models import build_modules, loss_fn, make_batch
 from validator.microbench import make_optimizer
 from validator.pipeline_runtime import PipelineExecutor
 from validator.runtime import RankExecutor
-from validator.speed_anchor import anchor_passes_s
 from validator.torch_pipelining import TorchPipelineExecutor, check_pipeline_runtime
 
 
@@ -49,11 +48,6 @@ class RunOptions:
     """(p stages, m micro-batches per step): measure the steady-state window, see the docstring."""
     pipeline_runtime: str = "own"
     """own (validator.pipeline_runtime) | torch (validator.torch_pipelining: gpipe / 1f1b only)."""
-    anchor_passes: int = 0
-    """Speed anchor (`validator.speed_anchor`): whole-model passes timed by every rank before the
-    warm-up and again after the measured steps; 0 = none."""
-    anchor_batch_size: int = 16
-    """The anchor's batch size: the calibration's `pass_jitter.batch_size`."""
     keep_step_spans: bool = False
     """Return every measured step's spans ("step_spans"), not only the median step's (`ghpsim validate
     --step-spans`): for the tails a single step's trace hides."""
@@ -67,7 +61,6 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
         executor_class = TorchPipelineExecutor
     executor = executor_class(plan, workload, rank, options.optimizer, options.learning_rate,
                               options.seed, options.device)
-    anchor_s = _anchor(workload, options)
     step_times_s, step_spans, step_span_cpu = [], [], []
     for step in range(options.warmup + options.steps):
         executor.load_batch(step)  # the data loader's part, outside the timed step (not simulated)
@@ -86,24 +79,16 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
             step_spans.append(spans)
             # {span index: the rank's thread CPU seconds in that compute span} (runtimes that time it)
             step_span_cpu.append(dict(getattr(executor, "span_cpu_s", {})))
-    anchor_s += _anchor(workload, options)
     median_index = min(range(len(step_times_s)), key=lambda i: abs(step_times_s[i] - statistics.median(step_times_s)))
     return {
         "rank": rank,
         "step_times_s": step_times_s,
-        "anchor_s": anchor_s,
         "spans": step_spans[median_index] if step_spans else [],
         **({"step_spans": step_spans, "step_span_cpu_s": step_span_cpu} if options.keep_step_spans else {}),
         # numpy, not tensors: torch would share tensors through file descriptors that vanish when
         # the rank's process exits before the launcher has read them
         "state": {k: v.cpu().numpy() for k, v in executor.state().items()} if options.return_state else None,
     }
-
-
-def _anchor(workload: Workload, options: RunOptions) -> list[float]:
-    if options.anchor_passes <= 0:
-        return []
-    return anchor_passes_s(workload, options.anchor_batch_size, options.anchor_passes, options.device)
 
 
 def _steady_state_window_s(spans: list[tuple], num_stages: int, num_microbatches: int) -> float:

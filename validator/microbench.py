@@ -1,6 +1,6 @@
-"""Micro-benchmarks for calibration: per-layer compute, optimizer steps and top-k selection, plus
-a least-squares line fitter (communication: `validator.comm_bench`). `validator/calibrate.py` runs
-them on several ranks and writes a profile (format: `simulator.profile.PROFILE_FORMAT`).
+"""Micro-benchmarks for calibration: per-layer compute, optimizer steps and top-k selection
+(communication: `validator.comm_bench`). `validator/calibrate.py` runs them on several ranks, fits
+their medians (`validator.fitting`) and writes a profile (format: `simulator.profile`).
 
 Every figure is a *median* of `repeats` timed samples after `warmup` untimed ones. A compute
 sample is a block of back-to-back iterations lasting at least `min_block_s` (10 ms), reported per
@@ -18,76 +18,14 @@ import importlib
 import math
 import statistics
 import time
-import warnings
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from simulator.workload import Workload
 from validator.stream_timing import settled as _settled, stream_timed as _stream_timed
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
-
-
-# ----------------------------------------------------------------------------- fitting
-
-
-class LineFit(NamedTuple):
-    intercept: float
-    slope: float
-    r2: float
-    clamped: str | None
-    """None, or what was clamped and why (a negative intercept or a negative slope)."""
-
-
-class ClampedFitWarning(UserWarning):
-    """A least-squares fit had a negative intercept (or slope) and was refitted with it at 0."""
-
-
-def fit_line(xs: Sequence[float], ys: Sequence[float], weights: Sequence[float] | None = None) -> LineFit:
-    """Least squares `y = intercept + slope * x` (numpy), optionally weighted, never negative.
-
-    A negative intercept is clamped to 0 and the slope refitted through the origin; a negative
-    slope (the time does not measurably grow with x) is clamped to 0 and the intercept refitted
-    as the (weighted) mean. `clamped` says which happened. R^2 is of the final line, unweighted.
-    """
-    x = np.asarray(xs, dtype=float)
-    y = np.asarray(ys, dtype=float)
-    if x.shape != y.shape or x.ndim != 1 or len(x) == 0:
-        raise ValueError(f"fit_line: need two equally long, non-empty 1-D sequences (got {x.shape}, {y.shape})")
-    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=float)
-    sw = np.sqrt(w)
-    clamped = None
-    if len(np.unique(x)) < 2:
-        intercept, slope = float(np.average(y, weights=w)), 0.0
-        clamped = "one distinct x: slope set to 0"
-    else:
-        design = np.stack([np.ones_like(x), x], axis=1)
-        (intercept, slope), *_ = np.linalg.lstsq(design * sw[:, None], y * sw, rcond=None)
-        intercept, slope = float(intercept), float(slope)
-        if intercept < 0:
-            slope = float(np.sum(w * x * y) / np.sum(w * x * x))
-            clamped = f"negative intercept {intercept:.3g} clamped to 0, slope refitted through the origin"
-            intercept = 0.0
-        if slope < 0:
-            clamped = f"negative slope {slope:.3g} clamped to 0, intercept refitted as the mean"
-            intercept, slope = float(np.average(y, weights=w)), 0.0
-    predicted = intercept + slope * x
-    total = float(np.sum((y - y.mean()) ** 2))
-    residual = float(np.sum((y - predicted) ** 2))
-    r2 = 1.0 - residual / total if total > 0 else (1.0 if residual == 0 else 0.0)
-    return LineFit(intercept, slope, r2, clamped)
-
-
-def fit_linear(xs: Sequence[float], ys: Sequence[float],
-               weights: Sequence[float] | None = None) -> tuple[float, float, float]:
-    """`(intercept, slope, r2)` of `fit_line`; warns (ClampedFitWarning) when it clamped."""
-    fit = fit_line(xs, ys, weights)
-    if fit.clamped:
-        warnings.warn(f"fit_linear: {fit.clamped}", ClampedFitWarning, stacklevel=2)
-    return fit.intercept, fit.slope, fit.r2
 
 
 # ----------------------------------------------------------------------------- helpers

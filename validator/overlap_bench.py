@@ -13,7 +13,8 @@ Compute slowdown = (time of the steps run in 3) / (the same steps' times in 1); 
 slowdown = (time to the last completion in 3) / (the same in 2). Medians over repeats, averaged over ranks (the
 communication times: the slowest rank's). This is the situation of a data-parallel backward with
 bucketed allreduces, or of a pipeline stage sending while its neighbours compute; no validated
-plan is run. The simulator uses the two factors per kind in `simulator.host_sharing`.
+plan is run. The calibration writes the two factors per kind into the profile's
+`shared_processors` (`simulator.profile.SharedProcessors`), which `simulator.host_sharing` plays.
 """
 
 from __future__ import annotations
@@ -137,9 +138,7 @@ def time_overlap(steps: Sequence[Callable[[], None]], kind: str, size_bytes: int
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, columns)
     stream_s, both_stream_s = (max(r[i] for r in everyone) for i in (1, 2))
-    return {"size_bytes": size_bytes, "num_messages": num_messages, "stream_s": stream_s,
-            "stream_overlapped_s": both_stream_s,
-            "compute_slowdown": statistics.fmean(r[0] for r in everyone), "comm_slowdown": both_stream_s / stream_s}
+    return {"compute_slowdown": statistics.fmean(r[0] for r in everyone), "comm_slowdown": both_stream_s / stream_s}
 
 
 def model_steps(workload, batch: int, models, seed: int = 0, device: str = "cpu") -> list[Callable[[], None]]:

@@ -10,15 +10,23 @@ from __future__ import annotations
 import torch
 
 from simulator.plan import FORWARD, Compute, Plan, Recv, Send
-from simulator.stage_loop import loop_mode
+from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.strategies.pipeline import PREDICT_PHASE as PREDICT
 from simulator.strategies.pipeline import REPREDICT_PHASE
 
 
 def weight_mode(plan: Plan) -> str:
-    """accumulate | stash | newest | predict (module docstring): an asynchronous plan's mode as the
-    simulator keys its stage loops (`simulator.stage_loop.loop_mode`), accumulate for the others."""
-    return loop_mode(plan) or "accumulate"
+    """The weights a micro-batch's passes use (`validator.pipeline_runtime`): accumulate for a
+    synchronous plan (the live weights, gradients accumulated over the step); for an asynchronous
+    one predict (SpecTrain), stash (PipeDream with weight stashing) or newest (the live weights as
+    they are: PipeDream without stashing, delayed gradients)."""
+    if plan.strategy not in ASYNCHRONOUS_KINDS:
+        return "accumulate"
+    if plan.strategy == "spectrain":
+        return "predict"
+    if plan.strategy == "pipedream" and plan.meta.get("weight_stashing", True):
+        return "stash"
+    return "newest"
 
 
 def num_microbatches(plan: Plan) -> int:

@@ -1,6 +1,7 @@
-"""Does the planner's order hold for real? `ghpsim validate SCENARIO --profile P --rank --gpus N`.
+"""Does the planner's order hold for real? `ghpsim validate SCENARIO --profile P --rank`.
 
-The planner ranks every candidate for N ranks with the calibration profile's costs
+The planner ranks every candidate for the profile's world size N (the ranks it was calibrated
+with; `--gpus`, when given, must be N) with the profile's costs
 (`simulator.planner.rank_candidates`); the top K and J others spread over the rest of the ranking
 run for real through the validator (`validator.validate.validate`, one candidate at a time). Two
 figures judge the ranking: Kendall's tau-b between predicted and measured step times of the runs
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from simulator.errors import ScenarioError
 from simulator.planner import ASYNC_KINDS, MEGATRON, Candidate, candidate_kinds, candidate_scenario, rank_candidates
+from simulator.profile import load_profile
 from simulator.scenario import Scenario, scenario_from_dict
 from validator.measure import RunOptions
 
@@ -98,7 +100,11 @@ def rank_check(scenario: Scenario, profile_path: str, num_gpus: int | None = Non
     for real; `summarize` of the runs plus the size of the ranking. `on_case(rows)` after every
     finished run."""
     from validator.validate import validate
-    ranking = rank_candidates(scenario, num_gpus, kinds=checked_kinds(), profile_path=profile_path,
+    world_size = load_profile(profile_path).world_size
+    if num_gpus is not None and num_gpus != world_size:
+        raise ScenarioError(f"--gpus: {num_gpus}: the profile {profile_path} was calibrated at world size "
+                            f"{world_size}; rank {world_size} ranks, or calibrate at {num_gpus}")
+    ranking = rank_candidates(scenario, world_size, kinds=checked_kinds(), profile_path=profile_path,
                               workers=1, show_progress=False)
     if not ranking.rows:
         raise ScenarioError(f"--rank: no candidate could be simulated on {ranking.scenario.num_gpus} ranks "

@@ -54,6 +54,15 @@ def measured_against_measured(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def headline_error_column(frame: pd.DataFrame) -> str:
+    """The column of a run's headline error: `error_pct`, or in CSVs written before format 2
+    profiles (which predicted the median step under the calibration's pass jitter too, when every
+    row had one) `jitter_error_pct`."""
+    if "predicted_jitter_s" in frame and not frame["predicted_jitter_s"].isna().any():
+        return "jitter_error_pct"
+    return "error_pct"
+
+
 def model_figures(runs: dict[str, pd.DataFrame], error_column: str) -> pd.DataFrame:
     """The model's own errors on each run (`error_column`, e.g. `jitter_error_pct`): one row per run."""
     for name, frame in runs.items():

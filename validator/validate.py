@@ -1,22 +1,15 @@
 """Predicted vs measured: simulate each plan with a calibration profile, run the same plan for
 real, and report the error per strategy.
 
-The prediction (`predicted_s`) has every rank at its typical speed. Where the profile records pass
-jitter (`simulator.pass_jitter`), each row also carries the median step over draws of the ranks'
-measured speeds (`predicted_jitter_s`) and the 10th and 90th percentiles of those single steps,
-to hold against the measured steps' own (`measured_p10_s`, `measured_p90_s`): how far a step of
-this machine moves with its pass-to-pass noise.
-With a speed anchor (`RunOptions.anchor_passes` > 0, `validator.speed_anchor`) every launch also
-times the calibration's whole-model passes, and each row carries the machine's speed then over
-its calibration's (`speed_ratio`) and the plan simulated with its compute costs scaled by it
-(`anchored_predicted_s`, `anchored_error_pct`), beside the calibration's own prediction.
-The profile comes from microbenchmarks only (`validator.calibrate`); these plan runs are never fed
-back into it: they are the held-out test of the prediction.
+The prediction (`predicted_s`) is the plain simulation of the plan with the profile's costs
+(`simulator.profile_costs.ProfileCosts`). The profile comes from microbenchmarks only
+(`validator.calibrate`); these plan runs are never fed back into it: they are the held-out test of
+the prediction. The plans run at the profile's world size: a scenario whose cluster has another
+number of ranks is resized to it (`simulator.planner.scenario_for_gpus`), and `progress` says so.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 from dataclasses import dataclass, field, replace
@@ -27,17 +20,17 @@ from simulator.compare import with_strategy
 from simulator.engine import SPAN_FIELDS
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
-from simulator.pass_jitter import jittered_prediction, percentile
+from simulator.planner import scenario_for_gpus
+from simulator.profile import Profile
 from simulator.profile_costs import profile_costs
 from simulator.records import device_breakdown
 from simulator.scenario import Scenario
 from simulator.schedules.steady_state import steady_state_plan, steady_state_window
 from simulator.simulate import simulate
-from simulator.topology import build_topology
+from simulator.fabrics import build_topology
 from validator.comm_device import device_problem
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
-from validator.speed_anchor import calibration_anchor_s, launch_speed_ratio
 
 
 @dataclass
@@ -48,60 +41,68 @@ class _Case:
     plan: object
     run_options: RunOptions
     predicted: object
-    jitter: dict | None
-    """The prediction under the profile's pass jitter (`simulator.pass_jitter`); None without it."""
-    scenario: Scenario
-    costs: object
-    calibration_anchor_s: float | None
     launches: list = field(default_factory=list)  # per launch: the ranks' results
 
 
 def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int | None]],
              options: RunOptions = RunOptions(), launch_timeout_s: float = 300.0, progress=None,
-             on_case=None, repeats: int = 1, after_round=None, on_step_spans=None) -> dict:
+             on_case=None, repeats: int = 1, on_step_spans=None) -> dict:
     """Returns {"rows": [...], "measured_spans": {label: spans}, "simulated": {label: SimulationResult}}.
 
     Each strategy is launched `repeats` times, in rounds (every strategy once per round, in turn),
     so that the strategies compared see the same spells of a shared machine's speed; its measured
-    figure is the median over the steps of all its launches. `on_case(row, spans, predicted)` is
-    called for every strategy after every round with its row so far (same `strategy` label: the
-    caller replaces the earlier one), so an interrupted validation keeps what it measured.
-    `after_round(round_index)` (0-based) is called after every round, e.g. to calibrate between
-    rounds (`validator.interleave`). With `options.keep_step_spans`, `on_step_spans(label, table)` is
-    called after every launch with every measured step of the strategy's launches so far
-    (`step_span_table`)."""
+    figure is the median over the steps of all its launches. The ranks train with
+    `options.optimizer`, which must be the profile's. `on_case(row, spans, predicted)` is called
+    for every strategy after every round with its row so far (same `strategy` label: the caller
+    replaces the earlier one), so an interrupted validation keeps what it measured. With
+    `options.keep_step_spans`, `on_step_spans(label, table)` is called after every launch with
+    every measured step of the strategy's launches so far (`step_span_table`)."""
     if repeats < 1:
         raise ScenarioError(f"repeats: {repeats} must be at least 1")
     workload = resolve_workload(scenario.model, scenario.base_dir)
-    costs = profile_costs(profile_path, workload)
-    backend = costs.profile.backend
-    options = replace(options, device=costs.profile.device_kind)  # run where the profile was measured
-    if options.anchor_passes > 0:
-        if costs.pass_jitter is None:
-            raise ScenarioError(f"{profile_path}: pass_jitter: the profile has no whole-model passes to anchor "
-                                f"the machine's speed to; recalibrate, or validate without a speed anchor")
-        options = replace(options, anchor_batch_size=costs.pass_jitter.batch_size)
+    costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
+    profile = costs.profile
+    scenario = at_profile_world_size(scenario, profile, progress)
+    options = replace(options, device=profile.device.kind)  # run where the profile was measured
     cases = [prepare_case(scenario, workload, costs, kind, groups, options) for kind, groups in specs]
+    _check_devices(options.device, profile.backend, profile.world_size, profile_path)
     rows: list[dict | None] = [None] * len(cases)
     measured_spans: dict[str, list] = {}
-    _check_devices(options.device, backend, max(case.plan.num_ranks for case in cases), profile_path)
     for round_index in range(repeats):
         for position, case in enumerate(cases):
             if progress:
                 suffix = f" (round {round_index + 1} of {repeats})" if repeats > 1 else ""
                 progress(f"running {case.label} on {case.plan.num_ranks} ranks{suffix}")
-            config = LaunchConfig(world_size=case.plan.num_ranks, backend=backend, device=options.device,
+            config = LaunchConfig(world_size=case.plan.num_ranks, backend=profile.backend, device=options.device,
                                   timeout_s=launch_timeout_s)
             case.launches.append(spawn(run_rank, (case.plan, workload, case.run_options), config))
-            rows[position], measured_spans[case.label] = _row(case, workload)
+            rows[position], measured_spans[case.label] = _row(case)
             if options.keep_step_spans and on_step_spans is not None:
                 on_step_spans(case.label, step_span_table(case.launches))
             if on_case is not None:
                 on_case(rows[position], measured_spans[case.label], case.predicted)
-        if after_round is not None:
-            after_round(round_index)
     return {"rows": rows, "measured_spans": measured_spans,
             "simulated": {case.label: case.predicted for case in cases}}
+
+
+def at_profile_world_size(scenario: Scenario, profile: Profile, progress=None) -> Scenario:
+    """`scenario` on the profile's world size W: unchanged when its cluster has W ranks, else
+    resized (`scenario_for_gpus`: one node of W, or W / gpus_per_node nodes), saying so through
+    `progress`; a one-line ScenarioError naming both sizes where it cannot be."""
+    world_size, ranks = profile.world_size, scenario.num_gpus
+    if ranks == world_size:
+        return scenario
+    shape = f"{scenario.cluster.num_nodes} x {scenario.cluster.gpus_per_node}"
+    try:
+        resized = scenario_for_gpus(scenario, world_size)
+    except ScenarioError:
+        raise ScenarioError(f"{profile.source}: world_size: the profile was calibrated at world size {world_size}, "
+                            f"the scenario's cluster has {ranks} ranks ({shape} GPUs per node); calibrate at "
+                            f"world size {ranks}") from None
+    if progress:
+        progress(f"validating at the profile's world size {world_size}: the scenario's cluster of {ranks} ranks "
+                 f"({shape}) runs as {resized.cluster.num_nodes} x {resized.cluster.gpus_per_node}")
+    return resized
 
 
 def step_span_table(launches: list[list[dict]]) -> pd.DataFrame:
@@ -137,46 +138,21 @@ def _check_devices(device: str, backend: str, num_ranks: int, profile_path) -> N
 
 
 def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, int | None]],
-                options: RunOptions = RunOptions()) -> dict[str, dict]:
-    """Each strategy's prediction with `profile_path`, made as `validate` makes it, without running
-    anything: {label: {"predicted_s", "predicted_jitter_s" (with pass jitter)}}. For another
-    profile's figures beside the validated one's, e.g. calibrations before and after the runs pooled
-    (`simulator.profile_merge`)."""
+                options: RunOptions = RunOptions()) -> dict[str, float]:
+    """Each strategy's predicted step time with `profile_path`, made as `validate` makes it, without
+    running anything: {label: predicted_s}."""
     workload = resolve_workload(scenario.model, scenario.base_dir)
-    costs = profile_costs(profile_path, workload)
-    options = replace(options, anchor_passes=0)
-    figures = {}
-    for kind, groups in specs:
-        case = prepare_case(scenario, workload, costs, kind, groups, options)
-        figures[case.label] = {"predicted_s": case.predicted.step_time_s,
-                               **({"predicted_jitter_s": case.jitter["step_time_s"]} if case.jitter else {})}
-    return figures
-
-
-def with_second_prediction(rows: list[dict], figures: dict[str, dict], prefix: str) -> None:
-    """Adds `figures` (from `predictions`) to the validated `rows` under `prefix`: `<prefix>_predicted_s`,
-    `<prefix>_error_pct` and, with pass jitter, `<prefix>_predicted_jitter_s` and `<prefix>_jitter_error_pct`,
-    against each row's measurement."""
-    for row in rows:
-        figure = figures[row["strategy"]]
-        row[f"{prefix}_predicted_s"] = figure["predicted_s"]
-        row[f"{prefix}_error_pct"] = 100.0 * (figure["predicted_s"] - row["measured_s"]) / row["measured_s"]
-        if "predicted_jitter_s" in figure:
-            row[f"{prefix}_predicted_jitter_s"] = figure["predicted_jitter_s"]
-            row[f"{prefix}_jitter_error_pct"] = (100.0 * (figure["predicted_jitter_s"] - row["measured_s"])
-                                                 / row["measured_s"])
+    costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
+    scenario = at_profile_world_size(scenario, costs.profile)
+    cases = [prepare_case(scenario, workload, costs, kind, groups, options) for kind, groups in specs]
+    return {case.label: case.predicted.step_time_s for case in cases}
 
 
 def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | None, options: RunOptions) -> _Case:
-    """One strategy of a validation: its prediction (nominal and under pass jitter), the plan the
-    ranks run (the steady-state plan for asynchronous pipelines) and the run options for it."""
+    """One strategy of a validation: its prediction, the plan the ranks run (the steady-state plan
+    for asynchronous pipelines) and the run options for it."""
     variant = with_strategy(scenario, kind, groups)
-    if options.pipeline_runtime == "torch":
-        # torch.distributed.pipelining posts a micro-batch's receives right before waiting for them
-        costs = copy.copy(costs)
-        costs.handoff_preposted_s = costs.handoff_s
     predicted = simulate(variant, costs=costs, workload=workload)
-    jitter = jittered_prediction(predicted, costs)
     plan, run_options = predicted.plan, options
     if plan.meta.get("topk") and "schedule_kind" in plan.meta:
         raise ScenarioError(f"strategy.gradient_compression: topk runs for real only with dp or ghp, "
@@ -186,28 +162,10 @@ def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | N
         run_options = replace(options, steady_state=(plan.workers_per_group,
                                                      variant.strategy.num_microbatches))
     label = f"{kind} (G={plan.num_groups} x M={plan.workers_per_group})"
-    calibration_s = calibration_anchor_s(costs.pass_jitter, plan.num_ranks) if options.anchor_passes > 0 else None
-    if options.anchor_passes > 0 and calibration_s is None:
-        raise ScenarioError(f"pass_jitter.levels: the profile has no whole-model passes with {plan.num_ranks} "
-                            f"ranks at once to anchor {kind} to; calibrate at world size {plan.num_ranks}")
-    return _Case(kind, label, plan, run_options, predicted, jitter, variant, costs, calibration_s)
+    return _Case(kind, label, plan, run_options, predicted)
 
 
-def _anchored(case: _Case, workload) -> dict:
-    """The speed ratio of the case's launches so far (median over launches) and the plan simulated
-    with compute scaled by it; {} without an anchor."""
-    if case.calibration_anchor_s is None:
-        return {}
-    ratios = [launch_speed_ratio([result["anchor_s"] for result in results], case.calibration_anchor_s)
-              for results in case.launches]
-    ratio = statistics.median(ratios)
-    costs = copy.copy(case.costs)
-    costs.speed_factor = ratio
-    return {"speed_ratio": ratio, "speed_ratio_min": min(ratios), "speed_ratio_max": max(ratios),
-            "anchored_predicted_s": simulate(case.scenario, costs=costs, workload=workload).step_time_s}
-
-
-def _row(case: _Case, workload) -> tuple[dict, list]:
+def _row(case: _Case) -> tuple[dict, list]:
     """The strategy's row over its launches so far, and the spans of the launch closest to it."""
     launch_steps = [results[0]["step_times_s"] for results in case.launches]
     step_times = [step for steps in launch_steps for step in steps]
@@ -217,9 +175,7 @@ def _row(case: _Case, workload) -> tuple[dict, list]:
     spans = [span for result in case.launches[closest] for span in result["spans"]]
     if case.run_options.steady_state is not None:
         spans = steady_state_window(spans, *case.run_options.steady_state)[0]
-    measured_devices = device_breakdown(spans, case.plan.num_ranks, measured_s)
     predicted = case.predicted
-    jitter = case.jitter
     return {
         "strategy": case.label,
         "kind": case.kind,
@@ -227,31 +183,18 @@ def _row(case: _Case, workload) -> tuple[dict, list]:
         "workers_per_group": case.plan.workers_per_group,
         "world_size": case.plan.num_ranks,
         "predicted_s": predicted.step_time_s,
-        **({"predicted_jitter_s": jitter["step_time_s"], "predicted_p10_s": jitter["p10_step_s"],
-            "predicted_p90_s": jitter["p90_step_s"], "jitter_ranks_at_once": jitter["ranks_at_once"]}
-           if jitter else {}),
         "measured_s": measured_s,
+        "error_pct": 100.0 * (predicted.step_time_s - measured_s) / measured_s,
         "measured_min_s": min(step_times),
         "measured_max_s": max(step_times),
-        "measured_p10_s": percentile(step_times, 10),
-        "measured_p90_s": percentile(step_times, 90),
-        "error_pct": 100.0 * (predicted.step_time_s - measured_s) / measured_s,
-        **({"jitter_error_pct": 100.0 * (jitter["step_time_s"] - measured_s) / measured_s} if jitter else {}),
         "launches": len(launch_medians),
         "launch_median_min_s": min(launch_medians),
         "launch_median_max_s": max(launch_medians),
         "launch_spread_pct": 100.0 * (max(launch_medians) - min(launch_medians)) / measured_s,
         "launch_noise_pct": launch_noise_pct(launch_medians, measured_s),
         "predicted_compute_s": _mean(predicted.summary["devices"], "compute_s"),
-        "measured_compute_s": _mean(measured_devices, "compute_s"),
-        **_with_error(_anchored(case, workload), measured_s),
+        "measured_compute_s": _mean(device_breakdown(spans, case.plan.num_ranks, measured_s), "compute_s"),
     }, spans
-
-
-def _with_error(anchored: dict, measured_s: float) -> dict:
-    if anchored:
-        anchored["anchored_error_pct"] = 100.0 * (anchored["anchored_predicted_s"] - measured_s) / measured_s
-    return anchored
 
 
 def launch_noise_pct(launch_medians: list[float], measured_s: float) -> float:
@@ -268,7 +211,3 @@ def launch_noise_pct(launch_medians: list[float], measured_s: float) -> float:
 
 def _mean(devices: list[dict], key: str) -> float:
     return sum(row[key] for row in devices) / len(devices)
-
-
-def mape_pct(rows: list[dict]) -> float:
-    return statistics.mean(abs(row["error_pct"]) for row in rows)

@@ -14,18 +14,6 @@ from simulator.simulate import naming_source
 COMMAND = "search"
 
 
-def add_parser(commands) -> None:
-    from simulator.cli import _add_scenario_args
-    parser = commands.add_parser(COMMAND, help="PaSE strategy search vs data parallelism and the expert strategy")
-    _add_scenario_args(parser)
-    parser.add_argument("--gpus", default=None, metavar="P[,P...]",
-                        help="device counts to search for (default: the scenario's GPUs)")
-    parser.add_argument("--no-simulate", action="store_true",
-                        help="skip playing each strategy's plan in the engine")
-    parser.add_argument("--show-configs", action="store_true",
-                        help="print PaSE's configuration of every layer for each p")
-
-
 def parse_gpus(text: str | None, default: int) -> list[int]:
     if text is None:
         return [default]

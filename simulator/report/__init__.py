@@ -2,5 +2,6 @@
 or simulate result, a sweep or a validation table.
 
 inputs.py (detect and load INPUT) -> build.py + *_section(s).py (sections of tables and figures,
-plots.py draws) -> render.py (jinja2 templates, atomic writes) ; command.py is the CLI verb.
+plots.py draws) -> render.py (jinja2 templates, atomic writes) ; document.py holds the report as
+data (Report, Section, Table, Figure) ; command.py is the CLI verb.
 """

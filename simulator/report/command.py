@@ -5,26 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from simulator.compare import STRATEGIES_HELP
 from simulator.output import check_output_folder
-from simulator.report.inputs import KINDS_HELP
 
 COMMAND = "report"
-
-
-def add_parser(commands) -> None:
-    from simulator.cli import _add_scenario_args
-
-    parser = commands.add_parser(COMMAND, help="an HTML + Markdown report of a scenario or a result file")
-    parser.add_argument("input", metavar="INPUT", help=KINDS_HELP)
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for report.html, report.md, "
-                        "figures/ and traces/")
-    parser.add_argument("--title", help="report title (default: ghpsim report: <scenario or file name>)")
-    parser.add_argument("--strategies", default="dp,mp,ghp",
-                        help=f"scenario INPUT: strategies to compare ({STRATEGIES_HELP})")
-    parser.add_argument("--profile", metavar="FILE",
-                        help="scenario INPUT: simulate with this calibration profile's costs")
-    _add_scenario_args(parser, scenario=False)
 
 
 def run(args) -> int:

@@ -1,7 +1,7 @@
 """The seed-paper gallery: one report per seed paper (HTML + Markdown + figures + data CSVs), each
 stating the paper's claims beside our simulated figures, plus an index README.
 
-`python -m simulator.report.gallery` or `ghpsim gallery --out reports/gallery` regenerates it.
+`ghpsim gallery --out reports/gallery` regenerates it.
 Entries: gallery_ghp, gallery_hyparflow, gallery_spectrain, gallery_pase, gallery_laysa (each
 `build(root, quick) -> GalleryEntry`); the claim section type is gallery_claims.py. Output is
 byte-identical on re-run (fixed order, no times or absolute paths, PNGs without metadata) as long as
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 from pathlib import Path
 
 from simulator.errors import ScenarioError
@@ -25,15 +24,6 @@ ENTRIES = {"ghp": "simulator.report.gallery_ghp", "hyparflow": "simulator.report
            "spectrain": "simulator.report.gallery_spectrain", "pase": "simulator.report.gallery_pase",
            "laysa": "simulator.report.gallery_laysa"}
 QUICK_NOTE = "reduced sizes (--quick): not the committed gallery"
-
-
-def add_parser(commands) -> None:
-    parser = commands.add_parser(COMMAND, help="regenerate the seed-paper gallery (one report per paper + index)")
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"gallery folder (default {DEFAULT_OUT})")
-    parser.add_argument("--only", metavar="NAMES", help=f"comma list of entries ({', '.join(ENTRIES)}); "
-                        "the index README is written only when every entry is built")
-    parser.add_argument("--quick", action="store_true", help="reduced sizes (fewer nodes, GPUs, batches): for tests")
-    parser.add_argument("--json", action="store_true", help="print what was written as JSON")
 
 
 def run(args) -> int:
@@ -123,13 +113,3 @@ def index_markdown(entries, quick: bool = False) -> str:
     template = _environment(autoescape=False).get_template("gallery_index.md.j2")
     return template.render(entries=entries, quick=quick, quick_note=QUICK_NOTE)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m simulator.report.gallery [--out DIR] [--only NAMES] [--quick] [--json]`."""
-    from simulator.cli import main as cli_main
-
-    return cli_main([COMMAND, *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,7 @@ from simulator.planner import rank_candidates
 from simulator.rank_cli import heuristic_rows
 from simulator.rank_plot import plot_ranking
 from simulator.report import gallery_plots
-from simulator.report.build import Figure, Section, Table, figure_png
+from simulator.report.document import Figure, Section, Table, figure_png
 from simulator.report.gallery_claims import (Claim, GalleryEntry, Paper, claims_section, gallery_report, gib, ms,
                                              paper_section, prefixed, reasons_section, reproduce_section,
                                              scenario_sections, times)

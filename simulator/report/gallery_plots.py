@@ -1,5 +1,5 @@
 """The gallery's plots: grouped bars and lines with the paper's figures marked, each on a
-matplotlib Axes (drawn through `simulator.report.build.figure_png`); every axis says its unit."""
+matplotlib Axes (drawn through `simulator.report.document.figure_png`); every axis says its unit."""
 
 from __future__ import annotations
 

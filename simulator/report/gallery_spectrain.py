@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from simulator.report import gallery_plots
-from simulator.report.build import Figure, Section, Table, figure_png
+from simulator.report.document import Figure, Section, Table, figure_png
 from simulator.report.gallery_claims import (Claim, GalleryEntry, Paper, claims_section, gallery_report, gib, ms,
                                              paper_section, reasons_section, reproduce_section, scenario_sections,
                                              times)

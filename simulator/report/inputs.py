@@ -87,7 +87,7 @@ def compare_with_profile(scenario: Scenario, specs, profile_path: str) -> list[S
     with naming_source(scenario):
         workload = resolve_workload(scenario.model, scenario.base_dir)
     profile = load_profile(profile_path)
-    costs = ProfileCosts(profile, workload, shared_host=profile.device_kind == "cpu")
+    costs = ProfileCosts(profile, workload)
     results = []
     for kind, groups in specs:
         if kind == "ghp" and groups is None and scenario.strategy.kind == "ghp":
@@ -153,6 +153,14 @@ def _require_columns(frame: pd.DataFrame, columns, path: Path, what: str) -> Non
     missing = [column for column in columns if column not in frame.columns]
     if missing:
         raise ScenarioError(f"INPUT: {path}: {what} rows lack {', '.join(missing)}")
+
+
+def value_text(value, missing: str = "") -> str:
+    """A table cell as text: an integer-valued float as an integer (pandas reads an integer column
+    with missing values, e.g. `strategy.num_groups` null for dp, as floats: 4.0), `missing` for NaN."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return missing if pd.isna(value) else str(value)
 
 
 def sweep_axes(table: pd.DataFrame) -> list[str]:

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 PHASE_COLOURS = {"compute_s": "#4C72B0", "comm_s": "#DD8452", "idle_s": "#C7C7C7"}
 PHASE_LABELS = {"compute_s": "compute", "comm_s": "communication (exposed)", "idle_s": "idle"}
@@ -122,6 +123,8 @@ def plot_sweep_axis(frame: pd.DataFrame, axis, column: str) -> None:
         axis.plot(x, rows["throughput_samples_per_s"], marker="o", label=str(strategy))
     if not numeric:
         axis.set_xticks(range(len(values)), [str(value) for value in values], fontsize=7)
+    elif all(float(value).is_integer() for value in values if not pd.isna(value)):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # counts: ticks 4, 8, not 2.5, 5.0
     axis.set_xlabel(f"{column} ({axis_unit(column) if numeric else 'category'})")
     axis.set_ylabel("throughput (samples/s)")
     axis.legend(fontsize=7)

@@ -10,7 +10,7 @@ import jinja2
 from markupsafe import Markup
 
 from simulator.output import write_bytes_atomic
-from simulator.report.build import Report, Table
+from simulator.report.document import Report, Table
 
 HTML_NAME = "report.html"
 MARKDOWN_NAME = "report.md"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from simulator.report.build import Section, Table
-from simulator.report.inputs import ReportInput, sweep_axes, sweep_ok
+from simulator.report.document import Section, Table
+from simulator.report.inputs import ReportInput, sweep_axes, sweep_ok, value_text
 from simulator.scenario import Scenario
 
 GIB = 2**30
@@ -76,7 +76,7 @@ def summary_rows(summary: dict) -> dict:
 
 
 def sweep_rows(table: pd.DataFrame) -> dict:
-    rows = {column: ", ".join(dict.fromkeys(table[column].map(lambda v: "-" if pd.isna(v) else str(v))))
+    rows = {column: ", ".join(dict.fromkeys(table[column].map(lambda v: value_text(v, "-"))))
             for column in sweep_axes(table)}
     rows["strategies (simulated)"] = ", ".join(sorted({str(v) for v in table["strategy"].dropna()}))
     ok = sweep_ok(table)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from simulator.report import plots
-from simulator.report.build import Figure, Section, Table, figure_png, slug
+from simulator.report.document import Figure, Section, Table, figure_png, slug
 from simulator.report.inputs import ReportInput
 from simulator.tables import comparison_frame, strategy_label
 from simulator.trace import trace_events

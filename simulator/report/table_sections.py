@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 
 from simulator.report import plots
-from simulator.report.build import Figure, Section, Table, figure_png, slug
-from simulator.report.inputs import sweep_axes, sweep_ok
+from simulator.report.document import Figure, Section, Table, figure_png, slug
+from simulator.report.inputs import sweep_axes, sweep_ok, value_text
 
 MAX_SWEEP_ROWS = 500
 
@@ -27,7 +27,7 @@ def configurations(table: pd.DataFrame, exclude: str | None = None) -> pd.Series
 
     def label(row) -> str:
         parts = [str(row["strategy"])]
-        parts += [f"{SHORT_NAMES.get(column, column.split('.', 1)[1])}={_text(row[column])}"
+        parts += [f"{SHORT_NAMES.get(column, column.split('.', 1)[1])}={value_text(row[column])}"
                   for column in fields if not pd.isna(row[column])]
         return " ".join(parts)
     return table.apply(label, axis=1) if len(table) else table["strategy"].astype(str)
@@ -88,8 +88,8 @@ def sweep_sections(table: pd.DataFrame) -> list[Section]:
 
 
 def sweep_display(table: pd.DataFrame) -> pd.DataFrame:
-    display = {column: table[column].map(_text) for column in sweep_axes(table)}
-    display["strategy"] = table["strategy"].map(_text)
+    display = {column: table[column].map(value_text) for column in sweep_axes(table)}
+    display["strategy"] = table["strategy"].map(value_text)
     for column in ("num_gpus", "num_groups", "workers_per_group"):
         if column in table.columns:
             display[column] = table[column].map(_integer)
@@ -98,16 +98,10 @@ def sweep_display(table: pd.DataFrame) -> pd.DataFrame:
     display["speedup (x)"] = table["speedup"].map(lambda v: _number(v, ".2f"))
     if "peak_memory_bytes" in table.columns and table["peak_memory_bytes"].notna().any():
         display["peak memory (GiB)"] = table["peak_memory_bytes"].map(lambda v: _number(v / 2**30, ".3f"))
-    display["status"] = table["status"].map(_text)
+    display["status"] = table["status"].map(value_text)
     if "error" in table.columns:
-        display["error"] = table["error"].map(_text)
+        display["error"] = table["error"].map(value_text)
     return pd.DataFrame(display)
-
-
-def _text(value) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return "" if pd.isna(value) else str(value)
 
 
 def _number(value, spec: str) -> str:

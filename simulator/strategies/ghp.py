@@ -19,6 +19,7 @@ from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.errors import ScenarioError
 from simulator.heterogeneity import stage_compute_s
 from simulator.partition import balanced_partition, explicit_partition
+from simulator.placement import place_ranks
 from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
@@ -71,21 +72,6 @@ def _check_grid(config: GridConfig, workload: Workload, topology: Topology) -> N
     if config.global_batch_size % groups:
         raise ScenarioError(f"training.global_batch_size: {config.global_batch_size} is not divisible "
                             f"by the {groups} groups")
-
-
-def place_ranks(placement: str | tuple[int, ...], groups: int, stages_per_group: int,
-                gpus_per_node: int) -> tuple[int, ...]:
-    """Device of each rank (rank = group * M + stage).
-
-    group_per_node: a group's workers on consecutive devices (so they share a node when M <=
-    GPUs per node); stage_per_node: the G peers of a stage on consecutive devices; a tuple:
-    explicit device per rank.
-    """
-    if isinstance(placement, tuple):
-        return placement
-    if placement == "group_per_node":
-        return tuple(range(groups * stages_per_group))
-    return tuple(stage * groups + group for group in range(groups) for stage in range(stages_per_group))
 
 
 def _partition(config, workload, topology, costs, rank_to_device, group_batch):

@@ -26,11 +26,12 @@ from dataclasses import dataclass
 
 from simulator.costs import CostModel
 from simulator.errors import ScenarioError
+from simulator.placement import place_ranks
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
 from simulator.schedules import Schedule, build_schedule, check_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import PREDICT, UPDATE
-from simulator.strategies.ghp import GridConfig, _ActionList, _check_grid, _partition, bucket_segments, place_ranks
+from simulator.strategies.ghp import GridConfig, _ActionList, _check_grid, _partition, bucket_segments
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 

@@ -2,38 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from rich.table import Table
 
-from simulator.sweep.export import CSV_NAME, PARQUET_NAME, parquet_engine
 from simulator.sweep.runner import run_sweep
 from simulator.sweep.spec import load_sweep
-from simulator.sweep.store import STORE_NAME
 
 COMMAND = "sweep"
-
-
-def add_parser(commands) -> None:
-    engine = parquet_engine()
-    parquet = (f"and {PARQUET_NAME} (engine: {engine})" if engine else
-               f"({PARQUET_NAME} too when pyarrow or fastparquet is installed; neither is now)")
-    parser = commands.add_parser(
-        COMMAND, help="simulate every point of a sweep file, in parallel, into a crash-safe store",
-        description=f"Simulate the points of a sweep (a base scenario and axes; see scenarios/README.md, "
-                    f"'Sweeps'). Finished points are committed one by one to DIR/{STORE_NAME}; a re-run "
-                    f"skips them. Results go to DIR/{CSV_NAME} {parquet}.",
-    )
-    parser.add_argument("sweep", help="sweep YAML file")
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the store and the results")
-    parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
-                        help="run on an existing dask.distributed cluster, e.g. tcp://host:8786 "
-                             "(default: a local process pool)")
-    parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="local worker processes (default: the number of CPUs; 1 = in this process)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (drawn only when stderr is a terminal)")
-    parser.add_argument("--json", action="store_true", help="print a machine-readable summary")
 
 
 def run(args) -> int:

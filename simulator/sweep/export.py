@@ -105,8 +105,3 @@ def export_frame(frame: pd.DataFrame, out_dir: Path) -> dict[str, str | None]:
             Path(temporary).unlink(missing_ok=True)
             raise
     return {"csv": str(csv_path), "parquet": None if parquet_path is None else str(parquet_path)}
-
-
-def read_results(path: str | Path) -> pd.DataFrame:
-    """Read a sweep's results.csv back (axis columns keep pandas' inferred types)."""
-    return pd.read_csv(path)

@@ -1,0 +1,204 @@
+"""Every command's arguments, as plain argparse: one function per command, given its sub-parser.
+
+This module imports argparse-level code only (no simulator, validator, pandas or torch), so that
+`ghpsim --help` and argument errors are instant. The few names and defaults the help texts quote
+are copied here from the modules that own them; tests/test_cli_home.py checks each copy against
+its source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+PIPELINE_KINDS = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain", "delayed_gradient")
+"""`simulator.scenario.PIPELINE_KINDS`; also the schedules of `simulator.schedules.SCHEDULES`."""
+STRATEGIES_HELP = ("comma list of dp, mp, ghp, ghp:G (G groups), KIND or KIND:m (a pipeline kind, m micro-batches; "
+                   f"KIND one of {', '.join(PIPELINE_KINDS)})")
+"""`simulator.compare.STRATEGIES_HELP`."""
+REPORT_KINDS_HELP = ("a scenario (.yaml), a compare/simulate result (.json), a sweep table (.csv or its folder) "
+                     "or a validation table (.csv)")
+"""`simulator.report.inputs.KINDS_HELP`."""
+MICROBATCH_COUNTS = (2, 4, 8)
+"""`simulator.planner.MICROBATCH_COUNTS`."""
+SWEEP_STORE_NAME, SWEEP_CSV_NAME, SWEEP_PARQUET_NAME = "sweep.sqlite", "results.csv", "results.parquet"
+"""`simulator.sweep.store.STORE_NAME`, `simulator.sweep.export.CSV_NAME` and `PARQUET_NAME`."""
+GALLERY_ENTRIES = ("ghp", "hyparflow", "spectrain", "pase", "laysa")
+GALLERY_OUT = "reports/gallery"
+"""`simulator.report.gallery.ENTRIES` (its keys) and `DEFAULT_OUT`."""
+CALIBRATE_REPEATS, CALIBRATE_LAYER_PASSES = 7, 3
+"""`validator.calibrate.DEFAULT_REPEATS`, `validator.layer_passes.DEFAULT_LAYER_PASSES`."""
+PROFILE_HELP = "calibration profile from `ghpsim calibrate` (default: analytic costs)"
+
+
+def scenario_args(parser: argparse.ArgumentParser, scenario: bool = True) -> None:
+    """SCENARIO (unless `scenario` is False), `--set KEY=VALUE` and `--json`."""
+    if scenario:
+        parser.add_argument("scenario", help="scenario YAML file (see scenarios/README.md)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a scenario field, e.g. --set cluster.num_nodes=8 (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def demo(parser: argparse.ArgumentParser) -> None:
+    scenario_args(parser, scenario=False)
+    parser.add_argument("--strategies", default="dp,mp,ghp", help=f"{STRATEGIES_HELP} (default dp,mp,ghp)")
+
+
+def simulate(parser: argparse.ArgumentParser) -> None:
+    scenario_args(parser)
+    parser.add_argument("--profile", metavar="FILE", help=PROFILE_HELP)
+    parser.add_argument("--trace", metavar="FILE", help="write the step's timeline as Perfetto trace JSON")
+    parser.add_argument("--memory-plot", metavar="FILE.png", help="write each device's memory over the step as an "
+                        "image (format from the suffix: png, svg, pdf, ...)")
+
+
+def compare(parser: argparse.ArgumentParser) -> None:
+    scenario_args(parser)
+    parser.add_argument("--strategies", default="dp,mp,ghp", help=f"{STRATEGIES_HELP} (default dp,mp,ghp)")
+    parser.add_argument("--profile", metavar="FILE", help=PROFILE_HELP)
+
+
+def listing(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", choices=("gpus", "links", "models"))
+
+
+def rank(parser: argparse.ArgumentParser) -> None:
+    scenario_args(parser)
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="N GPUs (default the scenario's): N / gpus_per_node nodes, or one node of N")
+    parser.add_argument("--top", type=int, default=10, help="candidates printed (all are in --json)")
+    parser.add_argument("--plot", metavar="FILE.png", help="write the ranking as a bar plot")
+    parser.add_argument("--workers", type=int, default=None, help="simulation processes (default: CPU count)")
+    parser.add_argument("--kinds", default=None,
+                        help="comma list of strategy kinds to enumerate (default: dp, mp, ghp, every pipeline kind "
+                             "and, for models with attention layers, megatron)")
+    parser.add_argument("--microbatches", default=",".join(map(str, MICROBATCH_COUNTS)),
+                        help="micro-batch counts m tried for pipeline kinds (comma list)")
+
+
+def report(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", metavar="INPUT", help=REPORT_KINDS_HELP)
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for report.html, report.md, "
+                        "figures/ and traces/")
+    parser.add_argument("--title", help="report title (default: ghpsim report: <scenario or file name>)")
+    parser.add_argument("--strategies", default="dp,mp,ghp",
+                        help=f"scenario INPUT: strategies to compare ({STRATEGIES_HELP})")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="scenario INPUT: simulate with this calibration profile's costs")
+    scenario_args(parser, scenario=False)
+
+
+def sweep(parser: argparse.ArgumentParser) -> None:
+    engine = next((name for name in ("pyarrow", "fastparquet") if importlib.util.find_spec(name)), None)
+    parquet = (f"and {SWEEP_PARQUET_NAME} (engine: {engine})" if engine else
+               f"({SWEEP_PARQUET_NAME} too when pyarrow or fastparquet is installed; neither is now)")
+    parser.description = (f"Simulate the points of a sweep (a base scenario and axes; see scenarios/README.md, "
+                          f"'Sweeps'). Finished points are committed one by one to DIR/{SWEEP_STORE_NAME}; a re-run "
+                          f"skips them. Results go to DIR/{SWEEP_CSV_NAME} {parquet}.")
+    parser.add_argument("sweep", help="sweep YAML file")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the store and the results")
+    parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                        help="run on an existing dask.distributed cluster, e.g. tcp://host:8786 "
+                             "(default: a local process pool)")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="local worker processes (default: the number of CPUs; 1 = in this process)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (drawn only when stderr is a terminal)")
+    parser.add_argument("--json", action="store_true", help="print a machine-readable summary")
+
+
+def schedule(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kind", choices=PIPELINE_KINDS, help="pipeline schedule")
+    parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline stages (ranks)")
+    parser.add_argument("--microbatches", type=int, required=True, metavar="M", help="micro-batches per step")
+    parser.add_argument("--virtual-stages", type=int, default=None, metavar="V",
+                        help="model chunks per rank (interleaved_1f1b; default 2 there, 1 otherwise)")
+    parser.add_argument("--weight-prediction", choices=("staggered", "forward"), default="staggered",
+                        help="spectrain: predict before backwards too (staggered) or not (forward)")
+    parser.add_argument("--no-stash", action="store_true", help="pipedream without weight stashing")
+    parser.add_argument("--json", action="store_true", help="print ops, slots, grid and per-stage figures as JSON")
+
+
+def search(parser: argparse.ArgumentParser) -> None:
+    scenario_args(parser)
+    parser.add_argument("--gpus", default=None, metavar="P[,P...]",
+                        help="device counts to search for (default: the scenario's GPUs)")
+    parser.add_argument("--no-simulate", action="store_true",
+                        help="skip playing each strategy's plan in the engine")
+    parser.add_argument("--show-configs", action="store_true",
+                        help="print PaSE's configuration of every layer for each p")
+
+
+def gallery(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=GALLERY_OUT, metavar="DIR", help=f"gallery folder (default {GALLERY_OUT})")
+    parser.add_argument("--only", metavar="NAMES", help=f"comma list of entries ({', '.join(GALLERY_ENTRIES)}); "
+                        "the index README is written only when every entry is built")
+    parser.add_argument("--quick", action="store_true", help="reduced sizes (fewer nodes, GPUs, batches): for tests")
+    parser.add_argument("--json", action="store_true", help="print what was written as JSON")
+
+
+def partition(parser: argparse.ArgumentParser) -> None:
+    scenario_args(parser)
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="workers to partition over (default the scenario's GPU count)")
+    parser.add_argument("--profile", metavar="FILE", default=None,
+                        help="calibration profile (`ghpsim calibrate`) for compute times instead of datasheet defaults")
+
+
+def merge_profiles(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("profiles", nargs="+", metavar="PROFILE", help="profiles from `ghpsim calibrate`")
+    parser.add_argument("--out", required=True, metavar="FILE", help="where to write the pooled profile")
+
+
+def calibrate(parser: argparse.ArgumentParser) -> None:
+    scenario_args(parser, scenario=False)
+    parser.add_argument("--scenario", required=True, help="scenario whose model is profiled")
+    parser.add_argument("--out", required=True, help="profile JSON to write, e.g. profiles/cpu.json")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                        help="default gloo on cpu, nccl on cuda (one GPU per rank); gloo on cuda lets "
+                             "several ranks share one GPU (messages staged through the host)")
+    parser.add_argument("--world-size", type=int, default=2,
+                        help="ranks measured at once; `ghpsim validate` runs every plan at this world size")
+    parser.add_argument("--batch-sizes", default=None, help="comma list, default the validator's")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed samples (blocks of back-to-back iterations) per compute figure, which is "
+                             f"their median (default {CALIBRATE_REPEATS}; validator/microbench.py)")
+    parser.add_argument("--layer-passes", type=int, default=None,
+                        help="sweeps over the layers, spread over the calibration; each figure is the "
+                             f"median over them (default {CALIBRATE_LAYER_PASSES}; validator/layer_passes.py)")
+
+
+def validate(parser: argparse.ArgumentParser) -> None:
+    scenario_args(parser)
+    parser.add_argument("--profile", required=True,
+                        help="profile JSON from `ghpsim calibrate`; the plans run at its world size (a "
+                             "scenario of another size is resized to it, or refused in one line)")
+    parser.add_argument("--strategies", default="dp,mp,ghp", help=STRATEGIES_HELP)
+    parser.add_argument("--steps", type=int, default=10, help="measured steps (median reported)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="launches of each strategy, in rounds (median over all their steps); "
+                             "on a shared machine 3-5 average over its spells of speed")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="untimed training steps before the measured ones, in every launch (default 3)")
+    parser.add_argument("--out", default="reports/validation", help="folder for CSV, plot and traces")
+    parser.add_argument("--step-spans", action="store_true",
+                        help="also write every measured step's spans, all launches and ranks, to "
+                             "OUT/traces/<strategy>.steps.csv (the traces hold the median step only)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is declared hung")
+    parser.add_argument("--pipeline-runtime", choices=("own", "torch"), default="own",
+                        help="gpipe / 1f1b on our send/recv runtime or torch.distributed.pipelining's schedules")
+    parser.add_argument("--rank", action="store_true", help="run the planner's top candidates and others "
+                        "for real: Kendall tau and top-1 regret (validator/rank_check.py)")
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="--rank: ranks (default and only value: the profile's world size)")
+    parser.add_argument("--top", type=int, default=3, help="--rank: best-ranked candidates run")
+    parser.add_argument("--others", type=int, default=2, help="--rank: further candidates, spread over the ranking")
+
+
+def import_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", help="package.module:factory returning an nn.Module")
+    parser.add_argument("--input-shape", required=True, help="one sample's shape, e.g. 3,224,224")
+    parser.add_argument("--out", required=True, help="layer-table YAML to write")
+    parser.add_argument("--name", default=None)

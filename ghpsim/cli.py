@@ -1,0 +1,94 @@
+"""The `ghpsim` command line: every command of the product, the simulator's and the validator's.
+
+Parsing needs argparse alone (`ghpsim.arguments`). A command's module is imported only when that
+command runs, so `ghpsim --help` is instant and the validator's commands (torch) load only when
+called: `ghpsim demo` and `ghpsim simulate` run without torch. Bad input: one line on stderr, exit
+code 2, no traceback; that is decided here, in `main`, for every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from ghpsim import arguments
+
+DESCRIPTION = ("Simulate distributed DNN training on GPU clusters. "
+               "Bad input: one line on stderr, exit code 2, no traceback.")
+EXIT_USAGE = 2
+
+COMMANDS = {  # name: (what runs it, "module:function" taking the parsed args; one-line help; its arguments)
+    "demo": ("ghpsim.simulation_commands:cmd_demo", "GHP vs DP vs MP on the embedded default scenario",
+             arguments.demo),
+    "simulate": ("ghpsim.simulation_commands:cmd_simulate", "simulate one training step of a scenario",
+                 arguments.simulate),
+    "compare": ("ghpsim.simulation_commands:cmd_compare", "simulate several strategies, sorted by step time",
+                arguments.compare),
+    "list": ("ghpsim.simulation_commands:cmd_list", "list presets: gpus, links or models", arguments.listing),
+    "rank": ("simulator.rank_cli:run", "simulate and rank every worker allocation for N GPUs", arguments.rank),
+    "report": ("simulator.report.command:run", "an HTML + Markdown report of a scenario or a result file",
+               arguments.report),
+    "sweep": ("simulator.sweep.command:run",
+              "simulate every point of a sweep file, in parallel, into a crash-safe store", arguments.sweep),
+    "schedule": ("simulator.schedule_cli:run", "print a pipeline schedule as a grid of ranks x time slots",
+                 arguments.schedule),
+    "search": ("simulator.pase.cli:run", "PaSE strategy search vs data parallelism and the expert strategy",
+               arguments.search),
+    "gallery": ("simulator.report.gallery:run",
+                "regenerate the seed-paper gallery (one report per paper + index)", arguments.gallery),
+    "partition": ("simulator.partition_cli:run", "PipeDream's partition (stages x replicas) of a scenario's model",
+                  arguments.partition),
+    "merge-profiles": ("simulator.profile_merge:run", "pool calibrations taken at different times into one profile",
+                       arguments.merge_profiles),
+    "calibrate": ("ghpsim.validator_commands:cmd_calibrate", "microbenchmark this machine into a cost profile",
+                  arguments.calibrate),
+    "validate": ("ghpsim.validator_commands:cmd_validate", "run plans for real and compare with the prediction",
+                 arguments.validate),
+    "import-model": ("ghpsim.validator_commands:cmd_import_model", "trace a torch.nn.Module into a layer table",
+                     arguments.import_model),
+}
+
+USER_ERRORS = ("simulator.errors:ScenarioError", "simulator.errors:SimulationError", "validator.errors:RankFailure")
+"""Exceptions that report bad input (or a failed real run), not a bug: one line, exit 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ghpsim", description=DESCRIPTION)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_target, help_text, add_arguments) in COMMANDS.items():
+        add_arguments(commands.add_parser(name, help=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` (default sys.argv[1:]) and run the command; return its exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return load(COMMANDS[args.command][0])(args)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as error:
+        print(f"ghpsim: error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("ghpsim: interrupted", file=sys.stderr)
+        return 130
+    except ModuleNotFoundError as error:
+        if (error.name or "").partition(".")[0] != "torch":
+            raise
+        print(f"ghpsim: error: {args.command} needs torch (pip install 'ghpsim[validator]')", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as error:
+        if not isinstance(error, tuple(map(load, USER_ERRORS))):
+            raise
+        print(f"ghpsim: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def load(target: str):
+    """The object named by "package.module:name", its module imported now."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)

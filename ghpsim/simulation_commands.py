@@ -1,0 +1,88 @@
+"""The simulator's own commands: demo, simulate, compare and list (arguments: `ghpsim.arguments`)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from simulator.compare import compare, parse_strategy_specs
+from simulator.output import check_figure_file, check_output_file, write_json_atomic
+from simulator.scenario import load_scenario
+from simulator.simulate import simulate
+from simulator.tables import comparison_frame, print_comparison, print_summary
+from simulator.trace import trace_events
+
+
+def demo_scenario_path():
+    return resources.files("simulator") / "data" / "demo.yaml"
+
+
+def _run_compare(scenario_source, args) -> int:
+    scenario = load_scenario(scenario_source, args.overrides)
+    results = compare(scenario, parse_strategy_specs(args.strategies), costs=_profile_costs(scenario, args))
+    if args.json:
+        print(json.dumps({"scenario": scenario.name,
+                          "results": comparison_frame(results).to_dict(orient="records"),
+                          "summaries": [result.summary for result in results]}, indent=1))
+    else:
+        print_comparison(results, title=f"{scenario.name}: {scenario.description or ''}".strip(": "))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    with resources.as_file(demo_scenario_path()) as path:
+        return _run_compare(path, args)
+
+
+def cmd_compare(args) -> int:
+    return _run_compare(args.scenario, args)
+
+
+def _profile_costs(scenario, args):
+    """The `--profile` cost model for the scenario's model, or None (analytic costs)."""
+    if not getattr(args, "profile", None):
+        return None
+    from simulator.model_source import resolve_workload
+    from simulator.profile_costs import profile_costs
+    return profile_costs(args.profile, resolve_workload(scenario.model, scenario.base_dir),
+                         optimizer=scenario.training.optimizer)
+
+
+def cmd_simulate(args) -> int:
+    if args.trace:
+        check_output_file(args.trace, "--trace")
+    if args.memory_plot:
+        check_figure_file(args.memory_plot, "--memory-plot")
+    scenario = load_scenario(args.scenario, args.overrides)
+    costs = _profile_costs(scenario, args)
+    result = simulate(scenario, costs=costs, workload=costs.workload if costs else None)
+    if args.trace:
+        labels = {row["rank"]: f"rank {row['rank']} (gpu{row['device']}, node {row['node']})"
+                  for row in result.summary["devices"]}
+        write_json_atomic(args.trace, trace_events(result.spans, labels))
+    if args.memory_plot:
+        from simulator.memory_plot import write_memory_plot  # matplotlib only when asked
+        write_memory_plot(result, args.memory_plot)
+    if args.json:
+        print(result.to_json())
+    else:
+        print_summary(result)
+        if args.trace:
+            print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
+    return 0
+
+
+def cmd_list(args) -> int:
+    from simulator.hardware import GPUS, LINKS
+    from simulator.zoo import MODELS
+    if args.what == "gpus":
+        for name, gpu in GPUS.items():
+            peaks = ", ".join(f"{k} {v / 1e12:g}T" for k, v in gpu.peak_flops_per_s.items())
+            print(f"{name:12s} {gpu.memory_bytes / 2**30:6.0f} GiB  {gpu.memory_bandwidth_bytes_per_s / 1e9:6.0f} GB/s  {peaks}")
+    elif args.what == "links":
+        for name, link in LINKS.items():
+            print(f"{name:14s} {link.bandwidth_bytes_per_s / 1e9:8.3f} GB/s  {link.latency_s * 1e6:5.1f} us")
+    else:
+        for name in MODELS:
+            print(name)
+    return 0

@@ -1,0 +1,107 @@
+"""The validator's commands: calibrate, validate and import-model (arguments: `ghpsim.arguments`).
+
+Imported only when one of them runs; torch comes in with the validator modules each command
+imports inside its function, so the rest of `ghpsim` runs without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from simulator.compare import parse_strategy_specs
+from simulator.errors import ScenarioError
+from simulator.model_source import resolve_workload
+from simulator.output import write_text_atomic
+from simulator.scenario import load_scenario
+
+
+def cmd_calibrate(args) -> int:
+    from simulator.profile import profile_document
+    from validator.calibrate import DEFAULT_BATCH_SIZES, DEFAULT_REPEATS, DEFAULT_TOPK_DENSITIES, calibrate
+    from validator.layer_passes import DEFAULT_LAYER_PASSES
+    for option, value, least in (("--layer-passes", args.layer_passes, 1), ("--repeats", args.repeats, 1),
+                                 ("--world-size", args.world_size, 1)):
+        if value is not None and value < least:
+            raise ScenarioError(f"{option}: {value} must be at least {least}")
+    scenario = load_scenario(args.scenario, args.overrides)
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    batch_sizes = _int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else DEFAULT_BATCH_SIZES
+    profile = calibrate(workload, dict(scenario.model.params), args.out, device=args.device, backend=args.backend,
+                        world_size=args.world_size, batch_sizes=batch_sizes,
+                        repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
+                        topk_densities=sorted({*DEFAULT_TOPK_DENSITIES, scenario.strategy.compression_density}),
+                        layer_passes=args.layer_passes or DEFAULT_LAYER_PASSES, verbose=not args.json)
+    if args.json:
+        print(json.dumps(profile_document(profile), indent=1))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    if args.rank:
+        from validator.rank_check import cmd_validate_rank
+        return cmd_validate_rank(args)
+    import pandas as pd
+
+    from simulator.tables import make_console
+    from validator.measure import RunOptions
+    from validator.report import (case_line, error_summary, summary_line, write_plot, write_rows_csv,
+                                  write_step_spans, write_traces)
+    from validator.torch_pipelining import check_pipeline_runtime
+    from validator.validate import validate
+
+    specs = parse_strategy_specs(args.strategies)
+    for kind, _groups in specs:
+        check_pipeline_runtime(kind.partition(":")[0], args.pipeline_runtime)
+    if args.repeats < 1:
+        raise ScenarioError(f"--repeats: {args.repeats} must be at least 1")
+    scenario = load_scenario(args.scenario, args.overrides)
+    out = Path(args.out)
+    stem = scenario.name
+    rows_by_label: dict[str, dict] = {}
+
+    def on_case(row, measured_spans, simulated):
+        rows_by_label[row["strategy"]] = row  # a later round replaces the strategy's row
+        write_rows_csv(list(rows_by_label.values()), out / f"{stem}.csv")
+        write_traces(row["strategy"], measured_spans, simulated.spans, out / "traces")
+
+    options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer,
+                         pipeline_runtime=args.pipeline_runtime, keep_step_spans=args.step_spans)
+    say = None if args.json else (lambda message: print(message, file=sys.stderr))
+    validate(scenario, args.profile, specs, options, launch_timeout_s=args.timeout, on_case=on_case,
+             progress=say, repeats=args.repeats,
+             on_step_spans=lambda label, table: write_step_spans(label, table, out / "traces"))
+    rows = list(rows_by_label.values())
+    summary = error_summary(rows)
+    plot = write_plot(pd.DataFrame(rows), out / f"{stem}.png",
+                      f"{stem}: predicted vs measured, MAPE {summary['mape_pct']:.1f} %")
+    if args.json:
+        print(json.dumps({"scenario": stem, **summary, "rows": rows}, indent=1))
+        return 0
+    console = make_console()
+    for row in rows:
+        console.print(case_line(row))
+    console.print(f"{summary_line(summary)}\n{out / (stem + '.csv')} | {plot}")
+    return 0
+
+
+def cmd_import_model(args) -> int:
+    from validator.import_model import import_model
+    shape = tuple(_int_list(args.input_shape, "--input-shape"))
+    document = import_model(args.target, shape, name=args.name)
+    write_text_atomic(args.out, yaml.safe_dump(document, sort_keys=False))
+    print(f"wrote {len(document['layers'])} layers to {args.out}")
+    return 0
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ScenarioError(f"{option}: {text!r} is not a comma list of integers") from None
+    if not values or min(values) < 1:
+        raise ScenarioError(f"{option}: {text!r} needs positive integers")
+    return values
