@@ -2,17 +2,26 @@
 node (`shared/data/published/vtrain_a100_single_node.csv`, Bang et al., vTrain, MICRO 2024).
 
 Each row becomes a scenario (GPT, seq 1024, vocabulary 50257, fp16, Adam, full recompute, 1F1B,
-TP x PP x DP on one DGX A100 node with NVSwitch) and is simulated; nothing in the model is fitted
-to these rows. Prints MAPE, mean signed error, worst, the share within 10 %, and the mean signed
-error per tensor-parallel degree, micro-batch size and hidden size.
+TP x PP x DP on one DGX A100 node with NVSwitch) and is simulated. Prints, for each model: MAPE,
+mean signed error, worst, the share within 10 %, and the mean signed error per tensor-parallel
+degree, pipeline degree, micro-batch size and hidden size.
 
-    python benchmarks/bench_published.py [--rows N] [--json] [--csv PATH]
+- `analytic`: the roofline at a fixed efficiency per layer kind (`costs.model: analytic`);
+- `kernel, datasheet`: the kernel model with the catalogue's sourced parameters, nothing fitted;
+- `kernel, 5-fold`: `ghpsim fit`'s parameters (`simulator.fit.FITTED`) chosen by 5-fold
+  cross-validation, every row scored by the fold that did not see it;
+- `kernel, half`: fitted on a random half of the rows (seed 0), scored on the other half.
+Also prints the model FLOPs utilisation of every GPT scenario in `scenarios/`.
+
+    python benchmarks/bench_published.py [--rows N] [--no-fit] [--json] [--csv PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simulator.errors import ScenarioError  # noqa: E402
+from simulator.fit import Run, fit, folds, grid_points, mape_pct, predict_s  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
 from simulator.simulate import simulate  # noqa: E402
 
@@ -75,6 +85,44 @@ def predict_ms(frame: pd.DataFrame, overrides: dict | None = None) -> list[float
     return out
 
 
+def _runs(frame: pd.DataFrame) -> list[Run]:
+    return [Run(row_scenario(row), row.measured_ms / 1e3, f"row {i}") for i, row in enumerate(frame.itertuples(index=False))]
+
+
+def _point_predictions_ms(args: tuple) -> list[float]:
+    runs, point = args
+    return [1e3 * predict_s(run, point) for run in runs]
+
+
+def fitted_figures(frame: pd.DataFrame, processes: int) -> dict:
+    """The 5-fold and the half-split figures of `ghpsim fit`'s grid (module docstring)."""
+    runs, points = _runs(frame), grid_points()
+    with multiprocessing.Pool(processes) as pool:
+        grid_ms = pool.map(_point_predictions_ms, [(runs, point) for point in points])
+    measured = list(frame.measured_ms)
+    five = fit(grid_ms, points, measured, k=5, seed=0)
+    half_rows = folds(len(frame), 2, seed=0)
+    train, test = half_rows[0], half_rows[1]
+    chosen = min(range(len(points)), key=lambda p: mape_pct([grid_ms[p][r] for r in train], [measured[r] for r in train]))
+    half = frame.iloc[test].assign(predicted_ms=[grid_ms[chosen][r] for r in test])
+    return {"five_fold": error_table(frame.assign(predicted_ms=five.held_out)),
+            "five_fold_parameters": five.best, "five_fold_spread": five.spread,
+            "half": error_table(half), "half_parameters": points[chosen]}
+
+
+def gpt_mfu() -> dict:
+    """MFU of every GPT scenario in `scenarios/` with the datasheet kernel model."""
+    out = {}
+    for path in sorted((ROOT / "scenarios").glob("*.yaml")):
+        if path.name.startswith(("gpt", "llama")):
+            from simulator.scenario import load_scenario
+            try:
+                out[path.name] = simulate(load_scenario(path)).summary["mfu"]
+            except ScenarioError as error:
+                print(f"bench_published: {path.name}: {error}", file=sys.stderr)
+    return out
+
+
 def error_table(frame: pd.DataFrame) -> dict:
     """MAPE, mean signed, worst, share within 10 % and the signed error by group, in percent."""
     error = 100 * (frame.predicted_ms - frame.measured_ms) / frame.measured_ms
@@ -85,9 +133,18 @@ def error_table(frame: pd.DataFrame) -> dict:
             "mean_signed_by_group_pct": groups}
 
 
+def _print_table(name: str, table: dict) -> None:
+    print(f"{name}: {table['rows']} rows, MAPE {table['mape_pct']:.1f} %, mean signed {table['mean_signed_pct']:+.1f} %, "
+          f"worst {table['worst_pct']:.1f} %, {100 * table['within_10_pct_share']:.0f} % of rows within 10 %")
+    for group, by_key in table["mean_signed_by_group_pct"].items():
+        print(f"    mean signed by {group}: " + ", ".join(f"{key} {value:+.1f} %" for key, value in by_key.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=None, help="score only the first N rows (default: all)")
+    parser.add_argument("--no-fit", action="store_true", help="skip the cross-validated fit (minutes)")
+    parser.add_argument("--processes", type=int, default=os.cpu_count(), help="worker processes of the fit")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--csv", type=Path, default=DATA, help="the published measurements (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -99,17 +156,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows is not None:
         frame = frame.head(args.rows)
     started = time.perf_counter()
-    frame = frame.assign(predicted_ms=predict_ms(frame))
-    figures = {"datasheet": error_table(frame), "wall_s": time.perf_counter() - started}
+    figures = {"analytic": error_table(frame.assign(predicted_ms=predict_ms(frame, {"costs": {"model": "analytic"}}))),
+               "kernel_datasheet": error_table(frame.assign(predicted_ms=predict_ms(frame)))}
+    if not args.no_fit:
+        figures.update(fitted_figures(frame, args.processes))
+    figures["gpt_mfu"] = gpt_mfu()
+    figures["wall_s"] = time.perf_counter() - started
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0
-    table = figures["datasheet"]
-    print(f"{table['rows']} rows, datasheet defaults: MAPE {table['mape_pct']:.1f} %, mean signed "
-          f"{table['mean_signed_pct']:+.1f} %, worst {table['worst_pct']:.1f} %, "
-          f"{100 * table['within_10_pct_share']:.0f} % of rows within 10 % ({figures['wall_s']:.0f} s)")
-    for name, by_key in table["mean_signed_by_group_pct"].items():
-        print(f"  mean signed by {name}: " + ", ".join(f"{key} {value:+.1f} %" for key, value in by_key.items()))
+    _print_table("analytic (roofline), datasheet", figures["analytic"])
+    _print_table("kernel model, datasheet", figures["kernel_datasheet"])
+    if not args.no_fit:
+        _print_table("kernel model, 5-fold held-out", figures["five_fold"])
+        print("    parameters (all rows): " + ", ".join(
+            f"{k} {v:.3g} +- {figures['five_fold_spread'][k]:.2g}" for k, v in figures["five_fold_parameters"].items()))
+        _print_table("kernel model, fitted on half, scored on the other half", figures["half"])
+    print("MFU of the GPT scenarios: " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in figures["gpt_mfu"].items()))
+    print(f"({figures['wall_s']:.0f} s)")
     return 0
 
 

@@ -151,6 +151,17 @@ def merge_profiles(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="FILE", help="where to write the pooled profile")
 
 
+def fit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", metavar="RUNS.csv",
+                        help="one row per measured run: measured_step_s, an optional base scenario column, "
+                             "and dotted scenario keys (see simulator/fit.py)")
+    parser.add_argument("--out", required=True, metavar="PROFILE.json", help="the kernel profile to write")
+    parser.add_argument("--base", metavar="SCENARIO", help="scenario file for rows without a `base` column")
+    parser.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out error (default 5)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the folds' shuffle (default 0)")
+    parser.add_argument("--json", action="store_true", help="print the fit as JSON")
+
+
 def calibrate(parser: argparse.ArgumentParser) -> None:
     scenario_args(parser, scenario=False)
     parser.add_argument("--scenario", required=True, help="scenario whose model is profiled")

@@ -42,6 +42,8 @@ COMMANDS = {  # name: (what runs it, "module:function" taking the parsed args; o
                   arguments.partition),
     "merge-profiles": ("simulator.profile_merge:run", "pool calibrations taken at different times into one profile",
                        arguments.merge_profiles),
+    "fit": ("simulator.fit:run", "fit the GPU kernel model's physical parameters to measured step times",
+            arguments.fit),
     "calibrate": ("ghpsim.validator_commands:cmd_calibrate", "microbenchmark this machine into a cost profile",
                   arguments.calibrate),
     "validate": ("ghpsim.validator_commands:cmd_validate", "run plans for real and compare with the prediction",

@@ -43,9 +43,8 @@ def _profile_costs(scenario, args):
     if not getattr(args, "profile", None):
         return None
     from simulator.model_source import resolve_workload
-    from simulator.profile_costs import profile_costs
-    return profile_costs(args.profile, resolve_workload(scenario.model, scenario.base_dir),
-                         optimizer=scenario.training.optimizer)
+    from simulator.profile_costs import scenario_profile_costs
+    return scenario_profile_costs(args.profile, scenario, resolve_workload(scenario.model, scenario.base_dir))
 
 
 def cmd_simulate(args) -> int:

@@ -5,15 +5,28 @@ A collective is played as a sequence of `FlowPhase`s. In a phase, many point-to-
 sub-flow an equal share of every link it crosses, so a phase runs at the pace of its most loaded
 link, and other traffic on those links slows it down. Building a phase is linear in the number of
 ranks, and the engine treats a phase as one flow, so a collective never costs quadratic work.
+
+Among devices whose routes cross only the link kinds NCCL's tables describe (nvlink, pcie,
+infiniband, roce: `simulator.nccl.NCCL_LINK_KINDS`), phases run as NCCL runs them (NCCL 2.20
+`src/graph/tuning.cc`, tables in `simulator.nccl`): each phase picks the protocol (LL, LL128,
+Simple) of least predicted time for its size, ring size and link kinds, as NCCL's tuner does; its
+latency is base latency(algorithm, protocol) + hops x hop latency(link class, protocol), a hop
+never below the route's own latency in its outermost tier (`Topology.route_class`); its sub-flows carry their bytes / the protocol's payload
+efficiency (LL also capped at NCCL's LL bus bandwidth, see `_nccl_choice`). A ring allreduce inside
+one node whose NVSwitch reduces (NVLS) may run NVLS instead, when the tuner picks it. Sends take
+NCCL's Simple latency (`nccl.p2p_time_s`). A collective crossing any other kind (ethernet, host),
+and the parameter server, keep the plain alpha-beta phases: steps x the largest route latency,
+payload bytes.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from simulator.topology import Topology
+from simulator import nccl
+from simulator.topology import INTER, INTRA, Topology
 
 ALGORITHMS = ("ring", "tree", "hierarchical", "parameter_server")
 
@@ -28,6 +41,9 @@ class FlowPhase:
     """(link index, number of this phase's sub-flows crossing it)."""
     tier_bytes: tuple[tuple[str, float], ...]
     """Bytes this phase moves over each tier (a sub-flow counts in the outermost tier it crosses)."""
+    nccl: str = ""
+    """NCCL's choice for the phase, "algorithm/protocol" ("ring/LL128", "nvls/Simple", "tree/LL",
+    "p2p/Simple"); "" for a plain alpha-beta phase."""
 
 
 # ----------------------------------------------------------------------------- closed forms
@@ -115,7 +131,7 @@ def allreduce_phases(topology: Topology, devices: tuple[int, ...], size_bytes: f
         return ()
     ordered = tuple(sorted(devices))
     if algorithm == "ring":
-        return (_ring_phase(topology, [ordered], size_bytes, 2.0),)
+        return _pick([_ring_phase(topology, [ordered], size_bytes, 2.0, nvls=True)])
     if algorithm == "tree":
         return _tree_phases(topology, ordered, size_bytes)
     if algorithm == "hierarchical":
@@ -130,7 +146,7 @@ def allgather_phases(topology: Topology, devices: tuple[int, ...],
     """A ring allgather: every sub-flow (ring hop) forwards p-1 blocks of `per_rank_bytes`."""
     if len(devices) <= 1 or per_rank_bytes <= 0:
         return ()
-    return (_ring_phase(topology, [tuple(sorted(devices))], per_rank_bytes * len(devices), 1.0),)
+    return _pick([_ring_phase(topology, [tuple(sorted(devices))], per_rank_bytes * len(devices), 1.0)])
 
 
 def reduce_scatter_phases(topology: Topology, devices: tuple[int, ...],
@@ -138,7 +154,7 @@ def reduce_scatter_phases(topology: Topology, devices: tuple[int, ...],
     """A ring reduce-scatter of a `size_bytes` buffer: every ring hop forwards (p-1)/p x S."""
     if len(devices) <= 1 or size_bytes <= 0:
         return ()
-    return (_ring_phase(topology, [tuple(sorted(devices))], size_bytes, 1.0),)
+    return _pick([_ring_phase(topology, [tuple(sorted(devices))], size_bytes, 1.0)])
 
 
 def collective_phases(topology: Topology, groups: tuple[tuple[int, ...], ...], op: str, size_bytes: float,
@@ -174,46 +190,151 @@ def merge_phases(phases) -> FlowPhase:
         usage.update(dict(phase.usage))
         for tier, size in phase.tier_bytes:
             tier_bytes[tier] += size
-    return FlowPhase(max(phase.latency_s for phase in phases), phases[0].bytes_per_subflow,
-                     tuple(usage.items()), tuple(tier_bytes.items()))
+    return FlowPhase(max(phase.latency_s for phase in phases), max(phase.bytes_per_subflow for phase in phases),
+                     tuple(usage.items()), tuple(tier_bytes.items()), phases[0].nccl)
 
 
 def scaled_phase(phase: FlowPhase, repeat: int = 1, weight: float = 1.0) -> FlowPhase:
     """`phase` run `repeat` times back to back as one phase; tier bytes x repeat x weight."""
     if repeat == 1 and weight == 1:
         return phase
-    return FlowPhase(phase.latency_s * repeat, phase.bytes_per_subflow * repeat, phase.usage,
-                     tuple((tier, size * repeat * weight) for tier, size in phase.tier_bytes))
+    return replace(phase, latency_s=phase.latency_s * repeat, bytes_per_subflow=phase.bytes_per_subflow * repeat,
+                   tier_bytes=tuple((tier, size * repeat * weight) for tier, size in phase.tier_bytes))
 
 
 def pairs_phase(topology: Topology, pairs: tuple[tuple[int, int], ...], size_bytes: float,
                 weight: float = 1.0) -> FlowPhase:
-    """Concurrent point-to-point transfers of `size_bytes` each as one lock-step phase."""
-    return scaled_phase(_pairs_phase(topology, list(pairs), size_bytes, 1), 1, weight)
+    """Concurrent point-to-point transfers of `size_bytes` each as one lock-step phase; over NCCL's
+    link kinds with NCCL's send latency, Simple base + one Simple hop of the route's class, the hop
+    never below the route's own latency (`nccl.p2p_time_s`)."""
+    phase = _pairs_phase(topology, list(pairs), size_bytes, 1)
+    if phase.usage and _nccl_links(topology, phase.usage):
+        latency_s = max(nccl.candidate_latency_s("ring", "Simple", ((_hop_tier({topology.route_class(s, t)}, 1.0), 1),))
+                        for s, t in pairs if s != t)
+        phase = replace(phase, latency_s=latency_s, nccl="p2p/Simple")
+    return scaled_phase(phase, 1, weight)
 
 
-def _ring_phase(topology: Topology, rings: list[tuple[int, ...]], size_bytes: float,
-                passes: float) -> FlowPhase:
-    """Concurrent rings; `passes` = 2 for allreduce (reduce-scatter + allgather), 1 for either."""
+def collective_label(algorithm: str, phases) -> str:
+    """`algorithm` with the NCCL protocols its phases run, for the summary's algorithm counts:
+    "ring/LL128", "nvls/Simple", "hierarchical/LL128+Simple"; plain phases: `algorithm` alone."""
+    choices = [phase.nccl.split("/") for phase in phases if phase.nccl]
+    if not choices:
+        return algorithm
+    name = "nvls" if any(chosen == "nvls" for chosen, _ in choices) else algorithm
+    return f"{name}/{'+'.join(dict.fromkeys(protocol for _, protocol in choices))}"
+
+
+# ----------------------------------------------------------------------------- NCCL phases
+
+def _pick(built: list[tuple[FlowPhase, FlowPhase | None]]) -> tuple[FlowPhase, ...]:
+    """NCCL's phases when every phase of the collective has one (its routes cross NCCL's link
+    kinds only), else the plain ones."""
+    if all(chosen is not None for _, chosen in built):
+        return tuple(chosen for _, chosen in built)
+    return tuple(plain for plain, _ in built)
+
+
+def _nccl_links(topology: Topology, usage) -> bool:
+    return all(topology.links[link].kind in nccl.NCCL_LINK_KINDS for link, _ in usage)
+
+
+def _rate(topology: Topology, usage) -> float:
+    """A sub-flow's rate with the phase alone on the network: its most loaded link's share."""
+    return min(topology.links[link].bandwidth_bytes_per_s / count for link, count in usage)
+
+
+def _hop_tier(classes: set[tuple[str, float]], rate: float) -> nccl.Tier:
+    """One hop of routes of these (kind, latency) classes (`Topology.route_class`): the kind of
+    largest NCCL hop latency (NVLink <= PCI <= network in every table row) and the largest latency."""
+    kind = max((kind for kind, _ in classes), key=lambda k: (nccl.HOP_LATENCY_S[k, "ring", "Simple"], k))
+    return nccl.Tier(kind, rate, max(latency for _, latency in classes))
+
+
+def _nccl_choice(traffic_bytes: float, rate: float, plans: dict, num_nodes: int, ll128: bool):
+    """NCCL's tuner over `plans` ({algorithm: hops}): ((algorithm, protocol), latency, byte factor)
+    of least latency + traffic / bandwidth, where bandwidth = the sub-flow's uncontended `rate` x
+    protocol efficiency (x NVLS's factor; LL capped at llMaxBw). Sub-flows carry traffic x byte
+    factor (rate / bandwidth), so alone they take exactly the predicted time and under contention
+    they slow down as plain flows do (an LL sub-flow sharing a link keeps its cap-derived factor,
+    slightly pessimistic). Tree phases get no 0.92 factor: the flow model plays the tree itself."""
+    latency, bandwidth, times = {}, {}, {}
+    for algorithm, hops in plans.items():
+        for protocol in nccl.ALGORITHM_PROTOCOLS[algorithm]:
+            if protocol == "LL128" and not ll128:
+                continue
+            key = (algorithm, protocol)
+            latency[key] = nccl.candidate_latency_s(algorithm, protocol, hops)
+            bandwidth[key] = nccl.candidate_bandwidth_bytes_per_s(rate, "nvls" if algorithm == "nvls" else "ring",
+                                                                  protocol, num_nodes)
+            times[key] = latency[key] + traffic_bytes / bandwidth[key]
+    choice = nccl.choose(times)
+    key = (choice.algorithm, choice.protocol)
+    return key, latency[key], rate / bandwidth[key]
+
+
+def _ring_phase(topology: Topology, rings: list[tuple[int, ...]], size_bytes: float, passes: float,
+                nvls: bool = False) -> tuple[FlowPhase, FlowPhase | None]:
+    """Concurrent rings; `passes` = 2 for allreduce (reduce-scatter + allgather), 1 for either.
+    (plain phase, NCCL phase or None when a route crosses another link kind); `nvls`: an allreduce
+    that may run NVLS."""
     usage: Counter = Counter()
     tier_bytes: dict[str, float] = defaultdict(float)
+    classes: dict[str, set] = defaultdict(set)
     latency_s, ring_size = 0.0, len(rings[0])
     per_subflow = passes * (ring_size - 1) / ring_size * size_bytes
     for ring in rings:
         for source, target in zip(ring, ring[1:] + ring[:1]):
             usage.update(topology.route(source, target))
             latency_s = max(latency_s, topology.route_latency_s(source, target))
-            tier_bytes[topology.route_tier(source, target)] += per_subflow
+            tier = topology.route_tier(source, target)
+            tier_bytes[tier] += per_subflow
+            if source != target:
+                classes[tier].add(topology.route_class(source, target))
     steps = passes * (ring_size - 1)
-    return FlowPhase(steps * latency_s, per_subflow, tuple(usage.items()), tuple(tier_bytes.items()))
+    plain = FlowPhase(steps * latency_s, per_subflow, tuple(usage.items()), tuple(tier_bytes.items()))
+    if not plain.usage:
+        return plain, plain
+    if not _nccl_links(topology, plain.usage):
+        return plain, None
+    # NCCL's ring: 2(n-1) steps for allreduce (n-1 for either half), passes x (N-1) of them
+    # between its N nodes (tuning.cc, NCCL >= 2.21; nccl.allreduce_candidates).
+    num_nodes = len({topology.node_of(device) for device in rings[0]})
+    inter_steps = int(passes * (num_nodes - 1))
+    rate = _rate(topology, plain.usage)
+    intra = _hop_tier(classes[INTRA] or classes[INTER], rate)
+    hops = ((intra, int(steps) - inter_steps), (_hop_tier(classes[INTER] or classes[INTRA], rate), inter_steps))
+    plans = {"ring": hops}
+    if nvls and num_nodes == 1 and all(topology.links[link].nvls for link, _ in plain.usage):
+        plans["nvls"] = ((intra, 1),)  # the whole single-node NVLS latency is one "hop" (nccl.py)
+    key, latency, factor = _nccl_choice(per_subflow, rate, plans, num_nodes, _ll128_ok(topology, plain.usage))
+    return plain, replace(plain, latency_s=latency, bytes_per_subflow=per_subflow * factor, nccl="/".join(key))
+
+
+def _ll128_ok(topology: Topology, usage) -> bool:
+    return all(topology.links[link].kind in nccl.LL128_LINK_KINDS for link, _ in usage)
 
 
 def _tree_phases(topology: Topology, ordered: tuple[int, ...], size_bytes: float) -> tuple[FlowPhase, ...]:
+    """Binary-tree reduce, then broadcast, each pipelined over `depth` hops. Over NCCL's kinds the
+    protocol is chosen for the whole tree (2 S over 2 depth hops, NCCL's tree tables); the base
+    latency is paid once, in the reduce."""
     edges = [(ordered[(i - 1) // 2], ordered[i]) for i in range(1, len(ordered))]
     depth = math.ceil(math.log2(len(ordered)))
     reduce = _pairs_phase(topology, [(child, parent) for parent, child in edges], size_bytes, depth)
     broadcast = _pairs_phase(topology, edges, size_bytes, depth)
-    return (reduce, broadcast)
+    usage = reduce.usage + broadcast.usage
+    if not _nccl_links(topology, usage):
+        return (reduce, broadcast)
+    rate = min(_rate(topology, reduce.usage), _rate(topology, broadcast.usage))
+    tier = _hop_tier({topology.route_class(a, b) for a, b in edges}, rate)
+    num_nodes = len({topology.node_of(device) for device in ordered})
+    (_, protocol), _, factor = _nccl_choice(2 * size_bytes, rate, {"tree": ((tier, 2 * depth),)}, num_nodes,
+                                            _ll128_ok(topology, usage))
+    hops_s = nccl.candidate_latency_s("tree", protocol, ((tier, depth),), base=False)
+    return tuple(replace(phase, latency_s=latency_s, bytes_per_subflow=size_bytes * factor, nccl=f"tree/{protocol}")
+                 for phase, latency_s in ((reduce, nccl.BASE_LATENCY_S["tree", protocol] + hops_s),
+                                          (broadcast, hops_s)))
 
 
 def _hierarchical_phases(topology: Topology, ordered: tuple[int, ...], size_bytes: float) -> tuple[FlowPhase, ...]:
@@ -229,7 +350,7 @@ def _hierarchical_phases(topology: Topology, ordered: tuple[int, ...], size_byte
     phases.append(_ring_phase(topology, cross_rings, size_bytes / per_node, 2.0))
     if per_node > 1:
         phases.append(_ring_phase(topology, node_rings, size_bytes, 1.0))
-    return tuple(phases)
+    return _pick(phases)
 
 
 def _parameter_server_phases(topology: Topology, ordered: tuple[int, ...], size_bytes: float,

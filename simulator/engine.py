@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
+from simulator.collectives import choose_algorithm, collective_label, collective_phases, pairs_phase
 from simulator.costs import WEIGHT_PASS_WORDS, CostModel
 from simulator.errors import SimulationError
 from simulator.heterogeneity import DeviceCosts
@@ -182,8 +182,6 @@ class Engine:
             algorithm = choose_algorithm(self.topology, groups[0], action.algorithm)
         else:  # allgather (sparse top-k, ZeRO-1 parameters, sequence parallelism), reduce_scatter: rings
             algorithm = f"ring_{action.op}"
-        if count:
-            self.algorithms[algorithm] += 1
         cache_key = (groups, action.op, action.size_bytes, algorithm, action.repeat, weight)
         phases = self._phase_cache.get(cache_key)
         if phases is None:
@@ -192,6 +190,8 @@ class Engine:
             if self._symmetry is not None:
                 phases = self._symmetry.prune(self.topology, action, phases)
             self._phase_cache[cache_key] = phases
+        if count:
+            self.algorithms[collective_label(algorithm, phases)] += 1
         return phases
 
     def _send_phase(self, rank: int, action: Send, source: int, target: int):

@@ -53,7 +53,7 @@ def _with_nics(num_nodes, gpus_per_node, intra, inter, nics_per_node, kind, hops
         node = topology.node_of(device)
         nic = nic_name(node, _nic_of(topology, device))
         topology.owner[nic] = node
-        topology.add_duplex(device_name(device), nic, INTER, 0.0, inter.bandwidth_bytes_per_s)
+        topology.add_duplex(device_name(device), nic, INTER, 0.0, inter.bandwidth_bytes_per_s, inter.kind)
     return topology
 
 
@@ -78,13 +78,13 @@ def fat_tree(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpe
     num_pods = math.ceil(hosts / (half * half))
     for host in range(hosts):
         topology.add_duplex(nic_name(*divmod(host, nics_per_node)), _edge(host, half), INTER,
-                            inter.latency_s / 2, bandwidth)
+                            inter.latency_s / 2, bandwidth, inter.kind)
     for pod in range(num_pods):
         for agg in range(half):
             for edge in range(half):
-                topology.add_duplex(f"edge{pod}.{edge}", f"agg{pod}.{agg}", INTER, 0.0, bandwidth)
+                topology.add_duplex(f"edge{pod}.{edge}", f"agg{pod}.{agg}", INTER, 0.0, bandwidth, inter.kind)
             for core in range(half):
-                topology.add_duplex(f"agg{pod}.{agg}", f"core{agg}.{core}", INTER, 0.0, bandwidth)
+                topology.add_duplex(f"agg{pod}.{agg}", f"core{agg}.{core}", INTER, 0.0, bandwidth, inter.kind)
     return topology
 
 
@@ -117,7 +117,7 @@ def rail_optimized(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: L
     for node in range(num_nodes):
         for nic in range(nics_per_node):
             topology.add_duplex(nic_name(node, nic), f"rail{nic}", INTER, inter.latency_s / 2,
-                                inter.bandwidth_bytes_per_s)
+                                inter.bandwidth_bytes_per_s, inter.kind)
     return topology
 
 
@@ -150,7 +150,7 @@ def torus_2d(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpe
             for neighbour, size in ((row * cols + (col + 1) % cols, cols), (((row + 1) % rows) * cols + col, rows)):
                 there = node_switch_name(neighbour)
                 if size > 1 and not topology.graph.has_edge(here, there):
-                    topology.add_duplex(here, there, INTER, inter.latency_s, bandwidth)
+                    topology.add_duplex(here, there, INTER, inter.latency_s, bandwidth, inter.kind)
     return topology
 
 
@@ -171,7 +171,8 @@ def _torus_hops(topology: Topology, source: int, target: int) -> list[str]:
 
 def from_graph(graph: nx.Graph, num_nodes: int, gpus_per_node: int) -> Topology:
     """A topology from a graph whose edges carry `tier`, `latency_s`, `bandwidth_bytes_per_s`;
-    vertices gpu0 .. gpu{N-1} are the devices (device d on node d // gpus_per_node)."""
+    vertices gpu0 .. gpu{N-1} are the devices (device d on node d // gpus_per_node). Edges have no
+    link kind: they count as ethernet, so they keep their bandwidth and the plain flow model."""
     topology = Topology.empty(num_nodes, gpus_per_node, "graph_file", _graph_hops)
     missing = [device_name(d) for d in range(topology.num_devices) if device_name(d) not in graph]
     if missing:

@@ -67,14 +67,19 @@ class Slowed:
 
 
 def _costs_for_gpu(costs: CostModel, gpu: GpuSpec) -> CostModel:
-    if not isinstance(costs, AnalyticCosts):
-        raise ScenarioError(f"cluster.node_gpus: GPU {gpu.name!r} needs the analytic cost model (a calibration "
+    from simulator.kernel_costs import KernelCosts
+    if not isinstance(costs, (AnalyticCosts, KernelCosts)):
+        raise ScenarioError(f"cluster.node_gpus: GPU {gpu.name!r} needs a datasheet cost model (a calibration "
                             "profile times one GPU type)")
     try:
         gpu.peak_for(costs.dtype)
     except KeyError:
         raise ScenarioError(f"cluster.node_gpus: GPU {gpu.name!r} has no figure for training.dtype "
                             f"{costs.dtype!r}") from None
+    if isinstance(costs, KernelCosts):
+        return KernelCosts(costs.workload, gpu, costs.dtype, costs.optimizer, tp_degree=costs.tp_degree,
+                           flash_attention=costs.flash_attention, sequence_parallel=costs.sequence_parallel,
+                           recompute=costs.recompute)
     return AnalyticCosts(costs.workload, gpu, costs.dtype, costs.optimizer, costs.efficiency)
 
 

@@ -108,24 +108,20 @@ ARCHITECTURES["generic"] = replace(
     ARCHITECTURES["ampere"],
     source="no published figures for this family in the project's data: Ampere's row is used (an assumption)")
 
-PRESET_GPUS = {"A100-40GB": ("ampere", 108), "A100-80GB": ("ampere", 108), "H100-SXM": ("hopper", 132),
-               "H200": ("hopper", 132), "V100": ("volta", 80), "V100-16GB": ("volta", 80)}
-"""Architecture and SM count of the catalogue's presets while `GpuSpec` lacks `architecture` /
-`num_sms` (A100, H100, V100 whitepapers: 108, 132 (SXM5), 80 SMs); the GPU's own fields win."""
-
-
 def gpu_architecture(gpu) -> str:
-    """The GPU's architecture family: `gpu.architecture`, else its preset's, else "generic"."""
-    named = getattr(gpu, "architecture", None) or PRESET_GPUS.get(getattr(gpu, "name", ""), ("generic",))[0]
-    return named.lower() if named.lower() in ARCHITECTURES else "generic"
+    """The GPU's architecture family (`GpuSpec.architecture`) if it has a row here, else "generic"."""
+    named = (gpu.architecture or "").lower()
+    return named if named in ARCHITECTURES else "generic"
+
+
+def has_kernel_tables(gpu) -> bool:
+    """Whether the GPU's own family has measured figures here (what `costs.model: auto` asks)."""
+    return (gpu.architecture or "").lower() in ARCHITECTURES and gpu.architecture.lower() != "generic"
 
 
 def gpu_num_sms(gpu) -> int | None:
-    """`gpu.num_sms`, else its preset's, else None (costed without wave quantisation)."""
-    count = getattr(gpu, "num_sms", None)
-    if count is None and getattr(gpu, "name", "") in PRESET_GPUS:
-        count = PRESET_GPUS[gpu.name][1]
-    return count
+    """`GpuSpec.num_sms`; None: costed without wave quantisation."""
+    return gpu.num_sms
 
 
 @dataclass(frozen=True)
@@ -158,17 +154,27 @@ def memory_s(size_bytes: float, device: Device) -> float:
     return device.memory_latency_s + size_bytes / stream
 
 
+SPLIT_K_MIN_K = 256
+"""The least reduction length one slice of a split-K GEMM keeps: four 64-deep main-loop
+iterations of a 16-bit tensor-core tile (CUTLASS's split-K "parallel reduction" and cuBLAS's
+heuristics split K when M x N gives fewer tiles than SMs, e.g. convolution weight gradients with
+K = batch x H x W; Kerr et al., "CUTLASS", GTC 2018)."""
+
+
 def tiled_compute_s(m: float, n: float, k: float, batch_count: float, device: Device, efficiency: float,
-                    tile_n: float | None = None, work_fraction: float = 1.0) -> float:
+                    tile_n: float | None = None, work_fraction: float = 1.0, split_k: bool = True) -> float:
     """Wave-quantised GEMM time: ceil(tiles / SMs) waves of one tile's 2 tile_m tile_n k FLOPs at
-    the per-SM peak x efficiency; no SM count: 2 m n k batch_count / (peak x efficiency)."""
+    the per-SM peak x efficiency; where the tiles leave SMs idle and K is long, K is split into
+    up to SMs / tiles slices of at least SPLIT_K_MIN_K (`SPLIT_K_MIN_K`). No SM count:
+    2 m n k batch_count / (peak x efficiency)."""
     peak = device.peak_flops_per_s * efficiency
     if not device.num_sms:
         return 2.0 * m * n * k * batch_count * work_fraction / peak
     tile_m, tile_n = device.tile_m, tile_n or device.tile_n
     tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * math.ceil(batch_count)
-    waves = math.ceil(tiles / device.num_sms)
-    return waves * 2.0 * tile_m * tile_n * k * work_fraction / (peak / device.num_sms)
+    split = max(1, min(device.num_sms // tiles, int(k // SPLIT_K_MIN_K))) if split_k else 1
+    waves = math.ceil(tiles * split / device.num_sms)
+    return waves * 2.0 * tile_m * tile_n * (k / split) * work_fraction / (peak / device.num_sms)
 
 
 def kernel_s(kernel: Kernel, device: Device) -> float:
@@ -181,7 +187,8 @@ def kernel_s(kernel: Kernel, device: Device) -> float:
                                   work_fraction=kernel.work_fraction)
     elif kernel.kind == "flash_attention":
         compute = tiled_compute_s(kernel.m, kernel.n, kernel.k, kernel.batch_count, device,
-                                  p.flash_attention_efficiency, tile_n=kernel.n, work_fraction=kernel.work_fraction)
+                                  p.flash_attention_efficiency, tile_n=kernel.n, work_fraction=kernel.work_fraction,
+                                  split_k=False)
     elif kernel.kind == "generic":
         compute = kernel.flops / (device.peak_flops_per_s * p.gemm_efficiency)
     else:
@@ -238,6 +245,14 @@ class KernelCosts:
         self.parameters = self.device.parameters
         self._element_bytes = dtype_bytes(dtype)
         self._cache: dict[tuple, float] = {}
+
+    def with_tensor_parallel(self, tp_degree: int, sequence_parallel: bool) -> "KernelCosts":
+        """The same model for one rank of a `tp_degree`-way tensor-parallel group."""
+        if (tp_degree, sequence_parallel) == (self.tp_degree, self.sequence_parallel):
+            return self
+        return KernelCosts(self.workload, self.gpu, self.dtype, self.optimizer, tp_degree=tp_degree,
+                           flash_attention=self.flash_attention, sequence_parallel=sequence_parallel,
+                           recompute=self.recompute, parameters=self.parameters)
 
     def kernels(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
         """The kernels of a pass; "B" with full recompute is the recompute forward + backward."""

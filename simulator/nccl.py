@@ -8,6 +8,9 @@ For each algorithm a (ring, tree, NVLS) and protocol p (LL, LL128, Simple) NCCL 
 
 and runs the pair with the least time. Every figure below is a table entry with its source; the
 functions only count hops and bytes. Pure functions over plain numbers: no simpy, no torch.
+The engine plays the same tables on its flow network (`simulator.collectives`: links carry line
+rate x LINK_EFFICIENCY, phases NCCL's latency and protocol), so on an uncontended node it takes
+exactly these closed-form times (tests/test_nccl_in_engine.py).
 
 One departure from the tuner: a hop never costs less than the link's own measured one-way latency
 (`Tier.latency_s`). NCCL's NVLink LL hop is 0.6 us, but a single-channel ring measures 10 us at 2
@@ -25,6 +28,10 @@ us = 1e-6
 GB = 1e9
 
 LINK_KINDS = ("nvlink", "pcie", "infiniband", "roce", "ethernet", "host")
+NCCL_LINK_KINDS = frozenset({"nvlink", "pcie", "infiniband", "roce"})
+"""The kinds whose transports NCCL's tables describe (its NVLink, PCI and NET-over-RDMA classes).
+The flow model plays collectives with NCCL's latency and protocols only over these; Ethernet
+(NCCL's socket transport, or gloo/MPI) and host links keep the user's figures."""
 ALGORITHMS = ("ring", "tree", "nvls")
 PROTOCOLS = ("LL", "LL128", "Simple")
 
@@ -188,19 +195,41 @@ def _protocol_ok(protocol: str, intra: Tier, inter: Tier | None, per_node: int, 
     return all(kind in LL128_LINK_KINDS for kind in kinds)
 
 
-def _candidate_time_s(traffic_bytes: float, bus_bytes_per_s: float, algorithm: str, protocol: str,
-                      hops: tuple[tuple[Tier, int], ...], num_nodes: int) -> float:
-    """base + hops x hop latency + traffic / (bus bandwidth x protocol efficiency x algorithm
-    factor), LL capped at llMaxBw (NCCL 2.20 tuning.cc, ncclTopoTuneModel + ncclTopoGetAlgoTime)."""
+def achievable_bandwidth_bytes_per_s(kind: str, line_rate_bytes_per_s: float) -> float:
+    """The application bandwidth of a link of `kind`: line rate x LINK_EFFICIENCY for the kinds
+    NCCL's tables describe (NCCL_LINK_KINDS); Ethernet and host links keep their configured rate
+    (how much of it an application gets is the scenario's figure to set)."""
+    if kind in NCCL_LINK_KINDS:
+        return line_rate_bytes_per_s * LINK_EFFICIENCY[kind]
+    return line_rate_bytes_per_s
+
+
+def candidate_latency_s(algorithm: str, protocol: str, hops: tuple[tuple[Tier, int], ...],
+                        base: bool = True) -> float:
+    """base latency (when `base`) + sum of count x hop latency over `hops` ((tier, count), ...)
+    (NCCL 2.20 tuning.cc, ncclTopoTuneModel: baseLat + nsteps x hwLat)."""
+    return (BASE_LATENCY_S[algorithm, protocol] if base else 0.0) + sum(
+        count * hop_latency_s(tier, algorithm, protocol) for tier, count in hops if count)
+
+
+def candidate_bandwidth_bytes_per_s(bus_bytes_per_s: float, algorithm: str, protocol: str, num_nodes: int) -> float:
+    """bus bandwidth x protocol efficiency x algorithm factor, LL capped at llMaxBw (NCCL 2.20
+    tuning.cc, ncclTopoTuneModel)."""
     bandwidth = bus_bytes_per_s * PROTOCOL_EFFICIENCY[protocol] * ALGORITHM_BANDWIDTH_FACTOR[algorithm]
     if protocol == "LL":
         bandwidth = min(bandwidth, LL_MAX_BUS_BANDWIDTH_BYTES_PER_S[min(num_nodes, 3)])
-    latency_s = BASE_LATENCY_S[algorithm, protocol] + sum(
-        count * hop_latency_s(tier, algorithm, protocol) for tier, count in hops if count)
-    return latency_s + traffic_bytes / bandwidth
+    return bandwidth
 
 
-def _choose(candidates: dict[tuple[str, str], float]) -> CollectiveTime:
+def _candidate_time_s(traffic_bytes: float, bus_bytes_per_s: float, algorithm: str, protocol: str,
+                      hops: tuple[tuple[Tier, int], ...], num_nodes: int) -> float:
+    """latency + traffic / bandwidth (NCCL 2.20 tuning.cc, ncclTopoGetAlgoTime)."""
+    return (candidate_latency_s(algorithm, protocol, hops)
+            + traffic_bytes / candidate_bandwidth_bytes_per_s(bus_bytes_per_s, algorithm, protocol, num_nodes))
+
+
+def choose(candidates: dict[tuple[str, str], float]) -> CollectiveTime:
+    """The (algorithm, protocol) of least predicted time; ties go to the first in name order."""
     (algorithm, protocol), time_s = min(candidates.items(), key=lambda item: (item[1], item[0]))
     return CollectiveTime(time_s, algorithm, protocol)
 
@@ -239,7 +268,7 @@ def allreduce_time_s(size_bytes: float, num_ranks: int, *, intra: Tier, inter: T
     (`allreduce_candidates`) and the (algorithm, protocol) it picks (ncclTopoGetAlgoInfo)."""
     if num_ranks <= 1 or size_bytes <= 0:
         return _NOTHING_TO_DO
-    return _choose(allreduce_candidates(size_bytes, num_ranks, intra=intra, inter=inter,
+    return choose(allreduce_candidates(size_bytes, num_ranks, intra=intra, inter=inter,
                                         ranks_per_node=ranks_per_node))
 
 
@@ -253,7 +282,7 @@ def _ring_half_time_s(size_bytes: float, num_ranks: int, intra: Tier, inter: Tie
     bus = _bus_bandwidth(intra, inter, per_node, num_nodes)
     hops = ((intra, (num_ranks - 1) - (num_nodes - 1)), (inter, num_nodes - 1))
     traffic = (num_ranks - 1) / num_ranks * size_bytes
-    return _choose({("ring", protocol): _candidate_time_s(traffic, bus, "ring", protocol, hops, num_nodes)
+    return choose({("ring", protocol): _candidate_time_s(traffic, bus, "ring", protocol, hops, num_nodes)
                     for protocol in PROTOCOLS if _protocol_ok(protocol, intra, inter, per_node, num_nodes)})
 
 

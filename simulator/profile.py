@@ -26,6 +26,12 @@ One versioned pydantic schema, read by `load_profile` and written by `validator.
   `compute_slowdown` rescales it to any other number (`simulator.profile_costs`).
 * `ALPHA_BETA`: `{latency_s, bandwidth_bytes_per_s}`; S bytes take `latency_s + S / bandwidth`
   (Hockney's model). For an allreduce it is the algorithm bandwidth: no 2(p-1)/p on top.
+
+A kernel profile (`"kind": "kernel"`, written by `ghpsim fit`) holds instead the fitted physical
+parameters of the GPU kernel model for one architecture: `{format, kind, architecture,
+parameters: {name: value}, fit: {...}, provenance}`; `parameters` replace the catalogue's values
+of `simulator.kernel_costs.KernelParameters` for GPUs of that architecture, and `fit` records the
+held-out error and each parameter's spread over the folds.
 """
 
 from __future__ import annotations
@@ -186,7 +192,20 @@ class Profile(_Frozen):
         return len(self.layers)
 
 
-def load_profile(path: str | Path) -> Profile:
+class KernelProfile(_Frozen):
+    """Fitted parameters of the kernel model (module docstring)."""
+
+    format: Literal["ghpsim-profile/2"]
+    kind: Literal["kernel"]
+    architecture: str
+    parameters: dict[Literal["gemm_efficiency", "flash_attention_efficiency", "memory_efficiency",
+                             "launch_overhead_s", "host_overhead_s"], float]
+    fit: dict[str, Any] = {}
+    provenance: dict[str, Any] = {}
+    source: str = Field(default="<profile>", exclude=True)
+
+
+def load_profile(path: str | Path) -> Profile | KernelProfile:
     """Read and validate a calibration profile; a one-line ScenarioError naming the file and the
     field for a missing, unreadable, malformed, old or foreign file."""
     path = Path(path)
@@ -202,7 +221,7 @@ def load_profile(path: str | Path) -> Profile:
     return profile_from_dict(document, str(path))
 
 
-def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
+def profile_from_dict(document: Any, source: str = "<profile>") -> Profile | KernelProfile:
     """Validate a profile document already parsed from JSON (see `load_profile`)."""
     if not isinstance(document, dict):
         raise ScenarioError(f"{source}: format: expected a JSON object with format {FORMAT!r}")
@@ -213,14 +232,15 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile:
                                 f"{FORMAT!r}: calibrate again with `ghpsim calibrate`")
         raise ScenarioError(f"{source}: format: expected {FORMAT!r}, got {str(found)[:60]!r} "
                             "(not a ghpsim calibration profile)")
+    model = KernelProfile if document.get("kind") == "kernel" else Profile
     try:
-        return Profile.model_validate({**document, "source": source})
+        return model.model_validate({**document, "source": source})
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "profile"
         raise ScenarioError(f"{source}: {where}: {first['msg']}"[:300]) from None
 
 
-def profile_document(profile: Profile) -> dict:
+def profile_document(profile: Profile | KernelProfile) -> dict:
     """The JSON-ready document of `profile` (what `ghpsim calibrate` writes)."""
     return profile.model_dump(mode="json", exclude_none=True)

@@ -7,14 +7,37 @@ import math
 
 from simulator.costs import OPTIMIZER_BYTES_PER_PARAM, WEIGHT_PASS_WORDS
 from simulator.errors import ScenarioError
-from simulator.profile import Profile, load_profile
+from simulator.profile import KernelProfile, Profile, load_profile
 from simulator.workload import Workload
 
 
 def profile_costs(path, workload: Workload, optimizer: str | None = None) -> "ProfileCosts":
     """The cost model of the calibration profile at `path` for `workload`; `optimizer`, when
     given, must be the one profiled."""
-    return ProfileCosts(load_profile(path), workload, optimizer=optimizer)
+    profile = load_profile(path)
+    if isinstance(profile, KernelProfile):
+        raise ScenarioError(f"{path}: kind: a kernel profile (from `ghpsim fit`) needs the scenario's GPU; "
+                            "use it with `ghpsim simulate` or `compare`")
+    return ProfileCosts(profile, workload, optimizer=optimizer)
+
+
+def scenario_profile_costs(path, scenario, workload: Workload):
+    """The cost model of any profile for `scenario`: a calibration profile (`ProfileCosts`) or a
+    kernel profile from `ghpsim fit` (the kernel model with the fitted parameters, for GPUs of the
+    architecture it was fitted on)."""
+    from dataclasses import replace
+
+    from simulator.kernel_costs import KernelCosts, device_for, gpu_architecture
+    profile = load_profile(path)
+    training, gpu = scenario.training, scenario.cluster.gpu
+    if not isinstance(profile, KernelProfile):
+        return ProfileCosts(profile, workload, optimizer=training.optimizer)
+    if gpu_architecture(gpu) != profile.architecture:
+        raise ScenarioError(f"{path}: architecture: fitted on {profile.architecture!r} GPUs, but cluster.gpu "
+                            f"{gpu.name!r} is {gpu_architecture(gpu)!r}")
+    parameters = replace(device_for(gpu, training.dtype).parameters, **profile.parameters)
+    return KernelCosts(workload, gpu, training.dtype, training.optimizer,
+                       flash_attention=scenario.costs.flash_attention, parameters=parameters)
 
 
 class ProfileCosts:

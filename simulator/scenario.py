@@ -181,9 +181,15 @@ LayerKind = Literal["conv", "linear", "attention", "embedding", "norm", "pool", 
 
 
 class CostConfig(_Frozen):
-    """Cost settings: achieved fraction of peak FLOP/s per layer kind (0 < e <= 1) of the analytic
-    model, and the device <-> host bandwidth that offloaded activations move at (`simulator.memory`)."""
+    """Cost settings: the compute model (`kernel`: each layer as the GPU kernels a framework
+    launches, `simulator.kernel_costs`; `analytic`: a roofline at a fixed achieved fraction of peak
+    per layer kind; `auto`: kernel wherever the GPU's architecture has kernel tables, else
+    analytic), the analytic model's efficiencies (0 < e <= 1), whether attention runs as one fused
+    flash-attention kernel, and the device <-> host bandwidth that offloaded activations move at
+    (`simulator.memory`)."""
 
+    model: Literal["auto", "kernel", "analytic"] = "auto"
+    flash_attention: bool = False
     efficiency: dict[LayerKind, Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=dict)
     host_bandwidth_bytes_per_s: BytesPerSecond | None = None
     """training.offload_activations: bytes/s per direction between a device and host memory; None:

@@ -51,10 +51,14 @@ def naming_source(scenario: Scenario):
         raise ScenarioError(f"{scenario.source}: {message}") from None
 
 
-def analytic_costs(scenario: Scenario, workload: Workload) -> AnalyticCosts:
-    training = scenario.training
-    return AnalyticCosts(workload, scenario.cluster.gpu, training.dtype, training.optimizer,
-                         scenario.costs.efficiency)
+def analytic_costs(scenario: Scenario, workload: Workload) -> CostModel:
+    """The scenario's datasheet cost model (`costs.model`): kernel-level where the GPU's
+    architecture has kernel tables (or when asked), else the analytic roofline."""
+    from simulator.kernel_costs import KernelCosts, has_kernel_tables
+    training, costs, gpu = scenario.training, scenario.costs, scenario.cluster.gpu
+    if costs.model == "kernel" or (costs.model == "auto" and has_kernel_tables(gpu)):
+        return KernelCosts(workload, gpu, training.dtype, training.optimizer, flash_attention=costs.flash_attention)
+    return AnalyticCosts(workload, gpu, training.dtype, training.optimizer, costs.efficiency)
 
 
 def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workload | None = None) -> SimulationResult:
@@ -83,7 +87,8 @@ def engine_costs(plan: Plan, costs: CostModel) -> CostModel:
     share of every layer."""
     if "rank_workload" in plan.meta:
         from simulator.strategies.tensor import rank_costs
-        return rank_costs(costs, plan.meta["rank_workload"])
+        tensor = plan.meta["tensor"]
+        return rank_costs(costs, plan.meta["rank_workload"], tensor["tp_degree"], tensor["sequence_parallel"])
     return costs
 
 

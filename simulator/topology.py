@@ -1,5 +1,13 @@
 """The cluster as a directed networkx graph with per-link latency and bandwidth, and routes.
 
+A link's bandwidth is what an application gets from it, the capacity the engine shares among flows:
+for the kinds NCCL's tables describe (nvlink, pcie, infiniband, roce) the preset's line rate x the
+kind's achievable fraction (`simulator.nccl.LINK_EFFICIENCY`: NVLink and PCIe 0.8, IB and RoCE
+0.94); ethernet and host links keep their configured rate, since how much of an Ethernet or host
+link an application gets (TCP, gloo, MPI) is the scenario's figure to set. Every link records its
+kind and whether its switch reduces in-network (NVLS); graph-file edges have no kind and count
+as ethernet (the default of an inline link spec).
+
 Every fabric (`cluster.topology`) has, per node, a node switch (NVSwitch/NVLink) with one
 intra-tier link per device; a node's devices always talk through it. Every link is full duplex =
 two directed edges, each one shared resource in the engine. Between nodes:
@@ -35,6 +43,7 @@ import networkx as nx
 
 from simulator.errors import ScenarioError
 from simulator.hardware import GpuSpec, LinkSpec
+from simulator.nccl import HOP_LATENCY_S, achievable_bandwidth_bytes_per_s
 
 INTRA, INTER = "intra", "inter"
 FABRICS = ("two_tier", "fat_tree", "rail_optimized", "torus_2d", "graph_file")
@@ -42,7 +51,8 @@ FABRICS = ("two_tier", "fat_tree", "rail_optimized", "torus_2d", "graph_file")
 
 @dataclass(frozen=True)
 class Link:
-    """One directed edge of the cluster graph."""
+    """One directed edge of the cluster graph; `bandwidth_bytes_per_s` is the achievable rate
+    (the module docstring), `kind` the LinkSpec's kind."""
 
     index: int
     source: str
@@ -50,6 +60,8 @@ class Link:
     tier: str
     latency_s: float
     bandwidth_bytes_per_s: float
+    kind: str = "ethernet"
+    nvls: bool = False
 
 
 Hops = Callable[["Topology", int, int], list]
@@ -74,7 +86,7 @@ class Topology:
         if num_nodes > 1:
             for node in range(num_nodes):
                 self.add_duplex(node_switch_name(node), "spine", INTER, inter.latency_s / 2,
-                                inter.bandwidth_bytes_per_s * nics_per_node)
+                                inter.bandwidth_bytes_per_s * nics_per_node, inter.kind)
 
     @classmethod
     def empty(cls, num_nodes: int, gpus_per_node: int, kind: str, hops: Hops) -> "Topology":
@@ -99,6 +111,7 @@ class Topology:
         self._edge_index: dict[tuple[str, str], int] = {}
         self._hops = hops
         self._route = lru_cache(maxsize=None)(self._compute_route)
+        self._route_class = lru_cache(maxsize=None)(self._compute_route_class)
 
     @property
     def num_devices(self) -> int:
@@ -119,6 +132,19 @@ class Topology:
         same_node = self.node_of(source_device) == self.node_of(target_device)
         return INTRA if same_node else INTER
 
+    def route_class(self, source_device: int, target_device: int) -> tuple[str, float]:
+        """NCCL's hardware class of a route and its own latency: the kind of the links of the
+        route's outermost tier (`route_tier`; the one of largest NCCL hop latency if they differ)
+        and their summed one-way latency. NVLink or PCIe inside a node, the network between nodes."""
+        return self._route_class(source_device, target_device)
+
+    def _compute_route_class(self, source_device: int, target_device: int) -> tuple[str, float]:
+        links = [self.links[i] for i in self.route(source_device, target_device)]
+        tier = self.route_tier(source_device, target_device)
+        outer = [link for link in links if link.tier == tier] or links
+        kind = max((link.kind for link in outer), key=lambda k: (HOP_LATENCY_S[k, "ring", "Simple"], k))
+        return kind, sum(link.latency_s for link in outer)
+
     def _compute_route(self, source_device: int, target_device: int) -> tuple[int, ...]:
         if source_device == target_device:
             return ()
@@ -129,16 +155,20 @@ class Topology:
             hops = self._hops(self, source_device, target_device)
         return tuple(self._edge_index[(u, v)] for u, v in zip(hops, hops[1:]))
 
-    def add_link(self, source: str, target: str, tier: str, latency_s: float, bandwidth: float) -> None:
-        link = Link(len(self.links), source, target, tier, latency_s, bandwidth)
+    def add_link(self, source: str, target: str, tier: str, latency_s: float, line_rate: float,
+                 kind: str = "ethernet", nvls: bool = False) -> None:
+        """A directed link of `kind` whose capacity is the achievable share of its `line_rate`."""
+        bandwidth = achievable_bandwidth_bytes_per_s(kind, line_rate)
+        link = Link(len(self.links), source, target, tier, latency_s, bandwidth, kind, nvls)
         self.links.append(link)
         self._edge_index[(source, target)] = link.index
         self.graph.add_edge(source, target, index=link.index, tier=tier,
                             latency_s=latency_s, bandwidth_bytes_per_s=bandwidth)
 
-    def add_duplex(self, a: str, b: str, tier: str, latency_s: float, bandwidth: float) -> None:
-        self.add_link(a, b, tier, latency_s, bandwidth)
-        self.add_link(b, a, tier, latency_s, bandwidth)
+    def add_duplex(self, a: str, b: str, tier: str, latency_s: float, line_rate: float,
+                   kind: str = "ethernet", nvls: bool = False) -> None:
+        self.add_link(a, b, tier, latency_s, line_rate, kind, nvls)
+        self.add_link(b, a, tier, latency_s, line_rate, kind, nvls)
 
     def _add_node_switches(self, intra: LinkSpec) -> None:
         for node in range(self.num_nodes):
@@ -147,7 +177,8 @@ class Topology:
             for local in range(self.gpus_per_node):
                 device = device_name(node * self.gpus_per_node + local)
                 self.owner[device] = node
-                self.add_duplex(device, switch, INTRA, intra.latency_s / 2, intra.bandwidth_bytes_per_s)
+                self.add_duplex(device, switch, INTRA, intra.latency_s / 2, intra.bandwidth_bytes_per_s,
+                                intra.kind, intra.nvls)
 
     def degrade(self, factors: dict[str, float]) -> None:
         """Scale the bandwidth of named links (see `degraded_links`) by their factors."""

@@ -17,7 +17,7 @@ from ghpsim.cli import COMMANDS, load, main
 
 ROOT = Path(__file__).resolve().parent.parent
 EVERY_COMMAND = ("demo", "simulate", "compare", "list", "rank", "report", "sweep", "schedule", "search", "gallery",
-                 "partition", "merge-profiles", "calibrate", "validate", "import-model")
+                 "partition", "merge-profiles", "fit", "calibrate", "validate", "import-model")
 HEAVY = ("torch", "pandas", "numpy", "networkx", "simpy", "matplotlib", "pydantic", "simulator", "validator")
 
 HIDE_TORCH = """

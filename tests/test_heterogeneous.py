@@ -82,7 +82,21 @@ def mixed_scenario(kind="dp", dtype="fp16", **cluster):
         "model": {"name": "mlp", "params": {"num_hidden_layers": 10, "hidden_dim": 4096}},
         "strategy": {"kind": kind},
         "training": {"global_batch_size": 256, "dtype": dtype},
+        "costs": {"model": "analytic"},
     })
+
+
+def test_mixed_gpu_types_each_device_computes_with_its_kernel_model():
+    """With the kernel model each device expands its layers on its own GPU's figures."""
+    from simulator.kernel_costs import KernelCosts
+    scenario = mixed_scenario(node_gpus={1: "V100"}).model_copy(
+        update={"costs": mixed_scenario().costs.model_copy(update={"model": "kernel"})})
+    result = simulate(scenario)
+    forward = result.spans[(result.spans["kind"] == "F")].set_index("rank")
+    for rank, gpu in ((0, "A100-80GB"), (2, "V100")):
+        costs = KernelCosts(result.workload, resolve_gpu(gpu), "fp16", "sgd")
+        expected = sum(costs.compute_s(i, "F", 64) for i in range(result.workload.num_layers))
+        assert forward.loc[rank].end_s - forward.loc[rank].start_s == pytest.approx(expected, rel=1e-12)
 
 
 def test_mixed_gpu_types_each_device_computes_with_its_own_roofline():
@@ -120,7 +134,7 @@ def test_mixed_gpu_pipeline_balances_stages_by_each_gpu_s_speed():
 def test_mixed_gpus_need_analytic_costs_and_a_figure_for_the_dtype():
     topology = Topology(2, 1, link(0.0, 1e9), link(0.0, 1e9))
     topology.node_gpus = {1: resolve_gpu("V100")}
-    with pytest.raises(ScenarioError, match="cluster.node_gpus: GPU 'V100' needs the analytic cost model"):
+    with pytest.raises(ScenarioError, match="cluster.node_gpus: GPU 'V100' needs a datasheet cost model"):
         DeviceCosts(FixedCosts(), topology).model_of(1)
     fp32_only = {"name": "old", "peak_flops_per_s": {"fp32": "10 TFLOP/s"}, "memory_bytes": "16 GiB",
                  "memory_bandwidth_bytes_per_s": "900 GB/s"}

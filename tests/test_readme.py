@@ -29,7 +29,7 @@ MAX_LINES = 250
 # Commands whose README example runs for real (seconds each); the others are checked with --help.
 RUN = {"demo", "simulate", "compare", "list", "rank", "search", "partition", "schedule", "report",
        "merge-profiles", "import-model"}
-HELP_ONLY = {"calibrate", "validate", "sweep", "gallery"}
+HELP_ONLY = {"calibrate", "validate", "sweep", "gallery", "fit"}
 OUTPUT_FLAGS = {"--out", "--trace", "--memory-plot", "--plot"}
 USER_PROFILES = "profiles/"  # the reader's calibrations, not in the repository
 STAND_IN_PROFILE = ROOT / "reports" / "profiles" / "mlp_cpu_ws2.json"

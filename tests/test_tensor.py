@@ -142,8 +142,9 @@ def test_zero1_shards_master_weights_and_optimizer_state_over_replicas():
         assert breakdown["optimizer_state"] == pytest.approx(params * 4 * 2 / dp)
         assert breakdown["master_weights"] == pytest.approx(params * 4 / dp)
         assert breakdown["weights"] == pytest.approx(params * 2)
-    assert set(zero.summary["collective_algorithms"]) >= {"ring_reduce_scatter", "ring_allgather"}
-    assert "ring_reduce_scatter" not in plain.summary["collective_algorithms"]
+    algorithms = {label.split("/")[0] for label in zero.summary["collective_algorithms"]}
+    assert algorithms >= {"ring_reduce_scatter", "ring_allgather"}
+    assert "ring_reduce_scatter" not in {label.split("/")[0] for label in plain.summary["collective_algorithms"]}
     assert zero.summary["memory"]["peak_memory_bytes"] < plain.summary["memory"]["peak_memory_bytes"]
 
 

@@ -101,11 +101,16 @@ def tensor_config(scenario) -> TensorConfig:
         overlap_backward=strategy.overlap_backward, collective=strategy.collective, symmetry=strategy.symmetry)
 
 
-def rank_costs(costs: CostModel, workload: Workload) -> AnalyticCosts:
-    """The analytic costs of one TP rank's share of the layers (`workload` = its rank workload)."""
+def rank_costs(costs: CostModel, workload: Workload, tp_degree: int, sequence_parallel: bool) -> CostModel:
+    """The costs of one TP rank's share of the layers (`workload` = its rank workload): the kernel
+    model expands each whole layer with the TP split (`simulator.kernels`), the analytic model
+    times the shard."""
+    from simulator.kernel_costs import KernelCosts
+    if isinstance(costs, KernelCosts):
+        return costs.with_tensor_parallel(tp_degree, sequence_parallel)
     if not isinstance(costs, AnalyticCosts):
-        raise ScenarioError("strategy.kind: megatron needs the analytic cost model (a calibration profile "
-                            "times whole layers, not their tensor-parallel shares)")
+        raise ScenarioError("strategy.kind: megatron needs a GPU cost model (a calibration profile times "
+                            "whole layers, not their tensor-parallel shares)")
     return AnalyticCosts(workload, costs.gpu, costs.dtype, costs.optimizer, costs.efficiency)
 
 
@@ -119,6 +124,11 @@ def _check(config: TensorConfig, workload: Workload) -> None:
                             f"{workload.num_layers} layers of model {workload.name}")
     if config.num_virtual_stages > 1 and config.pp < 2:
         raise ScenarioError("strategy.num_virtual_stages: interleaving needs strategy.pp_degree >= 2")
+    heads = {layer.spec.get("num_heads") for layer in workload.layers if layer.spec.get("num_heads")}
+    for count in heads:
+        if count % config.tp:
+            raise ScenarioError(f"strategy.tp_degree: {config.tp} does not divide the {count} attention heads of "
+                                f"model {workload.name} (Megatron splits whole heads across TP ranks)")
 
 
 def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs: CostModel) -> Plan:
@@ -134,7 +144,7 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     chunk_devices = tuple(config.device_of(0, chunk % config.pp, 0) for chunk in range(schedule.num_chunks))
     grid = GridConfig(KIND, 1, schedule.num_chunks, config.global_batch_size, config.dtype,
                       partition=config.partition)
-    ranges = _partition(grid, shard, topology, rank_costs(costs, shard), chunk_devices, config.microbatch_size)
+    ranges = _partition(grid, shard, topology, rank_costs(costs, shard, config.tp, config.sequence_parallel), chunk_devices, config.microbatch_size)
     stages = tuple(_stage(shard, ranges, j, config.pp, config.num_virtual_stages) for j in range(config.pp))
     full_devices = tuple(config.device_of(g // config.tp, j, g % config.tp)
                          for g in range(config.num_pipelines) for j in range(config.pp))

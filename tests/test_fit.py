@@ -1,0 +1,90 @@
+"""`ghpsim fit` (simulator.fit): reading a cluster's runs, k-fold cross-validation over the
+parameter grid, and the kernel profile it writes (read back by `simulate --profile`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ghpsim.cli import main
+from simulator.errors import ScenarioError
+from simulator.fit import fit, folds, read_runs
+from simulator.profile import KernelProfile, load_profile
+
+BASE = """\
+name: tiny_gpt
+cluster: {num_nodes: 1, gpus_per_node: 2, gpu: A100-80GB, intra_node_link: nvlink3-a100}
+model: {name: transformer, params: {num_layers: 2, hidden_size: 256, num_heads: 4, seq_len: 128, vocab_size: 1000}}
+strategy: {kind: megatron, tp_degree: 2, num_microbatches: 1}
+training: {global_batch_size: 2, dtype: fp16, optimizer: adam}
+"""
+
+
+def test_folds_partition_the_rows_and_are_seeded():
+    parts = folds(10, 3, seed=1)
+    assert sorted(i for part in parts for i in part) == list(range(10))
+    assert parts == folds(10, 3, seed=1) and parts != folds(10, 3, seed=2)
+
+
+def test_cross_validation_picks_the_point_that_predicts_held_out_rows():
+    measured = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    points = [{"host_overhead_s": 0.0}, {"host_overhead_s": 1e-5}]
+    predictions = [[m * 0.5 for m in measured], [m * 1.02 for m in measured]]
+    result = fit(predictions, points, measured, k=3)
+    assert result.best == points[1] and result.spread == {"host_overhead_s": 0.0}
+    assert result.held_out_mape_pct == pytest.approx(2.0)
+    assert result.in_sample_mape_pct == pytest.approx(2.0)
+    with pytest.raises(ScenarioError, match="--folds: 7 folds need at least 7 runs"):
+        fit(predictions, points, measured, k=7)
+
+
+def _write(tmp_path, rows: str, base: str = BASE):
+    (tmp_path / "tiny.yaml").write_text(base)
+    path = tmp_path / "runs.csv"
+    path.write_text(rows)
+    return path
+
+
+def test_runs_override_their_base_scenario(tmp_path):
+    runs = read_runs(_write(tmp_path, "base,training.global_batch_size,measured_step_s\n"
+                                      "tiny.yaml,2,0.01\ntiny.yaml,4,0.02\n"))
+    assert [run.document["training"]["global_batch_size"] for run in runs] == [2, 4]
+    assert [run.measured_s for run in runs] == [0.01, 0.02]
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("base,x\ntiny.yaml,1\n", "missing column 'measured_step_s'"),
+    ("base,measured_step_s\ntiny.yaml,fast\n", "runs.csv:2: measured_step_s: 'fast' is not a number"),
+    ("base,measured_step_s\ntiny.yaml,-1\n", "runs.csv:2: measured_step_s: -1.0 must be > 0"),
+    ("measured_step_s\n0.1\n", "runs.csv:2: base: no scenario file"),
+    ("base,measured_step_s\n", "no runs"),
+])
+def test_bad_runs_are_one_line_errors(tmp_path, rows, message):
+    with pytest.raises(ScenarioError) as error:
+        read_runs(_write(tmp_path, rows))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_fit_writes_a_kernel_profile_that_simulate_reads(tmp_path, capsys, monkeypatch):
+    import simulator.fit as fit_module
+    monkeypatch.setattr(fit_module, "FITTED", {"host_overhead_s": (0.0, 2e-5), "gemm_efficiency": (0.822,)})
+    rows = "base,training.global_batch_size,measured_step_s\n" + "".join(
+        f"tiny.yaml,{b},{0.004 * b}\n" for b in (2, 2, 4, 4, 8, 8))
+    out = tmp_path / "kernel.json"
+    assert main(["fit", str(_write(tmp_path, rows)), "--out", str(out), "--folds", "3", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["runs"] == 6 and printed["folds"] == 3 and printed["held_out_mape_pct"] >= 0
+    profile = load_profile(out)
+    assert isinstance(profile, KernelProfile) and profile.architecture == "ampere"
+    assert main(["simulate", str(tmp_path / "tiny.yaml"), "--profile", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
+
+
+def test_a_kernel_profile_for_another_architecture_is_refused(tmp_path, capsys):
+    profile = {"format": "ghpsim-profile/2", "kind": "kernel", "architecture": "hopper",
+               "parameters": {"host_overhead_s": 1e-5}}
+    (tmp_path / "k.json").write_text(json.dumps(profile))
+    (tmp_path / "tiny.yaml").write_text(BASE)
+    assert main(["simulate", str(tmp_path / "tiny.yaml"), "--profile", str(tmp_path / "k.json")]) == 2
+    assert "fitted on 'hopper' GPUs" in capsys.readouterr().err
