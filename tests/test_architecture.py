@@ -179,7 +179,6 @@ def test_simulator_and_ghpsim_have_no_import_cycle():
     assert_no_cycle(("simulator", "ghpsim"))
 
 
-@pytest.mark.xfail(strict=False, reason="validator.microbench <-> validator.runtime, being reworked")
 def test_validator_has_no_import_cycle():
     assert_no_cycle(("validator",))
 

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from simulator.workload import Workload
+from validator.optimizers import make_optimizer
 from validator.stream_timing import settled as _settled, stream_timed as _stream_timed
 
-OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -227,17 +227,6 @@ def _round_zero(results: list[dict]) -> list[dict]:
         entry["forward_s"] = entry["rounds"][0]["forward_s"]
         entry["backward_s"] = entry["rounds"][0]["backward_s"]
     return results
-
-
-def make_optimizer(name: str, parameters, lr: float = 0.01) -> torch.optim.Optimizer:
-    """The optimizer the validator trains with: sgd, momentum (SGD, momentum 0.9) or adam."""
-    if name == "sgd":
-        return torch.optim.SGD(parameters, lr=lr)
-    if name == "momentum":
-        return torch.optim.SGD(parameters, lr=lr, momentum=0.9)
-    if name == "adam":
-        return torch.optim.Adam(parameters, lr=lr)
-    raise ValueError(f"unknown optimizer {name!r} (expected one of {', '.join(OPTIMIZERS)})")
 
 
 def time_optimizer(optimizer: str, parameter_sets: Sequence, repeats: int = 7, device: str = "cpu",

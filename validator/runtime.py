@@ -31,7 +31,7 @@ from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Pl
 from simulator.sparse import SELECTION_PHASE, topk_count
 from simulator.workload import Workload
 from validator import comm_device
-from validator.microbench import make_optimizer
+from validator.optimizers import make_optimizer
 from validator.models import build_modules, loss_fn, make_batch
 
 

@@ -23,7 +23,7 @@ import torch
 from simulator.plan import Compute, Plan
 from simulator.sparse import SELECTION_PHASE, topk_count
 from simulator.workload import Workload
-from validator.microbench import make_optimizer
+from validator.optimizers import make_optimizer
 from validator.models import build_modules, loss_fn, make_batch
 
 

@@ -31,7 +31,7 @@ from torch import nn
 from simulator.errors import ScenarioError
 from simulator.plan import Plan
 from simulator.workload import Workload
-from validator.microbench import make_optimizer
+from validator.optimizers import make_optimizer
 from validator.models import build_modules, loss_fn, make_batch
 from validator.pipeline_plan import chunk_ranges, num_microbatches
 from validator.runtime import peer_groups

@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from simulator.profile import WEIGHT_PASS_NAMES
-from validator.microbench import DEFAULT_MIN_BLOCK_S, _same, _sync, _time_blocks, make_optimizer
+from validator.microbench import DEFAULT_MIN_BLOCK_S, _same, _sync, _time_blocks
+from validator.optimizers import make_optimizer
 from validator.weight_versions import (accumulate_gradients, predict_layer_weights, repredict_layer_weights,
                                        stash_weights)
 
