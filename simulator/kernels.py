@@ -29,106 +29,32 @@ and attention dropout; the zoo itself models p = 0). Masks are 1 byte per elemen
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
-from simulator.workload import Layer, dtype_bytes
-from simulator.zoo._ops import (
-    ADD_FLOPS,
-    GELU_FLOPS,
-    NORM_FLOPS,
-    RELU_FLOPS,
-    SOFTMAX_FLOPS,
+from simulator.kernel_ops import (
+    DEFAULT_DROPOUT,
+    INDEX_BYTES,
+    MASK_BYTES,
+    PHASES,
+    STATS_BYTES,
+    Kernel,
+    add,
+    copy,
+    dropout,
+    gemm,
+    layer_norm,
+    linear,
+    pointwise,
 )
-
-PHASES = ("F", "B", "R")
-DEFAULT_DROPOUT = 0.1
-"""Megatron-LM `--hidden-dropout` / `--attention-dropout` defaults (megatron/arguments.py)."""
-MASK_BYTES = 1
-INDEX_BYTES = 8  # int64 token ids and max-pool indices
-STATS_BYTES = 4  # fp32 per-row statistics (LayerNorm mean / rstd, softmax-loss sums)
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """One kernel launch: FLOPs executed and bytes moved to/from device memory.
-
-    GEMM-like kernels also carry C[m, n] = A[m, k] B[k, n] repeated `batch_count` times;
-    `work_fraction` is the share of its tiles a kernel runs (causal flash attention skips the
-    tiles above the diagonal: 1/2)."""
-
-    name: str
-    kind: str
-    flops: float
-    bytes_read: float
-    bytes_written: float
-    m: float = 0.0
-    n: float = 0.0
-    k: float = 0.0
-    batch_count: float = 1.0
-    work_fraction: float = 1.0
-
-    @property
-    def bytes_moved(self) -> float:
-        return self.bytes_read + self.bytes_written
-
-
-# --- constructors -------------------------------------------------------------------------------
-
-def gemm(name: str, m: float, n: float, k: float, e: int, *, batch_count: float = 1.0) -> Kernel:
-    """C[m, n] = A[m, k] B[k, n], `batch_count` times: 2mnk FLOPs each; reads A, B, writes C."""
-    return Kernel(name, "gemm", 2.0 * m * n * k * batch_count, (m * k + k * n) * e * batch_count,
-                  m * n * e * batch_count, m, n, k, batch_count)
-
-
-def pointwise(name: str, kind: str, elements: float, read_bytes: float, write_bytes: float,
-              flops: float = 0.0) -> Kernel:
-    """A memory-bound kernel over `elements`: bytes read / written and FLOPs per element."""
-    return Kernel(name, kind, flops * elements, read_bytes * elements, write_bytes * elements)
-
-
-def linear(name: str, m: float, n: float, k: float, e: int, phase: str, *,
-           bias_grad: bool = False, input_grad: bool = True) -> list[Kernel]:
-    """y[m, n] = x[m, k] W[n, k]^T (bias in the cuBLASLt epilogue). Backward: dx = dy W
-    (m, k, n), dW = dy^T x (n, k, m), and db = sum of dy over m (a reduction kernel)."""
-    if phase != "B":
-        return [gemm(name, m, n, k, e)]
-    kernels = [gemm(f"{name}.dgrad", m, k, n, e)] if input_grad else []
-    kernels.append(gemm(f"{name}.wgrad", n, k, m, e))
-    if bias_grad:
-        kernels.append(Kernel(f"{name}.bias_grad", "reduction", 0.0, m * n * e, n * e))
-    return kernels
-
-
-def layer_norm(name: str, rows: float, width: int, e: int, phase: str) -> list[Kernel]:
-    """apex fused LayerNorm over `rows` x `width`: one forward kernel (saves fp32 mean / rstd);
-    backward = cuComputePartGradGammaBeta + cuComputeGradGammaBeta + cuComputeGradInput."""
-    elements = rows * width
-    if phase != "B":
-        return [Kernel(name, "norm", NORM_FLOPS * elements, elements * e + 2 * width * e,
-                       elements * e + 2 * rows * STATS_BYTES)]
-    return [Kernel(f"{name}.grad_params_partial", "reduction", 0.0, 2 * elements * e, 0.0),
-            Kernel(f"{name}.grad_params", "reduction", 0.0, 0.0, 2 * width * e),
-            Kernel(f"{name}.grad_input", "norm", NORM_FLOPS * elements,
-                   2 * elements * e + 2 * rows * STATS_BYTES, elements * e)]
-
-
-def dropout(name: str, elements: float, e: int, phase: str) -> Kernel:
-    """Forward writes output + bool mask; backward reads the gradient and the mask."""
-    if phase != "B":
-        return pointwise(name, "elementwise", elements, e, e + MASK_BYTES)
-    return pointwise(f"{name}.bwd", "elementwise", elements, e + MASK_BYTES, e)
-
-
-def copy(name: str, elements: float, e: int) -> Kernel:
-    """A layout change (permute / transpose + contiguous): read and write every element once."""
-    return pointwise(name, "copy", elements, e, e)
-
-
-def add(name: str, elements: float, e: int) -> Kernel:
-    """Residual add, or the gradient accumulation where a tensor fed two consumers."""
-    return pointwise(name, "elementwise", elements, 2 * e, e, ADD_FLOPS)
-
+from simulator.kernels_cnn import (
+    basic_block_kernels,
+    bottleneck_block_kernels,
+    classifier_head_kernels,
+    conv_block_kernels,
+    fc_kernels,
+)
+from simulator.workload import Layer, dtype_bytes
+from simulator.zoo._ops import ADD_FLOPS, GELU_FLOPS, SOFTMAX_FLOPS
 
 # --- transformer (Megatron-LM) ------------------------------------------------------------------
 
@@ -294,132 +220,6 @@ def bert_mlm_head_kernels(spec, b: float, e: int, phase: str, t: int) -> list[Ke
                *layer_norm("ln", tokens, h, e, phase),
                *linear("decoder", tokens, vocab / t, h, e, phase, bias_grad=True),
                *cross_entropy_kernels(tokens, vocab / t, e, phase)]
-    return kernels if phase != "B" else kernels[::-1]
-
-
-# --- convolutional networks (PyTorch + cuDNN) ---------------------------------------------------
-
-def conv(name: str, b: float, cin: int, cout: int, k: int, in_hw, out_hw, e: int, phase: str,
-         *, bias: bool = False, input_grad: bool = True) -> list[Kernel]:
-    """Implicit GEMM (cuDNN): forward M = b Ho Wo, N = Cout, K = Cin k^2; data gradient
-    M = b Hi Wi, N = Cin, K = Cout k^2 Ho Wo / (Hi Wi) (same FLOPs); weight gradient
-    M = Cout, N = Cin k^2, K = b Ho Wo. Bytes are the tensors (no im2col buffer); a bias is a
-    separate add (forward) / reduction (backward), as PyTorch runs it after cuDNN."""
-    in_area, out_area = in_hw[0] * in_hw[1], out_hw[0] * out_hw[1]
-    x, y, w = b * cin * in_area * e, b * cout * out_area * e, cout * cin * k * k * e
-    m, n, kk = b * out_area, cout, cin * k * k
-    if phase != "B":
-        kernels = [Kernel(name, "gemm", 2.0 * m * n * kk, x + w, y, m, n, kk)]
-        return kernels + ([pointwise(f"{name}.bias", "elementwise", b * cout * out_area, e, e)] if bias else [])
-    kernels = [Kernel(f"{name}.dgrad", "gemm", 2.0 * m * n * kk, y + w, x, b * in_area, cin,
-                      cout * k * k * out_area / in_area)] if input_grad else []
-    kernels.append(Kernel(f"{name}.wgrad", "gemm", 2.0 * m * n * kk, x + y, w, cout, kk, m))
-    if bias:
-        kernels.append(Kernel(f"{name}.bias_grad", "reduction", 0.0, y, cout * e))
-    return kernels
-
-
-def batch_norm(name: str, elements: float, e: int, phase: str) -> Kernel:
-    """cuDNN batch norm, training: one kernel per pass sweeping its input twice (statistics,
-    then normalise; backward: the two reductions, then the input gradient)."""
-    if phase != "B":
-        return pointwise(name, "norm", elements, 2 * e, e, NORM_FLOPS)
-    return pointwise(f"{name}.bwd", "norm", elements, 4 * e, e, NORM_FLOPS)
-
-
-def relu(name: str, elements: float, e: int, phase: str) -> Kernel:
-    if phase != "B":
-        return pointwise(name, "elementwise", elements, e, e, RELU_FLOPS)
-    return pointwise(f"{name}.bwd", "elementwise", elements, 2 * e, e, RELU_FLOPS)
-
-
-def _area(hw) -> int:
-    return hw[0] * hw[1]
-
-
-def conv_block_kernels(spec, b: float, e: int, phase: str) -> list[Kernel]:
-    """conv [-> BN] [-> ReLU] [-> max pool (writes int64 indices)]."""
-    cout, conv_hw = spec["out_channels"], spec["conv_output_hw"]
-    elements = b * cout * _area(conv_hw)
-    kernels = conv("conv", b, spec["in_channels"], cout, spec["kernel_size"], spec["input_hw"],
-                   conv_hw, e, phase, bias=spec.get("bias", False))
-    kernels += [batch_norm("bn", elements, e, phase)] if spec.get("batch_norm") else []
-    kernels += [relu("relu", elements, e, phase)] if spec.get("activation") else []
-    pool = spec.get("pool")
-    if pool:
-        pooled = b * cout * _area(spec["output_hw"])
-        area = pool["kernel_size"] ** 2
-        kernels.append(Kernel("maxpool", "pool", area * pooled, elements * e, pooled * (e + INDEX_BYTES))
-                       if phase != "B" else
-                       Kernel("maxpool.bwd", "pool", area * pooled, pooled * (e + INDEX_BYTES), elements * e))
-    return kernels if phase != "B" else kernels[::-1]
-
-
-def _avgpool(name: str, in_elements: float, out_elements: float, e: int, phase: str) -> Kernel:
-    if phase != "B":
-        return Kernel(name, "pool", in_elements, in_elements * e, out_elements * e)
-    return Kernel(f"{name}.bwd", "pool", in_elements, out_elements * e, in_elements * e)
-
-
-def fc_kernels(spec, b: float, e: int, phase: str, t: int) -> list[Kernel]:
-    """[adaptive avg pool ->] Linear (column-parallel: N / tp, bias in the epilogue) [-> ReLU]."""
-    fin, fout = spec["in_features"], spec["out_features"]
-    kernels = []
-    if spec.get("adaptive_avgpool"):
-        in_elements = b * math.prod(spec["input_shape"])
-        kernels.append(_avgpool("avgpool", in_elements, b * fin, e, phase))
-    kernels += linear("fc", b, fout / t, fin, e, phase, bias_grad=spec.get("bias", True))
-    kernels += [relu("relu", b * fout / t, e, phase)] if spec.get("activation") else []
-    return kernels if phase != "B" else kernels[::-1]
-
-
-def classifier_head_kernels(spec, b: float, e: int, phase: str, t: int) -> list[Kernel]:
-    """[BN -> ReLU ->] global average pool -> Linear (N / tp)."""
-    channels, classes = spec["in_channels"], spec["num_classes"]
-    elements = b * channels * _area(spec["input_hw"])
-    kernels = [batch_norm("bn", elements, e, phase), relu("relu", elements, e, phase)] \
-        if spec.get("pre_activation") else []
-    kernels += [_avgpool("avgpool", elements, b * channels, e, phase),
-                *linear("fc", b, classes / t, channels, e, phase, bias_grad=True)]
-    return kernels if phase != "B" else kernels[::-1]
-
-
-def basic_block_kernels(spec, b: float, e: int, phase: str) -> list[Kernel]:
-    """conv3x3-BN-ReLU-conv3x3-BN, + identity or option-A (subsample + zero-pad) shortcut, ReLU."""
-    cin, cout, in_hw, out_hw = spec["in_channels"], spec["out_channels"], spec["input_hw"], spec["output_hw"]
-    elements = b * cout * _area(out_hw)
-    kernels = [*conv("conv1", b, cin, cout, 3, in_hw, out_hw, e, phase), batch_norm("bn1", elements, e, phase),
-               relu("relu1", elements, e, phase), *conv("conv2", b, cout, cout, 3, out_hw, out_hw, e, phase),
-               batch_norm("bn2", elements, e, phase), relu("relu_out", elements, e, phase)]
-    if spec.get("shortcut") == "pad":
-        kernels.append(pointwise("shortcut_pad" + (".bwd" if phase == "B" else ""), "copy", elements, e, e))
-    kernels.append(add("residual" if phase != "B" else "input.grad_accumulate",
-                       elements if phase != "B" else b * cin * _area(in_hw), e))
-    return kernels if phase != "B" else kernels[::-1]
-
-
-def bottleneck_block_kernels(spec, b: float, e: int, phase: str) -> list[Kernel]:
-    """Post-activation (v1.5): 1x1-BN-ReLU, 3x3(stride)-BN-ReLU, 1x1-BN [+ 1x1 projection-BN],
-    add, ReLU. Pre-activation: BN-ReLU before each conv, projection without BN, no final ReLU."""
-    cin, mid, cout = spec["in_channels"], spec["mid_channels"], spec["out_channels"]
-    in_hw, out_hw, preact = spec["input_hw"], spec["output_hw"], spec.get("preact", False)
-    in_el, mid_in, mid_out, out_el = (b * cin * _area(in_hw), b * mid * _area(in_hw),
-                                      b * mid * _area(out_hw), b * cout * _area(out_hw))
-
-    def norm_act(i: int, elements: float) -> list[Kernel]:
-        return [batch_norm(f"bn{i}", elements, e, phase), relu(f"relu{i}", elements, e, phase)]
-
-    kernels = norm_act(0, in_el) if preact else []
-    kernels += conv("conv1", b, cin, mid, 1, in_hw, in_hw, e, phase)
-    kernels += norm_act(1, mid_in) + conv("conv2", b, mid, mid, 3, in_hw, out_hw, e, phase)
-    kernels += norm_act(2, mid_out) + conv("conv3", b, mid, cout, 1, out_hw, out_hw, e, phase)
-    kernels += [] if preact else [batch_norm("bn3", out_el, e, phase)]
-    if spec.get("shortcut") == "conv":
-        kernels += conv("projection", b, cin, cout, 1, in_hw, out_hw, e, phase)
-        kernels += [] if preact else [batch_norm("bn_projection", out_el, e, phase)]
-    kernels += [] if preact else [relu("relu_out", out_el, e, phase)]
-    kernels.append(add("residual" if phase != "B" else "input.grad_accumulate",
-                       out_el if phase != "B" else in_el, e))
     return kernels if phase != "B" else kernels[::-1]
 
 

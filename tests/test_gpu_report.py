@@ -68,9 +68,9 @@ def test_pipeline_report_covers_every_schedule_at_two_and_four_stages():
 
 
 H100_PIPELINE_REPORT = ROOT / "reports" / "gpu" / "h100_p2" / "validation_pipelines_h100_ws2_cuda.csv"
-"""The fresh 2-stage run on an H100 (thirty-first session), its profiles beside it."""
+"""The fresh 2-stage run on an H100, its profiles beside it."""
 H200_P4_PIPELINE_REPORT = ROOT / "reports" / "gpu" / "h200_p4" / "validation_pipelines_h200_ws4_cuda.csv"
-"""The fresh 4-stage run on an H200 (thirty-seventh session), its profiles beside it."""
+"""The fresh 4-stage run on an H200, its profiles beside it."""
 
 
 @pytest.mark.parametrize("report, profiles, device_name", [

@@ -1,0 +1,96 @@
+"""The kernel record and its constructors (GEMMs, pointwise kernels, LayerNorm, dropout), shared by
+the layer expansions of `simulator.kernels` and `simulator.kernels_cnn`; conventions there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.zoo._ops import ADD_FLOPS, NORM_FLOPS
+
+PHASES = ("F", "B", "R")
+DEFAULT_DROPOUT = 0.1
+"""Megatron-LM `--hidden-dropout` / `--attention-dropout` defaults (megatron/arguments.py)."""
+MASK_BYTES = 1
+INDEX_BYTES = 8  # int64 token ids and max-pool indices
+STATS_BYTES = 4  # fp32 per-row statistics (LayerNorm mean / rstd, softmax-loss sums)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel launch: FLOPs executed and bytes moved to/from device memory.
+
+    GEMM-like kernels also carry C[m, n] = A[m, k] B[k, n] repeated `batch_count` times;
+    `work_fraction` is the share of its tiles a kernel runs (causal flash attention skips the
+    tiles above the diagonal: 1/2)."""
+
+    name: str
+    kind: str
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    m: float = 0.0
+    n: float = 0.0
+    k: float = 0.0
+    batch_count: float = 1.0
+    work_fraction: float = 1.0
+
+    @property
+    def bytes_moved(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+
+# --- constructors -------------------------------------------------------------------------------
+
+def gemm(name: str, m: float, n: float, k: float, e: int, *, batch_count: float = 1.0) -> Kernel:
+    """C[m, n] = A[m, k] B[k, n], `batch_count` times: 2mnk FLOPs each; reads A, B, writes C."""
+    return Kernel(name, "gemm", 2.0 * m * n * k * batch_count, (m * k + k * n) * e * batch_count,
+                  m * n * e * batch_count, m, n, k, batch_count)
+
+
+def pointwise(name: str, kind: str, elements: float, read_bytes: float, write_bytes: float,
+              flops: float = 0.0) -> Kernel:
+    """A memory-bound kernel over `elements`: bytes read / written and FLOPs per element."""
+    return Kernel(name, kind, flops * elements, read_bytes * elements, write_bytes * elements)
+
+
+def linear(name: str, m: float, n: float, k: float, e: int, phase: str, *,
+           bias_grad: bool = False, input_grad: bool = True) -> list[Kernel]:
+    """y[m, n] = x[m, k] W[n, k]^T (bias in the cuBLASLt epilogue). Backward: dx = dy W
+    (m, k, n), dW = dy^T x (n, k, m), and db = sum of dy over m (a reduction kernel)."""
+    if phase != "B":
+        return [gemm(name, m, n, k, e)]
+    kernels = [gemm(f"{name}.dgrad", m, k, n, e)] if input_grad else []
+    kernels.append(gemm(f"{name}.wgrad", n, k, m, e))
+    if bias_grad:
+        kernels.append(Kernel(f"{name}.bias_grad", "reduction", 0.0, m * n * e, n * e))
+    return kernels
+
+
+def layer_norm(name: str, rows: float, width: int, e: int, phase: str) -> list[Kernel]:
+    """apex fused LayerNorm over `rows` x `width`: one forward kernel (saves fp32 mean / rstd);
+    backward = cuComputePartGradGammaBeta + cuComputeGradGammaBeta + cuComputeGradInput."""
+    elements = rows * width
+    if phase != "B":
+        return [Kernel(name, "norm", NORM_FLOPS * elements, elements * e + 2 * width * e,
+                       elements * e + 2 * rows * STATS_BYTES)]
+    return [Kernel(f"{name}.grad_params_partial", "reduction", 0.0, 2 * elements * e, 0.0),
+            Kernel(f"{name}.grad_params", "reduction", 0.0, 0.0, 2 * width * e),
+            Kernel(f"{name}.grad_input", "norm", NORM_FLOPS * elements,
+                   2 * elements * e + 2 * rows * STATS_BYTES, elements * e)]
+
+
+def dropout(name: str, elements: float, e: int, phase: str) -> Kernel:
+    """Forward writes output + bool mask; backward reads the gradient and the mask."""
+    if phase != "B":
+        return pointwise(name, "elementwise", elements, e, e + MASK_BYTES)
+    return pointwise(f"{name}.bwd", "elementwise", elements, e + MASK_BYTES, e)
+
+
+def copy(name: str, elements: float, e: int) -> Kernel:
+    """A layout change (permute / transpose + contiguous): read and write every element once."""
+    return pointwise(name, "copy", elements, e, e)
+
+
+def add(name: str, elements: float, e: int) -> Kernel:
+    """Residual add, or the gradient accumulation where a tensor fed two consumers."""
+    return pointwise(name, "elementwise", elements, 2 * e, e, ADD_FLOPS)
