@@ -21,6 +21,7 @@ uncertainty is the spread of the folds' choices.
 
 from __future__ import annotations
 
+import copy
 import csv
 import itertools
 import math
@@ -71,7 +72,7 @@ def read_runs(path: str | Path, base: str | Path | None = None) -> list[Run]:
         base_path = (path.parent / base_file) if row.get("base") else Path(base_file)
         if base_path not in bases:
             bases[base_path] = read_yaml(base_path)
-        document = _copy(bases[base_path])
+        document = copy.deepcopy(bases[base_path])
         for column, value in row.items():
             if column in ("base", MEASURED_COLUMN) or value in (None, ""):
                 continue
@@ -84,14 +85,6 @@ def read_runs(path: str | Path, base: str | Path | None = None) -> list[Run]:
             raise ScenarioError(f"{where}: {MEASURED_COLUMN}: {measured_s} must be > 0")
         runs.append(Run(document, measured_s, where))
     return runs
-
-
-def _copy(document):
-    if isinstance(document, dict):
-        return {key: _copy(value) for key, value in document.items()}
-    if isinstance(document, list):
-        return [_copy(value) for value in document]
-    return document
 
 
 def grid_points(grid: dict[str, tuple[float, ...]] | None = None) -> list[dict[str, float]]:
