@@ -3,7 +3,8 @@
 Parsing needs argparse alone (`ghpsim.arguments`). A command's module is imported only when that
 command runs, so `ghpsim --help` is instant and the validator's commands (torch) load only when
 called: `ghpsim demo` and `ghpsim simulate` run without torch. Bad input: one line on stderr, exit
-code 2, no traceback; that is decided here, in `main`, for every command.
+code 2, no traceback; that is decided here, in `main`, for every command. The line is made
+terminal-safe (`simulator.errors.one_line`: control characters escaped, at most 300 characters).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except OSError as error:
-        print(f"ghpsim: error: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
+        print(one_line(f"ghpsim: error: {error.filename or ''}: {error.strerror or error}"), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("ghpsim: interrupted", file=sys.stderr)
@@ -86,8 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         if not isinstance(error, tuple(map(load, USER_ERRORS))):
             raise
-        print(f"ghpsim: error: {error}", file=sys.stderr)
+        print(one_line(f"ghpsim: error: {error}"), file=sys.stderr)
         return EXIT_USAGE
+
+
+def one_line(text: str) -> str:
+    """`simulator.errors.one_line`, imported only when an error is printed (the parser stays light)."""
+    from simulator.errors import one_line as safe_line
+    return safe_line(text)
 
 
 def load(target: str):

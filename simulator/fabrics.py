@@ -25,7 +25,9 @@ def build_topology(cluster, base_dir: str = ".") -> Topology:
 
 
 def build_fabric(cluster, base_dir: str = ".") -> Topology:
-    """The links of a `ClusterConfig`'s fabric (without heterogeneity or degraded links)."""
+    """The links of a `ClusterConfig`'s fabric (without heterogeneity or degraded links). A loaded
+    scenario's relative topology_file is already made absolute from the scenario's folder
+    (`scenario_from_dict`); `base_dir` serves a relative one of a `ClusterConfig` built by hand."""
     args = (cluster.num_nodes, cluster.gpus_per_node, cluster.intra_node_link, cluster.inter_node_link,
             cluster.nics_per_node)
     if cluster.topology == "two_tier":

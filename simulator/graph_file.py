@@ -4,7 +4,8 @@ Vertices gpu0 .. gpu{N-1} are the devices; other vertices are switches (any name
 carries `bandwidth` (bytes/s per direction, a number or a string such as "25 GB/s" or
 "200 Gb/s") and `latency` (one-way seconds, a number or "2 us"), optionally `tier` ("intra" or
 "inter", default "inter"). An undirected graph's edges are full duplex; a directed graph's are
-one-way.
+one-way. A relative path is read from the scenario's folder (`simulator.scenario` resolves it);
+the file may be at most `simulator.limits.MAX_FILE_BYTES`, and errors never quote its contents.
 """
 
 from __future__ import annotations
@@ -15,23 +16,31 @@ from pathlib import Path
 import networkx as nx
 
 from simulator.errors import ScenarioError
+from simulator.limits import MAX_FILE_BYTES, check_structure
 from simulator.units import parse_quantity
+from simulator.yaml_loading import read_text_file
 
 
 def read_graph_file(path: Path) -> nx.Graph:
     """The graph with edge attributes `tier`, `latency_s`, `bandwidth_bytes_per_s` (SI floats)."""
+    what = f"cluster.topology_file: {str(path)!r}"
     if not path.is_file():
-        raise ScenarioError(f"cluster.topology_file: {str(path)!r}: file not found")
+        raise ScenarioError(f"{what}: file not found")
     if path.suffix not in (".json", ".graphml"):
-        raise ScenarioError(f"cluster.topology_file: {str(path)!r}: expected a .json (node-link) or .graphml file")
+        raise ScenarioError(f"{what}: expected a .json (node-link) or .graphml file")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise ScenarioError(f"{what}: larger than the {MAX_FILE_BYTES} bytes ghpsim reads")
     try:
         if path.suffix == ".graphml":
             graph = nx.read_graphml(path)
         else:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_text_file(path, what))
+            check_structure(data, what)
             graph = nx.node_link_graph(data, multigraph=False, edges="links" if "links" in data else "edges")
-    except (ValueError, KeyError, TypeError, AttributeError, nx.NetworkXError) as error:
-        raise ScenarioError(f"cluster.topology_file: {str(path)!r}: not a readable graph ({error})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, nx.NetworkXError) as error:
+        if isinstance(error, ScenarioError):
+            raise
+        raise ScenarioError(f"{what}: not a readable graph ({type(error).__name__})") from None
     if graph.is_multigraph():
         raise ScenarioError(f"cluster.topology_file: {str(path)!r}: parallel edges are not supported (give one "
                             "edge with their summed bandwidth)")
@@ -41,9 +50,9 @@ def read_graph_file(path: Path) -> nx.Graph:
             data["latency_s"] = parse_quantity(data.get("latency", 0.0), "s")
         except (KeyError, ValueError) as error:
             raise ScenarioError(f"cluster.topology_file: {str(path)!r}: edge {a}--{b} needs a bandwidth and a "
-                                f"latency ({error})") from None
+                                "latency, numbers or quantities such as '25 GB/s' and '2 us'") from None
         data["tier"] = data.get("tier", "inter")
         if data["bandwidth_bytes_per_s"] <= 0 or data["latency_s"] < 0 or data["tier"] not in ("intra", "inter"):
             raise ScenarioError(f"cluster.topology_file: {str(path)!r}: edge {a}--{b}: bandwidth must be > 0, "
-                                f"latency >= 0 and tier intra or inter (got {data})")
+                                "latency >= 0 and tier intra or inter")
     return graph

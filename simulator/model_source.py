@@ -3,22 +3,26 @@
 A layer-table file is YAML (a list of rows, or a mapping with `name`, `layers` and optional
 `input_spec`) or CSV with the columns of `simulator.workload.LAYER_TABLE_COLUMNS`. Missing
 `backward_flops_per_sample` defaults to 2x forward for layers with parameters and 1x otherwise;
-missing `saved_elements_per_sample` defaults to the layer's input elements.
+missing `saved_elements_per_sample` defaults to the layer's input elements. A relative file is
+read from the scenario's folder; errors name the file, row and column, never the file's contents.
+At most `simulator.limits.MAX_LAYERS` layers.
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
+import io
 from pathlib import Path
 
 import pandas as pd
-import yaml
 from pydantic import ValidationError
 
 from simulator.errors import ScenarioError
+from simulator.limits import check_model_params, check_num_layers, check_structure
 from simulator.scenario import LayerRow, ModelConfig
 from simulator.workload import Layer, Workload
+from simulator.yaml_loading import read_text_file, read_yaml_file
 from simulator.zoo import MODELS, build_model
 
 
@@ -37,12 +41,14 @@ def _from_zoo(name: str, params: dict) -> Workload:
         hint = f"nearest: {', '.join(near)}" if near else f"known: {', '.join(sorted(MODELS))}"
         raise ScenarioError(f"model.name: unknown model {name!r}; {hint}")
     _check_param_types(name, MODELS[key], params)
+    check_model_params(params)
     try:
         workload = build_model(key, **params)
     except TypeError as error:
         raise ScenarioError(f"model.params: {params!r} not accepted by model {name!r}: {error}") from None
-    except (ValueError, ZeroDivisionError) as error:
+    except (ValueError, ZeroDivisionError, OverflowError) as error:
         raise ScenarioError(f"model.params: {params!r}: {error}") from None
+    check_num_layers(workload.num_layers, "model.params")
     for layer in workload.layers:
         counts = (layer.num_params, layer.input_elements_per_sample, layer.output_elements_per_sample)
         if min(counts) < 0 or layer.output_elements_per_sample == 0:
@@ -76,45 +82,54 @@ def _check_param_types(name: str, factory, params: dict) -> None:
 
 def load_layer_table(path: Path) -> Workload:
     """Read a layer table file (YAML or CSV)."""
-    if not path.is_file():
-        raise ScenarioError(f"model.file: {str(path)!r}: file not found")
+    what = f"model.file: {str(path)!r}"
     suffix = path.suffix.lower()
+    if suffix not in (".csv", ".yaml", ".yml"):
+        raise ScenarioError(f"{what}: expected a .yaml, .yml or .csv layer table")
     if suffix == ".csv":
+        text = read_text_file(path, what)
         try:
-            frame = pd.read_csv(path)
-        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
-            raise ScenarioError(f"model.file: {str(path)!r}: not a readable CSV layer table ({error})") from None
-        rows = [{key: value for key, value in row.items() if not pd.isna(value)}
+            frame = pd.read_csv(io.StringIO(text))
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, ValueError) as error:
+            raise ScenarioError(f"{what}: not a readable CSV layer table ({type(error).__name__})") from None
+        rows = [{str(key): value for key, value in row.items() if not pd.isna(value)}
                 for row in frame.to_dict(orient="records")]
         name, input_spec = path.stem, {}
-    elif suffix in (".yaml", ".yml"):
-        data = _read_table_yaml(path)
+    else:
+        data = read_yaml_file(path, what)
         if isinstance(data, list):
             data = {"layers": data}
+        if not isinstance(data, dict):
+            raise ScenarioError(f"{what}: expected a list of layer rows or a mapping with layers")
         rows, name, input_spec = data.get("layers"), data.get("name", path.stem), data.get("input_spec", {})
-        if not isinstance(rows, list):
-            raise ScenarioError(f"{path}: layers: expected a list of layer rows")
-    else:
-        raise ScenarioError(f"model.file: {str(path)!r}: expected a .yaml, .yml or .csv layer table")
-    try:
-        validated = tuple(LayerRow.model_validate(row) for row in rows)
-    except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        raise ScenarioError(f"{path}: layers.{field}: {first['msg']} (got {first.get('input')!r})") from None
+        if not isinstance(rows, list) or not isinstance(name, str) or not isinstance(input_spec, dict):
+            raise ScenarioError(f"{what}: expected layers (a list of rows), name (text) and input_spec (a mapping)")
+    check_structure(rows, what)
+    check_num_layers(len(rows), what)
+    validated = tuple(_layer_row(row, index, what) for index, row in enumerate(rows))
     return workload_from_rows(name, validated, input_spec)
 
 
-def _read_table_yaml(path: Path):
+def _layer_row(row, index: int, what: str) -> LayerRow:
+    """Row `index` of a table file; an error names the row and column, and quotes a number but
+    never the file's text (a column's name, a text value)."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise ScenarioError(f"{path}: not a readable YAML layer table ({type(error).__name__})") from None
+        return LayerRow.model_validate(row)
+    except ValidationError as error:
+        first = error.errors()[0]
+        if first["type"] == "extra_forbidden":
+            raise ScenarioError(f"{what}: layers row {index}: a column that is not a layer-table column "
+                                f"(expected {', '.join(LayerRow.model_fields)})") from None
+        where = "".join(f"{part}: " for part in first["loc"])
+        value = first.get("input")
+        got = f" (got {value})" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+        raise ScenarioError(f"{what}: layers row {index}: {where}{first['msg']}{got}") from None
 
 
 def workload_from_rows(name: str, rows: tuple[LayerRow, ...], input_spec: dict | None = None) -> Workload:
     if not rows:
         raise ScenarioError("model.layers: the layer table is empty")
+    check_num_layers(len(rows), "model.layers")
     layers = []
     for row in rows:
         backward = row.backward_flops_per_sample

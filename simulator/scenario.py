@@ -8,6 +8,8 @@ whose message is one line naming the file, the field and the value.
 from __future__ import annotations
 
 import copy
+import os
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -16,7 +18,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from simulator.errors import ScenarioError
 from simulator.hardware import BytesPerSecond, GpuSpec, LinkSpec, resolve_gpu, resolve_link
+from simulator.limits import (MAX_BATCH, MAX_FAT_TREE_K, MAX_GPUS, MAX_LAYERS, MAX_MICROBATCHES, MIN_LINK_FACTOR,
+                              check_structure)
 from simulator.units import parse_quantity
+from simulator.yaml_loading import StrictLoader, load_yaml_text, read_yaml_file
 
 StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
                        "delayed_gradient", "megatron"]
@@ -27,17 +32,32 @@ PIPELINE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "pipedre
 
 
 def _reject_bool(value: Any) -> Any:
-    """pydantic's lax mode reads true/false as 1/0; a count or factor given as a boolean is a mistake."""
+    """pydantic's lax mode reads true/false as 1/0 and '8' as 8; a count or factor given as a boolean
+    or as text is a mistake."""
     if isinstance(value, bool):
         raise ValueError("expected a number, not a boolean")
+    if isinstance(value, (str, bytes)):
+        raise ValueError("expected a number, not text")
     return value
 
 
 NoBool = BeforeValidator(_reject_bool)
+
+
+def _index_key(value: Any) -> Any:
+    """A device or node index as a mapping key: an int, or its decimal text (JSON's keys are text)."""
+    if isinstance(value, str) and value.isdecimal() and value.isascii():
+        return int(value)
+    return _reject_bool(value)
+
+
+IndexKey = Annotated[int, BeforeValidator(_index_key), Field(ge=0)]
 Int = Annotated[int, NoBool]
 PositiveInt = Annotated[int, NoBool, Field(gt=0)]
+GpuCount = Annotated[int, NoBool, Field(gt=0, le=MAX_GPUS)]
+LayerCount = Annotated[int, NoBool, Field(gt=0, le=MAX_LAYERS)]
 NonNegativeInt = Annotated[int, NoBool, Field(ge=0)]
-Float = Annotated[float, NoBool]
+Float = Annotated[float, NoBool, Field(allow_inf_nan=False)]
 PositiveBytes = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "bytes")), Field(gt=0)]
 
 
@@ -52,29 +72,33 @@ class ClusterConfig(_Frozen):
     """Nodes of GPUs; one link tier inside a node and a fabric between nodes (`topology`, see
     `simulator.topology`); optionally other GPU types on some nodes, stragglers, degraded links."""
 
-    num_nodes: PositiveInt = 1
-    gpus_per_node: PositiveInt = 1
+    num_nodes: GpuCount = 1
+    gpus_per_node: GpuCount = 1
     gpu: Gpu = "V100"
     intra_node_link: Annotated[LinkSpec, BeforeValidator(resolve_link)] = "nvlink2-v100"
     inter_node_link: Annotated[LinkSpec, BeforeValidator(resolve_link)] = "ib-edr"
-    nics_per_node: PositiveInt = 1
+    nics_per_node: GpuCount = 1
     topology: Literal["two_tier", "fat_tree", "rail_optimized", "torus_2d", "graph_file"] = "two_tier"
-    fat_tree_k: PositiveInt | None = None
+    fat_tree_k: Annotated[int, NoBool, Field(gt=0, le=MAX_FAT_TREE_K)] | None = None
     """fat_tree: switch radix k (even); default the smallest with k^3/4 >= num_nodes x nics_per_node."""
-    torus_shape: tuple[PositiveInt, PositiveInt] | None = None
+    torus_shape: tuple[GpuCount, GpuCount] | None = None
     """torus_2d: rows x columns of nodes; default the most nearly square."""
     topology_file: str | None = None
     """graph_file: node-link JSON or GraphML (relative to the scenario file)."""
-    node_gpus: dict[NonNegativeInt, Gpu] = Field(default_factory=dict)
+    node_gpus: dict[IndexKey, Gpu] = Field(default_factory=dict)
     """Node index -> GPU type of its devices, for nodes whose GPU is not `gpu`."""
-    stragglers: dict[NonNegativeInt, Annotated[Float, Field(gt=0)]] = Field(default_factory=dict)
+    stragglers: dict[IndexKey, Annotated[Float, Field(gt=0)]] = Field(default_factory=dict)
     """Device index -> compute slowdown factor (2.0: every compute action takes twice as long)."""
-    degraded_links: dict[str, Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=dict)
+    degraded_links: dict[str, Annotated[Float, Field(ge=MIN_LINK_FACTOR, le=1)]] = Field(default_factory=dict)
     """"node<n>" (node n's links to the fabric), "gpu<d>" (device d's links) or "<a>--<b>" (a graph
     edge) -> bandwidth factor in (0, 1]."""
 
     @model_validator(mode="after")
     def _check_fabric(self) -> "ClusterConfig":
+        for field, count in (("gpus_per_node", self.num_gpus), ("nics_per_node", self.num_nodes * self.nics_per_node)):
+            if count > MAX_GPUS:
+                raise ValueError(f"cluster.{field}: {getattr(self, field)} x cluster.num_nodes {self.num_nodes} "
+                                 f"is {count}, more than the {MAX_GPUS} a cluster may have")
         for field, kind in (("fat_tree_k", "fat_tree"), ("torus_shape", "torus_2d"), ("topology_file", "graph_file")):
             if getattr(self, field) is not None and self.topology != kind:
                 raise ValueError(f"cluster.{field}: only used with cluster.topology {kind} "
@@ -133,17 +157,17 @@ class StrategyConfig(_Frozen):
     pipeline kinds: G replicas (num_groups, default 1) of an M-stage pipeline, M = N / G."""
 
     kind: StrategyKind = "dp"
-    num_groups: PositiveInt | None = None
+    num_groups: GpuCount | None = None
     placement: Literal["group_per_node", "stage_per_node"] | tuple[Int, ...] = "group_per_node"
-    partition: Literal["balanced", "pipedream"] | tuple[PositiveInt, ...] = "balanced"
+    partition: Literal["balanced", "uniform", "pipedream"] | tuple[LayerCount, ...] = "balanced"
     bucket_size_bytes: PositiveBytes = 25 * 2**20
     overlap_backward: bool = True
     collective: Literal["auto", "ring", "tree", "hierarchical"] = "auto"
     dp_sync: Literal["allreduce", "parameter_server"] = "allreduce"
-    num_parameter_servers: PositiveInt = 1
-    num_microbatches: PositiveInt = 1
+    num_parameter_servers: GpuCount = 1
+    num_microbatches: Annotated[int, NoBool, Field(gt=0, le=MAX_MICROBATCHES)] = 1
     """Pipeline kinds: micro-batches per step in each replica (m)."""
-    num_virtual_stages: PositiveInt = 1
+    num_virtual_stages: LayerCount = 1
     """interleaved_1f1b: model chunks per rank (v)."""
     weight_prediction: Literal["staggered", "forward"] = "staggered"
     """spectrain: s = floor(k/2) + N - k - 1 forward / floor(k/2) backward ("staggered"), or
@@ -154,9 +178,9 @@ class StrategyConfig(_Frozen):
     gradient_compression: Literal["none", "topk"] = "none"
     compression_density: Annotated[Float, Field(gt=0, le=1)] = 0.01
     """topk: fraction rho of each layer's gradient entries sent."""
-    tp_degree: PositiveInt = 1
+    tp_degree: GpuCount = 1
     """megatron: tensor-parallel ranks t per layer (simulator/strategies/tensor.py)."""
-    pp_degree: PositiveInt = 1
+    pp_degree: GpuCount = 1
     """megatron: pipeline stages p; data-parallel replicas d = N / (t p)."""
     sequence_parallel: bool = False
     """megatron: reduce-scatter + allgather instead of each TP allreduce (Korthikanti et al. 2022)."""
@@ -165,10 +189,24 @@ class StrategyConfig(_Frozen):
     symmetry: Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)] = "auto"
     """megatron: auto simulates one representative per symmetric set of ranks (simulator/symmetry.py);
     off forces the full simulation."""
+    gradient_accumulation_fusion: bool = True
+    """Kernel cost model: each weight-gradient GEMM accumulates into the fp32 main gradient (Megatron
+    `--gradient-accumulation-fusion`, its default); false: a separate accumulation kernel per weight."""
+    tp_comm_overlap: bool = False
+    """megatron: the TP collectives of a pass overlap its compute (Megatron / TransformerEngine
+    `--tp-comm-overlap`; needs sequence_parallel)."""
+    gradient_fusion: Literal["buckets", "horovod"] = "buckets"
+    """dp / mp / ghp: gradients allreduced in DDP buckets (bucket_size_bytes) or fused as Horovod's
+    background thread does (simulator/strategies/fusion.py)."""
+    horovod_cycle_time_s: Annotated[Float, Field(ge=0)] = 1e-3
+    """gradient_fusion horovod: HOROVOD_CYCLE_TIME (Horovod >= 0.21 default 1 ms)."""
+    horovod_fusion_threshold_bytes: Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "bytes")),
+                                              Field(ge=0)] = 128 * 2**20
+    """gradient_fusion horovod: HOROVOD_FUSION_THRESHOLD (Horovod >= 0.21 default 128 MiB; 0: no fusion)."""
 
 
 class TrainingConfig(_Frozen):
-    global_batch_size: PositiveInt
+    global_batch_size: Annotated[int, NoBool, Field(gt=0, le=MAX_BATCH)]
     dtype: Literal["fp32", "tf32", "fp16", "bf16"] = "fp32"
     optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
     memory_policy: Literal["none", "reuse", "laysa"] = "none"
@@ -194,6 +232,9 @@ class CostConfig(_Frozen):
     host_bandwidth_bytes_per_s: BytesPerSecond | None = None
     """training.offload_activations: bytes/s per direction between a device and host memory; None:
     PCIe 3.0 x16 (`simulator.memory.HOST_LINK`)."""
+    comm_sm_contention: bool = True
+    """Kernel cost model: compute slows while a collective's NCCL kernels hold SMs on its GPU
+    (`simulator.host_sharing.sm_sharing`)."""
 
 
 class Scenario(_Frozen):
@@ -264,28 +305,29 @@ def load_scenario(source: str | Path | dict, overrides: list[str] | tuple[str, .
 
 
 def read_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping; ScenarioError for a missing file, bad YAML or a non-mapping."""
+    """Read a YAML mapping (`simulator.yaml_loading`: no duplicate keys, bounded size and nesting);
+    ScenarioError for a missing, huge or non-UTF-8 file, bad YAML or a non-mapping."""
     path = Path(path)
-    if not path.is_file():
-        raise ScenarioError(f"{path}: file not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ScenarioError(f"{path}: not a UTF-8 text file") from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(error, "problem", None) or "not valid YAML"
-        raise ScenarioError(f"{path}: malformed YAML{where}: {problem}") from None
+    data = read_yaml_file(path)
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}")
     return data
 
 
 def scenario_from_dict(raw: dict, origin: str = "<scenario>", base_dir: str = ".") -> Scenario:
+    """Validate a scenario mapping; its shape and sizes are checked first (`simulator.limits`), and a
+    relative cluster.topology_file is taken from `base_dir` (the scenario's folder), as model.file is."""
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{origin}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    check_structure(raw, origin)
     for internal in ("base_dir", "source"):
         if internal in raw:
             raise ScenarioError(f"{origin}: {internal}: unknown key")
+    cluster = raw.get("cluster")
+    if isinstance(cluster, dict) and isinstance(cluster.get("topology_file"), str) and base_dir not in ("", "."):
+        path = Path(cluster["topology_file"])
+        if not path.is_absolute():
+            raw = {**raw, "cluster": {**cluster, "topology_file": os.path.abspath(Path(base_dir) / path)}}
     try:
         return Scenario.model_validate({**raw, "base_dir": base_dir, "source": origin})
     except ValidationError as error:
@@ -303,7 +345,13 @@ def format_validation_error(error: ValidationError, origin: str) -> str:
         return f"{origin}: {field}: missing required field"
     if message.startswith(("strategy.", "cluster.")) or not field:
         return f"{origin}: {message}"
-    return f"{origin}: {field}: {message} (got {first.get('input')!r})"
+    return f"{origin}: {field}: {message} (got {_SHORT_REPR.repr(first.get('input'))})"
+
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxdict, _SHORT_REPR.maxlist, _SHORT_REPR.maxtuple = 2, 4, 6, 6
+_SHORT_REPR.maxstring, _SHORT_REPR.maxother, _SHORT_REPR.maxlong = 80, 80, 40
+"""Quotes an offending value in a few dozen characters, however large (an expanded YAML alias)."""
 
 
 def apply_override(raw: dict, assignment: str, origin: str = "<scenario>") -> None:
@@ -315,9 +363,11 @@ def apply_override(raw: dict, assignment: str, origin: str = "<scenario>") -> No
     if not keys:
         raise ScenarioError(f"{origin}: --set {assignment!r}: empty key")
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        value = text
+        value = yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader)
+    except (yaml.scanner.ScannerError, yaml.parser.ParserError):
+        value = text  # not YAML: the text itself
+    except (yaml.YAMLError, ValueError, RecursionError):
+        value = load_yaml_text(text, f"{origin}: --set {path}")  # raises its one-line error
     node = raw
     for key in keys[:-1]:
         child = node.get(key)

@@ -2,13 +2,16 @@
 
 The one place where units are converted: everything past the loader is SI base units
 (seconds, bytes, bytes/s, FLOP/s). Decimal prefixes are powers of 1000 and binary prefixes
-(Ki, Mi, Gi, Ti) powers of 1024. "Gb/s" (bits) is divided by 8.
+(Ki, Mi, Gi, Ti) powers of 1024. "Gb/s" (bits) is divided by 8. A quantity must be finite and,
+unless 0, between `simulator.limits.MIN_MAGNITUDE` and `MAX_MAGNITUDE` in magnitude.
 """
 
 from __future__ import annotations
 
 import numbers
 import re
+
+from simulator.limits import check_quantity
 
 _PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
            "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
@@ -29,7 +32,7 @@ def parse_quantity(value: object, kind: str) -> float:
     if kind not in UNIT_KINDS:
         raise ValueError(f"unknown unit kind {kind!r}")
     if isinstance(value, numbers.Real):
-        return float(value)
+        return check_quantity(float(value), str(value))
     if not isinstance(value, str):
         raise ValueError(f"expected a number or a quantity string, got {value!r}")
     match = _PATTERN.match(value)
@@ -37,11 +40,11 @@ def parse_quantity(value: object, kind: str) -> float:
         raise ValueError(f"cannot read quantity {value!r}")
     number, unit = float(match.group(1)), match.group(2)
     if unit == "":
-        return number
+        return check_quantity(number, value)
     factor = _unit_factor(unit, kind)
     if factor is None:
         raise ValueError(f"unit {unit!r} in {value!r} is not a unit of {kind}")
-    return number * factor
+    return check_quantity(number * factor, value)
 
 
 def _unit_factor(unit: str, kind: str) -> float | None:

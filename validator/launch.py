@@ -2,8 +2,12 @@
 
 Faults end the whole run within a bounded time: every rank initialises its process group with a
 timeout (rendezvous and collectives), and the spawn launcher's watchdog kills all ranks once the
-deadline passes, naming the ranks that had not finished. A rank that raises ends the run at once
-with its error and rank. No rank outlives the launcher: the launcher stops its ranks when it
+deadline passes, naming the ranks that had not finished. Every rank beats a heartbeat (a thread
+writing the time into shared memory every HEARTBEAT_S); a rank whose process stops answering
+(stopped with SIGSTOP, frozen) for `heartbeat_timeout_s` ends the run, naming the rank that went
+silent first. A rank that raises ends the run at once with its error and rank - unless another
+rank died just before it (a killed rank 0 makes its peers fail with "connection reset"), which
+is then the one named. No rank outlives the launcher: the launcher stops its ranks when it
 ends, and a rank whose launcher was killed outright (SIGKILL, or a SIGTERM that skips Python's
 clean-up) exits within LAUNCHER_POLL_S seconds on its own.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 import queue
+import signal
 import socket
 import threading
 import time
@@ -36,10 +41,28 @@ class LaunchConfig:
     timeout_s: float = 120.0
     collective_timeout_s: float = 60.0
     num_threads: int = 1
+    heartbeat_timeout_s: float = 30.0
+    """A rank silent this long (its process stopped answering) ends the run."""
 
 
 LAUNCHER_POLL_S = 1.0
 """How often a rank checks that its launcher is still alive."""
+HEARTBEAT_S = 0.5
+"""How often a rank's heartbeat thread writes the time."""
+BLAME_GRACE_S = 1.0
+"""After a rank reports an error: how long to look for a peer that died first (and caused it)."""
+
+
+def heartbeat(beats, rank: int, period_s: float = HEARTBEAT_S) -> threading.Thread:
+    """Start a daemon thread writing time.monotonic() into `beats[rank]` every `period_s`."""
+    def beat() -> None:
+        while True:
+            beats[rank] = time.monotonic()
+            time.sleep(period_s)
+
+    thread = threading.Thread(target=beat, name="ghpsim-heartbeat", daemon=True)
+    thread.start()
+    return thread
 
 
 def exit_with(launcher_pid: int, poll_s: float = LAUNCHER_POLL_S) -> threading.Thread:
@@ -77,8 +100,10 @@ def init_rank(rank: int, config: LaunchConfig, init_method: str) -> None:
                             timeout=datetime.timedelta(seconds=config.collective_timeout_s))
 
 
-def _entry(rank: int, function, args, config: LaunchConfig, init_method: str, results, launcher_pid: int) -> None:
+def _entry(rank: int, function, args, config: LaunchConfig, init_method: str, results, launcher_pid: int,
+           beats) -> None:
     exit_with(launcher_pid)
+    heartbeat(beats, rank)
     try:
         init_rank(rank, config, init_method)
         value = function(rank, *args)
@@ -101,42 +126,84 @@ def spawn(function, args: tuple, config: LaunchConfig) -> list:
     # interpreter per rank, and unlike plain fork it inherits no threads from the caller.
     context.set_forkserver_preload(["torch", "torch.distributed", "validator.measure"])
     results = context.Queue()
+    beats = context.Array("d", config.world_size, lock=False)  # each rank's last heartbeat; 0: none yet
     init_method = f"tcp://127.0.0.1:{free_port()}"
     processes = []
     for rank in range(config.world_size):
-        process = context.Process(target=_entry, args=(rank, function, args, config, init_method, results, os.getpid()),
-                                  daemon=True)
+        process = context.Process(target=_entry, args=(rank, function, args, config, init_method, results, os.getpid(),
+                                                       beats), daemon=True)
         process.start()
         processes.append(process)
     values: dict[int, object] = {}
     deadline = time.monotonic() + config.timeout_s
+    failed = True
     try:
         while len(values) < config.world_size:
             try:
                 rank, status, value = results.get(timeout=0.2)
             except queue.Empty:
                 _check_alive(processes, values, deadline)
+                _check_heartbeats(processes, values, beats, config.heartbeat_timeout_s)
                 continue
             if status == "error":
+                _blame_a_dead_peer(processes, values, rank)
                 raise RankFailure(f"rank {rank} failed: {value.splitlines()[0]}")
             values[rank] = value
+        failed = False
     finally:
-        _stop(processes)
+        _stop(processes, at_once=failed)
     return [values[rank] for rank in range(config.world_size)]
+
+
+def _death(rank: int, exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"rank {rank} was killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"rank {rank} was killed by signal {-exitcode}"
+    return f"rank {rank} died with exit code {exitcode}"
 
 
 def _check_alive(processes, values, deadline) -> None:
     for rank, process in enumerate(processes):
         if rank not in values and not process.is_alive() and process.exitcode not in (0, None):
-            raise RankFailure(f"rank {rank} died with exit code {process.exitcode}")
+            raise RankFailure(_death(rank, process.exitcode))
     if time.monotonic() > deadline:
         missing = [rank for rank in range(len(processes)) if rank not in values]
         raise RankFailure(f"ranks {missing} did not finish before the deadline (hung or too slow)")
 
 
-def _stop(processes) -> None:
-    for process in processes:
-        process.join(timeout=5)
+def _check_heartbeats(processes, values, beats, timeout_s: float) -> None:
+    """RankFailure naming the rank silent longest, once a running rank (one that has beaten at
+    least once) has been silent for `timeout_s`."""
+    now = time.monotonic()
+    silent = [(beats[rank], rank) for rank, process in enumerate(processes)
+              if rank not in values and beats[rank] > 0 and now - beats[rank] > timeout_s and process.is_alive()]
+    if silent:
+        last_s, rank = min(silent)
+        raise RankFailure(f"rank {rank} stopped answering (no heartbeat for {now - last_s:.0f} s; its process "
+                          f"is stopped or frozen, pid {processes[rank].pid})")
+
+
+def _blame_a_dead_peer(processes, values, reporter: int) -> None:
+    """Raise naming a rank killed by a signal (so it reported nothing) by BLAME_GRACE_S after
+    `reporter`'s error: that death is the cause, the error its consequence."""
+    deadline = time.monotonic() + BLAME_GRACE_S
+    while True:
+        for rank, process in enumerate(processes):
+            if rank != reporter and not process.is_alive() and (process.exitcode or 0) < 0:  # killed: no report
+                raise RankFailure(f"{_death(rank, process.exitcode)} (rank {reporter} then failed too)")
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
+def _stop(processes, at_once: bool = False) -> None:
+    """Let the ranks end (a finished run), or kill them at once (a failed one: no rank waits on a
+    stopped peer)."""
+    if not at_once:
+        for process in processes:
+            process.join(timeout=5)
     for process in processes:
         if process.is_alive():
             process.kill()

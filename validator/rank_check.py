@@ -146,6 +146,8 @@ def cmd_validate_rank(args) -> int:
     for option, value in (("--top", args.top), ("--others", args.others), ("--gpus", args.gpus)):
         if value is not None and value < (1 if option != "--others" else 0):
             raise ScenarioError(f"{option}: {value} is out of range")
+    from validator.validate import check_run_options
+    check_run_options(args.steps, args.warmup, args.timeout)
     scenario = load_scenario(args.scenario, args.overrides)
     csv_path = Path(args.out) / f"{scenario.name}_rank.csv"
     options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer)

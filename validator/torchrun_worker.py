@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="reports/torchrun_run.json")
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or not 0 < args.timeout < float("inf"):
+        parser.error(f"--steps {args.steps} (at least 1), --warmup {args.warmup} (at least 0), --timeout "
+                     f"{args.timeout} (positive seconds): out of range")
     rank, world_size = torchrun_rank()
     tune_allocator()
     use_cuda = torch.cuda.is_available()

@@ -59,6 +59,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     every measured step of the strategy's launches so far (`step_span_table`)."""
     if repeats < 1:
         raise ScenarioError(f"repeats: {repeats} must be at least 1")
+    check_run_options(options.steps, options.warmup, launch_timeout_s)
     workload = resolve_workload(scenario.model, scenario.base_dir)
     costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
     profile = costs.profile
@@ -83,6 +84,16 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
                 on_case(rows[position], measured_spans[case.label], case.predicted)
     return {"rows": rows, "measured_spans": measured_spans,
             "simulated": {case.label: case.predicted for case in cases}}
+
+
+def check_run_options(steps: int, warmup: int, timeout_s: float) -> None:
+    """ScenarioError naming the option unless steps >= 1, warmup >= 0 and 0 < timeout_s < inf."""
+    if steps < 1:
+        raise ScenarioError(f"--steps: {steps} must be at least 1 (the measured steps)")
+    if warmup < 0:
+        raise ScenarioError(f"--warmup: {warmup} must be at least 0")
+    if not 0 < timeout_s < math.inf:
+        raise ScenarioError(f"--timeout: {timeout_s} must be a positive number of seconds")
 
 
 def at_profile_world_size(scenario: Scenario, profile: Profile, progress=None) -> Scenario:

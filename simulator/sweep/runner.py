@@ -1,15 +1,21 @@
 """Run a sweep: simulate the points not yet in the store, in parallel, committing each as it ends.
 
 Executors: in-process (one worker), a local process pool (concurrent.futures; forked workers
-inherit the imported simulator), or an existing dask.distributed cluster (`--scheduler`).
+inherit the imported simulator), or an existing dask.distributed cluster (`--scheduler`). Pool
+workers die with the sweep, however it ends (SIGKILL included): on Linux the kernel kills them
+(PR_SET_PDEATHSIG); elsewhere a watchdog thread in each worker exits when the parent is gone.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
+import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -114,14 +120,41 @@ def start_executor(tasks: list[tuple[str, Scenario]], workers: int | None, sched
 def _run_pool(tasks, workers: int):
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_interrupts)
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),))
     futures = {pool.submit(evaluate, scenario): key for key, scenario in tasks}
     return _drain_pool(pool, futures)
 
 
-def _ignore_interrupts() -> None:
-    """Workers leave Ctrl-C to the parent, which cancels what has not started."""
+def _start_worker(parent_pid: int) -> None:
+    """Workers leave Ctrl-C to the parent, which cancels what has not started, and die with it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent_pid)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """End this process when the process `parent_pid` that started it ends."""
+    if sys.platform.startswith("linux"):
+        try:  # the kernel sends SIGKILL when the parent dies; 1 = PR_SET_PDEATHSIG
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the line above
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="ghpsim-watch-parent", daemon=True).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit once the parent is gone: a POSIX orphan changes parent; a spawned worker (Windows)
+    sees its parent's process handle signalled."""
+    parent = multiprocessing.parent_process()
+    while True:
+        if os.name == "posix" and os.getppid() != parent_pid:
+            os._exit(1)
+        if parent is not None and os.name == "nt":
+            if multiprocessing.connection.wait([parent.sentinel], timeout=0.5):
+                os._exit(1)
+        else:
+            time.sleep(0.5)
 
 
 def _drain_pool(pool: ProcessPoolExecutor, futures: dict):

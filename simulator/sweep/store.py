@@ -4,15 +4,27 @@ finished point.
 
 WAL with synchronous=NORMAL: a committed row survives a crash of the process (SIGKILL); only a
 power loss may lose the last commits. A file that is not a SQLite database, a SQLite database
-of another schema, or a damaged one is refused with a one-line error and never overwritten.
+of another schema, an empty file, or a damaged one is refused with a one-line error and never
+overwritten. Each row carries a sha256 of its columns, verified whenever the store is opened
+(a resumed sweep never trusts a changed row). A new store is built aside and renamed into place,
+so a crash never leaves a half-made one. An open store holds a lock (`<store>.lock`, released by
+the OS when the process ends however it ends), so a second sweep on the same folder refuses.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+    import msvcrt
 
 from simulator.errors import ScenarioError
 
@@ -27,13 +39,19 @@ _CREATE = (
     "CREATE TABLE IF NOT EXISTS ghpsim_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY,"
     " status TEXT NOT NULL CHECK (status IN ('ok', 'failed', 'error')), error TEXT, scenario_json TEXT NOT NULL,"
-    " summary_json TEXT, figures_json TEXT, sim_wall_s REAL, finished_at REAL NOT NULL, run_id TEXT NOT NULL)",
+    " summary_json TEXT, figures_json TEXT, sim_wall_s REAL, finished_at REAL NOT NULL, run_id TEXT NOT NULL,"
+    " checksum TEXT)",
 )
 _COLUMNS = ("key", "status", "error", "scenario_json", "summary_json", "figures_json", "sim_wall_s", "finished_at",
             "run_id")
-_PUT = (f"INSERT INTO results ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
-        " ON CONFLICT (key) DO UPDATE SET "
-        + ", ".join(f"{column} = excluded.{column}" for column in _COLUMNS[1:] if column != "scenario_json"))
+_STORED = (*_COLUMNS, "checksum")
+_PUT = (f"INSERT INTO results ({', '.join(_STORED)}) VALUES ({', '.join('?' for _ in _STORED)})"
+        " ON CONFLICT (key) DO UPDATE SET " + ", ".join(f"{column} = excluded.{column}" for column in _STORED[1:]))
+
+
+def row_checksum(row: tuple) -> str:
+    """sha256 of a row's columns (`_COLUMNS` order), as stored in its `checksum` column."""
+    return hashlib.sha256(json.dumps(list(row), separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 class SweepStore:
@@ -42,18 +60,25 @@ class SweepStore:
     def __init__(self, path: str | Path, run_id: str = ""):
         self.path = Path(path)
         self.run_id = run_id or f"{time.time():.6f}"
-        _check_file(self.path)
+        self._lock = take_lock(self.path)
         try:
+            _check_file(self.path)
+            if not self.path.exists():
+                _create(self.path)
             self.connection = sqlite3.connect(self.path, timeout=30.0)
         except sqlite3.Error as error:
+            self._lock.close()
             raise self._fail(f"cannot open ({error})") from None
+        except BaseException:
+            self._lock.close()
+            raise
         try:
             self._prepare()
         except sqlite3.DatabaseError as error:
-            self.connection.close()
+            self.close()
             raise self._fail(f"damaged SQLite database ({error})") from None
-        except ScenarioError:
-            self.connection.close()
+        except BaseException:
+            self.close()
             raise
 
     def _fail(self, problem: str) -> ScenarioError:
@@ -82,6 +107,23 @@ class SweepStore:
             raise self._fail(f"damaged SQLite database ({check})")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
+        if "checksum" not in {row[1] for row in db.execute("PRAGMA table_info(results)")}:
+            self._add_checksums()
+        self._verify()
+
+    def _add_checksums(self) -> None:
+        """A store written before rows had checksums: each row gets its checksum once, now."""
+        with self.connection as db:
+            db.execute("ALTER TABLE results ADD COLUMN checksum TEXT")
+            rows = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM results").fetchall()
+            db.executemany("UPDATE results SET checksum = ? WHERE key = ?", [(row_checksum(row), row[0]) for row in rows])
+
+    def _verify(self) -> None:
+        """Refuse the store when a row does not match its checksum (or cannot be read)."""
+        bad = [row[0] for row in self.connection.execute(f"SELECT {', '.join(_STORED)} FROM results")
+               if row[-1] != row_checksum(row[:-1])]
+        if bad:
+            raise self._fail(f"damaged: {len(bad)} row(s) do not match their checksum (first key {bad[0][:16]!r})")
 
     def done_keys(self) -> set[str]:
         """Keys of points that a re-run skips (finished ok or failed deterministically)."""
@@ -96,6 +138,7 @@ class SweepStore:
         row = (key, outcome["status"], outcome.get("error"), scenario_json, outcome.get("summary_json"),
                None if figures is None else json.dumps(figures, separators=(",", ":")),
                outcome.get("wall_s"), time.time(), self.run_id)
+        row = (*row, row_checksum(row))
         try:
             with self.connection:
                 self.connection.execute(_PUT, row)
@@ -121,7 +164,11 @@ class SweepStore:
             raise self._fail(f"read failed ({error})") from None
 
     def close(self) -> None:
-        self.connection.close()
+        """Close the database and release the lock."""
+        if getattr(self, "connection", None) is not None:
+            self.connection.close()
+            self.connection = None
+        self._lock.close()
 
     def __enter__(self) -> "SweepStore":
         return self
@@ -138,8 +185,53 @@ def store_error(path: Path, problem: str) -> ScenarioError:
 def _check_file(path: Path) -> None:
     if path.exists() and not path.is_file():
         raise store_error(path, "not a regular file")
-    if path.is_file() and path.stat().st_size > 0:
+    if path.is_file():
         with path.open("rb") as stream:
             header = stream.read(len(SQLITE_MAGIC))
+        if not header:
+            raise store_error(path, "an empty file (0 bytes), not a store this ghpsim wrote")
         if header != SQLITE_MAGIC:
             raise store_error(path, "not a SQLite database")
+
+
+def _create(path: Path) -> None:
+    """A new, empty store: built under a temporary name, then renamed into place."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.new")
+    temporary.unlink(missing_ok=True)
+    try:
+        connection = sqlite3.connect(temporary)
+        try:
+            with connection:
+                for statement in _CREATE:
+                    connection.execute(statement)
+                connection.executemany("INSERT INTO ghpsim_meta VALUES (?, ?)",
+                                       [("schema", SCHEMA), ("schema_version", SCHEMA_VERSION)])
+        finally:
+            connection.close()
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def take_lock(path: Path):
+    """Hold `<path>.lock` exclusively (the open file; closing it releases the lock); ScenarioError,
+    naming the holder's process id, when another process holds it."""
+    lock_path = path.with_name(path.name + ".lock")
+    handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held until close)
+    try:
+        handle.seek(0)
+        if fcntl is not None:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read(32).strip() or "unknown"
+        handle.close()
+        raise ScenarioError(f"{path}: in use by another ghpsim sweep (process {holder}); wait for it to end "
+                            "or choose another --out") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle

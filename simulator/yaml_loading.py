@@ -1,0 +1,102 @@
+"""The one YAML loader for user input (scenarios, sweeps, layer tables, `--set` values).
+
+yaml.SafeLoader (no code runs) with three changes: a key given twice in one mapping is an error
+(not the last one silently winning); numbers are YAML 1.2's (8, -3, 1_000, 0.5, 1e9, .inf;
+`0x10`, `010`, `1:20` stay text, so a field that needs a number refuses them); and nesting deeper
+than `MAX_DEPTH` is refused while parsing, before Python's recursion limit is reached.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from simulator.errors import ScenarioError
+from simulator.limits import MAX_DEPTH, MAX_FILE_BYTES, check_structure
+
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader refusing duplicate keys and deep nesting, with YAML 1.2 numbers."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base class refuses it
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice",
+                                                            key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+StrictLoader.add_implicit_resolver(_INT, re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
+StrictLoader.add_implicit_resolver(_FLOAT, re.compile(
+    r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+"
+    r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|\.(?:inf|Inf|INF))$|^\.(?:nan|NaN|NAN)$"), list("-+0123456789."))
+
+
+def load_yaml_text(text: str, origin: str):
+    """Parse YAML text with `StrictLoader` and check its shape (`check_structure`); ScenarioError
+    naming `origin` (and the line) for bad YAML, never quoting more than the parser's problem."""
+    try:
+        data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(error, "problem", None) or "not valid YAML"
+        raise ScenarioError(f"{origin}: malformed YAML{where}: {problem}") from None
+    except (ValueError, RecursionError) as error:  # an integer of more than 4300 digits; a deep structure
+        raise ScenarioError(f"{origin}: malformed YAML: {type(error).__name__}") from None
+    check_structure(data, origin)
+    return data
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    """A UTF-8 file's text; ScenarioError (naming `what`, e.g. "model.file: 'x.csv'") when it is
+    missing, larger than MAX_FILE_BYTES or not UTF-8."""
+    path = Path(path)
+    if not path.is_file():
+        raise ScenarioError(f"{what}: file not found")
+    size_bytes = path.stat().st_size
+    if size_bytes > MAX_FILE_BYTES:
+        raise ScenarioError(f"{what}: {size_bytes} bytes, larger than the {MAX_FILE_BYTES} bytes ghpsim reads")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{what}: not a UTF-8 text file") from None
+
+
+def read_yaml_file(path: str | Path, what: str | None = None):
+    """`load_yaml_text` of a file (size-checked), errors naming `what` (default: the path)."""
+    what = what or str(path)
+    return load_yaml_text(read_text_file(path, what), what)
