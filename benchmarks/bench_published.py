@@ -69,7 +69,8 @@ def row_scenario(row) -> dict:
             "num_layers": int(row.layers), "hidden_size": int(row.hidden), "num_heads": int(row.heads),
             "seq_len": int(row.seq), "vocab_size": VOCABULARY}},
         "strategy": {"kind": "megatron", "tp_degree": int(row.tp), "pp_degree": int(row.pp),
-                     "num_microbatches": num_microbatches, "overlap_backward": False},
+                     "num_microbatches": num_microbatches, "overlap_backward": False,
+                     "partition": "uniform"},  # Megatron-DeepSpeed: partition_method="type:transformer"
         "training": {"global_batch_size": int(row.global_batch), "dtype": "fp16", "optimizer": "adam",
                      "recompute": "full"},
     }

@@ -28,6 +28,8 @@ GALLERY_OUT = "reports/gallery"
 """`simulator.report.gallery.ENTRIES` (its keys) and `DEFAULT_OUT`."""
 CALIBRATE_REPEATS, CALIBRATE_LAYER_PASSES = 7, 3
 """`validator.calibrate.DEFAULT_REPEATS`, `validator.layer_passes.DEFAULT_LAYER_PASSES`."""
+KERNEL_DTYPES = {"cuda": ("fp16", "bf16", "fp32"), "cpu": ("fp32",)}
+"""`validator.kernel_bench.DEFAULT_DTYPES`."""
 PROFILE_HELP = "calibration profile from `ghpsim calibrate` (default: analytic costs)"
 
 
@@ -164,9 +166,21 @@ def fit(parser: argparse.ArgumentParser) -> None:
 
 def calibrate(parser: argparse.ArgumentParser) -> None:
     scenario_args(parser, scenario=False)
-    parser.add_argument("--scenario", required=True, help="scenario whose model is profiled")
+    parser.add_argument("--scenario", help="scenario whose model is profiled (required without --kernels)")
     parser.add_argument("--out", required=True, help="profile JSON to write, e.g. profiles/cpu.json")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--kernels", action="store_true",
+                        help="time kernels, not a model: GEMM efficiency over (M, N, K, dtype), memory-bound "
+                             "bandwidth against size and launch overhead, into a kernel profile that "
+                             "`simulate --profile` reads (validator/kernel_bench.py)")
+    parser.add_argument("--gpu", metavar="NAME", default=None,
+                        help="--kernels: catalogue GPU whose datasheet peaks the efficiencies divide by "
+                             "(default: the CUDA device's own entry; on cpu the 'cpu' stand-in)")
+    parser.add_argument("--dtypes", default=None, metavar="LIST",
+                        help="--kernels: comma list of fp32, tf32, fp16, bf16 (default "
+                             f"{','.join(KERNEL_DTYPES['cuda'])} on cuda, {','.join(KERNEL_DTYPES['cpu'])} on cpu); "
+                             "the first sets gemm_efficiency")
+    parser.add_argument("--quick", action="store_true", help="--kernels: tiny sizes, seconds (for tests)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                         help="default gloo on cpu, nccl on cuda (one GPU per rank); gloo on cuda lets "
                              "several ranks share one GPU (messages staged through the host)")

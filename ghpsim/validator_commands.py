@@ -27,6 +27,13 @@ def cmd_calibrate(args) -> int:
                                  ("--world-size", args.world_size, 1)):
         if value is not None and value < least:
             raise ScenarioError(f"{option}: {value} must be at least {least}")
+    if args.kernels:
+        return _calibrate_kernels(args)
+    if args.scenario is None:
+        raise ScenarioError("--scenario: required (the model to profile), unless --kernels")
+    for option in ("gpu", "dtypes", "quick"):
+        if getattr(args, option):
+            raise ScenarioError(f"--{option}: only with --kernels")
     scenario = load_scenario(args.scenario, args.overrides)
     workload = resolve_workload(scenario.model, scenario.base_dir)
     batch_sizes = _int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else DEFAULT_BATCH_SIZES
@@ -35,6 +42,25 @@ def cmd_calibrate(args) -> int:
                         repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
                         topk_densities=sorted({*DEFAULT_TOPK_DENSITIES, scenario.strategy.compression_density}),
                         layer_passes=args.layer_passes or DEFAULT_LAYER_PASSES, verbose=not args.json)
+    if args.json:
+        print(json.dumps(profile_document(profile), indent=1))
+    return 0
+
+
+def _calibrate_kernels(args) -> int:
+    """`ghpsim calibrate --kernels`: a kernel profile of this device (`validator.calibrate.calibrate_kernels`)."""
+    from simulator.output import check_output_file
+    from simulator.profile import profile_document
+    from validator.calibrate import calibrate_kernels
+    for option in ("scenario", "backend", "batch_sizes", "layer_passes"):
+        if getattr(args, option) is not None:
+            raise ScenarioError(f"--{option.replace('_', '-')}: not used with --kernels")
+    if args.overrides:
+        raise ScenarioError("--set: not used with --kernels")
+    check_output_file(args.out, "--out")
+    dtypes = [part.strip() for part in args.dtypes.split(",") if part.strip()] if args.dtypes else None
+    profile = calibrate_kernels(args.out, args.device, gpu=args.gpu, dtypes=dtypes, quick=args.quick,
+                                repeats=args.repeats, verbose=not args.json)
     if args.json:
         print(json.dumps(profile_document(profile), indent=1))
     return 0

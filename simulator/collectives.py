@@ -10,8 +10,8 @@ Among devices whose routes cross only the link kinds NCCL's tables describe (nvl
 infiniband, roce: `simulator.nccl.NCCL_LINK_KINDS`), phases run as NCCL runs them (NCCL 2.20
 `src/graph/tuning.cc`, tables in `simulator.nccl`): each phase picks the protocol (LL, LL128,
 Simple) of least predicted time for its size, ring size and link kinds, as NCCL's tuner does; its
-latency is base latency(algorithm, protocol) + hops x hop latency(link class, protocol), a hop
-never below the route's own latency in its outermost tier (`Topology.route_class`); its sub-flows carry their bytes / the protocol's payload
+latency is base latency(algorithm, protocol) + hops x hop latency(link class, protocol) + the
+ring's pipeline fill (`nccl.pipeline_fill_s`), a hop never below the route's own latency in its outermost tier (`Topology.route_class`); its sub-flows carry their bytes / the protocol's payload
 efficiency (LL also capped at NCCL's LL bus bandwidth, see `_nccl_choice`). A ring allreduce inside
 one node whose NVSwitch reduces (NVLS) may run NVLS instead, when the tuner picks it. Sends take
 NCCL's Simple latency (`nccl.p2p_time_s`). A collective crossing any other kind (ethernet, host),
@@ -251,9 +251,10 @@ def _hop_tier(classes: set[tuple[str, float]], rate: float) -> nccl.Tier:
     return nccl.Tier(kind, rate, max(latency for _, latency in classes))
 
 
-def _nccl_choice(traffic_bytes: float, rate: float, plans: dict, num_nodes: int, ll128: bool):
+def _nccl_choice(traffic_bytes: float, rate: float, plans: dict, num_nodes: int, ll128: bool, steps: int = 1):
     """NCCL's tuner over `plans` ({algorithm: hops}): ((algorithm, protocol), latency, byte factor)
-    of least latency + traffic / bandwidth, where bandwidth = the sub-flow's uncontended `rate` x
+    of least latency + traffic / bandwidth (+ the pipeline fill of `steps` steps,
+    `nccl.pipeline_fill_s`, counted in the returned latency), where bandwidth = the sub-flow's uncontended `rate` x
     protocol efficiency (x NVLS's factor; LL capped at llMaxBw). Sub-flows carry traffic x byte
     factor (rate / bandwidth), so alone they take exactly the predicted time and under contention
     they slow down as plain flows do (an LL sub-flow sharing a link keeps its cap-derived factor,
@@ -267,6 +268,7 @@ def _nccl_choice(traffic_bytes: float, rate: float, plans: dict, num_nodes: int,
             latency[key] = nccl.candidate_latency_s(algorithm, protocol, hops)
             bandwidth[key] = nccl.candidate_bandwidth_bytes_per_s(rate, "nvls" if algorithm == "nvls" else "ring",
                                                                   protocol, num_nodes)
+            latency[key] += nccl.pipeline_fill_s(algorithm, protocol, steps, traffic_bytes / steps, bandwidth[key])
             times[key] = latency[key] + traffic_bytes / bandwidth[key]
     choice = nccl.choose(times)
     key = (choice.algorithm, choice.protocol)
@@ -307,7 +309,9 @@ def _ring_phase(topology: Topology, rings: list[tuple[int, ...]], size_bytes: fl
     plans = {"ring": hops}
     if nvls and num_nodes == 1 and all(topology.links[link].nvls for link, _ in plain.usage):
         plans["nvls"] = ((intra, 1),)  # the whole single-node NVLS latency is one "hop" (nccl.py)
-    key, latency, factor = _nccl_choice(per_subflow, rate, plans, num_nodes, _ll128_ok(topology, plain.usage))
+    fill_steps = int(steps) if nccl.fills({topology.links[link].kind for link, _ in plain.usage}, num_nodes) else 1
+    key, latency, factor = _nccl_choice(per_subflow, rate, plans, num_nodes, _ll128_ok(topology, plain.usage),
+                                        fill_steps)
     return plain, replace(plain, latency_s=latency, bytes_per_subflow=per_subflow * factor, nccl="/".join(key))
 
 

@@ -1,22 +1,26 @@
 """The discrete-event engine (the only module that imports simpy): plays a plan on a topology.
 
 Per rank there is a compute stream (Compute actions in order) and a comm stream (Collectives in
-order); sends run as soon as their dependencies are done. All data movement goes through one
-flow-level network (`simulator.network.FlowNetwork`): each active flow is a phase of lock-step
-sub-flows, links are shared max-min fairly (progressive filling), and rates are recomputed whenever
-a flow starts or ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013).
+order; one with `cycle_s` > 0, issued by a background thread that wakes every cycle_s, starts at
+its next multiple of cycle_s: `simulator.strategies.fusion`); sends run as soon as their
+dependencies are done. All data movement goes through one flow-level network
+(`simulator.network.FlowNetwork`): each active flow is a phase of lock-step sub-flows, links are
+shared max-min fairly (progressive filling), and rates are recomputed whenever a flow starts or
+ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013).
 
 The engine knows devices, streams, links and flows, nothing of any particular machine. Two
 optional parts of the cost model (`simulator.costs.CostModel`) change how it plays work:
 `communication` (a calibrated profile's measured point-to-point and collective times, which
 already hold the contention of the machine they were measured on, in place of the flow model) and
-`shared_processors` (ranks that share a host's processors: every rank's work is a thread on that
-host's processor pool, `simulator.host_sharing`). The engine appends immutable span tuples;
+`shared_processors` (ranks that share a host's processors, or a GPU's SMs with NCCL's kernels:
+every rank's work is a thread on that pool, and collectives played on the flow network hold their
+threads there while they run, `simulator.host_sharing`). The engine appends immutable span tuples;
 everything else is analysis of the span table (`simulator.records`).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -67,7 +71,7 @@ class Engine:
         self.communication = costs.communication
         self.hosts: HostPool | None = None
         if costs.shared_processors is not None:
-            self.hosts = HostPool(self.env, costs.shared_processors, topology.num_nodes)
+            self.hosts = HostPool.for_topology(self.env, costs.shared_processors, topology)
         device_costs = DeviceCosts(costs, topology)
         self._rank_costs = [device_costs.model_of(device) for device in plan.rank_to_device]
         # G > 1 replicas of a stage average the reduced gradients before the update (megatron plans
@@ -138,6 +142,9 @@ class Engine:
     def _comm_stream(self, rank: int, actions: list[Collective]):
         for action in actions:
             yield from self._wait(rank, action.deps)
+            cycle_s = getattr(action, "cycle_s", 0.0)  # fused by a background thread: its next tick
+            if cycle_s > 0:
+                yield self.env.timeout(max(math.ceil(self.env.now / cycle_s - 1e-9) * cycle_s - self.env.now, 0.0))
             if len(action.ranks) == 1:  # alone (a symmetric run's representative): nobody to wait for
                 yield from self._collective(action, None)
             else:
@@ -160,8 +167,11 @@ class Engine:
             else:
                 yield self.env.timeout(duration_s)
         else:
+            held = self.hosts.hold(COLLECTIVE, self._host_threads(action.ranks)) if self.hosts else None
             for phase in self._phases(devices, action):
                 yield from self._play(phase)
+            if held is not None:
+                self.hosts.release(held)
         for rank in action.ranks:
             self.spans.append((rank, "comm", action.label, action.op, start, self.env.now,
                                action.size_bytes, -1))
@@ -222,7 +232,7 @@ class Engine:
         arrival = self._arrivals.get(action.key)
         if arrival is None:
             raise SimulationError(f"rank {rank}: send {action.key} to rank {action.dst} has no matching receive")
-        if self.hosts is not None and self.hosts.wakeup_s > 0 and self.hosts.computing(self.topology.node_of(target)):
+        if self.hosts is not None and self.hosts.wakeup_s > 0 and self.hosts.computing(self.hosts.host_of(target)):
             yield self.env.timeout(self.hosts.wakeup_s)  # the receiver waits for a processor
         arrival.succeed()
 
@@ -239,10 +249,14 @@ class Engine:
         threads of its class were busy holds min(1, P / k) x measured_s seconds of work at rate 1
         (processor sharing, Kleinrock 1976)."""
         work_s = measured_s * min(1.0, self.hosts.parallelism / ranks_when_measured)
+        return self.hosts.run(work_s, kind, self._host_threads(ranks))
+
+    def _host_threads(self, ranks) -> tuple[tuple[int, int], ...]:
+        """((host, threads), ...): one thread per rank on its device's host."""
         per_host: dict[int, int] = defaultdict(int)
         for rank in ranks:
-            per_host[self.topology.node_of(self.plan.rank_to_device[rank])] += 1
-        return self.hosts.run(work_s, kind, tuple(sorted(per_host.items())))
+            per_host[self.hosts.host_of(self.plan.rank_to_device[rank])] += 1
+        return tuple(sorted(per_host.items()))
 
     # ------------------------------------------------------------------ bookkeeping
     def _register_receives(self) -> None:

@@ -106,8 +106,7 @@ def predict_s(run: Run, point: dict[str, float] | None) -> float:
     workload = resolve_workload(scenario.model, scenario.base_dir)
     training, gpu = scenario.training, scenario.cluster.gpu
     parameters = replace(device_for(gpu, training.dtype).parameters, **point)
-    costs = KernelCosts(workload, gpu, training.dtype, training.optimizer,
-                        flash_attention=scenario.costs.flash_attention, parameters=parameters)
+    costs = KernelCosts.for_scenario(scenario, workload, parameters)
     return simulate(scenario, costs=costs, workload=workload).step_time_s
 
 

@@ -79,7 +79,8 @@ def _costs_for_gpu(costs: CostModel, gpu: GpuSpec) -> CostModel:
     if isinstance(costs, KernelCosts):
         return KernelCosts(costs.workload, gpu, costs.dtype, costs.optimizer, tp_degree=costs.tp_degree,
                            flash_attention=costs.flash_attention, sequence_parallel=costs.sequence_parallel,
-                           recompute=costs.recompute)
+                           recompute=costs.recompute, comm_sm_contention=costs.comm_sm_contention,
+                           gradient_accumulation_fusion=costs.gradient_accumulation_fusion)
     return AnalyticCosts(costs.workload, gpu, costs.dtype, costs.optimizer, costs.efficiency)
 
 

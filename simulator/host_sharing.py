@@ -18,6 +18,11 @@ receiving thread waits for a processor; the engine asks `computing(host)`).
 A job on several hosts (a collective across nodes) runs at its slowest host's rate. Rates change
 only when a job starts or ends; finish times sit in one heap under one armed timer, as in
 `simulator.network.FlowNetwork`.
+
+A GPU is the same model with one "host" per device (`SmSharing`, `sm_sharing`): its compute
+stream is one thread at P = 1, and while a collective runs on the device (`hold`: its time comes
+from the flow network, not from the pool) NCCL's kernels hold one SM per channel, so compute runs
+num_sms / (num_sms - channels) slower (`simulator.nccl.compute_slowdown_while_communicating`).
 """
 
 from __future__ import annotations
@@ -25,9 +30,36 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
+from dataclasses import dataclass, field
+
+from simulator.nccl import NCCL_DEFAULT_NUM_CHANNELS, compute_slowdown_while_communicating
 
 COMPUTE, COLLECTIVE, P2P = "compute", "collective", "p2p"
 COMM_CLASSES = (COLLECTIVE, P2P)
+
+
+@dataclass(frozen=True)
+class SmSharing:
+    """The `shared_processors` of a GPU cost model: each device is its own pool (`per_device`), its
+    compute stream one thread at full speed alone (P = 1, measured with 1 rank), slowed by
+    `compute_slowdown_while[COLLECTIVE]` while any collective runs on the device."""
+
+    compute_slowdown_while: dict[str, float]
+    parallelism: float = 1.0
+    measured_ranks: int = 1
+    wakeup_s: float = 0.0
+    comm_slowdown_while_computing: dict[str, float] = field(default_factory=dict)
+    per_device: bool = True
+
+
+def sm_sharing(num_sms: int | None, num_channels: int = NCCL_DEFAULT_NUM_CHANNELS) -> SmSharing | None:
+    """A GPU's SMs shared by compute and NCCL's channels (one CTA, so one SM, per channel: NCCL
+    docs, NCCL_MAX_NCHANNELS / NCCL_MIN_NCHANNELS; `simulator.nccl.NCCL_DEFAULT_NUM_CHANNELS`):
+    compute slows by num_sms / (num_sms - channels) while a collective runs. None (no contention
+    modelled) when the SM count is unknown or not above the channel count."""
+    if not num_sms or num_sms <= num_channels:
+        return None
+    return SmSharing({COLLECTIVE: compute_slowdown_while_communicating(num_sms, num_channels)})
 
 
 class _Job:
@@ -42,8 +74,10 @@ class HostPool:
     """Jobs of compute and communication threads on `num_hosts` hosts configured by `processors`
     (a `simulator.profile.SharedProcessors`: parallelism P and the interference factors)."""
 
-    def __init__(self, env, processors, num_hosts: int):
+    def __init__(self, env, processors, num_hosts: int, host_of=None):
         self.env = env
+        self.host_of = host_of or (lambda device: device)
+        """Device index -> host index (its node for CPU hosts, itself for a GPU's SMs)."""
         self.parallelism = processors.parallelism
         self.measured_ranks = processors.measured_ranks
         self.wakeup_s = processors.wakeup_s
@@ -55,6 +89,29 @@ class HostPool:
         self._finishes: list[tuple[float, int, int, _Job]] = []
         self._timer_at_s = math.inf
         self._next_id = 0
+
+    @classmethod
+    def for_topology(cls, env, processors, topology) -> "HostPool":
+        """One pool per node of `topology` (ranks on a host share its processors), or per device
+        when `processors.per_device` (a GPU's SMs, `SmSharing`)."""
+        if getattr(processors, "per_device", False):
+            return cls(env, processors, topology.num_devices)
+        return cls(env, processors, topology.num_nodes, topology.node_of)
+
+    def hold(self, kind: str, threads: tuple[tuple[int, int], ...]):
+        """Count `threads` ((host, count), ...) of class `kind` as active until `release(token)`:
+        work timed elsewhere (a collective played on the flow network) that still slows the other
+        class by the interference factors. Returns the token."""
+        for host, count in threads:
+            self._threads[host][kind] += count
+        self._reschedule({host for host, _ in threads})
+        return kind, threads
+
+    def release(self, token) -> None:
+        kind, threads = token
+        for host, count in threads:
+            self._threads[host][kind] -= count
+        self._reschedule({host for host, _ in threads})
 
     def run(self, work_s: float, kind: str, threads: tuple[tuple[int, int], ...]):
         """Start a job of `work_s` seconds at rate 1 with `threads` = ((host, count), ...); returns

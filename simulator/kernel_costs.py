@@ -15,6 +15,9 @@ each figure with its source) and nothing per model or configuration:
 * generic (a layer without kernel expansion): launch + max(FLOPs / (peak x GEMM efficiency),
   bytes / bw(bytes)), a roofline (Williams et al. 2009).
 
+Measured tables (`MeasuredTables`, `ghpsim calibrate --kernels`) replace the GEMM ceiling and
+bw(bytes) by interpolated measurements where present.
+
 `KernelCosts` implements the `simulator.costs.CostModel` protocol on top of
 `simulator.kernels.layer_kernels`.
 """
@@ -26,6 +29,8 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from simulator.costs import TOPK_SELECTION_BYTES_PER_ELEMENT, WEIGHT_PASS_WORDS
+from simulator.host_sharing import sm_sharing
+from simulator.kernel_tables import Axes, MeasuredTables, interpolate_log
 from simulator.kernels import (
     Kernel,
     layer_kernels,
@@ -38,7 +43,6 @@ from simulator.workload import Workload, dtype_bytes
 FORWARD, BACKWARD, RECOMPUTE = "F", "B", "R"
 RECOMPUTE_MODES = ("none", "full")
 TILED_KINDS = ("gemm", "flash_attention")
-
 
 @dataclass(frozen=True)
 class KernelParameters:
@@ -56,6 +60,9 @@ class KernelParameters:
     """Host (framework + driver) time to issue one kernel: a pass lasts at least its kernel count
     x this (the GPU idles when the host issues slower than it executes). 0 in every table row
     (no published per-kernel figure for a training framework): the GPU-bound limit; a fit sets it."""
+    measured: MeasuredTables | None = None
+    """Not fitted: the tables of `ghpsim calibrate --kernels`, used in place of gemm_efficiency and
+    memory_efficiency where they cover a kernel (`MeasuredTables`)."""
 
     def __post_init__(self) -> None:
         for name in ("gemm_efficiency", "flash_attention_efficiency", "memory_efficiency"):
@@ -135,13 +142,17 @@ class Device:
     tile_n: int
     memory_latency_s: float
     parameters: KernelParameters
+    gemm_grid: tuple[Axes, tuple[float, ...]] | None = None
+    """The measured GEMM tile efficiencies of this dtype (`MeasuredTables.gemm_grid`), or None."""
 
 
 def device_for(gpu, dtype: str, parameters: KernelParameters | None = None) -> Device:
     """A `Device` from a `GpuSpec` (or any object with its fields) and the architecture table."""
     arch = ARCHITECTURES[gpu_architecture(gpu)]
+    parameters = parameters or arch.parameters
+    grid = parameters.measured.gemm_grid(dtype) if parameters.measured is not None else None
     return Device(gpu.peak_for(dtype), gpu.memory_bandwidth_bytes_per_s, gpu_num_sms(gpu), arch.tile_m,
-                  arch.tile_n, arch.memory_latency_s, parameters or arch.parameters)
+                  arch.tile_n, arch.memory_latency_s, parameters, grid)
 
 
 # --- per-kernel times ---------------------------------------------------------------------------
@@ -150,6 +161,9 @@ def memory_s(size_bytes: float, device: Device) -> float:
     """bytes / bw(bytes) with bw(S) = B S / (S + latency B): latency + S / B (Little's law)."""
     if size_bytes <= 0:
         return 0.0
+    measured = device.parameters.measured
+    if measured is not None and measured.memory_sizes_bytes:
+        return measured.stream_s(size_bytes, device.memory_bandwidth_bytes_per_s)
     stream = device.memory_bandwidth_bytes_per_s * device.parameters.memory_efficiency
     return device.memory_latency_s + size_bytes / stream
 
@@ -178,12 +192,15 @@ def tiled_compute_s(m: float, n: float, k: float, batch_count: float, device: De
 
 
 def kernel_s(kernel: Kernel, device: Device) -> float:
-    """Seconds for one kernel (module docstring). Flash attention tiles are (tile_m queries x the
-    whole head dimension n), one CTA per query block and head (Dao 2023, FlashAttention-2)."""
+    """Seconds for one kernel (module docstring; measured tables: `MeasuredTables`). Flash attention
+    tiles are (tile_m queries x the whole head dimension n), one CTA per query block and head
+    (Dao 2023, FlashAttention-2)."""
     p = device.parameters
     moved = memory_s(kernel.bytes_moved, device)
     if kernel.kind == "gemm":
-        compute = tiled_compute_s(kernel.m, kernel.n, kernel.k, kernel.batch_count, device, p.gemm_efficiency,
+        efficiency = p.gemm_efficiency if device.gemm_grid is None else interpolate_log(
+            *device.gemm_grid, (kernel.m * kernel.batch_count, kernel.n, kernel.k))
+        compute = tiled_compute_s(kernel.m, kernel.n, kernel.k, kernel.batch_count, device, efficiency,
                                   work_fraction=kernel.work_fraction)
     elif kernel.kind == "flash_attention":
         compute = tiled_compute_s(kernel.m, kernel.n, kernel.k, kernel.batch_count, device,
@@ -222,14 +239,18 @@ class KernelCosts:
     of one tensor-parallel rank's share; `workload` is the whole model, not a rank's shard).
     `recompute="full"`: a layer's backward includes its recompute forward (activation
     checkpointing; Korthikanti et al. 2022), for plans that do not emit recompute actions
-    themselves. `parameters` replaces the architecture table's `KernelParameters`."""
+    themselves. `parameters` replaces the architecture table's `KernelParameters`.
+    `comm_sm_contention`: compute slows while a collective's NCCL kernels hold SMs on the same GPU
+    (`shared_processors`, `simulator.host_sharing.sm_sharing`). `gradient_accumulation_fusion`
+    False: each weight-gradient GEMM is followed by its fp32 main-gradient accumulation kernel."""
 
     communication = None
     shared_processors = None
 
     def __init__(self, workload: Workload, gpu, dtype: str, optimizer: str, *, tp_degree: int = 1,
                  flash_attention: bool = False, sequence_parallel: bool = False, recompute: str = "none",
-                 parameters: KernelParameters | None = None):
+                 parameters: KernelParameters | None = None, comm_sm_contention: bool = True,
+                 gradient_accumulation_fusion: bool = True):
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE_MODES)}")
         self.workload = workload
@@ -240,11 +261,24 @@ class KernelCosts:
         self.flash_attention = flash_attention
         self.sequence_parallel = sequence_parallel
         self.recompute = recompute
+        self.comm_sm_contention = comm_sm_contention
+        self.gradient_accumulation_fusion = gradient_accumulation_fusion
+        self.shared_processors = sm_sharing(gpu_num_sms(gpu)) if comm_sm_contention else None
         self.architecture = gpu_architecture(gpu)
         self.device = device_for(gpu, dtype, parameters)
         self.parameters = self.device.parameters
         self._element_bytes = dtype_bytes(dtype)
         self._cache: dict[tuple, float] = {}
+
+    @classmethod
+    def for_scenario(cls, scenario, workload: Workload, parameters: KernelParameters | None = None) -> "KernelCosts":
+        """The kernel model of a scenario's GPU, dtype, optimizer and cost switches (`costs.*`,
+        `strategy.gradient_accumulation_fusion`); `parameters` replace the architecture's."""
+        training, costs = scenario.training, scenario.costs
+        return cls(workload, scenario.cluster.gpu, training.dtype, training.optimizer,
+                   flash_attention=costs.flash_attention, parameters=parameters,
+                   comm_sm_contention=costs.comm_sm_contention,
+                   gradient_accumulation_fusion=scenario.strategy.gradient_accumulation_fusion)
 
     def with_tensor_parallel(self, tp_degree: int, sequence_parallel: bool) -> "KernelCosts":
         """The same model for one rank of a `tp_degree`-way tensor-parallel group."""
@@ -252,7 +286,8 @@ class KernelCosts:
             return self
         return KernelCosts(self.workload, self.gpu, self.dtype, self.optimizer, tp_degree=tp_degree,
                            flash_attention=self.flash_attention, sequence_parallel=sequence_parallel,
-                           recompute=self.recompute, parameters=self.parameters)
+                           recompute=self.recompute, parameters=self.parameters, comm_sm_contention=self.comm_sm_contention,
+                           gradient_accumulation_fusion=self.gradient_accumulation_fusion)
 
     def kernels(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
         """The kernels of a pass; "B" with full recompute is the recompute forward + backward."""
@@ -263,7 +298,8 @@ class KernelCosts:
     def _expand(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
         return layer_kernels(self.workload.layers[layer_index], phase, batch, dtype=self.dtype,
                              tp_degree=self.tp_degree, flash_attention=self.flash_attention,
-                             sequence_parallel=self.sequence_parallel)
+                             sequence_parallel=self.sequence_parallel,
+                             gradient_accumulation_fusion=self.gradient_accumulation_fusion)
 
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         key = (layer_index, phase, batch)

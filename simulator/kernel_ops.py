@@ -13,6 +13,7 @@ DEFAULT_DROPOUT = 0.1
 MASK_BYTES = 1
 INDEX_BYTES = 8  # int64 token ids and max-pool indices
 STATS_BYTES = 4  # fp32 per-row statistics (LayerNorm mean / rstd, softmax-loss sums)
+MAIN_GRAD_BYTES = 4  # Megatron's fp32 main gradient buffer (DistributedDataParallel grad buffer)
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,24 @@ def copy(name: str, elements: float, e: int) -> Kernel:
 def add(name: str, elements: float, e: int) -> Kernel:
     """Residual add, or the gradient accumulation where a tensor fed two consumers."""
     return pointwise(name, "elementwise", elements, 2 * e, e, ADD_FLOPS)
+
+
+def main_grad_accumulate(wgrad: Kernel, e: int) -> Kernel:
+    """Without gradient accumulation fusion (Megatron `--no-gradient-accumulation-fusion`), the
+    weight-gradient GEMM writes a model-dtype gradient and Megatron DDP's parameter hook adds it
+    into the fp32 main gradient, `param.main_grad.add_(param.grad.data)`: one kernel per weight per
+    micro-batch over its m x n elements, reading 4 + e bytes and writing 4 per element (with
+    fusion the GEMM accumulates into main_grad itself: Megatron's `wgrad_gemm_accum_fp32`)."""
+    return pointwise(f"{wgrad.name}.accumulate", "elementwise", wgrad.m * wgrad.n, MAIN_GRAD_BYTES + e,
+                     MAIN_GRAD_BYTES, ADD_FLOPS)
+
+
+def unfused_accumulation(kernels, e: int) -> list[Kernel]:
+    """`kernels` with each weight-gradient GEMM ("*.wgrad", linear and convolution) followed by
+    its fp32 main-gradient accumulation kernel (`main_grad_accumulate`)."""
+    out = []
+    for kernel in kernels:
+        out.append(kernel)
+        if kernel.kind == "gemm" and kernel.name.endswith(".wgrad"):
+            out.append(main_grad_accumulate(kernel, e))
+    return out

@@ -45,6 +45,7 @@ from simulator.kernel_ops import (
     layer_norm,
     linear,
     pointwise,
+    unfused_accumulation,
 )
 from simulator.kernels_cnn import (
     basic_block_kernels,
@@ -277,19 +278,25 @@ def _freeze(value):
 
 @lru_cache(maxsize=65536)
 def _cached_kernels(layer: Layer, spec_key, phase: str, batch: float, dtype: str, tp_degree: int,
-                    flash_attention: bool, sequence_parallel: bool) -> tuple[Kernel, ...]:
+                    flash_attention: bool, sequence_parallel: bool,
+                    gradient_accumulation_fusion: bool = True) -> tuple[Kernel, ...]:
     if batch == 0:
         return ()
     phase_kernels = "F" if phase == "R" else phase
     kernels = _expand(layer, batch, dtype_bytes(dtype), phase_kernels, tp_degree, flash_attention,
                       sequence_parallel)
+    if phase == "B" and not gradient_accumulation_fusion:
+        kernels = unfused_accumulation(kernels, dtype_bytes(dtype))
     return tuple(kernels)
 
 
 def layer_kernels(layer: Layer, phase: str, batch: float, *, dtype: str, tp_degree: int = 1,
-                  flash_attention: bool = False, sequence_parallel: bool = False) -> tuple[Kernel, ...]:
+                  flash_attention: bool = False, sequence_parallel: bool = False,
+                  gradient_accumulation_fusion: bool = True) -> tuple[Kernel, ...]:
     """The kernels one tensor-parallel rank launches for `layer`'s pass `phase` on `batch`
-    samples. Cached per (layer, spec, phase, batch, dtype, tp, flags): `cache_info()`."""
+    samples. Cached per (layer, spec, phase, batch, dtype, tp, flags): `cache_info()`.
+    `gradient_accumulation_fusion` False: Megatron without `--gradient-accumulation-fusion`, a
+    main-gradient accumulation kernel after every weight-gradient GEMM (`unfused_accumulation`)."""
     if phase not in PHASES:
         raise ValueError(f"phase {phase!r}: expected one of {', '.join(PHASES)}")
     if batch < 0:
@@ -297,7 +304,7 @@ def layer_kernels(layer: Layer, phase: str, batch: float, *, dtype: str, tp_degr
     if int(tp_degree) != tp_degree or tp_degree < 1:
         raise ValueError(f"tp_degree {tp_degree!r}: must be a positive integer")
     return _cached_kernels(layer, _freeze(layer.spec), phase, batch, dtype, int(tp_degree),
-                           bool(flash_attention), bool(sequence_parallel))
+                           bool(flash_attention), bool(sequence_parallel), bool(gradient_accumulation_fusion))
 
 
 layer_kernels.cache_info = _cached_kernels.cache_info  # type: ignore[attr-defined]

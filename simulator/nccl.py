@@ -12,7 +12,19 @@ The engine plays the same tables on its flow network (`simulator.collectives`: l
 rate x LINK_EFFICIENCY, phases NCCL's latency and protocol), so on an uncontended node it takes
 exactly these closed-form times (tests/test_nccl_in_engine.py).
 
-One departure from the tuner: a hop never costs less than the link's own measured one-way latency
+Two departures from the tuner, both to match what nccl-tests measures:
+- Pipeline fill. A ring moves each channel's share of the buffer in slices through 2(n-1) steps
+  (n-1 for either half); the first slice crosses all of them before the pipeline runs full, so a
+  collective also pays (steps - 1) x slice / channel bandwidth, where the slice is the rank's
+  share of the buffer split over the channels, S / (n x channels), up to PIPELINE_SLICE_BYTES.
+  With it the time is base + hops + S_traffic / bw + fill (`pipeline_fill_s`): at mid sizes
+  (S / n below channels x slice) the fill is about as long as the transfer itself, which is
+  why measured bus bandwidth at 2-128 MB is half of the asymptote on all three GPUs of
+  published/nccl_allreduce_8gpu_node.csv. Simple and LL128 pay it (both forward whole slices);
+  LL forwards 8-byte lines and does not. NVLS is given the same pipeline over its own channels.
+  Only collectives inside one NVLink node pay it (FILL_LINK_KINDS): the slice was fitted on
+  NVLink curves, and PCIe rings (fewer channels) and network rings have no curve here to fit.
+- A hop never costs less than the link's own measured one-way latency
 (`Tier.latency_s`). NCCL's NVLink LL hop is 0.6 us, but a single-channel ring measures 10 us at 2
 GPUs and 34 us at 8 on DGX-A100 (8-128 B; published/README.md), i.e. 2 us a hop, which is the
 NVLink latency of the hardware catalogue; with the floor the model reproduces both figures.
@@ -120,6 +132,16 @@ LL128_LINK_KINDS = frozenset({"nvlink", "infiniband", "roce"})
 # NCCL runs one CTA (thread block, one SM) per channel. NCCL INFO logs of 8-GPU NVLink nodes
 # (8x A100 SXM; 8x H100, p5.48xlarge): "24 coll channels, 16 nvls channels, 32 p2p channels".
 NCCL_DEFAULT_NUM_CHANNELS = 24
+NCCL_NVLS_NUM_CHANNELS = 16
+
+# The largest slice a channel's pipeline forwards (module docstring, "Pipeline fill"). Fitted, not
+# sourced: the one free parameter of the collective model, chosen on the A100 curve of
+# published/nccl_allreduce_8gpu_node.csv (least worst error above 1 MB: 12 % at 64-160 KiB) and
+# checked on the two GPUs it was not fitted to (H100 17 %, H200 15 % worst above 1 MB; without
+# the fill 57 % and 48 %). tests/test_nccl_model.py prints the tables.
+PIPELINE_SLICE_BYTES = 128 * 1024
+FILL_PROTOCOLS = frozenset({"LL128", "Simple"})
+FILL_LINK_KINDS = frozenset({"nvlink"})
 NUM_SMS = {"A100-40GB": 108, "A100-80GB": 108, "H100-SXM": 132, "H200": 132}  # whitepapers
 COMM_SM_SHARE: dict[str, float] = {gpu: NCCL_DEFAULT_NUM_CHANNELS / sms for gpu, sms in NUM_SMS.items()}
 
@@ -221,11 +243,34 @@ def candidate_bandwidth_bytes_per_s(bus_bytes_per_s: float, algorithm: str, prot
     return bandwidth
 
 
+def pipeline_fill_s(algorithm: str, protocol: str, steps: int, rank_share_bytes: float,
+                    bandwidth_bytes_per_s: float) -> float:
+    """(steps - 1) x min(rank share, channels x PIPELINE_SLICE_BYTES) / bandwidth: the time for the
+    first slice of every channel to cross the pipeline's `steps` before it runs full (module
+    docstring). `rank_share_bytes` is S / n, `bandwidth_bytes_per_s` the candidate's bus
+    bandwidth (all channels together). 0 for LL, for trees and for a single step."""
+    if protocol not in FILL_PROTOCOLS or algorithm == "tree" or steps <= 1:
+        return 0.0
+    channels = NCCL_NVLS_NUM_CHANNELS if algorithm == "nvls" else NCCL_DEFAULT_NUM_CHANNELS
+    return (steps - 1) * min(rank_share_bytes, channels * PIPELINE_SLICE_BYTES) / bandwidth_bytes_per_s
+
+
+def fills(kinds, num_nodes: int) -> bool:
+    """Whether a collective over links of these kinds on `num_nodes` nodes pays the pipeline fill
+    (module docstring: one node, NVLink only)."""
+    return num_nodes == 1 and all(kind in FILL_LINK_KINDS for kind in kinds)
+
+
 def _candidate_time_s(traffic_bytes: float, bus_bytes_per_s: float, algorithm: str, protocol: str,
-                      hops: tuple[tuple[Tier, int], ...], num_nodes: int) -> float:
-    """latency + traffic / bandwidth (NCCL 2.20 tuning.cc, ncclTopoGetAlgoTime)."""
-    return (candidate_latency_s(algorithm, protocol, hops)
-            + traffic_bytes / candidate_bandwidth_bytes_per_s(bus_bytes_per_s, algorithm, protocol, num_nodes))
+                      hops: tuple[tuple[Tier, int], ...], num_nodes: int, steps: int = 1) -> float:
+    """latency + traffic / bandwidth (NCCL 2.20 tuning.cc, ncclTopoGetAlgoTime) + the pipeline
+    fill of a `steps`-step pipeline moving traffic / steps per step (`pipeline_fill_s`), where
+    the hops' links pay it (`fills`)."""
+    if not fills({tier.kind for tier, count in hops if count}, num_nodes):
+        steps = 1
+    bandwidth = candidate_bandwidth_bytes_per_s(bus_bytes_per_s, algorithm, protocol, num_nodes)
+    return (candidate_latency_s(algorithm, protocol, hops) + traffic_bytes / bandwidth
+            + pipeline_fill_s(algorithm, protocol, steps, traffic_bytes / steps, bandwidth))
 
 
 def choose(candidates: dict[tuple[str, str], float]) -> CollectiveTime:
@@ -249,15 +294,16 @@ def allreduce_candidates(size_bytes: float, num_ranks: int, *, intra: Tier, inte
     per_node, num_nodes = _layout(num_ranks, intra, inter, ranks_per_node)
     bus = _bus_bandwidth(intra, inter, per_node, num_nodes)
     ring_inter = 2 * (num_nodes - 1)  # NCCL >= 2.21; 2.20 counted 2N
-    plans = {"ring": (2 * (num_ranks - 1) / num_ranks * size_bytes,
-                      ((intra, 2 * (num_ranks - 1) - ring_inter), (inter, ring_inter)))}
+    ring_steps = 2 * (num_ranks - 1)
+    plans = {"ring": (ring_steps / num_ranks * size_bytes,
+                      ((intra, ring_steps - ring_inter), (inter, ring_inter)), ring_steps)}
     if num_nodes > 1:
         plans["tree"] = (2.0 * size_bytes,
-                         ((intra, 2 * (per_node - 1)), (inter, 2 * math.ceil(math.log2(num_nodes)))))
+                         ((intra, 2 * (per_node - 1)), (inter, 2 * math.ceil(math.log2(num_nodes)))), 1)
     if num_nodes == 1 and intra.nvls:
-        plans["nvls"] = (2 * (num_ranks - 1) / num_ranks * size_bytes, ((intra, 1),))
-    return {(algorithm, protocol): _candidate_time_s(traffic, bus, algorithm, protocol, hops, num_nodes)
-            for algorithm, (traffic, hops) in plans.items()
+        plans["nvls"] = (ring_steps / num_ranks * size_bytes, ((intra, 1),), ring_steps)
+    return {(algorithm, protocol): _candidate_time_s(traffic, bus, algorithm, protocol, hops, num_nodes, steps)
+            for algorithm, (traffic, hops, steps) in plans.items()
             for protocol in ALGORITHM_PROTOCOLS[algorithm]
             if _protocol_ok(protocol, intra, inter, per_node, num_nodes)}
 
@@ -282,7 +328,8 @@ def _ring_half_time_s(size_bytes: float, num_ranks: int, intra: Tier, inter: Tie
     bus = _bus_bandwidth(intra, inter, per_node, num_nodes)
     hops = ((intra, (num_ranks - 1) - (num_nodes - 1)), (inter, num_nodes - 1))
     traffic = (num_ranks - 1) / num_ranks * size_bytes
-    return choose({("ring", protocol): _candidate_time_s(traffic, bus, "ring", protocol, hops, num_nodes)
+    return choose({("ring", protocol): _candidate_time_s(traffic, bus, "ring", protocol, hops, num_nodes,
+                                                          num_ranks - 1)
                     for protocol in PROTOCOLS if _protocol_ok(protocol, intra, inter, per_node, num_nodes)})
 
 

@@ -1,4 +1,9 @@
-"""Contiguous layer partitions: balanced by dynamic programming, or given explicitly.
+"""Contiguous layer partitions: balanced by dynamic programming, uniform, or given explicitly.
+
+Uniform: equal numbers of the model's repeated layer per stage, as Megatron-LM (num_layers / pp
+transformer layers a stage) and DeepSpeed's `PipelineModule(partition_method="type:transformer")`
+(what Megatron-DeepSpeed's GPT uses) cut a model; the framework does not weigh the embedding or
+the head, which stay on the first and the last stage.
 
 Balanced: choose M contiguous layer ranges minimising the slowest stage, where a stage's cost is
 its forward + backward compute plus the transfers it sends: its output activations forward and
@@ -54,6 +59,21 @@ def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_b
         ranges.append((start, end + 1))
         end = start - 1
     return tuple(reversed(ranges))
+
+
+def uniform_partition(layer_kinds: list[str], num_stages: int) -> tuple[tuple[int, int], ...]:
+    """Ranges giving each stage an equal count of the most common layer kind (the first stages
+    take one more when it does not divide); layers before the first such layer join the first
+    stage, every other layer the stage of the repeated layer before it (module docstring)."""
+    repeated = max(set(layer_kinds), key=lambda kind: (layer_kinds.count(kind), kind))
+    positions = [index for index, kind in enumerate(layer_kinds) if kind == repeated]
+    if num_stages > len(positions):
+        raise ScenarioError(f"strategy.partition: uniform needs at least {num_stages} {repeated!r} layers "
+                            f"for {num_stages} stages; the model has {len(positions)}")
+    per_stage, extra = divmod(len(positions), num_stages)
+    counts = [per_stage + (stage < extra) for stage in range(num_stages)]
+    starts = [0] + [positions[sum(counts[:stage])] for stage in range(1, num_stages)]
+    return tuple(zip(starts, starts[1:] + [len(layer_kinds)]))
 
 
 def explicit_partition(layer_counts: tuple[int, ...], num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...]:

@@ -32,6 +32,20 @@ parameters of the GPU kernel model for one architecture: `{format, kind, archite
 parameters: {name: value}, fit: {...}, provenance}`; `parameters` replace the catalogue's values
 of `simulator.kernel_costs.KernelParameters` for GPUs of that architecture, and `fit` records the
 held-out error and each parameter's spread over the folds.
+
+A kernel profile from `ghpsim calibrate --kernels` (`validator.kernel_bench`) carries the same
+`parameters`, derived from microbenchmarks on one GPU (its `provenance` says how), and the
+measurements themselves in the optional `measured`: `{device, gpu, peak_flops_per_s,
+memory_bandwidth_bytes_per_s, gemm: [GEMM], memory: [STREAM], launch: {kernel_s, host_issue_s}}`.
+`gpu` names the catalogue entry whose datasheet figures the efficiencies divide by.
+* `GEMM`: `{dtype, m, n, k, time_s, achieved_flops_per_s, efficiency, tile_efficiency}`: C[m, n] =
+  A[m, k] B[k, n] timed back to back; `efficiency` = 2mnk / time_s / datasheet peak;
+  `tile_efficiency` = the efficiency with which the tile / wave model
+  (`simulator.kernel_costs.tiled_compute_s`) takes time_s less the launch overhead. Per dtype the
+  rows form a full grid over the m, n and k values measured.
+* `STREAM`: `{size_bytes, time_s, bandwidth_bytes_per_s, efficiency}`: a memory-bound kernel moving
+  size_bytes (read + written); `efficiency` = size_bytes / ((time_s - launch) x datasheet bandwidth).
+`simulator.kernel_tables.MeasuredTables` interpolates both tables in place of the ceilings.
 """
 
 from __future__ import annotations
@@ -192,8 +206,59 @@ class Profile(_Frozen):
         return len(self.layers)
 
 
+class GemmMeasurement(_Frozen):
+    """One GEMM shape timed by `ghpsim calibrate --kernels` (module docstring)."""
+
+    dtype: Literal["fp32", "tf32", "fp16", "bf16"]
+    m: int = Field(ge=1)
+    n: int = Field(ge=1)
+    k: int = Field(ge=1)
+    time_s: float = Field(gt=0)
+    achieved_flops_per_s: float = Field(gt=0)
+    efficiency: float = Field(gt=0)
+    tile_efficiency: float = Field(gt=0)
+
+
+class StreamMeasurement(_Frozen):
+    """One memory-bound kernel size timed by `ghpsim calibrate --kernels` (module docstring)."""
+
+    size_bytes: float = Field(gt=0)
+    time_s: float = Field(gt=0)
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    efficiency: float = Field(gt=0)
+
+
+class LaunchMeasurement(_Frozen):
+    kernel_s: float = Field(ge=0)
+    """GPU time of a tiny kernel queued back to back (CPU: one tiny operator's time)."""
+    host_issue_s: float = Field(ge=0)
+    """Host time to issue one tiny operator asynchronously (CPU: 0, operators run synchronously)."""
+
+
+class KernelMeasurements(_Frozen):
+    device: Device
+    gpu: str
+    peak_flops_per_s: dict[str, float]
+    memory_bandwidth_bytes_per_s: float = Field(gt=0)
+    gemm: tuple[GemmMeasurement, ...] = ()
+    memory: tuple[StreamMeasurement, ...] = ()
+    launch: LaunchMeasurement
+
+    @model_validator(mode="after")
+    def _grids(self) -> "KernelMeasurements":
+        for dtype in {row.dtype for row in self.gemm}:
+            rows = [row for row in self.gemm if row.dtype == dtype]
+            shapes = {(row.m, row.n, row.k) for row in rows}
+            grid = len({row.m for row in rows}) * len({row.n for row in rows}) * len({row.k for row in rows})
+            if len(shapes) != len(rows) or len(shapes) != grid:
+                raise ValueError(f"gemm: the {dtype} rows are not one full grid of distinct (m, n, k) shapes")
+        if self.memory and len({row.size_bytes for row in self.memory}) != len(self.memory):
+            raise ValueError("memory: sizes repeat")
+        return self
+
+
 class KernelProfile(_Frozen):
-    """Fitted parameters of the kernel model (module docstring)."""
+    """Fitted or measured parameters of the kernel model (module docstring)."""
 
     format: Literal["ghpsim-profile/2"]
     kind: Literal["kernel"]
@@ -201,6 +266,7 @@ class KernelProfile(_Frozen):
     parameters: dict[Literal["gemm_efficiency", "flash_attention_efficiency", "memory_efficiency",
                              "launch_overhead_s", "host_overhead_s"], float]
     fit: dict[str, Any] = {}
+    measured: KernelMeasurements | None = None
     provenance: dict[str, Any] = {}
     source: str = Field(default="<profile>", exclude=True)
 

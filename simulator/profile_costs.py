@@ -16,28 +16,34 @@ def profile_costs(path, workload: Workload, optimizer: str | None = None) -> "Pr
     given, must be the one profiled."""
     profile = load_profile(path)
     if isinstance(profile, KernelProfile):
-        raise ScenarioError(f"{path}: kind: a kernel profile (from `ghpsim fit`) needs the scenario's GPU; "
-                            "use it with `ghpsim simulate` or `compare`")
+        raise ScenarioError(f"{path}: kind: a kernel profile (`ghpsim fit`, `calibrate --kernels`) needs the "
+                            "scenario's GPU; use it with `ghpsim simulate` or `compare`")
     return ProfileCosts(profile, workload, optimizer=optimizer)
 
 
 def scenario_profile_costs(path, scenario, workload: Workload):
     """The cost model of any profile for `scenario`: a calibration profile (`ProfileCosts`) or a
-    kernel profile from `ghpsim fit` (the kernel model with the fitted parameters, for GPUs of the
-    architecture it was fitted on)."""
+    kernel profile from `ghpsim fit` or `ghpsim calibrate --kernels` (the kernel model with its
+    parameters and measured tables, `simulator.kernel_tables.MeasuredTables`, for GPUs of the
+    architecture it was fitted or measured on: the kernel model's family, or the catalogue's own
+    `architecture`, e.g. "cpu")."""
     from dataclasses import replace
 
     from simulator.kernel_costs import KernelCosts, device_for, gpu_architecture
+    from simulator.kernel_tables import MeasuredTables
     profile = load_profile(path)
     training, gpu = scenario.training, scenario.cluster.gpu
     if not isinstance(profile, KernelProfile):
         return ProfileCosts(profile, workload, optimizer=training.optimizer)
-    if gpu_architecture(gpu) != profile.architecture:
-        raise ScenarioError(f"{path}: architecture: fitted on {profile.architecture!r} GPUs, but cluster.gpu "
-                            f"{gpu.name!r} is {gpu_architecture(gpu)!r}")
-    parameters = replace(device_for(gpu, training.dtype).parameters, **profile.parameters)
-    return KernelCosts(workload, gpu, training.dtype, training.optimizer,
-                       flash_attention=scenario.costs.flash_attention, parameters=parameters)
+    if profile.architecture not in (gpu_architecture(gpu), (gpu.architecture or "").lower()):
+        how = "fitted" if profile.measured is None else "measured"
+        raise ScenarioError(f"{path}: architecture: {how} on {profile.architecture!r} GPUs, but cluster.gpu "
+                            f"{gpu.name!r} is {gpu.architecture or gpu_architecture(gpu)!r}")
+    measured = profile.measured and MeasuredTables.from_rows(
+        [(row.dtype, row.m, row.n, row.k, row.tile_efficiency) for row in profile.measured.gemm],
+        [(row.size_bytes, row.efficiency) for row in profile.measured.memory])
+    parameters = replace(device_for(gpu, training.dtype).parameters, **profile.parameters, measured=measured)
+    return KernelCosts.for_scenario(scenario, workload, parameters)
 
 
 class ProfileCosts:

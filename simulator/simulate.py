@@ -57,7 +57,7 @@ def analytic_costs(scenario: Scenario, workload: Workload) -> CostModel:
     from simulator.kernel_costs import KernelCosts, has_kernel_tables
     training, costs, gpu = scenario.training, scenario.costs, scenario.cluster.gpu
     if costs.model == "kernel" or (costs.model == "auto" and has_kernel_tables(gpu)):
-        return KernelCosts(workload, gpu, training.dtype, training.optimizer, flash_attention=costs.flash_attention)
+        return KernelCosts.for_scenario(scenario, workload)
     return AnalyticCosts(workload, gpu, training.dtype, training.optimizer, costs.efficiency)
 
 

@@ -187,7 +187,7 @@ def test_the_engines_bus_bandwidth_has_the_closed_forms_errors_against_nccl_test
     for size, measured, engine, closed in rows:
         assert engine / measured - 1 == pytest.approx(closed / measured - 1, abs=1e-9), size
     # The very bounds tests/test_nccl_model.py holds the closed form to.
-    assert engine_misses(column, 0.85, 0.60) == misses(column, 0.85, 0.60) == []
+    assert engine_misses(column, 0.85, 0.20) == misses(column, 0.85, 0.20) == []
     assert engine_misses(column, 0.25, 0.10) == misses(column, 0.25, 0.10)
 
 
@@ -196,8 +196,8 @@ def test_bandwidth_bound_messages_through_the_engine_are_within_10_percent(colum
     assert [miss for miss in engine_misses(column, 0.10, 0.10) if int(miss.split()[0]) >= 256 * MB] == []
 
 
-@pytest.mark.xfail(strict=True, reason="as tests/test_nccl_model.py: NCCL 2.20's tables overpredict busbw at "
-                                       "mid sizes (2-128 MB) and at some sizes at or below 1 MB")
+@pytest.mark.xfail(strict=True, reason="as tests/test_nccl_model.py: 12-17 % misses above 1 MB and "
+                                       "NVLS/LL latency misses at or below 1 MB")
 @pytest.mark.parametrize("column", COLUMN_PRESETS)
 def test_published_target_through_the_engine(column):
     assert engine_misses(column, 0.25, 0.10) == []

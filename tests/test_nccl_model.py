@@ -17,6 +17,7 @@ from simulator.nccl import (
     LINK_EFFICIENCY,
     LINK_KINDS,
     NCCL_DEFAULT_NUM_CHANNELS,
+    PIPELINE_SLICE_BYTES,
     PROTOCOL_EFFICIENCY,
     CollectiveTime,
     Tier,
@@ -27,6 +28,7 @@ from simulator.nccl import (
     alltoall_time_s,
     compute_slowdown_while_communicating,
     p2p_time_s,
+    pipeline_fill_s,
     reduce_scatter_time_s,
 )
 
@@ -93,19 +95,45 @@ def test_bandwidth_bound_messages_are_within_10_percent(column):
 
 @pytest.mark.parametrize("column", GPUS)
 def test_every_size_is_within_the_bounds_the_model_meets_today(column):
-    """A regression guard, not the goal: 85 % at and below 1 MB, 60 % above (see the xfail below)."""
-    wrong = misses(column, 0.85, 0.60)
+    """A regression guard, not the goal: 85 % at and below 1 MB, 20 % above (see the xfail below)."""
+    wrong = misses(column, 0.85, 0.20)
     assert not wrong, f"{wrong}\n{table(column)}"
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "sourced NCCL 2.20 tables overpredict busbw at mid sizes: A100 2-128 MB by +18..+56 %, H100 "
-    "2-128 MB by +11..+57 %, H200 2-64 MB by +16..+48 %; at/below 1 MB A100 1-2 KB +29 %, H100 "
-    "16 KB-1 MB +31..+81 % (NVLS at 23 us vs ~42 us measured), H200 1 KB-1 MB +25..+35 %"))
+    "with the pipeline fill, above 1 MB: A100 +12 % at 128 MB (the measured curve dips there), "
+    "H100 +17 % at 2 MB and -13 % at 16 MB, H200 -15 % at 16 MB; at/below 1 MB A100 1-2 KB +29 %, "
+    "H100 16 KB-1 MB +31..+80 % (NVLS at 23 us vs ~42 us measured), H200 1 KB-16 KB +30..+35 %"))
 @pytest.mark.parametrize("column", GPUS)
 def test_published_target_10_percent_above_1mb_and_25_percent_at_or_below(column):
     wrong = misses(column, 0.25, 0.10)
     assert not wrong, f"{wrong}\n{table(column)}"
+
+
+def test_the_pipeline_fill_halves_mid_size_bus_bandwidth_and_vanishes_relative_to_huge_sizes():
+    """Closed form of nccl.pipeline_fill_s: below channels x slice per rank the fill is (2n-3)/(2n-2)
+    of the transfer; above, a constant (steps - 1) x channels x slice / bandwidth."""
+    bandwidth = 200 * GB
+    mid = 2 * MB * 8  # S / n = 2 MB < 24 channels x 128 KiB = 3 MiB
+    transfer_s = 14 / 8 * mid / bandwidth
+    assert pipeline_fill_s("ring", "Simple", 14, mid / 8, bandwidth) == pytest.approx(13 / 14 * transfer_s)
+    cap_s = 13 * NCCL_DEFAULT_NUM_CHANNELS * PIPELINE_SLICE_BYTES / bandwidth
+    assert pipeline_fill_s("ring", "Simple", 14, 1e12, bandwidth) == pytest.approx(cap_s)
+    assert pipeline_fill_s("ring", "LL", 14, mid / 8, bandwidth) == 0.0
+    assert pipeline_fill_s("tree", "Simple", 14, mid / 8, bandwidth) == 0.0
+
+
+def test_without_the_fill_the_a100_mid_sizes_miss_by_half():
+    """The fill is what brings A100 2-128 MB from +18..+56 % to within 12 %."""
+    import simulator.nccl as module
+    saved = module.PIPELINE_SLICE_BYTES
+    try:
+        module.PIPELINE_SLICE_BYTES = 0
+        without = misses("a100_sxm4_80gb_busbw_gb_per_s", 10.0, 0.30)
+    finally:
+        module.PIPELINE_SLICE_BYTES = saved
+    assert any(int(miss.split()[0]) == 16 * MB for miss in without)
+    assert misses("a100_sxm4_80gb_busbw_gb_per_s", 10.0, 0.12) == []
 
 
 # ----------------------------------------------------------------------------- closed forms

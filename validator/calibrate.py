@@ -44,6 +44,9 @@
 
 Nothing is timed end to end: no training step enters a fit. The settings, timings, CPU
 accounting and notes (a clamped fit, a disturbed machine) go in the profile's `provenance`.
+
+`calibrate_kernels(...)` (`ghpsim calibrate --kernels`) measures no model: GEMMs, memory-bound
+kernels and the launch overhead of one device, into a kernel profile (`validator.kernel_bench`).
 """
 
 from __future__ import annotations
@@ -58,12 +61,13 @@ import torch
 
 from simulator.errors import ScenarioError
 from simulator.output import write_json_atomic
-from simulator.profile import FORMAT, WEIGHT_PASS_NAMES, Profile, profile_document, profile_from_dict
+from simulator.profile import FORMAT, WEIGHT_PASS_NAMES, KernelProfile, Profile, profile_document, profile_from_dict
 from simulator.workload import Workload
-from validator.calibration_phases import CalibrationSettings, rank_main
+from validator.calibration_phases import CalibrationSettings, device_name, rank_main
 from validator.comm_device import default_backend, device_problem
 from validator.launch import LaunchConfig, spawn
 from validator.layer_passes import DEFAULT_LAYER_PASSES
+from validator import kernel_bench
 from validator.fitting import fit_line
 from validator.message_bench import DEFAULT_MESSAGE_BYTES, wakeup_s
 from validator.microbench import DEFAULT_MIN_BLOCK_S
@@ -126,6 +130,44 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
         for note in notes:
             print(f"[calibrate] note: {note}", file=sys.stderr)
         print(f"[calibrate] wrote {out_path} in {document['provenance']['total_s']:.1f} s", file=sys.stderr)
+    return profile
+
+
+def calibrate_kernels(out_path, device: str = "cuda", *, gpu: str | None = None,
+                      dtypes: Sequence[str] | None = None, quick: bool = False, repeats: int | None = None,
+                      verbose: bool = True) -> KernelProfile:
+    """Time the kernels of one `device` (`validator.kernel_bench`), write the kernel profile to
+    `out_path` atomically and return it; `gpu` names the catalogue entry of the datasheet figures.
+    Bad settings (or `cuda` without a GPU): a one-line ScenarioError; nothing is written."""
+    if device not in ("cpu", "cuda"):
+        raise ScenarioError(f"device: expected cpu or cuda, got {device!r}")
+    problem = device_problem(device, "gloo", 1)
+    if problem:
+        raise ScenarioError(f"device {device!r}: {problem}")
+    settings = kernel_bench.bench_settings(device, tuple(dtypes) if dtypes else None, quick, repeats)
+    spec = kernel_bench.catalogue_gpu(device, gpu)
+    say = (lambda message: print(f"[calibrate] {message}", file=sys.stderr, flush=True)) if verbose else (
+        lambda message: None)
+    started = time.perf_counter()
+    raw = kernel_bench.measure(settings, say)
+    notes: list[str] = [] if device == "cuda" and not gpu else [
+        kernel_bench.STAND_IN_NOTE if spec.name == "cpu" else f"datasheet figures: catalogue GPU {spec.name!r} (--gpu)"]
+    if raw["timing"]["uncovered_blocks"]:
+        notes.append(f"{raw['timing']['uncovered_blocks']} timed blocks outlasted their covering sleep: "
+                     "those include host issue gaps")
+    record = {"kind": device, "name": device_name(device), "num_threads": raw["timing"]["num_threads"]}
+    document = kernel_bench.kernel_profile_document(raw, spec, record, notes)
+    document["provenance"] = {
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch_version": torch.__version__, "command": "ghpsim calibrate --kernels",
+        "settings": settings.record(), "timing": raw["timing"], "total_s": time.perf_counter() - started,
+        "derivation": "validator/kernel_bench.py, module docstring", "notes": notes}
+    profile = profile_from_dict(document, str(out_path))
+    write_json_atomic(out_path, profile_document(profile))
+    for note in notes:
+        say(f"note: {note}")
+    say(f"wrote {out_path} in {document['provenance']['total_s']:.1f} s: "
+        + ", ".join(f"{name} {value:.4g}" for name, value in profile.parameters.items()))
     return profile
 
 

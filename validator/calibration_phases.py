@@ -236,7 +236,7 @@ def rank_main(rank: int, settings: CalibrationSettings) -> dict | None:
             **measured, **median_comm_over_passes(comm_runs), "comm_passes": comm_pass_spread(comm_runs),
             "measure_s": measure_s, "phase_s": phase_s,
             "background_cpu": _background_cpu(machine_before, machine_after, sum(cpu_s), measure_s),
-            "num_threads": torch.get_num_threads(), "device_name": _device_name(device)}
+            "num_threads": torch.get_num_threads(), "device_name": device_name(device)}
 
 
 def _own_cpu_s() -> float:
@@ -268,7 +268,7 @@ def _background_cpu(before, after, ranks_cpu_s: float, wall_s: float) -> dict | 
             "share_of_machine": others / (wall_s * cpus) if wall_s > 0 else 0.0}
 
 
-def _device_name(device: str) -> str:
+def device_name(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     try:

@@ -4,8 +4,9 @@ N = G x M workers form G groups of M (Joo & Youn, IEEE Access 2021). Each group 
 model split into M contiguous stages and trains on B/G samples, serially through its stages
 (model parallelism: activations forward, their gradients backward). Worker j of every group holds
 stage j; after backward the G peers of stage j allreduce stage j's gradients, in buckets as the
-backward pass produces them (as PyTorch DDP does, Li et al. VLDB 2020), then update.
-DP is G = N, M = 1; MP is G = 1, M = N.
+backward pass produces them (as PyTorch DDP does, Li et al. VLDB 2020), or fused as Horovod's
+background thread fuses them (`gradient_fusion: horovod`, `simulator.strategies.fusion`), then
+update. DP is G = N, M = 1; MP is G = 1, M = N.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import numpy as np
 from simulator.collectives import p2p_time_s
 from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.errors import ScenarioError
-from simulator.heterogeneity import stage_compute_s
-from simulator.partition import balanced_partition, explicit_partition
+from simulator.heterogeneity import DeviceCosts, stage_compute_s
+from simulator.partition import balanced_partition, explicit_partition, uniform_partition
 from simulator.placement import place_ranks
 from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
+from simulator.strategies.fusion import (HOROVOD_CYCLE_TIME_S, HOROVOD_FUSION_THRESHOLD_BYTES, FusedCollective,
+                                         horovod_segments)
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 
@@ -40,6 +43,9 @@ class GridConfig:
     overlap_backward: bool = True
     collective: str = "auto"
     num_parameter_servers: int = 1
+    gradient_fusion: str = "buckets"
+    horovod_cycle_time_s: float = HOROVOD_CYCLE_TIME_S
+    horovod_fusion_threshold_bytes: float = HOROVOD_FUSION_THRESHOLD_BYTES
 
 
 def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology, costs: CostModel) -> Plan:
@@ -52,10 +58,12 @@ def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology
     stages = tuple(Stage(j, a, b, sum(layer.num_params for layer in workload.layers[a:b]))
                    for j, (a, b) in enumerate(ranges))
     element_bytes = dtype_bytes(config.dtype)
+    segments = _gradient_segments(config, workload, topology, costs, rank_to_device, stages, group_batch)
     actions = []
     for rank in range(groups * stages_per_group):
         group, stage = divmod(rank, stages_per_group)
-        actions.append(_rank_actions(config, workload, stages, group, stage, group_batch, element_bytes))
+        actions.append(_rank_actions(config, workload, stages, group, stage, group_batch, element_bytes,
+                                     segments[stage]))
     return Plan(config.strategy, groups, stages_per_group, stages, rank_to_device, tuple(actions),
                 group_batch, meta={"placement": config.placement, "partition": [b - a for a, b in ranges]})
 
@@ -79,6 +87,8 @@ def _partition(config, workload, topology, costs, rank_to_device, group_batch):
     if config.partition == "pipedream":  # PipeDream's DP, every stage replicated G times
         from simulator.pipedream_costs import grid_pipedream_partition
         return grid_pipedream_partition(config, workload, topology, costs, rank_to_device, group_batch)
+    if config.partition == "uniform":
+        return uniform_partition([layer.kind for layer in workload.layers], num_stages)
     if config.partition != "balanced":
         return explicit_partition(config.partition, num_layers, num_stages)
     compute = stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages, num_layers,
@@ -104,8 +114,34 @@ def _link_time_s(topology: Topology, source: int, target: int, size_bytes: np.nd
     return p2p_time_s(size_bytes, topology.route_latency_s(source, target), bandwidth)
 
 
+def _gradient_segments(config: GridConfig, workload: Workload, topology: Topology, costs: CostModel,
+                       rank_to_device, stages: tuple[Stage, ...], batch: float) -> list[list[tuple[int, int, float]]]:
+    """Per stage, the backward segments that each end with one gradient allreduce: DDP buckets,
+    or Horovod's fused tensors on the cost model's timeline (slowest of the stage's G devices)."""
+    element_bytes, num_stages = dtype_bytes(config.dtype), len(stages)
+    if config.gradient_fusion != "horovod" or not config.overlap_backward:
+        size = config.bucket_size_bytes if config.overlap_backward else float("inf")
+        return [bucket_segments(workload, stage.layer_start, stage.layer_end, element_bytes, size) for stage in stages]
+    device_costs = DeviceCosts(costs, topology)
+
+    def pass_s(stage: int, layer: int, phase: str) -> float:
+        devices = {rank_to_device[g * num_stages + stage] for g in range(config.num_groups)}
+        return max(device_costs.compute_s(device, layer, phase, batch) for device in devices)
+
+    def stage_s(stage: Stage, phase: str) -> float:
+        return sum(pass_s(stage.index, i, phase) for i in range(stage.layer_start, stage.layer_end))
+
+    forward_s = sum(stage_s(stage, FORWARD) for stage in stages)
+    backward_s = [stage_s(stage, BACKWARD) for stage in stages]
+    return [horovod_segments(workload, stage.layer_start, stage.layer_end, element_bytes,
+                             forward_s + sum(backward_s[stage.index + 1:]),
+                             lambda layer, j=stage.index: pass_s(j, layer, BACKWARD),
+                             config.horovod_cycle_time_s, config.horovod_fusion_threshold_bytes)
+            for stage in stages]
+
+
 def _rank_actions(config: GridConfig, workload: Workload, stages: tuple[Stage, ...], group: int,
-                  stage_index: int, batch: float, element_bytes: int) -> tuple:
+                  stage_index: int, batch: float, element_bytes: int, segments) -> tuple:
     """Forward, backward in bucket segments with their allreduces, sends/receives, update."""
     builder = _ActionList()
     stage = stages[stage_index]
@@ -126,8 +162,7 @@ def _rank_actions(config: GridConfig, workload: Workload, stages: tuple[Stage, .
     if stage_index < last_stage:
         deps = (builder.add(Recv, src=group * stride + stage_index + 1, key=("grad", group, stage_index),
                             label="recv grad"),)
-    segments = bucket_segments(workload, stage.layer_start, stage.layer_end, element_bytes,
-                               config.bucket_size_bytes if config.overlap_backward else float("inf"))
+    horovod = {"cycle_s": config.horovod_cycle_time_s} if config.gradient_fusion == "horovod" else {}
     reductions = []
     last_backward = None
     for bucket, (start, end, size) in enumerate(segments):
@@ -135,9 +170,10 @@ def _rank_actions(config: GridConfig, workload: Workload, stages: tuple[Stage, .
                                     batch=batch, deps=deps)
         deps = ()
         if len(peers) > 1 and size > 0:
-            reductions.append(builder.add(Collective, op="allreduce", ranks=peers, size_bytes=size,
-                                          key=("allreduce", stage_index, bucket), deps=(last_backward,),
-                                          algorithm=config.collective, label=f"allreduce b{bucket}"))
+            reductions.append(builder.add(FusedCollective if horovod else Collective, op="allreduce", ranks=peers,
+                                          size_bytes=size, key=("allreduce", stage_index, bucket),
+                                          deps=(last_backward,), algorithm=config.collective,
+                                          label=f"allreduce b{bucket}", **horovod))
     if stage_index > 0:
         size = workload.layers[stage.layer_start].input_elements_per_sample * batch * element_bytes
         builder.add(Send, dst=group * stride + stage_index - 1, size_bytes=size,

@@ -79,6 +79,9 @@ def pipeline_config(scenario) -> PipelineConfig:
     """The PipelineConfig of a validated `Scenario` whose kind is a pipeline kind."""
     strategy, training = scenario.strategy, scenario.training
     groups, stages = scenario.grid()
+    if strategy.gradient_fusion != "buckets":
+        raise ScenarioError(f"strategy.gradient_fusion: {strategy.gradient_fusion} applies to kinds dp, mp and ghp "
+                            "(pipeline replicas reduce gradients in DDP buckets)")
     collective = "parameter_server" if strategy.dp_sync == "parameter_server" else strategy.collective
     return PipelineConfig(
         kind=strategy.kind, num_groups=groups, num_stages=stages, num_microbatches=strategy.num_microbatches,

@@ -10,6 +10,11 @@ forward or backward on one micro-batch) are one collective run `repeat` times, a
 compute and before anything that needs its output: the same time as Megatron's interleaving of
 per-block GEMMs and allreduces whenever the TP links carry nothing else (TP inside a node), and
 they run on their own stream (Megatron's TP communicator), beside the data-parallel stream.
+With `tp_comm_overlap` (Megatron / TransformerEngine `--tp-comm-overlap`, which needs sequence
+parallelism: the allgathers and reduce-scatters are split and pipelined with the GEMMs beside
+them) the pass's TP collectives start with its compute instead of after it, and what follows waits
+for both: a pass takes max(compute, TP communication) instead of their sum (at pass granularity,
+so the communication may also hide behind the pass's non-GEMM kernels: an upper bound on TE's overlap).
 Pipeline transfers use the scatter/gather optimisation (SC'21, sec. 4.1): each TP rank sends 1/t
 of the activation to its counterpart in the next stage. The d copies of a (stage, TP rank)
 allreduce its gradients in buckets during the last backward of each chunk (as
@@ -65,6 +70,7 @@ class TensorConfig:
     overlap_backward: bool = True
     collective: str = "auto"
     symmetry: str = "auto"
+    tp_comm_overlap: bool = False
 
     @property
     def schedule_kind(self) -> str:
@@ -89,6 +95,12 @@ def tensor_config(scenario) -> TensorConfig:
     if strategy.num_groups is not None:
         raise ScenarioError(f"strategy.num_groups: {strategy.num_groups} is not used by kind megatron "
                             "(replicas d = GPUs / (tp_degree x pp_degree))")
+    if strategy.tp_comm_overlap and tp > 1 and not strategy.sequence_parallel:
+        raise ScenarioError("strategy.tp_comm_overlap: needs strategy.sequence_parallel (Megatron: \"Tensor parallel "
+                            "communication/GEMM overlap can happen only when sequence parallelism is enabled\")")
+    if strategy.gradient_fusion != "buckets":
+        raise ScenarioError(f"strategy.gradient_fusion: {strategy.gradient_fusion} applies to kinds dp, mp and ghp "
+                            "(megatron reduces gradients in DDP buckets)")
     if strategy.placement == "stage_per_node":
         raise ScenarioError("strategy.placement: stage_per_node is not a megatron layout (use group_per_node: "
                             "tp fastest, then pp, then dp; or an explicit device list)")
@@ -98,7 +110,8 @@ def tensor_config(scenario) -> TensorConfig:
         num_virtual_stages=strategy.num_virtual_stages, sequence_parallel=strategy.sequence_parallel,
         zero_stage=strategy.zero_stage, recompute=training.recompute, placement=strategy.placement,
         partition=strategy.partition, bucket_size_bytes=strategy.bucket_size_bytes,
-        overlap_backward=strategy.overlap_backward, collective=strategy.collective, symmetry=strategy.symmetry)
+        overlap_backward=strategy.overlap_backward, collective=strategy.collective, symmetry=strategy.symmetry,
+        tp_comm_overlap=strategy.tp_comm_overlap)
 
 
 def rank_costs(costs: CostModel, workload: Workload, tp_degree: int, sequence_parallel: bool) -> CostModel:
@@ -203,6 +216,10 @@ class _TensorRank:
         self.num_buckets = self.num_tp = 0
         self.tp_tail: tuple[int, ...] = ()
         """The latest TP collective: Megatron runs them on the compute stream, so the next compute waits."""
+        self.compute_deps: tuple[int, ...] = ()
+        """What the latest compute waits for, its stream predecessor included: with tp_comm_overlap
+        its TP collectives wait for the same, so they start with it."""
+        self.last_compute: tuple[int, ...] = ()
         ops = schedule.ranks[self.stage_index]
         self.final_backward = {op.chunk: n for n, op in enumerate(ops) if op.phase == BACKWARD}
 
@@ -220,10 +237,13 @@ class _TensorRank:
                 self._update()
         return tuple(self.builder.actions)
 
-    def _tp(self, start: int, end: int, phase: str, after: int) -> int:
-        """The TP collectives of a pass over [start, end), serialised after action `after`."""
+    def _tp(self, start: int, end: int, phase: str, after: int) -> tuple[int, ...]:
+        """The TP collectives of a pass over [start, end) after its compute `after` (with
+        tp_comm_overlap: beside it, from the same dependencies); what the pass's output waits for."""
         if self.config.tp == 1:
-            return after
+            return (after,)
+        overlap = self.config.tp_comm_overlap
+        compute, deps = after, (self.compute_deps if overlap else (after,))
         collectives = self.shared.get((start, end, phase))
         if collectives is None:
             collectives = self.shared[(start, end, phase)] = [
@@ -233,14 +253,17 @@ class _TensorRank:
                                                             self.config.sequence_parallel)]
         for op, count, size, label in collectives:
             after = self.builder.add(Collective, op=op, ranks=self.tp_ranks, size_bytes=size, repeat=count,
-                                     key=("tp", self.dp_index, self.stage_index, self.num_tp), deps=(after,),
+                                     key=("tp", self.dp_index, self.stage_index, self.num_tp), deps=deps,
                                      algorithm="ring", label=label)
+            deps = (after,)
             self.num_tp += 1
             self.tp_tail = (after,)
-        return after
+        return (compute, after) if overlap and collectives else (after,)
 
     def _compute(self, deps: tuple[int, ...] = (), **fields) -> int:
-        return self.builder.add(Compute, deps=(*deps, *self.tp_tail), batch=self.batch, **fields)
+        self.compute_deps = (*deps, *self.tp_tail, *self.last_compute)
+        self.last_compute = (self.builder.add(Compute, deps=(*deps, *self.tp_tail), batch=self.batch, **fields),)
+        return self.last_compute[0]
 
     def _forward(self, chunk: int, i: int, start: int, end: int) -> None:
         add, deps = self.builder.add, ()
@@ -252,7 +275,7 @@ class _TensorRank:
         if chunk < self.schedule.num_chunks - 1:
             size = self.workload.layers[end - 1].output_elements_per_sample * self.batch * self.element_bytes
             add(Send, dst=self.rank_of(chunk + 1), size_bytes=size / self.config.tp,
-                key=("act", self.pipeline, chunk, i), deps=(done,), label=f"send act{i}")
+                key=("act", self.pipeline, chunk, i), deps=done, label=f"send act{i}")
 
     def _backward(self, chunk: int, i: int, start: int, end: int, position: int) -> None:
         add, deps = self.builder.add, ()
@@ -270,17 +293,17 @@ class _TensorRank:
             for a, b in recompute_ranges(self.shard, seg_start, seg_end, self.config.recompute):
                 redo = self._compute(deps, phase=FORWARD, layer_start=a, layer_end=b, microbatch=i)
                 self.recomputed.append(redo)
-                deps = (self._tp(a, b, FORWARD, redo),)
+                deps = self._tp(a, b, FORWARD, redo)
             self.last_backward = self._compute(deps, phase=BACKWARD, layer_start=seg_start, layer_end=seg_end,
                                                microbatch=i)
             done = self._tp(seg_start, seg_end, BACKWARD, self.last_backward)
-            deps = (done,)
+            deps = done
             if reduce_now and size > 0:
                 self._reduce_gradients(size)
         if chunk > 0:
             size = self.workload.layers[start].input_elements_per_sample * self.batch * self.element_bytes
             add(Send, dst=self.rank_of(chunk - 1), size_bytes=size / self.config.tp,
-                key=("grad", self.pipeline, chunk - 1, i), deps=(done,), label=f"send grad{i}")
+                key=("grad", self.pipeline, chunk - 1, i), deps=done, label=f"send grad{i}")
 
     def _reduce_gradients(self, size_bytes: float) -> None:
         """A bucket's gradients among the d copies: allreduce, or reduce-scatter with ZeRO-1."""
