@@ -117,6 +117,8 @@ def cmd_validate(args) -> int:
 def cmd_import_model(args) -> int:
     from validator.import_model import import_model
     shape = tuple(_int_list(args.input_shape, "--input-shape"))
+    print(f"note: import-model imports {args.target.split(':')[0]!r} (the current folder included) and runs "
+          f"its code with your permissions (SECURITY.md)", file=sys.stderr)
     document = import_model(args.target, shape, name=args.name)
     write_text_atomic(args.out, yaml.safe_dump(document, sort_keys=False))
     print(f"wrote {len(document['layers'])} layers to {args.out}")

@@ -41,12 +41,12 @@ from simulator.kernel_ops import (
     add,
     copy,
     dropout,
-    gemm,
     layer_norm,
     linear,
     pointwise,
     unfused_accumulation,
 )
+from simulator.kernels_attention import attention_core_kernels
 from simulator.kernels_cnn import (
     basic_block_kernels,
     bottleneck_block_kernels,
@@ -55,54 +55,13 @@ from simulator.kernels_cnn import (
     fc_kernels,
 )
 from simulator.workload import Layer, dtype_bytes
-from simulator.zoo._ops import ADD_FLOPS, GELU_FLOPS, SOFTMAX_FLOPS
+from simulator.zoo._ops import ADD_FLOPS, GELU_FLOPS
 
 # --- transformer (Megatron-LM) ------------------------------------------------------------------
 
 def _check_tp(what: str, size: int, tp: int) -> None:
     if size % tp:
         raise ValueError(f"tp_degree {tp} does not divide {what} {size}")
-
-
-def _attention_core(b: float, s: int, h: int, heads: int, t: int, e: int, phase: str,
-                    flash: bool, causal: bool, p: float) -> list[Kernel]:
-    """Scores Q K^T (batched per head, scale in the GEMM's alpha), fused scale-mask-softmax,
-    dropout, P V, context permute (Megatron CoreAttention); or one flash-attention kernel
-    (Dao 2023) between layout copies, tiled as m = s queries, n = d, k = 2s (forward: 4 s^2 d
-    FLOPs per head) or k = 5s (backward: 5 GEMMs, scores recomputed)."""
-    d, a = h // heads, heads // t
-    tokens, heads_total = b * s, b * a
-    probs = heads_total * s * s
-    qkv_e, ctx_e = 3 * tokens * h / t, tokens * h / t
-    work = 0.5 if causal else 1.0
-    if flash:
-        if phase != "B":
-            return [copy("attn.qkv_layout", qkv_e, e),
-                    Kernel("attn.flash", "flash_attention", 4.0 * heads_total * s * s * d,
-                           qkv_e * e, ctx_e * e + heads_total * s * STATS_BYTES,
-                           s, d, 2 * s, heads_total, work),
-                    copy("attn.context_layout", ctx_e, e)]
-        return [copy("attn.context_layout.bwd", ctx_e, e),
-                pointwise("attn.flash_bwd_dot_do_o", "reduction", ctx_e, 2 * e, 0.0),
-                Kernel("attn.flash_bwd", "flash_attention", 10.0 * heads_total * s * s * d,
-                       (qkv_e + 2 * ctx_e) * e + heads_total * s * STATS_BYTES,
-                       2 * ctx_e * e + ctx_e * STATS_BYTES, s, d, 5 * s, heads_total, work),
-                pointwise("attn.flash_bwd_convert_dq", "elementwise", ctx_e, STATS_BYTES, e),
-                copy("attn.qkv_layout.bwd", qkv_e, e)]
-    if phase != "B":
-        kernels = [gemm("attn.score", s, s, d, e, batch_count=heads_total),
-                   pointwise("attn.softmax", "softmax", probs, e, e, SOFTMAX_FLOPS)]
-        kernels += [dropout("attn.dropout", probs, e, phase)] if p > 0 else []
-        return kernels + [gemm("attn.value", s, d, s, e, batch_count=heads_total),
-                          copy("attn.context_permute", ctx_e, e)]
-    kernels = [copy("attn.context_permute.bwd", ctx_e, e),
-               gemm("attn.value.dgrad_probs", s, s, d, e, batch_count=heads_total),
-               gemm("attn.value.dgrad_v", s, d, s, e, batch_count=heads_total)]
-    kernels += [dropout("attn.dropout", probs, e, phase)] if p > 0 else []
-    return kernels + [pointwise("attn.softmax.bwd", "softmax", probs, 2 * e, e, SOFTMAX_FLOPS),
-                      gemm("attn.score.dgrad_q", s, d, s, e, batch_count=heads_total),
-                      gemm("attn.score.dgrad_k", s, d, s, e, batch_count=heads_total),
-                      copy("attn.qkv_split.bwd", qkv_e, e)]
 
 
 def _bias_dropout_add(name: str, elements: float, width: int, e: int, phase: str,
@@ -125,7 +84,7 @@ def transformer_block_kernels(spec, b: float, e: int, phase: str, t: int, flash:
     p = spec.get("dropout", DEFAULT_DROPOUT)
     tokens = b * s
     rows = tokens / t if sp else tokens  # LayerNorm / dropout / residual rows
-    core = _attention_core(b, s, h, heads, t, e, phase, flash, spec.get("causal", True), p)
+    core = attention_core_kernels(b, s, h, heads, t, e, phase, flash, spec.get("causal", True), p)
     if phase != "B":
         return [*layer_norm("ln1", rows, h, e, phase), *linear("qkv", tokens, 3 * h / t, h, e, phase),
                 *core, *linear("proj", tokens, h, h / t, e, phase),

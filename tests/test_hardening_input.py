@@ -248,3 +248,12 @@ def test_oversized_files_are_refused_unread(capsys, tmp_path):
     code = main(["simulate", str(big)])
     err = capsys.readouterr().err
     assert code == 2 and "bytes" in err and err.count("\n") == 1
+
+
+def test_import_model_says_it_runs_the_users_code(tmp_path, capsys):
+    """Issue item 9: import-model executes user code; the user is told before it runs."""
+    pytest.importorskip("torch")
+    out = tmp_path / "mlp.yaml"
+    assert main(["import-model", "tests.byo_models:tiny_mlp", "--input-shape", "32", "--out", str(out)]) == 0
+    assert "runs its code with your permissions" in capsys.readouterr().err
+    assert out.exists()

@@ -1,0 +1,47 @@
+"""simulator.kernels_attention: Megatron's fused scale-mask-softmax and its unfused fallback."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.kernels import layer_kernels
+from simulator.kernels_attention import fused_softmax_available
+from simulator.zoo.transformer import transformer_block
+
+
+@pytest.mark.parametrize("batches, sq, sk, e, causal, available", [
+    (4, 1024, 1024, 2, True, True),     # b x heads per rank = 4: the kernel's 4 batches per block
+    (2, 1024, 1024, 2, True, False),    # micro-batch 1 x 2 heads (16 heads at TP 8)
+    (6, 1024, 1024, 2, True, False),    # a multiple of 2, not of 4
+    (4, 1024, 1024, 4, True, False),    # fp32 input: never fused
+    (4, 8192, 8192, 2, True, False),    # more than 4096 keys
+    (4, 16, 16, 2, True, False),        # 16 keys or fewer
+    (4, 64, 64, 2, True, False),        # <= 128 keys: 8 batches per block
+    (8, 64, 64, 2, True, True),
+    (4, 64, 64, 2, False, True),        # not causal: sq (64) must be a multiple of 8
+    (4, 1022, 1022, 2, True, False),    # sq, sk not multiples of 4
+])
+def test_fused_softmax_availability_follows_megatrons_rule(batches, sq, sk, e, causal, available):
+    assert fused_softmax_available(batches, sq, sk, e, causal) is available
+
+
+def _names(batch: float, tp: int, phase: str) -> list[str]:
+    block = transformer_block("block", 1024, 16, 1024, 4096, causal=True, pre_norm=True)
+    return [kernel.name for kernel in layer_kernels(block, phase, batch, dtype="fp16", tp_degree=tp)]
+
+
+@pytest.mark.parametrize("phase", ["F", "R", "B"])
+def test_two_attention_batches_per_rank_take_the_five_kernel_torch_path(phase):
+    fused, unfused = _names(2, 8, phase), _names(1, 8, phase)
+    assert len(unfused) == len(fused) + 4
+    assert any(name.startswith("attn.softmax.to_fp32") for name in unfused)
+    assert not any(name.startswith("attn.softmax.to_fp32") for name in fused)
+
+
+def test_the_unfused_softmax_moves_the_fp32_scores_five_times():
+    """Forward: 2 + 4 (to fp32), 4 + 4 (scale), 4 + 4 (mask), 4 + 4 (softmax), 4 + 2 (to half)
+    = 36 bytes per score, against 2 + 2 for the fused kernel."""
+    block = transformer_block("block", 1024, 16, 1024, 4096, causal=True, pre_norm=True)
+    softmax = [k for k in layer_kernels(block, "F", 1, dtype="fp16", tp_degree=8) if k.name.startswith("attn.softmax")]
+    scores = 1 * 2 * 1024 * 1024  # micro-batch x heads per rank x s x s
+    assert sum(k.bytes_read + k.bytes_written for k in softmax) == pytest.approx(36 * scores)
