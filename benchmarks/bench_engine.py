@@ -6,12 +6,16 @@ simulated events per second and peak memory; not a timed test.
     for all (G, M) together.
 (c) DP, ResNet-50, 1024 GPUs as (a) but one HDR NIC per GPU on a k=16 fat-tree (issue: scale,
     network): max-min sharing over 4,352 duplex links. No target; reported next to (a).
-Run: python benchmarks/bench_engine.py [--repeats 3]
+(d) DP, ResNet-50 as (a) on 2,048 to 16,384 GPUs (issue 73): target <= 5 s at 16,384, memory
+    linear in the GPU count (peak resident memory per GPU printed, each size in a fresh process).
+Run: python benchmarks/bench_engine.py [--repeats 3] [--skip-scaling]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
 import statistics
 import time
 import tracemalloc
@@ -58,6 +62,25 @@ def case_b():
     return events, f"best G={best[0]} x M={64 // best[0]}: step {best[1] * 1e3:.1f} ms"
 
 
+def dp_run(nodes: int) -> tuple[float, float, float]:
+    """(wall s, CPU s, peak RSS bytes) of ResNet-50 DP on `nodes` x 8 A100 in this (fresh) process."""
+    sc = scenario(nodes, 8, "A100-80GB", "nvlink3-a100", "ib-hdr", "resnet50", "dp", None, 32 * 8 * nodes)
+    wall, cpu = time.perf_counter(), time.process_time()
+    simulate(sc)
+    return (time.perf_counter() - wall, time.process_time() - cpu,
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0)
+
+
+def dp_scaling(repeats: int) -> None:
+    for nodes in (256, 512, 1024, 2048):
+        with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+            runs = [pool.apply(dp_run, (nodes,)) for _ in range(repeats)]
+        wall, cpu, rss = (statistics.median(run[i] for run in runs) for i in range(3))
+        target = " (target <= 5 s)" if nodes == 2048 else ""
+        print(f"(d) DP ResNet-50 {nodes * 8:,} GPUs: median wall {wall:.2f} s{target}, CPU {cpu:.2f} s | peak RSS "
+              f"{rss / 2**20:.0f} MiB, {rss / (nodes * 8) / 2**10:.1f} KiB per GPU")
+
+
 def measure(function, repeats):
     walls = []
     for _ in range(repeats):
@@ -74,6 +97,7 @@ def measure(function, repeats):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-scaling", action="store_true", help="skip (d)")
     args = parser.parse_args()
     for label, function, target_s in (("(a) DP ResNet-50 1024 GPUs", case_a, 5.0),
                                       ("(b) GHP ResNet-1001 64 GPUs, all 7 (G, M)", case_b, 2.0),
@@ -81,6 +105,8 @@ def main():
         wall, events, note, peak = measure(function, args.repeats)
         print(f"{label}: median wall {wall:.3f} s (target < {target_s:g} s, ratio {wall / target_s:.2f}) | "
               f"{events:,} events, {events / wall:,.0f} events/s | peak traced memory {peak / 2**20:.1f} MiB | {note}")
+    if not args.skip_scaling:
+        dp_scaling(args.repeats)
 
 
 if __name__ == "__main__":

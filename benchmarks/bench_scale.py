@@ -1,23 +1,28 @@
-"""Scale benchmark (issue: scale): GPT-3 175B with Megatron 3D parallelism, one training step.
+"""Scale benchmark (issue 73): one training step of large Megatron-style runs. Prints, per case, the
+median of --repeats runs (wall and CPU seconds, engine seconds, events, peak resident memory), each
+run in a fresh process so its memory is its own; the machine is shared, so CPU seconds are printed
+beside the wall and ratios to the targets too.
 
-(a) TP 8 x PP 8 x DP 16 = 1024 A100 (scenarios/gpt3_175b_dgx_a100_3d.yaml), symmetric run
-    (one rank per stage simulated, simulator/symmetry.py). Target < 1 s.
-(b) the same with DP 128 = 8192 GPUs (1024 nodes, global batch x 8 so each replica keeps its
-    96 micro-batches; k = 32 fat-tree). Target < 10 s.
-(c) (a) simulated in full (strategy.symmetry off: 1024 ranks). Target < 60 s; its step time must
-    equal (a)'s.
-Peak memory: the process's maximum resident set size after each case (cases run in increasing
-size, so the last figure is the peak of the largest), target < 2 GB. Events per second: engine
-events / simulate() wall; the overhead factor is the engine's wall over a bare SimPy loop that
-processes the same number of events (one process yielding N timeouts). Medians of --repeats
-runs; the machine is shared, so ratios to the targets are printed too.
+Folded (simulator/symmetry.py: one rank per pipeline stage), GPT-3 175B TP8 x PP8 x DP256 on
+16,384 A100 (2,048 DGX nodes, batch 96 per replica), on every preset fabric: target <= 2 s each.
+fat_tree with the default k (42; where two replicas' own traffic meets on a link the run is not
+folded, and refused up front when the full simulation would not fit in memory: the case prints the
+one-line error) and with k = 64 (32 NICs per edge switch: whole nodes).
+1T GPT (128 layers, hidden 25,600, 160 heads) on 3,072 GPUs, TP8 x PP64 x DP6, 512 micro-batches
+per replica, rail_optimized, folded: target <= 5 s.
+GPT-3 175B on 1,024 GPUs (scenarios/gpt3_175b_dgx_a100_3d.yaml) folded, and in full
+(strategy.symmetry=off, 1,024 ranks): target <= 20 s and <= 1 GB, and engine seconds per event <= 3x
+a bare SimPy loop of as many events (one process yielding N timeouts). Events are the engine's:
+SimPy events processed plus action completions (simulator/engine.py); the full run's step time must
+equal the folded one's.
 
-Run: python benchmarks/bench_scale.py [--repeats 3] [--full-repeats 1] [--skip-full]
+Run: python benchmarks/bench_scale.py [--repeats 3] [--full-repeats 3] [--skip-full] [--only TEXT]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import resource
 import statistics
 import time
@@ -25,34 +30,27 @@ from pathlib import Path
 
 import simpy
 
-from simulator import load_scenario, simulate
-from simulator.engine import Engine
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = ROOT / "scenarios" / "gpt3_175b_dgx_a100_3d.yaml"
 
-PRESET = Path(__file__).resolve().parents[1] / "scenarios" / "gpt3_175b_dgx_a100_3d.yaml"
+
+def gpt3_16k(fabric: str, *extra: str) -> list[str]:
+    return ["cluster.num_nodes=2048", f"cluster.topology={fabric}", "training.global_batch_size=24576", *extra]
+
+
+GPT_1T = ["model.params.num_layers=128", "model.params.hidden_size=25600", "model.params.num_heads=160",
+          "cluster.num_nodes=384", "cluster.topology=rail_optimized", "strategy.pp_degree=64",
+          "strategy.num_microbatches=512", "training.global_batch_size=3072"]
 CASES = (
-    ("(a) GPT-3 175B TP8 x PP8 x DP16, 1024 GPUs, symmetric", [], 1.0),
-    ("(b) GPT-3 175B TP8 x PP8 x DP128, 8192 GPUs, symmetric",
-     ["cluster.num_nodes=1024", "training.global_batch_size=12288"], 10.0),
-    ("(c) GPT-3 175B TP8 x PP8 x DP16, 1024 GPUs, full", ["strategy.symmetry=off"], 60.0),
+    ("GPT-3 16,384 GPUs two_tier, folded", gpt3_16k("two_tier"), 2.0),
+    ("GPT-3 16,384 GPUs rail_optimized, folded", gpt3_16k("rail_optimized"), 2.0),
+    ("GPT-3 16,384 GPUs torus_2d, folded", gpt3_16k("torus_2d"), 2.0),
+    ("GPT-3 16,384 GPUs fat_tree k=64, folded", gpt3_16k("fat_tree", "cluster.fat_tree_k=64"), 2.0),
+    ("GPT-3 16,384 GPUs fat_tree default k", gpt3_16k("fat_tree"), 2.0),
+    ("1T GPT 3,072 GPUs TP8 x PP64 x DP6, folded", GPT_1T, 5.0),
+    ("GPT-3 1,024 GPUs, folded", [], 1.0),
+    ("GPT-3 1,024 GPUs, full", ["strategy.symmetry=off"], 20.0),
 )
-
-
-class EngineTimer:
-    """Wall seconds spent in Engine.run (wrapped for the benchmark only)."""
-
-    def __init__(self):
-        self.seconds = 0.0
-        self._run = Engine.run
-        timer = self
-
-        def timed_run(engine):
-            started = time.perf_counter()
-            try:
-                return timer._run(engine)
-            finally:
-                timer.seconds += time.perf_counter() - started
-
-        Engine.run = timed_run
 
 
 def bare_simpy_s(num_events: int) -> float:
@@ -69,49 +67,68 @@ def bare_simpy_s(num_events: int) -> float:
     return time.perf_counter() - started
 
 
-def peak_rss_bytes() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # Linux reports KiB
+def one_run(overrides: list[str]) -> dict:
+    """One simulate() in this (fresh) process: its figures, or the one-line error it refused with."""
+    from simulator import load_scenario, simulate
+    from simulator.engine import Engine
+    from simulator.errors import ScenarioError
+    engine = {"s": 0.0}
+    run = Engine.run
 
-
-def measure(overrides, repeats: int, timer: EngineTimer):
-    walls, engine_walls, summary = [], [], None
-    for _ in range(repeats):
-        scenario = load_scenario(PRESET, overrides)
-        timer.seconds = 0.0
+    def timed_run(self):
         started = time.perf_counter()
+        try:
+            return run(self)
+        finally:
+            engine["s"] += time.perf_counter() - started
+
+    Engine.run = timed_run
+    scenario = load_scenario(PRESET, overrides)
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
         summary = simulate(scenario).summary
-        walls.append(time.perf_counter() - started)
-        engine_walls.append(timer.seconds)
-    return statistics.median(walls), statistics.median(engine_walls), summary
+    except ScenarioError as error:
+        return {"error": str(error), "wall_s": time.perf_counter() - wall}
+    return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "engine_s": engine["s"],
+            "events": summary["num_events"], "step_time_s": summary["step_time_s"],
+            "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0,
+            "symmetry": summary["tensor"]["symmetry"], "mfu": summary["mfu"]}
+
+
+def measure(overrides: list[str], repeats: int) -> list[dict]:
+    with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+        return [pool.apply(one_run, (overrides,)) for _ in range(repeats)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--full-repeats", type=int, default=1)
-    parser.add_argument("--skip-full", action="store_true", help="skip case (c)")
+    parser.add_argument("--full-repeats", type=int, default=3)
+    parser.add_argument("--skip-full", action="store_true", help="skip the full 1,024-rank run")
+    parser.add_argument("--only", default="", help="run only the cases whose label contains this text")
     args = parser.parse_args()
-    timer = EngineTimer()
     steps = {}
     for label, overrides, target_s in CASES:
         full = "strategy.symmetry=off" in overrides
-        if full and args.skip_full:
+        if (full and args.skip_full) or args.only not in label:
             continue
-        wall, engine_wall, summary = measure(overrides, args.full_repeats if full else args.repeats, timer)
-        events = summary["num_events"]
-        bare = statistics.median(bare_simpy_s(events) for _ in range(3))
-        steps[label] = summary["step_time_s"]
-        symmetry = summary["tensor"]["symmetry"]
-        print(f"{label}: median wall {wall:.3f} s (target < {target_s:g} s, ratio {wall / target_s:.2f}) | "
-              f"engine {engine_wall:.3f} s | {events:,} events, {events / wall:,.0f} events/s | bare SimPy "
-              f"{bare:.3f} s for as many events, engine overhead x{engine_wall / bare:.1f}, whole simulate "
-              f"x{wall / bare:.1f} | peak RSS so far {peak_rss_bytes() / 2**30:.2f} GiB (target < 2 GB) | "
-              f"step {summary['step_time_s']:.3f} s, MFU {summary['mfu']:.1%}, "
-              f"{summary['achieved_tflops_per_gpu']:.1f} TFLOP/s per GPU, "
-              f"simulated ranks: {'one per stage' if symmetry['used'] else 'all'}")
-    if len(steps) == 3:
-        (_, a), _, (_, c) = steps.items()
-        print(f"symmetric vs full step time (1024 GPUs): {a!r} vs {c!r}, relative difference {abs(a - c) / c:.1e}")
+        runs = measure(overrides, args.full_repeats if full else args.repeats)
+        if "error" in runs[0]:
+            print(f"{label}: refused in {statistics.median(r['wall_s'] for r in runs):.2f} s: {runs[0]['error']}")
+            continue
+        median = {key: statistics.median(r[key] for r in runs) for key in ("wall_s", "cpu_s", "engine_s", "rss_bytes")}
+        last = runs[-1]
+        bare = statistics.median(bare_simpy_s(last["events"]) for _ in range(3))
+        steps[label] = last["step_time_s"]
+        print(f"{label}: median wall {median['wall_s']:.2f} s (target <= {target_s:g} s, ratio "
+              f"{median['wall_s'] / target_s:.2f}), CPU {median['cpu_s']:.2f} s | engine {median['engine_s']:.2f} s, "
+              f"{last['events']:,} events, x{median['engine_s'] / bare:.1f} a bare SimPy loop of as many "
+              f"({bare:.2f} s) | peak RSS {median['rss_bytes'] / 2**30:.2f} GiB | step {last['step_time_s']:.6f} s, "
+              f"MFU {last['mfu']:.1%} | folded: {last['symmetry']['used']} ({last['symmetry']['reason']})")
+    folded, full = steps.get("GPT-3 1,024 GPUs, folded"), steps.get("GPT-3 1,024 GPUs, full")
+    if folded is not None and full is not None:
+        print(f"folded vs full step time (1,024 GPUs): {folded!r} vs {full!r}, relative difference "
+              f"{abs(folded - full) / full:.1e}")
 
 
 if __name__ == "__main__":

@@ -16,12 +16,16 @@ already hold the contention of the machine they were measured on, in place of th
 every rank's work is a thread on that pool, and collectives played on the flow network hold their
 threads there while they run, `simulator.host_sharing`). The engine appends immutable span tuples;
 everything else is analysis of the span table (`simulator.records`).
+
+Lean: streams and sends are continuations, not SimPy processes; an action's completion is a flag,
+and only an action somebody waits for gets waiters (no event per action up front). SimPy holds what
+advances time (timeouts, flow and host timers); work ready at this instant runs from a queue.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 import simpy
@@ -32,7 +36,7 @@ from simulator.errors import SimulationError
 from simulator.heterogeneity import DeviceCosts
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
 from simulator.network import FlowNetwork
-from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send, message_links
+from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, message_links
 from simulator.sparse import SELECTION_PHASE
 from simulator.topology import Topology
 
@@ -45,17 +49,17 @@ class EngineResult:
     """Tuples in SPAN_FIELDS order."""
     tier_bytes: dict[str, float]
     num_events: int
+    """Discrete events handled: SimPy events processed plus action completions."""
     collective_algorithms: dict[str, int]
 
 
-class _CountingEnvironment(simpy.Environment):
-    def __init__(self):
-        super().__init__()
-        self.num_events = 0
+class _Stream:
+    """A rank's compute or comm stream: its actions in order and the next one's position."""
 
-    def step(self):
-        self.num_events += 1
-        super().step()
+    __slots__ = ("rank", "actions", "position")
+
+    def __init__(self, rank: int, actions: list):
+        self.rank, self.actions, self.position = rank, actions, 0
 
 
 class Engine:
@@ -66,7 +70,7 @@ class Engine:
         self.topology = topology
         self.costs = costs
         self.num_parameter_servers = num_parameter_servers
-        self.env = _CountingEnvironment()
+        self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, [link.bandwidth_bytes_per_s for link in topology.links])
         self.communication = costs.communication
         self.hosts: HostPool | None = None
@@ -80,8 +84,14 @@ class Engine:
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)
         self.algorithms: dict[str, int] = defaultdict(int)
-        self._done = [{a.id: self.env.event() for a in actions} for actions in plan.actions]
-        self._arrivals: dict[tuple, simpy.Event] = {}
+        self._finished = [bytearray(len(actions)) for actions in plan.actions]
+        self._position = [None if all(a.id == i for i, a in enumerate(actions)) else
+                          {a.id: i for i, a in enumerate(actions)} for actions in plan.actions]
+        """Per rank: action id -> position, None where ids are positions (every compiled plan)."""
+        self._waiters: dict[tuple[int, int], list] = {}
+        self._ready: deque = deque()
+        self._num_completions = 0
+        self._arrivals: dict[tuple, tuple[int, int]] = {}
         self._rendezvous: dict[tuple, list] = {}
         self._duration_cache: dict[tuple, float] = {}
         self._phase_cache: dict[tuple, tuple] = {}
@@ -100,62 +110,123 @@ class Engine:
             collectives = [a for a in actions if isinstance(a, Collective) and a.key[0] != "tp"]
             tensor = [a for a in actions if isinstance(a, Collective) and a.key[0] == "tp"]
             if compute:
-                self.env.process(self._compute_stream(rank, compute))
+                self._ready.append((self._compute_next, (_Stream(rank, compute),)))
             for stream in (collectives, tensor):  # TP collectives: their own stream (communicator)
                 if stream:
-                    self.env.process(self._comm_stream(rank, stream))
-            for send in (a for a in actions if isinstance(a, Send)):
-                self.env.process(self._send(rank, send))
+                    self._ready.append((self._comm_next, (_Stream(rank, stream),)))
+            for send in actions:
+                if isinstance(send, Send):
+                    self._ready.append((self._send_next, (rank, send)))
+        self._drain()
         self.env.run()
         self._check_finished()
-        return EngineResult(self.spans, dict(self.tier_bytes), self.env.num_events, dict(self.algorithms))
+        num_events = next(self.env._eid) + self._num_completions  # SimPy numbers every event it schedules
+        return EngineResult(self.spans, dict(self.tier_bytes), num_events, dict(self.algorithms))
+
+    # ------------------------------------------------------------------ scheduling
+    def _drain(self) -> None:
+        """Run the work ready at this instant, in the order it became ready."""
+        ready = self._ready
+        while ready:
+            function, args = ready.popleft()
+            function(*args)
+
+    def _resume(self, function, args) -> None:
+        function(*args)
+        self._drain()
+
+    def _later(self, delay_s: float, function, *args) -> None:
+        self.env.timeout(delay_s).callbacks.append(lambda _event: self._resume(function, args))
+
+    def _on(self, event: simpy.Event, function, *args) -> None:
+        event.callbacks.append(lambda _event: self._resume(function, args))
+
+    def _unfinished(self, rank: int, deps: tuple[int, ...]) -> int | None:
+        """The first of `deps` (action ids of `rank`) not done yet, else None."""
+        finished, position = self._finished[rank], self._position[rank]
+        for dep in deps:
+            if not finished[dep if position is None else position[dep]]:
+                return dep
+        return None
+
+    def _wait_for(self, rank: int, dep: int, function, args) -> None:
+        self._waiters.setdefault((rank, dep), []).append((function, args))
+
+    def _complete(self, rank: int, action_id: int) -> None:
+        position = self._position[rank]
+        self._finished[rank][action_id if position is None else position[action_id]] = 1
+        self._num_completions += 1
+        waiters = self._waiters.pop((rank, action_id), None)
+        if waiters:
+            self._ready.extend(waiters)
+
+    def _work(self, rank: int, seconds: float, function, *args) -> None:
+        """`seconds` of the rank's own thread (on its host's processors when they are shared), then
+        `function(*args)`."""
+        if seconds <= 0:
+            function(*args)
+        elif self.hosts is None:
+            self._later(seconds, function, *args)
+        else:
+            self._on(self._host_job(seconds, (rank,), 1, COMPUTE), function, *args)
 
     # ------------------------------------------------------------------ streams
-    def _wait(self, rank: int, deps: tuple[int, ...]):
-        done = self._done[rank]
-        for dep in deps:
-            event = done[dep]
-            if not event.processed:
-                yield event
-
-    def _compute_stream(self, rank: int, actions: list[Compute]):
-        receives, sends = self._messages[rank]
-        for action in actions:
-            yield from self._wait(rank, action.deps)
-            yield from self._rank_work(rank, len(receives.get(action.id, ())) * self._receive_overhead_s)
-            start = self.env.now
-            yield from self._rank_work(rank, self._duration_s(action, rank))
-            self.spans.append((rank, "compute", action.label, action.phase, start, self.env.now, 0.0,
-                               action.microbatch))
-            yield from self._rank_work(rank, sends.get(action.id, 0) * self._send_overhead_s)
-            self._done[rank][action.id].succeed()
-
-    def _rank_work(self, rank: int, seconds: float):
-        """`seconds` of the rank's own thread (on its host's processors when they are shared)."""
-        if seconds <= 0:
+    def _compute_next(self, stream: _Stream) -> None:
+        if stream.position == len(stream.actions):
             return
-        if self.hosts is None:
-            yield self.env.timeout(seconds)
+        rank, action = stream.rank, stream.actions[stream.position]
+        dep = self._unfinished(rank, action.deps)
+        if dep is not None:
+            self._wait_for(rank, dep, self._compute_next, (stream,))
+            return
+        receives = self._messages[rank][0]
+        self._work(rank, len(receives.get(action.id, ())) * self._receive_overhead_s, self._compute_body, stream, action)
+
+    def _compute_body(self, stream: _Stream, action: Compute) -> None:
+        self._work(stream.rank, self._duration_s(action, stream.rank), self._compute_end, stream, action, self.env.now)
+
+    def _compute_end(self, stream: _Stream, action: Compute, start: float) -> None:
+        self.spans.append((stream.rank, "compute", action.label, action.phase, start, self.env.now, 0.0, action.microbatch))
+        sends = self._messages[stream.rank][1].get(action.id, 0)
+        self._work(stream.rank, sends * self._send_overhead_s, self._compute_done, stream, action)
+
+    def _compute_done(self, stream: _Stream, action: Compute) -> None:
+        self._complete(stream.rank, action.id)
+        stream.position += 1
+        self._ready.append((self._compute_next, (stream,)))
+
+    def _comm_next(self, stream: _Stream) -> None:
+        if stream.position == len(stream.actions):
+            return
+        rank, action = stream.rank, stream.actions[stream.position]
+        dep = self._unfinished(rank, action.deps)
+        if dep is not None:
+            self._wait_for(rank, dep, self._comm_next, (stream,))
+            return
+        cycle_s = getattr(action, "cycle_s", 0.0)  # fused by a background thread: its next tick
+        if cycle_s > 0:
+            self._later(max(math.ceil(self.env.now / cycle_s - 1e-9) * cycle_s - self.env.now, 0.0),
+                        self._comm_arrive, stream, action)
         else:
-            yield self._host_job(seconds, (rank,), 1, COMPUTE)
+            self._comm_arrive(stream, action)
 
-    def _comm_stream(self, rank: int, actions: list[Collective]):
-        for action in actions:
-            yield from self._wait(rank, action.deps)
-            cycle_s = getattr(action, "cycle_s", 0.0)  # fused by a background thread: its next tick
-            if cycle_s > 0:
-                yield self.env.timeout(max(math.ceil(self.env.now / cycle_s - 1e-9) * cycle_s - self.env.now, 0.0))
-            if len(action.ranks) == 1:  # alone (a symmetric run's representative): nobody to wait for
-                yield from self._collective(action, None)
-            else:
-                entry = self._rendezvous.setdefault(action.key, [0, self.env.event()])
-                entry[0] += 1
-                if entry[0] == len(action.ranks):
-                    self.env.process(self._collective(action, entry[1]))
-                yield entry[1]
-            self._done[rank][action.id].succeed()
+    def _comm_arrive(self, stream: _Stream, action: Collective) -> None:
+        if len(action.ranks) == 1:  # alone (a symmetric run's representative): nobody to wait for
+            self._collective(action, [stream])
+            return
+        arrived = self._rendezvous.setdefault(action.key, [])
+        arrived.append(stream)
+        if len(arrived) == len(action.ranks):
+            del self._rendezvous[action.key]
+            self._collective(action, arrived)
 
-    def _collective(self, action: Collective, finished: simpy.Event | None):
+    def _comm_done(self, streams: list[_Stream]) -> None:
+        for stream in streams:
+            self._complete(stream.rank, stream.actions[stream.position].id)
+            stream.position += 1
+            self._ready.append((self._comm_next, (stream,)))
+
+    def _collective(self, action: Collective, streams: list[_Stream]) -> None:
         devices = tuple(self.plan.rank_to_device[r] for r in action.ranks)
         start = self.env.now
         if self.communication is not None:  # measured on the machine (a calibration profile)
@@ -163,26 +234,26 @@ class Engine:
             self._count_bytes(self._phases(devices, action, count=False))
             duration_s = self.communication.collective_s(action.op, action.size_bytes, len(action.ranks))
             if self.hosts is not None:
-                yield self._host_job(duration_s, action.ranks, len(action.ranks), COLLECTIVE)
+                self._on(self._host_job(duration_s, action.ranks, len(action.ranks), COLLECTIVE),
+                         self._collective_end, action, streams, start, None)
             else:
-                yield self.env.timeout(duration_s)
+                self._later(duration_s, self._collective_end, action, streams, start, None)
         else:
             held = self.hosts.hold(COLLECTIVE, self._host_threads(action.ranks)) if self.hosts else None
-            for phase in self._phases(devices, action):
-                yield from self._play(phase)
-            if held is not None:
-                self.hosts.release(held)
-        for rank in action.ranks:
-            self.spans.append((rank, "comm", action.label, action.op, start, self.env.now,
-                               action.size_bytes, -1))
-        if finished is not None:
-            finished.succeed()
+            self._play(self._phases(devices, action), 0, self._collective_end, (action, streams, start, held))
+
+    def _collective_end(self, action: Collective, streams: list[_Stream], start: float, held) -> None:
+        if held is not None:
+            self.hosts.release(held)
+        now = self.env.now
+        self.spans.extend((rank, "comm", action.label, action.op, start, now, action.size_bytes, -1)
+                          for rank in action.ranks)
+        self._comm_done(streams)
 
     def _count_bytes(self, phases) -> None:
         """The bytes a measured transfer moved per tier: the flow model's phases, not played."""
-        for phase in phases:
-            for tier, size in phase.tier_bytes:
-                self.tier_bytes[tier] += size
+        for tier, size in (entry for phase in phases for entry in phase.tier_bytes):
+            self.tier_bytes[tier] += size
 
     def _phases(self, devices: tuple[int, ...], action: Collective, count: bool = True) -> tuple:
         groups, weight = (devices,), 1
@@ -214,40 +285,63 @@ class Engine:
             phase = self._phase_cache[cache_key] = pairs_phase(self.topology, pairs, action.size_bytes, weight)
         return phase
 
-    def _send(self, rank: int, action: Send):
-        yield from self._wait(rank, action.deps)
+    def _send_next(self, rank: int, action: Send) -> None:
+        dep = self._unfinished(rank, action.deps)
+        if dep is not None:
+            self._wait_for(rank, dep, self._send_next, (rank, action))
+            return
         start = self.env.now
         source, target = self.plan.rank_to_device[rank], self.plan.rank_to_device[action.dst]
+        phase = self._send_phase(rank, action, source, target)
         if self.communication is None:
-            yield from self._play(self._send_phase(rank, action, source, target))
+            self._play((phase,), 0, self._send_end, (rank, action, start, target))
+            return
+        self._count_bytes((phase,))
+        if self.hosts is not None:
+            self._on(self._host_job(self.communication.p2p_s(action.size_bytes), (rank, action.dst), 2, P2P),
+                     self._send_end, rank, action, start, target)
         else:
-            self._count_bytes((self._send_phase(rank, action, source, target),))
-            if self.hosts is not None:
-                yield self._host_job(self.communication.p2p_s(action.size_bytes), (rank, action.dst), 2, P2P)
-            else:
-                yield self.env.timeout(self.communication.p2p_s(action.size_bytes))
+            self._later(self.communication.p2p_s(action.size_bytes), self._send_end, rank, action, start, target)
+
+    def _send_end(self, rank: int, action: Send, start: float, target: int) -> None:
         self.spans.append((rank, "send", action.label, "send", start, self.env.now, action.size_bytes,
                            action.key[-1] if isinstance(action.key[-1], int) else -1))
-        self._done[rank][action.id].succeed()
+        self._complete(rank, action.id)
         arrival = self._arrivals.get(action.key)
         if arrival is None:
             raise SimulationError(f"rank {rank}: send {action.key} to rank {action.dst} has no matching receive")
         if self.hosts is not None and self.hosts.wakeup_s > 0 and self.hosts.computing(self.hosts.host_of(target)):
-            yield self.env.timeout(self.hosts.wakeup_s)  # the receiver waits for a processor
-        arrival.succeed()
+            self._later(self.hosts.wakeup_s, self._complete, *arrival)  # the receiver waits for a processor
+        else:
+            self._complete(*arrival)
 
-    def _play(self, phase):
+    def _play(self, phases: tuple, index: int, then, args: tuple) -> None:
+        """Phases[index:] one after another (latency, then the flow), then `then(*args)`."""
+        if index == len(phases):
+            then(*args)
+            return
+        phase = phases[index]
         if phase.latency_s > 0:
-            yield self.env.timeout(phase.latency_s)
-        yield self.network.transfer(phase.bytes_per_subflow, phase.usage)
-        for tier, size in phase.tier_bytes:
-            self.tier_bytes[tier] += size
+            self._later(phase.latency_s, self._transfer, phases, index, then, args)
+        else:
+            self._transfer(phases, index, then, args)
+
+    def _transfer(self, phases: tuple, index: int, then, args: tuple) -> None:
+        phase = phases[index]
+        if phase.bytes_per_subflow <= 0 or not phase.usage:
+            self._transferred(phases, index, then, args)
+        else:
+            self.network.transfer(phase.bytes_per_subflow, phase.usage,
+                                  on_done=lambda: self._resume(self._transferred, (phases, index, then, args)))
+
+    def _transferred(self, phases: tuple, index: int, then, args: tuple) -> None:
+        self._count_bytes((phases[index],))
+        self._play(phases, index + 1, then, args)
 
     def _host_job(self, measured_s: float, ranks, ranks_when_measured: int, kind: str) -> simpy.Event:
-        """A job of threads on shared processors (`simulator.host_sharing`): each participating
-        rank is one thread of its host. A job measured at `measured_s` while `ranks_when_measured`
-        threads of its class were busy holds min(1, P / k) x measured_s seconds of work at rate 1
-        (processor sharing, Kleinrock 1976)."""
+        """A job of one thread per rank on shared processors (`simulator.host_sharing`): measured at
+        `measured_s` with k = `ranks_when_measured` threads busy, it holds min(1, P / k) x measured_s
+        seconds of work at rate 1 (processor sharing, Kleinrock 1976)."""
         work_s = measured_s * min(1.0, self.hosts.parallelism / ranks_when_measured)
         return self.hosts.run(work_s, kind, self._host_threads(ranks))
 
@@ -263,10 +357,20 @@ class Engine:
         for rank, actions in enumerate(self.plan.actions):
             for action in actions:
                 if isinstance(action, Recv):
-                    self._arrivals[action.key] = self._done[rank][action.id]
+                    self._arrivals[action.key] = (rank, action.id)
 
     def _duration_s(self, action: Compute, rank: int = 0) -> float:
         costs = self._rank_costs[rank]  # this rank's GPU type and straggler slowdown (simulator.heterogeneity)
+        if action.phase in (FORWARD, BACKWARD):
+            return self._pass_s(costs, action)
+        key = (id(costs), action.phase, action.layer_start, action.layer_end, action.num_params, None)
+        duration = self._duration_cache.get(key)  # every rank of a stage updates alike: priced once
+        if duration is None:
+            duration = self._duration_cache[key] = self._other_s(costs, action)
+        return duration
+
+    def _other_s(self, costs, action: Compute) -> float:
+        """The optimizer, an asynchronous pipeline's weight pass, a top-k selection."""
         if action.phase == OPTIMIZER:
             layers = (action.layer_start, action.layer_end)  # per-layer costs where the profile has them
             average_s = (costs.weight_pass_s("average", action.num_params, layers=layers)
@@ -276,6 +380,9 @@ class Engine:
             return costs.weight_pass_s(action.phase, action.num_params, layers=(action.layer_start, action.layer_end))
         if action.phase == SELECTION_PHASE:  # top-k selection over num_params gradient elements (simulator.sparse)
             return costs.topk_s(action.num_params, self.plan.meta["topk"]["density"])
+        return self._pass_s(costs, action)
+
+    def _pass_s(self, costs, action: Compute) -> float:
         key = (id(costs), action.phase, action.layer_start, action.layer_end, action.batch)
         duration = self._duration_cache.get(key)
         if duration is None:
@@ -284,9 +391,9 @@ class Engine:
         return duration
 
     def _check_finished(self) -> None:
-        for rank, done in enumerate(self._done):
-            for action in self.plan.actions[rank]:
-                if not done[action.id].triggered:
+        for rank, finished in enumerate(self._finished):
+            for position, action in enumerate(self.plan.actions[rank]):
+                if not finished[position]:
                     raise SimulationError(
                         f"rank {rank}: action {action.id} ({getattr(action, 'label', action)}) never ran: "
                         "the plan deadlocks or waits for a message nobody sends")

@@ -12,7 +12,9 @@ O(U log U) for U (flow, link) incidences.
 
 Rates are recomputed whenever a flow starts or ends, but only among the flows connected to it
 through shared links (max-min allocations of disjoint components are independent); other flows
-keep their rates and predicted finish times, which sit in one heap under one armed timer. This is
+keep their rates and predicted finish times, which sit in one heap under one armed timer. A flow
+alone on its links (the common case) is its own component, and one ending leaves nobody to
+reallocate: neither walks the links beyond its own. This is
 the fluid model of SimGrid (Velho et al., ACM TOMACS 2013). The network only needs an environment
 with `now`, `event()` and `timeout()` (SimPy's), so it does not import simpy itself.
 """
@@ -45,11 +47,12 @@ def max_min_rates(flows, capacities) -> dict[int, float]:
     if len(flows) == 1:
         flow = flows[0]
         return {flow.id: min(flow.cap, min(capacities[link] / count for link, count in flow.usage))}
+    usages = _binding_usages(flows, capacities)
     left: dict[int, float] = {}
     weight: dict[int, int] = {}
     on_link: dict[int, list] = {}
     for flow in flows:
-        for link, count in flow.usage:
+        for link, count in usages[flow.id]:
             if link not in weight:
                 left[link], weight[link], on_link[link] = capacities[link], 0, []
             weight[link] += count
@@ -63,7 +66,7 @@ def max_min_rates(flows, capacities) -> dict[int, float]:
 
     def freeze(flow, rate):
         rates[flow.id] = rate
-        for link, count in flow.usage:
+        for link, count in usages[flow.id]:
             left[link] -= count * rate
             weight[link] -= count
             version[link] += 1
@@ -87,6 +90,28 @@ def max_min_rates(flows, capacities) -> dict[int, float]:
     return rates
 
 
+def _binding_usages(flows, capacities, min_incidences: int = 256) -> dict[int, tuple]:
+    """Per flow id, its (link, count) pairs less the links that cannot fill first: of links crossed
+    by exactly the same flows with the same counts, only the one of least capacity (lowest index on
+    a tie). Their weights stay equal and their spare capacities keep their order, so that link fills
+    first, at the same level, freezing the same flows: the rates are those of the full usage. Worth
+    it on large components only (long rings crossing many links with the same traffic)."""
+    if sum(len(flow.usage) for flow in flows) < min_incidences:
+        return {flow.id: flow.usage for flow in flows}
+    members: dict[int, list] = {}
+    for flow in flows:
+        for link, count in flow.usage:
+            members.setdefault(link, []).append((flow.id, count))
+    best: dict[tuple, int] = {}
+    for link, crossing in members.items():
+        key = tuple(crossing)
+        other = best.get(key)
+        if other is None or (capacities[link], link) < (capacities[other], other):
+            best[key] = link
+    kept = set(best.values())
+    return {flow.id: tuple(entry for entry in flow.usage if entry[0] in kept) for flow in flows}
+
+
 class FlowNetwork:
     """Max-min fair fluid flows over directed links of the given capacities (bytes/s)."""
 
@@ -100,20 +125,29 @@ class FlowNetwork:
         self.num_reallocations = 0
 
     def transfer(self, size_bytes: float, usage: tuple[tuple[int, int], ...],
-                 cap: float = math.inf):
+                 cap: float = math.inf, on_done=None):
         """Start a flow of `size_bytes` per sub-flow; `cap` bounds one sub-flow's rate.
 
-        Returns an event that succeeds when the flow has moved all its bytes.
+        Returns an event that succeeds when the flow has moved all its bytes; with `on_done`
+        (a callable, for a non-empty flow) nothing is returned and `on_done()` is called instead,
+        once the rates of the flows left are set (no SimPy event per flow).
         """
-        done = self.env.event()
-        if size_bytes <= 0 or not usage:
-            done.succeed()
-            return done
+        if on_done is not None and size_bytes > 0 and usage:
+            done = on_done
+        else:
+            done = self.env.event()
+            if size_bytes <= 0 or not usage:
+                done.succeed()
+                return done
         flow = _Flow(self._next_id, size_bytes, usage, cap, self.env.now, done)
         self._next_id += 1
+        on_link, alone = self._on_link, True
         for link, _ in usage:
-            self._on_link[link][flow.id] = flow
-        self._reallocate(self._component([link for link, _ in usage]))
+            flows = on_link[link]
+            flows[flow.id] = flow
+            alone = alone and len(flows) == 1
+        # a flow alone on its links is its own component: no walk
+        self._reallocate([flow] if alone else self._component([link for link, _ in usage]))
         return done
 
     # ------------------------------------------------------------------ internals
@@ -184,7 +218,15 @@ class FlowNetwork:
             for link, _ in flow.usage:
                 del self._on_link[link][flow.id]
                 links.append(link)
+        callbacks = []
         for flow in ended:
-            flow.done.succeed()
-        self._reallocate(self._component(links))
+            if hasattr(flow.done, "succeed"):  # an event (SimPy's)
+                flow.done.succeed()
+            else:
+                callbacks.append(flow.done)
+        on_link = self._on_link
+        if any(on_link[link] for link in links):  # else the ended flows touched nobody: nothing to reallocate
+            self._reallocate(self._component(links))
         self._arm()
+        for callback in callbacks:
+            callback()

@@ -104,13 +104,14 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
         layers = plan.stages[stage]
         row.update(device=device, node=topology.node_of(device), group=group, stage=stage,
                    layers=[layers.layer_start, layers.layer_end])
-    from simulator.memory import memory_config, memory_report
+    from simulator.memory import memory_config
     from simulator.sparse import compression_summary
     if "rank_workload" in plan.meta:  # tensor parallelism: each TP rank's share; ranks alike walked once
         from simulator.strategies.tensor_summary import tensor_memory_report
         memory = tensor_memory_report(plan, result.spans, memory_config(scenario))
     else:
-        memory = memory_report(plan, workload, result.spans, memory_config(scenario))
+        from simulator.strategies.tensor_summary import alike_memory_report
+        memory = alike_memory_report(plan, workload, result.spans, memory_config(scenario))
     for row, device_memory in zip(devices, memory.pop("devices")):
         row.update({key: device_memory[key] for key in ("peak_memory_bytes", "memory_breakdown_bytes", "fits_in_memory")})
     step_time_s += memory["offload_exposed_s"]  # host transfers of offloaded activations not hidden by compute

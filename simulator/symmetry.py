@@ -97,22 +97,24 @@ class Symmetry:
     def _links_of_others(self, topology: Topology, stage: int) -> set[int]:
         """Links that flows other than stage `stage`'s data-parallel collectives may cross:
         replica 0's TP rings and transfers between any two stages, other stages' rings."""
-        links: Counter = Counter()
-        for group in self.tp_groups:
-            for a in group:
-                for b in group:
-                    links.update(topology.route(a, b))
-        for j, group in enumerate(self.tp_groups):
-            for other in self.tp_groups[:j]:
-                for a, b in zip(group, other):
-                    links.update(topology.route(a, b))
-                    links.update(topology.route(b, a))
-        algorithms = {"ring", choose_algorithm(topology, self.dp_groups[0][0], self.collective)}
-        for j, rings in enumerate(self.dp_groups):
-            for algorithm in sorted(algorithms) if j != stage else ():
-                for phase in collective_phases(topology, rings, "allreduce", 1.0, algorithm):
-                    links.update(link for link, _ in phase.usage)
-        return set(links)
+        if "common" not in self._shared:  # built once for all stages (p stages: O(p^2) routes, not O(p^3))
+            links: Counter = Counter()
+            for group in self.tp_groups:
+                for a in group:
+                    for b in group:
+                        links.update(topology.route(a, b))
+            for j, group in enumerate(self.tp_groups):
+                for other in self.tp_groups[:j]:
+                    for a, b in zip(group, other):
+                        links.update(topology.route(a, b))
+                        links.update(topology.route(b, a))
+            algorithms = sorted({"ring", choose_algorithm(topology, self.dp_groups[0][0], self.collective)})
+            rings = [Counter(link for algorithm in algorithms
+                             for phase in collective_phases(topology, groups, "allreduce", 1.0, algorithm)
+                             for link, _ in phase.usage) for groups in self.dp_groups]
+            self._shared["common"] = (set(links), rings, sum(rings, Counter()))
+        common, rings, all_rings = self._shared["common"]
+        return common | set(all_rings - rings[stage])
 
 
 def symmetry_decision(scenario, config, topology: Topology) -> tuple[bool, str]:

@@ -18,6 +18,7 @@ import numpy as np
 from simulator.collectives import p2p_time_s
 from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.errors import ScenarioError
+from simulator.limits import check_simulation_size
 from simulator.heterogeneity import DeviceCosts, stage_compute_s
 from simulator.partition import balanced_partition, explicit_partition, uniform_partition
 from simulator.placement import place_ranks
@@ -59,11 +60,15 @@ def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology
                    for j, (a, b) in enumerate(ranges))
     element_bytes = dtype_bytes(config.dtype)
     segments = _gradient_segments(config, workload, topology, costs, rank_to_device, stages, group_batch)
+    # one peers tuple per stage, shared by its G ranks' collectives (a tuple per rank is quadratic in DP)
+    peers = [tuple(range(stage, groups * stages_per_group, stages_per_group)) for stage in range(stages_per_group)]
     actions = []
     for rank in range(groups * stages_per_group):
         group, stage = divmod(rank, stages_per_group)
         actions.append(_rank_actions(config, workload, stages, group, stage, group_batch, element_bytes,
-                                     segments[stage]))
+                                     segments[stage], peers[stage]))
+        if rank == 0:  # refused up front when the whole plan would not fit in memory
+            check_simulation_size(groups * stages_per_group, len(actions[0]))
     return Plan(config.strategy, groups, stages_per_group, stages, rank_to_device, tuple(actions),
                 group_batch, meta={"placement": config.placement, "partition": [b - a for a, b in ranges]})
 
@@ -141,13 +146,13 @@ def _gradient_segments(config: GridConfig, workload: Workload, topology: Topolog
 
 
 def _rank_actions(config: GridConfig, workload: Workload, stages: tuple[Stage, ...], group: int,
-                  stage_index: int, batch: float, element_bytes: int, segments) -> tuple:
-    """Forward, backward in bucket segments with their allreduces, sends/receives, update."""
+                  stage_index: int, batch: float, element_bytes: int, segments, peers: tuple[int, ...]) -> tuple:
+    """Forward, backward in bucket segments with their allreduces (among `peers`, the ranks of this
+    stage in every group), sends/receives, update."""
     builder = _ActionList()
     stage = stages[stage_index]
     last_stage = len(stages) - 1
     stride = len(stages)
-    peers = tuple(g * stride + stage_index for g in range(config.num_groups))
     deps: tuple[int, ...] = ()
     if stage_index > 0:
         deps = (builder.add(Recv, src=group * stride + stage_index - 1, key=("act", group, stage_index - 1),

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from simulator.costs import CostModel
 from simulator.errors import ScenarioError
+from simulator.limits import check_simulation_size
 from simulator.placement import place_ranks
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
 from simulator.schedules import Schedule, build_schedule, check_schedule
@@ -104,8 +105,11 @@ def compile_pipeline_plan(config: PipelineConfig, workload: Workload, topology: 
     ranges = _partition(config.grid(schedule.num_chunks), workload, topology, costs, chunk_devices,
                         config.microbatch_size)
     stages = tuple(_stage(workload, ranges, j, num_stages, v) for j in range(num_stages))
-    actions = tuple(_RankActions(config, workload, schedule, ranges, stages, rank).build()
-                    for rank in range(groups * num_stages))
+    peers = [tuple(range(j, groups * num_stages, num_stages)) for j in range(num_stages)]  # shared per stage
+    first = _RankActions(config, workload, schedule, ranges, stages, 0, peers[0]).build()
+    check_simulation_size(groups * num_stages, len(first))  # refused up front when the plan would not fit in memory
+    actions = (first, *(_RankActions(config, workload, schedule, ranges, stages, rank, peers[rank % num_stages]).build()
+                        for rank in range(1, groups * num_stages)))
     stashing = config.kind == "pipedream" and config.weight_stashing
     meta = {"placement": config.placement, "partition": [b - a for a, b in ranges],
             "schedule_kind": config.kind, "num_microbatches": config.num_microbatches,
@@ -140,11 +144,13 @@ def _stage(workload: Workload, ranges, index: int, num_stages: int, v: int) -> S
 class _RankActions:
     """Translates one rank's schedule ops into plan actions."""
 
-    def __init__(self, config: PipelineConfig, workload: Workload, schedule: Schedule, ranges, stages, rank: int):
+    def __init__(self, config: PipelineConfig, workload: Workload, schedule: Schedule, ranges, stages, rank: int,
+                 peers: tuple[int, ...]):
         self.config, self.workload, self.schedule, self.ranges = config, workload, schedule, ranges
         self.group, self.stage_index = divmod(rank, config.num_stages)
         self.stage = stages[self.stage_index]
-        self.peers = tuple(g * config.num_stages + self.stage_index for g in range(config.num_groups))
+        self.peers = peers
+        """The ranks of this stage in every replica (one tuple shared by all of them)."""
         self.element_bytes = dtype_bytes(config.dtype)
         self.batch = config.microbatch_size
         self.builder = _ActionList()

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from simulator.costs import AnalyticCosts, CostModel
 from simulator.errors import ScenarioError
+from simulator.limits import check_simulation_size
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
 from simulator.schedules import build_schedule, check_schedule
 from simulator.schedules.analysis import stage_metrics
@@ -166,7 +167,9 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     shared: dict = {}  # TP collectives per (layers, pass) and bucket segments, alike on every rank
     builders = [_TensorRank(config, workload, shard, schedule, ranges, stages, rank, symmetric, shared)
                 for rank in range(pipelines * config.pp)]
-    actions = tuple(builder.build() for builder in builders)
+    first = builders[0].build()  # refused up front when the whole plan would not fit in memory
+    check_simulation_size(len(builders), len(first), "" if symmetric else f" (not folded: {reason})")
+    actions = (first, *(builder.build() for builder in builders[1:]))
     meta = {"placement": config.placement, "partition": [b - a for a, b in ranges],
             "schedule_kind": config.schedule_kind, "num_microbatches": config.num_microbatches,
             "num_virtual_stages": config.num_virtual_stages, "asynchronous": False, "weight_stashing": False,
@@ -205,7 +208,9 @@ class _TensorRank:
             self.tp_ranks = self.dp_ranks = (rank,)
         else:
             self.tp_ranks = tuple((self.dp_index * t + k) * p + self.stage_index for k in range(t))
-            self.dp_ranks = tuple((e * t + tp_index) * p + self.stage_index for e in range(config.dp))
+            key = ("dp_ranks", self.stage_index, tp_index)  # one tuple shared by the d copies (linear in d)
+            self.dp_ranks = shared.get(key) or shared.setdefault(
+                key, tuple((e * t + tp_index) * p + self.stage_index for e in range(config.dp)))
         self.dp_key = (self.stage_index, tp_index)
         self.element_bytes = dtype_bytes(config.dtype)
         self.batch = config.microbatch_size

@@ -32,15 +32,31 @@ def tensor_memory_report(plan: Plan, spans: list[tuple], config) -> dict:
     span times equal those of the same stage in pipeline 0 (every rank of a homogeneous full run)
     are walked once and copied: the memory model is a function of exactly those.
     """
-    from simulator.memory import memory_report
     view, workload, kept = memory_view(plan, None, spans)
+    return alike_memory_report(view, workload, kept, config)
+
+
+def alike_memory_report(plan: Plan, workload: Workload, spans: list[tuple], config) -> dict:
+    """`simulator.memory.memory_report`, walking only pipeline 0's ranks when every rank's actions
+    (as many, the same recomputed and selection ids) and compute / comm span times equal those of
+    its stage's rank in pipeline 0 (every replica of a homogeneous run, data parallelism included):
+    the memory model is a function of exactly those, so the others are copies."""
+    from simulator.memory import memory_report
     p = plan.workers_per_group
-    if plan.num_groups == 1 or not _alike_per_stage(kept, plan.num_ranks, p):
-        return memory_report(view, workload, kept, config)
-    head = replace(view, num_groups=1, actions=view.actions[:p], rank_to_device=plan.rank_to_device[:p])
-    report = memory_report(head, workload, [span for span in kept if span[0] < p], config)
+    if plan.num_groups == 1 or not _actions_alike(plan) or not _alike_per_stage(spans, plan.num_ranks, p):
+        return memory_report(plan, workload, spans, config)
+    head = replace(plan, num_groups=1, actions=plan.actions[:p], rank_to_device=plan.rank_to_device[:p])
+    report = memory_report(head, workload, [span for span in spans if span[0] < p], config)
     report["devices"] = [dict(report["devices"][rank % p], rank=rank) for rank in range(plan.num_ranks)]
     return report
+
+
+def _actions_alike(plan: Plan) -> bool:
+    p = plan.workers_per_group
+    per_rank = [plan.meta.get(key, {}) for key in ("recompute_actions", "selection_actions")]
+    return all(len(plan.actions[rank]) == len(plan.actions[rank % p])
+               and all(ids.get(rank) == ids.get(rank % p) for ids in per_rank)
+               for rank in range(p, plan.num_ranks))
 
 
 def _alike_per_stage(spans: list[tuple], num_ranks: int, num_stages: int) -> bool:

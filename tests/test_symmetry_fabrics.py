@@ -1,0 +1,68 @@
+"""Folded (symmetric) against full runs on every preset fabric (issue 73): where a megatron run is
+folded to one rank per stage, its step time, per-device figures and bytes per tier equal the full
+simulation's to 1e-9; where symmetry breaks, the summary says why and every rank is simulated."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator import simulate
+from tests.test_symmetry import PER_DEVICE, scenario
+
+FABRICS = ("two_tier", "fat_tree", "rail_optimized", "torus_2d")
+LAYOUTS = {  # 16 GPUs, one replica per node; 32 GPUs, a replica's stages on two nodes
+    "one node per replica": dict(nodes=4, gpus=4, tp=2, pp=2),
+    "two nodes per replica": dict(nodes=8, gpus=4, tp=4, pp=2),
+}
+
+
+def assert_same_run(folded, full) -> None:
+    assert folded.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert folded.summary["num_gpus"] == full.summary["num_gpus"] == full.plan.num_ranks
+    for tier in ("intra", "inter"):
+        assert folded.summary["bytes_per_tier"][tier] == pytest.approx(full.summary["bytes_per_tier"][tier], rel=1e-9)
+    for row, row_full in zip(folded.summary["devices"], full.summary["devices"]):
+        for key in PER_DEVICE:
+            assert row[key] == pytest.approx(row_full[key], rel=1e-9, abs=1e-15), key
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_folded_equals_full_or_says_why(fabric, layout):
+    folded, full = (simulate(scenario(mode, fabric, **LAYOUTS[layout])) for mode in ("auto", "off"))
+    decision = folded.summary["tensor"]["symmetry"]
+    stages = LAYOUTS[layout]["pp"]
+    if decision["used"]:
+        assert folded.plan.num_ranks == stages < full.plan.num_ranks
+        assert_same_run(folded, full)
+    else:  # refused: the reason names what breaks it, and the run is the full one
+        assert "both send over link" in decision["reason"]
+        assert folded.plan.num_ranks == full.plan.num_ranks
+        assert folded.step_time_s == full.step_time_s
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_every_preset_fabric_folds_an_aligned_layout(fabric):
+    """One replica per node: no two replicas share a link on any preset fabric, so the run folds."""
+    assert simulate(scenario("auto", fabric, **LAYOUTS["one node per replica"])).summary["tensor"]["symmetry"]["used"]
+
+
+def test_misaligned_fat_tree_refuses_with_the_shared_link():
+    """32 NICs: the default k = 6 fat-tree puts 3 NICs on an edge switch, a replica has 8, so replicas 0
+    and 1 meet on an edge uplink."""
+    run = simulate(scenario("auto", "fat_tree", nodes=8, gpus=4, tp=4, pp=2))
+    decision = run.summary["tensor"]["symmetry"]
+    assert decision == {"used": False, "reason": decision["reason"]}
+    assert "replicas 0 and 1 both send over link edge" in decision["reason"]
+
+
+@pytest.mark.parametrize("cluster,why", [
+    ({"degraded_links": {"node1": 0.5}}, "heterogeneous"),
+    ({"node_gpus": {2: "H100-SXM"}}, "heterogeneous"),
+    ({"stragglers": {3: 1.2}}, "heterogeneous"),
+])
+def test_broken_symmetry_is_named_and_simulated_in_full(cluster, why):
+    run = simulate(scenario("auto", "rail_optimized", cluster=cluster))
+    decision = run.summary["tensor"]["symmetry"]
+    assert decision["used"] is False and why in decision["reason"]
+    assert run.plan.num_ranks == run.summary["num_gpus"] == 16
