@@ -21,6 +21,8 @@ REPORT_KINDS_HELP = ("a scenario (.yaml), a compare/simulate result (.json), a s
 """`simulator.report.inputs.KINDS_HELP`."""
 MICROBATCH_COUNTS = (2, 4, 8)
 """`simulator.planner.MICROBATCH_COUNTS`."""
+MICROBATCH_SIZES = (1, 2, 4, 8)
+"""`simulator.layout_search.MICROBATCH_SIZES`."""
 SWEEP_STORE_NAME, SWEEP_CSV_NAME, SWEEP_PARQUET_NAME = "sweep.sqlite", "results.csv", "results.parquet"
 """`simulator.sweep.store.STORE_NAME`, `simulator.sweep.export.CSV_NAME` and `PARQUET_NAME`."""
 GALLERY_ENTRIES = ("ghp", "hyparflow", "spectrain", "pase", "laysa")
@@ -67,16 +69,30 @@ def listing(parser: argparse.ArgumentParser) -> None:
 
 def rank(parser: argparse.ArgumentParser) -> None:
     scenario_args(parser)
-    parser.add_argument("--gpus", type=int, default=None,
-                        help="N GPUs (default the scenario's): N / gpus_per_node nodes, or one node of N")
-    parser.add_argument("--top", type=int, default=10, help="candidates printed (all are in --json)")
-    parser.add_argument("--plot", metavar="FILE.png", help="write the ranking as a bar plot")
+    parser.add_argument("--gpus", default=None, metavar="N[,N...]",
+                        help="N GPUs (default the scenario's): N / gpus_per_node nodes, or one node of N; a comma "
+                             "list ranks each cluster size and compares them")
+    parser.add_argument("--top", type=int, default=10, help="K: the search simulates until no other candidate can "
+                        "enter the K best; they are printed (all simulated ones are in --json)")
+    parser.add_argument("--plot", metavar="FILE.png", help="write the ranking as a bar plot (several --gpus: time "
+                        "against cost, with the Pareto front)")
     parser.add_argument("--workers", type=int, default=None, help="simulation processes (default: CPU count)")
     parser.add_argument("--kinds", default=None,
-                        help="comma list of strategy kinds to enumerate (default: dp, mp, ghp, every pipeline kind "
-                             "and, for models with attention layers, megatron)")
+                        help="comma list of strategy kinds to search (default: dp, mp, ghp, gpipe, 1f1b, "
+                             "interleaved_1f1b and, for models with attention layers, megatron; asynchronous "
+                             "pipelines only by name)")
     parser.add_argument("--microbatches", default=",".join(map(str, MICROBATCH_COUNTS)),
                         help="micro-batch counts m tried for pipeline kinds (comma list)")
+    parser.add_argument("--microbatch-sizes", default=",".join(map(str, MICROBATCH_SIZES)),
+                        help="micro-batch sizes b tried for megatron layouts (comma list)")
+    parser.add_argument("--exhaustive", action="store_true", help="simulate every candidate that may fit in memory "
+                        "(no pruning by the step-time bound)")
+    run_length = parser.add_mutually_exclusive_group()
+    run_length.add_argument("--tokens", type=float, default=None, metavar="T",
+                            help="plan a whole run of T training tokens (samples for models without a sequence)")
+    run_length.add_argument("--steps", type=int, default=None, metavar="S", help="plan a whole run of S steps")
+    parser.add_argument("--price-per-gpu-hour", type=float, default=None, metavar="P",
+                        help="price of one GPU-hour: the run's cost per candidate")
 
 
 def report(parser: argparse.ArgumentParser) -> None:

@@ -65,6 +65,12 @@ class Candidate:
     num_virtual_stages: int = 1
     tp_degree: int = 1
     """megatron: tensor-parallel ranks t; then num_groups = d t pipelines of workers_per_group = p stages."""
+    recompute: str | None = None
+    """training.recompute of the candidate (None: the scenario's)."""
+    zero_stage: int | None = None
+    """megatron: strategy.zero_stage (None: the scenario's)."""
+    sequence_parallel: bool | None = None
+    """megatron: strategy.sequence_parallel (None: the scenario's)."""
 
     @property
     def data_parallel(self) -> int:
@@ -73,15 +79,18 @@ class Candidate:
 
     @property
     def label(self) -> str:
+        options = (f" recompute={self.recompute}" if self.recompute else "") + (" zero1" if self.zero_stage else "")
         if self.kind == MEGATRON:
             return (f"megatron (t={self.tp_degree} x p={self.workers_per_group} x d={self.data_parallel}) "
-                    f"m={self.num_microbatches}")
+                    f"m={self.num_microbatches}" + (f" v={self.num_virtual_stages}" if self.num_virtual_stages > 1 else "")
+                    + options + (" sp" if self.sequence_parallel else "")
+                    + (" tp-dp-pp" if self.placement == "tp_dp_pp" else ""))
         text = f"{self.kind} (G={self.num_groups} x M={self.workers_per_group})"
         if self.kind in PIPELINE_KINDS:
             text += f" m={self.num_microbatches}" + (f" v={self.num_virtual_stages}" if self.num_virtual_stages > 1 else "")
         if self.num_groups > 1 and self.workers_per_group > 1:
             text += f" {self.placement}"
-        return text
+        return text + options
 
 
 def grid_candidate(num_groups: int, workers_per_group: int, placement: str = "group_per_node") -> Candidate:
@@ -193,11 +202,22 @@ def candidate_scenario(scenario: Scenario, candidate: Candidate) -> dict:
     partition = raw["strategy"]["partition"]
     if not isinstance(partition, str) and len(partition) != candidate.workers_per_group * candidate.num_virtual_stages:
         partition = "balanced"
+    if candidate.recompute:
+        raw["training"] = {**raw["training"], "recompute": candidate.recompute}
     if candidate.kind == MEGATRON:
-        raw["strategy"] = {**raw["strategy"], "kind": MEGATRON, "placement": "group_per_node", "num_groups": None,
+        from simulator.layout_geometry import megatron_placement
+        placement = megatron_placement(candidate.placement, candidate.tp_degree, candidate.workers_per_group,
+                                       candidate.data_parallel)
+        raw["strategy"] = {**raw["strategy"], "kind": MEGATRON, "num_groups": None,
+                           "placement": placement if isinstance(placement, str) else list(placement),
                            "tp_degree": candidate.tp_degree, "pp_degree": candidate.workers_per_group,
                            "num_microbatches": candidate.num_microbatches, "partition": partition,
-                           "num_virtual_stages": 1}
+                           "num_virtual_stages": candidate.num_virtual_stages}
+        for key in ("sequence_parallel", "zero_stage"):
+            if getattr(candidate, key) is not None:
+                raw["strategy"][key] = getattr(candidate, key)
+        raw["strategy"]["tp_comm_overlap"] = bool(raw["strategy"]["tp_comm_overlap"]
+                                                  and raw["strategy"]["sequence_parallel"])
         return raw
     raw["strategy"] = {**raw["strategy"], "kind": candidate.kind, "placement": candidate.placement,
                        "num_groups": None if candidate.kind in ("dp", "mp") else candidate.num_groups,

@@ -1,9 +1,12 @@
-"""`ghpsim rank SCENARIO --gpus N`: every worker allocation simulated and ranked, beside the GHP
-paper's analytic heuristics (their pick, its simulated rank and regret)."""
+"""`ghpsim rank SCENARIO --gpus N[,N...]`: the layout search (`simulator.layout_search`) on each
+cluster size, its counts and times, the top K with why each lost to the best, the GHP paper's
+analytic heuristics (their pick, its simulated rank and regret) and, with `--tokens` or `--steps`,
+the whole run's time and cost; several sizes side by side with the Pareto front of time and cost."""
 
 from __future__ import annotations
 
 import json
+import math
 
 from rich.table import Table
 
@@ -12,49 +15,100 @@ from simulator.fabrics import build_topology
 from simulator.heuristics import HEURISTICS, grid_estimates
 from simulator.model_source import resolve_workload
 from simulator.output import check_figure_file
-from simulator.planner import ASYNC_KINDS, Ranking, candidate_kinds, grid_candidate, rank_candidates
+from simulator.planner import ASYNC_KINDS, Ranking, candidate_kinds, grid_candidate
 from simulator.scenario import load_scenario
 from simulator.simulate import analytic_costs
 
 COMMAND = "rank"
+GRID_KINDS = ("dp", "mp", "ghp")
 
 
 def run(args) -> int:
-    for option, value in (("--top", args.top), ("--workers", args.workers), ("--gpus", args.gpus)):
+    from simulator.layout_search import search_layouts
+    for option, value in (("--top", args.top), ("--workers", args.workers), ("--steps", args.steps)):
         if value is not None and value < 1:
             raise ScenarioError(f"{option}: {value} must be a positive integer")
+    for option, value in (("--tokens", args.tokens), ("--price-per-gpu-hour", args.price_per_gpu_hour)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ScenarioError(f"{option}: {value} must be a positive number")
     if args.plot:
         check_figure_file(args.plot, "--plot")
+    sizes = _int_list(args.gpus, "--gpus") if args.gpus else (None,)
     microbatches = _int_list(args.microbatches, "--microbatches")
+    sizes_b = _int_list(args.microbatch_sizes, "--microbatch-sizes")
     kinds = _kinds(args.kinds)
     scenario = load_scenario(args.scenario, args.overrides)
-    ranking = rank_candidates(scenario, args.gpus, kinds=kinds, microbatch_counts=microbatches, workers=args.workers,
-                              show_progress=not args.json)
-    if not ranking.rows:
-        raise no_candidate_error(ranking, args)
-    heuristics = heuristic_rows(ranking)
-    plot = None
-    if args.plot:
-        from simulator.rank_plot import write_ranking_plot
-        picks: dict[str, list[str]] = {}
-        for row in heuristics:
-            if row["label"]:
-                picks.setdefault(row["label"], []).append(row["heuristic"])
-        plot = write_ranking_plot(ranking.frame(), args.plot, _title(ranking),
-                                  {label: ", ".join(names) for label, names in picks.items()})
+    results = []
+    for num_gpus in sizes:
+        ranking = search_layouts(scenario, num_gpus, kinds=kinds, microbatch_sizes=sizes_b,
+                                 microbatch_counts=microbatches, top=args.top, workers=args.workers,
+                                 exhaustive=args.exhaustive, show_progress=not args.json)
+        if not ranking.rows:
+            raise no_candidate_error(ranking, args)
+        plan_run(ranking, args.tokens, args.steps, args.price_per_gpu_hour)
+        heuristics = heuristic_rows(ranking) if len(sizes) == 1 and _grid_searched(ranking) else []
+        results.append((ranking, heuristics))
+    plot = _plot(results, args) if args.plot else None
     if args.json:
-        print(json.dumps({**ranking.to_dict(), "heuristics": heuristics}, indent=1))
-    else:
+        documents = [{**ranking.to_dict(), "heuristics": heuristics} for ranking, heuristics in results]
+        print(json.dumps(documents[0] if len(documents) == 1 else {"sizes": documents}, indent=1))
+        return 0
+    for ranking, heuristics in results:
         print_ranking(ranking, heuristics, args.top)
-        if plot:
-            print(f"plot written to {plot}")
+    if len(results) > 1:
+        print_comparison([ranking for ranking, _ in results])
+    if plot:
+        print(f"plot written to {plot}")
     return 0
+
+
+def plan_run(ranking: Ranking, tokens: float | None, steps: int | None, price: float | None) -> None:
+    """Whole-run figures on every row (in place): steps = ceil(tokens / (batch x sequence length)) or
+    --steps, time to train = steps x step time, GPU-hours = time x N, cost = GPU-hours x price."""
+    scenario = ranking.scenario
+    per_step = scenario.training.global_batch_size * tokens_per_sample(scenario)
+    count = steps if steps is not None else math.ceil(tokens / per_step) if tokens is not None else None
+    for row in ranking.rows:
+        if count is None:
+            continue
+        hours = count * row["step_time_s"] * scenario.num_gpus / 3600
+        row.update(run_steps=count, time_to_train_s=count * row["step_time_s"], gpu_hours=hours,
+                   cost=hours * price if price is not None else None)
+
+
+def tokens_per_sample(scenario) -> int:
+    """The sequence length of a transformer (its layers' `seq_len`), else 1 (a sample is a token)."""
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    return max((layer.spec.get("seq_len", 1) for layer in workload.layers), default=1)
+
+
+def _grid_searched(ranking) -> bool:
+    return any(row["kind"] in GRID_KINDS for row in ranking.rows)
+
+
+def _plot(results, args):
+    from simulator.rank_plot import write_pareto_plot, write_ranking_plot
+    if len(results) > 1:
+        return write_pareto_plot([ranking for ranking, _ in results], args.plot, args.scenario)
+    ranking, heuristics = results[0]
+    picks: dict[str, list[str]] = {}
+    for row in heuristics:
+        if row["label"]:
+            picks.setdefault(row["label"], []).append(row["heuristic"])
+    return write_ranking_plot(ranking.frame(), args.plot, _title(ranking),
+                              {label: ", ".join(names) for label, names in picks.items()})
 
 
 def no_candidate_error(ranking: Ranking, args) -> ScenarioError:
     """Every candidate skipped: name the flag to blame (--microbatches when every reason is about
     micro-batches), the flags in play and the first reasons."""
     given = [f"--gpus {ranking.scenario.num_gpus}"]
+    memory = [entry for entry in getattr(ranking, "pruned", []) if entry["reason"] == "memory"]
+    if memory:
+        smallest = min(entry.get("memory_floor_bytes", entry.get("memory_bytes", 0.0)) for entry in memory)
+        return ScenarioError(f"--gpus: no layout fits in {ranking.device_memory_bytes / 2**30:,.1f} GiB of device "
+                             f"memory on {ranking.scenario.num_gpus} GPUs ({len(memory)} tried; the smallest needs "
+                             f"{smallest / 2**30:,.1f} GiB)")
     if args.kinds is not None:
         given.append(f"--kinds {args.kinds}")
     given.append(f"--microbatches {args.microbatches}")
@@ -99,18 +153,36 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
     from simulator.tables import make_console
     console = make_console()
     table = Table(title=_title(ranking))
-    for column in ("#", "candidate", "step (ms)", "samples/s", "speedup", "comm %", "memory (GiB)", "fits"):
-        table.add_column(column, justify="left" if column == "candidate" else "right")
+    planned = bool(ranking.rows) and "time_to_train_s" in ranking.rows[0]
+    columns = ["#", "candidate", "step (ms)", "bound (ms)", "samples/s", "comm %", "memory (GiB)", "lost to"]
+    if planned:
+        columns += ["time to train (h)", "GPU-hours"] + (["cost"] if ranking.rows[0]["cost"] is not None else [])
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("candidate", "lost to") else "right")
     for row in ranking.rows[:top]:
-        table.add_row(str(row["rank"]), row["label"] + (" *" if row["kind"] in ASYNC_KINDS else ""), f"{row['step_time_s'] * 1e3:.2f}",
-                      f"{row['throughput_samples_per_s']:,.0f}", f"{row['speedup']:.2f}x",
-                      f"{100 * row['comm_share']:.0f}", f"{row['peak_memory_bytes'] / 2**30:,.2f}",
-                      "yes" if row["fits"] else "[red]NO[/red]")
+        cells = [str(row["rank"]), row["label"] + (" *" if row["kind"] in ASYNC_KINDS else ""),
+                 f"{row['step_time_s'] * 1e3:,.2f}", _ms(row.get("bound_s") or None),
+                 f"{row['throughput_samples_per_s']:,.1f}", f"{100 * row['comm_share']:.0f}",
+                 f"{row['peak_memory_bytes'] / 2**30:,.2f}",
+                 "[red]memory[/red]" if not row["fits"] else (row.get("lost_to") or "-")]
+        if planned:
+            cells += [f"{row['time_to_train_s'] / 3600:,.1f}", f"{row['gpu_hours']:,.0f}"]
+            cells += [f"{row['cost']:,.0f}"] if row["cost"] is not None else []
+        table.add_row(*cells)
     console.print(table)
     console.print(f"memory: {ranking.memory_source}; device memory {ranking.device_memory_bytes / 2**30:,.1f} GiB; "
                   f"{len(ranking.rows)} candidates simulated, {len(ranking.skipped)} skipped (--json lists why)")
+    stats = getattr(ranking, "stats", None)
+    if stats is not None:
+        seconds = stats.seconds
+        console.print(f"search: {stats.enumerated} enumerated ({seconds['enumerate']:.1f} s), "
+                      f"{stats.pruned_memory} pruned by memory ({seconds['memory']:.1f} s), "
+                      f"{stats.pruned_bound} pruned by the step-time bound ({seconds['bound']:.1f} s), "
+                      f"{stats.simulated} simulated ({seconds['simulate']:.1f} s)")
     if any(row["kind"] in ASYNC_KINDS for row in ranking.rows[:top]):
         console.print("* asynchronous (stale weights): steady-state time per step, not mini-batch SGD's updates")
+    if not heuristics:
+        return
     picks = Table(title="GHP heuristics (closed form, no simulation) vs the simulated best")
     for column in ("heuristic", "pick", "closed form (ms)", "simulated (ms)", "simulated rank", "regret %",
                    "vs best grid %"):
@@ -120,6 +192,26 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
                       _ms(row["simulated_s"]), str(row["simulated_rank"] or "-"),
                       _pct(row["regret_pct"]), _pct(row["grid_regret_pct"]))
     console.print(picks)
+
+
+def print_comparison(rankings: list) -> None:
+    """Cluster sizes side by side: each size's best layout that fits, and its run figures."""
+    from simulator.layout_search import pareto_front, row_cost
+    from simulator.tables import make_console
+    table = Table(title="cluster sizes: the best layout of each")
+    for column in ("GPUs", "best layout", "step (s)", "samples/s", "time to train (h)", "GPU-hours", "cost",
+                   "Pareto"):
+        table.add_column(column, justify="left" if column == "best layout" else "right")
+    bests = [next((row for row in ranking.rows if row["fits"]), ranking.rows[0]) for ranking in rankings]
+    front = pareto_front([(row.get("time_to_train_s", row["step_time_s"]), row_cost(row, ranking))
+                          for row, ranking in zip(bests, rankings)])
+    for ranking, row, on_front in zip(rankings, bests, front):
+        hours = row.get("time_to_train_s")
+        table.add_row(str(ranking.scenario.num_gpus), row["label"], f"{row['step_time_s']:,.3f}",
+                      f"{row['throughput_samples_per_s']:,.1f}", "-" if hours is None else f"{hours / 3600:,.1f}",
+                      "-" if hours is None else f"{row['gpu_hours']:,.0f}",
+                      "-" if row.get("cost") is None else f"{row['cost']:,.0f}", "yes" if on_front else "")
+    make_console().print(table)
 
 
 def _regret_pct(row: dict, best: dict) -> float:
@@ -151,6 +243,7 @@ def _ms(seconds: float | None) -> str:
 
 
 def _int_list(text: str, option: str) -> tuple[int, ...]:
+    """A comma list of positive integers."""
     try:
         values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:

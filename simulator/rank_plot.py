@@ -1,5 +1,6 @@
 """The planner's ranking as a horizontal bar plot (matplotlib, Agg): step time per candidate,
-fastest on top, candidates that do not fit in device memory hatched, heuristic picks marked."""
+fastest on top, candidates that do not fit in device memory hatched, heuristic picks marked; and
+several cluster sizes as time against cost, with their Pareto front."""
 
 from __future__ import annotations
 
@@ -43,6 +44,35 @@ def write_ranking_plot(frame: pd.DataFrame, path: str | Path, title: str, picks:
     height = 1.2 + 0.22 * min(len(frame), MAX_BARS)
     figure, axis = plt.subplots(figsize=(8, height))
     plot_ranking(frame, axis, picks)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    try:
+        return write_figure_atomic(path, figure, dpi=120)
+    finally:
+        plt.close(figure)
+
+
+def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
+    """Every simulated layout that fits, one colour per cluster size: time to train (or step time)
+    against cost (or GPU-hours), the Pareto front of all of them drawn as a line."""
+    from simulator.layout_search import pareto_front, row_cost
+    figure, axis = plt.subplots(figsize=(7, 5))
+    planned = all("time_to_train_s" in row for ranking in rankings for row in ranking.rows)
+    priced = planned and all(row.get("cost") is not None for ranking in rankings for row in ranking.rows)
+    points = []
+    for ranking in rankings:
+        rows = [row for row in ranking.rows if row["fits"]]
+        xs = [row["time_to_train_s"] / 3600 if planned else row["step_time_s"] for row in rows]
+        ys = [row_cost(row, ranking) for row in rows]
+        axis.scatter(xs, ys, s=18, label=f"{ranking.scenario.num_gpus} GPUs")
+        points += [(x, y, row["label"], ranking.scenario.num_gpus) for x, y, row in zip(xs, ys, rows)]
+    front = sorted((point for point, on in zip(points, pareto_front([(x, y) for x, y, _, _ in points])) if on))
+    axis.plot([x for x, *_ in front], [y for _, y, *_ in front], color="black", linewidth=0.8, label="Pareto front")
+    for x, y, label, gpus in front:
+        axis.annotate(f"{gpus}: {label}", (x, y), fontsize=6, xytext=(4, 4), textcoords="offset points")
+    axis.set_xlabel("time to train (h)" if planned else "step time (s)")
+    axis.set_ylabel("cost" if priced else "GPU-hours" + ("" if planned else " per step"))
+    axis.legend(fontsize=7)
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     try:

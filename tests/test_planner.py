@@ -194,9 +194,12 @@ def test_rank_cli_json_plot_and_heuristics(capsys, tmp_path):
 
 
 def test_rank_cli_table_and_errors(capsys):
-    code, out, _ = run(capsys, "rank", DEMO, "--gpus", "8", "--top", "3", "--workers", "1", "--kinds", "dp,ghp")
+    code, out, _ = run(capsys, "rank", DEMO, "--gpus", "8", "--top", "3", "--workers", "1", "--kinds", "dp,ghp",
+                       "--exhaustive")
     assert code == 0 and "ghp (G=4 x M=2) stage_per_node" in out and "regret" in out
     assert "memory: simulated (memory model)" in out and "5 candidates simulated" in out
+    code, out, _ = run(capsys, "rank", DEMO, "--gpus", "8", "--top", "1", "--workers", "1", "--kinds", "dp,ghp")
+    assert code == 0 and "5 enumerated" in out and "pruned by the step-time bound" in out
     code, _, err = run(capsys, "rank", DEMO, "--gpus", "6")
     assert code == 2 and err.strip() == "ghpsim: error: --gpus: 6 is not a multiple of cluster.gpus_per_node=4 (nor at most one node)"
     code, _, err = run(capsys, "rank", DEMO, "--top", "0")

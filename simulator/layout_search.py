@@ -1,0 +1,325 @@
+"""Layout search for `ghpsim rank`: every parallel layout of a scenario on N GPUs, best-first.
+
+The space: megatron layouts t x p x d = N (t <= GPUs per node and dividing the attention heads, p
+<= layers) x micro-batch size b (m = B / (d b) micro-batches) x interleaving v (m a multiple of p)
+x recompute (none, selective, full: `training.recompute`) x ZeRO stage (0, 1 with d > 1) x
+sequence parallelism (t > 1) x placement (Megatron's tp-pp-dp order, or tp-dp-pp: a stage's
+replicas side by side), plus the planner's dp / mp / ghp / pipeline candidates
+(`simulator.planner.enumerate_candidates`).
+
+Each candidate gets a memory floor and a lower bound on its step time (`simulator.step_bound`);
+those whose floor exceeds the device memory are dropped (they cannot fit). The rest are taken in
+order of their bound: each is checked against the memory model on its compiled plan
+(`exact_peak_memory_bytes`, no engine) and, if it fits, simulated. The search stops when the next
+bound exceeds the K-th best simulated time of the candidates that fit: none left can enter the
+top K (branch and bound). Candidates without a bound (asynchronous kinds) are always simulated.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from simulator.errors import ScenarioError, SimulationError
+from simulator.planner import (MEGATRON, MEMORY_MODEL, Candidate, Ranking, _row, _workload, candidate_scenario,
+                               enumerate_candidates, scenario_for_gpus, simulate_candidate)
+from simulator.scenario import Scenario, scenario_from_dict
+from simulator.step_bound import BoundModel
+
+MICROBATCH_SIZES = (1, 2, 4, 8)
+SEARCH_VIRTUAL_STAGES = (1, 2, 4)
+RECOMPUTE_MODES = ("none", "selective", "full")
+ZERO_STAGES = (0, 1)
+"""The schema's `strategy.zero_stage` values (`simulator.scenario.StrategyConfig`)."""
+MEGATRON_ORDERS = ("group_per_node", "tp_dp_pp")
+SYNCHRONOUS_DEFAULT = ("dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b")
+REASONS = ("compute", "bubble", "communication")
+EXACT_CHECK_FRACTION = 0.9
+"""A candidate whose memory floor is at least this share of the device memory has its exact peak
+checked on its plan before it is simulated (the check costs a plan compile, the simulation more);
+below it the simulation's own memory figure decides, which is the same model."""
+
+
+@dataclass
+class SearchStats:
+    enumerated: int = 0
+    pruned_memory: int = 0
+    pruned_bound: int = 0
+    simulated: int = 0
+    skipped: int = 0
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(("enumerate", "memory", "bound", "simulate"), 0.0))
+
+
+@dataclass
+class LayoutSearch(Ranking):
+    """A `Ranking` of the simulated candidates, with the search's counts, times and pruned candidates."""
+
+    stats: SearchStats = field(default_factory=SearchStats)
+    pruned: list = field(default_factory=list)
+    top: int = 10
+
+    def to_dict(self) -> dict:
+        stats = self.stats
+        return {**super().to_dict(), "search": {
+            "enumerated": stats.enumerated, "pruned_by_memory": stats.pruned_memory,
+            "pruned_by_bound": stats.pruned_bound, "simulated": stats.simulated, "failed": stats.skipped,
+            "seconds": stats.seconds, "top": self.top}, "pruned": self.pruned}
+
+
+def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZES) -> list[Candidate]:
+    """The megatron layouts of the module docstring."""
+    n, per_node, batch = scenario.num_gpus, scenario.cluster.gpus_per_node, scenario.training.global_batch_size
+    layers = workload.num_layers
+    heads = {layer.spec.get("num_heads") for layer in workload.layers if layer.spec.get("num_heads")}
+    found = []
+    for t in range(1, min(n, per_node) + 1):
+        if n % t or any(h % t for h in heads):
+            continue
+        for p in (q for q in range(1, min(n // t, layers) + 1) if (n // t) % q == 0):
+            d = n // (t * p)
+            if batch % d:
+                continue
+            for b in (size for size in microbatch_sizes if (batch // d) % size == 0):
+                m = batch // (d * b)
+                for v in (w for w in SEARCH_VIRTUAL_STAGES if w == 1 or (p > 1 and p * w <= layers and m % p == 0)):
+                    for rc in RECOMPUTE_MODES:
+                        for zero in (ZERO_STAGES if d > 1 else (0,)):
+                            for sp in ((False, True) if t > 1 else (False,)):
+                                for order in (MEGATRON_ORDERS if p > 1 and d > 1 else MEGATRON_ORDERS[:1]):
+                                    found.append(Candidate(MEGATRON, n // p, p, order, m, v, t, rc, zero, sp))
+    return found
+
+
+def default_search_kinds(tensor_parallel: bool) -> tuple[str, ...]:
+    """dp, mp, ghp and the synchronous pipelines (asynchronous ones have no bound, so only by name),
+    and megatron for a model with attention layers."""
+    return SYNCHRONOUS_DEFAULT + ((MEGATRON,) if tensor_parallel else ())
+
+
+def exact_peak_memory_bytes(scenario: Scenario, workload=None) -> float:
+    """The memory model's peak (`simulator.memory`, as `simulate` reports it) from the compiled plan
+    alone: a rank's allocations depend on the order of its computes (played back to back here) and
+    on where its gradient allgathers start and end relative to them, not on their durations."""
+    from simulator.memory import memory_config, memory_report
+    from simulator.model_source import resolve_workload
+    from simulator.plan import Collective, Compute
+    from simulator.simulate import analytic_costs
+    from simulator.strategies import compile_plan
+    from simulator.strategies.tensor_summary import _shard_optimizer_memory, tensor_memory_report
+
+    workload = workload or resolve_workload(scenario.model, scenario.base_dir)
+    topology = _topology(scenario.cluster.model_dump_json())
+    plan = compile_plan(scenario, workload, topology, analytic_costs(scenario, workload))
+    spans = []
+    for rank, actions in enumerate(plan.actions):
+        clock, comm_end, done = 0.0, 0.0, {}
+        for action in actions:
+            if isinstance(action, Compute):
+                start = max([clock] + [done.get(dep, 0.0) for dep in action.deps])
+                clock = done[action.id] = start + 1.0
+                spans.append((rank, "compute", action.label, action.phase, start, clock, 0.0, action.microbatch))
+            elif isinstance(action, Collective):
+                start = max([comm_end] + [done.get(dep, 0.0) for dep in action.deps])
+                comm_end = done[action.id] = start + 1.0
+                spans.append((rank, "comm", action.label, action.op, start, comm_end, action.size_bytes, -1))
+    config = memory_config(scenario)
+    if "rank_workload" in plan.meta:
+        report = tensor_memory_report(plan, spans, config)
+        tensor = plan.meta["tensor"]
+        if tensor["zero_stage"] and tensor["dp_degree"] > 1:
+            _shard_optimizer_memory({"memory": report, "devices": report["devices"]}, tensor["dp_degree"])
+    else:
+        report = memory_report(plan, workload, spans, config)
+    return max(row["peak_memory_bytes"] for row in report["devices"])
+
+
+@lru_cache(maxsize=4)
+def _topology(cluster_json: str):
+    """The fabric of a cluster, built once per process (a fat-tree of thousands of GPUs takes seconds)."""
+    from simulator.fabrics import build_topology
+    from simulator.scenario import ClusterConfig
+    return build_topology(ClusterConfig.model_validate_json(cluster_json))
+
+
+def evaluate_layout(payload: dict) -> dict:
+    """Worker body: the exact memory check (when asked), then the simulation (`simulate_candidate`)."""
+    if payload.get("check_memory"):
+        try:
+            scenario = scenario_from_dict(payload["scenario"], payload["origin"], payload["base_dir"])
+            workload = _workload(json.dumps(payload["scenario"]["model"], sort_keys=True), payload["base_dir"])
+            started = time.perf_counter()
+            peak = exact_peak_memory_bytes(scenario, workload)
+            memory_s = time.perf_counter() - started
+        except (ScenarioError, SimulationError) as error:
+            return {"label": payload["label"], "error": str(error)}
+        if peak > scenario.cluster.gpu.memory_bytes:
+            return {"label": payload["label"], "memory_bytes": peak, "memory_s": memory_s}
+        return {**simulate_candidate(payload), "memory_s": memory_s}
+    return simulate_candidate(payload)
+
+
+def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tuple[str, ...] | None = None,
+                   microbatch_sizes: tuple[int, ...] = MICROBATCH_SIZES, microbatch_counts: tuple[int, ...] = (2, 4, 8),
+                   top: int = 10, workers: int | None = None, exhaustive: bool = False,
+                   show_progress: bool = True) -> LayoutSearch:
+    """The branch-and-bound search of the module docstring; `exhaustive` simulates every candidate
+    that passes the memory floor (for checks)."""
+    from simulator.fabrics import build_topology
+    from simulator.simulate import analytic_costs
+
+    stats = SearchStats()
+    started = time.perf_counter()
+    scenario = scenario_for_gpus(scenario, num_gpus)
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), scenario.base_dir)
+    if kinds is None:
+        kinds = default_search_kinds(any(layer.kind == "attention" for layer in workload.layers))
+    others = tuple(kind for kind in kinds if kind != MEGATRON)
+    candidates, skipped = enumerate_candidates(scenario, workload.num_layers, others, microbatch_counts) \
+        if others else ([], [])
+    for candidate in [c for c in candidates if c.kind == "interleaved_1f1b" and c.num_microbatches % c.workers_per_group]:
+        candidates.remove(candidate)
+        skipped.append({"label": candidate.label, "reason": f"interleaved_1f1b needs m={candidate.num_microbatches} "
+                                                            f"divisible by the {candidate.workers_per_group} stages"})
+    if MEGATRON in kinds:
+        candidates += megatron_space(scenario, workload, microbatch_sizes)
+    stats.enumerated = len(candidates) + len(skipped)
+    model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+    stats.seconds["enumerate"] = time.perf_counter() - started
+    capacity = scenario.cluster.gpu.memory_bytes
+    queue, pruned, bounds, floors = [], [], {}, {}
+    for candidate in candidates:
+        clock = time.perf_counter()
+        try:
+            floor = model.memory_floor_bytes(candidate)
+        except (ScenarioError, SimulationError, IndexError) as error:
+            # IndexError: strategies.ghp's balanced partition of G > 1 pipeline replicas on mixed GPUs
+            skipped.append({"label": candidate.label, "reason": str(error) or type(error).__name__})
+            continue
+        stats.seconds["memory"] += time.perf_counter() - clock
+        if floor > capacity:
+            stats.pruned_memory += 1
+            pruned.append({"label": candidate.label, "kind": candidate.kind, "reason": "memory",
+                           "memory_floor_bytes": floor})
+            continue
+        clock = time.perf_counter()
+        bound = bounds[candidate] = model.bound(candidate)
+        stats.seconds["bound"] += time.perf_counter() - clock
+        queue.append((bound.step_s, len(queue), candidate))
+        floors[candidate] = floor
+    heapq.heapify(queue)
+    outcomes = _best_first(scenario, queue, floors, top, exhaustive, workers, show_progress, stats)
+    rows, simulated = [], set()
+    for candidate, outcome in outcomes:
+        simulated.add(candidate)
+        if "error" in outcome:
+            skipped.append({"label": candidate.label, "reason": outcome["error"]})
+            stats.skipped += 1
+        elif "summary" not in outcome:
+            stats.pruned_memory += 1
+            pruned.append({"label": candidate.label, "kind": candidate.kind, "reason": "memory",
+                           "memory_bytes": outcome["memory_bytes"]})
+        else:
+            rows.append({**_row(candidate, outcome, capacity), "bound_s": bounds[candidate].step_s})
+    rows.sort(key=lambda row: (not row["fits"], row["step_time_s"], row["label"]))
+    by_label = {candidate.label: candidate for candidate in candidates}
+    best = next((row for row in rows if row["fits"]), None)
+    best_parts = _parts(bounds[by_label[best["label"]]], best["step_time_s"]) if best else None
+    for position, row in enumerate(rows, start=1):
+        parts = _parts(bounds[by_label[row["label"]]], row["step_time_s"])
+        row.update({"rank": position, **{f"{key}_s": value for key, value in parts.items()},
+                    "lost_to": "memory" if not row["fits"] else None if row is best
+                    else "tie" if row["step_time_s"] <= best["step_time_s"] * (1 + 1e-12) else _lost_to(parts, best_parts)})
+    for _, _, candidate in queue:
+        if candidate not in simulated:
+            stats.pruned_bound += 1
+            pruned.append({"label": candidate.label, "kind": candidate.kind, "bound_s": bounds[candidate].step_s,
+                           "reason": _lost_to(_parts(bounds[candidate]), best_parts) or "bound"})
+    stats.simulated = len(rows)
+    return LayoutSearch(scenario, rows, skipped, MEMORY_MODEL, capacity, stats=stats, pruned=pruned, top=top)
+
+
+def _best_first(scenario, queue, floors, top, exhaustive, workers, show_progress, stats) -> list[tuple[Candidate, dict]]:
+    """Pop candidates by bound until the next bound exceeds the top-th best time that fits."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from simulator.progress import stderr_progress
+    workers = max(1, (os.cpu_count() or 1) if workers is None else workers)
+    heap = list(queue)
+    best: list[float] = []  # negated step times of the top fitting candidates (a max-heap)
+    done: list[tuple[Candidate, dict]] = []
+
+    def limit() -> float:
+        return float("inf") if exhaustive or len(best) < top else -best[0]
+
+    def record(candidate, outcome):
+        done.append((candidate, outcome))
+        stats.seconds["memory"] += outcome.get("memory_s", 0.0)
+        summary = outcome.get("summary")
+        if summary and max(outcome["peak_memory_bytes"]) <= scenario.cluster.gpu.memory_bytes:
+            heapq.heappush(best, -summary["step_time_s"])
+            if len(best) > top:
+                heapq.heappop(best)
+
+    def payload(candidate):
+        return {"label": candidate.label, "scenario": candidate_scenario(scenario, candidate),
+                "origin": scenario.source, "base_dir": scenario.base_dir, "profile": None,
+                "check_memory": scenario.strategy.gradient_compression == "none"
+                and floors[candidate] >= EXACT_CHECK_FRACTION * scenario.cluster.gpu.memory_bytes}
+
+    progress = stderr_progress(TextColumn("searching layouts"), BarColumn(), MofNCompleteColumn(),
+                               TextColumn("simulated"), TimeElapsedColumn(), enabled=show_progress)
+    clock = time.perf_counter()
+    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    try:
+        with progress:
+            task = progress.add_task("search", total=len(heap))
+            running: dict = {}
+            while heap or running:
+                while heap and len(running) < workers and heap[0][0] <= limit():
+                    _, _, candidate = heapq.heappop(heap)
+                    if pool is None:
+                        record(candidate, evaluate_layout(payload(candidate)))
+                        progress.advance(task)
+                    else:
+                        running[pool.submit(evaluate_layout, payload(candidate))] = candidate
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    record(running.pop(future), future.result())
+                    progress.advance(task)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    stats.seconds["simulate"] = time.perf_counter() - clock  # wall time, the exact memory checks included
+    return done
+
+
+def _parts(bound, step_s: float | None = None) -> dict[str, float]:
+    """A candidate's time split for explaining a loss: the bound's compute, bubble and
+    communication; what the simulation adds above the bound counts as communication (contention)."""
+    extra = 0.0 if step_s is None else max(step_s - bound.step_s, 0.0)
+    return {"compute": bound.work_s, "bubble": bound.bubble_s, "communication": bound.comm_s + extra}
+
+
+def _lost_to(parts: dict[str, float], best: dict[str, float] | None) -> str | None:
+    """The part (compute, bubble, communication) by which a candidate exceeds the best the most."""
+    return None if best is None else max(REASONS, key=lambda key: parts[key] - best[key])
+
+
+def row_cost(row: dict, ranking) -> float:
+    """A row's cost for the Pareto front: its price, else GPU-hours (of the run, else of one step)."""
+    if row.get("cost") is not None:
+        return row["cost"]
+    return row.get("gpu_hours", row["step_time_s"] * ranking.scenario.num_gpus / 3600)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
+    """Whether each (time, cost) point is on the Pareto front: no other point is at least as good
+    in both and better in one."""
+    return [not any(t2 <= t and c2 <= c and (t2 < t or c2 < c) for t2, c2 in points) for t, c in points]

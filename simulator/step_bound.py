@@ -1,0 +1,396 @@
+"""A lower bound on a candidate layout's simulated step time, and a floor under its peak memory.
+
+Both are cheap (no plan, no engine) and true bounds of what `simulator.simulate` returns, so the
+layout search (`simulator.layout_search`) may drop a candidate whose bound exceeds a simulated time.
+
+Step time. A synchronous pipeline of p ranks runs chunks c = 0 .. vp - 1 (chunk c on rank c mod p;
+v = 1 and p = M for dp / mp / ghp, with m = 1). Per micro-batch, chunk c costs F_c (its forward
+compute, then its tensor-parallel collectives: the next compute waits for them) and B_c (the
+recomputed forward, the backward and their TP collectives); s_c and s'_c are the activation and
+gradient transfers between chunks c and c + 1. Rank k's first op needs micro-batch 0's forward
+through chunks 0 .. k - 1; its compute stream then runs all its m passes; its last op is the backward
+of chunk k (every schedule's cool-down ends there), after which the gradient still crosses chunks
+k - 1 .. 0 before rank 0's update U_0, while rank k itself waits for its last gradient buckets and
+updates (the critical path of a pipeline flush, Narayanan et al. SC'21, sec. 2.2):
+
+    T >= max_k [ sum_{c<k} (F_c + s_c) + m sum_{c on k} (F_c + B_c) + max(tail_k, drain_k) ]
+    drain_k = sum_{c<k} (s'_c + B_c) + U_0 + AG_0,   tail_k = R_k + U_k + AG_k
+
+with R_k the data-parallel reduction left after the last backward (bucket i of the final backward
+starts after its segment; the buckets run one after another on the stream), AG the ZeRO-1
+parameter allgather after the update. Compute times are the engine's own (sum of the per-layer
+costs of the rank's GPU; SM contention and stragglers only slow them); every transfer and collective
+is priced at link rate alone: each flow phase the engine would play takes at least its latency plus
+its bytes at the bottleneck link's share for its own sub-flows, so contention with other traffic
+can only add (max-min fairness never exceeds capacity). Asynchronous kinds (steady state, no
+flush) get no bound (0).
+
+Memory. The persistent state of each rank (weights, fp32 master weights, optimizer state, weight
+gradients: `simulator.memory`, with ZeRO-1's sharding of the last two as in the megatron summary)
+plus, before its first backward, the activations its schedule holds: every forward done by then
+(1F1B: min(m, p - k) micro-batches; GPipe: m) keeps each layer's `kept` elements until that layer's
+backward. A rank whose floor exceeds the device memory cannot fit; the exact figure is the memory
+model's (`simulator.layout_search.exact_peak_memory_bytes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
+from simulator.costs import BACKWARD, FORWARD
+from simulator.heterogeneity import DeviceCosts
+from simulator.layout_geometry import RememberedCosts, megatron_device
+from simulator.memory import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIES
+from simulator.placement import place_ranks
+from simulator.schedules.ir import ASYNCHRONOUS_KINDS
+from simulator.strategies.ghp import GridConfig, _partition, bucket_segments, recompute_ranges
+from simulator.strategies.tensor import rank_costs
+from simulator.strategies.tensor_layers import pass_collectives, rank_workload
+from simulator.workload import dtype_bytes
+
+MEGATRON = "megatron"
+SAFETY = 1 - 1e-9
+"""The flow model ends a flow within 1e-9 of its bytes; the bound keeps that much below."""
+
+
+@dataclass(frozen=True)
+class StepBound:
+    """A lower bound on the step time and its parts on the binding rank."""
+
+    step_s: float
+    work_s: float
+    """Compute of the binding rank (its m passes and update)."""
+    comm_s: float
+    """Tensor-parallel collectives, pipeline transfers and the exposed data-parallel tail."""
+    bubble_s: float
+    """The rest: pipeline fill and drain compute."""
+
+
+@dataclass
+class _Geometry:
+    """What a candidate's bound and memory floor share: chunk ranges, devices and per-layer costs."""
+
+    ranges: list[tuple[int, int]]
+    chain: list[int]
+    """Device of rank k of replica 0 (TP rank 0)."""
+    rings: list[tuple[int, ...]]
+    """Stage k -> devices of its data-parallel copies (TP rank 0)."""
+    tp_groups: list[tuple[int, ...]]
+    workload: object
+    """The rank's workload (a TP shard for megatron)."""
+    model: object
+    """The rank's cost model (TP share for megatron)."""
+
+
+class BoundModel:
+    """Bounds of the candidates of one scenario on its N GPUs (costs and topology shared)."""
+
+    def __init__(self, scenario, workload, topology, costs):
+        self.scenario, self.workload, self.topology, self.costs = scenario, workload, topology, costs
+        self.element = dtype_bytes(scenario.training.dtype)
+        self.uniform_links = not scenario.cluster.degraded_links
+        self._cache: dict = {}
+        self._comm_scale = 1.0
+        shared = getattr(costs, "shared_processors", None)
+        self._compute_scale = min(1.0, shared.parallelism) if shared is not None else 1.0
+        self._measured = getattr(costs, "communication", None)
+
+    # ------------------------------------------------------------------ geometry
+    def geometry(self, c) -> _Geometry:
+        t, p, v, b = c.tp_degree, c.workers_per_group, c.num_virtual_stages, self.microbatch_size(c)
+        key = ("geometry", c.kind == MEGATRON, c.kind in ("dp", "mp", "ghp"), t, self.sp(c), p, v, b,
+               c.placement, c.data_parallel)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        strategy, scenario = self.scenario.strategy, self.scenario
+        chunks = p * v
+        partition = strategy.partition if isinstance(strategy.partition, str) or len(strategy.partition) == chunks \
+            else "balanced"
+        if c.kind == MEGATRON:
+            d = c.data_parallel
+            device = megatron_device(c.placement, t, p, d)
+            shard, model = self._tensor_model(t, self.sp(c))
+            grid = GridConfig(MEGATRON, 1, chunks, scenario.training.global_batch_size, scenario.training.dtype,
+                              partition=partition)
+            chunk_devices = tuple(device(0, chunk % p, 0) for chunk in range(chunks))
+            ranges = _partition(grid, shard, self.topology, model, chunk_devices, b)
+            chain = [device(0, k, 0) for k in range(p)]
+            rings = [tuple(device(e, k, 0) for e in range(d)) for k in range(p)]
+            tp_groups = [tuple(device(0, k, i) for i in range(t)) for k in range(p)]
+        else:
+            groups = c.num_groups
+            placement = c.placement if c.kind in ("dp", "mp", "ghp") or groups > 1 else "group_per_node"
+            rank_to_device = place_ranks(placement, groups, p, self.topology.gpus_per_node)
+            grid = GridConfig(c.kind, groups, chunks, scenario.training.global_batch_size, scenario.training.dtype,
+                              placement=placement, partition=partition)
+            chunk_devices = tuple(rank_to_device[chunk % p] for chunk in range(chunks))
+            if c.kind in ("dp", "mp", "ghp"):
+                grid = GridConfig(c.kind, groups, p, scenario.training.global_batch_size, scenario.training.dtype,
+                                  placement=placement, partition=partition)
+                chunk_devices = rank_to_device
+            shard, model = self._tensor_model(1, None)
+            ranges = _partition(grid, shard, self.topology, model, chunk_devices, b)
+            chain = [rank_to_device[k] for k in range(p)]
+            rings = [tuple(rank_to_device[g * p + k] for g in range(groups)) for k in range(p)]
+            tp_groups = [(device,) for device in chain]
+        found = self._cache[key] = _Geometry(list(ranges), chain, rings, tp_groups, shard, model)
+        return found
+
+    def _tensor_model(self, t: int, sequence_parallel: bool | None):
+        """(workload, cost model) of one TP rank (t = 1, SP None: the whole model), remembered
+        where devices are alike (a mixed cluster's per-GPU models need the plain cost model)."""
+        key = ("model", t, sequence_parallel)
+        found = self._cache.get(key)
+        if found is None:
+            if sequence_parallel is None:
+                shard, model = self.workload, self.costs
+            else:
+                shard = rank_workload(self.workload, t, sequence_parallel)
+                model = rank_costs(self.costs, shard, t, sequence_parallel)
+            found = self._cache[key] = (shard, model if self.scenario.cluster.node_gpus else RememberedCosts(model))
+        return found
+
+    def microbatch_size(self, c) -> float:
+        batch = self.scenario.training.global_batch_size
+        return batch / (c.data_parallel * c.num_microbatches)
+
+    def recompute(self, c) -> str:
+        return c.recompute or self.scenario.training.recompute
+
+    def sp(self, c) -> bool:
+        return self.scenario.strategy.sequence_parallel if c.sequence_parallel is None else c.sequence_parallel
+
+    def zero(self, c) -> int:
+        return self.scenario.strategy.zero_stage if c.zero_stage is None else c.zero_stage
+
+    # ------------------------------------------------------------------ memory floor
+    def memory_floor_bytes(self, c) -> float:
+        """Largest per-rank floor (module docstring) over the candidate's ranks."""
+        geo, e = self.geometry(c), self.element
+        training, p, v = self.scenario.training, c.workers_per_group, c.num_virtual_stages
+        b, rc = self.microbatch_size(c), self.recompute(c)
+        layers = geo.workload.layers
+        last = len(layers) - 1
+        per_chunk = []
+        for start, end in geo.ranges:
+            kept = 0.0
+            for index in range(start, end):
+                layer = layers[index]
+                if rc == "full":
+                    kept += layer.input_elements_per_sample if index == start else 0
+                elif rc == "selective" and layer.kind == "attention":
+                    kept += min(layer.input_elements_per_sample, layer.saved_elements_per_sample)
+                else:
+                    kept += layer.saved_elements_per_sample
+                if index == last:
+                    kept += 2 * layer.output_elements_per_sample
+            per_chunk.append(0.0 if training.offload_activations else kept * b * e)
+        master = 4 if training.dtype in MASTER_WEIGHT_DTYPES else 0
+        state = (master + 4 * OPTIMIZER_STATE_COPIES[training.optimizer])
+        if c.kind == MEGATRON and self.zero(c) and c.data_parallel > 1:
+            state /= c.data_parallel
+        grads = e if training.memory_policy != "laysa" else 0
+        worst = 0.0
+        for k in range(p):
+            own = [geo.ranges[j] for j in range(k, p * v, p)]
+            params = sum(layers[i].num_params for a, z in own for i in range(a, z))
+            held = sum(per_chunk[chunk] for chunk in self._held_before_first_backward(c, k))
+            worst = max(worst, params * (e + grads + state) + held)
+        return worst
+
+    def _held_before_first_backward(self, c, k: int) -> list[int]:
+        """Chunks of the forwards rank k has run when its first backward starts (`simulator.schedules.build`)."""
+        p, v, m = c.workers_per_group, c.num_virtual_stages, c.num_microbatches
+        if c.kind in ("dp", "mp", "ghp"):
+            return [k]
+        if c.kind == "gpipe":
+            return [k] * m
+        if v == 1:
+            return [k] * min(m, p - k)
+        total = m * v
+        warmup = total if m == p else min(2 * (p - 1 - k) + (v - 1) * p, total)
+        return [((n // p) % v) * p + k for n in range(min(warmup + 1, total))]
+
+    # ------------------------------------------------------------------ step bound
+    def bound(self, c) -> StepBound:
+        if c.kind in ASYNCHRONOUS_KINDS:
+            return StepBound(0.0, 0.0, 0.0, 0.0)
+        geo = self.geometry(c)
+        p, v, m, b = c.workers_per_group, c.num_virtual_stages, c.num_microbatches, self.microbatch_size(c)
+        fwd, bwd, tp_f, tp_b = self._layer_costs(c, geo, b)
+        overlap = c.kind == MEGATRON and c.tp_degree > 1 and self.scenario.strategy.tp_comm_overlap \
+            and self.sp(c)
+        rc = self.recompute(c)
+        chunks = []  # per chunk: (forward compute, forward TP, backward compute, backward TP)
+        for start, end in geo.ranges:
+            redo = [index for a, z in recompute_ranges(geo.workload, start, end, rc) for index in range(a, z)]
+            chunks.append((sum(fwd[start:end]), sum(tp_f[start:end]),
+                           sum(bwd[start:end]) + sum(fwd[i] for i in redo),
+                           sum(tp_b[start:end]) + sum(tp_f[i] for i in redo)))
+
+        def span(compute_s, tp_s):
+            return max(compute_s, tp_s) if overlap else compute_s + tp_s
+
+        f_pass = [span(cf, tf) for cf, tf, _, _ in chunks]
+        b_pass = [span(cb, tb) for _, _, cb, tb in chunks]
+        # drain: megatron recomputes after the gradient arrives; the other kinds' recompute
+        # (`simulator.strategies.ghp.apply_training_options`) waits for nothing and may run earlier
+        b_chain = b_pass if c.kind == MEGATRON else [span(sum(bwd[a:z]), sum(tp_b[a:z])) for a, z in geo.ranges]
+        sends, grads = self._transfers(c, geo, b)
+        key = ("updates", id(geo), c.kind == MEGATRON and self.zero(c) and c.data_parallel > 1, c.num_groups > 1)
+        updates = self._cache.get(key)
+        if updates is None:
+            updates = self._cache[key] = [self._update_s(c, geo, k) for k in range(p)]
+        reduction0 = self._reduction_tail_s(c, geo, 0, overlap)
+        tail0 = reduction0 + updates[0][0] + updates[0][1]  # rank 0's update waits for its buckets too
+        best = None
+        for k in range(p):
+            own = range(k, p * v, p)
+            fill = sum(f_pass[j] + sends[j] for j in range(k))
+            work = m * sum(f_pass[j] + b_pass[j] for j in own)
+            drain = sum(grads[j] + b_chain[j] for j in range(k)) + tail0
+            value = fill + work + max(drain, updates[k][0] + updates[k][1])
+            if best is None or value > best[0]:
+                best = (value, k, fill, work, drain)
+        value, k, fill, work, drain = best
+        reduction = reduction0 if k == 0 else self._reduction_tail_s(c, geo, k, overlap)
+        tail = reduction + updates[k][0] + updates[k][1]
+        step = (fill + work + max(drain, tail)) * SAFETY
+        compute = m * sum(chunks[j][0] + chunks[j][2] for j in range(k, p * v, p)) + updates[k][0]
+        waiting = reduction + updates[k][1] if tail >= drain else reduction0 + updates[0][1] + sum(grads[:k])
+        comm = min(step - compute, work - m * sum(chunks[j][0] + chunks[j][2] for j in range(k, p * v, p))
+                   + sum(sends[:k]) + waiting)
+        return StepBound(step, compute, max(comm, 0.0), max(step - compute - comm, 0.0))
+
+    def _layer_costs(self, c, geo: _Geometry, b: float):
+        """Per layer: forward and backward seconds on the slowest-free device of the chain (the engine's
+        `compute_s`), and the TP collectives' floor after each pass."""
+        key = ("layers", id(geo), b)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        models = DeviceCosts(geo.model, self.topology)
+        count = len(geo.workload.layers)
+        fwd, bwd = [0.0] * count, [0.0] * count
+        for k, (start, end) in enumerate(geo.ranges):
+            model = models.model_of(geo.chain[k % len(geo.chain)])
+            for index in range(start, end):
+                fwd[index] = model.compute_s(index, FORWARD, b) * self._compute_scale
+                bwd[index] = model.compute_s(index, BACKWARD, b) * self._compute_scale
+        tp_f, tp_b = [0.0] * count, [0.0] * count
+        t = c.tp_degree if c.kind == MEGATRON else 1
+        if t > 1:
+            for k, (start, end) in enumerate(geo.ranges):
+                group = geo.tp_groups[k % len(geo.tp_groups)]
+                for index in range(start, end):
+                    for phase, out in ((FORWARD, tp_f), (BACKWARD, tp_b)):
+                        for op, repeat, elements in pass_collectives(self.workload, index, index + 1, phase,
+                                                                     self.sp(c)):
+                            size = elements * b * self.element / (t if op == "allgather" else 1)
+                            out[index] += self.collective_floor_s((group,), op, size, "ring", repeat)
+        found = self._cache[key] = (fwd, bwd, tp_f, tp_b)
+        return found
+
+    def _transfers(self, c, geo: _Geometry, b: float) -> tuple[list[float], list[float]]:
+        """Per chunk boundary c -> c + 1: the activation and the gradient transfer floors."""
+        layers, t = self.workload.layers, (c.tp_degree if c.kind == MEGATRON else 1)
+        sends, grads = [], []
+        p = len(geo.chain)
+        for j in range(len(geo.ranges) - 1):
+            src, dst = geo.chain[j % p], geo.chain[(j + 1) % p]
+            end, start = geo.ranges[j][1], geo.ranges[j + 1][0]
+            sends.append(self.p2p_floor_s(src, dst, layers[end - 1].output_elements_per_sample * b * self.element / t))
+            grads.append(self.p2p_floor_s(dst, src, layers[start].input_elements_per_sample * b * self.element / t))
+        return sends + [0.0], grads + [0.0]
+
+    def _update_s(self, c, geo: _Geometry, k: int) -> tuple[float, float]:
+        """(update compute, ZeRO-1 allgather floor) of rank k."""
+        p, v = c.workers_per_group, c.num_virtual_stages
+        own = [geo.ranges[j] for j in range(k, p * v, p)]
+        first, last = own[0][0], own[-1][1]
+        params = sum(geo.workload.layers[i].num_params for a, z in own for i in range(a, z))
+        model = DeviceCosts(geo.model, self.topology).model_of(geo.chain[k])
+        if c.kind == MEGATRON:
+            d = c.data_parallel
+            sharded = self.zero(c) and d > 1
+            update = model.optimizer_s(params / d if sharded else params, layers=(first, last))
+            gather = self.collective_floor_s((geo.rings[k],), "allgather", params * self.element / d,
+                                             "ring_allgather") if sharded else 0.0
+            return update * self._compute_scale, gather
+        update = model.optimizer_s(params, layers=(first, last))
+        if c.num_groups > 1:
+            update += model.weight_pass_s("average", params, layers=(first, last))
+        return update * self._compute_scale, 0.0
+
+    def _reduction_tail_s(self, c, geo: _Geometry, k: int, overlap: bool) -> float:
+        """Data-parallel reduction still running after rank k's last backward (chunk k's)."""
+        strategy = self.scenario.strategy
+        peers = len(geo.rings[k])
+        if peers < 2 or strategy.gradient_compression != "none" or strategy.dp_sync != "allreduce":
+            return 0.0
+        if c.kind in ("dp", "mp", "ghp") and strategy.gradient_fusion != "buckets":
+            return 0.0
+        start, end = geo.ranges[k]
+        op = "reduce_scatter" if c.kind == MEGATRON and self.zero(c) else "allreduce"
+        algorithm = choose_algorithm(self.topology, geo.rings[k], strategy.collective) if op == "allreduce" \
+            else "ring_reduce_scatter"
+        segments = bucket_segments(geo.workload, start, end, self.element, strategy.bucket_size_bytes
+                                   if strategy.overlap_backward else float("inf"))
+        reduce_s = [self.collective_floor_s((geo.rings[k],), op, size, algorithm) if size > 0 else 0.0
+                    for _, _, size in segments]
+        fwd, bwd, tp_f, tp_b = self._layer_costs(c, geo, self.microbatch_size(c))
+        rc = self.recompute(c)
+        tail, after_s, queued_s = 0.0, 0.0, 0.0
+        for index in range(len(segments) - 1, -1, -1):  # from the last segment run to the first
+            seg_start, seg_end, _ = segments[index]
+            backward, backward_tp = sum(bwd[seg_start:seg_end]), sum(tp_b[seg_start:seg_end])
+            # bucket i starts once segment i's backward compute ends (its TP collectives may follow)
+            own_tp = max(backward, backward_tp) - backward if overlap else backward_tp
+            queued_s += reduce_s[index]
+            tail = max(tail, queued_s - after_s - own_tp)
+            redo = [i for a, z in recompute_ranges(geo.workload, seg_start, seg_end, rc) for i in range(a, z)]
+            redo_s, redo_tp = sum(fwd[i] for i in redo), sum(tp_f[i] for i in redo)
+            after_s += (max(redo_s, redo_tp) + max(backward, backward_tp)) if overlap \
+                else redo_s + redo_tp + backward + backward_tp
+        return tail
+
+    # ------------------------------------------------------------------ link-rate floors
+    def phases_floor_s(self, phases) -> float:
+        """Each phase alone on the fabric: latency + bytes at its bottleneck link's share."""
+        total = 0.0
+        links = self.topology.links
+        for phase in phases:
+            slowest = max((count / links[link].bandwidth_bytes_per_s for link, count in phase.usage), default=0.0)
+            total += phase.latency_s + phase.bytes_per_subflow * slowest
+        return total
+
+    def collective_floor_s(self, groups, op: str, size_bytes: float, algorithm: str, repeat: int = 1) -> float:
+        if self._measured is not None:
+            return 0.0
+        if op == "allreduce" and algorithm == "ring":
+            algorithm = choose_algorithm(self.topology, groups[0], "ring")
+        key = ("collective", self._signature(groups), op, size_bytes, algorithm, repeat)
+        found = self._cache.get(key)
+        if found is None:
+            phases = collective_phases(self.topology, groups, op, size_bytes, algorithm, 1, repeat)
+            found = self._cache[key] = self.phases_floor_s(phases)
+        return found
+
+    def p2p_floor_s(self, src: int, dst: int, size_bytes: float) -> float:
+        if self._measured is not None or src == dst:
+            return 0.0
+        key = ("p2p", self._signature(((src, dst),)), size_bytes)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = self.phases_floor_s((pairs_phase(self.topology, ((src, dst),), size_bytes),))
+        return found
+
+    def _signature(self, groups) -> tuple:
+        """Groups inside one node on a fabric whose nodes are alike time the same wherever they sit."""
+        per_node = self.topology.gpus_per_node
+        nodes = {device // per_node for group in groups for device in group}
+        if self.uniform_links and len(nodes) == 1:
+            return ("node", tuple(tuple(device % per_node for device in group) for group in groups))
+        return tuple(tuple(group) for group in groups)

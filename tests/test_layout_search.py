@@ -1,0 +1,154 @@
+"""The layout search (simulator/layout_search.py) and its bounds (simulator/step_bound.py): the
+first-ranked candidate is the exhaustive best, the step-time bound never exceeds the simulated
+time, and memory pruning agrees with the memory model (simulator/memory.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ghpsim import arguments
+from ghpsim.cli import main
+from simulator.fabrics import build_topology
+from simulator.hardware import GPUS
+from simulator.layout_search import (MICROBATCH_SIZES, exact_peak_memory_bytes, megatron_space, pareto_front,
+                                     search_layouts)
+from simulator.planner import Candidate, _workload, candidate_scenario, enumerate_candidates
+from simulator.scenario import load_scenario, scenario_from_dict
+from simulator.simulate import analytic_costs, simulate
+from simulator.step_bound import BoundModel
+
+KINDS = ("dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "megatron")
+
+
+def tiny_llm(num_nodes=2, gpus_per_node=2, batch=8, layers=4, memory=None) -> dict:
+    """A 4-block transformer on A100s (kernel cost model), 2 nodes: simulations take milliseconds."""
+    gpu = "A100-80GB" if memory is None else {**GPUS["A100-80GB"].model_dump(mode="json"), "memory_bytes": memory}
+    return {"name": "tiny_llm",
+            "cluster": {"num_nodes": num_nodes, "gpus_per_node": gpus_per_node, "gpu": gpu,
+                        "intra_node_link": "nvlink3-a100", "inter_node_link": "ib-hdr"},
+            "model": {"name": "transformer", "params": {"num_layers": layers, "hidden_size": 256, "num_heads": 8,
+                                                        "seq_len": 128, "vocab_size": 1024}},
+            "training": {"global_batch_size": batch, "dtype": "bf16", "optimizer": "adam"}}
+
+
+def exhaustive(raw: dict, overrides=(), **options):
+    return search_layouts(load_scenario(raw, list(overrides)), kinds=KINDS, microbatch_sizes=(1, 2), exhaustive=True,
+                          workers=1, show_progress=False, **options)
+
+
+@pytest.mark.parametrize("overrides", [
+    (),
+    ("cluster.topology=fat_tree", "training.recompute=full", "strategy.overlap_backward=false"),
+    ("strategy.tp_comm_overlap=true", "strategy.bucket_size_bytes=100000", "training.memory_policy=reuse"),
+])
+def test_the_bound_is_never_above_the_simulated_time(overrides):
+    ranking = exhaustive(tiny_llm(), overrides)
+    kinds = {row["kind"] for row in ranking.rows}
+    assert {"dp", "ghp", "1f1b", "gpipe", "megatron"} <= kinds and len(ranking.rows) > 100
+    for row in ranking.rows:
+        assert 0 < row["bound_s"] <= row["step_time_s"], row["label"]
+    # and it is close: most candidates' bounds are within 30 % of their simulated time
+    close = [row for row in ranking.rows if row["bound_s"] >= 0.7 * row["step_time_s"]]
+    assert len(close) >= 0.9 * len(ranking.rows)
+
+
+def test_the_first_ranked_equals_the_exhaustive_best():
+    raw = tiny_llm(batch=16)
+    full = exhaustive(raw)
+    for top in (1, 3):
+        pruned = search_layouts(load_scenario(raw), kinds=KINDS, microbatch_sizes=(1, 2), top=top, workers=1,
+                                show_progress=False)
+        fitting = [row for row in full.rows if row["fits"]]
+        assert [(r["label"], r["step_time_s"]) for r in pruned.rows[:top]] == \
+            [(r["label"], r["step_time_s"]) for r in fitting[:top]]
+        stats = pruned.stats
+        assert stats.pruned_bound > 0 and stats.simulated < len(full.rows)
+        assert stats.enumerated == stats.pruned_memory + stats.pruned_bound + stats.simulated + len(pruned.skipped)
+        # every candidate left out could not beat the top-th simulated time
+        kth = pruned.rows[top - 1]["step_time_s"]
+        assert all(entry["bound_s"] > kth for entry in pruned.pruned if entry["reason"] != "memory")
+
+
+def test_memory_pruning_agrees_with_the_memory_model():
+    raw = tiny_llm(batch=16, memory="32 MB")
+    scenario = load_scenario(raw)
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
+    model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+    candidates = megatron_space(scenario, workload, (1, 2, 4))[::3] + enumerate_candidates(
+        scenario, workload.num_layers, ("dp", "ghp", "gpipe", "1f1b", "pipedream"), (2, 4))[0]
+    fits = {True: 0, False: 0}
+    for candidate in candidates:
+        concrete = scenario_from_dict(candidate_scenario(scenario, candidate))
+        simulated = simulate(concrete, workload=workload).summary["memory"]["peak_memory_bytes"]
+        assert exact_peak_memory_bytes(concrete, workload) == pytest.approx(simulated, rel=1e-12), candidate.label
+        assert model.memory_floor_bytes(candidate) <= simulated * (1 + 1e-12), candidate.label
+        fits[simulated <= scenario.cluster.gpu.memory_bytes] += 1
+    assert fits[True] and fits[False]  # the capacity splits the space
+    # the search drops exactly the layouts the memory model says do not fit
+    ranking = exhaustive(raw)
+    full = exhaustive(tiny_llm(batch=16))
+    over = {row["label"] for row in full.rows if row["peak_memory_bytes"] > 32e6}
+    assert {entry["label"] for entry in ranking.pruned if entry["reason"] == "memory"} | \
+        {row["label"] for row in ranking.rows if not row["fits"]} == over
+
+
+def test_megatron_space_covers_every_axis():
+    scenario = load_scenario(tiny_llm(num_nodes=2, gpus_per_node=4, batch=16))
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
+    space = megatron_space(scenario, workload, (1, 2))
+    assert {c.tp_degree for c in space} == {1, 2, 4} and {c.workers_per_group for c in space} == {1, 2, 4}
+    assert {c.recompute for c in space} == {"none", "selective", "full"} and {c.zero_stage for c in space} == {0, 1}
+    assert {c.sequence_parallel for c in space} == {False, True} and {c.num_virtual_stages for c in space} == {1, 2}
+    assert {c.placement for c in space} == {"group_per_node", "tp_dp_pp"}
+    assert len({c.label for c in space}) == len(space)
+    layout = Candidate("megatron", 4, 2, "tp_dp_pp", 4, 1, 2, "full", 1, True)
+    raw = candidate_scenario(scenario, layout)
+    assert raw["strategy"]["placement"] == [0, 1, 4, 5, 2, 3, 6, 7]  # a stage's replicas side by side
+    assert (raw["training"]["recompute"], raw["strategy"]["zero_stage"], raw["strategy"]["sequence_parallel"]) == \
+        ("full", 1, True)
+    assert arguments.MICROBATCH_SIZES == MICROBATCH_SIZES
+
+
+def test_pareto_front():
+    assert pareto_front([(1, 5), (2, 3), (3, 4), (2, 3), (4, 1)]) == [True, True, False, True, True]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_rank_plans_runs_and_compares_cluster_sizes(capsys, tmp_path):
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(json.dumps(tiny_llm(batch=16)))
+    plot = tmp_path / "pareto.png"
+    code, out, _ = run(capsys, "rank", str(scenario), "--gpus", "2,4", "--top", "2", "--workers", "1",
+                       "--tokens", "1e9", "--price-per-gpu-hour", "2.5", "--json", "--plot", str(plot))
+    assert code == 0 and plot.read_bytes()[:4] == b"\x89PNG"
+    sizes = json.loads(out)["sizes"]
+    assert [size["num_gpus"] for size in sizes] == [2, 4]
+    for size in sizes:
+        best = size["rows"][0]
+        steps = -(-1e9 // (16 * 128))
+        assert best["run_steps"] == steps and best["time_to_train_s"] == pytest.approx(steps * best["step_time_s"])
+        assert best["cost"] == pytest.approx(best["time_to_train_s"] / 3600 * size["num_gpus"] * 2.5)
+        search = size["search"]
+        assert search["simulated"] == len(size["rows"]) and search["enumerated"] > search["simulated"]
+    code, out, _ = run(capsys, "rank", str(scenario), "--gpus", "2,4", "--top", "2", "--workers", "1", "--steps", "10")
+    assert code == 0 and "cluster sizes: the best layout of each" in out and "pruned by the step-time bound" in out
+    code, _, err = run(capsys, "rank", str(scenario), "--price-per-gpu-hour", "-1")
+    assert code == 2 and err.strip() == "ghpsim: error: --price-per-gpu-hour: -1.0 must be a positive number"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rank", str(scenario), "--tokens", "5", "--steps", "3"])
+    assert exit_info.value.code == 2
+
+
+def test_rank_says_in_one_line_when_no_layout_fits(capsys, tmp_path):
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(json.dumps(tiny_llm(memory="1 MB")))
+    code, out, err = run(capsys, "rank", str(scenario), "--workers", "1")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith("ghpsim: error: --gpus: no layout fits in 0.0 GiB of device memory on 4 GPUs (")
