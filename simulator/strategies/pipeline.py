@@ -101,7 +101,9 @@ def compile_pipeline_plan(config: PipelineConfig, workload: Workload, topology: 
                               config.weight_prediction == "staggered")
     check_schedule(schedule)
     rank_to_device = place_ranks(config.placement, groups, num_stages, topology.gpus_per_node)
-    chunk_devices = tuple(rank_to_device[chunk % num_stages] for chunk in range(schedule.num_chunks))
+    # chunk c of replica g runs on rank g x M + (c mod M); the partitioner reads replica-major rows
+    chunk_devices = tuple(rank_to_device[group * num_stages + chunk % num_stages]
+                          for group in range(groups) for chunk in range(schedule.num_chunks))
     ranges = _partition(config.grid(schedule.num_chunks), workload, topology, costs, chunk_devices,
                         config.microbatch_size)
     stages = tuple(_stage(workload, ranges, j, num_stages, v) for j in range(num_stages))
