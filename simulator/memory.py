@@ -28,7 +28,11 @@ to their FLOPs (forward in layer order, backward in reverse), so buffers appear 
 - recompute selective: attention layers keep only their input; full: only the input of each
   backward segment's first layer (a checkpoint per gradient bucket, the stage input when one
   bucket); the rest is rematerialised by the recompute forward (or, if the plan has none, at the
-  start of the backward segment) and freed with the layer's activations.
+  start of the backward segment) and freed with the layer's activations. A plan whose
+  `meta["recompute_granularity"]` is "layer" (Megatron's `--recompute-granularity full
+  --recompute-method uniform --recompute-num-layers 1`, what the megatron kind plans; Korthikanti
+  et al. 2022, sec. 5: full recompute keeps each layer's input) keeps every layer's input under
+  full, and rematerialises a layer only when its own backward starts.
 - gradient_maps (dL/dX): none: each layer's input gradient appears when its backward starts and
   stays until the micro-batch's backward on the rank ends (model layer 0 has none: the data needs
   no gradient), and so does the output gradient received from the next stage; reuse/laysa:
@@ -163,6 +167,7 @@ class _RankWalk:
         self.live = defaultdict(float)      # (microbatch, layer) -> activation bytes on device
         self.host = {}                      # (microbatch, layer) -> activation bytes on host
         self.remat = set()
+        self.per_layer = plan.meta.get("recompute_granularity") == "layer"
         self.grad_maps = defaultdict(float)  # microbatch -> gradient-map bytes kept (policy none)
         self.transfers = []                 # (bytes, "out"|"in")
         self.phase_s = defaultdict(float)   # compute seconds of forwards ("F") and backwards ("B")
@@ -195,6 +200,8 @@ class _RankWalk:
         if mode == "selective" and spec.kind == "attention":
             return min(spec.input_elements_per_sample, spec.saved_elements_per_sample)
         if mode == "full":
+            if self.per_layer:
+                return spec.input_elements_per_sample
             starts = {start for start, _ in self.segments[microbatch]}
             return spec.input_elements_per_sample if layer in starts else 0
         return spec.saved_elements_per_sample
@@ -249,7 +256,8 @@ class _RankWalk:
             spec = self.layers[layer]
             kept = self.kept_elements(mb, layer)
             if recompute:
-                size = max(spec.saved_elements_per_sample - kept, 0) * scale
+                # per-layer granularity: the layer's own backward rematerialises it (backward())
+                size = 0.0 if self.per_layer else max(spec.saved_elements_per_sample - kept, 0) * scale
                 self.remat.add((mb, layer))
             else:
                 size = kept * scale
@@ -295,13 +303,15 @@ class _RankWalk:
         self.phase_s["B"] += end - start
         layers = range(action.layer_start, action.layer_end)
         arriving = 0.0
+        remat = {}
         for layer in layers:
-            if self.config.recompute != "none" and (mb, layer) not in self.remat:
+            if self.config.recompute != "none" and (self.per_layer or (mb, layer) not in self.remat):
                 spec = self.layers[layer]
-                size = max(spec.saved_elements_per_sample - self.kept_elements(mb, layer), 0) * scale
-                self.live[(mb, layer)] += size
-                arriving += size
-        self.add(start, arriving, "activations")
+                remat[layer] = max(spec.saved_elements_per_sample - self.kept_elements(mb, layer), 0) * scale
+                self.live[(mb, layer)] += remat[layer]
+                arriving += remat[layer]
+        if not self.per_layer:
+            self.add(start, arriving, "activations")
         no_reuse = self.config.memory_policy == "none"
         if not no_reuse:
             incoming = self.layers[action.layer_end - 1].output_elements_per_sample * scale
@@ -310,6 +320,8 @@ class _RankWalk:
         for layer, at, until in self._intervals(reversed(layers), start, end,
                                                 lambda spec: spec.backward_flops_per_sample):
             spec = self.layers[layer]
+            if self.per_layer:
+                self.add(at, remat.get(layer, 0.0), "activations")
             fetched = self.host.pop((mb, layer), 0.0)  # offloaded: back from the host as its backward starts
             if fetched:
                 self.transfers.append((fetched, "in"))

@@ -171,6 +171,7 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     check_simulation_size(len(builders), len(first), "" if symmetric else f" (not folded: {reason})")
     actions = (first, *(builder.build() for builder in builders[1:]))
     meta = {"placement": config.placement, "partition": [b - a for a, b in ranges],
+            "recompute_granularity": "layer",
             "schedule_kind": config.schedule_kind, "num_microbatches": config.num_microbatches,
             "num_virtual_stages": config.num_virtual_stages, "asynchronous": False, "weight_stashing": False,
             **stage_metrics(schedule, False), "rank_workload": shard,
