@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.zoo._ops import ADD_FLOPS, NORM_FLOPS
+from simulator.zoo._ops import ADD_FLOPS, NORM_FLOPS, RMS_NORM_FLOPS
 
 PHASES = ("F", "B", "R")
 DEFAULT_DROPOUT = 0.1
@@ -78,6 +78,20 @@ def layer_norm(name: str, rows: float, width: int, e: int, phase: str) -> list[K
             Kernel(f"{name}.grad_params", "reduction", 0.0, 0.0, 2 * width * e),
             Kernel(f"{name}.grad_input", "norm", NORM_FLOPS * elements,
                    2 * elements * e + 2 * rows * STATS_BYTES, elements * e)]
+
+
+def rms_norm(name: str, rows: float, width: int, e: int, phase: str) -> list[Kernel]:
+    """Fused RMSNorm (Zhang & Sennrich 2019; apex FusedRMSNorm / Transformer Engine) over `rows` x
+    `width`: one forward kernel (saves the fp32 rstd); backward as `layer_norm` with one
+    parameter vector (the weight, no bias)."""
+    elements = rows * width
+    if phase != "B":
+        return [Kernel(name, "norm", RMS_NORM_FLOPS * elements, elements * e + width * e,
+                       elements * e + rows * STATS_BYTES)]
+    return [Kernel(f"{name}.grad_params_partial", "reduction", 0.0, 2 * elements * e, 0.0),
+            Kernel(f"{name}.grad_params", "reduction", 0.0, 0.0, width * e),
+            Kernel(f"{name}.grad_input", "norm", RMS_NORM_FLOPS * elements,
+                   2 * elements * e + rows * STATS_BYTES, elements * e)]
 
 
 def dropout(name: str, elements: float, e: int, phase: str) -> Kernel:

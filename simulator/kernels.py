@@ -44,9 +44,10 @@ from simulator.kernel_ops import (
     layer_norm,
     linear,
     pointwise,
+    rms_norm,
     unfused_accumulation,
 )
-from simulator.kernels_attention import attention_core_kernels
+from simulator.kernels_attention import attention_core_kernels, llama_block_kernels
 from simulator.kernels_cnn import (
     basic_block_kernels,
     bottleneck_block_kernels,
@@ -113,7 +114,8 @@ def embedding_kernels(spec, b: float, e: int, phase: str, t: int, sp: bool) -> l
     p = spec.get("dropout", DEFAULT_DROPOUT)
     tokens = b * s
     rows = tokens / t if sp else tokens
-    tables = [("token", vocab / t), ("position", spec["max_positions"])]
+    tables = [("token", vocab / t)]
+    tables += [("position", spec["max_positions"])] if spec.get("position_embedding", "learned") == "learned" else []
     tables += [("token_type", spec["token_types"])] if spec.get("token_types") else []
     if phase != "B":
         kernels = []
@@ -164,7 +166,8 @@ def lm_head_kernels(spec, b: float, e: int, phase: str, t: int, sp: bool) -> lis
     s, h, vocab = spec["seq_len"], spec["hidden_size"], spec["vocab_size"]
     tokens = b * s
     rows = tokens / t if sp else tokens
-    norm = layer_norm("final_ln", rows, h, e, phase) if spec.get("final_norm", True) else []
+    norm_kernels = rms_norm if spec.get("norm_type") == "rmsnorm" else layer_norm
+    norm = norm_kernels("final_ln", rows, h, e, phase) if spec.get("final_norm", True) else []
     logits = linear("logits", tokens, vocab / t, h, e, phase, bias_grad=spec.get("bias", False))
     ce = cross_entropy_kernels(tokens, vocab / t, e, phase)
     return norm + logits + ce if phase != "B" else ce + logits + norm
@@ -205,6 +208,11 @@ def generic_kernels(layer: Layer, b: float, e: int, phase: str, t: int) -> list[
 def _expand(layer: Layer, b: float, e: int, phase: str, t: int, flash: bool, sp: bool) -> list[Kernel]:
     spec = layer.spec
     kind = spec.get("kind")
+    if kind == "transformer_block" and spec.get("activation") == "swiglu":
+        _check_tp("num_heads", spec["num_heads"], t)
+        _check_tp("num_kv_heads", spec.get("num_kv_heads") or spec["num_heads"], t)
+        _check_tp("ffn_hidden_size", spec["ffn_hidden_size"], t)
+        return llama_block_kernels(spec, b, e, phase, t, flash, sp)
     if kind == "transformer_block":
         return transformer_block_kernels(spec, b, e, phase, t, flash, sp)
     if kind == "embedding":
@@ -281,7 +289,12 @@ def num_param_tensors(layer: Layer) -> int:
     """How many parameter tensors `layer` holds (what multi-tensor optimizer kernels iterate)."""
     spec, kind = layer.spec, layer.spec.get("kind")
     if kind == "embedding":
-        return 2 + bool(spec.get("token_types")) + 2 * bool(spec.get("layernorm"))
+        learned = spec.get("position_embedding", "learned") == "learned"
+        return 1 + learned + bool(spec.get("token_types")) + 2 * bool(spec.get("layernorm"))
+    if kind == "transformer_block" and spec.get("bias") is False:
+        return 6  # 2 RMSNorm weights, fused QKV, out-proj, fused gate + up, down
+    if kind == "lm_head" and spec.get("norm_type") == "rmsnorm":
+        return 1 + (not spec.get("tied_embedding", True))
     if kind == "conv_block":
         return 1 + bool(spec.get("bias")) + 2 * bool(spec.get("batch_norm"))
     if kind == "basic_block":

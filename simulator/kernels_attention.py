@@ -1,13 +1,25 @@
 """The attention core of a Megatron transformer block as kernels: scores, (fused or unfused)
-scale-mask-softmax, dropout, values and the context permute; or flash attention. Part of the
-expansion in `simulator.kernels` (its module docstring gives the conventions)."""
+scale-mask-softmax, dropout, values and the context permute; or flash attention; with grouped-query
+attention (Ainslie et al. 2023) K and V have kv_heads / tp heads per rank. Also the LLaMA block
+(`llama_block_kernels`). Part of the expansion in `simulator.kernels` (its module docstring gives
+the conventions)."""
 
 from __future__ import annotations
 
 import math
 
-from simulator.kernel_ops import STATS_BYTES, Kernel, copy, dropout, gemm, pointwise
-from simulator.zoo._ops import SOFTMAX_FLOPS
+from simulator.kernel_ops import (
+    STATS_BYTES,
+    Kernel,
+    add,
+    copy,
+    dropout,
+    gemm,
+    linear,
+    pointwise,
+    rms_norm,
+)
+from simulator.zoo._ops import ROTARY_FLOPS, SOFTMAX_FLOPS, SWIGLU_FLOPS
 
 FP32 = 4
 
@@ -44,16 +56,24 @@ def _torch_softmax(probs: float, e: int, phase: str) -> list[Kernel]:
 
 
 def attention_core_kernels(b: float, s: int, h: int, heads: int, t: int, e: int, phase: str,
-                    flash: bool, causal: bool, p: float) -> list[Kernel]:
+                    flash: bool, causal: bool, p: float, kv_heads: int | None = None) -> list[Kernel]:
     """Scores Q K^T (batched per head, scale in the GEMM's alpha), fused scale-mask-softmax (or
     its unfused fallback, `fused_softmax_available`), dropout, P V, context permute (Megatron
     CoreAttention); or one flash-attention kernel
     (Dao 2023) between layout copies, tiled as m = s queries, n = d, k = 2s (forward: 4 s^2 d
-    FLOPs per head) or k = 5s (backward: 5 GEMMs, scores recomputed)."""
+    FLOPs per head) or k = 5s (backward: 5 GEMMs, scores recomputed). With `kv_heads` < heads
+    (GQA) the unfused path first repeats K and V to every query head (Megatron-core's
+    `repeat_interleave`; its backward sums them back); flash attention reads them as they are."""
     d, a = h // heads, heads // t
     tokens, heads_total = b * s, b * a
     probs = heads_total * s * s
+    grouped = kv_heads is not None and kv_heads != heads
     qkv_e, ctx_e = 3 * tokens * h / t, tokens * h / t
+    if grouped:
+        qkv_e = tokens * (h + 2 * kv_heads * d) / t
+    repeat = [pointwise("attn.kv_repeat", "copy", 2 * ctx_e, e * kv_heads / heads, e)] if grouped else []
+    repeat_bwd = ([pointwise("attn.kv_repeat.bwd", "reduction", 2 * ctx_e, e, e * kv_heads / heads, 1.0)]
+                  if grouped else [])
     work = 0.5 if causal else 1.0
     if flash:
         if phase != "B":
@@ -71,7 +91,7 @@ def attention_core_kernels(b: float, s: int, h: int, heads: int, t: int, e: int,
                 copy("attn.qkv_layout.bwd", qkv_e, e)]
     fused = fused_softmax_available(heads_total, s, s, e, causal)
     if phase != "B":
-        kernels = [gemm("attn.score", s, s, d, e, batch_count=heads_total),
+        kernels = [*repeat, gemm("attn.score", s, s, d, e, batch_count=heads_total),
                    *([pointwise("attn.softmax", "softmax", probs, e, e, SOFTMAX_FLOPS)] if fused
                      else _torch_softmax(probs, e, phase))]
         kernels += [dropout("attn.dropout", probs, e, phase)] if p > 0 else []
@@ -85,4 +105,36 @@ def attention_core_kernels(b: float, s: int, h: int, heads: int, t: int, e: int,
                 else _torch_softmax(probs, e, phase))
     return kernels + [gemm("attn.score.dgrad_q", s, d, s, e, batch_count=heads_total),
                       gemm("attn.score.dgrad_k", s, d, s, e, batch_count=heads_total),
-                      copy("attn.qkv_split.bwd", qkv_e, e)]
+                      *repeat_bwd, copy("attn.qkv_split.bwd", qkv_e, e)]
+
+
+def llama_block_kernels(spec, b: float, e: int, phase: str, t: int, flash: bool,
+                        sp: bool) -> list[Kernel]:
+    """LLaMA block as Megatron-core runs it (--normalization RMSNorm, --swiglu, rope, GQA,
+    --disable-bias-linear, dropout 0): RMSNorm, fused QKV GEMM (N = (h + 2 g d) / tp), rotary on
+    Q and K (one elementwise kernel each; Su et al. 2021), attention core, out-proj, residual add,
+    RMSNorm, fused gate + up GEMM (N = 2 f / tp), fused silu-mul (Shazeer 2020), down GEMM,
+    residual add. Caller checks tp divides heads, kv heads and f."""
+    s, h, heads, f = spec["seq_len"], spec["hidden_size"], spec["num_heads"], spec["ffn_hidden_size"]
+    kv = spec.get("num_kv_heads") or heads
+    p = spec.get("dropout", 0.0)
+    tokens, kv_h = b * s, kv * (h // heads)
+    rows = tokens / t if sp else tokens
+    core = attention_core_kernels(b, s, h, heads, t, e, phase, flash, spec.get("causal", True), p, kv)
+    if phase != "B":
+        return [*rms_norm("norm1", rows, h, e, phase), *linear("qkv", tokens, (h + 2 * kv_h) / t, h, e, phase),
+                pointwise("rotary_q", "elementwise", tokens * h / t, e, e, ROTARY_FLOPS),
+                pointwise("rotary_k", "elementwise", tokens * kv_h / t, e, e, ROTARY_FLOPS),
+                *core, *linear("proj", tokens, h, h / t, e, phase), add("residual1", rows * h, e),
+                *rms_norm("norm2", rows, h, e, phase), *linear("fc1", tokens, 2 * f / t, h, e, phase),
+                pointwise("swiglu", "elementwise", tokens * f / t, 2 * e, e, SWIGLU_FLOPS),
+                *linear("fc2", tokens, h, f / t, e, phase), add("residual2", rows * h, e)]
+    return [*linear("fc2", tokens, h, f / t, e, phase),
+            pointwise("swiglu.bwd", "elementwise", tokens * f / t, 3 * e, 2 * e, SWIGLU_FLOPS),
+            *linear("fc1", tokens, 2 * f / t, h, e, phase), *rms_norm("norm2", rows, h, e, phase),
+            add("residual2.grad_accumulate", rows * h, e),
+            *linear("proj", tokens, h, h / t, e, phase), *core,
+            pointwise("rotary_q.bwd", "elementwise", tokens * h / t, e, e, ROTARY_FLOPS),
+            pointwise("rotary_k.bwd", "elementwise", tokens * kv_h / t, e, e, ROTARY_FLOPS),
+            *linear("qkv", tokens, (h + 2 * kv_h) / t, h, e, phase),
+            *rms_norm("norm1", rows, h, e, phase), add("residual1.grad_accumulate", rows * h, e)]

@@ -1,4 +1,5 @@
-"""Turn a scenario's `model` section into a Workload: a zoo name, an inline table or a table file.
+"""Turn a scenario's `model` section into a Workload: a zoo name, an inline table, a table file or a
+Hugging Face config.json (`load_hf_config`: LLaMA-style decoders).
 
 A layer-table file is YAML (a list of rows, or a mapping with `name`, `layers` and optional
 `input_spec`) or CSV with the columns of `simulator.workload.LAYER_TABLE_COLUMNS`. Missing
@@ -13,6 +14,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import io
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +26,7 @@ from simulator.scenario import LayerRow, ModelConfig
 from simulator.workload import Layer, Workload
 from simulator.yaml_loading import read_text_file, read_yaml_file
 from simulator.zoo import MODELS, build_model
+from simulator.zoo.llama import llama, llama_workload
 
 
 def resolve_workload(model: ModelConfig, base_dir: str = ".") -> Workload:
@@ -31,6 +34,8 @@ def resolve_workload(model: ModelConfig, base_dir: str = ".") -> Workload:
         return _from_zoo(model.name, model.params)
     if model.layers is not None:
         return workload_from_rows("inline", model.layers)
+    if model.hf_config is not None:
+        return load_hf_config(Path(base_dir) / model.hf_config, model.params)
     return load_layer_table(Path(base_dir) / model.file)
 
 
@@ -73,11 +78,72 @@ def _check_param_types(name: str, factory, params: dict) -> None:
             expected = "a number"
         elif isinstance(default, str) and not isinstance(value, str):
             expected = "a name"
-        elif isinstance(value, bool):
+        elif isinstance(value, bool) and not isinstance(default, bool):
             expected = "a number or a name"
         else:
             continue
         raise ScenarioError(f"model.params.{key}: expected {expected} for model {name!r}, got {value!r}")
+
+
+HF_DIMENSIONS = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
+                 "num_attention_heads": "num_heads", "intermediate_size": "ffn_hidden_size",
+                 "vocab_size": "vocab_size"}
+"""Required config.json keys (transformers `LlamaConfig`) -> `simulator.zoo.llama.llama` parameters."""
+HF_UNSUPPORTED = ("num_local_experts", "n_routed_experts", "num_experts", "attention_bias", "mlp_bias")
+"""Keys of variants not modelled yet (mixture of experts, biased linears): refused when set."""
+
+
+def load_hf_config(path: Path, params: dict) -> Workload:
+    """A LLaMA-style decoder from a Hugging Face config.json (hidden_size, num_hidden_layers,
+    num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings,
+    tie_word_embeddings; hidden_act must be silu and rms_norm_eps present). seq_len defaults to
+    max_position_embeddings; `params` (the `llama` factory's keywords) override. Errors name the
+    key, never quote the file's text."""
+    what = f"model.hf_config: {str(path)!r}"
+    if path.suffix.lower() != ".json":
+        raise ScenarioError(f"{what}: expected a .json file (a Hugging Face config.json)")
+    try:
+        config = json.loads(read_text_file(path, what))
+    except json.JSONDecodeError as error:
+        raise ScenarioError(f"{what}: not valid JSON (line {error.lineno}, column {error.colno})") from None
+    if not isinstance(config, dict):
+        raise ScenarioError(f"{what}: expected a JSON object")
+
+    def positive(key: str, default=None) -> int:
+        value = config.get(key, default)
+        if value is None:
+            raise ScenarioError(f"{what}: missing key {key}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ScenarioError(f"{what}: {key}: expected a positive integer")
+        return value
+
+    for key in HF_UNSUPPORTED:
+        if config.get(key):
+            raise ScenarioError(f"{what}: {key}: not supported yet (dense LLaMA-style models only)")
+    if config.get("hidden_act", "silu") != "silu":
+        raise ScenarioError(f"{what}: hidden_act: only silu (a SwiGLU MLP) is supported")
+    if "rms_norm_eps" not in config:
+        raise ScenarioError(f"{what}: missing key rms_norm_eps (only RMSNorm models are supported)")
+    tie = config.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ScenarioError(f"{what}: tie_word_embeddings: expected true or false")
+    built = {ours: positive(key) for key, ours in HF_DIMENSIONS.items()}
+    built["num_kv_heads"] = positive("num_key_value_heads", built["num_heads"])
+    built["seq_len"] = built["max_positions"] = positive("max_position_embeddings", 2048)
+    built["tie_embeddings"] = tie
+    _check_param_types("hf_config", llama, params)
+    check_model_params(params)
+    unknown = sorted(set(params) - set(inspect.signature(llama).parameters))
+    if unknown:
+        raise ScenarioError(f"model.params.{unknown[0]}: not a parameter of an hf_config model")
+    merged = {**built, **params}
+    check_num_layers(int(merged["num_layers"]) + 2, what)
+    try:
+        workload = llama_workload(path.stem, **merged)
+    except ValueError as error:
+        raise ScenarioError(f"{what}: {error}") from None
+    check_num_layers(workload.num_layers, what)
+    return workload
 
 
 def load_layer_table(path: Path) -> Workload:

@@ -137,18 +137,21 @@ class LayerRow(_Frozen):
 
 
 class ModelConfig(_Frozen):
-    """A zoo model by name (with factory params), an inline layer table, or a layer-table file."""
+    """A zoo model by name (with factory params), an inline layer table, a layer-table file, or a
+    Hugging Face config.json (LLaMA-style; `params` override its dimensions, e.g. seq_len)."""
 
     name: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     layers: tuple[LayerRow, ...] | None = None
     file: str | None = None
+    hf_config: str | None = None
+    """Path of a Hugging Face config.json (relative to the scenario file)."""
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> "ModelConfig":
-        given = [key for key in ("name", "layers", "file") if getattr(self, key) is not None]
+        given = [key for key in ("name", "layers", "file", "hf_config") if getattr(self, key) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of name, layers, file (got {given or 'none'})")
+            raise ValueError(f"give exactly one of name, layers, file, hf_config (got {given or 'none'})")
         return self
 
 

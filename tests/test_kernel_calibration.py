@@ -15,7 +15,7 @@ from simulator.errors import ScenarioError
 from simulator.hardware import GPUS
 from simulator.kernel_costs import device_for, kernel_s, tiled_compute_s
 from simulator.kernel_tables import MeasuredTables, interpolate_log
-from simulator.kernels import Kernel, gemm
+from simulator.kernel_ops import Kernel, gemm
 from simulator.model_source import resolve_workload
 from simulator.profile import KernelProfile, load_profile, profile_document, profile_from_dict
 from simulator.profile_costs import scenario_profile_costs

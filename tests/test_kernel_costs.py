@@ -22,7 +22,8 @@ from simulator.kernel_costs import (
     memory_s,
     tiled_compute_s,
 )
-from simulator.kernels import Kernel, gemm, layer_kernels, optimizer_kernels
+from simulator.kernel_ops import gemm
+from simulator.kernels import Kernel, layer_kernels, optimizer_kernels
 from simulator.workload import Workload
 from simulator.zoo import build_model
 from simulator.zoo.transformer import transformer_block

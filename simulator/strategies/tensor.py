@@ -143,6 +143,11 @@ def _check(config: TensorConfig, workload: Workload) -> None:
         if count % config.tp:
             raise ScenarioError(f"strategy.tp_degree: {config.tp} does not divide the {count} attention heads of "
                                 f"model {workload.name} (Megatron splits whole heads across TP ranks)")
+    kv_heads = {layer.spec.get("num_kv_heads") for layer in workload.layers if layer.spec.get("num_kv_heads")}
+    for count in kv_heads:
+        if count % config.tp:
+            raise ScenarioError(f"strategy.tp_degree: {config.tp} does not divide the {count} key-value heads of "
+                                f"model {workload.name} (Megatron splits whole key-value groups across TP ranks)")
 
 
 def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs: CostModel) -> Plan:

@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import replace
 
 from simulator.workload import Layer, Workload
-from simulator.zoo._ops import ADD_FLOPS, NORM_FLOPS
+from simulator.zoo._ops import ADD_FLOPS, NORM_FLOPS, RMS_NORM_FLOPS
 
 SPLIT_KINDS = ("attention", "embedding", "linear")
 SEQUENCE_KINDS = ("norm", "elementwise")
@@ -66,6 +66,8 @@ def _replicated(layer: Layer) -> tuple[float, float, float]:
         return layer.forward_flops_per_sample, layer.num_params, layer.saved_elements_per_sample
     if kind == "transformer_block":
         s, h = spec["seq_len"], spec["hidden_size"]
+        if spec.get("norm_type") == "rmsnorm":  # two RMSNorm weights, no biases (LLaMA)
+            return (2 * RMS_NORM_FLOPS + 2 * ADD_FLOPS) * s * h, 2 * h, 4 * s * h
         return (2 * NORM_FLOPS + 2 * ADD_FLOPS) * s * h, 6 * h, 4 * s * h
     if kind == "lm_head":
         s, h = spec["seq_len"], spec["hidden_size"]

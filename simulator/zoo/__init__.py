@@ -5,7 +5,9 @@ name up and calls it.  Every factory takes keyword parameters only (unknown ones
 TypeError): CNNs take ``width_multiplier``, ``image_size`` and ``num_classes``; ``resnet_cifar``
 also ``depth`` and ``variant``; ``mlp`` takes ``input_dim``, ``hidden_dim``,
 ``num_hidden_layers``, ``num_classes``; transformers take ``num_layers``, ``hidden_size``,
-``num_heads``, ``seq_len``, ``vocab_size`` (and optional ``ffn_hidden_size``, ``max_positions``).
+``num_heads``, ``seq_len``, ``vocab_size`` (and optional ``ffn_hidden_size``, ``max_positions``);
+the LLaMA family (``llama``, ``llama2-7b`` ... ``llama3-405b``) also ``num_kv_heads`` and
+``tie_embeddings``.
 Conventions and the ``spec`` schema: ``simulator/zoo/README.md``.
 """
 
@@ -15,6 +17,7 @@ from collections.abc import Callable
 
 from simulator.workload import Workload
 from simulator.zoo.cnn import alexnet, vgg16
+from simulator.zoo.llama import LLAMA_MODELS
 from simulator.zoo.mlp import mlp
 from simulator.zoo.resnet import (
     resnet20,
@@ -25,7 +28,13 @@ from simulator.zoo.resnet import (
     resnet1001,
     resnet_cifar,
 )
-from simulator.zoo.transformer import bert_large, gpt2_1_5b, gpt2_small, gpt3_175b, transformer
+from simulator.zoo.transformer import (
+    bert_large,
+    gpt2_1_5b,
+    gpt2_small,
+    gpt3_175b,
+    transformer,
+)
 
 MODELS: dict[str, Callable[..., Workload]] = {
     "resnet20": resnet20,
@@ -43,6 +52,7 @@ MODELS: dict[str, Callable[..., Workload]] = {
     "gpt2-1.5b": gpt2_1_5b,
     "gpt3-175b": gpt3_175b,
     "bert-large": bert_large,
+    **LLAMA_MODELS,
 }
 
 

@@ -28,6 +28,13 @@ RELU_FLOPS = 1
 GELU_FLOPS = 8
 ADD_FLOPS = 1
 SOFTMAX_FLOPS = 5
+RMS_NORM_FLOPS = 4
+"""x^2, row sum, x * rstd, * weight (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization")."""
+SWIGLU_FLOPS = 6
+"""silu(gate) * up per output element: sigmoid 4 (exp, add, divide + negate), 2 multiplies
+(Shazeer 2020, "GLU Variants Improve Transformer")."""
+ROTARY_FLOPS = 3
+"""x * cos + rotate_half(x) * sin per element (Su et al. 2021, "RoFormer")."""
 
 HW = tuple[int, int]
 
@@ -86,6 +93,12 @@ class Tally:
         self.params += 2 * channels
         self.saved += elements if save_input else 0
 
+    def rms_norm(self, channels: int, elements: int) -> None:
+        """RMSNorm with a weight (no bias) over `channels`; saves its input."""
+        self.flops += RMS_NORM_FLOPS * elements
+        self.params += channels
+        self.saved += elements
+
     # --- weight-free ops ----------------------------------------------------------------------
     def relu(self, elements: int, *, save_output: bool = True) -> None:
         self.flops += RELU_FLOPS * elements
@@ -94,6 +107,15 @@ class Tally:
     def gelu(self, elements: int) -> None:
         self.flops += GELU_FLOPS * elements
         self.saved += elements
+
+    def swiglu(self, elements: int) -> None:
+        """silu(gate) * up over `elements` outputs; saves both inputs (2 x elements)."""
+        self.flops += SWIGLU_FLOPS * elements
+        self.saved += 2 * elements
+
+    def rotary(self, elements: int) -> None:
+        """Rotary position embedding of Q or K: nothing saved (its backward is a rotation)."""
+        self.flops += ROTARY_FLOPS * elements
 
     def add(self, elements: int) -> None:
         self.flops += ADD_FLOPS * elements
@@ -109,14 +131,16 @@ class Tally:
         """Global / adaptive average pool: one add per input element, nothing saved."""
         self.flops += input_elements
 
-    def attention_core(self, seq: int, hidden: int, heads: int) -> None:
+    def attention_core(self, seq: int, hidden: int, heads: int, kv_hidden: int | None = None) -> None:
         """Scores Q K^T, softmax, context P V for all heads (full s x s, also when causal).
 
-        Saves Q, K, V (3*s*h) and the softmax output (heads*s*s)."""
+        Saves Q, K, V (s*h + 2*s*kv_hidden; kv_hidden = kv heads x head dim, h without grouped
+        queries) and the softmax output (heads*s*s)."""
+        kv_hidden = hidden if kv_hidden is None else kv_hidden
         self.flops += 2 * seq * seq * hidden  # Q K^T
         self.flops += SOFTMAX_FLOPS * heads * seq * seq
         self.flops += 2 * seq * seq * hidden  # P V
-        self.saved += 3 * seq * hidden + heads * seq * seq
+        self.saved += seq * hidden + 2 * seq * kv_hidden + heads * seq * seq
 
     # --- result -------------------------------------------------------------------------------
     def layer(self, name: str, kind: str, input_elements: int, output_elements: int,
