@@ -24,6 +24,9 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
+from functools import reduce
+from itertools import repeat
+from weakref import WeakKeyDictionary
 
 from simulator import nccl
 from simulator.topology import INTER, INTRA, Topology
@@ -279,40 +282,55 @@ def _ring_phase(topology: Topology, rings: list[tuple[int, ...]], size_bytes: fl
                 nvls: bool = False) -> tuple[FlowPhase, FlowPhase | None]:
     """Concurrent rings; `passes` = 2 for allreduce (reduce-scatter + allgather), 1 for either.
     (plain phase, NCCL phase or None when a route crosses another link kind); `nvls`: an allreduce
-    that may run NVLS."""
-    usage: Counter = Counter()
-    tier_bytes: dict[str, float] = defaultdict(float)
+    that may run NVLS. The routes' structure comes from `_ring_routes`, only the sizes are new."""
+    usage, tier_counts, latency_s, tuner = _ring_routes(topology, tuple(rings), passes, nvls)
+    ring_size = len(rings[0])
+    per_subflow = passes * (ring_size - 1) / ring_size * size_bytes
+    # tier bytes summed sub-flow by sub-flow, as before the cache (bit-identical byte counts)
+    tier_bytes = tuple((tier, reduce(float.__add__, repeat(per_subflow, count), 0.0)) for tier, count in tier_counts)
+    plain = FlowPhase(passes * (ring_size - 1) * latency_s, per_subflow, usage, tier_bytes)
+    if tuner is None:
+        return plain, (plain if not usage else None)
+    key, latency, factor = _nccl_choice(per_subflow, *tuner)  # rate, plans, num_nodes, ll128, fill steps
+    return plain, replace(plain, latency_s=latency, bytes_per_subflow=per_subflow * factor, nccl="/".join(key))
+
+
+# Topology -> {(rings, passes, nvls): `_ring_routes`}; its links are final once built (`degrade` runs in
+# `fabrics.build_topology`).
+_RING_ROUTES: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _ring_routes(topology: Topology, rings: tuple[tuple[int, ...], ...], passes: float, nvls: bool) -> tuple:
+    """(usage, (tier, sub-flows) in first-seen order, largest route latency, NCCL's tuner inputs
+    (rate, plans, num_nodes, ll128, fill steps) or None for a plain-only phase), cached."""
+    cache = _RING_ROUTES.setdefault(topology, {})
+    if (rings, passes, nvls) in cache:
+        return cache[rings, passes, nvls]
+    usage, tier_counts = Counter(), Counter()
     classes: dict[str, set] = defaultdict(set)
     latency_s, ring_size = 0.0, len(rings[0])
-    per_subflow = passes * (ring_size - 1) / ring_size * size_bytes
     for ring in rings:
         for source, target in zip(ring, ring[1:] + ring[:1]):
             usage.update(topology.route(source, target))
             latency_s = max(latency_s, topology.route_latency_s(source, target))
-            tier = topology.route_tier(source, target)
-            tier_bytes[tier] += per_subflow
+            tier_counts[tier := topology.route_tier(source, target)] += 1
             if source != target:
                 classes[tier].add(topology.route_class(source, target))
-    steps = passes * (ring_size - 1)
-    plain = FlowPhase(steps * latency_s, per_subflow, tuple(usage.items()), tuple(tier_bytes.items()))
-    if not plain.usage:
-        return plain, plain
-    if not _nccl_links(topology, plain.usage):
-        return plain, None
-    # NCCL's ring: 2(n-1) steps for allreduce (n-1 for either half), passes x (N-1) of them
-    # between its N nodes (tuning.cc, NCCL >= 2.21; nccl.allreduce_candidates).
-    num_nodes = len({topology.node_of(device) for device in rings[0]})
-    inter_steps = int(passes * (num_nodes - 1))
-    rate = _rate(topology, plain.usage)
-    intra = _hop_tier(classes[INTRA] or classes[INTER], rate)
-    hops = ((intra, int(steps) - inter_steps), (_hop_tier(classes[INTER] or classes[INTRA], rate), inter_steps))
-    plans = {"ring": hops}
-    if nvls and num_nodes == 1 and all(topology.links[link].nvls for link, _ in plain.usage):
-        plans["nvls"] = ((intra, 1),)  # the whole single-node NVLS latency is one "hop" (nccl.py)
-    fill_steps = int(steps) if nccl.fills({topology.links[link].kind for link, _ in plain.usage}, num_nodes) else 1
-    key, latency, factor = _nccl_choice(per_subflow, rate, plans, num_nodes, _ll128_ok(topology, plain.usage),
-                                        fill_steps)
-    return plain, replace(plain, latency_s=latency, bytes_per_subflow=per_subflow * factor, nccl="/".join(key))
+    usage_items, tuner, steps = tuple(usage.items()), None, passes * (ring_size - 1)
+    if usage_items and _nccl_links(topology, usage_items):  # NCCL's ring: 2(n-1) steps for allreduce
+        # (n-1 for either half), passes x (N-1) of them between its N nodes (tuning.cc, NCCL >= 2.21).
+        num_nodes = len({topology.node_of(device) for device in rings[0]})
+        inter_steps = int(passes * (num_nodes - 1))
+        rate = _rate(topology, usage_items)
+        intra = _hop_tier(classes[INTRA] or classes[INTER], rate)
+        hops = ((intra, int(steps) - inter_steps), (_hop_tier(classes[INTER] or classes[INTRA], rate), inter_steps))
+        plans = {"ring": hops}  # the whole single-node NVLS latency is one "hop" (nccl.py):
+        if nvls and num_nodes == 1 and all(topology.links[link].nvls for link, _ in usage_items):
+            plans["nvls"] = ((intra, 1),)
+        fill = nccl.fills({topology.links[link].kind for link, _ in usage_items}, num_nodes)
+        tuner = (rate, plans, num_nodes, _ll128_ok(topology, usage_items), int(steps) if fill else 1)
+    cache[rings, passes, nvls] = (usage_items, tuple(tier_counts.items()), latency_s, tuner)
+    return cache[rings, passes, nvls]
 
 
 def _ll128_ok(topology: Topology, usage) -> bool:

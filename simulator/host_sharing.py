@@ -16,8 +16,10 @@ A message that arrives for a rank while its host computes reaches it `wakeup_s` 
 receiving thread waits for a processor; the engine asks `computing(host)`).
 
 A job on several hosts (a collective across nodes) runs at its slowest host's rate. Rates change
-only when a job starts or ends; finish times sit in one heap under one armed timer, as in
-`simulator.network.FlowNetwork`.
+only when a job starts or ends, or a hold is taken or released; finish times sit in one heap under
+one armed timer, as in `simulator.network.FlowNetwork`. Re-timing touches only the jobs on the hosts
+whose threads changed, and only those whose rate changed (a GPU's compute job at rate 1 is left
+alone until a collective is held on its device); rates are memoized per thread counts.
 
 A GPU is the same model with one "host" per device (`SmSharing`, `sm_sharing`): its compute
 stream is one thread at P = 1, and while a collective runs on the device (`hold`: its time comes
@@ -89,6 +91,8 @@ class HostPool:
         self._finishes: list[tuple[float, int, int, _Job]] = []
         self._timer_at_s = math.inf
         self._next_id = 0
+        self._rates: dict[tuple, float] = {}
+        """(kind, compute, collective, p2p threads on a host) -> `thread_rate` (a pure function of them)."""
 
     @classmethod
     def for_topology(cls, env, processors, topology) -> "HostPool":
@@ -104,14 +108,14 @@ class HostPool:
         class by the interference factors. Returns the token."""
         for host, count in threads:
             self._threads[host][kind] += count
-        self._reschedule({host for host, _ in threads})
+        self._reschedule([host for host, _ in threads])
         return kind, threads
 
     def release(self, token) -> None:
         kind, threads = token
         for host, count in threads:
             self._threads[host][kind] -= count
-        self._reschedule({host for host, _ in threads})
+        self._reschedule([host for host, _ in threads])
 
     def run(self, work_s: float, kind: str, threads: tuple[tuple[int, int], ...]):
         """Start a job of `work_s` seconds at rate 1 with `threads` = ((host, count), ...); returns
@@ -120,12 +124,28 @@ class HostPool:
         if work_s <= 0 or not threads:
             done.succeed()
             return done
-        job = _Job(self._next_id, work_s, kind, threads, self.env.now, done)
+        now = self.env.now
+        job = _Job(self._next_id, work_s, kind, threads, now, done)
         self._next_id += 1
+        if len(threads) == 1:
+            host, count = threads[0]
+            self._threads[host][kind] += count
+            jobs = self._jobs[host]
+            jobs[job.id] = job
+            if len(jobs) == 1:  # alone on its host (a GPU's compute job): no other job to re-time
+                job.rate = rate = self._rate_of(host, kind)
+                job.version = 1
+                finish_s = now + work_s / rate  # as `_reschedule` times it: work_s - 0 x 0 left
+                heapq.heappush(self._finishes, (finish_s, job.id, 1, job))
+                if finish_s < self._timer_at_s:  # else the armed timer still comes first
+                    self._arm()
+                return done
+            self._reschedule((host,))
+            return done
         for host, count in threads:
             self._threads[host][kind] += count
             self._jobs[host][job.id] = job
-        self._reschedule({host for host, _ in threads})
+        self._reschedule([host for host, _ in threads])
         return done
 
     def computing(self, host: int) -> bool:
@@ -148,17 +168,33 @@ class HostPool:
         return min(1.0, self.parallelism / max(num_comm, 1)) / slowdown
 
     # ------------------------------------------------------------------ internals
+    def _rate_of(self, host: int, kind: str) -> float:
+        """`thread_rate(host, kind)`, memoized on the host's thread counts."""
+        active = self._threads[host]
+        key = (kind, active[COMPUTE], active[COLLECTIVE], active[P2P])
+        rate = self._rates.get(key)
+        if rate is None:
+            rate = self._rates[key] = self.thread_rate(host, kind)
+        return rate
+
     def _reschedule(self, hosts) -> None:
-        now = self.env.now
-        jobs = {job.id: job for host in hosts for job in self._jobs[host].values()}
-        for job in sorted(jobs.values(), key=lambda j: j.id):
-            rate = min(self.thread_rate(host, job.kind) for host, _ in job.threads)
-            if rate == job.rate:
-                continue
-            job.remaining -= job.rate * (now - job.since_s)
-            job.since_s, job.rate = now, rate
-            job.version += 1
-            heapq.heappush(self._finishes, (now + max(job.remaining, 0.0) / rate, job.id, job.version, job))
+        """Re-time the jobs on `hosts` whose rate changed. A job's finish depends on its own rates
+        only and the heap orders by (finish, id), so the visiting order is free and a job met twice
+        is left alone the second time (its rate is unchanged): no dedup, no sort."""
+        now, finishes, jobs_of, rate_of = self.env.now, self._finishes, self._jobs, self._rate_of
+        for host in hosts:
+            for job in jobs_of[host].values():
+                threads = job.threads
+                if len(threads) == 1:
+                    rate = rate_of(host, job.kind)
+                else:
+                    rate = min(rate_of(other, job.kind) for other, _ in threads)
+                if rate == job.rate:
+                    continue
+                job.remaining -= job.rate * (now - job.since_s)
+                job.since_s, job.rate = now, rate
+                job.version += 1
+                heapq.heappush(finishes, (now + max(job.remaining, 0.0) / rate, job.id, job.version, job))
         self._arm()
 
     def _arm(self) -> None:
@@ -173,22 +209,24 @@ class HostPool:
     def _on_timer(self, at_s: float) -> None:
         if at_s == self._timer_at_s:
             self._timer_at_s = math.inf
-        now, finishes, ended = self.env.now, self._finishes, []
+        now, finishes, ended, pop = self.env.now, self._finishes, [], heapq.heappop
+        due_s = 1e-12 * (1.0 + now)
         while finishes:
             finish_s, _, version, job = finishes[0]
             if version != job.version:
-                heapq.heappop(finishes)
+                pop(finishes)
                 continue
-            if finish_s - now > 1e-12 * (1.0 + now):
+            if finish_s - now > due_s:
                 break
-            heapq.heappop(finishes)
+            pop(finishes)
             job.version += 1
             ended.append(job)
-        hosts = set()
+        hosts, threads_of, jobs_of = set(), self._threads, self._jobs
         for job in ended:
+            kind, job_id = job.kind, job.id
             for host, count in job.threads:
-                self._threads[host][job.kind] -= count
-                del self._jobs[host][job.id]
+                threads_of[host][kind] -= count
+                del jobs_of[host][job_id]
                 hosts.add(host)
         for job in ended:
             job.done.succeed()
