@@ -203,7 +203,7 @@ class Engine:
         if dep is not None:
             self._wait_for(rank, dep, self._comm_next, (stream,))
             return
-        cycle_s = getattr(action, "cycle_s", 0.0)  # fused by a background thread: its next tick
+        cycle_s = action.cycle_s  # issued by a background thread: it waits for the thread's next tick
         if cycle_s > 0:
             self._later(max(math.ceil(self.env.now / cycle_s - 1e-9) * cycle_s - self.env.now, 0.0),
                         self._comm_arrive, stream, action)

@@ -75,6 +75,9 @@ class Collective:
     label: str = "allreduce"
     repeat: int = 1
     """Times the collective runs back to back (tensor parallelism: the TP collectives of one pass)."""
+    cycle_s: float = 0.0
+    """> 0: issued by a background thread that wakes every cycle_s seconds (Horovod's fusion,
+    `simulator.strategies.fusion`): it starts at the first multiple of cycle_s after its deps."""
 
 
 Action = Union[Compute, Send, Recv, Collective]

@@ -39,17 +39,22 @@ def plot_ranking(frame: pd.DataFrame, axis, picks: dict[str, str] | None = None)
         axis.set_title(f"first {MAX_BARS} of {len(frame)} candidates", fontsize=8)
 
 
-def write_ranking_plot(frame: pd.DataFrame, path: str | Path, title: str, picks: dict[str, str] | None = None) -> Path:
-    """Draw `plot_ranking` into a PNG, written atomically (temp file + rename)."""
-    height = 1.2 + 0.22 * min(len(frame), MAX_BARS)
-    figure, axis = plt.subplots(figsize=(8, height))
-    plot_ranking(frame, axis, picks)
+def _save(figure, path: str | Path, title: str) -> Path:
+    """Title, lay out and write `figure` as a PNG atomically (temp file + rename), then close it."""
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     try:
         return write_figure_atomic(path, figure, dpi=120)
     finally:
         plt.close(figure)
+
+
+def write_ranking_plot(frame: pd.DataFrame, path: str | Path, title: str, picks: dict[str, str] | None = None) -> Path:
+    """Draw `plot_ranking` into a PNG, written atomically (temp file + rename)."""
+    height = 1.2 + 0.22 * min(len(frame), MAX_BARS)
+    figure, axis = plt.subplots(figsize=(8, height))
+    plot_ranking(frame, axis, picks)
+    return _save(figure, path, title)
 
 
 def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
@@ -73,9 +78,4 @@ def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
     axis.set_xlabel("time to train (h)" if planned else "step time (s)")
     axis.set_ylabel("cost" if priced else "GPU-hours" + ("" if planned else " per step"))
     axis.legend(fontsize=7)
-    figure.suptitle(title, fontsize=9)
-    figure.tight_layout()
-    try:
-        return write_figure_atomic(path, figure, dpi=120)
-    finally:
-        plt.close(figure)
+    return _save(figure, path, title)

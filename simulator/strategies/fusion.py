@@ -12,29 +12,19 @@ In a plan a tensor is one layer's gradient. Its ready time is planned from the c
 group's forwards, then the backwards of the later stages and of this stage's layers, last to
 first (transfers not counted), with ticks at multiples of the cycle from the step's start
 (`horovod_segments`). The engine then starts each fused allreduce at the first tick after its
-dependencies are done (`FusedCollective.cycle_s`), so the grouping is planned and the wait for
+dependencies are done (`Collective.cycle_s`), so the grouping is planned and the wait for
 the tick is played.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from simulator.plan import Collective
 from simulator.workload import Workload
 
 HOROVOD_CYCLE_TIME_S = 1e-3
 HOROVOD_FUSION_THRESHOLD_BYTES = 128 * 2**20
-
-
-@dataclass(frozen=True)
-class FusedCollective(Collective):
-    """A collective issued by a background thread that wakes every `cycle_s` seconds: it starts at
-    the first multiple of `cycle_s` (from the step's start) after its dependencies are done."""
-
-    cycle_s: float = 0.0
 
 
 def tick_of(ready_s: float, cycle_s: float) -> float:

@@ -23,7 +23,7 @@ from simulator.heterogeneity import DeviceCosts, stage_compute_s
 from simulator.partition import balanced_partition, explicit_partition, uniform_partition
 from simulator.placement import place_ranks
 from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
-from simulator.strategies.fusion import (HOROVOD_CYCLE_TIME_S, HOROVOD_FUSION_THRESHOLD_BYTES, FusedCollective,
+from simulator.strategies.fusion import (HOROVOD_CYCLE_TIME_S, HOROVOD_FUSION_THRESHOLD_BYTES,
                                          horovod_segments)
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
@@ -175,7 +175,7 @@ def _rank_actions(config: GridConfig, workload: Workload, stages: tuple[Stage, .
                                     batch=batch, deps=deps)
         deps = ()
         if len(peers) > 1 and size > 0:
-            reductions.append(builder.add(FusedCollective if horovod else Collective, op="allreduce", ranks=peers,
+            reductions.append(builder.add(Collective, op="allreduce", ranks=peers,
                                           size_bytes=size, key=("allreduce", stage_index, bucket),
                                           deps=(last_backward,), algorithm=config.collective,
                                           label=f"allreduce b{bucket}", **horovod))
