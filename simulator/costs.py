@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from simulator.hardware import GpuSpec
+from simulator.memory_activations import core_recompute_flops
 from simulator.workload import Workload, dtype_bytes
 
 FORWARD, BACKWARD = "F", "B"
@@ -81,15 +82,18 @@ class AnalyticCosts:
 
     Williams, Waterman & Patterson, "Roofline", CACM 2009. Bytes moved: forward reads the input
     and weights and writes the output; backward reads the saved input, the output gradient and
-    the weights, and writes the input gradient and the weight gradient.
+    the weights, and writes the input gradient and the weight gradient. `recompute`
+    "selective": a transformer block's backward also re-runs its attention core's forward FLOPs
+    (`simulator.memory_activations.core_recompute_flops`, heads split over `tp_degree`).
     """
 
     communication = None
     shared_processors = None
 
     def __init__(self, workload: Workload, gpu: GpuSpec, dtype: str, optimizer: str,
-                 efficiency: dict[str, float] | None = None):
+                 efficiency: dict[str, float] | None = None, recompute: str = "none", tp_degree: int = 1):
         self.workload = workload
+        self.recompute, self.tp_degree = recompute, tp_degree
         self.gpu = gpu
         self.dtype = dtype
         self.optimizer = optimizer
@@ -106,6 +110,8 @@ class AnalyticCosts:
             elements += layer.num_params
         else:
             flops = layer.backward_flops_per_sample * batch
+            if self.recompute == "selective":
+                flops += core_recompute_flops(layer, self.tp_degree) * batch
             elements = batch * (2 * layer.input_elements_per_sample + layer.output_elements_per_sample)
             elements += 2 * layer.num_params
         memory_s = elements * self._element_bytes / self.gpu.memory_bandwidth_bytes_per_s

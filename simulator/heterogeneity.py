@@ -81,7 +81,8 @@ def _costs_for_gpu(costs: CostModel, gpu: GpuSpec) -> CostModel:
                            flash_attention=costs.flash_attention, sequence_parallel=costs.sequence_parallel,
                            recompute=costs.recompute, comm_sm_contention=costs.comm_sm_contention,
                            gradient_accumulation_fusion=costs.gradient_accumulation_fusion)
-    return AnalyticCosts(costs.workload, gpu, costs.dtype, costs.optimizer, costs.efficiency)
+    return AnalyticCosts(costs.workload, gpu, costs.dtype, costs.optimizer, costs.efficiency,
+                         recompute=costs.recompute, tp_degree=costs.tp_degree)
 
 
 def stage_compute_s(costs: CostModel, topology: Topology, rank_to_device: tuple[int, ...], num_groups: int,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from simulator.costs import TOPK_SELECTION_BYTES_PER_ELEMENT, WEIGHT_PASS_WORDS
 from simulator.host_sharing import sm_sharing
 from simulator.kernel_tables import Axes, MeasuredTables, interpolate_log
+from simulator.kernels_attention import core_recompute_kernels
 from simulator.kernels import (
     Kernel,
     layer_kernels,
@@ -38,10 +39,11 @@ from simulator.kernels import (
     num_param_tensors,
     optimizer_kernels,
 )
+from simulator.memory_activations import is_block
 from simulator.workload import Workload, dtype_bytes
 
 FORWARD, BACKWARD, RECOMPUTE = "F", "B", "R"
-RECOMPUTE_MODES = ("none", "full")
+RECOMPUTE_MODES = ("none", "selective", "full")
 TILED_KINDS = ("gemm", "flash_attention")
 
 @dataclass(frozen=True)
@@ -239,7 +241,9 @@ class KernelCosts:
     of one tensor-parallel rank's share; `workload` is the whole model, not a rank's shard).
     `recompute="full"`: a layer's backward includes its recompute forward (activation
     checkpointing; Korthikanti et al. 2022), for plans that do not emit recompute actions
-    themselves. `parameters` replaces the architecture table's `KernelParameters`.
+    themselves. `recompute="selective"`: a transformer block's backward includes its attention
+    core's forward (`simulator.kernels_attention.core_recompute_kernels`; the plans emit no action
+    for it, `simulator.strategies.ghp.recompute_ranges`). `parameters` replaces the architecture table's `KernelParameters`.
     `comm_sm_contention`: compute slows while a collective's NCCL kernels hold SMs on the same GPU
     (`shared_processors`, `simulator.host_sharing.sm_sharing`). `gradient_accumulation_fusion`
     False: each weight-gradient GEMM is followed by its fp32 main-gradient accumulation kernel."""
@@ -277,6 +281,7 @@ class KernelCosts:
         training, costs = scenario.training, scenario.costs
         return cls(workload, scenario.cluster.gpu, training.dtype, training.optimizer,
                    flash_attention=costs.flash_attention, parameters=parameters,
+                   recompute="selective" if training.recompute == "selective" else "none",
                    comm_sm_contention=costs.comm_sm_contention,
                    gradient_accumulation_fusion=scenario.strategy.gradient_accumulation_fusion)
 
@@ -290,9 +295,15 @@ class KernelCosts:
                            gradient_accumulation_fusion=self.gradient_accumulation_fusion)
 
     def kernels(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
-        """The kernels of a pass; "B" with full recompute is the recompute forward + backward."""
+        """The kernels of a pass; "B" with full recompute is the recompute forward + backward, with
+        selective recompute a block's attention-core forward + backward."""
         if phase == BACKWARD and self.recompute == "full":
             return self._expand(layer_index, RECOMPUTE, batch) + self._expand(layer_index, BACKWARD, batch)
+        layer = self.workload.layers[layer_index]
+        if phase == BACKWARD and self.recompute == "selective" and is_block(layer) and batch > 0:
+            core = core_recompute_kernels(layer.spec, batch, self._element_bytes, self.tp_degree,
+                                          self.flash_attention)
+            return tuple(core) + self._expand(layer_index, BACKWARD, batch)
         return self._expand(layer_index, phase, batch)
 
     def _expand(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:

@@ -1,14 +1,19 @@
 """The attention core of a Megatron transformer block as kernels: scores, (fused or unfused)
 scale-mask-softmax, dropout, values and the context permute; or flash attention; with grouped-query
-attention (Ainslie et al. 2023) K and V have kv_heads / tp heads per rank. Also the LLaMA block
-(`llama_block_kernels`). Part of the expansion in `simulator.kernels` (its module docstring gives
-the conventions)."""
+attention (Ainslie et al. 2023) K and V have kv_heads / tp heads per rank; with a sliding window W
+(Mistral, Jiang et al. 2023, sec. 2) each query meets k = min(s, W) keys: the unfused path computes
+s x k scores, flash attention skips the tiles outside the band. Selective recompute (Korthikanti et
+al. 2023, sec. 5) re-runs the unfused core's forward inside the block's backward
+(`core_recompute_kernels`). Also the LLaMA block (`llama_block_kernels`). Part of the expansion in
+`simulator.kernels` (its module docstring gives the conventions)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from simulator.kernel_ops import (
+    DEFAULT_DROPOUT,
     STATS_BYTES,
     Kernel,
     add,
@@ -19,6 +24,7 @@ from simulator.kernel_ops import (
     pointwise,
     rms_norm,
 )
+from simulator.memory_activations import attention_keys
 from simulator.zoo._ops import ROTARY_FLOPS, SOFTMAX_FLOPS, SWIGLU_FLOPS
 
 FP32 = 4
@@ -55,18 +61,48 @@ def _torch_softmax(probs: float, e: int, phase: str) -> list[Kernel]:
             pointwise("attn.softmax.to_fp32.bwd", "elementwise", probs, FP32, e)]
 
 
+def flash_work_fraction(s: int, keys: int, causal: bool) -> float:
+    """Share of the s x s tile grid flash attention runs: causal with a window W = keys < s, the
+    mean band width over s, W/s - W^2/(2 s^2) (1/2 without a window); not causal, keys / s."""
+    if not causal:
+        return keys / s
+    return keys / s - keys * keys / (2.0 * s * s)
+
+
+def block_core_kernels(spec, b: float, e: int, phase: str, t: int, flash: bool) -> list[Kernel]:
+    """`attention_core_kernels` of a zoo transformer block's spec (dropout p: `spec["dropout"]`,
+    else Megatron's default; keys: `simulator.memory_activations.attention_keys`)."""
+    heads = spec["num_heads"]
+    return attention_core_kernels(b, spec["seq_len"], spec["hidden_size"], heads, t, e, phase, flash,
+                                  spec.get("causal", True), spec.get("dropout", DEFAULT_DROPOUT),
+                                  spec.get("num_kv_heads") or heads, keys=attention_keys(spec))
+
+
+def core_recompute_kernels(spec, b: float, e: int, t: int, flash: bool) -> list[Kernel]:
+    """Selective recompute's extra work in a block's backward: the unfused core's forward kernels
+    (scores, softmax, dropout, P V) from the kept Q, K, V (Korthikanti et al. 2023, sec. 5); none
+    with flash attention, whose backward recomputes the scores already and keeps no s x s tensor."""
+    if flash:
+        return []
+    return [replace(kernel, name=f"recompute.{kernel.name}")
+            for kernel in block_core_kernels(spec, b, e, "F", t, flash)]
+
+
 def attention_core_kernels(b: float, s: int, h: int, heads: int, t: int, e: int, phase: str,
-                    flash: bool, causal: bool, p: float, kv_heads: int | None = None) -> list[Kernel]:
+                    flash: bool, causal: bool, p: float, kv_heads: int | None = None,
+                    keys: int | None = None) -> list[Kernel]:
     """Scores Q K^T (batched per head, scale in the GEMM's alpha), fused scale-mask-softmax (or
     its unfused fallback, `fused_softmax_available`), dropout, P V, context permute (Megatron
     CoreAttention); or one flash-attention kernel
     (Dao 2023) between layout copies, tiled as m = s queries, n = d, k = 2s (forward: 4 s^2 d
     FLOPs per head) or k = 5s (backward: 5 GEMMs, scores recomputed). With `kv_heads` < heads
     (GQA) the unfused path first repeats K and V to every query head (Megatron-core's
-    `repeat_interleave`; its backward sums them back); flash attention reads them as they are."""
+    `repeat_interleave`; its backward sums them back); flash attention reads them as they are.
+    `keys` (default s): keys per query under a sliding window (module docstring)."""
     d, a = h // heads, heads // t
+    k = s if keys is None else min(s, keys)
     tokens, heads_total = b * s, b * a
-    probs = heads_total * s * s
+    probs = heads_total * s * k
     grouped = kv_heads is not None and kv_heads != heads
     qkv_e, ctx_e = 3 * tokens * h / t, tokens * h / t
     if grouped:
@@ -74,37 +110,37 @@ def attention_core_kernels(b: float, s: int, h: int, heads: int, t: int, e: int,
     repeat = [pointwise("attn.kv_repeat", "copy", 2 * ctx_e, e * kv_heads / heads, e)] if grouped else []
     repeat_bwd = ([pointwise("attn.kv_repeat.bwd", "reduction", 2 * ctx_e, e, e * kv_heads / heads, 1.0)]
                   if grouped else [])
-    work = 0.5 if causal else 1.0
+    work = flash_work_fraction(s, k, causal)
     if flash:
         if phase != "B":
             return [copy("attn.qkv_layout", qkv_e, e),
-                    Kernel("attn.flash", "flash_attention", 4.0 * heads_total * s * s * d,
+                    Kernel("attn.flash", "flash_attention", 4.0 * heads_total * s * k * d,
                            qkv_e * e, ctx_e * e + heads_total * s * STATS_BYTES,
                            s, d, 2 * s, heads_total, work),
                     copy("attn.context_layout", ctx_e, e)]
         return [copy("attn.context_layout.bwd", ctx_e, e),
                 pointwise("attn.flash_bwd_dot_do_o", "reduction", ctx_e, 2 * e, 0.0),
-                Kernel("attn.flash_bwd", "flash_attention", 10.0 * heads_total * s * s * d,
+                Kernel("attn.flash_bwd", "flash_attention", 10.0 * heads_total * s * k * d,
                        (qkv_e + 2 * ctx_e) * e + heads_total * s * STATS_BYTES,
                        2 * ctx_e * e + ctx_e * STATS_BYTES, s, d, 5 * s, heads_total, work),
                 pointwise("attn.flash_bwd_convert_dq", "elementwise", ctx_e, STATS_BYTES, e),
                 copy("attn.qkv_layout.bwd", qkv_e, e)]
-    fused = fused_softmax_available(heads_total, s, s, e, causal)
+    fused = fused_softmax_available(heads_total, s, k, e, causal)
     if phase != "B":
-        kernels = [*repeat, gemm("attn.score", s, s, d, e, batch_count=heads_total),
+        kernels = [*repeat, gemm("attn.score", s, k, d, e, batch_count=heads_total),
                    *([pointwise("attn.softmax", "softmax", probs, e, e, SOFTMAX_FLOPS)] if fused
                      else _torch_softmax(probs, e, phase))]
         kernels += [dropout("attn.dropout", probs, e, phase)] if p > 0 else []
-        return kernels + [gemm("attn.value", s, d, s, e, batch_count=heads_total),
+        return kernels + [gemm("attn.value", s, d, k, e, batch_count=heads_total),
                           copy("attn.context_permute", ctx_e, e)]
     kernels = [copy("attn.context_permute.bwd", ctx_e, e),
-               gemm("attn.value.dgrad_probs", s, s, d, e, batch_count=heads_total),
-               gemm("attn.value.dgrad_v", s, d, s, e, batch_count=heads_total)]
+               gemm("attn.value.dgrad_probs", s, k, d, e, batch_count=heads_total),
+               gemm("attn.value.dgrad_v", k, d, s, e, batch_count=heads_total)]
     kernels += [dropout("attn.dropout", probs, e, phase)] if p > 0 else []
     kernels += ([pointwise("attn.softmax.bwd", "softmax", probs, 2 * e, e, SOFTMAX_FLOPS)] if fused
                 else _torch_softmax(probs, e, phase))
-    return kernels + [gemm("attn.score.dgrad_q", s, d, s, e, batch_count=heads_total),
-                      gemm("attn.score.dgrad_k", s, d, s, e, batch_count=heads_total),
+    return kernels + [gemm("attn.score.dgrad_q", s, d, k, e, batch_count=heads_total),
+                      gemm("attn.score.dgrad_k", k, d, s, e, batch_count=heads_total),
                       *repeat_bwd, copy("attn.qkv_split.bwd", qkv_e, e)]
 
 
@@ -117,10 +153,9 @@ def llama_block_kernels(spec, b: float, e: int, phase: str, t: int, flash: bool,
     residual add. Caller checks tp divides heads, kv heads and f."""
     s, h, heads, f = spec["seq_len"], spec["hidden_size"], spec["num_heads"], spec["ffn_hidden_size"]
     kv = spec.get("num_kv_heads") or heads
-    p = spec.get("dropout", 0.0)
     tokens, kv_h = b * s, kv * (h // heads)
     rows = tokens / t if sp else tokens
-    core = attention_core_kernels(b, s, h, heads, t, e, phase, flash, spec.get("causal", True), p, kv)
+    core = block_core_kernels({"dropout": 0.0, **spec}, b, e, phase, t, flash)
     if phase != "B":
         return [*rms_norm("norm1", rows, h, e, phase), *linear("qkv", tokens, (h + 2 * kv_h) / t, h, e, phase),
                 pointwise("rotary_q", "elementwise", tokens * h / t, e, e, ROTARY_FLOPS),

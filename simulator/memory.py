@@ -5,34 +5,25 @@ running sum, the peak its maximum (frees at an instant are applied before alloca
 depends on the strategy kind: the actions of the plan and the times of their spans decide
 everything, so pipeline schedules get their memory from their own order of forwards/backwards.
 
-Persistent for the whole step (P = the rank's parameters, e = bytes of the training dtype):
-- weights P e; master_weights 4P when the dtype is fp16/bf16 (mixed precision keeps fp32 master
-  weights, Micikevicius et al., ICLR 2018); optimizer_state 4P x (sgd 0, momentum 1, adam 2 copies,
-  fp32, Kingma & Ba 2015); weight_gradients P e;
-- stashed_weights P e x (`stashed_weight_versions` + `extra_weight_copies` of the stage in
-  plan.meta: PipeDream's weight stash, SpecTrain's predicted copy; absent = 0);
-- residual P e for top-k compression (error feedback, Stich et al. 2018; PAPERS.md 3).
+Persistent for the whole step: weights, fp32 master weights, optimizer state, gradients, stashed
+weight copies, the top-k residual (`simulator.memory_buffers`).
 Per micro-batch (the batch of the action). A compute span is shared among its layers in proportion
 to their FLOPs (forward in layer order, backward in reverse), so buffers appear and go layer by layer:
-- activations: each layer's `saved_elements_per_sample` appear when its forward runs (the last
-  layer adds the loss's logits and log-softmax, 2 x its output) and go when its backward ends; under
-  memory_policy none the layer's input feature map (min(input, kept) elements) stays until the
-  rank's last backward of that micro-batch ends (no inter-layer release, as a framework without
-  reuse and as the validator's runtime do); under reuse/laysa it goes too (Layrub/LaySA). The plan's
-  order decides the rest: GPipe holds m micro-batches, 1F1B at most p - k on stage k.
+- activations: what each layer keeps under `training.recompute` (`simulator.memory_activations`:
+  transformer blocks per Korthikanti et al. 2023 with the plan's `meta["tensor"]` TP degree and
+  sequence parallelism, and `costs.flash_attention`) appears when its forward runs (the last layer
+  adds the loss's logits and log-softmax, 2 x its output) and goes when its backward ends; under
+  memory_policy none the layer's input feature map (min(input, kept)) stays until the rank's last
+  backward of that micro-batch ends (no inter-layer release, as a framework without reuse and as
+  the validator's runtime do); under reuse/laysa it goes too (Layrub/LaySA). Recomputed tensors
+  come back by the plan's recompute forward or when the layer's (selective: its attention core,
+  per-layer plans: the layer) or its segment's backward starts. The plan's order decides the
+  rest: GPipe holds m micro-batches, 1F1B at most p - k on stage k.
 - stage boundary, sender: the output of a layer whose output goes to the next stage stays after
   the send (the root of the stage's backward, kept by its final ReLU; the receiver's copy is the
   next layer's input, counted there): from its forward until its backward ends (reuse/laysa) or
   until the micro-batch's backward on the rank ends (none). Megatron's output deallocation is
   not modelled.
-- recompute selective: attention layers keep only their input; full: only the input of each
-  backward segment's first layer (a checkpoint per gradient bucket, the stage input when one
-  bucket); the rest is rematerialised by the recompute forward (or, if the plan has none, at the
-  start of the backward segment) and freed with the layer's activations. A plan whose
-  `meta["recompute_granularity"]` is "layer" (Megatron's `--recompute-granularity full
-  --recompute-method uniform --recompute-num-layers 1`, what the megatron kind plans; Korthikanti
-  et al. 2022, sec. 5: full recompute keeps each layer's input) keeps every layer's input under
-  full, and rematerialises a layer only when its own backward starts.
 - gradient_maps (dL/dX): none: each layer's input gradient appears when its backward starts and
   stays until the micro-batch's backward on the rank ends (model layer 0 has none: the data needs
   no gradient), and so does the output gradient received from the next stage; reuse/laysa:
@@ -68,17 +59,20 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from simulator.hardware import LINKS
+from simulator.memory_activations import Sharding, kept_bytes, saved_bytes, selective_recomputes_core
+from simulator.memory_buffers import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIES, persistent
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan
 from simulator.workload import Workload, dtype_bytes
 
+__all__ = ["MASTER_WEIGHT_DTYPES", "OPTIMIZER_STATE_COPIES", "MemoryConfig", "memory_config", "memory_report",
+           "rank_memory"]
+
 CATEGORIES = ("weights", "master_weights", "optimizer_state", "weight_gradients", "residual",
               "stashed_weights", "activations", "gradient_maps", "comm_buffers", "workspace")
-OPTIMIZER_STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}
 RESIDUAL_KINDS = ("basic_block", "bottleneck_block", "transformer_block")
 """`Layer.spec` kinds with a residual add inside the layer (simulator/zoo/README.md)."""
 BLOCKED_CONV_LAYOUT_DEVICES = ("cpu",)
 """Devices whose convolutions run in oneDNN's blocked layouts (x86 CPUs under PyTorch)."""
-MASTER_WEIGHT_DTYPES = ("fp16", "bf16")
 HOST_LINK = "pcie3"
 
 
@@ -93,6 +87,8 @@ class MemoryConfig:
     host_bandwidth_bytes_per_s: float = LINKS[HOST_LINK].bandwidth_bytes_per_s
     blocked_conv_layout: bool = False
     """The device's convolution library computes in its own blocked layout (module docstring)."""
+    flash_attention: bool = False
+    """The attention core runs as flash attention (`costs.flash_attention`)."""
 
 
 def memory_config(scenario) -> MemoryConfig:
@@ -100,6 +96,7 @@ def memory_config(scenario) -> MemoryConfig:
     return MemoryConfig(training.dtype, training.optimizer, training.memory_policy, training.recompute,
                         training.offload_activations, scenario.cluster.gpu.memory_bytes,
                         blocked_conv_layout=scenario.cluster.gpu.name in BLOCKED_CONV_LAYOUT_DEVICES,
+                        flash_attention=scenario.costs.flash_attention,
                         **({} if host_bandwidth is None else {"host_bandwidth_bytes_per_s": host_bandwidth}))
 
 
@@ -139,24 +136,6 @@ def _spans_by_rank(spans) -> dict[int, dict[str, list]]:
     return table
 
 
-def _persistent(plan: Plan, workload: Workload, rank: int, config: MemoryConfig) -> dict[str, float]:
-    stage_index = plan.grid_position(rank)[1]
-    stage = plan.stages[stage_index]
-    params, element = stage.num_params, dtype_bytes(config.dtype)
-    ranges = getattr(stage, "chunks", ()) or ((stage.layer_start, stage.layer_end),)
-    largest = max((workload.layers[i].num_params for a, b in ranges for i in range(a, b)), default=0)
-    copies = sum(plan.meta.get(key, [0] * (stage_index + 1))[stage_index]
-                 for key in ("stashed_weight_versions", "extra_weight_copies"))
-    return {
-        "weights": params * element,
-        "master_weights": params * 4 if config.dtype in MASTER_WEIGHT_DTYPES else 0,
-        "optimizer_state": params * 4 * OPTIMIZER_STATE_COPIES[config.optimizer],
-        "weight_gradients": (largest if config.memory_policy == "laysa" else params) * element,
-        "residual": params * element if plan.meta.get("topk") else 0,
-        "stashed_weights": copies * params * element,
-    }
-
-
 class _RankWalk:
     """Allocation events of one rank's actions (see the module docstring)."""
 
@@ -168,6 +147,9 @@ class _RankWalk:
         self.host = {}                      # (microbatch, layer) -> activation bytes on host
         self.remat = set()
         self.per_layer = plan.meta.get("recompute_granularity") == "layer"
+        tensor = plan.meta.get("tensor", {})
+        self.sharding = Sharding(tensor.get("tp_degree", 1), tensor.get("sequence_parallel", False),
+                                 config.flash_attention)
         self.grad_maps = defaultdict(float)  # microbatch -> gradient-map bytes kept (policy none)
         self.transfers = []                 # (bytes, "out"|"in")
         self.phase_s = defaultdict(float)   # compute seconds of forwards ("F") and backwards ("B")
@@ -194,17 +176,20 @@ class _RankWalk:
         if delta:
             self.events.append((time_s, delta, category))
 
-    def kept_elements(self, microbatch: int, layer: int) -> int:
-        spec = self.layers[layer]
-        mode = self.config.recompute
-        if mode == "selective" and spec.kind == "attention":
-            return min(spec.input_elements_per_sample, spec.saved_elements_per_sample)
-        if mode == "full":
-            if self.per_layer:
-                return spec.input_elements_per_sample
-            starts = {start for start, _ in self.segments[microbatch]}
-            return spec.input_elements_per_sample if layer in starts else 0
-        return spec.saved_elements_per_sample
+    def kept(self, microbatch: int, layer: int) -> float:
+        """Bytes per sample `layer` keeps after its forward (`simulator.memory_activations`)."""
+        checkpoint = self.per_layer or (self.config.recompute == "full"
+                                        and any(start == layer for start, _ in self.segments[microbatch]))
+        return kept_bytes(self.layers[layer], self.config.recompute, self.element, self.sharding, checkpoint)
+
+    def saved(self, layer: int) -> float:
+        return saved_bytes(self.layers[layer], self.element, self.sharding)
+
+    def own_remat(self, layer: int) -> bool:
+        """Rematerialised when its own backward starts (not at its segment's): per-layer plans, and
+        the attention core of selective recompute."""
+        return self.per_layer or (self.config.recompute == "selective"
+                                  and selective_recomputes_core(self.layers[layer], self.sharding))
 
     def run(self) -> None:
         compute_index = comm_index = 0
@@ -246,7 +231,7 @@ class _RankWalk:
     def forward(self, action, start, end, index):
         """Each layer of the span over its share (by forward FLOPs): its activations appear when it
         runs; offloaded ones leave for the host when it ends."""
-        mb, scale = action.microbatch, action.batch * self.element
+        mb, scale, batch = action.microbatch, action.batch * self.element, action.batch
         recompute = action.id in self.recomputes
         offload = self.config.offload_activations and not recompute
         if not recompute:
@@ -254,13 +239,13 @@ class _RankWalk:
         layers = range(action.layer_start, action.layer_end)
         for layer, at, until in self._intervals(layers, start, end, lambda spec: spec.forward_flops_per_sample):
             spec = self.layers[layer]
-            kept = self.kept_elements(mb, layer)
+            kept = self.kept(mb, layer)
             if recompute:
                 # per-layer granularity: the layer's own backward rematerialises it (backward())
-                size = 0.0 if self.per_layer else max(spec.saved_elements_per_sample - kept, 0) * scale
+                size = 0.0 if self.per_layer else max(self.saved(layer) - kept, 0) * batch
                 self.remat.add((mb, layer))
             else:
-                size = kept * scale
+                size = kept * batch
                 if layer == self.last_layer:  # the loss keeps the logits and their log-softmax
                     size += 2 * spec.output_elements_per_sample * scale
             self.add(at, size, "activations")
@@ -299,19 +284,17 @@ class _RankWalk:
         FLOPs), each fetched from the host (offload) as it starts. none: a layer's internal tensors go when its backward ends, its input
         feature map and input gradient stay until the micro-batch's backward on the rank ends;
         reuse/laysa: everything goes, the gradient map living in the freed buffers."""
-        mb, scale = action.microbatch, action.batch * self.element
+        mb, scale, batch = action.microbatch, action.batch * self.element, action.batch
         self.phase_s["B"] += end - start
         layers = range(action.layer_start, action.layer_end)
         arriving = 0.0
         remat = {}
         for layer in layers:
             if self.config.recompute != "none" and (self.per_layer or (mb, layer) not in self.remat):
-                spec = self.layers[layer]
-                remat[layer] = max(spec.saved_elements_per_sample - self.kept_elements(mb, layer), 0) * scale
+                remat[layer] = max(self.saved(layer) - self.kept(mb, layer), 0) * batch
                 self.live[(mb, layer)] += remat[layer]
-                arriving += remat[layer]
-        if not self.per_layer:
-            self.add(start, arriving, "activations")
+                arriving += 0.0 if self.own_remat(layer) else remat[layer]
+        self.add(start, arriving, "activations")
         no_reuse = self.config.memory_policy == "none"
         if not no_reuse:
             incoming = self.layers[action.layer_end - 1].output_elements_per_sample * scale
@@ -320,7 +303,7 @@ class _RankWalk:
         for layer, at, until in self._intervals(reversed(layers), start, end,
                                                 lambda spec: spec.backward_flops_per_sample):
             spec = self.layers[layer]
-            if self.per_layer:
+            if self.own_remat(layer):
                 self.add(at, remat.get(layer, 0.0), "activations")
             fetched = self.host.pop((mb, layer), 0.0)  # offloaded: back from the host as its backward starts
             if fetched:
@@ -342,7 +325,7 @@ class _RankWalk:
             self.add(at, workspace, "workspace")
             self.add(until, -workspace, "workspace")
             live = self.live.pop((mb, layer), 0.0)
-            feature_map = min(spec.input_elements_per_sample, self.kept_elements(mb, layer)) * scale
+            feature_map = min(spec.input_elements_per_sample * self.element, self.kept(mb, layer)) * batch
             boundary = min(live, feature_map) if no_reuse else 0.0
             self.boundary[mb] += boundary
             self.add(until, boundary - live - self.held.pop((mb, layer), 0.0), "activations")
@@ -370,7 +353,7 @@ def rank_memory(plan: Plan, workload: Workload, spans, config: MemoryConfig) -> 
     result = []
     for rank in range(plan.num_ranks):
         walk = _RankWalk(plan, workload, rank, config, by_rank[rank]["compute"], by_rank[rank]["comm"])
-        for category, size in _persistent(plan, workload, rank, config).items():
+        for category, size in persistent(plan, workload, rank, config).items():
             walk.add(0.0, size, category)
         walk.run()
         total, exposed = walk.offload_times()

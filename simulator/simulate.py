@@ -58,7 +58,8 @@ def analytic_costs(scenario: Scenario, workload: Workload) -> CostModel:
     training, costs, gpu = scenario.training, scenario.costs, scenario.cluster.gpu
     if costs.model == "kernel" or (costs.model == "auto" and has_kernel_tables(gpu)):
         return KernelCosts.for_scenario(scenario, workload)
-    return AnalyticCosts(workload, gpu, training.dtype, training.optimizer, costs.efficiency)
+    return AnalyticCosts(workload, gpu, training.dtype, training.optimizer, costs.efficiency,
+                         recompute=training.recompute)
 
 
 def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workload | None = None) -> SimulationResult:

@@ -179,8 +179,8 @@ def test_full_recompute_puts_the_forward_into_the_backward():
     recompute = KernelCosts(workload, A100, "fp16", "adam", recompute="full")
     assert recompute.compute_s(0, "F", 2) == plain.compute_s(0, "F", 2)
     assert recompute.compute_s(0, "B", 2) == pytest.approx(plain.compute_s(0, "B", 2) + plain.compute_s(0, "F", 2))
-    with pytest.raises(ValueError, match="recompute 'selective'"):
-        KernelCosts(workload, A100, "fp16", "adam", recompute="selective")
+    with pytest.raises(ValueError, match="recompute 'partial'"):
+        KernelCosts(workload, A100, "fp16", "adam", recompute="partial")
 
 
 def test_compute_s_is_the_sum_of_its_kernels():

@@ -20,6 +20,7 @@ from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.errors import ScenarioError
 from simulator.limits import check_simulation_size
 from simulator.heterogeneity import DeviceCosts, stage_compute_s
+from simulator.memory_activations import is_block
 from simulator.partition import balanced_partition, explicit_partition, uniform_partition
 from simulator.placement import place_ranks
 from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
@@ -232,9 +233,10 @@ def recompute_ranges(workload: Workload, layer_start: int, layer_end: int, mode:
     """Layer ranges of [layer_start, layer_end) re-run forward before their backward.
 
     full: all of them (checkpoints at the backward segment's first input, Chen et al. 2016);
-    selective: each run of attention layers (their internals are dropped in forward and
-    recomputed, Korthikanti et al. 2022; at layer granularity the whole block's forward is re-run,
-    an upper bound on the cost); none: nothing.
+    selective: each run of attention layers without a transformer-block spec (their internals are
+    dropped in forward; their core unknown, the whole layer is re-run). A transformer block's
+    attention core is recomputed inside its own backward (Korthikanti et al. 2023, sec. 5; the cost
+    models price it, `simulator.memory_activations`), so it needs no recompute action. none: nothing.
     """
     if mode == "full":
         return [(layer_start, layer_end)]
@@ -242,7 +244,8 @@ def recompute_ranges(workload: Workload, layer_start: int, layer_end: int, mode:
         return []
     ranges, start = [], None
     for index in range(layer_start, layer_end + 1):
-        attention = index < layer_end and workload.layers[index].kind == "attention"
+        attention = (index < layer_end and workload.layers[index].kind == "attention"
+                     and not is_block(workload.layers[index]))
         if attention and start is None:
             start = index
         elif not attention and start is not None:

@@ -131,16 +131,19 @@ class Tally:
         """Global / adaptive average pool: one add per input element, nothing saved."""
         self.flops += input_elements
 
-    def attention_core(self, seq: int, hidden: int, heads: int, kv_hidden: int | None = None) -> None:
-        """Scores Q K^T, softmax, context P V for all heads (full s x s, also when causal).
+    def attention_core(self, seq: int, hidden: int, heads: int, kv_hidden: int | None = None,
+                       keys: int | None = None) -> None:
+        """Scores Q K^T, softmax, context P V for all heads over `keys` keys per query (default
+        the full s x s, also when causal; a sliding window W: min(s, W), Jiang et al. 2023).
 
         Saves Q, K, V (s*h + 2*s*kv_hidden; kv_hidden = kv heads x head dim, h without grouped
-        queries) and the softmax output (heads*s*s)."""
+        queries) and the softmax output (heads*s*keys)."""
         kv_hidden = hidden if kv_hidden is None else kv_hidden
-        self.flops += 2 * seq * seq * hidden  # Q K^T
-        self.flops += SOFTMAX_FLOPS * heads * seq * seq
-        self.flops += 2 * seq * seq * hidden  # P V
-        self.saved += seq * hidden + 2 * seq * kv_hidden + heads * seq * seq
+        keys = seq if keys is None else min(seq, keys)
+        self.flops += 2 * seq * keys * hidden  # Q K^T
+        self.flops += SOFTMAX_FLOPS * heads * seq * keys
+        self.flops += 2 * seq * keys * hidden  # P V
+        self.saved += seq * hidden + 2 * seq * kv_hidden + heads * seq * keys
 
     # --- result -------------------------------------------------------------------------------
     def layer(self, name: str, kind: str, input_elements: int, output_elements: int,

@@ -15,6 +15,9 @@ d = h / a, f = ffn hidden), forward FLOPs: Q 2sh^2, K and V 4shgd, out-proj 2sh^
 rotary on Q and K, silu-mul on s f, softmax, 2 residual adds). Parameters: 2h^2 + 2hgd + 3hf + 2h.
 Saved: 6sh + 2sgd (inputs of RMSNorm, QKV, the core's Q, K, V, out-proj, RMSNorm, gate/up)
 + 3sf (silu-mul inputs, down input) + a s^2 (softmax output).
+Attention mask: causal by default; `sliding_window` W > 0 (Mistral 7B, Jiang et al. 2023, sec. 2)
+lets each query attend to min(s, W) keys: the core's FLOPs 4skh + 5ask and its softmax output
+a s k with k = min(s, W) (spec key "sliding_window"; a Hugging Face config's `sliding_window`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 from simulator.workload import Layer, Workload
 from simulator.zoo._ops import Tally
+from simulator.zoo.transformer import check_sliding_window
 
 
 def default_ffn_hidden_size(hidden: int, multiple_of: int = 256) -> int:
@@ -41,17 +45,28 @@ def llama_embedding(name: str, vocab: int, hidden: int, seq: int, max_positions:
     return t.layer(name, "embedding", seq, seq * hidden, spec)
 
 
-def llama_block(name: str, hidden: int, heads: int, kv_heads: int, seq: int, ffn: int) -> Layer:
-    """Pre-RMSNorm block: GQA self-attention with rotary Q / K, then a SwiGLU MLP; no biases."""
+def attention_half(hidden: int, heads: int, kv_heads: int, seq: int, sliding_window: int = 0) -> Tally:
+    """The tally of a pre-RMSNorm decoder block up to its MLP input: RMSNorm, fused QKV projection
+    (GQA: kv_heads key-value heads), rotary Q / K, attention core over min(seq, W) keys, output
+    projection, residual add, the MLP's RMSNorm (shared by `llama_block` and the MoE block)."""
     t = Tally()
     elems, kv_hidden = seq * hidden, kv_heads * (hidden // heads)
     t.rms_norm(hidden, elems)
     t.linear(hidden, hidden + 2 * kv_hidden, tokens=seq, bias=False)
     t.rotary(seq * (hidden + kv_hidden))
-    t.attention_core(seq, hidden, heads, kv_hidden)
+    t.attention_core(seq, hidden, heads, kv_hidden, keys=sliding_window or None)
     t.linear(hidden, hidden, tokens=seq, bias=False)
     t.add(elems)
     t.rms_norm(hidden, elems)
+    return t
+
+
+def llama_block(name: str, hidden: int, heads: int, kv_heads: int, seq: int, ffn: int,
+                sliding_window: int = 0) -> Layer:
+    """Pre-RMSNorm block: GQA self-attention with rotary Q / K, then a SwiGLU MLP; no biases;
+    `sliding_window` W > 0: each query attends to min(seq, W) keys."""
+    t = attention_half(hidden, heads, kv_heads, seq, sliding_window)
+    elems = seq * hidden
     t.linear(hidden, 2 * ffn, tokens=seq, bias=False)
     t.swiglu(seq * ffn)
     t.linear(ffn, hidden, tokens=seq, bias=False)
@@ -59,7 +74,8 @@ def llama_block(name: str, hidden: int, heads: int, kv_heads: int, seq: int, ffn
     spec = {"kind": "transformer_block", "hidden_size": hidden, "num_heads": heads,
             "num_kv_heads": kv_heads, "seq_len": seq, "ffn_hidden_size": ffn, "causal": True,
             "norm": "pre", "norm_type": "rmsnorm", "activation": "swiglu",
-            "position_embedding": "rotary", "bias": False, "dropout": 0.0}
+            "position_embedding": "rotary", "bias": False, "dropout": 0.0,
+            **({"sliding_window": sliding_window} if sliding_window else {})}
     return t.layer(name, "attention", elems, elems, spec)
 
 
@@ -88,14 +104,15 @@ def _check(num_layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, se
 def llama_workload(name: str, *, num_layers: int = 32, hidden_size: int = 4096, num_heads: int = 32,
            num_kv_heads: int = 0, ffn_hidden_size: int = 0, seq_len: int = 4096,
            vocab_size: int = 32000, max_positions: int = 0,
-           tie_embeddings: bool = False) -> Workload:
+           tie_embeddings: bool = False, sliding_window: int = 0) -> Workload:
     """A LLaMA-style Workload called `name` (parameters as `llama`)."""
     kv = num_kv_heads or num_heads
     ffn = ffn_hidden_size or default_ffn_hidden_size(hidden_size)
     max_positions = max_positions or seq_len
     _check(num_layers, hidden_size, num_heads, kv, ffn, seq_len, vocab_size, max_positions)
+    check_sliding_window(sliding_window)
     layers = [llama_embedding("embedding", vocab_size, hidden_size, seq_len, max_positions)]
-    layers += [llama_block(f"block{i}", hidden_size, num_heads, kv, seq_len, ffn)
+    layers += [llama_block(f"block{i}", hidden_size, num_heads, kv, seq_len, ffn, sliding_window)
                for i in range(num_layers)]
     layers.append(llama_head("head", hidden_size, vocab_size, seq_len, tied=bool(tie_embeddings)))
     input_spec = {"shape": [seq_len], "vocab_size": vocab_size, "task": "causal_lm"}
@@ -104,12 +121,15 @@ def llama_workload(name: str, *, num_layers: int = 32, hidden_size: int = 4096, 
 
 def llama(*, num_layers: int = 32, hidden_size: int = 4096, num_heads: int = 32,
           num_kv_heads: int = 0, ffn_hidden_size: int = 0, seq_len: int = 4096,
-          vocab_size: int = 32000, max_positions: int = 0, tie_embeddings: bool = False) -> Workload:
+          vocab_size: int = 32000, max_positions: int = 0, tie_embeddings: bool = False,
+          sliding_window: int = 0) -> Workload:
     """Generic LLaMA-style decoder (defaults: LLaMA-2 7B). num_kv_heads 0 = num_heads (MHA);
-    ffn_hidden_size 0 = `default_ffn_hidden_size`; max_positions 0 = seq_len."""
+    ffn_hidden_size 0 = `default_ffn_hidden_size`; max_positions 0 = seq_len; sliding_window
+    0 = causal, W > 0 = each query attends to min(seq_len, W) keys (Mistral-style)."""
     return llama_workload("llama", num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads,
                   num_kv_heads=num_kv_heads, ffn_hidden_size=ffn_hidden_size, seq_len=seq_len,
-                  vocab_size=vocab_size, max_positions=max_positions, tie_embeddings=tie_embeddings)
+                  vocab_size=vocab_size, max_positions=max_positions, tie_embeddings=tie_embeddings,
+                  sliding_window=sliding_window)
 
 
 PRESETS: dict[str, dict[str, int]] = {
@@ -138,11 +158,11 @@ def _preset(name: str):
                 num_heads: int = base["num_heads"], num_kv_heads: int = base["num_kv_heads"],
                 ffn_hidden_size: int = base["ffn_hidden_size"], seq_len: int = base["seq_len"],
                 vocab_size: int = base["vocab_size"], max_positions: int = 0,
-                tie_embeddings: bool = False) -> Workload:
+                tie_embeddings: bool = False, sliding_window: int = 0) -> Workload:
         return llama_workload(name, num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads,
                       num_kv_heads=num_kv_heads, ffn_hidden_size=ffn_hidden_size, seq_len=seq_len,
                       vocab_size=vocab_size, max_positions=max_positions,
-                      tie_embeddings=tie_embeddings)
+                      tie_embeddings=tie_embeddings, sliding_window=sliding_window)
 
     factory.__name__ = name.replace("-", "_")
     factory.__doc__ = f"{name} (`PRESETS`), any dimension overridable by keyword."

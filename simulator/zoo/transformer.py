@@ -14,7 +14,11 @@ counted also for causal models (as the GEMMs run it), and GPT-3's alternating lo
 sparse attention is modelled as dense.  Parameters per block: 12h^2 + 13h (f = 4h).
 Saved per block: 16sh + a*s^2 elements (Korthikanti et al. 2022, "Reducing Activation
 Recomputation in Large Transformer Models", 34sbh + 5as^2b bytes without the dropout masks and
-in elements); pre- and post-LN blocks have identical totals.
+in elements); pre- and post-LN blocks have identical totals. The memory model counts the dropout
+masks and output too (`simulator.memory_activations`).
+Attention mask (GPT): causal by default; `sliding_window` W > 0 (Mistral-style, Jiang et al. 2023,
+sec. 2) lets each query attend to min(s, W) keys: the core's FLOPs are 4skh + 5ask and its
+softmax output a*s*k with k = min(s, W) (spec key "sliding_window").
 """
 
 from __future__ import annotations
@@ -35,6 +39,13 @@ def _check_config(num_layers: int, hidden_size: int, num_heads: int, seq_len: in
         raise ValueError(f"max_positions {max_positions} < seq_len {seq_len}")
 
 
+def check_sliding_window(sliding_window) -> None:
+    """0 (no window: the causal mask) or a positive number of keys."""
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+        raise ValueError(f"sliding_window {sliding_window!r}: expected a positive number of keys (0: causal, "
+                         "no window)")
+
+
 def embedding_layer(name: str, vocab: int, hidden: int, seq: int, max_positions: int, *,
                     token_types: int = 0, layernorm: bool = False) -> Layer:
     """Token + learned position [+ token-type] embeddings, summed [-> LayerNorm]."""
@@ -53,13 +64,14 @@ def embedding_layer(name: str, vocab: int, hidden: int, seq: int, max_positions:
 
 
 def transformer_block(name: str, hidden: int, heads: int, seq: int, ffn: int, *,
-                      causal: bool, pre_norm: bool) -> Layer:
-    """Multi-head self-attention + GELU MLP with two LayerNorms and two residuals (biases on)."""
+                      causal: bool, pre_norm: bool, sliding_window: int = 0) -> Layer:
+    """Multi-head self-attention + GELU MLP with two LayerNorms and two residuals (biases on);
+    `sliding_window` W > 0: each query attends to min(seq, W) keys (module docstring)."""
     t = Tally()
     elems = seq * hidden
     t.norm(hidden, elems)  # pre-LN: LN1 (saves the block input); post-LN: LN after attention
     t.linear(hidden, 3 * hidden, tokens=seq)
-    t.attention_core(seq, hidden, heads)
+    t.attention_core(seq, hidden, heads, keys=sliding_window or None)
     t.linear(hidden, hidden, tokens=seq)
     t.add(elems)
     t.norm(hidden, elems)
@@ -69,7 +81,8 @@ def transformer_block(name: str, hidden: int, heads: int, seq: int, ffn: int, *,
     t.add(elems)
     spec = {"kind": "transformer_block", "hidden_size": hidden, "num_heads": heads,
             "seq_len": seq, "ffn_hidden_size": ffn, "causal": causal,
-            "norm": "pre" if pre_norm else "post", "activation": "gelu"}
+            "norm": "pre" if pre_norm else "post", "activation": "gelu",
+            **({"sliding_window": sliding_window} if sliding_window else {})}
     return t.layer(name, "attention", elems, elems, spec)
 
 
@@ -97,13 +110,14 @@ def bert_mlm_head(name: str, hidden: int, vocab: int, seq: int) -> Layer:
 
 def _gpt(name: str, *, num_layers: int = 12, hidden_size: int = 768, num_heads: int = 12,
          seq_len: int = 1024, vocab_size: int = 50257, ffn_hidden_size: int | None = None,
-         max_positions: int | None = None) -> Workload:
+         max_positions: int | None = None, sliding_window: int = 0) -> Workload:
     ffn = ffn_hidden_size or 4 * hidden_size
     max_positions = max_positions or seq_len
     _check_config(num_layers, hidden_size, num_heads, seq_len, vocab_size, max_positions)
+    check_sliding_window(sliding_window)
     layers = [embedding_layer("embedding", vocab_size, hidden_size, seq_len, max_positions)]
-    layers += [transformer_block(f"block{i}", hidden_size, num_heads, seq_len, ffn,
-                                 causal=True, pre_norm=True) for i in range(num_layers)]
+    layers += [transformer_block(f"block{i}", hidden_size, num_heads, seq_len, ffn, causal=True,
+                                 pre_norm=True, sliding_window=sliding_window) for i in range(num_layers)]
     layers.append(lm_head("head", hidden_size, vocab_size, seq_len))
     input_spec = {"shape": [seq_len], "vocab_size": vocab_size, "task": "causal_lm"}
     return Workload(name, tuple(layers), input_spec)
@@ -128,7 +142,8 @@ def transformer(**config: Any) -> Workload:
     """Generic decoder-only GPT (pre-LN, learned positions, tied LM head, FFN = 4h).
 
     Parameters: num_layers, hidden_size, num_heads, seq_len, vocab_size (defaults: GPT-2 small),
-    optional ffn_hidden_size (default 4*hidden_size) and max_positions (default seq_len)."""
+    optional ffn_hidden_size (default 4*hidden_size), max_positions (default seq_len) and
+    sliding_window (default 0: causal; W > 0: each query attends to min(seq_len, W) keys)."""
     return _gpt("transformer", **config)
 
 

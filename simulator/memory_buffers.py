@@ -1,0 +1,37 @@
+"""Buffers that persist for the whole step on a rank: the persistent rules of `simulator.memory`.
+
+Persistent for the whole step (P = the rank's parameters, e = bytes of the training dtype):
+- weights P e; master_weights 4P when the dtype is fp16/bf16 (mixed precision keeps fp32 master
+  weights, Micikevicius et al., ICLR 2018); optimizer_state 4P x (sgd 0, momentum 1, adam 2 copies,
+  fp32, Kingma & Ba 2015); weight_gradients P e;
+- stashed_weights P e x (`stashed_weight_versions` + `extra_weight_copies` of the stage in
+  plan.meta: PipeDream's weight stash, SpecTrain's predicted copy; absent = 0);
+- residual P e for top-k compression (error feedback, Stich et al. 2018; PAPERS.md 3).
+"""
+
+from __future__ import annotations
+
+from simulator.plan import Plan
+from simulator.workload import Workload, dtype_bytes
+
+OPTIMIZER_STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}
+MASTER_WEIGHT_DTYPES = ("fp16", "bf16")
+
+
+def persistent(plan: Plan, workload: Workload, rank: int, config) -> dict[str, float]:
+    """Bytes of each persistent buffer of `rank` (module docstring); `config` a `simulator.memory.MemoryConfig`."""
+    stage_index = plan.grid_position(rank)[1]
+    stage = plan.stages[stage_index]
+    params, element = stage.num_params, dtype_bytes(config.dtype)
+    ranges = getattr(stage, "chunks", ()) or ((stage.layer_start, stage.layer_end),)
+    largest = max((workload.layers[i].num_params for a, b in ranges for i in range(a, b)), default=0)
+    copies = sum(plan.meta.get(key, [0] * (stage_index + 1))[stage_index]
+                 for key in ("stashed_weight_versions", "extra_weight_copies"))
+    return {
+        "weights": params * element,
+        "master_weights": params * 4 if config.dtype in MASTER_WEIGHT_DTYPES else 0,
+        "optimizer_state": params * 4 * OPTIMIZER_STATE_COPIES[config.optimizer],
+        "weight_gradients": (largest if config.memory_policy == "laysa" else params) * element,
+        "residual": params * element if plan.meta.get("topk") else 0,
+        "stashed_weights": copies * params * element,
+    }
