@@ -216,7 +216,9 @@ def validate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", required=True,
                         help="profile JSON from `ghpsim calibrate`; the plans run at its world size (a "
                              "scenario of another size is resized to it, or refused in one line)")
-    parser.add_argument("--strategies", default="dp,mp,ghp", help=STRATEGIES_HELP)
+    parser.add_argument("--strategies", default=None,
+                        help=f"{STRATEGIES_HELP} (default dp,mp,ghp; a megatron scenario with tp_degree = "
+                             "pp_degree = 1: its own sharded data-parallel plan, run with FSDP2 or DDP)")
     parser.add_argument("--steps", type=int, default=10, help="measured steps (median reported)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="launches of each strategy, in rounds (median over all their steps); "

@@ -77,14 +77,16 @@ def cmd_validate(args) -> int:
     from validator.report import (case_line, error_summary, summary_line, write_plot, write_rows_csv,
                                   write_step_spans, write_traces)
     from validator.torch_pipelining import check_pipeline_runtime
-    from validator.validate import validate
+    from validator.validate import memory_line, validate
 
-    specs = parse_strategy_specs(args.strategies)
+    specs = parse_strategy_specs(args.strategies or "dp,mp,ghp")
     for kind, _groups in specs:
         check_pipeline_runtime(kind.partition(":")[0], args.pipeline_runtime)
     if args.repeats < 1:
         raise ScenarioError(f"--repeats: {args.repeats} must be at least 1")
     scenario = load_scenario(args.scenario, args.overrides)
+    if scenario.strategy.kind == "megatron" and args.strategies is None:
+        specs = [("megatron", None)]  # its own plan (validator.fsdp_runtime: tp = pp = 1)
     out = Path(args.out)
     stem = scenario.name
     rows_by_label: dict[str, dict] = {}
@@ -110,6 +112,8 @@ def cmd_validate(args) -> int:
     console = make_console()
     for row in rows:
         console.print(case_line(row))
+        if memory_line(row):
+            console.print(memory_line(row))
     console.print(f"{summary_line(summary)}\n{out / (stem + '.csv')} | {plot}")
     return 0
 

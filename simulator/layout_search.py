@@ -2,9 +2,12 @@
 
 The space: megatron layouts t x p x d = N (t <= GPUs per node and dividing the attention heads, p
 <= layers) x micro-batch size b (m = B / (d b) micro-batches) x interleaving v (m a multiple of p)
-x recompute (none, selective, full: `training.recompute`) x ZeRO stage (0, 1 with d > 1) x
+x recompute (none, selective, full: `training.recompute`) x ZeRO stage (0, 1 with d > 1; 2 and 3,
+ZeRO-3 = FSDP full shard, with d > 1 and p = 1: DeepSpeed refuses them with pipelines) x
 sequence parallelism (t > 1) x placement (Megatron's tp-pp-dp order, or tp-dp-pp: a stage's
-replicas side by side), plus the planner's dp / mp / ghp / pipeline candidates
+replicas side by side) x, for a mixture-of-experts model, expert parallelism e (the divisors of d
+that divide the experts; with e > 1 ZeRO 0 or 1 and, with t > 1, sequence parallelism, as
+`simulator.strategies.experts` requires), plus the planner's dp / mp / ghp / pipeline candidates
 (`simulator.planner.enumerate_candidates`).
 
 Each candidate gets a memory floor and a lower bound on its step time (`simulator.step_bound`);
@@ -34,7 +37,7 @@ from simulator.step_bound import BoundModel
 MICROBATCH_SIZES = (1, 2, 4, 8)
 SEARCH_VIRTUAL_STAGES = (1, 2, 4)
 RECOMPUTE_MODES = ("none", "selective", "full")
-ZERO_STAGES = (0, 1)
+ZERO_STAGES = (0, 1, 2, 3)
 """The schema's `strategy.zero_stage` values (`simulator.scenario.StrategyConfig`)."""
 MEGATRON_ORDERS = ("group_per_node", "tp_dp_pp")
 SYNCHRONOUS_DEFAULT = ("dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b")
@@ -76,6 +79,7 @@ def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZ
     n, per_node, batch = scenario.num_gpus, scenario.cluster.gpus_per_node, scenario.training.global_batch_size
     layers = workload.num_layers
     heads = {layer.spec.get("num_heads") for layer in workload.layers if layer.spec.get("num_heads")}
+    experts = {layer.spec["num_experts"] for layer in workload.layers if layer.spec.get("kind") == "moe_block"}
     found = []
     for t in range(1, min(n, per_node) + 1):
         if n % t or any(h % t for h in heads):
@@ -87,12 +91,22 @@ def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZ
             for b in (size for size in microbatch_sizes if (batch // d) % size == 0):
                 m = batch // (d * b)
                 for v in (w for w in SEARCH_VIRTUAL_STAGES if w == 1 or (p > 1 and p * w <= layers and m % p == 0)):
-                    for rc in RECOMPUTE_MODES:
-                        for zero in (ZERO_STAGES if d > 1 else (0,)):
-                            for sp in ((False, True) if t > 1 else (False,)):
+                    for rc, ep in ((rc, ep) for rc in RECOMPUTE_MODES for ep in expert_degrees(d, experts)):
+                        dense = ep in (None, 1)  # EP > 1: ZeRO 0 / 1 and, with TP, SP only
+                        for zero in (z for z in (ZERO_STAGES if d > 1 else (0,)) if z < 2 or (p == 1 and dense)):
+                            for sp in ((False, True) if t > 1 and dense else (t > 1,)):
                                 for order in (MEGATRON_ORDERS if p > 1 and d > 1 else MEGATRON_ORDERS[:1]):
-                                    found.append(Candidate(MEGATRON, n // p, p, order, m, v, t, rc, zero, sp))
+                                    found.append(Candidate(MEGATRON, n // p, p, order, m, v, t, rc, zero, sp, ep))
     return found
+
+
+def expert_degrees(d: int, experts: set[int]) -> tuple[int | None, ...]:
+    """EP degrees e of a megatron layout with d replicas: the divisors of d that divide every MoE
+    layer's expert count (`simulator.strategies.experts.check_expert_parallel`); (None,), the
+    scenario's, for a model without experts."""
+    if not experts:
+        return (None,)
+    return tuple(e for e in range(1, d + 1) if d % e == 0 and all(count % e == 0 for count in experts))
 
 
 def default_search_kinds(tensor_parallel: bool) -> tuple[str, ...]:
@@ -110,7 +124,8 @@ def exact_peak_memory_bytes(scenario: Scenario, workload=None) -> float:
     from simulator.plan import Collective, Compute
     from simulator.simulate import analytic_costs
     from simulator.strategies import compile_plan
-    from simulator.strategies.tensor_summary import _shard_optimizer_memory, tensor_memory_report
+    from simulator.strategies.tensor_summary import tensor_memory_report
+    from simulator.strategies.zero import shard_memory
 
     workload = workload or resolve_workload(scenario.model, scenario.base_dir)
     topology = _topology(scenario.cluster.model_dump_json())
@@ -130,9 +145,7 @@ def exact_peak_memory_bytes(scenario: Scenario, workload=None) -> float:
     config = memory_config(scenario)
     if "rank_workload" in plan.meta:
         report = tensor_memory_report(plan, spans, config)
-        tensor = plan.meta["tensor"]
-        if tensor["zero_stage"] and tensor["dp_degree"] > 1:
-            _shard_optimizer_memory({"memory": report, "devices": report["devices"]}, tensor["dp_degree"])
+        shard_memory({"memory": report, "devices": report["devices"]}, plan.meta["zero"])
     else:
         report = memory_report(plan, workload, spans, config)
     return max(row["peak_memory_bytes"] for row in report["devices"])

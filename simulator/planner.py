@@ -39,6 +39,7 @@ from simulator.errors import ScenarioError, SimulationError
 from simulator.heuristics import estimate_peak_memory_bytes
 from simulator.model_source import resolve_workload
 from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
+from simulator.zero_config import FSDP_ZERO_STAGES
 from simulator.simulate import simulate
 from simulator.strategies import STRATEGIES
 
@@ -71,6 +72,8 @@ class Candidate:
     """megatron: strategy.zero_stage (None: the scenario's)."""
     sequence_parallel: bool | None = None
     """megatron: strategy.sequence_parallel (None: the scenario's)."""
+    ep_degree: int | None = None
+    """megatron: strategy.ep_degree, expert-parallel ranks e of an MoE model (None: the scenario's)."""
 
     @property
     def data_parallel(self) -> int:
@@ -79,11 +82,13 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        options = (f" recompute={self.recompute}" if self.recompute else "") + (" zero1" if self.zero_stage else "")
+        options = (f" recompute={self.recompute}" if self.recompute else "") \
+            + (f" zero{self.zero_stage}" if self.zero_stage else "")
         if self.kind == MEGATRON:
             return (f"megatron (t={self.tp_degree} x p={self.workers_per_group} x d={self.data_parallel}) "
                     f"m={self.num_microbatches}" + (f" v={self.num_virtual_stages}" if self.num_virtual_stages > 1 else "")
                     + options + (" sp" if self.sequence_parallel else "")
+                    + (f" ep={self.ep_degree}" if self.ep_degree and self.ep_degree > 1 else "")
                     + (" tp-dp-pp" if self.placement == "tp_dp_pp" else ""))
         text = f"{self.kind} (G={self.num_groups} x M={self.workers_per_group})"
         if self.kind in PIPELINE_KINDS:
@@ -157,6 +162,9 @@ def enumerate_candidates(scenario: Scenario, num_layers: int, kinds: tuple[str, 
     candidates, skipped = [], []
     for candidate in proposed:
         reason = invalid_reason(candidate, batch, num_layers, scenario.cluster.num_nodes)
+        if not reason and candidate.kind == MEGATRON and candidate.workers_per_group > 1 \
+                and (scenario.strategy.zero_stage if candidate.zero_stage is None else candidate.zero_stage) >= 2:
+            reason = "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism (DeepSpeed)"
         if reason:
             skipped.append({"label": candidate.label, "reason": reason})
         else:
@@ -213,13 +221,17 @@ def candidate_scenario(scenario: Scenario, candidate: Candidate) -> dict:
                            "tp_degree": candidate.tp_degree, "pp_degree": candidate.workers_per_group,
                            "num_microbatches": candidate.num_microbatches, "partition": partition,
                            "num_virtual_stages": candidate.num_virtual_stages}
-        for key in ("sequence_parallel", "zero_stage"):
+        for key in ("sequence_parallel", "zero_stage", "ep_degree"):
             if getattr(candidate, key) is not None:
                 raw["strategy"][key] = getattr(candidate, key)
+        if FSDP_ZERO_STAGES.get(raw["strategy"]["fsdp_sharding"]) != raw["strategy"]["zero_stage"]:
+            raw["strategy"]["fsdp_sharding"] = None  # the candidate's stage, not the scenario's FSDP name
         raw["strategy"]["tp_comm_overlap"] = bool(raw["strategy"]["tp_comm_overlap"]
                                                   and raw["strategy"]["sequence_parallel"])
         return raw
-    raw["strategy"] = {**raw["strategy"], "kind": candidate.kind, "placement": candidate.placement,
+    if raw["strategy"]["zero_stage"] >= 2:  # ZeRO-2/3 are megatron's; these kinds reduce as DDP does
+        raw["strategy"] = {**raw["strategy"], "zero_stage": 0, "fsdp_sharding": None}
+    raw["strategy"] = {**raw["strategy"], "kind": candidate.kind, "placement": candidate.placement, "ep_degree": 1,
                        "num_groups": None if candidate.kind in ("dp", "mp") else candidate.num_groups,
                        "num_microbatches": candidate.num_microbatches, "partition": partition,
                        "num_virtual_stages": candidate.num_virtual_stages}

@@ -22,6 +22,7 @@ from simulator.limits import (MAX_BATCH, MAX_FAT_TREE_K, MAX_GPUS, MAX_LAYERS, M
                               check_structure)
 from simulator.units import parse_quantity
 from simulator.yaml_loading import StrictLoader, load_yaml_text, read_yaml_file
+from simulator.zero_config import check_zero, zero_stage_from_fsdp
 
 StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
                        "delayed_gradient", "megatron"]
@@ -187,8 +188,14 @@ class StrategyConfig(_Frozen):
     """megatron: pipeline stages p; data-parallel replicas d = N / (t p)."""
     sequence_parallel: bool = False
     """megatron: reduce-scatter + allgather instead of each TP allreduce (Korthikanti et al. 2022)."""
-    zero_stage: Annotated[Literal[0, 1], NoBool] = 0
-    """megatron: 1 shards the optimizer state over the d replicas (ZeRO-1, Rajbhandari et al. 2020)."""
+    ep_degree: GpuCount = 1
+    """megatron: expert-parallel ranks e per MoE layer, carved out of the d replicas (e divides d and the
+    experts; simulator/strategies/experts.py)."""
+    zero_stage: Annotated[Literal[0, 1, 2, 3], NoBool] = 0
+    """megatron: shards over the d replicas the optimizer state (1), + gradients (2), + parameters (3)
+    (ZeRO, Rajbhandari et al. SC'20 sec. 5; simulator/strategies/zero.py)."""
+    fsdp_sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] | None = None
+    """megatron: PyTorch FSDP's ShardingStrategy; sets zero_stage (simulator/zero_config.py)."""
     symmetry: Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)] = "auto"
     """megatron: auto simulates one representative per symmetric set of ranks (simulator/symmetry.py);
     off forces the full simulation."""
@@ -206,6 +213,13 @@ class StrategyConfig(_Frozen):
     horovod_fusion_threshold_bytes: Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "bytes")),
                                               Field(ge=0)] = 128 * 2**20
     """gradient_fusion horovod: HOROVOD_FUSION_THRESHOLD (Horovod >= 0.21 default 128 MiB; 0: no fusion)."""
+
+    _zero_from_fsdp = model_validator(mode="before")(classmethod(lambda cls, data: zero_stage_from_fsdp(data)))
+
+    @model_validator(mode="after")
+    def _check_zero(self) -> "StrategyConfig":
+        check_zero(self.kind, self.zero_stage, self.pp_degree)
+        return self
 
 
 class TrainingConfig(_Frozen):
@@ -270,6 +284,8 @@ class Scenario(_Frozen):
         if self.strategy.kind == "megatron" and num_gpus % (self.strategy.tp_degree * self.strategy.pp_degree):
             raise ValueError(f"strategy.tp_degree: {self.strategy.tp_degree} x strategy.pp_degree "
                              f"{self.strategy.pp_degree} does not divide the {num_gpus} GPUs")
+        if self.strategy.ep_degree > 1 and self.strategy.kind != "megatron":
+            raise ValueError(f"strategy.ep_degree: {self.strategy.ep_degree} applies to kind megatron only")
         placement = self.strategy.placement
         if isinstance(placement, tuple) and sorted(placement) != list(range(num_gpus)):
             raise ValueError(

@@ -17,20 +17,22 @@ updates (the critical path of a pipeline flush, Narayanan et al. SC'21, sec. 2.2
     drain_k = sum_{c<k} (s'_c + B_c) + U_0 + AG_0,   tail_k = R_k + U_k + AG_k
 
 with R_k the data-parallel reduction left after the last backward (bucket i of the final backward
-starts after its segment; the buckets run one after another on the stream), AG the ZeRO-1
-parameter allgather after the update. Compute times are the engine's own (sum of the per-layer
+starts after its segment; the buckets run one after another on the stream; ZeRO-2 reduces every
+micro-batch, which only adds; ZeRO-3 reduce-scatters each layer after its backward), AG the ZeRO-1/2
+parameter allgather after the update (none for ZeRO-3, whose update is on the shard). With expert
+parallelism (`simulator.strategies.experts`) the compute is the TP x EP rank's, R and AG count the
+non-expert bytes only (the expert ones go over the d / e copies, left out) and the all-to-alls
+are left out, so the bound stays below. ZeRO-3 full
+shard also has T >= its comm stream: m (2 allgathers + 1 reduce-scatter) per unit, in series
+(`simulator.strategies.zero`); its gathers' waits are not counted, so the bound stays below.
+Compute times are the engine's own (sum of the per-layer
 costs of the rank's GPU; SM contention and stragglers only slow them); every transfer and collective
 is priced at link rate alone: each flow phase the engine would play takes at least its latency plus
 its bytes at the bottleneck link's share for its own sub-flows, so contention with other traffic
 can only add (max-min fairness never exceeds capacity). Asynchronous kinds (steady state, no
 flush) get no bound (0).
 
-Memory. The persistent state of each rank (weights, fp32 master weights, optimizer state, weight
-gradients: `simulator.memory`, with ZeRO-1's sharding of the last two as in the megatron summary)
-plus, before its first backward, the activations its schedule holds: every forward done by then
-(1F1B: min(m, p - k) micro-batches; GPipe: m) keeps each layer's `kept` elements until that layer's
-backward. A rank whose floor exceeds the device memory cannot fit; the exact figure is the memory
-model's (`simulator.layout_search.exact_peak_memory_bytes`).
+Memory: a floor under each rank's peak, `simulator.memory_floor`.
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ from dataclasses import dataclass
 from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
 from simulator.costs import BACKWARD, FORWARD
 from simulator.heterogeneity import DeviceCosts
+from simulator import memory_floor
 from simulator.layout_geometry import RememberedCosts, megatron_device
-from simulator.memory import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIES
 from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
+from simulator.strategies.experts import expert_rank_workload, rank_expert_params
 from simulator.strategies.ghp import GridConfig, _partition, bucket_segments, recompute_ranges
 from simulator.strategies.tensor import rank_costs
 from simulator.strategies.tensor_layers import pass_collectives, rank_workload
@@ -100,7 +103,7 @@ class BoundModel:
     def geometry(self, c) -> _Geometry:
         t, p, v, b = c.tp_degree, c.workers_per_group, c.num_virtual_stages, self.microbatch_size(c)
         key = ("geometry", c.kind == MEGATRON, c.kind in ("dp", "mp", "ghp"), t, self.sp(c), p, v, b,
-               c.placement, c.data_parallel)
+               c.placement, c.data_parallel, self.ep(c))
         found = self._cache.get(key)
         if found is not None:
             return found
@@ -111,7 +114,7 @@ class BoundModel:
         if c.kind == MEGATRON:
             d = c.data_parallel
             device = megatron_device(c.placement, t, p, d)
-            shard, model = self._tensor_model(t, self.sp(c))
+            shard, model = self._tensor_model(t, self.sp(c), self.ep(c))
             grid = GridConfig(MEGATRON, 1, chunks, scenario.training.global_batch_size, scenario.training.dtype,
                               partition=partition)
             chunk_devices = tuple(device(0, chunk % p, 0) for chunk in range(chunks))
@@ -138,16 +141,17 @@ class BoundModel:
         found = self._cache[key] = _Geometry(list(ranges), chain, rings, tp_groups, shard, model)
         return found
 
-    def _tensor_model(self, t: int, sequence_parallel: bool | None):
-        """(workload, cost model) of one TP rank (t = 1, SP None: the whole model), remembered
+    def _tensor_model(self, t: int, sequence_parallel: bool | None, ep: int = 1):
+        """(workload, cost model) of one TP (x EP) rank (t = 1, SP None: the whole model), remembered
         where devices are alike (a mixed cluster's per-GPU models need the plain cost model)."""
-        key = ("model", t, sequence_parallel)
+        key = ("model", t, sequence_parallel, ep)
         found = self._cache.get(key)
         if found is None:
             if sequence_parallel is None:
                 shard, model = self.workload, self.costs
             else:
-                shard = rank_workload(self.workload, t, sequence_parallel)
+                shard = expert_rank_workload(self.workload, rank_workload(self.workload, t, sequence_parallel),
+                                             t, sequence_parallel, ep)
                 model = rank_costs(self.costs, shard, t, sequence_parallel)
             found = self._cache[key] = (shard, model if self.scenario.cluster.node_gpus else RememberedCosts(model))
         return found
@@ -162,56 +166,25 @@ class BoundModel:
     def sp(self, c) -> bool:
         return self.scenario.strategy.sequence_parallel if c.sequence_parallel is None else c.sequence_parallel
 
+    def ep(self, c) -> int:
+        """Expert-parallel degree e (1 outside megatron)."""
+        if c.kind != MEGATRON:
+            return 1
+        return self.scenario.strategy.ep_degree if c.ep_degree is None else c.ep_degree
+
+    def experts(self, c, ranges) -> float:
+        """Bytes of a rank's expert weights in `ranges`: reduced and gathered over the d / e expert
+        copies, not the d-replica ring (`simulator.strategies.experts`); 0 without EP."""
+        ep = self.ep(c)
+        return 0.0 if ep == 1 else rank_expert_params(self.workload, ranges, c.tp_degree, ep) * self.element
+
     def zero(self, c) -> int:
         return self.scenario.strategy.zero_stage if c.zero_stage is None else c.zero_stage
 
     # ------------------------------------------------------------------ memory floor
     def memory_floor_bytes(self, c) -> float:
-        """Largest per-rank floor (module docstring) over the candidate's ranks."""
-        geo, e = self.geometry(c), self.element
-        training, p, v = self.scenario.training, c.workers_per_group, c.num_virtual_stages
-        b, rc = self.microbatch_size(c), self.recompute(c)
-        layers = geo.workload.layers
-        last = len(layers) - 1
-        per_chunk = []
-        for start, end in geo.ranges:
-            kept = 0.0
-            for index in range(start, end):
-                layer = layers[index]
-                if rc == "full":
-                    kept += layer.input_elements_per_sample if index == start else 0
-                elif rc == "selective" and layer.kind == "attention":
-                    kept += min(layer.input_elements_per_sample, layer.saved_elements_per_sample)
-                else:
-                    kept += layer.saved_elements_per_sample
-                if index == last:
-                    kept += 2 * layer.output_elements_per_sample
-            per_chunk.append(0.0 if training.offload_activations else kept * b * e)
-        master = 4 if training.dtype in MASTER_WEIGHT_DTYPES else 0
-        state = (master + 4 * OPTIMIZER_STATE_COPIES[training.optimizer])
-        if c.kind == MEGATRON and self.zero(c) and c.data_parallel > 1:
-            state /= c.data_parallel
-        grads = e if training.memory_policy != "laysa" else 0
-        worst = 0.0
-        for k in range(p):
-            own = [geo.ranges[j] for j in range(k, p * v, p)]
-            params = sum(layers[i].num_params for a, z in own for i in range(a, z))
-            held = sum(per_chunk[chunk] for chunk in self._held_before_first_backward(c, k))
-            worst = max(worst, params * (e + grads + state) + held)
-        return worst
-
-    def _held_before_first_backward(self, c, k: int) -> list[int]:
-        """Chunks of the forwards rank k has run when its first backward starts (`simulator.schedules.build`)."""
-        p, v, m = c.workers_per_group, c.num_virtual_stages, c.num_microbatches
-        if c.kind in ("dp", "mp", "ghp"):
-            return [k]
-        if c.kind == "gpipe":
-            return [k] * m
-        if v == 1:
-            return [k] * min(m, p - k)
-        total = m * v
-        warmup = total if m == p else min(2 * (p - 1 - k) + (v - 1) * p, total)
-        return [((n // p) % v) * p + k for n in range(min(warmup + 1, total))]
+        """Largest per-rank floor over the candidate's ranks (`simulator.memory_floor`)."""
+        return memory_floor.memory_floor_bytes(self, c)
 
     # ------------------------------------------------------------------ step bound
     def bound(self, c) -> StepBound:
@@ -239,7 +212,7 @@ class BoundModel:
         # (`simulator.strategies.ghp.apply_training_options`) waits for nothing and may run earlier
         b_chain = b_pass if c.kind == MEGATRON else [span(sum(bwd[a:z]), sum(tp_b[a:z])) for a, z in geo.ranges]
         sends, grads = self._transfers(c, geo, b)
-        key = ("updates", id(geo), c.kind == MEGATRON and self.zero(c) and c.data_parallel > 1, c.num_groups > 1)
+        key = ("updates", id(geo), self.zero(c) if c.kind == MEGATRON and c.data_parallel > 1 else 0, c.num_groups > 1)
         updates = self._cache.get(key)
         if updates is None:
             updates = self._cache[key] = [self._update_s(c, geo, k) for k in range(p)]
@@ -257,7 +230,7 @@ class BoundModel:
         value, k, fill, work, drain = best
         reduction = reduction0 if k == 0 else self._reduction_tail_s(c, geo, k, overlap)
         tail = reduction + updates[k][0] + updates[k][1]
-        step = (fill + work + max(drain, tail)) * SAFETY
+        step = max(fill + work + max(drain, tail), self._zero3_stream_s(c, geo)) * SAFETY
         compute = m * sum(chunks[j][0] + chunks[j][2] for j in range(k, p * v, p)) + updates[k][0]
         waiting = reduction + updates[k][1] if tail >= drain else reduction0 + updates[0][1] + sum(grads[:k])
         comm = min(step - compute, work - m * sum(chunks[j][0] + chunks[j][2] for j in range(k, p * v, p))
@@ -306,7 +279,8 @@ class BoundModel:
         return sends + [0.0], grads + [0.0]
 
     def _update_s(self, c, geo: _Geometry, k: int) -> tuple[float, float]:
-        """(update compute, ZeRO-1 allgather floor) of rank k."""
+        """(update compute on the 1/d shard from ZeRO-1 (hybrid: 1/s, s <= d, so 1/d stays a floor),
+        allgather floor of the updated parameters for ZeRO-1 and -2) of rank k."""
         p, v = c.workers_per_group, c.num_virtual_stages
         own = [geo.ranges[j] for j in range(k, p * v, p)]
         first, last = own[0][0], own[-1][1]
@@ -316,13 +290,26 @@ class BoundModel:
             d = c.data_parallel
             sharded = self.zero(c) and d > 1
             update = model.optimizer_s(params / d if sharded else params, layers=(first, last))
-            gather = self.collective_floor_s((geo.rings[k],), "allgather", params * self.element / d,
-                                             "ring_allgather") if sharded else 0.0
+            dense = params * self.element - self.experts(c, own)  # expert shards: over d / e, not floored
+            gather = self.collective_floor_s((geo.rings[k],), "allgather", dense / d,
+                                             "ring_allgather") if sharded and self.zero(c) < 3 else 0.0
             return update * self._compute_scale, gather
         update = model.optimizer_s(params, layers=(first, last))
         if c.num_groups > 1:
             update += model.weight_pass_s("average", params, layers=(first, last))
         return update * self._compute_scale, 0.0
+
+    def _zero3_stream_s(self, c, geo: _Geometry) -> float:
+        """ZeRO-3 (full shard, so p = 1): the data-parallel comm stream runs every unit's two
+        allgathers and its reduce-scatter per micro-batch one after another (`simulator.strategies.zero`)."""
+        if c.kind != MEGATRON or c.data_parallel < 2 or self.zero(c) != 3 \
+                or self.scenario.strategy.fsdp_sharding == "hybrid_shard":
+            return 0.0
+        d, total = c.data_parallel, 0.0
+        for size in (layer.num_params * self.element for layer in geo.workload.layers if layer.num_params):
+            total += 2 * self.collective_floor_s((geo.rings[0],), "allgather", size / d, "ring_allgather") \
+                + self.collective_floor_s((geo.rings[0],), "reduce_scatter", size, "ring_reduce_scatter")
+        return c.num_microbatches * total
 
     def _reduction_tail_s(self, c, geo: _Geometry, k: int, overlap: bool) -> float:
         """Data-parallel reduction still running after rank k's last backward (chunk k's)."""
@@ -333,13 +320,17 @@ class BoundModel:
         if c.kind in ("dp", "mp", "ghp") and strategy.gradient_fusion != "buckets":
             return 0.0
         start, end = geo.ranges[k]
-        op = "reduce_scatter" if c.kind == MEGATRON and self.zero(c) else "allreduce"
+        zero = self.zero(c) if c.kind == MEGATRON else 0
+        if zero == 3 and self.scenario.strategy.fsdp_sharding == "hybrid_shard":
+            return 0.0  # node-local shard groups: the d-replica ring is no floor of theirs
+        op = "reduce_scatter" if zero else "allreduce"
         algorithm = choose_algorithm(self.topology, geo.rings[k], strategy.collective) if op == "allreduce" \
             else "ring_reduce_scatter"
-        segments = bucket_segments(geo.workload, start, end, self.element, strategy.bucket_size_bytes
-                                   if strategy.overlap_backward else float("inf"))
+        bucket_bytes = strategy.bucket_size_bytes if strategy.overlap_backward else float("inf")
+        segments = bucket_segments(geo.workload, start, end, self.element, 0.0 if zero == 3 else bucket_bytes)
+        sizes = [size - self.experts(c, ((a, z),)) for a, z, size in segments]  # experts: over d / e copies
         reduce_s = [self.collective_floor_s((geo.rings[k],), op, size, algorithm) if size > 0 else 0.0
-                    for _, _, size in segments]
+                    for size in sizes]
         fwd, bwd, tp_f, tp_b = self._layer_costs(c, geo, self.microbatch_size(c))
         rc = self.recompute(c)
         tail, after_s, queued_s = 0.0, 0.0, 0.0

@@ -84,9 +84,11 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
                   f"{summary['achieved_tflops_per_gpu']:,.1f} TFLOP/s per GPU | MFU {summary['mfu']:.1%}")
     if "tensor" in summary:  # megatron (simulator/strategies/tensor.py)
         tensor = summary["tensor"]
-        console.print(f"3D: tp {tensor['tp_degree']} x pp {tensor['pp_degree']} x dp {tensor['dp_degree']}, "
+        console.print(f"3D: tp {tensor['tp_degree']} x pp {tensor['pp_degree']} x dp {tensor['dp_degree']}"
+                      f"{' (ep ' + str(tensor['ep_degree']) + ')' if tensor.get('ep_degree', 1) > 1 else ''}, "
                       f"{tensor['schedule']}, micro-batch {tensor['microbatch_size']:g}, sequence parallel "
-                      f"{'on' if tensor['sequence_parallel'] else 'off'}, ZeRO-{tensor['zero_stage']}; "
+                      f"{'on' if tensor['sequence_parallel'] else 'off'}, ZeRO-{tensor['zero_stage']}"
+                      f"{' (FSDP ' + tensor['fsdp_sharding'] + ')' if tensor.get('fsdp_sharding') else ''}; "
                       f"{'symmetric' if tensor['symmetry']['used'] else 'full'} simulation: "
                       f"{tensor['symmetry']['reason']}")
     devices = pd.DataFrame(summary["devices"])

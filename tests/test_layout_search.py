@@ -99,9 +99,10 @@ def test_megatron_space_covers_every_axis():
     workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
     space = megatron_space(scenario, workload, (1, 2))
     assert {c.tp_degree for c in space} == {1, 2, 4} and {c.workers_per_group for c in space} == {1, 2, 4}
-    assert {c.recompute for c in space} == {"none", "selective", "full"} and {c.zero_stage for c in space} == {0, 1}
+    assert {c.recompute for c in space} == {"none", "selective", "full"} and {c.zero_stage for c in space} == {0, 1, 2, 3}
     assert {c.sequence_parallel for c in space} == {False, True} and {c.num_virtual_stages for c in space} == {1, 2}
     assert {c.placement for c in space} == {"group_per_node", "tp_dp_pp"}
+    assert {c.ep_degree for c in space} == {None}  # a dense model: no expert-parallel axis
     assert len({c.label for c in space}) == len(space)
     layout = Candidate("megatron", 4, 2, "tp_dp_pp", 4, 1, 2, "full", 1, True)
     raw = candidate_scenario(scenario, layout)
@@ -152,3 +153,37 @@ def test_rank_says_in_one_line_when_no_layout_fits(capsys, tmp_path):
     code, out, err = run(capsys, "rank", str(scenario), "--workers", "1")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert err.startswith("ghpsim: error: --gpus: no layout fits in 0.0 GiB of device memory on 4 GPUs (")
+
+
+def tiny_moe(memory=None) -> dict:
+    """`tiny_llm`'s cluster with a 2-block mixture of 4 experts, top-2."""
+    return {**tiny_llm(batch=8, memory=memory), "name": "tiny_moe",
+            "model": {"name": "moe", "params": {"num_layers": 2, "hidden_size": 256, "num_heads": 8, "num_kv_heads": 4,
+                                                "seq_len": 128, "vocab_size": 1024, "num_experts": 4, "top_k": 2,
+                                                "expert_ffn_hidden_size": 256}}}
+
+
+def test_moe_search_adds_expert_degrees_with_valid_bounds_and_floors():
+    scenario = load_scenario(tiny_moe())
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
+    space = megatron_space(scenario, workload, (1,))
+    assert {c.ep_degree for c in space} == {1, 2, 4}
+    for c in space:  # e divides d and the 4 experts; EP > 1 only with ZeRO 0 / 1 and, with TP, SP
+        assert c.data_parallel % c.ep_degree == 0
+        assert c.ep_degree == 1 or (c.zero_stage < 2 and c.sequence_parallel == (c.tp_degree > 1))
+    full = search_layouts(scenario, kinds=("megatron",), microbatch_sizes=(1,), exhaustive=True, workers=1,
+                          show_progress=False)
+    assert any(" ep=4" in row["label"] for row in full.rows)
+    for row in full.rows:
+        assert 0 < row["bound_s"] <= row["step_time_s"], row["label"]
+    pruned = search_layouts(scenario, kinds=("megatron",), microbatch_sizes=(1,), top=1, workers=1,
+                            show_progress=False)
+    best = next(row for row in full.rows if row["fits"])
+    assert (pruned.rows[0]["label"], pruned.rows[0]["step_time_s"]) == (best["label"], best["step_time_s"])
+    model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+    checked = [c for c in space if c.ep_degree > 1][::3]
+    assert {c.zero_stage for c in checked} == {0, 1}
+    for candidate in checked:
+        concrete = scenario_from_dict(candidate_scenario(scenario, candidate))
+        assert concrete.strategy.ep_degree == candidate.ep_degree
+        assert model.memory_floor_bytes(candidate) <= exact_peak_memory_bytes(concrete, workload) * (1 + 1e-12)

@@ -6,6 +6,9 @@ outside the timed step); a rank's step time runs from there to the end of its
 last action (its sends and allreduces complete); the step's time is the maximum over ranks
 (all-reduced with MAX). The reported figure is the median over the k measured steps.
 
+Megatron plans (tp = pp = 1) run on `validator.fsdp_runtime` (FSDP2 / DDP), which also measures
+peak memory after the timed steps (`RunOptions.measure_memory`).
+
 Asynchronous pipelines (`RunOptions.steady_state`): the plan run is the simulator's steady-state
 plan (several steps' micro-batches back to back, `simulator.schedules.steady_state`), and a
 step's figure is the same window the simulator predicts: completion of micro-batch 2p + m - 1
@@ -28,6 +31,7 @@ from simulator.scenario import PIPELINE_KINDS
 from simulator.schedules.steady_state import microbatch_completions
 from simulator.workload import Workload
 from validator.comm_device import control_device
+from validator.fsdp_runtime import FsdpExecutor, measure_step_memory
 from validator.models import build_modules, loss_fn, make_batch
 from validator.microbench import make_optimizer
 from validator.pipeline_runtime import PipelineExecutor
@@ -51,6 +55,9 @@ class RunOptions:
     keep_step_spans: bool = False
     """Return every measured step's spans ("step_spans"), not only the median step's (`ghpsim validate
     --step-spans`): for the tails a single step's trace hides."""
+    measure_memory: bool = False
+    """After the timed steps, one more step measures the rank's peak memory (megatron plans:
+    `validator.fsdp_runtime.measure_step_memory`); "peak_memory_bytes" and "persistent_bytes"."""
 
 
 def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> dict:
@@ -59,6 +66,8 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
     check_pipeline_runtime(plan.strategy, options.pipeline_runtime)
     if options.pipeline_runtime == "torch":
         executor_class = TorchPipelineExecutor
+    if plan.strategy == "megatron":  # tp = pp = 1: sharded data parallelism (FSDP2 / DDP)
+        executor_class = FsdpExecutor
     executor = executor_class(plan, workload, rank, options.optimizer, options.learning_rate,
                               options.seed, options.device)
     step_times_s, step_spans, step_span_cpu = [], [], []
@@ -79,15 +88,19 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
             step_spans.append(spans)
             # {span index: the rank's thread CPU seconds in that compute span} (runtimes that time it)
             step_span_cpu.append(dict(getattr(executor, "span_cpu_s", {})))
+    # numpy, not tensors: torch would share tensors through file descriptors that vanish when
+    # the rank's process exits before the launcher has read them
+    state = {k: v.cpu().numpy() for k, v in executor.state().items()} if options.return_state else None
+    memory = measure_step_memory(executor, options.warmup + options.steps, options.device) \
+        if options.measure_memory else {}  # one more step: after the state of the k steps is read
     median_index = min(range(len(step_times_s)), key=lambda i: abs(step_times_s[i] - statistics.median(step_times_s)))
     return {
         "rank": rank,
         "step_times_s": step_times_s,
         "spans": step_spans[median_index] if step_spans else [],
         **({"step_spans": step_spans, "step_span_cpu_s": step_span_cpu} if options.keep_step_spans else {}),
-        # numpy, not tensors: torch would share tensors through file descriptors that vanish when
-        # the rank's process exits before the launcher has read them
-        "state": {k: v.cpu().numpy() for k, v in executor.state().items()} if options.return_state else None,
+        "state": state,
+        **memory,
     }
 
 

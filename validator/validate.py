@@ -1,5 +1,6 @@
 """Predicted vs measured: simulate each plan with a calibration profile, run the same plan for
-real, and report the error per strategy.
+real, and report the error per strategy (megatron plans with tp = pp = 1, sharded data parallelism:
+also peak memory per rank, `validator.fsdp_runtime`).
 
 The prediction (`predicted_s`) is the plain simulation of the plan with the profile's costs
 (`simulator.profile_costs.ProfileCosts`). The profile comes from microbenchmarks only
@@ -29,6 +30,7 @@ from simulator.schedules.steady_state import steady_state_plan, steady_state_win
 from simulator.simulate import simulate
 from simulator.fabrics import build_topology
 from validator.comm_device import device_problem
+from validator.fsdp_runtime import runnable_sharding
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
 
@@ -163,6 +165,11 @@ def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | N
     """One strategy of a validation: its prediction, the plan the ranks run (the steady-state plan
     for asynchronous pipelines) and the run options for it."""
     variant = with_strategy(scenario, kind, groups)
+    sharding = None
+    if kind == "megatron":  # tp = pp = 1 only (validator.fsdp_runtime): refused in one line before simulating
+        strategy = variant.strategy
+        sharding = runnable_sharding(strategy.tp_degree, strategy.pp_degree, strategy.zero_stage,
+                                     strategy.fsdp_sharding)
     predicted = simulate(variant, costs=costs, workload=workload)
     plan, run_options = predicted.plan, options
     if plan.meta.get("topk") and "schedule_kind" in plan.meta:
@@ -172,6 +179,9 @@ def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | N
         plan = steady_state_plan(variant, workload, build_topology(variant.cluster), costs)
         run_options = replace(options, steady_state=(plan.workers_per_group,
                                                      variant.strategy.num_microbatches))
+    if sharding is not None:  # sharded data parallelism: the ranks also measure their peak memory
+        label = f"megatron:{sharding} (G={plan.meta['tensor']['dp_degree']} x M=1)"
+        return _Case(kind, label, plan, replace(options, measure_memory=True), predicted)
     label = f"{kind} (G={plan.num_groups} x M={plan.workers_per_group})"
     return _Case(kind, label, plan, run_options, predicted)
 
@@ -205,7 +215,26 @@ def _row(case: _Case) -> tuple[dict, list]:
         "launch_noise_pct": launch_noise_pct(launch_medians, measured_s),
         "predicted_compute_s": _mean(predicted.summary["devices"], "compute_s"),
         "measured_compute_s": _mean(device_breakdown(spans, case.plan.num_ranks, measured_s), "compute_s"),
+        **(_memory_columns(case) if case.run_options.measure_memory else {}),
     }, spans
+
+
+def _memory_columns(case: _Case) -> dict:
+    """Predicted and measured peak memory per rank (the largest over ranks, of the latest launch)
+    and the error in percent."""
+    predicted = max(device["peak_memory_bytes"] for device in case.predicted.summary["devices"])
+    measured = max(result["peak_memory_bytes"] for result in case.launches[-1])
+    return {"predicted_peak_memory_bytes": predicted, "measured_peak_memory_bytes": measured,
+            "memory_error_pct": 100.0 * (predicted - measured) / measured,
+            "measured_persistent_bytes": max(result["persistent_bytes"] for result in case.launches[-1])}
+
+
+def memory_line(row: dict) -> str | None:
+    """A case's peak memory per rank, predicted vs measured, in one line (None where not measured)."""
+    if "measured_peak_memory_bytes" not in row:
+        return None
+    return (f"{'peak memory per rank':>22s}  predicted {row['predicted_peak_memory_bytes'] / 2**20:9.2f} MiB  "
+            f"measured {row['measured_peak_memory_bytes'] / 2**20:8.2f} MiB  error {row['memory_error_pct']:+6.1f} %")
 
 
 def launch_noise_pct(launch_medians: list[float], measured_s: float) -> float:

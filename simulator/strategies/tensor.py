@@ -19,7 +19,13 @@ Pipeline transfers use the scatter/gather optimisation (SC'21, sec. 4.1): each T
 of the activation to its counterpart in the next stage. The d copies of a (stage, TP rank)
 allreduce its gradients in buckets during the last backward of each chunk (as
 `simulator.strategies.pipeline`), or with ZeRO-1 (Rajbhandari et al. SC'20, stage 1) reduce-scatter
-them, update 1/d of the parameters and allgather the updated parameters.
+them, update 1/d of the parameters and allgather the updated parameters; ZeRO-2 / ZeRO-3 (FSDP)
+are `simulator.strategies.zero`'s (pp 1: per-micro-batch reduce-scatters; ZeRO-3 per-layer gathers).
+
+Expert parallelism (`strategy.ep_degree` e, MoE models) is `simulator.strategies.experts`'s: the EP
+groups are carved out of the d replicas, each pass's all-to-alls follow its compute as the TP
+collectives do, and expert gradients are allreduced among d / e copies (ZeRO-1: reduce-scattered,
+and the updated expert shards allgathered, among them).
 
 Rank layout (Megatron's order, tp fastest): device = dp x (p t) + pp x t + tp with placement
 group_per_node, so a TP group fills consecutive devices (one node on NVSwitch when t divides
@@ -43,6 +49,7 @@ from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Pl
 from simulator.schedules import build_schedule, check_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import UPDATE
+from simulator.strategies import experts, zero
 from simulator.strategies.ghp import GridConfig, _ActionList, _partition, bucket_segments, recompute_ranges
 from simulator.strategies.tensor_layers import pass_collectives, rank_workload
 from simulator.topology import Topology
@@ -72,6 +79,10 @@ class TensorConfig:
     collective: str = "auto"
     symmetry: str = "auto"
     tp_comm_overlap: bool = False
+    fsdp_sharding: str | None = None
+    gpus_per_node: int = 1
+    ep: int = 1
+    """Expert-parallel degree (`simulator.strategies.experts`)."""
 
     @property
     def schedule_kind(self) -> str:
@@ -112,20 +123,25 @@ def tensor_config(scenario) -> TensorConfig:
         zero_stage=strategy.zero_stage, recompute=training.recompute, placement=strategy.placement,
         partition=strategy.partition, bucket_size_bytes=strategy.bucket_size_bytes,
         overlap_backward=strategy.overlap_backward, collective=strategy.collective, symmetry=strategy.symmetry,
-        tp_comm_overlap=strategy.tp_comm_overlap)
+        tp_comm_overlap=strategy.tp_comm_overlap, fsdp_sharding=strategy.fsdp_sharding,
+        gpus_per_node=scenario.cluster.gpus_per_node, ep=strategy.ep_degree)
 
 
 def rank_costs(costs: CostModel, workload: Workload, tp_degree: int, sequence_parallel: bool) -> CostModel:
     """The costs of one TP rank's share of the layers (`workload` = its rank workload): the kernel
     model expands each whole layer with the TP split (`simulator.kernels`), the analytic model
-    times the shard."""
+    times the shard. With tp_degree 1 a rank runs whole layers, so any cost model (a calibration
+    profile's whole-layer times too) is used as it is."""
     from simulator.kernel_costs import KernelCosts
     if isinstance(costs, KernelCosts):
-        return costs.with_tensor_parallel(tp_degree, sequence_parallel)
+        return experts.expert_costs(costs.with_tensor_parallel(tp_degree, sequence_parallel), workload)
     if not isinstance(costs, AnalyticCosts):
-        raise ScenarioError("strategy.kind: megatron needs a GPU cost model (a calibration profile times "
+        if tp_degree == 1:
+            return costs
+        raise ScenarioError(f"strategy.tp_degree: {tp_degree} needs a GPU cost model (a calibration profile times "
                             "whole layers, not their tensor-parallel shares)")
-    return AnalyticCosts(workload, costs.gpu, costs.dtype, costs.optimizer, costs.efficiency)
+    return AnalyticCosts(workload, costs.gpu, costs.dtype, costs.optimizer, costs.efficiency,
+                         recompute=costs.recompute, tp_degree=tp_degree)
 
 
 def _check(config: TensorConfig, workload: Workload) -> None:
@@ -157,7 +173,9 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
 
     config = tensor_config(scenario)
     _check(config, workload)
-    shard = rank_workload(workload, config.tp, config.sequence_parallel)
+    experts.check_expert_parallel(config, workload)
+    shard = experts.expert_rank_workload(workload, rank_workload(workload, config.tp, config.sequence_parallel),
+                                         config.tp, config.sequence_parallel, config.ep)
     schedule = build_schedule(config.schedule_kind, config.pp, config.num_microbatches, config.num_virtual_stages)
     check_schedule(schedule)
     chunk_devices = tuple(config.device_of(0, chunk % config.pp, 0) for chunk in range(schedule.num_chunks))
@@ -168,6 +186,13 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     full_devices = tuple(config.device_of(g // config.tp, j, g % config.tp)
                          for g in range(config.num_pipelines) for j in range(config.pp))
     symmetric, reason = symmetry_decision(scenario, config, topology)
+    if zero.replicated(config):  # Symmetry knows one data-parallel group per stage
+        symmetric, reason = False, "hybrid_shard: shard and replica groups need the full simulation"
+    if config.ep > 1:  # Symmetry knows TP and data-parallel groups only
+        symmetric, reason = False, "expert parallelism: the all-to-alls need the full simulation"
+    if symmetric and costs.communication is not None:  # a calibration profile: priced per rank, not per flow
+        symmetric, reason = False, ("a calibration profile prices each collective by its ranks and shares the "
+                                    "host's processors among them: a lone representative would be priced alone")
     pipelines = 1 if symmetric else config.num_pipelines
     shared: dict = {}  # TP collectives per (layers, pass) and bucket segments, alike on every rank
     builders = [_TensorRank(config, workload, shard, schedule, ranges, stages, rank, symmetric, shared)
@@ -182,9 +207,11 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
             **stage_metrics(schedule, False), "rank_workload": shard,
             "recompute": config.recompute,
             "recompute_actions": {rank: builder.recomputed for rank, builder in enumerate(builders)},
-            "tensor": {"tp_degree": config.tp, "pp_degree": config.pp, "dp_degree": config.dp,
+            "tensor": {"tp_degree": config.tp, "pp_degree": config.pp, "dp_degree": config.dp, "ep_degree": config.ep,
                        "sequence_parallel": config.sequence_parallel, "zero_stage": config.zero_stage,
-                       "schedule": config.schedule_kind, "microbatch_size": config.microbatch_size},
+                       "schedule": config.schedule_kind, "microbatch_size": config.microbatch_size,
+                       "fsdp_sharding": config.fsdp_sharding, "shard_degree": zero.shard_degree(config)},
+            "zero": zero.memory_meta(config, shard, ranges),
             "symmetry_decision": {"used": symmetric, "reason": reason}}
     if symmetric:
         meta["symmetry"] = Symmetry.of(config, full_devices)
@@ -218,6 +245,8 @@ class _TensorRank:
             self.dp_ranks = shared.get(key) or shared.setdefault(
                 key, tuple((e * t + tp_index) * p + self.stage_index for e in range(config.dp)))
         self.dp_key = (self.stage_index, tp_index)
+        self.zero_groups = zero.zero_groups(config, self.dp_ranks, self.dp_index)
+        self.zero_degree = zero.shard_degree(config)
         self.element_bytes = dtype_bytes(config.dtype)
         self.batch = config.microbatch_size
         self.builder = _ActionList()
@@ -251,6 +280,7 @@ class _TensorRank:
     def _tp(self, start: int, end: int, phase: str, after: int) -> tuple[int, ...]:
         """The TP collectives of a pass over [start, end) after its compute `after` (with
         tp_comm_overlap: beside it, from the same dependencies); what the pass's output waits for."""
+        after = experts.expert_alltoalls(self, start, end, phase, after)  # MoE dispatch and combine
         if self.config.tp == 1:
             return (after,)
         overlap = self.config.tp_comm_overlap
@@ -277,6 +307,8 @@ class _TensorRank:
         return self.last_compute[0]
 
     def _forward(self, chunk: int, i: int, start: int, end: int) -> None:
+        if zero.sharded(self.config):
+            return zero.zero3_forward(self, i, start, end)
         add, deps = self.builder.add, ()
         if chunk > 0:
             deps = (add(Recv, src=self.rank_of(chunk - 1), key=("act", self.pipeline, chunk - 1, i),
@@ -289,11 +321,14 @@ class _TensorRank:
                 key=("act", self.pipeline, chunk, i), deps=done, label=f"send act{i}")
 
     def _backward(self, chunk: int, i: int, start: int, end: int, position: int) -> None:
+        if zero.sharded(self.config):
+            return zero.zero3_backward(self, i, start, end)
         add, deps = self.builder.add, ()
         if chunk < self.schedule.num_chunks - 1:
             deps = (add(Recv, src=self.rank_of(chunk + 1), key=("grad", self.pipeline, chunk, i),
                         label=f"recv grad{i}"),)
-        reduce_now = self.config.dp > 1 and self.config.overlap_backward and self.final_backward[chunk] == position
+        reduce_now = self.config.dp > 1 and self.config.overlap_backward and (
+            self.final_backward[chunk] == position or self.config.zero_stage == 2)  # ZeRO-2: every micro-batch
         bucket_bytes = self.config.bucket_size_bytes if reduce_now else float("inf")
         done = None
         segments = self.shared.get((start, end, bucket_bytes))
@@ -310,7 +345,7 @@ class _TensorRank:
             done = self._tp(seg_start, seg_end, BACKWARD, self.last_backward)
             deps = done
             if reduce_now and size > 0:
-                self._reduce_gradients(size)
+                self._reduce_gradients(experts.expert_gradients(self, seg_start, seg_end, size))
         if chunk > 0:
             size = self.workload.layers[start].input_elements_per_sample * self.batch * self.element_bytes
             add(Send, dst=self.rank_of(chunk - 1), size_bytes=size / self.config.tp,
@@ -327,13 +362,13 @@ class _TensorRank:
 
     def _update(self) -> None:
         params, dp = self.stage.num_params, self.config.dp
-        if dp > 1 and not self.config.overlap_backward and params > 0:
+        if dp > 1 and not self.config.overlap_backward and params > 0 and not zero.sharded(self.config):
             self._reduce_gradients(params * self.element_bytes)
-        sharded = self.config.zero_stage and dp > 1
         update = self._compute((self.last_backward, *self.pending), phase=OPTIMIZER, layer_start=self.stage.layer_start,
                                layer_end=self.stage.layer_end, microbatch=-1,
-                               num_params=params / dp if sharded else params)
-        if sharded:  # ZeRO-1: every replica gathers the others' updated parameter shards
+                               num_params=experts.zero1_update_params(self, params))
+        if self.config.zero_stage in (1, 2) and dp > 1:  # every replica gathers the others' updated shards
+            params = experts.zero1_allgathers(self, params, update)  # expert shards over d / e, the rest over d
             self.builder.add(Collective, op="allgather", ranks=self.dp_ranks, size_bytes=params * self.element_bytes / dp,
                              key=("zero_allgather", *self.dp_key), deps=(update,), algorithm="ring",
                              label="zero allgather params")

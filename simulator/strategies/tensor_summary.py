@@ -1,4 +1,4 @@
-"""Megatron summaries: the memory model's view of a TP rank, ZeRO-1 memory, symmetric expansion.
+"""Megatron summaries: the memory model's view of a TP rank, ZeRO memory, symmetric expansion.
 
 Called by `simulator.simulate` for plans of kind megatron (`simulator.strategies.tensor`).
 """
@@ -8,19 +8,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simulator.plan import Collective, Plan
+from simulator.strategies.zero import GATHER_KEY, GATHER_LABEL, shard_memory
 from simulator.topology import Topology
 from simulator.workload import Workload
 
 
 def memory_view(plan: Plan, workload: Workload, spans: list[tuple]) -> tuple[Plan, Workload, list[tuple]]:
     """(plan, workload, spans) for the memory model (`simulator.memory.rank_memory`): for a megatron
-    plan its rank workload, without the TP collectives and their spans (see below); else unchanged."""
+    plan its rank workload, without the TP collectives, the ZeRO-3 parameter gathers (counted by
+    `simulator.strategies.zero.shard_memory`) and their spans (see below); else unchanged."""
     if "rank_workload" not in plan.meta:
         return plan, workload, spans
-    actions = tuple(tuple(a for a in rank if not (isinstance(a, Collective) and a.key[0] == "tp"))
+    actions = tuple(tuple(a for a in rank if not (isinstance(a, Collective) and a.key[0] in ("tp", GATHER_KEY)))
                     for rank in plan.actions)
     rows = spans.itertuples(index=False, name=None) if hasattr(spans, "itertuples") else spans
-    kept = [span for span in rows if not (span[1] == "comm" and span[2].startswith("tp "))]
+    kept = [span for span in rows if not (span[1] == "comm" and span[2].startswith(("tp ", GATHER_LABEL)))]
     return replace(plan, actions=actions), plan.meta["rank_workload"], kept
 
 
@@ -71,33 +73,14 @@ def _alike_per_stage(spans: list[tuple], num_ranks: int, num_stages: int) -> boo
 
 
 def finish_summary(summary: dict, plan: Plan, topology: Topology) -> None:
-    """Megatron figures of a simulate() summary (in place): ZeRO-1 optimizer-state sharding in the
-    memory, expansion of a symmetric run to every device, dp/tp index of each device."""
+    """Megatron figures of a simulate() summary (in place): ZeRO sharding in the memory
+    (`simulator.strategies.zero.shard_memory`), expansion of a symmetric run to every device,
+    dp/tp index of each device."""
     from simulator.symmetry import expand_summary
     tensor = plan.meta["tensor"]
-    if tensor["zero_stage"] and tensor["dp_degree"] > 1:
-        _shard_optimizer_memory(summary, tensor["dp_degree"])
+    shard_memory(summary, plan.meta["zero"])
     if "symmetry" in plan.meta:
         expand_summary(summary, plan.meta["symmetry"], topology)
     for row in summary["devices"]:
         row["dp_rank"], row["tp_rank"] = divmod(row["group"], tensor["tp_degree"])
     summary["tensor"] = {**tensor, "symmetry": plan.meta["symmetry_decision"]}
-
-
-def _shard_optimizer_memory(summary: dict, dp: int) -> None:
-    """ZeRO-1: each replica keeps 1/d of the fp32 master weights and optimizer state (Rajbhandari et
-    al. SC'20, sec. 5.1). Both are allocated for the whole step, so every instant, and the peak,
-    drops by the same amount."""
-    capacity = summary["memory"]["capacity_bytes"]
-    for row in summary["devices"]:
-        breakdown = dict(row["memory_breakdown_bytes"])
-        saved = 0.0
-        for category in ("master_weights", "optimizer_state"):
-            saved += breakdown[category] * (1 - 1 / dp)
-            breakdown[category] /= dp
-        row["memory_breakdown_bytes"] = breakdown
-        row["peak_memory_bytes"] -= saved
-        row["fits_in_memory"] = row["peak_memory_bytes"] <= capacity
-    memory = summary["memory"]
-    memory["peak_memory_bytes"] = max(row["peak_memory_bytes"] for row in summary["devices"])
-    memory["fits_in_memory"] = summary["fits_in_memory"] = all(row["fits_in_memory"] for row in summary["devices"])

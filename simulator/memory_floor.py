@@ -1,0 +1,72 @@
+"""A floor under a candidate layout's peak memory per device, cheap (no plan, no engine).
+
+The persistent state of each rank (weights, fp32 master weights, optimizer state, weight
+gradients: `simulator.memory`, with ZeRO's sharding as in the megatron summary,
+`simulator.strategies.zero.shard_memory`: optimizer state and master weights / d from stage 1,
+gradients / d from stage 2, weights / d at stage 3; hybrid sharding divides by fewer replicas, so
+/ d stays a floor) plus, before its first backward, the activations its schedule holds: every
+forward done by then (1F1B: min(m, p - k) micro-batches; GPipe: m) keeps each layer's kept bytes
+(`simulator.memory_activations.kept_bytes`, the memory model's own rule, with the candidate's TP
+degree, sequence parallelism and flash attention; full recompute: only each chunk's first input,
+a floor of the per-layer checkpoints) until that layer's backward. With expert parallelism
+(ZeRO-1 only) the expert weights' states are sharded over the d / e copies only, as
+`simulator.strategies.zero.state_divisor`. A rank whose floor exceeds the device memory cannot fit; the
+exact figure is the memory model's (`simulator.layout_search.exact_peak_memory_bytes`).
+"""
+
+from __future__ import annotations
+
+from simulator.memory import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIES
+from simulator.memory_activations import Sharding, kept_bytes
+
+MEGATRON = "megatron"
+
+
+def memory_floor_bytes(model, c) -> float:
+    """Largest per-rank floor (module docstring) over candidate `c`'s ranks; `model` is the
+    scenario's `simulator.step_bound.BoundModel` (geometry, recompute, ZeRO stage of `c`)."""
+    geo, e = model.geometry(c), model.element
+    training, p, v = model.scenario.training, c.workers_per_group, c.num_virtual_stages
+    b, rc = model.microbatch_size(c), model.recompute(c)
+    layers = geo.workload.layers
+    last = len(layers) - 1
+    t = c.tp_degree if c.kind == MEGATRON else 1
+    sharding = Sharding(t, t > 1 and model.sp(c), model.scenario.costs.flash_attention)
+    per_chunk = []
+    for start, end in geo.ranges:
+        kept = 0.0
+        for index in range(start, end):
+            kept += kept_bytes(layers[index], rc, e, sharding, checkpoint=index == start)
+            if index == last:
+                kept += 2 * layers[index].output_elements_per_sample * e
+        per_chunk.append(0.0 if training.offload_activations else kept * b)
+    master = 4 if training.dtype in MASTER_WEIGHT_DTYPES else 0
+    state = (master + 4 * OPTIMIZER_STATE_COPIES[training.optimizer])
+    grads = e if training.memory_policy != "laysa" else 0
+    weights = e
+    stage = model.zero(c) if c.kind == MEGATRON and c.data_parallel > 1 else 0
+    d = c.data_parallel
+    state, grads, weights = state / (d if stage >= 1 else 1), grads / (d if stage >= 2 else 1), \
+        weights / (d if stage == 3 else 1)
+    worst = 0.0
+    for k in range(p):
+        own = [geo.ranges[j] for j in range(k, p * v, p)]
+        params = sum(layers[i].num_params for a, z in own for i in range(a, z))
+        held = sum(per_chunk[chunk] for chunk in held_before_first_backward(c, k))
+        experts = model.experts(c, own) / e if stage >= 1 else 0.0  # expert states over d / e copies
+        worst = max(worst, params * (weights + grads + state) + experts * state * (model.ep(c) - 1) + held)
+    return worst
+
+
+def held_before_first_backward(c, k: int) -> list[int]:
+    """Chunks of the forwards rank k has run when its first backward starts (`simulator.schedules.build`)."""
+    p, v, m = c.workers_per_group, c.num_virtual_stages, c.num_microbatches
+    if c.kind in ("dp", "mp", "ghp"):
+        return [k]
+    if c.kind == "gpipe":
+        return [k] * m
+    if v == 1:
+        return [k] * min(m, p - k)
+    total = m * v
+    warmup = total if m == p else min(2 * (p - 1 - k) + (v - 1) * p, total)
+    return [((n // p) % v) * p + k for n in range(min(warmup + 1, total))]

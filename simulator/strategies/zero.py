@@ -1,0 +1,224 @@
+"""Sharded data parallelism in megatron plans: ZeRO-2, ZeRO-3 / PyTorch FSDP (full and hybrid shard).
+
+Stages (Rajbhandari et al., "ZeRO", SC'20, sec. 5), over the s = d replicas that hold one shard each
+(hybrid_shard: s = the replicas within one node; the s-groups of different nodes are replicas):
+- ZeRO-1 (`simulator.strategies.tensor`): gradients reduce-scattered per DDP bucket after the last
+  backward, 1/s of the parameters updated, the updated parameters allgathered.
+- ZeRO-2: as ZeRO-1, but the gradients are kept sharded, so every micro-batch's buckets are
+  reduce-scattered as its backward produces them (DeepSpeed reduces each micro-batch's gradients
+  into the partition; FSDP SHARD_GRAD_OP does the same).
+- ZeRO-3 / FSDP FULL_SHARD (Zhao et al., "PyTorch FSDP", VLDB'23, sec. 3-4): parameters stay
+  sharded; one FSDP unit = one layer of the workload (FSDP wraps each transformer block). Before
+  each unit's forward and again before its backward its parameters are allgathered over the shard
+  group (FSDP reshards after forward, so with gradient accumulation this repeats per micro-batch);
+  the next unit's allgather is issued when the current unit's compute starts (forward prefetch of
+  one unit; backward_prefetch=BACKWARD_PRE: the previous unit's gather is issued when this unit's
+  backward starts), so gathers run on the data-parallel comm stream beside compute. After each
+  unit's backward its gradients are reduce-scattered (HYBRID_SHARD: then its gradient shard
+  allreduced among the node groups, FSDP sec. 3.2.2); the optimizer steps on the 1/s shard and no
+  allgather follows. Per device per step: 2 allgathers + 1 reduce-scatter of the parameters,
+  3 (s-1)/s Psi bytes in ring-volume terms, 1.5x DP's allreduce 2 (s-1)/s Psi (ZeRO sec. 7.2.2).
+
+Memory (`shard_memory`, the summary's post-hoc adjustment of `simulator.memory`'s persistent
+categories, ZeRO Fig. 1): fp32 master weights and optimizer state / s for stage >= 1, weight
+gradients / s for stage >= 2, weights / s for stage 3; with expert parallelism (ZeRO-1 only) the
+expert weights' states / (s / e) (`state_divisor`). Transients, in `comm_buffers`: ZeRO-2 the
+largest gradient bucket before its reduce-scatter; ZeRO-3 the two largest gathered neighbouring
+units (the current one and the prefetched one) and one unit's full gradient before its
+reduce-scatter.
+"""
+
+from __future__ import annotations
+
+from simulator.errors import ScenarioError
+from simulator.plan import BACKWARD, FORWARD, Collective
+from simulator.strategies.ghp import bucket_segments, recompute_ranges
+
+GATHER_KEY = "fsdp_gather"
+GATHER_LABEL = "fsdp allgather"
+"""ZeRO-3 parameter gathers: left out of `simulator.memory`'s walk (their buffers are counted by
+`shard_memory` as the units alive at once, not held until the update like a top-k allgather)."""
+
+
+def shard_degree(config) -> int:
+    """s: replicas sharing one copy of the model states (d; hybrid_shard: those within one node,
+    which must sit side by side: replica e's shard group is e // s)."""
+    if config.zero_stage == 0 or config.dp == 1:
+        return 1
+    if config.fsdp_sharding != "hybrid_shard":
+        return config.dp
+    nodes = [config.device_of(e, 0, 0) // config.gpus_per_node for e in range(config.dp)]
+    per_node = nodes.count(nodes[0])
+    if config.dp % per_node or any(nodes[e] != nodes[e - e % per_node] for e in range(config.dp)):
+        raise ScenarioError(f"strategy.fsdp_sharding: hybrid_shard needs the replicas of each node side by side "
+                            f"in equal numbers (replica nodes {nodes[:16]})")
+    return per_node
+
+
+def sharded(config) -> bool:
+    """ZeRO-3 with more than one replica: the plan gathers and reduce-scatters per unit."""
+    return config.zero_stage == 3 and config.dp > 1
+
+
+def replicated(config) -> bool:
+    """ZeRO-3 hybrid_shard with more than one shard group: replicas across nodes."""
+    return sharded(config) and shard_degree(config) < config.dp
+
+
+def zero_groups(config, dp_ranks: tuple[int, ...], dp_index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shard group, replicate group) of a rank among its d data-parallel copies `dp_ranks`."""
+    s = shard_degree(config)
+    if len(dp_ranks) == 1 or s == len(dp_ranks):  # a symmetric run's representative, or full shard
+        return dp_ranks, ()
+    first = dp_index - dp_index % s
+    return dp_ranks[first:first + s], dp_ranks[dp_index % s::s]
+
+
+def _gather(rank, layer: int, microbatch: int, phase: str, deps: tuple[int, ...]) -> int | None:
+    """Allgather of `layer`'s parameter shards over the shard group (None: nothing to gather)."""
+    shard_ranks = rank.zero_groups[0]
+    params = rank.shard.layers[layer].num_params
+    if params == 0 or rank.zero_degree == 1:  # hybrid with one replica per node: nothing sharded
+        return None
+    return rank.builder.add(Collective, op="allgather", ranks=shard_ranks,
+                            size_bytes=params * rank.element_bytes / rank.zero_degree,
+                            key=(GATHER_KEY, *rank.dp_key, shard_ranks[0], microbatch, phase, layer), deps=deps,
+                            algorithm="ring",
+                            label=f"{GATHER_LABEL} {phase}{microbatch} L{layer}")
+
+
+def _prefetching(rank, layers: list[int], microbatch: int, phase: str) -> dict[int, int | None]:
+    """The first unit's gather, issued after the rank's previous compute; the rest are added by
+    `_prefetch_next` as each unit's compute starts."""
+    gathers: dict[int, int | None] = {}
+    units = [layer for layer in layers if rank.shard.layers[layer].num_params > 0]
+    if units:
+        gathers[units[0]] = _gather(rank, units[0], microbatch, phase, (*rank.tp_tail, *rank.last_compute))
+    return gathers
+
+
+def _prefetch_next(rank, gathers: dict, layers: list[int], position: int, microbatch: int, phase: str) -> tuple:
+    """This unit's gather (what its compute waits for); issues the next unit's gather with the same
+    dependencies as this unit's first compute, so it starts when that compute starts."""
+    own = gathers.get(layers[position])
+    deps = () if own is None else (own,)
+    if layers[position] in gathers:
+        following = next((layer for layer in layers[position + 1:] if rank.shard.layers[layer].num_params > 0), None)
+        if following is not None:
+            gathers[following] = _gather(rank, following, microbatch, phase,
+                                         (*deps, *rank.tp_tail, *rank.last_compute))
+    return deps
+
+
+def zero3_forward(rank, microbatch: int, start: int, end: int) -> None:
+    """One micro-batch's forward, unit by unit, each after its parameters' allgather."""
+    layers = list(range(start, end))
+    gathers = _prefetching(rank, layers, microbatch, FORWARD)
+    for position, layer in enumerate(layers):
+        deps = _prefetch_next(rank, gathers, layers, position, microbatch, FORWARD)
+        done = rank._compute(deps, phase=FORWARD, layer_start=layer, layer_end=layer + 1, microbatch=microbatch)
+        rank._tp(layer, layer + 1, FORWARD, done)
+
+
+def zero3_backward(rank, microbatch: int, start: int, end: int) -> None:
+    """One micro-batch's backward, last unit first: gather, recompute (if any), backward, then the
+    unit's gradients reduce-scattered (and, hybrid, their shard allreduced across node groups)."""
+    layers = list(range(end - 1, start - 1, -1))
+    gathers = _prefetching(rank, layers, microbatch, BACKWARD)
+    deps: tuple[int, ...] = ()
+    for position, layer in enumerate(layers):
+        own = _prefetch_next(rank, gathers, layers, position, microbatch, BACKWARD)
+        for a, b in recompute_ranges(rank.shard, layer, layer + 1, rank.config.recompute):
+            redo = rank._compute((*deps, *own), phase=FORWARD, layer_start=a, layer_end=b, microbatch=microbatch)
+            rank.recomputed.append(redo)
+            deps = rank._tp(a, b, FORWARD, redo)
+        rank.last_backward = rank._compute((*deps, *own), phase=BACKWARD, layer_start=layer, layer_end=layer + 1,
+                                           microbatch=microbatch)
+        deps = rank._tp(layer, layer + 1, BACKWARD, rank.last_backward)
+        _reduce_unit(rank, layer, microbatch)
+
+
+def _reduce_unit(rank, layer: int, microbatch: int) -> None:
+    """A unit's gradients after its backward: reduce-scatter over the shard group, then (hybrid)
+    the shard allreduced among the node groups; the update waits for the last of them."""
+    size = rank.shard.layers[layer].num_params * rank.element_bytes
+    if size == 0:
+        return
+    shard_ranks, replicas = rank.zero_groups
+    after = (rank.last_backward,)
+    if rank.zero_degree > 1:
+        after = (rank.builder.add(Collective, op="reduce_scatter", ranks=shard_ranks, size_bytes=size,
+                                  key=("fsdp_reduce_scatter", *rank.dp_key, shard_ranks[0], microbatch, layer),
+                                  deps=after, algorithm="ring", label=f"fsdp reduce_scatter B{microbatch} L{layer}"),)
+    if replicas:
+        after = (rank.builder.add(Collective, op="allreduce", ranks=replicas, size_bytes=size / rank.zero_degree,
+                                  key=("fsdp_allreduce", *rank.dp_key, replicas[0], microbatch, layer), deps=after,
+                                  algorithm=rank.config.collective, label=f"fsdp allreduce B{microbatch} L{layer}"),)
+    rank.pending.append(after[0])
+
+
+def memory_meta(config, shard_workload, stage_ranges: tuple[tuple[int, int], ...]) -> dict:
+    """What `shard_memory` needs: the stage, s, and the transients of the module docstring (bytes)."""
+    from simulator.workload import dtype_bytes
+    element = dtype_bytes(config.dtype)
+    params = [layer.num_params * element for layer in shard_workload.layers]
+    gathered = gradient = 0.0
+    if config.zero_stage == 3:
+        units = [size for a, b in stage_ranges for size in params[a:b] if size > 0]
+        gathered = max((sum(units[k:k + 2]) for k in range(len(units))), default=0.0)
+        gradient = max(units, default=0.0)
+    elif config.zero_stage == 2:
+        gradient = max((size for a, b in stage_ranges for _, _, size in
+                        bucket_segments(shard_workload, a, b, element, config.bucket_size_bytes)), default=0.0)
+    return {"stage": config.zero_stage, "shard_degree": shard_degree(config), "gathered_bytes": gathered,
+            "gradient_transient_bytes": gradient, "expert_parallel_degree": config.ep,
+            "expert_shares": _expert_shares(config, shard_workload, stage_ranges)}
+
+
+def _expert_shares(config, shard_workload, stage_ranges) -> list[float]:
+    """Per stage, the share of a rank's parameters that are expert weights (0 without expert
+    parallelism): their model states are sharded over the d / e expert-data-parallel copies only."""
+    from simulator.strategies.experts import rank_expert_params
+    shares = []
+    for stage in range(config.pp):
+        ranges = stage_ranges[stage::config.pp]
+        params = sum(layer.num_params for a, b in ranges for layer in shard_workload.layers[a:b])
+        experts = rank_expert_params(shard_workload, ranges, config.tp, config.ep) if config.ep > 1 else 0.0
+        shares.append(experts / params if params else 0.0)
+    return shares
+
+
+def state_divisor(zero: dict, stage: int) -> float:
+    """What ZeRO divides a stage's sharded model states by: s, or with expert parallelism
+    s / (1 + x (e - 1)) for an expert share x, the expert states being split over s / e copies only
+    (Megatron-Core's distributed optimizer, `simulator.strategies.experts`)."""
+    shares = zero.get("expert_shares") or [0.0]
+    share = shares[stage % len(shares)]
+    return zero["shard_degree"] / (1 + share * (zero.get("expert_parallel_degree", 1) - 1))
+
+
+def shard_memory(summary: dict, zero: dict) -> None:
+    """Each device row's breakdown and peak with ZeRO's sharding (module docstring), in place. The
+    sharded states are allocated the whole step, so every instant, and the peak, drops by the same
+    amount; the transients are alive at the activation peak (a unit computes there), so they add."""
+    s, stage = zero["shard_degree"], zero["stage"]
+    if s == 1 or stage == 0:
+        return
+    sharded = ["master_weights", "optimizer_state"] + (["weight_gradients"] if stage >= 2 else []) \
+        + (["weights"] if stage == 3 else [])
+    added = zero["gathered_bytes"] + zero["gradient_transient_bytes"]
+    capacity = summary["memory"]["capacity_bytes"]
+    stages = len(zero.get("expert_shares") or [0.0])
+    for row in summary["devices"]:
+        breakdown = dict(row["memory_breakdown_bytes"])
+        divisor = state_divisor(zero, row["rank"] % stages)  # plan rank g p + stage
+        saved = sum(breakdown[category] * (1 - 1 / divisor) for category in sharded)
+        for category in sharded:
+            breakdown[category] /= divisor
+        breakdown["comm_buffers"] += added
+        row["memory_breakdown_bytes"] = breakdown
+        row["peak_memory_bytes"] += added - saved
+        row["fits_in_memory"] = row["peak_memory_bytes"] <= capacity
+    memory = summary["memory"]
+    memory["peak_memory_bytes"] = max(row["peak_memory_bytes"] for row in summary["devices"])
+    memory["fits_in_memory"] = summary["fits_in_memory"] = all(row["fits_in_memory"] for row in summary["devices"])

@@ -1,0 +1,41 @@
+"""Schema rules of sharded data parallelism: `strategy.zero_stage` and `strategy.fsdp_sharding`.
+
+Kept apart from `simulator.scenario` (which calls these from its validators) so the schema module
+stays one screenful per idea. Sources: Rajbhandari et al., "ZeRO", SC'20 sec. 5 (stages 1-3);
+Zhao et al., "PyTorch FSDP", VLDB'23 sec. 3.2 (ShardingStrategy); DeepSpeed's engine refuses
+ZeRO-2/3 with pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FSDP_ZERO_STAGES: dict[str, int] = {"full_shard": 3, "hybrid_shard": 3, "shard_grad_op": 2, "no_shard": 0}
+"""strategy.fsdp_sharding -> the ZeRO stage it equals (FSDP paper sec. 3.2: FULL_SHARD shards
+parameters, gradients and optimizer state; SHARD_GRAD_OP keeps parameters unsharded between forward
+and backward; HYBRID_SHARD fully shards within a node and replicates across nodes; NO_SHARD is DDP)."""
+
+
+def zero_stage_from_fsdp(data: Any) -> Any:
+    """The raw strategy mapping with zero_stage filled in from fsdp_sharding; ValueError naming both
+    fields when both are given and disagree."""
+    if not isinstance(data, dict) or data.get("fsdp_sharding") not in FSDP_ZERO_STAGES:
+        return data
+    stage = FSDP_ZERO_STAGES[data["fsdp_sharding"]]
+    if "zero_stage" not in data:
+        return {**data, "zero_stage": stage}
+    if data["zero_stage"] != stage or isinstance(data["zero_stage"], bool):
+        raise ValueError(f"strategy.zero_stage: {data['zero_stage']!r} disagrees with strategy.fsdp_sharding: "
+                         f"{data['fsdp_sharding']} (ZeRO-{stage})")
+    return data
+
+
+def check_zero(kind: str, zero_stage: int, pp_degree: int) -> None:
+    """ZeRO-2/3 are modelled for the megatron kind (FSDP alone: tp 1, pp 1) and, as in DeepSpeed,
+    not with pipeline parallelism."""
+    if zero_stage >= 2 and kind != "megatron":
+        raise ValueError(f"strategy.zero_stage: {zero_stage} needs strategy.kind megatron (got {kind!r}; "
+                         "FSDP alone is megatron with tp_degree 1 and pp_degree 1)")
+    if zero_stage >= 2 and pp_degree > 1:
+        raise ValueError(f"strategy.zero_stage: {zero_stage} with strategy.pp_degree {pp_degree}: "
+                         "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism (DeepSpeed)")

@@ -1,0 +1,233 @@
+"""Sharded data parallelism (simulator/strategies/zero.py): the schema of zero_stage and
+fsdp_sharding, the collectives of ZeRO-2/3 plans, ZeRO-3's 1.5x communication volume
+(Rajbhandari et al. SC'20 sec. 7), the model-state memory of ZeRO's Fig. 1, FSDP's prefetch
+overlap, hybrid sharding, and the layout search over the stages."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator import load_scenario, simulate
+from simulator.errors import ScenarioError
+from simulator.fabrics import build_topology
+from simulator.layout_search import exact_peak_memory_bytes, megatron_space, search_layouts
+from simulator.plan import Collective, Compute
+from simulator.planner import _workload, candidate_scenario
+from simulator.scenario import scenario_from_dict
+from simulator.simulate import analytic_costs
+from simulator.step_bound import BoundModel
+
+PEAK = 100e12
+PARAMS = 1_000_000   # per toy block
+LAYERS = 4
+ELEMENT = 2          # bf16
+LATENCY, BANDWIDTH = 2e-6, 1e9
+STATES = ("weights", "master_weights", "optimizer_state", "weight_gradients")
+
+
+def raw(zero=0, dp=4, nodes=1, micro=1, bandwidth=BANDWIDTH, batch=8, **strategy) -> dict:
+    """LAYERS compute-bound blocks of PARAMS parameters, bf16 + Adam, dp replicas on ring links."""
+    link = {"latency_s": LATENCY, "bandwidth_bytes_per_s": bandwidth}
+    rows = [{"name": f"block{i}", "kind": "attention", "forward_flops_per_sample": 4e12, "num_params": PARAMS,
+             "input_elements_per_sample": 1_000_000, "output_elements_per_sample": 1_000_000} for i in range(LAYERS)]
+    return {
+        "cluster": {"num_nodes": nodes, "gpus_per_node": dp // nodes,
+                    "gpu": {"peak_flops_per_s": {"fp32": PEAK, "bf16": PEAK}, "memory_bytes": "80 GiB",
+                            "memory_bandwidth_bytes_per_s": 1e12},
+                    "intra_node_link": link, "inter_node_link": link},
+        "model": {"layers": rows},
+        "strategy": {"kind": "megatron", "zero_stage": zero, "num_microbatches": micro, "collective": "ring", **strategy},
+        "training": {"global_batch_size": batch, "optimizer": "adam", "dtype": "bf16"},
+        "costs": {"efficiency": {"attention": 0.5}},
+    }
+
+
+def run(zero=0, **options):
+    return simulate(load_scenario(raw(zero, **options)))
+
+
+def collectives(result, rank=0) -> list[Collective]:
+    return [action for action in result.plan.actions[rank] if isinstance(action, Collective)]
+
+
+# ----------------------------------------------------------------------------- schema
+
+@pytest.mark.parametrize("strategy, stage", [
+    ({"zero_stage": 2}, 2), ({"zero_stage": 3}, 3), ({"fsdp_sharding": "full_shard"}, 3),
+    ({"fsdp_sharding": "shard_grad_op"}, 2), ({"fsdp_sharding": "hybrid_shard"}, 3), ({"fsdp_sharding": "no_shard"}, 0),
+    ({"fsdp_sharding": "full_shard", "zero_stage": 3}, 3),
+])
+def test_zero_stage_and_fsdp_names(strategy, stage):
+    assert load_scenario(raw() | {"strategy": {"kind": "megatron", **strategy}}).strategy.zero_stage == stage
+
+
+@pytest.mark.parametrize("strategy, words", [
+    ({"fsdp_sharding": "full_shard", "zero_stage": 2}, ("strategy.zero_stage: 2", "strategy.fsdp_sharding: full_shard")),
+    ({"fsdp_sharding": "no_shard", "zero_stage": 1}, ("strategy.zero_stage: 1", "strategy.fsdp_sharding: no_shard")),
+    ({"zero_stage": 3, "pp_degree": 2}, ("strategy.zero_stage: 3", "pipeline parallelism (DeepSpeed)")),
+    ({"fsdp_sharding": "shard_grad_op", "pp_degree": 2}, ("strategy.zero_stage: 2", "DeepSpeed")),
+    ({"zero_stage": 4}, ("strategy.zero_stage", "0, 1, 2 or 3")),
+    ({"fsdp_sharding": "zero3"}, ("strategy.fsdp_sharding", "'zero3'")),
+])
+def test_inconsistent_sharding_names_the_fields(strategy, words):
+    with pytest.raises(ScenarioError) as error:
+        load_scenario(raw() | {"strategy": {"kind": "megatron", **strategy}})
+    assert all(word in str(error.value) for word in words) and "\n" not in str(error.value)
+
+
+def test_zero2_and_3_need_the_megatron_kind():
+    with pytest.raises(ScenarioError, match="strategy.zero_stage: 3 needs strategy.kind megatron"):
+        load_scenario(raw() | {"strategy": {"kind": "dp", "zero_stage": 3}})
+
+
+# ----------------------------------------------------------------------------- plans
+
+def test_zero3_plan_gathers_each_unit_twice_and_reduce_scatters_it_once_per_microbatch():
+    d = 4
+    for micro in (1, 2):
+        result = run(3, micro=micro)
+        ops = collectives(result)
+        gathers = [c for c in ops if c.op == "allgather"]
+        scatters = [c for c in ops if c.op == "reduce_scatter"]
+        assert len(gathers) == 2 * LAYERS * micro and len(scatters) == LAYERS * micro and len(ops) == 3 * LAYERS * micro
+        assert {c.size_bytes for c in gathers} == {PARAMS * ELEMENT / d}   # each rank's shard of one unit
+        assert {c.size_bytes for c in scatters} == {PARAMS * ELEMENT}      # one unit's full gradient
+        update = [a for a in result.plan.actions[0] if isinstance(a, Compute) and a.phase == "opt"]
+        assert [a.num_params for a in update] == [LAYERS * PARAMS / d]
+        assert result.plan.actions[0][-1] is update[0]  # no allgather after the update
+
+
+def test_zero2_reduce_scatters_every_microbatch_and_gathers_after_the_update():
+    one, two = run(1, micro=2), run(2, micro=2)
+    assert [c.op for c in collectives(one)] == ["reduce_scatter", "allgather"]  # one 8 MB bucket
+    assert [c.op for c in collectives(two)] == ["reduce_scatter", "reduce_scatter", "allgather"]
+    assert collectives(two)[-1].size_bytes == LAYERS * PARAMS * ELEMENT / 4
+
+
+def test_zero3_moves_one_and_a_half_times_ddp_bytes():
+    """Per device per step, ring volume: DDP 2 (d-1)/d Psi, ZeRO-3 3 (d-1)/d Psi (ZeRO sec. 7.2.2)."""
+    d, psi = 4, LAYERS * PARAMS * ELEMENT
+    ddp, zero3 = run(0).summary, run(3).summary
+    assert sum(ddp["bytes_per_tier"].values()) == pytest.approx(d * 2 * (d - 1) / d * psi)
+    assert sum(zero3["bytes_per_tier"].values()) == pytest.approx(d * 3 * (d - 1) / d * psi)
+
+
+def test_zero3_prefetch_hides_all_but_the_first_gathers_and_the_last_reduce_scatter():
+    """Each gather and reduce-scatter here is shorter than a layer's compute: with forward prefetch
+    and BACKWARD_PRE only the first forward gather, the first backward gather and the last
+    reduce-scatter are exposed, each (d-1) ring steps of alpha + (Psi_unit / d) / beta."""
+    d = 4
+    result = run(3)
+    spans = result.spans
+    compute = spans[(spans["rank"] == 0) & (spans["stream"] == "compute")]
+    step = (d - 1) * (LATENCY + PARAMS * ELEMENT / d / BANDWIDTH)
+    assert result.summary["step_time_s"] == pytest.approx((compute["end_s"] - compute["start_s"]).sum() + 3 * step)
+
+
+def test_zero3_is_close_to_ddp_on_fast_links_and_longer_on_slow_ones():
+    def times(bandwidth):
+        ddp = run(0, bandwidth=bandwidth, bucket_size_bytes=1).summary["step_time_s"]  # a bucket per layer
+        return ddp, run(3, bandwidth=bandwidth).summary["step_time_s"]
+    ddp, zero3 = times(100e9)
+    assert zero3 == pytest.approx(ddp, rel=1e-4)
+    ddp, zero3 = times(1e6)
+    assert zero3 > 1.25 * ddp
+    # comm-bound: at least the comm stream, 3 collectives of (d-1) steps per unit
+    assert zero3 >= LAYERS * 3 * 3 * PARAMS * ELEMENT / 4 / 1e6
+
+
+def test_fsdp_with_tensor_parallelism_gathers_the_tp_shard():
+    result = simulate(load_scenario(raw(3, dp=8, tp_degree=2)))
+    gathers = [c for c in collectives(result) if c.op == "allgather"]
+    tp_share = result.plan.meta["rank_workload"].layers[0].num_params
+    assert tp_share < PARAMS and {c.size_bytes for c in gathers} == {tp_share * ELEMENT / 4}
+
+
+def test_hybrid_shard_gathers_in_the_node_and_allreduces_shards_across_nodes():
+    result = run(3, fsdp_sharding="hybrid_shard", dp=4, nodes=2)  # 2 GPUs per node: s = 2
+    assert result.summary["tensor"]["shard_degree"] == 2 and not result.summary["tensor"]["symmetry"]["used"]
+    ops = collectives(result)
+    devices = result.plan.rank_to_device
+    for op in ("allgather", "reduce_scatter"):
+        assert {tuple(devices[r] // 2 for r in c.ranks) for c in ops if c.op == op} == {(0, 0)}  # in node 0
+    allreduces = [c for c in ops if c.op == "allreduce"]
+    assert len(allreduces) == LAYERS and {c.size_bytes for c in allreduces} == {PARAMS * ELEMENT / 2}
+    assert {tuple(devices[r] // 2 for r in c.ranks) for c in allreduces} == {(0, 1)}  # across the nodes
+    row = result.summary["devices"][0]["memory_breakdown_bytes"]
+    assert row["weights"] == pytest.approx(LAYERS * PARAMS * ELEMENT / 2)
+
+
+# ----------------------------------------------------------------------------- memory
+
+@pytest.mark.parametrize("stage, closed_form", [
+    (0, lambda psi, nd: 16 * psi),
+    (1, lambda psi, nd: 4 * psi + 12 * psi / nd),
+    (2, lambda psi, nd: 2 * psi + 14 * psi / nd),
+    (3, lambda psi, nd: 16 * psi / nd),
+])
+def test_model_states_follow_zero_figure_1(stage, closed_form):
+    """Mixed-precision Adam, K = 12: (2 + 2 + K) Psi bytes of model states, sharded by stage."""
+    psi, nd = LAYERS * PARAMS, 4
+    plain, sharded = run(0).summary, run(stage).summary
+    for row, row0 in zip(sharded["devices"], plain["devices"]):
+        breakdown = row["memory_breakdown_bytes"]
+        assert sum(breakdown[key] for key in STATES) == pytest.approx(closed_form(psi, nd))
+        # the sharded states leave the peak; ZeRO-2 adds one bucket of gradients, ZeRO-3 two
+        # gathered units and one unit's gradient (comm_buffers)
+        transient = {0: 0, 1: 0, 2: psi * ELEMENT, 3: 3 * PARAMS * ELEMENT}[stage]
+        assert breakdown["comm_buffers"] == pytest.approx(transient)
+        saved = sum(row0["memory_breakdown_bytes"][key] for key in STATES) - closed_form(psi, nd)
+        assert row["peak_memory_bytes"] == pytest.approx(row0["peak_memory_bytes"] - saved + transient)
+
+
+def test_llama3_70b_fsdp_scenario_fits_as_real_runs_do():
+    from pathlib import Path
+    scenario = load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / "llama3_70b_fsdp_h100.yaml")
+    assert scenario.strategy.zero_stage == 3 and scenario.num_gpus == 64
+    result = simulate(scenario)
+    summary, psi = result.summary, result.workload.num_params
+    assert psi == pytest.approx(70.6e9, rel=1e-2)
+    row = summary["devices"][0]["memory_breakdown_bytes"]
+    assert sum(row[key] for key in STATES) == pytest.approx(16 * psi / 64, rel=1e-3)
+    assert summary["fits_in_memory"] and 0.3 < summary["mfu"] < 0.6
+
+
+# ----------------------------------------------------------------------------- search
+
+def test_search_space_has_zero_2_and_3_only_without_pipelines():
+    scenario = load_scenario(raw())
+    workload = _workload(scenario.model.model_dump_json(), ".")
+    space = megatron_space(scenario, workload, (1, 2))
+    assert {c.zero_stage for c in space} == {0, 1, 2, 3}
+    assert all(c.workers_per_group == 1 and c.data_parallel > 1 for c in space if c.zero_stage >= 2)
+    model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+    for candidate in (c for c in space if c.zero_stage >= 2):
+        concrete = scenario_from_dict(candidate_scenario(scenario, candidate))
+        summary = simulate(concrete, workload=workload).summary
+        assert model.bound(candidate).step_s <= summary["step_time_s"], candidate.label
+        peak = summary["memory"]["peak_memory_bytes"]
+        assert exact_peak_memory_bytes(concrete, workload) == pytest.approx(peak, rel=1e-12), candidate.label
+        assert model.memory_floor_bytes(candidate) <= peak * (1 + 1e-12), candidate.label
+
+
+def test_rank_searches_the_zero_stages():
+    """Room for ZeRO-3's replica-4 layout (60 MB) but not ZeRO-1's (66 MB): the search ranks ZeRO-3
+    first (its per-layer reduce-scatters overlap the backward) and no other d = 4 layout fits."""
+    base = raw()
+    base["cluster"]["gpu"]["memory_bytes"] = 63e6
+    ranking = search_layouts(load_scenario(base), kinds=("megatron",), microbatch_sizes=(2,), top=1, workers=1,
+                             show_progress=False)
+    assert ranking.rows[0]["fits"] and ranking.rows[0]["label"] == "megatron (t=1 x p=1 x d=4) m=1 recompute=none zero3"
+    assert ranking.rows[0]["step_time_s"] == pytest.approx(run(3).summary["step_time_s"])
+    exhaustive = search_layouts(load_scenario(base), kinds=("megatron",), microbatch_sizes=(2,), workers=1,
+                                exhaustive=True, show_progress=False)
+    fitting = {row["label"] for row in exhaustive.rows if row["fits"] and "d=4" in row["label"]}
+    assert fitting and all(" zero3" in label for label in fitting)
+
+
+def test_symmetric_zero3_equals_the_full_simulation():
+    options = {"dp": 8, "nodes": 2, "micro": 2, "batch": 16, "tp_degree": 2, "sequence_parallel": True}
+    folded, full = run(3, **options), run(3, symmetry="off", **options)
+    assert folded.summary["tensor"]["symmetry"]["used"] and not full.summary["tensor"]["symmetry"]["used"]
+    assert folded.summary["step_time_s"] == pytest.approx(full.summary["step_time_s"], rel=1e-12)
+    assert folded.summary["memory"]["peak_memory_bytes"] == pytest.approx(full.summary["memory"]["peak_memory_bytes"])
