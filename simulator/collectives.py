@@ -1,10 +1,12 @@
-"""Collective communication: closed forms, and the flow phases the engine plays on the topology.
+"""Collective communication: the flow phases the engine plays on the topology (the closed forms are
+in `simulator.collective_forms`, re-exported here).
 
 A collective is played as a sequence of `FlowPhase`s. In a phase, many point-to-point sub-flows
 (e.g. the p hops of a ring) move the same number of bytes in lock-step; the engine gives each
 sub-flow an equal share of every link it crosses, so a phase runs at the pace of its most loaded
 link, and other traffic on those links slows it down. Building a phase is linear in the number of
-ranks, and the engine treats a phase as one flow, so a collective never costs quadratic work.
+ranks, and the engine treats a phase as one flow, so a collective never costs quadratic work (but
+the all-to-all, whose p(p-1) pair flows are its real traffic: expert-parallel groups are small).
 
 Among devices whose routes cross only the link kinds NCCL's tables describe (nvlink, pcie,
 infiniband, roce: `simulator.nccl.NCCL_LINK_KINDS`), phases run as NCCL runs them (NCCL 2.20
@@ -29,6 +31,15 @@ from itertools import repeat
 from weakref import WeakKeyDictionary
 
 from simulator import nccl
+from simulator.collective_forms import (  # noqa: F401  (re-exported: the closed forms' old home)
+    alltoall_time_s,
+    hierarchical_allreduce_time_s,
+    p2p_time_s,
+    ring_allgather_time_s,
+    ring_allreduce_time_s,
+    ring_reduce_scatter_time_s,
+    tree_allreduce_time_s,
+)
 from simulator.topology import INTER, INTRA, Topology
 
 ALGORITHMS = ("ring", "tree", "hierarchical", "parameter_server")
@@ -47,70 +58,6 @@ class FlowPhase:
     nccl: str = ""
     """NCCL's choice for the phase, "algorithm/protocol" ("ring/LL128", "nvls/Simple", "tree/LL",
     "p2p/Simple"); "" for a plain alpha-beta phase."""
-
-
-# ----------------------------------------------------------------------------- closed forms
-
-def p2p_time_s(size_bytes: float, latency_s: float, bandwidth_bytes_per_s: float) -> float:
-    """Hockney's alpha-beta model: alpha + S / bandwidth (Hockney, Parallel Computing 1994)."""
-    return latency_s + size_bytes / bandwidth_bytes_per_s
-
-
-def ring_allreduce_time_s(size_bytes: float, num_ranks: int, latency_s: float,
-                          bandwidth_bytes_per_s: float) -> float:
-    """Ring allreduce = reduce-scatter + allgather: 2(p-1)/p * S/bw + 2(p-1) * alpha.
-
-    Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms", JPDC 2009; Thakur et al. 2005.
-    """
-    if num_ranks <= 1:
-        return 0.0
-    steps = 2 * (num_ranks - 1)
-    return steps / num_ranks * size_bytes / bandwidth_bytes_per_s + steps * latency_s
-
-
-def tree_allreduce_time_s(size_bytes: float, num_ranks: int, latency_s: float,
-                          bandwidth_bytes_per_s: float) -> float:
-    """Binary-tree reduce then broadcast, each pipelined: 2 S/bw + 2 ceil(log2 p) alpha.
-
-    Thakur, Rabenseifner & Gropp, IJHPCA 2005 (reduce + broadcast); the pipelined form is the
-    bandwidth term of NCCL's trees (Sanders, Speck & Traeff, Parallel Computing 2009).
-    """
-    if num_ranks <= 1:
-        return 0.0
-    return 2 * size_bytes / bandwidth_bytes_per_s + 2 * math.ceil(math.log2(num_ranks)) * latency_s
-
-
-def ring_allgather_time_s(per_rank_bytes: float, num_ranks: int, latency_s: float,
-                          bandwidth_bytes_per_s: float) -> float:
-    """Ring allgather of `per_rank_bytes` from each rank: (p-1) steps of alpha + S_rank/bw.
-
-    Thakur, Rabenseifner & Gropp, IJHPCA 2005 (ring allgather); used for sparse top-k exchange,
-    where each rank contributes k values + k indices (LaySA, Zhao et al. 2021; PAPERS.md 3).
-    """
-    if num_ranks <= 1:
-        return 0.0
-    return (num_ranks - 1) * (latency_s + per_rank_bytes / bandwidth_bytes_per_s)
-
-
-def ring_reduce_scatter_time_s(size_bytes: float, num_ranks: int, latency_s: float,
-                               bandwidth_bytes_per_s: float) -> float:
-    """Ring reduce-scatter of a `size_bytes` buffer (each rank keeps S/p reduced): (p-1) steps of
-    alpha + S/(p bw); with the ring allgather of S/p per rank it is the ring allreduce
-    (Thakur, Rabenseifner & Gropp, IJHPCA 2005; Patarasuk & Yuan, JPDC 2009)."""
-    if num_ranks <= 1:
-        return 0.0
-    return (num_ranks - 1) * (latency_s + size_bytes / num_ranks / bandwidth_bytes_per_s)
-
-
-def hierarchical_allreduce_time_s(size_bytes: float, num_nodes: int, ranks_per_node: int,
-                                  intra_latency_s: float, intra_bandwidth: float,
-                                  inter_latency_s: float, inter_bandwidth_per_node: float) -> float:
-    """Reduce-scatter inside nodes, ring allreduce of S/g across nodes per local rank (the g rings
-    share the node's NICs), allgather inside nodes (Goyal et al. 2017; NCCL/Horovod hierarchical)."""
-    g, n = ranks_per_node, num_nodes
-    inside = (g - 1) / g * size_bytes / intra_bandwidth + (g - 1) * intra_latency_s if g > 1 else 0.0
-    across = ring_allreduce_time_s(size_bytes, n, inter_latency_s, inter_bandwidth_per_node)
-    return 2 * inside + across
 
 
 # ----------------------------------------------------------------------------- phases
@@ -160,11 +107,25 @@ def reduce_scatter_phases(topology: Topology, devices: tuple[int, ...],
     return _pick([_ring_phase(topology, [tuple(sorted(devices))], size_bytes, 1.0)])
 
 
+def alltoall_phases(topology: Topology, devices: tuple[int, ...], size_bytes: float) -> tuple[FlowPhase, ...]:
+    """An all-to-all of a `size_bytes` buffer per rank: one phase in which every rank sends 1/p of
+    it to each of the p-1 others at once, as NCCL runs `ncclAllToAll` / torch's `all_to_all_single`
+    (a group of p-1 sends and receives, all in flight together; NCCL `src/collectives.cc`, whose
+    grouped point-to-point calls pay one send latency, `pairs_phase`). Each rank's links carry
+    (p-1)/p x S, so alone on a uniform fabric it takes `collective_forms.alltoall_time_s`; over
+    shared links (NICs, switch uplinks) the p(p-1) sub-flows split them as any flows do."""
+    if len(devices) <= 1 or size_bytes <= 0:
+        return ()
+    ordered = tuple(sorted(devices))
+    pairs = tuple((source, target) for source in ordered for target in ordered if source != target)
+    return (pairs_phase(topology, pairs, size_bytes / len(ordered)),)
+
+
 def collective_phases(topology: Topology, groups: tuple[tuple[int, ...], ...], op: str, size_bytes: float,
                       algorithm: str = "ring", num_servers: int = 1, repeat: int = 1,
                       weight: float = 1.0) -> tuple[FlowPhase, ...]:
     """Phases of `op` ("allreduce" with a concrete `algorithm`, "allgather" of `size_bytes` per rank,
-    "reduce_scatter" of a `size_bytes` buffer) run by every device group of `groups` at once.
+    "reduce_scatter" or "alltoall" of a `size_bytes` buffer) run by every device group of `groups` at once.
 
     Identical concurrent collectives are merged step by step into one phase (their sub-flows move in
     lock-step, as one ring of `_ring_phase` already does); the collective runs `repeat` times back to
@@ -178,6 +139,8 @@ def collective_phases(topology: Topology, groups: tuple[tuple[int, ...], ...], o
         per_group = [allgather_phases(topology, group, size_bytes) for group in groups]
     elif op == "reduce_scatter":
         per_group = [reduce_scatter_phases(topology, group, size_bytes) for group in groups]
+    elif op == "alltoall":
+        per_group = [alltoall_phases(topology, group, size_bytes) for group in groups]
     else:
         raise ValueError(f"unknown collective {op!r}")
     return tuple(scaled_phase(merge_phases(step), repeat, weight) for step in zip(*per_group))

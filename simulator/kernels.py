@@ -47,7 +47,7 @@ from simulator.kernel_ops import (
     rms_norm,
     unfused_accumulation,
 )
-from simulator.kernels_attention import attention_core_kernels, llama_block_kernels
+from simulator.kernels_attention import block_core_kernels, llama_block_kernels
 from simulator.kernels_cnn import (
     basic_block_kernels,
     bottleneck_block_kernels,
@@ -55,6 +55,7 @@ from simulator.kernels_cnn import (
     conv_block_kernels,
     fc_kernels,
 )
+from simulator.kernels_moe import moe_block_kernels
 from simulator.workload import Layer, dtype_bytes
 from simulator.zoo._ops import ADD_FLOPS, GELU_FLOPS
 
@@ -85,7 +86,7 @@ def transformer_block_kernels(spec, b: float, e: int, phase: str, t: int, flash:
     p = spec.get("dropout", DEFAULT_DROPOUT)
     tokens = b * s
     rows = tokens / t if sp else tokens  # LayerNorm / dropout / residual rows
-    core = attention_core_kernels(b, s, h, heads, t, e, phase, flash, spec.get("causal", True), p)
+    core = block_core_kernels(spec, b, e, phase, t, flash)
     if phase != "B":
         return [*layer_norm("ln1", rows, h, e, phase), *linear("qkv", tokens, 3 * h / t, h, e, phase),
                 *core, *linear("proj", tokens, h, h / t, e, phase),
@@ -215,6 +216,8 @@ def _expand(layer: Layer, b: float, e: int, phase: str, t: int, flash: bool, sp:
         return llama_block_kernels(spec, b, e, phase, t, flash, sp)
     if kind == "transformer_block":
         return transformer_block_kernels(spec, b, e, phase, t, flash, sp)
+    if kind == "moe_block":  # simulator.kernels_moe
+        return moe_block_kernels(spec, b, e, phase, t, flash, sp)
     if kind == "embedding":
         return embedding_kernels(spec, b, e, phase, t, sp)
     if kind == "lm_head":

@@ -1,5 +1,5 @@
 """Turn a scenario's `model` section into a Workload: a zoo name, an inline table, a table file or a
-Hugging Face config.json (`load_hf_config`: LLaMA-style decoders).
+Hugging Face config.json (`load_hf_config`: LLaMA-style decoders and mixtures of experts).
 
 A layer-table file is YAML (a list of rows, or a mapping with `name`, `layers` and optional
 `input_spec`) or CSV with the columns of `simulator.workload.LAYER_TABLE_COLUMNS`. Missing
@@ -27,6 +27,7 @@ from simulator.workload import Layer, Workload
 from simulator.yaml_loading import read_text_file, read_yaml_file
 from simulator.zoo import MODELS, build_model
 from simulator.zoo.llama import llama, llama_workload
+from simulator.zoo.moe import moe, moe_workload
 
 
 def resolve_workload(model: ModelConfig, base_dir: str = ".") -> Workload:
@@ -89,16 +90,24 @@ HF_DIMENSIONS = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size"
                  "num_attention_heads": "num_heads", "intermediate_size": "ffn_hidden_size",
                  "vocab_size": "vocab_size"}
 """Required config.json keys (transformers `LlamaConfig`) -> `simulator.zoo.llama.llama` parameters."""
-HF_UNSUPPORTED = ("num_local_experts", "n_routed_experts", "num_experts", "attention_bias", "mlp_bias")
-"""Keys of variants not modelled yet (mixture of experts, biased linears): refused when set."""
+HF_UNSUPPORTED = ("num_experts", "kv_lora_rank", "q_lora_rank", "attention_bias", "mlp_bias")
+"""Keys of variants not modelled yet (Qwen-style MoE, DeepSeek-V2's latent attention (MLA), biased
+linears): refused when set."""
+HF_MOE_KEYS = {"num_experts_per_tok": "top_k", "n_shared_experts": "num_shared_experts",
+               "first_k_dense_replace": "num_dense_layers"}
+"""Mixture-of-experts keys -> `simulator.zoo.moe.moe_workload` keywords: Mixtral (`MixtralConfig`:
+num_local_experts, num_experts_per_tok, intermediate_size = each expert's width) and DeepSeekMoE
+(`DeepseekConfig`: n_routed_experts, n_shared_experts, moe_intermediate_size, first_k_dense_replace,
+intermediate_size = the dense layers' width)."""
 
 
 def load_hf_config(path: Path, params: dict) -> Workload:
     """A LLaMA-style decoder from a Hugging Face config.json (hidden_size, num_hidden_layers,
     num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings,
-    tie_word_embeddings; hidden_act must be silu and rms_norm_eps present). seq_len defaults to
-    max_position_embeddings; `params` (the `llama` factory's keywords) override. Errors name the
-    key, never quote the file's text."""
+    tie_word_embeddings; hidden_act must be silu and rms_norm_eps present), or a mixture of experts
+    (Mixtral, DeepSeekMoE: `HF_MOE_KEYS`, built by `simulator.zoo.moe`). seq_len defaults to
+    max_position_embeddings; `params` (the `llama` or `moe` factory's keywords) override. Errors
+    name the key, never quote the file's text."""
     what = f"model.hf_config: {str(path)!r}"
     if path.suffix.lower() != ".json":
         raise ScenarioError(f"{what}: expected a .json file (a Hugging Face config.json)")
@@ -119,7 +128,7 @@ def load_hf_config(path: Path, params: dict) -> Workload:
 
     for key in HF_UNSUPPORTED:
         if config.get(key):
-            raise ScenarioError(f"{what}: {key}: not supported yet (dense LLaMA-style models only)")
+            raise ScenarioError(f"{what}: {key}: not supported yet (LLaMA-style, Mixtral and DeepSeekMoE models only)")
     if config.get("hidden_act", "silu") != "silu":
         raise ScenarioError(f"{what}: hidden_act: only silu (a SwiGLU MLP) is supported")
     if "rms_norm_eps" not in config:
@@ -131,19 +140,53 @@ def load_hf_config(path: Path, params: dict) -> Workload:
     built["num_kv_heads"] = positive("num_key_value_heads", built["num_heads"])
     built["seq_len"] = built["max_positions"] = positive("max_position_embeddings", 2048)
     built["tie_embeddings"] = tie
-    _check_param_types("hf_config", llama, params)
+    experts = _hf_experts(config, built, positive, what)
+    factory, build = (moe, moe_workload) if experts else (llama, llama_workload)
+    built.update(experts)
+    if config.get("sliding_window") and config.get("use_sliding_window", True) \
+            and "sliding_window" in inspect.signature(factory).parameters:  # Mistral-style window
+        built["sliding_window"] = positive("sliding_window")
+    _check_param_types("hf_config", factory, params)
     check_model_params(params)
-    unknown = sorted(set(params) - set(inspect.signature(llama).parameters))
+    unknown = sorted(set(params) - set(inspect.signature(factory).parameters))
     if unknown:
         raise ScenarioError(f"model.params.{unknown[0]}: not a parameter of an hf_config model")
     merged = {**built, **params}
     check_num_layers(int(merged["num_layers"]) + 2, what)
     try:
-        workload = llama_workload(path.stem, **merged)
+        workload = build(path.stem, **merged)
     except ValueError as error:
         raise ScenarioError(f"{what}: {error}") from None
     check_num_layers(workload.num_layers, what)
     return workload
+
+
+def _hf_experts(config: dict, built: dict, positive, what: str) -> dict:
+    """`moe_workload` keywords of a mixture-of-experts config.json (`HF_MOE_KEYS`), {} for a dense
+    model; moves intermediate_size to the experts' width (Mixtral) or the dense layers' (DeepSeek)."""
+    routed = config.get("num_local_experts") or config.get("n_routed_experts")
+    if not routed:
+        return {}
+    deepseek = bool(config.get("n_routed_experts"))
+    if deepseek and config.get("moe_layer_freq", 1) != 1:
+        raise ScenarioError(f"{what}: moe_layer_freq: only 1 (every layer after the dense ones) is supported")
+    key = "n_routed_experts" if deepseek else "num_local_experts"
+    if "num_experts_per_tok" not in config:
+        raise ScenarioError(f"{what}: missing key num_experts_per_tok (needed with {key}: a mixture of experts)")
+    dense_ffn = built.pop("ffn_hidden_size")
+    experts = {"num_experts": positive(key),
+               "top_k": positive("num_experts_per_tok")}
+    if deepseek:
+        experts["expert_ffn_hidden_size"] = positive("moe_intermediate_size")
+        for key in ("n_shared_experts", "first_k_dense_replace"):
+            value = config.get(key) or 0
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ScenarioError(f"{what}: {key}: expected a non-negative integer")
+            experts[HF_MOE_KEYS[key]] = value
+        experts["dense_ffn_hidden_size"] = dense_ffn
+    else:
+        experts["expert_ffn_hidden_size"] = dense_ffn
+    return experts
 
 
 def load_layer_table(path: Path) -> Workload:
