@@ -107,11 +107,11 @@ class Engine:
         self._register_receives()
         for rank, actions in enumerate(self.plan.actions):
             compute = [a for a in actions if isinstance(a, Compute)]
-            collectives = [a for a in actions if isinstance(a, Collective) and a.key[0] != "tp"]
-            tensor = [a for a in actions if isinstance(a, Collective) and a.key[0] == "tp"]
+            collectives = [a for a in actions if isinstance(a, Collective) and a.key[0] not in ("tp", "ep")]
+            tensor = [a for a in actions if isinstance(a, Collective) and a.key[0] in ("tp", "ep")]
             if compute:
                 self._ready.append((self._compute_next, (_Stream(rank, compute),)))
-            for stream in (collectives, tensor):  # TP collectives: their own stream (communicator)
+            for stream in (collectives, tensor):  # TP and EP all-to-alls: their own stream, in order
                 if stream:
                     self._ready.append((self._comm_next, (_Stream(rank, stream),)))
             for send in actions:
@@ -262,7 +262,7 @@ class Engine:
         if action.op == "allreduce":
             algorithm = choose_algorithm(self.topology, groups[0], action.algorithm)
         else:  # allgather (sparse top-k, ZeRO-1 parameters, sequence parallelism), reduce_scatter: rings
-            algorithm = f"ring_{action.op}"
+            algorithm = "pairwise" if action.op == "alltoall" else f"ring_{action.op}"  # alltoall: grouped p2p
         cache_key = (groups, action.op, action.size_bytes, algorithm, action.repeat, weight)
         phases = self._phase_cache.get(cache_key)
         if phases is None:
@@ -276,13 +276,12 @@ class Engine:
         return phases
 
     def _send_phase(self, rank: int, action: Send, source: int, target: int):
-        pairs, weight = ((source, target),), 1
-        if self._symmetry is not None:
-            pairs, weight = self._symmetry.send_pairs(rank, action.dst)
-        cache_key = (pairs, action.size_bytes, weight)
+        cache_key = (rank, action.dst, action.size_bytes) if self._symmetry else ((source, target), action.size_bytes)
         phase = self._phase_cache.get(cache_key)
-        if phase is None:
-            phase = self._phase_cache[cache_key] = pairs_phase(self.topology, pairs, action.size_bytes, weight)
+        if phase is None:  # symmetric: the representative's t sub-flows, links counted by multiplicity
+            phase = self._phase_cache[cache_key] = (
+                self._symmetry.send_phase(self.topology, rank, action.dst, action.size_bytes) if self._symmetry
+                else pairs_phase(self.topology, ((source, target),), action.size_bytes))
         return phase
 
     def _send_next(self, rank: int, action: Send) -> None:

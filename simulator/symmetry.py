@@ -11,22 +11,27 @@ a representative is played with the flows of every copy it stands for, on the fu
   concurrent rings of all d replicas, as one flow set, so the cross-replica collective is timed on
   the real links with its real contention (`simulator.collectives.collective_phases`).
 
+A TP ring's or a send's links count with multiplicity (`Symmetry.fold`): a link crossed by the
+sub-flows of several replicas' copies (replicas side by side behind one NIC, node uplink or core
+link) carries all of them, so each copy gets the fair share it gets in the full run.
+
 Bytes per tier count every replica's copy (`weight` d for replica-local traffic). The summary's
 per-device rows are the representative's rows copied to every device of its stage
 (`expand_summary`); spans and memory timelines are the representatives' (ranks 0..p-1).
 
 When the reduced run equals the full one: when every replica sees the same loads. Refused (full
 simulation, with the reason in `summary["tensor"]["symmetry"]`) when `strategy.symmetry` is off,
-when the cluster is heterogeneous (mixed GPUs, stragglers, degraded links: `cluster.heterogeneous`)
-and when the replica-local traffic (TP rings, pipeline transfers) of two replicas shares a link
-(checked route by route), since the reduced run would then miss that contention. Traffic of
-other replicas that shares links only with the data-parallel rings is not simulated either; on a
-fabric that treats every replica alike (fat-tree with D-mod-k routing, rail-optimised, two-tier)
-each ring hop then meets the same load on every replica's links as on replica 0's, so the ring's
-bottleneck and the step time are unchanged (the symmetric == full tests). On fabrics where
-replicas sit differently (a 2D torus whose rings pass through other replicas' nodes, graph
-files) the reduced run can be faster than the full one; use `strategy.symmetry: off` there.
-Concurrent copies are merged into lock-step flow sets, which is exact when their paths are alike.
+when the cluster is heterogeneous (mixed GPUs, stragglers, degraded links: `cluster.heterogeneous`),
+and when two replicas' own traffic (TP rings, pipeline transfers) shares a link and the link-by-link
+check of `simulator.symmetry_check` cannot show that every copy of every flow meets the loads of the
+flow played for it; the reason names the copy, the flow and the link (e.g. a fat-tree whose edge
+switches or pods straddle replicas: k not matched to the node size). Where replicas' own traffic
+shares no link the run folds as before: traffic of other replicas that shares links only with the
+data-parallel rings is not simulated; on a fabric that treats every replica alike (fat-tree with
+D-mod-k routing, rail-optimised, two-tier) each ring hop then meets the same load on every
+replica's links as on replica 0's, so the ring's bottleneck and the step time are unchanged (the
+symmetric == full tests). Concurrent copies are merged into lock-step flow sets, which is exact
+when their paths are alike.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from simulator.collectives import choose_algorithm, collective_phases
+from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
+from simulator.symmetry_check import fold_refusal, multiplicity_of, ring_pairs
 from simulator.topology import Topology
 
 
@@ -73,14 +79,41 @@ class Symmetry:
         """(device pairs, tier-byte weight) of a representative's pipeline send."""
         return tuple(zip(self.tp_groups[rank], self.tp_groups[dst])), self.num_replicas
 
+    def send_phase(self, topology: Topology, rank: int, dst: int, size_bytes: float):
+        """A representative's pipeline send: its t sub-flows, each link counted by multiplicity
+        (`fold`), tier bytes x d."""
+        pairs, weight = self.send_pairs(rank, dst)
+        return self.fold(topology, ("send", rank, dst), (pairs_phase(topology, pairs, size_bytes, weight),))[0]
+
+    def fold(self, topology: Topology, key: tuple, phases: tuple) -> tuple:
+        """Phases of a replica-local flow (`key`: ("tp", stage) or ("send", stage, stage)) with each link
+        of the representative's routes counted by multiplicity: the sub-flows of all d replicas'
+        copies crossing it. Where copies share a link each gets its fair share of it, as in the full
+        run; exact when every copy meets the same loads (`simulator.symmetry_check`)."""
+        multiplicity = self._shared.get(key)
+        if multiplicity is None:
+            multiplicity = self._shared[key] = self._multiplicity(topology, key)
+        if all(multiplicity[link] == count for phase in phases for link, count in phase.usage):
+            return phases
+        return tuple(replace(phase, usage=tuple((link, multiplicity[link]) for link, _ in phase.usage))
+                     for phase in phases)
+
+    def _multiplicity(self, topology: Topology, key: tuple) -> Counter:
+        t, d = len(self.tp_groups[0]), self.num_replicas
+        groups = [tuple(self.dp_groups[stage][i][e] for i in range(t)) for stage in key[1:]
+                  for e in range(d)]  # replica e's TP group of each stage in key
+        copies = ([ring_pairs(group) for group in groups] if key[0] == "tp" else
+                  [tuple(zip(groups[e], groups[d + e])) for e in range(d)])
+        return multiplicity_of(topology, copies)
+
     def prune(self, topology: Topology, action, phases: tuple) -> tuple:
         """A data-parallel collective's phases without the links no other flow of the run can cross
         but the tightest of them (most sub-flows per byte/s): exact, since a link only this flow
         crosses bounds only its own rate. The d-replica rings of a stage cross mostly such links,
         and every flow starting or ending next to them would otherwise walk them all."""
-        if action.key[0] == "tp":
-            return phases
         stage = action.ranks[0] % self.num_stages
+        if action.key[0] == "tp":
+            return self.fold(topology, ("tp", stage), phases)
         shared = self._shared.get(stage)
         if shared is None:
             shared = self._shared[stage] = self._links_of_others(topology, stage)
@@ -125,42 +158,25 @@ def symmetry_decision(scenario, config, topology: Topology) -> tuple[bool, str]:
         return False, "heterogeneous cluster (mixed GPUs, stragglers or degraded links) breaks the symmetry"
     if config.dp == 1 and config.tp == 1:
         return False, "nothing to fold: one replica, one TP rank per stage"
-    shared = _replicas_sharing_a_link(config, topology)
-    if shared:
-        return False, shared
+    unlike = _fold_refusal(scenario.cluster, config, topology)
+    if unlike:
+        return False, unlike
     return True, f"each of the {config.pp} stage ranks stands for its {config.dp} x {config.tp} copies"
 
 
-def _replica_links(config, topology: Topology, replica: int) -> set[int]:
-    """Links of replica-local traffic: TP rings of each stage, pipeline transfers both ways."""
-    p, t = config.pp, config.tp
-    links: set[int] = set()
-    neighbours = [(j, j + 1) for j in range(p - 1)]
-    if config.num_virtual_stages > 1:
-        neighbours.append((p - 1, 0))
-    for j in range(p):
-        ring = sorted(config.device_of(replica, j, i) for i in range(t))
-        for a, b in zip(ring, ring[1:] + ring[:1]):
-            links.update(topology.route(a, b))
-    for j, k in neighbours:
-        for i in range(t):
-            a, b = config.device_of(replica, j, i), config.device_of(replica, k, i)
-            links.update(topology.route(a, b))
-            links.update(topology.route(b, a))
-    return links
+_REFUSALS: dict = {}
+"""(cluster, layout) -> `fold_refusal`'s answer: `rank` simulates many candidates of one layout (micro-batch,
+recompute, ZeRO, ...), each on a topology built anew, and the answer depends on the layout alone."""
 
 
-def _replicas_sharing_a_link(config, topology: Topology) -> str:
-    """A reason if two replicas' local traffic crosses one link, else ''."""
-    owner: dict[int, int] = {}
-    for replica in range(config.dp):
-        for link in _replica_links(config, topology, replica):
-            first = owner.setdefault(link, replica)
-            if first != replica:
-                edge = topology.links[link]
-                return (f"replicas {first} and {replica} both send over link {edge.source}->{edge.target} "
-                        "(their contention needs the full simulation)")
-    return ""
+def _fold_refusal(cluster, config, topology: Topology) -> str:
+    key = (cluster.model_dump_json(), config.tp, config.pp, config.dp, config.placement,
+           config.num_virtual_stages > 1, config.collective)
+    if key not in _REFUSALS:
+        if len(_REFUSALS) >= 64:
+            del _REFUSALS[next(iter(_REFUSALS))]
+        _REFUSALS[key] = fold_refusal(config, topology)
+    return _REFUSALS[key]
 
 
 def expand_summary(summary: dict, symmetry: Symmetry, topology: Topology) -> None:

@@ -58,12 +58,14 @@ def test_straggler_refuses_symmetry():
     assert slow.step_time_s > simulate(scenario()).step_time_s
 
 
-def test_replicas_sharing_a_link_refuse_symmetry():
+def test_replicas_sharing_a_link_fold_with_its_multiplicity():
     """Two replicas whose pipeline transfers cross the same node uplink (two-tier, stages on
-    different nodes): the reduced run would miss that contention."""
-    shared = simulate(scenario(topology="two_tier", nodes=2, gpus=2, tp=1, pp=2, placement=[0, 2, 1, 3]))
-    decision = shared.summary["tensor"]["symmetry"]
-    assert decision["used"] is False and "both send over link" in decision["reason"]
+    different nodes): the representative's transfer counts both copies on that link, so the reduced
+    run has the full run's contention (tests/test_symmetry_shared_links.py)."""
+    shared, full = (simulate(scenario(mode, topology="two_tier", nodes=2, gpus=2, tp=1, pp=2,
+                                      placement=[0, 2, 1, 3])) for mode in ("auto", "off"))
+    assert shared.summary["tensor"]["symmetry"]["used"] is True
+    assert shared.step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
 
 
 def test_symmetry_off_in_yaml_means_full():
