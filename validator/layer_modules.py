@@ -3,7 +3,6 @@ GEMM shapes; the conventions (initialisation, tied heads, no dropout) are in `va
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -11,6 +10,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from validator.attention_core import attention
 
 
 TIED_ATTRIBUTE = "tied_parameter_names"
@@ -155,7 +156,7 @@ class Embedding(nn.Module):
         types = spec.get("token_types", 0)
         self.token_type = nn.Embedding(types, hidden) if types else None
         self.norm = nn.LayerNorm(hidden, eps=1e-12) if spec.get("layernorm") else None
-        _init_transformer(self)
+        init_transformer(self)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
@@ -166,7 +167,8 @@ class Embedding(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """`transformer_block`: multi-head self-attention + GELU MLP, pre-LN (GPT) or post-LN (BERT)."""
+    """`transformer_block`: multi-head self-attention + GELU MLP, pre-LN (GPT) or post-LN (BERT);
+    `sliding_window` W > 0 (causal only): each query sees its last W keys."""
 
     def __init__(self, spec: Mapping[str, Any]):
         super().__init__()
@@ -177,6 +179,7 @@ class TransformerBlock(nn.Module):
         if spec.get("activation", "gelu") != "gelu":
             raise ValueError(f"activation {spec['activation']!r} not supported")
         self.heads, self.causal = heads, bool(spec["causal"])
+        self.window = int(spec.get("sliding_window") or 0)
         self.pre_norm = spec["norm"] == "pre"
         if spec["norm"] not in ("pre", "post"):
             raise ValueError(f"norm {spec['norm']!r} not supported")
@@ -187,18 +190,14 @@ class TransformerBlock(nn.Module):
         self.ln2 = nn.LayerNorm(hidden, eps=eps)
         self.fc1 = nn.Linear(hidden, ffn)
         self.fc2 = nn.Linear(ffn, hidden)
-        _init_transformer(self)
+        init_transformer(self)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, hidden = x.shape
         head_dim = hidden // self.heads
         q, k, v = self.qkv(x).split(hidden, dim=-1)
         q, k, v = (t.view(batch, seq, self.heads, head_dim).transpose(1, 2) for t in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
-        if self.causal:
-            mask = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)
-            scores = scores.masked_fill(mask, float("-inf"))
-        context = scores.softmax(dim=-1) @ v
+        context = attention(q, k, v, causal=self.causal, window=self.window)
         return self.proj(context.transpose(1, 2).reshape(batch, seq, hidden))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
@@ -217,15 +216,20 @@ class LMHead(nn.Module):
     copy of the token embedding (not counted by `count_params`)."""
 
     tied_parameter_names = ("proj.weight",)
+    tied_by_default = True
 
     def __init__(self, spec: Mapping[str, Any]):
         super().__init__()
         hidden, vocab = spec["hidden_size"], spec["vocab_size"]
-        self.norm = nn.LayerNorm(hidden) if spec.get("final_norm", True) else nn.Identity()
+        self.norm = self.final_norm(spec) if spec.get("final_norm", True) else nn.Identity()
         self.proj = nn.Linear(hidden, vocab, bias=bool(spec.get("bias", False)))
-        if not spec.get("tied_embedding", True):
+        if not spec.get("tied_embedding", self.tied_by_default):
             self.tied_parameter_names = ()
-        _init_transformer(self)
+        init_transformer(self)
+
+    @staticmethod
+    def final_norm(spec: Mapping[str, Any]) -> nn.Module:
+        return nn.LayerNorm(spec["hidden_size"])
 
     @property
     def tied_weight(self) -> nn.Parameter:
@@ -249,7 +253,7 @@ class BertMLMHead(nn.Module):
         self.decoder = nn.Linear(hidden, vocab)
         if not spec.get("tied_embedding", True):
             self.tied_parameter_names = ()
-        _init_transformer(self)
+        init_transformer(self)
 
     @property
     def tied_weight(self) -> nn.Parameter:
@@ -282,7 +286,7 @@ def _activation(name: str) -> nn.Module:
     raise ValueError(f"activation {name!r} not supported")
 
 
-def _init_transformer(module: nn.Module) -> None:
+def init_transformer(module: nn.Module) -> None:
     """GPT-2 / BERT initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm."""
     for child in module.modules():
         if isinstance(child, (nn.Linear, nn.Embedding)):

@@ -9,9 +9,13 @@
   (`simulator.zoo._ops`): BatchNorm / LayerNorm / GroupNorm 5 per input element, ReLU 1,
   GELU 8, tensor + tensor add 1 per output element, softmax 5, max / average pool
   kernel-area per output element, global / adaptive average pool (`mean`,
-  `adaptive_avg_pool2d`) 1 per input element. Any other op (views, copies, padding, slicing,
-  embedding lookups, multiplication by the attention scale, masking, dropout) counts 0, as it
-  does in the zoo (the softmax constant covers the scale and the mask).
+  `adaptive_avg_pool2d`) 1 per input element; for the LLaMA family: tensor x tensor multiply
+  1 per output element, `pow` 1 per output element, SiLU 5 (so RMSNorm's decomposition x^2,
+  mean, x * rstd, * weight is the zoo's 4 per element, rotary's x cos + rotate_half(x) sin its
+  3, SwiGLU's silu(gate) * up its 6). Any other op (views, copies, padding, slicing, negation,
+  embedding lookups, multiplication by a scalar such as the attention scale, masking, dropout,
+  per-row statistics such as RMSNorm's rsqrt) counts 0, as it does in the zoo (the softmax
+  constant covers the scale and the mask).
 
 GEMM + elementwise is then comparable to a zoo layer's `forward_flops_per_sample` x batch.
 Works on the CPU and on meta tensors. `bucket` attributes counts to a key (the importer sets
@@ -33,12 +37,18 @@ RELU_FLOPS = 1
 GELU_FLOPS = 8
 ADD_FLOPS = 1
 SOFTMAX_FLOPS = 5
+MUL_FLOPS = 1
+POW_FLOPS = 1
+SILU_FLOPS = 5
+"""x * sigmoid(x): the zoo's SwiGLU 6 per output element less its gating multiply (Shazeer 2020)."""
 
 _NORMS = {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
           "_native_batch_norm_legit_functional", "native_layer_norm", "native_group_norm"}
 _PER_OUTPUT = {"relu": RELU_FLOPS, "relu_": RELU_FLOPS, "gelu": GELU_FLOPS, "gelu_": GELU_FLOPS,
-               "_softmax": SOFTMAX_FLOPS, "_safe_softmax": SOFTMAX_FLOPS}
+               "_softmax": SOFTMAX_FLOPS, "_safe_softmax": SOFTMAX_FLOPS, "silu": SILU_FLOPS,
+               "silu_": SILU_FLOPS, "pow": POW_FLOPS}
 _ADDS = {"add", "add_"}
+_MULS = {"mul", "mul_"}
 _WINDOW_POOLS = {"max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices",
                  "max_pool2d_with_indices", "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d",
                  "avg_pool3d"}
@@ -72,6 +82,12 @@ def elementwise_flops(name: str, args: tuple, out: Any) -> int:
         if (len(args) >= 2 and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor)
                 and result is not None and result.dim() > 0):
             return ADD_FLOPS * result.numel()
+        return 0
+    if name in _MULS:
+        # tensor x tensor only (not a tensor scaled by a number such as the attention scale)
+        if (len(args) >= 2 and all(isinstance(a, torch.Tensor) and a.dim() > 0 for a in args[:2])
+                and result is not None):
+            return MUL_FLOPS * result.numel()
         return 0
     if name in _WINDOW_POOLS:
         kernel = args[1]
@@ -118,7 +134,7 @@ class ForwardFlopCounter(TorchDispatchMode):
             out = func(*args, **kwargs)
             self.gemm_by_bucket[self.bucket] += int(flop_registry[packet](*args, **kwargs, out_val=out))
             return out
-        flops_known = (name in _NORMS or name in _PER_OUTPUT or name in _ADDS
+        flops_known = (name in _NORMS or name in _PER_OUTPUT or name in _ADDS or name in _MULS
                        or name in _WINDOW_POOLS or name in _GLOBAL_POOLS)
         if not flops_known and func is not torch.ops.prim.device.default:
             # like FlopCounterMode: a composite op may hide a GEMM; decompose it under this mode

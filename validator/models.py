@@ -12,7 +12,10 @@ Choices:
   training, and a batch of 1 sample fails on a 1x1 feature map (torch's own check).
 * Attention is written out (Q K^T, scale, causal mask, softmax, P V) rather than with
   `scaled_dot_product_attention`, so its GEMMs are the zoo's `2 s^2 h` twice and it runs the
-  same on every backend. GELU is the exact (erf) form.
+  same on every backend (`validator.attention_core`, also grouped-query attention and sliding
+  windows). GELU is the exact (erf) form.
+* LLaMA-family specs (rotary positions, RMSNorm: `simulator.zoo.llama`) are built by
+  `validator.llama_modules` (`LLAMA_BUILDERS`), the others by `validator.layer_modules`.
 * Transformer weights start as GPT-2 / BERT do: N(0, 0.02) for linear and embedding weights,
   zero biases; CNN / MLP modules keep torch's default initialisation.
 * **Tied LM head.** The zoo ties the LM head (GPT) / MLM decoder (BERT) weight to the token
@@ -34,6 +37,7 @@ from torch import nn
 
 from simulator.workload import Layer, Workload
 from validator.layer_modules import BUILDERS, TIED_ATTRIBUTE, Embedding
+from validator.llama_modules import LLAMA_BUILDERS, LlamaEmbedding, is_llama_spec
 
 
 # ----------------------------------------------------------------------------- public API
@@ -46,7 +50,7 @@ def build_layer_module(layer: Layer) -> nn.Module:
     if not spec or kind is None:
         raise ValueError(f"layer {layer.name!r}: no spec; it can be simulated but not built "
                          f"as a torch module (layer tables carry no spec)")
-    builder = BUILDERS.get(kind)
+    builder = (LLAMA_BUILDERS if is_llama_spec(spec) else BUILDERS).get(kind)
     if builder is None:
         raise ValueError(f"layer {layer.name!r}: unknown spec kind {kind!r}; "
                          f"known: {', '.join(sorted(BUILDERS))}")
@@ -69,7 +73,7 @@ def build_modules(workload: Workload, seed: int = 0) -> list[nn.Module]:
         modules = [build_layer_module(layer) for layer in workload.layers]
     embedding = None
     for module in modules:
-        if isinstance(module, Embedding):
+        if isinstance(module, (Embedding, LlamaEmbedding)):
             embedding = module
         elif getattr(module, TIED_ATTRIBUTE, ()) and embedding is not None:
             weight = module.tied_weight
