@@ -5,9 +5,8 @@ beside the wall and ratios to the targets too.
 
 Folded (simulator/symmetry.py: one rank per pipeline stage), GPT-3 175B TP8 x PP8 x DP256 on
 16,384 A100 (2,048 DGX nodes, batch 96 per replica), on every preset fabric: target <= 2 s each.
-fat_tree with the default k (42; where two replicas' own traffic meets on a link the run is not
-folded, and refused up front when the full simulation would not fit in memory: the case prints the
-one-line error) and with k = 64 (32 NICs per edge switch: whole nodes).
+fat_tree with the default k (48: the smallest with k^3/4 >= 16,384 NICs and whole nodes under each
+edge switch) and with k = 64 (32 NICs per edge switch).
 1T GPT (128 layers, hidden 25,600, 160 heads) on 3,072 GPUs, TP8 x PP64 x DP6, 512 micro-batches
 per replica, rail_optimized, folded: target <= 5 s.
 GPT-3 175B on 1,024 GPUs (scenarios/gpt3_175b_dgx_a100_3d.yaml) folded, and in full

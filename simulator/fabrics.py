@@ -65,11 +65,14 @@ def _nic_of(topology: Topology, device: int) -> int:
 
 def fat_tree(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpec, nics_per_node: int = 1,
              k: int | None = None) -> Topology:
-    """k-ary fat-tree of the nodes' NICs; k defaults to the smallest even k with k^3/4 >= NICs."""
+    """k-ary fat-tree of the nodes' NICs (Al-Fares et al., SIGCOMM 2008: k/2 hosts per edge switch,
+    (k/2)^2 per pod). k defaults to the smallest even k with k^3/4 >= NICs whose edge switches hold
+    whole nodes (k/2 a multiple of nics_per_node: each node cabled to one edge switch, so replicas
+    of whole nodes sit alike under the switches)."""
     hosts = num_nodes * nics_per_node
     if k is None:
         k = 2
-        while k ** 3 // 4 < hosts:
+        while k ** 3 // 4 < hosts or (k // 2) % nics_per_node:
             k += 2
     if k % 2 or k ** 3 // 4 < hosts:
         raise ScenarioError(f"cluster.fat_tree_k: {k} must be even with k^3/4 >= the {hosts} NICs "

@@ -48,14 +48,22 @@ def test_every_preset_fabric_folds_an_aligned_layout(fabric):
 
 
 def test_misaligned_fat_tree_refuses_with_the_shared_link():
-    """32 NICs: the default k = 6 fat-tree puts 3 NICs on an edge switch and 9 in a pod, a replica has
-    8, so replicas sit differently under the switches: replica 3's transfer crosses a core link
-    where others' meet other loads (`simulator.symmetry_check`)."""
-    run = simulate(scenario("auto", "fat_tree", nodes=8, gpus=4, tp=4, pp=2))
+    """32 NICs on a k = 6 fat-tree (given explicitly): 3 NICs on an edge switch and 9 in a pod, a
+    replica has 8, so replicas sit differently under the switches: replica 3's transfer crosses a
+    core link where others' meet other loads (`simulator.symmetry_check`)."""
+    run = simulate(scenario("auto", "fat_tree", nodes=8, gpus=4, tp=4, pp=2, cluster={"fat_tree_k": 6}))
     decision = run.summary["tensor"]["symmetry"]
     assert decision == {"used": False, "reason": decision["reason"]}
     assert decision["reason"].startswith("copy 3 of the pipeline transfer stage 0 -> 1 meets other loads than the "
                                          "folded run's on link agg2.1->core1.0")
+
+
+def test_the_default_fat_tree_keeps_nodes_whole_under_edge_switches_so_replicas_fold():
+    """The same 32 NICs with the default k: the smallest even k with k^3/4 >= 32 and k/2 a multiple
+    of the 4 NICs of a node is 8, so every node sits under one edge switch and the run folds."""
+    run = simulate(scenario("auto", "fat_tree", nodes=8, gpus=4, tp=4, pp=2))
+    assert run.plan.meta["symmetry_decision"]["used"] and run.summary["tensor"]["symmetry"]["used"]
+    assert run.summary["num_gpus"] == 32 and run.plan.num_ranks == 2
 
 
 @pytest.mark.parametrize("cluster,why", [

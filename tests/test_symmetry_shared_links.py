@@ -84,7 +84,7 @@ def test_misaligned_fat_tree_refuses_and_the_fold_would_be_wrong(monkeypatch):
     """32 NICs on a k = 6 fat-tree (3 NICs per edge switch, 9 per pod): replicas sit differently
     under the switches, so copies of a transfer meet different loads. The run refuses, naming the
     link; folding it anyway gives another step time than the full run."""
-    misaligned = scenario("auto", "fat_tree", 8, 4, 2, 2, {"nics_per_node": 4})
+    misaligned = scenario("auto", "fat_tree", 8, 4, 2, 2, {"nics_per_node": 4, "fat_tree_k": 6})
     run = simulate(misaligned)
     decision = run.summary["tensor"]["symmetry"]
     assert decision["used"] is False
