@@ -8,7 +8,8 @@ sequence parallelism (t > 1) x placement (Megatron's tp-pp-dp order, or tp-dp-pp
 replicas side by side) x, for a mixture-of-experts model, expert parallelism e (the divisors of d
 that divide the experts; with e > 1 ZeRO 0 or 1 and, with t > 1, sequence parallelism, as
 `simulator.strategies.experts` requires), plus the planner's dp / mp / ghp / pipeline candidates
-(`simulator.planner.enumerate_candidates`).
+(`simulator.planner.enumerate_candidates`). Context parallelism is not searched yet: every
+candidate runs with `strategy.cp_degree` 1 (`simulator.planner.candidate_scenario`).
 
 Each candidate gets a memory floor and a lower bound on its step time (`simulator.step_bound`);
 those whose floor exceeds the device memory are dropped (they cannot fit). The rest are taken in

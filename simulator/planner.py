@@ -220,7 +220,7 @@ def candidate_scenario(scenario: Scenario, candidate: Candidate) -> dict:
                            "placement": placement if isinstance(placement, str) else list(placement),
                            "tp_degree": candidate.tp_degree, "pp_degree": candidate.workers_per_group,
                            "num_microbatches": candidate.num_microbatches, "partition": partition,
-                           "num_virtual_stages": candidate.num_virtual_stages}
+                           "num_virtual_stages": candidate.num_virtual_stages, "cp_degree": 1}  # CP not searched
         for key in ("sequence_parallel", "zero_stage", "ep_degree"):
             if getattr(candidate, key) is not None:
                 raw["strategy"][key] = getattr(candidate, key)
@@ -231,7 +231,7 @@ def candidate_scenario(scenario: Scenario, candidate: Candidate) -> dict:
         return raw
     if raw["strategy"]["zero_stage"] >= 2:  # ZeRO-2/3 are megatron's; these kinds reduce as DDP does
         raw["strategy"] = {**raw["strategy"], "zero_stage": 0, "fsdp_sharding": None}
-    raw["strategy"] = {**raw["strategy"], "kind": candidate.kind, "placement": candidate.placement, "ep_degree": 1,
+    raw["strategy"] = {**raw["strategy"], "kind": candidate.kind, "placement": candidate.placement, "ep_degree": 1, "cp_degree": 1,
                        "num_groups": None if candidate.kind in ("dp", "mp") else candidate.num_groups,
                        "num_microbatches": candidate.num_microbatches, "partition": partition,
                        "num_virtual_stages": candidate.num_virtual_stages}

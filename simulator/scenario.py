@@ -188,6 +188,8 @@ class StrategyConfig(_Frozen):
     """megatron: pipeline stages p; data-parallel replicas d = N / (t p)."""
     sequence_parallel: bool = False
     """megatron: reduce-scatter + allgather instead of each TP allreduce (Korthikanti et al. 2022)."""
+    cp_degree: GpuCount = 1
+    """megatron: context-parallel ranks c per sequence, ring attention (simulator/strategies/context.py)."""
     ep_degree: GpuCount = 1
     """megatron: expert-parallel ranks e per MoE layer, carved out of the d replicas (e divides d and the
     experts; simulator/strategies/experts.py)."""
@@ -281,16 +283,16 @@ class Scenario(_Frozen):
                 raise ValueError(
                     f"strategy.num_groups: {groups} does not divide the {num_gpus} GPUs "
                     f"(cluster.num_nodes x cluster.gpus_per_node)")
-        if self.strategy.kind == "megatron" and num_gpus % (self.strategy.tp_degree * self.strategy.pp_degree):
-            raise ValueError(f"strategy.tp_degree: {self.strategy.tp_degree} x strategy.pp_degree "
-                             f"{self.strategy.pp_degree} does not divide the {num_gpus} GPUs")
-        if self.strategy.ep_degree > 1 and self.strategy.kind != "megatron":
-            raise ValueError(f"strategy.ep_degree: {self.strategy.ep_degree} applies to kind megatron only")
+        cp = self.strategy.cp_degree
+        if self.strategy.kind == "megatron" and num_gpus % (self.strategy.tp_degree * self.strategy.pp_degree * cp):
+            raise ValueError(f"strategy.tp_degree: {self.strategy.tp_degree} x strategy.pp_degree {self.strategy.pp_degree}"
+                             f"{f' x strategy.cp_degree {cp}' if cp > 1 else ''} does not divide the {num_gpus} GPUs")
+        for key in ("ep_degree", "cp_degree"):
+            if getattr(self.strategy, key) > 1 and self.strategy.kind != "megatron":
+                raise ValueError(f"strategy.{key}: {getattr(self.strategy, key)} applies to kind megatron only")
         placement = self.strategy.placement
         if isinstance(placement, tuple) and sorted(placement) != list(range(num_gpus)):
-            raise ValueError(
-                f"strategy.placement: {list(placement)} is not a permutation of the "
-                f"{num_gpus} device indices")
+            raise ValueError(f"strategy.placement: {list(placement)} is not a permutation of the {num_gpus} device indices")
         return self
 
     @property

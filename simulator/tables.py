@@ -85,6 +85,7 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
     if "tensor" in summary:  # megatron (simulator/strategies/tensor.py)
         tensor = summary["tensor"]
         console.print(f"3D: tp {tensor['tp_degree']} x pp {tensor['pp_degree']} x dp {tensor['dp_degree']}"
+                      f"{' x cp ' + str(tensor['cp_degree']) if tensor.get('cp_degree', 1) > 1 else ''}"
                       f"{' (ep ' + str(tensor['ep_degree']) + ')' if tensor.get('ep_degree', 1) > 1 else ''}, "
                       f"{tensor['schedule']}, micro-batch {tensor['microbatch_size']:g}, sequence parallel "
                       f"{'on' if tensor['sequence_parallel'] else 'off'}, ZeRO-{tensor['zero_stage']}"

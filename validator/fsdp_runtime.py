@@ -49,13 +49,15 @@ DEFAULT_SHARDING = {3: "full_shard", 2: "shard_grad_op", 0: "no_shard"}
 """zero_stage given without fsdp_sharding: the FSDP strategy of that stage."""
 
 
-def runnable_sharding(tp_degree: int, pp_degree: int, zero_stage: int, fsdp_sharding: str | None) -> str:
+def runnable_sharding(tp_degree: int, pp_degree: int, zero_stage: int, fsdp_sharding: str | None,
+                      cp_degree: int = 1) -> str:
     """The FSDP sharding strategy (`SHARDINGS`) a megatron layout runs with; a one-line
     ScenarioError naming the field for a layout or stage this runtime does not run."""
-    for field, degree in (("tp_degree", tp_degree), ("pp_degree", pp_degree)):
+    for field, degree in (("tp_degree", tp_degree), ("pp_degree", pp_degree), ("cp_degree", cp_degree)):
         if degree != 1:
             raise ScenarioError(f"strategy.{field}: {degree}; the validator runs megatron plans only with "
-                                f"tp_degree 1 and pp_degree 1 (sharded data parallelism, validator/fsdp_runtime.py)")
+                                f"tp_degree, pp_degree and cp_degree 1 (sharded data parallelism, "
+                                f"validator/fsdp_runtime.py)")
     sharding = fsdp_sharding or DEFAULT_SHARDING.get(zero_stage)
     if sharding not in SHARDINGS:
         raise ScenarioError(f"strategy.zero_stage: {zero_stage} does not run for real (ZeRO-1 has no FSDP "
@@ -68,7 +70,7 @@ def sharding_of(plan: Plan) -> str:
     """`runnable_sharding` of a megatron plan."""
     tensor = plan.meta["tensor"]
     return runnable_sharding(tensor["tp_degree"], tensor["pp_degree"], tensor.get("zero_stage", 0),
-                             tensor.get("fsdp_sharding"))
+                             tensor.get("fsdp_sharding"), tensor.get("cp_degree", 1))
 
 
 def world_size_of(plan: Plan) -> int:

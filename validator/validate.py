@@ -169,7 +169,7 @@ def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | N
     if kind == "megatron":  # tp = pp = 1 only (validator.fsdp_runtime): refused in one line before simulating
         strategy = variant.strategy
         sharding = runnable_sharding(strategy.tp_degree, strategy.pp_degree, strategy.zero_stage,
-                                     strategy.fsdp_sharding)
+                                     strategy.fsdp_sharding, strategy.cp_degree)
     predicted = simulate(variant, costs=costs, workload=workload)
     plan, run_options = predicted.plan, options
     if plan.meta.get("topk") and "schedule_kind" in plan.meta:

@@ -27,7 +27,11 @@ groups are carved out of the d replicas, each pass's all-to-alls follow its comp
 collectives do, and expert gradients are allreduced among d / e copies (ZeRO-1: reduce-scattered,
 and the updated expert shards allgathered, among them).
 
-Rank layout (Megatron's order, tp fastest): device = dp x (p t) + pp x t + tp with placement
+Context parallelism (`strategy.cp_degree` c) is `simulator.strategies.context`'s: N = t c p d, the
+field `dp` below counts the d c ranks that reduce each gradient (index dp' = replica x c + cp),
+each running the share b / c of a micro-batch, with ring K/V transfers between the c ranks.
+
+Rank layout (Megatron's order, tp fastest, then cp): device = replica x (p c t) + pp x (c t) + cp x t + tp with placement
 group_per_node, so a TP group fills consecutive devices (one node on NVSwitch when t divides
 gpus_per_node); an explicit placement lists the device of each such position. Plan ranks are
 numbered as pipelines: rank = g x p + pp with g = dp x t + tp (G = d t pipelines of p stages;
@@ -49,7 +53,7 @@ from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Pl
 from simulator.schedules import build_schedule, check_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import UPDATE
-from simulator.strategies import experts, zero
+from simulator.strategies import context, experts, zero
 from simulator.strategies.ghp import GridConfig, _ActionList, _partition, bucket_segments, recompute_ranges
 from simulator.strategies.tensor_layers import pass_collectives, rank_workload
 from simulator.topology import Topology
@@ -83,6 +87,8 @@ class TensorConfig:
     gpus_per_node: int = 1
     ep: int = 1
     """Expert-parallel degree (`simulator.strategies.experts`)."""
+    cp: int = 1
+    """Context-parallel degree (`simulator.strategies.context`); `dp` counts d x c ranks."""
 
     @property
     def schedule_kind(self) -> str:
@@ -97,13 +103,14 @@ class TensorConfig:
         return self.global_batch_size / (self.dp * self.num_microbatches)
 
     def device_of(self, dp: int, pp: int, tp: int) -> int:
-        position = dp * self.pp * self.tp + pp * self.tp + tp
+        replica, cp = divmod(dp, self.cp)
+        position = ((replica * self.pp + pp) * self.cp + cp) * self.tp + tp
         return self.placement[position] if isinstance(self.placement, tuple) else position
 
 
 def tensor_config(scenario) -> TensorConfig:
     strategy, training = scenario.strategy, scenario.training
-    tp, pp = strategy.tp_degree, strategy.pp_degree
+    tp, pp, cp = strategy.tp_degree, strategy.pp_degree, strategy.cp_degree
     if strategy.num_groups is not None:
         raise ScenarioError(f"strategy.num_groups: {strategy.num_groups} is not used by kind megatron "
                             "(replicas d = GPUs / (tp_degree x pp_degree))")
@@ -117,7 +124,7 @@ def tensor_config(scenario) -> TensorConfig:
         raise ScenarioError("strategy.placement: stage_per_node is not a megatron layout (use group_per_node: "
                             "tp fastest, then pp, then dp; or an explicit device list)")
     return TensorConfig(
-        tp=tp, pp=pp, dp=scenario.num_gpus // (tp * pp), num_microbatches=strategy.num_microbatches,
+        tp=tp, pp=pp, dp=scenario.num_gpus // (tp * pp), cp=cp, num_microbatches=strategy.num_microbatches,
         global_batch_size=training.global_batch_size, dtype=training.dtype,
         num_virtual_stages=strategy.num_virtual_stages, sequence_parallel=strategy.sequence_parallel,
         zero_stage=strategy.zero_stage, recompute=training.recompute, placement=strategy.placement,
@@ -145,10 +152,10 @@ def rank_costs(costs: CostModel, workload: Workload, tp_degree: int, sequence_pa
 
 
 def _check(config: TensorConfig, workload: Workload) -> None:
-    replica_batch = config.global_batch_size / config.dp
+    replica_batch = config.global_batch_size * config.cp / config.dp
     if replica_batch != int(replica_batch) or int(replica_batch) % config.num_microbatches:
         raise ScenarioError(f"strategy.num_microbatches: {config.num_microbatches} micro-batches do not divide "
-                            f"the replica batch {replica_batch:g} (training.global_batch_size / d, d = {config.dp})")
+                            f"the replica batch {replica_batch:g} (training.global_batch_size / d, d = {config.dp // config.cp})")
     if config.pp * config.num_virtual_stages > workload.num_layers:
         raise ScenarioError(f"strategy.pp_degree: {config.pp} stages x {config.num_virtual_stages} chunks exceed the "
                             f"{workload.num_layers} layers of model {workload.name}")
@@ -174,6 +181,7 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     config = tensor_config(scenario)
     _check(config, workload)
     experts.check_expert_parallel(config, workload)
+    context.check_context_parallel(config, workload)
     shard = experts.expert_rank_workload(workload, rank_workload(workload, config.tp, config.sequence_parallel),
                                          config.tp, config.sequence_parallel, config.ep)
     schedule = build_schedule(config.schedule_kind, config.pp, config.num_microbatches, config.num_virtual_stages)
@@ -190,6 +198,8 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
         symmetric, reason = False, "hybrid_shard: shard and replica groups need the full simulation"
     if config.ep > 1:  # Symmetry knows TP and data-parallel groups only
         symmetric, reason = False, "expert parallelism: the all-to-alls need the full simulation"
+    if config.cp > 1:  # Symmetry knows TP and data-parallel groups only
+        symmetric, reason = False, "context parallelism: the ring attention transfers need the full simulation"
     if symmetric and costs.communication is not None:  # a calibration profile: priced per rank, not per flow
         symmetric, reason = False, ("a calibration profile prices each collective by its ranks and shares the "
                                     "host's processors among them: a lone representative would be priced alone")
@@ -207,16 +217,17 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
             **stage_metrics(schedule, False), "rank_workload": shard,
             "recompute": config.recompute,
             "recompute_actions": {rank: builder.recomputed for rank, builder in enumerate(builders)},
-            "tensor": {"tp_degree": config.tp, "pp_degree": config.pp, "dp_degree": config.dp, "ep_degree": config.ep,
+            "tensor": {"tp_degree": config.tp, "pp_degree": config.pp, "dp_degree": config.dp // config.cp,
+                       "ep_degree": config.ep, "cp_degree": config.cp,
                        "sequence_parallel": config.sequence_parallel, "zero_stage": config.zero_stage,
-                       "schedule": config.schedule_kind, "microbatch_size": config.microbatch_size,
+                       "schedule": config.schedule_kind, "microbatch_size": config.microbatch_size * config.cp,
                        "fsdp_sharding": config.fsdp_sharding, "shard_degree": zero.shard_degree(config)},
             "zero": zero.memory_meta(config, shard, ranges),
             "symmetry_decision": {"used": symmetric, "reason": reason}}
     if symmetric:
         meta["symmetry"] = Symmetry.of(config, full_devices)
     return Plan(KIND, pipelines, config.pp, stages, full_devices[:pipelines * config.pp], actions,
-                config.global_batch_size / config.dp, meta=meta)
+                config.global_batch_size / config.dp, meta=meta)  # per d' = d c rank
 
 
 def _stage(shard: Workload, ranges, index: int, num_stages: int, v: int) -> Stage:
@@ -253,7 +264,7 @@ class _TensorRank:
         self.recomputed: list[int] = []
         self.pending: list[int] = []
         self.last_backward: int | None = None
-        self.num_buckets = self.num_tp = 0
+        self.num_buckets = self.num_tp = self.num_ring = 0
         self.tp_tail: tuple[int, ...] = ()
         """The latest TP collective: Megatron runs them on the compute stream, so the next compute waits."""
         self.compute_deps: tuple[int, ...] = ()
@@ -280,9 +291,11 @@ class _TensorRank:
     def _tp(self, start: int, end: int, phase: str, after: int) -> tuple[int, ...]:
         """The TP collectives of a pass over [start, end) after its compute `after` (with
         tp_comm_overlap: beside it, from the same dependencies); what the pass's output waits for."""
+        ring = context.ring_exchange(self, start, end, phase)  # CP ring K/V, beside the compute
+        self.tp_tail = (*self.tp_tail, *ring)
         after = experts.expert_alltoalls(self, start, end, phase, after)  # MoE dispatch and combine
         if self.config.tp == 1:
-            return (after,)
+            return (after, *ring)
         overlap = self.config.tp_comm_overlap
         compute, deps = after, (self.compute_deps if overlap else (after,))
         collectives = self.shared.get((start, end, phase))
@@ -299,7 +312,8 @@ class _TensorRank:
             deps = (after,)
             self.num_tp += 1
             self.tp_tail = (after,)
-        return (compute, after) if overlap and collectives else (after,)
+        self.tp_tail = (*self.tp_tail, *ring)
+        return ((compute, after) if overlap and collectives else (after,)) + ring
 
     def _compute(self, deps: tuple[int, ...] = (), **fields) -> int:
         self.compute_deps = (*deps, *self.tp_tail, *self.last_compute)

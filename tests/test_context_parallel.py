@@ -1,0 +1,125 @@
+"""Context parallelism in the megatron kind: the ring attention bytes' closed form, the plan's ring
+transfers and gradient groups (d x c), FLOPs and activations per rank / c, and the errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator import load_scenario, simulate
+from simulator.errors import ScenarioError
+from simulator.plan import BACKWARD, FORWARD, Collective, Compute, Recv, Send
+
+MODEL = {"num_layers": 4, "hidden_size": 256, "num_heads": 4, "num_kv_heads": 2, "seq_len": 128,
+         "vocab_size": 1000, "ffn_hidden_size": 512}
+KV_HIDDEN = 256 * 2 / 4  # h g / a
+E = 2  # bf16
+
+
+def scenario(cp=2, gpus=2, tp=1, pp=1, batch=4, model="llama", params=None, link="nvlink4-h100", **strategy):
+    return load_scenario({
+        "cluster": {"num_nodes": 1, "gpus_per_node": gpus, "gpu": "H100-SXM", "intra_node_link": link},
+        "model": {"name": model, "params": MODEL if params is None else params},
+        "strategy": {"kind": "megatron", "tp_degree": tp, "pp_degree": pp, "cp_degree": cp,
+                     "bucket_size_bytes": "1 GiB", **strategy},
+        "training": {"global_batch_size": batch, "dtype": "bf16", "optimizer": "adam"}})
+
+
+def ring_sends(actions, phase):
+    return [a for a in actions if isinstance(a, Send) and a.label == f"cp ring {phase}"]
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_ring_bytes_per_pass_are_c_minus_1_kv_blocks_forward_and_twice_backward(cp):
+    plan = simulate(scenario(cp=cp, gpus=cp)).plan
+    per_layer = (cp - 1) * 2 * 4 * (128 / cp) * KV_HIDDEN * E  # (c-1) x (K, V) x b s / c x kv_hidden x dtype
+    for rank, actions in enumerate(plan.actions):
+        (forward,) = ring_sends(actions, FORWARD)
+        (backward,) = ring_sends(actions, BACKWARD)
+        assert forward.size_bytes == 4 * per_layer  # the 4 attention layers of the pass
+        assert backward.size_bytes == 2 * 4 * per_layer
+        assert forward.dst == (rank + 1) % cp
+        assert {a.src for a in actions if isinstance(a, Recv)} == {(rank - 1) % cp}
+
+
+def test_ring_with_tensor_parallelism_sends_the_rank_s_kv_heads_to_its_cp_neighbour():
+    plan = simulate(scenario(cp=2, gpus=4, tp=2)).plan
+    per_layer = 1 * 2 * 4 * 64 * KV_HIDDEN / 2 * E
+    # plan rank = (d' t + tp) p + pp; CP peers share tp: ranks 0 <-> 2 and 1 <-> 3
+    assert [a.dst for a in ring_sends(plan.actions[0], FORWARD)] == [2]
+    assert [a.dst for a in ring_sends(plan.actions[1], FORWARD)] == [3]
+    assert ring_sends(plan.actions[0], FORWARD)[0].size_bytes == 4 * per_layer
+    assert plan.rank_to_device == (0, 1, 2, 3)  # tp fastest, then cp: CP peers on devices 0 and 2 (tp 0)
+
+
+def test_rank_layout_is_tp_fastest_then_cp_then_pp_then_dp():
+    plan = simulate(scenario(cp=2, gpus=16, tp=2, pp=2, batch=8, num_microbatches=2)).plan
+    # plan rank (d' t + tp) p + pp with d' = replica c + cp; device ((replica p + pp) c + cp) t + tp
+    for replica in range(2):
+        for cp in range(2):
+            for tp in range(2):
+                for pp in range(2):
+                    rank = ((replica * 2 + cp) * 2 + tp) * 2 + pp
+                    assert plan.rank_to_device[rank] == ((replica * 2 + pp) * 2 + cp) * 2 + tp
+
+
+def test_gradients_are_reduced_over_d_times_c_ranks():
+    plan = simulate(scenario(cp=2, gpus=4, batch=8)).plan
+    groups = {a.ranks for actions in plan.actions for a in actions if isinstance(a, Collective)}
+    assert groups == {(0, 1, 2, 3)}
+    assert plan.meta["tensor"]["dp_degree"] == 2 and plan.meta["tensor"]["cp_degree"] == 2
+
+
+def forward_flops(plan, rank):
+    layers = plan.meta["rank_workload"].layers
+    return sum(a.batch * sum(layer.forward_flops_per_sample for layer in layers[a.layer_start:a.layer_end])
+               for a in plan.actions[rank] if isinstance(a, Compute) and a.phase == FORWARD)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_each_cp_rank_computes_one_cth_of_the_model_s_flops(cp):
+    whole, split = simulate(scenario(cp=1, gpus=1)).plan, simulate(scenario(cp=cp, gpus=cp)).plan
+    assert forward_flops(whole, 0) == pytest.approx(4 * whole.meta["rank_workload"].flops_per_sample / 3, rel=0.05)
+    for rank in range(cp):
+        assert forward_flops(split, rank) == pytest.approx(forward_flops(whole, 0) / cp, rel=1e-12)
+
+
+def test_activation_memory_per_rank_is_over_c_and_the_weights_unchanged():
+    whole, split = simulate(scenario(cp=1, gpus=1)), simulate(scenario(cp=2, gpus=2))
+    a, b = (run.summary["devices"][0]["memory_breakdown_bytes"] for run in (whole, split))
+    assert b["activations"] == pytest.approx(a["activations"] / 2, rel=1e-12)
+    assert b["weights"] == a["weights"] and b["optimizer_state"] == a["optimizer_state"]
+
+
+def test_zero1_shards_the_optimizer_state_over_d_times_c():
+    plain, sharded = simulate(scenario(cp=2, gpus=2)), simulate(scenario(cp=2, gpus=2, zero_stage=1))
+    a, b = (run.summary["devices"][0]["memory_breakdown_bytes"] for run in (plain, sharded))
+    assert b["optimizer_state"] == pytest.approx(a["optimizer_state"] / 2, rel=1e-12)
+
+
+def test_cp2_on_nvlink_runs_a_compute_bound_model_in_about_half_the_time():
+    params = {**MODEL, "hidden_size": 2048, "num_heads": 16, "num_kv_heads": 8, "ffn_hidden_size": 8192,
+              "seq_len": 4096, "num_layers": 2}
+    whole = simulate(scenario(cp=1, gpus=1, batch=2, params=params)).summary["step_time_s"]
+    split = simulate(scenario(cp=2, gpus=2, batch=2, params=params)).summary["step_time_s"]
+    assert 0.5 <= split / whole < 0.6
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"cp": 3, "gpus": 3}, "strategy.cp_degree: 3 does not split the sequence length 128 into 2 x 3"),
+    ({"cp": 2, "gpus": 2, "model": "mlp", "params": {"hidden_dim": 64}},
+     "strategy.cp_degree: 2 needs a transformer model"),
+    ({"cp": 2, "gpus": 2, "zero_stage": 2}, "strategy.zero_stage: 2 with cp_degree 2 is not modelled"),
+])
+def test_bad_context_parallel_settings_name_the_field_and_value(change, message):
+    with pytest.raises(ScenarioError, match=message.replace("(", r"\(")):
+        simulate(scenario(**change))
+
+
+def test_cp_degree_must_divide_the_gpus_and_needs_megatron():
+    with pytest.raises(ValueError, match="strategy.cp_degree 2 does not divide the 2 GPUs"):
+        scenario(cp=2, gpus=2, tp=2)
+    with pytest.raises(ValueError, match="strategy.cp_degree: 2 applies to kind megatron only"):
+        load_scenario({"cluster": {"num_nodes": 1, "gpus_per_node": 2, "gpu": "H100-SXM"},
+                       "model": {"name": "llama", "params": MODEL},
+                       "strategy": {"kind": "dp", "cp_degree": 2},
+                       "training": {"global_batch_size": 4}})
