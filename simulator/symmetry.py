@@ -150,8 +150,17 @@ class Symmetry:
         return common | set(all_rings - rings[stage])
 
 
-def symmetry_decision(scenario, config, topology: Topology) -> tuple[bool, str]:
-    """(simulate representatives only?, why) for a megatron TensorConfig (module docstring)."""
+def symmetry_decision(scenario, config, topology: Topology, costs) -> tuple[bool, str]:
+    """(simulate representatives only?, why) for a megatron TensorConfig (module docstring). The
+    groups a representative knows are TP groups and one data-parallel group per stage, and its
+    flows are priced on the topology: other groups, or a profile's per-rank prices, need every rank."""
+    from simulator.strategies.zero import replicated
+    if config.cp > 1:
+        return False, "context parallelism: the ring attention transfers need the full simulation"
+    if config.ep > 1:
+        return False, "expert parallelism: the all-to-alls need the full simulation"
+    if replicated(config):
+        return False, "hybrid_shard: shard and replica groups need the full simulation"
     if config.symmetry == "off":
         return False, "strategy.symmetry is off"
     if scenario.cluster.heterogeneous:
@@ -161,6 +170,9 @@ def symmetry_decision(scenario, config, topology: Topology) -> tuple[bool, str]:
     unlike = _fold_refusal(scenario.cluster, config, topology)
     if unlike:
         return False, unlike
+    if costs.communication is not None:  # a calibration profile: priced per rank, not per flow
+        return False, ("a calibration profile prices each collective by its ranks and shares the host's "
+                       "processors among them: a lone representative would be priced alone")
     return True, f"each of the {config.pp} stage ranks stands for its {config.dp} x {config.tp} copies"
 
 

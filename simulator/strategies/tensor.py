@@ -193,16 +193,7 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     stages = tuple(_stage(shard, ranges, j, config.pp, config.num_virtual_stages) for j in range(config.pp))
     full_devices = tuple(config.device_of(g // config.tp, j, g % config.tp)
                          for g in range(config.num_pipelines) for j in range(config.pp))
-    symmetric, reason = symmetry_decision(scenario, config, topology)
-    if zero.replicated(config):  # Symmetry knows one data-parallel group per stage
-        symmetric, reason = False, "hybrid_shard: shard and replica groups need the full simulation"
-    if config.ep > 1:  # Symmetry knows TP and data-parallel groups only
-        symmetric, reason = False, "expert parallelism: the all-to-alls need the full simulation"
-    if config.cp > 1:  # Symmetry knows TP and data-parallel groups only
-        symmetric, reason = False, "context parallelism: the ring attention transfers need the full simulation"
-    if symmetric and costs.communication is not None:  # a calibration profile: priced per rank, not per flow
-        symmetric, reason = False, ("a calibration profile prices each collective by its ranks and shares the "
-                                    "host's processors among them: a lone representative would be priced alone")
+    symmetric, reason = symmetry_decision(scenario, config, topology, costs)
     pipelines = 1 if symmetric else config.num_pipelines
     shared: dict = {}  # TP collectives per (layers, pass) and bucket segments, alike on every rank
     builders = [_TensorRank(config, workload, shard, schedule, ranges, stages, rank, symmetric, shared)
@@ -292,9 +283,9 @@ class _TensorRank:
         """The TP collectives of a pass over [start, end) after its compute `after` (with
         tp_comm_overlap: beside it, from the same dependencies); what the pass's output waits for."""
         ring = context.ring_exchange(self, start, end, phase)  # CP ring K/V, beside the compute
-        self.tp_tail = (*self.tp_tail, *ring)
         after = experts.expert_alltoalls(self, start, end, phase, after)  # MoE dispatch and combine
         if self.config.tp == 1:
+            self.tp_tail = (*self.tp_tail, *ring)
             return (after, *ring)
         overlap = self.config.tp_comm_overlap
         compute, deps = after, (self.compute_deps if overlap else (after,))
