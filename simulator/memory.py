@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from operator import attrgetter
 
 from simulator.hardware import LINKS
 from simulator.memory_activations import Sharding, kept_bytes, saved_bytes, selective_recomputes_core
@@ -110,17 +111,21 @@ class RankMemory:
 
     def peak(self) -> tuple[float, dict[str, float]]:
         """Peak bytes in use and the bytes of each category at that instant."""
-        current = dict.fromkeys(CATEGORIES, 0.0)
-        best, at_best = -1.0, dict(current)
         events = sorted(self.events, key=lambda event: (event[0], event[1] > 0))
-        for index, (time_s, delta, category) in enumerate(events):
-            current[category] += delta
+        best, best_index, total = -1.0, -1, 0.0
+        for index, (time_s, delta, _category) in enumerate(events):
+            total += delta
             if index + 1 < len(events) and events[index + 1][0] == time_s:
                 continue
-            total = sum(current.values())
             if total > best:
-                best, at_best = total, dict(current)
+                best, best_index = total, index
+        at_best = dict.fromkeys(CATEGORIES, 0.0)
+        for _time_s, delta, category in events[:best_index + 1]:
+            at_best[category] += delta
         return max(best, 0.0), at_best
+
+
+_forward_flops, _backward_flops = attrgetter("forward_flops_per_sample"), attrgetter("backward_flops_per_sample")
 
 
 def _spans_by_rank(spans) -> dict[int, dict[str, list]]:
@@ -166,6 +171,10 @@ class _RankWalk:
             if action.phase == BACKWARD:
                 self.segments[action.microbatch].append((action.layer_start, action.layer_end))
         self.last_backward = {mb: segs[-1] for mb, segs in self.segments.items()}
+        self.segment_starts = {mb: {start for start, _ in segs} for mb, segs in self.segments.items()}
+        self._kept_cache: dict[tuple[int, bool], float] = {}
+        self._saved_cache: dict[int, float] = {}
+        self._weights_cache: dict[tuple, list] = {}
         self.last_layer = len(workload.layers) - 1
         stage = plan.stages[plan.grid_position(rank)[1]]
         ranges = getattr(stage, "chunks", ()) or ((stage.layer_start, stage.layer_end),)
@@ -179,11 +188,17 @@ class _RankWalk:
     def kept(self, microbatch: int, layer: int) -> float:
         """Bytes per sample `layer` keeps after its forward (`simulator.memory_activations`)."""
         checkpoint = self.per_layer or (self.config.recompute == "full"
-                                        and any(start == layer for start, _ in self.segments[microbatch]))
-        return kept_bytes(self.layers[layer], self.config.recompute, self.element, self.sharding, checkpoint)
+                                        and layer in self.segment_starts.get(microbatch, ()))
+        key = (layer, checkpoint)
+        if key not in self._kept_cache:  # the same for every micro-batch: the rank's sharding and dtype
+            self._kept_cache[key] = kept_bytes(self.layers[layer], self.config.recompute, self.element,
+                                               self.sharding, checkpoint)
+        return self._kept_cache[key]
 
     def saved(self, layer: int) -> float:
-        return saved_bytes(self.layers[layer], self.element, self.sharding)
+        if layer not in self._saved_cache:
+            self._saved_cache[layer] = saved_bytes(self.layers[layer], self.element, self.sharding)
+        return self._saved_cache[layer]
 
     def own_remat(self, layer: int) -> bool:
         """Rematerialised when its own backward starts (not at its segment's): per-layer plans, and
@@ -218,7 +233,10 @@ class _RankWalk:
     def _intervals(self, layers, start, end, flops):
         """(layer, from, to): the span shared among `layers` (in execution order) by their FLOPs."""
         layers = list(layers)
-        weights = [flops(self.layers[layer]) for layer in layers]
+        key = (layers[0], layers[-1], flops) if layers else None  # a span's split is the same every micro-batch
+        weights = self._weights_cache.get(key)
+        if weights is None:
+            weights = self._weights_cache[key] = [flops(self.layers[layer]) for layer in layers]
         if sum(weights) <= 0:
             weights = [1.0] * len(weights)
         at, done, total = start, 0.0, sum(weights)
@@ -237,7 +255,7 @@ class _RankWalk:
         if not recompute:
             self.phase_s["F"] += end - start
         layers = range(action.layer_start, action.layer_end)
-        for layer, at, until in self._intervals(layers, start, end, lambda spec: spec.forward_flops_per_sample):
+        for layer, at, until in self._intervals(layers, start, end, _forward_flops):
             spec = self.layers[layer]
             kept = self.kept(mb, layer)
             if recompute:
@@ -300,8 +318,7 @@ class _RankWalk:
             incoming = self.layers[action.layer_end - 1].output_elements_per_sample * scale
             self.add(start, incoming, "gradient_maps")
             self.add(end, -incoming, "gradient_maps")
-        for layer, at, until in self._intervals(reversed(layers), start, end,
-                                                lambda spec: spec.backward_flops_per_sample):
+        for layer, at, until in self._intervals(reversed(layers), start, end, _backward_flops):
             spec = self.layers[layer]
             if self.own_remat(layer):
                 self.add(at, remat.get(layer, 0.0), "activations")
