@@ -92,6 +92,7 @@ def test_updates_are_timed_over_every_prefix_of_layers_that_adds_weights():
 
 # ----------------------------------------------------------------------------- real calibration
 
+@pytest.mark.slow
 def test_quick_calibration_of_a_tiny_mlp_at_world_size_2_is_a_profile_the_simulator_uses(tmp_path, capsys):
     from ghpsim.cli import main
     from validator.calibrate import calibrate

@@ -19,6 +19,8 @@ from validator.launch import LaunchConfig, spawn  # noqa: E402
 from validator.measure import RunOptions, reference_training, run_rank  # noqa: E402
 from validator.validate import predictions  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
+
 STEPS = 2
 MLP = {"name": "mlp", "params": {"input_dim": 32, "hidden_dim": 48, "num_hidden_layers": 3, "num_classes": 10}}
 """Every weight and bias has an even first dimension, so FSDP2 shards it over 2 ranks without padding."""

@@ -13,6 +13,7 @@ import signal
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,8 @@ from hypothesis import strategies as st
 from ghpsim.cli import main
 from simulator.errors import MAX_MESSAGE_CHARS
 from simulator.yaml_loading import load_yaml_text
+
+pytestmark = pytest.mark.slow  # hundreds of end-to-end simulations: `python -m pytest -m slow`
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -45,6 +45,8 @@ import torch.multiprocessing as torch_mp  # noqa: E402
 
 from validator.launch import LaunchConfig, spawn  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
+
 
 def stop_rank_one(rank):
     if rank == 1:

@@ -11,6 +11,8 @@ import torch.multiprocessing as torch_mp  # noqa: E402
 
 from validator.launch import LaunchConfig, RankFailure, spawn  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
+
 
 def crash_on_rank_one(rank):
     if rank == 1:

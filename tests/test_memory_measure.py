@@ -8,6 +8,8 @@ pytest.importorskip("torch")
 from simulator.scenario import load_scenario  # noqa: E402
 from validator.memory_measure import measure_memory  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
+
 SMALL = ["cluster.gpus_per_node=2", "model.params.hidden_dim=256", "model.params.num_hidden_layers=3"]
 
 

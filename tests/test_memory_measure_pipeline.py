@@ -10,6 +10,8 @@ pytest.importorskip("torch")
 from simulator.scenario import load_scenario  # noqa: E402
 from validator.memory_measure import measure_memory  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
+
 # activation-heavy MLP (wide hidden layers, narrow input, large batch): the schedule's term is a
 # large part of the peak, the data batch (whole on stage 0 in the runtime) a small one
 SMALL = ["cluster.gpus_per_node=2", "model.params.input_dim=32", "model.params.hidden_dim=512",

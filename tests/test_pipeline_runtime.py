@@ -16,6 +16,8 @@ from validator.launch import LaunchConfig, spawn  # noqa: E402
 from validator.measure import RunOptions, reference_training, run_rank  # noqa: E402
 from validator.pipeline_reference import emulate  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
+
 STEPS, BATCH, LR = 3, 8, 0.05
 MLP = {"name": "mlp", "params": {"input_dim": 32, "hidden_dim": 48, "num_hidden_layers": 3, "num_classes": 10}}
 TRANSFORMER = {"name": "transformer", "params": {"num_layers": 2, "hidden_size": 32, "num_heads": 4,

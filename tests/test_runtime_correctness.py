@@ -10,6 +10,8 @@ from simulator.compare import with_strategy  # noqa: E402
 from validator.launch import LaunchConfig, spawn  # noqa: E402
 from validator.measure import RunOptions, reference_training, run_rank  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
+
 STEPS = 3
 
 

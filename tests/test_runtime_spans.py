@@ -25,6 +25,7 @@ def _late_peer_step(rank: int, plan, workload) -> list[tuple]:
     return executor.step(0)
 
 
+@pytest.mark.slow
 def test_waiting_for_a_late_peer_is_communication_not_update_compute():
     scenario = load_scenario({
         "cluster": {"num_nodes": 1, "gpus_per_node": 2, "gpu": "cpu",

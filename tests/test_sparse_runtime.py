@@ -13,6 +13,8 @@ from validator.measure import RunOptions, run_rank  # noqa: E402
 from validator.runtime import densify, sparsify  # noqa: E402
 from validator.sparse_reference import plan_buckets, select, sparse_training  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
+
 STEPS, BATCH, LR = 4, 8, 0.05
 MLP = {"name": "mlp", "params": {"input_dim": 32, "hidden_dim": 48, "num_hidden_layers": 3, "num_classes": 10}}
 

@@ -15,6 +15,8 @@ from validator.launch import LaunchConfig, spawn  # noqa: E402
 from validator.measure import RunOptions, reference_training, run_rank  # noqa: E402
 from validator.torch_pipelining import check_pipeline_runtime  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
+
 STEPS, BATCH, LR = 2, 8, 0.05
 MLP = {"name": "mlp", "params": {"input_dim": 16, "hidden_dim": 24, "num_hidden_layers": 3, "num_classes": 10}}
 CASES = {  # name -> (kind, ranks, strategy fields)

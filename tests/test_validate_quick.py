@@ -21,6 +21,8 @@ from validator.report import (error_summary, summary_line, write_plot, write_row
                               write_traces)
 from validator.validate import at_profile_world_size, predictions, validate  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
+
 SCENARIO = "scenarios/validation/mlp_cpu.yaml"  # a cluster of 4 ranks: validated at the profile's 2
 SMALL = ["model.params.hidden_dim=256", "model.params.num_hidden_layers=3"]
 

@@ -34,6 +34,8 @@ from validator.models import build_modules, count_params, loss_fn, make_batch  #
 from validator.measure import RunOptions, reference_training, run_rank  # noqa: E402
 from validator.memory_measure import measure_memory  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
+
 STEPS, BATCH, LR = 2, 8, 0.05
 TINY_LLAMA = {"name": "llama", "params": {"num_layers": 3, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
                                           "ffn_hidden_size": 48, "seq_len": 8, "vocab_size": 64}}
