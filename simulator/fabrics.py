@@ -154,7 +154,7 @@ def torus_2d(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpe
             here = node_switch_name(row * cols + col)
             for neighbour, size in ((row * cols + (col + 1) % cols, cols), (((row + 1) % rows) * cols + col, rows)):
                 there = node_switch_name(neighbour)
-                if size > 1 and not topology.graph.has_edge(here, there):
+                if size > 1 and not topology.has_link(here, there):
                     topology.add_duplex(here, there, INTER, inter.latency_s, bandwidth, inter.kind)
     return topology
 

@@ -142,12 +142,14 @@ class Symmetry:
                         links.update(topology.route(a, b))
                         links.update(topology.route(b, a))
             algorithms = sorted({"ring", choose_algorithm(topology, self.dp_groups[0][0], self.collective)})
-            rings = [Counter(link for algorithm in algorithms
-                             for phase in collective_phases(topology, groups, "allreduce", 1.0, algorithm)
-                             for link, _ in phase.usage) for groups in self.dp_groups]
-            self._shared["common"] = (set(links), rings, sum(rings, Counter()))
-        common, rings, all_rings = self._shared["common"]
-        return common | set(all_rings - rings[stage])
+            rings = [{link for algorithm in algorithms
+                      for phase in collective_phases(topology, groups, "allreduce", 1.0, algorithm)
+                      for link, _ in phase.usage} for groups in self.dp_groups]
+            stages_on = Counter(link for ring in rings for link in ring)  # link -> stages whose rings cross it
+            self._shared["common"] = (set(links), rings, stages_on)
+        common, rings, stages_on = self._shared["common"]
+        own = rings[stage]
+        return common | {link for link, count in stages_on.items() if count > (link in own)}
 
 
 def symmetry_decision(scenario, config, topology: Topology, costs) -> tuple[bool, str]:

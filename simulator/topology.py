@@ -1,4 +1,4 @@
-"""The cluster as a directed networkx graph with per-link latency and bandwidth, and routes.
+"""The cluster as directed links with per-link latency and bandwidth, and routes (a networkx graph on demand).
 
 A link's bandwidth is what an application gets from it, the capacity the engine shares among flows:
 for the kinds NCCL's tables describe (nvlink, pcie, infiniband, roce) the preset's line rate x the
@@ -39,7 +39,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-import networkx as nx
 
 from simulator.errors import ScenarioError
 from simulator.hardware import GpuSpec, LinkSpec
@@ -102,7 +101,7 @@ class Topology:
         self.nics_per_node = 1
         self.fat_tree_k: int | None = None
         self.torus_shape: tuple[int, int] | None = None
-        self.graph = nx.DiGraph()
+        self._graph = None
         self.links: list[Link] = []
         self.node_gpus: dict[int, GpuSpec] = {}
         self.slowdowns: dict[int, float] = {}
@@ -162,8 +161,22 @@ class Topology:
         link = Link(len(self.links), source, target, tier, latency_s, bandwidth, kind, nvls)
         self.links.append(link)
         self._edge_index[(source, target)] = link.index
-        self.graph.add_edge(source, target, index=link.index, tier=tier,
-                            latency_s=latency_s, bandwidth_bytes_per_s=bandwidth)
+        self._graph = None
+
+    def has_link(self, source: str, target: str) -> bool:
+        return (source, target) in self._edge_index
+
+    @property
+    def graph(self):
+        """The fabric as a networkx DiGraph (vertex names, each edge's index, tier, latency_s and
+        bandwidth_bytes_per_s), built on first use: only graph-file routes need it."""
+        if self._graph is None:
+            import networkx as nx
+            self._graph = nx.DiGraph()
+            self._graph.add_edges_from((link.source, link.target, {
+                "index": link.index, "tier": link.tier, "latency_s": link.latency_s,
+                "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s}) for link in self.links)
+        return self._graph
 
     def add_duplex(self, a: str, b: str, tier: str, latency_s: float, line_rate: float,
                    kind: str = "ethernet", nvls: bool = False) -> None:
@@ -187,7 +200,7 @@ class Topology:
                 link = self.links[index]
                 bandwidth = link.bandwidth_bytes_per_s * factor
                 self.links[index] = dataclasses.replace(link, bandwidth_bytes_per_s=bandwidth)
-                self.graph.edges[link.source, link.target]["bandwidth_bytes_per_s"] = bandwidth
+        self._graph = None  # rebuilt from the links on next use
 
 
 def degraded_links(topology: Topology, name: str) -> list[int]:
