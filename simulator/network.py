@@ -25,6 +25,10 @@ import heapq
 import math
 
 
+RATES_CACHE_SIZE = 4096
+"""Component patterns remembered (`FlowNetwork._reallocate`); the cache is emptied when full."""
+
+
 class _Flow:
     __slots__ = ("id", "size", "remaining", "usage", "cap", "rate", "since_s", "done", "version")
 
@@ -122,7 +126,10 @@ class FlowNetwork:
         self._finishes: list[tuple[float, int, int, _Flow]] = []
         self._timer_at_s = math.inf
         self._next_id = 0
-        self.num_reallocations = 0
+        self.num_reallocations = self.num_rate_hits = 0
+        self._rates_cache: dict[tuple, tuple[float, ...]] = {}
+        """((usage, cap) of each flow of a component, in order) -> their rates: a step's pattern of
+        concurrent flows recurs every micro-batch, and the usages are the engine's cached phases."""
 
     def transfer(self, size_bytes: float, usage: tuple[tuple[int, int], ...],
                  cap: float = math.inf, on_done=None):
@@ -172,9 +179,16 @@ class FlowNetwork:
             return
         self.num_reallocations += 1
         now = self.env.now
-        rates = max_min_rates(flows, self.capacities)
-        for flow in flows:
-            rate = rates[flow.id]
+        key = tuple((flow.usage, flow.cap) for flow in flows)  # rates depend on these alone
+        rates = self._rates_cache.get(key)
+        if rates is None:
+            if len(self._rates_cache) >= RATES_CACHE_SIZE:
+                self._rates_cache.clear()
+            by_id = max_min_rates(flows, self.capacities)
+            rates = self._rates_cache[key] = tuple(by_id[flow.id] for flow in flows)
+        else:
+            self.num_rate_hits += 1
+        for flow, rate in zip(flows, rates):
             if rate == flow.rate:
                 continue
             flow.remaining -= flow.rate * (now - flow.since_s)
