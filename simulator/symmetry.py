@@ -9,7 +9,10 @@ a representative is played with the flows of every copy it stands for, on the fu
 - a pipeline send: the t lock-step sub-flows of replica 0's TP ranks to their counterparts;
 - a data-parallel collective (allreduce, ZeRO-1 reduce-scatter / allgather) of stage j: the t
   concurrent rings of all d replicas, as one flow set, so the cross-replica collective is timed on
-  the real links with its real contention (`simulator.collectives.collective_phases`).
+  the real links with its real contention (`simulator.collectives.collective_phases`);
+- with context parallelism (c CP ranks per replica, d counting d x c copies), a CP ring hop (the
+  plan's send to itself, `simulator.strategies.context`): every rank's hop of the stage at once,
+  one flow set like the data-parallel rings, since hops land on other copies' links.
 
 A TP ring's or a send's links count with multiplicity (`Symmetry.fold`): a link crossed by the
 sub-flows of several replicas' copies (replicas side by side behind one NIC, node uplink or core
@@ -40,7 +43,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
-from simulator.symmetry_check import fold_refusal, multiplicity_of, ring_pairs
+from simulator.symmetry_check import cp_hop_pairs, fold_refusal, multiplicity_of, ring_pairs
 from simulator.topology import Topology
 
 
@@ -58,6 +61,8 @@ class Symmetry:
     num_stages: int
     collective: str = "auto"
     """strategy.collective: the data-parallel allreduce algorithm asked for."""
+    cp_hops: tuple = ()
+    """Stage j -> every rank's hop to the next rank of its CP ring (`symmetry_check.cp_hop_pairs`)."""
     _shared: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -66,7 +71,8 @@ class Symmetry:
         tp_groups = tuple(tuple(config.device_of(0, j, i) for i in range(t)) for j in range(p))
         dp_groups = tuple(tuple(tuple(config.device_of(e, j, i) for e in range(d)) for i in range(t))
                           for j in range(p))
-        return cls(d, tp_groups, dp_groups, rank_to_device, p, config.collective)
+        cp_hops = tuple(cp_hop_pairs(config, j) for j in range(p)) if config.cp > 1 else ()
+        return cls(d, tp_groups, dp_groups, rank_to_device, p, config.collective, cp_hops)
 
     def device_groups(self, action) -> tuple[tuple[tuple[int, ...], ...], int]:
         """(device groups, tier-byte weight) of a representative's collective."""
@@ -81,7 +87,12 @@ class Symmetry:
 
     def send_phase(self, topology: Topology, rank: int, dst: int, size_bytes: float):
         """A representative's pipeline send: its t sub-flows, each link counted by multiplicity
-        (`fold`), tier bytes x d."""
+        (`fold`), tier bytes x d. A send to itself is its CP ring hop
+        (`simulator.strategies.context.ring_exchange`): every rank's hop of the stage at once, one
+        lock-step flow as a data-parallel ring's copies are (and pruned as they are), so TP rings and
+        pipeline transfers meet it on every link it crosses."""
+        if rank == dst:
+            return self._pruned(topology, "cp", rank, (pairs_phase(topology, self.cp_hops[rank], size_bytes),))[0]
         pairs, weight = self.send_pairs(rank, dst)
         return self.fold(topology, ("send", rank, dst), (pairs_phase(topology, pairs, size_bytes, weight),))[0]
 
@@ -114,9 +125,12 @@ class Symmetry:
         stage = action.ranks[0] % self.num_stages
         if action.key[0] == "tp":
             return self.fold(topology, ("tp", stage), phases)
-        shared = self._shared.get(stage)
+        return self._pruned(topology, "dp", stage, phases)
+
+    def _pruned(self, topology: Topology, kind: str, stage: int, phases: tuple) -> tuple:
+        shared = self._shared.get((kind, stage))
         if shared is None:
-            shared = self._shared[stage] = self._links_of_others(topology, stage)
+            shared = self._shared[kind, stage] = self._links_of_others(topology, kind, stage)
         pruned = []
         for phase in phases:
             kept = [(link, count) for link, count in phase.usage if link in shared]
@@ -127,9 +141,10 @@ class Symmetry:
             pruned.append(replace(phase, usage=tuple(kept)))
         return tuple(pruned)
 
-    def _links_of_others(self, topology: Topology, stage: int) -> set[int]:
-        """Links that flows other than stage `stage`'s data-parallel collectives may cross:
-        replica 0's TP rings and transfers between any two stages, other stages' rings."""
+    def _links_of_others(self, topology: Topology, kind: str, stage: int) -> set[int]:
+        """Links that flows other than stage `stage`'s data-parallel collectives (`kind` "dp") or CP
+        ring hops ("cp") may cross: replica 0's TP rings and transfers between any two stages, and
+        the other kind's flows and this kind's of the other stages."""
         if "common" not in self._shared:  # built once for all stages (p stages: O(p^2) routes, not O(p^3))
             links: Counter = Counter()
             for group in self.tp_groups:
@@ -142,14 +157,18 @@ class Symmetry:
                         links.update(topology.route(a, b))
                         links.update(topology.route(b, a))
             algorithms = sorted({"ring", choose_algorithm(topology, self.dp_groups[0][0], self.collective)})
-            rings = [{link for algorithm in algorithms
-                      for phase in collective_phases(topology, groups, "allreduce", 1.0, algorithm)
-                      for link, _ in phase.usage} for groups in self.dp_groups]
-            stages_on = Counter(link for ring in rings for link in ring)  # link -> stages whose rings cross it
-            self._shared["common"] = (set(links), rings, stages_on)
-        common, rings, stages_on = self._shared["common"]
-        own = rings[stage]
-        return common | {link for link, count in stages_on.items() if count > (link in own)}
+            per_stage = {"dp": [{link for algorithm in algorithms
+                                 for phase in collective_phases(topology, groups, "allreduce", 1.0, algorithm)
+                                 for link, _ in phase.usage} for groups in self.dp_groups],
+                         "cp": [{link for a, b in hops for link in topology.route(a, b)} for hops in self.cp_hops]}
+            stages_on = {name: Counter(link for links_j in sets for link in links_j)  # link -> stages crossing it
+                         for name, sets in per_stage.items()}
+            self._shared["common"] = (set(links), per_stage, stages_on)
+        common, per_stage, stages_on = self._shared["common"]
+        other_kind = "cp" if kind == "dp" else "dp"
+        own = per_stage[kind][stage]
+        return (common | set(stages_on[other_kind])
+                | {link for link, count in stages_on[kind].items() if count > (link in own)})
 
 
 def symmetry_decision(scenario, config, topology: Topology, costs) -> tuple[bool, str]:
@@ -157,8 +176,6 @@ def symmetry_decision(scenario, config, topology: Topology, costs) -> tuple[bool
     groups a representative knows are TP groups and one data-parallel group per stage, and its
     flows are priced on the topology: other groups, or a profile's per-rank prices, need every rank."""
     from simulator.strategies.zero import replicated
-    if config.cp > 1:
-        return False, "context parallelism: the ring attention transfers need the full simulation"
     if config.ep > 1:
         return False, "expert parallelism: the all-to-alls need the full simulation"
     if replicated(config):
@@ -184,7 +201,7 @@ recompute, ZeRO, ...), each on a topology built anew, and the answer depends on 
 
 
 def _fold_refusal(cluster, config, topology: Topology) -> str:
-    key = (cluster.model_dump_json(), config.tp, config.pp, config.dp, config.placement,
+    key = (cluster.model_dump_json(), config.tp, config.pp, config.dp, config.cp, config.placement,
            config.num_virtual_stages > 1, config.collective)
     if key not in _REFUSALS:
         if len(_REFUSALS) >= 64:

@@ -32,7 +32,7 @@ from simulator.topology import Topology
 def flow_copies(config, topology: Topology) -> list[tuple[str, list, list[tuple], Counter]]:
     """(name, each copy's (source, target) pairs or None, each copy's usage ((link, sub-flows), ...),
     the folded run's usage) of every flow: replica-local flows first, then data-parallel ones."""
-    return local_flow_copies(config, topology) + _data_parallel_copies(config, topology)
+    return local_flow_copies(config, topology) + _cp_copies(config, topology) + _data_parallel_copies(config, topology)
 
 
 def local_flow_copies(config, topology: Topology) -> list[tuple[str, list, list[tuple], Counter]]:
@@ -42,6 +42,27 @@ def local_flow_copies(config, topology: Topology) -> list[tuple[str, list, list[
         usages = [route_usage(topology, pairs) for pairs in copies]
         multiplicity = multiplicity_of(topology, copies, usages)
         flows.append((name, copies, usages, Counter({link: multiplicity[link] for link, _ in usages[0]})))
+    return flows
+
+
+def cp_hop_pairs(config, stage: int) -> tuple[tuple[int, int], ...]:
+    """Every rank's hop to the next rank of its CP ring at `stage` (all d x c copies, each with its t TP
+    ranks; CP fastest among the copies): the folded run plays them as one flow, as a data-parallel ring."""
+    devices = [[config.device_of(e, stage, i) for i in range(config.tp)] for e in range(config.dp)]
+    return tuple(pair for e in range(config.dp) for pair in zip(devices[e], devices[cp_successor(e, config.cp)]))
+
+
+def _cp_copies(config, topology: Topology) -> list[tuple[str, list, list[tuple], Counter]]:
+    """`flow_copies` of the CP ring hops: per stage, every copy's hop (its t TP ranks' sends) is a copy,
+    played merged (`cp_hop_pairs`); checked like the replica-local flows, since they land on other
+    copies' links."""
+    t, d = config.tp, config.dp
+    flows = []
+    for j in range(config.pp if getattr(config, "cp", 1) > 1 else 0):
+        pairs = cp_hop_pairs(config, j)
+        hops = [pairs[e * t:(e + 1) * t] for e in range(d)]
+        copies = [route_usage(topology, hop) for hop in hops]
+        flows.append((f"stage {j}'s CP ring hops", hops, copies, summed(copies)))
     return flows
 
 
@@ -120,6 +141,11 @@ def _local_flows(config):
         yield f"the pipeline transfer stage {j} -> {k}", [tuple(zip(replica[j], replica[k])) for replica in groups]
 
 
+def cp_successor(copy: int, cp: int) -> int:
+    """The data-parallel index (d x c copies, CP fastest) of the next rank on `copy`'s CP ring."""
+    return copy - copy % cp + (copy % cp + 1) % cp
+
+
 def transfers(num_stages: int, num_virtual_stages: int) -> list[tuple[int, int]]:
     """(from stage, to stage) of the pipeline's transfers: neighbours both ways, and last <-> first
     when the stages are interleaved (virtual stages wrap around)."""
@@ -139,6 +165,11 @@ def fold_refusal(config, topology: Topology) -> str:
     loads that differ (a data-parallel ring hop on one copy's NIC and not on another's) never meet
     in time; it is the proof asked for where replicas' own traffic does share links."""
     flows = local_flow_copies(config, topology)
+    hops = _cp_copies(config, topology)
+    unlike = _unlike(topology, hops)  # a CP ring mixing hops inside and between nodes: its ranks differ
+    if unlike:
+        return unlike
+    flows += hops
     if not _replicas_share_a_link(flows):
         return ""
     flows += _data_parallel_copies(config, topology)

@@ -8,6 +8,8 @@ import pytest
 from simulator import load_scenario, simulate
 from simulator.errors import ScenarioError
 from simulator.plan import BACKWARD, FORWARD, Collective, Compute, Recv, Send
+from tests.test_symmetry import scenario as symmetry_scenario
+from tests.test_symmetry_fabrics import FABRICS, assert_same_run
 
 MODEL = {"num_layers": 4, "hidden_size": 256, "num_heads": 4, "num_kv_heads": 2, "seq_len": 128,
          "vocab_size": 1000, "ffn_hidden_size": 512}
@@ -20,7 +22,7 @@ def scenario(cp=2, gpus=2, tp=1, pp=1, batch=4, model="llama", params=None, link
         "cluster": {"num_nodes": 1, "gpus_per_node": gpus, "gpu": "H100-SXM", "intra_node_link": link},
         "model": {"name": model, "params": MODEL if params is None else params},
         "strategy": {"kind": "megatron", "tp_degree": tp, "pp_degree": pp, "cp_degree": cp,
-                     "bucket_size_bytes": "1 GiB", **strategy},
+                     "bucket_size_bytes": "1 GiB", "symmetry": "off", **strategy},  # every rank's plan
         "training": {"global_batch_size": batch, "dtype": "bf16", "optimizer": "adam"}})
 
 
@@ -102,6 +104,43 @@ def test_cp2_on_nvlink_runs_a_compute_bound_model_in_about_half_the_time():
     whole = simulate(scenario(cp=1, gpus=1, batch=2, params=params)).summary["step_time_s"]
     split = simulate(scenario(cp=2, gpus=2, batch=2, params=params)).summary["step_time_s"]
     assert 0.5 <= split / whole < 0.6
+
+
+CP_LAYOUTS = {  # 16 GPUs: a CP group inside a node; 32 GPUs: CP peers on two nodes
+    "CP in a node": dict(nodes=4, gpus=4, tp=2, pp=2, cp_degree=2),
+    "CP across nodes": dict(nodes=8, gpus=4, tp=4, pp=2, cp_degree=2),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(CP_LAYOUTS))
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_a_folded_cp_run_equals_the_full_one_or_says_why(fabric, layout):
+    """The representative's ring hop, a send to itself, stands for every CP rank's hop
+    (`simulator.symmetry`): the folded run gives the full run's figures, or names the shared link."""
+    folded, full = (simulate(symmetry_scenario(mode, fabric, **CP_LAYOUTS[layout])) for mode in ("auto", "off"))
+    decision = folded.summary["tensor"]["symmetry"]
+    if decision["used"]:
+        assert folded.plan.num_ranks == 2 < full.plan.num_ranks
+        hops = ring_sends(folded.plan.actions[0], FORWARD)
+        assert hops and all(a.dst == 0 for a in hops)  # one a micro-batch, each to the representative itself
+        assert_same_run(folded, full)
+    else:
+        assert "meets other loads than the folded run's on link" in decision["reason"]
+        assert folded.step_time_s == full.step_time_s
+
+
+def test_cp_runs_fold_on_an_aligned_layout():
+    run = simulate(symmetry_scenario("auto", "rail_optimized", **CP_LAYOUTS["CP across nodes"]))
+    assert run.summary["tensor"]["symmetry"]["used"] and run.plan.num_ranks == 2
+
+
+def test_a_cp_ring_mixing_hops_inside_and_between_nodes_is_not_folded():
+    """TP 4 x CP 4 on 8-GPU nodes: CP ranks 0, 1 share a node, 2, 3 the next, so hops 0 -> 1 run on
+    NVLink and 1 -> 2 on the network: the ranks differ and every rank is simulated."""
+    run = simulate(symmetry_scenario("auto", "two_tier", nodes=8, gpus=8, tp=4, pp=2, cp_degree=4))
+    decision = run.summary["tensor"]["symmetry"]
+    assert decision["used"] is False and "CP ring hops cross different kinds of links" in decision["reason"]
+    assert run.plan.num_ranks == 64
 
 
 @pytest.mark.parametrize("change, message", [

@@ -27,6 +27,10 @@ rank) (Megatron's data-parallel-with-CP group), and ZeRO-1 shards over them too.
 tp fastest, then cp, then pp, then dp (`TensorConfig.device_of`), so a CP group sits in a node when
 t c divides gpus_per_node.
 
+Folding (`simulator.symmetry`): a symmetric run's representative sends its ring hop to itself, played
+as every CP rank's hop at once; refused where a CP ring mixes hops inside and between nodes (its
+ranks then differ) or where copies meet other loads (`simulator.symmetry_check`).
+
 Not modelled (refused): ZeRO-2/3 or expert parallelism with c > 1; models without attention.
 """
 
@@ -93,8 +97,9 @@ def ring_exchange(rank, start: int, end: int, phase: str) -> tuple[int, ...]:
 
     count = rank.num_ring
     rank.num_ring += 1
-    send = rank.builder.add(Send, dst=plan_rank(position + 1), size_bytes=size, key=("cp", rank.rank, count),
+    # a symmetric run's representative sends to itself: its hop stands for every CP rank's (simulator.symmetry)
+    dst, src = (rank.rank, rank.rank) if rank.symmetric else (plan_rank(position + 1), plan_rank(position - 1))
+    send = rank.builder.add(Send, dst=dst, size_bytes=size, key=("cp", rank.rank, count),
                             deps=rank.compute_deps, label=f"cp ring {phase}")
-    recv = rank.builder.add(Recv, src=plan_rank(position - 1), key=("cp", plan_rank(position - 1), count),
-                            label=f"cp ring recv {phase}")
+    recv = rank.builder.add(Recv, src=src, key=("cp", src, count), label=f"cp ring recv {phase}")
     return (send, recv)

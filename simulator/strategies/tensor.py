@@ -234,7 +234,7 @@ class _TensorRank:
                  shared: dict):
         self.config, self.workload, self.shard, self.schedule, self.ranges = config, workload, shard, schedule, ranges
         self.shared = shared
-        self.rank = rank
+        self.rank, self.symmetric = rank, symmetric
         p, t = config.pp, config.tp
         self.pipeline, self.stage_index = divmod(rank, p)
         self.dp_index, tp_index = divmod(self.pipeline, t)
