@@ -15,7 +15,9 @@ Choices:
   same on every backend (`validator.attention_core`, also grouped-query attention and sliding
   windows). GELU is the exact (erf) form.
 * LLaMA-family specs (rotary positions, RMSNorm: `simulator.zoo.llama`) are built by
-  `validator.llama_modules` (`LLAMA_BUILDERS`), the others by `validator.layer_modules`.
+  `validator.llama_modules` (`LLAMA_BUILDERS`), the others by `validator.layer_modules`;
+  mixture-of-experts blocks by `validator.moe_modules`, InceptionV3's modules by
+  `validator.inception_modules` (`EXTRA_BUILDERS`).
 * Transformer weights start as GPT-2 / BERT do: N(0, 0.02) for linear and embedding weights,
   zero biases; CNN / MLP modules keep torch's default initialisation.
 * **Tied LM head.** The zoo ties the LM head (GPT) / MLM decoder (BERT) weight to the token
@@ -36,24 +38,32 @@ import torch.nn.functional as F
 from torch import nn
 
 from simulator.workload import Layer, Workload
+from validator.inception_modules import INCEPTION_BUILDERS, complete_spec
 from validator.layer_modules import BUILDERS, TIED_ATTRIBUTE, Embedding
 from validator.llama_modules import LLAMA_BUILDERS, LlamaEmbedding, is_llama_spec
+from validator.moe_modules import MOE_BUILDERS
+
+EXTRA_BUILDERS = {**MOE_BUILDERS, **INCEPTION_BUILDERS}
+"""Spec kinds with their own modules (`validator.moe_modules`, `validator.inception_modules`)."""
 
 
 # ----------------------------------------------------------------------------- public API
 
-def build_layer_module(layer: Layer) -> nn.Module:
+def build_layer_module(layer: Layer, num_classes: int | None = None) -> nn.Module:
     """The torch module of one simulator layer, from `layer.spec` (ValueError naming the layer
-    if the spec is empty, of an unknown kind, or inconsistent)."""
+    if the spec is empty, of an unknown kind, or inconsistent); `num_classes` (the workload's)
+    for an Inception auxiliary classifier (`validator.inception_modules.complete_spec`)."""
     spec = layer.spec or {}
     kind = spec.get("kind")
+    if kind in INCEPTION_BUILDERS:
+        spec = complete_spec(layer, num_classes)
     if not spec or kind is None:
         raise ValueError(f"layer {layer.name!r}: no spec; it can be simulated but not built "
                          f"as a torch module (layer tables carry no spec)")
-    builder = (LLAMA_BUILDERS if is_llama_spec(spec) else BUILDERS).get(kind)
+    builder = EXTRA_BUILDERS.get(kind) or (LLAMA_BUILDERS if is_llama_spec(spec) else BUILDERS).get(kind)
     if builder is None:
         raise ValueError(f"layer {layer.name!r}: unknown spec kind {kind!r}; "
-                         f"known: {', '.join(sorted(BUILDERS))}")
+                         f"known: {', '.join(sorted({**BUILDERS, **EXTRA_BUILDERS}))}")
     try:
         return builder(spec)
     except KeyError as error:
@@ -70,7 +80,8 @@ def build_modules(workload: Workload, seed: int = 0) -> list[nn.Module]:
     to the (preceding) embedding layer's token table."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        modules = [build_layer_module(layer) for layer in workload.layers]
+        num_classes = (workload.input_spec or {}).get("num_classes")
+        modules = [build_layer_module(layer, num_classes) for layer in workload.layers]
     embedding = None
     for module in modules:
         if isinstance(module, (Embedding, LlamaEmbedding)):
