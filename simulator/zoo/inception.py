@@ -102,9 +102,14 @@ def _c(c7: int):
 
 def inception_v3(*, image_size: int = 299, num_classes: int = 1000, aux_logits: bool = True) -> Workload:
     """InceptionV3, torchvision layout (module docstring): 27,161,264 parameters with the auxiliary
-    classifier (`aux_logits`, torchvision's default), 23,834,568 without; needs image_size >= 75."""
+    classifier (`aux_logits`, torchvision's default), 23,834,568 without; needs image_size >= 299 with
+    the auxiliary classifier (its 5 x 5 / 3 pooling and 5 x 5 convolution need the 17 x 17 map), >= 75
+    without it."""
     if image_size < 75:
         raise ValueError(f"image_size {image_size}: InceptionV3 needs at least 75")
+    if aux_logits and image_size < 299:
+        raise ValueError(f"image_size {image_size}: InceptionV3's auxiliary classifier needs at least 299 "
+                         "(set aux_logits: false for smaller images, down to 75)")
     hw: HW = (image_size, image_size)
     layers = []
     for name, cin, cout, k, stride, pad, pool in (("conv1a", 3, 32, 3, 2, 0, None), ("conv2a", 32, 32, 3, 1, 0, None),
