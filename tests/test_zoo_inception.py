@@ -54,9 +54,9 @@ def test_simulate_runs_inception_v3():
     assert summary["num_gpus"] == 2
 
 
-def test_the_validator_refuses_an_inception_module_by_its_spec_kind():
+def test_the_validator_builds_an_inception_module_with_the_zoo_s_parameters():
     pytest.importorskip("torch")
     from validator.models import build_layer_module
-    module = next(layer for layer in build_model("inception_v3").layers if layer.name == "mixed5b")
-    with pytest.raises(ValueError, match="unknown spec kind 'inception_module'"):
-        build_layer_module(module)
+    layer = next(layer for layer in build_model("inception_v3").layers if layer.name == "mixed5b")
+    module = build_layer_module(layer)
+    assert sum(p.numel() for p in module.parameters()) == layer.num_params
