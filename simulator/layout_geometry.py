@@ -1,23 +1,48 @@
 """Pieces of a layout the search and its bounds share: the device of each megatron position under
-the two searched orders, and a cost model that remembers the times it was asked for."""
+the two searched orders, the floors of a context-parallel rank's ring transfers, and a cost model
+that remembers the times it was asked for."""
 
 from __future__ import annotations
 
 
-def megatron_device(order: str, t: int, p: int, d: int):
-    """(dp, pp, tp) -> device: Megatron's order (tp fastest, then pp, then dp) or "tp_dp_pp"."""
-    if order == "tp_dp_pp":  # tp fastest, then the replicas, then the stages
-        return lambda dp, pp, tp: pp * d * t + dp * t + tp
-    return lambda dp, pp, tp: dp * p * t + pp * t + tp
+def megatron_device(order: str, t: int, p: int, d: int, c: int = 1):
+    """(dp', pp, tp) -> device, dp' = replica x c + cp one of the d c ranks that reduce a gradient:
+    Megatron's order (tp fastest, then cp, then pp, then dp: `simulator.strategies.tensor.TensorConfig.
+    device_of`) or "tp_dp_pp" (tp fastest, then cp, then the replicas, then the stages)."""
+    if order == "tp_dp_pp":  # a stage's d c ranks side by side
+        return lambda dp, pp, tp: pp * d * c * t + dp * t + tp
+    return lambda dp, pp, tp: ((dp // c * p + pp) * c + dp % c) * t + tp
 
 
-def megatron_placement(order: str, t: int, p: int, d: int) -> str | tuple[int, ...]:
-    """strategy.placement of a megatron layout: Megatron's order (tp, pp, dp) or, for "tp_dp_pp",
-    the explicit device of each (dp, pp, tp) position (`simulator.strategies.tensor.device_of`)."""
+def megatron_placement(order: str, t: int, p: int, d: int, c: int = 1) -> str | tuple[int, ...]:
+    """strategy.placement of a megatron layout: Megatron's order (tp, cp, pp, dp) or, for "tp_dp_pp",
+    the explicit device of each (replica, pp, cp, tp) position (`simulator.strategies.tensor.device_of`)."""
     if order != "tp_dp_pp":
         return "group_per_node"
-    device = megatron_device(order, t, p, d)
-    return tuple(device(dp, pp, tp) for dp in range(d) for pp in range(p) for tp in range(t))
+    device = megatron_device(order, t, p, d, c)
+    return tuple(device(e * c + k, pp, tp) for e in range(d) for pp in range(p) for k in range(c) for tp in range(t))
+
+
+def ring_floors_s(model, c, geo, b: float, redo: list[list[int]]) -> tuple[list[float], list[float]]:
+    """Per chunk: floors of one CP rank's ring K/V sends (`simulator.strategies.context`) in a forward
+    pass and in a backward pass with its recomputed forwards `redo[chunk]`, from dp' 0 to the next CP
+    rank dp' 1 of the chunk's stage: the bytes of all its attention layers in one transfer (one
+    latency, a floor of the per-segment sends); zeros without context parallelism."""
+    from simulator.plan import BACKWARD, FORWARD
+    from simulator.strategies.context import ring_bytes_per_layer
+    cp = c.cp_degree or 1
+    if cp == 1:
+        return [0.0] * len(geo.ranges), [0.0] * len(geo.ranges)
+    layers, p = model.workload.layers, len(geo.rings)  # the whole model's specs, as the plan's ring
+
+    def floor_s(chunk, indices, phase):
+        specs = [layers[i].spec for i in indices if layers[i].spec.get("num_heads") and layers[i].spec.get("seq_len")]
+        size = sum(ring_bytes_per_layer(spec, b * cp, c.tp_degree, cp, model.element, phase) for spec in specs)
+        return model.p2p_floor_s(geo.rings[chunk % p][0], geo.rings[chunk % p][1], size) if size else 0.0
+
+    forward = [floor_s(j, range(a, z), FORWARD) for j, (a, z) in enumerate(geo.ranges)]
+    backward = [floor_s(j, range(a, z), BACKWARD) + floor_s(j, redo[j], FORWARD) for j, (a, z) in enumerate(geo.ranges)]
+    return forward, backward
 
 
 class RememberedCosts:

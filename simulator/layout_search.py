@@ -1,15 +1,26 @@
 """Layout search for `ghpsim rank`: every parallel layout of a scenario on N GPUs, best-first.
 
-The space: megatron layouts t x p x d = N (t <= GPUs per node and dividing the attention heads, p
-<= layers) x micro-batch size b (m = B / (d b) micro-batches) x interleaving v (m a multiple of p)
-x recompute (none, selective, full: `training.recompute`) x ZeRO stage (0, 1 with d > 1; 2 and 3,
-ZeRO-3 = FSDP full shard, with d > 1 and p = 1: DeepSpeed refuses them with pipelines) x
-sequence parallelism (t > 1) x placement (Megatron's tp-pp-dp order, or tp-dp-pp: a stage's
-replicas side by side) x, for a mixture-of-experts model, expert parallelism e (the divisors of d
-that divide the experts; with e > 1 ZeRO 0 or 1 and, with t > 1, sequence parallelism, as
-`simulator.strategies.experts` requires), plus the planner's dp / mp / ghp / pipeline candidates
-(`simulator.planner.enumerate_candidates`). Context parallelism is not searched yet: every
-candidate runs with `strategy.cp_degree` 1 (`simulator.planner.candidate_scenario`).
+The space: megatron layouts t x c x p x d = N (t <= GPUs per node and dividing the attention heads,
+p <= layers, d replicas) x micro-batch size b (m = B / (d b) micro-batches) x interleaving v (m a
+multiple of p) x recompute (none, selective, full: `training.recompute`) x ZeRO stage (0, 1 with
+d c > 1; 2 and 3, ZeRO-3 = FSDP full shard, with d > 1, p = 1 and c = 1: DeepSpeed refuses them with
+pipelines) x sequence parallelism (t > 1) x placement (Megatron's tp-cp-pp-dp order, or tp-cp-dp-pp:
+a stage's replicas side by side) x, for a mixture-of-experts model, expert parallelism e (the
+divisors of d that divide the experts; with e > 1 ZeRO 0 or 1 and, with t > 1, sequence
+parallelism, as `simulator.strategies.experts` requires), plus the planner's dp / mp / ghp /
+pipeline candidates (`simulator.planner.enumerate_candidates`).
+
+Context parallelism c (`strategy.cp_degree`, `simulator.strategies.context`): c = 1, and for a model
+with attention layers each power of two c with t c dividing the GPUs per node (Megatron's rank order
+puts a CP group inside a node) that splits every attention layer's sequence into 2 c chunks, with
+ZeRO 0 / 1 and no expert parallelism (the simulator refuses the rest), and only with b < c: a CP
+rank then runs b / c < 1 sequence of each micro-batch, which no c = 1 layout can. With b >= c the
+layout (t, c, b, d) is the c = 1 layout (t, 1, b / c, d c) plus the ring K/V transfers: the same
+work, activations and weights per rank, the same m and the same d c ranks reducing each gradient;
+only the rank order differs (a stage's c ranks side by side, between the two searched orders), so
+this rule can miss a layout that wins by its placement alone. A CP run may not fold
+(`simulator.symmetry`), so a CP layout that does not and whose N m v is over `CP_UNFOLDED_PASSES` is
+not simulated: it is listed in `skipped` with that reason.
 
 Each candidate gets a memory floor and a lower bound on its step time (`simulator.step_bound`);
 those whose floor exceeds the device memory are dropped (they cannot fit). The rest are taken in
@@ -34,6 +45,7 @@ from simulator.planner import (MEGATRON, MEMORY_MODEL, Candidate, Ranking, _row,
                                enumerate_candidates, scenario_for_gpus, simulate_candidate)
 from simulator.scenario import Scenario, scenario_from_dict
 from simulator.step_bound import BoundModel
+from simulator.strategies.context import attention_specs
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
 SEARCH_VIRTUAL_STAGES = (1, 2, 4)
@@ -43,6 +55,11 @@ ZERO_STAGES = (0, 1, 2, 3)
 MEGATRON_ORDERS = ("group_per_node", "tp_dp_pp")
 SYNCHRONOUS_DEFAULT = ("dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b")
 REASONS = ("compute", "bubble", "communication")
+CP_UNFOLDED_PASSES = 2**15
+"""Largest N m v (ranks x micro-batches x chunks per rank) of a context-parallel layout the search
+simulates: `simulator.symmetry` folds a CP run only where its checks pass (not known before the plan),
+and an unfolded one simulates every rank (LLaMA-3 405B's CP 2 on 256 GPUs, N m v = 8,192: seconds;
+GPT-3 175B's t 2 x c 2 x p 8 x d 32 on a 1,024-GPU fat-tree, 196,608: over ten minutes)."""
 EXACT_CHECK_FRACTION = 0.9
 """A candidate whose memory floor is at least this share of the device memory has its exact peak
 checked on its plan before it is simulated (the check costs a plan compile, the simulation more);
@@ -82,32 +99,47 @@ def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZ
     heads = {layer.spec.get("num_heads") for layer in workload.layers if layer.spec.get("num_heads")}
     experts = {layer.spec["num_experts"] for layer in workload.layers if layer.spec.get("kind") == "moe_block"}
     found = []
-    for t in range(1, min(n, per_node) + 1):
-        if n % t or any(h % t for h in heads):
+    for t, c in ((t, c) for t in range(1, min(n, per_node) + 1) for c in context_degrees(workload, t, per_node)):
+        if n % (t * c) or any(h % t for h in heads):
             continue
-        for p in (q for q in range(1, min(n // t, layers) + 1) if (n // t) % q == 0):
-            d = n // (t * p)
+        for p in (q for q in range(1, min(n // (t * c), layers) + 1) if (n // (t * c)) % q == 0):
+            d = n // (t * c * p)
             if batch % d:
                 continue
-            for b in (size for size in microbatch_sizes if (batch // d) % size == 0):
+            for b in (size for size in microbatch_sizes if (batch // d) % size == 0 and (c == 1 or size < c)):
                 m = batch // (d * b)
                 for v in (w for w in SEARCH_VIRTUAL_STAGES if w == 1 or (p > 1 and p * w <= layers and m % p == 0)):
-                    for rc, ep in ((rc, ep) for rc in RECOMPUTE_MODES for ep in expert_degrees(d, experts)):
+                    for rc, ep in ((rc, ep) for rc in RECOMPUTE_MODES for ep in expert_degrees(d, experts, c)):
                         dense = ep in (None, 1)  # EP > 1: ZeRO 0 / 1 and, with TP, SP only
-                        for zero in (z for z in (ZERO_STAGES if d > 1 else (0,)) if z < 2 or (p == 1 and dense)):
+                        for zero in (z for z in (ZERO_STAGES if d * c > 1 else (0,))
+                                     if z < 2 or (p == 1 and dense and c == 1)):
                             for sp in ((False, True) if t > 1 and dense else (t > 1,)):
                                 for order in (MEGATRON_ORDERS if p > 1 and d > 1 else MEGATRON_ORDERS[:1]):
-                                    found.append(Candidate(MEGATRON, n // p, p, order, m, v, t, rc, zero, sp, ep))
+                                    found.append(Candidate(MEGATRON, n // p, p, order, m, v, t, rc, zero, sp, ep, c))
     return found
 
 
-def expert_degrees(d: int, experts: set[int]) -> tuple[int | None, ...]:
+def context_degrees(workload, t: int, per_node: int) -> tuple[int, ...]:
+    """CP degrees c of a megatron layout with t TP ranks: 1 and, for a model with attention layers, each
+    power of two c > 1 with t c dividing gpus_per_node (a CP group inside a node, Megatron's rank order)
+    that splits every attention layer's sequence into 2 c chunks (`context.check_context_parallel`)."""
+    lengths, found, c = {spec["seq_len"] for spec in attention_specs(workload)}, [1], 2
+    while lengths and per_node % (t * c) == 0:
+        if all(length % (2 * c) == 0 for length in lengths):
+            found.append(c)
+        c *= 2
+    return tuple(found)
+
+
+def expert_degrees(d: int, experts: set[int], c: int = 1) -> tuple[int | None, ...]:
     """EP degrees e of a megatron layout with d replicas: the divisors of d that divide every MoE
-    layer's expert count (`simulator.strategies.experts.check_expert_parallel`); (None,), the
-    scenario's, for a model without experts."""
+    layer's expert count (`simulator.strategies.experts.check_expert_parallel`), only 1 with context
+    parallelism c > 1 (`simulator.strategies.context`); (None,), the scenario's, for a model without
+    experts."""
     if not experts:
         return (None,)
-    return tuple(e for e in range(1, d + 1) if d % e == 0 and all(count % e == 0 for count in experts))
+    return tuple(e for e in range(1, d + 1) if d % e == 0 and all(count % e == 0 for count in experts)
+                 and (c == 1 or e == 1))
 
 
 def default_search_kinds(tensor_parallel: bool) -> tuple[str, ...]:
@@ -177,13 +209,32 @@ def evaluate_layout(payload: dict) -> dict:
     return simulate_candidate(payload)
 
 
+def _cp_folds(scenario: Scenario, candidate: Candidate, topology, cache: dict) -> bool:
+    """Whether `simulator.symmetry` folds a CP candidate (its answer depends on the layout alone, so
+    one per t, c, p, placement and interleaving)."""
+    from simulator.strategies.tensor import tensor_config
+    from simulator.symmetry import symmetry_decision
+    key = (candidate.tp_degree, candidate.cp_degree, candidate.workers_per_group, candidate.placement,
+           candidate.num_virtual_stages > 1)
+    if key not in cache:
+        try:
+            layout = scenario_from_dict(candidate_scenario(scenario, candidate), scenario.source, scenario.base_dir)
+            cache[key] = symmetry_decision(layout, tensor_config(layout), topology, _NO_PROFILE)[0]
+        except (ScenarioError, ValueError):
+            cache[key] = False
+    return cache[key]
+
+
+class _NO_PROFILE:  # the search's costs are the catalogue's (`analytic_costs`): priced per flow, not per rank
+    communication = None
+
+
 def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tuple[str, ...] | None = None,
                    microbatch_sizes: tuple[int, ...] = MICROBATCH_SIZES, microbatch_counts: tuple[int, ...] = (2, 4, 8),
                    top: int = 10, workers: int | None = None, exhaustive: bool = False,
                    show_progress: bool = True) -> LayoutSearch:
     """The branch-and-bound search of the module docstring; `exhaustive` simulates every candidate
     that passes the memory floor (for checks)."""
-    from simulator.fabrics import build_topology
     from simulator.simulate import analytic_costs
 
     stats = SearchStats()
@@ -199,10 +250,20 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
         candidates.remove(candidate)
         skipped.append({"label": candidate.label, "reason": f"interleaved_1f1b needs m={candidate.num_microbatches} "
                                                             f"divisible by the {candidate.workers_per_group} stages"})
+    topology, folds = _topology(scenario.cluster.model_dump_json()), {}
     if MEGATRON in kinds:
-        candidates += megatron_space(scenario, workload, microbatch_sizes)
+        for candidate in megatron_space(scenario, workload, microbatch_sizes):
+            passes = scenario.num_gpus * candidate.num_microbatches * candidate.num_virtual_stages
+            if (candidate.cp_degree or 1) > 1 and passes > CP_UNFOLDED_PASSES \
+                    and not _cp_folds(scenario, candidate, topology, folds):
+                skipped.append({"label": candidate.label, "reason": f"context parallelism is simulated unfolded: "
+                                f"{passes:,} rank x micro-batch x chunk passes exceed {CP_UNFOLDED_PASSES:,}"})
+            else:
+                candidates.append(candidate)
     stats.enumerated = len(candidates) + len(skipped)
-    model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+    # costs without the scenario's recompute: selective adds backward FLOPs a candidate may not run
+    plain = scenario.model_copy(update={"training": scenario.training.model_copy(update={"recompute": "none"})})
+    model = BoundModel(scenario, workload, topology, analytic_costs(plain, workload))
     stats.seconds["enumerate"] = time.perf_counter() - started
     capacity = scenario.cluster.gpu.memory_bytes
     queue, pruned, bounds, floors = [], [], {}, {}

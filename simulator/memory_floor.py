@@ -10,8 +10,11 @@ forward done by then (1F1B: min(m, p - k) micro-batches; GPipe: m) keeps each la
 degree, sequence parallelism and flash attention; full recompute: only each chunk's first input,
 a floor of the per-layer checkpoints) until that layer's backward. With expert parallelism
 (ZeRO-1 only) the expert weights' states are sharded over the d / e copies only, as
-`simulator.strategies.zero.state_divisor`. A rank whose floor exceeds the device memory cannot fit; the
-exact figure is the memory model's (`simulator.layout_search.exact_peak_memory_bytes`).
+`simulator.strategies.zero.state_divisor`. With context parallelism c a rank holds the
+activations of b / c of each micro-batch (`simulator.strategies.context`) and ZeRO-1 shards over
+the d c ranks that reduce a gradient (`simulator.strategies.zero.shard_degree`). A rank whose floor
+exceeds the device memory cannot fit; the exact figure is the memory model's
+(`simulator.layout_search.exact_peak_memory_bytes`).
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ def memory_floor_bytes(model, c) -> float:
     state = (master + 4 * OPTIMIZER_STATE_COPIES[training.optimizer])
     grads = e if training.memory_policy != "laysa" else 0
     weights = e
-    stage = model.zero(c) if c.kind == MEGATRON and c.data_parallel > 1 else 0
-    d = c.data_parallel
+    d = model.dp_ranks(c)  # ZeRO shards over the d c ranks of a stage (context parallelism: x c)
+    stage = model.zero(c) if c.kind == MEGATRON and d > 1 else 0
     state, grads, weights = state / (d if stage >= 1 else 1), grads / (d if stage >= 2 else 1), \
         weights / (d if stage == 3 else 1)
     worst = 0.0

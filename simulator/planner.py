@@ -74,18 +74,21 @@ class Candidate:
     """megatron: strategy.sequence_parallel (None: the scenario's)."""
     ep_degree: int | None = None
     """megatron: strategy.ep_degree, expert-parallel ranks e of an MoE model (None: the scenario's)."""
+    cp_degree: int | None = None
+    """megatron: strategy.cp_degree c; num_groups = d c t fixes it, so None is 1, not the scenario's."""
 
     @property
     def data_parallel(self) -> int:
-        """Replicas d of the model (G for dp / mp / ghp / pipelines, G / t for megatron)."""
-        return self.num_groups // self.tp_degree
+        """Replicas d of the model (G for dp / mp / ghp / pipelines, G / (t c) for megatron)."""
+        return self.num_groups // (self.tp_degree * (self.cp_degree or 1))
 
     @property
     def label(self) -> str:
         options = (f" recompute={self.recompute}" if self.recompute else "") \
             + (f" zero{self.zero_stage}" if self.zero_stage else "")
         if self.kind == MEGATRON:
-            return (f"megatron (t={self.tp_degree} x p={self.workers_per_group} x d={self.data_parallel}) "
+            return (f"megatron (t={self.tp_degree} x " + (f"c={self.cp_degree} x " if (self.cp_degree or 1) > 1 else "")
+                    + f"p={self.workers_per_group} x d={self.data_parallel}) "
                     f"m={self.num_microbatches}" + (f" v={self.num_virtual_stages}" if self.num_virtual_stages > 1 else "")
                     + options + (" sp" if self.sequence_parallel else "")
                     + (f" ep={self.ep_degree}" if self.ep_degree and self.ep_degree > 1 else "")
@@ -110,11 +113,11 @@ def grid_candidate(num_groups: int, workers_per_group: int, placement: str = "gr
 def scenario_for_gpus(scenario: Scenario, num_gpus: int | None) -> Scenario:
     """`scenario` on N GPUs (see the module doc for the rule); unchanged for None or the scenario's N.
 
-    The scenario's own allocation (`strategy.kind`, `num_groups`, `tp_degree`, `pp_degree`, an
-    explicit placement) was chosen for its N and need not exist on another (G = 8 does not divide
-    12); every candidate sets its own (`candidate_scenario`), so on another N it is dropped: the
-    returned scenario's strategy is `dp` with the scenario's other strategy settings (bucket size,
-    collective, ...), which the candidates inherit."""
+    The scenario's own allocation (`strategy.kind`, `num_groups`, `tp_degree`, `pp_degree`,
+    `cp_degree`, `ep_degree`, an explicit placement) was chosen for its N and need not exist on
+    another (G = 8 does not divide 12); every candidate sets its own (`candidate_scenario`), so on
+    another N it is dropped: the returned scenario's strategy is `dp` with the scenario's other
+    strategy settings (bucket size, collective, ...), which the candidates inherit."""
     if num_gpus is None or num_gpus == scenario.num_gpus:
         return scenario
     per_node = scenario.cluster.gpus_per_node
@@ -124,7 +127,8 @@ def scenario_for_gpus(scenario: Scenario, num_gpus: int | None) -> Scenario:
     raw = scenario.model_dump(mode="json")
     nodes, per_node = (num_gpus // per_node, per_node) if num_gpus >= per_node else (1, num_gpus)
     raw["cluster"] = {**raw["cluster"], "num_nodes": nodes, "gpus_per_node": per_node}
-    raw["strategy"] = {**raw["strategy"], "kind": "dp", "num_groups": None, "tp_degree": 1, "pp_degree": 1}
+    raw["strategy"] = {**raw["strategy"], "kind": "dp", "num_groups": None, "tp_degree": 1, "pp_degree": 1,
+                       "cp_degree": 1, "ep_degree": 1}
     if not isinstance(raw["strategy"]["placement"], str):
         raw["strategy"]["placement"] = "group_per_node"
     return scenario_from_dict(raw, scenario.source, scenario.base_dir)
@@ -215,12 +219,12 @@ def candidate_scenario(scenario: Scenario, candidate: Candidate) -> dict:
     if candidate.kind == MEGATRON:
         from simulator.layout_geometry import megatron_placement
         placement = megatron_placement(candidate.placement, candidate.tp_degree, candidate.workers_per_group,
-                                       candidate.data_parallel)
+                                       candidate.data_parallel, candidate.cp_degree or 1)
         raw["strategy"] = {**raw["strategy"], "kind": MEGATRON, "num_groups": None,
                            "placement": placement if isinstance(placement, str) else list(placement),
                            "tp_degree": candidate.tp_degree, "pp_degree": candidate.workers_per_group,
                            "num_microbatches": candidate.num_microbatches, "partition": partition,
-                           "num_virtual_stages": candidate.num_virtual_stages, "cp_degree": 1}  # CP not searched
+                           "num_virtual_stages": candidate.num_virtual_stages, "cp_degree": candidate.cp_degree or 1}
         for key in ("sequence_parallel", "zero_stage", "ep_degree"):
             if getattr(candidate, key) is not None:
                 raw["strategy"][key] = getattr(candidate, key)
@@ -385,7 +389,7 @@ def _row(candidate: Candidate, outcome: dict, device_memory_bytes: float) -> dic
     return {"label": candidate.label, "kind": candidate.kind, "num_groups": candidate.num_groups,
             "workers_per_group": candidate.workers_per_group, "placement": candidate.placement,
             "num_microbatches": candidate.num_microbatches, "num_virtual_stages": candidate.num_virtual_stages,
-            "tp_degree": candidate.tp_degree,
+            "tp_degree": candidate.tp_degree, "cp_degree": candidate.cp_degree or 1,
             "partition": summary["partition"], "step_time_s": step_s,
             "throughput_samples_per_s": summary["throughput_samples_per_s"], "speedup": summary["speedup"],
             "comm_share": comm_s / step_s if step_s > 0 else 0.0, "peak_memory_bytes": peak,

@@ -22,7 +22,11 @@ micro-batch, which only adds; ZeRO-3 reduce-scatters each layer after its backwa
 parameter allgather after the update (none for ZeRO-3, whose update is on the shard). With expert
 parallelism (`simulator.strategies.experts`) the compute is the TP x EP rank's, R and AG count the
 non-expert bytes only (the expert ones go over the d / e copies, left out) and the all-to-alls
-are left out, so the bound stays below. ZeRO-3 full
+are left out, so the bound stays below. With context parallelism c (`simulator.strategies.context`)
+a rank runs b / c of each micro-batch, the d c ranks of a stage reduce and ZeRO-1-shard its gradients,
+and each pass takes at least its ring K/V sends to the next CP rank (started with its compute; what
+follows waits for them): F_c, B_c >= that floor; the update waits for the last pass's ring, the
+buckets only for its compute, so R_k is counted beyond the ring's excess over it. ZeRO-3 full
 shard also has T >= its comm stream: m (2 allgathers + 1 reduce-scatter) per unit, in series
 (`simulator.strategies.zero`); its gathers' waits are not counted, so the bound stays below.
 Compute times are the engine's own (sum of the per-layer
@@ -43,7 +47,7 @@ from simulator.collectives import choose_algorithm, collective_phases, pairs_pha
 from simulator.costs import BACKWARD, FORWARD
 from simulator.heterogeneity import DeviceCosts
 from simulator import memory_floor
-from simulator.layout_geometry import RememberedCosts, megatron_device
+from simulator.layout_geometry import RememberedCosts, megatron_device, ring_floors_s
 from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.strategies.experts import expert_rank_workload, rank_expert_params
@@ -103,7 +107,7 @@ class BoundModel:
     def geometry(self, c) -> _Geometry:
         t, p, v, b = c.tp_degree, c.workers_per_group, c.num_virtual_stages, self.microbatch_size(c)
         key = ("geometry", c.kind == MEGATRON, c.kind in ("dp", "mp", "ghp"), t, self.sp(c), p, v, b,
-               c.placement, c.data_parallel, self.ep(c))
+               c.placement, c.data_parallel, self.ep(c), c.cp_degree)
         found = self._cache.get(key)
         if found is not None:
             return found
@@ -112,8 +116,8 @@ class BoundModel:
         partition = strategy.partition if isinstance(strategy.partition, str) or len(strategy.partition) == chunks \
             else "balanced"
         if c.kind == MEGATRON:
-            d = c.data_parallel
-            device = megatron_device(c.placement, t, p, d)
+            d = self.dp_ranks(c)  # the d c ranks of a stage, dp' = replica x c + cp
+            device = megatron_device(c.placement, t, p, c.data_parallel, c.cp_degree or 1)
             shard, model = self._tensor_model(t, self.sp(c), self.ep(c))
             grid = GridConfig(MEGATRON, 1, chunks, scenario.training.global_batch_size, scenario.training.dtype,
                               partition=partition)
@@ -158,7 +162,11 @@ class BoundModel:
 
     def microbatch_size(self, c) -> float:
         batch = self.scenario.training.global_batch_size
-        return batch / (c.data_parallel * c.num_microbatches)
+        return batch / (self.dp_ranks(c) * c.num_microbatches)
+
+    def dp_ranks(self, c) -> int:
+        """Ranks reducing each gradient: the d replicas times the c CP ranks (`TensorConfig.dp`)."""
+        return c.data_parallel * (c.cp_degree or 1)
 
     def recompute(self, c) -> str:
         return c.recompute or self.scenario.training.recompute
@@ -196,9 +204,10 @@ class BoundModel:
         overlap = c.kind == MEGATRON and c.tp_degree > 1 and self.scenario.strategy.tp_comm_overlap \
             and self.sp(c)
         rc = self.recompute(c)
-        chunks = []  # per chunk: (forward compute, forward TP, backward compute, backward TP)
+        chunks, redone = [], []  # per chunk: (forward compute, forward TP, backward compute, backward TP)
         for start, end in geo.ranges:
             redo = [index for a, z in recompute_ranges(geo.workload, start, end, rc) for index in range(a, z)]
+            redone.append(redo)
             chunks.append((sum(fwd[start:end]), sum(tp_f[start:end]),
                            sum(bwd[start:end]) + sum(fwd[i] for i in redo),
                            sum(tp_b[start:end]) + sum(tp_f[i] for i in redo)))
@@ -206,17 +215,19 @@ class BoundModel:
         def span(compute_s, tp_s):
             return max(compute_s, tp_s) if overlap else compute_s + tp_s
 
-        f_pass = [span(cf, tf) for cf, tf, _, _ in chunks]
-        b_pass = [span(cb, tb) for _, _, cb, tb in chunks]
+        ring_f, ring_b = ring_floors_s(self, c, geo, b, redone)
+        f_pass = [max(span(cf, tf), ring) for (cf, tf, _, _), ring in zip(chunks, ring_f)]
+        b_pass = [max(span(cb, tb), ring) for (_, _, cb, tb), ring in zip(chunks, ring_b)]
+        excess = [max(ring - span(cb, tb), 0.0) for (_, _, cb, tb), ring in zip(chunks, ring_b)]
         # drain: megatron recomputes after the gradient arrives; the other kinds' recompute
         # (`simulator.strategies.ghp.apply_training_options`) waits for nothing and may run earlier
         b_chain = b_pass if c.kind == MEGATRON else [span(sum(bwd[a:z]), sum(tp_b[a:z])) for a, z in geo.ranges]
         sends, grads = self._transfers(c, geo, b)
-        key = ("updates", id(geo), self.zero(c) if c.kind == MEGATRON and c.data_parallel > 1 else 0, c.num_groups > 1)
+        key = ("updates", id(geo), self.zero(c) if c.kind == MEGATRON and self.dp_ranks(c) > 1 else 0, c.num_groups > 1)
         updates = self._cache.get(key)
         if updates is None:
             updates = self._cache[key] = [self._update_s(c, geo, k) for k in range(p)]
-        reduction0 = self._reduction_tail_s(c, geo, 0, overlap)
+        reduction0 = max(self._reduction_tail_s(c, geo, 0, overlap) - excess[0], 0.0)
         tail0 = reduction0 + updates[0][0] + updates[0][1]  # rank 0's update waits for its buckets too
         best = None
         for k in range(p):
@@ -228,7 +239,7 @@ class BoundModel:
             if best is None or value > best[0]:
                 best = (value, k, fill, work, drain)
         value, k, fill, work, drain = best
-        reduction = reduction0 if k == 0 else self._reduction_tail_s(c, geo, k, overlap)
+        reduction = reduction0 if k == 0 else max(self._reduction_tail_s(c, geo, k, overlap) - excess[k], 0.0)
         tail = reduction + updates[k][0] + updates[k][1]
         step = max(fill + work + max(drain, tail), self._zero3_stream_s(c, geo)) * SAFETY
         compute = m * sum(chunks[j][0] + chunks[j][2] for j in range(k, p * v, p)) + updates[k][0]
@@ -287,7 +298,7 @@ class BoundModel:
         params = sum(geo.workload.layers[i].num_params for a, z in own for i in range(a, z))
         model = DeviceCosts(geo.model, self.topology).model_of(geo.chain[k])
         if c.kind == MEGATRON:
-            d = c.data_parallel
+            d = self.dp_ranks(c)
             sharded = self.zero(c) and d > 1
             update = model.optimizer_s(params / d if sharded else params, layers=(first, last))
             dense = params * self.element - self.experts(c, own)  # expert shards: over d / e, not floored
@@ -302,10 +313,10 @@ class BoundModel:
     def _zero3_stream_s(self, c, geo: _Geometry) -> float:
         """ZeRO-3 (full shard, so p = 1): the data-parallel comm stream runs every unit's two
         allgathers and its reduce-scatter per micro-batch one after another (`simulator.strategies.zero`)."""
-        if c.kind != MEGATRON or c.data_parallel < 2 or self.zero(c) != 3 \
+        if c.kind != MEGATRON or self.dp_ranks(c) < 2 or self.zero(c) != 3 \
                 or self.scenario.strategy.fsdp_sharding == "hybrid_shard":
             return 0.0
-        d, total = c.data_parallel, 0.0
+        d, total = self.dp_ranks(c), 0.0
         for size in (layer.num_params * self.element for layer in geo.workload.layers if layer.num_params):
             total += 2 * self.collective_floor_s((geo.rings[0],), "allgather", size / d, "ring_allgather") \
                 + self.collective_floor_s((geo.rings[0],), "reduce_scatter", size, "ring_reduce_scatter")

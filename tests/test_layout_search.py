@@ -47,6 +47,7 @@ def test_the_bound_is_never_above_the_simulated_time(overrides):
     ranking = exhaustive(tiny_llm(), overrides)
     kinds = {row["kind"] for row in ranking.rows}
     assert {"dp", "ghp", "1f1b", "gpipe", "megatron"} <= kinds and len(ranking.rows) > 100
+    assert any(row["cp_degree"] == 2 for row in ranking.rows)  # context parallelism: t = 1, c = 2 on 2 GPUs a node
     for row in ranking.rows:
         assert 0 < row["bound_s"] <= row["step_time_s"], row["label"]
     # and it is close: most candidates' bounds are within 30 % of their simulated time
@@ -78,6 +79,7 @@ def test_memory_pruning_agrees_with_the_memory_model():
     model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
     candidates = megatron_space(scenario, workload, (1, 2, 4))[::3] + enumerate_candidates(
         scenario, workload.num_layers, ("dp", "ghp", "gpipe", "1f1b", "pipedream"), (2, 4))[0]
+    assert any(candidate.cp_degree == 2 for candidate in candidates)
     fits = {True: 0, False: 0}
     for candidate in candidates:
         concrete = scenario_from_dict(candidate_scenario(scenario, candidate))
@@ -103,6 +105,7 @@ def test_megatron_space_covers_every_axis():
     assert {c.sequence_parallel for c in space} == {False, True} and {c.num_virtual_stages for c in space} == {1, 2}
     assert {c.placement for c in space} == {"group_per_node", "tp_dp_pp"}
     assert {c.ep_degree for c in space} == {None}  # a dense model: no expert-parallel axis
+    assert {(c.tp_degree, c.cp_degree) for c in space if c.cp_degree > 1} == {(1, 2), (1, 4), (2, 2)}
     assert len({c.label for c in space}) == len(space)
     layout = Candidate("megatron", 4, 2, "tp_dp_pp", 4, 1, 2, "full", 1, True)
     raw = candidate_scenario(scenario, layout)
