@@ -10,7 +10,8 @@ divisors of d that divide the experts; with e > 1 ZeRO 0 or 1 and, with t > 1, s
 parallelism, as `simulator.strategies.experts` requires), plus the planner's dp / mp / ghp /
 pipeline candidates (`simulator.planner.enumerate_candidates`).
 
-Context parallelism c (`strategy.cp_degree`, `simulator.strategies.context`): c = 1, and for a model
+Context parallelism c (`strategy.cp_degree`, `simulator.strategies.context`), searched when the
+scenario sets cp_degree > 1 (a long-context run; it multiplies the space): c = 1, and for a model
 with attention layers each power of two c with t c dividing the GPUs per node (Megatron's rank order
 puts a CP group inside a node) that splits every attention layer's sequence into 2 c chunks, with
 ZeRO 0 / 1 and no expert parallelism (the simulator refuses the rest), and only with b < c: a CP
@@ -92,14 +93,15 @@ class LayoutSearch(Ranking):
             "seconds": stats.seconds, "top": self.top}, "pruned": self.pruned}
 
 
-def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZES) -> list[Candidate]:
+def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZES, context=True) -> list[Candidate]:
     """The megatron layouts of the module docstring."""
     n, per_node, batch = scenario.num_gpus, scenario.cluster.gpus_per_node, scenario.training.global_batch_size
     layers = workload.num_layers
     heads = {layer.spec.get("num_heads") for layer in workload.layers if layer.spec.get("num_heads")}
     experts = {layer.spec["num_experts"] for layer in workload.layers if layer.spec.get("kind") == "moe_block"}
     found = []
-    for t, c in ((t, c) for t in range(1, min(n, per_node) + 1) for c in context_degrees(workload, t, per_node)):
+    for t, c in ((t, c) for t in range(1, min(n, per_node) + 1)
+                 for c in (context_degrees(workload, t, per_node) if context else (1,))):
         if n % (t * c) or any(h % t for h in heads):
             continue
         for p in (q for q in range(1, min(n // (t * c), layers) + 1) if (n // (t * c)) % q == 0):
@@ -219,22 +221,20 @@ def _cp_folds(scenario: Scenario, candidate: Candidate, topology, cache: dict) -
     if key not in cache:
         try:
             layout = scenario_from_dict(candidate_scenario(scenario, candidate), scenario.source, scenario.base_dir)
-            cache[key] = symmetry_decision(layout, tensor_config(layout), topology, _NO_PROFILE)[0]
+            catalogue = type("Catalogue", (), {"communication": None})  # the search's costs: per flow, not per rank
+            cache[key] = symmetry_decision(layout, tensor_config(layout), topology, catalogue)[0]
         except (ScenarioError, ValueError):
             cache[key] = False
     return cache[key]
 
 
-class _NO_PROFILE:  # the search's costs are the catalogue's (`analytic_costs`): priced per flow, not per rank
-    communication = None
-
-
 def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tuple[str, ...] | None = None,
                    microbatch_sizes: tuple[int, ...] = MICROBATCH_SIZES, microbatch_counts: tuple[int, ...] = (2, 4, 8),
                    top: int = 10, workers: int | None = None, exhaustive: bool = False,
-                   show_progress: bool = True) -> LayoutSearch:
+                   show_progress: bool = True, context: bool | None = None) -> LayoutSearch:
     """The branch-and-bound search of the module docstring; `exhaustive` simulates every candidate
-    that passes the memory floor (for checks)."""
+    that passes the memory floor (for checks); `context`: search CP degrees (None: as the module says)."""
+    context = scenario.strategy.cp_degree > 1 if context is None else context
     from simulator.simulate import analytic_costs
 
     stats = SearchStats()
@@ -252,14 +252,7 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
                                                             f"divisible by the {candidate.workers_per_group} stages"})
     topology, folds = _topology(scenario.cluster.model_dump_json()), {}
     if MEGATRON in kinds:
-        for candidate in megatron_space(scenario, workload, microbatch_sizes):
-            passes = scenario.num_gpus * candidate.num_microbatches * candidate.num_virtual_stages
-            if (candidate.cp_degree or 1) > 1 and passes > CP_UNFOLDED_PASSES \
-                    and not _cp_folds(scenario, candidate, topology, folds):
-                skipped.append({"label": candidate.label, "reason": f"context parallelism is simulated unfolded: "
-                                f"{passes:,} rank x micro-batch x chunk passes exceed {CP_UNFOLDED_PASSES:,}"})
-            else:
-                candidates.append(candidate)
+        candidates += megatron_space(scenario, workload, microbatch_sizes, context)
     stats.enumerated = len(candidates) + len(skipped)
     # costs without the scenario's recompute: selective adds backward FLOPs a candidate may not run
     plain = scenario.model_copy(update={"training": scenario.training.model_copy(update={"recompute": "none"})})
@@ -280,6 +273,12 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
             stats.pruned_memory += 1
             pruned.append({"label": candidate.label, "kind": candidate.kind, "reason": "memory",
                            "memory_floor_bytes": floor})
+            continue
+        passes = scenario.num_gpus * candidate.num_microbatches * candidate.num_virtual_stages
+        if (candidate.cp_degree or 1) > 1 and passes > CP_UNFOLDED_PASSES \
+                and not _cp_folds(scenario, candidate, topology, folds):  # checked only where it could fit
+            skipped.append({"label": candidate.label, "reason": f"context parallelism is simulated unfolded: "
+                            f"{passes:,} rank x micro-batch x chunk passes exceed {CP_UNFOLDED_PASSES:,}"})
             continue
         clock = time.perf_counter()
         bound = bounds[candidate] = model.bound(candidate)

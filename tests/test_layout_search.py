@@ -35,7 +35,7 @@ def tiny_llm(num_nodes=2, gpus_per_node=2, batch=8, layers=4, memory=None) -> di
 
 def exhaustive(raw: dict, overrides=(), **options):
     return search_layouts(load_scenario(raw, list(overrides)), kinds=KINDS, microbatch_sizes=(1, 2), exhaustive=True,
-                          workers=1, show_progress=False, **options)
+                          context=True, workers=1, show_progress=False, **options)
 
 
 @pytest.mark.parametrize("overrides", [

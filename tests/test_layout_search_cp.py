@@ -41,7 +41,7 @@ def space_of(raw: dict, sizes=(1, 2, 4)):
 
 def megatron_search(raw: dict, overrides=(), **options):
     return search_layouts(load_scenario(raw, list(overrides)), kinds=("megatron",), microbatch_sizes=(1, 2),
-                          workers=1, show_progress=False, **options)
+                          workers=1, show_progress=False, **{"context": True, **options})
 
 
 def test_cp_degrees_follow_the_simulator_s_rules():
