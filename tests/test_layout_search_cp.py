@@ -20,6 +20,8 @@ from simulator.simulate import analytic_costs, simulate
 from simulator.step_bound import BoundModel
 from simulator.strategies.tensor import tensor_config
 
+pytestmark = pytest.mark.slow  # exhaustive layout searches end to end: `python -m pytest -m slow`
+
 
 def tiny_llama(num_nodes=2, gpus_per_node=4, batch=8, seq_len=256, layers=4, memory=None) -> dict:
     """A 4-block LLaMA (GQA, SwiGLU) on 2 nodes of 4 A100s: CP groups of 2 and 4 fit in a node."""
