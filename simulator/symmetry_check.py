@@ -58,7 +58,7 @@ def _cp_copies(config, topology: Topology) -> list[tuple[str, list, list[tuple],
     copies' links."""
     t, d = config.tp, config.dp
     flows = []
-    for j in range(config.pp if getattr(config, "cp", 1) > 1 else 0):
+    for j in range(config.pp if config.cp > 1 else 0):
         pairs = cp_hop_pairs(config, j)
         hops = [pairs[e * t:(e + 1) * t] for e in range(d)]
         copies = [route_usage(topology, hop) for hop in hops]

@@ -157,20 +157,26 @@ def tiny_llama_scenario(kind: str, window: int):
 @pytest.mark.parametrize("kind, window", [("dp", 0), ("gpipe:2", 3), ("1f1b:4", 0)])
 def test_two_process_llama_training_equals_single_process_training(kind, window):
     result = simulate(tiny_llama_scenario(kind, window))
+    measured, reference, initial = trained_on_two_ranks_and_alone(result, BATCH)
+    assert set(measured) == set(reference)
+    assert max(relative_error(measured[name], reference[name]) for name in reference) <= 1e-5
+    assert max(relative_error(reference[name], initial[name]) for name in reference) > 1e-3
+
+
+def trained_on_two_ranks_and_alone(result, batch: int) -> tuple[dict, dict, dict]:
+    """(parameters after STEPS momentum steps of `result`'s 2-rank plan, checked equal on both ranks;
+    the same steps in one process; the initial parameters)."""
     assert result.plan.num_ranks == 2
     options = RunOptions(steps=STEPS, warmup=0, optimizer="momentum", learning_rate=LR, return_state=True)
     ranks = spawn(run_rank, (result.plan, result.workload, options), LaunchConfig(2, timeout_s=120))
-    reference = reference_training(result.workload, BATCH, STEPS, "momentum", LR)
     measured: dict = {}
     for rank in ranks:
         for name, array in rank["state"].items():
             tensor = torch.from_numpy(array)
             measured.setdefault(name, tensor)
             assert relative_error(tensor, measured[name]) <= 1e-6, f"peers disagree on {name}"
-    assert set(measured) == set(reference)
-    assert max(relative_error(measured[name], reference[name]) for name in reference) <= 1e-5
-    initial = reference_training(result.workload, BATCH, 0, "momentum", LR)
-    assert max(relative_error(reference[name], initial[name]) for name in reference) > 1e-3
+    return (measured, reference_training(result.workload, batch, STEPS, "momentum", LR),
+            reference_training(result.workload, batch, 0, "momentum", LR))
 
 
 def test_measured_llama_peak_memory_is_within_15_percent_of_the_prediction():

@@ -20,11 +20,10 @@ torch = pytest.importorskip("torch")
 from simulator import load_scenario, simulate  # noqa: E402
 from simulator.compare import with_strategy  # noqa: E402
 from simulator.zoo import build_model  # noqa: E402
-from validator.launch import LaunchConfig, spawn  # noqa: E402
 from validator.layers_flops import ForwardFlopCounter  # noqa: E402
-from validator.measure import RunOptions, reference_training, run_rank  # noqa: E402
 from validator.models import build_layer_module, build_modules, count_params, loss_fn, make_batch  # noqa: E402
 from validator.moe_modules import MoEBlock  # noqa: E402
+from tests.test_validator_llama import LR, STEPS, relative_error, trained_on_two_ranks_and_alone  # noqa: E402
 
 BATCH = 2
 SMALL_MOE = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "seq_len": 16,
@@ -150,15 +149,11 @@ def test_inconsistent_moe_and_inception_specs_are_refused_by_name():
 
 # --- two processes against one -------------------------------------------------------------------
 
-STEPS, DP_BATCH, LR = 2, 8, 0.05
+DP_BATCH = 8
 TINY_MOE = {"name": "moe", "params": {"num_layers": 3, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
                                       "seq_len": 8, "vocab_size": 64, "num_experts": 4, "top_k": 2,
                                       "expert_ffn_hidden_size": 16, "num_shared_experts": 1,
                                       "num_dense_layers": 1, "dense_ffn_hidden_size": 48}}
-
-
-def relative_error(actual, expected) -> float:
-    return float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-12))
 
 
 @pytest.mark.slow
@@ -171,20 +166,10 @@ def test_two_process_moe_training_equals_single_process_training():
         "training": {"global_batch_size": DP_BATCH, "optimizer": "momentum"},
     })
     result = simulate(with_strategy(scenario, "dp", None))
-    assert result.plan.num_ranks == 2
-    options = RunOptions(steps=STEPS, warmup=0, optimizer="momentum", learning_rate=LR, return_state=True)
-    ranks = spawn(run_rank, (result.plan, result.workload, options), LaunchConfig(2, timeout_s=120))
-    reference = reference_training(result.workload, DP_BATCH, STEPS, "momentum", LR)
-    measured: dict = {}
-    for rank in ranks:
-        for name, array in rank["state"].items():
-            tensor = torch.from_numpy(array)
-            measured.setdefault(name, tensor)
-            assert relative_error(tensor, measured[name]) <= 1e-6, f"peers disagree on {name}"
+    measured, reference, initial = trained_on_two_ranks_and_alone(result, DP_BATCH)
     assert set(measured) == set(reference)
     assert any("experts" in name for name in reference)
     assert max(relative_error(measured[name], reference[name]) for name in reference) <= 1e-5
-    initial = reference_training(result.workload, DP_BATCH, 0, "momentum", LR)
     assert max(relative_error(reference[name], initial[name]) for name in reference) > 1e-3
 
 
