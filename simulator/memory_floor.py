@@ -12,15 +12,27 @@ a floor of the per-layer checkpoints) until that layer's backward. With expert p
 (ZeRO-1 only) the expert weights' states are sharded over the d / e copies only, as
 `simulator.strategies.zero.state_divisor`. With context parallelism c a rank holds the
 activations of b / c of each micro-batch (`simulator.strategies.context`) and ZeRO-1 shards over
-the d c ranks that reduce a gradient (`simulator.strategies.zero.shard_degree`). A rank whose floor
+the d c ranks that reduce a gradient (`simulator.strategies.zero.shard_degree`). Under full
+recompute the first backward re-runs its chunk's forward: the chunk's last layer then holds its
+whole saved activations for one micro-batch (`simulator.memory_activations.saved_bytes`) where
+the checkpoint stood (the least such chunk of the rank counts). Asynchronous
+pipelines add the extra weight copies each stage keeps for the whole step, as
+`simulator.memory_buffers.persistent` counts them: PipeDream's stashed versions (with weight
+stashing) and SpecTrain's predicted copy (`simulator.schedules.analysis.stage_metrics`). A rank whose floor
 exceeds the device memory cannot fit; the exact figure is the memory model's
 (`simulator.layout_search.exact_peak_memory_bytes`).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from simulator.memory import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIES
-from simulator.memory_activations import Sharding, kept_bytes
+from simulator.memory_activations import Sharding, kept_bytes, saved_bytes
+from simulator.schedules import build_schedule
+from simulator.schedules.analysis import stage_metrics
+
+ASYNCHRONOUS_KINDS = ("pipedream", "spectrain", "delayed_gradient")
 
 MEGATRON = "megatron"
 
@@ -35,8 +47,11 @@ def memory_floor_bytes(model, c) -> float:
     last = len(layers) - 1
     t = c.tp_degree if c.kind == MEGATRON else 1
     sharding = Sharding(t, t > 1 and model.sp(c), model.scenario.costs.flash_attention)
-    per_chunk = []
+    per_chunk, remat = [], []
     for start, end in geo.ranges:
+        checkpoint = layers[start].input_elements_per_sample * e
+        remat.append(0.0 if rc != "full" or training.offload_activations else
+                     max(0.0, saved_bytes(layers[end - 1], e, sharding) - checkpoint) * b)
         kept = 0.0
         for index in range(start, end):
             kept += kept_bytes(layers[index], rc, e, sharding, checkpoint=index == start)
@@ -51,14 +66,27 @@ def memory_floor_bytes(model, c) -> float:
     stage = model.zero(c) if c.kind == MEGATRON and d > 1 else 0
     state, grads, weights = state / (d if stage >= 1 else 1), grads / (d if stage >= 2 else 1), \
         weights / (d if stage == 3 else 1)
+    copies = weight_copies(c.kind, p, c.num_microbatches, model.scenario.strategy.weight_stashing) \
+        if c.kind in ASYNCHRONOUS_KINDS else (0,) * p
     worst = 0.0
     for k in range(p):
         own = [geo.ranges[j] for j in range(k, p * v, p)]
         params = sum(layers[i].num_params for a, z in own for i in range(a, z))
-        held = sum(per_chunk[chunk] for chunk in held_before_first_backward(c, k))
+        held = sum(per_chunk[chunk] for chunk in held_before_first_backward(c, k)) \
+            + min(remat[j] for j in range(k, p * v, p))
         experts = model.experts(c, own) / e if stage >= 1 else 0.0  # expert states over d / e copies
-        worst = max(worst, params * (weights + grads + state) + experts * state * (model.ep(c) - 1) + held)
+        worst = max(worst, params * (weights + grads + state + copies[k] * e) + experts * state * (model.ep(c) - 1)
+                    + held)
     return worst
+
+
+@lru_cache(maxsize=256)
+def weight_copies(kind: str, num_stages: int, num_microbatches: int, weight_stashing: bool) -> tuple[int, ...]:
+    """Per stage, the weight copies an asynchronous schedule keeps besides the weights: stashed
+    versions (PipeDream with stashing) + SpecTrain's predicted copy (module docstring)."""
+    metrics = stage_metrics(build_schedule(kind, num_stages, num_microbatches),
+                            kind == "pipedream" and weight_stashing)
+    return tuple(a + b for a, b in zip(metrics["stashed_weight_versions"], metrics["extra_weight_copies"]))
 
 
 def held_before_first_backward(c, k: int) -> list[int]:

@@ -190,3 +190,31 @@ def test_moe_search_adds_expert_degrees_with_valid_bounds_and_floors():
         concrete = scenario_from_dict(candidate_scenario(scenario, candidate))
         assert concrete.strategy.ep_degree == candidate.ep_degree
         assert model.memory_floor_bytes(candidate) <= exact_peak_memory_bytes(concrete, workload) * (1 + 1e-12)
+
+
+def test_the_floor_of_asynchronous_pipelines_counts_weight_copies_and_the_recomputed_chunk():
+    """PipeDream's stashed versions and SpecTrain's predicted copy (simulator/memory_buffers.py) and,
+    under full recompute, the first backward's re-run forward are in the floor: GPT-3 175B's
+    asynchronous layouts on 512 GPUs come within a fifth of the memory model and never above it."""
+    from simulator.memory_floor import weight_copies
+    assert weight_copies("pipedream", 4, 8, True) == (3, 2, 1, 0)
+    assert weight_copies("pipedream", 4, 8, False) == (0, 0, 0, 0)
+    assert weight_copies("spectrain", 4, 8, True) == (1, 1, 1, 1)
+    assert weight_copies("delayed_gradient", 4, 8, True) == (0, 0, 0, 0)
+    scenario = load_scenario("scenarios/gpt3_175b_dgx_a100_3d.yaml", ["cluster.num_nodes=64"])
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), scenario.base_dir)
+    model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+    candidates = enumerate_candidates(scenario, workload.num_layers, ("pipedream", "spectrain"), (4,))[0]
+    checked = [c for c in candidates if c.workers_per_group in (32, 64) and c.placement == "stage_per_node"]
+    assert len(checked) == 4
+    for candidate in checked:
+        exact = exact_peak_memory_bytes(scenario_from_dict(candidate_scenario(scenario, candidate)), workload)
+        assert 0.8 * exact <= model.memory_floor_bytes(candidate) <= exact * (1 + 1e-12), candidate.label
+
+
+def test_rank_refuses_in_one_line_when_no_asynchronous_layout_fits(capsys):
+    code = main(["rank", "scenarios/gpt3_175b_dgx_a100_3d.yaml", "--gpus", "512", "--workers", "1",
+                 "--kinds", "pipedream,spectrain,delayed_gradient"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "no layout fits in 80.0 GiB of device memory on 512 GPUs" in err
