@@ -26,6 +26,7 @@ exceeds the device memory cannot fit; the exact figure is the memory model's
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import accumulate
 
 from simulator.memory import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIES
 from simulator.memory_activations import Sharding, kept_bytes, saved_bytes
@@ -44,20 +45,14 @@ def memory_floor_bytes(model, c) -> float:
     training, p, v = model.scenario.training, c.workers_per_group, c.num_virtual_stages
     b, rc = model.microbatch_size(c), model.recompute(c)
     layers = geo.workload.layers
-    last = len(layers) - 1
     t = c.tp_degree if c.kind == MEGATRON else 1
     sharding = Sharding(t, t > 1 and model.sp(c), model.scenario.costs.flash_attention)
+    sums = _layer_sums(model, geo.workload, rc, e, sharding)
     per_chunk, remat = [], []
     for start, end in geo.ranges:
-        checkpoint = layers[start].input_elements_per_sample * e
         remat.append(0.0 if rc != "full" or training.offload_activations else
-                     max(0.0, saved_bytes(layers[end - 1], e, sharding) - checkpoint) * b)
-        kept = 0.0
-        for index in range(start, end):
-            kept += kept_bytes(layers[index], rc, e, sharding, checkpoint=index == start)
-            if index == last:
-                kept += 2 * layers[index].output_elements_per_sample * e
-        per_chunk.append(0.0 if training.offload_activations else kept * b)
+                     max(0.0, sums.saved(end - 1) - layers[start].input_elements_per_sample * e) * b)
+        per_chunk.append(0.0 if training.offload_activations else sums.chunk_kept(start, end) * b)
     master = 4 if training.dtype in MASTER_WEIGHT_DTYPES else 0
     state = (master + 4 * OPTIMIZER_STATE_COPIES[training.optimizer])
     grads = e if training.memory_policy != "laysa" else 0
@@ -71,13 +66,50 @@ def memory_floor_bytes(model, c) -> float:
     worst = 0.0
     for k in range(p):
         own = [geo.ranges[j] for j in range(k, p * v, p)]
-        params = sum(layers[i].num_params for a, z in own for i in range(a, z))
+        params = sum(sums.params(a, z) for a, z in own)
         held = sum(per_chunk[chunk] for chunk in held_before_first_backward(c, k)) \
             + min(remat[j] for j in range(k, p * v, p))
         experts = model.experts(c, own) / e if stage >= 1 else 0.0  # expert states over d / e copies
         worst = max(worst, params * (weights + grads + state + copies[k] * e) + experts * state * (model.ep(c) - 1)
                     + held)
     return worst
+
+
+class _LayerSums:
+    """Prefix sums over the layers of what a chunk keeps per sample (the first layer of a chunk
+    keeps its checkpoint under full recompute) and of parameters: a chunk's figures in O(1)."""
+
+    def __init__(self, layers, rc: str, e: int, sharding: Sharding):
+        self.layers, self.e, self.sharding = layers, e, sharding
+        last = len(layers) - 1
+        self.plain, self.first = [], []
+        for index, layer in enumerate(layers):
+            extra = 2 * layer.output_elements_per_sample * e if index == last else 0.0
+            self.plain.append(kept_bytes(layer, rc, e, sharding, checkpoint=False) + extra)
+            self.first.append(kept_bytes(layer, rc, e, sharding, checkpoint=True) + extra)
+        self.kept_prefix = list(accumulate(self.plain, initial=0.0))
+        self.params_prefix = list(accumulate((layer.num_params for layer in layers), initial=0))
+        self._saved: dict[int, float] = {}
+
+    def chunk_kept(self, start: int, end: int) -> float:
+        return self.kept_prefix[end] - self.kept_prefix[start] - self.plain[start] + self.first[start]
+
+    def params(self, start: int, end: int) -> int:
+        return self.params_prefix[end] - self.params_prefix[start]
+
+    def saved(self, index: int) -> float:
+        if index not in self._saved:
+            self._saved[index] = saved_bytes(self.layers[index], self.e, self.sharding)
+        return self._saved[index]
+
+
+def _layer_sums(model, workload, rc: str, e: int, sharding: Sharding) -> _LayerSums:
+    """The model's `_LayerSums` for one recompute mode and sharding (built once per search)."""
+    cache = model.__dict__.setdefault("_floor_layer_sums", {})
+    key = (id(workload), rc, e, sharding)
+    if key not in cache:
+        cache[key] = _LayerSums(workload.layers, rc, e, sharding)
+    return cache[key]
 
 
 @lru_cache(maxsize=256)
