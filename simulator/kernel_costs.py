@@ -273,6 +273,7 @@ class KernelCosts:
         self.parameters = self.device.parameters
         self._element_bytes = dtype_bytes(dtype)
         self._cache: dict[tuple, float] = {}
+        self._pass_cache: dict[tuple, float] = {}
 
     @classmethod
     def for_scenario(cls, scenario, workload: Workload, parameters: KernelParameters | None = None) -> "KernelCosts":
@@ -315,7 +316,11 @@ class KernelCosts:
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         key = (layer_index, phase, batch)
         if key not in self._cache:
-            self._cache[key] = kernels_s(self.kernels(layer_index, phase, batch), self.device)
+            kernels = self.kernels(layer_index, phase, batch)
+            seconds = self._pass_cache.get(kernels)
+            if seconds is None:  # identical blocks expand to equal kernels: timed once
+                seconds = self._pass_cache[kernels] = kernels_s(kernels, self.device)
+            self._cache[key] = seconds
         return self._cache[key]
 
     def breakdown(self, layer_index: int, phase: str, batch: float) -> dict[str, float]:
