@@ -19,16 +19,16 @@ rank then runs b / c < 1 sequence of each micro-batch, which no c = 1 layout can
 layout (t, c, b, d) is the c = 1 layout (t, 1, b / c, d c) plus the ring K/V transfers: the same
 work, activations and weights per rank, the same m and the same d c ranks reducing each gradient;
 only the rank order differs (a stage's c ranks side by side, between the two searched orders), so
-this rule can miss a layout that wins by its placement alone. A CP run may not fold
-(`simulator.symmetry`), so a CP layout that does not and whose N m v is over `CP_UNFOLDED_PASSES` is
-not simulated: it is listed in `skipped` with that reason.
+this rule can miss a layout that wins by its placement alone. A layout that would simulate every
+rank for too many passes (a CP run that does not fold, an asynchronous pipeline) is listed in
+`skipped` with the reason (`simulator.search_gates`).
 
 Each candidate gets a memory floor and a lower bound on its step time (`simulator.step_bound`);
 those whose floor exceeds the device memory are dropped (they cannot fit). The rest are taken in
 order of their bound: each is checked against the memory model on its compiled plan
 (`exact_peak_memory_bytes`, no engine) and, if it fits, simulated. The search stops when the next
 bound exceeds the K-th best simulated time of the candidates that fit: none left can enter the
-top K (branch and bound). Candidates without a bound (asynchronous kinds) are always simulated.
+top K (branch and bound). Candidates without a bound (asynchronous kinds) are simulated unless skipped.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from simulator.errors import ScenarioError, SimulationError
 from simulator.planner import (MEGATRON, MEMORY_MODEL, Candidate, Ranking, _row, _workload, candidate_scenario,
                                enumerate_candidates, scenario_for_gpus, simulate_candidate)
 from simulator.scenario import Scenario, scenario_from_dict
+from simulator.search_gates import unfolded_refusal
 from simulator.step_bound import BoundModel
 from simulator.strategies.context import attention_specs
 
@@ -56,11 +57,6 @@ ZERO_STAGES = (0, 1, 2, 3)
 MEGATRON_ORDERS = ("group_per_node", "tp_dp_pp")
 SYNCHRONOUS_DEFAULT = ("dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b")
 REASONS = ("compute", "bubble", "communication")
-CP_UNFOLDED_PASSES = 2**15
-"""Largest N m v (ranks x micro-batches x chunks per rank) of a context-parallel layout the search
-simulates: `simulator.symmetry` folds a CP run only where its checks pass (not known before the plan),
-and an unfolded one simulates every rank (LLaMA-3 405B's CP 2 on 256 GPUs, N m v = 8,192: seconds;
-GPT-3 175B's t 2 x c 2 x p 8 x d 32 on a 1,024-GPU fat-tree, 196,608: over ten minutes)."""
 EXACT_CHECK_FRACTION = 0.9
 """A candidate whose memory floor is at least this share of the device memory has its exact peak
 checked on its plan before it is simulated (the check costs a plan compile, the simulation more);
@@ -211,23 +207,6 @@ def evaluate_layout(payload: dict) -> dict:
     return simulate_candidate(payload)
 
 
-def _cp_folds(scenario: Scenario, candidate: Candidate, topology, cache: dict) -> bool:
-    """Whether `simulator.symmetry` folds a CP candidate (its answer depends on the layout alone, so
-    one per t, c, p, placement and interleaving)."""
-    from simulator.strategies.tensor import tensor_config
-    from simulator.symmetry import symmetry_decision
-    key = (candidate.tp_degree, candidate.cp_degree, candidate.workers_per_group, candidate.placement,
-           candidate.num_virtual_stages > 1)
-    if key not in cache:
-        try:
-            layout = scenario_from_dict(candidate_scenario(scenario, candidate), scenario.source, scenario.base_dir)
-            catalogue = type("Catalogue", (), {"communication": None})  # the search's costs: per flow, not per rank
-            cache[key] = symmetry_decision(layout, tensor_config(layout), topology, catalogue)[0]
-        except (ScenarioError, ValueError):
-            cache[key] = False
-    return cache[key]
-
-
 def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tuple[str, ...] | None = None,
                    microbatch_sizes: tuple[int, ...] = MICROBATCH_SIZES, microbatch_counts: tuple[int, ...] = (2, 4, 8),
                    top: int = 10, workers: int | None = None, exhaustive: bool = False,
@@ -274,11 +253,9 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
             pruned.append({"label": candidate.label, "kind": candidate.kind, "reason": "memory",
                            "memory_floor_bytes": floor})
             continue
-        passes = scenario.num_gpus * candidate.num_microbatches * candidate.num_virtual_stages
-        if (candidate.cp_degree or 1) > 1 and passes > CP_UNFOLDED_PASSES \
-                and not _cp_folds(scenario, candidate, topology, folds):  # checked only where it could fit
-            skipped.append({"label": candidate.label, "reason": f"context parallelism is simulated unfolded: "
-                            f"{passes:,} rank x micro-batch x chunk passes exceed {CP_UNFOLDED_PASSES:,}"})
+        refusal = unfolded_refusal(scenario, candidate, topology, folds)  # checked only where it could fit
+        if refusal:
+            skipped.append({"label": candidate.label, "reason": refusal})
             continue
         clock = time.perf_counter()
         bound = bounds[candidate] = model.bound(candidate)

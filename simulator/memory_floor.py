@@ -32,8 +32,7 @@ from simulator.memory import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIES
 from simulator.memory_activations import Sharding, kept_bytes, saved_bytes
 from simulator.schedules import build_schedule
 from simulator.schedules.analysis import stage_metrics
-
-ASYNCHRONOUS_KINDS = ("pipedream", "spectrain", "delayed_gradient")
+from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 
 MEGATRON = "megatron"
 

@@ -218,3 +218,20 @@ def test_rank_refuses_in_one_line_when_no_asynchronous_layout_fits(capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert "no layout fits in 80.0 GiB of device memory on 512 GPUs" in err
+
+
+def test_asynchronous_layouts_over_the_unfolded_pass_limit_are_skipped_with_the_reason():
+    """Asynchronous pipelines never fold and replay K whole steps to their steady state
+    (simulator/schedules/steady_state.py): N (n + m) passes, n = K m >= 3p + m + 1."""
+    from types import SimpleNamespace
+
+    from simulator.search_gates import ASYNCHRONOUS_UNFOLDED_PASSES, asynchronous_passes, unfolded_refusal
+    assert asynchronous_passes(512, 64, 4) == 512 * (200 + 4)
+    assert asynchronous_passes(8, 4, 8) == 8 * (24 + 8)  # 3p + m + 1 = 21: three steps of 8
+    large = Candidate("pipedream", 256, 16, num_microbatches=4)
+    reason = unfolded_refusal(SimpleNamespace(num_gpus=4096), large, None, {})
+    assert f"{4096 * (56 + 4):,} rank x micro-batch passes exceed {ASYNCHRONOUS_UNFOLDED_PASSES:,}" in reason
+    assert unfolded_refusal(SimpleNamespace(num_gpus=512), Candidate("spectrain", 8, 64, num_microbatches=4),
+                            None, {}) is None
+    assert unfolded_refusal(SimpleNamespace(num_gpus=4096), Candidate("1f1b", 256, 16, num_microbatches=4),
+                            None, {}) is None  # synchronous kinds have a bound and fold where they can

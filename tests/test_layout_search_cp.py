@@ -12,10 +12,10 @@ import pytest
 
 from simulator.fabrics import build_topology
 from simulator.hardware import GPUS
-from simulator.layout_search import (CP_UNFOLDED_PASSES, _cp_folds, _topology, exact_peak_memory_bytes, megatron_space,
-                                     search_layouts)
+from simulator.layout_search import _topology, exact_peak_memory_bytes, megatron_space, search_layouts
 from simulator.planner import Candidate, _row, _workload, candidate_scenario, scenario_for_gpus
 from simulator.scenario import load_scenario, scenario_from_dict
+from simulator.search_gates import CP_UNFOLDED_PASSES, cp_folds
 from simulator.simulate import analytic_costs, simulate
 from simulator.step_bound import BoundModel
 from simulator.strategies.tensor import tensor_config
@@ -168,7 +168,7 @@ def test_large_cp_layouts_that_do_not_fold_are_skipped_with_the_reason(fabric):
     topology, folds = _topology(scenario.cluster.model_dump_json()), {}
     over = [c for c in space if c.cp_degree > 1
             and scenario.num_gpus * c.num_microbatches * c.num_virtual_stages > CP_UNFOLDED_PASSES]
-    unfolded = [c for c in over if not _cp_folds(scenario, c, topology, folds)]
+    unfolded = [c for c in over if not cp_folds(scenario, c, topology, folds)]
     assert over and len(reasons) == len(unfolded)
     assert (len(unfolded) == 0) if fabric == "two_tier" else (len(unfolded) > 0)
 
