@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
+
 from simulator.engine import Engine
 from simulator.hardware import LinkSpec
 from simulator.plan import Plan
 from simulator.records import span_table
+from simulator.scenario import load_scenario
+from simulator.simulate import simulate
 from simulator.strategies.ghp import GridConfig, compile_grid_plan
 from simulator.topology import Topology
 from simulator.workload import Layer, Workload
@@ -55,3 +60,14 @@ def run_grid(workload, topology: Topology, costs, groups: int, workers: int, bat
 
 def run_plan(plan: Plan, topology: Topology, costs):
     return span_table(Engine(plan, topology, costs).run().spans)
+
+
+@lru_cache(maxsize=None)
+def _simulated(resolved: str):
+    return simulate(load_scenario(resolved))
+
+
+def simulated_scenario(path):
+    """`simulate(load_scenario(path))`, once per test run for each file: the scenario files' tests
+    (loads and simulates, golden step times) share it."""
+    return _simulated(str(Path(path).resolve()))

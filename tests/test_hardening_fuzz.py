@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # hundreds of end-to-end simulations: `python -m 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 RAW = {path.name: load_yaml_text(path.read_text(), path.name) for path in SCENARIOS}
-CASES = 1000
+CASES = 500
 CASE_LIMIT_S = 30
 """A case running longer counts as a hang."""
 

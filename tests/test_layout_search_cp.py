@@ -120,7 +120,7 @@ def test_the_bound_is_never_above_the_simulated_time_with_cp(overrides):
 def test_memory_floor_with_cp_stays_below_the_memory_model():
     scenario, workload, space = space_of(tiny_llama(batch=16))
     model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
-    checked = [c for c in space if c.cp_degree > 1][::2]
+    checked = [c for c in space if c.cp_degree > 1][::4]
     assert {c.cp_degree for c in checked} == {2, 4} and {c.zero_stage for c in checked} == {0, 1}
     peaks = []
     for candidate in checked:

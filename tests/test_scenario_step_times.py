@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.scenario import load_scenario
-from simulator.simulate import simulate
+from tests.helpers import simulated_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "scenario_step_times.json"
@@ -29,7 +28,7 @@ def test_every_scenario_file_has_a_golden_step_time():
 
 @pytest.mark.parametrize("path", SCENARIOS)
 def test_step_time_is_unchanged(path):
-    step_time_s = simulate(load_scenario(ROOT / path)).step_time_s
+    step_time_s = simulated_scenario(ROOT / path).step_time_s
     if os.environ.get("GHPSIM_REGENERATE_GOLDEN"):
         GOLDEN.write_text(json.dumps({**json.loads(GOLDEN.read_text()), path: step_time_s}, indent=1,
                                      sort_keys=True) + "\n")

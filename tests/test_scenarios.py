@@ -9,6 +9,7 @@ import pytest
 
 from simulator import load_scenario, simulate
 from simulator.compare import compare
+from tests.helpers import simulated_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 SCENARIO_FILES = sorted(SCENARIOS.glob("*.yaml"))
@@ -30,7 +31,7 @@ def test_required_examples_exist():
 @pytest.mark.parametrize("path", SCENARIO_FILES, ids=[path.name for path in SCENARIO_FILES])
 def test_scenario_loads_and_simulates(path):
     scenario = load_scenario(path)
-    result = simulate(scenario)
+    result = simulated_scenario(path)
     step = result.summary["step_time_s"]
     assert math.isfinite(step) and step > 0
     assert result.summary["num_gpus"] == scenario.num_gpus
