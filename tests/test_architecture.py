@@ -26,6 +26,7 @@ class Import:
     line: int
 
 
+@lru_cache(maxsize=1)
 def module_files() -> dict[str, Path]:
     """Dotted module name -> file; a package is its `__init__.py` (`simulator`)."""
     modules = {}
