@@ -104,7 +104,7 @@ class _LayerSums:
 
 def _layer_sums(model, workload, rc: str, e: int, sharding: Sharding) -> _LayerSums:
     """The model's `_LayerSums` for one recompute mode and sharding (built once per search)."""
-    cache = model.__dict__.setdefault("_floor_layer_sums", {})
+    cache = model.floor_layer_sums
     key = (id(workload), rc, e, sharding)
     if key not in cache:
         cache[key] = _LayerSums(workload.layers, rc, e, sharding)

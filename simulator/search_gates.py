@@ -15,8 +15,7 @@
 
 from __future__ import annotations
 
-import math
-
+from simulator.schedules.analysis import steady_state_steps
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 
 CP_UNFOLDED_PASSES = 2**15
@@ -26,7 +25,7 @@ ASYNCHRONOUS_UNFOLDED_PASSES = 2**17
 def asynchronous_passes(num_gpus: int, num_stages: int, num_microbatches: int) -> int:
     """N (n + m): the steady-state run's micro-batches plus the one-step plan's, on every rank."""
     p, m = num_stages, num_microbatches
-    return num_gpus * (math.ceil((3 * p + m + 1) / m) * m + m)
+    return num_gpus * (steady_state_steps(p, m) * m + m)
 
 
 def cp_folds(scenario, candidate, topology, cache: dict) -> bool:

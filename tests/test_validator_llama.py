@@ -142,16 +142,21 @@ def relative_error(actual, expected) -> float:
     return float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-12))
 
 
-def tiny_llama_scenario(kind: str, window: int):
-    model = {**TINY_LLAMA, "params": {**TINY_LLAMA["params"], "sliding_window": window}}
+def two_rank_cpu_scenario(model: dict, batch: int, kind: str):
+    """`model` on 2 CPU ranks (gloo over loopback), momentum, as strategy `kind` (`with_strategy`)."""
     scenario = load_scenario({
         "cluster": {"num_nodes": 1, "gpus_per_node": 2, "gpu": "cpu",
                     "intra_node_link": "loopback", "inter_node_link": "loopback"},
         "model": model,
         "strategy": {"kind": "dp", "bucket_size_bytes": 20_000},
-        "training": {"global_batch_size": BATCH, "optimizer": "momentum"},
+        "training": {"global_batch_size": batch, "optimizer": "momentum"},
     })
     return with_strategy(scenario, kind, None)
+
+
+def tiny_llama_scenario(kind: str, window: int):
+    model = {**TINY_LLAMA, "params": {**TINY_LLAMA["params"], "sliding_window": window}}
+    return two_rank_cpu_scenario(model, BATCH, kind)
 
 
 @pytest.mark.parametrize("kind, window", [("dp", 0), ("gpipe:2", 3), ("1f1b:4", 0)])

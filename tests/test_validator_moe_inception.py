@@ -17,13 +17,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from simulator import load_scenario, simulate  # noqa: E402
-from simulator.compare import with_strategy  # noqa: E402
+from simulator import simulate  # noqa: E402
 from simulator.zoo import build_model  # noqa: E402
 from validator.layers_flops import ForwardFlopCounter  # noqa: E402
 from validator.models import build_layer_module, build_modules, count_params, loss_fn, make_batch  # noqa: E402
 from validator.moe_modules import MoEBlock  # noqa: E402
-from tests.test_validator_llama import LR, STEPS, relative_error, trained_on_two_ranks_and_alone  # noqa: E402
+from tests.test_validator_llama import (LR, STEPS, relative_error, trained_on_two_ranks_and_alone,  # noqa: E402
+                                        two_rank_cpu_scenario)
 
 BATCH = 2
 SMALL_MOE = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "seq_len": 16,
@@ -158,14 +158,7 @@ TINY_MOE = {"name": "moe", "params": {"num_layers": 3, "hidden_size": 32, "num_h
 
 @pytest.mark.slow
 def test_two_process_moe_training_equals_single_process_training():
-    scenario = load_scenario({
-        "cluster": {"num_nodes": 1, "gpus_per_node": 2, "gpu": "cpu",
-                    "intra_node_link": "loopback", "inter_node_link": "loopback"},
-        "model": TINY_MOE,
-        "strategy": {"kind": "dp", "bucket_size_bytes": 20_000},
-        "training": {"global_batch_size": DP_BATCH, "optimizer": "momentum"},
-    })
-    result = simulate(with_strategy(scenario, "dp", None))
+    result = simulate(two_rank_cpu_scenario(TINY_MOE, DP_BATCH, "dp"))
     measured, reference, initial = trained_on_two_ranks_and_alone(result, DP_BATCH)
     assert set(measured) == set(reference)
     assert any("experts" in name for name in reference)

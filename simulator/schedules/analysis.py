@@ -8,9 +8,14 @@
   the current weights: distinct versions used by in-flight forwards that are no longer current
   (p - 1 - k on stage k; PipeDream holds p - k versions in all). 0 without stashing.
 - extra_weight_copies: SpecTrain's one buffer of predicted weights per stage, else 0.
+
+Also the whole steps an asynchronous run replays to measure its steady state
+(`steady_state_steps`, `simulator.schedules.steady_state`).
 """
 
 from __future__ import annotations
+
+import math
 
 from simulator.schedules.ir import BACKWARD, FORWARD, UPDATE, Schedule
 
@@ -38,3 +43,10 @@ def stage_metrics(schedule: Schedule, weight_stashing: bool) -> dict[str, list[i
         metrics["stashed_weight_versions"].append(stashed if weight_stashing else 0)
         metrics["extra_weight_copies"].append(1 if schedule.kind == "spectrain" else 0)
     return metrics
+
+
+def steady_state_steps(num_stages: int, num_microbatches: int) -> int:
+    """K: whole steps of m micro-batches back to back with n = K m >= 3p + m + 1 (a fill of 2p, the
+    m measured, a drain of p + 1), what `simulator.schedules.steady_state` simulates."""
+    p, m = num_stages, num_microbatches
+    return math.ceil((3 * p + m + 1) / m)

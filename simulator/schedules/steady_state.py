@@ -21,10 +21,10 @@ the G replicas of the stage); with uniform stages and free links GPipe and 1F1B 
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from simulator.engine import Engine
+from simulator.schedules.analysis import steady_state_steps
 from simulator.strategies.pipeline import compile_pipeline_plan, pipeline_config
 
 STEP_DEFINITIONS = {
@@ -78,7 +78,7 @@ def steady_state_plan(scenario, workload, topology, costs):
     size) whose window `steady_state_window` measures; the validator runs this same plan."""
     config = pipeline_config(scenario)
     p, m = config.num_stages, config.num_microbatches
-    steps = math.ceil((3 * p + m + 1) / m)
+    steps = steady_state_steps(p, m)
     longer = replace(config, num_microbatches=steps * m, global_batch_size=steps * config.global_batch_size)
     return compile_pipeline_plan(longer, workload, topology, costs)
 
