@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from pathlib import Path
 
 import networkx as nx
@@ -22,6 +23,15 @@ def build_topology(cluster, base_dir: str = ".") -> Topology:
     topology.slowdowns = {device: factor for device, factor in cluster.stragglers.items() if factor != 1.0}
     topology.degrade(cluster.degraded_links)
     return topology
+
+
+@lru_cache(maxsize=4)
+def cached_topology(cluster_json: str) -> Topology:
+    """The topology of a `ClusterConfig` given as JSON, built once per process (a fat-tree of
+    thousands of GPUs takes a second; the layout search simulates many candidates on one cluster).
+    Simulations only read a topology (its route memo aside)."""
+    from simulator.scenario import ClusterConfig
+    return build_topology(ClusterConfig.model_validate_json(cluster_json))
 
 
 def build_fabric(cluster, base_dir: str = ".") -> Topology:

@@ -1,6 +1,6 @@
 """Pieces of a layout the search and its bounds share: the device of each megatron position under
-the two searched orders, the floors of a context-parallel rank's ring transfers, and a cost model
-that remembers the times it was asked for."""
+the two searched orders, a chain's partition and TP floors shared by chains alike, the floors of a
+context-parallel rank's ring transfers, and a cost model that remembers the times it was asked for."""
 
 from __future__ import annotations
 
@@ -21,6 +21,47 @@ def megatron_placement(order: str, t: int, p: int, d: int, c: int = 1) -> str | 
         return "group_per_node"
     device = megatron_device(order, t, p, d, c)
     return tuple(device(e * c + k, pp, tp) for e in range(d) for pp in range(p) for k in range(c) for tp in range(t))
+
+
+def chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b: float):
+    """`strategies.ghp._partition` of one megatron pipeline chain, remembered in `model._cache` (a
+    `simulator.step_bound.BoundModel`). A balanced partition sees the chunk devices only through
+    their cost models and the routes (latency, bottleneck bandwidth) between neighbours, so chains
+    alike there (e.g. the two rank orders on one fabric) share it."""
+    from simulator.heterogeneity import DeviceCosts
+    from simulator.strategies.ghp import _partition
+    topology = model.topology
+    if grid.partition != "balanced":
+        return _partition(grid, shard, topology, costs, chunk_devices, b)
+    models = DeviceCosts(costs, topology)
+    links = tuple((topology.route_latency_s(a, z), min(topology.links[i].bandwidth_bytes_per_s for i in topology.route(a, z)))
+                  for a, z in zip(chunk_devices, chunk_devices[1:]))
+    key = ("partition", id(shard), id(costs), len(chunk_devices), b, links,
+           None if models.uniform else tuple(id(models.model_of(device)) for device in chunk_devices))
+    found = model._cache.get(key)
+    if found is None:
+        found = model._cache[key] = _partition(grid, shard, topology, costs, chunk_devices, b)
+    return found
+
+
+def tp_floors(model, group: tuple[int, ...], sequence_parallel: bool, b: float) -> tuple[list, list]:
+    """Per layer of the whole model: the floor of the TP collectives after its forward and after its
+    backward pass in `group` (t = its size), remembered in `model._cache` (a `BoundModel`) for
+    every candidate whose group times alike (`BoundModel._signature`)."""
+    from simulator.plan import BACKWARD, FORWARD
+    from simulator.strategies.tensor_layers import pass_collectives
+    key = ("tp floors", model._signature((group,)), sequence_parallel, b)
+    found = model._cache.get(key)
+    if found is not None:
+        return found
+    t, count = len(group), len(model.workload.layers)
+    found = model._cache[key] = ([0.0] * count, [0.0] * count)
+    for index in range(count):
+        for phase, out in ((FORWARD, found[0]), (BACKWARD, found[1])):
+            for op, repeat, elements in pass_collectives(model.workload, index, index + 1, phase, sequence_parallel):
+                size = elements * b * model.element / (t if op == "allgather" else 1)
+                out[index] += model.collective_floor_s((group,), op, size, "ring", repeat)
+    return found
 
 
 def ring_floors_s(model, c, geo, b: float, redo: list[list[int]]) -> tuple[list[float], list[float]]:

@@ -39,14 +39,13 @@ import os
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from simulator.errors import ScenarioError, SimulationError
 from simulator.planner import (MEGATRON, MEMORY_MODEL, Candidate, Ranking, _row, _workload, candidate_scenario,
                                enumerate_candidates, scenario_for_gpus, simulate_candidate)
 from simulator.scenario import Scenario, scenario_from_dict
 from simulator.search_gates import unfolded_refusal
-from simulator.step_bound import BoundModel
+from simulator.search_bounds import screen_all
 from simulator.strategies.context import attention_specs
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
@@ -182,12 +181,9 @@ def exact_peak_memory_bytes(scenario: Scenario, workload=None) -> float:
     return max(row["peak_memory_bytes"] for row in report["devices"])
 
 
-@lru_cache(maxsize=4)
 def _topology(cluster_json: str):
-    """The fabric of a cluster, built once per process (a fat-tree of thousands of GPUs takes seconds)."""
-    from simulator.fabrics import build_topology
-    from simulator.scenario import ClusterConfig
-    return build_topology(ClusterConfig.model_validate_json(cluster_json))
+    from simulator.fabrics import cached_topology
+    return cached_topology(cluster_json)
 
 
 def evaluate_layout(payload: dict) -> dict:
@@ -214,8 +210,6 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
     """The branch-and-bound search of the module docstring; `exhaustive` simulates every candidate
     that passes the memory floor (for checks); `context`: search CP degrees (None: as the module says)."""
     context = scenario.strategy.cp_degree > 1 if context is None else context
-    from simulator.simulate import analytic_costs
-
     stats = SearchStats()
     started = time.perf_counter()
     scenario = scenario_for_gpus(scenario, num_gpus)
@@ -233,37 +227,35 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
     if MEGATRON in kinds:
         candidates += megatron_space(scenario, workload, microbatch_sizes, context)
     stats.enumerated = len(candidates) + len(skipped)
-    # costs without the scenario's recompute: selective adds backward FLOPs a candidate may not run
-    plain = scenario.model_copy(update={"training": scenario.training.model_copy(update={"recompute": "none"})})
-    model = BoundModel(scenario, workload, topology, analytic_costs(plain, workload))
     stats.seconds["enumerate"] = time.perf_counter() - started
     capacity = scenario.cluster.gpu.memory_bytes
     queue, pruned, bounds, floors = [], [], {}, {}
-    for candidate in candidates:
-        clock = time.perf_counter()
-        try:
-            floor = model.memory_floor_bytes(candidate)
-        except (ScenarioError, SimulationError, IndexError) as error:
-            # IndexError: strategies.ghp's balanced partition of G > 1 pipeline replicas on mixed GPUs
-            skipped.append({"label": candidate.label, "reason": str(error) or type(error).__name__})
-            continue
-        stats.seconds["memory"] += time.perf_counter() - clock
-        if floor > capacity:
-            stats.pruned_memory += 1
-            pruned.append({"label": candidate.label, "kind": candidate.kind, "reason": "memory",
-                           "memory_floor_bytes": floor})
-            continue
-        refusal = unfolded_refusal(scenario, candidate, topology, folds)  # checked only where it could fit
-        if refusal:
-            skipped.append({"label": candidate.label, "reason": refusal})
-            continue
-        clock = time.perf_counter()
-        bound = bounds[candidate] = model.bound(candidate)
-        stats.seconds["bound"] += time.perf_counter() - clock
-        queue.append((bound.step_s, len(queue), candidate))
-        floors[candidate] = floor
-    heapq.heapify(queue)
-    outcomes = _best_first(scenario, queue, floors, top, exhaustive, workers, show_progress, stats)
+    workers = max(1, (os.cpu_count() or 1) if workers is None else workers)
+    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    try:
+        screened, stats.seconds["memory"], stats.seconds["bound"] = screen_all(scenario, workload, candidates,
+                                                                               pool, workers)
+        for candidate, found in zip(candidates, screened):
+            if found.error is not None:
+                skipped.append({"label": candidate.label, "reason": found.error})
+                continue
+            if found.floor_bytes > capacity:
+                stats.pruned_memory += 1
+                pruned.append({"label": candidate.label, "kind": candidate.kind, "reason": "memory",
+                               "memory_floor_bytes": found.floor_bytes})
+                continue
+            refusal = unfolded_refusal(scenario, candidate, topology, folds)  # checked only where it could fit
+            if refusal:
+                skipped.append({"label": candidate.label, "reason": refusal})
+                continue
+            bounds[candidate] = found.bound
+            queue.append((found.bound.step_s, len(queue), candidate))
+            floors[candidate] = found.floor_bytes
+        heapq.heapify(queue)
+        outcomes = _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_progress, stats)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     rows, simulated = [], set()
     for candidate, outcome in outcomes:
         simulated.add(candidate)
@@ -294,12 +286,11 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
     return LayoutSearch(scenario, rows, skipped, MEMORY_MODEL, capacity, stats=stats, pruned=pruned, top=top)
 
 
-def _best_first(scenario, queue, floors, top, exhaustive, workers, show_progress, stats) -> list[tuple[Candidate, dict]]:
+def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_progress, stats) -> list[tuple[Candidate, dict]]:
     """Pop candidates by bound until the next bound exceeds the top-th best time that fits."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from simulator.progress import stderr_progress
-    workers = max(1, (os.cpu_count() or 1) if workers is None else workers)
     heap = list(queue)
     best: list[float] = []  # negated step times of the top fitting candidates (a max-heap)
     done: list[tuple[Candidate, dict]] = []
@@ -325,28 +316,23 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, show_progress
     progress = stderr_progress(TextColumn("searching layouts"), BarColumn(), MofNCompleteColumn(),
                                TextColumn("simulated"), TimeElapsedColumn(), enabled=show_progress)
     clock = time.perf_counter()
-    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
-    try:
-        with progress:
-            task = progress.add_task("search", total=len(heap))
-            running: dict = {}
-            while heap or running:
-                while heap and len(running) < workers and heap[0][0] <= limit():
-                    _, _, candidate = heapq.heappop(heap)
-                    if pool is None:
-                        record(candidate, evaluate_layout(payload(candidate)))
-                        progress.advance(task)
-                    else:
-                        running[pool.submit(evaluate_layout, payload(candidate))] = candidate
-                if not running:
-                    break
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    record(running.pop(future), future.result())
+    with progress:
+        task = progress.add_task("search", total=len(heap))
+        running: dict = {}
+        while heap or running:
+            while heap and len(running) < workers and heap[0][0] <= limit():
+                _, _, candidate = heapq.heappop(heap)
+                if pool is None:
+                    record(candidate, evaluate_layout(payload(candidate)))
                     progress.advance(task)
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+                else:
+                    running[pool.submit(evaluate_layout, payload(candidate))] = candidate
+            if not running:
+                break
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                record(running.pop(future), future.result())
+                progress.advance(task)
     stats.seconds["simulate"] = time.perf_counter() - clock  # wall time, the exact memory checks included
     return done
 

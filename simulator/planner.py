@@ -36,6 +36,7 @@ from functools import lru_cache
 import pandas as pd
 
 from simulator.errors import ScenarioError, SimulationError
+from simulator.fabrics import cached_topology
 from simulator.heuristics import estimate_peak_memory_bytes
 from simulator.model_source import resolve_workload
 from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
@@ -252,7 +253,8 @@ def simulate_candidate(payload: dict) -> dict:
         scenario = scenario_from_dict(payload["scenario"], payload["origin"], payload["base_dir"])
         workload = _workload(json.dumps(payload["scenario"]["model"], sort_keys=True), payload["base_dir"])
         costs = _profile_costs(payload["profile"], workload) if payload.get("profile") else None
-        result = simulate(scenario, costs=costs, workload=workload)
+        result = simulate(scenario, costs=costs, workload=workload,
+                          topology=cached_topology(scenario.cluster.model_dump_json()))
     except (ScenarioError, SimulationError) as error:
         return {"label": payload["label"], "error": str(error)}
     devices = result.summary["devices"]

@@ -62,13 +62,15 @@ def analytic_costs(scenario: Scenario, workload: Workload) -> CostModel:
                          recompute=training.recompute)
 
 
-def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workload | None = None) -> SimulationResult:
-    """Simulate one training step of `scenario` (analytic costs unless `costs` is given)."""
+def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workload | None = None,
+             topology: Topology | None = None) -> SimulationResult:
+    """Simulate one training step of `scenario` (analytic costs unless `costs` is given; `topology`:
+    the scenario's cluster's, already built)."""
     started = time.perf_counter()
     with naming_source(scenario):
         workload = workload or resolve_workload(scenario.model, scenario.base_dir)
         costs = costs or analytic_costs(scenario, workload)
-        topology = build_topology(scenario.cluster)
+        topology = topology or build_topology(scenario.cluster)
         plan = compile_plan(scenario, workload, topology, costs)
         played_costs = engine_costs(plan, costs)
     result = Engine(plan, topology, played_costs, scenario.strategy.num_parameter_servers).run()

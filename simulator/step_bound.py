@@ -47,13 +47,13 @@ from simulator.collectives import choose_algorithm, collective_phases, pairs_pha
 from simulator.costs import BACKWARD, FORWARD
 from simulator.heterogeneity import DeviceCosts
 from simulator import memory_floor
-from simulator.layout_geometry import RememberedCosts, megatron_device, ring_floors_s
+from simulator.layout_geometry import RememberedCosts, chain_partition, megatron_device, ring_floors_s, tp_floors
 from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.strategies.experts import expert_rank_workload, rank_expert_params
 from simulator.strategies.ghp import GridConfig, _partition, bucket_segments, recompute_ranges
 from simulator.strategies.tensor import rank_costs
-from simulator.strategies.tensor_layers import pass_collectives, rank_workload
+from simulator.strategies.tensor_layers import rank_workload
 from simulator.workload import dtype_bytes
 
 MEGATRON = "megatron"
@@ -123,7 +123,7 @@ class BoundModel:
             grid = GridConfig(MEGATRON, 1, chunks, scenario.training.global_batch_size, scenario.training.dtype,
                               partition=partition)
             chunk_devices = tuple(device(0, chunk % p, 0) for chunk in range(chunks))
-            ranges = _partition(grid, shard, self.topology, model, chunk_devices, b)
+            ranges = chain_partition(self, grid, shard, model, chunk_devices, b)
             chain = [device(0, k, 0) for k in range(p)]
             rings = [tuple(device(e, k, 0) for e in range(d)) for k in range(p)]
             tp_groups = [tuple(device(0, k, i) for i in range(t)) for k in range(p)]
@@ -268,13 +268,8 @@ class BoundModel:
         t = c.tp_degree if c.kind == MEGATRON else 1
         if t > 1:
             for k, (start, end) in enumerate(geo.ranges):
-                group = geo.tp_groups[k % len(geo.tp_groups)]
-                for index in range(start, end):
-                    for phase, out in ((FORWARD, tp_f), (BACKWARD, tp_b)):
-                        for op, repeat, elements in pass_collectives(self.workload, index, index + 1, phase,
-                                                                     self.sp(c)):
-                            size = elements * b * self.element / (t if op == "allgather" else 1)
-                            out[index] += self.collective_floor_s((group,), op, size, "ring", repeat)
+                group_f, group_b = tp_floors(self, geo.tp_groups[k % len(geo.tp_groups)], self.sp(c), b)
+                tp_f[start:end], tp_b[start:end] = group_f[start:end], group_b[start:end]
         found = self._cache[key] = (fwd, bwd, tp_f, tp_b)
         return found
 

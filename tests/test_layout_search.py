@@ -5,6 +5,7 @@ time, and memory pruning agrees with the memory model (simulator/memory.py)."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -16,6 +17,7 @@ from simulator.layout_search import (MICROBATCH_SIZES, exact_peak_memory_bytes, 
                                      search_layouts)
 from simulator.planner import Candidate, _workload, candidate_scenario, enumerate_candidates
 from simulator.scenario import load_scenario, scenario_from_dict
+from simulator.search_bounds import screen_all
 from simulator.simulate import analytic_costs, simulate
 from simulator.step_bound import BoundModel
 
@@ -94,6 +96,22 @@ def test_memory_pruning_agrees_with_the_memory_model():
     over = {row["label"] for row in full.rows if row["peak_memory_bytes"] > 32e6}
     assert {entry["label"] for entry in ranking.pruned if entry["reason"] == "memory"} | \
         {row["label"] for row in ranking.rows if not row["fits"]} == over
+
+
+def test_floors_and_bounds_over_worker_processes_equal_one_process():
+    scenario = load_scenario(tiny_llm(num_nodes=2, gpus_per_node=4, batch=16, memory="64 MB"))
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
+    candidates = megatron_space(scenario, workload, (1, 2)) + enumerate_candidates(
+        scenario, workload.num_layers, ("dp", "ghp", "1f1b"), (2, 4))[0]
+    serial, _, _ = screen_all(scenario, workload, candidates)
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        spread, memory_s, bound_s = screen_all(scenario, workload, candidates, pool, workers=2)
+    assert spread == serial and memory_s > 0 and bound_s > 0
+    fitting = [found for found in serial if found.bound is not None]
+    assert 0 < len(fitting) < len(serial)  # the 64 MB device drops some layouts: they get no bound
+    model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+    for candidate, found in list(zip(candidates, serial))[::7]:
+        assert found.floor_bytes == model.memory_floor_bytes(candidate), candidate.label
 
 
 def test_megatron_space_covers_every_axis():

@@ -2,9 +2,21 @@
 per-stage properties (`analysis`) and the grid printer (`grid`). `steady_state` is analysis of a
 simulated plan (it imports the engine) and is not imported here."""
 
+from functools import lru_cache
+
 from simulator.schedules.build import SCHEDULES, build_schedule
 from simulator.schedules.check import ScheduleError, Timeline, check_schedule, unit_time_run
 from simulator.schedules.ir import Op, Schedule
 
-__all__ = ["SCHEDULES", "build_schedule", "ScheduleError", "Timeline", "check_schedule", "unit_time_run",
-           "Op", "Schedule"]
+__all__ = ["SCHEDULES", "build_schedule", "checked_schedule", "ScheduleError", "Timeline", "check_schedule",
+           "unit_time_run", "Op", "Schedule"]
+
+
+@lru_cache(maxsize=64)
+def checked_schedule(kind: str, num_stages: int, num_microbatches: int, num_virtual_stages: int = 1,
+                     staggered_prediction: bool = True) -> Schedule:
+    """`build_schedule`, once `check_schedule` has passed it; built and checked once per process for
+    each setting (a layout search compiles many plans of few schedules). Schedules are frozen."""
+    schedule = build_schedule(kind, num_stages, num_microbatches, num_virtual_stages, staggered_prediction)
+    check_schedule(schedule)
+    return schedule

@@ -29,7 +29,7 @@ from simulator.errors import ScenarioError
 from simulator.limits import check_simulation_size
 from simulator.placement import place_ranks
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
-from simulator.schedules import Schedule, build_schedule, check_schedule
+from simulator.schedules import Schedule, checked_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import PREDICT, UPDATE
 from simulator.strategies.ghp import GridConfig, _ActionList, _check_grid, _partition, bucket_segments
@@ -97,9 +97,8 @@ def compile_pipeline_plan(config: PipelineConfig, workload: Workload, topology: 
     """Per-rank actions of G replicas x M stages following the schedule of `config.kind`."""
     _check(config, workload, topology)
     groups, num_stages, v = config.num_groups, config.num_stages, config.num_virtual_stages
-    schedule = build_schedule(config.kind, num_stages, config.num_microbatches, v,
-                              config.weight_prediction == "staggered")
-    check_schedule(schedule)
+    schedule = checked_schedule(config.kind, num_stages, config.num_microbatches, v,
+                                config.weight_prediction == "staggered")
     rank_to_device = place_ranks(config.placement, groups, num_stages, topology.gpus_per_node)
     # chunk c of replica g runs on rank g x M + (c mod M); the partitioner reads replica-major rows
     chunk_devices = tuple(rank_to_device[group * num_stages + chunk % num_stages]

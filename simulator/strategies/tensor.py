@@ -50,7 +50,7 @@ from simulator.costs import AnalyticCosts, CostModel
 from simulator.errors import ScenarioError
 from simulator.limits import check_simulation_size
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
-from simulator.schedules import build_schedule, check_schedule
+from simulator.schedules import checked_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import UPDATE
 from simulator.strategies import context, experts, zero
@@ -184,8 +184,7 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     context.check_context_parallel(config, workload)
     shard = experts.expert_rank_workload(workload, rank_workload(workload, config.tp, config.sequence_parallel),
                                          config.tp, config.sequence_parallel, config.ep)
-    schedule = build_schedule(config.schedule_kind, config.pp, config.num_microbatches, config.num_virtual_stages)
-    check_schedule(schedule)
+    schedule = checked_schedule(config.schedule_kind, config.pp, config.num_microbatches, config.num_virtual_stages)
     chunk_devices = tuple(config.device_of(0, chunk % config.pp, 0) for chunk in range(schedule.num_chunks))
     grid = GridConfig(KIND, 1, schedule.num_chunks, config.global_batch_size, config.dtype,
                       partition=config.partition)
