@@ -34,7 +34,8 @@ def chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b
     if grid.partition != "balanced":
         return _partition(grid, shard, topology, costs, chunk_devices, b)
     models = DeviceCosts(costs, topology)
-    links = tuple((topology.route_latency_s(a, z), min(topology.links[i].bandwidth_bytes_per_s for i in topology.route(a, z)))
+    links = tuple((topology.route_latency_s(a, z),
+                   min(topology.links[i].bandwidth_bytes_per_s for i in topology.route(a, z)))
                   for a, z in zip(chunk_devices, chunk_devices[1:]))
     key = ("partition", id(shard), id(costs), len(chunk_devices), b, links,
            None if models.uniform else tuple(id(models.model_of(device)) for device in chunk_devices))

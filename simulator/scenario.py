@@ -199,8 +199,8 @@ class StrategyConfig(_Frozen):
     fsdp_sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] | None = None
     """megatron: PyTorch FSDP's ShardingStrategy; sets zero_stage (simulator/zero_config.py)."""
     symmetry: Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)] = "auto"
-    """megatron: auto simulates one representative per symmetric set of ranks (simulator/symmetry.py);
-    off forces the full simulation."""
+    """auto simulates one representative per symmetric set of ranks (megatron: simulator/symmetry.py;
+    dp: simulator/grid_symmetry.py); off forces the full simulation."""
     gradient_accumulation_fusion: bool = True
     """Kernel cost model: each weight-gradient GEMM accumulates into the fp32 main gradient (Megatron
     `--gradient-accumulation-fusion`, its default); false: a separate accumulation kernel per weight."""

@@ -81,6 +81,11 @@ def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workl
     if plan.strategy == "megatron":  # ZeRO-1 memory; a symmetric run expanded to every device
         from simulator.strategies.tensor_summary import finish_summary
         finish_summary(summary, plan, topology)
+    elif "symmetry_decision" in plan.meta:  # data parallelism: folded to rank 0 or not, and why
+        from simulator.grid_symmetry import expand_grid_summary
+        if "symmetry" in plan.meta:
+            expand_grid_summary(summary, plan.rank_to_device, topology)
+        summary["symmetry"] = plan.meta["symmetry_decision"]
     summary["wall_s"] = time.perf_counter() - started
     return SimulationResult(scenario, workload, plan, spans, summary)
 

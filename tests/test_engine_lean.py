@@ -97,9 +97,13 @@ def test_flow_callbacks_and_events_finish_alike():
     assert finishes["event"] == finishes["callback"] == pytest.approx([1.0, 2.0, 4.0])  # C, A, then B alone
 
 
+UNFOLDED = {"kind": "dp", "symmetry": "off"}
+"""Data parallelism simulated rank by rank (`simulator.grid_symmetry` folds it otherwise)."""
+
+
 def dp_scenario(nodes: int):
     return load_scenario({**BASE, "cluster": {"num_nodes": nodes, "gpus_per_node": 8, "gpu": "V100"},
-                          "training": {"global_batch_size": 8 * nodes}})
+                          "strategy": UNFOLDED, "training": {"global_batch_size": 8 * nodes}})
 
 
 def test_data_parallel_peers_are_one_tuple():
@@ -123,5 +127,6 @@ def test_a_plan_larger_than_memory_is_refused_up_front(monkeypatch):
 
 def test_cli_refuses_an_oversized_simulation_in_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(limits, "available_memory_bytes", lambda: 2**14)
-    path = write_scenario(tmp_path, {**BASE, "cluster": {"num_nodes": 2, "gpus_per_node": 8, "gpu": "V100"}})
+    path = write_scenario(tmp_path, {**BASE, "cluster": {"num_nodes": 2, "gpus_per_node": 8, "gpu": "V100"},
+                                     "strategy": UNFOLDED})
     assert_one_line_error(run_cli(capsys, "simulate", path), "16 ranks", "GiB")

@@ -5,6 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from simulator.grid_symmetry import every_rank  # noqa: E402
 from simulator import load_scenario, simulate  # noqa: E402
 from simulator.compare import with_strategy  # noqa: E402
 from validator.launch import LaunchConfig, spawn  # noqa: E402
@@ -41,7 +42,7 @@ def relative_error(actual, expected) -> float:
 ])
 def test_distributed_parameters_equal_single_process_training(world_size, kind, groups, model):
     scenario = with_strategy(cpu_scenario(world_size, model), kind, groups)
-    result = simulate(scenario)
+    result = simulate(every_rank(scenario))
     options = RunOptions(steps=STEPS, warmup=0, optimizer="momentum", learning_rate=0.05, return_state=True)
     ranks = spawn(run_rank, (result.plan, result.workload, options), LaunchConfig(world_size, timeout_s=120))
     reference = reference_training(result.workload, 8, STEPS, "momentum", 0.05)

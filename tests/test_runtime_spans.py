@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from simulator.grid_symmetry import every_rank  # noqa: E402
 from simulator import load_scenario, simulate  # noqa: E402
 from validator.launch import LaunchConfig, spawn  # noqa: E402
 from validator.runtime import RankExecutor  # noqa: E402
@@ -35,7 +36,7 @@ def test_waiting_for_a_late_peer_is_communication_not_update_compute():
         "strategy": {"kind": "dp"},
         "training": {"global_batch_size": 8, "optimizer": "sgd"},
     })
-    result = simulate(scenario)
+    result = simulate(every_rank(scenario))
     spans = spawn(_late_peer_step, (result.plan, result.workload), LaunchConfig(2, timeout_s=120))[0]
     update = [end - start for _rank, stream, _name, kind, start, end, *_ in spans if stream == "compute"
               and kind not in ("F", "B")]

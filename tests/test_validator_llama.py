@@ -23,6 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
+from simulator.grid_symmetry import every_rank  # noqa: E402
 from simulator import load_scenario, simulate  # noqa: E402
 from simulator.compare import with_strategy  # noqa: E402
 from simulator.model_source import resolve_workload  # noqa: E402
@@ -161,7 +162,7 @@ def tiny_llama_scenario(kind: str, window: int):
 
 @pytest.mark.parametrize("kind, window", [("dp", 0), ("gpipe:2", 3), ("1f1b:4", 0)])
 def test_two_process_llama_training_equals_single_process_training(kind, window):
-    result = simulate(tiny_llama_scenario(kind, window))
+    result = simulate(every_rank(tiny_llama_scenario(kind, window)))
     measured, reference, initial = trained_on_two_ranks_and_alone(result, BATCH)
     assert set(measured) == set(reference)
     assert max(relative_error(measured[name], reference[name]) for name in reference) <= 1e-5

@@ -17,6 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from simulator.grid_symmetry import every_rank  # noqa: E402
 from simulator import simulate  # noqa: E402
 from simulator.zoo import build_model  # noqa: E402
 from validator.layers_flops import ForwardFlopCounter  # noqa: E402
@@ -158,7 +159,7 @@ TINY_MOE = {"name": "moe", "params": {"num_layers": 3, "hidden_size": 32, "num_h
 
 @pytest.mark.slow
 def test_two_process_moe_training_equals_single_process_training():
-    result = simulate(two_rank_cpu_scenario(TINY_MOE, DP_BATCH, "dp"))
+    result = simulate(every_rank(two_rank_cpu_scenario(TINY_MOE, DP_BATCH, "dp")))
     measured, reference, initial = trained_on_two_ranks_and_alone(result, DP_BATCH)
     assert set(measured) == set(reference)
     assert any("experts" in name for name in reference)

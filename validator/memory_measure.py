@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from simulator.compare import with_strategy
+from simulator.grid_symmetry import every_rank
 from simulator.model_source import resolve_workload
 from simulator.plan import Plan
 from simulator.scenario import PIPELINE_KINDS, Scenario
@@ -136,7 +137,7 @@ def measure_memory(scenario: Scenario, specs: list[tuple[str, int | None]],
     workload = resolve_workload(scenario.model, scenario.base_dir)
     rows = []
     for kind, groups in specs:
-        variant = with_strategy(scenario, kind, groups)
+        variant = every_rank(with_strategy(scenario, kind, groups))  # every rank runs for real
         predicted = simulate(variant, workload=workload)
         plan = predicted.plan
         config = LaunchConfig(world_size=plan.num_ranks, device=options.device, timeout_s=timeout_s,

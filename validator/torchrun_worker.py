@@ -20,6 +20,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from simulator.grid_symmetry import every_rank
 from simulator.output import write_json_atomic
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                             timeout=datetime.timedelta(seconds=args.timeout))
     try:
         scenario = load_scenario(args.scenario, args.overrides)
-        result = simulate(scenario)
+        result = simulate(every_rank(scenario))  # every rank's actions: each process runs its own
         if result.plan.num_ranks != world_size:
             raise RankFailure(f"rank {rank}: the plan has {result.plan.num_ranks} ranks but WORLD_SIZE is {world_size}")
         digests = [None] * world_size

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from simulator.compare import with_strategy
+from simulator.grid_symmetry import every_rank
 from simulator.engine import SPAN_FIELDS
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
@@ -164,7 +165,7 @@ def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, in
 def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | None, options: RunOptions) -> _Case:
     """One strategy of a validation: its prediction, the plan the ranks run (the steady-state plan
     for asynchronous pipelines) and the run options for it."""
-    variant = with_strategy(scenario, kind, groups)
+    variant = every_rank(with_strategy(scenario, kind, groups))  # every rank runs for real
     sharding = None
     if kind == "megatron":  # tp = pp = 1 only (validator.fsdp_runtime): refused in one line before simulating
         strategy = variant.strategy

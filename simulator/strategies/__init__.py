@@ -63,5 +63,10 @@ def compile_plan(scenario, workload: Workload, topology: Topology, costs: CostMo
     if scenario.strategy.kind in PIPELINE_KINDS:
         plan = compile_pipeline_plan(pipeline_config(scenario), workload, topology, costs)
     else:
-        plan = compile_grid_plan(grid_config(scenario), workload, topology, costs)
+        from simulator.grid_symmetry import grid_fold_decision
+        config = grid_config(scenario)
+        fold, reason = grid_fold_decision(scenario, config.num_groups, config.workers_per_group, costs)
+        plan = compile_grid_plan(config, workload, topology, costs, fold)
+        if config.workers_per_group == 1 and config.num_groups > 1:
+            plan.meta["symmetry_decision"] = {"used": fold, "reason": reason}
     return apply_training_options(plan, workload, **training_options(scenario))
