@@ -33,12 +33,10 @@ two directed edges, each one shared resource in the engine. Between nodes:
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
-
+from typing import NamedTuple
 
 from simulator.errors import ScenarioError
 from simulator.hardware import GpuSpec, LinkSpec
@@ -48,10 +46,10 @@ INTRA, INTER = "intra", "inter"
 FABRICS = ("two_tier", "fat_tree", "rail_optimized", "torus_2d", "graph_file")
 
 
-@dataclass(frozen=True)
-class Link:
+class Link(NamedTuple):
     """One directed edge of the cluster graph; `bandwidth_bytes_per_s` is the achievable rate
-    (the module docstring), `kind` the LinkSpec's kind."""
+    (the module docstring), `kind` the LinkSpec's kind. A named tuple: fabrics of 16,384 GPUs
+    create hundreds of thousands of them."""
 
     index: int
     source: str
@@ -199,7 +197,7 @@ class Topology:
             for index in degraded_links(self, name):
                 link = self.links[index]
                 bandwidth = link.bandwidth_bytes_per_s * factor
-                self.links[index] = dataclasses.replace(link, bandwidth_bytes_per_s=bandwidth)
+                self.links[index] = link._replace(bandwidth_bytes_per_s=bandwidth)
         self._graph = None  # rebuilt from the links on next use
 
 
