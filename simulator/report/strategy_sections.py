@@ -77,13 +77,16 @@ def timeline_section(data: ReportInput, files: dict[str, bytes]) -> Section:
         name = slug(label)
         num_ranks = int(spans["rank"].max()) + 1
         shown = min(num_ranks, MAX_GANTT_RANKS)
+        summary = summaries[label]
+        folded = (summary.get("symmetry") or summary.get("tensor", {}).get("symmetry") or {}).get("used")
         caption = (f"{label}: one step" + (f" (ranks 0-{shown - 1} of {num_ranks})" if shown < num_ranks else "")
-                   + "; thick bars: compute stream, thin bars: collectives and sends")
+                   + (f" (simulated representatives, standing for all {summary['num_gpus']} GPUs)"
+                      if folded else "") + "; thick bars: compute stream, thin bars: collectives and sends")
         section.figures.append(Figure(f"fig-timeline-{name}", caption, figure_png(
             lambda axis, spans=spans: plots.plot_gantt(spans, axis, MAX_GANTT_RANKS),
             (8.0, 1.5 + 0.3 * shown))))
         labels = {row["rank"]: f"rank {row['rank']} (gpu{row['device']}, node {row['node']})"
-                  for row in summaries[label]["devices"]}
+                  for row in summary["devices"]}
         path = f"traces/{name}.trace.json"
         files[path] = (json.dumps(trace_events(spans, labels), indent=1) + "\n").encode()
         section.links.append((f"{label}: Perfetto trace", path))
