@@ -30,14 +30,13 @@ from dataclasses import dataclass
 
 import simpy
 
+from simulator.action_durations import ActionDurations
 from simulator.collectives import choose_algorithm, collective_label, collective_phases, pairs_phase
-from simulator.costs import WEIGHT_PASS_WORDS, CostModel
+from simulator.costs import CostModel
 from simulator.errors import SimulationError
-from simulator.heterogeneity import DeviceCosts
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
-from simulator.network import FlowNetwork
-from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, message_links
-from simulator.sparse import SELECTION_PHASE
+from simulator.network import FlowNetwork, merge_phase_links
+from simulator.plan import Collective, Compute, Plan, Recv, Send, message_links
 from simulator.topology import Topology
 
 SPAN_FIELDS = ("rank", "stream", "name", "kind", "start_s", "end_s", "size_bytes", "microbatch")
@@ -76,11 +75,7 @@ class Engine:
         self.hosts: HostPool | None = None
         if costs.shared_processors is not None:
             self.hosts = HostPool.for_topology(self.env, costs.shared_processors, topology)
-        device_costs = DeviceCosts(costs, topology)
-        self._rank_costs = [device_costs.model_of(device) for device in plan.rank_to_device]
-        # G > 1 replicas of a stage average the reduced gradients before the update (megatron plans
-        # count TP x DP pipelines as groups, and ZeRO shards the update: not charged there)
-        self._averages_gradients = plan.num_groups > 1 and "tensor" not in plan.meta
+        self._durations = ActionDurations(plan, topology, costs)
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)
         self.algorithms: dict[str, int] = defaultdict(int)
@@ -93,7 +88,6 @@ class Engine:
         self._num_completions = 0
         self._arrivals: dict[tuple, tuple[int, int]] = {}
         self._rendezvous: dict[tuple, list] = {}
-        self._duration_cache: dict[tuple, float] = {}
         self._phase_cache: dict[tuple, tuple] = {}
         self._send_overhead_s, self._receive_overhead_s = (
             self.communication.message_overheads_s if self.communication is not None else (0.0, 0.0))
@@ -105,6 +99,8 @@ class Engine:
 
     def run(self) -> EngineResult:
         self._register_receives()
+        if self.communication is None:
+            self._merge_links()
         for rank, actions in enumerate(self.plan.actions):
             compute = [a for a in actions if isinstance(a, Compute)]
             collectives = [a for a in actions if isinstance(a, Collective) and a.key[0] not in ("tp", "ep")]
@@ -183,7 +179,8 @@ class Engine:
         self._work(rank, len(receives.get(action.id, ())) * self._receive_overhead_s, self._compute_body, stream, action)
 
     def _compute_body(self, stream: _Stream, action: Compute) -> None:
-        self._work(stream.rank, self._duration_s(action, stream.rank), self._compute_end, stream, action, self.env.now)
+        self._work(stream.rank, self._durations.seconds(action, stream.rank), self._compute_end, stream, action,
+                   self.env.now)
 
     def _compute_end(self, stream: _Stream, action: Compute, start: float) -> None:
         self.spans.append((stream.rank, "compute", action.label, action.phase, start, self.env.now, 0.0, action.microbatch))
@@ -351,43 +348,25 @@ class Engine:
             per_host[self.hosts.host_of(self.plan.rank_to_device[rank])] += 1
         return tuple(sorted(per_host.items()))
 
+    def _merge_links(self) -> None:
+        """Every flow phase the plan plays, built (and cached) before the run, with each usage's links
+        merged where no flow of the run tells them apart (`simulator.network.merged_usages`)."""
+        seen = set()
+        for rank, actions in enumerate(self.plan.actions):
+            for action in actions:
+                if isinstance(action, Collective) and action.key not in seen:
+                    seen.add(action.key)
+                    self._phases(tuple(self.plan.rank_to_device[r] for r in action.ranks), action, count=False)
+                elif isinstance(action, Send):
+                    self._send_phase(rank, action, self.plan.rank_to_device[rank], self.plan.rank_to_device[action.dst])
+        merge_phase_links(self._phase_cache, self.network.capacities)
+
     # ------------------------------------------------------------------ bookkeeping
     def _register_receives(self) -> None:
         for rank, actions in enumerate(self.plan.actions):
             for action in actions:
                 if isinstance(action, Recv):
                     self._arrivals[action.key] = (rank, action.id)
-
-    def _duration_s(self, action: Compute, rank: int = 0) -> float:
-        costs = self._rank_costs[rank]  # this rank's GPU type and straggler slowdown (simulator.heterogeneity)
-        if action.phase in (FORWARD, BACKWARD):
-            return self._pass_s(costs, action)
-        key = (id(costs), action.phase, action.layer_start, action.layer_end, action.num_params, None)
-        duration = self._duration_cache.get(key)  # every rank of a stage updates alike: priced once
-        if duration is None:
-            duration = self._duration_cache[key] = self._other_s(costs, action)
-        return duration
-
-    def _other_s(self, costs, action: Compute) -> float:
-        """The optimizer, an asynchronous pipeline's weight pass, a top-k selection."""
-        if action.phase == OPTIMIZER:
-            layers = (action.layer_start, action.layer_end)  # per-layer costs where the profile has them
-            average_s = (costs.weight_pass_s("average", action.num_params, layers=layers)
-                         if self._averages_gradients else 0.0)
-            return costs.optimizer_s(action.num_params, layers=layers) + average_s
-        if action.phase in WEIGHT_PASS_WORDS:  # asynchronous pipelines' stash / predict / accumulate
-            return costs.weight_pass_s(action.phase, action.num_params, layers=(action.layer_start, action.layer_end))
-        if action.phase == SELECTION_PHASE:  # top-k selection over num_params gradient elements (simulator.sparse)
-            return costs.topk_s(action.num_params, self.plan.meta["topk"]["density"])
-        return self._pass_s(costs, action)
-
-    def _pass_s(self, costs, action: Compute) -> float:
-        key = (id(costs), action.phase, action.layer_start, action.layer_end, action.batch)
-        duration = self._duration_cache.get(key)
-        if duration is None:
-            duration = self._duration_cache[key] = sum(
-                costs.compute_s(layer, action.phase, action.batch) for layer in range(action.layer_start, action.layer_end))
-        return duration
 
     def _check_finished(self) -> None:
         for rank, finished in enumerate(self._finished):

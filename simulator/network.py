@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import replace
 
 
 RATES_CACHE_SIZE = 4096
@@ -114,6 +115,39 @@ def _binding_usages(flows, capacities, min_incidences: int = 256) -> dict[int, t
             best[key] = link
     kept = set(best.values())
     return {flow.id: tuple(entry for entry in flow.usage if entry[0] in kept) for flow in flows}
+
+
+def merged_usages(usages, capacities) -> dict[tuple, tuple]:
+    """Each distinct usage ((link, count), ...) of `usages` (every flow a run will play) without the
+    links that can never matter: of links crossed by exactly the same usages with the same counts,
+    only the one of least capacity (lowest index on a tie) is kept. Their fill levels keep their
+    order under progressive filling (equal weights, equal drops), so the kept one fills first and
+    freezes every flow the others would; and a flow on any of them is on the kept one, so the
+    components are the same. The rates and finish times are those of the full usages, while a
+    folded run's ring sets of thousands of links shrink to their few classes of links."""
+    families = list(dict.fromkeys(usages))
+    crossing: dict[int, list] = {}
+    for family, usage in enumerate(families):
+        for link, count in usage:
+            crossing.setdefault(link, []).append((family, count))
+    best: dict[tuple, int] = {}
+    for link, signature in crossing.items():
+        key = tuple(signature)
+        other = best.get(key)
+        if other is None or (capacities[link], link) < (capacities[other], other):
+            best[key] = link
+    kept = set(best.values())
+    return {usage: tuple(entry for entry in usage if entry[0] in kept) for usage in families}
+
+
+def merge_phase_links(phase_cache: dict, capacities) -> None:
+    """`merged_usages` over every flow phase in `phase_cache` (key -> a phase or a tuple of phases,
+    `simulator.engine.Engine`'s), each phase replaced in place by its merged copy."""
+    entries = {key: (value if isinstance(value, tuple) else (value,)) for key, value in phase_cache.items()}
+    merged = merged_usages([phase.usage for phases in entries.values() for phase in phases], capacities)
+    for key, phases in entries.items():
+        phases = tuple(replace(phase, usage=merged[phase.usage]) for phase in phases)
+        phase_cache[key] = phases if isinstance(phase_cache[key], tuple) else phases[0]
 
 
 class FlowNetwork:

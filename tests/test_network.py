@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import simpy
 
-from simulator.network import FlowNetwork, max_min_rates
+from simulator.network import FlowNetwork, max_min_rates, merged_usages
 from simulator.topology import Topology
 from tests.helpers import FixedCosts, link, run_plan
 from tests.test_engine import _send_ends, _sends_plan
@@ -83,6 +83,19 @@ def test_a_flow_ending_midway_frees_bandwidth_along_the_chain():
         (0.0, 1.7, [(2, 1)]),           # W
     ])
     assert finishes == pytest.approx([1.25, 0.5, 2.0, 1.7])
+
+
+def test_links_no_flow_tells_apart_merge_into_the_tightest_with_the_same_finishes():
+    # Links 0-3 carry A and B alike (A twice on each), link 4 only C: they merge into link 2, the
+    # tightest; link 5 carries A twice and C, so it stays; B alone on 6 and 7 keeps the tighter, 7.
+    capacities = [9.0, 8.0, 3.0, 3.0, 5.0, 4.0, 6.0, 2.5]
+    usages = [((0, 2), (1, 2), (2, 2), (3, 2), (5, 2)), ((0, 1), (1, 1), (2, 1), (3, 1), (6, 1), (7, 1)),
+              ((4, 1), (5, 1))]
+    merged = merged_usages(usages + usages[:1], capacities)
+    assert merged == {usages[0]: ((2, 2), (5, 2)), usages[1]: ((2, 1), (7, 1)), usages[2]: ((4, 1), (5, 1))}
+    starts = [(0.0, 1.0, 0), (0.2, 2.0, 1), (0.1, 0.7, 2), (0.5, 0.4, 1)]
+    full = run_flows(capacities, [(start, size, usages[i]) for start, size, i in starts])
+    assert run_flows(capacities, [(start, size, merged[usages[i]]) for start, size, i in starts]) == full
 
 
 def test_zero_bytes_or_no_links_finish_at_once():
