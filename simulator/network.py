@@ -103,18 +103,24 @@ def _binding_usages(flows, capacities, min_incidences: int = 256) -> dict[int, t
     it on large components only (long rings crossing many links with the same traffic)."""
     if sum(len(flow.usage) for flow in flows) < min_incidences:
         return {flow.id: flow.usage for flow in flows}
-    members: dict[int, list] = {}
-    for flow in flows:
-        for link, count in flow.usage:
-            members.setdefault(link, []).append((flow.id, count))
+    kept = _tightest_per_class({flow.id: flow.usage for flow in flows}, capacities)
+    return {flow.id: tuple(entry for entry in flow.usage if entry[0] in kept) for flow in flows}
+
+
+def _tightest_per_class(usages: dict, capacities) -> set[int]:
+    """Of the links crossed by exactly the same usages (`usages`: name -> ((link, count), ...)) with
+    the same counts, the one of least capacity (lowest index on a tie)."""
+    crossing: dict[int, list] = {}
+    for name, usage in usages.items():
+        for link, count in usage:
+            crossing.setdefault(link, []).append((name, count))
     best: dict[tuple, int] = {}
-    for link, crossing in members.items():
-        key = tuple(crossing)
+    for link, signature in crossing.items():
+        key = tuple(signature)
         other = best.get(key)
         if other is None or (capacities[link], link) < (capacities[other], other):
             best[key] = link
-    kept = set(best.values())
-    return {flow.id: tuple(entry for entry in flow.usage if entry[0] in kept) for flow in flows}
+    return set(best.values())
 
 
 def merged_usages(usages, capacities) -> dict[tuple, tuple]:
@@ -126,17 +132,7 @@ def merged_usages(usages, capacities) -> dict[tuple, tuple]:
     components are the same. The rates and finish times are those of the full usages, while a
     folded run's ring sets of thousands of links shrink to their few classes of links."""
     families = list(dict.fromkeys(usages))
-    crossing: dict[int, list] = {}
-    for family, usage in enumerate(families):
-        for link, count in usage:
-            crossing.setdefault(link, []).append((family, count))
-    best: dict[tuple, int] = {}
-    for link, signature in crossing.items():
-        key = tuple(signature)
-        other = best.get(key)
-        if other is None or (capacities[link], link) < (capacities[other], other):
-            best[key] = link
-    kept = set(best.values())
+    kept = _tightest_per_class(dict(enumerate(families)), capacities)
     return {usage: tuple(entry for entry in usage if entry[0] in kept) for usage in families}
 
 
