@@ -20,6 +20,8 @@ everything else is analysis of the span table (`simulator.records`).
 Lean: streams and sends are continuations, not SimPy processes; an action's completion is a flag,
 and only an action somebody waits for gets waiters (no event per action up front). SimPy holds what
 advances time (timeouts, flow and host timers); work ready at this instant runs from a queue.
+Every flow phase is built once before the run, its links merged where no flow of the run tells
+them apart (`simulator.network.merged_usages`: the same rates with fewer links to walk).
 """
 
 from __future__ import annotations
