@@ -6,7 +6,8 @@ bucket at the same instant, and every bucket's allreduce starts when the last ra
 is then. The collective is one flow set over all G devices either way (`simulator.collectives`),
 so a plan holding rank 0's actions alone, whose collectives are played over every peer's device
 (`GridSymmetry.device_groups`), gives the full run's step time, link loads, byte counts and
-memory; the summary's per-device rows are rank 0's, copied to every device (`expand_grid_summary`).
+memory; the summary's per-device rows are rank 0's, copied to every device
+(`simulator.symmetry.expand_summary`).
 With `strategy.symmetry: auto` a DP plan folds unless (`grid_fold_decision`): `symmetry` is off;
 the cluster is heterogeneous (mixed GPUs, stragglers, degraded links); a calibration profile prices
 collectives by their ranks; ranks share a host's processors (one pool per node, not per GPU);
@@ -52,17 +53,6 @@ def grid_fold_decision(scenario, num_groups: int, workers_per_group: int, costs)
     if scenario.strategy.gradient_compression != "none":
         return False, "gradient compression: the sparse exchange is simulated rank by rank"
     return True, f"rank 0 stands for the {num_groups} data-parallel replicas"
-
-
-def expand_grid_summary(summary: dict, rank_to_device: tuple[int, ...], topology) -> None:
-    """Per-device rows of every replica from rank 0's row (in place)."""
-    rows = []
-    for rank, device in enumerate(rank_to_device):
-        row = dict(summary["devices"][0])
-        row.update(rank=rank, device=device, node=topology.node_of(device), group=rank, stage=0)
-        rows.append(row)
-    summary["devices"] = rows
-    summary["num_gpus"] = len(rows)
 
 
 def every_rank(scenario):

@@ -82,9 +82,9 @@ def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workl
         from simulator.strategies.tensor_summary import finish_summary
         finish_summary(summary, plan, topology)
     elif "symmetry_decision" in plan.meta:  # data parallelism: folded to rank 0 or not, and why
-        from simulator.grid_symmetry import expand_grid_summary
+        from simulator.symmetry import expand_summary
         if "symmetry" in plan.meta:
-            expand_grid_summary(summary, plan.rank_to_device, topology)
+            expand_summary(summary, plan.rank_to_device, 1, topology)
         summary["symmetry"] = plan.meta["symmetry_decision"]
     summary["wall_s"] = time.perf_counter() - started
     return SimulationResult(scenario, workload, plan, spans, summary)

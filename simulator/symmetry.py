@@ -210,11 +210,13 @@ def _fold_refusal(cluster, config, topology: Topology) -> str:
     return _REFUSALS[key]
 
 
-def expand_summary(summary: dict, symmetry: Symmetry, topology: Topology) -> None:
-    """Per-device rows of every rank from the representatives' rows (in place)."""
-    p = symmetry.num_stages
+def expand_summary(summary: dict, rank_to_device: tuple[int, ...], num_stages: int, topology: Topology) -> None:
+    """Per-device rows of every rank (rank = pipeline x num_stages + stage) from the representatives'
+    rows, one per stage (in place): a symmetric megatron run's, or a folded data-parallel run's
+    (`simulator.grid_symmetry`, one stage)."""
+    p = num_stages
     rows = []
-    for rank, device in enumerate(symmetry.rank_to_device):
+    for rank, device in enumerate(rank_to_device):
         pipeline, stage = divmod(rank, p)
         row = dict(summary["devices"][stage])
         row.update(rank=rank, device=device, node=topology.node_of(device), group=pipeline, stage=stage)

@@ -80,7 +80,8 @@ def finish_summary(summary: dict, plan: Plan, topology: Topology) -> None:
     tensor = plan.meta["tensor"]
     shard_memory(summary, plan.meta["zero"])
     if "symmetry" in plan.meta:
-        expand_summary(summary, plan.meta["symmetry"], topology)
+        symmetry = plan.meta["symmetry"]
+        expand_summary(summary, symmetry.rank_to_device, symmetry.num_stages, topology)
     for row in summary["devices"]:
         row["dp_rank"], row["tp_rank"] = divmod(row["group"], tensor["tp_degree"])
     summary["tensor"] = {**tensor, "symmetry": plan.meta["symmetry_decision"]}
