@@ -1,0 +1,189 @@
+"""Accuracy at cluster scale: the ten weak-scaling runs of Megatron-LM on up to 3,072 A100 GPUs
+(Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", SC'21, Table 1), predicted with the datasheet catalogue (or a kernel profile) and
+scored against the published throughput.
+
+The runs (`RUNS`): GPT models of 1.7B to 1T parameters, sequence 2,048, vocabulary 51,200, fp16
+mixed precision with Adam, full activation recomputation, on Selene (DGX A100 80 GB nodes: NVSwitch
+inside, 8 HDR InfiniBand NICs a node on a rail-optimised fat-tree). Each run's tensor, pipeline
+and data degrees, micro-batch, global batch, interleaving (layers per virtual stage) and
+data-parallel implementation come from the authors' artifact,
+NVIDIA/Megatron-LM `examples/sc21/run_table_1.sh`: `DDP=torch` reduces gradient buckets during
+the backward (`overlap_backward: true`), `DDP=local` after it (`false`). The published figure is
+model TFLOP/s per GPU computed with the paper's eq. 3, F = 96 B s l h^2 (1 + s / 6h + V / 16lh)
+per iteration (recomputation included), so the measured iteration time is F / (GPUs x TFLOP/s).
+The table rounds TFLOP/s to three digits (at most 0.4 % of a row).
+
+Nothing here is fitted: these rows are held out from every parameter of the model, including
+those `ghpsim fit` chose on the single-node rows of `bench_published.py`. Prints each run's
+measured and predicted iteration time and error, then MAPE, mean signed error and the worst row.
+
+    python benchmarks/bench_published_scale.py [--profile PROFILE.json] [--processes N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from simulator.errors import ScenarioError  # noqa: E402
+
+SEQUENCE, VOCABULARY = 2048, 51200
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One row of SC'21 Table 1 with its settings from `run_table_1.sh`."""
+
+    params_billion: float
+    heads: int
+    hidden: int
+    layers: int
+    tp: int
+    pp: int
+    gpus: int
+    global_batch: int
+    tflops_per_gpu: float
+    aggregate_pflops: float
+    """The table's last column: a check of the row's transcription (= TFLOP/s x GPUs)."""
+    micro_batch: int
+    layers_per_virtual_stage: int | None
+    overlap_backward: bool
+    """DDP=torch: True; DDP=local: False."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.params_billion:g}B t{self.tp} p{self.pp} on {self.gpus}"
+
+    @property
+    def virtual_stages(self) -> int:
+        if self.layers_per_virtual_stage is None:
+            return 1
+        return self.layers // self.pp // self.layers_per_virtual_stage
+
+    def iteration_flops(self) -> float:
+        """SC'21 eq. 3: 96 B s l h^2 (1 + s / 6h + V / 16lh)."""
+        h, s, l = self.hidden, SEQUENCE, self.layers
+        return 96 * self.global_batch * s * l * h * h * (1 + s / (6 * h) + VOCABULARY / (16 * l * h))
+
+    def measured_s(self) -> float:
+        return self.iteration_flops() / (self.gpus * self.tflops_per_gpu * 1e12)
+
+
+RUNS = (
+    PublishedRun(1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 4.4, 16, None, True),
+    PublishedRun(3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 8.8, 16, None, True),
+    PublishedRun(7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 18.2, 16, None, True),
+    PublishedRun(18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 34.6, 8, None, True),
+    PublishedRun(39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 70.8, 4, None, False),
+    PublishedRun(76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 143.8, 2, 5, False),
+    PublishedRun(145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 227.1, 2, 5, False),
+    PublishedRun(310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 297.4, 1, 3, False),
+    PublishedRun(529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 410.2, 1, 1, False),
+    PublishedRun(1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 502.0, 1, None, False),
+)
+
+
+def run_scenario(run: PublishedRun) -> dict:
+    """The scenario document of one published run."""
+    data_parallel = run.gpus // (run.tp * run.pp)
+    strategy = {"kind": "megatron", "tp_degree": run.tp, "pp_degree": run.pp,
+                "num_microbatches": run.global_batch // (run.micro_batch * data_parallel),
+                "overlap_backward": run.overlap_backward, "partition": "uniform"}
+    if run.virtual_stages > 1:
+        strategy["num_virtual_stages"] = run.virtual_stages
+    return {
+        "name": f"megatron_sc21_{run.params_billion:g}b",
+        "cluster": {"num_nodes": run.gpus // 8, "gpus_per_node": 8, "nics_per_node": 8, "gpu": "A100-80GB",
+                    "intra_node_link": "nvlink3-a100", "inter_node_link": "ib-hdr",
+                    "topology": "rail_optimized"},
+        "model": {"name": "transformer", "params": {"num_layers": run.layers, "hidden_size": run.hidden,
+                                                    "num_heads": run.heads, "seq_len": SEQUENCE,
+                                                    "vocab_size": VOCABULARY}},
+        "strategy": strategy,
+        "training": {"global_batch_size": run.global_batch, "dtype": "fp16", "optimizer": "adam",
+                     "recompute": "full"},
+    }
+
+
+def predict_s(args: tuple[PublishedRun, str | None]) -> tuple[float | str, float]:
+    """(predicted iteration seconds, or the one-line error; wall seconds) of one run."""
+    run, profile = args
+    from simulator.model_source import resolve_workload
+    from simulator.profile_costs import scenario_profile_costs
+    from simulator.scenario import scenario_from_dict
+    from simulator.simulate import simulate
+    started = time.perf_counter()
+    try:
+        scenario = scenario_from_dict(run_scenario(run), str(ROOT))
+        workload = resolve_workload(scenario.model, scenario.base_dir)
+        costs = scenario_profile_costs(profile, scenario, workload) if profile else None
+        return simulate(scenario, costs=costs, workload=workload).step_time_s, time.perf_counter() - started
+    except ScenarioError as error:
+        return str(error), time.perf_counter() - started
+
+
+def score(rows: list[dict]) -> dict:
+    """MAPE, mean signed error and worst |error| (percent) over the rows that simulated."""
+    errors = [row["error_pct"] for row in rows if row.get("error_pct") is not None]
+    if not errors:
+        return {"runs": 0}
+    worst = max((row for row in rows if row.get("error_pct") is not None), key=lambda row: abs(row["error_pct"]))
+    return {"runs": len(errors), "mape_pct": statistics.fmean(abs(e) for e in errors),
+            "mean_signed_pct": statistics.fmean(errors), "worst_pct": abs(worst["error_pct"]),
+            "worst_run": worst["run"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default=None,
+                        help="a kernel profile (`ghpsim fit`, `calibrate --kernels`); default: the datasheet catalogue")
+    parser.add_argument("--processes", type=int, default=os.cpu_count(), help="worker processes")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    if args.profile and not Path(args.profile).is_file():
+        print(f"bench_published_scale: error: --profile {args.profile}: no such file", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(max(1, args.processes)) as pool:
+        results = pool.map(predict_s, [(run, args.profile) for run in RUNS], chunksize=1)
+    rows = []
+    for run, (predicted, wall_s) in zip(RUNS, results):
+        row = {"run": run.label, "measured_s": run.measured_s(), "wall_s": wall_s}
+        if isinstance(predicted, str):
+            row.update(predicted_s=None, error_pct=None, error=predicted)
+        else:
+            row.update(predicted_s=predicted, error_pct=100 * (predicted - row["measured_s"]) / row["measured_s"])
+        rows.append(row)
+    figures = {"model": args.profile or "datasheet", "rows": rows, "summary": score(rows),
+               "wall_s": time.perf_counter() - started}
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    print(f"Megatron-LM SC'21 Table 1 on A100, {figures['model']}:")
+    print(f"{'run':28s} {'measured s':>11s} {'predicted s':>12s} {'error':>8s} {'sim s':>7s}")
+    for row in rows:
+        if row["predicted_s"] is None:
+            print(f"{row['run']:28s} {row['measured_s']:11.3f}  not simulated: {row['error']}")
+            continue
+        print(f"{row['run']:28s} {row['measured_s']:11.3f} {row['predicted_s']:12.3f} "
+              f"{row['error_pct']:+7.1f}% {row['wall_s']:7.1f}")
+    summary = figures["summary"]
+    if summary["runs"]:
+        print(f"{summary['runs']} runs: MAPE {summary['mape_pct']:.1f} %, mean signed {summary['mean_signed_pct']:+.1f} %, "
+              f"worst {summary['worst_pct']:.1f} % ({summary['worst_run']}) ({figures['wall_s']:.0f} s)")
+    return 0 if summary["runs"] == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
