@@ -16,7 +16,8 @@ The table rounds TFLOP/s to three digits (at most 0.4 % of a row).
 
 Nothing here is fitted: these rows are held out from every parameter of the model, including
 those `ghpsim fit` chose on the single-node rows of `bench_published.py`. Prints each run's
-measured and predicted iteration time and error, then MAPE, mean signed error and the worst row.
+measured and predicted iteration time and error, then MAPE, mean signed error and the worst row,
+and whether the predicted peak memory of every run fits the 80 GB it trained on.
 
     python benchmarks/bench_published_scale.py [--profile PROFILE.json] [--processes N] [--json]
 """
@@ -116,8 +117,9 @@ def run_scenario(run: PublishedRun) -> dict:
     }
 
 
-def predict_s(args: tuple[PublishedRun, str | None]) -> tuple[float | str, float]:
-    """(predicted iteration seconds, or the one-line error; wall seconds) of one run."""
+def predict_s(args: tuple[PublishedRun, str | None]) -> tuple[float | str, float, bool, float]:
+    """(predicted iteration seconds, or the one-line error; predicted peak memory per GPU in bytes;
+    whether it fits the GPU's memory; wall seconds) of one run."""
     run, profile = args
     from simulator.model_source import resolve_workload
     from simulator.profile_costs import scenario_profile_costs
@@ -128,9 +130,12 @@ def predict_s(args: tuple[PublishedRun, str | None]) -> tuple[float | str, float
         scenario = scenario_from_dict(run_scenario(run), str(ROOT))
         workload = resolve_workload(scenario.model, scenario.base_dir)
         costs = scenario_profile_costs(profile, scenario, workload) if profile else None
-        return simulate(scenario, costs=costs, workload=workload).step_time_s, time.perf_counter() - started
+        summary = simulate(scenario, costs=costs, workload=workload).summary
+        memory = summary["memory"]
+        return (summary["step_time_s"], memory["peak_memory_bytes"], memory["fits_in_memory"],
+                time.perf_counter() - started)
     except ScenarioError as error:
-        return str(error), time.perf_counter() - started
+        return str(error), 0.0, False, time.perf_counter() - started
 
 
 def score(rows: list[dict]) -> dict:
@@ -158,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     with multiprocessing.get_context("spawn").Pool(max(1, args.processes)) as pool:
         results = pool.map(predict_s, [(run, args.profile) for run in RUNS], chunksize=1)
     rows = []
-    for run, (predicted, wall_s) in zip(RUNS, results):
-        row = {"run": run.label, "measured_s": run.measured_s(), "wall_s": wall_s}
+    for run, (predicted, peak_bytes, fits, wall_s) in zip(RUNS, results):
+        row = {"run": run.label, "measured_s": run.measured_s(), "peak_memory_bytes": peak_bytes,
+               "fits_in_memory": fits, "wall_s": wall_s}
         if isinstance(predicted, str):
             row.update(predicted_s=None, error_pct=None, error=predicted)
         else:
@@ -171,17 +177,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(figures, indent=2))
         return 0
     print(f"Megatron-LM SC'21 Table 1 on A100, {figures['model']}:")
-    print(f"{'run':28s} {'measured s':>11s} {'predicted s':>12s} {'error':>8s} {'sim s':>7s}")
+    print(f"{'run':28s} {'measured s':>11s} {'predicted s':>12s} {'error':>8s} {'peak GiB':>9s} {'sim s':>7s}")
     for row in rows:
         if row["predicted_s"] is None:
             print(f"{row['run']:28s} {row['measured_s']:11.3f}  not simulated: {row['error']}")
             continue
         print(f"{row['run']:28s} {row['measured_s']:11.3f} {row['predicted_s']:12.3f} "
-              f"{row['error_pct']:+7.1f}% {row['wall_s']:7.1f}")
+              f"{row['error_pct']:+7.1f}% {row['peak_memory_bytes'] / 2**30:9.1f} {row['wall_s']:7.1f}")
     summary = figures["summary"]
     if summary["runs"]:
         print(f"{summary['runs']} runs: MAPE {summary['mape_pct']:.1f} %, mean signed {summary['mean_signed_pct']:+.1f} %, "
               f"worst {summary['worst_pct']:.1f} % ({summary['worst_run']}) ({figures['wall_s']:.0f} s)")
+        over = [row["run"] for row in rows if row["predicted_s"] is not None and not row["fits_in_memory"]]
+        print("predicted peak memory: every run fits the A100's 80 GB, as it did" if not over else
+              f"predicted peak memory: {', '.join(over)} over the A100's 80 GB, though the published runs trained")
     return 0 if summary["runs"] == len(rows) else 1
 
 

@@ -39,8 +39,9 @@ def test_measured_time_follows_eq_3():
 
 
 def test_the_smallest_run_is_predicted_and_scored():
-    predicted, _wall_s = predict_s((RUNS[0], None))
+    predicted, peak_bytes, fits, _wall_s = predict_s((RUNS[0], None))
     assert isinstance(predicted, float) and 0.5 * RUNS[0].measured_s() < predicted < 2 * RUNS[0].measured_s()
+    assert 0 < peak_bytes < 80e9 and fits  # the published run trained on 80 GB A100s
     rows = [{"run": "a", "error_pct": -10.0}, {"run": "b", "error_pct": 4.0}, {"run": "c", "error_pct": None}]
     assert score(rows) == {"runs": 2, "mape_pct": 7.0, "mean_signed_pct": -3.0, "worst_pct": 10.0, "worst_run": "a"}
 
