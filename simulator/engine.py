@@ -91,6 +91,10 @@ class Engine:
         self._arrivals: dict[tuple, tuple[int, int]] = {}
         self._rendezvous: dict[tuple, list] = {}
         self._phase_cache: dict[tuple, tuple] = {}
+        self._phase_keys: dict[tuple, list] = {}
+        """A collective's signature (ranks, kind, op, size, algorithm, repeat) -> [its `_phase_cache`
+        key, its algorithm label (set when first counted)]."""
+        self._threads: dict[tuple, tuple] = {}  # ranks -> _host_threads(ranks)
         self._send_overhead_s, self._receive_overhead_s = (
             self.communication.message_overheads_s if self.communication is not None else (0.0, 0.0))
         self._messages = [message_links(actions, self._receive_overhead_s > 0, self._send_overhead_s > 0)
@@ -226,11 +230,10 @@ class Engine:
             self._ready.append((self._comm_next, (stream,)))
 
     def _collective(self, action: Collective, streams: list[_Stream]) -> None:
-        devices = tuple(self.plan.rank_to_device[r] for r in action.ranks)
         start = self.env.now
         if self.communication is not None:  # measured on the machine (a calibration profile)
             self.algorithms["measured"] += 1
-            self._count_bytes(self._phases(devices, action, count=False))
+            self._count_bytes(self._phases(action, count=False))
             duration_s = self.communication.collective_s(action.op, action.size_bytes, len(action.ranks))
             if self.hosts is not None:
                 self._on(self._host_job(duration_s, action.ranks, len(action.ranks), COLLECTIVE),
@@ -239,7 +242,7 @@ class Engine:
                 self._later(duration_s, self._collective_end, action, streams, start, None)
         else:
             held = self.hosts.hold(COLLECTIVE, self._host_threads(action.ranks)) if self.hosts else None
-            self._play(self._phases(devices, action), 0, self._collective_end, (action, streams, start, held))
+            self._play(self._phases(action), 0, self._collective_end, (action, streams, start, held))
 
     def _collective_end(self, action: Collective, streams: list[_Stream], start: float, held) -> None:
         if held is not None:
@@ -254,8 +257,24 @@ class Engine:
         for tier, size in (entry for phase in phases for entry in phase.tier_bytes):
             self.tier_bytes[tier] += size
 
-    def _phases(self, devices: tuple[int, ...], action: Collective, count: bool = True) -> tuple:
-        groups, weight = (devices,), 1
+    def _phases(self, action: Collective, count: bool = True) -> tuple:
+        """The flow phases of a collective (built once per distinct collective, `_phase_cache`);
+        `count`: add the algorithm it runs to the summary's counts."""
+        signature = (action.ranks, action.key[0], action.op, action.size_bytes, action.algorithm, action.repeat)
+        known = self._phase_keys.get(signature)
+        if known is None:
+            known = self._phase_keys[signature] = [self._phase_key(action), None]
+        cache_key, label = known
+        phases = self._phase_cache[cache_key]
+        if count:
+            if label is None:
+                label = known[1] = collective_label(cache_key[3], phases)
+            self.algorithms[label] += 1
+        return phases
+
+    def _phase_key(self, action: Collective) -> tuple:
+        """Build the collective's phases into `_phase_cache` (unless there) and return their key."""
+        groups, weight = (tuple(self.plan.rank_to_device[r] for r in action.ranks),), 1
         if self._symmetry is not None:
             groups, weight = self._symmetry.device_groups(action)
         if action.op == "allreduce":
@@ -270,9 +289,7 @@ class Engine:
             if self._symmetry is not None:
                 phases = self._symmetry.prune(self.topology, action, phases)
             self._phase_cache[cache_key] = phases
-        if count:
-            self.algorithms[collective_label(algorithm, phases)] += 1
-        return phases
+        return cache_key
 
     def _send_phase(self, rank: int, action: Send, source: int, target: int):
         cache_key = (rank, action.dst, action.size_bytes) if self._symmetry else ((source, target), action.size_bytes)
@@ -345,10 +362,14 @@ class Engine:
 
     def _host_threads(self, ranks) -> tuple[tuple[int, int], ...]:
         """((host, threads), ...): one thread per rank on its device's host."""
-        per_host: dict[int, int] = defaultdict(int)
-        for rank in ranks:
-            per_host[self.hosts.host_of(self.plan.rank_to_device[rank])] += 1
-        return tuple(sorted(per_host.items()))
+        ranks = tuple(ranks)
+        threads = self._threads.get(ranks)
+        if threads is None:
+            per_host: dict[int, int] = defaultdict(int)
+            for rank in ranks:
+                per_host[self.hosts.host_of(self.plan.rank_to_device[rank])] += 1
+            threads = self._threads[ranks] = tuple(sorted(per_host.items()))
+        return threads
 
     def _merge_links(self) -> None:
         """Every flow phase the plan plays, built (and cached) before the run, with each usage's links
@@ -358,7 +379,7 @@ class Engine:
             for action in actions:
                 if isinstance(action, Collective) and action.key not in seen:
                     seen.add(action.key)
-                    self._phases(tuple(self.plan.rank_to_device[r] for r in action.ranks), action, count=False)
+                    self._phases(action, count=False)
                 elif isinstance(action, Send):
                     self._send_phase(rank, action, self.plan.rank_to_device[rank], self.plan.rank_to_device[action.dst])
         merge_phase_links(self._phase_cache, self.network.capacities)
