@@ -152,4 +152,5 @@ def check_simulation_size(num_ranks: int, actions_per_rank: float, hint: str = "
     available = available_memory_bytes()
     if needed > MEMORY_HEADROOM * available:
         raise ScenarioError(f"simulating {num_ranks} ranks x ~{actions_per_rank:,.0f} actions needs ~{needed / 2**30:.1f} GiB, "
-                            f"more than the {available / 2**30:.1f} GiB this machine has available{hint}")
+                            f"more than the {MEMORY_HEADROOM * available / 2**30:.1f} GiB a simulation may use "
+                            f"({MEMORY_HEADROOM:.0%} of the {available / 2**30:.1f} GiB this machine has available){hint}")

@@ -125,6 +125,18 @@ def test_a_plan_larger_than_memory_is_refused_up_front(monkeypatch):
         simulate(dp_scenario(8))
 
 
+def test_the_refusal_names_the_share_of_memory_a_simulation_may_use(monkeypatch):
+    # needed between the headroom's share and all of the memory: the message must not claim that
+    # the need exceeds what the machine has
+    needed = 64 * 1_000 * limits.BYTES_PER_ACTION
+    monkeypatch.setattr(limits, "available_memory_bytes", lambda: needed / (limits.MEMORY_HEADROOM + 0.1))
+    with pytest.raises(ScenarioError) as refused:
+        limits.check_simulation_size(64, 1_000)
+    message = str(refused.value)
+    assert "a simulation may use (80% of the" in message and message.count("GiB") == 3
+    limits.check_simulation_size(64, 800)  # within the share: no error
+
+
 def test_cli_refuses_an_oversized_simulation_in_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(limits, "available_memory_bytes", lambda: 2**14)
     path = write_scenario(tmp_path, {**BASE, "cluster": {"num_nodes": 2, "gpus_per_node": 8, "gpu": "V100"},
