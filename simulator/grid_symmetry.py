@@ -12,6 +12,14 @@ With `strategy.symmetry: auto` a DP plan folds unless (`grid_fold_decision`): `s
 the cluster is heterogeneous (mixed GPUs, stragglers, degraded links); a calibration profile prices
 collectives by their ranks; ranks share a host's processors (one pool per node, not per GPU);
 or gradients are compressed. The reason goes in `summary["symmetry"]`.
+
+G replicas of an M-stage pipeline (GHP, MP with G > 1, the pipeline kinds) fold the same way onto
+replica 0's M ranks, read by the megatron fold (`simulator.symmetry`) as a layout with t = c = 1
+(`ReplicaGrid`): each stage's allreduce is played over its G peers' devices, and each transfer
+between stages with every link counted by the multiplicity of all replicas' copies. Such a fold is
+exact only where every copy of every transfer meets the same loads as its representative, which
+`simulator.symmetry_check.fold_refusal` proves or refuses with the link that differs; parameter-
+server synchronisation is not folded.
 """
 
 from __future__ import annotations
@@ -37,10 +45,41 @@ class GridSymmetry:
         raise AssertionError("a folded data-parallel plan has no point-to-point transfers")
 
 
-def grid_fold_decision(scenario, num_groups: int, workers_per_group: int, costs) -> tuple[bool, str]:
-    """(simulate rank 0 only?, why) for a dp / mp / ghp grid of `scenario` (module docstring)."""
-    if workers_per_group != 1 or num_groups < 2:
-        return False, "only data parallelism (G > 1 replicas of one stage) folds"
+@dataclass(frozen=True)
+class ReplicaGrid:
+    """A G x M grid as the megatron fold reads a layout (`simulator.symmetry.Symmetry.of`,
+    `simulator.symmetry_check.fold_refusal`): d = G replicas of p = M stages, t = c = 1."""
+
+    dp: int
+    pp: int
+    num_virtual_stages: int
+    collective: str
+    rank_to_device: tuple[int, ...]
+    """Device of rank g M + j (stage j of replica g)."""
+    tp: int = 1
+    cp: int = 1
+
+    def device_of(self, dp: int, pp: int, tp: int) -> int:
+        return self.rank_to_device[dp * self.pp + pp]
+
+
+def grid_symmetry(num_groups: int, num_stages: int, rank_to_device: tuple[int, ...], collective: str,
+                  num_virtual_stages: int = 1):
+    """What the engine reads of a folded grid plan: `GridSymmetry` for data parallelism, else the
+    megatron fold's `Symmetry` of the `ReplicaGrid`."""
+    if num_stages == 1:
+        return GridSymmetry(tuple(rank_to_device[rank] for rank in range(num_groups)))
+    from simulator.symmetry import Symmetry
+    layout = ReplicaGrid(num_groups, num_stages, num_virtual_stages, collective, tuple(rank_to_device))
+    return Symmetry.of(layout, tuple(rank_to_device))
+
+
+def grid_fold_decision(scenario, num_groups: int, workers_per_group: int, costs, topology=None,
+                       rank_to_device: tuple[int, ...] | None = None, num_virtual_stages: int = 1) -> tuple[bool, str]:
+    """(simulate replica 0 only?, why) for a dp / mp / ghp grid or a pipeline of `scenario` (module
+    docstring); `topology` and `rank_to_device` are needed to fold M > 1 stages."""
+    if num_groups < 2:
+        return False, "one replica: nothing to fold"
     if scenario.strategy.symmetry == "off":
         return False, "strategy.symmetry is off"
     if scenario.cluster.heterogeneous:
@@ -52,7 +91,19 @@ def grid_fold_decision(scenario, num_groups: int, workers_per_group: int, costs)
         return False, "ranks share a host's processors: a lone representative would compute alone"
     if scenario.strategy.gradient_compression != "none":
         return False, "gradient compression: the sparse exchange is simulated rank by rank"
-    return True, f"rank 0 stands for the {num_groups} data-parallel replicas"
+    if workers_per_group == 1:
+        return True, f"rank 0 stands for the {num_groups} data-parallel replicas"
+    if scenario.strategy.dp_sync == "parameter_server":
+        return False, "parameter-server synchronisation of pipeline stages is simulated rank by rank"
+    if topology is None or rank_to_device is None:
+        return False, "the stages' transfers need the topology to be checked"
+    from simulator.symmetry_check import fold_refusal
+    layout = ReplicaGrid(num_groups, workers_per_group, num_virtual_stages, scenario.strategy.collective,
+                         tuple(rank_to_device))
+    refusal = fold_refusal(layout, topology)
+    if refusal:
+        return False, refusal
+    return True, f"each of the {workers_per_group} stage ranks of replica 0 stands for its {num_groups} copies"
 
 
 def every_rank(scenario):

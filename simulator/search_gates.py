@@ -6,11 +6,12 @@
   micro-batches x chunks per rank) exceeds `CP_UNFOLDED_PASSES` is skipped unless it folds
   (LLaMA-3 405B's CP 2 on 256 GPUs, N m v = 8,192: seconds; GPT-3 175B's t 2 x c 2 x p 8 x d 32 on
   a 1,024-GPU fat-tree, 196,608: over ten minutes).
-- Asynchronous pipelines (pipedream, spectrain, delayed_gradient) never fold, and their step is
-  measured in steady state on K whole steps back to back (`simulator.schedules.steady_state`,
-  n = K m >= 3p + m + 1 micro-batches) after the one-step plan's m: N (n + m) passes. Over
-  `ASYNCHRONOUS_UNFOLDED_PASSES` they are skipped (GPT-3 175B's pipedream G 8 x p 64, m 4 on 512
-  GPUs, 104,448 passes: 55 s and 2 GB; G 256 x p 16 on 4,096 GPUs, over 10 minutes and 5 GB).
+- Asynchronous pipelines (pipedream, spectrain, delayed_gradient): their step is measured in
+  steady state on K whole steps back to back (`simulator.schedules.steady_state`, n = K m >=
+  3p + m + 1 micro-batches) after the one-step plan's m: R (n + m) passes, with R the ranks
+  simulated: the M stages of replica 0 where the replicas fold (`simulator.grid_symmetry`), else
+  all N. Over `ASYNCHRONOUS_UNFOLDED_PASSES` they are skipped (GPT-3 175B's pipedream G 8 x p 64,
+  m 4 on 512 GPUs unfolded, 104,448 passes: 55 s and 2 GB).
 """
 
 from __future__ import annotations
@@ -22,10 +23,35 @@ CP_UNFOLDED_PASSES = 2**15
 ASYNCHRONOUS_UNFOLDED_PASSES = 2**17
 
 
-def asynchronous_passes(num_gpus: int, num_stages: int, num_microbatches: int) -> int:
-    """N (n + m): the steady-state run's micro-batches plus the one-step plan's, on every rank."""
+def asynchronous_passes(num_ranks: int, num_stages: int, num_microbatches: int) -> int:
+    """R (n + m): the steady-state run's micro-batches plus the one-step plan's, on the R ranks simulated."""
     p, m = num_stages, num_microbatches
-    return num_gpus * (steady_state_steps(p, m) * m + m)
+    return num_ranks * (steady_state_steps(p, m) * m + m)
+
+
+def replicas_fold(scenario, candidate, topology, cache: dict) -> bool:
+    """Whether `simulator.grid_symmetry` folds a pipeline candidate's replicas (its answer depends on
+    the layout alone: one per G, M, placement and interleaving)."""
+    from simulator.errors import ScenarioError
+    from simulator.grid_symmetry import grid_fold_decision
+    from simulator.placement import place_ranks
+    from simulator.planner import candidate_scenario
+    from simulator.scenario import scenario_from_dict
+    key = ("replicas", candidate.num_groups, candidate.workers_per_group, candidate.placement,
+           candidate.num_virtual_stages)
+    if topology is None:
+        return False
+    if key not in cache:
+        try:
+            layout = scenario_from_dict(candidate_scenario(scenario, candidate), scenario.source, scenario.base_dir)
+            groups, stages = layout.grid()
+            devices = place_ranks(layout.strategy.placement, groups, stages, topology.gpus_per_node)
+            catalogue = type("Catalogue", (), {"communication": None, "shared_processors": None})
+            cache[key] = grid_fold_decision(layout, groups, stages, catalogue, topology, devices,
+                                            layout.strategy.num_virtual_stages)[0]
+        except (ScenarioError, ValueError):
+            cache[key] = False
+    return cache[key]
 
 
 def cp_folds(scenario, candidate, topology, cache: dict) -> bool:
@@ -52,8 +78,11 @@ def unfolded_refusal(scenario, candidate, topology, cache: dict) -> str | None:
     """Why the search skips `candidate` (module docstring), or None; checked only where it could fit."""
     if candidate.kind in ASYNCHRONOUS_KINDS:
         passes = asynchronous_passes(scenario.num_gpus, candidate.workers_per_group, candidate.num_microbatches)
+        if passes > ASYNCHRONOUS_UNFOLDED_PASSES and replicas_fold(scenario, candidate, topology, cache):
+            passes = asynchronous_passes(candidate.workers_per_group, candidate.workers_per_group,
+                                         candidate.num_microbatches)
         if passes > ASYNCHRONOUS_UNFOLDED_PASSES:
-            return (f"asynchronous pipelines are simulated unfolded to their steady state: {passes:,} rank x "
+            return (f"asynchronous pipelines are simulated to their steady state: {passes:,} rank x "
                     f"micro-batch passes exceed {ASYNCHRONOUS_UNFOLDED_PASSES:,} (simulate it alone)")
         return None
     passes = scenario.num_gpus * candidate.num_microbatches * candidate.num_virtual_stages

@@ -81,10 +81,10 @@ def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workl
     if plan.strategy == "megatron":  # ZeRO-1 memory; a symmetric run expanded to every device
         from simulator.strategies.tensor_summary import finish_summary
         finish_summary(summary, plan, topology)
-    elif "symmetry_decision" in plan.meta:  # data parallelism: folded to rank 0 or not, and why
+    elif "symmetry_decision" in plan.meta:  # replicas: folded to replica 0 or not, and why
         from simulator.symmetry import expand_summary
         if "symmetry" in plan.meta:
-            expand_summary(summary, plan.rank_to_device, 1, topology)
+            expand_summary(summary, plan.rank_to_device, plan.workers_per_group, topology)
         summary["symmetry"] = plan.meta["symmetry_decision"]
     summary["wall_s"] = time.perf_counter() - started
     return SimulationResult(scenario, workload, plan, spans, summary)

@@ -1,6 +1,7 @@
-"""Symmetric data parallelism (simulator/grid_symmetry.py): a DP run simulated as rank 0 alone gives
-the full run's summary on every preset fabric and with every DP option; where the symmetry breaks
-the run is simulated in full and the summary says why."""
+"""Symmetric replicas (simulator/grid_symmetry.py): a DP run simulated as rank 0 alone, and G
+replicas of a pipeline (GHP, the pipeline kinds) as replica 0's ranks, give the full run's summary
+on every preset fabric and with every DP option; where the symmetry breaks the run is simulated in
+full and the summary says why."""
 
 from __future__ import annotations
 
@@ -78,9 +79,9 @@ def test_a_calibration_profile_is_simulated_rank_by_rank():
     assert result.plan.num_ranks == 2
 
 
-def test_groups_of_several_stages_are_not_folded():
+def test_one_replica_has_nothing_to_fold():
     result = simulate(load_scenario({**dp_scenario(nodes=2, gpus=2, model="resnet50"),
-                                     "strategy": {"kind": "ghp", "num_groups": 2}}))
+                                     "strategy": {"kind": "gpipe", "num_groups": 1, "num_microbatches": 2}}))
     assert "symmetry" not in result.summary and result.plan.num_ranks == 4
 
 
@@ -91,3 +92,43 @@ def test_a_folded_run_is_sized_by_its_one_rank(monkeypatch):
     assert simulate(load_scenario(raw)).summary["num_gpus"] == 16
     with pytest.raises(ScenarioError, match="16 ranks"):
         simulate(load_scenario({**raw, "strategy": {**raw["strategy"], "symmetry": "off"}}))
+
+
+@pytest.mark.parametrize("topology", ["two_tier", "fat_tree", "rail_optimized", "torus_2d"])
+@pytest.mark.parametrize("kind, strategy", [
+    ("ghp", {"num_groups": 4}),
+    ("ghp", {"num_groups": 4, "placement": "stage_per_node", "overlap_backward": False}),
+    ("gpipe", {"num_groups": 4, "num_microbatches": 4}),
+    ("1f1b", {"num_groups": 4, "num_microbatches": 4, "placement": "stage_per_node"}),
+    ("interleaved_1f1b", {"num_groups": 4, "num_microbatches": 4, "num_virtual_stages": 2}),
+    ("pipedream", {"num_groups": 4, "num_microbatches": 4}),
+    ("spectrain", {"num_groups": 4, "num_microbatches": 2, "placement": "stage_per_node"}),
+    ("delayed_gradient", {"num_groups": 2, "num_microbatches": 2}),
+])
+def test_folded_pipeline_replicas_equal_the_full_run(topology, kind, strategy):
+    """G replicas of an M-stage pipeline folded onto replica 0's M ranks (each stage's allreduce over
+    its G peers, transfers counted by multiplicity): the full run's summary, to the bit, wherever the
+    fold check lets it fold; elsewhere the full run with the link that differs named."""
+    raw = dp_scenario(topology=topology, model="vgg16", kind=kind, **strategy)
+    folded, full = folded_and_full(raw)
+    groups = strategy["num_groups"]
+    stages = 16 // groups
+    assert full.summary["symmetry"]["used"] is False and full.plan.num_ranks == 16
+    if not folded.summary["symmetry"]["used"]:
+        assert "meets other loads" in folded.summary["symmetry"]["reason"] and folded.plan.num_ranks == 16
+        return
+    assert folded.summary["symmetry"]["reason"] == (f"each of the {stages} stage ranks of replica 0 stands for "
+                                                    f"its {groups} copies")
+    assert folded.plan.num_ranks == stages and folded.summary["num_events"] < full.summary["num_events"]
+    for key in full.summary:
+        if key not in UNCOMPARED:
+            assert folded.summary[key] == full.summary[key], key  # every figure, to the bit
+    assert len(folded.summary["devices"]) == 16
+
+
+def test_pipeline_replicas_with_a_parameter_server_run_in_full():
+    raw = dp_scenario(model="vgg16", kind="ghp", num_groups=4, dp_sync="parameter_server")
+    result = simulate(load_scenario(raw))
+    assert result.summary["symmetry"] == {
+        "used": False, "reason": "parameter-server synchronisation of pipeline stages is simulated rank by rank"}
+    assert result.plan.num_ranks == 16

@@ -239,8 +239,9 @@ def test_rank_refuses_in_one_line_when_no_asynchronous_layout_fits(capsys):
 
 
 def test_asynchronous_layouts_over_the_unfolded_pass_limit_are_skipped_with_the_reason():
-    """Asynchronous pipelines never fold and replay K whole steps to their steady state
-    (simulator/schedules/steady_state.py): N (n + m) passes, n = K m >= 3p + m + 1."""
+    """Asynchronous pipelines replay K whole steps to their steady state
+    (simulator/schedules/steady_state.py): R (n + m) passes, n = K m >= 3p + m + 1, with R all N ranks
+    where the replicas do not fold (no topology to check here)."""
     from types import SimpleNamespace
 
     from simulator.search_gates import ASYNCHRONOUS_UNFOLDED_PASSES, asynchronous_passes, unfolded_refusal
@@ -253,3 +254,18 @@ def test_asynchronous_layouts_over_the_unfolded_pass_limit_are_skipped_with_the_
                             None, {}) is None
     assert unfolded_refusal(SimpleNamespace(num_gpus=4096), Candidate("1f1b", 256, 16, num_microbatches=4),
                             None, {}) is None  # synchronous kinds have a bound and fold where they can
+
+
+def test_asynchronous_layouts_whose_replicas_fold_are_searched():
+    """GPT-3 175B's pipedream G 256 x p 16 on 4,096 GPUs: 245,760 passes unfolded, but its replicas
+    fold (simulator/grid_symmetry.py) to 16 ranks, 960 passes: searched, and simulated in seconds."""
+    from simulator.planner import scenario_for_gpus
+    from simulator.search_gates import unfolded_refusal
+    scenario = scenario_for_gpus(load_scenario("scenarios/gpt3_175b_dgx_a100_3d.yaml"), 4096)
+    candidate = Candidate("pipedream", 256, 16, num_microbatches=2)
+    assert unfolded_refusal(scenario, candidate, build_topology(scenario.cluster), {}) is None
+    layout = scenario_from_dict(candidate_scenario(scenario, candidate), scenario.source, scenario.base_dir)
+    summary = simulate(layout).summary
+    assert summary["symmetry"]["used"] and summary["num_gpus"] == 4096 and summary["step_time_s"] > 0
+    off = scenario.model_copy(update={"strategy": scenario.strategy.model_copy(update={"symmetry": "off"})})
+    assert "exceed" in unfolded_refusal(off, candidate, build_topology(scenario.cluster), {})

@@ -41,7 +41,9 @@ def workload(num_layers: int, params_per_layer=None) -> Workload:
 
 
 def run(kind, p, m, partition, groups=1, batch_per_microbatch=2, layers=None, costs=None, inter=FREE, **strategy):
-    """Simulate `kind` on G nodes x p devices (group_per_node: a replica per node)."""
+    """Simulate `kind` on G nodes x p devices (group_per_node: a replica per node), every rank's plan
+    (`strategy.symmetry` off unless given: the tests read other replicas' actions)."""
+    strategy.setdefault("symmetry", "off")
     layers = layers or workload(sum(partition))
     scenario = load_scenario({
         "cluster": {"num_nodes": groups, "gpus_per_node": p, "intra_node_link": FREE, "inter_node_link": inter},

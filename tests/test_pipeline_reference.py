@@ -22,7 +22,7 @@ def compiled(kind: str, world_size: int, optimizer: str = "momentum", **strategy
     result = simulate(load_scenario({
         "cluster": {"num_nodes": 1, "gpus_per_node": world_size, "gpu": "cpu",
                     "intra_node_link": "loopback", "inter_node_link": "loopback"},
-        "model": MLP, "strategy": {"kind": kind, **strategy},
+        "model": MLP, "strategy": {"kind": kind, "symmetry": "off", **strategy},  # every rank, as validated
         "training": {"global_batch_size": BATCH, "optimizer": optimizer}}))
     return result.plan, result.workload
 

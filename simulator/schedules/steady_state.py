@@ -40,15 +40,15 @@ def pipeline_summary(scenario, workload, topology, costs, plan, spans: list[tupl
     asynchronous = meta["asynchronous"]
     window_spans, step_s = spans, makespan_s
     if asynchronous:
-        window_spans, step_s = _steady_state(scenario, workload, topology, costs)
+        window_spans, step_s = _steady_state(scenario, workload, topology, costs, meta.get("symmetry"))
     p, m = plan.workers_per_group, meta["num_microbatches"]
     busy = [0.0] * plan.num_ranks
     for rank, stream, _name, _kind, start, end, *_rest in window_spans:
         if stream == "compute":
             busy[rank] += end - start
     stages = []
-    for j in range(p):
-        idle = [1.0 - busy[g * p + j] / step_s if step_s > 0 else 0.0 for g in range(plan.num_groups)]
+    for j in range(p):  # over the replicas simulated (replica 0 alone in a folded run)
+        idle = [1.0 - busy[g * p + j] / step_s if step_s > 0 else 0.0 for g in range(plan.num_ranks // p)]
         stages.append({"stage": j, **{key: meta[key][j] for key in (
             "microbatches_in_flight", "stashed_weight_versions", "extra_weight_copies", "weight_staleness")},
             "bubble_fraction": sum(idle) / len(idle)})
@@ -66,21 +66,23 @@ def pipeline_summary(scenario, workload, topology, costs, plan, spans: list[tupl
     }
 
 
-def _steady_state(scenario, workload, topology, costs) -> tuple[list[tuple], float]:
-    """(spans of the steady-state window, shifted to start at 0; its length)."""
-    plan = steady_state_plan(scenario, workload, topology, costs)
+def _steady_state(scenario, workload, topology, costs, symmetry) -> tuple[list[tuple], float]:
+    """(spans of the steady-state window, shifted to start at 0; its length); `symmetry`: the step
+    plan's fold (replica 0 standing for every replica), or None."""
+    plan = steady_state_plan(scenario, workload, topology, costs, symmetry)
     spans = Engine(plan, topology, costs, scenario.strategy.num_parameter_servers).run().spans
     return steady_state_window(spans, plan.workers_per_group, scenario.strategy.num_microbatches)
 
 
-def steady_state_plan(scenario, workload, topology, costs):
+def steady_state_plan(scenario, workload, topology, costs, symmetry=None):
     """The plan of K whole steps back to back (n = K m >= 3p + m + 1 micro-batches of the step's
-    size) whose window `steady_state_window` measures; the validator runs this same plan."""
+    size) whose window `steady_state_window` measures; the validator runs this same plan (every
+    rank: no `symmetry`)."""
     config = pipeline_config(scenario)
     p, m = config.num_stages, config.num_microbatches
     steps = steady_state_steps(p, m)
     longer = replace(config, num_microbatches=steps * m, global_batch_size=steps * config.global_batch_size)
-    return compile_pipeline_plan(longer, workload, topology, costs)
+    return compile_pipeline_plan(longer, workload, topology, costs, symmetry)
 
 
 def microbatch_completions(spans) -> dict[int, float]:

@@ -60,13 +60,19 @@ def compile_plan(scenario, workload: Workload, topology: Topology, costs: CostMo
     if scenario.strategy.kind == "megatron":  # tensor x pipeline x data parallelism
         from simulator.strategies.tensor import compile_tensor_plan
         return compile_tensor_plan(scenario, workload, topology, costs)
-    if scenario.strategy.kind in PIPELINE_KINDS:
-        plan = compile_pipeline_plan(pipeline_config(scenario), workload, topology, costs)
+    from simulator.grid_symmetry import grid_fold_decision, grid_symmetry
+    from simulator.placement import place_ranks
+    pipeline = scenario.strategy.kind in PIPELINE_KINDS
+    config = pipeline_config(scenario) if pipeline else grid_config(scenario)
+    groups, stages = config.num_groups, (config.num_stages if pipeline else config.workers_per_group)
+    rank_to_device = place_ranks(config.placement, groups, stages, topology.gpus_per_node)
+    chunks = config.num_virtual_stages if pipeline else 1
+    fold, reason = grid_fold_decision(scenario, groups, stages, costs, topology, rank_to_device, chunks)
+    symmetry = grid_symmetry(groups, stages, rank_to_device, config.collective, chunks) if fold else None
+    if pipeline:
+        plan = compile_pipeline_plan(config, workload, topology, costs, symmetry)
     else:
-        from simulator.grid_symmetry import grid_fold_decision
-        config = grid_config(scenario)
-        fold, reason = grid_fold_decision(scenario, config.num_groups, config.workers_per_group, costs)
-        plan = compile_grid_plan(config, workload, topology, costs, fold)
-        if config.workers_per_group == 1 and config.num_groups > 1:
-            plan.meta["symmetry_decision"] = {"used": fold, "reason": reason}
+        plan = compile_grid_plan(config, workload, topology, costs, symmetry)
+    if groups > 1:
+        plan.meta["symmetry_decision"] = {"used": fold, "reason": reason}
     return apply_training_options(plan, workload, **training_options(scenario))

@@ -51,9 +51,9 @@ class GridConfig:
 
 
 def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology, costs: CostModel,
-                      fold: bool = False) -> Plan:
-    """Per-rank actions of a G x M grid (DP, MP and GHP); `fold` (data parallelism only): rank 0's
-    alone, standing for every replica (`simulator.grid_symmetry`)."""
+                      symmetry=None) -> Plan:
+    """Per-rank actions of a G x M grid (DP, MP and GHP); with `symmetry` (`simulator.grid_symmetry.
+    grid_symmetry`): replica 0's M ranks alone, standing for every replica."""
     groups, stages_per_group = config.num_groups, config.workers_per_group
     _check_grid(config, workload, topology)
     group_batch = config.global_batch_size / groups
@@ -66,17 +66,17 @@ def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology
     # one peers tuple per stage, shared by its G ranks' collectives (a tuple per rank is quadratic in DP)
     peers = [tuple(range(stage, groups * stages_per_group, stages_per_group)) for stage in range(stages_per_group)]
     meta = {"placement": config.placement, "partition": [b - a for a, b in ranges]}
+    fold = symmetry is not None
     if fold:
-        from simulator.grid_symmetry import GridSymmetry
-        meta["symmetry"] = GridSymmetry(tuple(rank_to_device[rank] for rank in peers[0]))
-        peers = [(0,)]
+        meta["symmetry"] = symmetry
+        peers = [(stage,) for stage in range(stages_per_group)]
     actions = []
-    for rank in range(1 if fold else groups * stages_per_group):
+    for rank in range(stages_per_group if fold else groups * stages_per_group):
         group, stage = divmod(rank, stages_per_group)
         actions.append(_rank_actions(config, workload, stages, group, stage, group_batch, element_bytes,
                                      segments[stage], peers[stage]))
         if rank == 0:  # refused up front when the whole plan would not fit in memory
-            check_simulation_size(len(peers[0]) if fold else groups * stages_per_group, len(actions[0]))
+            check_simulation_size(stages_per_group if fold else groups * stages_per_group, len(actions[0]))
     return Plan(config.strategy, groups, stages_per_group, stages, rank_to_device, tuple(actions), group_batch,
                 meta=meta)
 
@@ -182,7 +182,7 @@ def _rank_actions(config: GridConfig, workload: Workload, stages: tuple[Stage, .
         last_backward = builder.add(Compute, phase=BACKWARD, layer_start=start, layer_end=end,
                                     batch=batch, deps=deps)
         deps = ()
-        if config.num_groups > 1 and size > 0:  # peers: all G ranks, or rank 0 standing for them
+        if config.num_groups > 1 and size > 0:  # peers: all G ranks, or replica 0's standing for them
             reductions.append(builder.add(Collective, op="allreduce", ranks=peers,
                                           size_bytes=size, key=("allreduce", stage_index, bucket),
                                           deps=(last_backward,), algorithm=config.collective,

@@ -93,8 +93,11 @@ def pipeline_config(scenario) -> PipelineConfig:
         weight_stashing=strategy.weight_stashing, weight_prediction=strategy.weight_prediction)
 
 
-def compile_pipeline_plan(config: PipelineConfig, workload: Workload, topology: Topology, costs: CostModel) -> Plan:
-    """Per-rank actions of G replicas x M stages following the schedule of `config.kind`."""
+def compile_pipeline_plan(config: PipelineConfig, workload: Workload, topology: Topology, costs: CostModel,
+                          symmetry=None) -> Plan:
+    """Per-rank actions of G replicas x M stages following the schedule of `config.kind`; with
+    `symmetry` (`simulator.grid_symmetry.grid_symmetry`): replica 0's M ranks alone, standing for
+    every replica."""
     _check(config, workload, topology)
     groups, num_stages, v = config.num_groups, config.num_stages, config.num_virtual_stages
     schedule = checked_schedule(config.kind, num_stages, config.num_microbatches, v,
@@ -107,12 +110,16 @@ def compile_pipeline_plan(config: PipelineConfig, workload: Workload, topology: 
                         config.microbatch_size)
     stages = tuple(_stage(workload, ranges, j, num_stages, v) for j in range(num_stages))
     peers = [tuple(range(j, groups * num_stages, num_stages)) for j in range(num_stages)]  # shared per stage
+    num_ranks, folded = groups * num_stages, {}
+    if symmetry is not None:
+        folded["symmetry"] = symmetry
+        peers, num_ranks = [(j,) for j in range(num_stages)], num_stages
     first = _RankActions(config, workload, schedule, ranges, stages, 0, peers[0]).build()
-    check_simulation_size(groups * num_stages, len(first))  # refused up front when the plan would not fit in memory
+    check_simulation_size(num_ranks, len(first))  # refused up front when the plan would not fit in memory
     actions = (first, *(_RankActions(config, workload, schedule, ranges, stages, rank, peers[rank % num_stages]).build()
-                        for rank in range(1, groups * num_stages)))
+                        for rank in range(1, num_ranks)))
     stashing = config.kind == "pipedream" and config.weight_stashing
-    meta = {"placement": config.placement, "partition": [b - a for a, b in ranges],
+    meta = {**folded, "placement": config.placement, "partition": [b - a for a, b in ranges],
             "schedule_kind": config.kind, "num_microbatches": config.num_microbatches,
             "num_virtual_stages": v, "asynchronous": schedule.asynchronous, "weight_stashing": stashing,
             "receives": "preposted",  # each rank's next receive posted one ahead, as pipeline runtimes do
@@ -210,7 +217,7 @@ class _RankActions:
         if chunk < self.schedule.num_chunks - 1:
             deps = (add(Recv, src=self.rank_of(chunk + 1), key=("grad", self.group, chunk, i),
                         label=f"recv grad{i}"),)
-        reduce_now = (len(self.peers) > 1 and self.config.overlap_backward
+        reduce_now = (self.config.num_groups > 1 and self.config.overlap_backward
                       and (self.schedule.asynchronous or self.final_backward[chunk] == position))
         bucket_bytes = self.config.bucket_size_bytes if reduce_now else float("inf")
         for seg_start, seg_end, size in bucket_segments(self.workload, start, end, self.element_bytes, bucket_bytes):
@@ -241,7 +248,7 @@ class _RankActions:
         self.num_buckets += 1
 
     def _update(self, op) -> None:
-        if len(self.peers) > 1 and not self.config.overlap_backward and self.stage.num_params > 0:
+        if self.config.num_groups > 1 and not self.config.overlap_backward and self.stage.num_params > 0:
             self._allreduce(self.stage.num_params * self.element_bytes, op.microbatch)
         if self.schedule.asynchronous:
             self.num_buckets = 0
