@@ -29,7 +29,8 @@ def pipeline_scenario(kind: str, world_size: int, model: dict = MLP, **strategy)
         "cluster": {"num_nodes": 1, "gpus_per_node": world_size, "gpu": "cpu",
                     "intra_node_link": "loopback", "inter_node_link": "loopback"},
         "model": model,
-        "strategy": {"kind": kind, "num_microbatches": 4, "bucket_size_bytes": 8_000, **strategy},
+        "strategy": {"kind": kind, "num_microbatches": 4, "bucket_size_bytes": 8_000,
+                     "symmetry": "off", **strategy},  # every rank's plan: each runs for real
         "training": {"global_batch_size": BATCH, "optimizer": "momentum"},
     })
 

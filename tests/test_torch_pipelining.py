@@ -32,7 +32,7 @@ def case_plan(name: str):
         "cluster": {"num_nodes": 1, "gpus_per_node": ranks, "gpu": "cpu",
                     "intra_node_link": "loopback", "inter_node_link": "loopback"},
         "model": MLP,
-        "strategy": {"kind": kind, **strategy},
+        "strategy": {"kind": kind, "symmetry": "off", **strategy},  # every rank's plan: each runs for real
         "training": {"global_batch_size": BATCH, "optimizer": "momentum"},
     })
     result = simulate(scenario)
