@@ -126,6 +126,19 @@ def test_folded_pipeline_replicas_equal_the_full_run(topology, kind, strategy):
     assert len(folded.summary["devices"]) == 16
 
 
+@pytest.mark.parametrize("topology, strategy", [
+    ("two_tier", {"kind": "ghp", "gradient_fusion": "horovod"}),
+    ("fat_tree", {"kind": "ghp", "collective": "tree"}),
+    ("fat_tree", {"kind": "ghp", "collective": "hierarchical"}),
+    ("two_tier", {"kind": "ghp", "partition": "pipedream"}),
+    ("rail_optimized", {"kind": "pipedream", "num_microbatches": 4, "weight_stashing": False}),
+])
+def test_folded_pipeline_replicas_equal_the_full_run_with_each_option(topology, strategy):
+    folded, full = folded_and_full(dp_scenario(topology=topology, model="vgg16", num_groups=4, **strategy))
+    assert folded.summary["symmetry"]["used"] and folded.plan.num_ranks == 4
+    assert [key for key in full.summary if key not in UNCOMPARED and folded.summary[key] != full.summary[key]] == []
+
+
 def test_pipeline_replicas_with_a_parameter_server_run_in_full():
     raw = dp_scenario(model="vgg16", kind="ghp", num_groups=4, dp_sync="parameter_server")
     result = simulate(load_scenario(raw))
