@@ -92,7 +92,7 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
                       f"{' (FSDP ' + tensor['fsdp_sharding'] + ')' if tensor.get('fsdp_sharding') else ''}; "
                       f"{'symmetric' if tensor['symmetry']['used'] else 'full'} simulation: "
                       f"{tensor['symmetry']['reason']}")
-    if "symmetry" in summary:  # data parallelism (simulator/grid_symmetry.py)
+    if "symmetry" in summary:  # replicas of dp / mp / ghp / pipeline runs (simulator/grid_symmetry.py)
         console.print(f"{'symmetric' if summary['symmetry']['used'] else 'full'} simulation: "
                       f"{summary['symmetry']['reason']}")
     devices = pd.DataFrame(summary["devices"])
