@@ -59,6 +59,11 @@ class ReplicaGrid:
     tp: int = 1
     cp: int = 1
 
+    @property
+    def placement(self) -> tuple[int, ...]:
+        """As a megatron layout's explicit placement with t = c = 1: position g M + j -> device."""
+        return self.rank_to_device
+
     def device_of(self, dp: int, pp: int, tp: int) -> int:
         return self.rank_to_device[dp * self.pp + pp]
 
@@ -97,10 +102,10 @@ def grid_fold_decision(scenario, num_groups: int, workers_per_group: int, costs,
         return False, "parameter-server synchronisation of pipeline stages is simulated rank by rank"
     if topology is None or rank_to_device is None:
         return False, "the stages' transfers need the topology to be checked"
-    from simulator.symmetry_check import fold_refusal
+    from simulator.symmetry_check import cached_fold_refusal
     layout = ReplicaGrid(num_groups, workers_per_group, num_virtual_stages, scenario.strategy.collective,
                          tuple(rank_to_device))
-    refusal = fold_refusal(layout, topology)
+    refusal = cached_fold_refusal(scenario.cluster, layout, topology)
     if refusal:
         return False, refusal
     return True, f"each of the {workers_per_group} stage ranks of replica 0 stands for its {num_groups} copies"

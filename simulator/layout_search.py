@@ -41,6 +41,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from simulator.errors import ScenarioError, SimulationError
+from simulator.fabrics import cached_topology
 from simulator.planner import (MEGATRON, MEMORY_MODEL, Candidate, Ranking, _row, _workload, candidate_scenario,
                                enumerate_candidates, scenario_for_gpus, simulate_candidate)
 from simulator.scenario import Scenario, scenario_from_dict
@@ -158,7 +159,7 @@ def exact_peak_memory_bytes(scenario: Scenario, workload=None) -> float:
     from simulator.strategies.zero import shard_memory
 
     workload = workload or resolve_workload(scenario.model, scenario.base_dir)
-    topology = _topology(scenario.cluster.model_dump_json())
+    topology = cached_topology(scenario.cluster.model_dump_json())
     plan = compile_plan(scenario, workload, topology, analytic_costs(scenario, workload))
     spans = []
     for rank, actions in enumerate(plan.actions):
@@ -179,11 +180,6 @@ def exact_peak_memory_bytes(scenario: Scenario, workload=None) -> float:
     else:
         report = memory_report(plan, workload, spans, config)
     return max(row["peak_memory_bytes"] for row in report["devices"])
-
-
-def _topology(cluster_json: str):
-    from simulator.fabrics import cached_topology
-    return cached_topology(cluster_json)
 
 
 def evaluate_layout(payload: dict) -> dict:
@@ -223,7 +219,7 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
         candidates.remove(candidate)
         skipped.append({"label": candidate.label, "reason": f"interleaved_1f1b needs m={candidate.num_microbatches} "
                                                             f"divisible by the {candidate.workers_per_group} stages"})
-    topology, folds = _topology(scenario.cluster.model_dump_json()), {}
+    topology, folds = cached_topology(scenario.cluster.model_dump_json()), {}
     if MEGATRON in kinds:
         candidates += megatron_space(scenario, workload, microbatch_sizes, context)
     stats.enumerated = len(candidates) + len(skipped)

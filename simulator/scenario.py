@@ -200,7 +200,7 @@ class StrategyConfig(_Frozen):
     """megatron: PyTorch FSDP's ShardingStrategy; sets zero_stage (simulator/zero_config.py)."""
     symmetry: Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)] = "auto"
     """auto simulates one representative per symmetric set of ranks (megatron: simulator/symmetry.py;
-    dp: simulator/grid_symmetry.py); off forces the full simulation."""
+    dp, mp, ghp and the pipeline kinds: simulator/grid_symmetry.py); off forces the full simulation."""
     gradient_accumulation_fusion: bool = True
     """Kernel cost model: each weight-gradient GEMM accumulates into the fp32 main gradient (Megatron
     `--gradient-accumulation-fusion`, its default); false: a separate accumulation kernel per weight."""

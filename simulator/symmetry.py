@@ -43,7 +43,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
-from simulator.symmetry_check import cp_hop_pairs, fold_refusal, multiplicity_of, ring_pairs
+from simulator.symmetry_check import cached_fold_refusal, cp_hop_pairs, multiplicity_of, ring_pairs
 from simulator.topology import Topology
 
 
@@ -186,7 +186,7 @@ def symmetry_decision(scenario, config, topology: Topology, costs) -> tuple[bool
         return False, "heterogeneous cluster (mixed GPUs, stragglers or degraded links) breaks the symmetry"
     if config.dp == 1 and config.tp == 1:
         return False, "nothing to fold: one replica, one TP rank per stage"
-    unlike = _fold_refusal(scenario.cluster, config, topology)
+    unlike = cached_fold_refusal(scenario.cluster, config, topology)
     if unlike:
         return False, unlike
     if costs.communication is not None:  # a calibration profile: priced per rank, not per flow
@@ -195,19 +195,6 @@ def symmetry_decision(scenario, config, topology: Topology, costs) -> tuple[bool
     return True, f"each of the {config.pp} stage ranks stands for its {config.dp} x {config.tp} copies"
 
 
-_REFUSALS: dict = {}
-"""(cluster, layout) -> `fold_refusal`'s answer: `rank` simulates many candidates of one layout (micro-batch,
-recompute, ZeRO, ...), each on a topology built anew, and the answer depends on the layout alone."""
-
-
-def _fold_refusal(cluster, config, topology: Topology) -> str:
-    key = (cluster.model_dump_json(), config.tp, config.pp, config.dp, config.cp, config.placement,
-           config.num_virtual_stages > 1, config.collective)
-    if key not in _REFUSALS:
-        if len(_REFUSALS) >= 64:
-            del _REFUSALS[next(iter(_REFUSALS))]
-        _REFUSALS[key] = fold_refusal(config, topology)
-    return _REFUSALS[key]
 
 
 def expand_summary(summary: dict, rank_to_device: tuple[int, ...], num_stages: int, topology: Topology) -> None:

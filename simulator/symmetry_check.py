@@ -202,6 +202,22 @@ def fold_refusal(config, topology: Topology) -> str:
     return _unlike(topology, flows)
 
 
+_REFUSALS: dict = {}
+"""(cluster, layout) -> `fold_refusal`'s answer: `rank` simulates many candidates of one layout (micro-batch,
+recompute, ZeRO, ...), each on a topology built anew, and the answer depends on the layout alone."""
+
+
+def cached_fold_refusal(cluster, config, topology: Topology) -> str:
+    """`fold_refusal`, remembered per cluster and layout (the last 64)."""
+    key = (cluster.model_dump_json(), config.tp, config.pp, config.dp, config.cp, config.placement,
+           config.num_virtual_stages > 1, config.collective)
+    if key not in _REFUSALS:
+        if len(_REFUSALS) >= 64:
+            del _REFUSALS[next(iter(_REFUSALS))]
+        _REFUSALS[key] = fold_refusal(config, topology)
+    return _REFUSALS[key]
+
+
 def _replicas_share_a_link(flows) -> bool:
     """Whether two replicas' own traffic (their copies of the TP rings and transfers) crosses one link."""
     owner: dict[int, int] = {}

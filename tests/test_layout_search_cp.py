@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.fabrics import build_topology
+from simulator.fabrics import build_topology, cached_topology
 from simulator.hardware import GPUS
-from simulator.layout_search import _topology, exact_peak_memory_bytes, megatron_space, search_layouts
+from simulator.layout_search import exact_peak_memory_bytes, megatron_space, search_layouts
 from simulator.planner import Candidate, _row, _workload, candidate_scenario, scenario_for_gpus
 from simulator.scenario import load_scenario, scenario_from_dict
 from simulator.search_gates import CP_UNFOLDED_PASSES, cp_folds
@@ -165,7 +165,7 @@ def test_large_cp_layouts_that_do_not_fold_are_skipped_with_the_reason(fabric):
     reasons = [entry for entry in ranking.skipped if "context parallelism is simulated unfolded" in entry["reason"]]
     assert all(" c=" in entry["label"] for entry in reasons)
     scenario, _, space = space_of(raw, (1, 2))
-    topology, folds = _topology(scenario.cluster.model_dump_json()), {}
+    topology, folds = cached_topology(scenario.cluster.model_dump_json()), {}
     over = [c for c in space if c.cp_degree > 1
             and scenario.num_gpus * c.num_microbatches * c.num_virtual_stages > CP_UNFOLDED_PASSES]
     unfolded = [c for c in over if not cp_folds(scenario, c, topology, folds)]

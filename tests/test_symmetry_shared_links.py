@@ -91,7 +91,7 @@ def test_misaligned_fat_tree_refuses_and_the_fold_would_be_wrong(monkeypatch):
     assert "copy 1 of the pipeline transfer stage 0 -> 1 meets other loads" in decision["reason"]
     assert " on link " in decision["reason"] and "->" in decision["reason"]
     assert run.plan.num_ranks == 32
-    monkeypatch.setattr(symmetry, "_fold_refusal", lambda cluster, config, topology: "")
+    monkeypatch.setattr(symmetry, "cached_fold_refusal", lambda cluster, config, topology: "")
     forced = simulate(misaligned)
     assert forced.summary["tensor"]["symmetry"]["used"] is True
     assert abs(forced.step_time_s / run.step_time_s - 1) > 1e-4
