@@ -60,11 +60,16 @@ def test_tp_forward_of_one_block_is_compute_over_t_plus_two_allreduces():
     assert result.summary["num_gpus"] == t and len(result.summary["devices"]) == t
 
 
-def test_sequence_parallel_moves_the_bytes_and_takes_the_time_of_the_allreduces():
+def test_sequence_parallel_moves_the_bytes_of_the_allreduces_and_gathers_again_in_backward():
     plain, sequence = simulate(toy()), simulate(toy(sequence_parallel=True))
-    assert sequence.summary["bytes_per_tier"]["intra"] == pytest.approx(plain.summary["bytes_per_tier"]["intra"])
+    # forward: an allgather + reduce-scatter pair per allreduce (the same bytes); backward: the same,
+    # and each column-parallel GEMM's input gathered again for its weight gradient (2 per block):
+    # 4 allreduces' bytes + 2 half-allreduces
+    assert sequence.summary["bytes_per_tier"]["intra"] == pytest.approx(1.25 * plain.summary["bytes_per_tier"]["intra"])
     assert sequence.summary["bytes_per_tier"]["intra"] > 0
-    assert sequence.step_time_s == pytest.approx(plain.step_time_s, rel=1e-9)
+    shard_bytes = ELEMENTS * 8 * 4 / 4  # batch 8, fp32, over t = 4
+    regather_s = ring_allgather_time_s(shard_bytes, 4, INTRA_LATENCY, INTRA_BW)
+    assert sequence.step_time_s == pytest.approx(plain.step_time_s + 2 * regather_s, rel=1e-9)
     assert set(sequence.summary["collective_algorithms"]) == {"ring_allgather", "ring_reduce_scatter"}
     size, p = 1e8, 8
     assert (ring_reduce_scatter_time_s(size, p, 1e-6, 1e10) + ring_allgather_time_s(size / p, p, 1e-6, 1e10)
@@ -118,6 +123,9 @@ def test_tp_collectives_per_pass():
     assert pass_collectives(gpt, 0, 5, "B", False) == [("allreduce", 7, sh)]
     assert pass_collectives(gpt, 1, 4, "F", True) == [("allgather", 6, sh), ("reduce_scatter", 6, sh)]
     assert pass_collectives(gpt, 4, 5, "F", True) == [("allgather", 1, sh)]
+    # backward with SP: each column-parallel GEMM (QKV, fc1, the head) gathers its input again
+    assert pass_collectives(gpt, 1, 4, "B", True) == [("allgather", 12, sh), ("reduce_scatter", 6, sh)]
+    assert pass_collectives(gpt, 4, 5, "B", True) == [("allgather", 1, sh), ("reduce_scatter", 1, sh)]
 
 
 def test_zero1_shards_master_weights_and_optimizer_state_over_replicas():

@@ -12,12 +12,16 @@ SP = sequence parallel; figures per sample, as in `simulator.workload`):
   (LayerNorms, row-parallel biases). Saved activations: 4 s h replicated (inputs of both
   LayerNorms, of QKV and of fc1), the rest / t; SP: all / t (Korthikanti eq. 2-4, in elements,
   without dropout masks). TP collectives of b s h: 2 allreduces in forward, 2 in backward; SP:
-  2 allgathers + 2 reduce-scatters in each pass.
+  2 allgathers + 2 reduce-scatters in forward, and in backward 2 more allgathers: each
+  column-parallel GEMM gathers its sequence-sharded input again for its weight gradient, since
+  only the shard is kept (Korthikanti et al. 2022, sec. 4.2.2; Megatron-LM's
+  `LinearWithGradAccumulationAndAsyncCommunication`).
 - embedding: vocab-parallel token table (parameters / t), position table replicated; its adds and
   saved ids replicated (SP: / t); an allreduce of the output in forward (SP: a reduce-scatter).
 - linear (the LM head): column-parallel, vocab-parallel logits (FLOPs, output / t); its LayerNorm
   (5 s h FLOPs, 2 h parameters) and saved inputs replicated (SP: / t); an allreduce of the input
-  gradient in backward (SP: allgather in forward, reduce-scatter in backward).
+  gradient in backward (SP: allgather in forward; in backward the input gathered again for the
+  weight gradient, and a reduce-scatter).
 - norm, elementwise: replicated (every TP rank computes the whole layer); SP: / t.
 - conv, pool: replicated.
 
@@ -44,16 +48,16 @@ TP_COLLECTIVES = {
     ("attention", "F", False): (("allreduce", 2, "input"),),
     ("attention", "B", False): (("allreduce", 2, "input"),),
     ("attention", "F", True): (("allgather", 2, "input"), ("reduce_scatter", 2, "input")),
-    ("attention", "B", True): (("allgather", 2, "input"), ("reduce_scatter", 2, "input")),
+    ("attention", "B", True): (("allgather", 4, "input"), ("reduce_scatter", 2, "input")),
     ("embedding", "F", False): (("allreduce", 1, "output"),),
     ("embedding", "F", True): (("reduce_scatter", 1, "output"),),
     ("linear", "B", False): (("allreduce", 1, "input"),),
     ("linear", "F", True): (("allgather", 1, "input"),),
-    ("linear", "B", True): (("reduce_scatter", 1, "input"),),
+    ("linear", "B", True): (("allgather", 1, "input"), ("reduce_scatter", 1, "input")),
 }
 """Megatron's f and g operators (Shoeybi et al. 2019, Fig. 3) per layer and pass; SP replaces each
 allreduce by an allgather + reduce-scatter pair moving the same bytes (Korthikanti et al. 2022,
-Fig. 5)."""
+Fig. 5), and its backward gathers each column-parallel GEMM's input again (module docstring)."""
 
 OP_ORDER = {"allgather": 0, "reduce_scatter": 1, "allreduce": 2}
 
