@@ -1,25 +1,35 @@
-"""Accuracy at cluster scale: the ten weak-scaling runs of Megatron-LM on up to 3,072 A100 GPUs
-(Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
-Megatron-LM", SC'21, Table 1), predicted with the datasheet catalogue (or a kernel profile) and
-scored against the published throughput.
+"""Accuracy at cluster scale: published Megatron-LM iteration times on up to 3,072 A100 GPUs, predicted
+with the datasheet catalogue (or a kernel profile) and scored against the measurements.
 
-The runs (`RUNS`): GPT models of 1.7B to 1T parameters, sequence 2,048, vocabulary 51,200, fp16
-mixed precision with Adam, full activation recomputation, on Selene (DGX A100 80 GB nodes: NVSwitch
-inside, 8 HDR InfiniBand NICs a node on a rail-optimised fat-tree). Each run's tensor, pipeline
-and data degrees, micro-batch, global batch, interleaving (layers per virtual stage) and
-data-parallel implementation come from the authors' artifact,
-NVIDIA/Megatron-LM `examples/sc21/run_table_1.sh`: `DDP=torch` reduces gradient buckets during
-the backward (`overlap_backward: true`), `DDP=local` after it (`false`). The published figure is
-model TFLOP/s per GPU computed with the paper's eq. 3, F = 96 B s l h^2 (1 + s / 6h + V / 16lh)
-per iteration (recomputation included), so the measured iteration time is F / (GPUs x TFLOP/s).
-The table rounds TFLOP/s to three digits (at most 0.4 % of a row).
+Two published tables, GPT models with sequence 2,048, vocabulary 51,200, fp16 mixed precision with
+Adam, on Selene (DGX A100 80 GB nodes: NVSwitch inside, 8 HDR InfiniBand NICs a node on a
+rail-optimised fat-tree):
+
+- `SC21_RUNS`: the ten weak-scaling runs of Narayanan et al., "Efficient Large-Scale Language
+  Model Training on GPU Clusters Using Megatron-LM", SC'21, Table 1 (1.7B on 32 GPUs to 1T on
+  3,072), full activation recomputation. Each run's tensor, pipeline and data degrees,
+  micro-batch, global batch, interleaving (layers per virtual stage) and data-parallel
+  implementation come from the authors' artifact, NVIDIA/Megatron-LM
+  `examples/sc21/run_table_1.sh`: `DDP=torch` reduces gradient buckets during the backward
+  (`overlap_backward: true`), `DDP=local` after it (`false`). The published figure is model
+  TFLOP/s per GPU computed with the paper's eq. 3, F = 96 B s l h^2 (1 + s / 6h + V / 16lh) per
+  iteration (recomputation included), so the measured iteration time is F / (GPUs x TFLOP/s). The
+  table rounds TFLOP/s to three digits (at most 0.4 % of a row).
+- `RECOMPUTE_RUNS`: the eight end-to-end iteration times of Korthikanti et al., "Reducing
+  Activation Recomputation in Large Transformer Models", MLSys 2023, Table 5: 22B, 175B, 530B and
+  1T on 8 to 512 GPUs without data parallelism, each with full recomputation and with selective
+  recomputation plus sequence parallelism. Layouts (TP, PP, micro-batch, batch, interleaving) as
+  transcribed with the measured seconds in calculon-ai/calculon (Isaev et al. SC'23)
+  `calculon/megatron/validation.py` and `validation/*.json`.
 
 Nothing here is fitted: these rows are held out from every parameter of the model, including
 those `ghpsim fit` chose on the single-node rows of `bench_published.py`. Prints each run's
-measured and predicted iteration time and error, then MAPE, mean signed error and the worst row,
-and whether the predicted peak memory of every run fits the 80 GB it trained on.
+measured and predicted iteration time and error, then MAPE, mean signed error and the worst row
+per table and over both, and whether the predicted peak memory of every run fits the 80 GB it
+trained on.
 
-    python benchmarks/bench_published_scale.py [--profile PROFILE.json] [--processes N] [--json]
+    python benchmarks/bench_published_scale.py [--table sc21|recompute|all] [--profile PROFILE.json]
+                                               [--processes N] [--json]
 """
 
 from __future__ import annotations
@@ -44,7 +54,8 @@ SEQUENCE, VOCABULARY = 2048, 51200
 
 @dataclass(frozen=True)
 class PublishedRun:
-    """One row of SC'21 Table 1 with its settings from `run_table_1.sh`."""
+    """One published run: a row of SC'21 Table 1 with its settings from `run_table_1.sh`, or (with
+    `published_s`) a row of Korthikanti et al. Table 5."""
 
     params_billion: float
     heads: int
@@ -54,17 +65,27 @@ class PublishedRun:
     pp: int
     gpus: int
     global_batch: int
-    tflops_per_gpu: float
-    aggregate_pflops: float
-    """The table's last column: a check of the row's transcription (= TFLOP/s x GPUs)."""
+    tflops_per_gpu: float | None
+    aggregate_pflops: float | None
+    """SC'21's last column: a check of the row's transcription (= TFLOP/s x GPUs)."""
     micro_batch: int
     layers_per_virtual_stage: int | None
     overlap_backward: bool
     """DDP=torch: True; DDP=local: False."""
+    recompute: str = "full"
+    sequence_parallel: bool = False
+    published_s: float | None = None
+    """The measured iteration time where the table gives it (else from TFLOP/s)."""
+
+    @property
+    def table(self) -> str:
+        return "sc21" if self.published_s is None else "recompute"
 
     @property
     def label(self) -> str:
-        return f"{self.params_billion:g}B t{self.tp} p{self.pp} on {self.gpus}"
+        mode = "" if self.table == "sc21" else (" full" if self.recompute == "full" else " sel+sp")
+        size = "1T" if self.params_billion == 1000 else f"{self.params_billion:g}B"  # Table 5's name
+        return f"{size} t{self.tp} p{self.pp} on {self.gpus}{mode}"
 
     @property
     def virtual_stages(self) -> int:
@@ -78,10 +99,12 @@ class PublishedRun:
         return 96 * self.global_batch * s * l * h * h * (1 + s / (6 * h) + VOCABULARY / (16 * l * h))
 
     def measured_s(self) -> float:
+        if self.published_s is not None:
+            return self.published_s
         return self.iteration_flops() / (self.gpus * self.tflops_per_gpu * 1e12)
 
 
-RUNS = (
+SC21_RUNS = (
     PublishedRun(1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 4.4, 16, None, True),
     PublishedRun(3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 8.8, 16, None, True),
     PublishedRun(7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 18.2, 16, None, True),
@@ -95,6 +118,29 @@ RUNS = (
 )
 
 
+def _recompute_pair(params_billion: float, heads: int, hidden: int, layers: int, pp: int, batch: int,
+                    micro_batch: int, layers_per_virtual_stage: int | None, full_s: float,
+                    selective_s: float) -> tuple[PublishedRun, PublishedRun]:
+    """One model of Korthikanti et al. Table 5 (TP 8, no data parallelism): full recomputation,
+    and selective recomputation with sequence parallelism."""
+    common = dict(params_billion=params_billion, heads=heads, hidden=hidden, layers=layers, tp=8, pp=pp,
+                  gpus=8 * pp, global_batch=batch, tflops_per_gpu=None, aggregate_pflops=None,
+                  micro_batch=micro_batch, layers_per_virtual_stage=layers_per_virtual_stage,
+                  overlap_backward=False)
+    return (PublishedRun(**common, published_s=full_s),
+            PublishedRun(**common, recompute="selective", sequence_parallel=True, published_s=selective_s))
+
+
+RECOMPUTE_RUNS = (
+    *_recompute_pair(22, 64, 6144, 48, 1, 4, 4, None, 1.42, 1.10),
+    *_recompute_pair(175, 96, 12288, 96, 8, 64, 1, 4, 18.13, 13.75),
+    *_recompute_pair(530, 128, 20480, 105, 35, 280, 1, 1, 49.05, 37.83),
+    *_recompute_pair(1000, 160, 25600, 128, 64, 512, 1, None, 94.42, 71.49),
+)
+RUNS = SC21_RUNS + RECOMPUTE_RUNS
+TABLES = {"sc21": "Megatron-LM SC'21 Table 1", "recompute": "Korthikanti et al. Table 5"}
+
+
 def run_scenario(run: PublishedRun) -> dict:
     """The scenario document of one published run."""
     data_parallel = run.gpus // (run.tp * run.pp)
@@ -103,8 +149,10 @@ def run_scenario(run: PublishedRun) -> dict:
                 "overlap_backward": run.overlap_backward, "partition": "uniform"}
     if run.virtual_stages > 1:
         strategy["num_virtual_stages"] = run.virtual_stages
+    if run.sequence_parallel:
+        strategy["sequence_parallel"] = True
     return {
-        "name": f"megatron_sc21_{run.params_billion:g}b",
+        "name": f"megatron_{run.table}_{run.params_billion:g}b",
         "cluster": {"num_nodes": run.gpus // 8, "gpus_per_node": 8, "nics_per_node": 8, "gpu": "A100-80GB",
                     "intra_node_link": "nvlink3-a100", "inter_node_link": "ib-hdr",
                     "topology": "rail_optimized"},
@@ -113,7 +161,7 @@ def run_scenario(run: PublishedRun) -> dict:
                                                     "vocab_size": VOCABULARY}},
         "strategy": strategy,
         "training": {"global_batch_size": run.global_batch, "dtype": "fp16", "optimizer": "adam",
-                     "recompute": "full"},
+                     "recompute": run.recompute},
     }
 
 
@@ -149,8 +197,24 @@ def score(rows: list[dict]) -> dict:
             "worst_run": worst["run"]}
 
 
+def print_table(title: str, rows: list[dict]) -> None:
+    print(title)
+    print(f"{'run':34s} {'measured s':>11s} {'predicted s':>12s} {'error':>8s} {'peak GiB':>9s} {'sim s':>7s}")
+    for row in rows:
+        if row["predicted_s"] is None:
+            print(f"{row['run']:34s} {row['measured_s']:11.3f}  not simulated: {row['error']}")
+            continue
+        print(f"{row['run']:34s} {row['measured_s']:11.3f} {row['predicted_s']:12.3f} "
+              f"{row['error_pct']:+7.1f}% {row['peak_memory_bytes'] / 2**30:9.1f} {row['wall_s']:7.1f}")
+    summary = score(rows)
+    if summary["runs"]:
+        print(f"{summary['runs']} runs: MAPE {summary['mape_pct']:.1f} %, mean signed {summary['mean_signed_pct']:+.1f} %, "
+              f"worst {summary['worst_pct']:.1f} % ({summary['worst_run']})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", choices=(*TABLES, "all"), default="all", help="which published table to score")
     parser.add_argument("--profile", default=None,
                         help="a kernel profile (`ghpsim fit`, `calibrate --kernels`); default: the datasheet catalogue")
     parser.add_argument("--processes", type=int, default=os.cpu_count(), help="worker processes")
@@ -159,38 +223,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile and not Path(args.profile).is_file():
         print(f"bench_published_scale: error: --profile {args.profile}: no such file", file=sys.stderr)
         return 2
+    runs = [run for run in RUNS if args.table in ("all", run.table)]
     started = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(max(1, args.processes)) as pool:
-        results = pool.map(predict_s, [(run, args.profile) for run in RUNS], chunksize=1)
+        # the largest first, so that the pool's last task is a short one
+        order = sorted(range(len(runs)), key=lambda index: -runs[index].gpus * runs[index].global_batch)
+        results = dict(zip(order, pool.map(predict_s, [(runs[index], args.profile) for index in order], chunksize=1)))
     rows = []
-    for run, (predicted, peak_bytes, fits, wall_s) in zip(RUNS, results):
-        row = {"run": run.label, "measured_s": run.measured_s(), "peak_memory_bytes": peak_bytes,
+    for index, run in enumerate(runs):
+        predicted, peak_bytes, fits, wall_s = results[index]
+        row = {"run": run.label, "table": run.table, "measured_s": run.measured_s(), "peak_memory_bytes": peak_bytes,
                "fits_in_memory": fits, "wall_s": wall_s}
         if isinstance(predicted, str):
             row.update(predicted_s=None, error_pct=None, error=predicted)
         else:
             row.update(predicted_s=predicted, error_pct=100 * (predicted - row["measured_s"]) / row["measured_s"])
         rows.append(row)
+    tables = [table for table in TABLES if any(row["table"] == table for row in rows)]
     figures = {"model": args.profile or "datasheet", "rows": rows, "summary": score(rows),
+               "tables": {table: score([row for row in rows if row["table"] == table]) for table in tables},
                "wall_s": time.perf_counter() - started}
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0
-    print(f"Megatron-LM SC'21 Table 1 on A100, {figures['model']}:")
-    print(f"{'run':28s} {'measured s':>11s} {'predicted s':>12s} {'error':>8s} {'peak GiB':>9s} {'sim s':>7s}")
-    for row in rows:
-        if row["predicted_s"] is None:
-            print(f"{row['run']:28s} {row['measured_s']:11.3f}  not simulated: {row['error']}")
-            continue
-        print(f"{row['run']:28s} {row['measured_s']:11.3f} {row['predicted_s']:12.3f} "
-              f"{row['error_pct']:+7.1f}% {row['peak_memory_bytes'] / 2**30:9.1f} {row['wall_s']:7.1f}")
+    for table in tables:
+        print_table(f"{TABLES[table]} on A100, {figures['model']}:", [row for row in rows if row["table"] == table])
+        print()
     summary = figures["summary"]
-    if summary["runs"]:
-        print(f"{summary['runs']} runs: MAPE {summary['mape_pct']:.1f} %, mean signed {summary['mean_signed_pct']:+.1f} %, "
-              f"worst {summary['worst_pct']:.1f} % ({summary['worst_run']}) ({figures['wall_s']:.0f} s)")
-        over = [row["run"] for row in rows if row["predicted_s"] is not None and not row["fits_in_memory"]]
-        print("predicted peak memory: every run fits the A100's 80 GB, as it did" if not over else
-              f"predicted peak memory: {', '.join(over)} over the A100's 80 GB, though the published runs trained")
+    if summary["runs"] and len(tables) > 1:
+        print(f"all {summary['runs']} runs: MAPE {summary['mape_pct']:.1f} %, mean signed {summary['mean_signed_pct']:+.1f} %, "
+              f"worst {summary['worst_pct']:.1f} % ({summary['worst_run']})")
+    over = [row["run"] for row in rows if row["predicted_s"] is not None and not row["fits_in_memory"]]
+    print("predicted peak memory: every run fits the A100's 80 GB, as it did" if not over else
+          f"predicted peak memory: {', '.join(over)} over the A100's 80 GB, though the published runs trained")
+    print(f"({figures['wall_s']:.0f} s)")
     return 0 if summary["runs"] == len(rows) else 1
 
 

@@ -1,5 +1,6 @@
-"""benchmarks/bench_published_scale.py: the SC'21 Table 1 runs are transcribed consistently, each
-becomes a valid scenario of its published layout, and a small one is predicted and scored."""
+"""benchmarks/bench_published_scale.py: the SC'21 Table 1 and Korthikanti et al. Table 5 runs are
+transcribed consistently, each becomes a valid scenario of its published layout, and small ones are
+predicted and scored."""
 
 import sys
 from pathlib import Path
@@ -8,13 +9,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_published_scale import RUNS, main, predict_s, run_scenario, score  # noqa: E402
+from bench_published_scale import RECOMPUTE_RUNS, SC21_RUNS, main, predict_s, run_scenario, score  # noqa: E402
 
 from simulator.model_source import resolve_workload  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
 
 
-@pytest.mark.parametrize("run", RUNS, ids=lambda run: run.label)
+@pytest.mark.parametrize("run", SC21_RUNS, ids=lambda run: run.label)
 def test_each_row_agrees_with_its_own_columns(run):
     # the table's aggregate column is TFLOP/s x GPUs, both rounded (TFLOP/s to the unit, PFLOP/s to
     # 0.1): a mistyped figure breaks this
@@ -30,18 +31,45 @@ def test_each_row_agrees_with_its_own_columns(run):
     assert round(workload.num_params / 1e9, 1) == run.params_billion
 
 
+@pytest.mark.parametrize("run", RECOMPUTE_RUNS, ids=lambda run: run.label)
+def test_each_recompute_row_is_its_published_layout(run):
+    scenario = scenario_from_dict(run_scenario(run), ".")
+    strategy, training = scenario.strategy, scenario.training
+    assert run.table == "recompute" and run.gpus == 8 * run.pp and strategy.tp_degree == 8  # TP 8, no DP
+    assert strategy.num_microbatches * run.micro_batch == run.global_batch
+    assert strategy.num_virtual_stages * run.pp * (run.layers_per_virtual_stage or run.layers // run.pp) == run.layers
+    assert (training.recompute, strategy.sequence_parallel) in (("full", False), ("selective", True))
+    assert run.measured_s() == run.published_s
+    # the model of the row is the one its name says (22B, 175B, 530B, 1T) within 3 %
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    assert workload.num_params / 1e9 == pytest.approx(run.params_billion, rel=0.03)
+
+
+def test_each_model_of_table_5_has_both_modes_and_selective_is_faster():
+    full = [run for run in RECOMPUTE_RUNS if run.recompute == "full"]
+    selective = [run for run in RECOMPUTE_RUNS if run.recompute == "selective"]
+    assert len(full) == len(selective) == 4
+    for a, b in zip(full, selective):
+        assert (a.layers, a.hidden, a.pp, a.global_batch) == (b.layers, b.hidden, b.pp, b.global_batch)
+        assert 0.7 < b.published_s / a.published_s < 0.8  # the paper's 29-32 % throughput gain
+
+
 def test_measured_time_follows_eq_3():
-    trillion = RUNS[-1]  # 1T on 3,072 GPUs at 163 TFLOP/s: about 103 s an iteration
+    trillion = SC21_RUNS[-1]  # 1T on 3,072 GPUs at 163 TFLOP/s: about 103 s an iteration
     assert trillion.measured_s() == pytest.approx(
         96 * 3072 * 2048 * 128 * 25600 ** 2 * (1 + 2048 / (6 * 25600) + 51200 / (16 * 128 * 25600))
         / (3072 * 163e12))
     assert 100 < trillion.measured_s() < 105
 
 
-def test_the_smallest_run_is_predicted_and_scored():
-    predicted, peak_bytes, fits, _wall_s = predict_s((RUNS[0], None))
-    assert isinstance(predicted, float) and 0.5 * RUNS[0].measured_s() < predicted < 2 * RUNS[0].measured_s()
+@pytest.mark.parametrize("run", (SC21_RUNS[0], *RECOMPUTE_RUNS[:2]), ids=lambda run: run.label)
+def test_the_smallest_runs_are_predicted_and_scored(run):
+    predicted, peak_bytes, fits, _wall_s = predict_s((run, None))
+    assert isinstance(predicted, float) and 0.5 * run.measured_s() < predicted < 2 * run.measured_s()
     assert 0 < peak_bytes < 80e9 and fits  # the published run trained on 80 GB A100s
+
+
+def test_score():
     rows = [{"run": "a", "error_pct": -10.0}, {"run": "b", "error_pct": 4.0}, {"run": "c", "error_pct": None}]
     assert score(rows) == {"runs": 2, "mape_pct": 7.0, "mean_signed_pct": -3.0, "worst_pct": 10.0, "worst_run": "a"}
 
