@@ -158,9 +158,7 @@ class Engine:
         position = self._position[rank]
         self._finished[rank][action_id if position is None else position[action_id]] = 1
         self._num_completions += 1
-        waiters = self._waiters.pop((rank, action_id), None)
-        if waiters:
-            self._ready.extend(waiters)
+        self._ready.extend(self._waiters.pop((rank, action_id), ()))
 
     def _work(self, rank: int, seconds: float, function, *args) -> None:
         """`seconds` of the rank's own thread (on its host's processors when they are shared), then
@@ -170,7 +168,7 @@ class Engine:
         elif self.hosts is None:
             self._later(seconds, function, *args)
         else:
-            self._on(self._host_job(seconds, (rank,), 1, COMPUTE), function, *args)
+            self._host_job(seconds, (rank,), 1, COMPUTE, then=(function, args))
 
     # ------------------------------------------------------------------ streams
     def _compute_next(self, stream: _Stream) -> None:
@@ -353,12 +351,16 @@ class Engine:
         self._count_bytes((phases[index],))
         self._play(phases, index + 1, then, args)
 
-    def _host_job(self, measured_s: float, ranks, ranks_when_measured: int, kind: str) -> simpy.Event:
+    def _host_job(self, measured_s: float, ranks, ranks_when_measured: int, kind: str, then=None):
         """A job of one thread per rank on shared processors (`simulator.host_sharing`): measured at
         `measured_s` with k = `ranks_when_measured` threads busy, it holds min(1, P / k) x measured_s
-        seconds of work at rate 1 (processor sharing, Kleinrock 1976)."""
-        work_s = measured_s * min(1.0, self.hosts.parallelism / ranks_when_measured)
-        return self.hosts.run(work_s, kind, self._host_threads(ranks))
+        seconds of work at rate 1 (processor sharing, Kleinrock 1976). Returns the event of its end;
+        with `then` = (function, args), function(*args) is called at its end instead (no event)."""
+        work_s, threads = measured_s * min(1.0, self.hosts.parallelism / ranks_when_measured), self._host_threads(ranks)
+        if then is None or work_s <= 0:
+            event = self.hosts.run(work_s, kind, threads)
+            return event if then is None else self._on(event, then[0], *then[1])
+        self.hosts.run(work_s, kind, threads, on_done=lambda: self._resume(*then))
 
     def _host_threads(self, ranks) -> tuple[tuple[int, int], ...]:
         """((host, threads), ...): one thread per rank on its device's host."""
@@ -386,10 +388,8 @@ class Engine:
 
     # ------------------------------------------------------------------ bookkeeping
     def _register_receives(self) -> None:
-        for rank, actions in enumerate(self.plan.actions):
-            for action in actions:
-                if isinstance(action, Recv):
-                    self._arrivals[action.key] = (rank, action.id)
+        self._arrivals.update((action.key, (rank, action.id)) for rank, actions in enumerate(self.plan.actions)
+                              for action in actions if isinstance(action, Recv))
 
     def _check_finished(self) -> None:
         for rank, finished in enumerate(self._finished):

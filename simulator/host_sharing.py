@@ -117,13 +117,18 @@ class HostPool:
             self._threads[host][kind] -= count
         self._reschedule([host for host, _ in threads])
 
-    def run(self, work_s: float, kind: str, threads: tuple[tuple[int, int], ...]):
+    def run(self, work_s: float, kind: str, threads: tuple[tuple[int, int], ...], on_done=None):
         """Start a job of `work_s` seconds at rate 1 with `threads` = ((host, count), ...); returns
-        an event that succeeds when its work is done."""
-        done = self.env.event()
-        if work_s <= 0 or not threads:
-            done.succeed()
-            return done
+        an event that succeeds when its work is done. With `on_done` (a callable, for a job with
+        work and threads) nothing is returned and `on_done()` is called instead, once the rates of
+        the jobs left are set (no SimPy event per job, as `simulator.network.FlowNetwork.transfer`)."""
+        if on_done is not None and work_s > 0 and threads:
+            done = on_done
+        else:
+            done = self.env.event()
+            if work_s <= 0 or not threads:
+                done.succeed()
+                return done
         now = self.env.now
         job = _Job(self._next_id, work_s, kind, threads, now, done)
         self._next_id += 1
@@ -228,6 +233,12 @@ class HostPool:
                 threads_of[host][kind] -= count
                 del jobs_of[host][job_id]
                 hosts.add(host)
+        callbacks = []
         for job in ended:
-            job.done.succeed()
+            if hasattr(job.done, "succeed"):  # an event (SimPy's)
+                job.done.succeed()
+            else:
+                callbacks.append(job.done)
         self._reschedule(hosts)
+        for callback in callbacks:
+            callback()
