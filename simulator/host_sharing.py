@@ -108,14 +108,20 @@ class HostPool:
         class by the interference factors. Returns the token."""
         for host, count in threads:
             self._threads[host][kind] += count
-        self._reschedule([host for host, _ in threads])
+        self._reschedule_busy(threads)
         return kind, threads
 
     def release(self, token) -> None:
         kind, threads = token
         for host, count in threads:
             self._threads[host][kind] -= count
-        self._reschedule([host for host, _ in threads])
+        self._reschedule_busy(threads)
+
+    def _reschedule_busy(self, threads) -> None:
+        """`_reschedule` the hosts of `threads` that run jobs (a hold changes no other job's rate)."""
+        busy = [host for host, _ in threads if self._jobs[host]]
+        if busy:
+            self._reschedule(busy)
 
     def run(self, work_s: float, kind: str, threads: tuple[tuple[int, int], ...], on_done=None):
         """Start a job of `work_s` seconds at rate 1 with `threads` = ((host, count), ...); returns
