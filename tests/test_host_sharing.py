@@ -81,6 +81,29 @@ def test_a_job_starting_later_changes_the_rates_of_the_running_ones():
     assert times == pytest.approx([3.0, 4.0])
 
 
+def test_a_callback_job_ends_when_its_event_would_and_a_hold_on_an_idle_host_times_nothing():
+    # the same timeline as the test above, the first job ending through `on_done` instead of an event
+    env = simpy.Environment()
+    pool = HostPool(env, _processors(1.0), 2)
+    ended = {}
+    pool.run(2.0, COMPUTE, ((0, 1),), on_done=lambda: ended.setdefault("callback", env.now))
+
+    def later():
+        yield env.timeout(1.0)
+        retimed = []
+        reschedule, pool._reschedule = pool._reschedule, lambda hosts: retimed.append(list(hosts))
+        pool.release(pool.hold(COLLECTIVE, ((1, 1),)))  # host 1 runs no job: nothing to re-time
+        pool.release(pool.hold(COLLECTIVE, ((0, 1), (1, 1))))  # host 0 runs the first job
+        pool._reschedule = reschedule
+        assert retimed == [[0], [0]]
+        yield pool.run(2.0, COMPUTE, ((0, 1),))
+        ended["event"] = env.now
+
+    env.process(later())
+    env.run()
+    assert ended == pytest.approx({"callback": 3.0, "event": 4.0})
+
+
 class _SharedHostCosts(FixedCosts):
     """FixedCosts on a calibrated shared host (P = 2) with measured allreduce times."""
 
