@@ -12,8 +12,10 @@ pipeline candidates (`simulator.planner.enumerate_candidates`).
 
 Context parallelism c (`strategy.cp_degree`, `simulator.strategies.context`), searched when the
 scenario sets cp_degree > 1 (a long-context run; it multiplies the space): c = 1, and for a model
-with attention layers each power of two c with t c dividing the GPUs per node (Megatron's rank order
-puts a CP group inside a node) that splits every attention layer's sequence into 2 c chunks, with
+with attention layers each power of two c whose t c ranks divide the GPUs per node (Megatron's rank
+order puts such a CP group inside a node) or, up to the scenario's c, fill whole nodes (a CP group
+across nodes at the same local ranks, as the scenario's own layout may be: Llama 3 runs CP 16 so),
+that splits every attention layer's sequence into 2 c chunks, with
 ZeRO 0 / 1 and no expert parallelism (the simulator refuses the rest), and only with b < c: a CP
 rank then runs b / c < 1 sequence of each micro-batch, which no c = 1 layout can. With b >= c the
 layout (t, c, b, d) is the c = 1 layout (t, 1, b / c, d c) plus the ring K/V transfers: the same
@@ -89,15 +91,19 @@ class LayoutSearch(Ranking):
             "seconds": stats.seconds, "top": self.top}, "pruned": self.pruned}
 
 
-def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZES, context=True) -> list[Candidate]:
-    """The megatron layouts of the module docstring."""
+def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZES, context=True,
+                   cp_across_nodes: int | None = None) -> list[Candidate]:
+    """The megatron layouts of the module docstring; `cp_across_nodes`: the largest c of a CP group
+    across nodes (default the scenario's c; `search_layouts` passes the one set before the scenario
+    is moved to another GPU count)."""
+    across = scenario.strategy.cp_degree if cp_across_nodes is None else cp_across_nodes
     n, per_node, batch = scenario.num_gpus, scenario.cluster.gpus_per_node, scenario.training.global_batch_size
     layers = workload.num_layers
     heads = {layer.spec.get("num_heads") for layer in workload.layers if layer.spec.get("num_heads")}
     experts = {layer.spec["num_experts"] for layer in workload.layers if layer.spec.get("kind") == "moe_block"}
     found = []
     for t, c in ((t, c) for t in range(1, min(n, per_node) + 1)
-                 for c in (context_degrees(workload, t, per_node) if context else (1,))):
+                 for c in (context_degrees(workload, t, per_node, across) if context else (1,))):
         if n % (t * c) or any(h % t for h in heads):
             continue
         for p in (q for q in range(1, min(n // (t * c), layers) + 1) if (n // (t * c)) % q == 0):
@@ -117,13 +123,16 @@ def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZ
     return found
 
 
-def context_degrees(workload, t: int, per_node: int) -> tuple[int, ...]:
+def context_degrees(workload, t: int, per_node: int, max_across_nodes: int) -> tuple[int, ...]:
     """CP degrees c of a megatron layout with t TP ranks: 1 and, for a model with attention layers, each
-    power of two c > 1 with t c dividing gpus_per_node (a CP group inside a node, Megatron's rank order)
-    that splits every attention layer's sequence into 2 c chunks (`context.check_context_parallel`)."""
+    power of two c > 1 whose t c ranks divide gpus_per_node (a CP group inside a node) or, with
+    c <= max_across_nodes, are whole nodes (across nodes at the same local ranks: Megatron's rank
+    order), and that splits every attention layer's sequence into 2 c chunks
+    (`context.check_context_parallel`)."""
     lengths, found, c = {spec["seq_len"] for spec in attention_specs(workload)}, [1], 2
-    while lengths and per_node % (t * c) == 0:
-        if all(length % (2 * c) == 0 for length in lengths):
+    while lengths and (per_node % (t * c) == 0 or c <= max_across_nodes):
+        inside, across = per_node % (t * c) == 0, (t * c) % per_node == 0 and c <= max_across_nodes
+        if (inside or across) and all(length % (2 * c) == 0 for length in lengths):
             found.append(c)
         c *= 2
     return tuple(found)
@@ -206,6 +215,7 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
     """The branch-and-bound search of the module docstring; `exhaustive` simulates every candidate
     that passes the memory floor (for checks); `context`: search CP degrees (None: as the module says)."""
     context = scenario.strategy.cp_degree > 1 if context is None else context
+    cp_across_nodes = scenario.strategy.cp_degree  # the scenario's own, before the move to num_gpus
     stats = SearchStats()
     started = time.perf_counter()
     scenario = scenario_for_gpus(scenario, num_gpus)
@@ -221,7 +231,7 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
                                                             f"divisible by the {candidate.workers_per_group} stages"})
     topology, folds = cached_topology(scenario.cluster.model_dump_json()), {}
     if MEGATRON in kinds:
-        candidates += megatron_space(scenario, workload, microbatch_sizes, context)
+        candidates += megatron_space(scenario, workload, microbatch_sizes, context, cp_across_nodes)
     stats.enumerated = len(candidates) + len(skipped)
     stats.seconds["enumerate"] = time.perf_counter() - started
     capacity = scenario.cluster.gpu.memory_bytes

@@ -12,7 +12,7 @@ import pytest
 
 from simulator.fabrics import build_topology, cached_topology
 from simulator.hardware import GPUS
-from simulator.layout_search import exact_peak_memory_bytes, megatron_space, search_layouts
+from simulator.layout_search import context_degrees, exact_peak_memory_bytes, megatron_space, search_layouts
 from simulator.planner import Candidate, _row, _workload, candidate_scenario, scenario_for_gpus
 from simulator.scenario import load_scenario, scenario_from_dict
 from simulator.search_gates import CP_UNFOLDED_PASSES, cp_folds
@@ -49,8 +49,11 @@ def megatron_search(raw: dict, overrides=(), **options):
 def test_cp_degrees_follow_the_simulator_s_rules():
     scenario, _, space = space_of(tiny_llama())
     n, batch = scenario.num_gpus, scenario.training.global_batch_size
-    # powers of two with t c dividing the 4 GPUs of a node: CP groups inside a node
+    # powers of two with t c dividing the 4 GPUs of a node (CP groups inside a node); across nodes
+    # only up to the scenario's c, here 1
     assert {(c.tp_degree, c.cp_degree) for c in space if c.cp_degree > 1} == {(1, 2), (1, 4), (2, 2)}
+    _, _, across = space_of({**tiny_llama(), "strategy": {"kind": "megatron", "cp_degree": 2}})
+    assert {(c.tp_degree, c.cp_degree) for c in across if c.cp_degree > 1} == {(1, 2), (1, 4), (2, 2), (4, 2)}
     assert {c.cp_degree for c in space} == {1, 2, 4}
     for c in space:
         d = c.data_parallel
@@ -156,9 +159,10 @@ def test_the_first_ranked_equals_the_exhaustive_best_with_cp_in_the_space(raw, c
 
 @pytest.mark.parametrize("fabric", ["two_tier", "fat_tree"])
 def test_large_cp_layouts_that_do_not_fold_are_skipped_with_the_reason(fabric):
-    """256 GPUs with N m v over the budget for small d: on the two-tier fabric every CP layout folds
-    and is searched; on a fat-tree with a NIC per GPU, replicas' transfers meet other loads, the
-    large ones do not fold and are skipped, each with the reason."""
+    """256 GPUs with N m v over the budget for small d: on the two-tier fabric every CP layout inside
+    a node folds and is searched (one across nodes may meet other replicas' hops on the node's NIC);
+    on a fat-tree with a NIC per GPU, replicas' transfers meet other loads, the large ones do not
+    fold and are skipped, each with the reason."""
     raw = tiny_llama(num_nodes=64, batch=4096)
     raw["cluster"].update(topology=fabric, nics_per_node=4 if fabric == "fat_tree" else 1)
     ranking = megatron_search(raw, top=1)
@@ -170,7 +174,20 @@ def test_large_cp_layouts_that_do_not_fold_are_skipped_with_the_reason(fabric):
             and scenario.num_gpus * c.num_microbatches * c.num_virtual_stages > CP_UNFOLDED_PASSES]
     unfolded = [c for c in over if not cp_folds(scenario, c, topology, folds)]
     assert over and len(reasons) == len(unfolded)
-    assert (len(unfolded) == 0) if fabric == "two_tier" else (len(unfolded) > 0)
+    if fabric == "two_tier":
+        assert all(c.tp_degree * c.cp_degree > scenario.cluster.gpus_per_node for c in unfolded)
+    else:
+        assert len(unfolded) > 0
+
+
+def test_a_cp_group_across_nodes_is_searched_as_the_405b_scenario_runs_it():
+    # t 8 x c 2 on 8-GPU nodes: each CP pair spans two nodes at the same local rank (Megatron's order)
+    scenario = load_scenario(str(Path(__file__).resolve().parent.parent / "scenarios" / "llama3_405b_4d_h100.yaml"))
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
+    assert context_degrees(workload, 8, 8, scenario.strategy.cp_degree) == (1, 2)
+    assert context_degrees(workload, 8, 8, 8) == (1, 2, 4, 8)
+    assert context_degrees(workload, 2, 8, 2) == (1, 2, 4)  # 2 x 4 inside a node; 2 x 8 across, over 2
+    assert context_degrees(workload, 3, 8, 4) == (1,)  # 6, 12 ranks: neither part of a node nor whole nodes
 
 
 def test_a_cp_scenario_on_another_gpu_count_leaves_its_cp_degree_to_the_candidates():
