@@ -2,7 +2,8 @@
 
 The space: megatron layouts t x c x p x d = N (t <= GPUs per node and dividing the attention heads,
 p <= layers, d replicas) x micro-batch size b (m = B / (d b) micro-batches) x interleaving v (m a
-multiple of p) x recompute (none, selective, full: `training.recompute`) x ZeRO stage (0, 1 with
+multiple of p) x recompute (none, selective, full: `training.recompute`; selective not where it equals
+none, `searched_recompute_modes`) x ZeRO stage (0, 1 with
 d c > 1; 2 and 3, ZeRO-3 = FSDP full shard, with d > 1, p = 1 and c = 1: DeepSpeed refuses them with
 pipelines) x sequence parallelism (t > 1) x placement (Megatron's tp-cp-pp-dp order, or tp-cp-dp-pp:
 a stage's replicas side by side) x, for a mixture-of-experts model, expert parallelism e (the
@@ -44,6 +45,8 @@ from dataclasses import dataclass, field
 
 from simulator.errors import ScenarioError, SimulationError
 from simulator.fabrics import cached_topology
+from simulator.kernel_costs import has_kernel_tables
+from simulator.memory_activations import is_block
 from simulator.planner import (MEGATRON, MEMORY_MODEL, Candidate, Ranking, _row, _workload, candidate_scenario,
                                enumerate_candidates, scenario_for_gpus, simulate_candidate)
 from simulator.scenario import Scenario, scenario_from_dict
@@ -99,6 +102,7 @@ def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZ
     across = scenario.strategy.cp_degree if cp_across_nodes is None else cp_across_nodes
     n, per_node, batch = scenario.num_gpus, scenario.cluster.gpus_per_node, scenario.training.global_batch_size
     layers = workload.num_layers
+    recompute_modes = searched_recompute_modes(scenario, workload)
     heads = {layer.spec.get("num_heads") for layer in workload.layers if layer.spec.get("num_heads")}
     experts = {layer.spec["num_experts"] for layer in workload.layers if layer.spec.get("kind") == "moe_block"}
     found = []
@@ -113,7 +117,7 @@ def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZ
             for b in (size for size in microbatch_sizes if (batch // d) % size == 0 and (c == 1 or size < c)):
                 m = batch // (d * b)
                 for v in (w for w in SEARCH_VIRTUAL_STAGES if w == 1 or (p > 1 and p * w <= layers and m % p == 0)):
-                    for rc, ep in ((rc, ep) for rc in RECOMPUTE_MODES for ep in expert_degrees(d, experts, c)):
+                    for rc, ep in ((rc, ep) for rc in recompute_modes for ep in expert_degrees(d, experts, c)):
                         dense = ep in (None, 1)  # EP > 1: ZeRO 0 / 1 and, with TP, SP only
                         for zero in (z for z in (ZERO_STAGES if d * c > 1 else (0,))
                                      if z < 2 or (p == 1 and dense and c == 1)):
@@ -121,6 +125,19 @@ def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZ
                                 for order in (MEGATRON_ORDERS if p > 1 and d > 1 else MEGATRON_ORDERS[:1]):
                                     found.append(Candidate(MEGATRON, n // p, p, order, m, v, t, rc, zero, sp, ep, c))
     return found
+
+
+def searched_recompute_modes(scenario: Scenario, workload) -> tuple[str, ...]:
+    """`RECOMPUTE_MODES` without selective where it equals none: under the kernel model with flash
+    attention a transformer block's selective recompute re-runs and keeps nothing more (flash keeps
+    no s x s tensor and its backward recomputes the scores: `simulator.kernels_attention.
+    core_recompute_kernels`, `simulator.memory_activations.kept_bytes`); only attention layers
+    without a block spec would be re-run whole (`simulator.strategies.ghp.recompute_ranges`)."""
+    costs, attention = scenario.costs, [layer for layer in workload.layers if layer.kind == "attention"]
+    kernel_model = costs.model == "kernel" or (costs.model == "auto" and has_kernel_tables(scenario.cluster.gpu))
+    if kernel_model and costs.flash_attention and all(is_block(layer) for layer in attention):
+        return tuple(mode for mode in RECOMPUTE_MODES if mode != "selective")
+    return RECOMPUTE_MODES  # the analytic roofline prices the core's recompute in any case
 
 
 def context_degrees(workload, t: int, per_node: int, max_across_nodes: int) -> tuple[int, ...]:
