@@ -82,16 +82,17 @@ def grid_symmetry(num_groups: int, num_stages: int, rank_to_device: tuple[int, .
 def grid_fold_decision(scenario, num_groups: int, workers_per_group: int, costs, topology=None,
                        rank_to_device: tuple[int, ...] | None = None, num_virtual_stages: int = 1) -> tuple[bool, str]:
     """(simulate replica 0 only?, why) for a dp / mp / ghp grid or a pipeline of `scenario` (module
-    docstring); `topology` and `rank_to_device` are needed to fold M > 1 stages."""
+    docstring); `costs` None: the datasheet catalogue's (no measured collectives, no shared host);
+    `topology` and `rank_to_device` are needed to fold M > 1 stages."""
     if num_groups < 2:
         return False, "one replica: nothing to fold"
     if scenario.strategy.symmetry == "off":
         return False, "strategy.symmetry is off"
     if scenario.cluster.heterogeneous:
         return False, "heterogeneous cluster (mixed GPUs, stragglers or degraded links) breaks the symmetry"
-    if costs.communication is not None:
+    if costs is not None and costs.communication is not None:
         return False, "a calibration profile prices each collective by its ranks"
-    shared = costs.shared_processors
+    shared = costs.shared_processors if costs is not None else None
     if shared is not None and not getattr(shared, "per_device", False):
         return False, "ranks share a host's processors: a lone representative would compute alone"
     if scenario.strategy.gradient_compression != "none":

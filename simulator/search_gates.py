@@ -46,8 +46,7 @@ def replicas_fold(scenario, candidate, topology, cache: dict) -> bool:
             layout = scenario_from_dict(candidate_scenario(scenario, candidate), scenario.source, scenario.base_dir)
             groups, stages = layout.grid()
             devices = place_ranks(layout.strategy.placement, groups, stages, topology.gpus_per_node)
-            catalogue = type("Catalogue", (), {"communication": None, "shared_processors": None})
-            cache[key] = grid_fold_decision(layout, groups, stages, catalogue, topology, devices,
+            cache[key] = grid_fold_decision(layout, groups, stages, None, topology, devices,
                                             layout.strategy.num_virtual_stages)[0]
         except (ScenarioError, ValueError):
             cache[key] = False
