@@ -280,7 +280,9 @@ def _ring_routes(topology: Topology, rings: tuple[tuple[int, ...], ...], passes:
             if source != target:
                 classes[tier].add(topology.route_class(source, target))
     usage_items, tuner, steps = tuple(usage.items()), None, passes * (ring_size - 1)
-    if usage_items and _nccl_links(topology, usage_items):  # NCCL's ring: 2(n-1) steps for allreduce
+    links = topology.links
+    kinds = {links[link].kind for link, _ in usage_items}
+    if usage_items and kinds.issubset(nccl.NCCL_LINK_KINDS):  # NCCL's ring: 2(n-1) steps for allreduce
         # (n-1 for either half), passes x (N-1) of them between its N nodes (tuning.cc, NCCL >= 2.21).
         num_nodes = len({topology.node_of(device) for device in rings[0]})
         inter_steps = int(passes * (num_nodes - 1))
@@ -290,8 +292,8 @@ def _ring_routes(topology: Topology, rings: tuple[tuple[int, ...], ...], passes:
         plans = {"ring": hops}  # the whole single-node NVLS latency is one "hop" (nccl.py):
         if nvls and num_nodes == 1 and all(topology.links[link].nvls for link, _ in usage_items):
             plans["nvls"] = ((intra, 1),)
-        fill = nccl.fills({topology.links[link].kind for link, _ in usage_items}, num_nodes)
-        tuner = (rate, plans, num_nodes, _ll128_ok(topology, usage_items), int(steps) if fill else 1)
+        fill = nccl.fills(kinds, num_nodes)
+        tuner = (rate, plans, num_nodes, kinds.issubset(nccl.LL128_LINK_KINDS), int(steps) if fill else 1)
     cache[rings, passes, nvls] = (usage_items, tuple(tier_counts.items()), latency_s, tuner)
     return cache[rings, passes, nvls]
 

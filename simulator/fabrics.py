@@ -61,10 +61,12 @@ def _with_nics(num_nodes, gpus_per_node, intra, inter, nics_per_node, kind, hops
     topology = Topology.empty(num_nodes, gpus_per_node, kind, hops)
     topology.nics_per_node = nics_per_node
     topology._add_node_switches(intra)
+    nic_links = topology.route_tables["nic_links"] = []  # device -> its link to its NIC (+1: back)
     for device in range(topology.num_devices):
         node = topology.node_of(device)
         nic = nic_name(node, _nic_of(topology, device))
         topology.owner[nic] = node
+        nic_links.append(len(topology.links))
         topology.add_duplex(device_name(device), nic, INTER, 0.0, inter.bandwidth_bytes_per_s, inter.kind)
     return topology
 
@@ -91,15 +93,20 @@ def fat_tree(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpe
     topology.fat_tree_k, half = k, k // 2
     bandwidth = inter.bandwidth_bytes_per_s
     num_pods = math.ceil(hosts / (half * half))
+    host_links, edge_links, core_links = [], {}, {}  # NIC -> edge; (edge, agg) -> edge -> agg; (pod, agg, core)
     for host in range(hosts):
+        host_links.append(len(topology.links))
         topology.add_duplex(nic_name(*divmod(host, nics_per_node)), _edge(host, half), INTER,
                             inter.latency_s / 2, bandwidth, inter.kind)
     for pod in range(num_pods):
         for agg in range(half):
             for edge in range(half):
+                edge_links[pod * half + edge, agg] = len(topology.links)
                 topology.add_duplex(f"edge{pod}.{edge}", f"agg{pod}.{agg}", INTER, 0.0, bandwidth, inter.kind)
             for core in range(half):
+                core_links[pod, agg, core] = len(topology.links)
                 topology.add_duplex(f"agg{pod}.{agg}", f"core{agg}.{core}", INTER, 0.0, bandwidth, inter.kind)
+    topology.set_link_route(_fat_tree_route, host_links=host_links, edge_links=edge_links, core_links=core_links)
     return topology
 
 
@@ -125,14 +132,36 @@ def _fat_tree_hops(topology: Topology, source: int, target: int) -> list[str]:
     return up + middle + down
 
 
+def _fat_tree_route(topology: Topology, source: int, target: int) -> tuple[int, ...]:
+    """`_fat_tree_hops` as link indices (each duplex pair: the up link, then the down link)."""
+    tables, half, nics = topology.route_tables, topology.fat_tree_k // 2, topology.nics_per_node
+    nic_links, host_links = tables["nic_links"], tables["host_links"]
+    hs = source // topology.gpus_per_node * nics + _nic_of(topology, source)
+    ht = target // topology.gpus_per_node * nics + _nic_of(topology, target)
+    up, down = (nic_links[source], host_links[hs]), (host_links[ht] + 1, nic_links[target] + 1)
+    edge_s, edge_t = hs // half, ht // half
+    if edge_s == edge_t:
+        return up + down
+    agg, edge_links = ht % half, tables["edge_links"]
+    pod_s, pod_t = hs // (half * half), ht // (half * half)
+    if pod_s == pod_t:
+        return up + (edge_links[edge_s, agg], edge_links[edge_t, agg] + 1) + down
+    core_links, core = tables["core_links"], ht // half % half
+    return up + (edge_links[edge_s, agg], core_links[pod_s, agg, core], core_links[pod_t, agg, core] + 1,
+                 edge_links[edge_t, agg] + 1) + down
+
+
 def rail_optimized(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpec,
                    nics_per_node: int = 1) -> Topology:
     """NIC j of every node on rail switch j; no spine (a rail-only network)."""
     topology = _with_nics(num_nodes, gpus_per_node, intra, inter, nics_per_node, "rail_optimized", _rail_hops)
+    rail_links = []  # node x nics_per_node + nic -> the NIC's link to its rail switch (+1: back)
     for node in range(num_nodes):
         for nic in range(nics_per_node):
+            rail_links.append(len(topology.links))
             topology.add_duplex(nic_name(node, nic), f"rail{nic}", INTER, inter.latency_s / 2,
                                 inter.bandwidth_bytes_per_s, inter.kind)
+    topology.set_link_route(_rail_route, rail_links=rail_links)
     return topology
 
 
@@ -144,6 +173,21 @@ def _rail_hops(topology: Topology, source: int, target: int) -> list[str]:
         proxy = node_s * topology.gpus_per_node + rail * topology.gpus_per_node // topology.nics_per_node
         hops += [node_switch_name(node_s), device_name(proxy)]
     return hops + [nic_name(node_s, rail), f"rail{rail}", nic_name(node_t, rail), device_name(target)]
+
+
+def _rail_route(topology: Topology, source: int, target: int) -> tuple[int, ...]:
+    """`_rail_hops` as link indices."""
+    tables, per_node, nics = topology.route_tables, topology.gpus_per_node, topology.nics_per_node
+    nic_links, rail_links = tables["nic_links"], tables["rail_links"]
+    rail = _nic_of(topology, target)
+    node_s, node_t = source // per_node, target // per_node
+    sender = source
+    head: tuple[int, ...] = ()
+    if _nic_of(topology, source) != rail:  # PXN: over NVLink to the GPU on the target's rail
+        sender = node_s * per_node + rail * per_node // nics
+        head = (topology._device_uplinks[source], topology._device_downlinks[sender])
+    return head + (nic_links[sender], rail_links[node_s * nics + rail], rail_links[node_t * nics + rail] + 1,
+                   nic_links[target] + 1)
 
 
 def torus_2d(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpec, nics_per_node: int = 1,
@@ -159,29 +203,46 @@ def torus_2d(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpe
     topology.torus_shape = (rows, cols)
     topology._add_node_switches(intra)
     bandwidth = inter.bandwidth_bytes_per_s * nics_per_node
+    switch_links = {}  # (node, neighbour node) -> the link between their switches
     for row in range(rows):
         for col in range(cols):
-            here = node_switch_name(row * cols + col)
+            node = row * cols + col
+            here = node_switch_name(node)
             for neighbour, size in ((row * cols + (col + 1) % cols, cols), (((row + 1) % rows) * cols + col, rows)):
                 there = node_switch_name(neighbour)
                 if size > 1 and not topology.has_link(here, there):
+                    switch_links[node, neighbour], switch_links[neighbour, node] = len(topology.links), len(topology.links) + 1
                     topology.add_duplex(here, there, INTER, inter.latency_s, bandwidth, inter.kind)
+    topology.set_link_route(_torus_route, switch_links=switch_links)
     return topology
 
 
-def _torus_hops(topology: Topology, source: int, target: int) -> list[str]:
+def _torus_nodes(topology: Topology, source: int, target: int) -> list[int]:
+    """The nodes a route visits from `source`'s node to `target`'s: dimension order (columns,
+    then rows), the shorter way round each ring (ties: increasing index)."""
     rows, cols = topology.torus_shape
     row, col = divmod(topology.node_of(source), cols)
     row_t, col_t = divmod(topology.node_of(target), cols)
-    hops = [device_name(source), node_switch_name(row * cols + col)]
+    nodes = [row * cols + col]
     for size, is_col in ((cols, True), (rows, False)):
         here, there = (col, col_t) if is_col else (row, row_t)
         step = 1 if (there - here) % size <= size // 2 else -1
         while here != there:
             here = (here + step) % size
-            node = row * cols + here if is_col else here * cols + col_t
-            hops.append(node_switch_name(node))
-    return hops + [device_name(target)]
+            nodes.append(row * cols + here if is_col else here * cols + col_t)
+    return nodes
+
+
+def _torus_hops(topology: Topology, source: int, target: int) -> list[str]:
+    return ([device_name(source)] + [node_switch_name(node) for node in _torus_nodes(topology, source, target)]
+            + [device_name(target)])
+
+
+def _torus_route(topology: Topology, source: int, target: int) -> tuple[int, ...]:
+    """`_torus_hops` as link indices."""
+    switch_links, nodes = topology.route_tables["switch_links"], _torus_nodes(topology, source, target)
+    return (topology._device_uplinks[source], *(switch_links[pair] for pair in zip(nodes, nodes[1:])),
+            topology._device_downlinks[target])
 
 
 def from_graph(graph: nx.Graph, num_nodes: int, gpus_per_node: int) -> Topology:

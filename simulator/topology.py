@@ -29,6 +29,10 @@ two directed edges, each one shared resource in the engine. Between nodes:
   (ties: increasing index).
 - graph_file: any graph (`simulator.graph_file`), fewest-hop routes (networkx bidirectional BFS,
   deterministic for a given file).
+
+Routes are defined by vertex names (`Hops`, `Topology.named_route`); the preset fabrics also
+compute them from link-index tables (`LinkRoute`), equal by test and several times faster, and
+memoise every route, its latency and its NCCL class per device pair.
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ class Link(NamedTuple):
 
 Hops = Callable[["Topology", int, int], list]
 """(topology, source device, target device) -> vertex names of the route, inter-node pairs only."""
+LinkRoute = Callable[["Topology", int, int], tuple]
+"""The same route as link indices, from the fabric's `Topology.route_tables` (no names built: a
+fabric of 16,384 GPUs routes tens of thousands of pairs). Equal to the `Hops` route (tested)."""
 
 
 class Topology:
@@ -81,9 +88,12 @@ class Topology:
         self.nics_per_node = nics_per_node
         self._add_node_switches(intra)
         if num_nodes > 1:
+            uplinks = []
             for node in range(num_nodes):
+                uplinks.append(len(self.links))
                 self.add_duplex(node_switch_name(node), "spine", INTER, inter.latency_s / 2,
                                 inter.bandwidth_bytes_per_s * nics_per_node, inter.kind)
+            self.set_link_route(_two_tier_route, node_uplinks=uplinks)
 
     @classmethod
     def empty(cls, num_nodes: int, gpus_per_node: int, kind: str, hops: Hops) -> "Topology":
@@ -107,8 +117,14 @@ class Topology:
         """Vertex -> node for the vertices inside a node (devices, node switch, NICs)."""
         self._edge_index: dict[tuple[str, str], int] = {}
         self._hops = hops
+        self._link_route: LinkRoute | None = None
+        self.route_tables: dict[str, object] = {}
+        """Link indices a fabric's `LinkRoute` reads (filled as the fabric's links are added)."""
+        self._device_uplinks: list[int] = []
+        self._device_downlinks: list[int] = []
         self._route = lru_cache(maxsize=None)(self._compute_route)
         self._route_class = lru_cache(maxsize=None)(self._compute_route_class)
+        self._route_latency_s = lru_cache(maxsize=None)(self._compute_route_latency_s)
 
     @property
     def num_devices(self) -> int:
@@ -122,6 +138,9 @@ class Topology:
         return self._route(source_device, target_device)
 
     def route_latency_s(self, source_device: int, target_device: int) -> float:
+        return self._route_latency_s(source_device, target_device)
+
+    def _compute_route_latency_s(self, source_device: int, target_device: int) -> float:
         return sum(self.links[i].latency_s for i in self.route(source_device, target_device))
 
     def route_tier(self, source_device: int, target_device: int) -> str:
@@ -139,10 +158,26 @@ class Topology:
         links = [self.links[i] for i in self.route(source_device, target_device)]
         tier = self.route_tier(source_device, target_device)
         outer = [link for link in links if link.tier == tier] or links
-        kind = max((link.kind for link in outer), key=lambda k: (HOP_LATENCY_S[k, "ring", "Simple"], k))
+        kinds = {link.kind for link in outer}
+        kind = kinds.pop() if len(kinds) == 1 else max(kinds, key=lambda k: (HOP_LATENCY_S[k, "ring", "Simple"], k))
         return kind, sum(link.latency_s for link in outer)
 
+    def set_link_route(self, link_route: "LinkRoute", **tables) -> None:
+        """Route by link indices (`LinkRoute`) instead of by vertex names, reading `tables`."""
+        self.route_tables.update(tables)
+        self._link_route = link_route
+
     def _compute_route(self, source_device: int, target_device: int) -> tuple[int, ...]:
+        if source_device == target_device:
+            return ()
+        if self._link_route is not None:
+            if source_device // self.gpus_per_node == target_device // self.gpus_per_node:
+                return self._device_uplinks[source_device], self._device_downlinks[target_device]
+            return self._link_route(self, source_device, target_device)
+        return self.named_route(source_device, target_device)
+
+    def named_route(self, source_device: int, target_device: int) -> tuple[int, ...]:
+        """The route from the fabric's vertex names (`Hops`), what `LinkRoute`s must equal."""
         if source_device == target_device:
             return ()
         if self.kind != "graph_file" and self.node_of(source_device) == self.node_of(target_device):
@@ -158,6 +193,8 @@ class Topology:
         bandwidth = achievable_bandwidth_bytes_per_s(kind, line_rate)
         link = Link(len(self.links), source, target, tier, latency_s, bandwidth, kind, nvls)
         self.links.append(link)
+        if (source, target) in self._edge_index:  # an edge replaced: index routes would miss it
+            self._link_route = None
         self._edge_index[(source, target)] = link.index
         self._graph = None
 
@@ -182,12 +219,15 @@ class Topology:
         self.add_link(b, a, tier, latency_s, line_rate, kind, nvls)
 
     def _add_node_switches(self, intra: LinkSpec) -> None:
+        uplinks, downlinks = self._device_uplinks, self._device_downlinks
         for node in range(self.num_nodes):
             switch = node_switch_name(node)
             self.owner[switch] = node
             for local in range(self.gpus_per_node):
                 device = device_name(node * self.gpus_per_node + local)
                 self.owner[device] = node
+                uplinks.append(len(self.links))
+                downlinks.append(len(self.links) + 1)
                 self.add_duplex(device, switch, INTRA, intra.latency_s / 2, intra.bandwidth_bytes_per_s,
                                 intra.kind, intra.nvls)
 
@@ -228,6 +268,12 @@ def degraded_links(topology: Topology, name: str) -> list[int]:
 def _two_tier_hops(topology: Topology, source: int, target: int) -> list[str]:
     return [device_name(source), node_switch_name(topology.node_of(source)), "spine",
             node_switch_name(topology.node_of(target)), device_name(target)]
+
+
+def _two_tier_route(topology: Topology, source: int, target: int) -> tuple[int, ...]:
+    uplinks, per_node = topology.route_tables["node_uplinks"], topology.gpus_per_node
+    return (topology._device_uplinks[source], uplinks[source // per_node],
+            uplinks[target // per_node] + 1, topology._device_downlinks[target])
 
 
 def device_name(device: int) -> str:

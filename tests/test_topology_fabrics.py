@@ -167,3 +167,30 @@ def scenario_with(cluster):
 def test_bad_fabric_settings_raise_one_line_errors(cluster, message):
     with pytest.raises(ScenarioError, match=message):
         build_topology(load_scenario(scenario_with(cluster)).cluster)
+
+
+@pytest.mark.parametrize("cluster", [
+    dict(topology="two_tier", num_nodes=5, gpus_per_node=4, nics_per_node=2),
+    dict(topology="fat_tree", num_nodes=24, gpus_per_node=8, nics_per_node=8),  # three pods
+    dict(topology="fat_tree", num_nodes=10, gpus_per_node=4, nics_per_node=2),
+    dict(topology="fat_tree", num_nodes=7, gpus_per_node=2, nics_per_node=1, fat_tree_k=4),
+    dict(topology="rail_optimized", num_nodes=5, gpus_per_node=8, nics_per_node=2),  # PXN hops
+    dict(topology="rail_optimized", num_nodes=3, gpus_per_node=4, nics_per_node=4),
+    dict(topology="torus_2d", num_nodes=12, gpus_per_node=2),
+    dict(topology="torus_2d", num_nodes=16, gpus_per_node=1, torus_shape=[4, 4]),  # ties both ways round
+    dict(topology="torus_2d", num_nodes=5, gpus_per_node=2),  # one ring
+], ids=lambda cluster: f"{cluster['topology']}-{cluster['num_nodes']}x{cluster['gpus_per_node']}")
+def test_routes_by_link_index_equal_the_routes_by_vertex_name(cluster):
+    topology = build_topology(ClusterConfig(**cluster))
+    assert topology._link_route is not None
+    n = topology.num_devices
+    for source in range(n):
+        for target in range(n):
+            assert topology.route(source, target) == topology.named_route(source, target), (source, target)
+
+
+def test_a_replaced_edge_falls_back_to_routes_by_name():
+    topology = Topology(2, 2, INTRA, INTER)
+    topology.add_link("node0", "spine", "inter", 0.0, 1e9)  # a second node0 -> spine edge wins the name
+    assert topology._link_route is None
+    assert topology.route(0, 2)[1] == len(topology.links) - 1
