@@ -27,6 +27,7 @@ is not carried to another N (`scenario_for_gpus`): the candidates are the search
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -128,6 +129,8 @@ def scenario_for_gpus(scenario: Scenario, num_gpus: int | None) -> Scenario:
     raw = scenario.model_dump(mode="json")
     nodes, per_node = (num_gpus // per_node, per_node) if num_gpus >= per_node else (1, num_gpus)
     raw["cluster"] = {**raw["cluster"], "num_nodes": nodes, "gpus_per_node": per_node}
+    if nodes == 1:  # part of a node: its NICs carry nothing, but must still divide its GPUs
+        raw["cluster"]["nics_per_node"] = math.gcd(raw["cluster"]["nics_per_node"], per_node)
     raw["strategy"] = {**raw["strategy"], "kind": "dp", "num_groups": None, "tp_degree": 1, "pp_degree": 1,
                        "cp_degree": 1, "ep_degree": 1}
     if not isinstance(raw["strategy"]["placement"], str):

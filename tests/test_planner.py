@@ -95,6 +95,14 @@ def test_gpus_override_rule():
             scenario_for_gpus(scenario, bad)
 
 
+def test_part_of_a_node_keeps_nics_that_divide_its_gpus():
+    scenario = load_scenario("scenarios/gpt3_175b_dgx_a100_3d.yaml")  # 8 GPUs and 8 NICs a node, fat-tree
+    for gpus, nics in ((7, 1), (6, 2), (4, 4), (8, 8)):
+        cluster = scenario_for_gpus(scenario, gpus).cluster
+        assert (cluster.num_nodes, cluster.gpus_per_node, cluster.nics_per_node) == (1, gpus, nics)
+    assert scenario_for_gpus(scenario, 16).cluster.nics_per_node == 8
+
+
 def test_ranking_equals_sorting_independent_simulations():
     ranking = rank_candidates(load_scenario(DEMO), 8, kinds=("dp", "mp", "ghp"), workers=1, show_progress=False)
     assert ranking.scenario.num_gpus == 8 and len(ranking.rows) == 6
