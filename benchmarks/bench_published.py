@@ -9,8 +9,8 @@ degree, pipeline degree, micro-batch size and hidden size.
 
 - `analytic`: the roofline at a fixed efficiency per layer kind (`costs.model: analytic`);
 - `kernel, datasheet`: the kernel model with the catalogue's sourced parameters, nothing fitted;
-- `kernel, 5-fold`: `ghpsim fit`'s parameters (`simulator.fit.FITTED`) chosen by 5-fold
-  cross-validation, every row scored by the fold that did not see it;
+- `kernel, 5-fold`: `ghpsim fit`'s parameters (its grid `simulator.fit.FITTED`, refined around
+  the best point) chosen by 5-fold cross-validation, every row scored by the fold that did not see it;
 - `kernel, half`: fitted on a random half of the rows (seed 0), scored on the other half.
 Also prints the model FLOPs utilisation of every GPT scenario in `scenarios/`.
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simulator.errors import ScenarioError  # noqa: E402
-from simulator.fit import Run, fit, folds, grid_points, mape_pct, predict_s  # noqa: E402
+from simulator.fit import PointCache, Run, fit_refined, folds, predict_s, refined_search  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
 from simulator.simulate import simulate  # noqa: E402
 
@@ -97,19 +97,19 @@ def _point_predictions_ms(args: tuple) -> list[float]:
 
 
 def fitted_figures(frame: pd.DataFrame, processes: int) -> dict:
-    """The 5-fold and the half-split figures of `ghpsim fit`'s grid (module docstring)."""
-    runs, points = _runs(frame), grid_points()
+    """The 5-fold and the half-split figures of `ghpsim fit`'s search (module docstring)."""
+    runs, measured = _runs(frame), list(frame.measured_ms)
     with multiprocessing.Pool(processes) as pool:
-        grid_ms = pool.map(_point_predictions_ms, [(runs, point) for point in points])
-    measured = list(frame.measured_ms)
-    five = fit(grid_ms, points, measured, k=5, seed=0)
-    half_rows = folds(len(frame), 2, seed=0)
-    train, test = half_rows[0], half_rows[1]
-    chosen = min(range(len(points)), key=lambda p: mape_pct([grid_ms[p][r] for r in train], [measured[r] for r in train]))
-    half = frame.iloc[test].assign(predicted_ms=[grid_ms[chosen][r] for r in test])
+        evaluate = PointCache(lambda points: pool.map(_point_predictions_ms, [(runs, point) for point in points]))
+        five = fit_refined(evaluate, measured, k=5, seed=0)
+        train, test = folds(len(frame), 2, seed=0)
+        chosen = refined_search(evaluate, measured, train)
+        predicted = evaluate([chosen])[0]
+    half = frame.iloc[test].assign(predicted_ms=[predicted[r] for r in test])
     return {"five_fold": error_table(frame.assign(predicted_ms=five.held_out)),
             "five_fold_parameters": five.best, "five_fold_spread": five.spread,
-            "half": error_table(half), "half_parameters": points[chosen]}
+            "half": error_table(half), "half_parameters": chosen,
+            "points_simulated": len(evaluate.predictions)}
 
 
 def gpt_mfu() -> dict:
@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         print("    parameters (all rows): " + ", ".join(
             f"{k} {v:.3g} +- {figures['five_fold_spread'][k]:.2g}" for k, v in figures["five_fold_parameters"].items()))
         _print_table("kernel model, fitted on half, scored on the other half", figures["half"])
+        print("    parameters (half): " + ", ".join(f"{k} {v:.3g}" for k, v in figures["half_parameters"].items())
+              + f"; {figures['points_simulated']} grid points simulated in all")
     print("MFU of the GPT scenarios: " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in figures["gpt_mfu"].items()))
     print(f"({figures['wall_s']:.0f} s)")
     return 0

@@ -9,7 +9,7 @@ import pytest
 
 from ghpsim.cli import main
 from simulator.errors import ScenarioError
-from simulator.fit import fit, folds, read_runs
+from simulator.fit import PointCache, fit, fit_refined, folds, read_runs, refined_search
 from simulator.profile import KernelProfile, load_profile
 
 BASE = """\
@@ -37,6 +37,35 @@ def test_cross_validation_picks_the_point_that_predicts_held_out_rows():
     assert result.in_sample_mape_pct == pytest.approx(2.0)
     with pytest.raises(ScenarioError, match="--folds: 7 folds need at least 7 runs"):
         fit(predictions, points, measured, k=7)
+
+
+def _synthetic(best_host_s: float, best_gemm: float, measured: list[float], calls: list[int]):
+    """Predictions off by the distance of a point from (best_host_s, best_gemm)."""
+    def simulate_points(points):
+        calls.append(len(points))
+        return [[m * (1 + 1e3 * abs(p["host_overhead_s"] - best_host_s) + abs(p["gemm_efficiency"] - best_gemm))
+                 for m in measured] for p in points]
+    return PointCache(simulate_points)
+
+
+def test_the_search_refines_host_time_between_grid_points_and_simulates_each_point_once():
+    measured, calls = [1.0, 2.0, 3.0, 4.0], []
+    evaluate = _synthetic(52.5e-6, 0.861, measured, calls)
+    # coarse best (50 us, 0.822); host half-way to its neighbours (45, 55 us), then 52.5 us; the GEMM
+    # ceiling stays on its grid (REFINED)
+    assert refined_search(evaluate, measured, [0, 1, 2, 3]) == {"host_overhead_s": 52.5e-6, "gemm_efficiency": 0.822}
+    assert calls == [40, 2, 2]
+    result = fit_refined(evaluate, measured, k=2)  # every fold walks the same points: none simulated again
+    assert calls == [40, 2, 2]
+    assert result.spread == {"host_overhead_s": 0.0, "gemm_efficiency": 0.0}
+
+
+def test_the_search_stays_inside_the_grid():
+    measured, calls = [1.0, 2.0], []
+    evaluate = _synthetic(200e-6, 0.99, measured, calls)  # optimum beyond both bounds
+    assert refined_search(evaluate, measured, [0, 1]) == {"host_overhead_s": 100e-6, "gemm_efficiency": 0.9}
+    assert all(0.0 <= p["host_overhead_s"] <= 100e-6 and 0.65 <= p["gemm_efficiency"] <= 0.9
+               for p in (dict(key) for key in evaluate.predictions))
 
 
 def _write(tmp_path, rows: str, base: str = BASE):
