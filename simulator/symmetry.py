@@ -43,7 +43,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
-from simulator.symmetry_check import cached_fold_refusal, cp_hop_pairs, multiplicity_of, ring_pairs
+from simulator.symmetry_check import (cached_fold_refusal, cp_hop_pairs, multiplicity_of, replicas_on_separate_nodes,
+                                      ring_pairs)
 from simulator.topology import Topology
 
 
@@ -63,16 +64,19 @@ class Symmetry:
     """strategy.collective: the data-parallel allreduce algorithm asked for."""
     cp_hops: tuple = ()
     """Stage j -> every rank's hop to the next rank of its CP ring (`symmetry_check.cp_hop_pairs`)."""
+    private_links: bool = False
+    """Copies on separate nodes of a fabric with node-private links
+    (`symmetry_check.replicas_on_separate_nodes`): replica 0's links carry only its own copy."""
     _shared: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of(cls, config, rank_to_device: tuple[int, ...]) -> "Symmetry":
+    def of(cls, config, rank_to_device: tuple[int, ...], private_links: bool = False) -> "Symmetry":
         p, t, d = config.pp, config.tp, config.dp
         tp_groups = tuple(tuple(config.device_of(0, j, i) for i in range(t)) for j in range(p))
         dp_groups = tuple(tuple(tuple(config.device_of(e, j, i) for e in range(d)) for i in range(t))
                           for j in range(p))
         cp_hops = tuple(cp_hop_pairs(config, j) for j in range(p)) if config.cp > 1 else ()
-        return cls(d, tp_groups, dp_groups, rank_to_device, p, config.collective, cp_hops)
+        return cls(d, tp_groups, dp_groups, rank_to_device, p, config.collective, cp_hops, private_links)
 
     def device_groups(self, action) -> tuple[tuple[tuple[int, ...], ...], int]:
         """(device groups, tier-byte weight) of a representative's collective."""
@@ -110,7 +114,9 @@ class Symmetry:
                      for phase in phases)
 
     def _multiplicity(self, topology: Topology, key: tuple) -> Counter:
-        t, d = len(self.tp_groups[0]), self.num_replicas
+        """Sub-flows of all copies on each link; with `private_links` replica 0's copy alone (the
+        only one on the links `fold` asks about)."""
+        t, d = len(self.tp_groups[0]), 1 if self.private_links else self.num_replicas
         groups = [tuple(self.dp_groups[stage][i][e] for i in range(t)) for stage in key[1:]
                   for e in range(d)]  # replica e's TP group of each stage in key
         copies = ([ring_pairs(group) for group in groups] if key[0] == "tp" else

@@ -155,6 +155,26 @@ def transfers(num_stages: int, num_virtual_stages: int) -> list[tuple[int, int]]
     return [pair for a, b in pairs for pair in ((a, b), (b, a))]
 
 
+NODE_PRIVATE_FABRICS = ("two_tier", "rail_optimized")
+"""Fabrics whose routes cross only links that belong to their two end nodes: device links, the
+node's uplink to the spine or its NICs' rail cables (a PXN hop stays inside the sending node)."""
+
+
+def replicas_on_separate_nodes(config, topology: Topology) -> bool:
+    """Whether no node holds devices of two copies (replicas, x CP ranks) on a NODE_PRIVATE_FABRICS
+    fabric: then no two copies' own traffic can share a link, and a copy's links carry its own
+    sub-flows only."""
+    if topology.kind not in NODE_PRIVATE_FABRICS:
+        return False
+    owner: dict[int, int] = {}
+    for copy in range(config.dp):
+        for stage in range(config.pp):
+            for rank in range(config.tp):
+                if owner.setdefault(topology.node_of(config.device_of(copy, stage, rank)), copy) != copy:
+                    return False
+    return True
+
+
 def fold_refusal(config, topology: Topology) -> str:
     """Why the folded run would differ from the full one (module docstring), or '' when it folds.
 
@@ -164,6 +184,8 @@ def fold_refusal(config, topology: Topology) -> str:
     full tests hold there. The check's static profiles would refuse many of those runs where the
     loads that differ (a data-parallel ring hop on one copy's NIC and not on another's) never meet
     in time; it is the proof asked for where replicas' own traffic does share links."""
+    if config.cp == 1 and replicas_on_separate_nodes(config, topology):
+        return ""  # what `_replicas_share_a_link` answers below, without every copy's routes
     flows = local_flow_copies(config, topology)
     hops = _cp_copies(config, topology)
     unlike = _unlike(topology, hops)  # a CP ring mixing hops inside and between nodes: its ranks differ

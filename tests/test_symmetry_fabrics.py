@@ -76,3 +76,22 @@ def test_broken_symmetry_is_named_and_simulated_in_full(cluster, why):
     decision = run.summary["tensor"]["symmetry"]
     assert decision["used"] is False and why in decision["reason"]
     assert run.plan.num_ranks == run.summary["num_gpus"] == 16
+
+
+@pytest.mark.parametrize("fabric, layout, separate", [
+    ("two_tier", dict(nodes=4, gpus=4, tp=2, pp=2), True),      # one replica per node
+    ("rail_optimized", dict(nodes=8, gpus=4, tp=4, pp=2), True),  # a replica's stages on two nodes
+    ("two_tier", dict(nodes=2, gpus=8, tp=2, pp=2), False),     # two replicas share each node's uplink
+    ("fat_tree", dict(nodes=4, gpus=4, tp=2, pp=2), False),     # edge and core links are shared
+    ("torus_2d", dict(nodes=4, gpus=4, tp=2, pp=2), False),     # routes cross other nodes' links
+])
+def test_replicas_on_separate_nodes_of_node_private_fabrics_skip_the_link_check(fabric, layout, separate):
+    from simulator.fabrics import build_topology
+    from simulator.strategies.tensor import tensor_config
+    from simulator.symmetry_check import replicas_on_separate_nodes
+    run = scenario("auto", fabric, **layout)
+    assert replicas_on_separate_nodes(tensor_config(run), build_topology(run.cluster)) is separate
+    folded, full = simulate(run), simulate(scenario("off", fabric, **layout))
+    if folded.summary["tensor"]["symmetry"]["used"]:
+        assert folded.plan.meta["symmetry"].private_links is separate
+        assert_same_run(folded, full)
