@@ -65,6 +65,12 @@ class Link(NamedTuple):
     nvls: bool = False
 
 
+def _new_link(fields: tuple) -> Link:
+    """A `Link` from all its fields in order (tuple.__new__: no keyword handling, for fabrics of
+    hundreds of thousands of links)."""
+    return tuple.__new__(Link, fields)
+
+
 Hops = Callable[["Topology", int, int], list]
 """(topology, source device, target device) -> vertex names of the route, inter-node pairs only."""
 LinkRoute = Callable[["Topology", int, int], tuple]
@@ -190,12 +196,15 @@ class Topology:
     def add_link(self, source: str, target: str, tier: str, latency_s: float, line_rate: float,
                  kind: str = "ethernet", nvls: bool = False) -> None:
         """A directed link of `kind` whose capacity is the achievable share of its `line_rate`."""
-        bandwidth = achievable_bandwidth_bytes_per_s(kind, line_rate)
-        link = Link(len(self.links), source, target, tier, latency_s, bandwidth, kind, nvls)
-        self.links.append(link)
-        if (source, target) in self._edge_index:  # an edge replaced: index routes would miss it
+        self._append(source, target, tier, latency_s, achievable_bandwidth_bytes_per_s(kind, line_rate), kind, nvls)
+
+    def _append(self, source: str, target: str, tier: str, latency_s: float, bandwidth: float, kind: str,
+                nvls: bool) -> None:
+        index, edge = len(self.links), (source, target)
+        self.links.append(_new_link((index, source, target, tier, latency_s, bandwidth, kind, nvls)))
+        if edge in self._edge_index:  # an edge replaced: index routes would miss it
             self._link_route = None
-        self._edge_index[(source, target)] = link.index
+        self._edge_index[edge] = index
         self._graph = None
 
     def has_link(self, source: str, target: str) -> bool:
@@ -215,8 +224,9 @@ class Topology:
 
     def add_duplex(self, a: str, b: str, tier: str, latency_s: float, line_rate: float,
                    kind: str = "ethernet", nvls: bool = False) -> None:
-        self.add_link(a, b, tier, latency_s, line_rate, kind, nvls)
-        self.add_link(b, a, tier, latency_s, line_rate, kind, nvls)
+        bandwidth = achievable_bandwidth_bytes_per_s(kind, line_rate)
+        self._append(a, b, tier, latency_s, bandwidth, kind, nvls)
+        self._append(b, a, tier, latency_s, bandwidth, kind, nvls)
 
     def _add_node_switches(self, intra: LinkSpec) -> None:
         uplinks, downlinks = self._device_uplinks, self._device_downlinks
