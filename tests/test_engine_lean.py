@@ -142,3 +142,26 @@ def test_cli_refuses_an_oversized_simulation_in_one_line(monkeypatch, capsys, tm
     path = write_scenario(tmp_path, {**BASE, "cluster": {"num_nodes": 2, "gpus_per_node": 8, "gpu": "V100"},
                                      "strategy": UNFOLDED})
     assert_one_line_error(run_cli(capsys, "simulate", path), "16 ranks", "GiB")
+
+
+def test_a_simulation_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
+    import gc
+    import importlib
+
+    simulate_module = importlib.import_module("simulator.simulate")  # the package exports the function
+    seen = []
+    run = simulate_module._simulate
+    monkeypatch.setattr(simulate_module, "_simulate", lambda *args: seen.append(gc.isenabled()) or run(*args))
+    scenario = load_scenario("scenarios/demo.yaml")
+    assert gc.isenabled()
+    step = simulate(scenario).step_time_s
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:  # a caller's own setting is kept, and an error restores it too
+        assert simulate(scenario).step_time_s == step and not gc.isenabled()
+    finally:
+        gc.enable()
+    monkeypatch.setattr(simulate_module, "_simulate", lambda *args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        simulate(scenario)
+    assert gc.isenabled()
