@@ -272,13 +272,17 @@ def _ring_routes(topology: Topology, rings: tuple[tuple[int, ...], ...], passes:
     usage, tier_counts = Counter(), Counter()
     classes: dict[str, set] = defaultdict(set)
     latency_s, ring_size = 0.0, len(rings[0])
+    route, route_latency_s, route_tier, route_class = (topology.route, topology.route_latency_s,
+                                                       topology.route_tier, topology.route_class)
     for ring in rings:
         for source, target in zip(ring, ring[1:] + ring[:1]):
-            usage.update(topology.route(source, target))
-            latency_s = max(latency_s, topology.route_latency_s(source, target))
-            tier_counts[tier := topology.route_tier(source, target)] += 1
+            usage.update(route(source, target))
+            hop_latency_s = route_latency_s(source, target)
+            if hop_latency_s > latency_s:
+                latency_s = hop_latency_s
+            tier_counts[tier := route_tier(source, target)] += 1
             if source != target:
-                classes[tier].add(topology.route_class(source, target))
+                classes[tier].add(route_class(source, target))
     usage_items, tuner, steps = tuple(usage.items()), None, passes * (ring_size - 1)
     links = topology.links
     kinds = {links[link].kind for link, _ in usage_items}

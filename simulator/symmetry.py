@@ -169,12 +169,12 @@ class Symmetry:
                          "cp": [{link for a, b in hops for link in topology.route(a, b)} for hops in self.cp_hops]}
             stages_on = {name: Counter(link for links_j in sets for link in links_j)  # link -> stages crossing it
                          for name, sets in per_stage.items()}
-            self._shared["common"] = (set(links), per_stage, stages_on)
-        common, per_stage, stages_on = self._shared["common"]
+            crossed = {name: set(counts) for name, counts in stages_on.items()}
+            self._shared["common"] = (set(links), per_stage, stages_on, crossed)
+        common, per_stage, stages_on, crossed = self._shared["common"]
         other_kind = "cp" if kind == "dp" else "dp"
-        own = per_stage[kind][stage]
-        return (common | set(stages_on[other_kind])
-                | {link for link, count in stages_on[kind].items() if count > (link in own)})
+        on, own = stages_on[kind], per_stage[kind][stage]
+        return common | crossed[other_kind] | (crossed[kind] - {link for link in own if on[link] == 1})
 
 
 def symmetry_decision(scenario, config, topology: Topology, costs) -> tuple[bool, str]:

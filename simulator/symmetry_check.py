@@ -166,6 +166,8 @@ def replicas_on_separate_nodes(config, topology: Topology) -> bool:
     sub-flows only."""
     if topology.kind not in NODE_PRIVATE_FABRICS:
         return False
+    if not isinstance(config.placement, tuple) and config.cp == 1:  # copy e: devices e pt .. (e + 1) pt - 1
+        return config.dp == 1 or (config.pp * config.tp) % topology.gpus_per_node == 0
     owner: dict[int, int] = {}
     for copy in range(config.dp):
         for stage in range(config.pp):

@@ -95,3 +95,20 @@ def test_replicas_on_separate_nodes_of_node_private_fabrics_skip_the_link_check(
     if folded.summary["tensor"]["symmetry"]["used"]:
         assert folded.plan.meta["symmetry"].private_links is separate
         assert_same_run(folded, full)
+
+
+def test_separate_nodes_by_block_arithmetic_equals_the_device_walk():
+    """Contiguous copies (no explicit placement, no CP): the closed form equals walking every device."""
+    import itertools
+    from dataclasses import replace as with_fields
+    from types import SimpleNamespace
+
+    from simulator.strategies.tensor import tensor_config
+    from simulator.symmetry_check import replicas_on_separate_nodes
+    base = tensor_config(scenario("auto", "two_tier", nodes=4, gpus=4, tp=2, pp=2))
+    for per_node, dp, pp, tp in itertools.product((1, 2, 4, 8), (1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 4, 8)):
+        topology = SimpleNamespace(kind="two_tier", gpus_per_node=per_node, node_of=lambda d, g=per_node: d // g)
+        config = with_fields(base, dp=dp, pp=pp, tp=tp)
+        walked = with_fields(config, placement=tuple(range(dp * pp * tp)))
+        assert (replicas_on_separate_nodes(config, topology)
+                == replicas_on_separate_nodes(walked, topology)), (per_node, dp, pp, tp)
