@@ -211,7 +211,8 @@ def torus_2d(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpe
             for neighbour, size in ((row * cols + (col + 1) % cols, cols), (((row + 1) % rows) * cols + col, rows)):
                 there = node_switch_name(neighbour)
                 if size > 1 and not topology.has_link(here, there):
-                    switch_links[node, neighbour], switch_links[neighbour, node] = len(topology.links), len(topology.links) + 1
+                    index = len(topology.links)
+                    switch_links[node, neighbour], switch_links[neighbour, node] = index, index + 1
                     topology.add_duplex(here, there, INTER, inter.latency_s, bandwidth, inter.kind)
     topology.set_link_route(_torus_route, switch_links=switch_links)
     return topology

@@ -128,9 +128,8 @@ def scenario_for_gpus(scenario: Scenario, num_gpus: int | None) -> Scenario:
                             f"(nor at most one node)")
     raw = scenario.model_dump(mode="json")
     nodes, per_node = (num_gpus // per_node, per_node) if num_gpus >= per_node else (1, num_gpus)
-    raw["cluster"] = {**raw["cluster"], "num_nodes": nodes, "gpus_per_node": per_node}
-    if nodes == 1:  # part of a node: its NICs carry nothing, but must still divide its GPUs
-        raw["cluster"]["nics_per_node"] = math.gcd(raw["cluster"]["nics_per_node"], per_node)
+    nics = math.gcd(raw["cluster"]["nics_per_node"], per_node)  # one node's NICs carry nothing, but divide its GPUs
+    raw["cluster"] = {**raw["cluster"], "num_nodes": nodes, "gpus_per_node": per_node, "nics_per_node": nics}
     raw["strategy"] = {**raw["strategy"], "kind": "dp", "num_groups": None, "tp_degree": 1, "pp_degree": 1,
                        "cp_degree": 1, "ep_degree": 1}
     if not isinstance(raw["strategy"]["placement"], str):
