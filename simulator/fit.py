@@ -143,28 +143,6 @@ class FitResult:
     held_out_mape_pct: float
 
 
-def fit(predictions: list[list[float]], points: list[dict[str, float]], measured: list[float],
-        k: int = 5, seed: int = 0) -> FitResult:
-    """Choose among `points` (each with its predictions of every row) by k-fold cross-validation."""
-    if len(measured) < k:
-        raise ScenarioError(f"--folds: {k} folds need at least {k} runs, got {len(measured)}")
-
-    def best_on(rows: list[int]) -> int:
-        return min(range(len(points)),
-                   key=lambda p: mape_pct([predictions[p][r] for r in rows], [measured[r] for r in rows]))
-
-    held_out, choices = [math.nan] * len(measured), []
-    for fold in folds(len(measured), k, seed):
-        chosen = best_on(sorted(set(range(len(measured))) - set(fold)))
-        choices.append(points[chosen])
-        for row in fold:
-            held_out[row] = predictions[chosen][row]
-    best = best_on(list(range(len(measured))))
-    spread = {name: statistics.pstdev(choice[name] for choice in choices) for name in points[0]}
-    return FitResult(points[best], spread, choices, held_out, mape_pct(predictions[best], measured),
-                     mape_pct(held_out, measured))
-
-
 class PointCache:
     """Each run's predictions at a point, simulated once (`simulate_points(points)` -> one list of
     predictions per point) and shared by the folds' searches."""
@@ -215,7 +193,8 @@ def refined_search(evaluate, measured: list[float], rows: list[int],
 
 def fit_refined(evaluate, measured: list[float], k: int = 5, seed: int = 0,
                 grid: dict[str, tuple[float, ...]] | None = None) -> FitResult:
-    """`fit` with each fold's point from `refined_search` instead of a fixed list of points."""
+    """k-fold cross-validation of `refined_search`: each fold's point chosen on its training rows
+    predicts its held-out rows; the result's `best` is the search on all rows."""
     if len(measured) < k:
         raise ScenarioError(f"--folds: {k} folds need at least {k} runs, got {len(measured)}")
     held_out, choices = [math.nan] * len(measured), []

@@ -9,7 +9,7 @@ import pytest
 
 from ghpsim.cli import main
 from simulator.errors import ScenarioError
-from simulator.fit import PointCache, fit, fit_refined, folds, read_runs, refined_search
+from simulator.fit import PointCache, fit_refined, folds, read_runs, refined_search
 from simulator.profile import KernelProfile, load_profile
 
 BASE = """\
@@ -29,14 +29,15 @@ def test_folds_partition_the_rows_and_are_seeded():
 
 def test_cross_validation_picks_the_point_that_predicts_held_out_rows():
     measured = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
-    points = [{"host_overhead_s": 0.0}, {"host_overhead_s": 1e-5}]
-    predictions = [[m * 0.5 for m in measured], [m * 1.02 for m in measured]]
-    result = fit(predictions, points, measured, k=3)
-    assert result.best == points[1] and result.spread == {"host_overhead_s": 0.0}
+    grid = {"host_overhead_s": (0.0, 1e-5)}
+    evaluate = PointCache(lambda points: [[m * (0.5 if p["host_overhead_s"] == 0.0 else 1.02) for m in measured]
+                                          for p in points])
+    result = fit_refined(evaluate, measured, k=3, grid=grid)  # refined points tie with 10 us: it stays
+    assert result.best == {"host_overhead_s": 1e-5} and result.spread == {"host_overhead_s": 0.0}
     assert result.held_out_mape_pct == pytest.approx(2.0)
     assert result.in_sample_mape_pct == pytest.approx(2.0)
     with pytest.raises(ScenarioError, match="--folds: 7 folds need at least 7 runs"):
-        fit(predictions, points, measured, k=7)
+        fit_refined(evaluate, measured, k=7, grid=grid)
 
 
 def _synthetic(best_host_s: float, best_gemm: float, measured: list[float], calls: list[int]):
