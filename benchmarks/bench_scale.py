@@ -8,7 +8,8 @@ Folded (simulator/symmetry.py: one rank per pipeline stage), GPT-3 175B TP8 x PP
 fat_tree with the default k (48: the smallest with k^3/4 >= 16,384 NICs and whole nodes under each
 edge switch) and with k = 64 (32 NICs per edge switch).
 1T GPT (128 layers, hidden 25,600, 160 heads) on 3,072 GPUs, TP8 x PP64 x DP6, 512 micro-batches
-per replica, rail_optimized, folded: target <= 5 s.
+per replica, rail_optimized, folded (and its steady state extended, simulator/steady_extension.py):
+target <= 5 s.
 GPT-3 175B on 1,024 GPUs (scenarios/gpt3_175b_dgx_a100_3d.yaml) folded, and in full
 (strategy.symmetry=off, 1,024 ranks): target <= 20 s and <= 1 GB, and engine seconds per event <= 3x
 a bare SimPy loop of as many events (one process yielding N timeouts). Events are the engine's:
@@ -91,7 +92,8 @@ def one_run(overrides: list[str]) -> dict:
     return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "engine_s": engine["s"],
             "events": summary["num_events"], "step_time_s": summary["step_time_s"],
             "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0,
-            "symmetry": summary["tensor"]["symmetry"], "mfu": summary["mfu"]}
+            "symmetry": summary["tensor"]["symmetry"], "mfu": summary["mfu"],
+            "steady_state": summary.get("steady_state", "every micro-batch simulated")}
 
 
 def measure(overrides: list[str], repeats: int) -> list[dict]:
@@ -123,7 +125,8 @@ def main() -> None:
               f"{median['wall_s'] / target_s:.2f}), CPU {median['cpu_s']:.2f} s | engine {median['engine_s']:.2f} s, "
               f"{last['events']:,} events, x{median['engine_s'] / bare:.1f} a bare SimPy loop of as many "
               f"({bare:.2f} s) | peak RSS {median['rss_bytes'] / 2**30:.2f} GiB | step {last['step_time_s']:.6f} s, "
-              f"MFU {last['mfu']:.1%} | folded: {last['symmetry']['used']} ({last['symmetry']['reason']})")
+              f"MFU {last['mfu']:.1%} | folded: {last['symmetry']['used']} ({last['symmetry']['reason']}) | "
+              f"{last['steady_state']}")
     folded, full = steps.get("GPT-3 1,024 GPUs, folded"), steps.get("GPT-3 1,024 GPUs, full")
     if folded is not None and full is not None:
         print(f"folded vs full step time (1,024 GPUs): {folded!r} vs {full!r}, relative difference "

@@ -81,6 +81,7 @@ class Engine:
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)
         self.algorithms: dict[str, int] = defaultdict(int)
+        self.count_log: list[tuple] | None = None  # a list: (time, is bytes, key, amount) of each count
         self._finished = [bytearray(len(actions)) for actions in plan.actions]
         self._position = [None if all(a.id == i for i, a in enumerate(actions)) else
                           {a.id: i for i, a in enumerate(actions)} for actions in plan.actions]
@@ -104,7 +105,8 @@ class Engine:
         """Symmetric runs (simulator.symmetry): the device groups each representative's flows stand for."""
 
     def run(self) -> EngineResult:
-        self._register_receives()
+        self._arrivals.update((action.key, (rank, action.id)) for rank, actions in enumerate(self.plan.actions)
+                              for action in actions if isinstance(action, Recv))
         if self.communication is None:
             self._merge_links()
         for rank, actions in enumerate(self.plan.actions):
@@ -125,7 +127,6 @@ class Engine:
         num_events = next(self.env._eid) + self._num_completions  # SimPy numbers every event it schedules
         return EngineResult(self.spans, dict(self.tier_bytes), num_events, dict(self.algorithms))
 
-    # ------------------------------------------------------------------ scheduling
     def _drain(self) -> None:
         """Run the work ready at this instant, in the order it became ready."""
         ready = self._ready
@@ -170,7 +171,6 @@ class Engine:
         else:
             self._host_job(seconds, (rank,), 1, COMPUTE, then=(function, args))
 
-    # ------------------------------------------------------------------ streams
     def _compute_next(self, stream: _Stream) -> None:
         if stream.position == len(stream.actions):
             return
@@ -230,7 +230,7 @@ class Engine:
     def _collective(self, action: Collective, streams: list[_Stream]) -> None:
         start = self.env.now
         if self.communication is not None:  # measured on the machine (a calibration profile)
-            self.algorithms["measured"] += 1
+            self._count(self.algorithms, "measured", 1)
             self._count_bytes(self._phases(action, count=False))
             duration_s = self.communication.collective_s(action.op, action.size_bytes, len(action.ranks))
             if self.hosts is not None:
@@ -253,7 +253,12 @@ class Engine:
     def _count_bytes(self, phases) -> None:
         """The bytes a measured transfer moved per tier: the flow model's phases, not played."""
         for tier, size in (entry for phase in phases for entry in phase.tier_bytes):
-            self.tier_bytes[tier] += size
+            self._count(self.tier_bytes, tier, size)
+
+    def _count(self, counts: dict, key: str, amount: float) -> None:
+        counts[key] += amount
+        if self.count_log is not None:
+            self.count_log.append((self.env.now, counts is self.tier_bytes, key, amount))
 
     def _phases(self, action: Collective, count: bool = True) -> tuple:
         """The flow phases of a collective (built once per distinct collective, `_phase_cache`);
@@ -267,7 +272,7 @@ class Engine:
         if count:
             if label is None:
                 label = known[1] = collective_label(cache_key[3], phases)
-            self.algorithms[label] += 1
+            self._count(self.algorithms, label, 1)
         return phases
 
     def _phase_key(self, action: Collective) -> tuple:
@@ -385,11 +390,6 @@ class Engine:
                 elif isinstance(action, Send):
                     self._send_phase(rank, action, self.plan.rank_to_device[rank], self.plan.rank_to_device[action.dst])
         merge_phase_links(self._phase_cache, self.network.capacities)
-
-    # ------------------------------------------------------------------ bookkeeping
-    def _register_receives(self) -> None:
-        self._arrivals.update((action.key, (rank, action.id)) for rank, actions in enumerate(self.plan.actions)
-                              for action in actions if isinstance(action, Recv))
 
     def _check_finished(self) -> None:
         for rank, finished in enumerate(self._finished):

@@ -13,6 +13,7 @@ import pandas as pd  # noqa: E402
 from simulator.memory import CATEGORIES, memory_config, rank_memory  # noqa: E402
 from simulator.memory_timeline import memory_timeline  # noqa: E402
 from simulator.output import write_figure_atomic  # noqa: E402
+from simulator.records import span_table  # noqa: E402
 
 MAX_PANELS = 8
 GIB = 2**30
@@ -35,8 +36,9 @@ def plot_memory_timeline(frame: pd.DataFrame, axis, capacity_bytes: float | None
 def write_memory_plot(result, path: str | Path) -> Path:
     """One panel per device (the first MAX_PANELS ranks) of a `SimulationResult`, as a PNG."""
     config = memory_config(result.scenario)
-    ranks = rank_memory(result.plan, result.workload, result.spans, config)[:MAX_PANELS]
-    end_s = float(result.spans["end_s"].max()) if len(result.spans) else 0.0
+    spans = result.spans if result.played_spans is None else span_table(result.played_spans)  # the plan's own
+    ranks = rank_memory(result.plan, result.workload, spans, config)[:MAX_PANELS]
+    end_s = float(spans["end_s"].max()) if len(spans) else 0.0
     figure, axes = plt.subplots(len(ranks), 1, figsize=(8, 2.4 * len(ranks)), squeeze=False)
     for axis, memory in zip(axes[:, 0], ranks):
         plot_memory_timeline(memory_timeline(memory, end_s), axis, config.capacity_bytes)

@@ -7,8 +7,7 @@ idle_s is the rest of the step. The three add up to the step time.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
+import numpy as np
 import pandas as pd
 
 from simulator.engine import SPAN_FIELDS
@@ -21,32 +20,38 @@ def span_table(spans: list[tuple]) -> pd.DataFrame:
     return frame.sort_values(["rank", "start_s", "stream"], kind="stable").reset_index(drop=True)
 
 
-def union_length_s(intervals: list[tuple[float, float]]) -> float:
-    """Total length covered by a set of [start, end) intervals."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end <= reach:
-            continue
-        total += end - max(start, reach)
-        reach = end
-    return total
+def union_length_s(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length covered by the intervals [starts[i], ends[i]), `starts` ascending: each adds
+    what it reaches beyond the furthest end before it."""
+    if len(starts) == 0:
+        return 0.0
+    reach = np.maximum.accumulate(ends)
+    before = np.concatenate(([-np.inf], reach[:-1]))
+    return float(np.clip(ends - np.maximum(starts, before), 0.0, None).sum())
 
 
 def device_breakdown(spans: list[tuple], num_ranks: int, step_time_s: float) -> list[dict]:
     """Per-rank compute_s, comm_s (exposed), idle_s and comm_busy_s."""
-    compute: dict[int, list] = defaultdict(list)
-    communication: dict[int, list] = defaultdict(list)
-    for rank, stream, _name, _kind, start, end, *_rest in spans:
-        (compute if stream == "compute" else communication)[rank].append((start, end))
+    if spans:
+        ranks, streams, _names, _kinds, starts, ends, *_rest = zip(*spans)
+    else:
+        ranks = streams = starts = ends = ()
+    ranks, starts, ends = np.array(ranks, dtype=np.int64), np.array(starts, dtype=float), np.array(ends, dtype=float)
+    computing = np.array([stream == "compute" for stream in streams], dtype=bool)
+    order = np.lexsort((ends, starts, ranks))
+    ranks, starts, ends, computing = ranks[order], starts[order], ends[order], computing[order]
+    bounds = np.searchsorted(ranks, np.arange(num_ranks + 1))
     rows = []
     for rank in range(num_ranks):
-        compute_s = union_length_s(compute[rank])
-        busy_s = union_length_s(compute[rank] + communication[rank])
+        own = slice(bounds[rank], bounds[rank + 1])
+        rank_starts, rank_ends, compute = starts[own], ends[own], computing[own]
+        compute_s = union_length_s(rank_starts[compute], rank_ends[compute])
+        busy_s = union_length_s(rank_starts, rank_ends)
         rows.append({
             "rank": rank,
             "compute_s": compute_s,
             "comm_s": busy_s - compute_s,
             "idle_s": max(step_time_s - busy_s, 0.0),
-            "comm_busy_s": union_length_s(communication[rank]),
+            "comm_busy_s": union_length_s(rank_starts[~compute], rank_ends[~compute]),
         })
     return rows

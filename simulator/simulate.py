@@ -6,7 +6,7 @@ import gc
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -19,6 +19,7 @@ from simulator.model_source import resolve_workload
 from simulator.plan import Plan
 from simulator.records import device_breakdown, span_table
 from simulator.scenario import Scenario
+from simulator.steady_extension import Extension, extend, extended_plan, short_microbatches, shortened
 from simulator.strategies import compile_plan
 from simulator.topology import Topology
 from simulator.workload import Workload
@@ -31,6 +32,8 @@ class SimulationResult:
     plan: Plan
     spans: pd.DataFrame
     summary: dict
+    played_spans: list | None = None
+    """The engine's spans of `plan` where `spans` extends them (`simulator.steady_extension`)."""
 
     @property
     def step_time_s(self) -> float:
@@ -93,13 +96,13 @@ def _simulate(scenario: Scenario, costs: CostModel | None, workload: Workload | 
         workload = workload or resolve_workload(scenario.model, scenario.base_dir)
         costs = costs or analytic_costs(scenario, workload)
         topology = topology or build_topology(scenario.cluster)
-        plan = compile_plan(scenario, workload, topology, costs)
-        played_costs = engine_costs(plan, costs)
-    result = Engine(plan, topology, played_costs, scenario.strategy.num_parameter_servers).run()
+    plan, result, played_spans, steady_note = _play(scenario, workload, topology, costs)
     spans = span_table(result.spans)
     step_time_s = float(spans["end_s"].max()) if len(spans) else 0.0
     baseline_s = single_device_step_s(costs, workload, scenario.training.global_batch_size)
-    summary = _summary(scenario, workload, topology, plan, result, step_time_s, baseline_s, costs)
+    summary = _summary(scenario, workload, topology, plan, result, step_time_s, baseline_s, costs, played_spans)
+    if steady_note:
+        summary["steady_state"] = steady_note
     if plan.strategy == "megatron":  # ZeRO-1 memory; a symmetric run expanded to every device
         from simulator.strategies.tensor_summary import finish_summary
         finish_summary(summary, plan, topology)
@@ -109,7 +112,40 @@ def _simulate(scenario: Scenario, costs: CostModel | None, workload: Workload | 
             expand_summary(summary, plan.rank_to_device, plan.workers_per_group, topology)
         summary["symmetry"] = plan.meta["symmetry_decision"]
     summary["wall_s"] = time.perf_counter() - started
-    return SimulationResult(scenario, workload, plan, spans, summary)
+    return SimulationResult(scenario, workload, plan, spans, summary,
+                            None if played_spans is result.spans else played_spans)
+
+
+def _play(scenario: Scenario, workload: Workload, topology: Topology, costs: CostModel):
+    """(plan, engine result, the spans the plan played, steady-state note): a long synchronous
+    pipeline played on a few micro-batches and its verified steady state extended
+    (`simulator.steady_extension`), else every micro-batch."""
+    short, note = short_microbatches(scenario), ""
+    num_parameter_servers = scenario.strategy.num_parameter_servers
+    if short is not None:
+        try:
+            plan = compile_plan(shortened(scenario, short[0]), workload, topology, costs)
+        except ScenarioError:  # the step's own plan names the fault with its own figures
+            short = None
+    if short is not None:
+        engine = Engine(plan, topology, engine_costs(plan, costs), num_parameter_servers)
+        engine.count_log = []
+        played = engine.run()
+        target = scenario.strategy.num_microbatches
+        extension = extend(plan, played.spans, engine.count_log, played.tier_bytes, played.collective_algorithms,
+                           *short, target)
+        if isinstance(extension, Extension):
+            result = replace(played, spans=extension.spans, tier_bytes=extension.tier_bytes,
+                             collective_algorithms=extension.collective_algorithms)
+            note = (f"{short[0]} of {target} micro-batches simulated, {target - short[0]} added as "
+                    f"{extension.periods} periods of {extension.period_s:.6g} s (verified over 3)")
+            group_batch = plan.group_batch * target / short[0]
+            return extended_plan(plan, target, group_batch), result, played.spans, note
+        note = f"every micro-batch simulated: {extension}"
+    with naming_source(scenario):
+        plan = compile_plan(scenario, workload, topology, costs)
+    result = Engine(plan, topology, engine_costs(plan, costs), num_parameter_servers).run()
+    return plan, result, result.spans, note
 
 
 def engine_costs(plan: Plan, costs: CostModel) -> CostModel:
@@ -122,7 +158,9 @@ def engine_costs(plan: Plan, costs: CostModel) -> CostModel:
     return costs
 
 
-def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_time_s, baseline_s, costs=None) -> dict:
+def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_time_s, baseline_s, costs=None,
+             played_spans=None) -> dict:
+    played_spans = result.spans if played_spans is None else played_spans
     spans, pipeline = result.spans, None
     if "schedule_kind" in plan.meta:  # pipelines: step time and per-stage figures, simulator/schedules/steady_state.py
         from simulator.schedules.steady_state import pipeline_summary
@@ -138,10 +176,10 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
     from simulator.sparse import compression_summary
     if "rank_workload" in plan.meta:  # tensor parallelism: each TP rank's share; ranks alike walked once
         from simulator.strategies.tensor_summary import tensor_memory_report
-        memory = tensor_memory_report(plan, result.spans, memory_config(scenario))
+        memory = tensor_memory_report(plan, played_spans, memory_config(scenario))
     else:
         from simulator.strategies.tensor_summary import alike_memory_report
-        memory = alike_memory_report(plan, workload, result.spans, memory_config(scenario))
+        memory = alike_memory_report(plan, workload, played_spans, memory_config(scenario))
     for row, device_memory in zip(devices, memory.pop("devices")):
         row.update({key: device_memory[key] for key in ("peak_memory_bytes", "memory_breakdown_bytes", "fits_in_memory")})
     step_time_s += memory["offload_exposed_s"]  # host transfers of offloaded activations not hidden by compute

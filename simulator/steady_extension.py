@@ -1,0 +1,190 @@
+"""Long synchronous pipelines: simulate a few micro-batches, verify the steady state, extend it.
+
+A 1F1B pipeline of p stages and m micro-batches runs a fill, then the same cycle over and over
+(one forward and one backward per stage: its period T), then a drain. Once the cycle repeats, each
+further micro-batch (interleaved_1f1b: each further group of p) adds exactly one period and
+changes nothing else: the state at the start of the drain is the same, shifted by T. A simulation
+of m' << m micro-batches therefore holds everything a simulation of m holds, if its cycle has
+settled. Max-plus linear systems reach such a periodic regime after a transient (Baccelli, Cohen,
+Olsder and Quadrat, "Synchronization and Linearity", 1992, sec. 3.7); the flow model's link sharing
+is not max-plus, so the regime is checked, never assumed:
+
+- the m'-micro-batch plan is played (m' = p + 8 for 1f1b, 6 p for interleaved_1f1b);
+- T is the distance between the backwards of micro-batches i and i + c on the first stage's rank
+  (c = 1, or p interleaved), late in its steady phase;
+- three consecutive windows of length T, ending before that rank's last forward, must hold the same
+  spans (every rank and stream: kind, size, label without digits, start and end) shifted by T, and
+  the same bytes per tier and collective algorithms, to 1e-9 of the makespan;
+- then (m - m') / c copies of one window are inserted at its end, and everything later shifts by
+  (m - m') / c x T. Otherwise the full plan is simulated, and the summary says why.
+
+Used by megatron plans under `strategy.symmetry: auto` (off plays every micro-batch) when m is at
+least twice m' and no activations are offloaded (their exposed time is per micro-batch).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+SETTLE_MICROBATCHES = 8
+"""1f1b: micro-batches beyond the p of the fill, so the cycle settles and three windows fit."""
+INTERLEAVED_GROUPS = 6
+"""interleaved_1f1b: groups of p micro-batches simulated."""
+WINDOWS = 3
+DIGITS = re.compile(r"\d+")
+
+
+def short_microbatches(scenario) -> tuple[int, int] | None:
+    """(m', c) when `scenario` is played on m' micro-batches and extended in steps of c, else None."""
+    strategy, m = scenario.strategy, scenario.strategy.num_microbatches
+    if strategy.kind != "megatron" or strategy.symmetry != "auto" or scenario.training.offload_activations:
+        return None
+    p, v = strategy.pp_degree, strategy.num_virtual_stages
+    short, period = (p + SETTLE_MICROBATCHES, 1) if v == 1 else (INTERLEAVED_GROUPS * p, p)
+    if p < 2 or 2 * short > m or (m - short) % period or scenario.training.global_batch_size * short % m:
+        return None
+    return short, period
+
+
+def shortened(scenario, short: int):
+    """`scenario` with `short` micro-batches of the same size (the global batch scaled with them)."""
+    strategy, training, m = scenario.strategy, scenario.training, scenario.strategy.num_microbatches
+    batch = training.global_batch_size * short // m
+    return scenario.model_copy(update={
+        "strategy": strategy.model_copy(update={"num_microbatches": short}),
+        "training": training.model_copy(update={"global_batch_size": batch})})
+
+
+@dataclass(frozen=True)
+class Extension:
+    spans: list[tuple]
+    tier_bytes: dict[str, float]
+    collective_algorithms: dict[str, int]
+    period_s: float
+    periods: int
+
+
+def extend(plan, spans: list[tuple], count_log: list[tuple], tier_bytes: dict, algorithms: dict, short: int,
+           period: int, target: int) -> Extension | str:
+    """The run of `target` micro-batches from the played run of `short` (`plan`, its spans, the
+    engine's `count_log` of (time, is_bytes, key, amount)), or why its steady state cannot be extended."""
+    backward_starts: dict[int, float] = {}
+    last_forward_s = None
+    for action, span in _first_rank_computes(plan, spans):
+        if action.phase == "B":
+            backward_starts.setdefault(action.microbatch, span[4])
+        elif action.phase == "F":
+            last_forward_s = span[4]
+    anchors = sorted(start for start in backward_starts.values() if last_forward_s is not None and start <= last_forward_s)
+    if len(anchors) <= period:
+        return "no steady phase on the first stage"
+    period_s = anchors[-1] - anchors[-1 - period]
+    makespan_s = max(s[5] for s in spans)
+    tolerance_s = 1e-9 * max(makespan_s, 1e-12)
+    if period_s <= tolerance_s:
+        return "no period"
+    window_s = _window_start(spans, count_log, last_forward_s - (WINDOWS + 1) * period_s, period_s)
+    windows = [_window(spans, count_log, window_s + k * period_s, period_s, k, period) for k in range(WINDOWS)]
+    for k in range(1, WINDOWS):
+        reason = _same(windows[0], windows[k], tolerance_s)
+        if reason:
+            return f"the cycle has not settled within {short} micro-batches ({reason})"
+    periods = (target - short) // period
+    return Extension(_extended_spans(spans, window_s, period_s, period, periods),
+                     _added(tier_bytes, windows[0][1], periods), _added(algorithms, windows[0][2], periods),
+                     period_s, periods)
+
+
+def _first_rank_computes(plan, spans):
+    """(action, span) of rank 0's compute stream in order, recomputed forwards left out."""
+    recomputed = set(plan.meta.get("recompute_actions", {}).get(0, ()))
+    computes = [a for a in plan.actions[0] if hasattr(a, "phase")]
+    played = sorted((s for s in spans if s[0] == 0 and s[1] == "compute"), key=lambda s: s[4])
+    return [(a, s) for a, s in zip(computes, played) if a.id not in recomputed]
+
+
+def _window_start(spans, count_log, earliest_s: float, period_s: float) -> float:
+    """A window start in [earliest_s, earliest_s + period_s) that lies in the widest gap between span
+    starts (modulo the period), so no boundary cuts through a tie of floating-point times."""
+    offsets = sorted({(s[4] - earliest_s) % period_s for s in spans if earliest_s <= s[4] < earliest_s + period_s}
+                     | {(entry[0] - earliest_s) % period_s for entry in count_log
+                        if earliest_s <= entry[0] < earliest_s + period_s})
+    if not offsets:
+        return earliest_s
+    gaps = [(b - a, a) for a, b in zip(offsets, offsets[1:])] + [(offsets[0] + period_s - offsets[-1], offsets[-1])]
+    width, after = max(gaps)
+    return earliest_s + (after + width / 2) % period_s
+
+
+def _window(spans, count_log, start_s: float, period_s: float, k: int, period: int):
+    """(the spans starting in [start_s, start_s + T), shifted back by k T, sorted; bytes per tier;
+    algorithm counts)."""
+    end_s, shift_s = start_s + period_s, k * period_s
+    inside = sorted((rank, stream, DIGITS.sub("", name), kind, size, begin - shift_s, end - shift_s,
+                     microbatch - k * period if microbatch >= 0 else microbatch)
+                    for rank, stream, name, kind, begin, end, size, microbatch in spans if start_s <= begin < end_s)
+    tiers: dict = {}
+    algorithms: dict = {}
+    for time_s, is_bytes, key, amount in count_log:
+        if start_s <= time_s < end_s:
+            counts = tiers if is_bytes else algorithms
+            counts[key] = counts.get(key, 0) + amount
+    return inside, tiers, algorithms
+
+
+def _same(one, other, tolerance_s: float) -> str:
+    """'' when two windows hold the same spans and counts, else what differs."""
+    if len(one[0]) != len(other[0]):
+        return f"{len(one[0])} spans in one period, {len(other[0])} in the next"
+    for a, b in zip(one[0], other[0]):
+        if a[:5] != b[:5] or a[7] != b[7] or abs(a[5] - b[5]) > tolerance_s or abs(a[6] - b[6]) > tolerance_s:
+            return f"rank {a[0]} {a[1]} differs"
+    if one[2] != other[2] or one[1].keys() != other[1].keys() or any(
+            abs(one[1][key] - other[1][key]) > 1e-9 * max(abs(one[1][key]), 1.0) for key in one[1]):
+        return "the traffic differs"
+    return ""
+
+
+def _extended_spans(spans, window_s: float, period_s: float, period: int, periods: int) -> list[tuple]:
+    """`spans` with `periods` copies of the window [window_s, window_s + T) inserted after it."""
+    cut_s = window_s + period_s
+    before = [s for s in spans if s[4] < cut_s]
+    templates = [(_label_parts(s[2], s[7]), s) for s in before if s[4] >= window_s]
+    copies = [_moved(span, parts, j * period_s, j * period) for j in range(1, periods + 1) for parts, span in templates]
+    after = [_moved(s, _label_parts(s[2], s[7]), periods * period_s, periods * period) for s in spans if s[4] >= cut_s]
+    return before + copies + after
+
+
+def _moved(span: tuple, parts: tuple | None, shift_s: float, renumber: int) -> tuple:
+    """The span `shift_s` later and, when it belongs to a micro-batch, `renumber` micro-batches on
+    (its label around the number: `parts`)."""
+    rank, stream, name, kind, start, end, size, microbatch = span
+    if parts is not None:
+        microbatch += renumber
+        name = name if parts[1] is None else f"{parts[0]}{microbatch}{parts[1]}"
+    return rank, stream, name, kind, start + shift_s, end + shift_s, size, microbatch
+
+
+def _label_parts(name: str, microbatch: int) -> tuple[str, str | None] | None:
+    """(before, after) the label's micro-batch number (its first number equal to it; after None:
+    the label has none); None for a span of no micro-batch."""
+    if microbatch < 0:
+        return None
+    for match in DIGITS.finditer(name):
+        if int(match.group()) == microbatch:
+            return name[:match.start()], name[match.end():]
+    return name, None
+
+
+def _added(counts: dict, per_period: dict, periods: int) -> dict:
+    total = dict(counts)
+    for key, amount in per_period.items():
+        total[key] = total.get(key, 0) + periods * amount
+    return total
+
+
+def extended_plan(plan, target: int, group_batch: float):
+    """The played plan's summary view: the step's micro-batch count and replica batch."""
+    return replace(plan, group_batch=group_batch, meta={**plan.meta, "num_microbatches": target})
+

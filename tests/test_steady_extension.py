@@ -1,0 +1,125 @@
+"""Long synchronous pipelines: a few micro-batches played, the verified steady state extended
+(simulator/steady_extension.py). The extended run must equal the run of every micro-batch."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from simulator import load_scenario
+from simulator.steady_extension import _label_parts, short_microbatches
+
+simulate_module = importlib.import_module("simulator.simulate")
+extension_module = importlib.import_module("simulator.steady_extension")
+
+
+def scenario(num_microbatches=32, symmetry="auto", training=None, **strategy):
+    """TP 2 x PP 4 x DP 2 of an 8-layer GPT on two 8-GPU nodes, micro-batch 1."""
+    return load_scenario({
+        "cluster": {"num_nodes": 2, "gpus_per_node": 8, "nics_per_node": 8, "gpu": "A100-80GB",
+                    "intra_node_link": "nvlink3-a100", "inter_node_link": "ib-hdr", "topology": "fat_tree"},
+        "model": {"name": "transformer", "params": {"num_layers": 8, "hidden_size": 256, "num_heads": 4,
+                                                     "seq_len": 128, "vocab_size": 1000}},
+        "strategy": {"kind": "megatron", "tp_degree": 2, "pp_degree": 4, "num_microbatches": num_microbatches,
+                     "symmetry": symmetry, **strategy},
+        "training": {"global_batch_size": 2 * num_microbatches, "dtype": "bf16", "optimizer": "adam",
+                     **(training or {})},
+    })
+
+
+def every_microbatch(monkeypatch, case):
+    with monkeypatch.context() as patch:
+        patch.setattr(simulate_module, "short_microbatches", lambda _scenario: None)
+        return simulate_module.simulate(case)
+
+
+def without_run_figures(summary: dict) -> dict:
+    return {key: value for key, value in summary.items() if key not in ("wall_s", "num_events", "steady_state")}
+
+
+def assert_close(ours, theirs, path="summary"):
+    """Equal nested summaries, numbers to 1e-9 relative."""
+    if isinstance(theirs, dict):
+        assert ours.keys() == theirs.keys(), path
+        for key in theirs:
+            assert_close(ours[key], theirs[key], f"{path}.{key}")
+    elif isinstance(theirs, (list, tuple)):
+        assert len(ours) == len(theirs), path
+        for index, (mine, other) in enumerate(zip(ours, theirs)):
+            assert_close(mine, other, f"{path}[{index}]")
+    elif isinstance(theirs, float):
+        assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-15), path
+    else:
+        assert ours == theirs, path
+
+
+def assert_same(extended, full):
+    """Same summary (to 1e-9 relative) and the same spans: labels, micro-batches, times."""
+    assert extended.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert_close(without_run_figures(extended.summary), without_run_figures(full.summary))
+    columns = ["rank", "stream", "start_s"]
+    ours = extended.spans.sort_values(columns, kind="stable").reset_index(drop=True)
+    theirs = full.spans.sort_values(columns, kind="stable").reset_index(drop=True)
+    assert len(ours) == len(theirs)
+    for column in ("rank", "stream", "name", "kind", "size_bytes", "microbatch"):
+        assert (ours[column] == theirs[column]).all(), column
+    assert (ours["start_s"] - theirs["start_s"]).abs().max() <= 1e-9 * full.step_time_s
+    assert (ours["end_s"] - theirs["end_s"]).abs().max() <= 1e-9 * full.step_time_s
+
+
+@pytest.mark.parametrize("num_microbatches,strategy,training", [
+    (32, {}, {}),
+    (32, {}, {"recompute": "full"}),
+    (32, {"sequence_parallel": True, "tp_comm_overlap": True}, {"recompute": "selective"}),
+    (32, {"zero_stage": 1}, {}),
+    (48, {"num_virtual_stages": 2}, {}),
+])
+def test_the_extended_run_equals_the_run_of_every_microbatch(monkeypatch, num_microbatches, strategy, training):
+    case = scenario(num_microbatches, training=training, **strategy)
+    short, period = short_microbatches(case)
+    extended = simulate_module.simulate(case)
+    full = every_microbatch(monkeypatch, case)
+    note = extended.summary["steady_state"]
+    assert note.startswith(f"{short} of {num_microbatches} micro-batches simulated"), note
+    assert extended.summary["num_events"] < full.summary["num_events"]
+    assert extended.plan.meta["num_microbatches"] == num_microbatches
+    assert len(extended.played_spans) < len(extended.spans)
+    assert_same(extended, full)
+
+
+def test_a_cycle_that_has_not_settled_is_simulated_in_full(monkeypatch):
+    """Too few micro-batches to see three equal periods: the check refuses, every micro-batch runs."""
+    case = scenario(32)
+    monkeypatch.setattr(extension_module, "SETTLE_MICROBATCHES", 1)
+    refused = simulate_module.simulate(case)
+    assert refused.summary["steady_state"].startswith("every micro-batch simulated: ")
+    assert refused.played_spans is None
+    monkeypatch.setattr(extension_module, "SETTLE_MICROBATCHES", 8)
+    assert refused.step_time_s == every_microbatch(monkeypatch, case).step_time_s
+
+
+@pytest.mark.parametrize("case", [
+    scenario(32, symmetry="off"),                    # off: every rank and every micro-batch
+    scenario(16),                                    # fewer than twice the p + 8 it would play
+    scenario(32, training={"offload_activations": True, "memory_policy": "reuse"}),  # exposed time per micro-batch
+    scenario(32, training={"global_batch_size": 256}, pp_degree=1),  # no pipeline
+])
+def test_where_it_does_not_apply(case):
+    assert short_microbatches(case) is None
+    assert "steady_state" not in simulate_module.simulate(case).summary
+
+
+def test_the_memory_plot_walks_the_spans_the_plan_played(tmp_path):
+    from simulator.memory_plot import write_memory_plot
+    result = simulate_module.simulate(scenario(32))
+    assert result.played_spans is not None
+    path = write_memory_plot(result, tmp_path / "memory.png")
+    assert path.stat().st_size > 0
+
+
+def test_labels_are_renumbered_at_their_microbatch():
+    assert _label_parts("F5 L0-5", 5) == ("F", " L0-5")
+    assert _label_parts("send act12", 12) == ("send act", "")
+    assert _label_parts("tp allreduce x49", -1) is None
+    assert _label_parts("optimizer", 3) == ("optimizer", None)
