@@ -1,5 +1,6 @@
 """Strategy plans through the whole pipeline: the GHP corners, free-link MP, partitions, placements."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -135,3 +136,26 @@ def test_simulation_is_deterministic():
     first = simulate(scenario("ghp", 2, model="resnet56"))
     second = simulate(scenario("ghp", 2, model="resnet56"))
     assert first.spans.equals(second.spans)
+
+
+def test_actions_built_in_one_step_equal_their_class_built_ones():
+    """`_ActionList.add` fills a frozen action's fields at once; a call its class would refuse
+    (a missing field, an unknown one, or both at once) is still refused by the class."""
+    from simulator.plan import Collective, Compute, Send
+    from simulator.strategies.ghp import _ActionList
+    builder = _ActionList()
+    builder.add(Compute, phase="F", layer_start=0, layer_end=2, batch=4.0, microbatch=1, deps=(0,))
+    builder.add(Send, dst=3, size_bytes=8.0, key=("act", 0), deps=(0,))
+    builder.add(Collective, op="allreduce", ranks=(0, 1), size_bytes=16.0, key=("dp", 0), label="b0")
+    assert builder.actions == [
+        Compute(id=0, phase="F", layer_start=0, layer_end=2, batch=4.0, microbatch=1, deps=(0,)),
+        Send(id=1, dst=3, size_bytes=8.0, key=("act", 0), deps=(0,)),
+        Collective(id=2, op="allreduce", ranks=(0, 1), size_bytes=16.0, key=("dp", 0), label="b0")]
+    assert builder.actions[0].label == "F1 L0-1"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        builder.actions[0].batch = 2.0
+    for fields in ({"phase": "F", "layer_start": 0, "layer_end": 1},                       # batch missing
+                   {"phase": "F", "layer_start": 0, "layer_end": 1, "batch": 1.0, "size": 1},  # unknown
+                   {"phase": "F", "layer_start": 0, "layer_end": 1, "batches": 1.0}):         # both
+        with pytest.raises(TypeError):
+            builder.add(Compute, **fields)

@@ -11,6 +11,7 @@ update. DP is G = N, M = 1; MP is G = 1, M = N.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -215,13 +216,37 @@ def bucket_segments(workload: Workload, layer_start: int, layer_end: int, elemen
 
 
 class _ActionList:
+    """A rank's actions as they are added. Each is built from its class's defaults and the given
+    fields in one step (a frozen dataclass's __init__ sets its fields one by one: a plan of a
+    million actions spent a third of its compile time there); a call that misses a field or names
+    an unknown one goes through the class itself, which raises as it would."""
+
+    _defaults: dict = {}
+
     def __init__(self):
         self.actions: list = []
 
     def add(self, kind, **fields) -> int:
         action_id = len(self.actions)
-        self.actions.append(kind(id=action_id, **fields))
+        fields["id"] = action_id
+        defaults = self._defaults.get(kind)
+        if defaults is None:
+            defaults = self._defaults[kind] = _field_defaults(kind)
+        values = {**defaults[0], **fields}
+        if values.keys() != defaults[1]:
+            self.actions.append(kind(**fields))
+            return action_id
+        action = object.__new__(kind)
+        object.__setattr__(action, "__dict__", values)
+        self.actions.append(action)
         return action_id
+
+
+def _field_defaults(kind) -> tuple[dict, frozenset]:
+    """(the defaults of a dataclass's fields, the names of all its fields)."""
+    fields = dataclasses.fields(kind)
+    return ({f.name: f.default for f in fields if f.default is not dataclasses.MISSING},
+            frozenset(f.name for f in fields))
 
 
 # ----------------------------------------------------------------------------- training options
