@@ -7,6 +7,7 @@ import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import pandas as pd
 
@@ -30,10 +31,17 @@ class SimulationResult:
     scenario: Scenario
     workload: Workload
     plan: Plan
-    spans: pd.DataFrame
+    span_records: list[tuple]
+    """The step's spans as the engine's tuples (`simulator.engine.SPAN_FIELDS`)."""
     summary: dict
     played_spans: list | None = None
-    """The engine's spans of `plan` where `spans` extends them (`simulator.steady_extension`)."""
+    """The engine's spans of `plan` where `span_records` extends them (`simulator.steady_extension`)."""
+
+    @cached_property
+    def spans(self) -> pd.DataFrame:
+        """The span table (`simulator.records.span_table`), built when first asked for: a planner
+        that reads only summaries never pays for it."""
+        return span_table(self.span_records)
 
     @property
     def step_time_s(self) -> float:
@@ -97,8 +105,7 @@ def _simulate(scenario: Scenario, costs: CostModel | None, workload: Workload | 
         costs = costs or analytic_costs(scenario, workload)
         topology = topology or build_topology(scenario.cluster)
     plan, result, played_spans, steady_note = _play(scenario, workload, topology, costs)
-    spans = span_table(result.spans)
-    step_time_s = float(spans["end_s"].max()) if len(spans) else 0.0
+    step_time_s = max((span[5] for span in result.spans), default=0.0)
     baseline_s = single_device_step_s(costs, workload, scenario.training.global_batch_size)
     summary = _summary(scenario, workload, topology, plan, result, step_time_s, baseline_s, costs, played_spans)
     if steady_note:
@@ -112,7 +119,7 @@ def _simulate(scenario: Scenario, costs: CostModel | None, workload: Workload | 
             expand_summary(summary, plan.rank_to_device, plan.workers_per_group, topology)
         summary["symmetry"] = plan.meta["symmetry_decision"]
     summary["wall_s"] = time.perf_counter() - started
-    return SimulationResult(scenario, workload, plan, spans, summary,
+    return SimulationResult(scenario, workload, plan, result.spans, summary,
                             None if played_spans is result.spans else played_spans)
 
 

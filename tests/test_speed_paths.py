@@ -8,7 +8,7 @@ import random
 import pytest
 import simpy
 
-from simulator import collectives
+from simulator import collectives, load_scenario, simulate
 from simulator.collectives import collective_phases
 from simulator.hardware import LinkSpec
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool, _Job, sm_sharing
@@ -101,3 +101,14 @@ def test_cached_ring_routes_give_the_phases_built_afresh(kinds, op, algorithm, g
         fresh = collective_phases(topology, groups, op, size_bytes, algorithm)
         assert repr(warm) == repr(fresh)
     assert topology in collectives._RING_ROUTES
+
+
+def test_the_span_table_is_built_when_first_asked_for():
+    """simulate() keeps the engine's span tuples; the DataFrame comes on first access, once."""
+    from simulator.records import span_table
+    result = simulate(load_scenario("scenarios/demo.yaml"))
+    assert "spans" not in vars(result)
+    table = result.spans
+    assert table is result.spans
+    assert table.equals(span_table(result.span_records))
+    assert float(table["end_s"].max()) == result.step_time_s
