@@ -110,6 +110,8 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
         console.print(f"({len(devices) - 16} of {len(devices)} devices not shown; --json lists all)")
     if "pipeline" in summary:
         print_pipeline(summary["pipeline"], console)
+    if "steady_state" in summary:
+        console.print(f"steady state: {summary['steady_state']}")
 
 
 def print_pipeline(pipeline: dict, console: Console) -> None:
