@@ -14,7 +14,8 @@ is not max-plus, so the regime is checked, never assumed:
   (c = 1, or p interleaved), late in its steady phase;
 - three consecutive windows of length T, ending before that rank's last forward, must hold the same
   spans (every rank and stream: kind, size, label without digits, start and end) shifted by T, and
-  the same bytes per tier and collective algorithms, to 1e-9 of the makespan;
+  the same bytes per tier and collective algorithms, to 1e-9 of the makespan; each kind of span
+  must number on by one step a period (its micro-batch by c, a CP ring transfer by its counter's);
 - then (m - m') / c copies of one window are inserted at its end, and everything later shifts by
   (m - m') / c x T. Otherwise the full plan is simulated, and the summary says why.
 
@@ -85,14 +86,17 @@ def extend(plan, spans: list[tuple], count_log: list[tuple], tier_bytes: dict, a
     if period_s <= tolerance_s:
         return "no period"
     window_s = _window_start(spans, count_log, last_forward_s - (WINDOWS + 1) * period_s, period_s)
-    windows = [_window(spans, count_log, window_s + k * period_s, period_s, k, period) for k in range(WINDOWS)]
+    windows = [_window(spans, count_log, window_s + k * period_s, period_s, k) for k in range(WINDOWS)]
+    steps: dict[tuple, int] = {}
     for k in range(1, WINDOWS):
-        reason = _same(windows[0], windows[k], tolerance_s)
+        reason = _same(windows[k - 1], windows[k], tolerance_s, steps)
         if reason:
             return f"the cycle has not settled within {short} micro-batches ({reason})"
     periods = (target - short) // period
-    return Extension(_extended_spans(spans, window_s, period_s, period, periods),
-                     _added(tier_bytes, windows[0][1], periods), _added(algorithms, windows[0][2], periods),
+    extended = _extended_spans(spans, window_s, period_s, periods, steps)
+    if isinstance(extended, str):
+        return extended
+    return Extension(extended, _added(tier_bytes, windows[0][1], periods), _added(algorithms, windows[0][2], periods),
                      period_s, periods)
 
 
@@ -117,12 +121,11 @@ def _window_start(spans, count_log, earliest_s: float, period_s: float) -> float
     return earliest_s + (after + width / 2) % period_s
 
 
-def _window(spans, count_log, start_s: float, period_s: float, k: int, period: int):
+def _window(spans, count_log, start_s: float, period_s: float, k: int):
     """(the spans starting in [start_s, start_s + T), shifted back by k T, sorted; bytes per tier;
     algorithm counts)."""
     end_s, shift_s = start_s + period_s, k * period_s
-    inside = sorted((rank, stream, DIGITS.sub("", name), kind, size, begin - shift_s, end - shift_s,
-                     microbatch - k * period if microbatch >= 0 else microbatch)
+    inside = sorted((rank, stream, DIGITS.sub("", name), kind, size, begin - shift_s, end - shift_s, microbatch)
                     for rank, stream, name, kind, begin, end, size, microbatch in spans if start_s <= begin < end_s)
     tiers: dict = {}
     algorithms: dict = {}
@@ -133,34 +136,54 @@ def _window(spans, count_log, start_s: float, period_s: float, k: int, period: i
     return inside, tiers, algorithms
 
 
-def _same(one, other, tolerance_s: float) -> str:
-    """'' when two windows hold the same spans and counts, else what differs."""
+def _same(one, other, tolerance_s: float, steps: dict) -> str:
+    """'' when a window and the next hold the same spans and counts, else what differs. `steps`
+    collects how far each kind of span (rank, stream, label without digits, kind) numbers on per
+    period: its micro-batch (c) or another counter (a CP ring's transfers); one step per kind."""
     if len(one[0]) != len(other[0]):
         return f"{len(one[0])} spans in one period, {len(other[0])} in the next"
     for a, b in zip(one[0], other[0]):
-        if a[:5] != b[:5] or a[7] != b[7] or abs(a[5] - b[5]) > tolerance_s or abs(a[6] - b[6]) > tolerance_s:
+        if a[:5] != b[:5] or abs(a[5] - b[5]) > tolerance_s or abs(a[6] - b[6]) > tolerance_s:
             return f"rank {a[0]} {a[1]} differs"
+        if (a[7] < 0) != (b[7] < 0) or steps.setdefault(a[:4], b[7] - a[7]) != b[7] - a[7]:
+            return f"rank {a[0]} {a[1]} numbers its spans unevenly"
     if one[2] != other[2] or one[1].keys() != other[1].keys() or any(
             abs(one[1][key] - other[1][key]) > 1e-9 * max(abs(one[1][key]), 1.0) for key in one[1]):
         return "the traffic differs"
     return ""
 
 
-def _extended_spans(spans, window_s: float, period_s: float, period: int, periods: int) -> list[tuple]:
-    """`spans` with `periods` copies of the window [window_s, window_s + T) inserted after it."""
+def _extended_spans(spans, window_s: float, period_s: float, periods: int, steps: dict) -> list[tuple] | str:
+    """`spans` with `periods` copies of the window [window_s, window_s + T) inserted after it, each
+    kind of span numbered on by its step per period (`steps`); or why not."""
     cut_s = window_s + period_s
     before = [s for s in spans if s[4] < cut_s]
-    templates = [(_label_parts(s[2], s[7]), s) for s in before if s[4] >= window_s]
-    copies = [_moved(span, parts, j * period_s, j * period) for j in range(1, periods + 1) for parts, span in templates]
-    after = [_moved(s, _label_parts(s[2], s[7]), periods * period_s, periods * period) for s in spans if s[4] >= cut_s]
+    templates = [(_label_parts(s[2], s[7]), _step(s, steps), s) for s in before if s[4] >= window_s]
+    if any(step is None for _, step, _ in templates):
+        return "a span of the steady state has no step"
+    copies = [_moved(span, parts, j * period_s, j * step)
+              for j in range(1, periods + 1) for parts, step, span in templates]
+    after = []
+    for span in spans:
+        if span[4] >= cut_s:
+            step = _step(span, steps)
+            if step is None:
+                return f"rank {span[0]}'s {span[1]} span {span[2]!r} of the drain numbers on unlike the steady state's"
+            after.append(_moved(span, _label_parts(span[2], span[7]), periods * period_s, periods * step))
     return before + copies + after
 
 
+def _step(span: tuple, steps: dict) -> int | None:
+    """How far the span's number moves per period: 0 for a span of no micro-batch, else its kind's."""
+    if span[7] < 0:
+        return 0
+    return steps.get((span[0], span[1], DIGITS.sub("", span[2]), span[3]))
+
+
 def _moved(span: tuple, parts: tuple | None, shift_s: float, renumber: int) -> tuple:
-    """The span `shift_s` later and, when it belongs to a micro-batch, `renumber` micro-batches on
-    (its label around the number: `parts`)."""
+    """The span `shift_s` later and numbered `renumber` on (its label around the number: `parts`)."""
     rank, stream, name, kind, start, end, size, microbatch = span
-    if parts is not None:
+    if parts is not None and renumber:
         microbatch += renumber
         name = name if parts[1] is None else f"{parts[0]}{microbatch}{parts[1]}"
     return rank, stream, name, kind, start + shift_s, end + shift_s, size, microbatch

@@ -74,6 +74,7 @@ def assert_same(extended, full):
     (32, {"sequence_parallel": True, "tp_comm_overlap": True}, {"recompute": "selective"}),
     (32, {"zero_stage": 1}, {}),
     (48, {"num_virtual_stages": 2}, {}),
+    (48, {"cp_degree": 2, "tp_degree": 1}, {}),  # CP ring sends number on by their own counter
 ])
 def test_the_extended_run_equals_the_run_of_every_microbatch(monkeypatch, num_microbatches, strategy, training):
     case = scenario(num_microbatches, training=training, **strategy)
