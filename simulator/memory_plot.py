@@ -43,8 +43,11 @@ def write_memory_plot(result, path: str | Path) -> Path:
     for axis, memory in zip(axes[:, 0], ranks):
         plot_memory_timeline(memory_timeline(memory, end_s), axis, config.capacity_bytes)
         axis.set_title(f"rank {memory.rank}", fontsize=8)
+    meta = result.plan.meta
+    played = f"; {meta['played_microbatches']} of {meta['num_microbatches']} micro-batches played" \
+        if result.played_spans is not None else ""
     figure.suptitle(f"{result.summary['scenario']}: memory per device "
-                    f"(policy {config.memory_policy}, recompute {config.recompute})", fontsize=9)
+                    f"(policy {config.memory_policy}, recompute {config.recompute}{played})", fontsize=9)
     figure.tight_layout()
     try:
         return write_figure_atomic(path, figure, dpi=110)

@@ -208,6 +208,8 @@ def _added(counts: dict, per_period: dict, periods: int) -> dict:
 
 
 def extended_plan(plan, target: int, group_batch: float):
-    """The played plan's summary view: the step's micro-batch count and replica batch."""
-    return replace(plan, group_batch=group_batch, meta={**plan.meta, "num_microbatches": target})
+    """The played plan's summary view: the step's micro-batch count and replica batch (and, as
+    `played_microbatches`, the count it was played with)."""
+    return replace(plan, group_batch=group_batch, meta={**plan.meta, "num_microbatches": target,
+                                                        "played_microbatches": plan.meta["num_microbatches"]})
 

@@ -85,6 +85,7 @@ def test_the_extended_run_equals_the_run_of_every_microbatch(monkeypatch, num_mi
     assert note.startswith(f"{short} of {num_microbatches} micro-batches simulated"), note
     assert extended.summary["num_events"] < full.summary["num_events"]
     assert extended.plan.meta["num_microbatches"] == num_microbatches
+    assert extended.plan.meta["played_microbatches"] == short
     assert len(extended.played_spans) < len(extended.spans)
     assert_same(extended, full)
 
