@@ -16,6 +16,7 @@ from simulator.engine import Engine
 from simulator.errors import ScenarioError
 from simulator.fabrics import build_topology
 from simulator.flops import flops_summary
+from simulator.limits import check_simulation_size
 from simulator.model_source import resolve_workload
 from simulator.plan import Plan
 from simulator.records import device_breakdown, span_table
@@ -134,7 +135,11 @@ def _play(scenario: Scenario, workload: Workload, topology: Topology, costs: Cos
             plan = compile_plan(shortened(scenario, short[0]), workload, topology, costs)
         except ScenarioError:  # the step's own plan names the fault with its own figures
             short = None
-    if short is not None:
+    if short is not None:  # the spans of every micro-batch: refused where the step's plan would be
+        decision = plan.meta["symmetry_decision"]
+        with naming_source(scenario):
+            check_simulation_size(plan.num_ranks, len(plan.actions[0]) * scenario.strategy.num_microbatches / short[0],
+                                  "" if decision["used"] else f" (not folded: {decision['reason']})")
         engine = Engine(plan, topology, engine_costs(plan, costs), num_parameter_servers)
         engine.count_log = []
         played = engine.run()

@@ -125,3 +125,23 @@ def test_labels_are_renumbered_at_their_microbatch():
     assert _label_parts("send act12", 12) == ("send act", "")
     assert _label_parts("tp allreduce x49", -1) is None
     assert _label_parts("optimizer", 3) == ("optimizer", None)
+
+
+def test_a_step_too_large_to_hold_is_refused_even_when_its_played_part_fits(monkeypatch):
+    """The extended spans cover every micro-batch: the memory check sizes the step, not the part played."""
+    from simulator import limits
+    from simulator.errors import ScenarioError
+    from simulator.fabrics import build_topology
+    from simulator.model_source import resolve_workload
+    from simulator.strategies import compile_plan
+    case = scenario(32)
+    short, _ = short_microbatches(case)
+    workload = resolve_workload(case.model)
+    played = compile_plan(extension_module.shortened(case, short), workload, build_topology(case.cluster),
+                          simulate_module.analytic_costs(case, workload))
+    played_bytes = played.num_ranks * len(played.actions[0]) * limits.BYTES_PER_ACTION
+    monkeypatch.setattr(limits, "available_memory_bytes", lambda: 2 * played_bytes / limits.MEMORY_HEADROOM)
+    with pytest.raises(ScenarioError, match=r"simulating 4 ranks x ~[\d,]+ actions needs"):
+        simulate_module.simulate(case)
+    monkeypatch.setattr(limits, "available_memory_bytes", lambda: 4 * played_bytes / limits.MEMORY_HEADROOM)
+    assert "steady_state" in simulate_module.simulate(case).summary
