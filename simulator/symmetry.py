@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from weakref import WeakKeyDictionary
 
 from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
 from simulator.symmetry_check import (cached_fold_refusal, cp_hop_pairs, multiplicity_of, replicas_on_separate_nodes,
@@ -95,10 +96,16 @@ class Symmetry:
         (`simulator.strategies.context.ring_exchange`): every rank's hop of the stage at once, one
         lock-step flow as a data-parallel ring's copies are (and pruned as they are), so TP rings and
         pipeline transfers meet it on every link it crosses."""
+        known = self._shared.get(("send phase", rank, dst, size_bytes))  # every engine of this layout
+        if known is not None:
+            return known
         if rank == dst:
-            return self._pruned(topology, "cp", rank, (pairs_phase(topology, self.cp_hops[rank], size_bytes),))[0]
-        pairs, weight = self.send_pairs(rank, dst)
-        return self.fold(topology, ("send", rank, dst), (pairs_phase(topology, pairs, size_bytes, weight),))[0]
+            phase = self._pruned(topology, "cp", rank, (pairs_phase(topology, self.cp_hops[rank], size_bytes),))[0]
+        else:
+            pairs, weight = self.send_pairs(rank, dst)
+            phase = self.fold(topology, ("send", rank, dst), (pairs_phase(topology, pairs, size_bytes, weight),))[0]
+        self._shared["send phase", rank, dst, size_bytes] = phase
+        return phase
 
     def fold(self, topology: Topology, key: tuple, phases: tuple) -> tuple:
         """Phases of a replica-local flow (`key`: ("tp", stage) or ("send", stage, stage)) with each link
@@ -175,6 +182,20 @@ class Symmetry:
         other_kind = "cp" if kind == "dp" else "dp"
         on, own = stages_on[kind], per_stage[kind][stage]
         return common | crossed[other_kind] | (crossed[kind] - {link for link in own if on[link] == 1})
+
+
+_FOLDS: WeakKeyDictionary = WeakKeyDictionary()
+"""Topology -> {layout: Symmetry}: a plan compiled twice on one topology (a long pipeline's few
+micro-batches, then all of them when its cycle has not settled) reuses the links worked out once."""
+
+
+def symmetry_for(config, topology: Topology, rank_to_device: tuple[int, ...]) -> Symmetry:
+    """`Symmetry.of` the layout on `topology`, one per topology and layout."""
+    key = (config.tp, config.pp, config.dp, config.cp, config.placement, config.collective, rank_to_device)
+    folds = _FOLDS.setdefault(topology, {})
+    if key not in folds:
+        folds[key] = Symmetry.of(config, rank_to_device, replicas_on_separate_nodes(config, topology))
+    return folds[key]
 
 
 def symmetry_decision(scenario, config, topology: Topology, costs) -> tuple[bool, str]:

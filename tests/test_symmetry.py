@@ -70,3 +70,24 @@ def test_replicas_sharing_a_link_fold_with_its_multiplicity():
 
 def test_symmetry_off_in_yaml_means_full():
     assert scenario(symmetry=False).strategy.symmetry == "off"  # YAML 1.1 reads a bare off as false
+
+
+def test_plans_of_one_layout_on_one_topology_share_their_fold():
+    """A long pipeline compiled twice on one topology (its played micro-batches, then every one when
+    its cycle has not settled) reuses the fold and the send phases it worked out."""
+    from simulator.fabrics import build_topology
+    from simulator.model_source import resolve_workload
+    from simulator.simulate import analytic_costs
+    from simulator.strategies import compile_plan
+    case = scenario()
+    workload = resolve_workload(case.model)
+    costs = analytic_costs(case, workload)
+    topology = build_topology(case.cluster)
+    first, again = (compile_plan(case, workload, topology, costs) for _ in range(2))
+    other_topology = build_topology(case.cluster)
+    other = compile_plan(case, workload, other_topology, costs)
+    fold = first.meta["symmetry"]
+    assert again.meta["symmetry"] is fold and other.meta["symmetry"] is not fold
+    phase = fold.send_phase(topology, 0, 1, 1e6)
+    assert fold.send_phase(topology, 0, 1, 1e6) is phase
+    assert other.meta["symmetry"].send_phase(other_topology, 0, 1, 1e6) == phase

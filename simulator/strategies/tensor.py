@@ -176,7 +176,7 @@ def _check(config: TensorConfig, workload: Workload) -> None:
 def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs: CostModel) -> Plan:
     """The megatron plan: every rank, or one representative per pipeline stage when the run is
     symmetric (`simulator.symmetry`; then `meta["symmetry"]` says what each stands for)."""
-    from simulator.symmetry import Symmetry, replicas_on_separate_nodes, symmetry_decision
+    from simulator.symmetry import symmetry_decision, symmetry_for
 
     config = tensor_config(scenario)
     _check(config, workload)
@@ -215,7 +215,7 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
             "zero": zero.memory_meta(config, shard, ranges),
             "symmetry_decision": {"used": symmetric, "reason": reason}}
     if symmetric:
-        meta["symmetry"] = Symmetry.of(config, full_devices, replicas_on_separate_nodes(config, topology))
+        meta["symmetry"] = symmetry_for(config, topology, full_devices)
     return Plan(KIND, pipelines, config.pp, stages, full_devices[:pipelines * config.pp], actions,
                 config.global_batch_size / config.dp, meta=meta)  # per d' = d c rank
 
