@@ -194,6 +194,8 @@ def symmetry_for(config, topology: Topology, rank_to_device: tuple[int, ...]) ->
     key = (config.tp, config.pp, config.dp, config.cp, config.placement, config.collective, rank_to_device)
     folds = _FOLDS.setdefault(topology, {})
     if key not in folds:
+        if len(folds) >= 16:  # `rank` plays many layouts on one cached topology: keep the latest
+            del folds[next(iter(folds))]
         folds[key] = Symmetry.of(config, rank_to_device, replicas_on_separate_nodes(config, topology))
     return folds[key]
 
