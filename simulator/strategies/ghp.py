@@ -216,12 +216,13 @@ def bucket_segments(workload: Workload, layer_start: int, layer_end: int, elemen
 
 
 class _ActionList:
-    """A rank's actions as they are added. Each is built from its class's defaults and the given
-    fields in one step (a frozen dataclass's __init__ sets its fields one by one: a plan of a
-    million actions spent a third of its compile time there); a call that misses a field or names
+    """A rank's actions as they are added. Each is built from a copy of its class's template
+    instance dict (defaults in place, keys shared with every instance of the class) updated with the
+    given fields: a frozen dataclass's __init__ sets its fields one by one, and a plan of a million
+    actions spent a third of its compile time there. A call that misses a required field or names
     an unknown one goes through the class itself, which raises as it would."""
 
-    _defaults: dict = {}
+    _templates: dict = {}
 
     def __init__(self):
         self.actions: list = []
@@ -229,11 +230,13 @@ class _ActionList:
     def add(self, kind, **fields) -> int:
         action_id = len(self.actions)
         fields["id"] = action_id
-        defaults = self._defaults.get(kind)
-        if defaults is None:
-            defaults = self._defaults[kind] = _field_defaults(kind)
-        values = {**defaults[0], **fields}
-        if values.keys() != defaults[1]:
+        known = self._templates.get(kind)
+        if known is None:
+            known = self._templates[kind] = _template(kind)
+        template, num_fields, required = known
+        values = template.copy()
+        values.update(fields)
+        if len(values) != num_fields or not required <= fields.keys():
             self.actions.append(kind(**fields))
             return action_id
         action = object.__new__(kind)
@@ -242,11 +245,12 @@ class _ActionList:
         return action_id
 
 
-def _field_defaults(kind) -> tuple[dict, frozenset]:
-    """(the defaults of a dataclass's fields, the names of all its fields)."""
+def _template(kind) -> tuple[dict, int, frozenset]:
+    """(the instance dict of a `kind` built with its defaults, None for the required fields; how
+    many fields it has; the names of the required ones)."""
     fields = dataclasses.fields(kind)
-    return ({f.name: f.default for f in fields if f.default is not dataclasses.MISSING},
-            frozenset(f.name for f in fields))
+    required = frozenset(f.name for f in fields if f.default is dataclasses.MISSING)
+    return vars(kind(**dict.fromkeys(required))), len(fields), required
 
 
 # ----------------------------------------------------------------------------- training options
