@@ -228,7 +228,7 @@ def fold_refusal(config, topology: Topology) -> str:
 
 _REFUSALS: dict = {}
 """(cluster, layout) -> `fold_refusal`'s answer: `rank` simulates many candidates of one layout (micro-batch,
-recompute, ZeRO, ...), each on a topology built anew, and the answer depends on the layout alone."""
+recompute, ZeRO, ...), and the answer depends on the cluster and the layout alone."""
 
 
 def cached_fold_refusal(cluster, config, topology: Topology) -> str:
