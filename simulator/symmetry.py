@@ -144,20 +144,23 @@ class Symmetry:
         shared = self._shared.get((kind, stage))
         if shared is None:
             shared = self._shared[kind, stage] = self._links_of_others(topology, kind, stage)
+        crossed, own = shared
         pruned = []
         for phase in phases:
-            kept = [(link, count) for link, count in phase.usage if link in shared]
-            private = [(link, count) for link, count in phase.usage if link not in shared]
+            kept = [(link, count) for link, count in phase.usage if link in crossed and link not in own]
+            private = [(link, count) for link, count in phase.usage if link not in crossed or link in own]
             if private:
                 kept.append(max(private, key=lambda entry: (entry[1] / topology.links[entry[0]].bandwidth_bytes_per_s,
                                                             -entry[0])))
             pruned.append(replace(phase, usage=tuple(kept)))
         return tuple(pruned)
 
-    def _links_of_others(self, topology: Topology, kind: str, stage: int) -> set[int]:
-        """Links that flows other than stage `stage`'s data-parallel collectives (`kind` "dp") or CP
-        ring hops ("cp") may cross: replica 0's TP rings and transfers between any two stages, and
-        the other kind's flows and this kind's of the other stages."""
+    def _links_of_others(self, topology: Topology, kind: str, stage: int) -> tuple[set[int], set[int]]:
+        """(crossed, own): the links that flows other than stage `stage`'s data-parallel collectives
+        (`kind` "dp") or CP ring hops ("cp") may cross are those in `crossed` and not in `own`:
+        replica 0's TP rings and transfers between any two stages, and the other kind's flows and
+        this kind's of the other stages (two sets shared by the stages and a small one per stage,
+        not a copy of the large one per stage)."""
         if "common" not in self._shared:  # built once for all stages (p stages: O(p^2) routes, not O(p^3))
             links: Counter = Counter()
             for group in self.tp_groups:
@@ -180,8 +183,11 @@ class Symmetry:
             self._shared["common"] = (set(links), per_stage, stages_on, crossed)
         common, per_stage, stages_on, crossed = self._shared["common"]
         other_kind = "cp" if kind == "dp" else "dp"
-        on, own = stages_on[kind], per_stage[kind][stage]
-        return common | crossed[other_kind] | (crossed[kind] - {link for link in own if on[link] == 1})
+        if ("any", kind) not in self._shared:
+            self._shared["any", kind] = (common | crossed[other_kind], common | crossed[other_kind] | crossed[kind])
+        elsewhere, anywhere = self._shared["any", kind]
+        on = stages_on[kind]
+        return anywhere, {link for link in per_stage[kind][stage] if on[link] == 1 and link not in elsewhere}
 
 
 _FOLDS: WeakKeyDictionary = WeakKeyDictionary()
