@@ -31,3 +31,23 @@ def test_nics_multiply_the_inter_node_bandwidth_and_one_node_has_no_spine():
     inter = [l for l in topology.links if l.tier == INTER]
     assert len(inter) == 4 and all(l.bandwidth_bytes_per_s == 40e9 for l in inter)
     assert "spine" not in Topology(1, 8, link(0, 1e9), link(0, 1e9)).graph
+
+
+def test_a_topology_is_freed_when_its_last_user_drops_it():
+    """Its route memos hold no reference back to it: no cycle is left for the garbage collector."""
+    import gc
+    import weakref
+    from simulator.fabrics import build_topology
+    from simulator.scenario import ClusterConfig
+    topology = build_topology(ClusterConfig(num_nodes=2, gpus_per_node=2, gpu="A100-80GB",
+                                            intra_node_link="nvlink3-a100", inter_node_link="ib-hdr"))
+    assert topology.route(0, 3) and topology.route_class(0, 3) and topology.route_latency_s(0, 3) > 0
+    alive = weakref.ref(topology)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del topology
+        assert alive() is None
+    finally:
+        if enabled:
+            gc.enable()
