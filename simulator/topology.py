@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from functools import lru_cache
-from weakref import WeakMethod
+from weakref import ref
 from typing import NamedTuple
 
 from simulator.errors import ScenarioError
@@ -79,12 +79,12 @@ LinkRoute = Callable[["Topology", int, int], tuple]
 fabric of 16,384 GPUs routes tens of thousands of pairs). Equal to the `Hops` route (tested)."""
 
 
-def _memo(method):
-    """`method` (a bound method of two devices) memoized without a reference back to its object: a
-    topology of 100 k links and their routes is then freed when its last user drops it, not left in
-    a reference cycle for the garbage collector to walk (0.2-0.4 s at 16,384 GPUs)."""
-    weak = WeakMethod(method)
-    return lru_cache(maxsize=None)(lambda source_device, target_device: weak()(source_device, target_device))
+def _memo(topology: "Topology", function):
+    """`function(topology, source_device, target_device)` memoized without a reference back to the
+    topology: a topology of 100 k links and their routes is then freed when its last user drops
+    it, not left in a reference cycle for the garbage collector to walk (0.2-0.4 s at 16,384 GPUs)."""
+    weak = ref(topology)
+    return lru_cache(maxsize=None)(lambda source_device, target_device: function(weak(), source_device, target_device))
 
 
 class Topology:
@@ -137,9 +137,9 @@ class Topology:
         """Link indices a fabric's `LinkRoute` reads (filled as the fabric's links are added)."""
         self._device_uplinks: list[int] = []
         self._device_downlinks: list[int] = []
-        self._route = _memo(self._compute_route)
-        self._route_class = _memo(self._compute_route_class)
-        self._route_latency_s = _memo(self._compute_route_latency_s)
+        self._route = _memo(self, Topology._compute_route)
+        self._route_class = _memo(self, Topology._compute_route_class)
+        self._route_latency_s = _memo(self, Topology._compute_route_latency_s)
 
     @property
     def num_devices(self) -> int:
