@@ -59,6 +59,9 @@ def shortened(scenario, short: int):
 
 @dataclass(frozen=True)
 class Extension:
+    """The step of every micro-batch, built from the played one: its spans and counts, and the
+    period added `periods` times."""
+
     spans: list[tuple]
     tier_bytes: dict[str, float]
     collective_algorithms: dict[str, int]
