@@ -128,7 +128,7 @@ def _play(scenario: Scenario, workload: Workload, topology: Topology, costs: Cos
     """(plan, engine result, the spans the plan played, steady-state note): a long synchronous
     pipeline played on a few micro-batches and its verified steady state extended
     (`simulator.steady_extension`), else every micro-batch."""
-    short, note = short_microbatches(scenario), ""
+    short, note, target = short_microbatches(scenario), "", scenario.strategy.num_microbatches
     num_parameter_servers = scenario.strategy.num_parameter_servers
     if short is not None:
         try:
@@ -138,12 +138,11 @@ def _play(scenario: Scenario, workload: Workload, topology: Topology, costs: Cos
     if short is not None:  # the spans of every micro-batch: refused where the step's plan would be
         decision = plan.meta["symmetry_decision"]
         with naming_source(scenario):
-            check_simulation_size(plan.num_ranks, len(plan.actions[0]) * scenario.strategy.num_microbatches / short[0],
+            check_simulation_size(plan.num_ranks, len(plan.actions[0]) * target / short[0],
                                   "" if decision["used"] else f" (not folded: {decision['reason']})")
         engine = Engine(plan, topology, engine_costs(plan, costs), num_parameter_servers)
         engine.count_log = []
         played = engine.run()
-        target = scenario.strategy.num_microbatches
         extension = extend(plan, played.spans, engine.count_log, played.tier_bytes, played.collective_algorithms,
                            *short, target)
         if isinstance(extension, Extension):
@@ -151,8 +150,7 @@ def _play(scenario: Scenario, workload: Workload, topology: Topology, costs: Cos
                              collective_algorithms=extension.collective_algorithms)
             note = (f"{short[0]} of {target} micro-batches simulated, {target - short[0]} added as "
                     f"{extension.periods} periods of {extension.period_s:.6g} s (verified over 3)")
-            group_batch = plan.group_batch * target / short[0]
-            return extended_plan(plan, target, group_batch), result, played.spans, note
+            return extended_plan(plan, target), result, played.spans, note
         note = f"every micro-batch simulated: {extension}"
     with naming_source(scenario):
         plan = compile_plan(scenario, workload, topology, costs)

@@ -210,9 +210,10 @@ def _added(counts: dict, per_period: dict, periods: int) -> dict:
     return total
 
 
-def extended_plan(plan, target: int, group_batch: float):
-    """The played plan's summary view: the step's micro-batch count and replica batch (and, as
-    `played_microbatches`, the count it was played with)."""
-    return replace(plan, group_batch=group_batch, meta={**plan.meta, "num_microbatches": target,
-                                                        "played_microbatches": plan.meta["num_microbatches"]})
+def extended_plan(plan, target: int):
+    """The played plan's summary view: the step's micro-batch count and replica batch (the played
+    one's micro-batches are of the same size), and, as `played_microbatches`, the count it played."""
+    played = plan.meta["num_microbatches"]
+    return replace(plan, group_batch=plan.group_batch * target / played,
+                   meta={**plan.meta, "num_microbatches": target, "played_microbatches": played})
 
