@@ -9,6 +9,8 @@ the per-layer time of the slowest of the G devices that hold it (they meet at it
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from simulator.costs import BACKWARD, FORWARD, AnalyticCosts, CostModel
@@ -67,7 +69,7 @@ class Slowed:
 
 
 def _costs_for_gpu(costs: CostModel, gpu: GpuSpec) -> CostModel:
-    from simulator.kernel_costs import KernelCosts
+    from simulator.kernel_costs import KernelCosts, device_for
     if not isinstance(costs, (AnalyticCosts, KernelCosts)):
         raise ScenarioError(f"cluster.node_gpus: GPU {gpu.name!r} needs a datasheet cost model (a calibration "
                             "profile times one GPU type)")
@@ -76,8 +78,10 @@ def _costs_for_gpu(costs: CostModel, gpu: GpuSpec) -> CostModel:
     except KeyError:
         raise ScenarioError(f"cluster.node_gpus: GPU {gpu.name!r} has no figure for training.dtype "
                             f"{costs.dtype!r}") from None
-    if isinstance(costs, KernelCosts):
+    if isinstance(costs, KernelCosts):  # the host's time per kernel is the host's, whatever the GPU
+        parameters = replace(device_for(gpu, costs.dtype).parameters, host_overhead_s=costs.parameters.host_overhead_s)
         return KernelCosts(costs.workload, gpu, costs.dtype, costs.optimizer, tp_degree=costs.tp_degree,
+                           parameters=parameters,
                            flash_attention=costs.flash_attention, sequence_parallel=costs.sequence_parallel,
                            recompute=costs.recompute, comm_sm_contention=costs.comm_sm_contention,
                            gradient_accumulation_fusion=costs.gradient_accumulation_fusion)

@@ -11,7 +11,7 @@ import copy
 import os
 import reprlib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -26,8 +26,7 @@ from simulator.zero_config import check_zero, zero_stage_from_fsdp
 
 StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
                        "delayed_gradient", "megatron"]
-STRATEGY_KINDS: tuple[str, ...] = ("dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream",
-                                   "spectrain", "delayed_gradient", "megatron")
+STRATEGY_KINDS: tuple[str, ...] = get_args(StrategyKind)
 PIPELINE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain", "delayed_gradient")
 """Kinds that split each group's batch into micro-batches flowing through its M stages."""
 
@@ -254,6 +253,9 @@ class CostConfig(_Frozen):
     comm_sm_contention: bool = True
     """Kernel cost model: compute slows while a collective's NCCL kernels hold SMs on its GPU
     (`simulator.host_sharing.sm_sharing`)."""
+    host_overhead_s: Annotated[Float, Field(ge=0, le=1e-2)] | None = None
+    """Kernel cost model: the framework's host time to issue one kernel; None: the catalogue's
+    (`simulator.kernel_costs.HOST_OVERHEAD_S`); 0: a host that never holds the GPU back (CUDA graphs)."""
 
 
 class Scenario(_Frozen):
@@ -278,11 +280,9 @@ class Scenario(_Frozen):
         groups = self.strategy.num_groups
         if self.strategy.kind == "ghp" and groups is None:
             raise ValueError("strategy.num_groups: required for kind ghp")
-        if self.strategy.kind not in ("dp", "mp") and groups is not None:
-            if num_gpus % groups:
-                raise ValueError(
-                    f"strategy.num_groups: {groups} does not divide the {num_gpus} GPUs "
-                    f"(cluster.num_nodes x cluster.gpus_per_node)")
+        if self.strategy.kind not in ("dp", "mp") and groups is not None and num_gpus % groups:
+            raise ValueError(f"strategy.num_groups: {groups} does not divide the {num_gpus} GPUs "
+                             f"(cluster.num_nodes x cluster.gpus_per_node)")
         cp = self.strategy.cp_degree
         if self.strategy.kind == "megatron" and num_gpus % (self.strategy.tp_degree * self.strategy.pp_degree * cp):
             raise ValueError(f"strategy.tp_degree: {self.strategy.tp_degree} x strategy.pp_degree {self.strategy.pp_degree}"

@@ -8,9 +8,12 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from simulator.errors import ScenarioError
 from simulator.hardware import GPUS, GpuSpec
+from simulator.heterogeneity import _costs_for_gpu as costs_for_gpu
 from simulator.kernel_costs import (
     ARCHITECTURES,
+    HOST_OVERHEAD_S,
     Device,
     KernelCosts,
     KernelParameters,
@@ -24,12 +27,15 @@ from simulator.kernel_costs import (
 )
 from simulator.kernel_ops import gemm
 from simulator.kernels import Kernel, layer_kernels, optimizer_kernels
+from simulator.scenario import scenario_from_dict
 from simulator.workload import Workload
 from simulator.zoo import build_model
 from simulator.zoo.transformer import transformer_block
 
 A100 = GPUS["A100-80GB"]
 AMPERE = ARCHITECTURES["ampere"].parameters
+GPU_BOUND = replace(AMPERE, host_overhead_s=0.0)
+"""The kernel model with a host that never holds the GPU back: the GPU-side times alone."""
 
 
 @dataclass(frozen=True)
@@ -123,9 +129,26 @@ def test_gemm_time_is_the_larger_of_compute_and_memory():
 def test_a_pass_is_host_bound_when_the_host_issues_slower_than_the_gpu_runs():
     tiny = [Kernel("t", "elementwise", 0, 64, 64)] * 10
     device = a100()
-    assert kernels_s(tiny, device) == pytest.approx(10 * kernel_s(tiny[0], device))
-    host = replace(device, parameters=replace(device.parameters, host_overhead_s=50e-6))
-    assert kernels_s(tiny, host) == pytest.approx(10 * 50e-6)
+    assert device.parameters.host_overhead_s == HOST_OVERHEAD_S > kernel_s(tiny[0], device)
+    assert kernels_s(tiny, device) == pytest.approx(10 * HOST_OVERHEAD_S)
+    gpu_bound = replace(device, parameters=replace(device.parameters, host_overhead_s=0.0))
+    assert kernels_s(tiny, gpu_bound) == pytest.approx(10 * kernel_s(tiny[0], device))
+
+
+def test_costs_host_overhead_s_replaces_the_catalogue_figure_on_every_gpu_of_the_cluster():
+    document = {"cluster": {"num_nodes": 2, "gpus_per_node": 1, "gpu": "A100-80GB", "node_gpus": {1: "H100-SXM"}},
+                "model": {"name": "resnet50"}, "training": {"global_batch_size": 8, "dtype": "fp16"}}
+    default = KernelCosts.for_scenario(scenario_from_dict(document), build_model("resnet50"))
+    assert default.parameters.host_overhead_s == HOST_OVERHEAD_S
+    document["costs"] = {"host_overhead_s": 0}
+    scenario = scenario_from_dict(document)
+    costs = KernelCosts.for_scenario(scenario, build_model("resnet50"))
+    assert costs.parameters.host_overhead_s == 0.0
+    assert costs_for_gpu(costs, scenario.cluster.node_gpus[1]).parameters.host_overhead_s == 0.0
+    assert costs.compute_s(0, "F", 1) < default.compute_s(0, "F", 1)
+    document["costs"] = {"host_overhead_s": -1e-6}
+    with pytest.raises(ScenarioError, match=r"costs.host_overhead_s: .*greater than or equal to 0"):
+        scenario_from_dict(document)
 
 
 # --- parameters and architectures ----------------------------------------------------------------
@@ -183,9 +206,9 @@ def test_full_recompute_puts_the_forward_into_the_backward():
         KernelCosts(workload, A100, "fp16", "adam", recompute="partial")
 
 
-def test_compute_s_is_the_sum_of_its_kernels():
+def test_compute_s_is_the_sum_of_its_kernels_when_the_host_keeps_up():
     workload = gpt_block_workload()
-    costs = KernelCosts(workload, A100, "fp16", "adam", tp_degree=2)
+    costs = KernelCosts(workload, A100, "fp16", "adam", tp_degree=2, parameters=GPU_BOUND)
     expected = sum(kernel_s(k, costs.device) for k in layer_kernels(workload.layers[0], "B", 2, dtype="fp16",
                                                                       tp_degree=2))
     assert costs.compute_s(0, "B", 2) == pytest.approx(expected)
@@ -209,14 +232,15 @@ def test_small_blocks_pay_launch_overhead_and_large_ones_run_gemms():
 def test_more_tensor_parallelism_is_less_than_proportionally_faster():
     """Quantisation and launches do not shrink with tp: 8-way TP is far from 8x faster."""
     workload = gpt_block_workload(1024, 16)
-    time = {tp: KernelCosts(workload, A100, "fp16", "adam", tp_degree=tp).compute_s(0, "F", 1) for tp in (1, 8)}
+    time = {tp: KernelCosts(workload, A100, "fp16", "adam", tp_degree=tp, parameters=GPU_BOUND).compute_s(0, "F", 1)
+            for tp in (1, 8)}
     assert time[1] / 8 < time[8] < time[1]
 
 
 def test_parameters_override_the_table():
     workload = gpt_block_workload()
-    default = KernelCosts(workload, A100, "fp16", "adam")
-    slow = KernelCosts(workload, A100, "fp16", "adam", parameters=replace(AMPERE, launch_overhead_s=1e-3))
+    default = KernelCosts(workload, A100, "fp16", "adam", parameters=GPU_BOUND)
+    slow = KernelCosts(workload, A100, "fp16", "adam", parameters=replace(GPU_BOUND, launch_overhead_s=1e-3))
     kernel_count = len(default.kernels(0, "F", 1))
     assert slow.compute_s(0, "F", 1) - default.compute_s(0, "F", 1) == pytest.approx(
         kernel_count * (1e-3 - AMPERE.launch_overhead_s))

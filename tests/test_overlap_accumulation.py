@@ -4,11 +4,12 @@ off, every weight-gradient GEMM of a backward is followed by one fp32 main-gradi
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from simulator.kernel_costs import KernelCosts, kernel_s
+from simulator.kernel_costs import KernelCosts, device_for, kernel_s
 from simulator.kernels import layer_kernels
 from simulator.scenario import load_scenario
 from simulator.simulate import analytic_costs, engine_costs, simulate
@@ -47,8 +48,9 @@ def test_forward_and_recompute_are_unchanged():
 
 def test_the_backward_time_grows_by_exactly_the_added_kernels():
     gpu = load_scenario(ROOT / "scenarios/resnet50_dp_a100.yaml").cluster.gpu
-    fused = KernelCosts(GPT, gpu, "bf16", "adam")
-    unfused = KernelCosts(GPT, gpu, "bf16", "adam", gradient_accumulation_fusion=False)
+    gpu_bound = replace(device_for(gpu, "bf16").parameters, host_overhead_s=0.0)  # kernel times alone
+    fused = KernelCosts(GPT, gpu, "bf16", "adam", parameters=gpu_bound)
+    unfused = KernelCosts(GPT, gpu, "bf16", "adam", gradient_accumulation_fusion=False, parameters=gpu_bound)
     index = GPT.layers.index(BLOCK)
     added = Counter(unfused.kernels(index, "B", 4)) - Counter(fused.kernels(index, "B", 4))
     extra_s = sum(kernel_s(kernel, fused.device) * count for kernel, count in added.items())
