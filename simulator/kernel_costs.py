@@ -46,6 +46,12 @@ FORWARD, BACKWARD, RECOMPUTE = "F", "B", "R"
 RECOMPUTE_MODES = ("none", "selective", "full")
 TILED_KINDS = ("gemm", "flash_attention")
 
+INPUT_GRADIENT_KERNELS = {"conv_block": "conv.dgrad", "fc": "fc.dgrad"}
+"""The kernel computing a layer's input gradient, by spec kind. The model's first layer does not
+launch it: its input, the data batch, needs no gradient, and autograd computes only the gradients
+an input requires (PyTorch's `convolution_backward` and `addmm` backward take an output mask)."""
+
+
 @dataclass(frozen=True)
 class KernelParameters:
     """The physical knobs of the kernel model (what `ghpsim fit` may fit), per architecture."""
@@ -323,10 +329,12 @@ class KernelCosts:
         return self._expand(layer_index, phase, batch)
 
     def _expand(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
-        return layer_kernels(self.workload.layers[layer_index], phase, batch, dtype=self.dtype,
-                             tp_degree=self.tp_degree, flash_attention=self.flash_attention,
-                             sequence_parallel=self.sequence_parallel,
-                             gradient_accumulation_fusion=self.gradient_accumulation_fusion)
+        layer = self.workload.layers[layer_index]
+        kernels = layer_kernels(layer, phase, batch, dtype=self.dtype, tp_degree=self.tp_degree,
+                                flash_attention=self.flash_attention, sequence_parallel=self.sequence_parallel,
+                                gradient_accumulation_fusion=self.gradient_accumulation_fusion)
+        skipped = INPUT_GRADIENT_KERNELS.get(layer.spec.get("kind")) if layer_index == 0 and phase == BACKWARD else None
+        return kernels if skipped is None else tuple(kernel for kernel in kernels if kernel.name != skipped)
 
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         key = (layer_index, phase, batch)

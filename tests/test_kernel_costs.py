@@ -257,3 +257,19 @@ def test_optimizer_step_is_memory_bound_over_fp32_state():
     fixed = ARCHITECTURES["ampere"].memory_latency_s + AMPERE.launch_overhead_s
     assert costs.optimizer_s(params) == pytest.approx(50 * params / stream + launches * fixed)
     assert 100 < launches < 300  # ~48 launches of 320 chunks of 65536 elements per pass
+
+
+@pytest.mark.parametrize("model", ["resnet50", "mlp"])
+def test_the_first_layer_computes_no_gradient_for_the_data(model):
+    """Autograd skips the input gradient of a layer whose input needs none: the model's first layer
+    launches its weight gradient only; the next layer (which could start a pipeline stage) both."""
+    workload = build_model(model)
+    costs = KernelCosts(workload, A100, "fp16", "momentum", parameters=GPU_BOUND)
+    names = [kernel.name for kernel in costs.kernels(0, "B", 8)]
+    assert not any(name.endswith(".dgrad") for name in names) and any(name.endswith(".wgrad") for name in names)
+    assert any(kernel.name.endswith(".dgrad") for kernel in costs.kernels(1, "B", 8))
+    dgrad = [k for k in layer_kernels(workload.layers[0], "B", 8, dtype="fp16") if k.name.endswith(".dgrad")]
+    assert len(dgrad) == 1  # the expansion has it; the cost model drops it for layer 0 only
+    assert costs.compute_s(0, "B", 8) == pytest.approx(
+        sum(kernel_s(k, costs.device) for k in layer_kernels(workload.layers[0], "B", 8, dtype="fp16")
+            if k is not dgrad[0]))
