@@ -3,7 +3,8 @@
 Persistent for the whole step (P = the rank's parameters, e = bytes of the training dtype):
 - weights P e; master_weights 4P when the dtype is fp16/bf16 (mixed precision keeps fp32 master
   weights, Micikevicius et al., ICLR 2018); optimizer_state 4P x (sgd 0, momentum 1, adam 2 copies,
-  fp32, Kingma & Ba 2015); weight_gradients P e;
+  fp32, Kingma & Ba 2015); weight_gradients P e (P x the plan's `gradient_element_bytes` where it
+  sets them: Megatron's fp32 gradient buffer under bf16);
 - stashed_weights P e x (`stashed_weight_versions` + `extra_weight_copies` of the stage in
   plan.meta: PipeDream's weight stash, SpecTrain's predicted copy; absent = 0);
 - residual P e for top-k compression (error feedback, Stich et al. 2018; PAPERS.md 3).
@@ -31,7 +32,8 @@ def persistent(plan: Plan, workload: Workload, rank: int, config) -> dict[str, f
         "weights": params * element,
         "master_weights": params * 4 if config.dtype in MASTER_WEIGHT_DTYPES else 0,
         "optimizer_state": params * 4 * OPTIMIZER_STATE_COPIES[config.optimizer],
-        "weight_gradients": (largest if config.memory_policy == "laysa" else params) * element,
+        "weight_gradients": (largest if config.memory_policy == "laysa" else params)
+        * plan.meta.get("gradient_element_bytes", element),
         "residual": params * element if plan.meta.get("topk") else 0,
         "stashed_weights": copies * params * element,
     }

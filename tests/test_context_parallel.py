@@ -105,7 +105,7 @@ def test_cp2_on_nvlink_runs_a_compute_bound_model_in_about_half_the_time():
     gpu_bound = {"host_overhead_s": 0}  # the GPU's work alone: a host issuing kernels as fast as they run
     whole = simulate(scenario(cp=1, gpus=1, batch=2, params=params, costs=gpu_bound)).summary["step_time_s"]
     split = simulate(scenario(cp=2, gpus=2, batch=2, params=params, costs=gpu_bound)).summary["step_time_s"]
-    assert 0.5 <= split / whole < 0.6
+    assert 0.5 <= split / whole < 0.65  # half the compute, plus the pair's fp32 gradient allreduce
 
 
 CP_LAYOUTS = {  # 16 GPUs: a CP group inside a node; 32 GPUs: CP peers on two nodes

@@ -67,9 +67,9 @@ def test_plan_dispatches_and_combines_over_the_ep_group_and_reduces_expert_gradi
             if action.op == "allreduce":
                 reduced[action.ranks] += action.size_bytes
         shard = plan.meta["rank_workload"]
-        experts = 2 * EXPERT_PARAMS / 4 * 2  # 2 MoE layers, 1/e of the experts, bf16 gradients
+        experts = 2 * EXPERT_PARAMS / 4 * 4  # 2 MoE layers, 1/e of the experts, fp32 gradients under bf16
         assert reduced[(rank % 4, rank % 4 + 4)] == pytest.approx(experts)  # the d / e = 2 copies
-        assert reduced[tuple(range(8))] == pytest.approx(shard.num_params * 2 - experts)
+        assert reduced[tuple(range(8))] == pytest.approx(shard.num_params * 4 - experts)
     spans = result.spans
     first = spans[(spans["rank"] == 0) & (spans["kind"] == "alltoall")].sort_values("start_s").iloc[0]
     (phase,) = collective_phases(build_topology(result.scenario.cluster), ((0, 1, 2, 3),), "alltoall",
@@ -153,8 +153,8 @@ def test_zero1_with_ep_shards_expert_gradients_over_d_over_e_and_the_rest_over_d
         copies = (rank % 4, rank % 4 + 4)
         assert set(moved) == {("reduce_scatter", copies), ("reduce_scatter", tuple(range(8))),
                               ("allgather", copies), ("allgather", tuple(range(8)))}
-        assert moved["reduce_scatter", copies] == pytest.approx(experts * 2)  # bf16 gradients
-        assert moved["reduce_scatter", tuple(range(8))] == pytest.approx((shard.num_params - experts) * 2)
+        assert moved["reduce_scatter", copies] == pytest.approx(experts * 4)  # fp32 gradients under bf16
+        assert moved["reduce_scatter", tuple(range(8))] == pytest.approx((shard.num_params - experts) * 4)
         assert moved["allgather", copies] == pytest.approx(experts * 2 / 2)  # each copy's 1/2 shard
         assert moved["allgather", tuple(range(8))] == pytest.approx((shard.num_params - experts) * 2 / 8)
         (update,) = [a for a in plan.actions[rank] if getattr(a, "phase", None) == OPTIMIZER]

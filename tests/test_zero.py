@@ -20,24 +20,24 @@ from simulator.step_bound import BoundModel
 PEAK = 100e12
 PARAMS = 1_000_000   # per toy block
 LAYERS = 4
-ELEMENT = 2          # bf16
+ELEMENT = 2          # fp16 (the ZeRO paper's mixed precision: fp16 parameters and gradients)
 LATENCY, BANDWIDTH = 2e-6, 1e9
 STATES = ("weights", "master_weights", "optimizer_state", "weight_gradients")
 
 
-def raw(zero=0, dp=4, nodes=1, micro=1, bandwidth=BANDWIDTH, batch=8, **strategy) -> dict:
-    """LAYERS compute-bound blocks of PARAMS parameters, bf16 + Adam, dp replicas on ring links."""
+def raw(zero=0, dp=4, nodes=1, micro=1, bandwidth=BANDWIDTH, batch=8, dtype="fp16", **strategy) -> dict:
+    """LAYERS compute-bound blocks of PARAMS parameters, fp16 + Adam, dp replicas on ring links."""
     link = {"latency_s": LATENCY, "bandwidth_bytes_per_s": bandwidth}
     rows = [{"name": f"block{i}", "kind": "attention", "forward_flops_per_sample": 4e12, "num_params": PARAMS,
              "input_elements_per_sample": 1_000_000, "output_elements_per_sample": 1_000_000} for i in range(LAYERS)]
     return {
         "cluster": {"num_nodes": nodes, "gpus_per_node": dp // nodes,
-                    "gpu": {"peak_flops_per_s": {"fp32": PEAK, "bf16": PEAK}, "memory_bytes": "80 GiB",
+                    "gpu": {"peak_flops_per_s": {"fp32": PEAK, "fp16": PEAK, "bf16": PEAK}, "memory_bytes": "80 GiB",
                             "memory_bandwidth_bytes_per_s": 1e12},
                     "intra_node_link": link, "inter_node_link": link},
         "model": {"layers": rows},
         "strategy": {"kind": "megatron", "zero_stage": zero, "num_microbatches": micro, "collective": "ring", **strategy},
-        "training": {"global_batch_size": batch, "optimizer": "adam", "dtype": "bf16"},
+        "training": {"global_batch_size": batch, "optimizer": "adam", "dtype": dtype},
         "costs": {"efficiency": {"attention": 0.5}},
     }
 
@@ -178,6 +178,22 @@ def test_model_states_follow_zero_figure_1(stage, closed_form):
         assert breakdown["comm_buffers"] == pytest.approx(transient)
         saved = sum(row0["memory_breakdown_bytes"][key] for key in STATES) - closed_form(psi, nd)
         assert row["peak_memory_bytes"] == pytest.approx(row0["peak_memory_bytes"] - saved + transient)
+
+
+@pytest.mark.parametrize("stage, closed_form", [(0, lambda psi, d: 18 * psi), (1, lambda psi, d: 6 * psi + 12 * psi / d)])
+def test_megatron_keeps_and_reduces_fp32_gradients_under_bf16(stage, closed_form):
+    """Megatron-LM's table of bytes a parameter (docs/distrib_optimizer.md), bf16 parameters with fp32
+    gradients: 18 without the distributed optimizer, 6 + 12 / d with it; the gradients are reduced
+    in fp32 (4 bytes a parameter), the updated bf16 parameters allgathered (2)."""
+    psi, d = LAYERS * PARAMS, 4
+    result = run(stage, dtype="bf16", overlap_backward=False)
+    breakdown = result.summary["devices"][0]["memory_breakdown_bytes"]
+    assert breakdown["weight_gradients"] == 4 * psi
+    assert sum(breakdown[key] for key in STATES) == pytest.approx(closed_form(psi, d))
+    reduced = [c for c in collectives(result) if c.op in ("allreduce", "reduce_scatter")]
+    assert sum(c.size_bytes for c in reduced) == 4 * psi
+    gathered = [c for c in collectives(result) if c.op == "allgather"]
+    assert sum(c.size_bytes for c in gathered) == (2 * psi / d if stage else 0)
 
 
 def test_llama3_70b_fsdp_scenario_fits_as_real_runs_do():

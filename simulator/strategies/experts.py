@@ -209,7 +209,7 @@ def expert_gradients(rank, start: int, end: int, size_bytes: float) -> float:
     config = rank.config
     if config.ep == 1:
         return size_bytes
-    experts = rank_expert_params(rank.workload, ((start, end),), config.tp, config.ep) * rank.element_bytes
+    experts = rank_expert_params(rank.workload, ((start, end),), config.tp, config.ep) * rank.gradient_bytes
     ranks = expert_data_ranks(rank)
     op = "reduce_scatter" if config.zero_stage else "allreduce"
     if experts > 0 and len(ranks) > 1:

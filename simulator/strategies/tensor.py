@@ -213,11 +213,20 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
                        "schedule": config.schedule_kind, "microbatch_size": config.microbatch_size * config.cp,
                        "fsdp_sharding": config.fsdp_sharding, "shard_degree": zero.shard_degree(config)},
             "zero": zero.memory_meta(config, shard, ranges),
+            "gradient_element_bytes": gradient_element_bytes(config.dtype, config.zero_stage),
             "symmetry_decision": {"used": symmetric, "reason": reason}}
     if symmetric:
         meta["symmetry"] = symmetry_for(config, topology, full_devices)
     return Plan(KIND, pipelines, config.pp, stages, full_devices[:pipelines * config.pp], actions,
                 config.global_batch_size / config.dp, meta=meta)  # per d' = d c rank
+
+
+def gradient_element_bytes(dtype: str, zero_stage: int) -> int:
+    """Bytes of a gradient in Megatron's DDP buffer, which its data-parallel reduction moves: fp32
+    under bf16 (Megatron-LM `arguments.py`: "bfloat16 requires gradient accumulation and all-reduce
+    to be done in fp32"; `docs/distrib_optimizer.md`: bf16 parameters with fp32 gradients), else
+    the training dtype's. ZeRO-2/3 (DeepSpeed, FSDP) reduce in the training dtype."""
+    return 4 if dtype == "bf16" and zero_stage <= 1 else dtype_bytes(dtype)
 
 
 def _stage(shard: Workload, ranges, index: int, num_stages: int, v: int) -> Stage:
@@ -249,6 +258,7 @@ class _TensorRank:
         self.zero_groups = zero.zero_groups(config, self.dp_ranks, self.dp_index)
         self.zero_degree = zero.shard_degree(config)
         self.element_bytes = dtype_bytes(config.dtype)
+        self.gradient_bytes = gradient_element_bytes(config.dtype, config.zero_stage)
         self.batch = config.microbatch_size
         self.builder = _ActionList()
         self.recomputed: list[int] = []
@@ -338,7 +348,7 @@ class _TensorRank:
         segments = self.shared.get((start, end, bucket_bytes))
         if segments is None:
             segments = self.shared[(start, end, bucket_bytes)] = bucket_segments(
-                self.shard, start, end, self.element_bytes, bucket_bytes)
+                self.shard, start, end, self.gradient_bytes, bucket_bytes)
         for seg_start, seg_end, size in segments:
             for a, b in recompute_ranges(self.shard, seg_start, seg_end, self.config.recompute):
                 redo = self._compute(deps, phase=FORWARD, layer_start=a, layer_end=b, microbatch=i)
@@ -367,7 +377,7 @@ class _TensorRank:
     def _update(self) -> None:
         params, dp = self.stage.num_params, self.config.dp
         if dp > 1 and not self.config.overlap_backward and params > 0 and not zero.sharded(self.config):
-            self._reduce_gradients(params * self.element_bytes)
+            self._reduce_gradients(params * self.gradient_bytes)
         update = self._compute((self.last_backward, *self.pending), phase=OPTIMIZER, layer_start=self.stage.layer_start,
                                layer_end=self.stage.layer_end, microbatch=-1,
                                num_params=experts.zero1_update_params(self, params))
