@@ -113,6 +113,8 @@ def predict_s(run: Run, point: dict[str, float] | None) -> float:
     scenario = scenario_from_dict(run.document, run.where)
     if point is None:
         return simulate(scenario).step_time_s
+    if "host_overhead_s" in point:  # the fitted value, not a costs.host_overhead_s of the base scenario
+        scenario = scenario.model_copy(update={"costs": scenario.costs.model_copy(update={"host_overhead_s": None})})
     workload = resolve_workload(scenario.model, scenario.base_dir)
     training, gpu = scenario.training, scenario.cluster.gpu
     parameters = replace(device_for(gpu, training.dtype).parameters, **point)

@@ -118,3 +118,15 @@ def test_a_kernel_profile_for_another_architecture_is_refused(tmp_path, capsys):
     (tmp_path / "tiny.yaml").write_text(BASE)
     assert main(["simulate", str(tmp_path / "tiny.yaml"), "--profile", str(tmp_path / "k.json")]) == 2
     assert "fitted on 'hopper' GPUs" in capsys.readouterr().err
+
+
+def test_the_fitted_host_time_wins_over_the_base_scenarios_own():
+    """A base scenario that sets costs.host_overhead_s is still fitted over the host time grid."""
+    import yaml
+
+    from simulator.fit import Run, predict_s
+    from simulator.kernel_costs import ARCHITECTURES
+    document = {**yaml.safe_load(BASE), "costs": {"host_overhead_s": 0}}
+    run, gemm = Run(document, 0.01, "row 1"), ARCHITECTURES["ampere"].parameters.gemm_efficiency
+    fast, slow = (predict_s(run, {"host_overhead_s": host, "gemm_efficiency": gemm}) for host in (0.0, 100e-6))
+    assert slow > fast == pytest.approx(predict_s(run, None))
