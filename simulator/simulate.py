@@ -16,6 +16,7 @@ from simulator.engine import Engine
 from simulator.errors import ScenarioError
 from simulator.fabrics import build_topology
 from simulator.flops import flops_summary
+from simulator.kernel_report import kernel_passes
 from simulator.limits import check_simulation_size
 from simulator.model_source import resolve_workload
 from simulator.plan import Plan
@@ -219,4 +220,7 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
     }
     if pipeline is not None:
         summary["pipeline"] = pipeline
+    passes = kernel_passes(plan, engine_costs(plan, costs)) if costs is not None else None
+    if passes is not None:
+        summary["kernel_passes"] = passes
     return summary

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from simulator.simulate import SimulationResult
+from simulator.kernel_report import pass_line
 
 
 def make_console() -> Console:
@@ -112,6 +113,8 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
         print_pipeline(summary["pipeline"], console)
     if "steady_state" in summary:
         console.print(f"steady state: {summary['steady_state']}")
+    if "kernel_passes" in summary:
+        console.print(pass_line(summary["kernel_passes"]), highlight=False)
 
 
 def print_pipeline(pipeline: dict, console: Console) -> None:

@@ -1,0 +1,64 @@
+"""Where a micro-batch's compute time goes under the kernel cost model: the summary's `kernel_passes`.
+
+For rank 0's first micro-batch (every forward and backward action of it: the layers of the rank's
+stage or chunks, gradient-bucket segments together), the GPU seconds per kernel kind (`simulator.kernel_costs.time_breakdown`: GEMMs, flash attention, the
+memory-bound kinds, and the launches apart) and the time the GPU waits for a host that issues its
+kernels slower than they run (a pass lasts max(its kernels' sum, kernels x host time per kernel),
+`simulator.kernel_costs.kernels_s`). The backward includes the forward's re-run under full recompute.
+None for other cost models (a calibration profile times whole layers; the roofline has no kernels).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from simulator.plan import BACKWARD, FORWARD, Compute, Plan
+
+
+def kernel_passes(plan: Plan, costs) -> dict | None:
+    """{"num_layers", "batch", "host_overhead_s", "forward" / "backward": {"total_s", "host_wait_s",
+    "gpu_s": {kind: seconds}}} of rank 0's first micro-batch (module docstring)."""
+    from simulator.kernel_costs import KernelCosts
+    if not isinstance(costs, KernelCosts) or not plan.actions:
+        return None
+    passes = [a for a in plan.actions[0] if isinstance(a, Compute) and a.phase in (FORWARD, BACKWARD)]
+    if not passes:
+        return None
+    microbatch = passes[0].microbatch
+    recomputed = set(plan.meta.get("recompute_actions", {}).get(0, ()))
+    forward = [a for a in passes if a.microbatch == microbatch and a.phase == FORWARD and a.id not in recomputed]
+    backward = [a for a in passes if a.microbatch == microbatch and (a.phase == BACKWARD or a.id in recomputed)]
+    report = {"num_layers": sum(a.layer_end - a.layer_start for a in forward), "batch": passes[0].batch,
+              "host_overhead_s": costs.parameters.host_overhead_s, "forward": _pass(costs, forward)}
+    if backward:
+        report["backward"] = _pass(costs, backward)
+    return report
+
+
+def _pass(costs, actions: list[Compute]) -> dict:
+    gpu: dict[str, float] = defaultdict(float)
+    total_s = 0.0
+    for action in actions:
+        for layer in range(action.layer_start, action.layer_end):
+            total_s += costs.compute_s(layer, action.phase, action.batch)
+            for kind, seconds in costs.breakdown(layer, action.phase, action.batch).items():
+                gpu[kind] += seconds
+    return {"total_s": total_s, "host_wait_s": max(total_s - sum(gpu.values()), 0.0), "gpu_s": dict(gpu)}
+
+
+def pass_line(report: dict) -> str:
+    """One line for the CLI: each pass's time, its GEMM, memory-bound and launch shares, and the
+    wait for the host."""
+    parts = []
+    for name in ("forward", "backward"):
+        if name not in report:
+            continue
+        figures = report[name]
+        gpu = figures["gpu_s"]
+        tiled = gpu.get("gemm", 0.0) + gpu.get("flash_attention", 0.0)
+        memory = sum(seconds for kind, seconds in gpu.items() if kind not in ("gemm", "flash_attention", "launch"))
+        parts.append(f"{name} {figures['total_s'] * 1e3:.3f} ms (GEMM {tiled * 1e3:.3f}, memory-bound "
+                     f"{memory * 1e3:.3f}, launches {gpu.get('launch', 0.0) * 1e3:.3f}, waiting on the host "
+                     f"{figures['host_wait_s'] * 1e3:.3f})")
+    return (f"kernels of rank 0's first micro-batch ({report['num_layers']} layers, {report['batch']:g} samples): "
+            + "; ".join(parts) + f"; host {report['host_overhead_s'] * 1e6:g} us a kernel")
