@@ -52,7 +52,7 @@ from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.strategies.experts import expert_rank_workload, rank_expert_params
 from simulator.strategies.ghp import GridConfig, _partition, bucket_segments, recompute_ranges
-from simulator.strategies.tensor import rank_costs
+from simulator.strategies.tensor import gradient_element_bytes, rank_costs
 from simulator.strategies.tensor_layers import rank_workload
 from simulator.workload import dtype_bytes
 
@@ -181,11 +181,12 @@ class BoundModel:
             return 1
         return self.scenario.strategy.ep_degree if c.ep_degree is None else c.ep_degree
 
-    def experts(self, c, ranges) -> float:
-        """Bytes of a rank's expert weights in `ranges`: reduced and gathered over the d / e expert
-        copies, not the d-replica ring (`simulator.strategies.experts`); 0 without EP."""
+    def experts(self, c, ranges, element: float | None = None) -> float:
+        """Bytes of a rank's expert weights in `ranges` (`element` bytes each, default the dtype's):
+        reduced and gathered over the d / e expert copies, not the d-replica ring
+        (`simulator.strategies.experts`); 0 without EP."""
         ep = self.ep(c)
-        return 0.0 if ep == 1 else rank_expert_params(self.workload, ranges, c.tp_degree, ep) * self.element
+        return 0.0 if ep == 1 else rank_expert_params(self.workload, ranges, c.tp_degree, ep) * (element or self.element)
 
     def zero(self, c) -> int:
         return self.scenario.strategy.zero_stage if c.zero_stage is None else c.zero_stage
@@ -334,8 +335,9 @@ class BoundModel:
         algorithm = choose_algorithm(self.topology, geo.rings[k], strategy.collective) if op == "allreduce" \
             else "ring_reduce_scatter"
         bucket_bytes = strategy.bucket_size_bytes if strategy.overlap_backward else float("inf")
-        segments = bucket_segments(geo.workload, start, end, self.element, 0.0 if zero == 3 else bucket_bytes)
-        sizes = [size - self.experts(c, ((a, z),)) for a, z, size in segments]  # experts: over d / e copies
+        gradient = gradient_element_bytes(self.scenario.training.dtype, zero) if c.kind == MEGATRON else self.element
+        segments = bucket_segments(geo.workload, start, end, gradient, 0.0 if zero == 3 else bucket_bytes)
+        sizes = [size - self.experts(c, ((a, z),), gradient) for a, z, size in segments]  # experts: over d / e
         reduce_s = [self.collective_floor_s((geo.rings[k],), op, size, algorithm) if size > 0 else 0.0
                     for size in sizes]
         fwd, bwd, tp_f, tp_b = self._layer_costs(c, geo, self.microbatch_size(c))
