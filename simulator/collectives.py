@@ -143,21 +143,37 @@ def collective_phases(topology: Topology, groups: tuple[tuple[int, ...], ...], o
         per_group = [alltoall_phases(topology, group, size_bytes) for group in groups]
     else:
         raise ValueError(f"unknown collective {op!r}")
-    return tuple(scaled_phase(merge_phases(step), repeat, weight) for step in zip(*per_group))
+    merged_usages = _MERGED_USAGES.setdefault(topology, {}) if len(groups) > 1 else None
+    return tuple(scaled_phase(merge_phases(step, merged_usages), repeat, weight) for step in zip(*per_group))
 
 
-def merge_phases(phases) -> FlowPhase:
-    """Concurrent phases moving the same bytes per sub-flow as one phase (usage and bytes summed)."""
+_MERGED_USAGES: WeakKeyDictionary = WeakKeyDictionary()
+"""Topology -> {the usages of concurrent phases: their summed usage}: the groups of a collective cross
+the same links at every size (a data-parallel allreduce's t rings of thousands of hops each)."""
+
+
+def merge_phases(phases, merged_usages: dict | None = None) -> FlowPhase:
+    """Concurrent phases moving the same bytes per sub-flow as one phase (usage and bytes summed);
+    `merged_usages`: a cache of summed usages by the phases' usages."""
     if len(phases) == 1:
         return phases[0]
-    usage: Counter = Counter()
+    key = tuple(phase.usage for phase in phases)
+    usage_items = merged_usages.get(key) if merged_usages is not None else None
+    if usage_items is None:
+        usage: Counter = Counter()
+        for phase in phases:
+            usage.update(dict(phase.usage))
+        usage_items = tuple(usage.items())
+        if merged_usages is not None:
+            if len(merged_usages) >= 256:  # `rank` plays many layouts on one cached topology
+                del merged_usages[next(iter(merged_usages))]
+            merged_usages[key] = usage_items
     tier_bytes: dict[str, float] = defaultdict(float)
     for phase in phases:
-        usage.update(dict(phase.usage))
         for tier, size in phase.tier_bytes:
             tier_bytes[tier] += size
     return FlowPhase(max(phase.latency_s for phase in phases), max(phase.bytes_per_subflow for phase in phases),
-                     tuple(usage.items()), tuple(tier_bytes.items()), phases[0].nccl)
+                     usage_items, tuple(tier_bytes.items()), phases[0].nccl)
 
 
 def scaled_phase(phase: FlowPhase, repeat: int = 1, weight: float = 1.0) -> FlowPhase:
@@ -272,17 +288,18 @@ def _ring_routes(topology: Topology, rings: tuple[tuple[int, ...], ...], passes:
     usage, tier_counts = Counter(), Counter()
     classes: dict[str, set] = defaultdict(set)
     latency_s, ring_size = 0.0, len(rings[0])
-    route, route_latency_s, route_tier, route_class = (topology.route, topology.route_latency_s,
-                                                       topology.route_tier, topology.route_class)
+    route, route_shape, per_node = topology.route, topology.route_shape, topology.gpus_per_node
     for ring in rings:
         for source, target in zip(ring, ring[1:] + ring[:1]):
+            tier = INTRA if source // per_node == target // per_node else INTER  # `Topology.route_tier`
+            tier_counts[tier] += 1
+            if source == target:
+                continue
             usage.update(route(source, target))
-            hop_latency_s = route_latency_s(source, target)
+            hop_latency_s, route_class = route_shape(source, target)
             if hop_latency_s > latency_s:
                 latency_s = hop_latency_s
-            tier_counts[tier := route_tier(source, target)] += 1
-            if source != target:
-                classes[tier].add(route_class(source, target))
+            classes[tier].add(route_class)
     usage_items, tuner, steps = tuple(usage.items()), None, passes * (ring_size - 1)
     links = topology.links
     kinds = {links[link].kind for link, _ in usage_items}

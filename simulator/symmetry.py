@@ -147,12 +147,10 @@ class Symmetry:
         crossed, own = shared
         pruned = []
         for phase in phases:
-            kept = [(link, count) for link, count in phase.usage if link in crossed and link not in own]
-            private = [(link, count) for link, count in phase.usage if link not in crossed or link in own]
-            if private:
-                kept.append(max(private, key=lambda entry: (entry[1] / topology.links[entry[0]].bandwidth_bytes_per_s,
-                                                            -entry[0])))
-            pruned.append(replace(phase, usage=tuple(kept)))
+            usage = self._shared.get((kind, stage, phase.usage))  # the same links at every size
+            if usage is None:
+                usage = self._shared[kind, stage, phase.usage] = _pruned_usage(topology, phase.usage, crossed, own)
+            pruned.append(replace(phase, usage=usage))
         return tuple(pruned)
 
     def _links_of_others(self, topology: Topology, kind: str, stage: int) -> tuple[set[int], set[int]]:
@@ -188,6 +186,16 @@ class Symmetry:
         elsewhere, anywhere = self._shared["any", kind]
         on = stages_on[kind]
         return anywhere, {link for link in per_stage[kind][stage] if on[link] == 1 and link not in elsewhere}
+
+
+def _pruned_usage(topology: Topology, usage: tuple, crossed: set[int], own: set[int]) -> tuple:
+    """`usage` without the links in `own` or outside `crossed` but the tightest of them (`Symmetry.prune`)."""
+    kept = [(link, count) for link, count in usage if link in crossed and link not in own]
+    private = [(link, count) for link, count in usage if link not in crossed or link in own]
+    if private:
+        links = topology.links
+        kept.append(max(private, key=lambda entry: (entry[1] / links[entry[0]].bandwidth_bytes_per_s, -entry[0])))
+    return tuple(kept)
 
 
 _FOLDS: WeakKeyDictionary = WeakKeyDictionary()

@@ -105,11 +105,12 @@ def multiplicity_of(topology: Topology, copies: list, usages: list | None = None
 
 def summed(usages) -> Counter:
     """Link -> sub-flows of all these usages ((link, sub-flows), ...) together."""
-    total: Counter = Counter()
+    total: dict[int, int] = {}
+    get = total.get
     for usage in usages:
         for link, count in usage:
-            total[link] += count
-    return total
+            total[link] = get(link, 0) + count
+    return Counter(total)
 
 
 def route_usage(topology: Topology, pairs) -> tuple:

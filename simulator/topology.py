@@ -130,7 +130,9 @@ class Topology:
         self.slowdowns: dict[int, float] = {}
         self.owner: dict[str, int] = {}
         """Vertex -> node for the vertices inside a node (devices, node switch, NICs)."""
-        self._edge_index: dict[tuple[str, str], int] = {}
+        self._edge_index: dict[tuple[str, str], int] | None = None
+        """(source, target) vertex names -> link index, built from `links` on first use (`_edges`):
+        fabrics routed by link index (`set_link_route`) never need it for their ~10^5 links."""
         self._hops = hops
         self._link_route: LinkRoute | None = None
         self.route_tables: dict[str, object] = {}
@@ -140,6 +142,9 @@ class Topology:
         self._route = _memo(self, Topology._compute_route)
         self._route_class = _memo(self, Topology._compute_route_class)
         self._route_latency_s = _memo(self, Topology._compute_route_latency_s)
+        self._shapes: dict[tuple, tuple[float, tuple[str, float]]] = {}
+        """(same node, each link's (tier, kind, latency)) -> (route latency, route class): routes of one
+        shape share them, so a ring of thousands of hops computes each once (`route_shape`)."""
 
     @property
     def num_devices(self) -> int:
@@ -157,6 +162,20 @@ class Topology:
 
     def _compute_route_latency_s(self, source_device: int, target_device: int) -> float:
         return sum(self.links[i].latency_s for i in self.route(source_device, target_device))
+
+    def route_shape(self, source_device: int, target_device: int) -> tuple[float, tuple[str, float]]:
+        """(`route_latency_s`, `route_class`) of a route between two different devices, computed
+        once per shape of route (the same two functions of the same link fields) and not memoized
+        per pair: for walking many distinct pairs once, as a large ring's hops."""
+        links = self.links
+        route = self.route(source_device, target_device)
+        key = (source_device // self.gpus_per_node == target_device // self.gpus_per_node,
+               tuple(links[i][3:5] + links[i][6:7] for i in route))
+        found = self._shapes.get(key)
+        if found is None:
+            found = self._shapes[key] = (self._compute_route_latency_s(source_device, target_device),
+                                         self._compute_route_class(source_device, target_device))
+        return found
 
     def route_tier(self, source_device: int, target_device: int) -> str:
         """The outermost tier a route crosses: "inter" between nodes, else "intra"."""
@@ -200,7 +219,14 @@ class Topology:
             hops = [device_name(source_device), switch, device_name(target_device)]
         else:
             hops = self._hops(self, source_device, target_device)
-        return tuple(self._edge_index[(u, v)] for u, v in zip(hops, hops[1:]))
+        edges = self._edges()
+        return tuple(edges[(u, v)] for u, v in zip(hops, hops[1:]))
+
+    def _edges(self) -> dict[tuple[str, str], int]:
+        """`_edge_index`, built now if it is not (a later link of an edge replaces the earlier)."""
+        if self._edge_index is None:
+            self._edge_index = {(link[1], link[2]): link[0] for link in self.links}
+        return self._edge_index
 
     def add_link(self, source: str, target: str, tier: str, latency_s: float, line_rate: float,
                  kind: str = "ethernet", nvls: bool = False) -> None:
@@ -211,13 +237,21 @@ class Topology:
                 nvls: bool) -> None:
         index, edge = len(self.links), (source, target)
         self.links.append(_new_link((index, source, target, tier, latency_s, bandwidth, kind, nvls)))
-        if edge in self._edge_index:  # an edge replaced: index routes would miss it
-            self._link_route = None
-        self._edge_index[edge] = index
         self._graph = None
+        if self._edge_index is None and self._link_route is None:  # nothing routes by index yet
+            return
+        edges = self._edges() if self._edge_index is not None else self._edges_before(index)
+        if edge in edges:  # an edge replaced: index routes would miss it
+            self._link_route = None
+        edges[edge] = index
+
+    def _edges_before(self, count: int) -> dict[tuple[str, str], int]:
+        """`_edges` of the first `count` links (the ones a link being added may replace)."""
+        self._edge_index = {(link[1], link[2]): link[0] for link in self.links[:count]}
+        return self._edge_index
 
     def has_link(self, source: str, target: str) -> bool:
-        return (source, target) in self._edge_index
+        return (source, target) in self._edges()
 
     @property
     def graph(self):
@@ -233,9 +267,16 @@ class Topology:
 
     def add_duplex(self, a: str, b: str, tier: str, latency_s: float, line_rate: float,
                    kind: str = "ethernet", nvls: bool = False) -> None:
+        """Two directed links, a -> b then b -> a (`_append` twice, inlined: fabrics add ~10^5)."""
         bandwidth = achievable_bandwidth_bytes_per_s(kind, line_rate)
-        self._append(a, b, tier, latency_s, bandwidth, kind, nvls)
-        self._append(b, a, tier, latency_s, bandwidth, kind, nvls)
+        if self._edge_index is not None or self._link_route is not None:
+            self._append(a, b, tier, latency_s, bandwidth, kind, nvls)
+            self._append(b, a, tier, latency_s, bandwidth, kind, nvls)
+            return
+        links, index = self.links, len(self.links)  # no edge index to keep: `_append` without it
+        links.append(tuple.__new__(Link, (index, a, b, tier, latency_s, bandwidth, kind, nvls)))
+        links.append(tuple.__new__(Link, (index + 1, b, a, tier, latency_s, bandwidth, kind, nvls)))
+        self._graph = None
 
     def _add_node_switches(self, intra: LinkSpec) -> None:
         uplinks, downlinks = self._device_uplinks, self._device_downlinks
