@@ -55,6 +55,7 @@ from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import UPDATE
 from simulator.strategies import context, experts, zero
 from simulator.strategies.ghp import GridConfig, _ActionList, _partition, bucket_segments, recompute_ranges
+from simulator.strategies.tensor_clone import relabelled_actions, relabelled_ranks_alike
 from simulator.strategies.tensor_layers import pass_collectives, rank_workload
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
@@ -199,7 +200,12 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
                 for rank in range(pipelines * config.pp)]
     first = builders[0].build()  # refused up front when the whole plan would not fit in memory
     check_simulation_size(len(builders), len(first), "" if symmetric else f" (not folded: {reason})")
-    actions = (first, *(builder.build() for builder in builders[1:]))
+    actions = (first, *(builder.build() for builder in builders[1:config.pp]))
+    if relabelled_ranks_alike(config, workload):
+        actions += tuple(relabelled_actions(actions[builder.stage_index], builders[builder.stage_index].recomputed,
+                                            builder) for builder in builders[config.pp:])
+    else:
+        actions += tuple(builder.build() for builder in builders[config.pp:])
     meta = {"placement": config.placement, "partition": [b - a for a, b in ranges],
             "recompute_granularity": "layer",
             "schedule_kind": config.schedule_kind, "num_microbatches": config.num_microbatches,
