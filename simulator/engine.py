@@ -38,7 +38,7 @@ from simulator.costs import CostModel
 from simulator.errors import SimulationError
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
 from simulator.network import FlowNetwork, merge_phase_links
-from simulator.plan import Collective, Compute, Plan, Recv, Send, message_links
+from simulator.plan import Collective, Compute, Plan, Recv, Send, message_links, stream_actions
 from simulator.topology import Topology
 
 SPAN_FIELDS = ("rank", "stream", "name", "kind", "start_s", "end_s", "size_bytes", "microbatch")
@@ -110,17 +110,10 @@ class Engine:
         if self.communication is None:
             self._merge_links()
         for rank, actions in enumerate(self.plan.actions):
-            compute = [a for a in actions if isinstance(a, Compute)]
-            collectives = [a for a in actions if isinstance(a, Collective) and a.key[0] not in ("tp", "ep")]
-            tensor = [a for a in actions if isinstance(a, Collective) and a.key[0] in ("tp", "ep")]
-            if compute:
-                self._ready.append((self._compute_next, (_Stream(rank, compute),)))
-            for stream in (collectives, tensor):  # TP and EP all-to-alls: their own stream, in order
-                if stream:
-                    self._ready.append((self._comm_next, (_Stream(rank, stream),)))
-            for send in actions:
-                if isinstance(send, Send):
-                    self._ready.append((self._send_next, (rank, send)))
+            compute, collectives, tensor, sends = stream_actions(actions)
+            self._ready.extend((next_action, (_Stream(rank, stream),)) for next_action, stream in (
+                (self._compute_next, compute), (self._comm_next, collectives), (self._comm_next, tensor)) if stream)
+            self._ready.extend((self._send_next, (rank, send)) for send in sends)
         self._drain()
         self.env.run()
         self._check_finished()
@@ -179,8 +172,10 @@ class Engine:
         if dep is not None:
             self._wait_for(rank, dep, self._compute_next, (stream,))
             return
-        receives = self._messages[rank][0]
-        self._work(rank, len(receives.get(action.id, ())) * self._receive_overhead_s, self._compute_body, stream, action)
+        if self._receive_overhead_s == 0:  # no per-message host time (every GPU cost model)
+            return self._compute_body(stream, action)
+        self._work(rank, len(self._messages[rank][0].get(action.id, ())) * self._receive_overhead_s,
+                   self._compute_body, stream, action)
 
     def _compute_body(self, stream: _Stream, action: Compute) -> None:
         self._work(stream.rank, self._durations.seconds(action, stream.rank), self._compute_end, stream, action,
@@ -188,8 +183,10 @@ class Engine:
 
     def _compute_end(self, stream: _Stream, action: Compute, start: float) -> None:
         self.spans.append((stream.rank, "compute", action.label, action.phase, start, self.env.now, 0.0, action.microbatch))
-        sends = self._messages[stream.rank][1].get(action.id, 0)
-        self._work(stream.rank, sends * self._send_overhead_s, self._compute_done, stream, action)
+        if self._send_overhead_s == 0:
+            return self._compute_done(stream, action)
+        self._work(stream.rank, self._messages[stream.rank][1].get(action.id, 0) * self._send_overhead_s,
+                   self._compute_done, stream, action)
 
     def _compute_done(self, stream: _Stream, action: Compute) -> None:
         self._complete(stream.rank, action.id)
@@ -381,14 +378,15 @@ class Engine:
     def _merge_links(self) -> None:
         """Every flow phase the plan plays, built (and cached) before the run, with each usage's links
         merged where no flow of the run tells them apart (`simulator.network.merged_usages`)."""
-        seen = set()
+        seen, devices = set(), self.plan.rank_to_device
         for rank, actions in enumerate(self.plan.actions):
             for action in actions:
-                if isinstance(action, Collective) and action.key not in seen:
+                kind = type(action)
+                if kind is Collective and action.key not in seen:
                     seen.add(action.key)
                     self._phases(action, count=False)
-                elif isinstance(action, Send):
-                    self._send_phase(rank, action, self.plan.rank_to_device[rank], self.plan.rank_to_device[action.dst])
+                elif kind is Send:
+                    self._send_phase(rank, action, devices[rank], devices[action.dst])
         merge_phase_links(self._phase_cache, self.network.capacities)
 
     def _check_finished(self) -> None:

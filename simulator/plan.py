@@ -121,6 +121,21 @@ class Plan:
         return divmod(rank, self.workers_per_group)
 
 
+def stream_actions(actions) -> tuple[list, list, list, list]:
+    """One rank's (compute stream, comm stream, TP / EP comm stream, sends), in plan order: one pass
+    by exact type (the action classes here have no subclasses)."""
+    compute, collectives, tensor, sends = [], [], [], []
+    for action in actions:
+        kind = type(action)
+        if kind is Compute:
+            compute.append(action)
+        elif kind is Collective:
+            (tensor if action.key[0] in ("tp", "ep") else collectives).append(action)
+        elif kind is Send:
+            sends.append(action)
+    return compute, collectives, tensor, sends
+
+
 def message_links(actions, receives_needed: bool = True, sends_needed: bool = True
                   ) -> tuple[dict[int, tuple[int, ...]], dict[int, int]]:
     """Per compute action of one rank: the receives it waits for, and how many sends wait for it
