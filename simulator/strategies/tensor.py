@@ -202,8 +202,9 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     check_simulation_size(len(builders), len(first), "" if symmetric else f" (not folded: {reason})")
     actions = (first, *(builder.build() for builder in builders[1:config.pp]))
     if relabelled_ranks_alike(config, workload):
+        relabelled: dict = {}
         actions += tuple(relabelled_actions(actions[builder.stage_index], builders[builder.stage_index].recomputed,
-                                            builder) for builder in builders[config.pp:])
+                                            builder, relabelled) for builder in builders[config.pp:])
     else:
         actions += tuple(builder.build() for builder in builders[config.pp:])
     meta = {"placement": config.placement, "partition": [b - a for a, b in ranges],

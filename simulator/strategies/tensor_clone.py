@@ -25,10 +25,11 @@ def relabelled_ranks_alike(config, workload) -> bool:
             and not any(is_moe(layer) for layer in workload.layers))
 
 
-def relabelled_actions(prototype: tuple, recomputed: list[int], rank) -> tuple:
+def relabelled_actions(prototype: tuple, recomputed: list[int], rank, shared: dict) -> tuple:
     """`rank.build()` (a `tensor._TensorRank` of pipeline g >= 1) from `prototype` and `recomputed`,
     the actions and recompute ids of rank `rank.stage_index` of pipeline 0; `rank.recomputed` set
-    as building would set it."""
+    as building would set it. `shared` (one dict per plan) keeps each relabelled collective for the
+    other ranks of its group, whose action it is too (frozen, like the computes)."""
     g, offset = rank.pipeline, rank.pipeline * rank.config.pp
     tp_ranks, dp_ranks, dp_key, dp_index = rank.tp_ranks, rank.dp_ranks, rank.dp_key, rank.dp_index
     actions = []
@@ -37,21 +38,36 @@ def relabelled_actions(prototype: tuple, recomputed: list[int], rank) -> tuple:
         if kind is Compute:
             actions.append(action)
             continue
-        values = dict(action.__dict__)
         key = action.key
         if kind is Collective:
+            group = (id(action), dp_index if key[0] == "tp" else dp_key)
+            known = shared.get(group)
+            if known is not None:
+                actions.append(known)
+                continue
+            values = dict(action.__dict__)
             if key[0] == "tp":
                 values["ranks"], values["key"] = tp_ranks, ("tp", dp_index, *key[2:])
             else:
                 values["ranks"], values["key"] = dp_ranks, (key[0], *dp_key, *key[3:])
-        elif kind is Send:
+            shared[group] = _frozen(kind, values)
+            actions.append(shared[group])
+            continue
+        values = dict(action.__dict__)
+        if kind is Send:
             values["dst"], values["key"] = action.dst + offset, (key[0], g, *key[2:])
         elif kind is Recv:
             values["src"], values["key"] = action.src + offset, (key[0], g, *key[2:])
         else:
             raise TypeError(f"relabelled_actions: unexpected action {action!r}")
-        relabelled = object.__new__(kind)
-        object.__setattr__(relabelled, "__dict__", values)
-        actions.append(relabelled)
+        actions.append(_frozen(kind, values))
     rank.recomputed = list(recomputed)
     return tuple(actions)
+
+
+def _frozen(kind, values: dict):
+    """An instance of the frozen dataclass `kind` with these field values (its __init__ skipped,
+    as `strategies.ghp._ActionList.add` does)."""
+    action = object.__new__(kind)
+    object.__setattr__(action, "__dict__", values)
+    return action
