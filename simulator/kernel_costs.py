@@ -126,6 +126,14 @@ ARCHITECTURES: dict[str, Architecture] = {
                "an assumption); flash_attention_2 (328, 329 TFLOP/s) / 989.5 = 0.332; HBM triad H100 2.97/3.35, "
                f"H200 4.15/4.8, mean 0.876. {TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}"),
 }
+ARCHITECTURES["volta"] = Architecture(128, 128, 0.6e-6, KernelParameters(
+        gemm_efficiency=83 / 125, flash_attention_efficiency=83 / 125 * (179.5 / 256.5),
+        memory_efficiency=1.70 / 2.039, launch_overhead_s=LAUNCH_OVERHEAD_S, host_overhead_s=HOST_OVERHEAD_S),
+        source="V100-SXM2: cuBLAS mixed-precision GEMM 'up to 83 Tflops/s' of the 125 peak = 0.664 (Markidis et al., "
+               "'NVIDIA Tensor Core Programmability, Performance & Precision', IPDPSW 2018), applied to every dtype "
+               "(an assumption); memory and flash-attention efficiencies: Ampere's ratios (HBM triad 0.834; flash / "
+               "GEMM 0.70), assumptions, no Volta figure in the project's data (FlashAttention itself needs sm80+). "
+               f"{TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}")
 ARCHITECTURES["generic"] = replace(
     ARCHITECTURES["ampere"],
     source="no published figures for this family in the project's data: Ampere's row is used (an assumption)")

@@ -120,7 +120,7 @@ def test_mixed_gpu_pipeline_balances_stages_by_each_gpu_s_speed():
         scenario = load_scenario({
             "cluster": {"num_nodes": 2, "gpu": "A100-80GB", "node_gpus": node_gpus},
             "model": {"layers": [row] * 12}, "strategy": {"kind": "mp"},
-            "training": {"global_batch_size": 64, "dtype": "fp16"}})
+            "training": {"global_batch_size": 64, "dtype": "fp16"}, "costs": {"model": "analytic"}})
         result = simulate(scenario)
         times = []
         for node in (0, 1):

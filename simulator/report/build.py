@@ -29,6 +29,6 @@ def profile_text(data: ReportInput) -> str:
     if data.profile:
         return f"calibration profile {data.profile}"
     return {
-        "scenario": "analytic (datasheet peaks x per-kind efficiency; no calibration profile)",
+        "scenario": "datasheet catalogue, costs.model as the scenario sets it (no calibration profile)",
         "validation": "predictions from the calibration profile given to `ghpsim validate` (not recorded in the table)",
     }.get(data.kind, "not recorded in the result (analytic unless it was produced with a profile)")
