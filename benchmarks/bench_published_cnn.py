@@ -9,8 +9,8 @@ on V100), SGD with momentum, data parallelism with PyTorch DDP. A step of b imag
 is measured at b n / throughput seconds.
 
 Each row is predicted twice: with `costs.model: auto` (what a scenario gets: the kernel model on
-Ampere and Hopper, the analytic roofline elsewhere) and with `costs.model: kernel` (the kernel
-model on every GPU; on Volta with the Ampere row's efficiencies, as `simulator.kernel_costs` says).
+Volta, Ampere and Hopper, the analytic roofline elsewhere) and with `costs.model: kernel` (the
+kernel model on every GPU: the same here, every GPU of these runs having a catalogue row).
 Nothing here is fitted: these rows are held out from every parameter of the model.
 
     python benchmarks/bench_published_cnn.py [--json]
