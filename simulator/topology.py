@@ -236,19 +236,13 @@ class Topology:
     def _append(self, source: str, target: str, tier: str, latency_s: float, bandwidth: float, kind: str,
                 nvls: bool) -> None:
         index, edge = len(self.links), (source, target)
+        if self._edge_index is not None or self._link_route is not None:  # else built when first asked
+            edges = self._edges()
+            if edge in edges:  # an edge replaced: index routes would miss it
+                self._link_route = None
+            edges[edge] = index
         self.links.append(_new_link((index, source, target, tier, latency_s, bandwidth, kind, nvls)))
         self._graph = None
-        if self._edge_index is None and self._link_route is None:  # nothing routes by index yet
-            return
-        edges = self._edges() if self._edge_index is not None else self._edges_before(index)
-        if edge in edges:  # an edge replaced: index routes would miss it
-            self._link_route = None
-        edges[edge] = index
-
-    def _edges_before(self, count: int) -> dict[tuple[str, str], int]:
-        """`_edges` of the first `count` links (the ones a link being added may replace)."""
-        self._edge_index = {(link[1], link[2]): link[0] for link in self.links[:count]}
-        return self._edge_index
 
     def has_link(self, source: str, target: str) -> bool:
         return (source, target) in self._edges()
@@ -267,7 +261,8 @@ class Topology:
 
     def add_duplex(self, a: str, b: str, tier: str, latency_s: float, line_rate: float,
                    kind: str = "ethernet", nvls: bool = False) -> None:
-        """Two directed links, a -> b then b -> a (`_append` twice, inlined: fabrics add ~10^5)."""
+        """Two directed links, a -> b then b -> a (`_append` twice; inlined while no edge index is
+        kept, as fabric builders add ~10^5)."""
         bandwidth = achievable_bandwidth_bytes_per_s(kind, line_rate)
         if self._edge_index is not None or self._link_route is not None:
             self._append(a, b, tier, latency_s, bandwidth, kind, nvls)
