@@ -121,6 +121,14 @@ class Plan:
         return divmod(rank, self.workers_per_group)
 
 
+def action_from_fields(kind, values: dict):
+    """An instance of the frozen action class `kind` whose instance dict is `values`, every field
+    given: its __init__, which sets the fields one by one, skipped (plans of a million actions)."""
+    action = object.__new__(kind)
+    object.__setattr__(action, "__dict__", values)
+    return action
+
+
 def stream_actions(actions) -> tuple[list, list, list, list]:
     """One rank's (compute stream, comm stream, TP / EP comm stream, sends), in plan order: one pass
     by exact type (the action classes here have no subclasses)."""

@@ -24,7 +24,7 @@ from simulator.heterogeneity import DeviceCosts, stage_compute_s
 from simulator.memory_activations import is_block
 from simulator.partition import balanced_partition, explicit_partition, uniform_partition
 from simulator.placement import place_ranks
-from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
+from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage, action_from_fields
 from simulator.strategies.fusion import (HOROVOD_CYCLE_TIME_S, HOROVOD_FUSION_THRESHOLD_BYTES,
                                          horovod_segments)
 from simulator.topology import Topology
@@ -239,9 +239,7 @@ class _ActionList:
         if len(values) != num_fields or not required <= fields.keys():
             self.actions.append(kind(**fields))
             return action_id
-        action = object.__new__(kind)
-        object.__setattr__(action, "__dict__", values)
-        self.actions.append(action)
+        self.actions.append(action_from_fields(kind, values))
         return action_id
 
 

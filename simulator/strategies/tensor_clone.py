@@ -15,7 +15,7 @@ So a plan of 1,024 ranks builds 8 and relabels the others, sharing their `Comput
 
 from __future__ import annotations
 
-from simulator.plan import Collective, Compute, Recv, Send
+from simulator.plan import Collective, Compute, Recv, Send, action_from_fields
 from simulator.strategies.experts import is_moe
 
 
@@ -50,7 +50,7 @@ def relabelled_actions(prototype: tuple, recomputed: list[int], rank, shared: di
                 values["ranks"], values["key"] = tp_ranks, ("tp", dp_index, *key[2:])
             else:
                 values["ranks"], values["key"] = dp_ranks, (key[0], *dp_key, *key[3:])
-            shared[group] = _frozen(kind, values)
+            shared[group] = action_from_fields(kind, values)
             actions.append(shared[group])
             continue
         values = dict(action.__dict__)
@@ -60,14 +60,6 @@ def relabelled_actions(prototype: tuple, recomputed: list[int], rank, shared: di
             values["src"], values["key"] = action.src + offset, (key[0], g, *key[2:])
         else:
             raise TypeError(f"relabelled_actions: unexpected action {action!r}")
-        actions.append(_frozen(kind, values))
+        actions.append(action_from_fields(kind, values))
     rank.recomputed = list(recomputed)
     return tuple(actions)
-
-
-def _frozen(kind, values: dict):
-    """An instance of the frozen dataclass `kind` with these field values (its __init__ skipped,
-    as `strategies.ghp._ActionList.add` does)."""
-    action = object.__new__(kind)
-    object.__setattr__(action, "__dict__", values)
-    return action
