@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from simulator.costs import TOPK_SELECTION_BYTES_PER_ELEMENT, WEIGHT_PASS_WORDS
 from simulator.host_sharing import sm_sharing
@@ -91,6 +92,13 @@ class Architecture:
     memory_latency_s: float
     parameters: KernelParameters
     source: str
+    gemm_efficiency_by_dtype: Mapping[str, float] = field(default_factory=dict)
+    """A dtype's own sourced GEMM ceiling (CUDA-core fp32); the others take `parameters`'."""
+
+    def parameters_for(self, dtype: str) -> KernelParameters:
+        """The catalogue's parameters for GEMMs in `dtype` (its own ceiling if the row has one)."""
+        ceiling = self.gemm_efficiency_by_dtype.get(dtype)
+        return self.parameters if ceiling is None else replace(self.parameters, gemm_efficiency=ceiling)
 
 
 LAUNCH_OVERHEAD_S = 5e-6
@@ -126,14 +134,17 @@ ARCHITECTURES: dict[str, Architecture] = {
                "an assumption); flash_attention_2 (328, 329 TFLOP/s) / 989.5 = 0.332; HBM triad H100 2.97/3.35, "
                f"H200 4.15/4.8, mean 0.876. {TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}"),
 }
+VOLTA_SGEMM_EFFICIENCY = 83 / 7 / 15.7  # Markidis et al.: tensor cores 83 TFLOP/s, 7x fp32 (of 15.7 peak)
 ARCHITECTURES["volta"] = Architecture(128, 128, 0.6e-6, KernelParameters(
         gemm_efficiency=83 / 125, flash_attention_efficiency=83 / 125 * (179.5 / 256.5),
         memory_efficiency=1.70 / 2.039, launch_overhead_s=LAUNCH_OVERHEAD_S, host_overhead_s=HOST_OVERHEAD_S),
         source="V100-SXM2: cuBLAS mixed-precision GEMM 'up to 83 Tflops/s' of the 125 peak = 0.664 (Markidis et al., "
-               "'NVIDIA Tensor Core Programmability, Performance & Precision', IPDPSW 2018), applied to every dtype "
-               "(an assumption); memory and flash-attention efficiencies: Ampere's ratios (HBM triad 0.834; flash / "
+               "'NVIDIA Tensor Core Programmability, Performance & Precision', IPDPSW 2018), for the 16-bit dtypes; "
+               "fp32 (and tf32, which Volta runs as fp32) on CUDA cores: the same paper's 83 / 7 = 11.9 of 15.7 = "
+               "0.755; memory and flash-attention efficiencies: Ampere's ratios (HBM triad 0.834; flash / "
                "GEMM 0.70), assumptions, no Volta figure in the project's data (FlashAttention itself needs sm80+). "
-               f"{TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}")
+               f"{TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}",
+        gemm_efficiency_by_dtype={"fp32": VOLTA_SGEMM_EFFICIENCY, "tf32": VOLTA_SGEMM_EFFICIENCY})
 ARCHITECTURES["generic"] = replace(
     ARCHITECTURES["ampere"],
     source="no published figures for this family in the project's data: Ampere's row is used (an assumption)")
@@ -147,11 +158,6 @@ def gpu_architecture(gpu) -> str:
 def has_kernel_tables(gpu) -> bool:
     """Whether the GPU's own family has measured figures here (what `costs.model: auto` asks)."""
     return (gpu.architecture or "").lower() in ARCHITECTURES and gpu.architecture.lower() != "generic"
-
-
-def gpu_num_sms(gpu) -> int | None:
-    """`GpuSpec.num_sms`; None: costed without wave quantisation."""
-    return gpu.num_sms
 
 
 @dataclass(frozen=True)
@@ -172,9 +178,9 @@ class Device:
 def device_for(gpu, dtype: str, parameters: KernelParameters | None = None) -> Device:
     """A `Device` from a `GpuSpec` (or any object with its fields) and the architecture table."""
     arch = ARCHITECTURES[gpu_architecture(gpu)]
-    parameters = parameters or arch.parameters
+    parameters = parameters or arch.parameters_for(dtype)
     grid = parameters.measured.gemm_grid(dtype) if parameters.measured is not None else None
-    return Device(gpu.peak_for(dtype), gpu.memory_bandwidth_bytes_per_s, gpu_num_sms(gpu), arch.tile_m,
+    return Device(gpu.peak_for(dtype), gpu.memory_bandwidth_bytes_per_s, gpu.num_sms, arch.tile_m,
                   arch.tile_n, arch.memory_latency_s, parameters, grid)
 
 
@@ -292,7 +298,7 @@ class KernelCosts:
         self.recompute = recompute
         self.comm_sm_contention = comm_sm_contention
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
-        self.shared_processors = sm_sharing(gpu_num_sms(gpu)) if comm_sm_contention else None
+        self.shared_processors = sm_sharing(gpu.num_sms) if comm_sm_contention else None
         self.architecture = gpu_architecture(gpu)
         self.device = device_for(gpu, dtype, parameters)
         self.parameters = self.device.parameters

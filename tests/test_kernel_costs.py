@@ -19,7 +19,6 @@ from simulator.kernel_costs import (
     KernelParameters,
     device_for,
     gpu_architecture,
-    gpu_num_sms,
     kernel_s,
     kernels_s,
     memory_s,
@@ -154,10 +153,10 @@ def test_costs_host_overhead_s_replaces_the_catalogue_figure_on_every_gpu_of_the
 # --- parameters and architectures ----------------------------------------------------------------
 
 def test_presets_resolve_to_their_architecture_and_sm_count():
-    assert (gpu_architecture(A100), gpu_num_sms(A100)) == ("ampere", 108)
-    assert (gpu_architecture(GPUS["H200"]), gpu_num_sms(GPUS["H200"])) == ("hopper", 132)
+    assert (gpu_architecture(A100), A100.num_sms) == ("ampere", 108)
+    assert (gpu_architecture(GPUS["H200"]), GPUS["H200"].num_sms) == ("hopper", 132)
     custom = GpuSpec(peak_flops_per_s={"fp16": 1e14}, memory_bytes=1e10, memory_bandwidth_bytes_per_s=1e12)
-    assert (gpu_architecture(custom), gpu_num_sms(custom)) == ("generic", None)
+    assert (gpu_architecture(custom), custom.num_sms) == ("generic", None)
 
 
 def test_the_gpus_own_fields_win():
@@ -170,6 +169,20 @@ def test_every_architecture_row_names_its_sources():
     for name, arch in ARCHITECTURES.items():
         assert len(arch.source) > 80, name
         assert 0 < arch.parameters.gemm_efficiency <= 1
+        assert all(0 < value <= 1 for value in arch.gemm_efficiency_by_dtype.values()), name
+
+
+def test_volta_fp32_gemms_take_the_cuda_core_ceiling_and_16_bit_ones_the_tensor_core_one():
+    v100 = GPUS["V100"]  # Markidis et al. 2018: 83 TFLOP/s on tensor cores, 7x the fp32 GEMM
+    assert device_for(v100, "fp16").parameters.gemm_efficiency == pytest.approx(83 / 125)
+    assert device_for(v100, "fp32").parameters.gemm_efficiency == pytest.approx(83 / 7 / 15.7)
+    assert device_for(v100, "tf32").parameters == device_for(v100, "fp32").parameters  # no TF32 on Volta
+    fp32 = device_for(v100, "fp32")
+    big = gemm("g", 80 * 128, 8192, 8192, 4)  # whole waves of 128 x 128 tiles on 80 SMs
+    assert big.flops / (kernel_s(big, fp32) - fp32.parameters.launch_overhead_s) == pytest.approx(83e12 / 7)
+    fitted = replace(ARCHITECTURES["volta"].parameters, gemm_efficiency=0.6)  # a fit or a profile wins
+    assert device_for(v100, "fp32", fitted).parameters.gemm_efficiency == 0.6
+    assert device_for(A100, "fp32").parameters == ARCHITECTURES["ampere"].parameters  # no fp32 figure there
 
 
 def test_parameters_are_validated():
