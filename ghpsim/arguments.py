@@ -65,6 +65,8 @@ def compare(parser: argparse.ArgumentParser) -> None:
 
 def listing(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("what", choices=("gpus", "links", "models"))
+    parser.add_argument("--json", action="store_true",
+                        help="print the presets as JSON: every field of each GPU or link (with its source), or the model names")
 
 
 def rank(parser: argparse.ArgumentParser) -> None:

@@ -74,13 +74,19 @@ def cmd_simulate(args) -> int:
 def cmd_list(args) -> int:
     from simulator.hardware import GPUS, LINKS
     from simulator.zoo import MODELS
+    if args.json:
+        presets = {"gpus": GPUS, "links": LINKS}.get(args.what)
+        rows = list(MODELS) if presets is None else [spec.model_dump(mode="json") for spec in presets.values()]
+        print(json.dumps(rows, indent=1))
+        return 0
+    width = max(len(name) for name in {"gpus": GPUS, "links": LINKS, "models": MODELS}[args.what]) + 2
     if args.what == "gpus":
         for name, gpu in GPUS.items():
             peaks = ", ".join(f"{k} {v / 1e12:g}T" for k, v in gpu.peak_flops_per_s.items())
-            print(f"{name:12s} {gpu.memory_bytes / 2**30:6.0f} GiB  {gpu.memory_bandwidth_bytes_per_s / 1e9:6.0f} GB/s  {peaks}")
+            print(f"{name:{width}s}{gpu.memory_bytes / 2**30:6.0f} GiB  {gpu.memory_bandwidth_bytes_per_s / 1e9:6.0f} GB/s  {peaks}")
     elif args.what == "links":
         for name, link in LINKS.items():
-            print(f"{name:14s} {link.bandwidth_bytes_per_s / 1e9:8.3f} GB/s  {link.latency_s * 1e6:5.1f} us")
+            print(f"{name:{width}s}{link.bandwidth_bytes_per_s / 1e9:8.3f} GB/s  {link.latency_s * 1e6:5.1f} us  {link.kind}")
     else:
         for name in MODELS:
             print(name)

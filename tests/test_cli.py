@@ -125,6 +125,29 @@ def test_list(capsys, what, expected):
     assert expected in out
 
 
+def test_list_aligns_every_preset_name_in_one_column(capsys):
+    code, out, _ = run_cli(capsys, "list", "gpus")
+    columns = {line.index(" GiB") for line in out.splitlines()}
+    assert code == 0 and len(columns) == 1, columns  # the longest names (A100-80GB-PCIe) too
+
+
+@pytest.mark.parametrize("what", ["gpus", "links", "models"])
+def test_list_json_gives_every_preset_with_its_fields(capsys, what):
+    from simulator.hardware import GPUS, LINKS
+    from simulator.zoo import MODELS
+    code, out, err = run_cli(capsys, "list", what, "--json")
+    assert code == 0 and err == ""
+    rows = json.loads(out)
+    if what == "models":
+        assert rows == list(MODELS)
+        return
+    presets = GPUS if what == "gpus" else LINKS
+    assert [row["name"] for row in rows] == list(presets)
+    assert all(row["source"] == presets[row["name"]].source for row in rows)
+    if what == "gpus":
+        assert rows[[row["name"] for row in rows].index("A100-80GB")]["peak_flops_per_s"]["bf16"] == 312e12
+
+
 def test_list_rejects_unknown_category(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["list", "nodes"])
