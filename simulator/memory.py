@@ -364,11 +364,11 @@ class _RankWalk:
         return out_s + in_s, exposed
 
 
-def rank_memory(plan: Plan, workload: Workload, spans, config: MemoryConfig) -> list[RankMemory]:
-    """Allocation events of every rank (spans: the engine's span tuples or the span table)."""
+def rank_memory(plan: Plan, workload: Workload, spans, config: MemoryConfig, ranks=None) -> list[RankMemory]:
+    """Allocation events of every rank, or of `ranks` (spans: the engine's span tuples or the span table)."""
     by_rank = _spans_by_rank(spans)
     result = []
-    for rank in range(plan.num_ranks):
+    for rank in range(plan.num_ranks) if ranks is None else ranks:
         walk = _RankWalk(plan, workload, rank, config, by_rank[rank]["compute"], by_rank[rank]["comm"])
         for category, size in persistent(plan, workload, rank, config).items():
             walk.add(0.0, size, category)
@@ -378,14 +378,14 @@ def rank_memory(plan: Plan, workload: Workload, spans, config: MemoryConfig) -> 
     return result
 
 
-def memory_report(plan: Plan, workload: Workload, spans, config: MemoryConfig) -> dict:
-    """Per device peak, breakdown at the peak and fit; overall peak, fit and offload time."""
-    devices = []
-    ranks = rank_memory(plan, workload, spans, config)
-    for memory in ranks:
-        peak, breakdown = memory.peak()
-        devices.append({"rank": memory.rank, "peak_memory_bytes": peak, "memory_breakdown_bytes": breakdown,
-                        "fits_in_memory": peak <= config.capacity_bytes})
+def memory_report(plan: Plan, workload: Workload, spans, config: MemoryConfig, same_as=None) -> dict:
+    """Per device peak, breakdown at the peak and fit; overall peak, fit and offload time. With
+    `same_as` (per rank, the rank whose walk equals its own) each distinct walk is made once."""
+    ranks = rank_memory(plan, workload, spans, config, None if same_as is None else sorted(set(same_as)))
+    peaks = {memory.rank: memory.peak() for memory in ranks}
+    devices = [{"rank": rank, "peak_memory_bytes": peak, "memory_breakdown_bytes": breakdown,
+                "fits_in_memory": peak <= config.capacity_bytes} for rank in range(plan.num_ranks)
+               for peak, breakdown in (peaks[rank if same_as is None else same_as[rank]],)]
     return {
         "capacity_bytes": config.capacity_bytes,
         "policy": config.memory_policy,

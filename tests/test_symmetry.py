@@ -58,6 +58,22 @@ def test_straggler_refuses_symmetry():
     assert slow.step_time_s > simulate(scenario()).step_time_s
 
 
+def test_memory_walks_shared_by_alike_ranks_equal_a_walk_of_every_rank(monkeypatch):
+    """With a straggler the replicas it does not slow walk alike: each distinct walk is made once
+    and copied, and every device's figures equal those of walking each rank."""
+    import simulator.memory as memory
+    from simulator.strategies.tensor_summary import alike_memory_report, memory_view
+    slow = simulate(scenario(cluster={"stragglers": {5: 1.5}}))
+    plan, workload, spans = memory_view(slow.plan, None, slow.span_records)
+    config = memory.memory_config(slow.scenario)
+    every = memory.memory_report(plan, workload, spans, config)
+    walked, walk = [], memory.rank_memory
+    monkeypatch.setattr(memory, "rank_memory", lambda *args: walked.extend(args[4]) or walk(*args))
+    assert alike_memory_report(plan, workload, spans, config) == every
+    straggler = plan.rank_to_device.index(5)  # its timeline is its own: walked, not copied
+    assert straggler >= plan.workers_per_group and straggler in walked and len(walked) < plan.num_ranks / 2
+
+
 def test_replicas_sharing_a_link_fold_with_its_multiplicity():
     """Two replicas whose pipeline transfers cross the same node uplink (two-tier, stages on
     different nodes): the representative's transfer counts both copies on that link, so the reduced

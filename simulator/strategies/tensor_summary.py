@@ -30,46 +30,44 @@ def tensor_memory_report(plan: Plan, spans: list[tuple], config) -> dict:
     """`simulator.memory.memory_report` of the ranks' TP shares (`meta["rank_workload"]`).
 
     The TP collectives are left out: their buffers are the activations and gradients the memory
-    model already counts, not gradient buckets held until the optimizer. Ranks whose actions and
-    span times equal those of the same stage in pipeline 0 (every rank of a homogeneous full run)
-    are walked once and copied: the memory model is a function of exactly those.
+    model already counts, not gradient buckets held until the optimizer. Ranks that walk alike
+    are walked once and copied (`alike_memory_report`).
     """
     view, workload, kept = memory_view(plan, None, spans)
     return alike_memory_report(view, workload, kept, config)
 
 
 def alike_memory_report(plan: Plan, workload: Workload, spans: list[tuple], config) -> dict:
-    """`simulator.memory.memory_report`, walking only pipeline 0's ranks when every rank's actions
-    (as many, the same recomputed and selection ids) and compute / comm span times equal those of
-    its stage's rank in pipeline 0 (every replica of a homogeneous run, data parallelism included):
-    the memory model is a function of exactly those, so the others are copies."""
+    """`simulator.memory.memory_report` with one walk for all the ranks that walk alike: ranks whose
+    actions are alike to those of their stage's rank in pipeline 0 (as many, the same recomputed and
+    selection ids) and whose compute / comm span times are equal. The memory model is a function of
+    exactly those, so the others are copies: every replica of a homogeneous run (data parallelism
+    included) copies pipeline 0; with a straggler, the replicas it does not slow copy one another."""
     from simulator.memory import memory_report
     p = plan.workers_per_group
-    if plan.num_groups == 1 or not _actions_alike(plan) or not _alike_per_stage(spans, plan.num_ranks, p):
+    if plan.num_groups == 1:
         return memory_report(plan, workload, spans, config)
-    head = replace(plan, num_groups=1, actions=plan.actions[:p], rank_to_device=plan.rank_to_device[:p])
-    report = memory_report(head, workload, [span for span in spans if span[0] < p], config)
-    report["devices"] = [dict(report["devices"][rank % p], rank=rank) for rank in range(plan.num_ranks)]
-    return report
+    timelines, alike, first = _timelines(spans, plan.num_ranks), _alike_to_stage(plan), {}
+    same_as = [first.setdefault((rank % p, timelines[rank]) if alike[rank] else (rank,), rank)
+               for rank in range(plan.num_ranks)]
+    return memory_report(plan, workload, spans, config, same_as)
 
 
-def _actions_alike(plan: Plan) -> bool:
+def _alike_to_stage(plan: Plan) -> list[bool]:
+    """Per rank: whether its actions are alike to those of rank (its stage) of pipeline 0."""
     p = plan.workers_per_group
     per_rank = [plan.meta.get(key, {}) for key in ("recompute_actions", "selection_actions")]
-    return all(len(plan.actions[rank]) == len(plan.actions[rank % p])
-               and all(ids.get(rank) == ids.get(rank % p) for ids in per_rank)
-               for rank in range(p, plan.num_ranks))
+    return [len(plan.actions[rank]) == len(plan.actions[rank % p])
+            and all(ids.get(rank) == ids.get(rank % p) for ids in per_rank) for rank in range(plan.num_ranks)]
 
 
-def _alike_per_stage(spans: list[tuple], num_ranks: int, num_stages: int) -> bool:
-    """True when every rank's compute and comm spans equal those of rank (its stage) of pipeline 0."""
+def _timelines(spans: list[tuple], num_ranks: int) -> list[tuple]:
+    """Per rank, its compute and comm spans as sorted (stream, start, end)."""
     timelines: list[list] = [[] for _ in range(num_ranks)]
     for rank, stream, _name, _kind, start, end, *_rest in spans:
         if stream in ("compute", "comm"):
             timelines[rank].append((stream, start, end))
-    for timeline in timelines:
-        timeline.sort()
-    return all(timelines[rank] == timelines[rank % num_stages] for rank in range(num_stages, num_ranks))
+    return [tuple(sorted(timeline)) for timeline in timelines]
 
 
 def finish_summary(summary: dict, plan: Plan, topology: Topology) -> None:
