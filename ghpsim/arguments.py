@@ -169,6 +169,7 @@ def partition(parser: argparse.ArgumentParser) -> None:
 def merge_profiles(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("profiles", nargs="+", metavar="PROFILE", help="profiles from `ghpsim calibrate`")
     parser.add_argument("--out", required=True, metavar="FILE", help="where to write the pooled profile")
+    parser.add_argument("--json", action="store_true", help="print what was written as JSON (out, profiles)")
 
 
 def fit(parser: argparse.ArgumentParser) -> None:
@@ -246,4 +247,5 @@ def import_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="package.module:factory returning an nn.Module")
     parser.add_argument("--input-shape", required=True, help="one sample's shape, e.g. 3,224,224")
     parser.add_argument("--out", required=True, help="layer-table YAML to write")
-    parser.add_argument("--name", default=None)
+    parser.add_argument("--name", default=None, help="the model's name in the table (default: the factory's)")
+    parser.add_argument("--json", action="store_true", help="print what was written as JSON (out, name, layers)")

@@ -125,7 +125,10 @@ def cmd_import_model(args) -> int:
           f"its code with your permissions (SECURITY.md)", file=sys.stderr)
     document = import_model(args.target, shape, name=args.name)
     write_text_atomic(args.out, yaml.safe_dump(document, sort_keys=False))
-    print(f"wrote {len(document['layers'])} layers to {args.out}")
+    if args.json:
+        print(json.dumps({"out": str(args.out), "name": document.get("name"), "layers": len(document["layers"])}))
+    else:
+        print(f"wrote {len(document['layers'])} layers to {args.out}")
     return 0
 
 

@@ -14,6 +14,7 @@ the fits is the fit of the mean medians. `provenance` keeps the first profile's,
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -84,5 +85,8 @@ def run(args) -> int:
         raise ScenarioError(f"profiles: {len(args.profiles)} given; pooling needs at least two")
     check_output_file(args.out, "--out")
     merge_profile_files(args.profiles, args.out)
-    print(f"pooled {len(args.profiles)} calibrations into {args.out}")
+    if args.json:
+        print(json.dumps({"out": str(args.out), "profiles": list(args.profiles)}))
+    else:
+        print(f"pooled {len(args.profiles)} calibrations into {args.out}")
     return 0

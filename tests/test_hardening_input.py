@@ -257,3 +257,6 @@ def test_import_model_says_it_runs_the_users_code(tmp_path, capsys):
     assert main(["import-model", "tests.byo_models:tiny_mlp", "--input-shape", "32", "--out", str(out)]) == 0
     assert "runs its code with your permissions" in capsys.readouterr().err
     assert out.exists()
+    assert main(["import-model", "tests.byo_models:tiny_mlp", "--input-shape", "32", "--out", str(out), "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["out"] == str(out) and written["layers"] == len(yaml.safe_load(out.read_text())["layers"]) > 0

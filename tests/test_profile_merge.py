@@ -83,6 +83,9 @@ def test_cli_writes_the_pooled_profile_and_rejects_bad_input(profile, tmp_path, 
     second.write_text(json.dumps(_scaled(profile, 3.0)))
     assert main(["merge-profiles", str(first), str(second), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["provenance"]["merged_from"] == [str(first), str(second)]
+    capsys.readouterr()
+    assert main(["merge-profiles", str(first), str(second), "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"out": str(out), "profiles": [str(first), str(second)]}
 
     bad_out = tmp_path / "bad.json"
     second.write_text(json.dumps({**profile, "format": "ghpsim-profile/1"}))
