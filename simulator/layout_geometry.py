@@ -65,6 +65,31 @@ def tp_floors(model, group: tuple[int, ...], sequence_parallel: bool, b: float) 
     return found
 
 
+def expert_floors_s(model, c, geo, b: float) -> dict[int, float]:
+    """Per MoE layer: the floor of the expert-parallel collectives one pass plays after its compute
+    (`simulator.strategies.experts.expert_alltoalls`, forward and backward alike): the dispatch and
+    combine all-to-alls over the e replicas of its chunk's stage (TP rank 0), and with TP the routed
+    tokens' allgather and reduce-scatter over its TP group; empty without expert parallelism."""
+    from simulator.strategies.experts import alltoall_bytes_per_sample, is_moe
+    t, e, sp, p = c.tp_degree, model.ep(c), model.sp(c), len(geo.chain)
+    if e == 1:
+        return {}
+    device = megatron_device(c.placement, t, p, model.dp_ranks(c), c.cp_degree or 1)
+    floors: dict[int, float] = {}
+    for chunk, (start, end) in enumerate(geo.ranges):
+        group = tuple(device(replica, chunk % p, 0) for replica in range(e))
+        for index in (i for i in range(start, end) if is_moe(model.workload.layers[i])):
+            spec = model.workload.layers[index].spec
+            size = alltoall_bytes_per_sample(spec, t, sp, model.element) * b
+            floors[index] = model.collective_floor_s((group,), "alltoall", size, "pairwise", 2)
+            extra = size - spec["seq_len"] / (t if sp else 1) * spec["hidden_size"] * model.element * b
+            if t > 1 and extra > 0:
+                tp_group = geo.tp_groups[chunk % p]
+                floors[index] += (model.collective_floor_s((tp_group,), "allgather", extra, "ring")
+                                  + model.collective_floor_s((tp_group,), "reduce_scatter", extra * t, "ring"))
+    return floors
+
+
 def ring_floors_s(model, c, geo, b: float, redo: list[list[int]]) -> tuple[list[float], list[float]]:
     """Per chunk: floors of one CP rank's ring K/V sends (`simulator.strategies.context`) in a forward
     pass and in a backward pass with its recomputed forwards `redo[chunk]`, from dp' 0 to the next CP

@@ -21,15 +21,15 @@ starts after its segment; the buckets run one after another on the stream; ZeRO-
 micro-batch, which only adds; ZeRO-3 reduce-scatters each layer after its backward), AG the ZeRO-1/2
 parameter allgather after the update (none for ZeRO-3, whose update is on the shard). With expert
 parallelism (`simulator.strategies.experts`) the compute is the TP x EP rank's, R and AG count the
-non-expert bytes only (the expert ones go over the d / e copies, left out) and the all-to-alls
-are left out, so the bound stays below. With context parallelism c (`simulator.strategies.context`)
-a rank runs b / c of each micro-batch, the d c ranks of a stage reduce and ZeRO-1-shard its gradients,
-and each pass takes at least its ring K/V sends to the next CP rank (started with its compute; what
-follows waits for them): F_c, B_c >= that floor; the update waits for the last pass's ring, the
-buckets only for its compute, so R_k is counted beyond the ring's excess over it. ZeRO-3 full
-shard also has T >= its comm stream: m (2 allgathers + 1 reduce-scatter) per unit, in series
-(`simulator.strategies.zero`); its gathers' waits are not counted, so the bound stays below.
-Compute times are the engine's own (sum of the per-layer
+non-expert bytes only (the expert ones go over the d / e copies, left out), and each MoE layer's
+pass adds its all-to-alls at link rate (`layout_geometry.expert_floors_s`). With context parallelism c
+(`simulator.strategies.context`) a rank runs b / c of each micro-batch, the d c ranks of a stage reduce
+and ZeRO-1-shard its gradients, and each pass takes at least its ring K/V sends to the next CP rank
+(started with its compute; what follows waits for them): F_c, B_c >= that floor; the update waits
+for the last pass's ring, the buckets only for its compute, so R_k is counted beyond the ring's
+excess over it. ZeRO-3 full shard also has T >= its comm stream: m (2 allgathers + 1 reduce-scatter)
+per unit, in series (`simulator.strategies.zero`); its gathers' waits are not counted, so the bound
+stays below. Compute times are the engine's own (sum of the per-layer
 costs of the rank's GPU; SM contention and stragglers only slow them); every transfer and collective
 is priced at link rate alone: each flow phase the engine would play takes at least its latency plus
 its bytes at the bottleneck link's share for its own sub-flows, so contention with other traffic
@@ -47,7 +47,8 @@ from simulator.collectives import choose_algorithm, collective_phases, pairs_pha
 from simulator.costs import BACKWARD, FORWARD
 from simulator.heterogeneity import DeviceCosts
 from simulator import memory_floor
-from simulator.layout_geometry import RememberedCosts, chain_partition, megatron_device, ring_floors_s, tp_floors
+from simulator.layout_geometry import (RememberedCosts, chain_partition, expert_floors_s, megatron_device,
+                                      ring_floors_s, tp_floors)
 from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.strategies.experts import expert_rank_workload, rank_expert_params
@@ -271,6 +272,9 @@ class BoundModel:
             for k, (start, end) in enumerate(geo.ranges):
                 group_f, group_b = tp_floors(self, geo.tp_groups[k % len(geo.tp_groups)], self.sp(c), b)
                 tp_f[start:end], tp_b[start:end] = group_f[start:end], group_b[start:end]
+        for index, floor in expert_floors_s(self, c, geo, b).items():  # after each pass, as the TP ones
+            tp_f[index] += floor
+            tp_b[index] += floor
         found = self._cache[key] = (fwd, bwd, tp_f, tp_b)
         return found
 

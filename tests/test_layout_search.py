@@ -210,6 +210,31 @@ def test_moe_search_adds_expert_degrees_with_valid_bounds_and_floors():
         assert model.memory_floor_bytes(candidate) <= exact_peak_memory_bytes(concrete, workload) * (1 + 1e-12)
 
 
+def test_the_moe_bound_counts_each_layers_all_to_alls_and_stays_below_the_simulation(monkeypatch):
+    """Every MoE layer's pass adds its dispatch and combine all-to-alls at link rate over the EP
+    group (`simulator.layout_geometry.expert_floors_s`), so the bound of an EP layout rises and
+    stays below its simulated step."""
+    import simulator.step_bound as step_bound
+    from simulator.strategies.experts import alltoall_bytes_per_sample, is_moe
+    scenario = load_scenario(tiny_moe())
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
+    space = megatron_space(scenario, workload, (1,))
+    candidate = next(c for c in space if c.ep_degree == 4 and c.tp_degree == 1 and c.workers_per_group == 1)
+    model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+    geo, b = model.geometry(candidate), model.microbatch_size(candidate)
+    floors = step_bound.expert_floors_s(model, candidate, geo, b)
+    assert sorted(floors) == [i for i, layer in enumerate(workload.layers) if is_moe(layer)]
+    spec = workload.layers[min(floors)].spec
+    size = alltoall_bytes_per_sample(spec, 1, False, model.element) * b
+    assert floors[min(floors)] == model.collective_floor_s((tuple(geo.rings[0]),), "alltoall", size, "pairwise", 2) > 0
+    with_floors = model.bound(candidate).step_s
+    monkeypatch.setattr(step_bound, "expert_floors_s", lambda *args: {})
+    assert BoundModel(scenario, workload, build_topology(scenario.cluster),
+                      analytic_costs(scenario, workload)).bound(candidate).step_s < with_floors
+    concrete = scenario_from_dict(candidate_scenario(scenario, candidate))
+    assert with_floors <= simulate(concrete, workload=workload).step_time_s
+
+
 def test_the_floor_of_asynchronous_pipelines_counts_weight_copies_and_the_recomputed_chunk():
     """PipeDream's stashed versions and SpecTrain's predicted copy (simulator/memory_buffers.py) and,
     under full recompute, the first backward's re-run forward are in the floor: GPT-3 175B's
