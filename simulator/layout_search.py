@@ -24,7 +24,8 @@ work, activations and weights per rank, the same m and the same d c ranks reduci
 only the rank order differs (a stage's c ranks side by side, between the two searched orders), so
 this rule can miss a layout that wins by its placement alone. A layout that would simulate every
 rank for too many passes (a CP run that does not fold, an asynchronous pipeline) is listed in
-`skipped` with the reason (`simulator.search_gates`).
+`skipped` with the reason (`simulator.search_gates`), checked when its turn to be simulated comes
+(the fold check costs about a second at 16,384 GPUs, so layouts the bound drops are not checked).
 
 Each candidate gets a memory floor and a lower bound on its step time (`simulator.step_bound`);
 those whose floor exceeds the device memory are dropped (they cannot fit). The rest are taken in
@@ -267,22 +268,21 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
                 pruned.append({"label": candidate.label, "kind": candidate.kind, "reason": "memory",
                                "memory_floor_bytes": found.floor_bytes})
                 continue
-            refusal = unfolded_refusal(scenario, candidate, topology, folds)  # checked only where it could fit
-            if refusal:
-                skipped.append({"label": candidate.label, "reason": refusal})
-                continue
             bounds[candidate] = found.bound
             queue.append((found.bound.step_s, len(queue), candidate))
             floors[candidate] = found.floor_bytes
         heapq.heapify(queue)
-        outcomes = _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_progress, stats)
+        refuse = lambda candidate: unfolded_refusal(scenario, candidate, topology, folds)  # noqa: E731
+        outcomes = _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_progress, stats, refuse)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     rows, simulated = [], set()
     for candidate, outcome in outcomes:
         simulated.add(candidate)
-        if "error" in outcome:
+        if "refused" in outcome:  # too big to simulate unfolded (`search_gates`): not simulated
+            skipped.append({"label": candidate.label, "reason": outcome["refused"]})
+        elif "error" in outcome:
             skipped.append({"label": candidate.label, "reason": outcome["error"]})
             stats.skipped += 1
         elif "summary" not in outcome:
@@ -309,8 +309,11 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
     return LayoutSearch(scenario, rows, skipped, MEMORY_MODEL, capacity, stats=stats, pruned=pruned, top=top)
 
 
-def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_progress, stats) -> list[tuple[Candidate, dict]]:
-    """Pop candidates by bound until the next bound exceeds the top-th best time that fits."""
+def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_progress, stats,
+                refuse=lambda candidate: None) -> list[tuple[Candidate, dict]]:
+    """Pop candidates by bound until the next bound exceeds the top-th best time that fits; a popped
+    candidate that `refuse` names a reason for (`search_gates.unfolded_refusal`, checked only for the
+    candidates that could still win) is not simulated."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from simulator.progress import stderr_progress
@@ -345,7 +348,11 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_pr
         while heap or running:
             while heap and len(running) < workers and heap[0][0] <= limit():
                 _, _, candidate = heapq.heappop(heap)
-                if pool is None:
+                refusal = refuse(candidate)
+                if refusal:
+                    done.append((candidate, {"refused": refusal}))
+                    progress.advance(task)
+                elif pool is None:
                     record(candidate, evaluate_layout(payload(candidate)))
                     progress.advance(task)
                 else:

@@ -167,18 +167,43 @@ def test_large_cp_layouts_that_do_not_fold_are_skipped_with_the_reason(fabric):
     raw = tiny_llama(num_nodes=64, batch=4096)
     raw["cluster"].update(topology=fabric, nics_per_node=4 if fabric == "fat_tree" else 1)
     ranking = megatron_search(raw, top=1)
-    reasons = [entry for entry in ranking.skipped if "context parallelism is simulated unfolded" in entry["reason"]]
-    assert all(" c=" in entry["label"] for entry in reasons)
+    reasons = {entry["label"] for entry in ranking.skipped if "context parallelism is simulated unfolded" in entry["reason"]}
+    assert all(" c=" in label for label in reasons)
     scenario, _, space = space_of(raw, (1, 2))
     topology, folds = cached_topology(scenario.cluster.model_dump_json()), {}
     over = [c for c in space if c.cp_degree > 1
             and scenario.num_gpus * c.num_microbatches * c.num_virtual_stages > CP_UNFOLDED_PASSES]
     unfolded = [c for c in over if not cp_folds(scenario, c, topology, folds)]
-    assert over and len(reasons) == len(unfolded)
+    # each is checked when its turn to be simulated comes: skipped with the reason, or dropped by the bound first
+    pruned = {entry["label"] for entry in ranking.pruned}
+    assert over and reasons == {c.label for c in unfolded} - pruned
+    assert not reasons & {row["label"] for row in ranking.rows}
     if fabric == "two_tier":
         assert all(c.tp_degree * c.cp_degree > scenario.cluster.gpus_per_node for c in unfolded)
     else:
         assert len(unfolded) > 0
+
+
+def test_the_unfolded_gate_is_asked_only_for_the_layouts_whose_turn_comes(monkeypatch):
+    """The fold check behind `search_gates.unfolded_refusal` costs about a second at 16,384 GPUs, so
+    the search asks it only for the candidates it is about to simulate: a refused one is skipped with
+    its reason and the next in bound order takes its place; the bound drops the rest unasked."""
+    import simulator.layout_search as layout_search
+    raw = tiny_llama()
+    first = megatron_search(raw, top=2)
+    refused_label, asked = first.rows[0]["label"], []
+
+    def refusal(scenario, candidate, topology, cache):
+        asked.append(candidate.label)
+        return "too big to simulate unfolded (test)" if candidate.label == refused_label else None
+
+    monkeypatch.setattr(layout_search, "unfolded_refusal", refusal)
+    again = megatron_search(raw, top=2)
+    assert {"label": refused_label, "reason": "too big to simulate unfolded (test)"} in again.skipped
+    assert refused_label not in {row["label"] for row in again.rows}
+    assert again.rows[0]["label"] == first.rows[1]["label"]
+    assert sorted(asked) == sorted([refused_label, *(row["label"] for row in again.rows)])
+    assert again.stats.pruned_bound > 0
 
 
 def test_a_cp_group_across_nodes_is_searched_as_the_405b_scenario_runs_it():
