@@ -272,7 +272,10 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
             queue.append((found.bound.step_s, len(queue), candidate))
             floors[candidate] = found.floor_bytes
         heapq.heapify(queue)
-        refuse = lambda candidate: unfolded_refusal(scenario, candidate, topology, folds)  # noqa: E731
+
+        def refuse(candidate):
+            return unfolded_refusal(scenario, candidate, topology, folds)
+
         outcomes = _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_progress, stats, refuse)
     finally:
         if pool is not None:

@@ -382,10 +382,10 @@ def memory_report(plan: Plan, workload: Workload, spans, config: MemoryConfig, s
     """Per device peak, breakdown at the peak and fit; overall peak, fit and offload time. With
     `same_as` (per rank, the rank whose walk equals its own) each distinct walk is made once."""
     ranks = rank_memory(plan, workload, spans, config, None if same_as is None else sorted(set(same_as)))
-    peaks = {memory.rank: memory.peak() for memory in ranks}
+    walked = {memory.rank: memory.peak() for memory in ranks}
+    peaks = [walked[rank if same_as is None else same_as[rank]] for rank in range(plan.num_ranks)]
     devices = [{"rank": rank, "peak_memory_bytes": peak, "memory_breakdown_bytes": breakdown,
-                "fits_in_memory": peak <= config.capacity_bytes} for rank in range(plan.num_ranks)
-               for peak, breakdown in (peaks[rank if same_as is None else same_as[rank]],)]
+                "fits_in_memory": peak <= config.capacity_bytes} for rank, (peak, breakdown) in enumerate(peaks)]
     return {
         "capacity_bytes": config.capacity_bytes,
         "policy": config.memory_policy,
