@@ -70,7 +70,7 @@ def expert_floors_s(model, c, geo, b: float) -> dict[int, float]:
     (`simulator.strategies.experts.expert_alltoalls`, forward and backward alike): the dispatch and
     combine all-to-alls over the e replicas of its chunk's stage (TP rank 0), and with TP the routed
     tokens' allgather and reduce-scatter over its TP group; empty without expert parallelism."""
-    from simulator.strategies.experts import alltoall_bytes_per_sample, is_moe
+    from simulator.strategies.experts import alltoall_bytes_per_sample, dense_bytes_per_sample, is_moe
     t, e, sp, p = c.tp_degree, model.ep(c), model.sp(c), len(geo.chain)
     if e == 1:
         return {}
@@ -82,7 +82,7 @@ def expert_floors_s(model, c, geo, b: float) -> dict[int, float]:
             spec = model.workload.layers[index].spec
             size = alltoall_bytes_per_sample(spec, t, sp, model.element) * b
             floors[index] = model.collective_floor_s((group,), "alltoall", size, "pairwise", 2)
-            extra = size - spec["seq_len"] / (t if sp else 1) * spec["hidden_size"] * model.element * b
+            extra = size - dense_bytes_per_sample(spec, t, sp, model.element) * b
             if t > 1 and extra > 0:
                 tp_group = geo.tp_groups[chunk % p]
                 floors[index] += (model.collective_floor_s((tp_group,), "allgather", extra, "ring")

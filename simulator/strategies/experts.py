@@ -139,6 +139,12 @@ def alltoall_bytes_per_sample(spec, tp: int, sequence_parallel: bool, element_by
     return spec.get("capacity_factor", 1.0) * spec["top_k"] * rows * spec["hidden_size"] * element_bytes
 
 
+def dense_bytes_per_sample(spec, tp: int, sequence_parallel: bool, element_bytes: int) -> float:
+    """A rank's (s / t with SP) h activations per sample: what the block's sequence-parallel pair
+    already moves of an all-to-all's buffer (`_routed_tp_collectives` moves the rest)."""
+    return spec["seq_len"] / (tp if sequence_parallel else 1) * spec["hidden_size"] * element_bytes
+
+
 def ep_ranks(rank) -> tuple[int, ...]:
     """Plan ranks of the EP group of a `tensor._TensorRank`: the e replicas of its block, same stage
     and TP rank."""
@@ -156,10 +162,9 @@ def expert_alltoalls(rank, start: int, end: int, phase: str, after: int) -> int:
         return after
     sizes = rank.shared.get(("ep", start, end))
     if sizes is None:
-        split = config.tp if config.sequence_parallel else 1
         counts = Counter((alltoall_bytes_per_sample(layer.spec, config.tp, config.sequence_parallel,
                                                     rank.element_bytes),
-                          layer.spec["seq_len"] / split * layer.spec["hidden_size"] * rank.element_bytes)
+                          dense_bytes_per_sample(layer.spec, config.tp, config.sequence_parallel, rank.element_bytes))
                          for layer in rank.workload.layers[start:end] if is_moe(layer))
         sizes = rank.shared[("ep", start, end)] = sorted(counts.items())
     ranks = ep_ranks(rank)
