@@ -265,3 +265,23 @@ def test_input_specs():
     assert model("gpt3-175b").input_spec == {"shape": [2048], "vocab_size": 50257,
                                              "task": "causal_lm"}
     assert model("bert-large").input_spec["task"] == "masked_lm"
+
+
+def test_gpt_dropout_zero_launches_no_dropout_kernels_and_keeps_no_masks():
+    from simulator.kernels import layer_kernels
+    from simulator.memory_activations import Sharding, block_bytes
+    default, none = build_model("gpt2-small"), build_model("gpt2-small", dropout=0.0)
+    assert default.num_params == none.num_params and "dropout" not in default.layers[1].spec
+    names = {kernel.name for kernel in layer_kernels(none.layers[1], "F", 1, dtype="bf16")}
+    assert not any("dropout" in name for name in names)
+    assert any("dropout" in k.name for k in layer_kernels(default.layers[1], "F", 1, dtype="bf16"))
+    sharding = Sharding()
+    kept_none, _ = block_bytes(none.layers[1].spec, 2, sharding)
+    kept_default, _ = block_bytes(default.layers[1].spec, 2, sharding)
+    assert kept_none < kept_default
+
+
+@pytest.mark.parametrize("dropout", [-0.1, 1.0])
+def test_gpt_dropout_outside_zero_to_one_is_refused(dropout):
+    with pytest.raises(ValueError, match="dropout"):
+        build_model("transformer", dropout=dropout)

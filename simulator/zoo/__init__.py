@@ -7,7 +7,7 @@ TypeError): CNNs take ``width_multiplier``, ``image_size`` and ``num_classes``
 also ``depth`` and ``variant``; ``mlp`` takes ``input_dim``, ``hidden_dim``,
 ``num_hidden_layers``, ``num_classes``; transformers take ``num_layers``, ``hidden_size``,
 ``num_heads``, ``seq_len``, ``vocab_size`` (and optional ``ffn_hidden_size``, ``max_positions``,
-``sliding_window`` for GPT and LLaMA decoders);
+``sliding_window`` for GPT and LLaMA decoders, ``dropout`` for GPT and BERT);
 the LLaMA family (``llama``, ``llama2-7b`` ... ``llama3-405b``) also ``num_kv_heads`` and
 ``tie_embeddings``; mixtures of experts (``moe``, ``mixtral-8x7b``, ``deepseek-moe-16b``) also
 ``num_experts``, ``top_k``, ``expert_ffn_hidden_size``, ``num_shared_experts``,

@@ -46,8 +46,18 @@ def check_sliding_window(sliding_window) -> None:
                          "no window)")
 
 
+def _dropout_spec(dropout: float | None) -> dict:
+    """The spec's "dropout" key: absent (None) leaves Megatron-LM's default to the kernel and
+    memory models (`simulator.kernel_ops.DEFAULT_DROPOUT`); 0 means no dropout kernels or masks."""
+    if dropout is None:
+        return {}
+    if not 0 <= dropout < 1:
+        raise ValueError(f"dropout {dropout} must be in [0, 1)")
+    return {"dropout": float(dropout)}
+
+
 def embedding_layer(name: str, vocab: int, hidden: int, seq: int, max_positions: int, *,
-                    token_types: int = 0, layernorm: bool = False) -> Layer:
+                    token_types: int = 0, layernorm: bool = False, dropout: float | None = None) -> Layer:
     """Token + learned position [+ token-type] embeddings, summed [-> LayerNorm]."""
     t = Tally()
     t.embedding(vocab, hidden, seq)
@@ -59,12 +69,14 @@ def embedding_layer(name: str, vocab: int, hidden: int, seq: int, max_positions:
     if layernorm:
         t.norm(hidden, seq * hidden)
     spec = {"kind": "embedding", "vocab_size": vocab, "hidden_size": hidden, "seq_len": seq,
-            "max_positions": max_positions, "token_types": token_types, "layernorm": layernorm}
+            "max_positions": max_positions, "token_types": token_types, "layernorm": layernorm,
+            **_dropout_spec(dropout)}
     return t.layer(name, "embedding", seq, seq * hidden, spec)
 
 
 def transformer_block(name: str, hidden: int, heads: int, seq: int, ffn: int, *,
-                      causal: bool, pre_norm: bool, sliding_window: int = 0) -> Layer:
+                      causal: bool, pre_norm: bool, sliding_window: int = 0,
+                      dropout: float | None = None) -> Layer:
     """Multi-head self-attention + GELU MLP with two LayerNorms and two residuals (biases on);
     `sliding_window` W > 0: each query attends to min(seq, W) keys (module docstring)."""
     t = Tally()
@@ -82,7 +94,7 @@ def transformer_block(name: str, hidden: int, heads: int, seq: int, ffn: int, *,
     spec = {"kind": "transformer_block", "hidden_size": hidden, "num_heads": heads,
             "seq_len": seq, "ffn_hidden_size": ffn, "causal": causal,
             "norm": "pre" if pre_norm else "post", "activation": "gelu",
-            **({"sliding_window": sliding_window} if sliding_window else {})}
+            **({"sliding_window": sliding_window} if sliding_window else {}), **_dropout_spec(dropout)}
     return t.layer(name, "attention", elems, elems, spec)
 
 
@@ -110,14 +122,15 @@ def bert_mlm_head(name: str, hidden: int, vocab: int, seq: int) -> Layer:
 
 def _gpt(name: str, *, num_layers: int = 12, hidden_size: int = 768, num_heads: int = 12,
          seq_len: int = 1024, vocab_size: int = 50257, ffn_hidden_size: int | None = None,
-         max_positions: int | None = None, sliding_window: int = 0) -> Workload:
+         max_positions: int | None = None, sliding_window: int = 0, dropout: float | None = None) -> Workload:
     ffn = ffn_hidden_size or 4 * hidden_size
     max_positions = max_positions or seq_len
     _check_config(num_layers, hidden_size, num_heads, seq_len, vocab_size, max_positions)
     check_sliding_window(sliding_window)
-    layers = [embedding_layer("embedding", vocab_size, hidden_size, seq_len, max_positions)]
+    layers = [embedding_layer("embedding", vocab_size, hidden_size, seq_len, max_positions, dropout=dropout)]
     layers += [transformer_block(f"block{i}", hidden_size, num_heads, seq_len, ffn, causal=True,
-                                 pre_norm=True, sliding_window=sliding_window) for i in range(num_layers)]
+                                 pre_norm=True, sliding_window=sliding_window, dropout=dropout)
+               for i in range(num_layers)]
     layers.append(lm_head("head", hidden_size, vocab_size, seq_len))
     input_spec = {"shape": [seq_len], "vocab_size": vocab_size, "task": "causal_lm"}
     return Workload(name, tuple(layers), input_spec)
@@ -125,14 +138,14 @@ def _gpt(name: str, *, num_layers: int = 12, hidden_size: int = 768, num_heads: 
 
 def _bert(name: str, *, num_layers: int = 24, hidden_size: int = 1024, num_heads: int = 16,
           seq_len: int = 512, vocab_size: int = 30522, ffn_hidden_size: int | None = None,
-          max_positions: int | None = None) -> Workload:
+          max_positions: int | None = None, dropout: float | None = None) -> Workload:
     ffn = ffn_hidden_size or 4 * hidden_size
     max_positions = max_positions or seq_len
     _check_config(num_layers, hidden_size, num_heads, seq_len, vocab_size, max_positions)
     layers = [embedding_layer("embedding", vocab_size, hidden_size, seq_len, max_positions,
-                              token_types=2, layernorm=True)]
+                              token_types=2, layernorm=True, dropout=dropout)]
     layers += [transformer_block(f"block{i}", hidden_size, num_heads, seq_len, ffn,
-                                 causal=False, pre_norm=False) for i in range(num_layers)]
+                                 causal=False, pre_norm=False, dropout=dropout) for i in range(num_layers)]
     layers.append(bert_mlm_head("head", hidden_size, vocab_size, seq_len))
     input_spec = {"shape": [seq_len], "vocab_size": vocab_size, "task": "masked_lm"}
     return Workload(name, tuple(layers), input_spec)
@@ -142,8 +155,10 @@ def transformer(**config: Any) -> Workload:
     """Generic decoder-only GPT (pre-LN, learned positions, tied LM head, FFN = 4h).
 
     Parameters: num_layers, hidden_size, num_heads, seq_len, vocab_size (defaults: GPT-2 small),
-    optional ffn_hidden_size (default 4*hidden_size), max_positions (default seq_len) and
-    sliding_window (default 0: causal; W > 0: each query attends to min(seq_len, W) keys)."""
+    optional ffn_hidden_size (default 4*hidden_size), max_positions (default seq_len),
+    sliding_window (default 0: causal; W > 0: each query attends to min(seq_len, W) keys) and
+    dropout (default: Megatron-LM's 0.1 on hidden states and attention probabilities; 0: none, as
+    most LLM pre-training runs today)."""
     return _gpt("transformer", **config)
 
 
