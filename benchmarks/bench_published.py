@@ -11,7 +11,7 @@ degree, pipeline degree, micro-batch size and hidden size.
 - `kernel, datasheet`: the kernel model with the datasheet parameters alone and a host that never
   holds the GPU back (`costs.host_overhead_s: 0`), nothing chosen on these rows;
 - `kernel, catalogue`: the catalogue as a scenario gets it, whose host time per kernel
-  (`simulator.kernel_costs.HOST_OVERHEAD_S`) was chosen on these rows: scored in sample (the
+  (`simulator.kernel_catalogue.HOST_OVERHEAD_S`) was chosen on these rows: scored in sample (the
   5-fold figure below is its held-out error);
 - `kernel, 5-fold`: `ghpsim fit`'s parameters (its grid `simulator.fit.FITTED`, refined around
   the best point) chosen by 5-fold cross-validation, every row scored by the fold that did not see it;

@@ -224,7 +224,7 @@ def predict_grid(runs: list[Run], points: list[dict[str, float]], progress=None)
 
 def fit_runs(runs: list[Run], k: int = 5, seed: int = 0, progress=None) -> tuple[FitResult, dict]:
     """Fit `runs` (all on one GPU architecture) and the kernel profile document to write."""
-    from simulator.kernel_costs import gpu_architecture
+    from simulator.kernel_catalogue import gpu_architecture
     from simulator.profile import FORMAT
     from simulator.scenario import scenario_from_dict
     architectures = {gpu_architecture(scenario_from_dict(run.document, run.where).cluster.gpu) for run in runs}

@@ -1,13 +1,15 @@
 """Kernel-level compute costs: a layer's pass = the sum of its kernels' times on one GPU.
 
-Per kernel (`kernel_s`), with every knob in `ARCHITECTURES` (one row per GPU architecture family,
-each figure with its source) and nothing per model or configuration:
+Per kernel (`kernel_s`), with every knob in `simulator.kernel_catalogue.ARCHITECTURES` (one row
+per GPU architecture family, each figure with its source) and nothing per model or configuration:
 
 * GEMM-like (gemm, flash_attention): launch + max(compute, memory). Compute is tile / wave
   quantised: tiles = ceil(m / tile_m) ceil(n / tile_n) batch_count, waves = ceil(tiles / SMs),
   compute_s = waves x 2 tile_m tile_n k / (peak / SMs x efficiency) (the wave model of NVIDIA's
   "Matrix Multiplication Background User's Guide", sec. "Wave quantization"); a GPU without an SM
-  count is costed without quantisation: FLOPs / (peak x efficiency).
+  count is costed without quantisation: FLOPs / (peak x efficiency). A GEMM whose feature
+  dimensions miss cuBLAS's 16-byte alignment runs at no more than the misaligned ceiling
+  (`KernelParameters.misaligned_gemm_efficiency`), where the catalogue or a profile has one.
 * memory-bound (everything else): launch + bytes / bw(bytes), with the saturation curve
   bw(S) = B x S / (S + S_half), B = peak bandwidth x stream efficiency. S_half = latency x B is
   the bytes that must be in flight to cover the memory latency (Little's law), so the time is
@@ -26,12 +28,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from simulator.costs import TOPK_SELECTION_BYTES_PER_ELEMENT, WEIGHT_PASS_WORDS
 from simulator.host_sharing import sm_sharing
-from simulator.kernel_tables import Axes, MeasuredTables, interpolate_log
+from simulator.kernel_catalogue import ARCHITECTURES, KernelParameters, gpu_architecture
+from simulator.kernel_tables import Axes, interpolate_log
 from simulator.kernels_attention import core_recompute_kernels
 from simulator.kernels import (
     Kernel,
@@ -45,119 +47,16 @@ from simulator.workload import Workload, dtype_bytes
 
 FORWARD, BACKWARD, RECOMPUTE = "F", "B", "R"
 RECOMPUTE_MODES = ("none", "selective", "full")
+MEGATRON_VOCAB_MULTIPLE = 128
+"""Megatron-LM pads the vocabulary to a multiple of `--make-vocab-size-divisible-by` (default 128) x
+the tensor-parallel size (`_vocab_size_with_padding`, megatron/training/tokenizer/tokenizer.py):
+its embedding and logits GEMMs see the padded size (GPT-2's 50,257 -> 50,304 at TP 1)."""
 TILED_KINDS = ("gemm", "flash_attention")
 
 INPUT_GRADIENT_KERNELS = {"conv_block": "conv.dgrad", "fc": "fc.dgrad"}
 """The kernel computing a layer's input gradient, by spec kind. The model's first layer does not
 launch it: its input, the data batch, needs no gradient, and autograd computes only the gradients
 an input requires (PyTorch's `convolution_backward` and `addmm` backward take an output mask)."""
-
-
-@dataclass(frozen=True)
-class KernelParameters:
-    """The physical knobs of the kernel model (what `ghpsim fit` may fit), per architecture."""
-
-    gemm_efficiency: float
-    """Fraction of the per-SM dense peak a full GEMM tile sustains (large-GEMM ceiling)."""
-    flash_attention_efficiency: float
-    """The same for a flash-attention tile (query block x head dim)."""
-    memory_efficiency: float
-    """Fraction of the datasheet memory bandwidth a large streaming kernel reaches."""
-    launch_overhead_s: float
-    """Per-kernel launch + scheduling time added to every kernel on the GPU."""
-    host_overhead_s: float = 0.0
-    """Host (framework + driver) time to issue one kernel: a pass lasts at least its kernel count
-    x this (the GPU idles when the host issues slower than it executes). 0 is the GPU-bound limit;
-    the table rows carry `HOST_OVERHEAD_S`, `costs.host_overhead_s` or a fit replaces it."""
-    measured: MeasuredTables | None = None
-    """Not fitted: the tables of `ghpsim calibrate --kernels`, used in place of gemm_efficiency and
-    memory_efficiency where they cover a kernel (`MeasuredTables`)."""
-
-    def __post_init__(self) -> None:
-        for name in ("gemm_efficiency", "flash_attention_efficiency", "memory_efficiency"):
-            value = getattr(self, name)
-            if not 0 < value <= 1:
-                raise ValueError(f"KernelParameters.{name}: {value!r} must be in (0, 1]")
-        for name in ("launch_overhead_s", "host_overhead_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"KernelParameters.{name}: {getattr(self, name)!r} must be >= 0")
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """Structural figures of a GPU family (not fitted) and its default `KernelParameters`."""
-
-    tile_m: int
-    tile_n: int
-    memory_latency_s: float
-    parameters: KernelParameters
-    source: str
-    gemm_efficiency_by_dtype: Mapping[str, float] = field(default_factory=dict)
-    """A dtype's own sourced GEMM ceiling (CUDA-core fp32); the others take `parameters`'."""
-
-    def parameters_for(self, dtype: str) -> KernelParameters:
-        """The catalogue's parameters for GEMMs in `dtype` (its own ceiling if the row has one)."""
-        ceiling = self.gemm_efficiency_by_dtype.get(dtype)
-        return self.parameters if ceiling is None else replace(self.parameters, gemm_efficiency=ceiling)
-
-
-LAUNCH_OVERHEAD_S = 5e-6
-LAUNCH_SOURCE = ("launch 5 us: NVIDIA, 'Getting Started with CUDA Graphs' (A. Gray, 2019): a 2.9 us kernel took "
-                 "9.6 us per launch+sync on V100, i.e. ~6.7 us launch latency, 3.8 us when queued back to back; "
-                 "5 us is the commonly quoted 3-7 us range's middle, one value for every CUDA family")
-HOST_OVERHEAD_S = 52.5e-6
-HOST_SOURCE = ("host 52.5 us a kernel: no vendor publishes a training framework's per-kernel host time, so it is "
-               "the one parameter chosen on measurements, by 5-fold cross-validation (`ghpsim fit`) on 1,440 "
-               "published Megatron-DeepSpeed iteration times on an 8xA100 node (Bang et al., vTrain, MICRO 2024): "
-               "every fold chose 52.5 us, held-out MAPE 6.3 % against 25.4 % with none; eager PyTorch spends "
-               "5-25 us of CPU per operator, more under a framework's module hooks; a host figure, used for every family")
-LATENCY_SOURCE = ("memory latency 0.6 us: HBM load latency is several hundred ns on V100/A100/H100 (pointer-chase "
-                  "microbenchmarks: Jia et al. 2018, arXiv:1804.06826; Abdelkhalik et al. 2022, arXiv:2208.11174); "
-                  "an order-of-magnitude figure, the least certain entry here")
-TILE_SOURCE = ("tile 128x128: the CTA tile of cuBLAS's usual 16-bit tensor-core GEMM kernels on Volta/Ampere/Hopper "
-               "(kernel names ..._128x128_... e.g. ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn) and "
-               "CUTLASS's SIMT default GemmShape<128, 128, 8>; CUTLASS's sm80 tensor-op default is 128x256x64")
-
-ARCHITECTURES: dict[str, Architecture] = {
-    "ampere": Architecture(128, 128, 0.6e-6, KernelParameters(
-        gemm_efficiency=256.5 / 312, flash_attention_efficiency=179.5 / 312,
-        memory_efficiency=1.70 / 2.039, launch_overhead_s=LAUNCH_OVERHEAD_S, host_overhead_s=HOST_OVERHEAD_S),
-        source="A100-SXM4-80GB, data/published/gpu_microbenchmarks.csv (Azure AI-benchmarking-guide): cuBLASLt "
-               "fp16 GEMM 16384^3 256.5 TFLOP/s / 312 = 0.822; flash_attention_2 179.5 / 312 = 0.575; HBM triad "
-               f"1.70 TB/s / 2.039 = 0.834. {TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}"),
-    "hopper": Architecture(128, 128, 0.6e-6, KernelParameters(
-        gemm_efficiency=1377.3 / 1979, flash_attention_efficiency=(327.9 + 329.3) / 2 / 989.5,
-        memory_efficiency=(2.97 / 3.35 + 4.15 / 4.8) / 2, launch_overhead_s=LAUNCH_OVERHEAD_S,
-        host_overhead_s=HOST_OVERHEAD_S),
-        source="H100-SXM / H200, data/published/gpu_microbenchmarks.csv: cuBLASLt GEMM 16384^3 1377.3 TFLOP/s "
-               "/ 1979 = 0.696, measured in FP8 only (no 16-bit figure published there: applied to every dtype, "
-               "an assumption); flash_attention_2 (328, 329 TFLOP/s) / 989.5 = 0.332; HBM triad H100 2.97/3.35, "
-               f"H200 4.15/4.8, mean 0.876. {TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}"),
-}
-VOLTA_SGEMM_EFFICIENCY = 83 / 7 / 15.7  # Markidis et al.: tensor cores 83 TFLOP/s, 7x fp32 (of 15.7 peak)
-ARCHITECTURES["volta"] = Architecture(128, 128, 0.6e-6, KernelParameters(
-        gemm_efficiency=83 / 125, flash_attention_efficiency=83 / 125 * (179.5 / 256.5),
-        memory_efficiency=1.70 / 2.039, launch_overhead_s=LAUNCH_OVERHEAD_S, host_overhead_s=HOST_OVERHEAD_S),
-        source="V100-SXM2: cuBLAS mixed-precision GEMM 'up to 83 Tflops/s' of the 125 peak = 0.664 (Markidis et al., "
-               "'NVIDIA Tensor Core Programmability, Performance & Precision', IPDPSW 2018), for the 16-bit dtypes; "
-               "fp32 (and tf32, which Volta runs as fp32) on CUDA cores: the same paper's 83 / 7 = 11.9 of 15.7 = "
-               "0.755; memory and flash-attention efficiencies: Ampere's ratios (HBM triad 0.834; flash / "
-               "GEMM 0.70), assumptions, no Volta figure in the project's data (FlashAttention itself needs sm80+). "
-               f"{TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}",
-        gemm_efficiency_by_dtype={"fp32": VOLTA_SGEMM_EFFICIENCY, "tf32": VOLTA_SGEMM_EFFICIENCY})
-ARCHITECTURES["generic"] = replace(
-    ARCHITECTURES["ampere"],
-    source="no published figures for this family in the project's data: Ampere's row is used (an assumption)")
-
-def gpu_architecture(gpu) -> str:
-    """The GPU's architecture family (`GpuSpec.architecture`) if it has a row here, else "generic"."""
-    named = (gpu.architecture or "").lower()
-    return named if named in ARCHITECTURES else "generic"
-
-
-def has_kernel_tables(gpu) -> bool:
-    """Whether the GPU's own family has measured figures here (what `costs.model: auto` asks)."""
-    return (gpu.architecture or "").lower() in ARCHITECTURES and gpu.architecture.lower() != "generic"
 
 
 @dataclass(frozen=True)
@@ -229,6 +128,8 @@ def kernel_s(kernel: Kernel, device: Device) -> float:
     if kernel.kind == "gemm":
         efficiency = p.gemm_efficiency if device.gemm_grid is None else interpolate_log(
             *device.gemm_grid, (kernel.m * kernel.batch_count, kernel.n, kernel.k))
+        if not kernel.aligned and p.misaligned_gemm_efficiency is not None:
+            efficiency = min(efficiency, p.misaligned_gemm_efficiency)
         compute = tiled_compute_s(kernel.m, kernel.n, kernel.k, kernel.batch_count, device, efficiency,
                                   work_fraction=kernel.work_fraction)
     elif kernel.kind == "flash_attention":
@@ -277,7 +178,9 @@ class KernelCosts:
     for it, `simulator.strategies.ghp.recompute_ranges`). `parameters` replaces the architecture table's `KernelParameters`.
     `comm_sm_contention`: compute slows while a collective's NCCL kernels hold SMs on the same GPU
     (`shared_processors`, `simulator.host_sharing.sm_sharing`). `gradient_accumulation_fusion`
-    False: each weight-gradient GEMM is followed by its fp32 main-gradient accumulation kernel."""
+    False: each weight-gradient GEMM is followed by its fp32 main-gradient accumulation kernel.
+    `vocab_multiple` > 1: vocabularies padded to a multiple of it x `tp_degree` (Megatron's
+    `MEGATRON_VOCAB_MULTIPLE`; 1: the model's own size, as eager frameworks run it)."""
 
     communication = None
     shared_processors = None
@@ -285,7 +188,7 @@ class KernelCosts:
     def __init__(self, workload: Workload, gpu, dtype: str, optimizer: str, *, tp_degree: int = 1,
                  flash_attention: bool = False, sequence_parallel: bool = False, recompute: str = "none",
                  parameters: KernelParameters | None = None, comm_sm_contention: bool = True,
-                 gradient_accumulation_fusion: bool = True):
+                 gradient_accumulation_fusion: bool = True, vocab_multiple: int = 1):
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE_MODES)}")
         self.workload = workload
@@ -298,6 +201,7 @@ class KernelCosts:
         self.recompute = recompute
         self.comm_sm_contention = comm_sm_contention
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
+        self.vocab_multiple = vocab_multiple
         self.shared_processors = sm_sharing(gpu.num_sms) if comm_sm_contention else None
         self.architecture = gpu_architecture(gpu)
         self.device = device_for(gpu, dtype, parameters)
@@ -319,7 +223,8 @@ class KernelCosts:
                    flash_attention=costs.flash_attention, parameters=parameters,
                    recompute="selective" if training.recompute == "selective" else "none",
                    comm_sm_contention=costs.comm_sm_contention,
-                   gradient_accumulation_fusion=scenario.strategy.gradient_accumulation_fusion)
+                   gradient_accumulation_fusion=scenario.strategy.gradient_accumulation_fusion,
+                   vocab_multiple=MEGATRON_VOCAB_MULTIPLE if scenario.strategy.kind == "megatron" else 1)
 
     def with_tensor_parallel(self, tp_degree: int, sequence_parallel: bool) -> "KernelCosts":
         """The same model for one rank of a `tp_degree`-way tensor-parallel group."""
@@ -328,7 +233,8 @@ class KernelCosts:
         return KernelCosts(self.workload, self.gpu, self.dtype, self.optimizer, tp_degree=tp_degree,
                            flash_attention=self.flash_attention, sequence_parallel=sequence_parallel,
                            recompute=self.recompute, parameters=self.parameters, comm_sm_contention=self.comm_sm_contention,
-                           gradient_accumulation_fusion=self.gradient_accumulation_fusion)
+                           gradient_accumulation_fusion=self.gradient_accumulation_fusion,
+                           vocab_multiple=self.vocab_multiple)
 
     def kernels(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
         """The kernels of a pass; "B" with full recompute is the recompute forward + backward, with
@@ -344,6 +250,10 @@ class KernelCosts:
 
     def _expand(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
         layer = self.workload.layers[layer_index]
+        vocab = layer.spec.get("vocab_size")
+        if vocab and self.vocab_multiple > 1:
+            multiple = self.vocab_multiple * self.tp_degree
+            layer = replace(layer, spec={**layer.spec, "vocab_size": math.ceil(vocab / multiple) * multiple})
         kernels = layer_kernels(layer, phase, batch, dtype=self.dtype, tp_degree=self.tp_degree,
                                 flash_attention=self.flash_attention, sequence_parallel=self.sequence_parallel,
                                 gradient_accumulation_fusion=self.gradient_accumulation_fusion)

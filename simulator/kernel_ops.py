@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.kernel_catalogue import gemm_aligned
 from simulator.zoo._ops import ADD_FLOPS, NORM_FLOPS, RMS_NORM_FLOPS
 
 PHASES = ("F", "B", "R")
@@ -34,6 +35,9 @@ class Kernel:
     k: float = 0.0
     batch_count: float = 1.0
     work_fraction: float = 1.0
+    aligned: bool = True
+    """GEMMs: whether its operands' leading dimensions meet cuBLAS's 16-byte alignment
+    (`simulator.kernel_catalogue.ALIGNMENT_BYTES`)."""
 
     @property
     def bytes_moved(self) -> float:
@@ -42,10 +46,11 @@ class Kernel:
 
 # --- constructors -------------------------------------------------------------------------------
 
-def gemm(name: str, m: float, n: float, k: float, e: int, *, batch_count: float = 1.0) -> Kernel:
+def gemm(name: str, m: float, n: float, k: float, e: int, *, batch_count: float = 1.0,
+         aligned: bool = True) -> Kernel:
     """C[m, n] = A[m, k] B[k, n], `batch_count` times: 2mnk FLOPs each; reads A, B, writes C."""
     return Kernel(name, "gemm", 2.0 * m * n * k * batch_count, (m * k + k * n) * e * batch_count,
-                  m * n * e * batch_count, m, n, k, batch_count)
+                  m * n * e * batch_count, m, n, k, batch_count, aligned=aligned)
 
 
 def pointwise(name: str, kind: str, elements: float, read_bytes: float, write_bytes: float,
@@ -57,11 +62,14 @@ def pointwise(name: str, kind: str, elements: float, read_bytes: float, write_by
 def linear(name: str, m: float, n: float, k: float, e: int, phase: str, *,
            bias_grad: bool = False, input_grad: bool = True) -> list[Kernel]:
     """y[m, n] = x[m, k] W[n, k]^T (bias in the cuBLASLt epilogue). Backward: dx = dy W
-    (m, k, n), dW = dy^T x (n, k, m), and db = sum of dy over m (a reduction kernel)."""
+    (m, k, n), dW = dy^T x (n, k, m), and db = sum of dy over m (a reduction kernel). The
+    leading dimensions of all three are the features n and k (m, the tokens, never is): when
+    either misses 16 bytes, all three are misaligned (`simulator.kernel_catalogue.gemm_aligned`)."""
+    aligned = gemm_aligned(e, n, k)
     if phase != "B":
-        return [gemm(name, m, n, k, e)]
-    kernels = [gemm(f"{name}.dgrad", m, k, n, e)] if input_grad else []
-    kernels.append(gemm(f"{name}.wgrad", n, k, m, e))
+        return [gemm(name, m, n, k, e, aligned=aligned)]
+    kernels = [gemm(f"{name}.dgrad", m, k, n, e, aligned=aligned)] if input_grad else []
+    kernels.append(gemm(f"{name}.wgrad", n, k, m, e, aligned=aligned))
     if bias_grad:
         kernels.append(Kernel(f"{name}.bias_grad", "reduction", 0.0, m * n * e, n * e))
     return kernels

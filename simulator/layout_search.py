@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from simulator.errors import ScenarioError, SimulationError
 from simulator.fabrics import cached_topology
-from simulator.kernel_costs import has_kernel_tables
+from simulator.kernel_catalogue import has_kernel_tables
 from simulator.memory_activations import is_block
 from simulator.planner import (MEGATRON, MEMORY_MODEL, Candidate, Ranking, _row, _workload, candidate_scenario,
                                enumerate_candidates, scenario_for_gpus, simulate_candidate)

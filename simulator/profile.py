@@ -30,19 +30,21 @@ One versioned pydantic schema, read by `load_profile` and written by `validator.
 A kernel profile (`"kind": "kernel"`, written by `ghpsim fit`) holds instead the fitted physical
 parameters of the GPU kernel model for one architecture: `{format, kind, architecture,
 parameters: {name: value}, fit: {...}, provenance}`; `parameters` replace the catalogue's values
-of `simulator.kernel_costs.KernelParameters` for GPUs of that architecture, and `fit` records the
+of `simulator.kernel_catalogue.KernelParameters` for GPUs of that architecture, and `fit` records the
 held-out error and each parameter's spread over the folds.
 
 A kernel profile from `ghpsim calibrate --kernels` (`validator.kernel_bench`) carries the same
 `parameters`, derived from microbenchmarks on one GPU (its `provenance` says how), and the
 measurements themselves in the optional `measured`: `{device, gpu, peak_flops_per_s,
-memory_bandwidth_bytes_per_s, gemm: [GEMM], memory: [STREAM], launch: {kernel_s, host_issue_s}}`.
+memory_bandwidth_bytes_per_s, gemm: [GEMM], misaligned_gemm: [GEMM], memory: [STREAM], launch:
+{kernel_s, host_issue_s}}`.
 `gpu` names the catalogue entry whose datasheet figures the efficiencies divide by.
 * `GEMM`: `{dtype, m, n, k, time_s, achieved_flops_per_s, efficiency, tile_efficiency}`: C[m, n] =
   A[m, k] B[k, n] timed back to back; `efficiency` = 2mnk / time_s / datasheet peak;
   `tile_efficiency` = the efficiency with which the tile / wave model
   (`simulator.kernel_costs.tiled_compute_s`) takes time_s less the launch overhead. Per dtype the
-  rows form a full grid over the m, n and k values measured.
+  rows form a full grid over the m, n and k values measured; `misaligned_gemm` holds a few shapes
+  with an odd n or k (no grid), behind the `misaligned_gemm_efficiency` parameter.
 * `STREAM`: `{size_bytes, time_s, bandwidth_bytes_per_s, efficiency}`: a memory-bound kernel moving
   size_bytes (read + written); `efficiency` = size_bytes / ((time_s - launch) x datasheet bandwidth).
 `simulator.kernel_tables.MeasuredTables` interpolates both tables in place of the ceilings.
@@ -241,6 +243,8 @@ class KernelMeasurements(_Frozen):
     peak_flops_per_s: dict[str, float]
     memory_bandwidth_bytes_per_s: float = Field(gt=0)
     gemm: tuple[GemmMeasurement, ...] = ()
+    misaligned_gemm: tuple[GemmMeasurement, ...] = ()
+    """Shapes whose leading dimensions miss 16 bytes (not part of the grid)."""
     memory: tuple[StreamMeasurement, ...] = ()
     launch: LaunchMeasurement
 
@@ -264,7 +268,7 @@ class KernelProfile(_Frozen):
     kind: Literal["kernel"]
     architecture: str
     parameters: dict[Literal["gemm_efficiency", "flash_attention_efficiency", "memory_efficiency",
-                             "launch_overhead_s", "host_overhead_s"], float]
+                             "launch_overhead_s", "host_overhead_s", "misaligned_gemm_efficiency"], float]
     fit: dict[str, Any] = {}
     measured: KernelMeasurements | None = None
     provenance: dict[str, Any] = {}

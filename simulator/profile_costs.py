@@ -29,7 +29,8 @@ def scenario_profile_costs(path, scenario, workload: Workload):
     `architecture`, e.g. "cpu")."""
     from dataclasses import replace
 
-    from simulator.kernel_costs import KernelCosts, device_for, gpu_architecture
+    from simulator.kernel_catalogue import gpu_architecture
+    from simulator.kernel_costs import KernelCosts, device_for
     from simulator.kernel_tables import MeasuredTables
     profile = load_profile(path)
     training, gpu = scenario.training, scenario.cluster.gpu

@@ -255,7 +255,7 @@ class CostConfig(_Frozen):
     (`simulator.host_sharing.sm_sharing`)."""
     host_overhead_s: Annotated[Float, Field(ge=0, le=1e-2)] | None = None
     """Kernel cost model: the framework's host time to issue one kernel; None: the catalogue's
-    (`simulator.kernel_costs.HOST_OVERHEAD_S`); 0: a host that never holds the GPU back (CUDA graphs)."""
+    (`simulator.kernel_catalogue.HOST_OVERHEAD_S`); 0: a host that never holds the GPU back (CUDA graphs)."""
 
 
 class Scenario(_Frozen):

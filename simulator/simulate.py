@@ -68,7 +68,8 @@ def naming_source(scenario: Scenario):
 def analytic_costs(scenario: Scenario, workload: Workload) -> CostModel:
     """The scenario's datasheet cost model (`costs.model`): kernel-level where the GPU's
     architecture has kernel tables (or when asked), else the analytic roofline."""
-    from simulator.kernel_costs import KernelCosts, has_kernel_tables
+    from simulator.kernel_catalogue import has_kernel_tables
+    from simulator.kernel_costs import KernelCosts
     training, costs, gpu = scenario.training, scenario.costs, scenario.cluster.gpu
     if costs.model == "kernel" or (costs.model == "auto" and has_kernel_tables(gpu)):
         return KernelCosts.for_scenario(scenario, workload)

@@ -125,7 +125,7 @@ def test_the_fitted_host_time_wins_over_the_base_scenarios_own():
     import yaml
 
     from simulator.fit import Run, predict_s
-    from simulator.kernel_costs import ARCHITECTURES
+    from simulator.kernel_catalogue import ARCHITECTURES
     document = {**yaml.safe_load(BASE), "costs": {"host_overhead_s": 0}}
     run, gemm = Run(document, 0.01, "row 1"), ARCHITECTURES["ampere"].parameters.gemm_efficiency
     fast, slow = (predict_s(run, {"host_overhead_s": host, "gemm_efficiency": gemm}) for host in (0.0, 100e-6))

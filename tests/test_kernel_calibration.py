@@ -13,6 +13,7 @@ import torch
 from ghpsim.cli import main
 from simulator.errors import ScenarioError
 from simulator.hardware import GPUS
+from simulator.kernel_catalogue import ARCHITECTURES
 from simulator.kernel_costs import device_for, kernel_s, tiled_compute_s
 from simulator.kernel_tables import MeasuredTables, interpolate_log
 from simulator.kernel_ops import Kernel, gemm
@@ -26,6 +27,9 @@ H200 = GPUS["H200"]
 LAUNCH_S, HOST_S = 3e-6, 6e-6
 SIZES = (1024, 8192)
 BANDWIDTH = H200.memory_bandwidth_bytes_per_s
+
+
+MISALIGNED = {(8192, 8191, 1024): 0.1, (8192, 8192, 1023): 0.14, (8192, 8191, 4096): 0.12}
 
 
 def true_tile_efficiency(m: int, n: int, k: int) -> float:
@@ -42,7 +46,10 @@ def synthetic_raw() -> dict:
     sizes = [3 * 4096 * 4 ** j for j in range(8)]
     memory_rows = [{"size_bytes": size, "time_s": LAUNCH_S + (1e-6 if size < 2**20 else 0.0) + size / (0.9 * BANDWIDTH)}
                    for size in sizes]
-    return {"dtypes": ["fp16"], "gemm": gemm_rows, "memory": memory_rows,
+    misaligned_rows = [{"dtype": "fp16", "m": m, "n": n, "k": k,
+                        "time_s": LAUNCH_S + tiled_compute_s(m, n, k, 1, device, 1.0) / efficiency}
+                       for (m, n, k), efficiency in MISALIGNED.items()]
+    return {"dtypes": ["fp16"], "gemm": gemm_rows, "memory": memory_rows, "misaligned_gemm": misaligned_rows,
             "launch": {"kernel_s": LAUNCH_S, "host_issue_s": HOST_S}}
 
 
@@ -75,8 +82,11 @@ def test_parameters_are_derived_from_the_timings():
     parameters = document["parameters"]
     assert parameters["gemm_efficiency"] == pytest.approx(0.7)  # the largest GEMM's tile efficiency
     assert parameters["memory_efficiency"] == pytest.approx(0.9)  # the large streams
-    assert parameters["launch_overhead_s"] == LAUNCH_S and parameters["host_overhead_s"] == HOST_S
-    assert "flash_attention_efficiency" not in parameters  # not timed: the catalogue's stays
+    assert parameters["launch_overhead_s"] == LAUNCH_S
+    assert parameters["misaligned_gemm_efficiency"] == pytest.approx(0.12)  # the median of the misaligned
+    # not timed: the catalogue's stays; the bare launch's host time is no framework's per-kernel host time
+    assert "flash_attention_efficiency" not in parameters and "host_overhead_s" not in parameters
+    assert document["measured"]["launch"]["host_issue_s"] == HOST_S
     for row in document["measured"]["gemm"]:
         flops = 2.0 * row["m"] * row["n"] * row["k"]
         assert row["tile_efficiency"] == pytest.approx(true_tile_efficiency(row["m"], row["n"], row["k"]))
@@ -113,7 +123,8 @@ def test_the_kernel_model_reproduces_every_measured_gemm_and_stream(tmp_path):
     scenario = h200_scenario()
     costs = scenario_profile_costs(path, scenario, resolve_workload(scenario.model))
     device = costs.device
-    assert costs.parameters.launch_overhead_s == LAUNCH_S and costs.parameters.host_overhead_s == HOST_S
+    assert costs.parameters.launch_overhead_s == LAUNCH_S
+    assert costs.parameters.host_overhead_s == ARCHITECTURES["hopper"].parameters.host_overhead_s
     assert costs.parameters.gemm_efficiency == pytest.approx(0.7) and device.gemm_grid is not None
     for row in document["measured"]["gemm"]:
         assert kernel_s(gemm("g", row["m"], row["n"], row["k"], 2), device) == pytest.approx(row["time_s"], rel=1e-9)
@@ -123,6 +134,17 @@ def test_the_kernel_model_reproduces_every_measured_gemm_and_stream(tmp_path):
     smallest = document["measured"]["memory"][0]
     tiny = Kernel("tiny", "elementwise", 0.0, 8.0, 0.0)
     assert kernel_s(tiny, device) == pytest.approx(smallest["time_s"])  # the latency floor
+
+
+def test_a_misaligned_gemm_runs_at_the_measured_misaligned_ceiling(tmp_path):
+    _, path = synthetic_profile(tmp_path)
+    scenario = h200_scenario()
+    device = scenario_profile_costs(path, scenario, resolve_workload(scenario.model)).device
+    assert device.parameters.misaligned_gemm_efficiency == pytest.approx(0.12)
+    shape = (8192, 8191, 4096)  # the median row: its own time back
+    expected = LAUNCH_S + tiled_compute_s(*shape, 1, device, 1.0) / 0.12
+    assert kernel_s(gemm("g", *shape, 2, aligned=False), device) == pytest.approx(expected, rel=1e-9)
+    assert kernel_s(gemm("g", *shape, 2), device) < expected / 3  # the same shape priced as aligned
 
 
 def test_a_dtype_without_rows_takes_its_stand_in_or_the_ceiling(tmp_path):
@@ -208,10 +230,11 @@ def test_calibrate_kernels_on_cpu_writes_a_profile_that_simulate_uses(tmp_path, 
     assert isinstance(profile, KernelProfile) and printed["parameters"] == dict(profile.parameters)
     assert profile.architecture == "cpu" and profile.measured.device.kind == "cpu"
     assert profile.measured.gpu == "cpu" and len(profile.measured.gemm) == 27
+    assert len(profile.measured.misaligned_gemm) == 2 and profile.parameters["host_overhead_s"] == 0
     assert any("stands in for this CPU's peak" in note for note in profile.provenance["notes"])
     assert profile.provenance["settings"]["num_threads"] == 1
     assert set(profile.parameters) == {"gemm_efficiency", "memory_efficiency", "launch_overhead_s",
-                                       "host_overhead_s"}
+                                       "host_overhead_s", "misaligned_gemm_efficiency"}
     scenario_path = "scenarios/validation/transformer_cpu.yaml"
     scenario = load_scenario(scenario_path)
     costs = scenario_profile_costs(out, scenario, resolve_workload(scenario.model))

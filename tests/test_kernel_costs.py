@@ -11,14 +11,11 @@ import pytest
 from simulator.errors import ScenarioError
 from simulator.hardware import GPUS, GpuSpec
 from simulator.heterogeneity import _costs_for_gpu as costs_for_gpu
+from simulator.kernel_catalogue import ARCHITECTURES, HOST_OVERHEAD_S, KernelParameters, gpu_architecture
 from simulator.kernel_costs import (
-    ARCHITECTURES,
-    HOST_OVERHEAD_S,
     Device,
     KernelCosts,
-    KernelParameters,
     device_for,
-    gpu_architecture,
     kernel_s,
     kernels_s,
     memory_s,
@@ -162,7 +159,7 @@ def test_presets_resolve_to_their_architecture_and_sm_count():
 def test_the_gpus_own_fields_win():
     device = device_for(FutureGpu(), "fp16")
     assert device.num_sms == 100
-    assert device.parameters == ARCHITECTURES["hopper"].parameters
+    assert device.parameters == ARCHITECTURES["hopper"].parameters_for("fp16")
 
 
 def test_every_architecture_row_names_its_sources():

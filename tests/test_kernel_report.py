@@ -9,7 +9,7 @@ import pytest
 
 from ghpsim.cli import main
 from simulator import load_scenario, simulate
-from simulator.kernel_costs import HOST_OVERHEAD_S
+from simulator.kernel_catalogue import HOST_OVERHEAD_S
 
 ROOT = Path(__file__).resolve().parent.parent
 RESNET = ROOT / "scenarios" / "resnet50_dp_a100.yaml"

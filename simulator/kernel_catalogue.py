@@ -1,0 +1,145 @@
+"""The kernel model's hardware catalogue: `KernelParameters` (the physical knobs `ghpsim fit` and
+`ghpsim calibrate --kernels` may replace) and one `Architecture` row per GPU family, every figure
+with its source. `simulator.kernel_costs` prices kernels with them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from simulator.kernel_tables import MeasuredTables
+
+ALIGNMENT_BYTES = 16
+"""cuBLAS's tensor-core GEMM kernels read their operands in 16-byte vectors: a matrix whose
+leading dimension is not a multiple of 16 bytes (8 fp16/bf16 or 4 fp32 elements) gets a slower
+kernel (cuBLAS documentation, "Tensor Core Usage": the 16-byte alignment conditions; NVIDIA
+"Matrix Multiplication Background User's Guide", "Tensor Core Requirements"). On an H200 under
+cuBLAS 13 such a GEMM ran as a Turing-era `cutlass_75_..._align1` kernel (reports/gpu/h200_kernels)."""
+
+
+def gemm_aligned(element_bytes: int, *features: float) -> bool:
+    """Whether a GEMM whose leading dimensions are `features` meets `ALIGNMENT_BYTES`."""
+    step = max(1, ALIGNMENT_BYTES // element_bytes)
+    return all(float(size) % step == 0 for size in features)
+
+
+@dataclass(frozen=True)
+class KernelParameters:
+    """The physical knobs of the kernel model (what `ghpsim fit` may fit), per architecture."""
+
+    gemm_efficiency: float
+    """Fraction of the per-SM dense peak a full GEMM tile sustains (large-GEMM ceiling)."""
+    flash_attention_efficiency: float
+    """The same for a flash-attention tile (query block x head dim)."""
+    memory_efficiency: float
+    """Fraction of the datasheet memory bandwidth a large streaming kernel reaches."""
+    launch_overhead_s: float
+    """Per-kernel launch + scheduling time added to every kernel on the GPU."""
+    host_overhead_s: float = 0.0
+    """Host (framework + driver) time to issue one kernel: a pass lasts at least its kernel count
+    x this (the GPU idles when the host issues slower than it executes). 0 is the GPU-bound limit;
+    the table rows carry `HOST_OVERHEAD_S`, `costs.host_overhead_s` or a fit replaces it."""
+    measured: MeasuredTables | None = None
+    """Not fitted: the tables of `ghpsim calibrate --kernels`, used in place of gemm_efficiency and
+    memory_efficiency where they cover a kernel (`MeasuredTables`)."""
+    misaligned_gemm_efficiency: float | None = None
+    """The ceiling (tile efficiency) of a GEMM whose feature dimensions miss `ALIGNMENT_BYTES`, as
+    `ghpsim calibrate --kernels` measures it; None: no figure, such a GEMM is priced as aligned."""
+
+    def __post_init__(self) -> None:
+        for name in ("gemm_efficiency", "flash_attention_efficiency", "memory_efficiency",
+                     "misaligned_gemm_efficiency"):
+            value = getattr(self, name)
+            if value is None and name == "misaligned_gemm_efficiency":
+                continue
+            if not 0 < value <= 1:
+                raise ValueError(f"KernelParameters.{name}: {value!r} must be in (0, 1]")
+        for name in ("launch_overhead_s", "host_overhead_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"KernelParameters.{name}: {getattr(self, name)!r} must be >= 0")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Structural figures of a GPU family (not fitted) and its default `KernelParameters`."""
+
+    tile_m: int
+    tile_n: int
+    memory_latency_s: float
+    parameters: KernelParameters
+    source: str
+    gemm_efficiency_by_dtype: Mapping[str, float] = field(default_factory=dict)
+    """A dtype's own sourced GEMM ceiling (CUDA-core fp32); the others take `parameters`'."""
+    misaligned_gemm_efficiency_by_dtype: Mapping[str, float] = field(default_factory=dict)
+    """A dtype's measured misaligned-GEMM ceiling (`KernelParameters.misaligned_gemm_efficiency`)."""
+
+    def parameters_for(self, dtype: str) -> KernelParameters:
+        """The catalogue's parameters for GEMMs in `dtype` (its own ceilings where the row has them)."""
+        ceiling = self.gemm_efficiency_by_dtype.get(dtype, self.parameters.gemm_efficiency)
+        misaligned = self.misaligned_gemm_efficiency_by_dtype.get(dtype, self.parameters.misaligned_gemm_efficiency)
+        return replace(self.parameters, gemm_efficiency=ceiling, misaligned_gemm_efficiency=misaligned)
+
+
+LAUNCH_OVERHEAD_S = 5e-6
+LAUNCH_SOURCE = ("launch 5 us: NVIDIA, 'Getting Started with CUDA Graphs' (A. Gray, 2019): a 2.9 us kernel took "
+                 "9.6 us per launch+sync on V100, i.e. ~6.7 us launch latency, 3.8 us when queued back to back; "
+                 "5 us is the commonly quoted 3-7 us range's middle, one value for every CUDA family")
+HOST_OVERHEAD_S = 52.5e-6
+HOST_SOURCE = ("host 52.5 us a kernel: no vendor publishes a training framework's per-kernel host time, so it is "
+               "the one parameter chosen on measurements, by 5-fold cross-validation (`ghpsim fit`) on 1,440 "
+               "published Megatron-DeepSpeed iteration times on an 8xA100 node (Bang et al., vTrain, MICRO 2024): "
+               "every fold chose 52.5 us, held-out MAPE 6.3 % against 25.4 % with none; eager PyTorch spends "
+               "5-25 us of CPU per operator, more under a framework's module hooks; a host figure, used for every family")
+LATENCY_SOURCE = ("memory latency 0.6 us: HBM load latency is several hundred ns on V100/A100/H100 (pointer-chase "
+                  "microbenchmarks: Jia et al. 2018, arXiv:1804.06826; Abdelkhalik et al. 2022, arXiv:2208.11174); "
+                  "an order-of-magnitude figure, the least certain entry here")
+TILE_SOURCE = ("tile 128x128: the CTA tile of cuBLAS's usual 16-bit tensor-core GEMM kernels on Volta/Ampere/Hopper "
+               "(kernel names ..._128x128_... e.g. ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn) and "
+               "CUTLASS's SIMT default GemmShape<128, 128, 8>; CUTLASS's sm80 tensor-op default is 128x256x64")
+
+HOPPER_MISALIGNED_SOURCE = (
+    "misaligned-GEMM ceilings (an odd n or k) bf16 0.147, fp16 0.149, fp32 0.776: `ghpsim calibrate --kernels` on "
+    "an H200 (torch 2.11, CUDA 13.0; reports/gpu/h200_kernels/kernel_profile.json), the median of four 8192 x "
+    "8191/8192 x 1023-4096 shapes, the same GH100 chip as the H100-SXM; no published figure")
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "ampere": Architecture(128, 128, 0.6e-6, KernelParameters(
+        gemm_efficiency=256.5 / 312, flash_attention_efficiency=179.5 / 312,
+        memory_efficiency=1.70 / 2.039, launch_overhead_s=LAUNCH_OVERHEAD_S, host_overhead_s=HOST_OVERHEAD_S),
+        source="A100-SXM4-80GB, data/published/gpu_microbenchmarks.csv (Azure AI-benchmarking-guide): cuBLASLt "
+               "fp16 GEMM 16384^3 256.5 TFLOP/s / 312 = 0.822; flash_attention_2 179.5 / 312 = 0.575; HBM triad "
+               f"1.70 TB/s / 2.039 = 0.834. {TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}"),
+    "hopper": Architecture(128, 128, 0.6e-6, KernelParameters(
+        gemm_efficiency=1377.3 / 1979, flash_attention_efficiency=(327.9 + 329.3) / 2 / 989.5,
+        memory_efficiency=(2.97 / 3.35 + 4.15 / 4.8) / 2, launch_overhead_s=LAUNCH_OVERHEAD_S,
+        host_overhead_s=HOST_OVERHEAD_S),
+        source="H100-SXM / H200, data/published/gpu_microbenchmarks.csv: cuBLASLt GEMM 16384^3 1377.3 TFLOP/s "
+               "/ 1979 = 0.696, measured in FP8 only (no 16-bit figure published there: applied to every dtype, "
+               f"an assumption); {HOPPER_MISALIGNED_SOURCE}; flash_attention_2 (328, 329 TFLOP/s) / 989.5 = 0.332; HBM triad H100 "
+               f"2.97/3.35, H200 4.15/4.8, mean 0.876. {TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}",
+        misaligned_gemm_efficiency_by_dtype={"bf16": 0.147, "fp16": 0.149, "fp32": 0.776}),
+}
+VOLTA_SGEMM_EFFICIENCY = 83 / 7 / 15.7  # Markidis et al.: tensor cores 83 TFLOP/s, 7x fp32 (of 15.7 peak)
+ARCHITECTURES["volta"] = Architecture(128, 128, 0.6e-6, KernelParameters(
+        gemm_efficiency=83 / 125, flash_attention_efficiency=83 / 125 * (179.5 / 256.5),
+        memory_efficiency=1.70 / 2.039, launch_overhead_s=LAUNCH_OVERHEAD_S, host_overhead_s=HOST_OVERHEAD_S),
+        source="V100-SXM2: cuBLAS mixed-precision GEMM 'up to 83 Tflops/s' of the 125 peak = 0.664 (Markidis et al., "
+               "'NVIDIA Tensor Core Programmability, Performance & Precision', IPDPSW 2018), for the 16-bit dtypes; "
+               "fp32 (and tf32, which Volta runs as fp32) on CUDA cores: the same paper's 83 / 7 = 11.9 of 15.7 = "
+               "0.755; memory and flash-attention efficiencies: Ampere's ratios (HBM triad 0.834; flash / "
+               "GEMM 0.70), assumptions, no Volta figure in the project's data (FlashAttention itself needs sm80+). "
+               f"{TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}",
+        gemm_efficiency_by_dtype={"fp32": VOLTA_SGEMM_EFFICIENCY, "tf32": VOLTA_SGEMM_EFFICIENCY})
+ARCHITECTURES["generic"] = replace(
+    ARCHITECTURES["ampere"],
+    source="no published figures for this family in the project's data: Ampere's row is used (an assumption)")
+
+def gpu_architecture(gpu) -> str:
+    """The GPU's architecture family (`GpuSpec.architecture`) if it has a row here, else "generic"."""
+    named = (gpu.architecture or "").lower()
+    return named if named in ARCHITECTURES else "generic"
+
+
+def has_kernel_tables(gpu) -> bool:
+    """Whether the GPU's own family has measured figures here (what `costs.model: auto` asks)."""
+    return (gpu.architecture or "").lower() in ARCHITECTURES and gpu.architecture.lower() != "generic"
