@@ -20,6 +20,7 @@ every backend.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -68,6 +69,21 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     return context.transpose(2, 3).reshape(batch, heads, seq, dim)
 
 
+_FUSED = [False]
+
+
+@contextlib.contextmanager
+def fused_attention(enabled: bool = True):
+    """Inside the block, `attention` over all keys runs as torch's `scaled_dot_product_attention`
+    (one fused kernel per pass, flash attention on CUDA: what `costs.flash_attention: true`
+    prices) instead of the written-out matmuls; sliding windows keep the band."""
+    before, _FUSED[0] = _FUSED[0], enabled
+    try:
+        yield
+    finally:
+        _FUSED[0] = before
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
               window: int = 0) -> torch.Tensor:
     """Scaled dot-product attention; `window` W > 0 (causal) limits each query to W keys."""
@@ -75,4 +91,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         if not causal:
             raise ValueError(f"sliding_window {window} needs a causal block")
         return window_attention(q, k, v, window)
+    if _FUSED[0]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
     return full_attention(q, k, v, causal)
