@@ -53,6 +53,14 @@ gradient (read g and r, write r: 12 bytes in fp32) and a threshold filter over r
 Deep Gradient Compression (Lin et al., ICLR 2018); an assumption, see `simulator.sparse`."""
 
 
+def compute_parts(model, layer_index: int, phase: str, batch: float) -> tuple[float, float]:
+    """(device seconds, host seconds) of a layer's pass: the host issues the pass's kernels, the
+    device runs them (`KernelCosts.compute_parts`); a model without the split runs on its device
+    alone: (`compute_s`, 0)."""
+    split = getattr(model, "compute_parts", None)
+    return split(layer_index, phase, batch) if split is not None else (model.compute_s(layer_index, phase, batch), 0.0)
+
+
 class CostModel(Protocol):
     communication: object | None
     """Measured point-to-point and collective times (`p2p_s`, `collective_s`), or None."""

@@ -8,27 +8,31 @@ dependencies are done. All data movement goes through one flow-level network
 shared max-min fairly (progressive filling), and rates are recomputed whenever a flow starts or
 ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013).
 
-The engine knows devices, streams, links and flows, nothing of any particular machine. Two
-optional parts of the cost model (`simulator.costs.CostModel`) change how it plays work:
-`communication` (a calibrated profile's measured point-to-point and collective times, which
-already hold the contention of the machine they were measured on, in place of the flow model) and
-`shared_processors` (ranks that share a host's processors, or a GPU's SMs with NCCL's kernels:
-every rank's work is a thread on that pool, and collectives played on the flow network hold their
-threads there while they run, `simulator.host_sharing`). The engine appends immutable span tuples;
-everything else is analysis of the span table (`simulator.records`).
+The engine knows devices, streams, links and flows, nothing of any particular machine. Two optional
+parts of the cost model (`simulator.costs.CostModel`) change how it plays work: `communication` (a
+calibrated profile's measured point-to-point and collective times, which already hold the contention
+of the machine they were measured on, in place of the flow model) and `shared_processors` (ranks
+that share a host's processors, or a GPU's SMs with NCCL's kernels: every rank's work is a thread on
+that pool, and collectives played on the flow network hold their threads there while they run,
+`simulator.host_sharing`). A pass with a host time (`ActionDurations.parts`: the kernel model's
+kernels x host time per kernel) is issued by its rank's asynchronous host right after the previous
+pass's kernels, from the step's start, never waiting for the device, except for a received input
+(Megatron-LM synchronizes the device after each point-to-point exchange, `p2p_communication.py`):
+the pass ends no earlier than its last kernel is issued, and a host that ran ahead during long
+device work costs nothing. The engine appends immutable span tuples; the rest is analysis of the
+span table (`simulator.records`).
 
-Lean: streams and sends are continuations, not SimPy processes; an action's completion is a flag,
-and only an action somebody waits for gets waiters (no event per action up front). SimPy holds what
-advances time (timeouts, flow and host timers); work ready at this instant runs from a queue.
-Every flow phase is built once before the run, its links merged where no flow of the run tells
-them apart (`simulator.network.merged_usages`: the same rates with fewer links to walk).
+Lean: streams and sends are continuations, not SimPy processes; an action's completion is a flag, and
+only an action somebody waits for gets waiters (no event per action up front). SimPy holds what
+advances time (timeouts, flow and host timers); work ready at this instant runs from a queue. Every
+flow phase is built once before the run, its links merged where no flow of the run tells them apart
+(`simulator.network.merged_usages`: the same rates with fewer links to walk).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from dataclasses import dataclass
 
 import simpy
 
@@ -39,20 +43,8 @@ from simulator.errors import SimulationError
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
 from simulator.network import FlowNetwork, merge_phase_links
 from simulator.plan import Collective, Compute, Plan, Recv, Send, message_links, stream_actions
+from simulator.spans import EngineResult
 from simulator.topology import Topology
-
-SPAN_FIELDS = ("rank", "stream", "name", "kind", "start_s", "end_s", "size_bytes", "microbatch")
-
-
-@dataclass
-class EngineResult:
-    spans: list[tuple]
-    """Tuples in SPAN_FIELDS order."""
-    tier_bytes: dict[str, float]
-    num_events: int
-    """Discrete events handled: SimPy events processed plus action completions."""
-    collective_algorithms: dict[str, int]
-
 
 class _Stream:
     """A rank's compute or comm stream: its actions in order and the next one's position."""
@@ -78,6 +70,7 @@ class Engine:
         if costs.shared_processors is not None:
             self.hosts = HostPool.for_topology(self.env, costs.shared_processors, topology)
         self._durations = ActionDurations(plan, topology, costs)
+        self._issued_s = [0.0] * len(plan.actions)  # per rank: when its host has issued its passes so far
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)
         self.algorithms: dict[str, int] = defaultdict(int)
@@ -179,8 +172,13 @@ class Engine:
                    self._compute_body, stream, action)
 
     def _compute_body(self, stream: _Stream, action: Compute) -> None:
-        self._work(stream.rank, self._durations.seconds(action, stream.rank), self._compute_end, stream, action,
-                   self.env.now)
+        rank, (device_s, host_s) = stream.rank, self._durations.parts(action, stream.rank)
+        if host_s:  # issued after the previous pass's kernels, or after a receive (module docstring)
+            actions, position = self.plan.actions[rank], self._position[rank]
+            received = any(type(actions[d if position is None else position[d]]) is Recv for d in action.deps)
+            self._issued_s[rank] = issued = max(self._issued_s[rank], self.env.now if received else 0.0) + host_s
+            device_s = max(device_s, issued - self.env.now)
+        self._work(rank, device_s, self._compute_end, stream, action, self.env.now)
 
     def _compute_end(self, stream: _Stream, action: Compute, start: float) -> None:
         label = self._labels.get(id(action)) or self._labels.setdefault(id(action), action.label)  # shared actions

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from simulator.costs import BACKWARD, FORWARD, AnalyticCosts, CostModel
+from simulator.costs import BACKWARD, FORWARD, AnalyticCosts, CostModel, compute_parts
 from simulator.errors import ScenarioError
 from simulator.hardware import GpuSpec
 from simulator.topology import Topology
@@ -57,6 +57,10 @@ class Slowed:
 
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         return self.costs.compute_s(layer_index, phase, batch) * self.factor
+
+    def compute_parts(self, layer_index: int, phase: str, batch: float) -> tuple[float, float]:
+        gpu_s, host_s = compute_parts(self.costs, layer_index, phase, batch)
+        return gpu_s * self.factor, host_s * self.factor
 
     def optimizer_s(self, num_params: int, layers: tuple[int, int] | None = None) -> float:
         return self.costs.optimizer_s(num_params, layers=layers) * self.factor

@@ -143,15 +143,22 @@ def kernel_s(kernel: Kernel, device: Device) -> float:
     return p.launch_overhead_s + max(compute, moved)
 
 
-def kernels_s(kernels, device: Device) -> float:
-    """A pass (kernels in one stream): max(sum of kernel times, kernels x host overhead), the GPU
-    running behind an asynchronous host that issues one kernel per `host_overhead_s`."""
+def kernels_parts(kernels, device: Device) -> tuple[float, float]:
+    """A pass (kernels in one stream): (the sum of its kernel times on the GPU, its kernels x the
+    host's time to issue one, `host_overhead_s`)."""
     gpu_s, last, last_s = 0, None, 0.0
     for kernel in kernels:  # a multi-tensor pass repeats one kernel object: timed once
         if kernel is not last:
             last, last_s = kernel, kernel_s(kernel, device)
         gpu_s += last_s
-    return max(gpu_s, len(kernels) * device.parameters.host_overhead_s)
+    return gpu_s, len(kernels) * device.parameters.host_overhead_s
+
+
+def kernels_s(kernels, device: Device) -> float:
+    """A pass alone: max(GPU, host) of `kernels_parts`, the GPU running behind an asynchronous host
+    that issues one kernel per `host_overhead_s` (the engine carries the host's lead from pass to
+    pass instead: `simulator.engine`)."""
+    return max(kernels_parts(kernels, device))
 
 
 def time_breakdown(kernels, device: Device) -> dict[str, float]:
@@ -207,8 +214,8 @@ class KernelCosts:
         self.device = device_for(gpu, dtype, parameters)
         self.parameters = self.device.parameters
         self._element_bytes = dtype_bytes(dtype)
-        self._cache: dict[tuple, float] = {}
-        self._pass_cache: dict[tuple, float] = {}
+        self._cache: dict[tuple, tuple[float, float]] = {}
+        self._pass_cache: dict[tuple, tuple[float, float]] = {}
 
     @classmethod
     def for_scenario(cls, scenario, workload: Workload, parameters: KernelParameters | None = None) -> "KernelCosts":
@@ -260,15 +267,20 @@ class KernelCosts:
         skipped = INPUT_GRADIENT_KERNELS.get(layer.spec.get("kind")) if layer_index == 0 and phase == BACKWARD else None
         return kernels if skipped is None else tuple(kernel for kernel in kernels if kernel.name != skipped)
 
-    def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
+    def compute_parts(self, layer_index: int, phase: str, batch: float) -> tuple[float, float]:
+        """(GPU seconds, host seconds) of a pass (`kernels_parts`)."""
         key = (layer_index, phase, batch)
         if key not in self._cache:
             kernels = self.kernels(layer_index, phase, batch)
-            seconds = self._pass_cache.get(kernels)
-            if seconds is None:  # identical blocks expand to equal kernels: timed once
-                seconds = self._pass_cache[kernels] = kernels_s(kernels, self.device)
-            self._cache[key] = seconds
+            parts = self._pass_cache.get(kernels)
+            if parts is None:  # identical blocks expand to equal kernels: timed once
+                parts = self._pass_cache[kernels] = kernels_parts(kernels, self.device)
+            self._cache[key] = parts
         return self._cache[key]
+
+    def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
+        """A pass alone: max(GPU, host) (`kernels_s`)."""
+        return max(self.compute_parts(layer_index, phase, batch))
 
     def breakdown(self, layer_index: int, phase: str, batch: float) -> dict[str, float]:
         """GPU seconds of a pass per kernel kind, launch overheads apart (`time_breakdown`)."""

@@ -4,6 +4,8 @@ context-parallel rank's ring transfers, and a cost model that remembers the time
 
 from __future__ import annotations
 
+from simulator.costs import compute_parts
+
 
 def megatron_device(order: str, t: int, p: int, d: int, c: int = 1):
     """(dp', pp, tp) -> device, dp' = replica x c + cp one of the d c ranks that reduce a gradient:
@@ -129,6 +131,10 @@ class RememberedCosts:
 
     def compute_s(self, layer_index, phase, batch):
         return self._remember((layer_index, phase, batch), lambda: self._model.compute_s(layer_index, phase, batch))
+
+    def compute_parts(self, layer_index, phase, batch):
+        return self._remember(("parts", layer_index, phase, batch),
+                              lambda: compute_parts(self._model, layer_index, phase, batch))
 
     def optimizer_s(self, num_params, layers=None):
         return self._remember(("U", num_params, layers), lambda: self._model.optimizer_s(num_params, layers=layers))

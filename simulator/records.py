@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from simulator.engine import SPAN_FIELDS
+from simulator.spans import SPAN_FIELDS
 
 
 def span_table(spans: list[tuple]) -> pd.DataFrame:

@@ -29,12 +29,12 @@ and ZeRO-1-shard its gradients, and each pass takes at least its ring K/V sends 
 for the last pass's ring, the buckets only for its compute, so R_k is counted beyond the ring's
 excess over it. ZeRO-3 full shard also has T >= its comm stream: m (2 allgathers + 1 reduce-scatter)
 per unit, in series (`simulator.strategies.zero`); its gathers' waits are not counted, so the bound
-stays below. Compute times are the engine's own (sum of the per-layer
-costs of the rank's GPU; SM contention and stragglers only slow them); every transfer and collective
-is priced at link rate alone: each flow phase the engine would play takes at least its latency plus
-its bytes at the bottleneck link's share for its own sub-flows, so contention with other traffic
-can only add (max-min fairness never exceeds capacity). Asynchronous kinds (steady state, no
-flush) get no bound (0).
+stays below. Compute times are the engine's device times (per-layer, on the rank's GPU; SM
+contention and stragglers only slow them); the host, which the engine lets run ahead, adds only
+T >= m x rank k's passes' host times. Every transfer and collective is priced at link rate alone:
+each flow phase the engine would play takes at least its latency plus its bytes at the bottleneck
+link's share for its own sub-flows, so contention with other traffic can only add (max-min fairness
+never exceeds capacity). Asynchronous kinds (steady state, no flush) get no bound (0).
 
 Memory: a floor under each rank's peak, `simulator.memory_floor`.
 """
@@ -43,10 +43,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
-from simulator.costs import BACKWARD, FORWARD
+from simulator.collectives import choose_algorithm
+from simulator.costs import BACKWARD, FORWARD, compute_parts
 from simulator.heterogeneity import DeviceCosts
 from simulator import memory_floor
+from simulator.link_floors import LinkFloors
 from simulator.layout_geometry import (RememberedCosts, chain_partition, expert_floors_s, megatron_device,
                                       ring_floors_s, tp_floors)
 from simulator.placement import place_ranks
@@ -67,12 +68,9 @@ class StepBound:
     """A lower bound on the step time and its parts on the binding rank."""
 
     step_s: float
-    work_s: float
-    """Compute of the binding rank (its m passes and update)."""
-    comm_s: float
-    """Tensor-parallel collectives, pipeline transfers and the exposed data-parallel tail."""
-    bubble_s: float
-    """The rest: pipeline fill and drain compute."""
+    work_s: float  # compute of the binding rank (its m passes and update)
+    comm_s: float  # tensor-parallel collectives, pipeline transfers and the exposed data-parallel tail
+    bubble_s: float  # the rest: pipeline fill and drain compute
 
 
 @dataclass
@@ -91,7 +89,7 @@ class _Geometry:
     """The rank's cost model (TP share for megatron)."""
 
 
-class BoundModel:
+class BoundModel(LinkFloors):
     """Bounds of the candidates of one scenario on its N GPUs (costs and topology shared)."""
 
     def __init__(self, scenario, workload, topology, costs):
@@ -203,16 +201,17 @@ class BoundModel:
             return StepBound(0.0, 0.0, 0.0, 0.0)
         geo = self.geometry(c)
         p, v, m, b = c.workers_per_group, c.num_virtual_stages, c.num_microbatches, self.microbatch_size(c)
-        fwd, bwd, tp_f, tp_b = self._layer_costs(c, geo, b)
+        fwd, bwd, tp_f, tp_b, host_f, host_b = self._layer_costs(c, geo, b)
         overlap = c.kind == MEGATRON and c.tp_degree > 1 and self.scenario.strategy.tp_comm_overlap \
             and self.sp(c)
         rc = self.recompute(c)
         chunks, redone = [], []  # per chunk: (forward compute, forward TP, backward compute, backward TP)
-        for start, end in geo.ranges:
+        for j, (start, end) in enumerate(geo.ranges):  # a pass that receives its input waits for its host too
             redo = [index for a, z in recompute_ranges(geo.workload, start, end, rc) for index in range(a, z)]
             redone.append(redo)
-            chunks.append((sum(fwd[start:end]), sum(tp_f[start:end]),
-                           sum(bwd[start:end]) + sum(fwd[i] for i in redo),
+            back = sum(bwd[start:end]) + sum(fwd[i] for i in redo)
+            chunks.append((max(sum(fwd[start:end]), sum(host_f[start:end]) if j else 0.0), sum(tp_f[start:end]),
+                           max(back, sum(host_b[start:end]) if j < len(geo.ranges) - 1 and not redo else 0.0),
                            sum(tp_b[start:end]) + sum(tp_f[i] for i in redo)))
 
         def span(compute_s, tp_s):
@@ -224,8 +223,13 @@ class BoundModel:
         excess = [max(ring - span(cb, tb), 0.0) for (_, _, cb, tb), ring in zip(chunks, ring_b)]
         # drain: megatron recomputes after the gradient arrives; the other kinds' recompute
         # (`simulator.strategies.ghp.apply_training_options`) waits for nothing and may run earlier
-        b_chain = b_pass if c.kind == MEGATRON else [span(sum(bwd[a:z]), sum(tp_b[a:z])) for a, z in geo.ranges]
+        last = len(geo.ranges) - 1
+        b_chain = b_pass if c.kind == MEGATRON else [span(max(sum(bwd[a:z]), sum(host_b[a:z]) if j < last else 0.0),
+                                                          sum(tp_b[a:z])) for j, (a, z) in enumerate(geo.ranges)]
         sends, grads = self._transfers(c, geo, b)
+        first_f = [sum(host_f[a:z]) for a, z in geo.ranges]  # the host issues chunk 0's from the step's start
+        host_work = [m * sum(sum(host_f[a:z]) + sum(host_b[a:z]) + sum(host_f[i] for i in redone[j])
+                             for j, (a, z) in enumerate(geo.ranges) if j % p == k) for k in range(p)]
         key = ("updates", id(geo), self.zero(c) if c.kind == MEGATRON and self.dp_ranks(c) > 1 else 0, c.num_groups > 1)
         updates = self._cache.get(key)
         if updates is None:
@@ -235,16 +239,18 @@ class BoundModel:
         best = None
         for k in range(p):
             own = range(k, p * v, p)
-            fill = sum(f_pass[j] + sends[j] for j in range(k))
+            fill = sum(max(f_pass[j], first_f[j]) + sends[j] for j in range(k))  # first micro-batch: host too
             work = m * sum(f_pass[j] + b_pass[j] for j in own)
             drain = sum(grads[j] + b_chain[j] for j in range(k)) + tail0
-            value = fill + work + max(drain, updates[k][0] + updates[k][1])
+            update = updates[k][0] + updates[k][1]  # after its host issued every pass (reductions may overlap)
+            issued = host_work[k] + max(drain - reduction0, update)
+            value = fill + max(work + max(drain, update), issued)
             if best is None or value > best[0]:
-                best = (value, k, fill, work, drain)
-        value, k, fill, work, drain = best
+                best = (value, k, fill, work, drain, issued)
+        value, k, fill, work, drain, issued = best
         reduction = reduction0 if k == 0 else max(self._reduction_tail_s(c, geo, k, overlap) - excess[k], 0.0)
         tail = reduction + updates[k][0] + updates[k][1]
-        step = max(fill + work + max(drain, tail), self._zero3_stream_s(c, geo)) * SAFETY
+        step = max(fill + max(work + max(drain, tail), issued), self._zero3_stream_s(c, geo)) * SAFETY
         compute = m * sum(chunks[j][0] + chunks[j][2] for j in range(k, p * v, p)) + updates[k][0]
         waiting = reduction + updates[k][1] if tail >= drain else reduction0 + updates[0][1] + sum(grads[:k])
         comm = min(step - compute, work - m * sum(chunks[j][0] + chunks[j][2] for j in range(k, p * v, p))
@@ -260,12 +266,13 @@ class BoundModel:
             return found
         models = DeviceCosts(geo.model, self.topology)
         count = len(geo.workload.layers)
-        fwd, bwd = [0.0] * count, [0.0] * count
+        fwd, bwd, host_f, host_b = [0.0] * count, [0.0] * count, [0.0] * count, [0.0] * count
         for k, (start, end) in enumerate(geo.ranges):
             model = models.model_of(geo.chain[k % len(geo.chain)])
-            for index in range(start, end):
-                fwd[index] = model.compute_s(index, FORWARD, b) * self._compute_scale
-                bwd[index] = model.compute_s(index, BACKWARD, b) * self._compute_scale
+            for index in range(start, end):  # device and host parts (the engine's `ActionDurations.parts`)
+                (fwd[index], host_f[index]), (bwd[index], host_b[index]) = (
+                    (part * self._compute_scale for part in compute_parts(model, index, phase, b))
+                    for phase in (FORWARD, BACKWARD))
         tp_f, tp_b = [0.0] * count, [0.0] * count
         t = c.tp_degree if c.kind == MEGATRON else 1
         if t > 1:
@@ -275,7 +282,7 @@ class BoundModel:
         for index, floor in expert_floors_s(self, c, geo, b).items():  # after each pass, as the TP ones
             tp_f[index] += floor
             tp_b[index] += floor
-        found = self._cache[key] = (fwd, bwd, tp_f, tp_b)
+        found = self._cache[key] = (fwd, bwd, tp_f, tp_b, host_f, host_b)
         return found
 
     def _transfers(self, c, geo: _Geometry, b: float) -> tuple[list[float], list[float]]:
@@ -344,7 +351,7 @@ class BoundModel:
         sizes = [size - self.experts(c, ((a, z),), gradient) for a, z, size in segments]  # experts: over d / e
         reduce_s = [self.collective_floor_s((geo.rings[k],), op, size, algorithm) if size > 0 else 0.0
                     for size in sizes]
-        fwd, bwd, tp_f, tp_b = self._layer_costs(c, geo, self.microbatch_size(c))
+        fwd, bwd, tp_f, tp_b, _, _ = self._layer_costs(c, geo, self.microbatch_size(c))
         rc = self.recompute(c)
         tail, after_s, queued_s = 0.0, 0.0, 0.0
         for index in range(len(segments) - 1, -1, -1):  # from the last segment run to the first
@@ -359,42 +366,3 @@ class BoundModel:
             after_s += (max(redo_s, redo_tp) + max(backward, backward_tp)) if overlap \
                 else redo_s + redo_tp + backward + backward_tp
         return tail
-
-    # ------------------------------------------------------------------ link-rate floors
-    def phases_floor_s(self, phases) -> float:
-        """Each phase alone on the fabric: latency + bytes at its bottleneck link's share."""
-        total = 0.0
-        links = self.topology.links
-        for phase in phases:
-            slowest = max((count / links[link].bandwidth_bytes_per_s for link, count in phase.usage), default=0.0)
-            total += phase.latency_s + phase.bytes_per_subflow * slowest
-        return total
-
-    def collective_floor_s(self, groups, op: str, size_bytes: float, algorithm: str, repeat: int = 1) -> float:
-        if self._measured is not None:
-            return 0.0
-        if op == "allreduce" and algorithm == "ring":
-            algorithm = choose_algorithm(self.topology, groups[0], "ring")
-        key = ("collective", self._signature(groups), op, size_bytes, algorithm, repeat)
-        found = self._cache.get(key)
-        if found is None:
-            phases = collective_phases(self.topology, groups, op, size_bytes, algorithm, 1, repeat)
-            found = self._cache[key] = self.phases_floor_s(phases)
-        return found
-
-    def p2p_floor_s(self, src: int, dst: int, size_bytes: float) -> float:
-        if self._measured is not None or src == dst:
-            return 0.0
-        key = ("p2p", self._signature(((src, dst),)), size_bytes)
-        found = self._cache.get(key)
-        if found is None:
-            found = self._cache[key] = self.phases_floor_s((pairs_phase(self.topology, ((src, dst),), size_bytes),))
-        return found
-
-    def _signature(self, groups) -> tuple:
-        """Groups inside one node on a fabric whose nodes are alike time the same wherever they sit."""
-        per_node = self.topology.gpus_per_node
-        nodes = {device // per_node for group in groups for device in group}
-        if self.uniform_links and len(nodes) == 1:
-            return ("node", tuple(tuple(device % per_node for device in group) for group in groups))
-        return tuple(tuple(group) for group in groups)

@@ -185,7 +185,7 @@ def tiny_moe(memory=None) -> dict:
 
 
 def test_moe_search_adds_expert_degrees_with_valid_bounds_and_floors():
-    scenario = load_scenario(tiny_moe())
+    scenario = load_scenario(tiny_moe(), ["costs.host_overhead_s=0"])  # a device-bound bound: the floors count
     workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
     space = megatron_space(scenario, workload, (1,))
     assert {c.ep_degree for c in space} == {1, 2, 4}
@@ -216,7 +216,7 @@ def test_the_moe_bound_counts_each_layers_all_to_alls_and_stays_below_the_simula
     stays below its simulated step."""
     import simulator.step_bound as step_bound
     from simulator.strategies.experts import alltoall_bytes_per_sample, is_moe
-    scenario = load_scenario(tiny_moe())
+    scenario = load_scenario(tiny_moe(), ["costs.host_overhead_s=0"])  # a device-bound bound: the floors count
     workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
     space = megatron_space(scenario, workload, (1,))
     candidate = next(c for c in space if c.ep_degree == 4 and c.tp_degree == 1 and c.workers_per_group == 1)

@@ -19,7 +19,7 @@ import pandas as pd
 
 from simulator.compare import with_strategy
 from simulator.grid_symmetry import every_rank
-from simulator.engine import SPAN_FIELDS
+from simulator.spans import SPAN_FIELDS
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.planner import scenario_for_gpus
