@@ -42,10 +42,8 @@ import csv
 import datetime
 import json
 import math
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +60,7 @@ from simulator.simulate import simulate  # noqa: E402
 from validator.attention_core import fused_attention  # noqa: E402
 from validator.calibrate import calibrate_kernels  # noqa: E402
 from validator.kernel_bench import TORCH_DTYPES, Clock, KernelBenchSettings, tf32_matmul  # noqa: E402
+from validator.kernel_trace import busy_s, kernel_trace  # noqa: E402
 from validator.layer_modules import Embedding, LMHead  # noqa: E402
 from validator.models import build_modules, loss_fn, make_batch  # noqa: E402
 from validator.optimizers import make_optimizer  # noqa: E402
@@ -124,40 +123,6 @@ def make_update(name: str, parameters, fused: bool) -> torch.optim.Optimizer:
     return torch.optim.SGD(parameters, lr=1e-4, momentum=0.9 if name == "momentum" else 0.0, fused=True)
 
 
-def busy_s(kernels: list[dict]) -> float:
-    """Seconds covered by the union of the kernels' [ts, ts + dur] intervals (microseconds)."""
-    covered_us, reach = 0.0, -math.inf
-    for start, end in sorted((k["ts"], k["ts"] + k["dur"]) for k in kernels):
-        if end > reach:
-            covered_us += end - max(start, reach)
-            reach = end
-    return covered_us * 1e-6
-
-
-def kernel_trace(step, device: str) -> list[dict]:
-    """The GPU kernels, copies and fills of one `step` under torch.profiler (chrome-trace events)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-        torch.cuda.synchronize()
-    try:
-        with torch.profiler.profile(activities=activities) as profiler:
-            step()
-            if device == "cuda":
-                torch.cuda.synchronize()
-    except RuntimeError as error:  # a profiler that cannot start costs the trace, not the check
-        print(f"[check] no kernel trace: {error}", file=sys.stderr, flush=True)
-        return []
-    handle, path = tempfile.mkstemp(suffix=".json")
-    os.close(handle)
-    try:
-        profiler.export_chrome_trace(path)
-        events = json.loads(Path(path).read_text())["traceEvents"]
-    finally:
-        os.unlink(path)
-    return [event for event in events if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in event]
-
-
 def measure_recipes(workload, batch_size: int, device: str, dtype: str, optimizer: str, clock: Clock,
                     recipes) -> dict[str, dict]:
     """Per recipe: the median step seconds, and on CUDA one profiled step's busy seconds and kernels."""
@@ -175,7 +140,7 @@ def measure_recipes(workload, batch_size: int, device: str, dtype: str, optimize
 
         with tf32_matmul(dtype == "tf32"), fused_attention(flash):
             step_s, _ = clock.time(step, cover=False)
-            kernels = kernel_trace(step, device) if device == "cuda" else []
+            kernels = kernel_trace(step, device)
         measured[recipe] = {"step_s": step_s, "busy_s": busy_s(kernels) if kernels else math.nan,
                             "kernels": kernels}
         update.zero_grad(set_to_none=True)

@@ -89,7 +89,7 @@ HOST_SOURCE = ("host 57.5 us a kernel: no vendor publishes a training framework'
                "the one parameter chosen on measurements, by 5-fold cross-validation (`ghpsim fit`) on 1,440 "
                "published Megatron-DeepSpeed iteration times on an 8xA100 node (Bang et al., vTrain, MICRO 2024), "
                "with the engine's asynchronous host: every fold chose 57.5 us, held-out MAPE 6.9 % against 25.4 % "
-               "with none; host-bound eager PyTorch steps on an H200 spent 33-46 us a kernel "
+               "with none; host-bound eager PyTorch steps on an H200 spent 42-45 us a kernel "
                "(reports/gpu/h200_kernels); a host figure, used for every family")
 LATENCY_SOURCE = ("memory latency 0.6 us: HBM load latency is several hundred ns on V100/A100/H100 (pointer-chase "
                   "microbenchmarks: Jia et al. 2018, arXiv:1804.06826; Abdelkhalik et al. 2022, arXiv:2208.11174); "
@@ -99,7 +99,7 @@ TILE_SOURCE = ("tile 128x128: the CTA tile of cuBLAS's usual 16-bit tensor-core 
                "CUTLASS's SIMT default GemmShape<128, 128, 8>; CUTLASS's sm80 tensor-op default is 128x256x64")
 
 HOPPER_MISALIGNED_SOURCE = (
-    "misaligned-GEMM ceilings (an odd n or k) bf16 0.147, fp16 0.149, fp32 0.776: `ghpsim calibrate --kernels` on "
+    "misaligned-GEMM ceilings (an odd n or k) bf16 0.147, fp16 0.148, fp32 0.774: `ghpsim calibrate --kernels` on "
     "an H200 (torch 2.11, CUDA 13.0; reports/gpu/h200_kernels/kernel_profile.json), the median of four 8192 x "
     "8191/8192 x 1023-4096 shapes, the same GH100 chip as the H100-SXM; no published figure")
 
@@ -118,7 +118,7 @@ ARCHITECTURES: dict[str, Architecture] = {
                "/ 1979 = 0.696, measured in FP8 only (no 16-bit figure published there: applied to every dtype, "
                f"an assumption); {HOPPER_MISALIGNED_SOURCE}; flash_attention_2 (328, 329 TFLOP/s) / 989.5 = 0.332; HBM triad H100 "
                f"2.97/3.35, H200 4.15/4.8, mean 0.876. {TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}",
-        misaligned_gemm_efficiency_by_dtype={"bf16": 0.147, "fp16": 0.149, "fp32": 0.776}),
+        misaligned_gemm_efficiency_by_dtype={"bf16": 0.147, "fp16": 0.148, "fp32": 0.774}),
 }
 VOLTA_SGEMM_EFFICIENCY = 83 / 7 / 15.7  # Markidis et al.: tensor cores 83 TFLOP/s, 7x fp32 (of 15.7 peak)
 ARCHITECTURES["volta"] = Architecture(128, 128, 0.6e-6, KernelParameters(

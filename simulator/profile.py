@@ -237,6 +237,14 @@ class LaunchMeasurement(_Frozen):
     """Host time to issue one tiny operator asynchronously (CPU: 0, operators run synchronously)."""
 
 
+class FrameworkMeasurement(_Frozen):
+    """A tiny eager training step on the device (`validator.kernel_bench.bench_framework_host`)."""
+
+    step_s: float = Field(gt=0)
+    kernels: int = Field(ge=1)
+    gpu_busy_s: float = Field(ge=0)
+
+
 class KernelMeasurements(_Frozen):
     device: Device
     gpu: str
@@ -247,6 +255,7 @@ class KernelMeasurements(_Frozen):
     """Shapes whose leading dimensions miss 16 bytes (not part of the grid)."""
     memory: tuple[StreamMeasurement, ...] = ()
     launch: LaunchMeasurement
+    framework: FrameworkMeasurement | None = None
 
     @model_validator(mode="after")
     def _grids(self) -> "KernelMeasurements":

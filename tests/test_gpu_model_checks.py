@@ -35,7 +35,10 @@ def rows(name: str) -> list[dict]:
 def test_the_profile_is_an_h200_kernel_calibration_with_a_misaligned_ceiling():
     profile = load_profile(FOLDER / "kernel_profile.json")
     assert isinstance(profile, KernelProfile) and profile.measured.gpu == "H200"
-    assert len(profile.measured.misaligned_gemm) == 12 and "host_overhead_s" not in profile.parameters
+    assert len(profile.measured.misaligned_gemm) == 12 and profile.measured.framework is not None
+    framework = profile.measured.framework  # the profile's host time: a tiny eager step's time per kernel
+    assert profile.parameters["host_overhead_s"] == pytest.approx(framework.step_s / framework.kernels)
+    assert framework.gpu_busy_s < 0.5 * framework.step_s
     assert 0 < profile.parameters["misaligned_gemm_efficiency"] < profile.parameters["gemm_efficiency"] <= 1
 
 

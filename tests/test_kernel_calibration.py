@@ -265,3 +265,23 @@ def test_bad_kernel_calibration_settings_are_one_line_errors(tmp_path, capsys, a
     assert main(["calibrate", *(part.format(tmp=tmp_path) for part in argv)]) == 2
     error = capsys.readouterr().err
     assert message in error and error.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_the_framework_host_time_per_kernel_is_a_tiny_steps_wall_time_over_its_launches():
+    calls = []
+    timed = kernel_bench.framework_host(lambda: calls.append(1), lambda: [{"ts": 0.0, "dur": 2.0}] * 4,
+                                        lambda: None, steps=10, repeats=3)
+    assert timed["kernels"] == 4 and timed["gpu_busy_s"] == pytest.approx(2e-6) and timed["step_s"] > 0
+    assert len(calls) == 3 + 3 * 10  # warm-up, then three blocks of ten
+    assert kernel_bench.framework_host(lambda: None, lambda: [], lambda: None, 10, 3) is None  # no trace
+
+
+def test_a_cuda_profile_takes_its_host_time_from_the_framework_step():
+    raw = {**synthetic_raw(), "framework": {"step_s": 3e-3, "kernels": 100, "gpu_busy_s": 1e-4}}
+    notes: list[str] = []
+    document = kernel_bench.kernel_profile_document(raw, H200, DEVICE, notes)
+    assert document["parameters"]["host_overhead_s"] == pytest.approx(30e-6) and notes == []
+    assert profile_from_dict(document).measured.framework.kernels == 100
+    busy = {**raw, "framework": {"step_s": 3e-3, "kernels": 100, "gpu_busy_s": 2e-3}}
+    kernel_bench.kernel_profile_document(busy, H200, DEVICE, notes)
+    assert notes and "upper bound" in notes[0]

@@ -9,7 +9,11 @@ What is timed, on one device (`measure`):
   element, at log-spaced sizes;
 * **misaligned GEMMs**: a few large shapes with n or k one short of the grid's (odd: their
   leading dimensions miss cuBLAS's 16-byte alignment, `simulator.kernel_catalogue.ALIGNMENT_BYTES`);
-* **launch**: a one-element in-place add, the least kernel torch launches.
+* **launch**: a one-element in-place add, the least kernel torch launches;
+* **framework host** (CUDA): training steps of a tiny eager MLP (`FRAMEWORK_LAYERS` x
+  Linear(`FRAMEWORK_WIDTH`) + GELU, fused Adam), whose GPU work is negligible: the step's wall time
+  over the kernels it launches (counted by torch.profiler, `validator.kernel_trace`) is the host's
+  time per kernel as a training framework issues them (module hooks, autograd, the optimizer).
 
 Timing (`Clock`): a figure is the median over `repeats` blocks (after `warmup` blocks) of a
 block's time per call; a block is n back-to-back calls lasting about `min_block_s`. On CPU the
@@ -23,11 +27,11 @@ host's time per call (perf_counter around the issuing) is the launch's `host_iss
 The profile's parameters (`kernel_profile_document`), each from the measurements:
 * `launch_overhead_s` = the launch kernel's time (GPU: back to back on the stream; CPU: the
   operator's wall time); on CPU `host_overhead_s` = 0 (the operators run synchronously, so their
-  dispatch is in every kernel's time already); on CUDA the profile sets none: the bare launch's
-  host issue time (kept in `measured.launch`) is a floor, not what a framework's training step
-  spends on the host per kernel (module hooks, autograd, the optimizer: 33-44 us a kernel in
-  host-bound eager steps on the H200 of reports/gpu/h200_kernels, against a 7 us bare issue),
-  so the catalogue's framework figure stays;
+  dispatch is in every kernel's time already); on CUDA it is the framework host's time per kernel
+  (the bare launch's issue time, kept in `measured.launch`, is a floor, not what a training step
+  spends: 42-45 us a kernel in host-bound eager GPT steps on the H200 of reports/gpu/h200_kernels,
+  where the tiny step gives 33 us and a bare issue 11 us); without a framework figure the
+  catalogue's stays;
 * `misaligned_gemm_efficiency` = the median tile efficiency of the first dtype's misaligned GEMMs;
 * per GEMM, efficiency = 2mnk / time / datasheet peak and tile_efficiency = the efficiency with
   which `simulator.kernel_costs.tiled_compute_s` takes time - launch (at least `MIN_WORK_SHARE`
@@ -58,6 +62,7 @@ from simulator.errors import ScenarioError
 from simulator.hardware import GPUS, GpuSpec, resolve_gpu
 from simulator.kernel_costs import device_for, tiled_compute_s
 from simulator.profile import FORMAT
+from validator.kernel_trace import busy_s, kernel_trace
 
 TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MIN_WORK_SHARE = 0.05
@@ -262,6 +267,48 @@ def bench_launch(settings: KernelBenchSettings, clock: Clock) -> dict:
     return {"kernel_s": kernel_s, "host_issue_s": host_s if clock.cuda else 0.0}
 
 
+FRAMEWORK_LAYERS, FRAMEWORK_WIDTH, FRAMEWORK_BATCH, FRAMEWORK_STEPS = 16, 64, 8, 50
+
+
+def bench_framework_host(settings: KernelBenchSettings) -> dict | None:
+    """The framework host's time per kernel on CUDA (module docstring); None on CPU."""
+    if settings.device != "cuda":
+        return None
+    torch.manual_seed(0)
+    layers = [layer for _ in range(FRAMEWORK_LAYERS)
+              for layer in (torch.nn.Linear(FRAMEWORK_WIDTH, FRAMEWORK_WIDTH), torch.nn.GELU())]
+    model = torch.nn.Sequential(*layers).to(settings.device)
+    update = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
+    x = torch.randn(FRAMEWORK_BATCH, FRAMEWORK_WIDTH, device=settings.device)
+
+    def step() -> None:
+        update.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        update.step()
+
+    return framework_host(step, lambda: kernel_trace(step, settings.device), torch.cuda.synchronize,
+                          FRAMEWORK_STEPS, settings.repeats)
+
+
+def framework_host(step, trace, synchronize, steps: int, repeats: int) -> dict | None:
+    """{step_s: the median over `repeats` blocks of `steps` steps of a step's wall time, kernels: the
+    GPU launches of one step (`trace()`), gpu_busy_s: their busy time}; None without a trace."""
+    for _ in range(3):
+        step()
+    synchronize()
+    kernels = trace()
+    if not kernels:
+        return None
+    blocks = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize()
+        blocks.append((time.perf_counter() - start) / steps)
+    return {"step_s": statistics.median(blocks), "kernels": len(kernels), "gpu_busy_s": busy_s(kernels)}
+
+
 def measure(settings: KernelBenchSettings, say=lambda message: None) -> dict:
     """Every kernel figure of `settings.device` (module docstring), raw."""
     clock, threads = Clock(settings), torch.get_num_threads()
@@ -274,11 +321,14 @@ def measure(settings: KernelBenchSettings, say=lambda message: None) -> dict:
         gemm = bench_gemm(settings, clock, say)
         misaligned = bench_gemm(settings, clock, lambda message: say(f"misaligned {message}"),
                                 settings.misaligned_gemms) if settings.misaligned_gemms else []
+        if settings.device == "cuda":
+            say("framework host: a tiny eager training step")
+        framework = bench_framework_host(settings)
         num_threads = torch.get_num_threads()
     finally:
         torch.set_num_threads(threads)
     return {"dtypes": list(settings.dtypes), "launch": launch, "memory": memory, "gemm": gemm,
-            "misaligned_gemm": misaligned,
+            "misaligned_gemm": misaligned, "framework": framework,
             "timing": {"sleep_cycles_per_s": clock.sleep_cycles_per_s, "uncovered_blocks": clock.uncovered_blocks,
                        "tf32_matmul_default": torch.backends.cuda.matmul.allow_tf32,
                        "num_threads": num_threads}}
@@ -324,8 +374,14 @@ def kernel_profile_document(raw: dict, gpu: GpuSpec, device: dict, notes: list[s
     parameters = {"gemm_efficiency": _capped(ceiling, "gemm_efficiency", notes),
                   "memory_efficiency": _capped(stream, "memory_efficiency", notes),
                   "launch_overhead_s": launch_s}
+    framework = raw.get("framework")
     if device["kind"] == "cpu":
         parameters["host_overhead_s"] = 0.0
+    elif framework:
+        parameters["host_overhead_s"] = framework["step_s"] / framework["kernels"]
+        if framework["gpu_busy_s"] > 0.5 * framework["step_s"]:
+            notes.append(f"framework host: the GPU was busy {framework['gpu_busy_s'] / framework['step_s']:.0%} "
+                         "of the tiny step, so its host time per kernel is an upper bound")
     primary_misaligned = [row["tile_efficiency"] for row in misaligned if row["dtype"] == raw["dtypes"][0]]
     if primary_misaligned:
         parameters["misaligned_gemm_efficiency"] = _capped(statistics.median(primary_misaligned),
@@ -335,6 +391,6 @@ def kernel_profile_document(raw: dict, gpu: GpuSpec, device: dict, notes: list[s
             "parameters": parameters,
             "measured": {"device": device, "gpu": gpu.name, "peak_flops_per_s": peaks,
                          "memory_bandwidth_bytes_per_s": bandwidth, "gemm": gemm, "misaligned_gemm": misaligned,
-                         "memory": memory,
+                         "memory": memory, **({"framework": framework} if framework else {}),
                          "launch": raw["launch"]}}
 
