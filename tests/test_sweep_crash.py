@@ -14,9 +14,10 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from simulator.errors import ScenarioError
 from simulator.sweep import load_sweep, run_sweep
 from simulator.sweep.export import CSV_NAME
-from simulator.sweep.store import STORE_NAME
+from simulator.sweep.store import STORE_NAME, take_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 NUM_POINTS = 120
@@ -42,6 +43,19 @@ def _finished_rows(path: Path) -> dict[str, tuple]:
         connection.close()
 
 
+def _wait_for_lock(store_path: Path, timeout_s: float = 30.0) -> None:
+    """Until the killed sweep's store lock is free: its pool workers hold the lock file's descriptor
+    until they exit, a little after their parent on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            take_lock(store_path).close()
+            return
+        except ScenarioError:
+            assert time.monotonic() < deadline, f"{store_path}: still locked {timeout_s:.0f} s after SIGKILL"
+            time.sleep(0.02)
+
+
 def test_sigkill_mid_run_then_rerun_loses_nothing(tmp_path):
     sweep_path = tmp_path / "sweep.yaml"
     sweep_path.write_text(yaml.safe_dump({"base": BASE, "axes": {
@@ -60,6 +74,7 @@ def test_sigkill_mid_run_then_rerun_loses_nothing(tmp_path):
     finally:
         os.killpg(process.pid, signal.SIGKILL)  # the sweep and its pool workers (its own session)
         process.wait()
+        _wait_for_lock(store_path)
     assert process.returncode == -signal.SIGKILL
     before = _finished_rows(store_path)
     assert 3 <= len(before) < NUM_POINTS, "the sweep must be killed mid-run"
