@@ -1,10 +1,12 @@
 """Where a micro-batch's compute time goes under the kernel cost model: the summary's `kernel_passes`.
 
 For rank 0's first micro-batch (every forward and backward action of it: the layers of the rank's
-stage or chunks, gradient-bucket segments together), the GPU seconds per kernel kind (`simulator.kernel_costs.time_breakdown`: GEMMs, flash attention, the
-memory-bound kinds, and the launches apart) and the time the GPU waits for a host that issues its
-kernels slower than they run (a pass lasts max(its kernels' sum, kernels x host time per kernel),
-`simulator.kernel_costs.kernels_s`). The backward includes the forward's re-run under full recompute.
+stage or chunks, gradient-bucket segments together), the GPU seconds per kernel kind
+(`simulator.kernel_costs.time_breakdown`: GEMMs, flash attention, the memory-bound kinds, and the
+launches apart) and the time the GPU would wait for a host that issues its kernels slower than they
+run if each action ran alone (max(its kernels' sum, kernels x host time per kernel)); in the step
+the engine lets the host run ahead across actions, so the wait there can be less
+(`simulator.engine`). The backward includes the forward's re-run under full recompute.
 None for other cost models (a calibration profile times whole layers; the roofline has no kernels).
 """
 
@@ -37,13 +39,16 @@ def kernel_passes(plan: Plan, costs) -> dict | None:
 
 def _pass(costs, actions: list[Compute]) -> dict:
     gpu: dict[str, float] = defaultdict(float)
-    total_s = 0.0
-    for action in actions:
+    total_s = wait_s = 0.0
+    for action in actions:  # each action alone: max(its kernels on the GPU, their issue on the host)
+        device_s = host_s = 0.0
         for layer in range(action.layer_start, action.layer_end):
-            total_s += costs.compute_s(layer, action.phase, action.batch)
+            layer_device_s, layer_host_s = costs.compute_parts(layer, action.phase, action.batch)
+            device_s, host_s = device_s + layer_device_s, host_s + layer_host_s
             for kind, seconds in costs.breakdown(layer, action.phase, action.batch).items():
                 gpu[kind] += seconds
-    return {"total_s": total_s, "host_wait_s": max(total_s - sum(gpu.values()), 0.0), "gpu_s": dict(gpu)}
+        total_s, wait_s = total_s + max(device_s, host_s), wait_s + max(host_s - device_s, 0.0)
+    return {"total_s": total_s, "host_wait_s": wait_s, "gpu_s": dict(gpu)}
 
 
 def pass_line(report: dict) -> str:
