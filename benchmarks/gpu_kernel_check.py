@@ -92,6 +92,11 @@ def configs(*batches: tuple[str, int]) -> list[tuple[str, str, dict, int]]:
     return [(label, *MODELS[label], batch_size) for label, batch_size in batches]
 
 
+def config_of(configs_by_device: dict, label: str) -> tuple[str, str, dict, int]:
+    """The configuration called `label` among a script's CUDA and CPU ones."""
+    return next(config for config in configs_by_device["cuda"] + configs_by_device["cpu"] if config[0] == label)
+
+
 CONFIGS = {
     "cuda": configs(("gpt-4x512-s256", 4), ("gpt2-small", 8), ("gpt-24x1024-s1024", 8), ("gpt2-1.5b", 4),
                     ("llama-8x2048-gqa4-s2048", 4)),
@@ -233,8 +238,7 @@ def check(args) -> dict:
 
 def predict(label: str, recipe: str, gpu: str, dtype: str, optimizer: str, profile_path, workload=None):
     """(with the kernel profile, with the catalogue alone) step seconds of CUDA configuration `label`."""
-    _, zoo_name, params, batch_size = next(config for config in CONFIGS["cuda"] + CONFIGS["cpu"]
-                                           if config[0] == label)
+    _, zoo_name, params, batch_size = config_of(CONFIGS, label)
     scenario = scenario_for(label, zoo_name, params, batch_size, gpu, dtype, optimizer, flash=RECIPES[recipe][1])
     workload = workload or resolve_workload(scenario.model, scenario.base_dir)
     with_profile = simulate(scenario, costs=scenario_profile_costs(profile_path, scenario, workload),

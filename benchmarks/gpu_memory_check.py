@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-from gpu_kernel_check import configs, tied_model  # noqa: E402
+from gpu_kernel_check import config_of, configs, tied_model  # noqa: E402
 from simulator.errors import ScenarioError  # noqa: E402
 from simulator.model_source import resolve_workload  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
@@ -143,8 +143,7 @@ def scenario_for(label: str, zoo_name: str, params: dict, batch_size: int, gpu: 
 def predicted_peak(label: str, gpu: str, workload=None) -> dict:
     """The simulator's one device (`summary["devices"][0]`: peak_memory_bytes, memory_breakdown_bytes)
     for configuration `label` of `CONFIGS`."""
-    _, zoo_name, params, batch_size = next(config for config in CONFIGS["cuda"] + CONFIGS["cpu"]
-                                           if config[0] == label)
+    _, zoo_name, params, batch_size = config_of(CONFIGS, label)
     scenario = scenario_for(label, zoo_name, params, batch_size, gpu)
     workload = workload or resolve_workload(scenario.model, scenario.base_dir)
     return simulate(scenario, workload=workload).summary["devices"][0]

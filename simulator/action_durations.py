@@ -10,7 +10,7 @@ per (cost model, action shape): the ranks of a stage update alike and passes rec
 
 from __future__ import annotations
 
-from simulator.costs import WEIGHT_PASS_WORDS, CostModel, compute_parts
+from simulator.costs import WEIGHT_PASS_WORDS, CostModel, pass_parts
 from simulator.heterogeneity import DeviceCosts
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Compute, Plan
 from simulator.sparse import SELECTION_PHASE
@@ -39,18 +39,14 @@ class ActionDurations:
 
     def parts(self, action: Compute, rank: int = 0) -> tuple[float, float]:
         """(device seconds, host seconds) of a compute action: a pass sums its layers'
-        `simulator.costs.compute_parts`; an update, weight pass or selection runs on the device alone."""
+        `simulator.costs.compute_parts` (`pass_parts`); an update, weight pass or selection runs on the device alone."""
         if action.phase in (OPTIMIZER, SELECTION_PHASE) or action.phase in WEIGHT_PASS_WORDS:
             return self.seconds(action, rank), 0.0
         costs = self._rank_costs[rank]
         key = ("parts", id(costs), action.phase, action.layer_start, action.layer_end, action.batch)
         found = self._cache.get(key)
         if found is None:
-            device_s = host_s = 0.0
-            for layer in range(action.layer_start, action.layer_end):
-                layer_device_s, layer_host_s = compute_parts(costs, layer, action.phase, action.batch)
-                device_s, host_s = device_s + layer_device_s, host_s + layer_host_s
-            found = self._cache[key] = (device_s, host_s)
+            found = self._cache[key] = pass_parts(costs, action.phase, action.layer_start, action.layer_end, action.batch)
         return found
 
     def _other_s(self, costs, action: Compute) -> float:

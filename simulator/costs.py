@@ -61,6 +61,16 @@ def compute_parts(model, layer_index: int, phase: str, batch: float) -> tuple[fl
     return split(layer_index, phase, batch) if split is not None else (model.compute_s(layer_index, phase, batch), 0.0)
 
 
+def pass_parts(model, phase: str, layer_start: int, layer_end: int, batch: float) -> tuple[float, float]:
+    """(device seconds, host seconds) of one pass over layers [layer_start, layer_end): its layers'
+    `compute_parts` summed."""
+    device_s = host_s = 0.0
+    for layer in range(layer_start, layer_end):
+        layer_device_s, layer_host_s = compute_parts(model, layer, phase, batch)
+        device_s, host_s = device_s + layer_device_s, host_s + layer_host_s
+    return device_s, host_s
+
+
 class CostModel(Protocol):
     communication: object | None
     """Measured point-to-point and collective times (`p2p_s`, `collective_s`), or None."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from simulator.costs import pass_parts
 from simulator.plan import BACKWARD, FORWARD, Compute, Plan
 
 
@@ -41,10 +42,8 @@ def _pass(costs, actions: list[Compute]) -> dict:
     gpu: dict[str, float] = defaultdict(float)
     total_s = wait_s = 0.0
     for action in actions:  # each action alone: max(its kernels on the GPU, their issue on the host)
-        device_s = host_s = 0.0
+        device_s, host_s = pass_parts(costs, action.phase, action.layer_start, action.layer_end, action.batch)
         for layer in range(action.layer_start, action.layer_end):
-            layer_device_s, layer_host_s = costs.compute_parts(layer, action.phase, action.batch)
-            device_s, host_s = device_s + layer_device_s, host_s + layer_host_s
             for kind, seconds in costs.breakdown(layer, action.phase, action.batch).items():
                 gpu[kind] += seconds
         total_s, wait_s = total_s + max(device_s, host_s), wait_s + max(host_s - device_s, 0.0)
