@@ -33,8 +33,12 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path):
     scenario = load_scenario(SCENARIO, SMALL)
     workload = resolve_workload(scenario.model, scenario.base_dir)
     profile = tmp_path / "profile.json"
-    calibrate(workload, dict(scenario.model.params), profile, world_size=2, batch_sizes=(8, 32), repeats=5,
-              layer_passes=2, verbose=False)
+
+    def calibrate_profile() -> None:
+        calibrate(workload, dict(scenario.model.params), profile, world_size=2, batch_sizes=(8, 32), repeats=5,
+                  layer_passes=2, verbose=False)
+
+    calibrate_profile()
     out = tmp_path / "validation"
     said, rows_by_label = [], {}
 
@@ -51,8 +55,9 @@ def test_calibrate_then_validate_reports_errors_within_a_loose_bound(tmp_path):
 
     rows = run()
     if not all(_within_loose_bound(row) for row in rows):
-        # a slow spell of the shared 2-core host: measure once more; a slip in units or accounting
-        # misses the bound both times
+        # a slow spell of the shared 2-core host (during the calibration or the runs): calibrate and
+        # measure once more; a slip in units or accounting misses the bound both times
+        calibrate_profile()
         rows = run()
     # the scenario's 4 ranks run at the profile's world size, and the validation says so
     assert any("profile's world size 2" in message and "4 ranks" in message for message in said)
