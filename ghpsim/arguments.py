@@ -15,7 +15,7 @@ PIPELINE_KINDS = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
 """`simulator.scenario.PIPELINE_KINDS`; also the schedules of `simulator.schedules.SCHEDULES`."""
 STRATEGIES_HELP = ("comma list of dp, mp, ghp, ghp:G (G groups), KIND or KIND:m (a pipeline kind, m micro-batches; "
                    f"KIND one of {', '.join(PIPELINE_KINDS)})")
-"""`simulator.compare.STRATEGIES_HELP`."""
+"""The `--strategies` help text of every command that takes a strategy list."""
 REPORT_KINDS_HELP = ("a scenario (.yaml), a compare/simulate result (.json), a sweep table (.csv or its folder) "
                      "or a validation table (.csv)")
 """`simulator.report.inputs.KINDS_HELP`."""
@@ -27,7 +27,7 @@ SWEEP_STORE_NAME, SWEEP_CSV_NAME, SWEEP_PARQUET_NAME = "sweep.sqlite", "results.
 """`simulator.sweep.store.STORE_NAME`, `simulator.sweep.export.CSV_NAME` and `PARQUET_NAME`."""
 GALLERY_ENTRIES = ("ghp", "hyparflow", "spectrain", "pase", "laysa")
 GALLERY_OUT = "reports/gallery"
-"""`simulator.report.gallery.ENTRIES` (its keys) and `DEFAULT_OUT`."""
+"""`simulator.report.gallery.ENTRIES` (its keys) and `ghpsim gallery`'s default output folder."""
 CALIBRATE_REPEATS, CALIBRATE_LAYER_PASSES = 7, 3
 """`validator.calibrate.DEFAULT_REPEATS`, `validator.layer_passes.DEFAULT_LAYER_PASSES`."""
 KERNEL_DTYPES = {"cuda": ("fp16", "bf16", "fp32"), "cpu": ("fp32",)}

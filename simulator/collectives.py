@@ -1,5 +1,5 @@
 """Collective communication: the flow phases the engine plays on the topology (the closed forms are
-in `simulator.collective_forms`, re-exported here).
+in `simulator.collective_forms`).
 
 A collective is played as a sequence of `FlowPhase`s. In a phase, many point-to-point sub-flows
 (e.g. the p hops of a ring) move the same number of bytes in lock-step; the engine gives each
@@ -31,18 +31,7 @@ from itertools import repeat
 from weakref import WeakKeyDictionary
 
 from simulator import nccl
-from simulator.collective_forms import (  # noqa: F401  (re-exported: the closed forms' old home)
-    alltoall_time_s,
-    hierarchical_allreduce_time_s,
-    p2p_time_s,
-    ring_allgather_time_s,
-    ring_allreduce_time_s,
-    ring_reduce_scatter_time_s,
-    tree_allreduce_time_s,
-)
 from simulator.topology import INTER, INTRA, Topology
-
-ALGORITHMS = ("ring", "tree", "hierarchical", "parameter_server")
 
 
 @dataclass(frozen=True)

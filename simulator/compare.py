@@ -14,11 +14,6 @@ from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
 from simulator.simulate import SimulationResult, naming_source, simulate
 
 
-STRATEGIES_HELP = ("comma list of dp, mp, ghp, ghp:G (G groups), KIND or KIND:m (a pipeline kind, m micro-batches; "
-                   f"KIND one of {', '.join(PIPELINE_KINDS)})")
-"""The `--strategies` help text of every command that takes a strategy list."""
-
-
 def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) -> Scenario:
     """A copy of `scenario` with another strategy kind (and G; `KIND:m` also sets m), re-validated.
     The scenario's `num_virtual_stages` is kept for interleaved_1f1b and reset to 1 for every other

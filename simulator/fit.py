@@ -138,7 +138,6 @@ class FitResult:
     best: dict[str, float]
     spread: dict[str, float]
     """Standard deviation of each parameter over the folds' choices."""
-    fold_choices: list[dict[str, float]]
     held_out: list[float]
     """Per row, the prediction from the point its fold chose without it."""
     in_sample_mape_pct: float
@@ -208,7 +207,7 @@ def fit_refined(evaluate, measured: list[float], k: int = 5, seed: int = 0,
             held_out[row] = predicted[row]
     best = refined_search(evaluate, measured, list(range(len(measured))), grid)
     spread = {name: statistics.pstdev(choice[name] for choice in choices) for name in best}
-    return FitResult(best, spread, choices, held_out, mape_pct(evaluate([best])[0], measured),
+    return FitResult(best, spread, held_out, mape_pct(evaluate([best])[0], measured),
                      mape_pct(held_out, measured))
 
 

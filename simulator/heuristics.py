@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.collectives import ring_allreduce_time_s
+from simulator.collective_forms import ring_allreduce_time_s
 from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.partition import balanced_partition
 from simulator.placement import place_ranks

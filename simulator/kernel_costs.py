@@ -45,13 +45,12 @@ from simulator.kernels import (
 from simulator.memory_activations import is_block
 from simulator.workload import Workload, dtype_bytes
 
-FORWARD, BACKWARD, RECOMPUTE = "F", "B", "R"
+BACKWARD, RECOMPUTE = "B", "R"
 RECOMPUTE_MODES = ("none", "selective", "full")
 MEGATRON_VOCAB_MULTIPLE = 128
 """Megatron-LM pads the vocabulary to a multiple of `--make-vocab-size-divisible-by` (default 128) x
 the tensor-parallel size (`_vocab_size_with_padding`, megatron/training/tokenizer/tokenizer.py):
 its embedding and logits GEMMs see the padded size (GPT-2's 50,257 -> 50,304 at TP 1)."""
-TILED_KINDS = ("gemm", "flash_attention")
 
 INPUT_GRADIENT_KERNELS = {"conv_block": "conv.dgrad", "fc": "fc.dgrad"}
 """The kernel computing a layer's input gradient, by spec kind. The model's first layer does not

@@ -44,7 +44,6 @@ NCCL_LINK_KINDS = frozenset({"nvlink", "pcie", "infiniband", "roce"})
 """The kinds whose transports NCCL's tables describe (its NVLink, PCI and NET-over-RDMA classes).
 The flow model plays collectives with NCCL's latency and protocols only over these; Ethernet
 (NCCL's socket transport, or gloo/MPI) and host links keep the user's figures."""
-ALGORITHMS = ("ring", "tree", "nvls")
 PROTOCOLS = ("LL", "LL128", "Simple")
 
 # ----------------------------------------------------------------------------- tables

@@ -156,7 +156,6 @@ class FlowNetwork:
         self._finishes: list[tuple[float, int, int, _Flow]] = []
         self._timer_at_s = math.inf
         self._next_id = 0
-        self.num_reallocations = self.num_rate_hits = 0
         self._rates_cache: dict[tuple, tuple[float, ...]] = {}
         """((usage, cap) of each flow of a component, in order) -> their rates: a step's pattern of
         concurrent flows recurs every micro-batch, and the usages are the engine's cached phases."""
@@ -207,7 +206,6 @@ class FlowNetwork:
     def _reallocate(self, flows: list[_Flow]) -> None:
         if not flows:
             return
-        self.num_reallocations += 1
         now = self.env.now
         key = tuple((flow.usage, flow.cap) for flow in flows)  # rates depend on these alone
         rates = self._rates_cache.get(key)
@@ -216,8 +214,6 @@ class FlowNetwork:
                 self._rates_cache.clear()
             by_id = max_min_rates(flows, self.capacities)
             rates = self._rates_cache[key] = tuple(by_id[flow.id] for flow in flows)
-        else:
-            self.num_rate_hits += 1
         for flow, rate in zip(flows, rates):
             if rate == flow.rate:
                 continue

@@ -25,8 +25,6 @@ from simulator.pipedream_partition import PipeDreamPartition, PipeDreamStage, pi
 from simulator.scenario import PIPELINE_KINDS, Scenario, load_scenario
 from simulator.simulate import analytic_costs, naming_source
 
-COMMAND = "partition"
-
 MAX_STEPS = 3e9
 """Largest L^2 N^2 min(N, L) (the dynamic program's work) the command takes on: ResNet-1001's 335
 layers on 16 workers (4.6e8) take a few seconds; GPT-3's 98 layers on 1024 workers would take days."""

@@ -6,9 +6,9 @@ Per layer l at b samples per micro-batch (e = bytes per element of training.dtyp
   calibration profile);
 - gradient_bytes[l] = params_l x e;
 - boundary_s[l] = 2 (alpha + out_l b e / beta): l's output forward and its gradient back over the
-  route between two stages (Hockney's alpha-beta, `collectives.p2p_time_s`);
+  route between two stages (Hockney's alpha-beta, `collective_forms.p2p_time_s`);
 - allreduce_s(S, r) = 2 (r - 1) / r S / beta + 2 (r - 1) alpha: an analytic ring allreduce
-  (`collectives.ring_allreduce_time_s`; Patarasuk & Yuan, JPDC 2009) on the slowest hop of the
+  (`collective_forms.ring_allreduce_time_s`; Patarasuk & Yuan, JPDC 2009) on the slowest hop of the
   ring, whatever `strategy.collective` says;
 - memory (the partitioner's PipeDream model): state_bytes[l] = params_l x (2 e + optimizer state
   + an fp32 master copy when e < 4), as `heuristics.estimate_peak_memory_bytes`; weight_bytes[l] =
@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from simulator.collectives import p2p_time_s, ring_allreduce_time_s
+from simulator.collective_forms import p2p_time_s, ring_allreduce_time_s
 from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.heterogeneity import stage_compute_s
 from simulator.heuristics import (MASTER_WEIGHT_BYTES_PER_PARAM, OPTIMIZER_STATE_BYTES_PER_PARAM, ring_link,

@@ -22,7 +22,6 @@ from simulator.errors import ScenarioError
 from simulator.output import check_output_file, write_json_atomic
 from simulator.profile import load_profile, profile_document, profile_from_dict
 
-COMMAND = "merge-profiles"
 MUST_MATCH = ("backend", "world_size", "device", "model", "optimizer.name")
 """Fields that identify what was calibrated: profiles differing in one of them cannot be pooled."""
 

@@ -19,7 +19,6 @@ from simulator.planner import ASYNC_KINDS, Ranking, candidate_kinds, grid_candid
 from simulator.scenario import load_scenario
 from simulator.simulate import analytic_costs
 
-COMMAND = "rank"
 GRID_KINDS = ("dp", "mp", "ghp")
 
 

@@ -11,7 +11,7 @@ import copy
 import os
 import reprlib
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -26,7 +26,6 @@ from simulator.zero_config import check_zero, zero_stage_from_fsdp
 
 StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
                        "delayed_gradient", "megatron"]
-STRATEGY_KINDS: tuple[str, ...] = get_args(StrategyKind)
 PIPELINE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain", "delayed_gradient")
 """Kinds that split each group's batch into micro-batches flowing through its M stages."""
 
@@ -53,10 +52,8 @@ def _index_key(value: Any) -> Any:
 
 IndexKey = Annotated[int, BeforeValidator(_index_key), Field(ge=0)]
 Int = Annotated[int, NoBool]
-PositiveInt = Annotated[int, NoBool, Field(gt=0)]
 GpuCount = Annotated[int, NoBool, Field(gt=0, le=MAX_GPUS)]
 LayerCount = Annotated[int, NoBool, Field(gt=0, le=MAX_LAYERS)]
-NonNegativeInt = Annotated[int, NoBool, Field(ge=0)]
 Float = Annotated[float, NoBool, Field(allow_inf_nan=False)]
 PositiveBytes = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "bytes")), Field(gt=0)]
 

@@ -9,7 +9,6 @@ from simulator.errors import ScenarioError
 from simulator.schedules import build_schedule
 from simulator.schedules.grid import render_grid, schedule_document
 
-COMMAND = "schedule"
 MAX_ACTIONS = 100_000
 """At most this many F and B actions (2 p m v): the check and the grid stay within a few seconds."""
 MAX_CELLS = 2_000_000

@@ -98,7 +98,6 @@ class BoundModel(LinkFloors):
         self.uniform_links = not scenario.cluster.degraded_links
         self._cache: dict = {}
         self.floor_layer_sums: dict = {}  # `simulator.memory_floor`: per recompute mode and sharding
-        self._comm_scale = 1.0
         shared = getattr(costs, "shared_processors", None)
         self._compute_scale = min(1.0, shared.parallelism) if shared is not None else 1.0
         self._measured = getattr(costs, "communication", None)

@@ -29,14 +29,9 @@ from simulator.collectives import choose_algorithm, collective_phases
 from simulator.topology import Topology
 
 
-def flow_copies(config, topology: Topology) -> list[tuple[str, list, list[tuple], Counter]]:
-    """(name, each copy's (source, target) pairs or None, each copy's usage ((link, sub-flows), ...),
-    the folded run's usage) of every flow: replica-local flows first, then data-parallel ones."""
-    return local_flow_copies(config, topology) + _cp_copies(config, topology) + _data_parallel_copies(config, topology)
-
-
 def local_flow_copies(config, topology: Topology) -> list[tuple[str, list, list[tuple], Counter]]:
-    """`flow_copies` of the replica-local flows: TP rings and pipeline transfers."""
+    """(name, each copy's (source, target) pairs or None, each copy's usage ((link, sub-flows), ...),
+    the folded run's usage) of the replica-local flows: TP rings and pipeline transfers."""
     flows = []
     for name, copies in _local_flows(config):
         usages = [route_usage(topology, pairs) for pairs in copies]
@@ -53,7 +48,7 @@ def cp_hop_pairs(config, stage: int) -> tuple[tuple[int, int], ...]:
 
 
 def _cp_copies(config, topology: Topology) -> list[tuple[str, list, list[tuple], Counter]]:
-    """`flow_copies` of the CP ring hops: per stage, every copy's hop (its t TP ranks' sends) is a copy,
+    """As `local_flow_copies`, for the CP ring hops: per stage, every copy's hop (its t TP ranks' sends) is a copy,
     played merged (`cp_hop_pairs`); checked like the replica-local flows, since they land on other
     copies' links."""
     t, d = config.tp, config.dp
@@ -67,7 +62,7 @@ def _cp_copies(config, topology: Topology) -> list[tuple[str, list, list[tuple],
 
 
 def _data_parallel_copies(config, topology: Topology) -> list[tuple[str, None, list[tuple], Counter]]:
-    """`flow_copies` of the data-parallel collectives: per stage, the t TP ranks' rings are the copies."""
+    """As `local_flow_copies`, for the data-parallel collectives: per stage, the t TP ranks' rings are the copies."""
     p, t, d = config.pp, config.tp, config.dp
     flows = []
     for j in range(p if d > 1 else 0):  # ZeRO's reduce-scatter and allgather: rings; allreduce: as the engine picks

@@ -48,7 +48,6 @@ from simulator.hardware import GpuSpec, LinkSpec
 from simulator.nccl import HOP_LATENCY_S, achievable_bandwidth_bytes_per_s
 
 INTRA, INTER = "intra", "inter"
-FABRICS = ("two_tier", "fat_tree", "rail_optimized", "torus_2d", "graph_file")
 
 
 class Link(NamedTuple):

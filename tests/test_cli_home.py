@@ -138,9 +138,8 @@ def test_validate_warmup_and_calibrate_repeats_have_help(capsys):
 
 def test_the_copied_names_and_defaults_match_their_sources(capsys):
     """ghpsim.arguments copies a few names so that parsing imports no simulator: they must agree."""
-    from simulator.compare import STRATEGIES_HELP
     from simulator.planner import MICROBATCH_COUNTS
-    from simulator.report.gallery import DEFAULT_OUT, ENTRIES
+    from simulator.report.gallery import ENTRIES
     from simulator.report.inputs import KINDS_HELP
     from simulator.scenario import PIPELINE_KINDS
     from simulator.schedules import SCHEDULES
@@ -148,12 +147,11 @@ def test_the_copied_names_and_defaults_match_their_sources(capsys):
     from simulator.sweep.store import STORE_NAME
 
     assert arguments.PIPELINE_KINDS == PIPELINE_KINDS == tuple(SCHEDULES)
-    assert arguments.STRATEGIES_HELP == STRATEGIES_HELP
     assert arguments.REPORT_KINDS_HELP == KINDS_HELP
     assert arguments.MICROBATCH_COUNTS == MICROBATCH_COUNTS
     assert (arguments.SWEEP_STORE_NAME, arguments.SWEEP_CSV_NAME, arguments.SWEEP_PARQUET_NAME) == \
         (STORE_NAME, CSV_NAME, PARQUET_NAME)
-    assert (arguments.GALLERY_ENTRIES, arguments.GALLERY_OUT) == (tuple(ENTRIES), DEFAULT_OUT)
+    assert arguments.GALLERY_ENTRIES == tuple(ENTRIES)
     engine = parquet_engine()
     assert (f"(engine: {engine})" if engine else "neither is now") in help_text(capsys, "sweep")
 

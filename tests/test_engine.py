@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.collectives import hierarchical_allreduce_time_s, ring_allreduce_time_s, tree_allreduce_time_s
+from simulator.collective_forms import hierarchical_allreduce_time_s, ring_allreduce_time_s, tree_allreduce_time_s
 from simulator.plan import Collective, Compute, Plan, Recv, Send, Stage
 from simulator.topology import Topology
 from tests.helpers import FixedCosts, link, run_grid, run_plan, toy_workload

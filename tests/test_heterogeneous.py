@@ -3,7 +3,7 @@
 import pytest
 
 from simulator import load_scenario, simulate
-from simulator.collectives import hierarchical_allreduce_time_s, ring_allreduce_time_s
+from simulator.collective_forms import hierarchical_allreduce_time_s, ring_allreduce_time_s
 from simulator.costs import AnalyticCosts
 from simulator.errors import ScenarioError
 from simulator.fabrics import build_topology

@@ -11,7 +11,8 @@ import csv
 import pytest
 
 from simulator import nccl
-from simulator.collectives import collective_label, collective_phases, pairs_phase, ring_allreduce_time_s
+from simulator.collective_forms import ring_allreduce_time_s
+from simulator.collectives import collective_label, collective_phases, pairs_phase
 from simulator.engine import Engine
 from simulator.hardware import LINKS
 from simulator.plan import Collective, Plan, Recv, Send, Stage

@@ -12,7 +12,7 @@ import yaml
 
 from ghpsim.cli import main
 from simulator import load_scenario, simulate
-from simulator.collectives import ring_allreduce_time_s
+from simulator.collective_forms import ring_allreduce_time_s
 from simulator.costs import BACKWARD, FORWARD
 from simulator.errors import ScenarioError
 from simulator.fabrics import build_topology

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from simulator import load_scenario, simulate
-from simulator.collectives import ring_allreduce_time_s
+from simulator.collective_forms import ring_allreduce_time_s
 from simulator.errors import ScenarioError
 from simulator.plan import Compute, Recv, Send
 from simulator.workload import Layer, Workload

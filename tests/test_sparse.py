@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from simulator.collectives import ring_allgather_time_s, ring_allreduce_time_s
+from simulator.collective_forms import ring_allgather_time_s, ring_allreduce_time_s
 from simulator.engine import Engine
 from simulator.plan import Collective, Compute, Plan, Stage
 from simulator.records import span_table

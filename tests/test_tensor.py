@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from simulator import load_scenario, simulate
-from simulator.collectives import ring_allgather_time_s, ring_allreduce_time_s, ring_reduce_scatter_time_s
+from simulator.collective_forms import ring_allgather_time_s, ring_allreduce_time_s, ring_reduce_scatter_time_s
 from simulator.errors import ScenarioError
 from simulator.strategies.tensor_layers import pass_collectives, rank_workload, shard_layer
 from simulator.zoo import build_model

@@ -11,8 +11,6 @@ from simulator.progress import stderr_progress
 from simulator.scenario import load_scenario
 from simulator.simulate import naming_source
 
-COMMAND = "search"
-
 
 def parse_gpus(text: str | None, default: int) -> list[int]:
     if text is None:

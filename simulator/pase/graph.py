@@ -53,10 +53,6 @@ class Vertex:
     def dim_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.dims)
 
-    @property
-    def extents(self) -> tuple[int, ...]:
-        return tuple(extent for _, extent in self.dims)
-
     def index(self, dim: str) -> int:
         return self.dim_names.index(dim)
 
@@ -159,7 +155,3 @@ def describe(vertex: Vertex, config) -> str:
     """`b4 n2` style label of a configuration (dimensions split 1 are left out)."""
     parts = [f"{name}{int(c)}" for (name, _), c in zip(vertex.dims, config) if c > 1]
     return " ".join(parts) if parts else "1"
-
-
-def num_active(config) -> int:
-    return int(math.prod(int(c) for c in config))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,11 +43,9 @@ class Problem:
     unary: list[np.ndarray]
     pairs: dict[tuple[int, int], np.ndarray]
     """(u, v) with u < v -> K_u x K_v edge cost (parallel edges summed)."""
-    build_s: float = 0.0
 
 
 def build_problem(graph: Graph, settings: CostSettings) -> Problem:
-    started = time.perf_counter()
     configs = [enumerate_configs(v, settings.num_devices) for v in graph.vertices]
     unary = [vertex_cost(graph, i, configs[i], settings) for i in range(graph.num_vertices)]
     pairs: dict[tuple[int, int], np.ndarray] = {}
@@ -57,7 +54,7 @@ def build_problem(graph: Graph, settings: CostSettings) -> Problem:
         matrix = edge_cost(graph, edge, configs[edge.src], configs[edge.dst], settings)
         key = (edge.src, edge.dst)
         pairs[key] = pairs[key] + matrix if key in pairs else matrix
-    return Problem(graph, settings, configs, unary, pairs, time.perf_counter() - started)
+    return Problem(graph, settings, configs, unary, pairs)
 
 
 def generate_seq(neighbours: list[set[int]]) -> list[tuple[int, frozenset[int]]]:

@@ -7,8 +7,6 @@ import sys
 
 from simulator.output import check_output_folder
 
-COMMAND = "report"
-
 
 def run(args) -> int:
     from simulator.report.build import build_report  # matplotlib: imported only when a report is made

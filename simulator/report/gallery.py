@@ -16,9 +16,7 @@ from pathlib import Path
 
 from simulator.errors import ScenarioError
 
-COMMAND = "gallery"
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = "reports/gallery"
 INDEX_NAME = "README.md"
 ENTRIES = {"ghp": "simulator.report.gallery_ghp", "hyparflow": "simulator.report.gallery_hyparflow",
            "spectrain": "simulator.report.gallery_spectrain", "pase": "simulator.report.gallery_pase",

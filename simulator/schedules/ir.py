@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 FORWARD, BACKWARD, PREDICT, UPDATE = "F", "B", "P", "U"
 PASSES = (FORWARD, BACKWARD)
-SYNCHRONOUS_KINDS = ("gpipe", "1f1b", "interleaved_1f1b")
 ASYNCHRONOUS_KINDS = ("pipedream", "spectrain", "delayed_gradient")
 
 

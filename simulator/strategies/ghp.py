@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from simulator.collectives import p2p_time_s
+from simulator.collective_forms import p2p_time_s
 from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.errors import ScenarioError
 from simulator.limits import check_simulation_size

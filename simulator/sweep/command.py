@@ -9,8 +9,6 @@ from rich.table import Table
 from simulator.sweep.runner import run_sweep
 from simulator.sweep.spec import load_sweep
 
-COMMAND = "sweep"
-
 
 def run(args) -> int:
     sweep = load_sweep(args.sweep)
