@@ -1,9 +1,9 @@
-"""Accuracy at cluster scale: published Megatron-LM iteration times on up to 3,072 A100 GPUs, predicted
-with the datasheet catalogue (or a kernel profile) and scored against the measurements.
+"""Accuracy at cluster scale: published Megatron-LM iteration times on up to 3,072 A100 GPUs (and on
+V100), predicted with the datasheet catalogue (or a kernel profile) and scored against the measurements.
 
-Two published tables, GPT models with sequence 2,048, vocabulary 51,200, fp16 mixed precision with
-Adam, on Selene (DGX A100 80 GB nodes: NVSwitch inside, 8 HDR InfiniBand NICs a node on a
-rail-optimised fat-tree):
+Two published tables on A100, GPT models with sequence 2,048, vocabulary 51,200, fp16 mixed precision
+with Adam, on Selene (DGX A100 80 GB nodes: NVSwitch inside, 8 HDR InfiniBand NICs a node on a
+rail-optimised fat-tree), and one on V100:
 
 - `SC21_RUNS`: the ten weak-scaling runs of Narayanan et al., "Efficient Large-Scale Language
   Model Training on GPU Clusters Using Megatron-LM", SC'21, Table 1 (1.7B on 32 GPUs to 1T on
@@ -21,6 +21,12 @@ rail-optimised fat-tree):
   recomputation plus sequence parallelism. Layouts (TP, PP, micro-batch, batch, interleaving) as
   transcribed with the measured seconds in calculon-ai/calculon (Isaev et al. SC'23)
   `calculon/megatron/validation.py` and `validation/*.json`.
+- `V1_RUNS`: Megatron-LM v1.0 on V100 (NVIDIA ADLR, "MegatronLM's Supercharged V1.0", 2020, Table
+  1): iteration times of GPT-2 models at batch 8, sequence 1,024, on one DGX-2H (V100 32 GB on
+  NVSwitch; the `V100` preset, whose 125 TFLOP/s peak is 4 % under the DGX-2H's 130), one
+  model-parallel group, no data parallelism. The rows whose model is the one of the same size in
+  Shoeybi et al. 2019 Table 1 (1.2B: hidden 1,536, 16 heads, 40 layers; 4.2B: 2,304, 24, 64):
+  the blog's 2.0B and 8.7B models are not described.
 
 Nothing here is fitted: these rows are held out from every parameter of the model, including
 those `ghpsim fit` chose on the single-node rows of `bench_published.py`. Prints each run's
@@ -76,14 +82,17 @@ class PublishedRun:
     sequence_parallel: bool = False
     published_s: float | None = None
     """The measured iteration time where the table gives it (else from TFLOP/s)."""
+    source: str | None = None
+    """The table of a row that is neither SC'21's nor Table 5's (`TABLES`)."""
+    sequence: int = SEQUENCE
 
     @property
     def table(self) -> str:
-        return "sc21" if self.published_s is None else "recompute"
+        return self.source or ("sc21" if self.published_s is None else "recompute")
 
     @property
     def label(self) -> str:
-        mode = "" if self.table == "sc21" else (" full" if self.recompute == "full" else " sel+sp")
+        mode = "" if self.table != "recompute" else (" full" if self.recompute == "full" else " sel+sp")
         size = "1T" if self.params_billion == 1000 else f"{self.params_billion:g}B"  # Table 5's name
         return f"{size} t{self.tp} p{self.pp} on {self.gpus}{mode}"
 
@@ -137,8 +146,19 @@ RECOMPUTE_RUNS = (
     *_recompute_pair(530, 128, 20480, 105, 35, 280, 1, 1, 49.05, 37.83),
     *_recompute_pair(1000, 160, 25600, 128, 64, 512, 1, None, 94.42, 71.49),
 )
-RUNS = SC21_RUNS + RECOMPUTE_RUNS
-TABLES = {"sc21": "Megatron-LM SC'21 Table 1", "recompute": "Korthikanti et al. Table 5"}
+V1_RUNS = tuple(PublishedRun(params, heads, hidden, layers, tp, 1, tp, 8, None, None, 8, None, False,
+                              published_s=seconds, source="v1", sequence=1024)
+                for params, heads, hidden, layers, tp, seconds in ((1.2, 16, 1536, 40, 1, 1.288),
+                                                                   (4.2, 24, 2304, 64, 4, 1.357)))
+RUNS = SC21_RUNS + RECOMPUTE_RUNS + V1_RUNS
+TABLES = {"sc21": "Megatron-LM SC'21 Table 1 on A100", "recompute": "Korthikanti et al. Table 5 on A100",
+          "v1": "Megatron-LM v1.0 on V100 (DGX-2H)"}
+SYSTEMS = {
+    "A100": {"gpus_per_node": 8, "nics_per_node": 8, "gpu": "A100-80GB", "intra_node_link": "nvlink3-a100",
+             "inter_node_link": "ib-hdr", "topology": "rail_optimized"},
+    "V100": {"gpus_per_node": 16, "gpu": "V100", "intra_node_link": "nvswitch1-v100", "inter_node_link": "ib-edr"},
+}
+"""Selene's DGX A100 nodes; one DGX-2H (16 V100 on NVSwitch)."""
 
 
 def run_scenario(run: PublishedRun) -> dict:
@@ -151,13 +171,13 @@ def run_scenario(run: PublishedRun) -> dict:
         strategy["num_virtual_stages"] = run.virtual_stages
     if run.sequence_parallel:
         strategy["sequence_parallel"] = True
+    system = SYSTEMS["V100" if run.table == "v1" else "A100"]
+    per_node = min(run.gpus, system["gpus_per_node"])
     return {
         "name": f"megatron_{run.table}_{run.params_billion:g}b",
-        "cluster": {"num_nodes": run.gpus // 8, "gpus_per_node": 8, "nics_per_node": 8, "gpu": "A100-80GB",
-                    "intra_node_link": "nvlink3-a100", "inter_node_link": "ib-hdr",
-                    "topology": "rail_optimized"},
+        "cluster": {**system, "num_nodes": run.gpus // per_node, "gpus_per_node": per_node},
         "model": {"name": "transformer", "params": {"num_layers": run.layers, "hidden_size": run.hidden,
-                                                    "num_heads": run.heads, "seq_len": SEQUENCE,
+                                                    "num_heads": run.heads, "seq_len": run.sequence,
                                                     "vocab_size": VOCABULARY}},
         "strategy": strategy,
         "training": {"global_batch_size": run.global_batch, "dtype": "fp16", "optimizer": "adam",
@@ -247,15 +267,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(figures, indent=2))
         return 0
     for table in tables:
-        print_table(f"{TABLES[table]} on A100, {figures['model']}:", [row for row in rows if row["table"] == table])
+        print_table(f"{TABLES[table]}, {figures['model']}:", [row for row in rows if row["table"] == table])
         print()
     summary = figures["summary"]
     if summary["runs"] and len(tables) > 1:
         print(f"all {summary['runs']} runs: MAPE {summary['mape_pct']:.1f} %, mean signed {summary['mean_signed_pct']:+.1f} %, "
               f"worst {summary['worst_pct']:.1f} % ({summary['worst_run']})")
     over = [row["run"] for row in rows if row["predicted_s"] is not None and not row["fits_in_memory"]]
-    print("predicted peak memory: every run fits the A100's 80 GB, as it did" if not over else
-          f"predicted peak memory: {', '.join(over)} over the A100's 80 GB, though the published runs trained")
+    print("predicted peak memory: every run fits its GPU's memory, as it did" if not over else
+          f"predicted peak memory: {', '.join(over)} over the GPU's memory, though the published runs trained")
     print(f"({figures['wall_s']:.0f} s)")
     return 0 if summary["runs"] == len(rows) else 1
 

@@ -1,6 +1,6 @@
-"""benchmarks/bench_published_scale.py: the SC'21 Table 1 and Korthikanti et al. Table 5 runs are
-transcribed consistently, each becomes a valid scenario of its published layout, and small ones are
-predicted and scored."""
+"""benchmarks/bench_published_scale.py: the SC'21 Table 1, Korthikanti et al. Table 5 and Megatron-LM
+v1.0 runs are transcribed consistently, each becomes a valid scenario of its published layout, and
+small ones are predicted and scored."""
 
 import sys
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_published_scale import RECOMPUTE_RUNS, SC21_RUNS, main, predict_s, run_scenario, score  # noqa: E402
+from bench_published_scale import RECOMPUTE_RUNS, SC21_RUNS, V1_RUNS, main, predict_s, run_scenario, score  # noqa: E402
 
 from simulator.model_source import resolve_workload  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
@@ -43,6 +43,20 @@ def test_each_recompute_row_is_its_published_layout(run):
     # the model of the row is the one its name says (22B, 175B, 530B, 1T) within 3 %
     workload = resolve_workload(scenario.model, scenario.base_dir)
     assert workload.num_params / 1e9 == pytest.approx(run.params_billion, rel=0.03)
+
+
+@pytest.mark.parametrize("run", V1_RUNS, ids=lambda run: run.label)
+def test_each_v1_row_is_its_published_model_on_one_dgx2h(run):
+    scenario = scenario_from_dict(run_scenario(run), ".")
+    strategy, cluster = scenario.strategy, scenario.cluster
+    assert cluster.gpu.name == "V100" and scenario.num_gpus == run.tp == strategy.tp_degree  # one model-parallel group
+    assert strategy.pp_degree == strategy.num_microbatches == 1 and scenario.training.global_batch_size == 8
+    assert scenario.model.params["seq_len"] == 1024 and run.measured_s() == run.published_s
+    # Shoeybi et al. 2019 Table 1's models: 1.2B and 4.2B parameters (vocabulary padded to 51,200)
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    assert round(workload.num_params / 1e9, 1) == run.params_billion
+    predicted, _peak_bytes, fits, _wall_s = predict_s((run, None))
+    assert 0.5 * run.measured_s() < predicted < 2 * run.measured_s() and fits  # trained on 32 GB V100s
 
 
 def test_each_model_of_table_5_has_both_modes_and_selective_is_faster():
