@@ -132,8 +132,9 @@ def main() -> None:
         steps[label] = last["step_time_s"]
         print(f"{label}: median wall {median['wall_s']:.2f} s (target <= {target_s:g} s, ratio "
               f"{median['wall_s'] / target_s:.2f}), CPU {median['cpu_s']:.2f} s | engine {median['engine_s']:.2f} s, "
-              f"{last['events']:,} events, x{median['engine_last_s'] / bare:.1f} a bare SimPy loop of as many "
-              f"({bare:.2f} s) | peak RSS {median['rss_bytes'] / 2**30:.2f} GiB | step {last['step_time_s']:.6f} s, "
+              f"{last['events']:,} events, {median['engine_last_s'] / last['events'] * 1e6:.2f} us an event, "
+              f"x{median['engine_last_s'] / bare:.1f} a bare SimPy loop of as many ({bare:.2f} s, "
+              f"{bare / last['events'] * 1e6:.2f} us) | peak RSS {median['rss_bytes'] / 2**30:.2f} GiB | step {last['step_time_s']:.6f} s, "
               f"MFU {last['mfu']:.1%} | folded: {last['symmetry']['used']} ({last['symmetry']['reason']}) | "
               f"{last['steady_state']}")
     folded, full = steps.get("GPT-3 1,024 GPUs, folded"), steps.get("GPT-3 1,024 GPUs, full")
