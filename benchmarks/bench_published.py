@@ -16,9 +16,12 @@ degree, pipeline degree, micro-batch size and hidden size.
 - `kernel, 5-fold`: `ghpsim fit`'s parameters (its grid `simulator.fit.FITTED`, refined around
   the best point) chosen by 5-fold cross-validation, every row scored by the fold that did not see it;
 - `kernel, half`: fitted on a random half of the rows (seed 0), scored on the other half.
-Also prints the model FLOPs utilisation of every GPT scenario in `scenarios/`.
+Also prints the model FLOPs utilisation of every GPT scenario in `scenarios/`. `--plot FILE.png`
+draws predicted against measured for every row: the datasheet model beside the 5-fold held-out one
+(with --no-fit, the catalogue's, in sample), coloured by tensor-parallel degree
+(`reports/published_a100_accuracy.png`).
 
-    python benchmarks/bench_published.py [--rows N] [--no-fit] [--json] [--csv PATH]
+    python benchmarks/bench_published.py [--rows N] [--no-fit] [--json] [--csv PATH] [--plot FILE.png]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simulator.errors import ScenarioError  # noqa: E402
+from simulator.output import check_figure_file, write_figure_atomic  # noqa: E402
 from simulator.fit import PointCache, Run, fit_refined, folds, predict_s, refined_search  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
 from simulator.simulate import simulate  # noqa: E402
@@ -110,7 +114,7 @@ def fitted_figures(frame: pd.DataFrame, processes: int) -> dict:
         chosen = refined_search(evaluate, measured, train)
         predicted = evaluate([chosen])[0]
     half = frame.iloc[test].assign(predicted_ms=[predicted[r] for r in test])
-    return {"five_fold": error_table(frame.assign(predicted_ms=five.held_out)),
+    return {"five_fold": error_table(frame.assign(predicted_ms=five.held_out)), "five_fold_ms": list(five.held_out),
             "five_fold_parameters": five.best, "five_fold_spread": five.spread,
             "half": error_table(half), "half_parameters": chosen,
             "points_simulated": len(evaluate.predictions)}
@@ -139,6 +143,33 @@ def error_table(frame: pd.DataFrame) -> dict:
             "mean_signed_by_group_pct": groups}
 
 
+def write_accuracy_plot(frame: pd.DataFrame, panels: dict[str, list[float]], path: Path) -> Path:
+    """Predicted against measured iteration time, one panel per model in `panels` (title ->
+    predicted ms per row), points coloured by tensor-parallel degree, with y = x and +-10 % lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5), squeeze=False)
+    low, high = 0.8 * frame.measured_ms.min(), 1.25 * frame.measured_ms.max()
+    for axis, (title, predicted) in zip(axes[0], panels.items()):
+        table = error_table(frame.assign(predicted_ms=predicted))
+        for tp, part in frame.assign(predicted_ms=predicted).groupby("tp"):
+            axis.scatter(part.measured_ms, part.predicted_ms, s=5, alpha=0.6, label=f"TP {tp}")
+        for factor, style in ((1.0, "-"), (0.9, "--"), (1.1, "--")):
+            axis.plot([low, high], [factor * low, factor * high], style, color="black", linewidth=0.7)
+        axis.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured (ms)",
+                 ylabel="predicted (ms)", title=f"{title}\nMAPE {table['mape_pct']:.1f} %, worst {table['worst_pct']:.1f} %")
+        axis.title.set_fontsize(9)
+        axis.legend(fontsize=7, markerscale=2)
+    figure.suptitle(f"{len(frame):,} published Megatron-DeepSpeed iterations on one 8xA100 node (dashed: +-10 %)",
+                    fontsize=9)
+    figure.tight_layout()
+    try:
+        return write_figure_atomic(path, figure, dpi=110)
+    finally:
+        plt.close(figure)
+
+
 def _print_table(name: str, table: dict) -> None:
     print(f"{name}: {table['rows']} rows, MAPE {table['mape_pct']:.1f} %, mean signed {table['mean_signed_pct']:+.1f} %, "
           f"worst {table['worst_pct']:.1f} %, {100 * table['within_10_pct_share']:.0f} % of rows within 10 %")
@@ -153,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=os.cpu_count(), help="worker processes of the fit")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--csv", type=Path, default=DATA, help="the published measurements (default: %(default)s)")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                        help="draw predicted against measured for every row into this figure")
     args = parser.parse_args(argv)
     try:
+        if args.plot is not None:
+            check_figure_file(args.plot, "--plot")
         frame = read_rows(args.csv)
     except ScenarioError as error:
         print(f"bench_published: error: {error}", file=sys.stderr)
@@ -162,11 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows is not None:
         frame = frame.head(args.rows)
     started = time.perf_counter()
+    datasheet_ms, catalogue_ms = predict_ms(frame, {"costs": {"host_overhead_s": 0}}), predict_ms(frame)
     figures = {"analytic": error_table(frame.assign(predicted_ms=predict_ms(frame, {"costs": {"model": "analytic"}}))),
-               "kernel_datasheet": error_table(frame.assign(predicted_ms=predict_ms(frame, {"costs": {"host_overhead_s": 0}}))),
-               "kernel_catalogue": error_table(frame.assign(predicted_ms=predict_ms(frame)))}
+               "kernel_datasheet": error_table(frame.assign(predicted_ms=datasheet_ms)),
+               "kernel_catalogue": error_table(frame.assign(predicted_ms=catalogue_ms))}
     if not args.no_fit:
         figures.update(fitted_figures(frame, args.processes))
+    if args.plot is not None:
+        write_accuracy_plot(frame, {"kernel model, datasheet, no host time": datasheet_ms,
+                                    **({"kernel model, catalogue (in sample)": catalogue_ms} if args.no_fit else
+                                       {"kernel model, 5-fold held out": figures["five_fold_ms"]})}, args.plot)
+    figures.pop("five_fold_ms", None)
     figures["gpt_mfu"] = gpt_mfu()
     figures["wall_s"] = time.perf_counter() - started
     if args.json:

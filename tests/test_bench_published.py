@@ -1,0 +1,65 @@
+"""benchmarks/bench_published.py on a few rows of the published table's format: each row becomes the
+scenario of its layout, the figures are scored, `--plot` draws predicted against measured, and bad
+input is one line with exit code 2 and no figure written."""
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from bench_published import COLUMNS, error_table, main, read_rows, row_scenario  # noqa: E402
+
+from simulator.scenario import scenario_from_dict  # noqa: E402
+
+ROWS = [  # the first rows of vtrain_a100_single_node.csv (GPUs, global batch, micro batch, hidden, heads,
+    # layers, sequence, TP, DP, PP, iteration ms)
+    (2, 16, 8, 1024, 16, 24, 1024, 1, 1, 2, 372.160408),
+    (8, 32, 4, 1024, 16, 24, 1024, 2, 2, 2, 219.732754),
+    (8, 8, 2, 2048, 16, 20, 1024, 4, 1, 2, 160.6027),
+]
+
+
+@pytest.fixture
+def published_csv(tmp_path):
+    path = tmp_path / "published.csv"
+    pd.DataFrame(ROWS, columns=list(COLUMNS)).to_csv(path, index=False)
+    return path
+
+
+def test_each_row_is_the_scenario_of_its_layout(published_csv):
+    for row in read_rows(published_csv).itertuples(index=False):
+        scenario = scenario_from_dict(row_scenario(row))
+        strategy = scenario.strategy
+        assert scenario.num_gpus == row.num_gpus == row.tp * row.pp * row.dp
+        assert (strategy.tp_degree, strategy.pp_degree) == (row.tp, row.pp)
+        assert strategy.num_microbatches * row.micro_batch * row.dp == row.global_batch
+
+
+def test_error_table_groups_the_signed_error():
+    frame = pd.DataFrame({"measured_ms": [100.0, 200.0], "predicted_ms": [110.0, 180.0], "tp": [1, 8],
+                          "pp": [1, 1], "micro_batch": [1, 1], "hidden": [1024, 1024]})
+    table = error_table(frame)
+    assert table["mape_pct"] == pytest.approx(10.0) and table["mean_signed_pct"] == pytest.approx(0.0)
+    assert table["mean_signed_by_group_pct"]["tp"] == {"1": 10.0, "8": -10.0}
+
+
+def test_plot_of_predicted_against_measured(published_csv, tmp_path, capsys):
+    figure = tmp_path / "out" / "accuracy.png"
+    assert main(["--csv", str(published_csv), "--no-fit", "--plot", str(figure)]) == 0
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "kernel model, catalogue" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("arguments, named", [
+    (["--plot", "{tmp}/accuracy.xyz"], "--plot"),
+    (["--csv", "{tmp}/missing.csv"], "missing.csv"),
+])
+def test_bad_input_is_one_line_exit_2_and_no_figure(arguments, named, tmp_path, capsys):
+    arguments = [argument.format(tmp=tmp_path) for argument in arguments]
+    assert main(["--no-fit", *arguments]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and named in error[0]
+    assert not list(tmp_path.iterdir())
