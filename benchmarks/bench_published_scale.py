@@ -34,8 +34,11 @@ measured and predicted iteration time and error, then MAPE, mean signed error an
 per table and over both, and whether the predicted peak memory of every run fits the 80 GB it
 trained on.
 
-    python benchmarks/bench_published_scale.py [--table sc21|recompute|all] [--profile PROFILE.json]
-                                               [--processes N] [--json]
+`--plot FILE.png` draws each run's prediction against its measurement, one colour per table
+(`reports/published_scale_accuracy.png`).
+
+    python benchmarks/bench_published_scale.py [--table sc21|recompute|v1|all] [--profile PROFILE.json]
+                                               [--processes N] [--json] [--plot FILE.png]
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simulator.errors import ScenarioError  # noqa: E402
+from simulator.output import check_figure_file, write_figure_atomic  # noqa: E402
 
 SEQUENCE, VOCABULARY = 2048, 51200
 
@@ -232,6 +236,34 @@ def print_table(title: str, rows: list[dict]) -> None:
               f"worst {summary['worst_pct']:.1f} % ({summary['worst_run']})")
 
 
+def write_accuracy_plot(rows: list[dict], path: Path) -> Path:
+    """Predicted against measured seconds of every simulated run, one colour per table, with
+    y = x and +-10 % lines and each table's MAPE in its legend entry."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axis = plt.subplots(figsize=(6.5, 5.5))
+    simulated = [row for row in rows if row["predicted_s"] is not None]
+    for table, title in TABLES.items():
+        part = [row for row in simulated if row["table"] == table]
+        if part:
+            axis.scatter([row["measured_s"] for row in part], [row["predicted_s"] for row in part], s=22,
+                         label=f"{title}: MAPE {score(part)['mape_pct']:.1f} %")
+    low = 0.7 * min(row["measured_s"] for row in simulated)
+    high = 1.4 * max(row["measured_s"] for row in simulated)
+    for factor, style in ((1.0, "-"), (0.9, "--"), (1.1, "--")):
+        axis.plot([low, high], [factor * low, factor * high], style, color="black", linewidth=0.7)
+    axis.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured iteration (s)",
+             ylabel="predicted iteration (s)")
+    axis.legend(fontsize=7, loc="upper left")
+    figure.suptitle("published Megatron-LM runs, nothing fitted (dashed: +-10 %)", fontsize=9)
+    figure.tight_layout()
+    try:
+        return write_figure_atomic(path, figure, dpi=120)
+    finally:
+        plt.close(figure)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", choices=(*TABLES, "all"), default="all", help="which published table to score")
@@ -239,10 +271,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="a kernel profile (`ghpsim fit`, `calibrate --kernels`); default: the datasheet catalogue")
     parser.add_argument("--processes", type=int, default=os.cpu_count(), help="worker processes")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                        help="draw predicted against measured for every run into this figure")
     args = parser.parse_args(argv)
     if args.profile and not Path(args.profile).is_file():
         print(f"bench_published_scale: error: --profile {args.profile}: no such file", file=sys.stderr)
         return 2
+    if args.plot is not None:
+        try:
+            check_figure_file(args.plot, "--plot")
+        except ScenarioError as error:
+            print(f"bench_published_scale: error: {error}", file=sys.stderr)
+            return 2
     runs = [run for run in RUNS if args.table in ("all", run.table)]
     started = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(max(1, args.processes)) as pool:
@@ -260,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             row.update(predicted_s=predicted, error_pct=100 * (predicted - row["measured_s"]) / row["measured_s"])
         rows.append(row)
     tables = [table for table in TABLES if any(row["table"] == table for row in rows)]
+    if args.plot is not None and any(row["predicted_s"] is not None for row in rows):
+        write_accuracy_plot(rows, args.plot)
     figures = {"model": args.profile or "datasheet", "rows": rows, "summary": score(rows),
                "tables": {table: score([row for row in rows if row["table"] == table]) for table in tables},
                "wall_s": time.perf_counter() - started}

@@ -92,3 +92,15 @@ def test_a_missing_profile_is_one_line_and_exit_2(capsys):
     assert main(["--profile", "no/such/profile.json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no/such/profile.json" in err[0]
+
+
+def test_plot_of_the_runs_and_a_bad_figure_format(tmp_path, capsys, monkeypatch):
+    import bench_published_scale
+    monkeypatch.setattr(bench_published_scale, "RUNS", V1_RUNS)  # the two smallest runs: seconds
+    figure = tmp_path / "scale.png"
+    assert main(["--table", "v1", "--processes", "1", "--plot", str(figure)]) == 0
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert main(["--plot", str(tmp_path / "scale.xyz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--plot" in err[0] and not (tmp_path / "scale.xyz").exists()
