@@ -4,8 +4,9 @@ the measurements.
 
 Source: NVIDIA DeepLearningExamples, `PyTorch/Classification/ConvNets/resnet50v1.5/README.md`,
 "Training performance results" (pytorch-21.03 NGC container), images per second for the whole
-node; per-GPU batch from the same folder's `configs.yml` (256 with AMP and with TF32, 112 in FP32
-on V100), SGD with momentum, data parallelism with PyTorch DDP. A step of b images a GPU on n GPUs
+node; per-GPU batch and memory format from the same folder's `configs.yml` (256 with AMP and with
+TF32, 112 in FP32 on V100; AMP runs channels_last, `memory_format: nhwc`, TF32 and FP32 PyTorch's
+default NCHW), SGD with momentum, data parallelism with PyTorch DDP. A step of b images a GPU on n GPUs
 is measured at b n / throughput seconds.
 
 Each row is predicted twice: with `costs.model: auto` (what a scenario gets: the kernel model on
@@ -45,7 +46,8 @@ def run_scenario(gpu: str, num_gpus: int, batch: int, dtype: str, cost_model: st
     return {"name": f"resnet50_{gpu}_{num_gpus}x{batch}_{dtype}",
             "cluster": {"num_nodes": 1, "gpus_per_node": num_gpus, "gpu": gpu, "intra_node_link": NODES[gpu]},
             "model": {"name": "resnet50"}, "strategy": {"kind": "dp"},
-            "training": {"global_batch_size": batch * num_gpus, "dtype": dtype, "optimizer": "momentum"},
+            "training": {"global_batch_size": batch * num_gpus, "dtype": dtype, "optimizer": "momentum",
+                         "memory_format": "nhwc" if dtype == "fp16" else "nchw"},  # configs.yml: AMP nhwc
             "costs": {"model": cost_model}}
 
 

@@ -89,7 +89,7 @@ def _costs_for_gpu(costs: CostModel, gpu: GpuSpec) -> CostModel:
                            flash_attention=costs.flash_attention, sequence_parallel=costs.sequence_parallel,
                            recompute=costs.recompute, comm_sm_contention=costs.comm_sm_contention,
                            gradient_accumulation_fusion=costs.gradient_accumulation_fusion,
-                           vocab_multiple=costs.vocab_multiple)
+                           vocab_multiple=costs.vocab_multiple, memory_format=costs.memory_format)
     return AnalyticCosts(costs.workload, gpu, costs.dtype, costs.optimizer, costs.efficiency,
                          recompute=costs.recompute, tp_degree=costs.tp_degree)
 

@@ -135,6 +135,24 @@ ARCHITECTURES["generic"] = replace(
     ARCHITECTURES["ampere"],
     source="no published figures for this family in the project's data: Ampere's row is used (an assumption)")
 
+NHWC_TENSOR_CORE_ARCHITECTURES = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
+"""NVIDIA families whose tensor-core convolutions run in NHWC: cuDNN transposes NCHW tensors to NHWC
+before such a convolution and its result back (NVIDIA Deep Learning Performance documentation,
+"Convolutional Layers User's Guide", tensor layouts: NHWC is the tensor cores' native layout;
+PyTorch's channels_last memory format keeps activations in NHWC and skips the transposes)."""
+
+
+def nchw_transposes(gpu, dtype: str, memory_format: str) -> bool:
+    """Whether cuDNN transposes around each convolution: NCHW activations, and `dtype` on tensor
+    cores (its dense peak above the fp32 one on an `NHWC_TENSOR_CORE_ARCHITECTURES` family)."""
+    if memory_format != "nchw" or (gpu.architecture or "").lower() not in NHWC_TENSOR_CORE_ARCHITECTURES:
+        return False
+    try:
+        return gpu.peak_for(dtype) > gpu.peak_for("fp32")
+    except KeyError:
+        return False
+
+
 def gpu_architecture(gpu) -> str:
     """The GPU's architecture family (`GpuSpec.architecture`) if it has a row here, else "generic"."""
     named = (gpu.architecture or "").lower()

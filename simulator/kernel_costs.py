@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from simulator.costs import TOPK_SELECTION_BYTES_PER_ELEMENT, WEIGHT_PASS_WORDS
 from simulator.host_sharing import sm_sharing
-from simulator.kernel_catalogue import ARCHITECTURES, KernelParameters, gpu_architecture
+from simulator.kernel_catalogue import ARCHITECTURES, KernelParameters, gpu_architecture, nchw_transposes
 from simulator.kernel_tables import Axes, interpolate_log
 from simulator.kernels_attention import core_recompute_kernels
 from simulator.kernels import (
@@ -186,7 +186,8 @@ class KernelCosts:
     (`shared_processors`, `simulator.host_sharing.sm_sharing`). `gradient_accumulation_fusion`
     False: each weight-gradient GEMM is followed by its fp32 main-gradient accumulation kernel.
     `vocab_multiple` > 1: vocabularies padded to a multiple of it x `tp_degree` (Megatron's
-    `MEGATRON_VOCAB_MULTIPLE`; 1: the model's own size, as eager frameworks run it)."""
+    `MEGATRON_VOCAB_MULTIPLE`; 1: the model's own size, as eager frameworks run it).
+    `memory_format`: the convolutions' activation layout (`nchw_transposes`)."""
 
     communication = None
     shared_processors = None
@@ -194,7 +195,7 @@ class KernelCosts:
     def __init__(self, workload: Workload, gpu, dtype: str, optimizer: str, *, tp_degree: int = 1,
                  flash_attention: bool = False, sequence_parallel: bool = False, recompute: str = "none",
                  parameters: KernelParameters | None = None, comm_sm_contention: bool = True,
-                 gradient_accumulation_fusion: bool = True, vocab_multiple: int = 1):
+                 gradient_accumulation_fusion: bool = True, vocab_multiple: int = 1, memory_format: str = "nchw"):
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE_MODES)}")
         self.workload = workload
@@ -208,6 +209,8 @@ class KernelCosts:
         self.comm_sm_contention = comm_sm_contention
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
         self.vocab_multiple = vocab_multiple
+        self.memory_format = memory_format
+        self.nchw_transposes = nchw_transposes(gpu, dtype, memory_format)
         self.shared_processors = sm_sharing(gpu.num_sms) if comm_sm_contention else None
         self.architecture = gpu_architecture(gpu)
         self.device = device_for(gpu, dtype, parameters)
@@ -230,7 +233,8 @@ class KernelCosts:
                    recompute="selective" if training.recompute == "selective" else "none",
                    comm_sm_contention=costs.comm_sm_contention,
                    gradient_accumulation_fusion=scenario.strategy.gradient_accumulation_fusion,
-                   vocab_multiple=MEGATRON_VOCAB_MULTIPLE if scenario.strategy.kind == "megatron" else 1)
+                   vocab_multiple=MEGATRON_VOCAB_MULTIPLE if scenario.strategy.kind == "megatron" else 1,
+                   memory_format=training.memory_format)
 
     def with_tensor_parallel(self, tp_degree: int, sequence_parallel: bool) -> "KernelCosts":
         """The same model for one rank of a `tp_degree`-way tensor-parallel group."""
@@ -240,7 +244,7 @@ class KernelCosts:
                            flash_attention=self.flash_attention, sequence_parallel=sequence_parallel,
                            recompute=self.recompute, parameters=self.parameters, comm_sm_contention=self.comm_sm_contention,
                            gradient_accumulation_fusion=self.gradient_accumulation_fusion,
-                           vocab_multiple=self.vocab_multiple)
+                           vocab_multiple=self.vocab_multiple, memory_format=self.memory_format)
 
     def kernels(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
         """The kernels of a pass; "B" with full recompute is the recompute forward + backward, with
@@ -262,9 +266,11 @@ class KernelCosts:
             layer = replace(layer, spec={**layer.spec, "vocab_size": math.ceil(vocab / multiple) * multiple})
         kernels = layer_kernels(layer, phase, batch, dtype=self.dtype, tp_degree=self.tp_degree,
                                 flash_attention=self.flash_attention, sequence_parallel=self.sequence_parallel,
-                                gradient_accumulation_fusion=self.gradient_accumulation_fusion)
+                                gradient_accumulation_fusion=self.gradient_accumulation_fusion,
+                                nchw_transposes=self.nchw_transposes)
         skipped = INPUT_GRADIENT_KERNELS.get(layer.spec.get("kind")) if layer_index == 0 and phase == BACKWARD else None
-        return kernels if skipped is None else tuple(kernel for kernel in kernels if kernel.name != skipped)
+        return kernels if skipped is None else tuple(  # the GEMM and its layout copies
+            kernel for kernel in kernels if kernel.name != skipped and not kernel.name.startswith(f"{skipped}."))
 
     def compute_parts(self, layer_index: int, phase: str, batch: float) -> tuple[float, float]:
         """(GPU seconds, host seconds) of a pass (`kernels_parts`)."""

@@ -206,7 +206,8 @@ def generic_kernels(layer: Layer, b: float, e: int, phase: str, t: int) -> list[
                    (2 * x + y + params) * e, (x + params) * e)]
 
 
-def _expand(layer: Layer, b: float, e: int, phase: str, t: int, flash: bool, sp: bool) -> list[Kernel]:
+def _expand(layer: Layer, b: float, e: int, phase: str, t: int, flash: bool, sp: bool,
+            transposes: bool = False) -> list[Kernel]:
     spec = layer.spec
     kind = spec.get("kind")
     if kind == "transformer_block" and spec.get("activation") == "swiglu":
@@ -229,7 +230,7 @@ def _expand(layer: Layer, b: float, e: int, phase: str, t: int, flash: bool, sp:
     if kind == "classifier_head":
         return classifier_head_kernels(spec, b, e, phase, t)
     if kind in CONV_EXPANSIONS:
-        return CONV_EXPANSIONS[kind](spec, b, e, phase)
+        return CONV_EXPANSIONS[kind](spec, b, e, phase, transposes)
     return generic_kernels(layer, b, e, phase, t)
 
 
@@ -249,12 +250,12 @@ def _freeze(value):
 @lru_cache(maxsize=65536)
 def _cached_kernels(layer: Layer, spec_key, phase: str, batch: float, dtype: str, tp_degree: int,
                     flash_attention: bool, sequence_parallel: bool,
-                    gradient_accumulation_fusion: bool = True) -> tuple[Kernel, ...]:
+                    gradient_accumulation_fusion: bool = True, nchw_transposes: bool = False) -> tuple[Kernel, ...]:
     if batch == 0:
         return ()
     phase_kernels = "F" if phase == "R" else phase
     kernels = _expand(layer, batch, dtype_bytes(dtype), phase_kernels, tp_degree, flash_attention,
-                      sequence_parallel)
+                      sequence_parallel, nchw_transposes)
     if phase == "B" and not gradient_accumulation_fusion:
         kernels = unfused_accumulation(kernels, dtype_bytes(dtype))
     return tuple(kernels)
@@ -262,11 +263,12 @@ def _cached_kernels(layer: Layer, spec_key, phase: str, batch: float, dtype: str
 
 def layer_kernels(layer: Layer, phase: str, batch: float, *, dtype: str, tp_degree: int = 1,
                   flash_attention: bool = False, sequence_parallel: bool = False,
-                  gradient_accumulation_fusion: bool = True) -> tuple[Kernel, ...]:
+                  gradient_accumulation_fusion: bool = True, nchw_transposes: bool = False) -> tuple[Kernel, ...]:
     """The kernels one tensor-parallel rank launches for `layer`'s pass `phase` on `batch`
     samples. Cached per (layer, spec, phase, batch, dtype, tp, flags): `cache_info()`.
     `gradient_accumulation_fusion` False: Megatron without `--gradient-accumulation-fusion`, a
-    main-gradient accumulation kernel after every weight-gradient GEMM (`unfused_accumulation`)."""
+    main-gradient accumulation kernel after every weight-gradient GEMM (`unfused_accumulation`).
+    `nchw_transposes`: cuDNN's layout copies around each convolution (`simulator.kernels_cnn.conv`)."""
     if phase not in PHASES:
         raise ValueError(f"phase {phase!r}: expected one of {', '.join(PHASES)}")
     if batch < 0:
@@ -274,7 +276,8 @@ def layer_kernels(layer: Layer, phase: str, batch: float, *, dtype: str, tp_degr
     if int(tp_degree) != tp_degree or tp_degree < 1:
         raise ValueError(f"tp_degree {tp_degree!r}: must be a positive integer")
     return _cached_kernels(layer, _freeze(layer.spec), phase, batch, dtype, int(tp_degree),
-                           bool(flash_attention), bool(sequence_parallel), bool(gradient_accumulation_fusion))
+                           bool(flash_attention), bool(sequence_parallel), bool(gradient_accumulation_fusion),
+                           bool(nchw_transposes))
 
 
 layer_kernels.cache_info = _cached_kernels.cache_info  # type: ignore[attr-defined]

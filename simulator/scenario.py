@@ -228,6 +228,8 @@ class TrainingConfig(_Frozen):
     recompute: Literal["none", "selective", "full"] = "none"
     offload_activations: bool = False
     """reuse/laysa: move saved activations to host memory over PCIe instead of keeping them."""
+    memory_format: Literal["nchw", "nhwc"] = "nchw"
+    """Convolution activations' layout: PyTorch's default NCHW or channels_last NHWC (`simulator.kernels_cnn.conv`)."""
 
 
 LayerKind = Literal["conv", "linear", "attention", "embedding", "norm", "pool", "elementwise"]

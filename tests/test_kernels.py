@@ -158,6 +158,23 @@ def test_convolution_is_an_implicit_gemm():
     assert "projection.dgrad" in backward and "input.grad_accumulate" in backward
 
 
+def test_nchw_on_tensor_cores_copies_each_convolution_operand_into_nhwc_and_its_result_back():
+    layer = build_model("resnet50").layers[4]
+    spec, b = layer.spec, 8
+    x = b * spec["mid_channels"] * math.prod(spec["input_hw"])  # conv2's input and output elements
+    y = b * spec["mid_channels"] * math.prod(spec["output_hw"])
+    forward = by_name(kernels(layer, "F", b, nchw_transposes=True))
+    assert (forward["conv2.x_to_nhwc"].bytes_read, forward["conv2.y_to_nchw"].bytes_written) == (2 * x, 2 * y)
+    backward = by_name(kernels(layer, "B", b, nchw_transposes=True))
+    for name, elements in (("conv2.dgrad.dy_to_nhwc", y), ("conv2.dgrad.dx_to_nchw", x),
+                           ("conv2.wgrad.x_to_nhwc", x), ("conv2.wgrad.dy_to_nhwc", y)):
+        assert backward[name].kind == "copy" and backward[name].bytes_read == backward[name].bytes_written == 2 * elements
+    plain = kernels(layer, "B", b)
+    assert {k.name for k in plain} < set(backward) and not any(k.kind == "copy" for k in plain)
+    # 4 convolutions (3 + the projection), 2 copies forward and 4 backward each
+    assert len(backward) - len(plain) == 16 and len(forward) - len(kernels(layer, "F", b)) == 8
+
+
 def test_a_layer_without_spec_is_one_generic_kernel():
     layer = Layer("custom", "norm", 1e6, 1e6, 0, 1000, 1000, 1000)
     (forward,) = kernels(layer, "F", 4)
