@@ -135,22 +135,33 @@ ARCHITECTURES["generic"] = replace(
     ARCHITECTURES["ampere"],
     source="no published figures for this family in the project's data: Ampere's row is used (an assumption)")
 
-NHWC_TENSOR_CORE_ARCHITECTURES = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
-"""NVIDIA families whose tensor-core convolutions run in NHWC: cuDNN transposes NCHW tensors to NHWC
-before such a convolution and its result back (NVIDIA Deep Learning Performance documentation,
-"Convolutional Layers User's Guide", tensor layouts: NHWC is the tensor cores' native layout;
-PyTorch's channels_last memory format keeps activations in NHWC and skips the transposes)."""
+CUDNN_ARCHITECTURES = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
+"""NVIDIA families of the kernel model, whose convolutions are cuDNN's (`conv_algorithm`)."""
+WINOGRAD_MULTIPLY_SAVING = 36 / 16
+"""Winograd F(2x2, 3x3): a 2 x 2 output tile of a 3 x 3 convolution costs 16 multiplies instead of 36
+(Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016)."""
 
 
-def nchw_transposes(gpu, dtype: str, memory_format: str) -> bool:
-    """Whether cuDNN transposes around each convolution: NCHW activations, and `dtype` on tensor
-    cores (its dense peak above the fp32 one on an `NHWC_TENSOR_CORE_ARCHITECTURES` family)."""
-    if memory_format != "nchw" or (gpu.architecture or "").lower() not in NHWC_TENSOR_CORE_ARCHITECTURES:
-        return False
+def conv_algorithm(gpu, dtype: str, memory_format: str) -> str:
+    """How cuDNN runs a model's convolutions (`simulator.kernels_cnn.conv`):
+    - `implicit_gemm_nchw`: `dtype` on tensor cores (its dense peak above fp32's) with NCHW
+      activations: tensor-core convolutions run in NHWC, so cuDNN copies each call's activations in
+      and out of NHWC (NVIDIA Deep Learning Performance documentation, "Convolutional Layers User's
+      Guide", tensor layouts; PyTorch's channels_last, `memory_format: nhwc`, avoids the copies);
+    - `winograd`: on CUDA cores, a 3 x 3 stride-1 convolution runs cuDNN's Winograd algorithms
+      (CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD, BWD_DATA_ALGO_WINOGRAD, BWD_FILTER_ALGO_WINOGRAD_NONFUSED:
+      3 x 3 filters, stride 1), the fastest there, so what cudnn.benchmark's search picks; priced as
+      F(2x2, 3x3) at the GEMM ceiling (`WINOGRAD_MULTIPLY_SAVING`);
+    - `implicit_gemm`: otherwise (NHWC on tensor cores, a non-cuDNN family)."""
+    if (gpu.architecture or "").lower() not in CUDNN_ARCHITECTURES:
+        return "implicit_gemm"
     try:
-        return gpu.peak_for(dtype) > gpu.peak_for("fp32")
+        tensor_cores = gpu.peak_for(dtype) > gpu.peak_for("fp32")
     except KeyError:
-        return False
+        return "implicit_gemm"
+    if not tensor_cores:
+        return "winograd"
+    return "implicit_gemm_nchw" if memory_format == "nchw" else "implicit_gemm"
 
 
 def gpu_architecture(gpu) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from simulator.costs import TOPK_SELECTION_BYTES_PER_ELEMENT, WEIGHT_PASS_WORDS
 from simulator.host_sharing import sm_sharing
-from simulator.kernel_catalogue import ARCHITECTURES, KernelParameters, gpu_architecture, nchw_transposes
+from simulator.kernel_catalogue import ARCHITECTURES, KernelParameters, conv_algorithm, gpu_architecture
 from simulator.kernel_tables import Axes, interpolate_log
 from simulator.kernels_attention import core_recompute_kernels
 from simulator.kernels import (
@@ -187,7 +187,7 @@ class KernelCosts:
     False: each weight-gradient GEMM is followed by its fp32 main-gradient accumulation kernel.
     `vocab_multiple` > 1: vocabularies padded to a multiple of it x `tp_degree` (Megatron's
     `MEGATRON_VOCAB_MULTIPLE`; 1: the model's own size, as eager frameworks run it).
-    `memory_format`: the convolutions' activation layout (`nchw_transposes`)."""
+    `memory_format`: the convolutions' activation layout (`conv_algorithm`)."""
 
     communication = None
     shared_processors = None
@@ -210,7 +210,7 @@ class KernelCosts:
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
         self.vocab_multiple = vocab_multiple
         self.memory_format = memory_format
-        self.nchw_transposes = nchw_transposes(gpu, dtype, memory_format)
+        self.conv_algorithm = conv_algorithm(gpu, dtype, memory_format)
         self.shared_processors = sm_sharing(gpu.num_sms) if comm_sm_contention else None
         self.architecture = gpu_architecture(gpu)
         self.device = device_for(gpu, dtype, parameters)
@@ -267,7 +267,7 @@ class KernelCosts:
         kernels = layer_kernels(layer, phase, batch, dtype=self.dtype, tp_degree=self.tp_degree,
                                 flash_attention=self.flash_attention, sequence_parallel=self.sequence_parallel,
                                 gradient_accumulation_fusion=self.gradient_accumulation_fusion,
-                                nchw_transposes=self.nchw_transposes)
+                                conv_algorithm=self.conv_algorithm)
         skipped = INPUT_GRADIENT_KERNELS.get(layer.spec.get("kind")) if layer_index == 0 and phase == BACKWARD else None
         return kernels if skipped is None else tuple(  # the GEMM and its layout copies
             kernel for kernel in kernels if kernel.name != skipped and not kernel.name.startswith(f"{skipped}."))

@@ -11,7 +11,7 @@ sec. 2.3: QKV and MLP-up column-parallel, N / tp; out-projection and MLP-down ro
 K / tp; heads / tp in the attention core; LayerNorms, dropouts and residual adds replicated, or
 over s / tp tokens with sequence parallelism, Korthikanti et al. 2022), with its fused kernels
 (apex LayerNorm, scale-mask-softmax, bias-GELU, bias-dropout-add) and PyTorch/cuDNN for CNNs
-(convolutions as implicit GEMMs, cuDNN batch norm: one kernel per pass).
+(convolutions as implicit GEMMs or Winograd, cuDNN batch norm: one kernel per pass).
 
 FLOP conventions: those of `simulator.zoo._ops` (GEMM 2mnk; LayerNorm/BatchNorm 5, GELU 8,
 softmax 5, residual add 1 per element; bias adds, dropout, copies 0). Differences from the
@@ -207,7 +207,7 @@ def generic_kernels(layer: Layer, b: float, e: int, phase: str, t: int) -> list[
 
 
 def _expand(layer: Layer, b: float, e: int, phase: str, t: int, flash: bool, sp: bool,
-            transposes: bool = False) -> list[Kernel]:
+            conv_algorithm: str = "implicit_gemm") -> list[Kernel]:
     spec = layer.spec
     kind = spec.get("kind")
     if kind == "transformer_block" and spec.get("activation") == "swiglu":
@@ -230,7 +230,7 @@ def _expand(layer: Layer, b: float, e: int, phase: str, t: int, flash: bool, sp:
     if kind == "classifier_head":
         return classifier_head_kernels(spec, b, e, phase, t)
     if kind in CONV_EXPANSIONS:
-        return CONV_EXPANSIONS[kind](spec, b, e, phase, transposes)
+        return CONV_EXPANSIONS[kind](spec, b, e, phase, conv_algorithm)
     return generic_kernels(layer, b, e, phase, t)
 
 
@@ -250,12 +250,12 @@ def _freeze(value):
 @lru_cache(maxsize=65536)
 def _cached_kernels(layer: Layer, spec_key, phase: str, batch: float, dtype: str, tp_degree: int,
                     flash_attention: bool, sequence_parallel: bool,
-                    gradient_accumulation_fusion: bool = True, nchw_transposes: bool = False) -> tuple[Kernel, ...]:
+                    gradient_accumulation_fusion: bool = True, conv_algorithm: str = "implicit_gemm") -> tuple[Kernel, ...]:
     if batch == 0:
         return ()
     phase_kernels = "F" if phase == "R" else phase
     kernels = _expand(layer, batch, dtype_bytes(dtype), phase_kernels, tp_degree, flash_attention,
-                      sequence_parallel, nchw_transposes)
+                      sequence_parallel, conv_algorithm)
     if phase == "B" and not gradient_accumulation_fusion:
         kernels = unfused_accumulation(kernels, dtype_bytes(dtype))
     return tuple(kernels)
@@ -263,12 +263,12 @@ def _cached_kernels(layer: Layer, spec_key, phase: str, batch: float, dtype: str
 
 def layer_kernels(layer: Layer, phase: str, batch: float, *, dtype: str, tp_degree: int = 1,
                   flash_attention: bool = False, sequence_parallel: bool = False,
-                  gradient_accumulation_fusion: bool = True, nchw_transposes: bool = False) -> tuple[Kernel, ...]:
+                  gradient_accumulation_fusion: bool = True, conv_algorithm: str = "implicit_gemm") -> tuple[Kernel, ...]:
     """The kernels one tensor-parallel rank launches for `layer`'s pass `phase` on `batch`
     samples. Cached per (layer, spec, phase, batch, dtype, tp, flags): `cache_info()`.
     `gradient_accumulation_fusion` False: Megatron without `--gradient-accumulation-fusion`, a
     main-gradient accumulation kernel after every weight-gradient GEMM (`unfused_accumulation`).
-    `nchw_transposes`: cuDNN's layout copies around each convolution (`simulator.kernels_cnn.conv`)."""
+    `conv_algorithm`: how cuDNN runs the convolutions (`simulator.kernel_catalogue.conv_algorithm`)."""
     if phase not in PHASES:
         raise ValueError(f"phase {phase!r}: expected one of {', '.join(PHASES)}")
     if batch < 0:
@@ -277,7 +277,7 @@ def layer_kernels(layer: Layer, phase: str, batch: float, *, dtype: str, tp_degr
         raise ValueError(f"tp_degree {tp_degree!r}: must be a positive integer")
     return _cached_kernels(layer, _freeze(layer.spec), phase, batch, dtype, int(tp_degree),
                            bool(flash_attention), bool(sequence_parallel), bool(gradient_accumulation_fusion),
-                           bool(nchw_transposes))
+                           conv_algorithm)
 
 
 layer_kernels.cache_info = _cached_kernels.cache_info  # type: ignore[attr-defined]

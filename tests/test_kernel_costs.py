@@ -11,8 +11,8 @@ import pytest
 from simulator.errors import ScenarioError
 from simulator.hardware import GPUS, GpuSpec
 from simulator.heterogeneity import _costs_for_gpu as costs_for_gpu
-from simulator.kernel_catalogue import (ARCHITECTURES, HOST_OVERHEAD_S, KernelParameters, gpu_architecture,
-                                        nchw_transposes)
+from simulator.kernel_catalogue import (ARCHITECTURES, HOST_OVERHEAD_S, KernelParameters, conv_algorithm,
+                                        gpu_architecture)
 from simulator.kernel_costs import (
     Device,
     KernelCosts,
@@ -279,21 +279,22 @@ def test_the_first_layer_computes_no_gradient_for_the_data(model):
     names = [kernel.name for kernel in costs.kernels(0, "B", 8)]
     assert not any(".dgrad" in name for name in names) and any(name.endswith(".wgrad") for name in names)
     assert any(kernel.name.endswith(".dgrad") for kernel in costs.kernels(1, "B", 8))
-    expanded = layer_kernels(workload.layers[0], "B", 8, dtype="fp16", nchw_transposes=costs.nchw_transposes)
+    expanded = layer_kernels(workload.layers[0], "B", 8, dtype="fp16", conv_algorithm=costs.conv_algorithm)
     dgrad = [k for k in expanded if ".dgrad" in k.name]  # the GEMM, and on NCHW tensor cores its layout copies
-    assert len(dgrad) == (3 if costs.nchw_transposes and model == "resnet50" else 1)
+    assert len(dgrad) == (3 if costs.conv_algorithm == "implicit_gemm_nchw" and model == "resnet50" else 1)
     assert costs.compute_s(0, "B", 8) == pytest.approx(  # the expansion has them; layer 0 drops them
         sum(kernel_s(k, costs.device) for k in expanded if k not in dgrad))
 
 
-@pytest.mark.parametrize("gpu, dtype, memory_format, transposes", [
-    ("A100-80GB", "fp16", "nchw", True), ("A100-80GB", "tf32", "nchw", True), ("A100-80GB", "bf16", "nhwc", False),
-    ("A100-80GB", "fp32", "nchw", False),  # CUDA cores: NCHW kernels
-    ("V100", "fp16", "nchw", True), ("V100", "tf32", "nchw", False),  # Volta runs tf32 as fp32
-    ("P100-SXM2", "fp16", "nchw", False), ("cpu", "fp16", "nchw", False), ("MI300X", "bf16", "nchw", False),
+@pytest.mark.parametrize("gpu, dtype, memory_format, algorithm", [
+    ("A100-80GB", "fp16", "nchw", "implicit_gemm_nchw"), ("A100-80GB", "tf32", "nchw", "implicit_gemm_nchw"),
+    ("A100-80GB", "bf16", "nhwc", "implicit_gemm"), ("A100-80GB", "fp32", "nchw", "winograd"),  # CUDA cores
+    ("V100", "fp16", "nchw", "implicit_gemm_nchw"), ("V100", "tf32", "nhwc", "winograd"),  # Volta: tf32 as fp32
+    ("P100-SXM2", "fp32", "nchw", "implicit_gemm"), ("cpu", "fp16", "nchw", "implicit_gemm"),
+    ("MI300X", "bf16", "nchw", "implicit_gemm"),  # not cuDNN
 ])
-def test_nchw_transposes_only_for_tensor_core_convolutions(gpu, dtype, memory_format, transposes):
-    assert nchw_transposes(GPUS[gpu], dtype, memory_format) is transposes
+def test_cudnn_convolution_algorithm_by_gpu_dtype_and_layout(gpu, dtype, memory_format, algorithm):
+    assert conv_algorithm(GPUS[gpu], dtype, memory_format) == algorithm
 
 
 def test_a_scenarios_memory_format_reaches_the_convolutions_and_its_heterogeneous_devices():
@@ -304,9 +305,10 @@ def test_a_scenarios_memory_format_reaches_the_convolutions_and_its_heterogeneou
     nchw = KernelCosts.for_scenario(scenario_from_dict(document), workload)
     channels_last = KernelCosts.for_scenario(
         scenario_from_dict({**document, "training": {**document["training"], "memory_format": "nhwc"}}), workload)
-    assert nchw.nchw_transposes and not channels_last.nchw_transposes
+    assert (nchw.conv_algorithm, channels_last.conv_algorithm) == ("implicit_gemm_nchw", "implicit_gemm")
     assert nchw.compute_s(4, "F", 32) > 1.2 * channels_last.compute_s(4, "F", 32)  # memory-bound copies of fp16 maps
-    assert costs_for_gpu(nchw, GPUS["H100-SXM"]).nchw_transposes and not costs_for_gpu(channels_last, GPUS["H100-SXM"]).nchw_transposes
+    assert costs_for_gpu(nchw, GPUS["H100-SXM"]).conv_algorithm == "implicit_gemm_nchw"
+    assert costs_for_gpu(channels_last, GPUS["H100-SXM"]).conv_algorithm == "implicit_gemm"
     assert nchw.with_tensor_parallel(2, False).memory_format == "nchw"
     with pytest.raises(Exception, match="memory_format"):
         scenario_from_dict({**document, "training": {**document["training"], "memory_format": "chw"}})

@@ -163,9 +163,9 @@ def test_nchw_on_tensor_cores_copies_each_convolution_operand_into_nhwc_and_its_
     spec, b = layer.spec, 8
     x = b * spec["mid_channels"] * math.prod(spec["input_hw"])  # conv2's input and output elements
     y = b * spec["mid_channels"] * math.prod(spec["output_hw"])
-    forward = by_name(kernels(layer, "F", b, nchw_transposes=True))
+    forward = by_name(kernels(layer, "F", b, conv_algorithm="implicit_gemm_nchw"))
     assert (forward["conv2.x_to_nhwc"].bytes_read, forward["conv2.y_to_nchw"].bytes_written) == (2 * x, 2 * y)
-    backward = by_name(kernels(layer, "B", b, nchw_transposes=True))
+    backward = by_name(kernels(layer, "B", b, conv_algorithm="implicit_gemm_nchw"))
     for name, elements in (("conv2.dgrad.dy_to_nhwc", y), ("conv2.dgrad.dx_to_nchw", x),
                            ("conv2.wgrad.x_to_nhwc", x), ("conv2.wgrad.dy_to_nhwc", y)):
         assert backward[name].kind == "copy" and backward[name].bytes_read == backward[name].bytes_written == 2 * elements
@@ -173,6 +173,21 @@ def test_nchw_on_tensor_cores_copies_each_convolution_operand_into_nhwc_and_its_
     assert {k.name for k in plain} < set(backward) and not any(k.kind == "copy" for k in plain)
     # 4 convolutions (3 + the projection), 2 copies forward and 4 backward each
     assert len(backward) - len(plain) == 16 and len(forward) - len(kernels(layer, "F", b)) == 8
+
+
+def test_winograd_does_fewer_multiplies_in_3x3_stride_1_convolutions_only():
+    layer = build_model("resnet50").layers[5]  # stage2.block1: 3x3 conv2 at stride 1, 1x1 conv1 / conv3
+    for phase in ("F", "B"):
+        plain = by_name(kernels(layer, phase, 8, dtype="fp32"))
+        winograd = by_name(kernels(layer, phase, 8, dtype="fp32", conv_algorithm="winograd"))
+        assert set(plain) == set(winograd)
+        for name, kernel in plain.items():
+            saving = 36 / 16 if name.startswith("conv2") and kernel.kind == "gemm" else 1.0
+            assert winograd[name].flops == pytest.approx(kernel.flops / saving)
+            assert winograd[name].m * winograd[name].n * winograd[name].k == pytest.approx(kernel.m * kernel.n * kernel.k / saving)
+    strided = build_model("resnet50").layers[4]  # its 3x3 conv2 has stride 2: an implicit GEMM still
+    assert by_name(kernels(strided, "F", 8, dtype="fp32", conv_algorithm="winograd"))["conv2"].flops == \
+        by_name(kernels(strided, "F", 8, dtype="fp32"))["conv2"].flops
 
 
 def test_a_layer_without_spec_is_one_generic_kernel():
