@@ -11,7 +11,10 @@ What is fitted (`FITTED`), each over a bounded grid of physical values:
   of CPU work per operator, from the Python call through the dispatcher to cudaLaunchKernel, more
   with a framework's Python hooks around each module); a pass lasts at least its kernel count
   times this;
-- `gemm_efficiency`: the fraction of the per-SM dense peak a full GEMM tile sustains.
+- `gemm_efficiency`: the fraction of the per-SM dense peak a full GEMM tile sustains;
+- `flash_attention_efficiency` (only when a run uses `costs.flash_attention`, `FLASH_FITTED`): the
+  same for the fused attention kernel, which differs by implementation (Triton, FlashAttention-2,
+  cuDNN) far more than by GPU.
 Everything else stays at the catalogue's sourced values. The search is a grid refined around its
 best point: every row is simulated at each point of the coarse grid; the best point (least MAPE)
 is then searched again among the points half-way to its neighbours in each `REFINED` parameter,
@@ -41,6 +44,9 @@ FITTED = {
     "gemm_efficiency": (0.65, 0.75, 0.822, 0.9),
 }
 """Coarse grid per fitted parameter (bounds: host overhead 0-100 us, GEMM ceiling 0.65-0.9)."""
+FLASH_FITTED = {"flash_attention_efficiency": (0.15, 0.25, 0.35, 0.5, 0.65)}
+"""Added to `FITTED` for runs with flash attention (the catalogue's FlashAttention-2 figures: A100
+0.575, H100 0.332 of the dense peak)."""
 REFINEMENTS = 2
 """Rounds of refinement around the best point (module docstring): a host time per kernel sets
 many runs' pace, so 5-10 us steps are too coarse for it."""
@@ -102,6 +108,12 @@ def grid_points(grid: dict[str, tuple[float, ...]] | None = None) -> list[dict[s
     grid = FITTED if grid is None else grid
     names = list(grid)
     return [dict(zip(names, values)) for values in itertools.product(*(grid[name] for name in names))]
+
+
+def fitted_grid(runs: list[Run]) -> dict[str, tuple[float, ...]]:
+    """`FITTED`, and `FLASH_FITTED` when a run's scenario turns `costs.flash_attention` on."""
+    flash = any((run.document.get("costs") or {}).get("flash_attention") for run in runs)
+    return {**FITTED, **FLASH_FITTED} if flash else dict(FITTED)
 
 
 def predict_s(run: Run, point: dict[str, float] | None) -> float:
@@ -229,14 +241,14 @@ def fit_runs(runs: list[Run], k: int = 5, seed: int = 0, progress=None) -> tuple
     architectures = {gpu_architecture(scenario_from_dict(run.document, run.where).cluster.gpu) for run in runs}
     if len(architectures) != 1:
         raise ScenarioError(f"cluster.gpu: the runs mix GPU architectures {sorted(architectures)}; fit one at a time")
-    measured = [run.measured_s for run in runs]
-    result = fit_refined(PointCache(lambda points: predict_grid(runs, points, progress)), measured, k, seed)
+    measured, grid = [run.measured_s for run in runs], fitted_grid(runs)
+    result = fit_refined(PointCache(lambda points: predict_grid(runs, points, progress)), measured, k, seed, grid)
     document = {"format": FORMAT, "kind": "kernel", "architecture": architectures.pop(),
                 "parameters": result.best,
                 "fit": {"runs": len(runs), "folds": k, "seed": seed,
                         "held_out_mape_pct": result.held_out_mape_pct,
                         "in_sample_mape_pct": result.in_sample_mape_pct,
-                        "spread_over_folds": result.spread, "grid": {n: list(v) for n, v in FITTED.items()},
+                        "spread_over_folds": result.spread, "grid": {n: list(v) for n, v in grid.items()},
                         "refinements": REFINEMENTS, "refined": list(REFINED)}}
     return result, document
 

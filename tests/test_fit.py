@@ -130,3 +130,19 @@ def test_the_fitted_host_time_wins_over_the_base_scenarios_own():
     run, gemm = Run(document, 0.01, "row 1"), ARCHITECTURES["ampere"].parameters.gemm_efficiency
     fast, slow = (predict_s(run, {"host_overhead_s": host, "gemm_efficiency": gemm}) for host in (0.0, 100e-6))
     assert slow > fast == pytest.approx(predict_s(run, None))
+
+
+def test_the_flash_attention_ceiling_is_fitted_only_for_runs_that_use_it():
+    import yaml
+
+    from simulator.fit import FITTED, FLASH_FITTED, Run, fitted_grid, predict_s
+    document = yaml.safe_load(BASE)
+    plain = [Run(document, 0.01, "row 1")]
+    assert fitted_grid(plain) == FITTED
+    flash_document = {**document, "model": {"name": "transformer", "params": {
+        "num_layers": 2, "hidden_size": 256, "num_heads": 4, "seq_len": 4096, "vocab_size": 1024}},
+        "training": {**document["training"], "global_batch_size": 16}, "costs": {"flash_attention": True}}
+    flash = Run(flash_document, 0.01, "row 2")
+    assert fitted_grid([*plain, flash]) == {**FITTED, **FLASH_FITTED}
+    slow, fast = (predict_s(flash, {"host_overhead_s": 0.0, "flash_attention_efficiency": e}) for e in (0.15, 0.65))
+    assert slow > fast  # the parameter reaches the attention kernels
