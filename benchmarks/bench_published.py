@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simulator.errors import ScenarioError  # noqa: E402
-from simulator.output import check_figure_file, write_figure_atomic  # noqa: E402
+from accuracy_plots import predicted_against_measured, pyplot, save  # noqa: E402
+from simulator.output import check_figure_file  # noqa: E402
 from simulator.fit import PointCache, Run, fit_refined, folds, predict_s, refined_search  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
 from simulator.simulate import simulate  # noqa: E402
@@ -145,29 +146,17 @@ def error_table(frame: pd.DataFrame) -> dict:
 
 def write_accuracy_plot(frame: pd.DataFrame, panels: dict[str, list[float]], path: Path) -> Path:
     """Predicted against measured iteration time, one panel per model in `panels` (title ->
-    predicted ms per row), points coloured by tensor-parallel degree, with y = x and +-10 % lines."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5), squeeze=False)
+    predicted ms per row), points coloured by tensor-parallel degree."""
+    figure, axes = pyplot().subplots(1, len(panels), figsize=(5.2 * len(panels), 5), squeeze=False)
     low, high = 0.8 * frame.measured_ms.min(), 1.25 * frame.measured_ms.max()
     for axis, (title, predicted) in zip(axes[0], panels.items()):
         table = error_table(frame.assign(predicted_ms=predicted))
         for tp, part in frame.assign(predicted_ms=predicted).groupby("tp"):
             axis.scatter(part.measured_ms, part.predicted_ms, s=5, alpha=0.6, label=f"TP {tp}")
-        for factor, style in ((1.0, "-"), (0.9, "--"), (1.1, "--")):
-            axis.plot([low, high], [factor * low, factor * high], style, color="black", linewidth=0.7)
-        axis.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured (ms)",
-                 ylabel="predicted (ms)", title=f"{title}\nMAPE {table['mape_pct']:.1f} %, worst {table['worst_pct']:.1f} %")
-        axis.title.set_fontsize(9)
+        predicted_against_measured(axis, low, high, "ms",
+                                   f"{title}\nMAPE {table['mape_pct']:.1f} %, worst {table['worst_pct']:.1f} %")
         axis.legend(fontsize=7, markerscale=2)
-    figure.suptitle(f"{len(frame):,} published Megatron-DeepSpeed iterations on one 8xA100 node (dashed: +-10 %)",
-                    fontsize=9)
-    figure.tight_layout()
-    try:
-        return write_figure_atomic(path, figure, dpi=110)
-    finally:
-        plt.close(figure)
+    return save(figure, path, f"{len(frame):,} published Megatron-DeepSpeed iterations on one 8xA100 node")
 
 
 def _print_table(name: str, table: dict) -> None:

@@ -57,7 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simulator.errors import ScenarioError  # noqa: E402
-from simulator.output import check_figure_file, write_figure_atomic  # noqa: E402
+from accuracy_plots import predicted_against_measured, pyplot, save  # noqa: E402
+from simulator.output import check_figure_file  # noqa: E402
 
 SEQUENCE, VOCABULARY = 2048, 51200
 
@@ -237,12 +238,9 @@ def print_table(title: str, rows: list[dict]) -> None:
 
 
 def write_accuracy_plot(rows: list[dict], path: Path) -> Path:
-    """Predicted against measured seconds of every simulated run, one colour per table, with
-    y = x and +-10 % lines and each table's MAPE in its legend entry."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axis = plt.subplots(figsize=(6.5, 5.5))
+    """Predicted against measured seconds of every simulated run, one colour per table (its MAPE in
+    the legend)."""
+    figure, axis = pyplot().subplots(figsize=(6.5, 5.5))
     simulated = [row for row in rows if row["predicted_s"] is not None]
     for table, title in TABLES.items():
         part = [row for row in simulated if row["table"] == table]
@@ -251,17 +249,9 @@ def write_accuracy_plot(rows: list[dict], path: Path) -> Path:
                          label=f"{title}: MAPE {score(part)['mape_pct']:.1f} %")
     low = 0.7 * min(row["measured_s"] for row in simulated)
     high = 1.4 * max(row["measured_s"] for row in simulated)
-    for factor, style in ((1.0, "-"), (0.9, "--"), (1.1, "--")):
-        axis.plot([low, high], [factor * low, factor * high], style, color="black", linewidth=0.7)
-    axis.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured iteration (s)",
-             ylabel="predicted iteration (s)")
+    predicted_against_measured(axis, low, high, "s", "")
     axis.legend(fontsize=7, loc="upper left")
-    figure.suptitle("published Megatron-LM runs, nothing fitted (dashed: +-10 %)", fontsize=9)
-    figure.tight_layout()
-    try:
-        return write_figure_atomic(path, figure, dpi=120)
-    finally:
-        plt.close(figure)
+    return save(figure, path, "published Megatron-LM runs, nothing fitted", dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:

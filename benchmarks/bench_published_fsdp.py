@@ -1,0 +1,145 @@
+"""Accuracy on published FSDP runs on GPUs: MosaicML's MPT training benchmarks (LLM Foundry on
+Composer and PyTorch FSDP, FULL_SHARD over every GPU, amp_bf16, flash attention), 52 runs on H100
+80 GB (8-64 GPUs) and 59 on A100 80 GB (8 GPUs), models of 125M to 70B parameters, sequences of
+512 to 65,536 tokens, with and without activation checkpointing.
+
+Source: mosaicml/llm-foundry, `scripts/train/benchmarking/README.md` (Apache-2.0), tables "H100
+80GB BF16" and "A100 80GB with 1600 Gbps node-node interconnect (RoCE)", their amp_bf16 / DEFAULT /
+FULL_SHARD rows. Transcribed into `scenarios/runs/mpt_fsdp_llm_foundry.csv` (the `ghpsim fit`
+RUNS format: a base scenario per GPU, `mpt_fsdp_{h100,a100}_node.yaml`, and each row's model size,
+sequence, node count, gradient accumulation, batch and activation checkpointing); a step is the
+row's tokens per batch over its tokens per second. The MPT models of the benchmark are GPT-style
+(biases, LayerNorm, learned positions, tied embedding): each row's parameter count equals the
+table's to the parameter (a test).
+
+Prints, per GPU:
+- `datasheet`: the catalogue as a scenario gets it, nothing fitted;
+- `5-fold`: `ghpsim fit`'s parameters (host time, GEMM ceiling and, these runs using flash
+  attention, the attention kernel's ceiling) chosen on the GPU's other rows by 5-fold
+  cross-validation, every row scored by the fold that did not see it (what a team calibrating on
+  its own logs gets);
+with MAPE, mean signed error, worst, and the mean signed error by sequence length and model size.
+
+    python benchmarks/bench_published_fsdp.py [--no-fit] [--processes N] [--json] [--plot FILE.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from simulator.errors import ScenarioError  # noqa: E402
+from simulator.fit import PointCache, fit_refined, fitted_grid, predict_s, read_runs  # noqa: E402
+from accuracy_plots import predicted_against_measured, pyplot, save  # noqa: E402
+from simulator.output import check_figure_file  # noqa: E402
+
+RUNS_CSV = ROOT / "scenarios" / "runs" / "mpt_fsdp_llm_foundry.csv"
+
+
+def _predictions(args: tuple) -> list[float]:
+    runs, point = args
+    return [predict_s(run, point) for run in runs]
+
+
+def error_table(runs, predicted: list[float]) -> dict:
+    """MAPE, mean signed, worst (percent) and the mean signed error by sequence and by model width."""
+    errors = [100 * (p - run.measured_s) / run.measured_s for run, p in zip(runs, predicted)]
+
+    def by(key) -> dict[str, float]:
+        groups: dict[int, list[float]] = {}
+        for run, error in zip(runs, errors):
+            groups.setdefault(key(run.document), []).append(error)
+        return {str(k): round(statistics.fmean(v), 1) for k, v in sorted(groups.items())}
+
+    return {"rows": len(runs), "mape_pct": statistics.fmean(abs(e) for e in errors),
+            "mean_signed_pct": statistics.fmean(errors), "worst_pct": max(abs(e) for e in errors),
+            "mean_signed_by_seq_len_pct": by(lambda d: d["model"]["params"]["seq_len"]),
+            "mean_signed_by_hidden_pct": by(lambda d: d["model"]["params"]["hidden_size"])}
+
+
+def gpu_figures(runs, pool, fit: bool) -> dict:
+    """The datasheet predictions of one GPU's rows and, with `fit`, the 5-fold held-out ones."""
+    datasheet = pool.apply(_predictions, ((runs, None),))
+    out = {"datasheet": error_table(runs, datasheet), "datasheet_s": datasheet}
+    if fit:
+        measured = [run.measured_s for run in runs]
+        evaluate = PointCache(lambda points: pool.map(_predictions, [(runs, point) for point in points]))
+        result = fit_refined(evaluate, measured, k=5, seed=0, grid=fitted_grid(runs))
+        out.update(five_fold=error_table(runs, result.held_out), five_fold_s=result.held_out,
+                   parameters=result.best, spread=result.spread)
+    return out
+
+
+def write_accuracy_plot(by_gpu: dict, path: Path) -> Path:
+    """Predicted against measured step time per GPU: datasheet (hollow) and 5-fold held out (filled)."""
+    figure, axes = pyplot().subplots(1, len(by_gpu), figsize=(5.2 * len(by_gpu), 5), squeeze=False)
+    for axis, (gpu, (runs, figures)) in zip(axes[0], by_gpu.items()):
+        measured = [run.measured_s for run in runs]
+        axis.scatter(measured, figures["datasheet_s"], s=14, facecolors="none", edgecolors="tab:red",
+                     label=f"datasheet: MAPE {figures['datasheet']['mape_pct']:.1f} %")
+        if "five_fold_s" in figures:
+            axis.scatter(measured, figures["five_fold_s"], s=10, color="tab:blue",
+                         label=f"5-fold held out: MAPE {figures['five_fold']['mape_pct']:.1f} %")
+        predicted_against_measured(axis, 0.6 * min(measured), 1.5 * max(measured), "s", f"{gpu}: {len(runs)} runs")
+        axis.legend(fontsize=7)
+    return save(figure, path, "published MPT runs (LLM Foundry, FSDP full shard, bf16, flash attention)")
+
+
+def _print(name: str, table: dict) -> None:
+    print(f"  {name}: {table['rows']} runs, MAPE {table['mape_pct']:.1f} %, mean signed {table['mean_signed_pct']:+.1f} %, "
+          f"worst {table['worst_pct']:.1f} %")
+    for group in ("seq_len", "hidden"):
+        values = table[f"mean_signed_by_{group}_pct"]
+        print(f"      mean signed by {group}: " + ", ".join(f"{k} {v:+.1f} %" for k, v in values.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-fit", action="store_true", help="skip the cross-validated fit (minutes)")
+    parser.add_argument("--processes", type=int, default=os.cpu_count(), help="worker processes")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                        help="draw predicted against measured for every run into this figure")
+    args = parser.parse_args(argv)
+    try:
+        if args.plot is not None:
+            check_figure_file(args.plot, "--plot")
+        runs = read_runs(RUNS_CSV)
+    except ScenarioError as error:
+        print(f"bench_published_fsdp: error: {error}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    by_gpu: dict[str, tuple] = {}
+    for run in runs:
+        by_gpu.setdefault(run.document["cluster"]["gpu"], ([], None))[0].append(run)
+    with multiprocessing.get_context("spawn").Pool(max(1, args.processes)) as pool:
+        by_gpu = {gpu: (gpu_runs, gpu_figures(gpu_runs, pool, not args.no_fit)) for gpu, (gpu_runs, _) in by_gpu.items()}
+    if args.plot is not None:
+        write_accuracy_plot(by_gpu, args.plot)
+    figures = {gpu: {key: value for key, value in gpu_figures_.items() if not key.endswith("_s")}
+               for gpu, (_, gpu_figures_) in by_gpu.items()}
+    if args.json:
+        print(json.dumps({"gpus": figures, "wall_s": time.perf_counter() - started}, indent=2))
+        return 0
+    for gpu, table in figures.items():
+        print(f"{gpu}:")
+        _print("datasheet, nothing fitted", table["datasheet"])
+        if "five_fold" in table:
+            _print("5-fold held out", table["five_fold"])
+            print("      parameters (all rows): " + ", ".join(
+                f"{k} {v:.3g} +- {table['spread'][k]:.2g}" for k, v in table["parameters"].items()))
+    print(f"({time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""benchmarks/bench_published_fsdp.py and its runs (scenarios/runs/mpt_fsdp_llm_foundry.csv): every
+row is the published MPT model (its parameter count to the parameter), layout and batch, a few rows
+are predicted and scored, and bad input is one line with exit code 2."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from bench_published_fsdp import RUNS_CSV, error_table, main  # noqa: E402
+
+from simulator.fit import predict_s, read_runs  # noqa: E402
+from simulator.model_source import resolve_workload  # noqa: E402
+from simulator.scenario import scenario_from_dict  # noqa: E402
+
+RUNS = read_runs(RUNS_CSV)
+VOCABULARY = 50368
+
+
+def test_the_runs_are_the_two_published_tables():
+    gpus = [run.document["cluster"]["gpu"] for run in RUNS]
+    assert (gpus.count("H100-SXM"), gpus.count("A100-80GB")) == (52, 59)
+
+
+@pytest.mark.parametrize("run", RUNS[::7], ids=lambda run: run.where.rsplit("/", 1)[-1])
+def test_each_run_is_an_fsdp_layout_of_the_published_model(run):
+    scenario = scenario_from_dict(run.document, run.where)
+    strategy, params = scenario.strategy, scenario.model.params
+    assert (strategy.kind, strategy.tp_degree, strategy.pp_degree, strategy.zero_stage) == ("megatron", 1, 1, 3)
+    assert scenario.costs.flash_attention and scenario.training.dtype == "bf16"
+    micro_batch = scenario.training.global_batch_size / (scenario.num_gpus * strategy.num_microbatches)
+    assert micro_batch == int(micro_batch) >= 1
+    # MPT's parameters: 12 L d^2 + 13 L d (biases, LayerNorms) + 2 d + (vocabulary + positions) d, which
+    # reproduces the table's NumParams column for every row
+    d, layers, seq = params["hidden_size"], params["num_layers"], params["seq_len"]
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    assert workload.num_params == 12 * layers * d * d + 13 * layers * d + 2 * d + (VOCABULARY + seq) * d
+
+
+@pytest.mark.parametrize("index", [20, 75])  # H100 7B and A100 3B, 2,048 tokens
+def test_small_runs_are_predicted_within_a_factor_of_two(index):
+    run = RUNS[index]
+    assert 0.5 * run.measured_s < predict_s(run, None) < 2 * run.measured_s
+
+
+def test_error_table_groups_by_sequence_and_width():
+    runs = RUNS[:2]
+    table = error_table(runs, [1.1 * run.measured_s for run in runs])
+    assert table["mape_pct"] == pytest.approx(10.0) and table["rows"] == 2
+    assert set(table["mean_signed_by_seq_len_pct"].values()) == {10.0}
+
+
+def test_a_bad_figure_format_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["--no-fit", "--plot", str(tmp_path / "fsdp.xyz")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "--plot" in error[0] and not list(tmp_path.iterdir())
