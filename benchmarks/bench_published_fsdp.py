@@ -18,7 +18,9 @@ Prints, per GPU:
   attention, the attention kernel's ceiling) chosen on the GPU's other rows by 5-fold
   cross-validation, every row scored by the fold that did not see it (what a team calibrating on
   its own logs gets);
-with MAPE, mean signed error, worst, and the mean signed error by sequence length and model size.
+with MAPE, mean signed error, worst, and the mean signed error by sequence length and model size;
+and how many runs the predicted peak memory fits on the GPU (all trained; the table's micro-batches
+are the largest that fit, so their peaks lie near the 80 GB).
 
     python benchmarks/bench_published_fsdp.py [--no-fit] [--processes N] [--json] [--plot FILE.png]
 """
@@ -50,6 +52,18 @@ def _predictions(args: tuple) -> list[float]:
     return [predict_s(run, point) for run in runs]
 
 
+def _datasheet(runs) -> list[tuple[float, float, float]]:
+    """Per run: the datasheet step time (s), predicted peak memory and the GPU's memory (bytes)."""
+    from simulator.scenario import scenario_from_dict
+    from simulator.simulate import simulate
+    out = []
+    for run in runs:
+        scenario = scenario_from_dict(run.document, run.where)
+        summary = simulate(scenario).summary
+        out.append((summary["step_time_s"], summary["memory"]["peak_memory_bytes"], scenario.cluster.gpu.memory_bytes))
+    return out
+
+
 def error_table(runs, predicted: list[float]) -> dict:
     """MAPE, mean signed, worst (percent) and the mean signed error by sequence and by model width."""
     errors = [100 * (p - run.measured_s) / run.measured_s for run, p in zip(runs, predicted)]
@@ -68,8 +82,11 @@ def error_table(runs, predicted: list[float]) -> dict:
 
 def gpu_figures(runs, pool, fit: bool) -> dict:
     """The datasheet predictions of one GPU's rows and, with `fit`, the 5-fold held-out ones."""
-    datasheet = pool.apply(_predictions, ((runs, None),))
-    out = {"datasheet": error_table(runs, datasheet), "datasheet_s": datasheet}
+    predicted = pool.apply(_datasheet, (runs,))
+    datasheet = [step_s for step_s, _, _ in predicted]
+    over = [peak / capacity - 1 for _, peak, capacity in predicted if peak > capacity]
+    out = {"datasheet": error_table(runs, datasheet), "datasheet_s": datasheet,
+           "memory": {"runs_that_fit": len(runs) - len(over), "largest_excess_pct": 100 * max(over, default=0.0)}}
     if fit:
         measured = [run.measured_s for run in runs]
         evaluate = PointCache(lambda points: pool.map(_predictions, [(runs, point) for point in points]))
@@ -133,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     for gpu, table in figures.items():
         print(f"{gpu}:")
         _print("datasheet, nothing fitted", table["datasheet"])
+        memory = table["memory"]
+        excess = (f"; the others over by at most {memory['largest_excess_pct']:.1f} %"
+                  if memory["runs_that_fit"] < table["datasheet"]["rows"] else "")
+        print(f"      predicted peak memory: {memory['runs_that_fit']} of {table['datasheet']['rows']} runs fit the GPU, "
+              f"where all trained{excess}")
         if "five_fold" in table:
             _print("5-fold held out", table["five_fold"])
             print("      parameters (all rows): " + ", ".join(
