@@ -84,12 +84,7 @@ def _costs_for_gpu(costs: CostModel, gpu: GpuSpec) -> CostModel:
                             f"{costs.dtype!r}") from None
     if isinstance(costs, KernelCosts):  # the host's time per kernel is the host's, whatever the GPU
         parameters = replace(device_for(gpu, costs.dtype).parameters, host_overhead_s=costs.parameters.host_overhead_s)
-        return KernelCosts(costs.workload, gpu, costs.dtype, costs.optimizer, tp_degree=costs.tp_degree,
-                           parameters=parameters,
-                           flash_attention=costs.flash_attention, sequence_parallel=costs.sequence_parallel,
-                           recompute=costs.recompute, comm_sm_contention=costs.comm_sm_contention,
-                           gradient_accumulation_fusion=costs.gradient_accumulation_fusion,
-                           vocab_multiple=costs.vocab_multiple, memory_format=costs.memory_format)
+        return costs.with_changes(gpu=gpu, parameters=parameters)
     return AnalyticCosts(costs.workload, gpu, costs.dtype, costs.optimizer, costs.efficiency,
                          recompute=costs.recompute, tp_degree=costs.tp_degree)
 

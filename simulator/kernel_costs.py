@@ -236,15 +236,19 @@ class KernelCosts:
                    vocab_multiple=MEGATRON_VOCAB_MULTIPLE if scenario.strategy.kind == "megatron" else 1,
                    memory_format=training.memory_format)
 
+    def with_changes(self, **changes) -> "KernelCosts":
+        """The same model with some constructor arguments replaced (another GPU, TP degree, ...)."""
+        settings = {name: getattr(self, name) for name in (
+            "workload", "gpu", "dtype", "optimizer", "tp_degree", "flash_attention", "sequence_parallel",
+            "recompute", "parameters", "comm_sm_contention", "gradient_accumulation_fusion", "vocab_multiple",
+            "memory_format")}
+        return KernelCosts(**(settings | changes))
+
     def with_tensor_parallel(self, tp_degree: int, sequence_parallel: bool) -> "KernelCosts":
         """The same model for one rank of a `tp_degree`-way tensor-parallel group."""
         if (tp_degree, sequence_parallel) == (self.tp_degree, self.sequence_parallel):
             return self
-        return KernelCosts(self.workload, self.gpu, self.dtype, self.optimizer, tp_degree=tp_degree,
-                           flash_attention=self.flash_attention, sequence_parallel=sequence_parallel,
-                           recompute=self.recompute, parameters=self.parameters, comm_sm_contention=self.comm_sm_contention,
-                           gradient_accumulation_fusion=self.gradient_accumulation_fusion,
-                           vocab_multiple=self.vocab_multiple, memory_format=self.memory_format)
+        return self.with_changes(tp_degree=tp_degree, sequence_parallel=sequence_parallel)
 
     def kernels(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
         """The kernels of a pass; "B" with full recompute is the recompute forward + backward, with

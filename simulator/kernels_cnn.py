@@ -22,7 +22,8 @@ def conv(name: str, b: float, cin: int, cout: int, k: int, in_hw, out_hw, e: int
     its activation operands to NHWC and its activation result back to NCHW; `winograd`, a 3 x 3
     stride-1 convolution's three GEMMs do `WINOGRAD_MULTIPLY_SAVING` times fewer multiplies (K / it)."""
     in_area, out_area = in_hw[0] * in_hw[1], out_hw[0] * out_hw[1]
-    x, y, w = b * cin * in_area * e, b * cout * out_area * e, cout * cin * k * k * e
+    x_el, y_el = b * cin * in_area, b * cout * out_area  # activation elements
+    x, y, w = x_el * e, y_el * e, cout * cin * k * k * e
     m, n, kk = b * out_area, cout, cin * k * k
     transposes = algorithm == "implicit_gemm_nchw"
     saving = WINOGRAD_MULTIPLY_SAVING if algorithm == "winograd" and k == 3 and tuple(in_hw) == tuple(out_hw) else 1.0
@@ -33,7 +34,6 @@ def conv(name: str, b: float, cin: int, cout: int, k: int, in_hw, out_hw, e: int
         into = [copy(f"{kernel.name}.{label}_to_nhwc", elements, e) for label, elements in operands]
         return into + [kernel] + ([copy(f"{kernel.name}.{result[0]}_to_nchw", result[1], e)] if result else [])
 
-    x_el, y_el = b * cin * in_area, b * cout * out_area
     flops = 2.0 * m * n * kk / saving
     if phase != "B":
         kernels = nhwc(Kernel(name, "gemm", flops, x + w, y, m, n, kk / saving), (("x", x_el),), ("y", y_el))
