@@ -180,7 +180,10 @@ def fit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", metavar="SCENARIO", help="scenario file for rows without a `base` column")
     parser.add_argument("--folds", type=int, default=5, help="k of the k-fold held-out error (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the folds' shuffle (default 0)")
-    parser.add_argument("--json", action="store_true", help="print the fit as JSON")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="draw each run's held-out prediction against its measured step time")
+    parser.add_argument("--json", action="store_true",
+                        help="print the fit as JSON, with each run's held-out prediction and error")
 
 
 def calibrate(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,8 @@ and that `REFINEMENTS` times, so the final spacing is a quarter of the coarse on
 taken beyond the grid's bounds). Each fold runs this search on its training rows and is scored on its
 held-out rows (k-fold cross-validation; the folds are a seeded shuffle); points are simulated once
 and shared by the folds. The written parameters are the search's result on all rows; their
-uncertainty is the spread of the folds' choices.
+uncertainty is the spread of the folds' choices. Each run's held-out prediction is printed with
+`--json` and drawn against its measurement with `--plot FILE.png` (`simulator.fit_plot`).
 """
 
 from __future__ import annotations
@@ -260,6 +261,9 @@ def run(args) -> int:
     from simulator.profile import profile_from_dict
     from simulator.progress import stderr_progress
     check_output_file(args.out, "--out")
+    if args.plot:
+        from simulator.output import check_figure_file
+        check_figure_file(args.plot, "--plot")
     if args.folds < 2:
         raise ScenarioError(f"--folds: {args.folds} must be at least 2")
     runs = read_runs(args.runs, args.base)
@@ -268,12 +272,23 @@ def run(args) -> int:
         result, document = fit_runs(runs, args.folds, args.seed, progress=lambda: bar.advance(task))
     profile_from_dict(document, args.out)  # the document validates before it is written
     write_json_atomic(args.out, document)
+    errors_pct = [100 * (p - run.measured_s) / run.measured_s for p, run in zip(result.held_out, runs)]
+    worst = max(range(len(runs)), key=lambda i: abs(errors_pct[i]))
+    if args.plot:
+        from simulator.fit_plot import write_fit_plot
+        write_fit_plot([run.measured_s for run in runs], result.held_out, args.plot,
+                       f"{len(runs)} runs, {args.folds}-fold held out: MAPE {result.held_out_mape_pct:.1f} %\n"
+                       f"worst {errors_pct[worst]:+.1f} % ({Path(runs[worst].where).name})")
     if args.json:
-        print(json.dumps(document["fit"] | {"parameters": result.best}, indent=2))
+        predictions = [{"run": run.where, "measured_step_s": run.measured_s, "held_out_step_s": p,
+                        "error_pct": e} for run, p, e in zip(runs, result.held_out, errors_pct)]
+        print(json.dumps(document["fit"] | {"parameters": result.best, "predictions": predictions}, indent=2))
         return 0
     print(f"{len(runs)} runs, {args.folds}-fold held-out MAPE {result.held_out_mape_pct:.1f} % "
-          f"(in sample {result.in_sample_mape_pct:.1f} %)")
+          f"(in sample {result.in_sample_mape_pct:.1f} %), worst {errors_pct[worst]:+.1f} % ({runs[worst].where})")
     for name, value in result.best.items():
         print(f"  {name} = {value:.4g} +- {result.spread[name]:.2g} (spread over the folds)")
     print(f"kernel profile written to {args.out}: use it with `ghpsim simulate SCENARIO --profile {args.out}`")
+    if args.plot:
+        print(f"held-out predictions against the measurements drawn in {args.plot}")
     return 0

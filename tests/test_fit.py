@@ -111,6 +111,33 @@ def test_fit_writes_a_kernel_profile_that_simulate_reads(tmp_path, capsys, monke
     assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
 
 
+def test_fit_draws_and_prints_each_runs_held_out_prediction(tmp_path, capsys, monkeypatch):
+    import simulator.fit as fit_module
+    monkeypatch.setattr(fit_module, "FITTED", {"host_overhead_s": (0.0, 2e-5), "gemm_efficiency": (0.822,)})
+    rows = "base,training.global_batch_size,measured_step_s\n" + "".join(
+        f"tiny.yaml,{b},{0.004 * b}\n" for b in (2, 2, 4, 4, 8, 8))
+    runs_csv, out, plot = _write(tmp_path, rows), tmp_path / "kernel.json", tmp_path / "fit.png"
+    assert main(["fit", str(runs_csv), "--out", str(out), "--folds", "3", "--plot", str(plot), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    predictions = printed["predictions"]
+    assert [p["run"] for p in predictions] == [f"{runs_csv}:{line}" for line in range(2, 8)]
+    for p in predictions:
+        assert p["held_out_step_s"] > 0
+        assert p["error_pct"] == pytest.approx(100 * (p["held_out_step_s"] / p["measured_step_s"] - 1))
+    mape = sum(abs(p["error_pct"]) for p in predictions) / len(predictions)
+    assert mape == pytest.approx(printed["held_out_mape_pct"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_plot_file_matplotlib_cannot_write_is_refused_before_fitting(tmp_path, capsys):
+    rows = "base,training.global_batch_size,measured_step_s\ntiny.yaml,2,0.01\ntiny.yaml,4,0.02\n"
+    out, plot = tmp_path / "kernel.json", tmp_path / "fit.xyz"
+    assert main(["fit", str(_write(tmp_path, rows)), "--out", str(out), "--plot", str(plot)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--plot" in error and "'xyz' is not supported" in error
+    assert not out.exists() and not plot.exists()
+
+
 def test_a_kernel_profile_for_another_architecture_is_refused(tmp_path, capsys):
     profile = {"format": "ghpsim-profile/2", "kind": "kernel", "architecture": "hopper",
                "parameters": {"host_overhead_s": 1e-5}}
