@@ -1,9 +1,12 @@
 """What the published-accuracy benchmarks' `--plot` figures share: log-log axes of predicted against
-measured with y = x and the +-10 % band, and an atomic write of the figure (matplotlib, Agg)."""
+measured with y = x and the +-10 % band (`simulator.fit_plot`, which `ghpsim fit --plot` draws on
+too), and an atomic write of the figure (matplotlib, Agg)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from simulator.fit_plot import predicted_against_measured  # noqa: F401  (the benchmarks' axes)
 
 
 def pyplot():
@@ -12,15 +15,6 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
-
-
-def predicted_against_measured(axis, low: float, high: float, unit: str, title: str) -> None:
-    """y = x (solid) and +-10 % (dashed) over [low, high] on log axes labelled in `unit`."""
-    for factor, style in ((1.0, "-"), (0.9, "--"), (1.1, "--")):
-        axis.plot([low, high], [factor * low, factor * high], style, color="black", linewidth=0.7)
-    axis.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel=f"measured ({unit})",
-             ylabel=f"predicted ({unit})", title=title)
-    axis.title.set_fontsize(9)
 
 
 def save(figure, path: Path, title: str, dpi: int = 110) -> Path:
