@@ -52,16 +52,16 @@ def test_pass_totals_and_their_spread():
 
 def _comm(scale: float) -> dict:
     """_measure_comm-shaped medians: 2 message sizes, allreduce and allgather in groups of 2 and 4."""
-    groups = {g: {"medians_s": [scale * g, 4 * scale * g], "concurrent_groups": 4 // g} for g in (2, 4)}
+    groups = {g: {"times_s": [scale * g, 4 * scale * g], "concurrent_groups": 4 // g} for g in (2, 4)}
     return {"p2p": [scale, 3 * scale], "allreduce": groups, "allgather": {2: dict(groups[2])}}
 
 
 def test_one_slow_comm_pass_out_of_three_does_not_move_the_fits_inputs():
     merged = median_comm_over_passes([_comm(1.0), _comm(2.0), _comm(1.1)])  # the second caught a slow spell
     assert merged["p2p"] == pytest.approx([1.1, 3.3])
-    assert merged["allreduce"][4]["medians_s"] == pytest.approx([4.4, 17.6])
+    assert merged["allreduce"][4]["times_s"] == pytest.approx([4.4, 17.6])
     assert merged["allreduce"][2]["concurrent_groups"] == 2
-    assert merged["allgather"][2]["medians_s"] == pytest.approx([2.2, 8.8])
+    assert merged["allgather"][2]["times_s"] == pytest.approx([2.2, 8.8])
     spread = comm_pass_spread([_comm(1.0), _comm(2.0), _comm(1.1)])
     assert set(spread) == {"p2p", "allreduce.2", "allreduce.4", "allgather.2"}
     assert spread["allreduce.4"]["relative_totals"] == pytest.approx([1 / 1.1, 2 / 1.1, 1.0])

@@ -35,7 +35,9 @@
 6. **Overlap** (CPU, world_size >= 2; `validator.overlap_bench`): compute steps alone, a stream of
    allreduces (or point-to-point messages) alone, and both at once: the profile's
    `shared_processors` interference factors. Its `parallelism` is W / compute_slowdown[W].
-7. **Communication**, after every layer sweep, medians over the sweeps (`validator.comm_bench`):
+7. **Communication**, after every layer sweep (`validator.comm_bench`: a collective's figure the
+   mean over repeats, since a step pays their sum; a p2p figure the median), the median over the
+   sweeps:
    p2p ping-pong between ranks 0 and 1 (one-way = half the round trip); allreduce and allgather
    for every divisor g >= 2 of world_size, the world cut into world_size / g groups of consecutive
    ranks that run at the same time (as the concurrent groups of a GHP / DP plan). Fitted to
@@ -220,9 +222,9 @@ def profile_fields(workload: Workload, model_params: dict, raw: dict, settings: 
         "optimizer": {"name": settings.optimizer, "intercept_s": update.intercept, "per_param_s": update.slope},
         "weight_passes": {name: {"intercept_s": fit.intercept, "per_param_s": fit.slope} for name, fit in passes.items()},
         "topk": {density: _element_fit(items, notes, f"topk.{density}") for density, items in raw["topk"].items()},
-        "allreduce": {g: _alpha_beta(settings.comm_sizes, item["medians_s"], notes, f"allreduce.{g}")
+        "allreduce": {g: _alpha_beta(settings.comm_sizes, item["times_s"], notes, f"allreduce.{g}")
                       for g, item in raw["allreduce"].items()},
-        "allgather": {g: _alpha_beta(settings.comm_sizes, item["medians_s"], notes, f"allgather.{g}")
+        "allgather": {g: _alpha_beta(settings.comm_sizes, item["times_s"], notes, f"allgather.{g}")
                       for g, item in raw["allgather"].items()},
         "compute_slowdown": compute_slowdown,
     }
@@ -298,8 +300,8 @@ def _fit(xs, ys, notes: list[str], what: str, weights=None):
     return fit
 
 
-def _alpha_beta(sizes, medians, notes: list[str], what: str) -> dict:
-    fit = _fit(sizes, medians, notes, what, weights=[1.0 / t ** 2 for t in medians])
+def _alpha_beta(sizes, times_s, notes: list[str], what: str) -> dict:
+    fit = _fit(sizes, times_s, notes, what, weights=[1.0 / t ** 2 for t in times_s])
     if fit.slope <= 0:
         notes.append(f"{what}: time does not grow with size; bandwidth recorded as 1e30 B/s")
     return {"latency_s": fit.intercept, "bandwidth_bytes_per_s": 1.0 / fit.slope if fit.slope > 0 else 1e30}

@@ -164,15 +164,16 @@ measured (the messages' hop comes from the sweep ratios' sweeps)."""
 
 
 def _concurrent_groups(settings: CalibrationSettings, g: int, timer) -> dict:
-    """`timer` run by world / g groups of g consecutive ranks at once; medians averaged over groups."""
+    """`timer` run by world / g groups of g consecutive ranks at once; its per-size times (means over
+    repeats, `validator.comm_bench`) averaged over the groups."""
     world, rank = dist.get_world_size(), dist.get_rank()
     groups = [dist.new_group(list(range(start, start + g))) for start in range(0, world, g)]
     mine = None if g == world else groups[rank // g]
-    medians = timer(settings.comm_sizes, settings.comm_repeats, group=mine, warmup=settings.warmup)
-    group_medians = [None] * world
-    dist.all_gather_object(group_medians, medians)
-    per_group = [group_medians[start] for start in range(0, world, g)]
-    return {"medians_s": [sum(column) / len(column) for column in zip(*per_group)]}
+    times_s = timer(settings.comm_sizes, settings.comm_repeats, group=mine, warmup=settings.warmup)
+    group_times = [None] * world
+    dist.all_gather_object(group_times, times_s)
+    per_group = [group_times[start] for start in range(0, world, g)]
+    return {"times_s": [sum(column) / len(column) for column in zip(*per_group)]}
 
 
 def _measure_comm(settings: CalibrationSettings) -> dict:

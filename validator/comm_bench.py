@@ -1,15 +1,28 @@
 """Communication microbenchmarks for calibration: point-to-point ping-pong, allreduce and allgather
 per message size, on the process group's backend (gloo on CPU, nccl on CUDA).
 
-Every figure is a *median* of `repeats` timed samples after `warmup` untimed ones; a sample is one
-operation, timed with wall time (`time.perf_counter`; on CUDA the device is synchronised before
-each clock read), each after a world-wide barrier. `validator.calibrate` fits the medians to
-alpha + size / beta.
+A collective's figure is the *mean* of `repeats` timed samples after `warmup` untimed ones, a
+point-to-point figure their *median*; a sample is one operation, timed with wall time
+(`time.perf_counter`; on CUDA the device is synchronised before each clock read), each after a
+world-wide barrier. `validator.calibrate` fits the figures to alpha + size / beta.
+
+Why the mean for collectives: a training step issues many of them and pays their sum, whose
+expectation is the sum of their expectations (linearity of expectation). The median is that
+expectation only for a symmetric spread. Where an operation is sometimes delayed by a whole
+scheduling quantum (gloo on a host with as many busy threads as cores: 0.4 ms or 3.5-4 ms, the
+slow mode in 25-50 % of samples), the median is the fast mode alone and the step pays more. On an
+accelerator the samples are tight and the two agree. (The compute figures average within blocks
+of back-to-back iterations for the same reason, `validator.microbench._time_blocks`.)
+Why the median for point-to-point: the p2p fit is the wire time of an idle exchange; what a
+message costs beyond it on busy ranks is measured on its own, as means, by the message chain
+(`validator.message_bench`: the LogP overheads o_s, o_r and the wake-up delay, whose mean is taken
+over the p2p fit), so the p2p figure must not hold those delays a second time.
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from collections.abc import Sequence
 
@@ -18,7 +31,7 @@ import torch.distributed as dist
 
 from validator import comm_device
 from validator.comm_device import control_device, data_device
-from validator.microbench import _median, _sync
+from validator.microbench import _sync
 
 
 def _comm_device() -> torch.device:
@@ -30,6 +43,18 @@ def agree_max(value: int) -> int:
     tensor = torch.tensor([int(value)], dtype=torch.int64, device=_comm_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return int(tensor.item())
+
+
+def _mean(samples: list[float], warmup: int) -> float:
+    """The mean of the samples after the first `warmup` (all of them if there are no more)."""
+    kept = samples[warmup:] or samples
+    return float(sum(kept) / len(kept))
+
+
+def _median(samples: list[float], warmup: int) -> float:
+    """The median of the samples after the first `warmup` (all of them if there are no more)."""
+    kept = samples[warmup:] or samples
+    return float(statistics.median(kept))
 
 
 def _buffer(size_bytes: int, device: torch.device) -> torch.Tensor:
@@ -78,9 +103,9 @@ def time_p2p(sizes_bytes: Sequence[int], repeats: int = 10, warmup: int = 2, *, 
 
 
 def _time_collective(operation, count: int, repeats: int, group, warmup: int) -> list[float]:
-    """Median over repeats of `operation(position)` per position, each sample after a world-wide
+    """Mean over repeats of `operation(position)` per position, each sample after a world-wide
     barrier, the positions in a shuffled order per repeat (`_size_order`); a sample's time is the
-    slowest rank's of `group`, and every member gets the medians."""
+    slowest rank's of `group`, and every member gets the means."""
     device = _comm_device()
     samples = torch.zeros(count, warmup + repeats, dtype=torch.float64, device=device)
     for repeat in range(warmup + repeats):
@@ -92,25 +117,25 @@ def _time_collective(operation, count: int, repeats: int, group, warmup: int) ->
             _sync(data_device())
             samples[position, repeat] = time.perf_counter() - start
     dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)
-    medians = [_median(row, warmup) for row in samples.cpu().tolist()]
+    means = [_mean(row, warmup) for row in samples.cpu().tolist()]
     dist.barrier()
-    return medians
+    return means
 
 
 def time_allreduce(sizes_bytes: Sequence[int], repeats: int = 10, group=None, warmup: int = 2) -> list[float]:
-    """Median allreduce (sum, fp32) time per size within `group` (None: the whole world).
+    """Mean allreduce (sum, fp32) time per size within `group` (None: the whole world).
 
     Every rank of the world must call this at the same time, each with its own group (disjoint
     groups then run concurrently); every sample starts at a world-wide barrier, and each repeat
     visits the sizes in a shuffled order (as `time_p2p`). A sample's time is
-    the slowest rank's of the group; the median over repeats is returned to every member."""
+    the slowest rank's of the group; the mean over repeats is returned to every member."""
     buffers = [_buffer(size, data_device()) for size in sizes_bytes]
     return _time_collective(lambda position: dist.all_reduce(buffers[position], group=group),
                             len(buffers), repeats, group, warmup)
 
 
 def time_allgather(sizes_bytes: Sequence[int], repeats: int = 10, group=None, warmup: int = 2) -> list[float]:
-    """Median allgather time per size within `group` (None: the whole world), as `time_allreduce`;
+    """Mean allgather time per size within `group` (None: the whole world), as `time_allreduce`;
     a size is the bytes *each rank contributes* (fp32), gathered with `dist.all_gather` into a list
     of the group's size, as the runtime's top-k exchange (`validator.runtime`) does."""
     members = dist.get_world_size(group)

@@ -66,18 +66,19 @@ def pass_spread(totals_by_rank: Sequence[Sequence[float]]) -> dict:
 
 
 def median_comm_over_passes(runs: Sequence[dict]) -> dict:
-    """Communication medians of several passes spread over a calibration (each `{"p2p": [per size]
-    or None, "allreduce": {g: {"medians_s": [per size], ...}}, "allgather": {...}}`) -> one entry
-    of the same shape whose every median (per kind, group size and message size) is the median over
-    the passes. Why: the alpha-beta fits were the one figure of a profile still timed in a single
-    burst, and on this project's 2-core VM one calibration's three sweeps disagreed by up to 77 %
-    (sum of an allreduce's medians over the sizes; p2p up to 36 %)."""
+    """Communication times of several passes spread over a calibration (each `{"p2p": [per size]
+    or None, "allreduce": {g: {"times_s": [per size], ...}}, "allgather": {...}}`, as
+    `validator.comm_bench` times them) -> one entry of the same shape whose every time (per kind,
+    group size and message size) is the median over the passes. Why: the alpha-beta fits were the
+    one figure of a profile still timed in a single burst, and on this project's 2-core VM one
+    calibration's three sweeps disagreed by up to 77 % (sum of an allreduce's medians over the
+    sizes; p2p up to 36 %)."""
     if not runs:
         raise ValueError("need at least one pass")
     first = runs[0]
     merged = {"p2p": _median_lists([run["p2p"] for run in runs]) if first["p2p"] is not None else None}
     for kind in ("allreduce", "allgather"):
-        merged[kind] = {g: {**item, "medians_s": _median_lists([run[kind][g]["medians_s"] for run in runs])}
+        merged[kind] = {g: {**item, "times_s": _median_lists([run[kind][g]["times_s"] for run in runs])}
                         for g, item in first[kind].items()}
     return merged
 
@@ -91,5 +92,5 @@ def comm_pass_spread(runs: Sequence[dict]) -> dict:
         series["p2p"] = [[sum(run["p2p"])] for run in runs]
     for kind in ("allreduce", "allgather"):
         for g in (runs[0][kind] if runs else {}):
-            series[f"{kind}.{g}"] = [[sum(run[kind][g]["medians_s"])] for run in runs]
+            series[f"{kind}.{g}"] = [[sum(run[kind][g]["times_s"])] for run in runs]
     return {name: pass_spread(list(zip(*totals))) for name, totals in series.items()}

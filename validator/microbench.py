@@ -53,11 +53,6 @@ def _to(value, device):
     return value
 
 
-def _median(samples: list[float], warmup: int) -> float:
-    kept = samples[warmup:] or samples
-    return float(statistics.median(kept))
-
-
 def activation_chain(modules, inputs) -> list:
     """[inputs, output of layer 0, output of layers 0..1, ...] without autograd: each layer's input
     for timing it alone."""

@@ -1,0 +1,38 @@
+"""The calibration's communication figures are means over repeats (`validator.comm_bench`): a step
+pays the sum of its collectives, so an operation that is sometimes slow counts at its expectation,
+not at its fast mode."""
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = torch.distributed
+
+from validator import comm_bench  # noqa: E402
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_sometimes_slow_operation_is_timed_at_its_mean_not_its_fast_mode(one_rank_group):
+    calls = []
+
+    def operation(position):
+        calls.append(position)
+        if len(calls) % 4 == 0:  # every fourth sample waits 8 ms, as a thread that misses a time slice
+            time.sleep(0.008)
+
+    (figure_s,) = comm_bench._time_collective(operation, count=1, repeats=8, group=None, warmup=0)
+    assert len(calls) == 8
+    assert figure_s >= 0.25 * 0.008  # the mean: two slow samples of eight; the median would be ~0
+    assert figure_s < 0.008
+
+
+def test_the_mean_skips_the_warmup_samples():
+    assert comm_bench._mean([9.0, 9.0, 1.0, 3.0], warmup=2) == 2.0
+    assert comm_bench._mean([4.0], warmup=2) == 4.0  # nothing after the warmup: all samples
