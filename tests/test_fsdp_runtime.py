@@ -17,7 +17,7 @@ from simulator.profile import FORMAT  # noqa: E402
 from simulator.profile_costs import profile_costs  # noqa: E402
 from validator.launch import LaunchConfig, spawn  # noqa: E402
 from validator.measure import RunOptions, reference_training, run_rank  # noqa: E402
-from validator.validate import predictions  # noqa: E402
+from validator.validate import predictions, prepare_case  # noqa: E402
 
 pytestmark = pytest.mark.slow  # multi-process end-to-end runs: `python -m pytest -m slow`
 
@@ -138,3 +138,21 @@ def test_a_megatron_plan_on_a_shared_cpu_host_is_simulated_rank_by_rank(tmp_path
     data["strategy"]["symmetry"] = "off"
     off = simulate(load_scenario(data), costs=profile_costs(profile, workload), workload=workload)
     assert auto.step_time_s == pytest.approx(off.step_time_s, rel=1e-12)
+
+
+def test_zero_stage_2_is_predicted_as_the_shard_grad_op_that_runs(tmp_path):
+    """The validator runs `zero_stage: 2` as FSDP2 SHARD_GRAD_OP (it has no DeepSpeed), so it predicts
+    that plan: gathers before each forward, none after the update, as `fsdp_sharding: shard_grad_op`."""
+    scenario, profile = write_inputs(tmp_path)
+    data = yaml.safe_load(scenario.read_text())
+    del data["strategy"]["fsdp_sharding"]
+    data["strategy"]["zero_stage"] = 2
+    workload = simulate(load_scenario(data)).workload
+    costs = profile_costs(profile, workload)
+    case = prepare_case(load_scenario(data), workload, costs, "megatron", None, RunOptions(optimizer="momentum"))
+    ops = [action.op for action in case.plan.actions[0] if type(action).__name__ == "Collective"]
+    assert case.plan.meta["tensor"]["fsdp_sharding"] == "shard_grad_op"
+    assert ops and ops[0] == "allgather" and ops[-1] == "reduce_scatter"  # no allgather after the update
+    data["strategy"]["fsdp_sharding"] = "shard_grad_op"
+    explicit = simulate(load_scenario(data), costs=costs, workload=workload)
+    assert case.predicted.step_time_s == pytest.approx(explicit.step_time_s, rel=1e-12)

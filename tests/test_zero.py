@@ -11,7 +11,7 @@ from simulator import load_scenario, simulate
 from simulator.errors import ScenarioError
 from simulator.fabrics import build_topology
 from simulator.layout_search import exact_peak_memory_bytes, megatron_space, search_layouts
-from simulator.plan import Collective, Compute
+from simulator.plan import FORWARD, Collective, Compute
 from simulator.planner import _workload, candidate_scenario
 from simulator.scenario import scenario_from_dict
 from simulator.simulate import analytic_costs
@@ -102,6 +102,31 @@ def test_zero2_reduce_scatters_every_microbatch_and_gathers_after_the_update():
     assert [c.op for c in collectives(one)] == ["reduce_scatter", "allgather"]  # one 8 MB bucket
     assert [c.op for c in collectives(two)] == ["reduce_scatter", "reduce_scatter", "allgather"]
     assert collectives(two)[-1].size_bytes == LAYERS * PARAMS * ELEMENT / 4
+
+
+def test_shard_grad_op_gathers_before_each_forward_only_and_nothing_after_the_update():
+    """FSDP SHARD_GRAD_OP: each unit gathered before its forward (every micro-batch: resharded after
+    its backward), kept through the backward, reduce-scattered after it; no gather after the update."""
+    d = 4
+    for micro in (1, 2):
+        result = run(2, micro=micro, fsdp_sharding="shard_grad_op")
+        ops = collectives(result)
+        assert [c.op for c in ops] == micro * (["allgather"] * LAYERS + ["reduce_scatter"] * LAYERS)
+        assert {c.size_bytes for c in ops if c.op == "allgather"} == {PARAMS * ELEMENT / d}
+        assert {c.size_bytes for c in ops if c.op == "reduce_scatter"} == {PARAMS * ELEMENT}
+        assert all(f" {FORWARD}" in c.label for c in ops if c.op == "allgather")  # none before a backward
+        assert isinstance(result.plan.actions[0][-1], Compute)  # the update is the last action
+
+
+def test_shard_grad_op_moves_ddp_bytes_at_other_times_than_zero2():
+    """SHARD_GRAD_OP and ZeRO-2 both move 2 (d-1)/d Psi a device a step; ZeRO-2's allgather waits
+    for the update, SHARD_GRAD_OP's gathers are prefetched beside the forward: shorter on slow links."""
+    d, psi = 4, LAYERS * PARAMS * ELEMENT
+    zero2 = run(2, bandwidth=1e8)
+    grad_op = run(2, bandwidth=1e8, fsdp_sharding="shard_grad_op")
+    for result in (zero2, grad_op):
+        assert sum(result.summary["bytes_per_tier"].values()) == pytest.approx(d * 2 * (d - 1) / d * psi)
+    assert grad_op.step_time_s < zero2.step_time_s
 
 
 def test_zero3_moves_one_and_a_half_times_ddp_bytes():

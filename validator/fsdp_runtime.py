@@ -8,7 +8,8 @@ run as PyTorch trains it, with FSDP2 (`torch.distributed.fsdp.fully_shard`) or D
 - hybrid_shard: the same over a 2-D mesh (replicas x s shard ranks, s = `meta["tensor"]["shard_degree"]`,
   shard groups of consecutive ranks as in the plan): HSDP.
 - zero_stage 2 / shard_grad_op: `reshard_after_forward=False` (parameters stay gathered from forward
-  to backward: FSDP's SHARD_GRAD_OP, ZeRO-2's communication).
+  to backward: FSDP's SHARD_GRAD_OP, ZeRO-2's communication); `zero_stage: 2` alone is predicted as
+  the shard_grad_op plan that runs (`validator.validate.prepare_case`), not DeepSpeed's ZeRO-2.
 - zero_stage 0 / no_shard: `DistributedDataParallel` (Li et al., VLDB 2020; `gradient_as_bucket_view`,
   so the gradients are its buckets, as in `validator.runtime`), the unsharded baseline.
 ZeRO-1 has no FSDP counterpart and is refused. The optimizer steps on the rank's shard (FSDP2

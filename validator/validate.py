@@ -171,6 +171,8 @@ def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | N
         strategy = variant.strategy
         sharding = runnable_sharding(strategy.tp_degree, strategy.pp_degree, strategy.zero_stage,
                                      strategy.fsdp_sharding, strategy.cp_degree)
+        if strategy.fsdp_sharding is None:  # predict the FSDP strategy that runs (zero_stage 2: SHARD_GRAD_OP)
+            variant = variant.model_copy(update={"strategy": strategy.model_copy(update={"fsdp_sharding": sharding})})
     predicted = simulate(variant, costs=costs, workload=workload)
     plan, run_options = predicted.plan, options
     if plan.meta.get("topk") and "schedule_kind" in plan.meta:

@@ -328,7 +328,7 @@ class _TensorRank:
         return self.last_compute[0]
 
     def _forward(self, chunk: int, i: int, start: int, end: int) -> None:
-        if zero.sharded(self.config):
+        if zero.gathers_per_unit(self.config):
             return zero.zero3_forward(self, i, start, end)
         add, deps = self.builder.add, ()
         if chunk > 0:
@@ -342,7 +342,7 @@ class _TensorRank:
                 key=("act", self.pipeline, chunk, i), deps=done, label=f"send act{i}")
 
     def _backward(self, chunk: int, i: int, start: int, end: int, position: int) -> None:
-        if zero.sharded(self.config):
+        if zero.gathers_per_unit(self.config):
             return zero.zero3_backward(self, i, start, end)
         add, deps = self.builder.add, ()
         if chunk < self.schedule.num_chunks - 1:
@@ -383,12 +383,13 @@ class _TensorRank:
 
     def _update(self) -> None:
         params, dp = self.stage.num_params, self.config.dp
-        if dp > 1 and not self.config.overlap_backward and params > 0 and not zero.sharded(self.config):
+        if dp > 1 and not self.config.overlap_backward and params > 0 and not zero.gathers_per_unit(self.config):
             self._reduce_gradients(params * self.gradient_bytes)
         update = self._compute((self.last_backward, *self.pending), phase=OPTIMIZER, layer_start=self.stage.layer_start,
                                layer_end=self.stage.layer_end, microbatch=-1,
                                num_params=experts.zero1_update_params(self, params))
-        if self.config.zero_stage in (1, 2) and dp > 1:  # every replica gathers the others' updated shards
+        if self.config.zero_stage in (1, 2) and dp > 1 and not zero.gathers_per_unit(self.config):
+            # ZeRO-1/2: every replica gathers the others' updated shards
             params = experts.zero1_allgathers(self, params, update)  # expert shards over d / e, the rest over d
             self.builder.add(Collective, op="allgather", ranks=self.dp_ranks, size_bytes=params * self.element_bytes / dp,
                              key=("zero_allgather", *self.dp_key), deps=(update,), algorithm="ring",

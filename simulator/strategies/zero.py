@@ -1,4 +1,4 @@
-"""Sharded data parallelism in megatron plans: ZeRO-2, ZeRO-3 / PyTorch FSDP (full and hybrid shard).
+"""Sharded data parallelism in megatron plans: ZeRO-2, ZeRO-3 / PyTorch FSDP (full, grad-op and hybrid shard).
 
 Stages (Rajbhandari et al., "ZeRO", SC'20, sec. 5), over the s = d replicas that hold one shard each
 (hybrid_shard: s = the replicas within one node; the s-groups of different nodes are replicas):
@@ -6,7 +6,13 @@ Stages (Rajbhandari et al., "ZeRO", SC'20, sec. 5), over the s = d replicas that
   backward, 1/s of the parameters updated, the updated parameters allgathered.
 - ZeRO-2: as ZeRO-1, but the gradients are kept sharded, so every micro-batch's buckets are
   reduce-scattered as its backward produces them (DeepSpeed reduces each micro-batch's gradients
-  into the partition; FSDP SHARD_GRAD_OP does the same).
+  into the partition).
+- FSDP SHARD_GRAD_OP (`fsdp_sharding: shard_grad_op`, stage 2; FSDP2 `reshard_after_forward=False`):
+  the same states sharded as ZeRO-2, but the parameters are sharded outside computation: each
+  unit's are allgathered before its forward (prefetched as below), kept through its backward and
+  resharded after it, and its gradients reduce-scattered after its backward; no allgather follows
+  the update (PyTorch FSDP docs, `ShardingStrategy.SHARD_GRAD_OP`). Same bytes as ZeRO-2, at other
+  times: beside the forward instead of after the update.
 - ZeRO-3 / FSDP FULL_SHARD (Zhao et al., "PyTorch FSDP", VLDB'23, sec. 3-4): parameters stay
   sharded; one FSDP unit = one layer of the workload (FSDP wraps each transformer block). Before
   each unit's forward and again before its backward its parameters are allgathered over the shard
@@ -23,9 +29,10 @@ Memory (`shard_memory`, the summary's post-hoc adjustment of `simulator.memory`'
 categories, ZeRO Fig. 1): fp32 master weights and optimizer state / s for stage >= 1, weight
 gradients / s for stage >= 2, weights / s for stage 3; with expert parallelism (ZeRO-1 only) the
 expert weights' states / (s / e) (`state_divisor`). Transients, in `comm_buffers`: ZeRO-2 the
-largest gradient bucket before its reduce-scatter; ZeRO-3 the two largest gathered neighbouring
-units (the current one and the prefetched one) and one unit's full gradient before its
-reduce-scatter.
+largest gradient bucket before its reduce-scatter (SHARD_GRAD_OP: the largest unit's gradient,
+its gathered parameters being the whole weights counted already); ZeRO-3 the two largest gathered
+neighbouring units (the current one and the prefetched one) and one unit's full gradient before
+its reduce-scatter.
 """
 
 from __future__ import annotations
@@ -58,6 +65,12 @@ def shard_degree(config) -> int:
 def sharded(config) -> bool:
     """ZeRO-3 with more than one replica: the plan gathers and reduce-scatters per unit."""
     return config.zero_stage == 3 and config.dp > 1
+
+
+def gathers_per_unit(config) -> bool:
+    """The plan gathers each unit's parameters before it computes: ZeRO-3 (`sharded`), or FSDP
+    SHARD_GRAD_OP with more than one replica (before the forward only)."""
+    return sharded(config) or (config.fsdp_sharding == "shard_grad_op" and config.dp > 1)
 
 
 def replicated(config) -> bool:
@@ -121,13 +134,15 @@ def zero3_forward(rank, microbatch: int, start: int, end: int) -> None:
 
 
 def zero3_backward(rank, microbatch: int, start: int, end: int) -> None:
-    """One micro-batch's backward, last unit first: gather, recompute (if any), backward, then the
-    unit's gradients reduce-scattered (and, hybrid, their shard allreduced across node groups)."""
+    """One micro-batch's backward, last unit first: gather (ZeRO-3 only: SHARD_GRAD_OP kept the
+    forward's), recompute (if any), backward, then the unit's gradients reduce-scattered (and,
+    hybrid, their shard allreduced across node groups)."""
     layers = list(range(end - 1, start - 1, -1))
-    gathers = _prefetching(rank, layers, microbatch, BACKWARD)
+    regather = sharded(rank.config)
+    gathers = _prefetching(rank, layers, microbatch, BACKWARD) if regather else {}
     deps: tuple[int, ...] = ()
     for position, layer in enumerate(layers):
-        own = _prefetch_next(rank, gathers, layers, position, microbatch, BACKWARD)
+        own = _prefetch_next(rank, gathers, layers, position, microbatch, BACKWARD) if regather else ()
         for a, b in recompute_ranges(rank.shard, layer, layer + 1, rank.config.recompute):
             redo = rank._compute((*deps, *own), phase=FORWARD, layer_start=a, layer_end=b, microbatch=microbatch)
             rank.recomputed.append(redo)
@@ -167,6 +182,8 @@ def memory_meta(config, shard_workload, stage_ranges: tuple[tuple[int, int], ...
         units = [size for a, b in stage_ranges for size in params[a:b] if size > 0]
         gathered = max((sum(units[k:k + 2]) for k in range(len(units))), default=0.0)
         gradient = max(units, default=0.0)
+    elif config.zero_stage == 2 and config.fsdp_sharding == "shard_grad_op":  # one unit's full gradient
+        gradient = max((size for a, b in stage_ranges for size in params[a:b]), default=0.0)
     elif config.zero_stage == 2:
         gradient = max((size for a, b in stage_ranges for _, _, size in
                         bucket_segments(shard_workload, a, b, element, config.bucket_size_bytes)), default=0.0)
