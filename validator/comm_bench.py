@@ -10,9 +10,10 @@ Why the mean for collectives: a training step issues many of them and pays their
 expectation is the sum of their expectations (linearity of expectation). The median is that
 expectation only for a symmetric spread. Where an operation is sometimes delayed by a whole
 scheduling quantum (gloo on a host with as many busy threads as cores: 0.4 ms or 3.5-4 ms, the
-slow mode in 25-50 % of samples), the median is the fast mode alone and the step pays more. On an
-accelerator the samples are tight and the two agree. (The compute figures average within blocks
-of back-to-back iterations for the same reason, `validator.microbench._time_blocks`.)
+slow mode in 25-50 % of samples), the median is the fast mode alone and the step pays more.
+Where the samples are tight (NCCL on an accelerator) the two should agree. (The compute figures
+average within blocks of back-to-back iterations for the same reason,
+`validator.microbench._time_blocks`.)
 Why the median for point-to-point: the p2p fit is the wire time of an idle exchange; what a
 message costs beyond it on busy ranks is measured on its own, as means, by the message chain
 (`validator.message_bench`: the LogP overheads o_s, o_r and the wake-up delay, whose mean is taken
