@@ -1,12 +1,10 @@
-"""What the published-accuracy benchmarks' `--plot` figures share: log-log axes of predicted against
-measured with y = x and the +-10 % band (`simulator.fit_plot`, which `ghpsim fit --plot` draws on
-too), and an atomic write of the figure (matplotlib, Agg)."""
+"""What the published-accuracy benchmarks' `--plot` figures share besides their axes (those are
+`simulator.fit_plot.predicted_against_measured`, which `ghpsim fit --plot` draws on too): pyplot on
+the Agg backend and an atomic write of the figure."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from simulator.fit_plot import predicted_against_measured  # noqa: F401  (the benchmarks' axes)
 
 
 def pyplot():

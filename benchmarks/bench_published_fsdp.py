@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from simulator.errors import ScenarioError  # noqa: E402
 from simulator.fit import PointCache, fit_refined, fitted_grid, predict_s, read_runs  # noqa: E402
-from accuracy_plots import predicted_against_measured, pyplot, save  # noqa: E402
+from accuracy_plots import pyplot, save  # noqa: E402
+from simulator.fit_plot import predicted_against_measured  # noqa: E402
 from simulator.output import check_figure_file  # noqa: E402
 
 RUNS_CSV = ROOT / "scenarios" / "runs" / "mpt_fsdp_llm_foundry.csv"

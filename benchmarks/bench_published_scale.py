@@ -57,7 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simulator.errors import ScenarioError  # noqa: E402
-from accuracy_plots import predicted_against_measured, pyplot, save  # noqa: E402
+from accuracy_plots import pyplot, save  # noqa: E402
+from simulator.fit_plot import predicted_against_measured  # noqa: E402
 from simulator.output import check_figure_file  # noqa: E402
 
 SEQUENCE, VOCABULARY = 2048, 51200
