@@ -194,6 +194,8 @@ class StrategyConfig(_Frozen):
     (ZeRO, Rajbhandari et al. SC'20 sec. 5; simulator/strategies/zero.py)."""
     fsdp_sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] | None = None
     """megatron: PyTorch FSDP's ShardingStrategy; sets zero_stage (simulator/zero_config.py)."""
+    fsdp_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    """zero_stage 2-3: the dtype gradients are reduce-scattered and kept in (FSDP's reduce_dtype); None: training's."""
     symmetry: Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)] = "auto"
     """auto simulates one representative per symmetric set of ranks (megatron: simulator/symmetry.py;
     dp, mp, ghp and the pipeline kinds: simulator/grid_symmetry.py); off forces the full simulation."""
@@ -201,8 +203,7 @@ class StrategyConfig(_Frozen):
     """Kernel cost model: each weight-gradient GEMM accumulates into the fp32 main gradient (Megatron
     `--gradient-accumulation-fusion`, its default); false: a separate accumulation kernel per weight."""
     tp_comm_overlap: bool = False
-    """megatron: the TP collectives of a pass overlap its compute (Megatron / TransformerEngine
-    `--tp-comm-overlap`; needs sequence_parallel)."""
+    """megatron: the TP collectives of a pass overlap its compute (`--tp-comm-overlap`; needs sequence_parallel)."""
     gradient_fusion: Literal["buckets", "horovod"] = "buckets"
     """dp / mp / ghp: gradients allreduced in DDP buckets (bucket_size_bytes) or fused as Horovod's
     background thread does (simulator/strategies/fusion.py)."""
@@ -216,7 +217,7 @@ class StrategyConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check_zero(self) -> "StrategyConfig":
-        check_zero(self.kind, self.zero_stage, self.pp_degree)
+        check_zero(self.kind, self.zero_stage, self.pp_degree, self.fsdp_reduce_dtype)
         return self
 
 

@@ -54,7 +54,8 @@ from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.strategies.experts import expert_rank_workload, rank_expert_params
 from simulator.strategies.ghp import GridConfig, _partition, bucket_segments, recompute_ranges
-from simulator.strategies.tensor import gradient_element_bytes, rank_costs
+from simulator.strategies.tensor import rank_costs
+from simulator.strategies.zero import gradient_element_bytes
 from simulator.strategies.tensor_layers import rank_workload
 from simulator.workload import dtype_bytes
 
@@ -324,9 +325,10 @@ class BoundModel(LinkFloors):
                 or self.scenario.strategy.fsdp_sharding == "hybrid_shard":
             return 0.0
         d, total = self.dp_ranks(c), 0.0
-        for size in (layer.num_params * self.element for layer in geo.workload.layers if layer.num_params):
-            total += 2 * self.collective_floor_s((geo.rings[0],), "allgather", size / d, "ring_allgather") \
-                + self.collective_floor_s((geo.rings[0],), "reduce_scatter", size, "ring_reduce_scatter")
+        gradient = gradient_element_bytes(self.scenario.training.dtype, 3, self.scenario.strategy.fsdp_reduce_dtype)
+        for count in (layer.num_params for layer in geo.workload.layers if layer.num_params):
+            total += 2 * self.collective_floor_s((geo.rings[0],), "allgather", count * self.element / d, "ring_allgather") \
+                + self.collective_floor_s((geo.rings[0],), "reduce_scatter", count * gradient, "ring_reduce_scatter")
         return c.num_microbatches * total
 
     def _reduction_tail_s(self, c, geo: _Geometry, k: int, overlap: bool) -> float:
@@ -345,7 +347,8 @@ class BoundModel(LinkFloors):
         algorithm = choose_algorithm(self.topology, geo.rings[k], strategy.collective) if op == "allreduce" \
             else "ring_reduce_scatter"
         bucket_bytes = strategy.bucket_size_bytes if strategy.overlap_backward else float("inf")
-        gradient = gradient_element_bytes(self.scenario.training.dtype, zero) if c.kind == MEGATRON else self.element
+        gradient = (gradient_element_bytes(self.scenario.training.dtype, zero, self.scenario.strategy.fsdp_reduce_dtype)
+                    if c.kind == MEGATRON else self.element)
         segments = bucket_segments(geo.workload, start, end, gradient, 0.0 if zero == 3 else bucket_bytes)
         sizes = [size - self.experts(c, ((a, z),), gradient) for a, z, size in segments]  # experts: over d / e
         reduce_s = [self.collective_floor_s((geo.rings[k],), op, size, algorithm) if size > 0 else 0.0

@@ -30,9 +30,12 @@ def zero_stage_from_fsdp(data: Any) -> Any:
     return data
 
 
-def check_zero(kind: str, zero_stage: int, pp_degree: int) -> None:
+def check_zero(kind: str, zero_stage: int, pp_degree: int, reduce_dtype: str | None = None) -> None:
     """ZeRO-2/3 are modelled for the megatron kind (FSDP alone: tp 1, pp 1) and, as in DeepSpeed,
-    not with pipeline parallelism."""
+    not with pipeline parallelism; a reduce dtype applies to sharded gradients only."""
+    if reduce_dtype is not None and zero_stage < 2:
+        raise ValueError(f"strategy.fsdp_reduce_dtype: {reduce_dtype} applies to sharded gradients (zero_stage 2 "
+                         f"or 3, or fsdp_sharding full_shard / shard_grad_op / hybrid_shard); got zero_stage {zero_stage}")
     if zero_stage >= 2 and kind != "megatron":
         raise ValueError(f"strategy.zero_stage: {zero_stage} needs strategy.kind megatron (got {kind!r}; "
                          "FSDP alone is megatron with tp_degree 1 and pp_degree 1)")

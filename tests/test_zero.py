@@ -1,7 +1,7 @@
 """Sharded data parallelism (simulator/strategies/zero.py): the schema of zero_stage and
 fsdp_sharding, the collectives of ZeRO-2/3 plans, ZeRO-3's 1.5x communication volume
 (Rajbhandari et al. SC'20 sec. 7), the model-state memory of ZeRO's Fig. 1, FSDP's prefetch
-overlap, hybrid sharding, and the layout search over the stages."""
+overlap, hybrid sharding, the reduce dtype, and the layout search over the stages."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ LAYERS = 4
 ELEMENT = 2          # fp16 (the ZeRO paper's mixed precision: fp16 parameters and gradients)
 LATENCY, BANDWIDTH = 2e-6, 1e9
 STATES = ("weights", "master_weights", "optimizer_state", "weight_gradients")
+FSDP_SCENARIO = "scenarios/llama3_70b_fsdp_h100.yaml"
 
 
 def raw(zero=0, dp=4, nodes=1, micro=1, bandwidth=BANDWIDTH, batch=8, dtype="fp16", **strategy) -> dict:
@@ -272,3 +273,26 @@ def test_symmetric_zero3_equals_the_full_simulation():
     assert folded.summary["tensor"]["symmetry"]["used"] and not full.summary["tensor"]["symmetry"]["used"]
     assert folded.summary["step_time_s"] == pytest.approx(full.summary["step_time_s"], rel=1e-12)
     assert folded.summary["memory"]["peak_memory_bytes"] == pytest.approx(full.summary["memory"]["peak_memory_bytes"])
+
+
+def test_fsdp_reduce_dtype_doubles_the_reduce_scatter_and_keeps_fp32_gradient_shards():
+    base = load_scenario(FSDP_SCENARIO, ["cluster.num_nodes=2", "model.params.num_layers=4"])
+    fp32 = load_scenario(FSDP_SCENARIO, ["cluster.num_nodes=2", "model.params.num_layers=4",
+                                         "strategy.fsdp_reduce_dtype=fp32"])
+    plain, wide = simulate(base), simulate(fp32)
+
+    def sizes(result, op):
+        return [a.size_bytes for a in result.plan.actions[0] if isinstance(a, Collective) and a.op == op]
+
+    assert sizes(wide, "reduce_scatter") == [2 * size for size in sizes(plain, "reduce_scatter")]
+    assert sizes(wide, "allgather") == sizes(plain, "allgather")
+    gradients = [row["memory_breakdown_bytes"]["weight_gradients"] for row in (plain.summary["devices"][0],
+                                                                              wide.summary["devices"][0])]
+    assert gradients[1] == pytest.approx(2 * gradients[0])
+
+
+def test_fsdp_reduce_dtype_needs_sharded_gradients():
+    """One line naming the field, through the CLI's path: a ScenarioError (exit 2), not a traceback."""
+    with pytest.raises(ScenarioError, match=r"strategy.fsdp_reduce_dtype: fp32 applies to sharded gradients .* zero_stage 1"):
+        load_scenario(FSDP_SCENARIO, ["strategy.fsdp_sharding=null", "strategy.zero_stage=1",
+                                      "strategy.fsdp_reduce_dtype=fp32"])

@@ -54,6 +54,7 @@ from simulator.schedules import checked_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import UPDATE
 from simulator.strategies import context, experts, zero
+from simulator.strategies.zero import gradient_element_bytes
 from simulator.strategies.ghp import GridConfig, _ActionList, _partition, bucket_segments, recompute_ranges
 from simulator.strategies.tensor_clone import relabelled_actions, relabelled_ranks_alike
 from simulator.strategies.tensor_layers import pass_collectives, rank_workload
@@ -85,6 +86,7 @@ class TensorConfig:
     symmetry: str = "auto"
     tp_comm_overlap: bool = False
     fsdp_sharding: str | None = None
+    fsdp_reduce_dtype: str | None = None
     gpus_per_node: int = 1
     ep: int = 1
     """Expert-parallel degree (`simulator.strategies.experts`)."""
@@ -132,6 +134,7 @@ def tensor_config(scenario) -> TensorConfig:
         partition=strategy.partition, bucket_size_bytes=strategy.bucket_size_bytes,
         overlap_backward=strategy.overlap_backward, collective=strategy.collective, symmetry=strategy.symmetry,
         tp_comm_overlap=strategy.tp_comm_overlap, fsdp_sharding=strategy.fsdp_sharding,
+        fsdp_reduce_dtype=strategy.fsdp_reduce_dtype,
         gpus_per_node=scenario.cluster.gpus_per_node, ep=strategy.ep_degree)
 
 
@@ -220,20 +223,12 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
                        "schedule": config.schedule_kind, "microbatch_size": config.microbatch_size * config.cp,
                        "fsdp_sharding": config.fsdp_sharding, "shard_degree": zero.shard_degree(config)},
             "zero": zero.memory_meta(config, shard, ranges),
-            "gradient_element_bytes": gradient_element_bytes(config.dtype, config.zero_stage),
+            "gradient_element_bytes": gradient_element_bytes(config.dtype, config.zero_stage, config.fsdp_reduce_dtype),
             "symmetry_decision": {"used": symmetric, "reason": reason}}
     if symmetric:
         meta["symmetry"] = symmetry_for(config, topology, full_devices)
     return Plan(KIND, pipelines, config.pp, stages, full_devices[:pipelines * config.pp], actions,
                 config.global_batch_size / config.dp, meta=meta)  # per d' = d c rank
-
-
-def gradient_element_bytes(dtype: str, zero_stage: int) -> int:
-    """Bytes of a gradient in Megatron's DDP buffer, which its data-parallel reduction moves: fp32
-    under bf16 (Megatron-LM `arguments.py`: "bfloat16 requires gradient accumulation and all-reduce
-    to be done in fp32"; `docs/distrib_optimizer.md`: bf16 parameters with fp32 gradients), else
-    the training dtype's. ZeRO-2/3 (DeepSpeed, FSDP) reduce in the training dtype."""
-    return 4 if dtype == "bf16" and zero_stage <= 1 else dtype_bytes(dtype)
 
 
 def _stage(shard: Workload, ranges, index: int, num_stages: int, v: int) -> Stage:
@@ -265,7 +260,7 @@ class _TensorRank:
         self.zero_groups = zero.zero_groups(config, self.dp_ranks, self.dp_index)
         self.zero_degree = zero.shard_degree(config)
         self.element_bytes = dtype_bytes(config.dtype)
-        self.gradient_bytes = gradient_element_bytes(config.dtype, config.zero_stage)
+        self.gradient_bytes = gradient_element_bytes(config.dtype, config.zero_stage, config.fsdp_reduce_dtype)
         self.batch = config.microbatch_size
         self.builder = _ActionList()
         self.recomputed: list[int] = []

@@ -40,11 +40,24 @@ from __future__ import annotations
 from simulator.errors import ScenarioError
 from simulator.plan import BACKWARD, FORWARD, Collective
 from simulator.strategies.ghp import bucket_segments, recompute_ranges
+from simulator.workload import dtype_bytes
 
 GATHER_KEY = "fsdp_gather"
 GATHER_LABEL = "fsdp allgather"
 """ZeRO-3 parameter gathers: left out of `simulator.memory`'s walk (their buffers are counted by
 `shard_memory` as the units alive at once, not held until the update like a top-k allgather)."""
+
+
+def gradient_element_bytes(dtype: str, zero_stage: int, reduce_dtype: str | None = None) -> int:
+    """Bytes of a gradient as the data-parallel reduction moves it. Megatron's DDP buffer (stages 0-1):
+    fp32 under bf16 (Megatron-LM `arguments.py`: "bfloat16 requires gradient accumulation and
+    all-reduce to be done in fp32"; `docs/distrib_optimizer.md`: bf16 parameters with fp32
+    gradients), else the training dtype's. Sharded gradients (stages 2-3, DeepSpeed and FSDP): the
+    training dtype's, or `reduce_dtype`'s (`strategy.fsdp_reduce_dtype`: FSDP's MixedPrecision
+    reduce_dtype, the gradient cast before its reduce-scatter and its shard kept so)."""
+    if zero_stage >= 2 and reduce_dtype is not None:
+        return dtype_bytes(reduce_dtype)
+    return 4 if dtype == "bf16" and zero_stage <= 1 else dtype_bytes(dtype)
 
 
 def shard_degree(config) -> int:
@@ -156,7 +169,7 @@ def zero3_backward(rank, microbatch: int, start: int, end: int) -> None:
 def _reduce_unit(rank, layer: int, microbatch: int) -> None:
     """A unit's gradients after its backward: reduce-scatter over the shard group, then (hybrid)
     the shard allreduced among the node groups; the update waits for the last of them."""
-    size = rank.shard.layers[layer].num_params * rank.element_bytes
+    size = rank.shard.layers[layer].num_params * rank.gradient_bytes
     if size == 0:
         return
     shard_ranks, replicas = rank.zero_groups
@@ -174,19 +187,19 @@ def _reduce_unit(rank, layer: int, microbatch: int) -> None:
 
 def memory_meta(config, shard_workload, stage_ranges: tuple[tuple[int, int], ...]) -> dict:
     """What `shard_memory` needs: the stage, s, and the transients of the module docstring (bytes)."""
-    from simulator.workload import dtype_bytes
     element = dtype_bytes(config.dtype)
-    params = [layer.num_params * element for layer in shard_workload.layers]
+    grad_element = gradient_element_bytes(config.dtype, config.zero_stage, config.fsdp_reduce_dtype)
+    params = [layer.num_params for layer in shard_workload.layers]
     gathered = gradient = 0.0
     if config.zero_stage == 3:
-        units = [size for a, b in stage_ranges for size in params[a:b] if size > 0]
-        gathered = max((sum(units[k:k + 2]) for k in range(len(units))), default=0.0)
-        gradient = max(units, default=0.0)
+        units = [count for a, b in stage_ranges for count in params[a:b] if count > 0]
+        gathered = element * max((sum(units[k:k + 2]) for k in range(len(units))), default=0)
+        gradient = grad_element * max(units, default=0)
     elif config.zero_stage == 2 and config.fsdp_sharding == "shard_grad_op":  # one unit's full gradient
-        gradient = max((size for a, b in stage_ranges for size in params[a:b]), default=0.0)
+        gradient = grad_element * max((count for a, b in stage_ranges for count in params[a:b]), default=0)
     elif config.zero_stage == 2:
         gradient = max((size for a, b in stage_ranges for _, _, size in
-                        bucket_segments(shard_workload, a, b, element, config.bucket_size_bytes)), default=0.0)
+                        bucket_segments(shard_workload, a, b, grad_element, config.bucket_size_bytes)), default=0.0)
     return {"stage": config.zero_stage, "shard_degree": shard_degree(config), "gathered_bytes": gathered,
             "gradient_transient_bytes": gradient, "expert_parallel_degree": config.ep,
             "expert_shares": _expert_shares(config, shard_workload, stage_ranges)}
