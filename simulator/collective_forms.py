@@ -1,5 +1,6 @@
 """Closed forms of collective communication times (alpha-beta, Hockney 1994): point-to-point, ring,
-tree and hierarchical allreduce, ring allgather and reduce-scatter, and the pairwise all-to-all.
+tree and hierarchical allreduce, ring and hierarchical allgather and reduce-scatter, and the
+pairwise all-to-all.
 
 The flow phases the engine plays on the topology are in `simulator.collectives`; these closed forms
 are what the heuristics, the PipeDream partitioner and the tests check those phases against.
@@ -70,6 +71,28 @@ def hierarchical_allreduce_time_s(size_bytes: float, num_nodes: int, ranks_per_n
     inside = (g - 1) / g * size_bytes / intra_bandwidth + (g - 1) * intra_latency_s if g > 1 else 0.0
     across = ring_allreduce_time_s(size_bytes, n, inter_latency_s, inter_bandwidth_per_node)
     return 2 * inside + across
+
+
+def hierarchical_allgather_time_s(per_rank_bytes: float, num_nodes: int, ranks_per_node: int,
+                                  intra_latency_s: float, intra_bandwidth: float,
+                                  inter_latency_s: float, inter_bandwidth_per_node: float) -> float:
+    """Each local rank's ring allgather across the nodes (the g rings share the node's NICs: g blocks
+    cross them a step), then each node's ring allgather of the n blocks each rank gathered
+    (`simulator.collectives.allgather_phases`)."""
+    g, n = ranks_per_node, num_nodes
+    return (ring_allgather_time_s(per_rank_bytes * g, n, inter_latency_s, inter_bandwidth_per_node)
+            + ring_allgather_time_s(per_rank_bytes * n, g, intra_latency_s, intra_bandwidth))
+
+
+def hierarchical_reduce_scatter_time_s(size_bytes: float, num_nodes: int, ranks_per_node: int,
+                                       intra_latency_s: float, intra_bandwidth: float,
+                                       inter_latency_s: float, inter_bandwidth_per_node: float) -> float:
+    """Each node's ring reduce-scatter of S, then each local rank's ring reduce-scatter of its S / g
+    across the nodes (the g rings share the node's NICs); with `hierarchical_allgather_time_s` of
+    S / p per rank it is `hierarchical_allreduce_time_s` (`simulator.collectives.reduce_scatter_phases`)."""
+    g, n = ranks_per_node, num_nodes
+    return (ring_reduce_scatter_time_s(size_bytes, g, intra_latency_s, intra_bandwidth)
+            + ring_reduce_scatter_time_s(size_bytes, n, inter_latency_s, inter_bandwidth_per_node))
 
 
 def alltoall_time_s(size_bytes: float, num_ranks: int, latency_s: float,

@@ -80,20 +80,50 @@ def allreduce_phases(topology: Topology, devices: tuple[int, ...], size_bytes: f
     raise ValueError(f"unknown collective algorithm {algorithm!r}")
 
 
+def gather_algorithm(topology: Topology, devices: tuple[int, ...]) -> str:
+    """`hierarchical` where the ranks span several nodes with the same number (> 1) on each
+    (`choose_algorithm`'s auto), else `ring`. NCCL runs one ring per channel, its channels crossing
+    the nodes through different NICs (`src/graph/search.cc`; nccl-tests `doc/PERFORMANCE.md`: one bus
+    bandwidth for allreduce, allgather and reduce-scatter): the rail decomposition has their traffic
+    per NIC, (n-1)/n x S / g, where one flat ring would push every byte through one NIC a node."""
+    return "hierarchical" if choose_algorithm(topology, devices, "auto") == "hierarchical" else "ring"
+
+
+def _node_and_rail_rings(topology: Topology, ordered: tuple[int, ...]) -> tuple[list, list]:
+    """(one ring per node of its devices, one ring per local index of that device on every node)."""
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for device in ordered:
+        by_node[topology.node_of(device)].append(device)
+    node_rings = [tuple(members) for members in by_node.values()]
+    return node_rings, [tuple(ring[k] for ring in node_rings) for k in range(len(node_rings[0]))]
+
+
 def allgather_phases(topology: Topology, devices: tuple[int, ...],
                      per_rank_bytes: float) -> tuple[FlowPhase, ...]:
-    """A ring allgather: every sub-flow (ring hop) forwards p-1 blocks of `per_rank_bytes`."""
+    """An allgather: a ring, each hop forwarding p-1 blocks of `per_rank_bytes`; across n nodes of g
+    ranks (`gather_algorithm`), each rail's ring across the nodes, then each node's ring of n blocks a rank."""
     if len(devices) <= 1 or per_rank_bytes <= 0:
         return ()
-    return _pick([_ring_phase(topology, [tuple(sorted(devices))], per_rank_bytes * len(devices), 1.0)])
+    ordered = tuple(sorted(devices))
+    if gather_algorithm(topology, ordered) == "ring":
+        return _pick([_ring_phase(topology, [ordered], per_rank_bytes * len(ordered), 1.0)])
+    node_rings, rail_rings = _node_and_rail_rings(topology, ordered)
+    return _pick([_ring_phase(topology, rail_rings, per_rank_bytes * len(node_rings), 1.0),
+                  _ring_phase(topology, node_rings, per_rank_bytes * len(ordered), 1.0)])
 
 
 def reduce_scatter_phases(topology: Topology, devices: tuple[int, ...],
                           size_bytes: float) -> tuple[FlowPhase, ...]:
-    """A ring reduce-scatter of a `size_bytes` buffer: every ring hop forwards (p-1)/p x S."""
+    """A reduce-scatter of a `size_bytes` buffer: a ring, each hop forwarding (p-1)/p x S; across n nodes
+    of g ranks (`gather_algorithm`), each node's ring over S, then each rail's ring across them over S / g."""
     if len(devices) <= 1 or size_bytes <= 0:
         return ()
-    return _pick([_ring_phase(topology, [tuple(sorted(devices))], size_bytes, 1.0)])
+    ordered = tuple(sorted(devices))
+    if gather_algorithm(topology, ordered) == "ring":
+        return _pick([_ring_phase(topology, [ordered], size_bytes, 1.0)])
+    node_rings, rail_rings = _node_and_rail_rings(topology, ordered)
+    return _pick([_ring_phase(topology, node_rings, size_bytes, 1.0),
+                  _ring_phase(topology, rail_rings, size_bytes / len(node_rings[0]), 1.0)])
 
 
 def alltoall_phases(topology: Topology, devices: tuple[int, ...], size_bytes: float) -> tuple[FlowPhase, ...]:
@@ -335,12 +365,8 @@ def _tree_phases(topology: Topology, ordered: tuple[int, ...], size_bytes: float
 
 
 def _hierarchical_phases(topology: Topology, ordered: tuple[int, ...], size_bytes: float) -> tuple[FlowPhase, ...]:
-    by_node: dict[int, list[int]] = defaultdict(list)
-    for device in ordered:
-        by_node[topology.node_of(device)].append(device)
-    node_rings = [tuple(members) for members in by_node.values()]
+    node_rings, cross_rings = _node_and_rail_rings(topology, ordered)
     per_node = len(node_rings[0])
-    cross_rings = [tuple(ring[k] for ring in node_rings) for k in range(per_node)]
     phases = []
     if per_node > 1:
         phases.append(_ring_phase(topology, node_rings, size_bytes, 1.0))

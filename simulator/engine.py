@@ -37,7 +37,7 @@ from collections import defaultdict, deque
 import simpy
 
 from simulator.action_durations import ActionDurations
-from simulator.collectives import choose_algorithm, collective_label, collective_phases, pairs_phase
+from simulator.collectives import choose_algorithm, collective_label, collective_phases, gather_algorithm, pairs_phase
 from simulator.costs import CostModel
 from simulator.errors import SimulationError
 from simulator.host_sharing import COLLECTIVE, COMPUTE, P2P, HostPool
@@ -279,8 +279,8 @@ class Engine:
             groups, weight = self._symmetry.device_groups(action)
         if action.op == "allreduce":
             algorithm = choose_algorithm(self.topology, groups[0], action.algorithm)
-        else:  # allgather (sparse top-k, ZeRO-1 parameters, sequence parallelism), reduce_scatter: rings
-            algorithm = "pairwise" if action.op == "alltoall" else f"ring_{action.op}"  # alltoall: grouped p2p
+        else:  # allgather (sparse top-k, ZeRO, sequence parallelism), reduce_scatter; alltoall: grouped p2p
+            algorithm = "pairwise" if action.op == "alltoall" else f"{gather_algorithm(self.topology, groups[0])}_{action.op}"
         cache_key = (groups, action.op, action.size_bytes, algorithm, action.repeat, weight)
         phases = self._phase_cache.get(cache_key)
         if phases is None:

@@ -43,7 +43,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from weakref import WeakKeyDictionary
 
-from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
+from simulator.collectives import choose_algorithm, collective_phases, gather_algorithm, pairs_phase
 from simulator.symmetry_check import (cached_fold_refusal, cp_hop_pairs, multiplicity_of, replicas_on_separate_nodes,
                                       ring_pairs)
 from simulator.topology import Topology
@@ -170,7 +170,8 @@ class Symmetry:
                     for a, b in zip(group, other):
                         links.update(topology.route(a, b))
                         links.update(topology.route(b, a))
-            algorithms = sorted({"ring", choose_algorithm(topology, self.dp_groups[0][0], self.collective)})
+            algorithms = sorted({"ring", choose_algorithm(topology, self.dp_groups[0][0], self.collective),
+                                 gather_algorithm(topology, self.dp_groups[0][0])})  # ZeRO's gathers
             per_stage = {"dp": [{link for algorithm in algorithms
                                  for phase in collective_phases(topology, groups, "allreduce", 1.0, algorithm)
                                  for link, _ in phase.usage} for groups in self.dp_groups],

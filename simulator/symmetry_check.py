@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from weakref import WeakKeyDictionary
 
-from simulator.collectives import choose_algorithm, collective_phases
+from simulator.collectives import choose_algorithm, collective_phases, gather_algorithm
 from simulator.topology import Topology
 
 
@@ -65,9 +65,10 @@ def _data_parallel_copies(config, topology: Topology) -> list[tuple[str, None, l
     """As `local_flow_copies`, for the data-parallel collectives: per stage, the t TP ranks' rings are the copies."""
     p, t, d = config.pp, config.tp, config.dp
     flows = []
-    for j in range(p if d > 1 else 0):  # ZeRO's reduce-scatter and allgather: rings; allreduce: as the engine picks
+    for j in range(p if d > 1 else 0):  # allreduce: as the engine picks; ZeRO's gathers: `gather_algorithm`
         groups = [tuple(config.device_of(e, j, i) for e in range(d)) for i in range(t)]
-        for algorithm in sorted({"ring", choose_algorithm(topology, groups[0], config.collective)}):
+        algorithms = {"ring", choose_algorithm(topology, groups[0], config.collective), gather_algorithm(topology, groups[0])}
+        for algorithm in sorted(algorithms):
             per_copy = [_collective_usages(topology, group, algorithm) for group in groups]
             for index in range(len(per_copy[0])):
                 copies = [usages[index] for usages in per_copy]
