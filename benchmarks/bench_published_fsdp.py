@@ -1,7 +1,8 @@
 """Accuracy on published FSDP runs on GPUs: MosaicML's MPT training benchmarks (LLM Foundry on
 Composer and PyTorch FSDP, FULL_SHARD over every GPU, amp_bf16, flash attention), 52 runs on H100
 80 GB (8-64 GPUs) and 59 on A100 80 GB (8 GPUs), models of 125M to 70B parameters, sequences of
-512 to 65,536 tokens, with and without activation checkpointing.
+512 to 65,536 tokens, with and without activation checkpointing; and torchtitan's LLaMA runs with
+FSDP2 on 64 A100 80 GB.
 
 Source: mosaicml/llm-foundry, `scripts/train/benchmarking/README.md` (Apache-2.0), tables "H100
 80GB BF16" and "A100 80GB with 1600 Gbps node-node interconnect (RoCE)", their amp_bf16 / DEFAULT /
@@ -12,12 +13,21 @@ row's tokens per batch over its tokens per second. The MPT models of the benchma
 (biases, LayerNorm, learned positions, tied embedding): each row's parameter count equals the
 table's to the parameter (a test).
 
-Prints, per GPU:
+Source of the torchtitan rows: pytorch/torchtitan `docs/performance.md` (BSD-3-Clause, commit
+0413364), "Llama 3 performance numbers" and "Llama 2 performance numbers", FSDP2 on 64 A100 80 GB:
+the rows whose activation checkpointing is one of the model's (none, full): LLaMA-3 70B at local
+batch 1, LLaMA-2 13B and 70B at local batch 2 (`scenarios/runs/torchtitan_fsdp2_a100.csv`, base
+`torchtitan_llama_a100.yaml`: fp32 gradient reduction, torchtitan's default; DGX A100 nodes with 8
+HDR NICs assumed, the table naming no network). Its rows with "selective" checkpointing (every other
+block, or an operator policy) are left out. A step is the local batch's tokens over the table's
+tokens per second a GPU (its MFU column checks that the figure is per GPU).
+
+Prints, per table and GPU:
 - `datasheet`: the catalogue as a scenario gets it, nothing fitted;
 - `5-fold`: `ghpsim fit`'s parameters (host time, GEMM ceiling and, these runs using flash
   attention, the attention kernel's ceiling) chosen on the GPU's other rows by 5-fold
   cross-validation, every row scored by the fold that did not see it (what a team calibrating on
-  its own logs gets);
+  its own logs gets; tables of at least `MIN_FIT_ROWS` rows);
 with MAPE, mean signed error, worst, and the mean signed error by sequence length and model size;
 and how many runs the predicted peak memory fits on the GPU (all trained; the table's micro-batches
 are the largest that fit, so their peaks lie near the 80 GB).
@@ -46,6 +56,10 @@ from simulator.fit_plot import predicted_against_measured  # noqa: E402
 from simulator.output import check_figure_file  # noqa: E402
 
 RUNS_CSV = ROOT / "scenarios" / "runs" / "mpt_fsdp_llm_foundry.csv"
+TORCHTITAN_CSV = ROOT / "scenarios" / "runs" / "torchtitan_fsdp2_a100.csv"
+TABLES = (("MPT", RUNS_CSV), ("torchtitan", TORCHTITAN_CSV))
+MIN_FIT_ROWS = 10
+"""A table with fewer rows is scored with the datasheet only (5 folds of 2-3 rows say little)."""
 
 
 def _predictions(args: tuple) -> list[float]:
@@ -98,7 +112,7 @@ def gpu_figures(runs, pool, fit: bool) -> dict:
 
 
 def write_accuracy_plot(by_gpu: dict, path: Path) -> Path:
-    """Predicted against measured step time per GPU: datasheet (hollow) and 5-fold held out (filled)."""
+    """Predicted against measured step time per table and GPU: datasheet (hollow) and 5-fold held out (filled)."""
     figure, axes = pyplot().subplots(1, len(by_gpu), figsize=(5.2 * len(by_gpu), 5), squeeze=False)
     for axis, (gpu, (runs, figures)) in zip(axes[0], by_gpu.items()):
         measured = [run.measured_s for run in runs]
@@ -109,7 +123,7 @@ def write_accuracy_plot(by_gpu: dict, path: Path) -> Path:
                          label=f"5-fold held out: MAPE {figures['five_fold']['mape_pct']:.1f} %")
         predicted_against_measured(axis, 0.6 * min(measured), 1.5 * max(measured), "s", f"{gpu}: {len(runs)} runs")
         axis.legend(fontsize=7)
-    return save(figure, path, "published MPT runs (LLM Foundry, FSDP full shard, bf16, flash attention)")
+    return save(figure, path, "published FSDP runs (LLM Foundry MPT, torchtitan LLaMA; full shard, bf16, flash attention)")
 
 
 def _print(name: str, table: dict) -> None:
@@ -131,22 +145,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.plot is not None:
             check_figure_file(args.plot, "--plot")
-        runs = read_runs(RUNS_CSV)
+        tables = [(name, read_runs(path)) for name, path in TABLES]
     except ScenarioError as error:
         print(f"bench_published_fsdp: error: {error}", file=sys.stderr)
         return 2
     started = time.perf_counter()
     by_gpu: dict[str, tuple] = {}
-    for run in runs:
-        by_gpu.setdefault(run.document["cluster"]["gpu"], ([], None))[0].append(run)
+    for name, runs in tables:
+        for run in runs:
+            by_gpu.setdefault(f"{name} {run.document['cluster']['gpu']}", ([], None))[0].append(run)
     with multiprocessing.get_context("spawn").Pool(max(1, args.processes)) as pool:
-        by_gpu = {gpu: (gpu_runs, gpu_figures(gpu_runs, pool, not args.no_fit)) for gpu, (gpu_runs, _) in by_gpu.items()}
+        by_gpu = {group: (runs, gpu_figures(runs, pool, not args.no_fit and len(runs) >= MIN_FIT_ROWS))
+                  for group, (runs, _) in by_gpu.items()}
     if args.plot is not None:
         write_accuracy_plot(by_gpu, args.plot)
     figures = {gpu: {key: value for key, value in gpu_figures_.items() if not key.endswith("_s")}
                for gpu, (_, gpu_figures_) in by_gpu.items()}
     if args.json:
-        print(json.dumps({"gpus": figures, "wall_s": time.perf_counter() - started}, indent=2))
+        print(json.dumps({"tables": figures, "wall_s": time.perf_counter() - started}, indent=2))
         return 0
     for gpu, table in figures.items():
         print(f"{gpu}:")

@@ -1,6 +1,7 @@
 """benchmarks/bench_published_fsdp.py and its runs (scenarios/runs/mpt_fsdp_llm_foundry.csv): every
 row is the published MPT model (its parameter count to the parameter), layout and batch, a few rows
-are predicted and scored, and bad input is one line with exit code 2."""
+are predicted and scored, and bad input is one line with exit code 2; the torchtitan rows
+(scenarios/runs/torchtitan_fsdp2_a100.csv) are the published FSDP2 layouts and throughputs."""
 
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_published_fsdp import RUNS_CSV, error_table, main  # noqa: E402
+from bench_published_fsdp import RUNS_CSV, TORCHTITAN_CSV, error_table, main  # noqa: E402
 
 from simulator.fit import predict_s, read_runs  # noqa: E402
 from simulator.model_source import resolve_workload  # noqa: E402
@@ -56,3 +57,20 @@ def test_a_bad_figure_format_is_one_line_exit_2(tmp_path, capsys):
     assert main(["--no-fit", "--plot", str(tmp_path / "fsdp.xyz")]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "--plot" in error[0] and not list(tmp_path.iterdir())
+
+
+TORCHTITAN_WPS = {("llama3-70b", "full"): 331, ("llama2-13b", "none"): 2162, ("llama2-70b", "full"): 353}
+"""torchtitan docs/performance.md (commit 0413364): tokens a second a GPU on 64 A100 80 GB."""
+
+
+def test_torchtitan_rows_are_the_published_fsdp2_runs():
+    runs = read_runs(TORCHTITAN_CSV)
+    assert len(runs) == len(TORCHTITAN_WPS)
+    for run in runs:
+        scenario = scenario_from_dict(run.document, run.where)
+        strategy = scenario.strategy
+        assert (scenario.num_gpus, strategy.fsdp_sharding, strategy.fsdp_reduce_dtype) == (64, "full_shard", "fp32")
+        assert scenario.training.dtype == "bf16" and scenario.costs.flash_attention
+        local_tokens = scenario.training.global_batch_size / 64 * scenario.model.params["seq_len"]
+        wps = TORCHTITAN_WPS[scenario.model.name, scenario.training.recompute]
+        assert run.measured_s == pytest.approx(local_tokens / wps, rel=1e-5)
