@@ -20,6 +20,12 @@ def predicted_against_measured(axis, low: float, high: float, unit: str, title: 
     axis.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel=f"measured ({unit})",
              ylabel=f"predicted ({unit})", title=title)
     axis.title.set_fontsize(9)
+    if high / low < 30:  # under 1.5 decades matplotlib labels every minor tick and they collide: plain 2s and 5s
+        from matplotlib.ticker import FormatStrFormatter, LogLocator, NullLocator
+        for scale in (axis.xaxis, axis.yaxis):
+            scale.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            scale.set_major_formatter(FormatStrFormatter("%g"))
+            scale.set_minor_locator(NullLocator())
 
 
 def write_fit_plot(measured_s: list[float], held_out_s: list[float], path: str | Path, title: str) -> Path:
