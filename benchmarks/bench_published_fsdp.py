@@ -95,8 +95,8 @@ def error_table(runs, predicted: list[float]) -> dict:
             "mean_signed_by_hidden_pct": by(lambda d: d["model"]["params"]["hidden_size"])}
 
 
-def gpu_figures(runs, pool, fit: bool) -> dict:
-    """The datasheet predictions of one GPU's rows and, with `fit`, the 5-fold held-out ones."""
+def group_figures(runs, pool, fit: bool) -> dict:
+    """The datasheet predictions of one table's rows on one GPU and, with `fit`, the 5-fold held-out ones."""
     predicted = pool.apply(_datasheet, (runs,))
     datasheet = [step_s for step_s, _, _ in predicted]
     over = [peak / capacity - 1 for _, peak, capacity in predicted if peak > capacity]
@@ -111,17 +111,17 @@ def gpu_figures(runs, pool, fit: bool) -> dict:
     return out
 
 
-def write_accuracy_plot(by_gpu: dict, path: Path) -> Path:
+def write_accuracy_plot(by_group: dict, path: Path) -> Path:
     """Predicted against measured step time per table and GPU: datasheet (hollow) and 5-fold held out (filled)."""
-    figure, axes = pyplot().subplots(1, len(by_gpu), figsize=(5.2 * len(by_gpu), 5), squeeze=False)
-    for axis, (gpu, (runs, figures)) in zip(axes[0], by_gpu.items()):
+    figure, axes = pyplot().subplots(1, len(by_group), figsize=(5.2 * len(by_group), 5), squeeze=False)
+    for axis, (group, (runs, figures)) in zip(axes[0], by_group.items()):
         measured = [run.measured_s for run in runs]
         axis.scatter(measured, figures["datasheet_s"], s=14, facecolors="none", edgecolors="tab:red",
                      label=f"datasheet: MAPE {figures['datasheet']['mape_pct']:.1f} %")
         if "five_fold_s" in figures:
             axis.scatter(measured, figures["five_fold_s"], s=10, color="tab:blue",
                          label=f"5-fold held out: MAPE {figures['five_fold']['mape_pct']:.1f} %")
-        predicted_against_measured(axis, 0.6 * min(measured), 1.5 * max(measured), "s", f"{gpu}: {len(runs)} runs")
+        predicted_against_measured(axis, 0.6 * min(measured), 1.5 * max(measured), "s", f"{group}: {len(runs)} runs")
         axis.legend(fontsize=7)
     return save(figure, path, "published FSDP runs (LLM Foundry MPT, torchtitan LLaMA; full shard, bf16, flash attention)")
 
@@ -150,22 +150,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_published_fsdp: error: {error}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    by_gpu: dict[str, tuple] = {}
+    runs_by_group: dict[str, list] = {}  # "table GPU" -> its runs
     for name, runs in tables:
         for run in runs:
-            by_gpu.setdefault(f"{name} {run.document['cluster']['gpu']}", ([], None))[0].append(run)
+            runs_by_group.setdefault(f"{name} {run.document['cluster']['gpu']}", []).append(run)
     with multiprocessing.get_context("spawn").Pool(max(1, args.processes)) as pool:
-        by_gpu = {group: (runs, gpu_figures(runs, pool, not args.no_fit and len(runs) >= MIN_FIT_ROWS))
-                  for group, (runs, _) in by_gpu.items()}
+        by_group = {group: (runs, group_figures(runs, pool, not args.no_fit and len(runs) >= MIN_FIT_ROWS))
+                    for group, runs in runs_by_group.items()}
     if args.plot is not None:
-        write_accuracy_plot(by_gpu, args.plot)
-    figures = {gpu: {key: value for key, value in gpu_figures_.items() if not key.endswith("_s")}
-               for gpu, (_, gpu_figures_) in by_gpu.items()}
+        write_accuracy_plot(by_group, args.plot)
+    figures = {group: {key: value for key, value in found.items() if not key.endswith("_s")}
+               for group, (_, found) in by_group.items()}
     if args.json:
         print(json.dumps({"tables": figures, "wall_s": time.perf_counter() - started}, indent=2))
         return 0
-    for gpu, table in figures.items():
-        print(f"{gpu}:")
+    for group, table in figures.items():
+        print(f"{group}:")
         _print("datasheet, nothing fitted", table["datasheet"])
         memory = table["memory"]
         excess = (f"; the others over by at most {memory['largest_excess_pct']:.1f} %"
