@@ -39,6 +39,7 @@ Count = Annotated[int, Field(gt=0)]
 Architecture = Literal["pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3",
                        "cpu"]
 MemoryKind = Literal["HBM2", "HBM2e", "HBM3", "HBM3e", "GDDR5", "GDDR5X", "GDDR6", "GDDR6X", "DDR4", "DDR5"]
+PeakDtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 LinkKind = Literal["nvlink", "pcie", "infiniband", "roce", "ethernet", "host"]
 
 
@@ -49,7 +50,7 @@ class GpuSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = "custom"
-    peak_flops_per_s: dict[str, FlopsPerSecond]
+    peak_flops_per_s: dict[PeakDtype, FlopsPerSecond]
     memory_bytes: Bytes
     memory_bandwidth_bytes_per_s: BytesPerSecond
     architecture: Architecture | None = None
