@@ -36,7 +36,8 @@ OPTIMIZER_BYTES_PER_PARAM = {"sgd": 3 * 4, "momentum": 5 * 4, "adam": 7 * 4}
 """fp32 bytes moved per parameter by one update: SGD reads w and g and writes w; momentum also
 reads and writes the velocity; Adam reads and writes two moments (Kingma & Ba 2015, Alg. 1)."""
 
-WEIGHT_PASS_WORDS = {"stash": 2, "predict": 3, "repredict": 5, "accumulate": 3, "average": 2}
+WEIGHT_PASS_WORDS = {"stash": 2, "predict": 3, "repredict": 5, "accumulate": 3, "average": 2,
+                     "fsdp_copy_out": 2, "fsdp_copy_in": 2, "fsdp_copy_in_upcast": 3, "fsdp_copy_in_downcast": 1.5}
 """Words moved per parameter by the per-micro-batch weight passes of asynchronous pipelines
 (Compute phases of these names, `simulator.strategies.pipeline`): a stash copies the weights
 (read w, write the copy: PipeDream, Narayanan et al. SOSP 2019); SpecTrain's prediction
@@ -45,7 +46,12 @@ staggered re-prediction before a backward ("repredict") also copies that predict
 weights the micro-batch's forward ran on (read it, write them: 3 + 2 words); the
 accumulation of a micro-batch's weight gradient onto the live one reads both and writes one.
 "average": with G > 1 replicas the reduced gradient sum is divided by G in place before the
-update (as DDP averages), part of the update's time on replicated stages."""
+update (as DDP averages), part of the update's time on replicated stages. PyTorch FSDP2
+(`strategy.fsdp_version` 2, `simulator.strategies.zero`) copies on the compute stream: each gathered
+unit out of the all-gather buffer into its parameters ("fsdp_copy_out", `split_with_sizes_copy`:
+read and write the unit), and each unit's gradients into the reduce-scatter buffer in the reduce
+dtype ("fsdp_copy_in", `_chunk_cat` in `foreach_reduce`: read the gradient, write it in the reduce
+dtype: 16-bit to fp32 "upcast" 1 + 2 words, fp32 to 16-bit "downcast" 1 + 1/2)."""
 
 TOPK_SELECTION_BYTES_PER_ELEMENT = 16
 """Bytes moved per gradient element by a top-k selection pass with error feedback: residual +=

@@ -41,7 +41,7 @@ from simulator.fabrics import cached_topology
 from simulator.heuristics import estimate_peak_memory_bytes
 from simulator.model_source import resolve_workload
 from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
-from simulator.zero_config import FSDP_ZERO_STAGES
+from simulator.zero_config import without_unused_fsdp_keys
 from simulator.simulate import simulate
 from simulator.strategies import STRATEGIES
 
@@ -231,13 +231,11 @@ def candidate_scenario(scenario: Scenario, candidate: Candidate) -> dict:
         for key in ("sequence_parallel", "zero_stage", "ep_degree"):
             if getattr(candidate, key) is not None:
                 raw["strategy"][key] = getattr(candidate, key)
-        if FSDP_ZERO_STAGES.get(raw["strategy"]["fsdp_sharding"]) != raw["strategy"]["zero_stage"]:
-            raw["strategy"]["fsdp_sharding"] = None  # the candidate's stage, not the scenario's FSDP name
         raw["strategy"]["tp_comm_overlap"] = bool(raw["strategy"]["tp_comm_overlap"] and raw["strategy"]["sequence_parallel"])
-        raw["strategy"]["fsdp_reduce_dtype"] = raw["strategy"]["fsdp_reduce_dtype"] if raw["strategy"]["zero_stage"] >= 2 else None
+        raw["strategy"] = without_unused_fsdp_keys(raw["strategy"])  # the candidate's stage, not the scenario's
         return raw
     if raw["strategy"]["zero_stage"] >= 2:  # ZeRO-2/3 are megatron's; these kinds reduce as DDP does
-        raw["strategy"] = {**raw["strategy"], "zero_stage": 0, "fsdp_sharding": None, "fsdp_reduce_dtype": None}
+        raw["strategy"] = without_unused_fsdp_keys({**raw["strategy"], "zero_stage": 0})
     raw["strategy"] = {**raw["strategy"], "kind": candidate.kind, "placement": candidate.placement, "ep_degree": 1, "cp_degree": 1,
                        "num_groups": None if candidate.kind in ("dp", "mp") else candidate.num_groups,
                        "num_microbatches": candidate.num_microbatches, "partition": partition,

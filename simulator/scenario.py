@@ -196,6 +196,8 @@ class StrategyConfig(_Frozen):
     """megatron: PyTorch FSDP's ShardingStrategy; sets zero_stage (simulator/zero_config.py)."""
     fsdp_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     """zero_stage 2-3: the dtype gradients are reduce-scattered and kept in (FSDP's reduce_dtype); None: training's."""
+    fsdp_version: Literal[1, 2] | None = None
+    """Per-unit gathers: 2 PyTorch FSDP2 (copy passes), 1 flat buffers (FSDP1, DeepSpeed); None: 2 with fsdp_sharding."""
     symmetry: Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)] = "auto"
     """auto simulates one representative per symmetric set of ranks (megatron: simulator/symmetry.py;
     dp, mp, ghp and the pipeline kinds: simulator/grid_symmetry.py); off forces the full simulation."""
@@ -215,10 +217,7 @@ class StrategyConfig(_Frozen):
 
     _zero_from_fsdp = model_validator(mode="before")(classmethod(lambda cls, data: zero_stage_from_fsdp(data)))
 
-    @model_validator(mode="after")
-    def _check_zero(self) -> "StrategyConfig":
-        check_zero(self.kind, self.zero_stage, self.pp_degree, self.fsdp_reduce_dtype)
-        return self
+    _check_zero = model_validator(mode="after")(lambda self: check_zero(self) or self)
 
 
 class TrainingConfig(_Frozen):

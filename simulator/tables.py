@@ -65,6 +65,15 @@ def print_comparison(results: list[SimulationResult], title: str, console: Conso
     console.print(table)
 
 
+def _fsdp_note(tensor: dict) -> str:
+    """" (FSDP2 full_shard)": the FSDP version and strategy of a plan that gathers per unit (version 1
+    without a strategy name: DeepSpeed-style flat buffers), else the strategy name alone."""
+    version, sharding = tensor.get("fsdp_version"), tensor.get("fsdp_sharding")
+    if version is None:
+        return f" (FSDP {sharding})" if sharding else ""
+    return f" (FSDP{version} {sharding})" if sharding else (" (FSDP2)" if version == 2 else " (flat buffers)")
+
+
 def print_summary(result: SimulationResult, console: Console | None = None) -> None:
     console = console or make_console()
     summary, scenario = result.summary, result.scenario
@@ -90,7 +99,7 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
                       f"{' (ep ' + str(tensor['ep_degree']) + ')' if tensor.get('ep_degree', 1) > 1 else ''}, "
                       f"{tensor['schedule']}, micro-batch {tensor['microbatch_size']:g}, sequence parallel "
                       f"{'on' if tensor['sequence_parallel'] else 'off'}, ZeRO-{tensor['zero_stage']}"
-                      f"{' (FSDP ' + tensor['fsdp_sharding'] + ')' if tensor.get('fsdp_sharding') else ''}; "
+                      f"{_fsdp_note(tensor)}; "
                       f"{'symmetric' if tensor['symmetry']['used'] else 'full'} simulation: "
                       f"{tensor['symmetry']['reason']}")
     if "symmetry" in summary:  # replicas of dp / mp / ghp / pipeline runs (simulator/grid_symmetry.py)

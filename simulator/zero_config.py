@@ -30,9 +30,16 @@ def zero_stage_from_fsdp(data: Any) -> Any:
     return data
 
 
-def check_zero(kind: str, zero_stage: int, pp_degree: int, reduce_dtype: str | None = None) -> None:
+def check_zero(strategy) -> None:
     """ZeRO-2/3 are modelled for the megatron kind (FSDP alone: tp 1, pp 1) and, as in DeepSpeed,
-    not with pipeline parallelism; a reduce dtype applies to sharded gradients only."""
+    not with pipeline parallelism; a reduce dtype applies to sharded gradients only, an FSDP version
+    to plans that gather parameters per unit (ZeRO-3, SHARD_GRAD_OP). `strategy`: the validated
+    `simulator.scenario.StrategyConfig`."""
+    kind, zero_stage, pp_degree = strategy.kind, strategy.zero_stage, strategy.pp_degree
+    reduce_dtype, fsdp_version = strategy.fsdp_reduce_dtype, strategy.fsdp_version
+    if fsdp_version is not None and zero_stage < 3 and strategy.fsdp_sharding != "shard_grad_op":
+        raise ValueError(f"strategy.fsdp_version: {fsdp_version} applies to parameters gathered per unit (zero_stage "
+                         f"3, or fsdp_sharding full_shard / shard_grad_op / hybrid_shard); got zero_stage {zero_stage}")
     if reduce_dtype is not None and zero_stage < 2:
         raise ValueError(f"strategy.fsdp_reduce_dtype: {reduce_dtype} applies to sharded gradients (zero_stage 2 "
                          f"or 3, or fsdp_sharding full_shard / shard_grad_op / hybrid_shard); got zero_stage {zero_stage}")
@@ -42,3 +49,14 @@ def check_zero(kind: str, zero_stage: int, pp_degree: int, reduce_dtype: str | N
     if zero_stage >= 2 and pp_degree > 1:
         raise ValueError(f"strategy.zero_stage: {zero_stage} with strategy.pp_degree {pp_degree}: "
                          "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism (DeepSpeed)")
+
+
+def without_unused_fsdp_keys(strategy: dict) -> dict:
+    """A raw strategy mapping (a search candidate's) with the FSDP keys its ZeRO stage does not use
+    set to None, so that the schema accepts it: the sharding name of another stage, the reduce dtype
+    below stage 2, the version without per-unit gathers."""
+    stage = strategy["zero_stage"]
+    sharding = strategy.get("fsdp_sharding") if FSDP_ZERO_STAGES.get(strategy.get("fsdp_sharding")) == stage else None
+    gathers = stage == 3 or sharding == "shard_grad_op"
+    return {**strategy, "fsdp_sharding": sharding, "fsdp_version": strategy.get("fsdp_version") if gathers else None,
+            "fsdp_reduce_dtype": strategy.get("fsdp_reduce_dtype") if stage >= 2 else None}

@@ -113,7 +113,8 @@ def test_validate_runs_a_zero3_scenario_and_reports_step_time_and_memory(tmp_pat
                                              ({"cp_degree": 2, "sharding": "no_shard"}, "strategy.cp_degree: 2"),
                                              ({"sharding": None, "zero_stage": 1}, "strategy.zero_stage: 1"),
                                              ({"sharding": "full_shard", "fsdp_reduce_dtype": "bf16"},
-                                              "strategy.fsdp_reduce_dtype: bf16")])
+                                              "strategy.fsdp_reduce_dtype: bf16"),
+                                             ({"sharding": "full_shard", "fsdp_version": 1}, "strategy.fsdp_version: 1")])
 def test_validate_refuses_other_megatron_layouts_in_one_line(tmp_path, capsys, strategy, field):
     scenario, profile = write_inputs(tmp_path, sharding="no_shard")
     data = yaml.safe_load(scenario.read_text())

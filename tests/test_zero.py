@@ -296,3 +296,60 @@ def test_fsdp_reduce_dtype_needs_sharded_gradients():
     with pytest.raises(ScenarioError, match=r"strategy.fsdp_reduce_dtype: fp32 applies to sharded gradients .* zero_stage 1"):
         load_scenario(FSDP_SCENARIO, ["strategy.fsdp_sharding=null", "strategy.zero_stage=1",
                                       "strategy.fsdp_reduce_dtype=fp32"])
+
+
+# ----------------------------------------------------------------------------- FSDP2's copies
+
+def copy_passes(result, rank=0) -> list[Compute]:
+    return [a for a in result.plan.actions[rank] if isinstance(a, Compute) and a.phase.startswith("fsdp_copy")]
+
+
+def test_fsdp2_copies_each_gathered_unit_out_and_each_gradient_in_on_the_compute_stream():
+    """FSDP2 (torch `_fsdp_collectives.py`): the gathered unit is copied into its parameters after its
+    allgather and before it computes; its gradients into the reduce-scatter buffer after its backward
+    and before the reduce-scatter. Each pass moves 2 words a parameter at memory bandwidth."""
+    micro = 2
+    fsdp2, flat = run(3, micro=micro, fsdp_sharding="full_shard"), run(3, micro=micro)
+    assert fsdp2.summary["tensor"]["fsdp_version"] == 2 and flat.summary["tensor"]["fsdp_version"] == 1
+    assert copy_passes(flat) == []
+    actions = fsdp2.plan.actions[0]
+    outs = [a for a in copy_passes(fsdp2) if a.phase == "fsdp_copy_out"]
+    ins = [a for a in copy_passes(fsdp2) if a.phase == "fsdp_copy_in"]
+    assert len(outs) == 2 * LAYERS * micro and len(ins) == LAYERS * micro
+    assert {a.num_params for a in outs + ins} == {PARAMS}  # the whole unit, not the shard
+    for copy in outs:  # after its unit's gather, and the unit's pass waits for it
+        assert any(isinstance(actions[dep], Collective) and actions[dep].op == "allgather" for dep in copy.deps)
+        assert any(copy.id in a.deps for a in actions if isinstance(a, Compute) and a.phase in (FORWARD, "B"))
+    for copy in ins:  # before its unit's reduce-scatter
+        assert any(isinstance(a, Collective) and a.op == "reduce_scatter" and copy.id in a.deps for a in actions)
+    spans = fsdp2.spans
+    copies = spans[(spans["rank"] == 0) & spans["name"].str.startswith("fsdp_copy")]
+    assert len(copies) == 3 * LAYERS * micro
+    assert list(copies["end_s"] - copies["start_s"]) == pytest.approx([2 * PARAMS * ELEMENT / 1e12] * len(copies),
+                                                                      rel=1e-6)  # at the memory bandwidth, 1e12
+    assert fsdp2.summary["step_time_s"] > flat.summary["step_time_s"]
+    assert run(3, micro=micro, fsdp_sharding="full_shard", fsdp_version=1).summary["step_time_s"] == \
+        pytest.approx(flat.summary["step_time_s"], rel=1e-12)
+
+
+def test_fsdp2_copy_in_casts_to_the_reduce_dtype():
+    """16-bit gradients copied into an fp32 reduce-scatter buffer: read 1 word, write 2 (3 words,
+    1.5x the plain copy); shard_grad_op copies out before the forward only."""
+    costs = analytic_costs(load_scenario(raw(3)), None)
+    plain, upcast = (costs.weight_pass_s(name, PARAMS) for name in ("fsdp_copy_in", "fsdp_copy_in_upcast"))
+    assert upcast == pytest.approx(1.5 * plain)
+    wide = run(3, fsdp_sharding="full_shard", fsdp_reduce_dtype="fp32")
+    assert {a.phase for a in copy_passes(wide)} == {"fsdp_copy_out", "fsdp_copy_in_upcast"}
+    grad_op = run(2, fsdp_sharding="shard_grad_op")
+    assert [a.phase for a in copy_passes(grad_op)].count("fsdp_copy_out") == LAYERS
+
+
+def test_fsdp_version_needs_per_unit_gathers_and_the_planner_drops_it():
+    with pytest.raises(ScenarioError, match=r"strategy.fsdp_version: 2 applies to parameters gathered per unit .* "
+                                            r"zero_stage 2"):
+        load_scenario(raw(2, fsdp_version=2))
+    scenario = load_scenario(raw(3, fsdp_version=2))
+    workload = _workload(scenario.model.model_dump_json(), ".")
+    for candidate in megatron_space(scenario, workload, (1, 2)):  # every stage's candidate is a valid scenario
+        strategy = scenario_from_dict(candidate_scenario(scenario, candidate)).strategy
+        assert strategy.fsdp_version == (2 if candidate.zero_stage == 3 else None), candidate.label

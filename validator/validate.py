@@ -174,6 +174,9 @@ def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | N
         if strategy.fsdp_reduce_dtype not in (None, "fp32"):
             raise ScenarioError(f"strategy.fsdp_reduce_dtype: {strategy.fsdp_reduce_dtype}; the validator's FSDP2 "
                                 "ranks train and reduce in fp32 (validator/fsdp_runtime.py)")
+        if strategy.fsdp_version == 1:
+            raise ScenarioError("strategy.fsdp_version: 1; the validator's ranks run FSDP2 (`fully_shard`, "
+                                "validator/fsdp_runtime.py): give 2 or leave it out")
         if strategy.fsdp_sharding is None:  # predict the FSDP strategy that runs (zero_stage 2: SHARD_GRAD_OP)
             variant = variant.model_copy(update={"strategy": strategy.model_copy(update={"fsdp_sharding": sharding})})
     predicted = simulate(variant, costs=costs, workload=workload)

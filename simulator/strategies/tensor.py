@@ -87,6 +87,8 @@ class TensorConfig:
     tp_comm_overlap: bool = False
     fsdp_sharding: str | None = None
     fsdp_reduce_dtype: str | None = None
+    fsdp_version: int = 1
+    """2: PyTorch FSDP2's copy passes (`simulator.strategies.zero.copies`); 1: flat buffers, none."""
     gpus_per_node: int = 1
     ep: int = 1
     """Expert-parallel degree (`simulator.strategies.experts`)."""
@@ -135,6 +137,7 @@ def tensor_config(scenario) -> TensorConfig:
         overlap_backward=strategy.overlap_backward, collective=strategy.collective, symmetry=strategy.symmetry,
         tp_comm_overlap=strategy.tp_comm_overlap, fsdp_sharding=strategy.fsdp_sharding,
         fsdp_reduce_dtype=strategy.fsdp_reduce_dtype,
+        fsdp_version=strategy.fsdp_version or (2 if strategy.fsdp_sharding else 1),
         gpus_per_node=scenario.cluster.gpus_per_node, ep=strategy.ep_degree)
 
 
@@ -221,7 +224,8 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
                        "ep_degree": config.ep, "cp_degree": config.cp,
                        "sequence_parallel": config.sequence_parallel, "zero_stage": config.zero_stage,
                        "schedule": config.schedule_kind, "microbatch_size": config.microbatch_size * config.cp,
-                       "fsdp_sharding": config.fsdp_sharding, "shard_degree": zero.shard_degree(config)},
+                       "fsdp_sharding": config.fsdp_sharding, "shard_degree": zero.shard_degree(config),
+                       "fsdp_version": config.fsdp_version if zero.gathers_per_unit(config) else None},
             "zero": zero.memory_meta(config, shard, ranges),
             "gradient_element_bytes": gradient_element_bytes(config.dtype, config.zero_stage, config.fsdp_reduce_dtype),
             "symmetry_decision": {"used": symmetric, "reason": reason}}

@@ -25,6 +25,15 @@ Stages (Rajbhandari et al., "ZeRO", SC'20, sec. 5), over the s = d replicas that
   allgather follows. Per device per step: 2 allgathers + 1 reduce-scatter of the parameters,
   3 (s-1)/s Psi bytes in ring-volume terms, 1.5x DP's allreduce 2 (s-1)/s Psi (ZeRO sec. 7.2.2).
 
+Copies (`strategy.fsdp_version`): PyTorch FSDP2 (`fully_shard`, per-parameter shards) copies each
+gathered unit out of the all-gather buffer into its parameters before the unit computes, and each
+unit's gradients into the reduce-scatter buffer (cast to the reduce dtype) before its
+reduce-scatter, both on the compute stream (torch `_fsdp_collectives.py`: `split_with_sizes_copy`
+in `foreach_all_gather_copy_out`, `_chunk_cat` in `foreach_reduce`): memory-bound passes
+(`simulator.costs.WEIGHT_PASS_WORDS`). FSDP1's FlatParameter and DeepSpeed's ZeRO-3 gather into
+flat buffers whose views are the parameters and reduce the flat gradient in place: no copies
+(version 1, the default of `zero_stage` without `fsdp_sharding`).
+
 Memory (`shard_memory`, the summary's post-hoc adjustment of `simulator.memory`'s persistent
 categories, ZeRO Fig. 1): fp32 master weights and optimizer state / s for stage >= 1, weight
 gradients / s for stage >= 2, weights / s for stage 3; with expert parallelism (ZeRO-1 only) the
@@ -113,6 +122,26 @@ def _gather(rank, layer: int, microbatch: int, phase: str, deps: tuple[int, ...]
                             label=f"{GATHER_LABEL} {phase}{microbatch} L{layer}")
 
 
+def copies(config) -> bool:
+    """FSDP2's copy-out and copy-in passes (module docstring) are part of the plan."""
+    return config.fsdp_version == 2
+
+
+def _copy_out(rank, layer: int, microbatch: int, gather: tuple[int, ...]) -> tuple[int, ...]:
+    """FSDP2: the gathered unit copied into its parameters on the compute stream, after the gather."""
+    if not gather or not copies(rank.config):
+        return gather
+    return (rank._compute(gather, phase="fsdp_copy_out", layer_start=layer, layer_end=layer + 1,
+                          microbatch=microbatch, num_params=rank.shard.layers[layer].num_params),)
+
+
+def copy_in_pass(element_bytes: int, gradient_bytes: int) -> str:
+    """The FSDP2 reduce-scatter copy-in pass that casts `element_bytes` gradients to `gradient_bytes`."""
+    if gradient_bytes == element_bytes:
+        return "fsdp_copy_in"
+    return "fsdp_copy_in_upcast" if gradient_bytes > element_bytes else "fsdp_copy_in_downcast"
+
+
 def _prefetching(rank, layers: list[int], microbatch: int, phase: str) -> dict[int, int | None]:
     """The first unit's gather, issued after the rank's previous compute; the rest are added by
     `_prefetch_next` as each unit's compute starts."""
@@ -141,7 +170,7 @@ def zero3_forward(rank, microbatch: int, start: int, end: int) -> None:
     layers = list(range(start, end))
     gathers = _prefetching(rank, layers, microbatch, FORWARD)
     for position, layer in enumerate(layers):
-        deps = _prefetch_next(rank, gathers, layers, position, microbatch, FORWARD)
+        deps = _copy_out(rank, layer, microbatch, _prefetch_next(rank, gathers, layers, position, microbatch, FORWARD))
         done = rank._compute(deps, phase=FORWARD, layer_start=layer, layer_end=layer + 1, microbatch=microbatch)
         rank._tp(layer, layer + 1, FORWARD, done)
 
@@ -156,6 +185,7 @@ def zero3_backward(rank, microbatch: int, start: int, end: int) -> None:
     deps: tuple[int, ...] = ()
     for position, layer in enumerate(layers):
         own = _prefetch_next(rank, gathers, layers, position, microbatch, BACKWARD) if regather else ()
+        own = _copy_out(rank, layer, microbatch, own)
         for a, b in recompute_ranges(rank.shard, layer, layer + 1, rank.config.recompute):
             redo = rank._compute((*deps, *own), phase=FORWARD, layer_start=a, layer_end=b, microbatch=microbatch)
             rank.recomputed.append(redo)
@@ -174,6 +204,9 @@ def _reduce_unit(rank, layer: int, microbatch: int) -> None:
         return
     shard_ranks, replicas = rank.zero_groups
     after = (rank.last_backward,)
+    if rank.zero_degree > 1 and copies(rank.config):
+        after = (rank._compute(after, phase=copy_in_pass(rank.element_bytes, rank.gradient_bytes), layer_start=layer,
+                               layer_end=layer + 1, microbatch=microbatch, num_params=rank.shard.layers[layer].num_params),)
     if rank.zero_degree > 1:
         after = (rank.builder.add(Collective, op="reduce_scatter", ranks=shard_ranks, size_bytes=size,
                                   key=("fsdp_reduce_scatter", *rank.dp_key, shard_ranks[0], microbatch, layer),
