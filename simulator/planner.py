@@ -130,8 +130,9 @@ def scenario_for_gpus(scenario: Scenario, num_gpus: int | None) -> Scenario:
     nodes, per_node = (num_gpus // per_node, per_node) if num_gpus >= per_node else (1, num_gpus)
     nics = math.gcd(raw["cluster"]["nics_per_node"], per_node)  # one node's NICs carry nothing, but divide its GPUs
     raw["cluster"] = {**raw["cluster"], "num_nodes": nodes, "gpus_per_node": per_node, "nics_per_node": nics}
-    raw["strategy"] = {**raw["strategy"], "kind": "dp", "num_groups": None, "tp_degree": 1, "pp_degree": 1,
-                       "cp_degree": 1, "ep_degree": 1}
+    sharded = raw["strategy"]["zero_stage"] >= 2  # ZeRO-2/3 and FSDP are megatron's (tp = pp = 1 here)
+    raw["strategy"] = {**raw["strategy"], "kind": "megatron" if sharded else "dp", "num_groups": None, "tp_degree": 1,
+                       "pp_degree": 1, "cp_degree": 1, "ep_degree": 1}
     if not isinstance(raw["strategy"]["placement"], str):
         raw["strategy"]["placement"] = "group_per_node"
     return scenario_from_dict(raw, scenario.source, scenario.base_dir)

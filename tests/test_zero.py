@@ -353,3 +353,12 @@ def test_fsdp_version_needs_per_unit_gathers_and_the_planner_drops_it():
     for candidate in megatron_space(scenario, workload, (1, 2)):  # every stage's candidate is a valid scenario
         strategy = scenario_from_dict(candidate_scenario(scenario, candidate)).strategy
         assert strategy.fsdp_version == (2 if candidate.zero_stage == 3 else None), candidate.label
+
+
+def test_rank_moves_an_fsdp_scenario_to_another_gpu_count():
+    """`rank --gpus N` drops the scenario's own layout for N != its GPUs; a sharded scenario's base
+    stays megatron (ZeRO-2/3 are megatron's) with its FSDP keys, which its candidates inherit."""
+    from simulator.planner import scenario_for_gpus
+    moved = scenario_for_gpus(load_scenario(FSDP_SCENARIO), 32)
+    assert moved.num_gpus == 32 and moved.strategy.kind == "megatron"
+    assert (moved.strategy.zero_stage, moved.strategy.fsdp_sharding, moved.strategy.tp_degree) == (3, "full_shard", 1)
