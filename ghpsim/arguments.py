@@ -64,7 +64,8 @@ def compare(parser: argparse.ArgumentParser) -> None:
 
 
 def listing(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=("gpus", "links", "models"))
+    parser.add_argument("what", choices=("gpus", "links", "models"),
+                        help="the catalogue to print: GPU presets, link presets or zoo models")
     parser.add_argument("--json", action="store_true",
                         help="print the presets as JSON: every field of each GPU or link (with its source), or the model names")
 
@@ -190,7 +191,8 @@ def calibrate(parser: argparse.ArgumentParser) -> None:
     scenario_args(parser, scenario=False)
     parser.add_argument("--scenario", help="scenario whose model is profiled (required without --kernels)")
     parser.add_argument("--out", required=True, help="profile JSON to write, e.g. profiles/cpu.json")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the ranks compute: cpu, or cuda (one GPU a rank); default %(default)s")
     parser.add_argument("--kernels", action="store_true",
                         help="time kernels, not a model: GEMM efficiency over (M, N, K, dtype), memory-bound "
                              "bandwidth against size and launch overhead, into a kernel profile that "

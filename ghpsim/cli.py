@@ -57,8 +57,15 @@ USER_ERRORS = ("simulator.errors:ScenarioError", "simulator.errors:SimulationErr
 """Exceptions that report bad input (or a failed real run), not a bug: one line, exit 2."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (the product's rule for bad input), exit 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, one_line(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ghpsim", description=DESCRIPTION)
+    parser = OneLineParser(prog="ghpsim", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_target, help_text, add_arguments) in COMMANDS.items():
         add_arguments(commands.add_parser(name, help=help_text))

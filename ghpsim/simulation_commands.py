@@ -48,9 +48,9 @@ def _profile_costs(scenario, args):
 
 
 def cmd_simulate(args) -> int:
-    if args.trace:
+    if args.trace is not None:
         check_output_file(args.trace, "--trace")
-    if args.memory_plot:
+    if args.memory_plot is not None:
         check_figure_file(args.memory_plot, "--memory-plot")
     scenario = load_scenario(args.scenario, args.overrides)
     costs = _profile_costs(scenario, args)

@@ -3,6 +3,7 @@ so an interrupted run never leaves a half-written result behind."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -21,9 +22,14 @@ def _umask() -> int:
 def write_bytes_atomic(path: str | Path, content: bytes) -> Path:
     """Write `content` to `path` via a temporary file in the same folder and a rename; the file
     gets the usual 0666 & ~umask permissions (mkstemp alone would leave it 0600)."""
-    path = Path(path)
+    path = _target(Path(path))
+    if path.exists() and not path.is_file() and not path.is_dir():  # a device, FIFO or socket: a rename would replace it
+        raise OSError(errno.EEXIST, "exists and is not a regular file", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, str(path)) from None
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(content)
@@ -36,6 +42,11 @@ def write_bytes_atomic(path: str | Path, content: bytes) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+def _target(path: Path) -> Path:
+    """The file a write to `path` should replace: a symbolic link's target (the link is kept)."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
@@ -59,11 +70,16 @@ def figure_format(path: str | Path) -> str:
 
 
 def check_output_file(path: str | Path, option: str) -> None:
-    """ScenarioError naming `option` unless `path` can be written as a file: not a folder, and no
-    existing part of its folder is a file."""
-    path = Path(path)
+    """ScenarioError naming `option` unless `path` can be written as a file: a name, not a folder nor
+    a device, FIFO or socket (a write replaces the file by a rename), and no existing part of its
+    folder is a file. A symbolic link is checked, and later written, as its target."""
+    if str(path) == "":
+        raise ScenarioError(f"{option}: needs a file name (got '')")
+    path = _target(Path(path))
     if path.is_dir():
         raise ScenarioError(f"{option} {path}: is a directory")
+    if path.exists() and not path.is_file():
+        raise ScenarioError(f"{option} {path}: exists and is not a regular file (a device, FIFO or socket)")
     _check_parents(path, option)
 
 

@@ -30,7 +30,9 @@ def run(args) -> int:
     for option, value in (("--tokens", args.tokens), ("--price-per-gpu-hour", args.price_per_gpu_hour)):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise ScenarioError(f"{option}: {value} must be a positive number")
-    if args.plot:
+    if args.price_per_gpu_hour is not None and args.tokens is None and args.steps is None:
+        raise ScenarioError("--price-per-gpu-hour: prices a whole run; give its length with --tokens or --steps")
+    if args.plot is not None:
         check_figure_file(args.plot, "--plot")
     sizes = _int_list(args.gpus, "--gpus") if args.gpus else (None,)
     microbatches = _int_list(args.microbatches, "--microbatches")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import os
-import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -21,6 +20,7 @@ from simulator.hardware import BytesPerSecond, GpuSpec, LinkSpec, resolve_gpu, r
 from simulator.limits import (MAX_BATCH, MAX_FAT_TREE_K, MAX_GPUS, MAX_LAYERS, MAX_MICROBATCHES, MIN_LINK_FACTOR,
                               check_structure)
 from simulator.units import parse_quantity
+from simulator.validation_errors import format_validation_error
 from simulator.yaml_loading import StrictLoader, load_yaml_text, read_yaml_file
 from simulator.zero_config import check_zero, zero_stage_from_fsdp
 
@@ -352,26 +352,6 @@ def scenario_from_dict(raw: dict, origin: str = "<scenario>", base_dir: str = ".
         return Scenario.model_validate({**raw, "base_dir": base_dir, "source": origin})
     except ValidationError as error:
         raise ScenarioError(format_validation_error(error, origin)) from None
-
-
-def format_validation_error(error: ValidationError, origin: str) -> str:
-    """One line: file, dotted field path, offending value, reason (first error only)."""
-    first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function-"))
-    message = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        return f"{origin}: {field}: unknown key"
-    if first["type"] == "missing":
-        return f"{origin}: {field}: missing required field"
-    if message.startswith(("strategy.", "cluster.")) or not field:
-        return f"{origin}: {message}"
-    return f"{origin}: {field}: {message} (got {_SHORT_REPR.repr(first.get('input'))})"
-
-
-_SHORT_REPR = reprlib.Repr()
-_SHORT_REPR.maxlevel, _SHORT_REPR.maxdict, _SHORT_REPR.maxlist, _SHORT_REPR.maxtuple = 2, 4, 6, 6
-_SHORT_REPR.maxstring, _SHORT_REPR.maxother, _SHORT_REPR.maxlong = 80, 80, 40
-"""Quotes an offending value in a few dozen characters, however large (an expanded YAML alias)."""
 
 
 def apply_override(raw: dict, assignment: str, origin: str = "<scenario>") -> None:

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 import time
 
 import pytest
@@ -171,3 +174,64 @@ def test_strategies_help_lists_pipeline_specs(capsys, command):
     text = " ".join(out.split())
     assert code == 0
     assert "ghp:G" in text and "KIND:m" in text and "interleaved_1f1b" in text
+
+
+# ----------------------------------------------------------------------------- 8: a second audit
+
+@pytest.mark.parametrize("argv, needles", [
+    (("rank", SMALL, "--top", "abc"), ("ghpsim rank: error:", "--top", "'abc'", "ghpsim rank --help")),
+    (("nosuchcommand",), ("ghpsim: error:", "'nosuchcommand'")),
+    (("schedule", "1f1b", "--stages", "4"), ("--microbatches",)),
+])
+def test_argument_errors_are_one_line(capsys, argv, needles):
+    """argparse's usage block is not printed: one line naming the flag, exit 2."""
+    assert_only_line(run_cli(capsys, *argv), *needles)
+
+
+def test_output_paths_that_are_not_regular_files_are_refused(capsys, tmp_path):
+    """A rename onto a FIFO or a device would replace it: refused, the FIFO kept."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert_only_line(run_cli(capsys, "simulate", SMALL, "--trace", fifo), "--trace", fifo, "not a regular file")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert_only_line(run_cli(capsys, "simulate", SMALL, "--trace", ""), "--trace", "needs a file name")
+    assert_only_line(run_cli(capsys, "simulate", SMALL, "--memory-plot", ""), "--memory-plot", "needs a file name")
+
+
+def test_an_output_symlink_is_written_through(capsys, tmp_path):
+    target, link = tmp_path / "trace.json", tmp_path / "link.json"
+    link.symlink_to(target)
+    code, _out, err = run_cli(capsys, "simulate", SMALL, "--trace", link)
+    assert code == 0 and err == ""
+    assert link.is_symlink() and json.loads(target.read_text())["traceEvents"]
+
+
+@pytest.mark.parametrize("override, needles, absent", [
+    ("strategy.partition=[4,0]", ("strategy.partition.1:", "greater than 0", "(got 0)"), ("literal[", "tuple[")),
+    ("strategy.placement=foo", ("strategy.placement:", "'group_per_node'", "'foo'"), ("literal[", "tuple[")),
+])
+def test_union_fields_name_the_branch_the_input_meant(capsys, override, needles, absent):
+    line = assert_only_line(run_cli(capsys, "simulate", SMALL, "--set", override), *needles)
+    assert not any(part in line for part in absent), line
+
+
+def test_an_unknown_peak_dtype_is_refused(capsys, tmp_path):
+    gpu = {"peak_flops_per_s": {"fp32": 1e13, "fp61": 2e13}, "memory_bytes": "16 GiB",
+           "memory_bandwidth_bytes_per_s": "900 GB/s"}
+    path = write_scenario(tmp_path, cluster={"num_nodes": 1, "gpus_per_node": 2, "gpu": gpu})
+    assert_only_line(run_cli(capsys, "simulate", path), "cluster.gpu.peak_flops_per_s.fp61", "'fp32'", "'fp61'")
+
+
+def test_a_failed_sweep_leaves_no_new_folder(capsys, tmp_path):
+    """A bad axis is refused before the output folder is made."""
+    base = write_scenario(tmp_path)
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"name: s\nbase: {base.name}\naxes:\n  cluster.gpu.memory_bytes: [1, 2]\n")
+    out = tmp_path / "out"
+    assert_only_line(run_cli(capsys, "sweep", sweep, "--out", out), "cluster.gpu", "not a mapping")
+    assert not out.exists()
+
+
+def test_a_price_needs_the_run_length(capsys):
+    assert_only_line(run_cli(capsys, "rank", SMALL, "--price-per-gpu-hour", "2"), "--price-per-gpu-hour",
+                     "--tokens or --steps")

@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -82,24 +83,31 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, workers: int | None = None, sch
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ScenarioError(f"--out {out}: exists and is not a folder")
+    points = sweep.points()  # every point built (a bad axis value is refused) before anything is written
+    created, stored = not out.exists(), 0
     out.mkdir(parents=True, exist_ok=True)
-    points = sweep.points()
-    with SweepStore(out / STORE_NAME) as store:
-        done = store.done_keys()
-        tasks = {point.key: point.scenario for point in points if point.key and point.key not in done}
-        skipped = len({point.key for point in points if point.key and point.key in done})
-        started = time.perf_counter()
-        if tasks:
-            results = start_executor(list(tasks.items()), workers, scheduler)
-            try:
-                with _progress_bar(len(tasks), sweep.spec.name, progress) as advance:
-                    for key, outcome in results:
-                        store.put(key, canonical_json(tasks[key]), outcome)
-                        advance()
-            finally:
-                results.close()  # stops the pool or the Dask client at once, also on Ctrl-C
-        wall_s = time.perf_counter() - started
-        rows = store.rows()
+    try:
+        with SweepStore(out / STORE_NAME) as store:
+            done = store.done_keys()
+            tasks = {point.key: point.scenario for point in points if point.key and point.key not in done}
+            skipped = len({point.key for point in points if point.key and point.key in done})
+            started = time.perf_counter()
+            if tasks:
+                results = start_executor(list(tasks.items()), workers, scheduler)
+                try:
+                    with _progress_bar(len(tasks), sweep.spec.name, progress) as advance:
+                        for key, outcome in results:
+                            store.put(key, canonical_json(tasks[key]), outcome)
+                            stored += 1
+                            advance()
+                finally:
+                    results.close()  # stops the pool or the Dask client at once, also on Ctrl-C
+            wall_s = time.perf_counter() - started
+            rows = store.rows()
+    except BaseException:
+        if created and stored == 0:  # nothing to resume: leave no folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     frame = results_frame(sweep, points, rows)
     files = export_frame(frame, out)
     return SweepReport(sweep.spec.name, out, frame, len(tasks), skipped, wall_s,

@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from simulator import __version__
 from simulator.errors import ScenarioError
-from simulator.scenario import Scenario, format_validation_error, read_yaml, scenario_from_dict
+from simulator.scenario import Scenario, read_yaml, scenario_from_dict
+from simulator.validation_errors import format_validation_error
 
 MAX_POINTS = 100_000
 """Points are held in memory (a few kB each) before they run."""

@@ -1,0 +1,40 @@
+"""One line for a pydantic ValidationError: the file, the dotted field path as the user wrote it,
+the offending value (shortened) and the reason. Used by the scenario and sweep schemas.
+
+A union field (`strategy.partition`: a name or a list of sizes) fails in every branch; the line
+reports the branch the input was meant for, not a branch whose type it is not (`*_type`,
+`literal_error`), and leaves pydantic's branch names out of the path.
+"""
+
+from __future__ import annotations
+
+import reprlib
+
+from pydantic import ValidationError
+
+
+def format_validation_error(error: ValidationError, origin: str) -> str:
+    """One line: file, dotted field path, offending value, reason (first error only)."""
+    first = next((e for e in error.errors() if not e["type"].endswith("_type") and e["type"] != "literal_error"),
+                 error.errors()[0])  # of a union's branch errors, one from the branch the input is (module doc)
+    field = ".".join(str(part) for part in first["loc"] if not _is_branch_tag(part))
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        return f"{origin}: {field}: unknown key"
+    if first["type"] == "missing":
+        return f"{origin}: {field}: missing required field"
+    if message.startswith(("strategy.", "cluster.")) or not field:
+        return f"{origin}: {message}"
+    return f"{origin}: {field}: {message} (got {_SHORT_REPR.repr(first.get('input'))})"
+
+
+def _is_branch_tag(part) -> bool:
+    """pydantic's name of a union branch or validator in an error's location (`literal['a','b']`,
+    `list[int]`, `function-after[...]`, `int`, `[key]`): not a key the user wrote."""
+    return isinstance(part, str) and ("[" in part or part in ("int", "float", "str", "bool", "none"))
+
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxdict, _SHORT_REPR.maxlist, _SHORT_REPR.maxtuple = 2, 4, 6, 6
+_SHORT_REPR.maxstring, _SHORT_REPR.maxother, _SHORT_REPR.maxlong = 80, 80, 40
+"""Quotes an offending value in a few dozen characters, however large (an expanded YAML alias)."""
