@@ -25,7 +25,8 @@ def _run_compare(scenario_source, args) -> int:
                           "results": comparison_frame(results).to_dict(orient="records"),
                           "summaries": [result.summary for result in results]}, indent=1))
     else:
-        print_comparison(results, title=f"{scenario.name}: {scenario.description or ''}".strip(": "))
+        changed = f" (with {', '.join(args.overrides)})" if args.overrides else ""  # the description may not hold
+        print_comparison(results, title=f"{scenario.name}: {scenario.description or ''}".strip(": ") + changed)
     return 0
 
 

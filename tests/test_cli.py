@@ -115,6 +115,13 @@ def test_compare_table(capsys):
     code, out, _ = run_cli(capsys, "compare", SMALL, "--strategies", "dp,mp,ghp:2")
     assert code == 0
     assert sum("(G=" in line for line in out.splitlines()) == 3
+    assert "(with" not in out
+
+
+def test_compare_title_names_the_overrides(capsys):
+    """The title quotes the scenario's description, which an override may contradict."""
+    code, out, _ = run_cli(capsys, "compare", SMALL, "--strategies", "dp", "--set", "cluster.inter_node_link=25gbe")
+    assert code == 0 and "(with cluster.inter_node_link=25gbe)" in out.replace("\n", " ")
 
 
 @pytest.mark.parametrize("what, expected", [("gpus", "A100-80GB"), ("links", "nvlink3-a100"),
