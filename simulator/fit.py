@@ -5,6 +5,8 @@ RUNS.csv has one row per measured run: a `measured_step_s` column (seconds per t
 an optional `base` column (a scenario file, relative to the CSV; else `--base`), and any number of
 columns named by dotted scenario keys (`strategy.tp_degree`, `training.global_batch_size`,
 `model.params.hidden_size`, ...) whose values override the base, as `--set` does.
+Every row is checked before any fitting (`simulator.fit_csv`: cells against the header, quoting,
+a finite measured time within `fit_csv.MEASURED_RANGE_S`, the scenario it gives); the profile is written last.
 
 What is fitted (`FITTED`), each over a bounded grid of physical values:
 - `host_overhead_s`: the framework's host time to issue one kernel (eager PyTorch: about 5-25 us
@@ -28,8 +30,6 @@ uncertainty is the spread of the folds' choices. Each run's held-out prediction 
 
 from __future__ import annotations
 
-import copy
-import csv
 import itertools
 import math
 import random
@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from simulator.errors import ScenarioError
+from simulator.fit_csv import MEASURED_COLUMN, read_rows
 
-MEASURED_COLUMN = "measured_step_s"
 FITTED = {
     "host_overhead_s": (0.0, 5e-6, 10e-6, 20e-6, 30e-6, 40e-6, 50e-6, 60e-6, 80e-6, 100e-6),
     "gemm_efficiency": (0.65, 0.75, 0.822, 0.9),
@@ -67,41 +67,16 @@ class Run:
 
 
 def read_runs(path: str | Path, base: str | Path | None = None) -> list[Run]:
-    """The rows of a RUNS.csv as scenario documents (module docstring); one-line ScenarioErrors
-    naming the file, row and column."""
-    from simulator.scenario import apply_override, read_yaml
-    path = Path(path)
-    try:
-        with path.open(newline="") as handle:
-            rows = list(csv.DictReader(handle))
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise ScenarioError(f"{path}: cannot read the runs: {error}") from None
-    if not rows:
-        raise ScenarioError(f"{path}: no runs (expected a header and one row per run)")
-    if MEASURED_COLUMN not in rows[0]:
-        raise ScenarioError(f"{path}: missing column {MEASURED_COLUMN!r} (seconds per training step)")
-    runs, bases = [], {}
-    for number, row in enumerate(rows, start=2):
-        where = f"{path}:{number}"
-        base_file = row.get("base") or base
-        if not base_file:
-            raise ScenarioError(f"{where}: base: no scenario file (give a `base` column or --base)")
-        base_path = (path.parent / base_file) if row.get("base") else Path(base_file)
-        if base_path not in bases:
-            bases[base_path] = read_yaml(base_path)
-        document = copy.deepcopy(bases[base_path])
-        for column, value in row.items():
-            if column in ("base", MEASURED_COLUMN) or value in (None, ""):
-                continue
-            apply_override(document, f"{column}={value}", where)
-        try:
-            measured_s = float(row[MEASURED_COLUMN])
-        except ValueError:
-            raise ScenarioError(f"{where}: {MEASURED_COLUMN}: {row[MEASURED_COLUMN]!r} is not a number") from None
-        if not measured_s > 0:
-            raise ScenarioError(f"{where}: {MEASURED_COLUMN}: {measured_s} must be > 0")
-        runs.append(Run(document, measured_s, where))
-    return runs
+    """The rows of a RUNS.csv as scenario documents (module docstring), each checked before any
+    fitting: its cells against the header, its measured time (`simulator.fit_csv`) and its scenario.
+    One-line ScenarioErrors naming the file, row (line of the file) and column, and the bad value."""
+    return _read_runs(path, base)[0]
+
+
+def _read_runs(path: str | Path, base: str | Path | None) -> tuple[list[Run], bool]:
+    """`read_runs`, and whether a row used `base` (`simulator.fit_csv.read_rows`)."""
+    rows, base_used = read_rows(path, base)
+    return [Run(*row) for row in rows], base_used
 
 
 def grid_points(grid: dict[str, tuple[float, ...]] | None = None) -> list[dict[str, float]]:
@@ -255,34 +230,54 @@ def fit_runs(runs: list[Run], k: int = 5, seed: int = 0, progress=None) -> tuple
 
 
 def run(args) -> int:
-    import json
+    """`ghpsim fit`: the input is checked, the runs fitted and the figure drawn before the profile is
+    written, so a failed command leaves no --out (a --plot drawn before a failed write is removed)."""
+    import os
+    import sys
 
-    from simulator.output import check_output_file, write_json_atomic
+    from simulator.errors import one_line
+    from simulator.output import check_output_file, write_text_atomic
     from simulator.profile import profile_from_dict
     from simulator.progress import stderr_progress
     check_output_file(args.out, "--out")
     if args.plot:
         from simulator.output import check_figure_file
         check_figure_file(args.plot, "--plot")
+        if os.path.realpath(args.plot) == os.path.realpath(args.out):
+            raise ScenarioError(f"--plot {args.plot}: the same file as --out")
     if args.folds < 2:
         raise ScenarioError(f"--folds: {args.folds} must be at least 2")
-    runs = read_runs(args.runs, args.base)
+    runs, base_used = _read_runs(args.runs, args.base)
+    if args.base is not None and not base_used:
+        print(one_line(f"ghpsim: note: --base {args.base} is not used: every row names its own base scenario"),
+              file=sys.stderr)
     with stderr_progress(enabled=not args.json) as bar:
         task = bar.add_task(f"fitting {len(runs)} runs: grid points simulated", total=None)
         result, document = fit_runs(runs, args.folds, args.seed, progress=lambda: bar.advance(task))
+    for row, predicted in zip(runs, result.held_out):
+        if not (math.isfinite(predicted) and predicted > 0):
+            raise ScenarioError(f"{row.where}: simulated step time {predicted!r}, not a positive finite number")
     profile_from_dict(document, args.out)  # the document validates before it is written
-    write_json_atomic(args.out, document)
-    errors_pct = [100 * (p - run.measured_s) / run.measured_s for p, run in zip(result.held_out, runs)]
+    errors_pct = [100 * (p - row.measured_s) / row.measured_s for p, row in zip(result.held_out, runs)]
     worst = max(range(len(runs)), key=lambda i: abs(errors_pct[i]))
+    profile_text = _json_text(document, f"--out {args.out}", indent=1) + "\n"
+    if args.json:
+        predictions = [{"run": row.where, MEASURED_COLUMN: row.measured_s, "held_out_step_s": p,
+                        "error_pct": e} for row, p, e in zip(runs, result.held_out, errors_pct)]
+        printed = _json_text(document["fit"] | {"parameters": result.best, "predictions": predictions}, "--json", 2)
     if args.plot:
         from simulator.fit_plot import write_fit_plot
-        write_fit_plot([run.measured_s for run in runs], result.held_out, args.plot,
+        write_fit_plot([row.measured_s for row in runs], result.held_out, args.plot,
                        f"{len(runs)} runs, {args.folds}-fold held out: MAPE {result.held_out_mape_pct:.1f} %\n"
                        f"worst {errors_pct[worst]:+.1f} % ({Path(runs[worst].where).name})")
+    try:
+        write_text_atomic(args.out, profile_text)
+    except BaseException:
+        if args.plot:
+            Path(args.plot).unlink(missing_ok=True)
+        raise
     if args.json:
-        predictions = [{"run": run.where, "measured_step_s": run.measured_s, "held_out_step_s": p,
-                        "error_pct": e} for run, p, e in zip(runs, result.held_out, errors_pct)]
-        print(json.dumps(document["fit"] | {"parameters": result.best, "predictions": predictions}, indent=2))
+        print(printed)
         return 0
     print(f"{len(runs)} runs, {args.folds}-fold held-out MAPE {result.held_out_mape_pct:.1f} % "
           f"(in sample {result.in_sample_mape_pct:.1f} %), worst {errors_pct[worst]:+.1f} % ({runs[worst].where})")
@@ -292,3 +287,12 @@ def run(args) -> int:
     if args.plot:
         print(f"held-out predictions against the measurements drawn in {args.plot}")
     return 0
+
+
+def _json_text(document: dict, what: str, indent: int) -> str:
+    """JSON text of `document`; ScenarioError, before anything is written, for a NaN or infinity."""
+    import json
+    try:
+        return json.dumps(document, indent=indent, allow_nan=False)
+    except ValueError:
+        raise ScenarioError(f"{what}: the fit gave a number that is not finite (NaN or infinity); nothing written") from None
