@@ -8,6 +8,7 @@ reports the branch the input was meant for, not a branch whose type it is not (`
 
 from __future__ import annotations
 
+import re
 import reprlib
 
 from pydantic import ValidationError
@@ -17,7 +18,12 @@ def format_validation_error(error: ValidationError, origin: str) -> str:
     """One line: file, dotted field path, offending value, reason (first error only)."""
     first = next((e for e in error.errors() if not e["type"].endswith("_type") and e["type"] != "literal_error"),
                  error.errors()[0])  # of a union's branch errors, one from the branch the input is (module doc)
-    field = ".".join(str(part) for part in first["loc"] if not _is_branch_tag(part))
+    loc = first["loc"]
+    if first["type"] == "extra_forbidden":  # the last part is the user's unknown key, whatever it looks like
+        loc, unknown = loc[:-1], loc[-1:]
+    else:
+        unknown = ()
+    field = ".".join(str(part) for part in (*(p for p in loc if not _is_branch_tag(p)), *unknown))
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         return f"{origin}: {field}: unknown key"
@@ -28,10 +34,13 @@ def format_validation_error(error: ValidationError, origin: str) -> str:
     return f"{origin}: {field}: {message} (got {_SHORT_REPR.repr(first.get('input'))})"
 
 
+_BRANCH_TAG = re.compile(r"[a-z][a-z0-9_-]*\[.*\]|\[key\]|int|float|str|bool|none", re.DOTALL)
+
+
 def _is_branch_tag(part) -> bool:
     """pydantic's name of a union branch or validator in an error's location (`literal['a','b']`,
     `list[int]`, `function-after[...]`, `int`, `[key]`): not a key the user wrote."""
-    return isinstance(part, str) and ("[" in part or part in ("int", "float", "str", "bool", "none"))
+    return isinstance(part, str) and _BRANCH_TAG.fullmatch(part) is not None
 
 
 _SHORT_REPR = reprlib.Repr()
