@@ -103,8 +103,9 @@ def report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for report.html, report.md, "
                         "figures/ and traces/")
     parser.add_argument("--title", help="report title (default: ghpsim report: <scenario or file name>)")
-    parser.add_argument("--strategies", default="dp,mp,ghp",
-                        help=f"scenario INPUT: strategies to compare ({STRATEGIES_HELP})")
+    parser.add_argument("--strategies", default=None,
+                        help=f"scenario INPUT: strategies to compare ({STRATEGIES_HELP}; default dp,mp,ghp, "
+                             "or a megatron scenario's own layout)")
     parser.add_argument("--profile", metavar="FILE",
                         help="scenario INPUT: simulate with this calibration profile's costs")
     scenario_args(parser, scenario=False)

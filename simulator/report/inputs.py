@@ -1,6 +1,7 @@
 """What a report is made from: the INPUT of `ghpsim report`, detected and loaded into one shape.
 
-INPUT kinds: a scenario YAML (simulated here with dp, mp and ghp), a `ghpsim compare --json` or
+INPUT kinds: a scenario YAML (simulated here with dp, mp and ghp, or a megatron scenario with its own
+strategy, unless --strategies says otherwise), a `ghpsim compare --json` or
 `ghpsim simulate --json` result, a sweep table (`ghpsim sweep`'s results.csv, or its folder) and a
 validation table (`ghpsim validate`'s reports/validation/<scenario>.csv, or its `--json` output).
 """
@@ -18,10 +19,14 @@ from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.profile import load_profile
 from simulator.profile_costs import ProfileCosts
+from simulator.report.input_checks import check_summary, checked_sweep, checked_validation, validation_frame
 from simulator.scenario import Scenario, load_scenario
 from simulator.simulate import SimulationResult, naming_source, simulate
 from simulator.tables import strategy_label
 
+DEFAULT_STRATEGIES = "dp,mp,ghp"
+"""`--strategies` when not given; a megatron scenario then reports its own strategy instead
+(`--strategies` has no kind that carries a megatron layout)."""
 SWEEP_COLUMNS = ("step_time_s", "throughput_samples_per_s", "speedup", "num_gpus", "strategy", "status")
 VALIDATION_COLUMNS = ("strategy", "predicted_s", "measured_s", "error_pct")
 KINDS_HELP = ("a scenario (.yaml), a compare/simulate result (.json), a sweep table (.csv or its folder) "
@@ -47,7 +52,7 @@ class ReportInput:
 
 
 def load_report_input(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
-                      strategies: str = "dp,mp,ghp", profile: str | None = None) -> ReportInput:
+                      strategies: str | None = None, profile: str | None = None) -> ReportInput:
     """Detect INPUT's kind from its extension and content; ScenarioError (one line) if neither."""
     path = Path(path)
     if path.is_dir():
@@ -69,16 +74,41 @@ def load_report_input(path: str | Path, overrides: list[str] | tuple[str, ...] =
     raise ScenarioError(f"INPUT: {path} is not {KINDS_HELP}")
 
 
-def _from_scenario(path: Path, overrides, strategies: str, profile: str | None) -> ReportInput:
+def _from_scenario(path: Path, overrides, strategies: str | None, profile: str | None) -> ReportInput:
+    default = strategies is None
+    specs = parse_strategy_specs(strategies or DEFAULT_STRATEGIES)
     scenario = load_scenario(path, overrides)
-    specs = parse_strategy_specs(strategies)
-    results = compare(scenario, specs) if profile is None else compare_with_profile(scenario, specs, profile)
+    if scenario.strategy.kind == "megatron" and default:
+        results = [simulate_own_strategy(scenario, profile)]
+    else:
+        try:
+            results = compare(scenario, specs) if profile is None else compare_with_profile(scenario, specs, profile)
+        except ScenarioError as error:
+            _blame_strategies(error, scenario, path, strategies)
+            raise
     workload = results[0].workload
     return ReportInput(
         kind="scenario", source=str(path), title=scenario.name, scenario=scenario,
         summaries=[result.summary for result in results],
         spans={strategy_label(result.summary): result.spans for result in results},
         num_params=workload.num_params, num_layers=workload.num_layers, profile=profile)
+
+
+def _blame_strategies(error: ScenarioError, scenario: Scenario, path: Path, strategies: str | None) -> None:
+    """A megatron scenario turned into a --strategies kind that fails the scenario's checks on a
+    strategy field (e.g. cp_degree 2: kind megatron only): one line naming --strategies, not the file."""
+    if scenario.strategy.kind == "megatron" and str(error).startswith(f"{scenario.source}: strategy."):
+        reason = str(error).removeprefix(f"{scenario.source}: ")
+        raise ScenarioError(f"--strategies {strategies}: the megatron scenario {path} does not convert to these "
+                            f"kinds (leave --strategies out to report its own strategy): {reason}") from None
+
+
+def simulate_own_strategy(scenario: Scenario, profile_path: str | None) -> SimulationResult:
+    """The scenario as written (a megatron layout), with analytic costs or a profile's."""
+    with naming_source(scenario):
+        workload = resolve_workload(scenario.model, scenario.base_dir)
+    costs = None if profile_path is None else ProfileCosts(load_profile(profile_path), workload)
+    return simulate(scenario, costs=costs, workload=workload)
 
 
 def compare_with_profile(scenario: Scenario, specs, profile_path: str) -> list[SimulationResult]:
@@ -106,18 +136,19 @@ def _from_json(path: Path) -> ReportInput:
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ScenarioError(f"INPUT: {path}: not valid JSON ({str(error).splitlines()[0]})") from None
     if isinstance(document, dict) and isinstance(document.get("summaries"), list) and document["summaries"]:
-        _check_summaries(document["summaries"], path)
+        for index, summary in enumerate(document["summaries"]):
+            check_summary(summary, path, f"summaries[{index}]")
         return ReportInput(kind="compare", source=str(path), title=str(document.get("scenario", path.stem)),
                            summaries=sorted(document["summaries"], key=lambda s: s["step_time_s"]))
     if isinstance(document, dict) and "step_time_s" in document and "devices" in document:
-        _check_summaries([document], path)
+        check_summary(document, path, "")
         return ReportInput(kind="simulate", source=str(path), title=str(document.get("scenario", path.stem)),
                            summaries=[document])
     if isinstance(document, dict) and isinstance(document.get("rows"), list) and document["rows"]:
-        frame = pd.DataFrame(document["rows"])
+        frame = validation_frame(document["rows"], path)
         _require_columns(frame, VALIDATION_COLUMNS, path, "validation result")
         return ReportInput(kind="validation", source=str(path), title=str(document.get("scenario", path.stem)),
-                           table=frame)
+                           table=checked_validation(frame, path, strict=True))
     raise ScenarioError(f"INPUT: {path}: JSON is neither a compare result (keys scenario, results, summaries), "
                         "a simulate result (keys step_time_s, devices) nor a validation result (key rows)")
 
@@ -138,15 +169,8 @@ def _from_csv(path: Path) -> ReportInput:
     if frame.empty:
         raise ScenarioError(f"INPUT: {path}: the {kind} table has no rows")
     title = path.parent.name if path.name == "results.csv" else path.stem
+    frame = checked_sweep(frame, path) if kind == "sweep" else checked_validation(frame, path, strict=False)
     return ReportInput(kind=kind, source=str(path), title=title, table=frame)
-
-
-def _check_summaries(summaries: list, path: Path) -> None:
-    needed = ("strategy", "num_groups", "workers_per_group", "step_time_s", "devices")
-    for summary in summaries:
-        missing = [key for key in needed if not isinstance(summary, dict) or key not in summary]
-        if missing:
-            raise ScenarioError(f"INPUT: {path}: a summary lacks {', '.join(missing)}")
 
 
 def _require_columns(frame: pd.DataFrame, columns, path: Path, what: str) -> None:

@@ -19,6 +19,8 @@ OTHER_COLOURS = ("#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD", "#2F4B7C", "#A05195
 STREAM_ROWS = {"compute": (0.05, 0.5), "comm": (0.55, 0.2), "send": (0.75, 0.2)}
 """Where each stream sits inside a rank's row: (offset from the row top, height), in rank units."""
 GIB = 2**30
+MAX_MEMORY_BARS = 512
+"""plot_memory: a strategy with more ranks is drawn as a step line, not a bar per rank."""
 
 
 def plot_step_breakdown(frame: pd.DataFrame, axis) -> None:
@@ -64,11 +66,14 @@ def plot_gantt(spans: pd.DataFrame, axis, max_ranks: int = 32) -> None:
 
 def plot_memory(frame: pd.DataFrame, axis, capacity_bytes: float | None = None) -> None:
     """Peak memory per rank (frame rows: strategy, rank, peak_memory_bytes), one bar colour per
-    strategy, against the device capacity (dashed line)."""
+    strategy (a step line above `MAX_MEMORY_BARS` ranks), against the device capacity (dashed line)."""
     strategies = list(dict.fromkeys(frame["strategy"]))
     width = 0.8 / len(strategies)
     for position, strategy in enumerate(strategies):
         rows = frame[frame["strategy"] == strategy]
+        if len(rows) > MAX_MEMORY_BARS:  # one bar (patch) per rank takes seconds for 16,384 ranks
+            axis.plot(rows["rank"], rows["peak_memory_bytes"] / GIB, drawstyle="steps-mid", label=strategy)
+            continue
         axis.bar(rows["rank"] + (position - (len(strategies) - 1) / 2) * width,
                  rows["peak_memory_bytes"] / GIB, width=width, label=strategy)
     if capacity_bytes:
