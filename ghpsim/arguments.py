@@ -136,8 +136,8 @@ def schedule(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--microbatches", type=int, required=True, metavar="M", help="micro-batches per step")
     parser.add_argument("--virtual-stages", type=int, default=None, metavar="V",
                         help="model chunks per rank (interleaved_1f1b; default 2 there, 1 otherwise)")
-    parser.add_argument("--weight-prediction", choices=("staggered", "forward"), default="staggered",
-                        help="spectrain: predict before backwards too (staggered) or not (forward)")
+    parser.add_argument("--weight-prediction", choices=("staggered", "forward"), default=None,
+                        help="spectrain: predict before backwards too (staggered, the default) or not (forward)")
     parser.add_argument("--no-stash", action="store_true", help="pipedream without weight stashing")
     parser.add_argument("--json", action="store_true", help="print ops, slots, grid and per-stage figures as JSON")
 

@@ -15,6 +15,7 @@ the fits is the fit of the mean medians. `provenance` keeps the first profile's,
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,12 @@ def merge_profile_files(paths: list[str | Path], out: str | Path) -> dict:
 def run(args) -> int:
     if len(args.profiles) < 2:
         raise ScenarioError(f"profiles: {len(args.profiles)} given; pooling needs at least two")
+    seen: dict[str, str] = {}
+    for given in args.profiles:  # the same calibration twice would count its samples twice
+        real = os.path.realpath(given)
+        if real in seen:
+            raise ScenarioError(f"profiles: {given} is the same file as {seen[real]}; each calibration counts once")
+        seen[real] = given
     check_output_file(args.out, "--out")
     merge_profile_files(args.profiles, args.out)
     if args.json:

@@ -20,10 +20,14 @@ def run(args) -> int:
                           ("--virtual-stages", args.virtual_stages)):
         if value is not None and value < 1:
             raise ScenarioError(f"{option}: {value} must be at least 1")
+    if args.no_stash and args.kind != "pipedream":
+        raise ScenarioError(f"--no-stash: applies to pipedream (weight stashing), not {args.kind}")
+    if args.weight_prediction is not None and args.kind != "spectrain":
+        raise ScenarioError(f"--weight-prediction {args.weight_prediction}: applies to spectrain, not {args.kind}")
     virtual = args.virtual_stages or (2 if args.kind == "interleaved_1f1b" else 1)
     check_size(args.stages, args.microbatches, virtual)
     schedule = build_schedule(args.kind, args.stages, args.microbatches, virtual,
-                              args.weight_prediction == "staggered")
+                              args.weight_prediction in (None, "staggered"))
     if args.json:
         print(json.dumps(schedule_document(schedule, weight_stashing=not args.no_stash)))
     else:

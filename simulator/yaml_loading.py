@@ -86,7 +86,9 @@ def read_text_file(path: str | Path, what: str) -> str:
     missing, larger than MAX_FILE_BYTES or not UTF-8."""
     path = Path(path)
     if not path.is_file():
-        raise ScenarioError(f"{what}: file not found")
+        problem = ("is a directory, not a file" if path.is_dir() else
+                   "is not a regular file" if path.exists() else "file not found")
+        raise ScenarioError(f"{what}: {problem}")
     size_bytes = path.stat().st_size
     if size_bytes > MAX_FILE_BYTES:
         raise ScenarioError(f"{what}: {size_bytes} bytes, larger than the {MAX_FILE_BYTES} bytes ghpsim reads")

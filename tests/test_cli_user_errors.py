@@ -110,11 +110,12 @@ def test_atomic_write_errors_name_the_target_not_the_temporary(tmp_path):
 
 
 def test_merge_profiles_out_is_a_directory(capsys, tmp_path):
-    profile = tmp_path / "p.json"
+    profile, other = tmp_path / "p.json", tmp_path / "q.json"
     profile.write_text("{}")
+    other.write_text("{}")
     out = tmp_path / "dir"
     out.mkdir()
-    assert_only_line(run_cli(capsys, "merge-profiles", profile, profile, "--out", out), f"--out {out}: is a directory")
+    assert_only_line(run_cli(capsys, "merge-profiles", profile, other, "--out", out), f"--out {out}: is a directory")
 
 
 def test_report_out_is_an_existing_file(capsys, tmp_path):
@@ -235,3 +236,21 @@ def test_a_failed_sweep_leaves_no_new_folder(capsys, tmp_path):
 def test_a_price_needs_the_run_length(capsys):
     assert_only_line(run_cli(capsys, "rank", SMALL, "--price-per-gpu-hour", "2"), "--price-per-gpu-hour",
                      "--tokens or --steps")
+
+
+def test_a_folder_as_the_scenario_says_so(capsys, tmp_path):
+    assert_only_line(run_cli(capsys, "simulate", tmp_path), str(tmp_path), "is a directory")
+
+
+def test_merge_profiles_refuses_the_same_file_twice(capsys, tmp_path):
+    profile = tmp_path / "p.json"
+    profile.write_text("{}")
+    assert_only_line(run_cli(capsys, "merge-profiles", profile, profile, "--out", tmp_path / "out.json"),
+                     "same file", "counts once")
+    assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("kind, flag", [("gpipe", "--no-stash"), ("1f1b", "--weight-prediction=forward")])
+def test_schedule_flags_of_other_kinds_are_refused(capsys, kind, flag):
+    assert_only_line(run_cli(capsys, "schedule", kind, "--stages", 2, "--microbatches", 2, flag),
+                     flag.split("=")[0], kind)
