@@ -36,6 +36,8 @@ def test_scenario_loads_and_simulates(path):
     assert math.isfinite(step) and step > 0
     assert result.summary["num_gpus"] == scenario.num_gpus
     assert result.summary["throughput_samples_per_s"] > 0
+    if scenario.cluster.gpu.name != "cpu":  # an example a user copies should run where it says
+        assert result.summary["fits_in_memory"], f"{path.name}: {result.summary['memory']['peak_memory_bytes']:.3g} bytes"
 
 
 @pytest.mark.parametrize("path", SCENARIO_FILES, ids=[path.name for path in SCENARIO_FILES])
