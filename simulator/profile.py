@@ -168,7 +168,7 @@ class Profile(_Frozen):
 
     format: Literal["ghpsim-profile/2"]
     device: Device
-    backend: str
+    backend: Literal["gloo", "nccl"]
     world_size: int = Field(ge=1)
     model: ProfiledModel
     layers: tuple[LayerProfile, ...] = Field(min_length=1)
@@ -289,7 +289,9 @@ def load_profile(path: str | Path) -> Profile | KernelProfile:
     field for a missing, unreadable, malformed, old or foreign file."""
     path = Path(path)
     if not path.is_file():
-        raise ScenarioError(f"{path}: calibration profile not found")
+        problem = ("is a directory, not a calibration profile" if path.is_dir() else
+                   "is not a regular file" if path.exists() else "calibration profile not found")
+        raise ScenarioError(f"{path}: {problem}")
     try:
         document = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as error:
@@ -300,6 +302,12 @@ def load_profile(path: str | Path) -> Profile | KernelProfile:
     return profile_from_dict(document, str(path))
 
 
+def _format_version(name: str) -> int:
+    """The number of a "ghpsim-profile/N" name (-1 when it has none)."""
+    tail = name.rpartition("/")[2]
+    return int(tail) if tail.isdigit() and len(tail) < 6 else -1
+
+
 def profile_from_dict(document: Any, source: str = "<profile>") -> Profile | KernelProfile:
     """Validate a profile document already parsed from JSON (see `load_profile`)."""
     if not isinstance(document, dict):
@@ -307,8 +315,10 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile | Ker
     found = document.get("format")
     if found != FORMAT:
         if isinstance(found, str) and found.startswith("ghpsim-profile/"):
-            raise ScenarioError(f"{source}: format: {found!r} is an older profile format; this ghpsim reads "
-                                f"{FORMAT!r}: calibrate again with `ghpsim calibrate`")
+            age = "a newer" if _format_version(found) > _format_version(FORMAT) else "an older"
+            raise ScenarioError(f"{source}: format: {found[:40]!r} is {age} profile format; this ghpsim reads "
+                                f"{FORMAT!r}: calibrate again with `ghpsim calibrate`"
+                                + (" or update ghpsim" if age == "a newer" else ""))
         raise ScenarioError(f"{source}: format: expected {FORMAT!r}, got {str(found)[:60]!r} "
                             "(not a ghpsim calibration profile)")
     model = KernelProfile if document.get("kind") == "kernel" else Profile

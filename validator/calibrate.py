@@ -62,7 +62,7 @@ from collections.abc import Sequence
 import torch
 
 from simulator.errors import ScenarioError
-from simulator.output import write_json_atomic
+from simulator.output import check_output_file, write_json_atomic
 from simulator.profile import FORMAT, WEIGHT_PASS_NAMES, KernelProfile, Profile, profile_document, profile_from_dict
 from simulator.workload import Workload
 from validator.calibration_phases import CalibrationSettings, device_name, rank_main
@@ -77,6 +77,9 @@ from validator.sweep_ratio import DEFAULT_PASSES, DEFAULT_TRIALS, in_sweep
 
 DEFAULT_BATCH_SIZES = (4, 16, 64)
 """Batch sizes each layer is timed at (per rank): spans the micro-batches of small validated runs."""
+MAX_CALIBRATION_BATCH = 4096
+"""The largest batch a calibration times per rank: beyond the micro-batches any validated run uses,
+and a bound on the activations it allocates (a typo such as 99999999 asked for 200 GB)."""
 DEFAULT_REPEATS = 7
 DEFAULT_WARMUP = 2
 DEFAULT_COMM_SIZES = tuple(4096 * 4 ** k for k in range(7))
@@ -104,6 +107,7 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
                                    tuple(sorted({float(d) for d in topk_densities})), layer_passes,
                                    sweep_trials, sweep_passes, message_bytes)
     _check(settings, world_size, backend)
+    check_output_file(out_path, "--out")  # before the ranks run, not after
     config = LaunchConfig(world_size=world_size, backend=backend, device=device, timeout_s=timeout_s,
                           collective_timeout_s=max(60.0, timeout_s / 2), num_threads=num_threads)
     started = time.perf_counter()
@@ -193,6 +197,9 @@ def _check(settings: CalibrationSettings, world_size: int, backend: str) -> None
             raise ScenarioError(f"{name}: {value} must be at least {least}")
     if len(set(settings.batch_sizes)) < 2 or min(settings.batch_sizes) < 1:
         raise ScenarioError(f"batch_sizes: need at least two distinct positive batch sizes, got {settings.batch_sizes}")
+    if max(settings.batch_sizes) > MAX_CALIBRATION_BATCH:
+        raise ScenarioError(f"batch_sizes: {max(settings.batch_sizes)} is larger than the {MAX_CALIBRATION_BATCH} "
+                            "samples a calibration times (the fits extrapolate beyond the largest)")
     if len(set(settings.comm_sizes)) < 2 or min(settings.comm_sizes) < 4:
         raise ScenarioError(f"comm_sizes: need at least two distinct sizes of >= 4 bytes, got {settings.comm_sizes}")
     problem = device_problem(settings.device, backend, world_size)

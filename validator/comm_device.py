@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -45,10 +47,24 @@ def default_backend(device: str) -> str:
     return "nccl" if device == "cuda" else "gloo"
 
 
+RANKS_PER_CPU = 4
+"""At most this many CPU ranks per core (the validation runs 4 ranks on 2 cores): beyond it a
+launch only starts processes that wait for a core."""
+
+
 def device_problem(device: str, backend: str, world_size: int) -> str | None:
-    """Why `world_size` ranks cannot run on `device` with `backend` here, or None: a CUDA run needs a
-    GPU, and nccl one GPU per rank (it refuses two ranks on one device)."""
+    """Why `world_size` ranks cannot run on `device` with `backend` here, or None: gloo or nccl
+    only; nccl on GPUs only; a CUDA run needs a GPU, and nccl one GPU per rank (it refuses two
+    ranks on one device); at most RANKS_PER_CPU ranks a core on the CPU."""
+    if backend not in ("gloo", "nccl"):
+        return f"backend {backend!r} is not one the validator runs (gloo, or nccl on GPUs)"
     if device != "cuda":
+        if backend == "nccl":
+            return "nccl runs on GPUs: use backend gloo on the CPU, or device cuda"
+        cores = os.cpu_count() or 1
+        if world_size > RANKS_PER_CPU * cores:
+            return (f"{world_size} ranks on {cores} CPU cores: at most {RANKS_PER_CPU * cores} "
+                    f"({RANKS_PER_CPU} a core) run here")
         return None
     gpus = torch.cuda.device_count()
     if gpus == 0:

@@ -87,7 +87,7 @@ def _resolve_factory(target: str) -> Callable[..., Any]:
     module_name, attribute = target.strip().split(":")
     try:
         module = _import(module_name)
-    except Exception as error:  # ImportError, or anything the module raises on import
+    except (Exception, SystemExit) as error:  # ImportError, anything the module raises, a sys.exit() on import
         raise ScenarioError(f"import target {target!r}: cannot import module {module_name!r}: "
                             f"{_one_line(error)}") from None
     factory: Any = module
@@ -203,7 +203,7 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
     try:
         with torch.device("meta"):
             model = factory(**(kwargs or {}))
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # the user's code: also a sys.exit() in it
         raise ScenarioError(f"import target {target!r}: the factory raised "
                             f"{_one_line(error)}") from None
     if not isinstance(model, nn.Module):
@@ -211,7 +211,7 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
                             f"{type(model).__name__}, not a torch.nn.Module")
     try:
         model = model.to("meta").eval()
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # the user's code: also a sys.exit() in it
         raise ScenarioError(f"import target {target!r}: cannot move the model to the meta "
                             f"device: {_one_line(error)}") from None
 
@@ -248,7 +248,7 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
     try:
         with torch.no_grad(), counter:
             model(sample)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # the user's code: also a sys.exit() in it
         raise ScenarioError(f"import target {target!r}: forward of one sample of input_shape "
                             f"{list(shape)} failed: {_one_line(error)}") from None
     finally:
