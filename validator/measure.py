@@ -60,8 +60,9 @@ class RunOptions:
     `validator.fsdp_runtime.measure_step_memory`); "peak_memory_bytes" and "persistent_bytes"."""
 
 
-def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> dict:
-    """Body of one rank (called by the launcher after the process group is up)."""
+def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions, on_step=None) -> dict:
+    """Body of one rank (called by the launcher after the process group is up); `on_step()` after
+    each step (progress, e.g. `validator.worker_watchdog.Watchdog.kick`)."""
     executor_class = PipelineExecutor if plan.strategy in PIPELINE_KINDS else RankExecutor
     check_pipeline_runtime(plan.strategy, options.pipeline_runtime)
     if options.pipeline_runtime == "torch":
@@ -88,6 +89,8 @@ def run_rank(rank: int, plan: Plan, workload: Workload, options: RunOptions) -> 
             step_spans.append(spans)
             # {span index: the rank's thread CPU seconds in that compute span} (runtimes that time it)
             step_span_cpu.append(dict(getattr(executor, "span_cpu_s", {})))
+        if on_step is not None:
+            on_step()
     # numpy, not tensors: torch would share tensors through file descriptors that vanish when
     # the rank's process exits before the launcher has read them
     state = {k: v.cpu().numpy() for k, v in executor.state().items()} if options.return_state else None
