@@ -209,8 +209,8 @@ def calibrate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                         help="default gloo on cpu, nccl on cuda (one GPU per rank); gloo on cuda lets "
                              "several ranks share one GPU (messages staged through the host)")
-    parser.add_argument("--world-size", type=int, default=2,
-                        help="ranks measured at once; `ghpsim validate` runs every plan at this world size")
+    parser.add_argument("--world-size", type=int, default=None,
+                        help="ranks measured at once (default 2); `ghpsim validate` runs every plan at this world size")
     parser.add_argument("--batch-sizes", default=None, help="comma list, default the validator's")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed samples (blocks of back-to-back iterations) per compute figure, which is "
@@ -245,8 +245,9 @@ def validate(parser: argparse.ArgumentParser) -> None:
                         "for real: Kendall tau and top-1 regret (validator/rank_check.py)")
     parser.add_argument("--gpus", type=int, default=None,
                         help="--rank: ranks (default and only value: the profile's world size)")
-    parser.add_argument("--top", type=int, default=3, help="--rank: best-ranked candidates run")
-    parser.add_argument("--others", type=int, default=2, help="--rank: further candidates, spread over the ranking")
+    parser.add_argument("--top", type=int, default=None, help="--rank: best-ranked candidates run (default 3)")
+    parser.add_argument("--others", type=int, default=None,
+                        help="--rank: further candidates, spread over the ranking (default 2)")
 
 
 def import_model(parser: argparse.ArgumentParser) -> None:

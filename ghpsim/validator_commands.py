@@ -36,9 +36,9 @@ def cmd_calibrate(args) -> int:
             raise ScenarioError(f"--{option}: only with --kernels")
     scenario = load_scenario(args.scenario, args.overrides)
     workload = resolve_workload(scenario.model, scenario.base_dir)
-    batch_sizes = _int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else DEFAULT_BATCH_SIZES
+    batch_sizes = _int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes is not None else DEFAULT_BATCH_SIZES
     profile = calibrate(workload, dict(scenario.model.params), args.out, device=args.device, backend=args.backend,
-                        world_size=args.world_size, batch_sizes=batch_sizes,
+                        world_size=2 if args.world_size is None else args.world_size, batch_sizes=batch_sizes,
                         repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
                         topk_densities=sorted({*DEFAULT_TOPK_DENSITIES, scenario.strategy.compression_density}),
                         layer_passes=args.layer_passes or DEFAULT_LAYER_PASSES, verbose=not args.json)
@@ -52,13 +52,15 @@ def _calibrate_kernels(args) -> int:
     from simulator.output import check_output_file
     from simulator.profile import profile_document
     from validator.calibrate import calibrate_kernels
-    for option in ("scenario", "backend", "batch_sizes", "layer_passes"):
+    for option in ("scenario", "backend", "batch_sizes", "layer_passes", "world_size"):
         if getattr(args, option) is not None:
             raise ScenarioError(f"--{option.replace('_', '-')}: not used with --kernels")
     if args.overrides:
         raise ScenarioError("--set: not used with --kernels")
     check_output_file(args.out, "--out")
-    dtypes = [part.strip() for part in args.dtypes.split(",") if part.strip()] if args.dtypes else None
+    dtypes = [part.strip() for part in args.dtypes.split(",") if part.strip()] if args.dtypes is not None else None
+    if dtypes == []:
+        raise ScenarioError(f"--dtypes {args.dtypes!r}: empty (a comma list of fp32, tf32, fp16, bf16)")
     profile = calibrate_kernels(args.out, args.device, gpu=args.gpu, dtypes=dtypes, quick=args.quick,
                                 repeats=args.repeats, verbose=not args.json)
     if args.json:
@@ -66,20 +68,30 @@ def _calibrate_kernels(args) -> int:
     return 0
 
 
+DEFAULT_STRATEGIES = "dp,mp,ghp"
+RANK_ONLY = ("gpus", "top", "others")
+"""`ghpsim validate` flags that only apply with --rank."""
+
+
 def cmd_validate(args) -> int:
+    """Predicted vs measured (or with --rank, the planner's order for real). Every flag and the
+    --out folder are checked before anything runs; the results are written once every case has run,
+    through a staging folder (`validator.report.staged_folder`), so a failure leaves --out as it was."""
+    check_validate_flags(args)
     if args.rank:
         from validator.rank_check import cmd_validate_rank
         return cmd_validate_rank(args)
     import pandas as pd
 
+    from simulator.output import check_output_file, check_output_folder
     from simulator.tables import make_console
     from validator.measure import RunOptions
-    from validator.report import (case_line, error_summary, summary_line, write_plot, write_rows_csv,
+    from validator.report import (case_line, error_summary, staged_folder, summary_line, write_plot, write_rows_csv,
                                   write_step_spans, write_traces)
     from validator.torch_pipelining import check_pipeline_runtime
     from validator.validate import memory_line, validate
 
-    specs = parse_strategy_specs(args.strategies or "dp,mp,ghp")
+    specs = parse_strategy_specs(DEFAULT_STRATEGIES if args.strategies is None else args.strategies)
     for kind, _groups in specs:
         check_pipeline_runtime(kind.partition(":")[0], args.pipeline_runtime)
     if args.repeats < 1:
@@ -87,25 +99,27 @@ def cmd_validate(args) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
     if scenario.strategy.kind == "megatron" and args.strategies is None:
         specs = [("megatron", None)]  # its own plan (validator.fsdp_runtime: tp = pp = 1)
-    out = Path(args.out)
-    stem = scenario.name
-    rows_by_label: dict[str, dict] = {}
-
-    def on_case(row, measured_spans, simulated):
-        rows_by_label[row["strategy"]] = row  # a later round replaces the strategy's row
-        write_rows_csv(list(rows_by_label.values()), out / f"{stem}.csv")
-        write_traces(row["strategy"], measured_spans, simulated.spans, out / "traces")
-
+    out, stem = Path(args.out), scenario.name
+    for name in (f"{stem}.csv", f"{stem}.png"):
+        check_output_file(out / name, "--out")
+    check_output_folder(out / "traces", "--out")
     options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer,
                          pipeline_runtime=args.pipeline_runtime, keep_step_spans=args.step_spans)
     say = None if args.json else (lambda message: print(message, file=sys.stderr))
-    validate(scenario, args.profile, specs, options, launch_timeout_s=args.timeout, on_case=on_case,
-             progress=say, repeats=args.repeats,
-             on_step_spans=lambda label, table: write_step_spans(label, table, out / "traces"))
-    rows = list(rows_by_label.values())
+    step_spans: dict[str, object] = {}  # label: every measured step of its launches so far
+    result = validate(scenario, args.profile, specs, options, launch_timeout_s=args.timeout, progress=say,
+                      repeats=args.repeats, on_step_spans=step_spans.__setitem__,
+                      skip_unfit_ghp=args.strategies is None)
+    rows = list({row["strategy"]: row for row in result["rows"]}.values())  # one row per label
     summary = error_summary(rows)
-    plot = write_plot(pd.DataFrame(rows), out / f"{stem}.png",
-                      f"{stem}: predicted vs measured, MAPE {summary['mape_pct']:.1f} %")
+    with staged_folder(out) as staging:
+        write_rows_csv(rows, staging / f"{stem}.csv")
+        for label, spans in result["measured_spans"].items():
+            write_traces(label, spans, result["simulated"][label].spans, staging / "traces")
+        for label, table in step_spans.items():
+            write_step_spans(label, table, staging / "traces")
+        write_plot(pd.DataFrame(rows), staging / f"{stem}.png",
+                   f"{stem}: predicted vs measured, MAPE {summary['mape_pct']:.1f} %")
     if args.json:
         print(json.dumps({"scenario": stem, **summary, "rows": rows}, indent=1))
         return 0
@@ -114,8 +128,37 @@ def cmd_validate(args) -> int:
         console.print(case_line(row))
         if memory_line(row):
             console.print(memory_line(row))
-    console.print(f"{summary_line(summary)}\n{out / (stem + '.csv')} | {plot}")
+    console.print(f"{summary_line(summary)}\n{out / (stem + '.csv')} | {out / (stem + '.png')}")
     return 0
+
+
+def check_validate_flags(args) -> None:
+    """One-line ScenarioError for a flag of the other mode (--gpus / --top / --others without --rank;
+    --strategies or --pipeline-runtime torch with it), an empty --strategies, or an --out that cannot
+    be a folder: before anything loads or runs."""
+    from simulator.output import check_output_folder
+    if args.rank:
+        if args.strategies is not None:
+            raise ScenarioError(f"--strategies {args.strategies!r}: not with --rank (the planner picks the "
+                                "candidates); leave --rank out to validate these strategies")
+        if getattr(args, "pipeline_runtime", "own") != "own":
+            raise ScenarioError(f"--pipeline-runtime {args.pipeline_runtime}: not with --rank (its candidates run "
+                                "on the validator's own runtime)")
+    else:
+        for name in RANK_ONLY:
+            if getattr(args, name, None) is not None:
+                raise ScenarioError(f"--{name} {getattr(args, name)}: only with --rank")
+        if args.strategies is not None and not args.strategies.replace(",", "").strip():
+            raise ScenarioError(f"--strategies {args.strategies!r}: empty (give a comma list such as "
+                                f"{DEFAULT_STRATEGIES}, or leave the flag out for that default)")
+    if str(args.out) == "":
+        raise ScenarioError("--out: needs a folder name (got '')")
+    out = Path(args.out)
+    if out.is_symlink() and not out.exists():
+        raise ScenarioError(f"--out {out}: a symbolic link to nothing")
+    check_output_folder(out, "--out")
+    from validator.report import check_writable_folder
+    check_writable_folder(out, "--out")
 
 
 def cmd_import_model(args) -> int:
@@ -133,8 +176,11 @@ def cmd_import_model(args) -> int:
 
 
 def _int_list(text: str, option: str) -> list[int]:
+    parts = text.split(",")
+    if any(not part.strip() for part in parts):
+        raise ScenarioError(f"{option}: {text!r} has an empty item (a comma list of integers, e.g. 4,16,64)")
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [int(part) for part in parts]
     except ValueError:
         raise ScenarioError(f"{option}: {text!r} is not a comma list of integers") from None
     if not values or min(values) < 1:

@@ -75,3 +75,23 @@ def test_import_model_turns_a_sys_exit_in_user_code_into_an_error(capsys, tmp_pa
     assert "the factory raised SystemExit: 3" in err.strip().splitlines()[-1]  # after the note on running user code
     assert not (tmp_path / "x.yaml").exists()
     sys.modules.pop("exits_on_build", None)
+
+
+SCENARIO = "scenarios/validation/mlp_cpu.yaml"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("calibrate", "--scenario", SCENARIO, "--batch-sizes", ""), "--batch-sizes: '' has an empty item"),
+    (("calibrate", "--scenario", SCENARIO, "--batch-sizes", "4,,16"), "--batch-sizes: '4,,16' has an empty item"),
+    (("calibrate", "--kernels", "--world-size", "4"), "--world-size: not used with --kernels"),
+    (("calibrate", "--kernels", "--dtypes", ","), "--dtypes ',': empty"),
+    (("import-model", "tests.byo_models:tiny_mlp", "--input-shape", "3,,4"), "--input-shape: '3,,4' has an empty item"),
+    (("validate", SCENARIO, "--profile", "reports/profiles/mlp_cpu_ws2.json", "--top", "3"),
+     "--top 3: only with --rank"),
+])
+def test_empty_or_stray_flags_are_refused(capsys, tmp_path, argv, words):
+    started = time.perf_counter()
+    code, _out, err = run_cli(capsys, *argv, "--out", tmp_path / "out")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert words in err, err
+    assert time.perf_counter() - started < 10 and not (tmp_path / "out").exists()

@@ -43,6 +43,8 @@ class LaunchConfig:
     num_threads: int = 1
     heartbeat_timeout_s: float = 30.0
     """A rank silent this long (its process stopped answering) ends the run."""
+    timeout_option: str | None = None
+    """The flag that set `timeout_s` (e.g. "--timeout"), named in the deadline's message."""
 
 
 LAUNCHER_POLL_S = 1.0
@@ -142,7 +144,7 @@ def spawn(function, args: tuple, config: LaunchConfig) -> list:
             try:
                 rank, status, value = results.get(timeout=0.2)
             except queue.Empty:
-                _check_alive(processes, values, deadline)
+                _check_alive(processes, values, deadline, config)
                 _check_heartbeats(processes, values, beats, config.heartbeat_timeout_s)
                 continue
             if status == "error":
@@ -164,13 +166,20 @@ def _death(rank: int, exitcode: int) -> str:
     return f"rank {rank} died with exit code {exitcode}"
 
 
-def _check_alive(processes, values, deadline) -> None:
+def _check_alive(processes, values, deadline, config: LaunchConfig) -> None:
     for rank, process in enumerate(processes):
         if rank not in values and not process.is_alive() and process.exitcode not in (0, None):
             raise RankFailure(_death(rank, process.exitcode))
     if time.monotonic() > deadline:
         missing = [rank for rank in range(len(processes)) if rank not in values]
-        raise RankFailure(f"ranks {missing} did not finish before the deadline (hung or too slow)")
+        raise RankFailure(deadline_message(missing, config.timeout_s, config.timeout_option))
+
+
+def deadline_message(missing: list[int], timeout_s: float, option: str | None = None) -> str:
+    """One line naming the ranks still running at the deadline and the deadline itself (with the
+    flag that set it): `ranks [0, 1] did not finish before the deadline (--timeout 60 s; hung or too slow)`."""
+    limit = f"{option} {timeout_s:g} s" if option else f"{timeout_s:g} s"
+    return f"ranks {missing} did not finish before the deadline ({limit}; hung or too slow)"
 
 
 def _check_heartbeats(processes, values, beats, timeout_s: float) -> None:

@@ -25,6 +25,8 @@ from validator.measure import RunOptions
 
 MIN_GAP_PCT = 2.0
 """Candidates predicted within this % of a faster one are not run (their order is noise)."""
+DEFAULT_TOP, DEFAULT_OTHERS = 3, 2
+"""--top and --others where not given."""
 
 
 def checked_kinds() -> tuple[str, ...]:
@@ -133,27 +135,34 @@ def rank_check(scenario: Scenario, profile_path: str, num_gpus: int | None = Non
 
 
 def cmd_validate_rank(args) -> int:
-    """The `--rank` branch of `ghpsim validate`."""
+    """The `--rank` branch of `ghpsim validate` (its flags and --out checked before: `ghpsim.validator_commands`).
+    The CSV is written once every candidate has run (`validator.report.staged_folder`): a failed
+    run leaves --out as it was."""
     import json
 
+    from simulator.output import check_output_file
     from simulator.scenario import load_scenario
-    from validator.report import write_rows_csv
+    from validator.report import staged_folder, write_rows_csv
 
     if args.repeats != 1:
         raise ScenarioError(f"--repeats: {args.repeats}: --rank runs each candidate once (its steps' median)")
     if getattr(args, "step_spans", False):
         raise ScenarioError("--step-spans: not with --rank (it writes no traces); validate the strategies by name")
-    for option, value in (("--top", args.top), ("--others", args.others), ("--gpus", args.gpus)):
+    top = DEFAULT_TOP if args.top is None else args.top
+    others = DEFAULT_OTHERS if args.others is None else args.others
+    for option, value in (("--top", top), ("--others", others), ("--gpus", args.gpus)):
         if value is not None and value < (1 if option != "--others" else 0):
-            raise ScenarioError(f"{option}: {value} is out of range")
+            raise ScenarioError(f"{option}: {value} is out of range (at least {1 if option != '--others' else 0})")
     from validator.validate import check_run_options
     check_run_options(args.steps, args.warmup, args.timeout)
     scenario = load_scenario(args.scenario, args.overrides)
     csv_path = Path(args.out) / f"{scenario.name}_rank.csv"
+    check_output_file(csv_path, "--out")
     options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer)
-    report = rank_check(scenario, args.profile, args.gpus, args.top, args.others, options,
-                        launch_timeout_s=args.timeout, on_case=lambda rows: write_rows_csv(rows, csv_path),
+    report = rank_check(scenario, args.profile, args.gpus, top, others, options, launch_timeout_s=args.timeout,
                         progress=None if args.json else lambda message: print(message, file=sys.stderr))
+    with staged_folder(args.out) as staging:
+        write_rows_csv(report["rows"], staging / csv_path.name)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0

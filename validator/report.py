@@ -1,17 +1,23 @@
 """Validation outputs: the predicted-vs-measured table (CSV), its summary figures, its plot (PNG)
 and the traces.
 
-Written atomically, and after every finished case, so an interrupted validation keeps what it
-measured.
+Each file is written atomically. `ghpsim validate` writes them once every case has run, into a
+staging folder beside --out whose files then move into --out (`staged_folder`): a failed or
+interrupted validation leaves --out as it was.
 """
 
 from __future__ import annotations
 
 import io
+import os
+import secrets
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 
+from simulator.errors import ScenarioError
 from simulator.output import write_json_atomic, write_text_atomic
 from simulator.records import span_table
 from simulator.trace import trace_events
@@ -103,3 +109,94 @@ def write_step_spans(label: str, table: pd.DataFrame, folder: Path) -> Path:
     """Every measured step's spans of one plan (`validator.validate.step_span_table`) beside its
     traces, as `<stem>.steps.csv`."""
     return write_text_atomic(folder / f"{trace_stem(label)}.steps.csv", table.to_csv(index=False))
+
+
+@contextmanager
+def staged_folder(out: str | Path):
+    """Yield an empty staging folder beside `out` (on its file system; inside an existing `out`
+    whose parent is not writable) to write a command's results into. When the block ends without an
+    error, its files move into `out`: a missing `out` is the staging folder renamed; an existing one
+    gets the new files, replacing those of the same name and keeping the others. On an error in the
+    block or in the move, the staging folder is removed and `out` is left as it was (the files it had
+    restored, those added removed, and so are the folders made for it)."""
+    given, out = out, Path(os.path.abspath(out))
+    name = f".{out.name or 'out'}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    anchor = next((folder for folder in out.parents if folder.is_dir()), out)  # nearest existing folder
+    try:
+        try:
+            staging = anchor / name
+            staging.mkdir()
+        except PermissionError:
+            if not out.is_dir():
+                raise
+            staging = out / name
+            staging.mkdir()
+    except OSError as error:  # name the user's folder, not the staging one
+        raise OSError(error.errno, error.strerror, str(given)) from None
+    try:
+        yield staging
+        _publish(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_writable_folder(out: str | Path, option: str) -> None:
+    """ScenarioError naming `option` unless `staged_folder(out)` can write: an existing `out`, or
+    else its nearest existing folder, is writable."""
+    path = Path(os.path.abspath(out))
+    folder = path if path.is_dir() else next((parent for parent in path.parents if parent.is_dir()), path)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ScenarioError(f"{option} {out}: {folder} is not writable")
+
+
+def _publish(staging: Path, out: Path) -> None:
+    if out.exists():
+        _merge(staging, out)
+        return
+    made = [folder for folder in out.parents if not folder.exists()]  # deepest first
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(staging, out)
+    except BaseException:
+        for folder in made:
+            _rmdir(folder)
+        raise
+
+
+def _merge(staging: Path, out: Path) -> None:
+    """Move staging's files into the existing folder `out`; where a move fails, the moves so far are
+    undone (the files replaced put back, the folders made removed) and the error raised."""
+    backup = staging / f".replaced.{secrets.token_hex(4)}"
+    files = sorted(path for path in staging.rglob("*") if path.is_file() or path.is_symlink())
+    done: list[list] = []  # per file: [target, its old file's backup or None, moved?, folders made for it]
+    try:
+        for path in files:
+            relative = path.relative_to(staging)
+            target = out / relative
+            entry = [target, None, False, [folder for folder in target.parents
+                                           if out in folder.parents and not folder.exists()]]
+            done.append(entry)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_file() or target.is_symlink():
+                entry[1] = backup / relative
+                entry[1].parent.mkdir(parents=True, exist_ok=True)
+                os.replace(target, entry[1])
+            os.replace(path, target)
+            entry[2] = True
+    except BaseException:
+        for target, saved, moved, made in reversed(done):
+            if moved:
+                target.unlink(missing_ok=True)
+            if saved is not None:
+                os.replace(saved, target)
+            for folder in made:
+                _rmdir(folder)
+        raise
+
+
+def _rmdir(folder: Path) -> None:
+    """Remove `folder` if it is empty."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from simulator.compare import with_strategy
+from simulator.compare import _feasible_groups, with_strategy
 from simulator.grid_symmetry import every_rank
 from simulator.spans import SPAN_FIELDS
 from simulator.errors import ScenarioError
@@ -49,7 +49,7 @@ class _Case:
 
 def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int | None]],
              options: RunOptions = RunOptions(), launch_timeout_s: float = 300.0, progress=None,
-             on_case=None, repeats: int = 1, on_step_spans=None) -> dict:
+             on_case=None, repeats: int = 1, on_step_spans=None, skip_unfit_ghp: bool = False) -> dict:
     """Returns {"rows": [...], "measured_spans": {label: spans}, "simulated": {label: SimulationResult}}.
 
     Each strategy is launched `repeats` times, in rounds (every strategy once per round, in turn),
@@ -57,19 +57,24 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     figure is the median over the steps of all its launches. The ranks train with
     `options.optimizer`, which must be the profile's. `on_case(row, spans, predicted)` is called
     for every strategy after every round with its row so far (same `strategy` label: the caller
-    replaces the earlier one), so an interrupted validation keeps what it measured. With
+    replaces the earlier one), so a caller can keep what an interrupted validation measured (the
+    benchmarks do; `ghpsim validate` writes its results only once every case has run). With
     `options.keep_step_spans`, `on_step_spans(label, table)` is called after every launch with
-    every measured step of the strategy's launches so far (`step_span_table`)."""
+    every measured step of the strategy's launches so far (`step_span_table`). A `ghp` without G
+    is resolved as `ghpsim compare` does (`prepare_cases`)."""
     if repeats < 1:
         raise ScenarioError(f"repeats: {repeats} must be at least 1")
     check_run_options(options.steps, options.warmup, launch_timeout_s)
     workload = resolve_workload(scenario.model, scenario.base_dir)
     costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
     profile = costs.profile
-    scenario = at_profile_world_size(scenario, profile, progress)
+    notes: list[str] = []  # said once every case is prepared: a refused input is its error line alone
+    scenario = at_profile_world_size(scenario, profile, notes.append)
     options = replace(options, device=profile.device.kind)  # run where the profile was measured
-    cases = [prepare_case(scenario, workload, costs, kind, groups, options) for kind, groups in specs]
+    cases = prepare_cases(scenario, workload, costs, specs, options, notes.append, skip_unfit_ghp)
     _check_devices(options.device, profile.backend, profile.world_size, profile_path)
+    for note in notes if progress else ():
+        progress(note)
     rows: list[dict | None] = [None] * len(cases)
     measured_spans: dict[str, list] = {}
     for round_index in range(repeats):
@@ -78,7 +83,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
                 suffix = f" (round {round_index + 1} of {repeats})" if repeats > 1 else ""
                 progress(f"running {case.label} on {case.plan.num_ranks} ranks{suffix}")
             config = LaunchConfig(world_size=case.plan.num_ranks, backend=profile.backend, device=options.device,
-                                  timeout_s=launch_timeout_s)
+                                  timeout_s=launch_timeout_s, timeout_option="--timeout")
             case.launches.append(spawn(run_rank, (case.plan, workload, case.run_options), config))
             rows[position], measured_spans[case.label] = _row(case)
             if options.keep_step_spans and on_step_spans is not None:
@@ -152,14 +157,41 @@ def _check_devices(device: str, backend: str, num_ranks: int, profile_path) -> N
 
 
 def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, int | None]],
-                options: RunOptions = RunOptions()) -> dict[str, float]:
+                options: RunOptions = RunOptions(), skip_unfit_ghp: bool = False) -> dict[str, float]:
     """Each strategy's predicted step time with `profile_path`, made as `validate` makes it, without
     running anything: {label: predicted_s}."""
     workload = resolve_workload(scenario.model, scenario.base_dir)
     costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
     scenario = at_profile_world_size(scenario, costs.profile)
-    cases = [prepare_case(scenario, workload, costs, kind, groups, options) for kind, groups in specs]
+    cases = prepare_cases(scenario, workload, costs, specs, options, skip_unfit_ghp=skip_unfit_ghp)
     return {case.label: case.predicted.step_time_s for case in cases}
+
+
+def prepare_cases(scenario: Scenario, workload, costs, specs: list[tuple[str, int | None]], options: RunOptions,
+                  progress=None, skip_unfit_ghp: bool = False) -> list[_Case]:
+    """Every spec's case (`prepare_case`); a `ghp` without G as `ghpsim compare` takes it
+    (`simulator.compare`): the scenario's G where its kind is ghp, else the G of the fastest
+    prediction among the feasible ones (1 < G < N, G divides the batch, N / G <= the layers). Where
+    no G is feasible: a one-line ScenarioError, or with `skip_unfit_ghp` (the default strategy
+    list) the spec is left out, saying so through `progress`."""
+    cases = []
+    for kind, groups in specs:
+        if kind != "ghp" or groups is not None:
+            cases.append(prepare_case(scenario, workload, costs, kind, groups, options))
+        elif scenario.strategy.kind == "ghp":
+            cases.append(prepare_case(scenario, workload, costs, kind, scenario.strategy.num_groups, options))
+        elif feasible := _feasible_groups(scenario, workload.num_layers):
+            candidates = [prepare_case(scenario, workload, costs, kind, g, options) for g in feasible]
+            cases.append(min(candidates, key=lambda case: case.predicted.step_time_s))
+        else:
+            ranks = scenario.num_gpus
+            reason = (f"no G with 1 < G < {ranks} fits {ranks} ranks (G must divide the batch "
+                      f"{scenario.training.global_batch_size} and {ranks} / G be at most {workload.num_layers} layers)")
+            if not skip_unfit_ghp:
+                raise ScenarioError(f"--strategies: ghp: {reason}")
+            if progress:
+                progress(f"ghp left out of the default strategies: {reason}")
+    return cases
 
 
 def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | None, options: RunOptions) -> _Case:
