@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from simulator.compare import parse_strategy_specs
+from simulator.compare import DEFAULT_STRATEGIES, parse_strategy_specs
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.output import write_text_atomic
@@ -68,7 +68,6 @@ def _calibrate_kernels(args) -> int:
     return 0
 
 
-DEFAULT_STRATEGIES = "dp,mp,ghp"
 RANK_ONLY = ("gpus", "top", "others")
 """`ghpsim validate` flags that only apply with --rank."""
 

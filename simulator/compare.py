@@ -33,6 +33,10 @@ def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) 
     return scenario_from_dict(raw, origin=scenario.source, base_dir=scenario.base_dir)
 
 
+DEFAULT_STRATEGIES = "dp,mp,ghp"
+"""The strategy list `compare`, `report` and `validate` use when --strategies is not given."""
+
+
 def parse_strategy_specs(text: str) -> list[tuple[str, int | None]]:
     specs = []
     for item in (part.strip() for part in text.split(",") if part.strip()):

@@ -1,4 +1,5 @@
-"""Launch ranks: a local spawn launcher (tests, one machine) and torchrun's env:// rendezvous.
+"""Launch ranks: a local spawn launcher (tests, one machine); torchrun's env:// rendezvous is
+`validator.torchrun_worker`'s (it reads its environment before torch is imported).
 
 Faults end the whole run within a bounded time: every rank initialises its process group with a
 timeout (rendezvous and collectives), and the spawn launcher's watchdog kills all ranks once the
@@ -217,11 +218,3 @@ def _stop(processes, at_once: bool = False) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=5)
-
-
-def torchrun_rank() -> tuple[int, int]:
-    """(rank, world size) from torchrun's environment (env:// rendezvous)."""
-    try:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except KeyError as missing:
-        raise RankFailure(f"not under torchrun: environment variable {missing} is not set") from None

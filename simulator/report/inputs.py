@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.compare import _feasible_groups, compare, parse_strategy_specs, with_strategy
+from simulator.compare import DEFAULT_STRATEGIES, _feasible_groups, compare, parse_strategy_specs, with_strategy
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.profile import load_profile
@@ -24,9 +24,6 @@ from simulator.scenario import Scenario, load_scenario
 from simulator.simulate import SimulationResult, naming_source, simulate
 from simulator.tables import strategy_label
 
-DEFAULT_STRATEGIES = "dp,mp,ghp"
-"""`--strategies` when not given; a megatron scenario then reports its own strategy instead
-(`--strategies` has no kind that carries a megatron layout)."""
 SWEEP_COLUMNS = ("step_time_s", "throughput_samples_per_s", "speedup", "num_gpus", "strategy", "status")
 VALIDATION_COLUMNS = ("strategy", "predicted_s", "measured_s", "error_pct")
 KINDS_HELP = ("a scenario (.yaml), a compare/simulate result (.json), a sweep table (.csv or its folder) "
