@@ -7,10 +7,10 @@ headline error, `validator.reproducibility.headline_error_column`) beside the me
 other runs' measurements as predictors of it, then the shares of runs and of pairs that meet the
 targets. Nothing is fitted; the CSVs are read as committed.
 
-Run (the CPU pipeline runs on the AMD EPYC host, `reports/diagnostics/confirmation_runs/`; the two
-before `s33_amd` ran on an Intel host):
+Run on the CSVs of two or more runs (the 13 CPU pipeline runs behind the README's figure were
+kept under `reports/diagnostics/confirmation_runs/`, which is in the repository's history only):
     python benchmarks/bench_measurement_floor.py \
-        reports/diagnostics/confirmation_runs/s3[3-9]*/validation_pipelines_cpu.csv [--json]
+        RUN_1/validation_pipelines_cpu.csv RUN_2/validation_pipelines_cpu.csv [...] [--json]
 """
 
 from __future__ import annotations

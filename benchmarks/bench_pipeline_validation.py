@@ -2,8 +2,9 @@
 
 For each model (MLP, narrow ResNet-20, small transformer) and pipeline depth p in (2, 4): calibrate
 a profile from microbenchmarks at world size p (optimizer momentum, which SpecTrain needs), then
-run gpipe, 1f1b, interleaved_1f1b (v = 2), pipedream (weight stashing) and spectrain with m
-micro-batches for real and in simulation, all kinds in the same rounds of launches (so that they
+run gpipe, 1f1b, interleaved_1f1b (v = 2; left out where the model has fewer than 2p layers),
+pipedream (weight stashing) and spectrain with m micro-batches (`--microbatches`, default 4) for
+real and in simulation, all kinds in the same rounds of launches (so that they
 meet the same spells of the machine's speed). Synchronous kinds: median step makespan; asynchronous
 kinds: the steady-state window (see validator/measure.py). The validated runs never enter the
 profile. Each case is launched 8 times (one launch's median scatters by 13-22 % on this host).

@@ -10,7 +10,7 @@ edge switch) and with k = 64 (32 NICs per edge switch).
 1T GPT (128 layers, hidden 25,600, 160 heads) on 3,072 GPUs, TP8 x PP64 x DP6, 512 micro-batches
 per replica, rail_optimized, folded (and its steady state extended, simulator/steady_extension.py):
 target <= 5 s.
-GPT-3 175B on 1,024 GPUs (scenarios/gpt3_175b_dgx_a100_3d.yaml) folded, and in full
+GPT-3 175B on 1,024 GPUs (scenarios/gpt3_175b_dgx_a100_3d.yaml) folded (target <= 1 s), and in full
 (strategy.symmetry=off, 1,024 ranks): target <= 20 s and <= 1 GB, and engine seconds per event <= 3x
 a bare SimPy loop of as many events (one process yielding N timeouts). Events are the engine's:
 SimPy events processed plus action completions (simulator/engine.py); the full run's step time must

@@ -7,8 +7,8 @@ measured kernel profile, and with the catalogue's datasheet parameters, against 
     python3 benchmarks/gpu_kernel_check.py --device cpu --quick --out /tmp/kernel_check   # seconds
 
 Writes into --out: kernel_profile.json (the profile; `--profile FILE` reuses one instead of
-calibrating), steps.csv (one row per model: measured and predicted step seconds, signed errors)
-and summary.json (device, torch, MAPE of each prediction, the profile's parameters).
+calibrating), steps.csv (one row per model and recipe: measured and predicted step seconds, signed
+errors) and summary.json (device, torch, MAPE of each prediction, the profile's parameters).
 
 Measured step: the validator's modules of the zoo model (`validator.models.build_modules`), the LM
 head's weight tied to the token embedding (one V x h matrix, as the zoo counts it and GPT-2 and

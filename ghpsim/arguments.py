@@ -138,7 +138,8 @@ def schedule(parser: argparse.ArgumentParser) -> None:
                         help="model chunks per rank (interleaved_1f1b; default 2 there, 1 otherwise)")
     parser.add_argument("--weight-prediction", choices=("staggered", "forward"), default=None,
                         help="spectrain: predict before backwards too (staggered, the default) or not (forward)")
-    parser.add_argument("--no-stash", action="store_true", help="pipedream without weight stashing")
+    parser.add_argument("--no-stash", action="store_true", help="pipedream without weight stashing (the order "
+                        "and the grid are the same; --json's per-stage stashed versions are 0)")
     parser.add_argument("--json", action="store_true", help="print ops, slots, grid and per-stage figures as JSON")
 
 
@@ -149,7 +150,7 @@ def search(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-simulate", action="store_true",
                         help="skip playing each strategy's plan in the engine")
     parser.add_argument("--show-configs", action="store_true",
-                        help="print PaSE's configuration of every layer for each p")
+                        help="print PaSE's configuration of every layer for each p (default: for the last p only)")
 
 
 def gallery(parser: argparse.ArgumentParser) -> None:
@@ -163,7 +164,7 @@ def gallery(parser: argparse.ArgumentParser) -> None:
 def partition(parser: argparse.ArgumentParser) -> None:
     scenario_args(parser)
     parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="workers to partition over (default the scenario's GPU count)")
+                        help="workers to partition over (default and most: the scenario's GPU count)")
     parser.add_argument("--profile", metavar="FILE", default=None,
                         help="calibration profile (`ghpsim calibrate`) for compute times instead of datasheet defaults")
 
@@ -214,7 +215,8 @@ def calibrate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", default=None, help="comma list, default the validator's")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed samples (blocks of back-to-back iterations) per compute figure, which is "
-                             f"their median (default {CALIBRATE_REPEATS}; validator/microbench.py)")
+                             f"their median (default {CALIBRATE_REPEATS}; with --kernels 5, or 3 with --quick; "
+                             "validator/microbench.py)")
     parser.add_argument("--layer-passes", type=int, default=None,
                         help="sweeps over the layers, spread over the calibration; each figure is the "
                              f"median over them (default {CALIBRATE_LAYER_PASSES}; validator/layer_passes.py)")
