@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 
 import pytest
 
@@ -100,12 +99,9 @@ def test_quick_calibration_of_a_tiny_mlp_at_world_size_2_is_a_profile_the_simula
     workload = tiny_mlp()
     params = dict(input_dim=64, hidden_dim=64, num_hidden_layers=2, num_classes=10)
     out = tmp_path / "profile.json"
-    started = time.perf_counter()
     returned = calibrate(workload, params, out, world_size=2, batch_sizes=(4, 32), repeats=3, warmup=1,
                          comm_sizes=(4096, 65536, 1 << 20), comm_repeats=3, models=MODELS, verbose=False,
                          layer_passes=2, optimizer="momentum")
-    elapsed = time.perf_counter() - started
-    assert elapsed < 60, f"quick calibration took {elapsed:.1f} s"
 
     profile = load_profile(out)
     assert profile == returned and json.loads(out.read_text())["format"] == "ghpsim-profile/2"

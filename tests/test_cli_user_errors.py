@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import time
 
 import pytest
 
@@ -30,12 +29,16 @@ def test_memory_plot_with_an_unsupported_format(capsys, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_rank_plot_with_an_unsupported_format(capsys, tmp_path):
+def test_rank_plot_with_an_unsupported_format(capsys, tmp_path, monkeypatch):
+    import simulator.layout_search
+
+    searched = []  # the layout search (the simulations) must not start: the flag is checked first
+    monkeypatch.setattr(simulator.layout_search, "search_layouts",
+                        lambda *args, **kwargs: searched.append(args) or pytest.fail("searched before the check"))
     out = tmp_path / "x" / "rank.txt"
-    started = time.perf_counter()
     result = run_cli(capsys, "rank", SMALL, "--workers", 1, "--plot", out)
     assert_only_line(result, "--plot", out, "'txt'")
-    assert time.perf_counter() - started < 5, "checked before simulating"
+    assert searched == [], "checked before simulating"
     assert not (tmp_path / "x").exists()
 
 
@@ -135,11 +138,12 @@ def test_rank_with_indivisible_microbatches_blames_microbatches(capsys):
 
 # ----------------------------------------------------------------------------- 5: schedule size
 
-def test_huge_schedule_is_refused_quickly(capsys):
-    started = time.perf_counter()
+def test_huge_schedule_is_refused_quickly(capsys, monkeypatch):
+    built = []  # refused by its size alone: the schedule is never built
+    monkeypatch.setattr(schedule_cli, "build_schedule", lambda *args: built.append(args))
     result = run_cli(capsys, "schedule", "gpipe", "--stages", 100000, "--microbatches", 1)
     assert_only_line(result, "--stages 100000", "--microbatches 1", "at most")
-    assert time.perf_counter() - started < 2
+    assert built == []
 
 
 def test_schedule_bound_leaves_room_for_real_pipelines():

@@ -2,7 +2,8 @@
 the sum of its collectives, so an operation that is sometimes slow counts at its expectation, not
 at its fast mode. (Point-to-point keeps the median; its busy-rank delays are the message chain's.)"""
 
-import time
+import statistics
+import types
 
 import pytest
 
@@ -19,18 +20,22 @@ def one_rank_group(tmp_path):
     dist.destroy_process_group()
 
 
-def test_a_sometimes_slow_operation_is_timed_at_its_mean_not_its_fast_mode(one_rank_group):
+def test_a_sometimes_slow_operation_is_timed_at_its_mean_not_its_fast_mode(one_rank_group, monkeypatch):
+    # a deterministic clock that the operation advances: every fourth sample takes 8 ms (a thread
+    # that misses a time slice), the others 1 ms; the machine's load cannot move the figure
+    now = [0.0]
+    monkeypatch.setattr(comm_bench, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     calls = []
 
     def operation(position):
         calls.append(position)
-        if len(calls) % 4 == 0:  # every fourth sample waits 8 ms, as a thread that misses a time slice
-            time.sleep(0.008)
+        now[0] += 0.008 if len(calls) % 4 == 0 else 0.001
 
     (figure_s,) = comm_bench._time_collective(operation, count=1, repeats=8, group=None, warmup=0)
     assert len(calls) == 8
-    assert figure_s >= 0.25 * 0.008  # the mean: two slow samples of eight; the median would be ~0
-    assert figure_s < 0.008
+    samples = [0.008 if (i + 1) % 4 == 0 else 0.001 for i in range(8)]
+    assert figure_s == pytest.approx(statistics.mean(samples), rel=1e-9)  # (6 x 1 + 2 x 8) / 8 = 2.75 ms
+    assert figure_s != pytest.approx(statistics.median(samples))  # the median would be the fast mode, 1 ms
 
 
 def test_the_statistics_skip_the_warmup_samples():

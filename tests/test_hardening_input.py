@@ -17,7 +17,7 @@ import yaml
 from ghpsim.cli import main
 from simulator.errors import MAX_MESSAGE_CHARS, ScenarioError, one_line
 from simulator.limits import MAX_FAT_TREE_K, MAX_GPUS, MAX_LAYERS
-from simulator.scenario import load_scenario
+from simulator.scenario import load_scenario, scenario_from_dict
 from simulator.yaml_loading import StrictLoader, load_yaml_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,8 +195,13 @@ def test_yaml_merge_keys_still_override():
 
 
 def test_existing_scenarios_still_load():
-    for path in sorted((ROOT / "scenarios").glob("*.yaml")):
-        load_scenario(path)
+    """The hardened loader (no duplicate keys, YAML 1.2 numbers, bounded aliases and sizes) reads
+    every committed scenario as PyYAML's plain safe loader does: the same validated scenario."""
+    paths = sorted((ROOT / "scenarios").glob("*.yaml"))
+    assert paths
+    for path in paths:
+        plain = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert load_scenario(path) == scenario_from_dict(plain, str(path), str(path.parent)), path.name
 
 
 # ----------------------------------------------------------------------------- 9. paths

@@ -110,14 +110,20 @@ def test_checker_rejects_backward_before_forward_missing_ops_and_wrong_ranks():
 
 
 def test_every_builder_passes_the_checker():
+    # check_schedule raises ScheduleError on a bad schedule and returns its unit-time run (F = B = 1
+    # slot): every schedule must run to the end in the closed-form makespan, (m + p - 1) x 2 slots
+    # for the flushed and asynchronous kinds, 2 v m + 2 (p - 1) chunk slots when interleaved
+    # (the bubble (p - 1) / (v m) of the ideal 2 v m).
     for kind in ("gpipe", "1f1b", "pipedream", "spectrain", "delayed_gradient"):
         for p in range(1, 6):
             for m in range(1, 9):
-                check_schedule(build_schedule(kind, p, m))
+                timeline = check_schedule(build_schedule(kind, p, m))
+                assert timeline.makespan == 2 * (m + p - 1), (kind, p, m)
     for p in range(2, 6):
         for v in range(1, 4):
             for m in (p, 2 * p, 3 * p):
-                check_schedule(build_schedule("interleaved_1f1b", p, m, v))
+                timeline = check_schedule(build_schedule("interleaved_1f1b", p, m, v))
+                assert timeline.makespan == 2 * v * m + 2 * (p - 1), (p, m, v)
 
 
 def test_which_schedules_interleave_forwards_and_backwards():

@@ -11,7 +11,9 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import types
 
 import pytest
 
@@ -183,9 +185,10 @@ def run_watchdog(tmp_path, timeout, sleep, between=""):
 
 
 def test_watchdog_ends_a_blocked_process_with_one_line(tmp_path):
+    # blocked for 30 s: only the watchdog ends it before run_python's 20 s limit (TimeoutExpired otherwise)
     code, out, err, elapsed = run_watchdog(tmp_path, 0.3, 30)
     assert_one_line_error((code, out, err), "ghpsim worker rank 1: error: --timeout 0.3 s passed")
-    assert out == "" and elapsed < 10
+    assert out == "" and elapsed >= 0.3  # not before its timeout
 
 
 def test_disarmed_watchdog_never_fires(tmp_path):
@@ -193,11 +196,54 @@ def test_disarmed_watchdog_never_fires(tmp_path):
     assert (code, out, err) == (0, "still running\n", "")
 
 
-def test_progress_keeps_a_long_run_alive(tmp_path):
+def watch_in_fake_time(monkeypatch, timeout_s: float, script: list[tuple[float, str]]):
+    """Run a Watchdog's watch loop on a fake clock: each wait lets its time pass at once, running the
+    scripted (time, "kick" | "disarm") calls that fall in it. -> (fired: [(time, stderr bytes, exit
+    code)], the clock at the end). Deterministic: no sleep, whatever the machine's load."""
+    import validator.worker_watchdog as worker_watchdog
+
+    now, fired, pending = [0.0], [], sorted(script)
+
+    class FakeEvent:
+        def __init__(self):
+            self.flag = False
+
+        def set(self):
+            self.flag = True
+
+        def is_set(self):
+            return self.flag
+
+        def wait(self, timeout):
+            end = now[0] + timeout
+            while pending and pending[0][0] <= end and not self.flag:
+                now[0], action = pending.pop(0)
+                getattr(watchdog, action)()
+            if not self.flag:
+                now[0] = end
+            return self.flag
+
+    written = []
+    monkeypatch.setattr(worker_watchdog, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(worker_watchdog, "threading", types.SimpleNamespace(
+        Event=FakeEvent, Lock=threading.Lock, Thread=threading.Thread))
+    monkeypatch.setattr(worker_watchdog, "os", types.SimpleNamespace(
+        write=lambda fd, data: written.append(data),
+        _exit=lambda code: fired.append((now[0], b"".join(written), code))))
+    watchdog = worker_watchdog.Watchdog(timeout_s, "ghpsim worker rank 1: error: --timeout passed")
+    watchdog._watch()  # the watch thread's loop, run here
+    return fired, now[0]
+
+
+def test_progress_keeps_a_long_run_alive(monkeypatch):
     """--timeout bounds a wait, not the run: kicked every 0.2 s, a 0.5 s watchdog lets 1.2 s pass."""
-    code, out, err, _ = run_watchdog(tmp_path, 0.5, 0.0, between="for _ in range(6):\n    time.sleep(0.2)\n"
-                                                                 "    watchdog.kick()\nwatchdog.disarm()")
-    assert (code, out, err) == (0, "still running\n", "")
+    fired, end = watch_in_fake_time(monkeypatch, 0.5, [(0.2 * i, "kick") for i in range(1, 7)] + [(1.2, "disarm")])
+    assert fired == [] and end == pytest.approx(1.2)
+    # without the kicks it fires at its timeout; once they stop, one timeout after the last
+    message = b"ghpsim worker rank 1: error: --timeout passed\n"
+    assert watch_in_fake_time(monkeypatch, 0.5, [])[0] == [(pytest.approx(0.5), message, 2)]
+    fired, _ = watch_in_fake_time(monkeypatch, 0.5, [(0.2 * i, "kick") for i in range(1, 4)])
+    assert fired == [(pytest.approx(0.6 + 0.5), message, 2)]
 
 
 FROZEN_RUN_SCRIPT = """
@@ -215,7 +261,7 @@ def test_worker_watchdog_ends_a_frozen_run(tmp_path):
                                          timeout=20)
     assert_one_line_error((code, out, err), "ghpsim worker rank 0: error: --timeout 3 s passed without a "
                                             "finished step (a peer may have stopped)")
-    assert elapsed < 14
+    assert elapsed >= 3  # the 60 s freeze ended by the watchdog (else run_python's 20 s limit), not before --timeout
     assert list(tmp_path.iterdir()) == []  # no output file, not even a temporary one
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import pytest
 
@@ -18,6 +17,30 @@ pytest.importorskip("torch")
 
 from validator.calibrate import MAX_CALIBRATION_BATCH, calibrate  # noqa: E402
 from validator.comm_device import RANKS_PER_CPU, device_problem  # noqa: E402
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Record (and refuse) every way a calibration, a validation or an import starts real work: the
+    ranks' launch, the kernel benchmarks, the validation runs and the user's factory."""
+    import validator.calibrate
+    import validator.import_model
+    import validator.kernel_bench
+    import validator.validate
+
+    started = []
+
+    def refuse(name):
+        def started_work(*args, **kwargs):
+            started.append(name)
+            raise AssertionError(f"{name} ran before the input was refused")
+        return started_work
+
+    for module, name in ((validator.calibrate, "spawn"), (validator.calibrate, "calibrate_kernels"),
+                         (validator.kernel_bench, "measure"), (validator.validate, "validate"),
+                         (validator.validate, "spawn"), (validator.import_model, "import_model")):
+        monkeypatch.setattr(module, name, refuse(f"{module.__name__}.{name}"))
+    return started
 
 
 @pytest.mark.parametrize("backend, device, ranks, words", [
@@ -35,20 +58,18 @@ def test_device_problems_are_named_before_a_launch(backend, device, ranks, words
     (dict(world_size=RANKS_PER_CPU * (os.cpu_count() or 1) + 1), "CPU cores"),
     (dict(batch_sizes=(2, MAX_CALIBRATION_BATCH + 1)), "batch_sizes"),
 ])
-def test_calibrate_refuses_before_any_rank_starts(tmp_path, settings, words):
-    started = time.perf_counter()
+def test_calibrate_refuses_before_any_rank_starts(tmp_path, nothing_runs, settings, words):
     with pytest.raises(ScenarioError, match=words):
         calibrate(workload(), {}, tmp_path / "p.json", verbose=False, **settings)
-    assert time.perf_counter() - started < 5 and not (tmp_path / "p.json").exists()
+    assert nothing_runs == [] and not (tmp_path / "p.json").exists()
 
 
-def test_calibrate_checks_its_out_path_first(tmp_path):
+def test_calibrate_checks_its_out_path_first(tmp_path, nothing_runs):
     blocker = tmp_path / "afile"
     blocker.write_text("x")
-    started = time.perf_counter()
     with pytest.raises(ScenarioError, match="--out .*not a directory"):
         calibrate(workload(), {}, blocker / "p.json", verbose=False)
-    assert time.perf_counter() - started < 5
+    assert nothing_runs == []
 
 
 def test_a_profile_of_another_backend_is_refused():
@@ -89,9 +110,8 @@ SCENARIO = "scenarios/validation/mlp_cpu.yaml"
     (("validate", SCENARIO, "--profile", "reports/profiles/mlp_cpu_ws2.json", "--top", "3"),
      "--top 3: only with --rank"),
 ])
-def test_empty_or_stray_flags_are_refused(capsys, tmp_path, argv, words):
-    started = time.perf_counter()
+def test_empty_or_stray_flags_are_refused(capsys, tmp_path, nothing_runs, argv, words):
     code, _out, err = run_cli(capsys, *argv, "--out", tmp_path / "out")
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert words in err, err
-    assert time.perf_counter() - started < 10 and not (tmp_path / "out").exists()
+    assert nothing_runs == [] and not (tmp_path / "out").exists()
