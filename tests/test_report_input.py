@@ -244,3 +244,9 @@ def test_failure_keeps_an_existing_out_folder_untouched(capsys, tmp_path, simula
     assert [path.name for path in out.iterdir()] == ["report.html"]
     assert (out / "report.html").read_text() == "previous report"
     shutil.rmtree(out)
+
+
+@pytest.mark.parametrize("option, value", [("--strategies", "dp"), ("--set", "cluster.num_nodes=2")])
+def test_scenario_options_on_a_results_table_are_refused(capsys, tmp_path, option, value):
+    assert_refused(capsys, tmp_path, ROOT / "reports" / "validation_cpu.csv", f"{option}: applies to a scenario INPUT only",
+                   "validation_cpu.csv", argv=(option, value))

@@ -59,7 +59,7 @@ def load_report_input(path: str | Path, overrides: list[str] | tuple[str, ...] =
     if not path.exists():
         raise ScenarioError(f"INPUT: {path}: file not found")
     suffix = path.suffix.lower()
-    for option, given in (("--set", overrides), ("--profile", profile)):
+    for option, given in (("--set", overrides), ("--profile", profile), ("--strategies", strategies)):
         if given and suffix not in (".yaml", ".yml"):
             raise ScenarioError(f"{option}: applies to a scenario INPUT only, not {path}")
     if suffix in (".yaml", ".yml"):
