@@ -3,8 +3,9 @@
 Parsing needs argparse alone (`ghpsim.arguments`). A command's module is imported only when that
 command runs, so `ghpsim --help` is instant and the validator's commands (torch) load only when
 called: `ghpsim demo` and `ghpsim simulate` run without torch. Bad input: one line on stderr, exit
-code 2, no traceback; that is decided here, in `main`, for every command. The line is made
-terminal-safe (`simulator.errors.one_line`: control characters escaped, at most 300 characters).
+code 2, no traceback; that is decided here, in `main`, for every command, running out of memory
+included (one line naming the command and its file). The line is made terminal-safe
+(`simulator.errors.one_line`: control characters escaped, at most 300 characters).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return load(COMMANDS[args.command][0])(args)
+    except MemoryError:
+        pass  # reported below, once this block has let go of the traceback (and the memory it holds)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
@@ -97,6 +100,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(one_line(f"ghpsim: error: {error}"), file=sys.stderr)
         return EXIT_USAGE
+    print(one_line(f"ghpsim: error: ran out of memory running {out_of_memory_task(args)}; "
+                   "try a smaller model, batch or cluster"), file=sys.stderr)
+    return EXIT_USAGE
+
+
+def out_of_memory_task(args: argparse.Namespace) -> str:
+    """What ran out of memory, for its one-line error: the command and the file it was given."""
+    subject = next((getattr(args, name) for name in ("scenario", "sweep", "input", "runs", "target")
+                    if isinstance(getattr(args, name, None), str)), None)
+    return f"`ghpsim {args.command}`" + (f" on {subject}" if subject else "")
 
 
 def one_line(text: str) -> str:

@@ -33,3 +33,29 @@ class ScenarioError(OneLineError, ValueError):
 
 class SimulationError(OneLineError, RuntimeError):
     """The engine could not finish a plan (a deadlock or an unmatched send/receive)."""
+
+
+def nearest_names(value: str, names, n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """Up to `n` of `names` closest to a mistyped `value` (case-insensitive), the closest first: names
+    that start with it (H100 -> H100-SXM, H100-PCIe), then names it starts with (ib-hdrr -> ib-hdr),
+    then names that contain it, then difflib's close matches (similarity at least `cutoff`); within
+    each, the most similar first, ties in the order of `names`. [] when none is close."""
+    import difflib
+    wanted = value.strip().lower()
+    if not wanted:
+        return []
+    lowered = {name: name.lower() for name in names}
+
+    def similarity(name: str) -> float:
+        return difflib.SequenceMatcher(None, wanted, lowered[name]).ratio()
+
+    def rank(name: str) -> int:
+        low = lowered[name]
+        if low.startswith(wanted):
+            return 0
+        if wanted.startswith(low):
+            return 1
+        return 2 if wanted in low else 3
+
+    candidates = [name for name in names if rank(name) < 3 or similarity(name) >= cutoff]
+    return sorted(candidates, key=lambda name: (rank(name), -similarity(name)))[:n]

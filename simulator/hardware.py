@@ -14,7 +14,6 @@ NCCL-style collective models. Those fields are optional: an inline spec without 
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from importlib import resources
 from typing import Annotated, Literal, TypeVar
@@ -22,6 +21,7 @@ from typing import Annotated, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from simulator.errors import nearest_names
 from simulator.units import parse_quantity
 
 
@@ -172,8 +172,7 @@ def _lookup(value: str, catalogue: Mapping[str, object], what: str):
     key = by_lower.get(value.strip().lower())
     if key is not None:
         return catalogue[key]
-    near = difflib.get_close_matches(value.strip().lower(), list(by_lower), n=3, cutoff=0.6)
-    names = [by_lower[n] for n in near] or list(catalogue)
+    names = nearest_names(value, catalogue) or list(catalogue)
     raise ValueError(f"unknown {what} preset {value!r}; nearest: {', '.join(names)}")
 
 

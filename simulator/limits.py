@@ -37,6 +37,13 @@ MIN_MAGNITUDE = 1e-30
 """Smallest non-zero number anywhere in the input (SI units)."""
 MIN_LINK_FACTOR = 1e-6
 """Smallest cluster.degraded_links bandwidth factor."""
+MAX_PARAMS = 2 * 10**14
+"""Parameters of one model (zoo, Hugging Face config or layer table): above the 174 trillion BaGuaLu
+can train (Ma et al., PPoPP 2022, the largest model reported; GPT-3 has 175 billion), so no real model
+is refused. A model's size is materialised in places (the optimizer step is one kernel a launch, one
+launch per ~21M parameters: `simulator.kernels.optimizer_kernels`): at this bound a data-parallel
+fp16 Adam step needs ~0.7 GB (tests/test_huge_sizes.py); a hidden size of 10^9 (~10^18 parameters)
+would need terabytes."""
 LAYER_COUNT_PARAMS = ("num_layers", "num_hidden_layers", "depth")
 """model.params keys that set a zoo model's number of layers (bounded by MAX_LAYERS before building)."""
 
@@ -106,6 +113,14 @@ def check_model_params(params: dict) -> None:
         value = params.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_LAYERS:
             raise ScenarioError(f"model.params.{key}: {value} is more than the {MAX_LAYERS} layers a model may have")
+
+
+def check_num_params(num_params: int, source: str) -> None:
+    """ScenarioError naming `source` (the field and value that set the size) when a built model has
+    more than MAX_PARAMS parameters: refused before anything is sized by its parameter count."""
+    if num_params > MAX_PARAMS:
+        raise ScenarioError(f"{source}: {num_params:.3g} parameters, more than the {MAX_PARAMS:.0e} a model may have "
+                            "(BaGuaLu, the largest reported, was built for 1.74e+14)")
 
 
 def check_num_layers(num_layers: int, source: str) -> None:

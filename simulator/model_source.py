@@ -11,7 +11,6 @@ At most `simulator.limits.MAX_LAYERS` layers.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import io
 import json
@@ -20,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 from pydantic import ValidationError
 
-from simulator.errors import ScenarioError
-from simulator.limits import check_model_params, check_num_layers, check_structure
+from simulator.errors import ScenarioError, nearest_names
+from simulator.limits import check_model_params, check_num_layers, check_num_params, check_structure
 from simulator.scenario import LayerRow, ModelConfig
 from simulator.workload import Layer, Workload
 from simulator.yaml_loading import read_text_file, read_yaml_file
@@ -34,7 +33,7 @@ def resolve_workload(model: ModelConfig, base_dir: str = ".") -> Workload:
     if model.name is not None:
         return _from_zoo(model.name, model.params)
     if model.layers is not None:
-        return workload_from_rows("inline", model.layers)
+        return workload_from_rows("inline", model.layers, source="model.layers")
     if model.hf_config is not None:
         return load_hf_config(Path(base_dir) / model.hf_config, model.params)
     return load_layer_table(Path(base_dir) / model.file)
@@ -43,7 +42,7 @@ def resolve_workload(model: ModelConfig, base_dir: str = ".") -> Workload:
 def _from_zoo(name: str, params: dict) -> Workload:
     key = name.lower()
     if key not in MODELS:
-        near = difflib.get_close_matches(key, MODELS, n=3, cutoff=0.5)
+        near = nearest_names(key, MODELS, cutoff=0.5)
         hint = f"nearest: {', '.join(near)}" if near else f"known: {', '.join(sorted(MODELS))}"
         raise ScenarioError(f"model.name: unknown model {name!r}; {hint}")
     _check_param_types(name, MODELS[key], params)
@@ -59,7 +58,16 @@ def _from_zoo(name: str, params: dict) -> Workload:
         counts = (layer.num_params, layer.input_elements_per_sample, layer.output_elements_per_sample)
         if min(counts) < 0 or layer.output_elements_per_sample == 0:
             raise ScenarioError(f"model.params: {params!r} gives layer {layer.name!r} non-positive sizes")
+    check_num_params(workload.num_params, _largest_size(("model.params.", params)) or f"model.name: {name!r}")
     return workload
+
+
+def _largest_size(*fields: tuple[str, dict]) -> str:
+    """"prefix+key=value" of the largest number among (prefix, values) pairs, the field that most
+    likely made a model too large; "" when there is no number."""
+    numbers = [(value, f"{prefix}{key}={value!r}") for prefix, values in fields for key, value in values.items()
+               if isinstance(value, (int, float)) and not isinstance(value, bool)]
+    return max(numbers)[1] if numbers else ""
 
 
 def _check_param_types(name: str, factory, params: dict) -> None:
@@ -123,7 +131,8 @@ def load_hf_config(path: Path, params: dict) -> Workload:
         if value is None:
             raise ScenarioError(f"{what}: missing key {key}")
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ScenarioError(f"{what}: {key}: expected a positive integer")
+            got = f", got {value!r}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+            raise ScenarioError(f"{what}: {key}: expected a positive integer{got}")
         return value
 
     for key in HF_UNSUPPORTED:
@@ -158,6 +167,9 @@ def load_hf_config(path: Path, params: dict) -> Workload:
     except ValueError as error:
         raise ScenarioError(f"{what}: {error}") from None
     check_num_layers(workload.num_layers, what)
+    sizes = {key: config[key] for key in (*HF_DIMENSIONS, "num_local_experts", "n_routed_experts",
+                                          "moe_intermediate_size") if key in config}
+    check_num_params(workload.num_params, _largest_size(("model.params.", params), (f"{what}: ", sizes)))
     return workload
 
 
@@ -216,7 +228,7 @@ def load_layer_table(path: Path) -> Workload:
     check_structure(rows, what)
     check_num_layers(len(rows), what)
     validated = tuple(_layer_row(row, index, what) for index, row in enumerate(rows))
-    return workload_from_rows(name, validated, input_spec)
+    return workload_from_rows(name, validated, input_spec, source=what)
 
 
 def _layer_row(row, index: int, what: str) -> LayerRow:
@@ -235,7 +247,9 @@ def _layer_row(row, index: int, what: str) -> LayerRow:
         raise ScenarioError(f"{what}: layers row {index}: {where}{first['msg']}{got}") from None
 
 
-def workload_from_rows(name: str, rows: tuple[LayerRow, ...], input_spec: dict | None = None) -> Workload:
+def workload_from_rows(name: str, rows: tuple[LayerRow, ...], input_spec: dict | None = None,
+                       source: str = "model.layers") -> Workload:
+    """The workload of validated layer rows; `source` (the table's field or file) names a fault."""
     if not rows:
         raise ScenarioError("model.layers: the layer table is empty")
     check_num_layers(len(rows), "model.layers")
@@ -251,4 +265,7 @@ def workload_from_rows(name: str, rows: tuple[LayerRow, ...], input_spec: dict |
             input_elements_per_sample=row.input_elements_per_sample,
             output_elements_per_sample=row.output_elements_per_sample,
             saved_elements_per_sample=row.input_elements_per_sample if saved is None else saved))
+    largest = max(range(len(layers)), key=lambda index: layers[index].num_params)
+    check_num_params(sum(layer.num_params for layer in layers),
+                     f"{source}: layers row {largest}: num_params={layers[largest].num_params}")
     return Workload(name, tuple(layers), input_spec or {})

@@ -25,7 +25,7 @@ def parse_gpus(text: str | None, default: int) -> list[int]:
 
 
 def run(args) -> int:
-    from simulator.pase.run import check_gpus, graph_for_scenario, search_point
+    from simulator.pase.run import check_gpus, dp_baseline, graph_for_scenario, search_point
     scenario = load_scenario(args.scenario, args.overrides)
     gpus = parse_gpus(args.gpus, scenario.num_gpus)
     points = []
@@ -39,7 +39,8 @@ def run(args) -> int:
                 points.append(search_point(scenario, graph, p, simulate=not args.no_simulate))
                 progress.advance(task)
     if args.json:
-        print(json.dumps({"scenario": scenario.name, "model": graph.name, "points": points}, indent=1))
+        print(json.dumps({"scenario": scenario.name, "model": graph.name, "dp_baseline": dp_baseline(scenario),
+                          "points": points}, indent=1))
         return 0
     _print(scenario, graph, points, args.show_configs, not args.no_simulate)
     return 0
@@ -66,6 +67,8 @@ def _print(scenario, graph, points, show_configs: bool, simulated: bool) -> None
     console.print(table)
     console.print("cost: PaSE's F in FLOP units (compute + r x bytes); PaSE cost (ms) = F / peak FLOP/s; "
                   "simulated: the strategy's plan played by the engine")
+    from simulator.pase.run import describe_dp_baseline, dp_baseline
+    console.print(describe_dp_baseline(dp_baseline(scenario)), highlight=False)
     for point in points if show_configs else points[-1:]:
         configs = point["results"][0]["configs"]
         shown = ", ".join(f"{name}: {label}" for name, label in configs.items())

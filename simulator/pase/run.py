@@ -8,6 +8,12 @@ to seconds is F / peak FLOP/s (compute at peak, communication at that bandwidth)
 is also compiled into a plan (`simulator.strategies.pase_plan`) and played by the engine on the
 p-device cluster with the scenario's analytic costs (roofline with per-kind efficiency,
 contention on links, latencies), giving the simulated step time.
+
+The dp row is PaSE's data-parallel configuration (every layer split by batch) compiled and played
+like the other two: each layer's weight gradient is allreduced on its own as its backward ends. It
+is not `ghpsim simulate`'s dp, which fuses gradients into DDP buckets of `strategy.bucket_size_bytes`
+(AlexNet on 64 GTX 1080 Ti: 76.12 ms here, 75.07 ms in 25 MiB buckets); `dp_baseline` says so, and
+what else of the scenario simulate's dp would use, in the command's output.
 """
 
 from __future__ import annotations
@@ -38,6 +44,43 @@ def graph_for_scenario(scenario: Scenario) -> Graph:
     if name in EXTRA_GRAPHS:
         return EXTRA_GRAPHS[name](batch, **scenario.model.params)
     return graph_from_workload(resolve_workload(scenario.model, scenario.base_dir), batch)
+
+
+DP_BASELINE = ("dp: PaSE's data-parallel configuration (every layer split by batch), played like pase and "
+               "expert: each layer's weight gradient allreduced on its own as its backward ends")
+
+
+def dp_baseline(scenario: Scenario) -> dict:
+    """What the dp row (the speedups' baseline) is, how `ghpsim simulate`'s dp on the same p GPUs
+    differs for this scenario, and the override that makes simulate play the same allreduces when
+    the DDP buckets are the only difference (None otherwise)."""
+    from simulator.kernel_catalogue import has_kernel_tables
+    strategy, training, cluster, costs = scenario.strategy, scenario.training, scenario.cluster, scenario.costs
+    bucket_mib = strategy.bucket_size_bytes / 2**20
+    fusion = (f"gradients fused into DDP buckets of strategy.bucket_size_bytes ({bucket_mib:g} MiB)"
+              if strategy.gradient_fusion == "buckets" else "Horovod fusion (strategy.gradient_fusion)")
+    differences = [fusion]
+    if costs.model == "kernel" or (costs.model == "auto" and has_kernel_tables(cluster.gpu)):
+        differences.append("the kernel cost model (here: the roofline)")
+    settings = {"training.recompute": (training.recompute, "none"),
+                "strategy.overlap_backward": (strategy.overlap_backward, True),
+                "strategy.collective": (strategy.collective, "auto"),
+                "strategy.dp_sync": (strategy.dp_sync, "allreduce"),
+                "strategy.gradient_compression": (strategy.gradient_compression, "none"),
+                "cluster.topology": (cluster.topology, "two_tier")}
+    differences += [f"{key} {value}" for key, (value, default) in settings.items() if value != default]
+    if cluster.degraded_links or cluster.stragglers or any(gpu != cluster.gpu for gpu in cluster.node_gpus.values()):
+        differences.append("the cluster's degraded links, stragglers or mixed GPUs")
+    same = "strategy.bucket_size_bytes=1" if differences == [fusion] and strategy.gradient_fusion == "buckets" else None
+    return {"description": DP_BASELINE, "simulate_dp_differs_by": differences, "simulate_dp_same_with": same}
+
+
+def describe_dp_baseline(baseline: dict) -> str:
+    """`dp_baseline` as one printed line."""
+    text = f"{baseline['description']}; `ghpsim simulate`'s dp differs: {', '.join(baseline['simulate_dp_differs_by'])}"
+    if baseline["simulate_dp_same_with"]:
+        text += f" (with --set {baseline['simulate_dp_same_with']}, a bucket per layer, it plays this row's allreduces)"
+    return text
 
 
 def check_gpus(scenario: Scenario, num_devices: int) -> None:
