@@ -157,8 +157,52 @@ class AnalyticCosts:
 
 
 def single_device_step_s(costs: CostModel, workload: Workload, batch: float) -> float:
-    """One device running the whole model on the whole batch: the baseline of "speedup"."""
+    """One device running the whole model on the whole batch, as the plain sum of every layer's
+    forward and backward `compute_s` and one update: the fallback baseline of "speedup" where the
+    single device cannot be simulated (`simulator.simulate.single_device_baseline` simulates it)."""
     total = 0.0
     for index in range(workload.num_layers):
         total += costs.compute_s(index, FORWARD, batch) + costs.compute_s(index, BACKWARD, batch)
     return total + costs.optimizer_s(workload.num_params)
+
+
+AUTO_FALLBACK_NOTE = ("auto: {gpu} ({family}) has no kernel figures, so no host time a kernel; "
+                      "--set costs.model=kernel uses Ampere's ratios (an assumption)")
+"""What `costs.model: auto` says when it fell back to the roofline (`simulator.simulate.analytic_costs`
+picks the kernel model only where `simulator.kernel_catalogue.has_kernel_tables`)."""
+
+
+def describe_compute_model(costs, model_setting: str, gpu: GpuSpec, given: bool) -> dict:
+    """The summary's "compute_model": {"model": "kernel" | "analytic" | "profile", "parameters": the
+    catalogue row used, "note": one line on why}. `model_setting`: the scenario's `costs.model`;
+    `given`: the caller passed `costs` (`--profile`, a fit) rather than the scenario choosing them.
+    Kernel parameters: `simulator.kernel_catalogue.ARCHITECTURES` (or a profile's); analytic: the
+    roofline's efficiencies (`DEFAULT_EFFICIENCY` with `costs.efficiency`) over the datasheet peaks."""
+    from dataclasses import asdict
+
+    from simulator.kernel_catalogue import ARCHITECTURES, has_kernel_tables
+    family = (gpu.architecture or "unknown family").lower()
+    if hasattr(costs, "parameters") and hasattr(costs, "architecture"):  # KernelCosts
+        row = {key: value for key, value in asdict(costs.parameters).items() if key != "measured"}
+        parameters = {"architecture": costs.architecture, **row,
+                      "measured_tables": costs.parameters.measured is not None,
+                      "source": ARCHITECTURES[costs.architecture].source}
+        if given:
+            note = "kernel model with a profile's parameters (--profile or a fit)"
+        elif costs.architecture == "generic":
+            note = f"costs.model kernel: {gpu.name} ({family}) has no kernel figures, Ampere's ratios used (an assumption)"
+        else:
+            note = f"costs.model {model_setting}: {costs.architecture} kernel figures"
+        return {"model": "kernel", "parameters": parameters, "note": note}
+    if isinstance(costs, AnalyticCosts):
+        parameters = {"efficiency": dict(costs.efficiency), "peak_flops_per_s": costs.gpu.peak_for(costs.dtype),
+                      "memory_bandwidth_bytes_per_s": costs.gpu.memory_bandwidth_bytes_per_s}
+        if model_setting == "auto" and not given and not has_kernel_tables(gpu):
+            note = AUTO_FALLBACK_NOTE.format(gpu=gpu.name, family=family)
+        else:
+            note = f"costs.model {model_setting}"
+        return {"model": "analytic", "parameters": parameters, "note": note}
+    profile = getattr(costs, "profile", None)
+    parameters = {"cost_model": type(costs).__name__, "source": getattr(profile, "source", None),
+                  "world_size": getattr(profile, "world_size", None)}
+    return {"model": "profile", "parameters": parameters, "note": "measured costs of a calibration profile (--profile)"}

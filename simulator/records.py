@@ -55,3 +55,19 @@ def device_breakdown(spans: list[tuple], num_ranks: int, step_time_s: float) -> 
             "comm_busy_s": union_length_s(rank_starts[~compute], rank_ends[~compute]),
         })
     return rows
+
+
+def stage_time_split(devices: list[dict], step_time_s: float) -> dict[int, dict[str, float]]:
+    """Per pipeline stage, the mean over its ranks (`devices` rows with "stage") of the shares of the
+    step: "bubble_fraction", idle with neither compute nor communication running (waiting for
+    work: the pipeline bubble, (p - 1) / (m + p - 1) of GPipe and 1F1B on uniform stages, Huang et
+    al., GPipe, NeurIPS 2019), and "exposed_comm_fraction", communicating while not computing
+    (`device_breakdown`'s idle_s and comm_s, the latter's rounding below 0 clipped). Their sum is the
+    share of the step the stage's compute is idle."""
+    shares: dict[int, list[tuple[float, float]]] = {}
+    for row in devices:
+        shares.setdefault(row["stage"], []).append(
+            (row["idle_s"] / step_time_s, max(row["comm_s"], 0.0) / step_time_s) if step_time_s > 0 else (0.0, 0.0))
+    return {stage: {"bubble_fraction": sum(idle for idle, _ in pairs) / len(pairs),
+                    "exposed_comm_fraction": sum(comm for _, comm in pairs) / len(pairs)}
+            for stage, pairs in shares.items()}

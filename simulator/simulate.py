@@ -11,16 +11,16 @@ from functools import cached_property
 
 import pandas as pd
 
-from simulator.costs import AnalyticCosts, CostModel, single_device_step_s
+from simulator.costs import AnalyticCosts, CostModel, describe_compute_model, single_device_step_s
 from simulator.engine import Engine
-from simulator.errors import ScenarioError
+from simulator.errors import ScenarioError, SimulationError
 from simulator.fabrics import build_topology
 from simulator.flops import flops_summary
 from simulator.kernel_report import kernel_passes
 from simulator.limits import check_simulation_size
 from simulator.model_source import resolve_workload
 from simulator.plan import Plan
-from simulator.records import device_breakdown, span_table
+from simulator.records import device_breakdown, span_table, stage_time_split
 from simulator.scenario import Scenario
 from simulator.steady_extension import Extension, extend, extended_plan, short_microbatches, shortened
 from simulator.strategies import compile_plan
@@ -103,14 +103,28 @@ def simulate(scenario: Scenario, costs: CostModel | None = None, workload: Workl
 def _simulate(scenario: Scenario, costs: CostModel | None, workload: Workload | None,
               topology: Topology | None) -> SimulationResult:
     started = time.perf_counter()
+    result, costs = _step(scenario, costs, workload, topology)
+    summary = result.summary
+    baseline_s, summary["single_device_baseline"] = single_device_baseline(scenario, result.workload, costs,
+                                                                           summary["step_time_s"])
+    summary["single_device_step_s"] = baseline_s
+    summary["speedup"] = baseline_s / summary["step_time_s"] if summary["step_time_s"] > 0 else float("inf")
+    summary["wall_s"] = time.perf_counter() - started
+    return result
+
+
+def _step(scenario: Scenario, costs: CostModel | None, workload: Workload | None,
+          topology: Topology | None) -> tuple[SimulationResult, CostModel]:
+    """(the step's result, its summary's speedup still to fill in; the cost model it was played with)."""
+    given = costs is not None
     with naming_source(scenario):
         workload = workload or resolve_workload(scenario.model, scenario.base_dir)
         costs = costs or analytic_costs(scenario, workload)
         topology = topology or build_topology(scenario.cluster)
     plan, result, played_spans, steady_note = _play(scenario, workload, topology, costs)
     step_time_s = max((span[5] for span in result.spans), default=0.0)
-    baseline_s = single_device_step_s(costs, workload, scenario.training.global_batch_size)
-    summary = _summary(scenario, workload, topology, plan, result, step_time_s, baseline_s, costs, played_spans)
+    summary = _summary(scenario, workload, topology, plan, result, step_time_s, costs, played_spans)
+    summary["compute_model"] = describe_compute_model(costs, scenario.costs.model, scenario.cluster.gpu, given)
     if steady_note:
         summary["steady_state"] = steady_note
     if plan.strategy == "megatron":  # ZeRO-1 memory; a symmetric run expanded to every device
@@ -121,9 +135,37 @@ def _simulate(scenario: Scenario, costs: CostModel | None, workload: Workload | 
         if "symmetry" in plan.meta:
             expand_summary(summary, plan.rank_to_device, plan.workers_per_group, topology)
         summary["symmetry"] = plan.meta["symmetry_decision"]
-    summary["wall_s"] = time.perf_counter() - started
     return SimulationResult(scenario, workload, plan, result.spans, summary,
-                            None if played_spans is result.spans else played_spans)
+                            None if played_spans is result.spans else played_spans), costs
+
+
+def single_device_scenario(scenario: Scenario) -> Scenario:
+    """The baseline of "speedup": `scenario` on one device of its cluster's GPU (kind dp on a 1 x 1
+    cluster, no stragglers nor other node GPUs) with the whole global batch, the same model,
+    training and cost settings and the kernel model's `gradient_accumulation_fusion`."""
+    from simulator.scenario import ClusterConfig, StrategyConfig
+    cluster, strategy = scenario.cluster, scenario.strategy
+    alone = ClusterConfig(num_nodes=1, gpus_per_node=1, gpu=cluster.gpu, intra_node_link=cluster.intra_node_link,
+                          inter_node_link=cluster.inter_node_link)
+    dp = StrategyConfig(kind="dp", gradient_accumulation_fusion=strategy.gradient_accumulation_fusion)
+    return scenario.model_copy(update={"cluster": alone, "strategy": dp})
+
+
+def single_device_baseline(scenario: Scenario, workload: Workload, costs: CostModel, step_time_s: float):
+    """(single-device step seconds, how it was obtained): a one-GPU cluster's own step (speedup
+    exactly 1); else `single_device_scenario` simulated as `simulate` does (`_step`) with the same
+    cost model, so the engine's host/device overlap, recompute and update count as in the step; where
+    that cannot be simulated, the plain sum of the passes (`simulator.costs.single_device_step_s`).
+    GPU memory is no reason to fall back: the baseline is a throughput figure."""
+    if scenario.num_gpus == 1:
+        return step_time_s, "this run (a one-GPU cluster)"
+    try:
+        seconds = _step(single_device_scenario(scenario), costs, workload, None)[0].summary["step_time_s"]
+    except (ScenarioError, SimulationError) as error:
+        batch = scenario.training.global_batch_size
+        return single_device_step_s(costs, workload, batch), (
+            f"sum of the layers' passes and one update, not simulated ({error})")
+    return seconds, f"simulated: kind dp on one {scenario.cluster.gpu.name}, whole batch"
 
 
 def _play(scenario: Scenario, workload: Workload, topology: Topology, costs: CostModel):
@@ -170,7 +212,7 @@ def engine_costs(plan: Plan, costs: CostModel) -> CostModel:
     return costs
 
 
-def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_time_s, baseline_s, costs=None,
+def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_time_s, costs=None,
              played_spans=None) -> dict:
     played_spans = result.spans if played_spans is None else played_spans
     spans, pipeline = result.spans, None
@@ -184,6 +226,12 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
         layers = plan.stages[stage]
         row.update(device=device, node=topology.node_of(device), group=group, stage=stage,
                    layers=[layers.layer_start, layers.layer_end])
+    if pipeline is not None:  # bubble: idle waiting for work; exposed communication apart; micro-batches in flight
+        from simulator.strategies.pipeline import label_in_flight
+        split = stage_time_split(devices, step_time_s)
+        for row in pipeline["stages"]:
+            row.update(split[row["stage"]])
+        label_in_flight(pipeline, plan.meta, plan.workers_per_group)
     from simulator.memory import memory_config
     from simulator.sparse import compression_summary
     if "rank_workload" in plan.meta:  # tensor parallelism: each TP rank's share; ranks alike walked once
@@ -208,8 +256,8 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
         "global_batch_size": batch,
         "step_time_s": step_time_s,
         "throughput_samples_per_s": batch / step_time_s if step_time_s > 0 else float("inf"),
-        "single_device_step_s": baseline_s,
-        "speedup": baseline_s / step_time_s if step_time_s > 0 else float("inf"),
+        "single_device_step_s": None,  # `single_device_baseline`, once the step time is final
+        "speedup": None,
         **flops_summary(scenario, workload, step_time_s),
         "bytes_per_tier": {tier: result.tier_bytes.get(tier, 0.0) for tier in ("intra", "inter")},
         "collective_algorithms": result.collective_algorithms,

@@ -92,6 +92,11 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
                   f"inter {summary['bytes_per_tier']['inter'] / 1e6:,.1f} MB")
     console.print(f"model FLOPs {summary['model_flops_per_step']:.3g} per step | "
                   f"{summary['achieved_tflops_per_gpu']:,.1f} TFLOP/s per GPU | MFU {summary['mfu']:.1%}")
+    if not summary["single_device_baseline"].startswith(("simulated", "this run")):
+        console.print(f"speedup baseline: {summary['single_device_baseline']}", highlight=False)
+    if "compute_model" in summary:
+        console.print(f"compute model: {summary['compute_model']['model']} ({summary['compute_model']['note']})",
+                      highlight=False)
     if "tensor" in summary:  # megatron (simulator/strategies/tensor.py)
         tensor = summary["tensor"]
         console.print(f"3D: tp {tensor['tp_degree']} x pp {tensor['pp_degree']} x dp {tensor['dp_degree']}"
@@ -131,10 +136,15 @@ def print_pipeline(pipeline: dict, console: Console) -> None:
     console.print(f"pipeline {pipeline['schedule']}: m={pipeline['num_microbatches']} micro-batches of "
                   f"{pipeline['microbatch_size']:g}, v={pipeline['num_virtual_stages']}; step time = "
                   f"{pipeline['step_time_definition']}")
-    table = Table(title="per stage")
-    for column in ("stage", "in flight", "stashed versions", "extra copies", "staleness", "bubble"):
+    stages = pipeline["stages"]
+    chunks = any(row["chunk_passes_in_flight"] != row["microbatches_in_flight"] for row in stages)
+    table = Table(title="per stage (bubble: idle waiting for work; exposed comm: communicating, not computing)")
+    for column in ("stage", "micro-batches in flight", *(("chunk passes in flight",) if chunks else ()),
+                   "stashed versions", "extra copies", "staleness", "bubble", "exposed comm"):
         table.add_column(column, justify="right")
-    for row in pipeline["stages"]:
-        table.add_row(str(row["stage"]), str(row["microbatches_in_flight"]), str(row["stashed_weight_versions"]),
-                      str(row["extra_weight_copies"]), str(row["weight_staleness"]), f"{row['bubble_fraction']:.1%}")
+    for row in stages:
+        table.add_row(str(row["stage"]), str(row["microbatches_in_flight"]),
+                      *((str(row["chunk_passes_in_flight"]),) if chunks else ()), str(row["stashed_weight_versions"]),
+                      str(row["extra_weight_copies"]), str(row["weight_staleness"]), f"{row['bubble_fraction']:.1%}",
+                      f"{row['exposed_comm_fraction']:.1%}")
     console.print(table)

@@ -46,7 +46,8 @@ def setting_frame(root: Path) -> pd.DataFrame:
                      "throughput_samples_per_s": summary["throughput_samples_per_s"],
                      "peak_memory_bytes": max(d["peak_memory_bytes"] for d in summary["devices"]),
                      "max_staleness": max((s["weight_staleness"] for s in stages), default=0),
-                     "max_bubble_fraction": max((s["bubble_fraction"] for s in stages), default=0.0)})
+                     "max_bubble_fraction": max((s["bubble_fraction"] + s.get("exposed_comm_fraction", 0.0)
+                                                 for s in stages), default=0.0)})  # compute idle
     frame = pd.DataFrame(rows)
     frame["vs_dp"] = frame["throughput_samples_per_s"] / float(frame.loc[frame["strategy"] == "dp",
                                                                          "throughput_samples_per_s"].iloc[0])

@@ -14,9 +14,10 @@ is simulated on n = K m micro-batches of the same size b (K whole steps back to 
 m completions well after the fill (2p micro-batches) and before the drain (the last p + 1).
 The device breakdown and the bubble fractions then cover that window.
 
-bubble_fraction of a stage: the share of the step in which its compute stream is idle (mean over
-the G replicas of the stage); with uniform stages and free links GPipe and 1F1B give
-(p - 1) / (m + p - 1).
+bubble_fraction of a stage: the share of the step in which it neither computes nor communicates
+(mean over the G replicas of the stage; `simulator.records.stage_time_split`), exposed_comm_fraction
+the share in which it only communicates; with uniform stages and free links GPipe and 1F1B give a
+bubble of (p - 1) / (m + p - 1).
 """
 
 from __future__ import annotations

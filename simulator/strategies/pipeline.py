@@ -124,9 +124,49 @@ def compile_pipeline_plan(config: PipelineConfig, workload: Workload, topology: 
             "num_virtual_stages": v, "asynchronous": schedule.asynchronous, "weight_stashing": stashing,
             "receives": "preposted",  # each rank's next receive posted one ahead, as pipeline runtimes do
             "interleaves_passes": schedule.interleaves_passes,
-            **stage_metrics(schedule, stashing)}
+            **stage_metrics(schedule, stashing), **in_flight_counts(schedule)}
     return Plan(config.kind, groups, num_stages, stages, rank_to_device, actions,
                 config.global_batch_size / groups, meta=meta)
+
+
+def in_flight_counts(schedule: Schedule) -> dict[str, list[int]]:
+    """Per stage (rank of `schedule`), at the worst point of its order: `microbatches_in_flight`, the
+    most distinct micro-batches some chunk of which has run its forward and not yet its backward,
+    and `chunk_passes_in_flight`, the most such (chunk, micro-batch) pairs (`stage_metrics`' count,
+    what activation memory follows). They differ only with v > 1 chunks a rank (interleaved 1F1B,
+    Narayanan et al. SC'21 sec. 2.2), where a micro-batch can be in flight in up to v chunks."""
+    counts: dict[str, list[int]] = {"microbatches_in_flight": [], "chunk_passes_in_flight": []}
+    for ops in schedule.ranks:
+        in_flight: set[tuple[int, int]] = set()
+        most_microbatches = most_passes = 0
+        for op in ops:
+            if op.phase == FORWARD:
+                in_flight.add((op.chunk, op.microbatch))
+            elif op.phase == BACKWARD:
+                in_flight.discard((op.chunk, op.microbatch))
+            most_passes = max(most_passes, len(in_flight))
+            most_microbatches = max(most_microbatches, len({microbatch for _chunk, microbatch in in_flight}))
+        counts["microbatches_in_flight"].append(most_microbatches)
+        counts["chunk_passes_in_flight"].append(most_passes)
+    return counts
+
+
+def label_in_flight(pipeline: dict, meta: dict, num_stages: int) -> None:
+    """Set each row of a pipeline summary's "stages" (`simulator.schedules.steady_state`) to the
+    `in_flight_counts` of the step's schedule: a pipeline plan's own (its meta), or, for a plan
+    whose meta counts chunk passes (megatron, `simulator.strategies.tensor`), rebuilt with the
+    step's micro-batch count when v > 1 (with v = 1 both counts are the meta's)."""
+    if "chunk_passes_in_flight" in meta:
+        counts = meta
+    elif meta["num_virtual_stages"] == 1:
+        counts = {key: meta["microbatches_in_flight"] for key in ("microbatches_in_flight", "chunk_passes_in_flight")}
+    else:
+        counts = in_flight_counts(checked_schedule(meta["schedule_kind"], num_stages, meta["num_microbatches"],
+                                                   meta["num_virtual_stages"]))
+    keys = ("microbatches_in_flight", "chunk_passes_in_flight")
+    pipeline["stages"] = [{"stage": row["stage"], **{key: counts[key][row["stage"]] for key in keys},
+                           **{key: value for key, value in row.items() if key not in keys}}
+                          for row in pipeline["stages"]]
 
 
 def _check(config: PipelineConfig, workload: Workload, topology: Topology) -> None:

@@ -1,0 +1,159 @@
+"""What `ghpsim simulate` prints means what it says: "speedup over one device" is against the same
+engine's single device (1.0x on a one-GPU cluster), a "bubble" is idle time waiting for work with
+exposed communication apart, "in flight" counts micro-batches (chunk passes apart), and the summary
+names the compute model and why `costs.model: auto` chose it."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from ghpsim.cli import main
+from simulator.costs import describe_compute_model, single_device_step_s
+from simulator.errors import ScenarioError
+from simulator.scenario import load_scenario
+from simulator.simulate import simulate, single_device_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ROOT / "scenarios" / "small_fast_dp_wins.yaml"
+LLAMA_70B = ROOT / "scenarios" / "llama3_70b_fsdp_h100.yaml"
+LLAMA_8B = ROOT / "scenarios" / "llama3_8b_dgx_h100.yaml"
+GPT2_3D = ROOT / "scenarios" / "gpt2_1.5b_dgx_a100_3d.yaml"
+VGG_PIPELINE = ROOT / "scenarios" / "pipeline_vgg16_1f1b_pcie.yaml"
+RESNET50 = ROOT / "scenarios" / "resnet50_dp_a100.yaml"
+ONE_GPU = ["cluster.num_nodes=1", "cluster.gpus_per_node=1", "cluster.nics_per_node=1"]
+
+
+def _summary(path, *overrides):
+    return simulate(load_scenario(path, list(overrides))).summary
+
+
+def _printed(capsys, path, *overrides) -> str:
+    assert main(["simulate", str(path), *[item for value in overrides for item in ("--set", value)]]) == 0
+    return capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- speedup baseline
+
+@pytest.mark.parametrize("path, overrides", [(SMALL, ONE_GPU[1:2]), (LLAMA_70B, ONE_GPU)],
+                         ids=["resnet20 dp", "llama3-70b fsdp"])
+def test_a_one_gpu_cluster_is_exactly_as_fast_as_one_device(path, overrides):
+    # before: 1.10x (the kernel model's host time per kernel summed, not overlapped) and 0.75x
+    summary = _summary(path, *overrides)
+    assert summary["single_device_step_s"] == summary["step_time_s"]
+    assert summary["speedup"] == 1.0
+
+
+@pytest.mark.parametrize("path", [SMALL, LLAMA_70B], ids=["resnet20 dp on 4", "llama3-70b fsdp on 64"])
+def test_the_baseline_is_the_engine_s_single_device_step_on_the_whole_batch(path):
+    scenario = load_scenario(path)
+    result = simulate(scenario)
+    alone = single_device_scenario(scenario)
+    assert (alone.num_gpus, alone.strategy.kind, alone.training) == (1, "dp", scenario.training)
+    expected_s = simulate(alone, workload=result.workload).step_time_s
+    assert result.summary["single_device_step_s"] == pytest.approx(expected_s, rel=1e-12)
+    assert result.summary["speedup"] == pytest.approx(expected_s / result.step_time_s, rel=1e-12)
+    assert result.summary["single_device_baseline"].startswith("simulated")
+    summed_s = single_device_step_s(_costs(scenario, result), result.workload, scenario.training.global_batch_size)
+    assert abs(summed_s - expected_s) > 1e-3 * expected_s  # the plain sum of passes (the old baseline) differs
+
+
+def _costs(scenario, result):
+    from simulator.simulate import analytic_costs
+    return analytic_costs(scenario, result.workload)
+
+
+def test_a_baseline_that_cannot_be_simulated_falls_back_to_the_sum_of_passes_and_says_so(monkeypatch, capsys):
+    def refuse(scenario):
+        raise ScenarioError("no single device here")
+    monkeypatch.setattr(importlib.import_module("simulator.simulate"), "single_device_scenario", refuse)
+    scenario = load_scenario(SMALL)
+    result = simulate(scenario)
+    summed_s = single_device_step_s(_costs(scenario, result), result.workload, scenario.training.global_batch_size)
+    assert result.summary["single_device_step_s"] == pytest.approx(summed_s, rel=1e-12)
+    assert "not simulated (no single device here)" in result.summary["single_device_baseline"]
+    assert "speedup baseline: sum of the layers' passes" in _printed(capsys, SMALL)
+
+
+# ----------------------------------------------------------------------------- bubble and in flight
+
+def test_tensor_parallel_communication_is_exposed_comm_not_a_bubble(capsys):
+    # one pipeline stage, TP 8: before, a 41.6 % "bubble" (1 - compute / step)
+    summary = _summary(LLAMA_8B)
+    stage, = summary["pipeline"]["stages"]
+    device = summary["devices"][0]
+    assert stage["bubble_fraction"] == pytest.approx(0.0, abs=1e-9)
+    assert stage["exposed_comm_fraction"] == pytest.approx(device["comm_s"] / summary["step_time_s"], rel=1e-9)
+    assert stage["exposed_comm_fraction"] > 0.3
+    out = _printed(capsys, LLAMA_8B)
+    assert "exposed comm" in out and "41.6%" in out and "bubble" in out
+
+
+def test_bubble_and_exposed_comm_add_up_to_the_stage_s_idle_compute():
+    summary = _summary(VGG_PIPELINE)
+    step_s = summary["step_time_s"]
+    for row in summary["pipeline"]["stages"]:
+        device = next(d for d in summary["devices"] if d["stage"] == row["stage"])
+        assert row["bubble_fraction"] == pytest.approx(device["idle_s"] / step_s, rel=1e-9)
+        assert row["bubble_fraction"] + row["exposed_comm_fraction"] == pytest.approx(
+            1 - device["compute_s"] / step_s, rel=1e-9)
+    assert any(row["exposed_comm_fraction"] > 0.005 for row in summary["pipeline"]["stages"])
+
+
+@pytest.mark.parametrize("path, overrides", [
+    (GPT2_3D, ["strategy.num_virtual_stages=2"]),
+    (VGG_PIPELINE, ["strategy.kind=interleaved_1f1b", "strategy.num_virtual_stages=2"])],
+    ids=["megatron", "pipeline"])
+def test_in_flight_counts_micro_batches_and_chunk_passes_apart(path, overrides, capsys):
+    # the 405B run (p 16, v 4, m 32) printed 79 micro-batches "in flight": chunk passes
+    summary = _summary(path, *overrides)
+    pipeline = summary["pipeline"]
+    m = pipeline["num_microbatches"]
+    microbatches = [row["microbatches_in_flight"] for row in pipeline["stages"]]
+    passes = [row["chunk_passes_in_flight"] for row in pipeline["stages"]]
+    assert all(count <= m for count in microbatches)
+    assert all(a <= b <= 2 * a for a, b in zip(microbatches, passes)) and passes[0] > microbatches[0]
+    if path == VGG_PIPELINE:  # p 4, m 8, v 2: `ghpsim schedule`'s grid holds 11, 9, 7, 5 chunk passes
+        assert (microbatches, passes) == ([8, 8, 7, 5], [11, 9, 7, 5])
+    assert "chunk passes in flight" in _printed(capsys, path, *overrides)
+
+
+def test_without_interleaving_micro_batches_and_chunk_passes_are_one_count():
+    summary = _summary(VGG_PIPELINE)
+    assert [(row["microbatches_in_flight"], row["chunk_passes_in_flight"]) for row in summary["pipeline"]["stages"]] \
+        == [(4, 4), (3, 3), (2, 2), (1, 1)]
+
+
+# ----------------------------------------------------------------------------- compute model
+
+def test_auto_names_the_roofline_fallback_for_a_gpu_without_kernel_figures(capsys):
+    b200 = _summary(RESNET50, "cluster.gpu=B200")
+    model = b200["compute_model"]
+    assert model["model"] == "analytic" and "efficiency" in model["parameters"]
+    assert "B200 (blackwell) has no kernel figures" in model["note"]
+    assert "--set costs.model=kernel uses Ampere's ratios (an assumption)" in model["note"]
+    out = _printed(capsys, RESNET50, "cluster.gpu=B200")
+    assert "compute model: analytic (auto: B200 (blackwell) has no kernel figures" in out
+    # auto's pick and the step time are unchanged: the roofline's own
+    assert b200["step_time_s"] == _summary(RESNET50, "cluster.gpu=B200", "costs.model=analytic")["step_time_s"]
+
+
+def test_kernel_model_names_its_catalogue_row(capsys):
+    model = _summary(RESNET50, "cluster.gpu=H100-SXM")["compute_model"]
+    assert model["model"] == "kernel" and model["parameters"]["architecture"] == "hopper"
+    assert model["parameters"]["host_overhead_s"] == pytest.approx(57.5e-6)
+    assert model["note"] == "costs.model auto: hopper kernel figures"
+    forced = _summary(RESNET50, "cluster.gpu=B200", "costs.model=kernel")["compute_model"]
+    assert forced["model"] == "kernel" and forced["parameters"]["architecture"] == "generic"
+    assert "Ampere's ratios used (an assumption)" in forced["note"]
+    assert "compute model: kernel (costs.model auto: hopper kernel figures)" in _printed(
+        capsys, RESNET50, "cluster.gpu=H100-SXM")
+
+
+def test_measured_costs_are_named_a_profile():
+    class Measured:
+        communication = shared_processors = None
+    gpu = load_scenario(SMALL).cluster.gpu
+    assert describe_compute_model(Measured(), "auto", gpu, given=True)["model"] == "profile"
