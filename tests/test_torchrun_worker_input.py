@@ -269,13 +269,14 @@ FINISHED_RUN_SCRIPT = """
 import sys, time
 from validator.torchrun_worker import main
 code = main({argv!r})
-time.sleep(3.5)  # past --timeout: the watchdog must stay quiet after a finished run
+time.sleep(10.5)  # past --timeout: the watchdog must stay quiet after a finished run
 print("exit", code)
 """
 
 
 def test_run_that_finishes_in_time_is_unaffected(tmp_path):
-    argv = [SCENARIO, *ONE_RANK, "--steps", "1", "--warmup", "0", "--timeout", "3", "--out", "x.json"]
+    # --timeout 10: a loaded host may take a few seconds to import torch and run the step
+    argv = [SCENARIO, *ONE_RANK, "--steps", "1", "--warmup", "0", "--timeout", "10", "--out", "x.json"]
     code, out, err, _ = run_python(["-c", textwrap.dedent(FINISHED_RUN_SCRIPT.format(argv=argv))],
                                    single_rank(), tmp_path)
     assert (code, out) == (0, "exit 0\n"), err
