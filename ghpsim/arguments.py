@@ -59,7 +59,9 @@ def simulate(parser: argparse.ArgumentParser) -> None:
 
 def compare(parser: argparse.ArgumentParser) -> None:
     scenario_args(parser)
-    parser.add_argument("--strategies", default="dp,mp,ghp", help=f"{STRATEGIES_HELP} (default dp,mp,ghp)")
+    parser.add_argument("--strategies", default=None, help=f"{STRATEGIES_HELP}, or megatron (the scenario's own "
+                        "megatron layout, or its tp_degree x pp_degree); default dp,mp,ghp, a megatron scenario's "
+                        "own layout")
     parser.add_argument("--profile", metavar="FILE", help=PROFILE_HELP)
 
 
@@ -84,8 +86,9 @@ def rank(parser: argparse.ArgumentParser) -> None:
                         help="comma list of strategy kinds to search (default: dp, mp, ghp, gpipe, 1f1b, "
                              "interleaved_1f1b and, for models with attention layers, megatron; asynchronous "
                              "pipelines only by name)")
-    parser.add_argument("--microbatches", default=",".join(map(str, MICROBATCH_COUNTS)),
-                        help="micro-batch counts m tried for pipeline kinds (comma list)")
+    parser.add_argument("--microbatches", default="auto",
+                        help="micro-batch counts m tried for pipeline kinds (comma list; auto: the powers of two up "
+                             f"to 4 x the stages that divide the group's batch, and {','.join(map(str, MICROBATCH_COUNTS))} for kind megatron)")
     parser.add_argument("--microbatch-sizes", default=",".join(map(str, MICROBATCH_SIZES)),
                         help="micro-batch sizes b tried for megatron layouts (comma list)")
     parser.add_argument("--exhaustive", action="store_true", help="simulate every candidate that may fit in memory "

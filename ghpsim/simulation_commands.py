@@ -36,6 +36,9 @@ def cmd_demo(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    if args.strategies is None:  # a megatron scenario: its own layout (as report), else dp,mp,ghp
+        from simulator.compare import default_strategies
+        args.strategies = default_strategies(load_scenario(args.scenario, args.overrides))
     return _run_compare(args.scenario, args)
 
 

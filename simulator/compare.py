@@ -2,8 +2,11 @@
 
 A strategy spec is `dp`, `mp`, `ghp` (the scenario's num_groups if it has one, else the fastest
 G over the divisors of N strictly between 1 and N) or `ghp:G`; or a pipeline kind `KIND` (the
-scenario's num_microbatches) or `KIND:m` (m micro-batches), G = 1. A pipeline spec stays one string
-("1f1b:4", None), so every caller hands it to `with_strategy` unchanged.
+scenario's num_microbatches) or `KIND:m` (m micro-batches), G = 1; or `megatron`: the scenario's own
+megatron layout (a scenario of another kind: its tp_degree x pp_degree as kind megatron). A pipeline
+spec stays one string ("1f1b:4", None), so every caller hands it to `with_strategy` unchanged.
+Without a list (`default_strategies`): dp, mp, ghp, or a megatron scenario's own layout alone (as
+`ghpsim report` and `ghpsim validate` do).
 """
 
 from __future__ import annotations
@@ -13,11 +16,16 @@ from simulator.model_source import resolve_workload
 from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
 from simulator.simulate import SimulationResult, naming_source, simulate
 
+MEGATRON = "megatron"
+
 
 def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) -> Scenario:
     """A copy of `scenario` with another strategy kind (and G; `KIND:m` also sets m), re-validated.
     The scenario's `num_virtual_stages` is kept for interleaved_1f1b and reset to 1 for every other
-    kind (it only means something there), so one scenario can compare 1f1b with interleaved_1f1b."""
+    kind (it only means something there), so one scenario can compare 1f1b with interleaved_1f1b;
+    `megatron`: `megatron_layout`."""
+    if kind == MEGATRON:
+        return megatron_layout(scenario)
     raw = scenario.model_dump(mode="python")
     kind, _, microbatches = kind.partition(":")
     strategy = {**raw["strategy"], "kind": kind, "num_groups": num_groups}
@@ -29,23 +37,54 @@ def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) 
     partition = strategy["partition"]
     if not isinstance(partition, str) and len(partition) != workers:
         strategy["partition"] = "balanced"  # an explicit partition fits only its own number of stages
+    if strategy["placement"] == "tp_dp_pp":  # a megatron rank order only
+        strategy["placement"] = "group_per_node"
     raw["strategy"] = strategy
     return scenario_from_dict(raw, origin=scenario.source, base_dir=scenario.base_dir)
 
 
+def megatron_layout(scenario: Scenario) -> Scenario:
+    """The `megatron` spec: a megatron scenario as written; another kind's scenario as kind megatron
+    with its tp_degree and pp_degree (one of them > 1), else a one-line ScenarioError."""
+    strategy = scenario.strategy
+    if strategy.kind == MEGATRON:
+        return scenario
+    if strategy.tp_degree == strategy.pp_degree == 1:
+        raise ScenarioError(f"--strategies: megatron: {scenario.source} is kind {strategy.kind}, not megatron, and sets "
+                            "no strategy.tp_degree or pp_degree to use (add --set strategy.tp_degree=T)")
+    raw = scenario.model_dump(mode="python")
+    chunks = strategy.num_virtual_stages if strategy.kind == "interleaved_1f1b" else 1
+    partition = strategy.partition
+    if not isinstance(partition, str) and len(partition) != strategy.pp_degree * chunks:
+        partition = "balanced"
+    raw["strategy"] = {**raw["strategy"], "kind": MEGATRON, "num_groups": None, "num_virtual_stages": chunks,
+                       "partition": partition,
+                       "placement": "group_per_node" if strategy.placement == "stage_per_node" else strategy.placement}
+    return scenario_from_dict(raw, origin=scenario.source, base_dir=scenario.base_dir)
+
+
 DEFAULT_STRATEGIES = "dp,mp,ghp"
-"""The strategy list `compare`, `report` and `validate` use when --strategies is not given."""
+"""The strategy list `compare`, `report` and `validate` use when --strategies is not given (a
+megatron scenario: its own layout instead, `default_strategies`)."""
+
+
+def default_strategies(scenario: Scenario) -> str:
+    """`--strategies` left out: a megatron scenario's own layout, else `DEFAULT_STRATEGIES`."""
+    return MEGATRON if scenario.strategy.kind == MEGATRON else DEFAULT_STRATEGIES
 
 
 def parse_strategy_specs(text: str) -> list[tuple[str, int | None]]:
     specs = []
     for item in (part.strip() for part in text.split(",") if part.strip()):
         kind, _, groups = item.partition(":")
+        if item == MEGATRON:
+            specs.append((MEGATRON, None))
+            continue
         if kind in PIPELINE_KINDS and (not groups or (groups.isdigit() and int(groups) >= 1)):
             specs.append((f"{kind}:{int(groups)}" if groups else kind, None))
             continue
         if kind not in ("dp", "mp", "ghp") or (groups and (kind != "ghp" or not groups.isdigit() or int(groups) < 1)):
-            raise ScenarioError(f"--strategies: {item!r} is not one of dp, mp, ghp, ghp:G, KIND or KIND:m "
+            raise ScenarioError(f"--strategies: {item!r} is not one of dp, mp, ghp, ghp:G, KIND, KIND:m or megatron "
                                 f"(KIND one of {', '.join(PIPELINE_KINDS)})")
         specs.append((kind, int(groups) if groups else None))
     if not specs:

@@ -25,6 +25,17 @@ def megatron_placement(order: str, t: int, p: int, d: int, c: int = 1) -> str | 
     return tuple(device(e * c + k, pp, tp) for e in range(d) for pp in range(p) for k in range(c) for tp in range(t))
 
 
+MEGATRON_ORDER_NAMES = ("group_per_node", "tp_dp_pp")
+"""The named megatron rank orders (`strategy.placement`): Megatron's, and "tp_dp_pp"."""
+
+
+def resolved_placement(placement: str | tuple[int, ...], t: int, p: int, d: int, c: int = 1) -> str | tuple[int, ...]:
+    """A megatron scenario's strategy.placement as its plan takes it: a named order of the planner
+    (`MEGATRON_ORDER_NAMES`) as `megatron_placement` gives it (the device list `ghpsim rank`
+    simulates), anything else unchanged."""
+    return megatron_placement(placement, t, p, d, c) if placement in MEGATRON_ORDER_NAMES else placement
+
+
 def chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b: float):
     """`strategies.ghp._partition` of one megatron pipeline chain, remembered in `model._cache` (a
     `simulator.step_bound.BoundModel`). A balanced partition sees the chunk devices only through

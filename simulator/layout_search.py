@@ -227,7 +227,7 @@ def evaluate_layout(payload: dict) -> dict:
 
 
 def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tuple[str, ...] | None = None,
-                   microbatch_sizes: tuple[int, ...] = MICROBATCH_SIZES, microbatch_counts: tuple[int, ...] = (2, 4, 8),
+                   microbatch_sizes: tuple[int, ...] = MICROBATCH_SIZES, microbatch_counts: tuple[int, ...] | None = None,
                    top: int = 10, workers: int | None = None, exhaustive: bool = False,
                    show_progress: bool = True, context: bool | None = None) -> LayoutSearch:
     """The branch-and-bound search of the module docstring; `exhaustive` simulates every candidate

@@ -2,15 +2,13 @@
 
 Candidates (`enumerate_candidates`): `dp`; `mp`; `ghp` for every G x M = N with 1 < G < N, in both
 placements; and each pipeline kind the strategies implement (`PIPELINE_KINDS` present in
-`STRATEGIES`) for every G x M = N with M >= 2, with m micro-batches per replica for each m of
-`MICROBATCH_COUNTS` that divides the group batch B/G (interleaved_1f1b with `VIRTUAL_STAGES` model
-chunks per rank); and, for models with attention layers and analytic costs (or when asked by
-name), `megatron` 3D plans: every tensor-parallel degree t >= 2 that fits in a node (Megatron keeps
-TP on the node's links, Narayanan et al. SC'21, sec. 3.2) times every pipeline depth p, with d =
-N / (t p) replicas and each m of `MICROBATCH_COUNTS` (m = 1 without a pipeline). Impossible ones
-(batch not divisible by G or by m, more stages than layers) are not simulated; `skipped` lists
-each with the reason. On a single node both placements use the same
-links, so only `group_per_node` is kept.
+`STRATEGIES`) for every G x M = N with M >= 2, with m micro-batches per replica given, or by default
+`schedules.default_microbatch_counts` (interleaved_1f1b with `VIRTUAL_STAGES` chunks per rank); and
+`megatron` 3D plans (`default_kinds`): every tensor-parallel degree t >= 2 that fits in a node
+(Megatron keeps TP on the node's links, Narayanan et al. SC'21, sec. 3.2) times every pipeline depth
+p, d = N / (t p) replicas, each m of `MICROBATCH_COUNTS` (m = 1 without a pipeline). Impossible
+ones are not simulated; `skipped` lists each with the reason. On a single node both placements use
+the same links, so only `group_per_node` is kept.
 
 Memory: a device's peak is `devices[].peak_memory_bytes` of the simulation summary when the
 simulator reports it (the memory model), else `estimate_peak_memory_bytes` (PAPERS.md section 1,
@@ -41,11 +39,13 @@ from simulator.fabrics import cached_topology
 from simulator.heuristics import estimate_peak_memory_bytes
 from simulator.model_source import resolve_workload
 from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
+from simulator.schedules import default_microbatch_counts
 from simulator.zero_config import without_unused_fsdp_keys
 from simulator.simulate import simulate
 from simulator.strategies import STRATEGIES
 
 MICROBATCH_COUNTS = (2, 4, 8)
+"""m of kind megatron's pipelines here (`layout_search` searches micro-batch sizes b instead)."""
 ASYNC_KINDS = ("pipedream", "spectrain", "delayed_gradient")
 """Pipeline kinds that update with stale weights (PAPERS.md sections 2 and 5): ranked by time per
 step like the others, but not equivalent to mini-batch SGD."""
@@ -150,15 +150,15 @@ def default_kinds(tensor_parallel: bool) -> tuple[str, ...]:
 
 
 def enumerate_candidates(scenario: Scenario, num_layers: int, kinds: tuple[str, ...] | None = None,
-                         microbatch_counts: tuple[int, ...] = MICROBATCH_COUNTS) -> tuple[list[Candidate], list[dict]]:
+                         microbatch_counts: tuple[int, ...] | None = None) -> tuple[list[Candidate], list[dict]]:
     """(candidates to simulate, skipped [{"label", "reason"}]) on the scenario's N GPUs; `kinds`
-    None: `default_kinds(True)`."""
+    None: `default_kinds(True)`; `microbatch_counts` None: `default_microbatch_counts` per grid."""
     num_gpus, batch = scenario.num_gpus, scenario.training.global_batch_size
     divisors = [g for g in range(1, num_gpus + 1) if num_gpus % g == 0]
     proposed: list[Candidate] = []
     for kind in kinds or default_kinds(True):
         if kind == MEGATRON:
-            proposed += megatron_candidates(num_gpus, scenario.cluster.gpus_per_node, microbatch_counts)
+            proposed += megatron_candidates(num_gpus, scenario.cluster.gpus_per_node, microbatch_counts or MICROBATCH_COUNTS)
         elif kind in ("dp", "mp"):
             proposed.append(grid_candidate(num_gpus, 1) if kind == "dp" else grid_candidate(1, num_gpus))
         elif kind == "ghp":
@@ -166,7 +166,8 @@ def enumerate_candidates(scenario: Scenario, num_layers: int, kinds: tuple[str, 
         else:
             chunks = VIRTUAL_STAGES if kind == "interleaved_1f1b" else 1
             proposed += [Candidate(kind, g, num_gpus // g, p, m, chunks) for g in divisors[:-1]
-                         for p in (PLACEMENTS if g > 1 else PLACEMENTS[:1]) for m in microbatch_counts]
+                         for p in (PLACEMENTS if g > 1 else PLACEMENTS[:1])
+                         for m in (microbatch_counts or default_microbatch_counts(num_gpus // g, batch // g))]
     candidates, skipped = [], []
     for candidate in proposed:
         reason = invalid_reason(candidate, batch, num_layers, scenario.cluster.num_nodes)
@@ -355,7 +356,7 @@ class Ranking:
 
 
 def rank_candidates(scenario: Scenario, num_gpus: int | None = None, *, kinds: tuple[str, ...] | None = None,
-                    microbatch_counts: tuple[int, ...] = MICROBATCH_COUNTS, workers: int | None = None,
+                    microbatch_counts: tuple[int, ...] | None = None, workers: int | None = None,
                     profile_path: str | None = None, show_progress: bool = True) -> Ranking:
     """Enumerate, simulate (analytic costs, or the calibration profile at `profile_path`) and rank."""
     scenario = scenario_for_gpus(scenario, num_gpus)
@@ -385,14 +386,14 @@ def rank_candidates(scenario: Scenario, num_gpus: int | None = None, *, kinds: t
 
 def _row(candidate: Candidate, outcome: dict, device_memory_bytes: float) -> dict:
     summary = outcome["summary"]
-    step_s = summary["step_time_s"]
-    devices = summary["devices"]
+    step_s, devices = summary["step_time_s"], summary["devices"]
     comm_s = sum(row["comm_s"] for row in devices) / len(devices)
     peak = max(outcome["peak_memory_bytes"])
     return {"label": candidate.label, "kind": candidate.kind, "num_groups": candidate.num_groups,
             "workers_per_group": candidate.workers_per_group, "placement": candidate.placement,
             "num_microbatches": candidate.num_microbatches, "num_virtual_stages": candidate.num_virtual_stages,
             "tp_degree": candidate.tp_degree, "cp_degree": candidate.cp_degree or 1,
+            **{key: getattr(candidate, key) for key in ("recompute", "zero_stage", "sequence_parallel", "ep_degree")},
             "partition": summary["partition"], "step_time_s": step_s,
             "throughput_samples_per_s": summary["throughput_samples_per_s"], "speedup": summary["speedup"],
             "comm_share": comm_s / step_s if step_s > 0 else 0.0, "peak_memory_bytes": peak,

@@ -15,8 +15,9 @@ from simulator.fabrics import build_topology
 from simulator.heuristics import HEURISTICS, grid_estimates
 from simulator.model_source import resolve_workload
 from simulator.output import check_figure_file
-from simulator.planner import ASYNC_KINDS, Ranking, candidate_kinds, grid_candidate
-from simulator.scenario import load_scenario
+from simulator.planner import (ASYNC_KINDS, MEGATRON, Candidate, Ranking, candidate_kinds, candidate_scenario,
+                               grid_candidate)
+from simulator.scenario import Scenario, load_scenario, scenario_from_dict
 from simulator.simulate import analytic_costs
 
 GRID_KINDS = ("dp", "mp", "ghp")
@@ -35,7 +36,7 @@ def run(args) -> int:
     if args.plot is not None:
         check_figure_file(args.plot, "--plot")
     sizes = _int_list(args.gpus, "--gpus") if args.gpus else (None,)
-    microbatches = _int_list(args.microbatches, "--microbatches")
+    microbatches = None if args.microbatches == "auto" else _int_list(args.microbatches, "--microbatches")
     sizes_b = _int_list(args.microbatch_sizes, "--microbatch-sizes")
     kinds = _kinds(args.kinds)
     scenario = load_scenario(args.scenario, args.overrides)
@@ -44,9 +45,10 @@ def run(args) -> int:
         ranking = search_layouts(scenario, num_gpus, kinds=kinds, microbatch_sizes=sizes_b,
                                  microbatch_counts=microbatches, top=args.top, workers=args.workers,
                                  exhaustive=args.exhaustive, show_progress=not args.json)
-        if not ranking.rows:
+        if not any(row["fits"] for row in ranking.rows):
             raise no_candidate_error(ranking, args)
         plan_run(ranking, args.tokens, args.steps, args.price_per_gpu_hour)
+        add_reproduction(ranking, scenario, args.overrides)
         heuristics = heuristic_rows(ranking) if len(sizes) == 1 and _grid_searched(ranking) else []
         results.append((ranking, heuristics))
     plot = _plot(results, args) if args.plot else None
@@ -77,6 +79,60 @@ def plan_run(ranking: Ranking, tokens: float | None, steps: int | None, price: f
                    cost=hours * price if price is not None else None)
 
 
+def add_reproduction(ranking: Ranking, scenario: Scenario, given: list[str]) -> None:
+    """On every row (in place): `overrides`, the fields (dotted keys) in which the row's layout differs
+    from `scenario` (the file with the user's --set `given`), and `set`, the `--set KEY=VALUE` list
+    (`given` first) that makes `ghpsim simulate FILE` the row's layout, with the same step time. A
+    megatron order is named (`strategy.placement: tp_dp_pp`), which the plan resolves to the devices
+    the search simulated (`simulator.layout_geometry.resolved_placement`)."""
+    base = scenario.model_dump(mode="json")
+    for row in ranking.rows:
+        raw = candidate_scenario(ranking.scenario, row_candidate(row))
+        if row["kind"] == MEGATRON:
+            raw["strategy"]["placement"] = row["placement"]
+        target = scenario_from_dict(raw, ranking.scenario.source, ranking.scenario.base_dir).model_dump(mode="json")
+        row["overrides"] = _differences(base, target)
+        row["set"] = [*given, *(f"{key}={_yaml_text(value)}" for key, value in row["overrides"].items())]
+
+
+def row_candidate(row: dict) -> Candidate:
+    """The planner's `Candidate` of a ranking row (`simulator.planner._row`)."""
+    return Candidate(row["kind"], row["num_groups"], row["workers_per_group"], row["placement"],
+                     row["num_microbatches"], row["num_virtual_stages"], row["tp_degree"], row.get("recompute"),
+                     row.get("zero_stage"), row.get("sequence_parallel"), row.get("ep_degree"), row["cp_degree"])
+
+
+def simulate_command(path: str, row: dict) -> str:
+    """`ghpsim simulate PATH --set ...` of a row (shell-quoted)."""
+    import shlex
+    return " ".join(["ghpsim simulate", shlex.quote(str(path)), *(f"--set {shlex.quote(item)}" for item in row["set"])])
+
+
+def _differences(base, target, path: str = "") -> dict:
+    """Dotted key -> `target`'s value wherever it differs from `base` (mappings compared key by key)."""
+    if isinstance(base, dict) and isinstance(target, dict):
+        found = {}
+        for key in (*target, *(k for k in base if k not in target)):
+            found.update(_differences(base.get(key), target.get(key), f"{path}.{key}" if path else str(key)))
+        return found
+    return {} if base == target else {path: target}
+
+
+def _yaml_text(value) -> str:
+    """`value` as --set reads it back (`simulator.scenario.apply_override`: YAML): plain text for a
+    string that reads back as itself, else JSON (a YAML flow value)."""
+    import yaml
+
+    from simulator.yaml_loading import StrictLoader
+    if isinstance(value, str):
+        try:
+            if yaml.load(value, Loader=StrictLoader) == value:  # noqa: S506 (a SafeLoader)
+                return value
+        except yaml.YAMLError:
+            pass
+    return json.dumps(value)
+
+
 def tokens_per_sample(scenario) -> int:
     """The sequence length of a transformer (its layers' `seq_len`), else 1 (a sample is a token)."""
     workload = resolve_workload(scenario.model, scenario.base_dir)
@@ -101,10 +157,12 @@ def _plot(results, args):
 
 
 def no_candidate_error(ranking: Ranking, args) -> ScenarioError:
-    """Every candidate skipped: name the flag to blame (--microbatches when every reason is about
-    micro-batches), the flags in play and the first reasons."""
+    """No candidate that fits was simulated: say so with the smallest memory needed when memory is why,
+    else name the flag to blame (--microbatches when every reason is about micro-batches), the flags
+    in play and the first reasons."""
     given = [f"--gpus {ranking.scenario.num_gpus}"]
     memory = [entry for entry in getattr(ranking, "pruned", []) if entry["reason"] == "memory"]
+    memory += [{"memory_bytes": row["peak_memory_bytes"]} for row in ranking.rows if not row["fits"]]
     if memory:
         smallest = min(entry.get("memory_floor_bytes", entry.get("memory_bytes", 0.0)) for entry in memory)
         return ScenarioError(f"--gpus: no layout fits in {ranking.device_memory_bytes / 2**30:,.1f} GiB of device "
@@ -167,8 +225,8 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
                  f"{row['peak_memory_bytes'] / 2**30:,.2f}",
                  "[red]memory[/red]" if not row["fits"] else (row.get("lost_to") or "-")]
         if planned:
-            cells += [f"{row['time_to_train_s'] / 3600:,.1f}", f"{row['gpu_hours']:,.0f}"]
-            cells += [f"{row['cost']:,.0f}"] if row["cost"] is not None else []
+            cells += [_amount(row["time_to_train_s"] / 3600, 1), _amount(row["gpu_hours"])]
+            cells += [_amount(row["cost"])] if row["cost"] is not None else []
         table.add_row(*cells)
     console.print(table)
     console.print(f"memory: {ranking.memory_source}; device memory {ranking.device_memory_bytes / 2**30:,.1f} GiB; "
@@ -180,6 +238,9 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
                       f"{stats.pruned_memory} pruned by memory ({seconds['memory']:.1f} s), "
                       f"{stats.pruned_bound} pruned by the step-time bound ({seconds['bound']:.1f} s), "
                       f"{stats.simulated} simulated ({seconds['simulate']:.1f} s)")
+    if ranking.rows and "set" in ranking.rows[0]:
+        console.print(f"#1 as a scenario: {simulate_command(ranking.scenario.source, ranking.rows[0])} (--json: "
+                      "every row's `set`)", highlight=False, markup=False, soft_wrap=True)
     if any(row["kind"] in ASYNC_KINDS for row in ranking.rows[:top]):
         console.print("* asynchronous (stale weights): steady-state time per step, not mini-batch SGD's updates")
     if not heuristics:
@@ -209,9 +270,9 @@ def print_comparison(rankings: list) -> None:
     for ranking, row, on_front in zip(rankings, bests, front):
         hours = row.get("time_to_train_s")
         table.add_row(str(ranking.scenario.num_gpus), row["label"], f"{row['step_time_s']:,.3f}",
-                      f"{row['throughput_samples_per_s']:,.1f}", "-" if hours is None else f"{hours / 3600:,.1f}",
-                      "-" if hours is None else f"{row['gpu_hours']:,.0f}",
-                      "-" if row.get("cost") is None else f"{row['cost']:,.0f}", "yes" if on_front else "")
+                      f"{row['throughput_samples_per_s']:,.1f}", "-" if hours is None else _amount(hours / 3600, 1),
+                      "-" if hours is None else _amount(row["gpu_hours"]),
+                      "-" if row.get("cost") is None else _amount(row["cost"]), "yes" if on_front else "")
     make_console().print(table)
 
 
@@ -233,6 +294,14 @@ def _title(ranking: Ranking) -> str:
     cluster = ranking.scenario.cluster
     return (f"{ranking.scenario.name}: {ranking.scenario.num_gpus} GPUs ({cluster.num_nodes} x {cluster.gpus_per_node} "
             f"{cluster.gpu.name}), batch {ranking.scenario.training.global_batch_size}")
+
+
+def _amount(value: float, decimals: int = 0) -> str:
+    """A run figure with at least `decimals` decimals and at least 3 significant digits (a run of
+    minutes shows 0.0123 h, not 0.0, so its time, GPU-hours and cost agree)."""
+    if value > 0 and math.isfinite(value):
+        decimals = max(decimals, 2 - math.floor(math.log10(value)))
+    return f"{value:,.{decimals}f}"
 
 
 def _pct(value: float | None) -> str:

@@ -152,13 +152,26 @@ class ModelConfig(_Frozen):
         return self
 
 
+PLACEMENT_NAMES = ("group_per_node", "stage_per_node", "tp_dp_pp")
+
+
+def _placement_name(value: Any) -> Any:
+    """strategy.placement: a known order's name, or a device list (any other text: one error naming all)."""
+    if value not in PLACEMENT_NAMES if isinstance(value, str) else not isinstance(value, (list, tuple)):
+        raise ValueError("should be 'group_per_node', 'stage_per_node', 'tp_dp_pp' (kind megatron) or a list of "
+                         "the device of each rank")
+    return value
+
+
 class StrategyConfig(_Frozen):
     """How the N workers split the work: dp (G=N, M=1), mp (G=1, M=N), ghp (G groups x M workers);
     pipeline kinds: G replicas (num_groups, default 1) of an M-stage pipeline, M = N / G."""
 
     kind: StrategyKind = "dp"
     num_groups: GpuCount | None = None
-    placement: Literal["group_per_node", "stage_per_node"] | tuple[Int, ...] = "group_per_node"
+    placement: Annotated[Literal["group_per_node", "stage_per_node", "tp_dp_pp"] | tuple[Int, ...],
+                         BeforeValidator(_placement_name)] = "group_per_node"
+    """A rank order by name (`tp_dp_pp`: kind megatron only, `simulator.layout_geometry`) or a device list."""
     partition: Literal["balanced", "uniform", "pipedream"] | tuple[LayerCount, ...] = "balanced"
     bucket_size_bytes: PositiveBytes = 25 * 2**20
     overlap_backward: bool = True

@@ -164,3 +164,22 @@ def test_cp_degree_must_divide_the_gpus_and_needs_megatron():
                        "model": {"name": "llama", "params": MODEL},
                        "strategy": {"kind": "dp", "cp_degree": 2},
                        "training": {"global_batch_size": 4}})
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_dependencies_per_action_do_not_grow_with_the_micro_batches(tp):
+    """Each compute waits for the ring exchanges of the pass before it, not for every earlier one (the
+    former ones are behind that pass's compute already): the widest dependency list is the same at 4
+    and 32 micro-batches, so plans stay linear in the passes (a 405B search once ran out of memory)."""
+    from simulator.model_source import resolve_workload
+    from simulator.simulate import analytic_costs
+    from simulator.strategies import compile_plan
+    from simulator.fabrics import cached_topology
+
+    def widest(batch):
+        sc = scenario(cp=2, gpus=4, tp=tp, pp=2 if tp == 1 else 1, batch=batch, num_microbatches=batch)
+        workload = resolve_workload(sc.model, sc.base_dir)
+        plan = compile_plan(sc, workload, cached_topology(sc.cluster.model_dump_json()), analytic_costs(sc, workload))
+        return max(len(getattr(action, "deps", ())) for actions in plan.actions for action in actions)
+
+    assert widest(32) == widest(4) <= 8

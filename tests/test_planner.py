@@ -11,6 +11,7 @@ from simulator.errors import ScenarioError
 from simulator.heuristics import estimate_peak_memory_bytes
 from simulator.planner import (MEMORY_ESTIMATE, MEMORY_MODEL, Candidate, candidate_kinds, enumerate_candidates,
                                planned_peak_memory_bytes, rank_candidates, scenario_for_gpus)
+from simulator.schedules import default_microbatch_counts
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
 from simulator.strategies import STRATEGIES
@@ -71,12 +72,18 @@ def test_single_node_keeps_one_placement():
 
 def test_pipeline_candidates_micro_batch_counts():
     # G in {1, 2, 4} (M >= 2); G = 1 one placement, else two; m in {2, 4, 8}: 3 + 6 + 6
-    found, _ = enumerate_candidates(load_scenario(tiny()), 16, kinds=("gpipe",))
+    found, _ = enumerate_candidates(load_scenario(tiny()), 16, kinds=("gpipe",), microbatch_counts=(2, 4, 8))
     assert len(found) == 15
     assert found[0] == Candidate("gpipe", 1, 8, "group_per_node", 2)
     assert found[0].label == "gpipe (G=1 x M=8) m=2"
+    # by default m is every power of two from 2 to min(4 M, the group's batch B / G), B = 64: G = 1 (M = 8)
+    # 2..32, G = 2 (M = 4) 2..16, G = 4 (M = 2) 2..8
+    found, _ = enumerate_candidates(load_scenario(tiny()), 16, kinds=("gpipe",))
+    assert sorted({(c.num_groups, c.num_microbatches) for c in found}) == [
+        (1, 2), (1, 4), (1, 8), (1, 16), (1, 32), (2, 2), (2, 4), (2, 8), (2, 16), (4, 2), (4, 4), (4, 8)]
+    assert default_microbatch_counts(4, 24) == (2, 4, 8) and default_microbatch_counts(1, 64) == (2, 4, 8)
     # B = 8: G = 4 leaves 2 samples per replica, so only m = 2
-    found, skipped = enumerate_candidates(load_scenario(tiny(batch=8)), 16, kinds=("gpipe",))
+    found, skipped = enumerate_candidates(load_scenario(tiny(batch=8)), 16, kinds=("gpipe",), microbatch_counts=(2, 4, 8))
     assert sorted({(c.num_groups, c.num_microbatches) for c in found}) == [
         (1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2)]
     assert "group batch 2 is not divisible by m=4 micro-batches" in {s["reason"] for s in skipped}

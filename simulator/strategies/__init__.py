@@ -60,6 +60,9 @@ def compile_plan(scenario, workload: Workload, topology: Topology, costs: CostMo
     if scenario.strategy.kind == "megatron":  # tensor x pipeline x data parallelism
         from simulator.strategies.tensor import compile_tensor_plan
         return compile_tensor_plan(scenario, workload, topology, costs)
+    if scenario.strategy.placement == "tp_dp_pp":  # the planner's megatron order (`simulator.layout_geometry`)
+        raise ScenarioError(f"strategy.placement: tp_dp_pp is a rank order of kind megatron only; kind "
+                            f"{scenario.strategy.kind} takes group_per_node, stage_per_node or a device list")
     from simulator.grid_symmetry import grid_fold_decision, grid_symmetry
     from simulator.placement import place_ranks
     pipeline = scenario.strategy.kind in PIPELINE_KINDS

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from simulator.costs import AnalyticCosts, CostModel
 from simulator.errors import ScenarioError
+from simulator.layout_geometry import resolved_placement
 from simulator.limits import check_simulation_size
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
 from simulator.schedules import checked_schedule
@@ -127,12 +128,13 @@ def tensor_config(scenario) -> TensorConfig:
                             "(megatron reduces gradients in DDP buckets)")
     if strategy.placement == "stage_per_node":
         raise ScenarioError("strategy.placement: stage_per_node is not a megatron layout (use group_per_node: "
-                            "tp fastest, then pp, then dp; or an explicit device list)")
+                            "tp fastest, then pp, then dp; tp_dp_pp: tp, then dp, then pp; or a device list)")
+    placement = resolved_placement(strategy.placement, tp, pp, scenario.num_gpus // (tp * pp * cp), cp)
     return TensorConfig(
         tp=tp, pp=pp, dp=scenario.num_gpus // (tp * pp), cp=cp, num_microbatches=strategy.num_microbatches,
         global_batch_size=training.global_batch_size, dtype=training.dtype,
         num_virtual_stages=strategy.num_virtual_stages, sequence_parallel=strategy.sequence_parallel,
-        zero_stage=strategy.zero_stage, recompute=training.recompute, placement=strategy.placement,
+        zero_stage=strategy.zero_stage, recompute=training.recompute, placement=placement,
         partition=strategy.partition, bucket_size_bytes=strategy.bucket_size_bytes,
         overlap_backward=strategy.overlap_backward, collective=strategy.collective, symmetry=strategy.symmetry,
         tp_comm_overlap=strategy.tp_comm_overlap, fsdp_sharding=strategy.fsdp_sharding,
@@ -300,7 +302,7 @@ class _TensorRank:
         ring = context.ring_exchange(self, start, end, phase)  # CP ring K/V, beside the compute
         after = experts.expert_alltoalls(self, start, end, phase, after)  # MoE dispatch and combine
         if self.config.tp == 1:
-            self.tp_tail = (*self.tp_tail, *ring)
+            self.tp_tail = ring or self.tp_tail  # the pass's compute already waited for the former tail
             return (after, *ring)
         overlap = self.config.tp_comm_overlap
         compute, deps = after, (self.compute_deps if overlap else (after,))
@@ -318,7 +320,7 @@ class _TensorRank:
             deps = (after,)
             self.num_tp += 1
             self.tp_tail = (after,)
-        self.tp_tail = (*self.tp_tail, *ring)
+        self.tp_tail = ((*self.tp_tail, *ring) if collectives else ring or self.tp_tail)
         return ((compute, after) if overlap and collectives else (after,)) + ring
 
     def _compute(self, deps: tuple[int, ...] = (), **fields) -> int:
