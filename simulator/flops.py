@@ -5,7 +5,9 @@ per-layer counts: 2 FLOPs per multiply-add; backward = 2 x forward for layers wi
 for a transformer about 6 x parameters x tokens plus attention's s^2 terms) x the global batch.
 They do not depend on the strategy: recomputed forwards, replicated work of tensor-parallel
 ranks and optimizer updates are not counted (MFU, Chowdhery et al. 2022, PaLM, appendix B;
-the "model FLOPs" of Korthikanti et al. 2022, sec. 6).
+the "model FLOPs" of Korthikanti et al. 2022, sec. 6). A causal model's s^2 attention terms count in
+full, as PaLM's 6N + 12 L H Q T does, while a flash-attention kernel skips the masked half
+(`simulator.kernels_attention.flash_work_fraction`): at long sequences MFU can exceed the GEMM ceiling.
 
     achieved FLOP/s per GPU = model FLOPs / (step time x N)
     MFU = achieved FLOP/s per GPU / mean dense peak FLOP/s of the N GPUs (training dtype)
