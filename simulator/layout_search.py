@@ -176,16 +176,20 @@ def default_search_kinds(tensor_parallel: bool) -> tuple[str, ...]:
 def exact_peak_memory_bytes(scenario: Scenario, workload=None) -> float:
     """The memory model's peak (`simulator.memory`, as `simulate` reports it) from the compiled plan
     alone: a rank's allocations depend on the order of its computes (played back to back here) and
-    on where its gradient allgathers start and end relative to them, not on their durations."""
+    on where its gradient allgathers start and end relative to them, not on their durations. A long
+    pipeline's plan is the few micro-batches `simulate` plays (`simulator.steady_extension`)."""
     from simulator.memory import memory_config, memory_report
     from simulator.model_source import resolve_workload
     from simulator.plan import Collective, Compute
     from simulator.simulate import analytic_costs
+    from simulator.steady_extension import short_microbatches, shortened
     from simulator.strategies import compile_plan
     from simulator.strategies.tensor_summary import tensor_memory_report
     from simulator.strategies.zero import shard_memory
 
     workload = workload or resolve_workload(scenario.model, scenario.base_dir)
+    short = short_microbatches(scenario)  # the plan `simulate` plays and reports memory from
+    scenario = scenario if short is None else shortened(scenario, short[0])
     topology = cached_topology(scenario.cluster.model_dump_json())
     plan = compile_plan(scenario, workload, topology, analytic_costs(scenario, workload))
     spans = []
