@@ -22,7 +22,8 @@ from simulator.model_source import resolve_workload
 from simulator.plan import Plan
 from simulator.records import device_breakdown, span_table, stage_time_split
 from simulator.scenario import Scenario
-from simulator.steady_extension import Extension, extend, extended_plan, short_microbatches, shortened
+from simulator.steady_extension import (Extension, Unaligned, candidate_periods, extend, extended_plan,
+                                         short_microbatches, shortened)
 from simulator.strategies import compile_plan
 from simulator.topology import Topology
 from simulator.workload import Workload
@@ -194,35 +195,71 @@ def single_device_baseline(scenario: Scenario, workload: Workload, costs: CostMo
 def _play(scenario: Scenario, workload: Workload, topology: Topology, costs: CostModel):
     """(plan, engine result, the spans the plan played, steady-state note): a long synchronous
     pipeline played on a few micro-batches and its verified steady state extended
-    (`simulator.steady_extension`), else every micro-batch."""
-    short, note, target = short_microbatches(scenario), "", scenario.strategy.num_microbatches
-    num_parameter_servers = scenario.strategy.num_parameter_servers
-    if short is not None:
-        try:
-            plan = compile_plan(shortened(scenario, short[0]), workload, topology, costs)
-        except ScenarioError:  # the step's own plan names the fault with its own figures
-            short = None
-    if short is not None:  # the spans of every micro-batch: refused where the step's plan would be
-        decision = plan.meta["symmetry_decision"]
-        with naming_source(scenario):
-            check_simulation_size(plan.num_ranks, len(plan.actions[0]) * target / short[0],
-                                  "" if decision["used"] else f" (not folded: {decision['reason']})")
-        engine = Engine(plan, topology, engine_costs(plan, costs), num_parameter_servers)
-        engine.count_log = []
-        played = engine.run()
-        extension = extend(plan, played.spans, engine.count_log, played.tier_bytes, played.collective_algorithms,
-                           *short, target)
-        if isinstance(extension, Extension):
-            result = replace(played, spans=extension.spans, tier_bytes=extension.tier_bytes,
-                             collective_algorithms=extension.collective_algorithms)
-            note = (f"{short[0]} of {target} micro-batches simulated, {target - short[0]} added as "
-                    f"{extension.periods} periods of {extension.period_s:.6g} s (verified over 3)")
-            return extended_plan(plan, target), result, played.spans, note
-        note = f"every micro-batch simulated: {extension}"
+    (`simulator.steady_extension`: a short play checked with its micro-batch period, then where it
+    has not settled a longer play searched for a longer period), else every micro-batch."""
+    note, target = "", scenario.strategy.num_microbatches
+    first = short_microbatches(scenario)
+    played = first and _short_play(scenario, workload, topology, costs, first[0])
+    if played:
+        found, period = _extension(*played, first[0], (first[1],), target)
+        if isinstance(found, Extension):
+            return _extended(played, found, first[0], target, False)
+        note = f"every micro-batch simulated: {found}"
+        longer = short_microbatches(scenario, longer=True)
+        played = longer and _short_play(scenario, workload, topology, costs, longer[0])
+        if played:
+            found, period = _extension(*played, longer[0], candidate_periods(played[0], played[1].spans, longer[1]),
+                                       target)
+            if isinstance(found, Unaligned):  # the same regime, played so that whole periods fill the gap
+                longer = short_microbatches(scenario, longer=True,
+                                            at_least=longer[0] + (target - longer[0]) % period)
+                played = longer and _short_play(scenario, workload, topology, costs, longer[0])
+                found, period = _extension(*played, longer[0], (period,), target) if played else (None, 0)
+            if isinstance(found, Extension):
+                return _extended(played, found, longer[0], target, period != longer[1])
     with naming_source(scenario):
         plan = compile_plan(scenario, workload, topology, costs)
-    result = Engine(plan, topology, engine_costs(plan, costs), num_parameter_servers).run()
+    result = Engine(plan, topology, engine_costs(plan, costs), scenario.strategy.num_parameter_servers).run()
     return plan, result, result.spans, note
+
+
+def _short_play(scenario, workload, topology, costs, short: int):
+    """(plan, engine result, count log) of `short` micro-batches, or None where that plan does not
+    compile (the step's own plan then names the fault with its own figures)."""
+    try:
+        plan = compile_plan(shortened(scenario, short), workload, topology, costs)
+    except ScenarioError:
+        return None
+    decision = plan.meta["symmetry_decision"]  # the spans of every micro-batch: refused where the step's plan would be
+    with naming_source(scenario):
+        check_simulation_size(plan.num_ranks, len(plan.actions[0]) * scenario.strategy.num_microbatches / short,
+                              "" if decision["used"] else f" (not folded: {decision['reason']})")
+    engine = Engine(plan, topology, engine_costs(plan, costs), scenario.strategy.num_parameter_servers)
+    engine.count_log = []
+    return plan, engine.run(), engine.count_log
+
+
+def _extension(plan, played, count_log, short: int, periods, target: int):
+    """(the first `steady_extension.extend` of `periods` that is not a refusal, else the first
+    refusal; its period), or (why not, 0) with no period to check."""
+    first = None
+    for period in periods:
+        found = extend(plan, played.spans, count_log, played.tier_bytes, played.collective_algorithms,
+                       short, period, target)
+        if isinstance(found, (Extension, Unaligned)):
+            return found, period
+        first = first or (found, period)
+    return first or ("no period repeats on the first stage", 0)
+
+
+def _extended(played, extension: Extension, short: int, target: int, longer_period: bool):
+    plan, result, _ = played
+    extended = replace(result, spans=extension.spans, tier_bytes=extension.tier_bytes,
+                       collective_algorithms=extension.collective_algorithms)
+    each = f" of {(target - short) // extension.periods} micro-batches" if longer_period else ""
+    note = (f"{short} of {target} micro-batches simulated, {target - short} added as "
+            f"{extension.periods} periods{each} of {extension.period_s:.6g} s (verified over 3)")
+    return extended_plan(plan, target), extended, result.spans, note
 
 
 def engine_costs(plan: Plan, costs: CostModel) -> CostModel:

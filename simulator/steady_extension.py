@@ -17,7 +17,15 @@ is not max-plus, so the regime is checked, never assumed:
   the same bytes per tier and collective algorithms, to 1e-9 of the makespan; each kind of span
   must number on by one step a period (its micro-batch by c, a CP ring transfer by its counter's);
 - then (m - m') / c copies of one window are inserted at its end, and everything later shifts by
-  (m - m') / c x T. Otherwise the full plan is simulated, and the summary says why.
+  (m - m') / c x T.
+- A periodic regime may repeat only every k > c micro-batches: its cyclicity (Baccelli et al.,
+  sec. 3.7). Where links are shared, one slightly faster cycle in every p - 2 is common (two
+  transfers that meet once a round trip of the pipeline). Where the first play has not settled, a
+  longer one (m' = 5 p + 8, or 12 p interleaved: four windows of up to p micro-batches after the
+  transient) is searched for the smallest k (a multiple of c) over which the first stage's steady
+  backwards repeat (`candidate_periods`), each checked as above with windows of k micro-batches;
+  m' is then made congruent to m modulo k (one more play if it is not) so that whole periods fill
+  the gap. Otherwise the full plan is simulated, and the summary says why.
 
 Used by megatron plans under `strategy.symmetry: auto` (off plays every micro-batch) when m is at
 least twice m' and no activations are offloaded (their exposed time is per micro-batch).
@@ -33,16 +41,24 @@ SETTLE_MICROBATCHES = 8
 INTERLEAVED_GROUPS = 6
 """interleaved_1f1b: groups of p micro-batches simulated."""
 WINDOWS = 3
+LONGER_PLAY_STAGES = 4
+"""1f1b's longer play: p micro-batches x this beyond the first play's p + 8, room for WINDOWS + 1
+windows of up to p micro-batches."""
 DIGITS = re.compile(r"\d+")
 
 
-def short_microbatches(scenario) -> tuple[int, int] | None:
-    """(m', c) when `scenario` is played on m' micro-batches and extended in steps of c, else None."""
+def short_microbatches(scenario, longer: bool = False, at_least: int = 0) -> tuple[int, int] | None:
+    """(m', c) when `scenario` is played on m' micro-batches and extended in steps of c, else None;
+    `longer`: the play searched for a cyclicity k > c (module docstring), of at least `at_least`."""
     strategy, m = scenario.strategy, scenario.strategy.num_microbatches
     if strategy.kind != "megatron" or strategy.symmetry != "auto" or scenario.training.offload_activations:
         return None
     p, v = strategy.pp_degree, strategy.num_virtual_stages
-    short, period = (p + SETTLE_MICROBATCHES, 1) if v == 1 else (INTERLEAVED_GROUPS * p, p)
+    if v == 1:
+        short, period = (LONGER_PLAY_STAGES * p if longer else 0) + p + SETTLE_MICROBATCHES, 1
+    else:
+        short, period = (2 if longer else 1) * INTERLEAVED_GROUPS * p, p
+    short = max(short, at_least)
     if p < 2 or 2 * short > m or (m - short) % period or scenario.training.global_batch_size * short % m:
         return None
     return short, period
@@ -69,18 +85,16 @@ class Extension:
     periods: int
 
 
+class Unaligned(str):
+    """`extend`'s answer when the cycle has settled but its period does not divide the micro-batches to add."""
+
+
 def extend(plan, spans: list[tuple], count_log: list[tuple], tier_bytes: dict, algorithms: dict, short: int,
            period: int, target: int) -> Extension | str:
     """The run of `target` micro-batches from the played run of `short` (`plan`, its spans, the
-    engine's `count_log` of (time, is_bytes, key, amount)), or why its steady state cannot be extended."""
-    backward_starts: dict[int, float] = {}
-    last_forward_s = None
-    for action, span in _first_rank_computes(plan, spans):
-        if action.phase == "B":
-            backward_starts.setdefault(action.microbatch, span[4])
-        elif action.phase == "F":
-            last_forward_s = span[4]
-    anchors = sorted(start for start in backward_starts.values() if last_forward_s is not None and start <= last_forward_s)
+    engine's `count_log` of (time, is_bytes, key, amount)) with a period of `period` micro-batches,
+    or why its steady state cannot be extended (`Unaligned`: it can, from a play of another length)."""
+    anchors, last_forward_s = _anchors(plan, spans)
     if len(anchors) <= period:
         return "no steady phase on the first stage"
     period_s = anchors[-1] - anchors[-1 - period]
@@ -95,12 +109,39 @@ def extend(plan, spans: list[tuple], count_log: list[tuple], tier_bytes: dict, a
         reason = _same(windows[k - 1], windows[k], tolerance_s, steps)
         if reason:
             return f"the cycle has not settled within {short} micro-batches ({reason})"
+    if (target - short) % period:
+        return Unaligned(f"a period of {period} micro-batches does not divide the {target - short} to add")
     periods = (target - short) // period
     extended = _extended_spans(spans, window_s, period_s, periods, steps)
     if isinstance(extended, str):
         return extended
     return Extension(extended, _added(tier_bytes, windows[0][1], periods), _added(algorithms, windows[0][2], periods),
                      period_s, periods)
+
+
+def candidate_periods(plan, spans: list[tuple], base: int) -> list[int]:
+    """The periods k (multiples of `base` micro-batches, ascending) worth checking with `extend`: the
+    first stage's steady backward starts repeat every k over their last 3 k gaps (room for the
+    windows: k at most a quarter of them)."""
+    anchors, _ = _anchors(plan, spans)
+    gaps = [b - a for a, b in zip(anchors, anchors[1:])]
+    tolerance_s = 1e-9 * max(max(s[5] for s in spans), 1e-12)
+    return [k for k in range(base, len(anchors) // (WINDOWS + 1) + 1, base)
+            if all(abs(gaps[i] - gaps[i + k]) <= tolerance_s for i in range(len(gaps) - 3 * k, len(gaps) - k))]
+
+
+def _anchors(plan, spans) -> tuple[list[float], float | None]:
+    """(the first stage's backward starts, one per micro-batch, up to its last forward, sorted;
+    the start of that last forward)."""
+    backward_starts: dict[int, float] = {}
+    last_forward_s = None
+    for action, span in _first_rank_computes(plan, spans):
+        if action.phase == "B":
+            backward_starts.setdefault(action.microbatch, span[4])
+        elif action.phase == "F":
+            last_forward_s = span[4]
+    return sorted(start for start in backward_starts.values()
+                  if last_forward_s is not None and start <= last_forward_s), last_forward_s
 
 
 def _first_rank_computes(plan, spans):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from simulator.steady_extension import _label_parts, short_microbatches
 
 simulate_module = importlib.import_module("simulator.simulate")
 extension_module = importlib.import_module("simulator.steady_extension")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def scenario(num_microbatches=32, symmetry="auto", training=None, **strategy):
@@ -88,6 +90,27 @@ def test_the_extended_run_equals_the_run_of_every_microbatch(monkeypatch, num_mi
     assert extended.plan.meta["played_microbatches"] == short
     assert len(extended.played_spans) < len(extended.spans)
     assert_same(extended, full)
+
+
+@pytest.mark.parametrize("num_microbatches,played", [
+    (256, 88),   # the longer play (5 p + 8) leaves 168 micro-batches: 12 periods of 14
+    (240, 100),  # 152 left is no whole number of periods: played again on 100, leaving 10 periods
+])
+def test_a_regime_that_repeats_every_few_microbatches_is_found_and_extended_exactly(monkeypatch, num_microbatches,
+                                                                                      played):
+    """LLaMA-3 405B at TP 8 x CP 2 x PP 16 on 256 H100: one cycle in every 14 (p - 2) is faster, so
+    no period of one micro-batch settles; the longer play finds the period of 14."""
+    case = load_scenario(ROOT / "scenarios" / "llama3_405b_4d_h100.yaml", [
+        "cluster.num_nodes=32", "strategy.pp_degree=16", "strategy.num_virtual_stages=1",
+        f"strategy.num_microbatches={num_microbatches}", f"training.global_batch_size={num_microbatches}",
+        "training.recompute=none"])
+    first, _ = short_microbatches(case)
+    extended = simulate_module.simulate(case)
+    note = extended.summary["steady_state"]
+    assert note.startswith(f"{played} of {num_microbatches} micro-batches simulated"), note
+    assert "periods of 14 micro-batches" in note
+    assert extended.plan.meta["played_microbatches"] == played > first
+    assert_same(extended, every_microbatch(monkeypatch, case))
 
 
 def test_a_cycle_that_has_not_settled_is_simulated_in_full(monkeypatch):
