@@ -138,14 +138,20 @@ def in_flight_counts(schedule: Schedule) -> dict[str, list[int]]:
     counts: dict[str, list[int]] = {"microbatches_in_flight": [], "chunk_passes_in_flight": []}
     for ops in schedule.ranks:
         in_flight: set[tuple[int, int]] = set()
+        chunks_of: dict[int, int] = {}  # micro-batch -> its chunks in flight
         most_microbatches = most_passes = 0
         for op in ops:
-            if op.phase == FORWARD:
-                in_flight.add((op.chunk, op.microbatch))
-            elif op.phase == BACKWARD:
-                in_flight.discard((op.chunk, op.microbatch))
+            key = (op.chunk, op.microbatch)
+            if op.phase == FORWARD and key not in in_flight:
+                in_flight.add(key)
+                chunks_of[op.microbatch] = chunks_of.get(op.microbatch, 0) + 1
+            elif op.phase == BACKWARD and key in in_flight:
+                in_flight.discard(key)
+                chunks_of[op.microbatch] -= 1
+                if not chunks_of[op.microbatch]:
+                    del chunks_of[op.microbatch]
             most_passes = max(most_passes, len(in_flight))
-            most_microbatches = max(most_microbatches, len({microbatch for _chunk, microbatch in in_flight}))
+            most_microbatches = max(most_microbatches, len(chunks_of))
         counts["microbatches_in_flight"].append(most_microbatches)
         counts["chunk_passes_in_flight"].append(most_passes)
     return counts
@@ -155,13 +161,16 @@ def label_in_flight(pipeline: dict, meta: dict, num_stages: int) -> None:
     """Set each row of a pipeline summary's "stages" (`simulator.schedules.steady_state`) to the
     `in_flight_counts` of the step's schedule: a pipeline plan's own (its meta), or, for a plan
     whose meta counts chunk passes (megatron, `simulator.strategies.tensor`), rebuilt with the
-    step's micro-batch count when v > 1 (with v = 1 both counts are the meta's)."""
+    micro-batch count it played when v > 1 (with v = 1 both counts are the meta's). A long pipeline
+    extended from a few micro-batches (`simulator.steady_extension`) only repeats windows of its
+    verified steady state, whose counts the played schedule already reaches."""
     if "chunk_passes_in_flight" in meta:
         counts = meta
     elif meta["num_virtual_stages"] == 1:
         counts = {key: meta["microbatches_in_flight"] for key in ("microbatches_in_flight", "chunk_passes_in_flight")}
     else:
-        counts = in_flight_counts(checked_schedule(meta["schedule_kind"], num_stages, meta["num_microbatches"],
+        played = meta.get("played_microbatches", meta["num_microbatches"])
+        counts = in_flight_counts(checked_schedule(meta["schedule_kind"], num_stages, played,
                                                    meta["num_virtual_stages"]))
     keys = ("microbatches_in_flight", "chunk_passes_in_flight")
     pipeline["stages"] = [{"stage": row["stage"], **{key: counts[key][row["stage"]] for key in keys},
