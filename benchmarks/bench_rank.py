@@ -4,8 +4,9 @@ median of 3 runs, against its targets, with the search's counts and the best lay
 Targets (2 CPU cores): 1024 GPUs <= 60 s, 8192 GPUs <= 120 s, the three cluster sizes 256 / 1024 /
 4096 side by side <= 180 s. Each run is a fresh `python -m ghpsim rank ... --json` process (the
 default --top 10 and workers = CPU count). `--only moe` also times Mixtral 8x7B on 256 H100 (expert
-parallel degrees searched too; reported, no target). Run: python benchmarks/bench_rank.py
-[--repeats 3] [--only 1024,8192,compare,moe]
+parallel degrees searched too), and `--only 405b` LLaMA-3 405B on 256 H100 (context parallel degrees
+searched too; 2,048 micro-batches a replica, so long pipelines' steady states are extended); both
+reported, no target. Run: python benchmarks/bench_rank.py [--repeats 3] [--only 1024,8192,compare,moe,405b]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ CASES = {  # name -> (scenario, --gpus, target seconds or None)
     "8192": (SCENARIO, "8192", 120.0),
     "compare": (SCENARIO, "256,1024,4096", 180.0),
     "moe": ("scenarios/mixtral_8x7b_ep_h100.yaml", "256", None),
+    "405b": ("scenarios/llama3_405b_4d_h100.yaml", "256", None),
 }
 DEFAULT_CASES = ("1024", "8192", "compare")
 
