@@ -217,6 +217,7 @@ def _play(scenario: Scenario, workload: Workload, topology: Topology, costs: Cos
                 found, period = _extension(*played, longer[0], (period,), target) if played else (None, 0)
             if isinstance(found, Extension):
                 return _extended(played, found, longer[0], target, period != longer[1])
+            note += f"; nor has any longer period in a play of {longer[0] if longer else 'more'} micro-batches"
     with naming_source(scenario):
         plan = compile_plan(scenario, workload, topology, costs)
     result = Engine(plan, topology, engine_costs(plan, costs), scenario.strategy.num_parameter_servers).run()

@@ -110,7 +110,15 @@ def test_a_regime_that_repeats_every_few_microbatches_is_found_and_extended_exac
     assert note.startswith(f"{played} of {num_microbatches} micro-batches simulated"), note
     assert "periods of 14 micro-batches" in note
     assert extended.plan.meta["played_microbatches"] == played > first
-    assert_same(extended, every_microbatch(monkeypatch, case))
+    full = every_microbatch(monkeypatch, case)
+    assert_same(extended, full)
+    if num_microbatches == 256:  # no period found in the longer play: every micro-batch, and the note says so
+        monkeypatch.setattr(simulate_module, "candidate_periods", lambda *_args: [])
+        refused = simulate_module.simulate(case)
+        assert refused.summary["steady_state"].startswith(f"every micro-batch simulated: the cycle has not settled "
+                                                          f"within {first} micro-batches")
+        assert refused.summary["steady_state"].endswith(f"nor has any longer period in a play of {played} micro-batches")
+        assert refused.step_time_s == full.step_time_s
 
 
 def test_a_cycle_that_has_not_settled_is_simulated_in_full(monkeypatch):
