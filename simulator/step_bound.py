@@ -21,8 +21,9 @@ starts after its segment; the buckets run one after another on the stream; ZeRO-
 micro-batch, which only adds; ZeRO-3 reduce-scatters each layer after its backward), AG the ZeRO-1/2
 parameter allgather after the update (none for ZeRO-3, whose update is on the shard). With expert
 parallelism (`simulator.strategies.experts`) the compute is the TP x EP rank's, R and AG count the
-non-expert bytes only (the expert ones go over the d / e copies, left out), and each MoE layer's
-pass adds its all-to-alls at link rate (`layout_geometry.expert_floors_s`). With context parallelism c
+expert bytes over the d / e copies of each expert shard (the replicas e apart) and the rest over
+all d, one after the other on the stream as the plan runs them, and each MoE layer's pass adds its
+all-to-alls at link rate (`layout_geometry.expert_floors_s`). With context parallelism c
 (`simulator.strategies.context`) a rank runs b / c of each micro-batch, the d c ranks of a stage reduce
 and ZeRO-1-shard its gradients, and each pass takes at least its ring K/V sends to the next CP rank
 (started with its compute; what follows waits for them): F_c, B_c >= that floor; the update waits
@@ -309,9 +310,12 @@ class BoundModel(LinkFloors):
             d = self.dp_ranks(c)
             sharded = self.zero(c) and d > 1
             update = model.optimizer_s(params / d if sharded else params, layers=(first, last))
-            dense = params * self.element - self.experts(c, own)  # expert shards: over d / e, not floored
-            gather = self.collective_floor_s((geo.rings[k],), "allgather", dense / d,
+            experts = self.experts(c, own)  # expert shards: over the d / e copies, before the rest
+            copies = geo.rings[k][::self.ep(c)]
+            gather = self.collective_floor_s((geo.rings[k],), "allgather", (params * self.element - experts) / d,
                                              "ring_allgather") if sharded and self.zero(c) < 3 else 0.0
+            if gather and experts > 0 and len(copies) > 1:
+                gather += self.collective_floor_s((copies,), "allgather", experts / len(copies), "ring_allgather")
             return update * self._compute_scale, gather
         update = model.optimizer_s(params, layers=(first, last))
         if c.num_groups > 1:
@@ -350,9 +354,12 @@ class BoundModel(LinkFloors):
         gradient = (gradient_element_bytes(self.scenario.training.dtype, zero, self.scenario.strategy.fsdp_reduce_dtype)
                     if c.kind == MEGATRON else self.element)
         segments = bucket_segments(geo.workload, start, end, gradient, 0.0 if zero == 3 else bucket_bytes)
-        sizes = [size - self.experts(c, ((a, z),), gradient) for a, z, size in segments]  # experts: over d / e
-        reduce_s = [self.collective_floor_s((geo.rings[k],), op, size, algorithm) if size > 0 else 0.0
-                    for size in sizes]
+        experts = [self.experts(c, ((a, z),), gradient) for a, z, _ in segments]  # over the d / e copies
+        copies = geo.rings[k][::self.ep(c)]
+        expert_algorithm = "ring_reduce_scatter" if zero else choose_algorithm(self.topology, copies, strategy.collective)
+        reduce_s = [(self.collective_floor_s((geo.rings[k],), op, size - expert, algorithm) if size > expert else 0.0)
+                    + (self.collective_floor_s((copies,), op, expert, expert_algorithm) if expert > 0 and len(copies) > 1
+                       else 0.0) for (_, _, size), expert in zip(segments, experts)]
         fwd, bwd, tp_f, tp_b, _, _ = self._layer_costs(c, geo, self.microbatch_size(c))
         rc = self.recompute(c)
         tail, after_s, queued_s = 0.0, 0.0, 0.0

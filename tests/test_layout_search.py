@@ -235,6 +235,29 @@ def test_the_moe_bound_counts_each_layers_all_to_alls_and_stays_below_the_simula
     assert with_floors <= simulate(concrete, workload=workload).step_time_s
 
 
+def test_the_moe_bound_counts_the_expert_reductions_over_their_copies(monkeypatch):
+    """ZeRO-1 reduce-scatters each bucket's expert gradients among the d / e copies of its experts and
+    allgathers the updated expert shards there, on the stream with the rest (`simulator.strategies.
+    experts`): the bound counts both, so it rises, and stays below the simulated step."""
+    scenario = load_scenario(tiny_moe(), ["costs.host_overhead_s=0"])
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
+    candidate = next(c for c in megatron_space(scenario, workload, (1,))
+                     if c.ep_degree == 2 and c.data_parallel == 4 and c.zero_stage == 1 and c.tp_degree == 1)
+
+    def model():
+        return BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+
+    copies = model().geometry(candidate).rings[0][::2]
+    assert len(copies) == 2
+    counted = model().bound(candidate).step_s
+    floor = BoundModel.collective_floor_s
+    monkeypatch.setattr(BoundModel, "collective_floor_s", lambda self, groups, *args:
+                        0.0 if groups == (copies,) else floor(self, groups, *args))
+    assert model().bound(candidate).step_s < counted
+    concrete = scenario_from_dict(candidate_scenario(scenario, candidate))
+    assert counted <= simulate(concrete, workload=workload).step_time_s
+
+
 def test_the_floor_of_asynchronous_pipelines_counts_weight_copies_and_the_recomputed_chunk():
     """PipeDream's stashed versions and SpecTrain's predicted copy (simulator/memory_buffers.py) and,
     under full recompute, the first backward's re-run forward are in the floor: GPT-3 175B's
