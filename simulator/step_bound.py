@@ -35,7 +35,9 @@ contention and stragglers only slow them); the host, which the engine lets run a
 T >= m x rank k's passes' host times. Every transfer and collective is priced at link rate alone:
 each flow phase the engine would play takes at least its latency plus its bytes at the bottleneck
 link's share for its own sub-flows, so contention with other traffic can only add (max-min fairness
-never exceeds capacity). Asynchronous kinds (steady state, no flush) get no bound (0).
+never exceeds capacity). A stage's data-parallel collectives are floored for its t TP ranks' groups
+together, which run at once on shared links, with the algorithm the engine plays (NCCL's rail
+decomposition for a gather or reduce-scatter across nodes). Asynchronous kinds (steady state, no flush) get no bound (0).
 
 Memory: a floor under each rank's peak, `simulator.memory_floor`.
 """
@@ -44,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.collectives import choose_algorithm
+from simulator.collectives import choose_algorithm, gather_algorithm
 from simulator.costs import BACKWARD, FORWARD, compute_parts
 from simulator.heterogeneity import DeviceCosts
 from simulator import memory_floor
@@ -89,6 +91,13 @@ class _Geometry:
     """The rank's workload (a TP shard for megatron)."""
     model: object
     """The rank's cost model (TP share for megatron)."""
+    dp_groups: list[tuple[tuple[int, ...], ...]]
+    """Stage k -> the data-parallel groups of its t TP ranks (`rings[k]` first): they reduce and
+    gather at once, on the same links (the engine plays them together, `simulator.symmetry`)."""
+
+    def expert_groups(self, k: int, ep: int) -> tuple[tuple[int, ...], ...]:
+        """Stage k's expert-data-parallel groups: every e-th copy of each DP group, all at once."""
+        return tuple(ring[r::ep] for ring in self.dp_groups[k] for r in range(ep))
 
 
 class BoundModel(LinkFloors):
@@ -127,6 +136,7 @@ class BoundModel(LinkFloors):
             chain = [device(0, k, 0) for k in range(p)]
             rings = [tuple(device(e, k, 0) for e in range(d)) for k in range(p)]
             tp_groups = [tuple(device(0, k, i) for i in range(t)) for k in range(p)]
+            dp_groups = [tuple(tuple(device(e, k, i) for e in range(d)) for i in range(t)) for k in range(p)]
         else:
             groups = c.num_groups
             placement = c.placement if c.kind in ("dp", "mp", "ghp") or groups > 1 else "group_per_node"
@@ -143,7 +153,8 @@ class BoundModel(LinkFloors):
             chain = [rank_to_device[k] for k in range(p)]
             rings = [tuple(rank_to_device[g * p + k] for g in range(groups)) for k in range(p)]
             tp_groups = [(device,) for device in chain]
-        found = self._cache[key] = _Geometry(list(ranges), chain, rings, tp_groups, shard, model)
+            dp_groups = [(ring,) for ring in rings]
+        found = self._cache[key] = _Geometry(list(ranges), chain, rings, tp_groups, shard, model, dp_groups)
         return found
 
     def _tensor_model(self, t: int, sequence_parallel: bool | None, ep: int = 1):
@@ -311,16 +322,26 @@ class BoundModel(LinkFloors):
             sharded = self.zero(c) and d > 1
             update = model.optimizer_s(params / d if sharded else params, layers=(first, last))
             experts = self.experts(c, own)  # expert shards: over the d / e copies, before the rest
-            copies = geo.rings[k][::self.ep(c)]
-            gather = self.collective_floor_s((geo.rings[k],), "allgather", (params * self.element - experts) / d,
-                                             "ring_allgather") if sharded and self.zero(c) < 3 else 0.0
-            if gather and experts > 0 and len(copies) > 1:
-                gather += self.collective_floor_s((copies,), "allgather", experts / len(copies), "ring_allgather")
+            copies = geo.expert_groups(k, self.ep(c))
+            gather = self._gather_floor_s(geo.dp_groups[k], "allgather", (params * self.element - experts) / d) \
+                if sharded and self.zero(c) < 3 else 0.0
+            if gather and experts > 0 and len(copies[0]) > 1:
+                gather += self._gather_floor_s(copies, "allgather", experts / len(copies[0]))
             return update * self._compute_scale, gather
         update = model.optimizer_s(params, layers=(first, last))
         if c.num_groups > 1:
             update += model.weight_pass_s("average", params, layers=(first, last))
         return update * self._compute_scale, 0.0
+
+    def _gather_floor_s(self, groups, op: str, size_bytes: float) -> float:
+        """Floor of a data-parallel collective run by all `groups` at once, with the algorithm the
+        engine plays for them (`simulator.engine.Engine._phase_key`): its choice for an allreduce,
+        NCCL's rail decomposition or a ring for the gathers and reduce-scatters."""
+        if op == "allreduce":
+            algorithm = choose_algorithm(self.topology, groups[0], self.scenario.strategy.collective)
+        else:
+            algorithm = f"{gather_algorithm(self.topology, groups[0])}_{op}"
+        return self.collective_floor_s(groups, op, size_bytes, algorithm)
 
     def _zero3_stream_s(self, c, geo: _Geometry) -> float:
         """ZeRO-3 (full shard, so p = 1): the data-parallel comm stream runs every unit's two
@@ -331,8 +352,8 @@ class BoundModel(LinkFloors):
         d, total = self.dp_ranks(c), 0.0
         gradient = gradient_element_bytes(self.scenario.training.dtype, 3, self.scenario.strategy.fsdp_reduce_dtype)
         for count in (layer.num_params for layer in geo.workload.layers if layer.num_params):
-            total += 2 * self.collective_floor_s((geo.rings[0],), "allgather", count * self.element / d, "ring_allgather") \
-                + self.collective_floor_s((geo.rings[0],), "reduce_scatter", count * gradient, "ring_reduce_scatter")
+            total += 2 * self._gather_floor_s(geo.dp_groups[0], "allgather", count * self.element / d) \
+                + self._gather_floor_s(geo.dp_groups[0], "reduce_scatter", count * gradient)
         return c.num_microbatches * total
 
     def _reduction_tail_s(self, c, geo: _Geometry, k: int, overlap: bool) -> float:
@@ -348,18 +369,15 @@ class BoundModel(LinkFloors):
         if zero == 3 and self.scenario.strategy.fsdp_sharding == "hybrid_shard":
             return 0.0  # node-local shard groups: the d-replica ring is no floor of theirs
         op = "reduce_scatter" if zero else "allreduce"
-        algorithm = choose_algorithm(self.topology, geo.rings[k], strategy.collective) if op == "allreduce" \
-            else "ring_reduce_scatter"
         bucket_bytes = strategy.bucket_size_bytes if strategy.overlap_backward else float("inf")
         gradient = (gradient_element_bytes(self.scenario.training.dtype, zero, self.scenario.strategy.fsdp_reduce_dtype)
                     if c.kind == MEGATRON else self.element)
         segments = bucket_segments(geo.workload, start, end, gradient, 0.0 if zero == 3 else bucket_bytes)
         experts = [self.experts(c, ((a, z),), gradient) for a, z, _ in segments]  # over the d / e copies
-        copies = geo.rings[k][::self.ep(c)]
-        expert_algorithm = "ring_reduce_scatter" if zero else choose_algorithm(self.topology, copies, strategy.collective)
-        reduce_s = [(self.collective_floor_s((geo.rings[k],), op, size - expert, algorithm) if size > expert else 0.0)
-                    + (self.collective_floor_s((copies,), op, expert, expert_algorithm) if expert > 0 and len(copies) > 1
-                       else 0.0) for (_, _, size), expert in zip(segments, experts)]
+        copies = geo.expert_groups(k, self.ep(c))
+        reduce_s = [(self._gather_floor_s(geo.dp_groups[k], op, size - expert) if size > expert else 0.0)
+                    + (self._gather_floor_s(copies, op, expert) if expert > 0 and len(copies[0]) > 1 else 0.0)
+                    for (_, _, size), expert in zip(segments, experts)]
         fwd, bwd, tp_f, tp_b, _, _ = self._layer_costs(c, geo, self.microbatch_size(c))
         rc = self.recompute(c)
         tail, after_s, queued_s = 0.0, 0.0, 0.0
