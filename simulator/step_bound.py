@@ -37,7 +37,8 @@ each flow phase the engine would play takes at least its latency plus its bytes 
 link's share for its own sub-flows, so contention with other traffic can only add (max-min fairness
 never exceeds capacity). A stage's data-parallel collectives are floored for its t TP ranks' groups
 together, which run at once on shared links, with the algorithm the engine plays (NCCL's rail
-decomposition for a gather or reduce-scatter across nodes). Asynchronous kinds (steady state, no flush) get no bound (0).
+decomposition for a gather or reduce-scatter across nodes). Asynchronous kinds (steady state, no
+flush) get no bound (0).
 
 Memory: a floor under each rank's peak, `simulator.memory_floor`.
 """
