@@ -292,7 +292,7 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
         split = stage_time_split(devices, step_time_s)
         for row in pipeline["stages"]:
             row.update(split[row["stage"]])
-        label_in_flight(pipeline, plan.meta, plan.workers_per_group)
+        label_in_flight(pipeline, plan.meta)
     from simulator.memory import memory_config
     from simulator.sparse import compression_summary
     if "rank_workload" in plan.meta:  # tensor parallelism: each TP rank's share; ranks alike walked once

@@ -20,6 +20,34 @@ import math
 from simulator.schedules.ir import BACKWARD, FORWARD, UPDATE, Schedule
 
 
+def in_flight_counts(schedule: Schedule) -> dict[str, list[int]]:
+    """Per stage (rank of `schedule`), at the worst point of its order: `microbatches_in_flight`, the
+    most distinct micro-batches some chunk of which has run its forward and not yet its backward,
+    and `chunk_passes_in_flight`, the most such (chunk, micro-batch) pairs (`stage_metrics`' count,
+    what activation memory follows). They differ only with v > 1 chunks a rank (interleaved 1F1B,
+    Narayanan et al. SC'21 sec. 2.2), where a micro-batch can be in flight in up to v chunks."""
+    counts: dict[str, list[int]] = {"microbatches_in_flight": [], "chunk_passes_in_flight": []}
+    for ops in schedule.ranks:
+        in_flight: set[tuple[int, int]] = set()
+        chunks_of: dict[int, int] = {}  # micro-batch -> its chunks in flight
+        most_microbatches = most_passes = 0
+        for op in ops:
+            key = (op.chunk, op.microbatch)
+            if op.phase == FORWARD and key not in in_flight:
+                in_flight.add(key)
+                chunks_of[op.microbatch] = chunks_of.get(op.microbatch, 0) + 1
+            elif op.phase == BACKWARD and key in in_flight:
+                in_flight.discard(key)
+                chunks_of[op.microbatch] -= 1
+                if not chunks_of[op.microbatch]:
+                    del chunks_of[op.microbatch]
+            most_passes = max(most_passes, len(in_flight))
+            most_microbatches = max(most_microbatches, len(chunks_of))
+        counts["microbatches_in_flight"].append(most_microbatches)
+        counts["chunk_passes_in_flight"].append(most_passes)
+    return counts
+
+
 def stage_metrics(schedule: Schedule, weight_stashing: bool) -> dict[str, list[int]]:
     """Lists indexed by stage (rank): see the module docstring."""
     metrics = {"microbatches_in_flight": [], "stashed_weight_versions": [], "extra_weight_copies": [],

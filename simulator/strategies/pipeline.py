@@ -30,7 +30,7 @@ from simulator.limits import check_simulation_size
 from simulator.placement import place_ranks
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
 from simulator.schedules import Schedule, checked_schedule
-from simulator.schedules.analysis import stage_metrics
+from simulator.schedules.analysis import in_flight_counts, stage_metrics
 from simulator.schedules.ir import PREDICT, UPDATE
 from simulator.strategies.ghp import GridConfig, _ActionList, _check_grid, _partition, bucket_segments
 from simulator.topology import Topology
@@ -129,51 +129,13 @@ def compile_pipeline_plan(config: PipelineConfig, workload: Workload, topology: 
                 config.global_batch_size / groups, meta=meta)
 
 
-def in_flight_counts(schedule: Schedule) -> dict[str, list[int]]:
-    """Per stage (rank of `schedule`), at the worst point of its order: `microbatches_in_flight`, the
-    most distinct micro-batches some chunk of which has run its forward and not yet its backward,
-    and `chunk_passes_in_flight`, the most such (chunk, micro-batch) pairs (`stage_metrics`' count,
-    what activation memory follows). They differ only with v > 1 chunks a rank (interleaved 1F1B,
-    Narayanan et al. SC'21 sec. 2.2), where a micro-batch can be in flight in up to v chunks."""
-    counts: dict[str, list[int]] = {"microbatches_in_flight": [], "chunk_passes_in_flight": []}
-    for ops in schedule.ranks:
-        in_flight: set[tuple[int, int]] = set()
-        chunks_of: dict[int, int] = {}  # micro-batch -> its chunks in flight
-        most_microbatches = most_passes = 0
-        for op in ops:
-            key = (op.chunk, op.microbatch)
-            if op.phase == FORWARD and key not in in_flight:
-                in_flight.add(key)
-                chunks_of[op.microbatch] = chunks_of.get(op.microbatch, 0) + 1
-            elif op.phase == BACKWARD and key in in_flight:
-                in_flight.discard(key)
-                chunks_of[op.microbatch] -= 1
-                if not chunks_of[op.microbatch]:
-                    del chunks_of[op.microbatch]
-            most_passes = max(most_passes, len(in_flight))
-            most_microbatches = max(most_microbatches, len(chunks_of))
-        counts["microbatches_in_flight"].append(most_microbatches)
-        counts["chunk_passes_in_flight"].append(most_passes)
-    return counts
-
-
-def label_in_flight(pipeline: dict, meta: dict, num_stages: int) -> None:
+def label_in_flight(pipeline: dict, meta: dict) -> None:
     """Set each row of a pipeline summary's "stages" (`simulator.schedules.steady_state`) to the
-    `in_flight_counts` of the step's schedule: a pipeline plan's own (its meta), or, for a plan
-    whose meta counts chunk passes (megatron, `simulator.strategies.tensor`), rebuilt with the
-    micro-batch count it played when v > 1 (with v = 1 both counts are the meta's). A long pipeline
-    extended from a few micro-batches (`simulator.steady_extension`) only repeats windows of its
-    verified steady state, whose counts the played schedule already reaches."""
-    if "chunk_passes_in_flight" in meta:
-        counts = meta
-    elif meta["num_virtual_stages"] == 1:
-        counts = {key: meta["microbatches_in_flight"] for key in ("microbatches_in_flight", "chunk_passes_in_flight")}
-    else:
-        played = meta.get("played_microbatches", meta["num_microbatches"])
-        counts = in_flight_counts(checked_schedule(meta["schedule_kind"], num_stages, played,
-                                                   meta["num_virtual_stages"]))
+    plan's `in_flight_counts` (its meta: a pipeline or megatron plan counts them from the schedule it
+    played; a long pipeline extended from a few micro-batches, `simulator.steady_extension`, only
+    repeats windows of its verified steady state, whose counts the played schedule already reaches)."""
     keys = ("microbatches_in_flight", "chunk_passes_in_flight")
-    pipeline["stages"] = [{"stage": row["stage"], **{key: counts[key][row["stage"]] for key in keys},
+    pipeline["stages"] = [{"stage": row["stage"], **{key: meta[key][row["stage"]] for key in keys},
                            **{key: value for key, value in row.items() if key not in keys}}
                           for row in pipeline["stages"]]
 

@@ -52,7 +52,7 @@ from simulator.layout_geometry import resolved_placement
 from simulator.limits import check_simulation_size
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
 from simulator.schedules import checked_schedule
-from simulator.schedules.analysis import stage_metrics
+from simulator.schedules.analysis import in_flight_counts, stage_metrics
 from simulator.schedules.ir import UPDATE
 from simulator.strategies import context, experts, zero
 from simulator.strategies.zero import gradient_element_bytes
@@ -219,7 +219,7 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
             "recompute_granularity": "layer",
             "schedule_kind": config.schedule_kind, "num_microbatches": config.num_microbatches,
             "num_virtual_stages": config.num_virtual_stages, "asynchronous": False, "weight_stashing": False,
-            **stage_metrics(schedule, False), "rank_workload": shard,
+            **stage_metrics(schedule, False), **in_flight_counts(schedule), "rank_workload": shard,
             "recompute": config.recompute,
             "recompute_actions": {rank: builder.recomputed for rank, builder in enumerate(builders)},
             "tensor": {"tp_degree": config.tp, "pp_degree": config.pp, "dp_degree": config.dp // config.cp,
