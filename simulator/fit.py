@@ -17,7 +17,8 @@ What is fitted (`FITTED`), each over a bounded grid of physical values:
 - `flash_attention_efficiency` (only when a run uses `costs.flash_attention`, `FLASH_FITTED`): the
   same for the fused attention kernel, which differs by implementation (Triton, FlashAttention-2,
   cuDNN) far more than by GPU.
-Everything else stays at the catalogue's sourced values. The search is a grid refined around its
+The catalogue's own ceilings for the runs' GPUs join their grids (`CATALOGUE_POINTS`), so a fit
+can always keep the datasheet. Everything else stays at the catalogue's sourced values. The search is a grid refined around its
 best point: every row is simulated at each point of the coarse grid; the best point (least MAPE)
 is then searched again among the points half-way to its neighbours in each `REFINED` parameter,
 and that `REFINEMENTS` times, so the final spacing is a quarter of the coarse one (a step is never
@@ -86,10 +87,26 @@ def grid_points(grid: dict[str, tuple[float, ...]] | None = None) -> list[dict[s
     return [dict(zip(names, values)) for values in itertools.product(*(grid[name] for name in names))]
 
 
+CATALOGUE_POINTS = ("gemm_efficiency", "flash_attention_efficiency")
+"""Ceilings whose catalogue value (for the runs' GPUs and dtypes) joins their grid, so the search
+can always keep the datasheet's figure."""
+
+
 def fitted_grid(runs: list[Run]) -> dict[str, tuple[float, ...]]:
-    """`FITTED`, and `FLASH_FITTED` when a run's scenario turns `costs.flash_attention` on."""
+    """`FITTED`, and `FLASH_FITTED` when a run's scenario turns `costs.flash_attention` on; each
+    `CATALOGUE_POINTS` ceiling with the catalogue's values of the runs' GPUs added."""
+    from simulator.kernel_costs import device_for
+    from simulator.scenario import scenario_from_dict
     flash = any((run.document.get("costs") or {}).get("flash_attention") for run in runs)
-    return {**FITTED, **FLASH_FITTED} if flash else dict(FITTED)
+    grid = {name: set(values) for name, values in ({**FITTED, **FLASH_FITTED} if flash else FITTED).items()}
+    scenarios = (scenario_from_dict(run.document, run.where) for run in runs)
+    for gpu, dtype in {(scenario.cluster.gpu.name, scenario.training.dtype): (scenario.cluster.gpu, scenario.training.dtype)
+                       for scenario in scenarios}.values():
+        catalogue = device_for(gpu, dtype).parameters
+        for name in CATALOGUE_POINTS:
+            if name in grid:
+                grid[name].add(round(getattr(catalogue, name), 3))
+    return {name: tuple(sorted(values)) for name, values in grid.items()}
 
 
 def predict_s(run: Run, point: dict[str, float] | None) -> float:

@@ -163,13 +163,19 @@ def test_the_flash_attention_ceiling_is_fitted_only_for_runs_that_use_it():
     import yaml
 
     from simulator.fit import FITTED, FLASH_FITTED, Run, fitted_grid, predict_s
+    from simulator.kernel_costs import device_for
+    from simulator.scenario import scenario_from_dict
     document = yaml.safe_load(BASE)
     plain = [Run(document, 0.01, "row 1")]
-    assert fitted_grid(plain) == FITTED
+    catalogue = device_for(scenario_from_dict(document).cluster.gpu, document["training"]["dtype"]).parameters
+    gemm = tuple(sorted({*FITTED["gemm_efficiency"], round(catalogue.gemm_efficiency, 3)}))
+    assert fitted_grid(plain) == {**FITTED, "gemm_efficiency": gemm}  # the datasheet ceiling is a grid point
     flash_document = {**document, "model": {"name": "transformer", "params": {
         "num_layers": 2, "hidden_size": 256, "num_heads": 4, "seq_len": 4096, "vocab_size": 1024}},
         "training": {**document["training"], "global_batch_size": 16}, "costs": {"flash_attention": True}}
     flash = Run(flash_document, 0.01, "row 2")
-    assert fitted_grid([*plain, flash]) == {**FITTED, **FLASH_FITTED}
+    flash_grid = tuple(sorted({*FLASH_FITTED["flash_attention_efficiency"], round(catalogue.flash_attention_efficiency, 3)}))
+    assert fitted_grid([*plain, flash]) == {**FITTED, "gemm_efficiency": gemm, "flash_attention_efficiency": flash_grid}
+    assert len(flash_grid) == len(FLASH_FITTED["flash_attention_efficiency"]) + 1
     slow, fast = (predict_s(flash, {"host_overhead_s": 0.0, "flash_attention_efficiency": e}) for e in (0.15, 0.65))
     assert slow > fast  # the parameter reaches the attention kernels
