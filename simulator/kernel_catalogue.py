@@ -98,6 +98,23 @@ TILE_SOURCE = ("tile 128x128: the CTA tile of cuBLAS's usual 16-bit tensor-core 
                "(kernel names ..._128x128_... e.g. ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn) and "
                "CUTLASS's SIMT default GemmShape<128, 128, 8>; CUTLASS's sm80 tensor-op default is 128x256x64")
 
+FLASH_KERNEL_SLOWDOWNS: dict[str, tuple[float, float]] = {
+    "flash2": (1.0, 1.0), "flash1": (2.0, 2.0), "xformers": (2.0, 2.0), "triton": (1.4, 2.0),
+    "flash3": (1 / 1.75, 1 / 1.625)}
+"""Time of a flash-attention implementation's forward and backward kernels relative to
+FlashAttention-2's CUDA kernels, whose rate the catalogue's `flash_attention_efficiency` is
+(`costs.flash_attention_kernel`). Dao, "FlashAttention-2", ICLR 2024, sec. 4.1 (A100):
+FlashAttention-2 is "around 2x faster than FlashAttention and FlashAttention in xformers (the
+'cutlass' implementation)" (`flash1`, `xformers`) and "around 1.3-1.5x faster than FlashAttention
+in Triton in the forward pass and around 2x faster in the backward pass" (`triton`: flash-attn's
+`flash_attn_triton.py`, LLM Foundry's `attn_impl: triton`; 1.4, the range's middle). Shah et al.,
+"FlashAttention-3", NeurIPS 2024, sec. 4.1 (H100, 16-bit): FlashAttention-3 is "around 1.5-2.0x
+faster than FlashAttention-2 in the forward pass and 1.5-1.75x faster in the backward pass"
+(`flash3`, the ranges' middles; Hopper only, `FLASH3_ARCHITECTURES`). One figure for every family
+the kernel runs on."""
+FLASH3_ARCHITECTURES = ("hopper",)
+"""FlashAttention-3 uses Hopper's WGMMA and TMA instructions: it runs on sm90 only."""
+
 HOPPER_MISALIGNED_SOURCE = (
     "misaligned-GEMM ceilings (an odd n or k) bf16 0.147, fp16 0.148, fp32 0.774: `ghpsim calibrate --kernels` on "
     "an H200 (torch 2.11, CUDA 13.0; reports/gpu/h200_kernels/kernel_profile.json), the median of four 8192 x "

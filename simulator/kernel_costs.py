@@ -31,10 +31,18 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from simulator.costs import TOPK_SELECTION_BYTES_PER_ELEMENT, WEIGHT_PASS_WORDS
+from simulator.errors import ScenarioError
 from simulator.host_sharing import sm_sharing
-from simulator.kernel_catalogue import ARCHITECTURES, KernelParameters, conv_algorithm, gpu_architecture
+from simulator.kernel_catalogue import (
+    ARCHITECTURES,
+    FLASH3_ARCHITECTURES,
+    FLASH_KERNEL_SLOWDOWNS,
+    KernelParameters,
+    conv_algorithm,
+    gpu_architecture,
+)
 from simulator.kernel_tables import Axes, interpolate_log
-from simulator.kernels_attention import core_recompute_kernels
+from simulator.kernels_attention import FLASH_BACKWARD_KERNEL, core_recompute_kernels
 from simulator.kernels import (
     Kernel,
     layer_kernels,
@@ -71,15 +79,23 @@ class Device:
     parameters: KernelParameters
     gemm_grid: tuple[Axes, tuple[float, ...]] | None = None
     """The measured GEMM tile efficiencies of this dtype (`MeasuredTables.gemm_grid`), or None."""
+    flash_slowdown: tuple[float, float] = (1.0, 1.0)
+    """The flash-attention implementation's forward and backward time over FlashAttention-2's
+    (`simulator.kernel_catalogue.FLASH_KERNEL_SLOWDOWNS`)."""
 
 
-def device_for(gpu, dtype: str, parameters: KernelParameters | None = None) -> Device:
-    """A `Device` from a `GpuSpec` (or any object with its fields) and the architecture table."""
-    arch = ARCHITECTURES[gpu_architecture(gpu)]
+def device_for(gpu, dtype: str, parameters: KernelParameters | None = None, flash_kernel: str = "flash2") -> Device:
+    """A `Device` from a `GpuSpec` (or any object with its fields) and the architecture table;
+    `flash_kernel`: the flash-attention implementation (`FLASH_KERNEL_SLOWDOWNS`)."""
+    family = gpu_architecture(gpu)
+    if flash_kernel == "flash3" and family not in FLASH3_ARCHITECTURES:
+        raise ScenarioError(f"costs.flash_attention_kernel: 'flash3' runs on Hopper GPUs only "
+                            f"(GPU {getattr(gpu, 'name', gpu)!r} is {family})")
+    arch = ARCHITECTURES[family]
     parameters = parameters or arch.parameters_for(dtype)
     grid = parameters.measured.gemm_grid(dtype) if parameters.measured is not None else None
     return Device(gpu.peak_for(dtype), gpu.memory_bandwidth_bytes_per_s, gpu.num_sms, arch.tile_m,
-                  arch.tile_n, arch.memory_latency_s, parameters, grid)
+                  arch.tile_n, arch.memory_latency_s, parameters, grid, FLASH_KERNEL_SLOWDOWNS[flash_kernel])
 
 
 # --- per-kernel times ---------------------------------------------------------------------------
@@ -132,9 +148,10 @@ def kernel_s(kernel: Kernel, device: Device) -> float:
         compute = tiled_compute_s(kernel.m, kernel.n, kernel.k, kernel.batch_count, device, efficiency,
                                   work_fraction=kernel.work_fraction)
     elif kernel.kind == "flash_attention":
+        slowdown = device.flash_slowdown[kernel.name == FLASH_BACKWARD_KERNEL]
         compute = tiled_compute_s(kernel.m, kernel.n, kernel.k, kernel.batch_count, device,
-                                  p.flash_attention_efficiency, tile_n=kernel.n, work_fraction=kernel.work_fraction,
-                                  split_k=False)
+                                  p.flash_attention_efficiency / slowdown, tile_n=kernel.n,
+                                  work_fraction=kernel.work_fraction, split_k=False)
     elif kernel.kind == "generic":
         compute = kernel.flops / (device.peak_flops_per_s * p.gemm_efficiency)
     else:
@@ -187,7 +204,8 @@ class KernelCosts:
     False: each weight-gradient GEMM is followed by its fp32 main-gradient accumulation kernel.
     `vocab_multiple` > 1: vocabularies padded to a multiple of it x `tp_degree` (Megatron's
     `MEGATRON_VOCAB_MULTIPLE`; 1: the model's own size, as eager frameworks run it).
-    `memory_format`: the convolutions' activation layout (`conv_algorithm`)."""
+    `memory_format`: the convolutions' activation layout (`conv_algorithm`). `flash_kernel`: the
+    flash-attention implementation (`simulator.kernel_catalogue.FLASH_KERNEL_SLOWDOWNS`)."""
 
     communication = None
     shared_processors = None
@@ -195,7 +213,8 @@ class KernelCosts:
     def __init__(self, workload: Workload, gpu, dtype: str, optimizer: str, *, tp_degree: int = 1,
                  flash_attention: bool = False, sequence_parallel: bool = False, recompute: str = "none",
                  parameters: KernelParameters | None = None, comm_sm_contention: bool = True,
-                 gradient_accumulation_fusion: bool = True, vocab_multiple: int = 1, memory_format: str = "nchw"):
+                 gradient_accumulation_fusion: bool = True, vocab_multiple: int = 1, memory_format: str = "nchw",
+                 flash_kernel: str = "flash2"):
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE_MODES)}")
         self.workload = workload
@@ -210,10 +229,11 @@ class KernelCosts:
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
         self.vocab_multiple = vocab_multiple
         self.memory_format = memory_format
+        self.flash_kernel = flash_kernel
         self.conv_algorithm = conv_algorithm(gpu, dtype, memory_format)
         self.shared_processors = sm_sharing(gpu.num_sms) if comm_sm_contention else None
         self.architecture = gpu_architecture(gpu)
-        self.device = device_for(gpu, dtype, parameters)
+        self.device = device_for(gpu, dtype, parameters, flash_kernel)
         self.parameters = self.device.parameters
         self._element_bytes = dtype_bytes(dtype)
         self._cache: dict[tuple, tuple[float, float]] = {}
@@ -234,14 +254,14 @@ class KernelCosts:
                    comm_sm_contention=costs.comm_sm_contention,
                    gradient_accumulation_fusion=scenario.strategy.gradient_accumulation_fusion,
                    vocab_multiple=MEGATRON_VOCAB_MULTIPLE if scenario.strategy.kind == "megatron" else 1,
-                   memory_format=training.memory_format)
+                   memory_format=training.memory_format, flash_kernel=costs.flash_attention_kernel)
 
     def with_changes(self, **changes) -> "KernelCosts":
         """The same model with some constructor arguments replaced (another GPU, TP degree, ...)."""
         settings = {name: getattr(self, name) for name in (
             "workload", "gpu", "dtype", "optimizer", "tp_degree", "flash_attention", "sequence_parallel",
             "recompute", "parameters", "comm_sm_contention", "gradient_accumulation_fusion", "vocab_multiple",
-            "memory_format")}
+            "memory_format", "flash_kernel")}
         return KernelCosts(**(settings | changes))
 
     def with_tensor_parallel(self, tp_degree: int, sequence_parallel: bool) -> "KernelCosts":

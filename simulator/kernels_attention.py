@@ -28,6 +28,9 @@ from simulator.memory_activations import attention_keys
 from simulator.zoo._ops import ROTARY_FLOPS, SOFTMAX_FLOPS, SWIGLU_FLOPS
 
 FP32 = 4
+FLASH_BACKWARD_KERNEL = "attn.flash_bwd"
+"""The flash-attention backward kernel's name (`simulator.kernel_costs.kernel_s` prices an
+implementation's forward and backward apart)."""
 
 
 def fused_softmax_available(attention_batches: float, sq: int, sk: int, e: int, causal: bool) -> bool:
@@ -120,7 +123,7 @@ def attention_core_kernels(b: float, s: int, h: int, heads: int, t: int, e: int,
                     copy("attn.context_layout", ctx_e, e)]
         return [copy("attn.context_layout.bwd", ctx_e, e),
                 pointwise("attn.flash_bwd_dot_do_o", "reduction", ctx_e, 2 * e, 0.0),
-                Kernel("attn.flash_bwd", "flash_attention", 10.0 * heads_total * s * k * d,
+                Kernel(FLASH_BACKWARD_KERNEL, "flash_attention", 10.0 * heads_total * s * k * d,
                        (qkv_e + 2 * ctx_e) * e + heads_total * s * STATS_BYTES,
                        2 * ctx_e * e + ctx_e * STATS_BYTES, s, d, 5 * s, heads_total, work),
                 pointwise("attn.flash_bwd_convert_dq", "elementwise", ctx_e, STATS_BYTES, e),

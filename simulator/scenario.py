@@ -258,6 +258,8 @@ class CostConfig(_Frozen):
 
     model: Literal["auto", "kernel", "analytic"] = "auto"
     flash_attention: bool = False
+    flash_attention_kernel: Literal["flash2", "flash1", "flash3", "triton", "xformers"] = "flash2"
+    """The fused kernel's implementation (`kernel_catalogue.FLASH_KERNEL_SLOWDOWNS`)."""
     efficiency: dict[LayerKind, Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=dict)
     host_bandwidth_bytes_per_s: BytesPerSecond | None = None
     """training.offload_activations: bytes/s per direction between a device and host memory; None:
@@ -268,6 +270,12 @@ class CostConfig(_Frozen):
     host_overhead_s: Annotated[Float, Field(ge=0, le=1e-2)] | None = None
     """Kernel cost model: the framework's host time to issue one kernel; None: the catalogue's
     (`simulator.kernel_catalogue.HOST_OVERHEAD_S`); 0: a host that never holds the GPU back (CUDA graphs)."""
+
+    @model_validator(mode="after")
+    def _check_flash_kernel(self) -> "CostConfig":
+        if self.flash_attention_kernel != "flash2" and not self.flash_attention:
+            raise ValueError(f"costs.flash_attention_kernel: {self.flash_attention_kernel!r} needs costs.flash_attention: true")
+        return self
 
 
 class Scenario(_Frozen):

@@ -29,7 +29,7 @@ def format_validation_error(error: ValidationError, origin: str) -> str:
         return f"{origin}: {field}: unknown key"
     if first["type"] == "missing":
         return f"{origin}: {field}: missing required field"
-    if message.startswith(("strategy.", "cluster.")) or not field:
+    if message.startswith(("strategy.", "cluster.", "costs.")) or not field:
         return f"{origin}: {message}"
     return f"{origin}: {field}: {message} (got {_SHORT_REPR.repr(first.get('input'))})"
 

@@ -31,6 +31,7 @@ def test_each_run_is_an_fsdp_layout_of_the_published_model(run):
     strategy, params = scenario.strategy, scenario.model.params
     assert (strategy.kind, strategy.tp_degree, strategy.pp_degree, strategy.zero_stage) == ("megatron", 1, 1, 3)
     assert scenario.costs.flash_attention and scenario.training.dtype == "bf16"
+    assert scenario.costs.flash_attention_kernel == "triton"  # LLM Foundry's attn_impl: triton
     micro_batch = scenario.training.global_batch_size / (scenario.num_gpus * strategy.num_microbatches)
     assert micro_batch == int(micro_batch) >= 1
     # MPT's parameters: 12 L d^2 + 13 L d (biases, LayerNorms) + 2 d + (vocabulary + positions) d, which
@@ -71,6 +72,7 @@ def test_torchtitan_rows_are_the_published_fsdp2_runs():
         strategy = scenario.strategy
         assert (scenario.num_gpus, strategy.fsdp_sharding, strategy.fsdp_reduce_dtype) == (64, "full_shard", "fp32")
         assert scenario.training.dtype == "bf16" and scenario.costs.flash_attention
+        assert scenario.costs.flash_attention_kernel == "flash2"  # PyTorch SDPA's FlashAttention-2
         local_tokens = scenario.training.global_batch_size / 64 * scenario.model.params["seq_len"]
         wps = TORCHTITAN_WPS[scenario.model.name, scenario.training.recompute]
         assert run.measured_s == pytest.approx(local_tokens / wps, rel=1e-5)

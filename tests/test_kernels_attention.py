@@ -45,3 +45,44 @@ def test_the_unfused_softmax_moves_the_fp32_scores_five_times():
     softmax = [k for k in layer_kernels(block, "F", 1, dtype="fp16", tp_degree=8) if k.name.startswith("attn.softmax")]
     scores = 1 * 2 * 1024 * 1024  # micro-batch x heads per rank x s x s
     assert sum(k.bytes_read + k.bytes_written for k in softmax) == pytest.approx(36 * scores)
+
+
+@pytest.mark.parametrize("implementation, gpu, forward, backward", [
+    ("triton", "A100-80GB", 1.4, 2.0),    # FlashAttention-2 paper, sec. 4.1: 1.3-1.5x forward, 2x backward
+    ("flash1", "A100-80GB", 2.0, 2.0),    # ibid.: about 2x faster than FlashAttention and xformers
+    ("xformers", "A100-80GB", 2.0, 2.0),
+    ("flash3", "H100-SXM", 1 / 1.75, 1 / 1.625),  # FlashAttention-3 paper, sec. 4.1: 1.5-2x, 1.5-1.75x
+])
+def test_a_flash_implementation_takes_its_published_ratio_of_flash_attention_2s_time(implementation, gpu,
+                                                                                       forward, backward):
+    from simulator.hardware import GPUS
+    from simulator.kernel_costs import device_for, kernel_s
+
+    block = transformer_block("block", 2048, 16, 16384, 8192, causal=True, pre_norm=True)
+    reference, other = (device_for(GPUS[gpu], "bf16", flash_kernel=kind) for kind in ("flash2", implementation))
+    launch = reference.parameters.launch_overhead_s
+    for phase, slowdown in (("F", forward), ("B", backward)):
+        flash = [k for k in layer_kernels(block, phase, 2, dtype="bf16", flash_attention=True)
+                 if k.kind == "flash_attention"]
+        assert len(flash) == 1
+        assert kernel_s(flash[0], other) - launch == pytest.approx(slowdown * (kernel_s(flash[0], reference) - launch))
+    rest = [k for k in layer_kernels(block, "B", 2, dtype="bf16", flash_attention=True) if k.kind != "flash_attention"]
+    assert [kernel_s(k, other) for k in rest] == [kernel_s(k, reference) for k in rest]
+
+
+def test_flash_attention_3_runs_on_hopper_only():
+    from simulator.errors import ScenarioError
+    from simulator.hardware import GPUS
+    from simulator.kernel_costs import device_for
+
+    with pytest.raises(ScenarioError, match=r"costs.flash_attention_kernel: 'flash3' runs on Hopper GPUs only \(GPU 'A100-80GB' is ampere\)"):
+        device_for(GPUS["A100-80GB"], "bf16", flash_kernel="flash3")
+
+
+def test_the_triton_flash_kernel_needs_flash_attention_on():
+    from simulator.errors import ScenarioError
+    from simulator.scenario import scenario_from_dict
+
+    with pytest.raises(ScenarioError, match=r"costs.flash_attention_kernel: 'triton' needs costs.flash_attention: true"):
+        scenario_from_dict({"model": {"name": "gpt2"}, "training": {"global_batch_size": 8},
+                            "costs": {"flash_attention_kernel": "triton"}})
