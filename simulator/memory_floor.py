@@ -1,15 +1,19 @@
 """A floor under a candidate layout's peak memory per device, cheap (no plan, no engine).
 
 The persistent state of each rank (weights, fp32 master weights, optimizer state, weight
-gradients: `simulator.memory`, with ZeRO's sharding as in the megatron summary,
+gradients in the bytes the plan keeps them, `simulator.strategies.zero.gradient_element_bytes`:
+`simulator.memory`, with ZeRO's sharding as in the megatron summary,
 `simulator.strategies.zero.shard_memory`: optimizer state and master weights / d from stage 1,
 gradients / d from stage 2, weights / d at stage 3; hybrid sharding divides by fewer replicas, so
 / d stays a floor) plus, before its first backward, the activations its schedule holds: every
 forward done by then (1F1B: min(m, p - k) micro-batches; GPipe: m) keeps each layer's kept bytes
 (`simulator.memory_activations.kept_bytes`, the memory model's own rule, with the candidate's TP
-degree, sequence parallelism and flash attention; full recompute: only each chunk's first input,
-a floor of the per-layer checkpoints) until that layer's backward. With expert parallelism
-(ZeRO-1 only) the expert weights' states are sharded over the d / e copies only, as
+degree, sequence parallelism and flash attention; full recompute: every layer's input for the
+megatron kind, whose plans checkpoint each layer, else only each chunk's first input, a floor of
+the per-segment checkpoints) until that layer's backward, and each held chunk's output sent to the
+next stage (the sender keeps it until its backward). ZeRO-3 adds its gathered units and one
+unit's unsharded gradient (shard_grad_op: the gradient), as `simulator.strategies.zero.memory_meta`
+does. With expert parallelism (ZeRO-1 only) the expert weights' states are sharded over the d / e copies only, as
 `simulator.strategies.zero.state_divisor`. With context parallelism c a rank holds the
 activations of b / c of each micro-batch (`simulator.strategies.context`) and ZeRO-1 shards over
 the d c ranks that reduce a gradient (`simulator.strategies.zero.shard_degree`). Under full
@@ -33,6 +37,7 @@ from simulator.memory_activations import Sharding, kept_bytes, saved_bytes
 from simulator.schedules import build_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
+from simulator.strategies.zero import gradient_element_bytes
 
 MEGATRON = "megatron"
 
@@ -46,18 +51,24 @@ def memory_floor_bytes(model, c) -> float:
     layers = geo.workload.layers
     t = c.tp_degree if c.kind == MEGATRON else 1
     sharding = Sharding(t, t > 1 and model.sp(c), model.scenario.costs.flash_attention)
-    sums = _layer_sums(model, geo.workload, rc, e, sharding)
+    per_layer = c.kind == MEGATRON  # its plans checkpoint every layer's input under full recompute
+    sums = _layer_sums(model, geo.workload, rc, e, sharding, per_layer)
     per_chunk, remat = [], []
+    last = len(layers) - 1
     for start, end in geo.ranges:
+        checkpoint = end - 1 if per_layer else start  # the input the first rematerialised layer replaces
         remat.append(0.0 if rc != "full" or training.offload_activations else
-                     max(0.0, sums.saved(end - 1) - layers[start].input_elements_per_sample * e) * b)
-        per_chunk.append(0.0 if training.offload_activations else sums.chunk_kept(start, end) * b)
+                     max(0.0, sums.saved(end - 1) - layers[checkpoint].input_elements_per_sample * e) * b)
+        sent = layers[end - 1].output_elements_per_sample * e if end - 1 != last and training.memory_policy == "none" else 0.0
+        per_chunk.append(0.0 if training.offload_activations else (sums.chunk_kept(start, end) + sent) * b)
     master = 4 if training.dtype in MASTER_WEIGHT_DTYPES else 0
     state = (master + 4 * OPTIMIZER_STATE_COPIES[training.optimizer])
-    grads = e if training.memory_policy != "laysa" else 0
-    weights = e
     d = model.dp_ranks(c)  # ZeRO shards over the d c ranks of a stage (context parallelism: x c)
     stage = model.zero(c) if c.kind == MEGATRON and d > 1 else 0
+    grads = 0 if training.memory_policy == "laysa" else (
+        gradient_element_bytes(training.dtype, model.zero(c), model.scenario.strategy.fsdp_reduce_dtype)
+        if c.kind == MEGATRON else e)
+    weights = e
     state, grads, weights = state / (d if stage >= 1 else 1), grads / (d if stage >= 2 else 1), \
         weights / (d if stage == 3 else 1)
     copies = weight_copies(c.kind, p, c.num_microbatches, model.scenario.strategy.weight_stashing) \
@@ -70,21 +81,36 @@ def memory_floor_bytes(model, c) -> float:
             + min(remat[j] for j in range(k, p * v, p))
         experts = model.experts(c, own) / e if stage >= 1 else 0.0  # expert states over d / e copies
         worst = max(worst, params * (weights + grads + state + copies[k] * e) + experts * state * (model.ep(c) - 1)
-                    + held)
+                    + held + _sharding_transients(model, c, stage, sums, own))
     return worst
+
+
+def _sharding_transients(model, c, stage: int, sums, own) -> float:
+    """ZeRO-3's gathered units (two at once, the next one prefetched) and one unit's unsharded
+    gradient before its reduce-scatter (shard_grad_op: that gradient alone), as
+    `simulator.strategies.zero.memory_meta` counts them; none under hybrid sharding (whose shard
+    group may be a single rank)."""
+    strategy = model.scenario.strategy
+    if stage < 2 or strategy.fsdp_sharding == "hybrid_shard" or (stage == 2 and strategy.fsdp_sharding != "shard_grad_op"):
+        return 0.0
+    units = [count for a, z in own for count in (sums.params(i, i + 1) for i in range(a, z)) if count > 0]
+    gradient = gradient_element_bytes(model.scenario.training.dtype, stage, strategy.fsdp_reduce_dtype) * max(units, default=0)
+    if stage == 2:
+        return gradient
+    return model.element * max((sum(units[k:k + 2]) for k in range(len(units))), default=0) + gradient
 
 
 class _LayerSums:
     """Prefix sums over the layers of what a chunk keeps per sample (the first layer of a chunk
     keeps its checkpoint under full recompute) and of parameters: a chunk's figures in O(1)."""
 
-    def __init__(self, layers, rc: str, e: int, sharding: Sharding):
+    def __init__(self, layers, rc: str, e: int, sharding: Sharding, per_layer: bool = False):
         self.layers, self.e, self.sharding = layers, e, sharding
         last = len(layers) - 1
         self.plain, self.first = [], []
         for index, layer in enumerate(layers):
             extra = 2 * layer.output_elements_per_sample * e if index == last else 0.0
-            self.plain.append(kept_bytes(layer, rc, e, sharding, checkpoint=False) + extra)
+            self.plain.append(kept_bytes(layer, rc, e, sharding, checkpoint=per_layer) + extra)
             self.first.append(kept_bytes(layer, rc, e, sharding, checkpoint=True) + extra)
         self.kept_prefix = list(accumulate(self.plain, initial=0.0))
         self.params_prefix = list(accumulate((layer.num_params for layer in layers), initial=0))
@@ -102,12 +128,12 @@ class _LayerSums:
         return self._saved[index]
 
 
-def _layer_sums(model, workload, rc: str, e: int, sharding: Sharding) -> _LayerSums:
-    """The model's `_LayerSums` for one recompute mode and sharding (built once per search)."""
+def _layer_sums(model, workload, rc: str, e: int, sharding: Sharding, per_layer: bool) -> _LayerSums:
+    """The model's `_LayerSums` for one recompute mode, sharding and checkpoint rule (built once per search)."""
     cache = model.floor_layer_sums
-    key = (id(workload), rc, e, sharding)
+    key = (id(workload), rc, e, sharding, per_layer)
     if key not in cache:
-        cache[key] = _LayerSums(workload.layers, rc, e, sharding)
+        cache[key] = _LayerSums(workload.layers, rc, e, sharding, per_layer)
     return cache[key]
 
 

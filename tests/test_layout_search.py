@@ -15,7 +15,7 @@ from simulator.fabrics import build_topology
 from simulator.hardware import GPUS
 from simulator.layout_search import (MICROBATCH_SIZES, exact_peak_memory_bytes, megatron_space, pareto_front,
                                      search_layouts)
-from simulator.planner import Candidate, _workload, candidate_scenario, enumerate_candidates
+from simulator.planner import Candidate, _workload, candidate_scenario, enumerate_candidates, scenario_for_gpus
 from simulator.scenario import load_scenario, scenario_from_dict
 from simulator.search_bounds import screen_all
 from simulator.simulate import analytic_costs, simulate
@@ -347,3 +347,26 @@ def test_asynchronous_layouts_whose_replicas_fold_are_searched():
     assert summary["symmetry"]["used"] and summary["num_gpus"] == 4096 and summary["step_time_s"] > 0
     off = scenario.model_copy(update={"strategy": scenario.strategy.model_copy(update={"symmetry": "off"})})
     assert "exceed" in unfolded_refusal(off, candidate, build_topology(scenario.cluster), {})
+
+
+FLOOR_CHECKS = {  # LLaMA-3 405B on 256 H100 (bf16): label -> the least share of the exact peak its floor reaches
+    "megatron (t=1 x p=1 x d=256) m=8 recompute=full zero3": 0.65,  # every layer's input, two gathered units
+    "megatron (t=2 x p=32 x d=4) m=512 v=4 recompute=full zero1 sp": 0.6,  # fp32 main gradients, sent outputs
+    "megatron (t=1 x c=8 x p=32 x d=1) m=2048 recompute=full zero1": 0.9,
+    "megatron (t=1 x c=2 x p=128 x d=1) m=2048 recompute=full": 0.9,
+}
+
+
+def test_the_memory_floor_of_megatron_layouts_counts_what_their_plans_keep():
+    """Under full recompute a megatron plan checkpoints every layer's input; its bf16 gradients
+    accumulate in fp32; a pipeline stage keeps each sent output until its backward; ZeRO-3 holds two
+    gathered units and one unit's unsharded gradient. The floor counts them, so layouts that cannot
+    fit are dropped before they are simulated, and it stays under the memory model's exact peak."""
+    scenario = scenario_for_gpus(load_scenario("scenarios/llama3_405b_4d_h100.yaml"), 256)
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), scenario.base_dir)
+    model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+    candidates = {c.label: c for c in megatron_space(scenario, workload) if c.label in FLOOR_CHECKS}
+    assert set(candidates) == set(FLOOR_CHECKS)
+    for label, share in FLOOR_CHECKS.items():
+        exact = exact_peak_memory_bytes(scenario_from_dict(candidate_scenario(scenario, candidates[label])), workload)
+        assert share * exact <= model.memory_floor_bytes(candidates[label]) <= exact * (1 + 1e-12), label
