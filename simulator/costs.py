@@ -193,6 +193,11 @@ def describe_compute_model(costs, model_setting: str, gpu: GpuSpec, given: bool)
             note = f"costs.model kernel: {gpu.name} ({family}) has no kernel figures, Ampere's ratios used (an assumption)"
         else:
             note = f"costs.model {model_setting}: {costs.architecture} kernel figures"
+        if costs.flash_attention:
+            forward, backward = costs.device.flash_slowdown
+            parameters["flash_attention_kernel"] = costs.flash_kernel
+            note += (f"; flash attention {costs.flash_kernel}" + ("" if costs.flash_kernel == "flash2" else
+                     f" ({forward:.3g}x / {backward:.3g}x FlashAttention-2's forward / backward time)"))
         return {"model": "kernel", "parameters": parameters, "note": note}
     if isinstance(costs, AnalyticCosts):
         parameters = {"efficiency": dict(costs.efficiency), "peak_flops_per_s": costs.gpu.peak_for(costs.dtype),

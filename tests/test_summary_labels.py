@@ -152,6 +152,18 @@ def test_kernel_model_names_its_catalogue_row(capsys):
         capsys, RESNET50, "cluster.gpu=H100-SXM")
 
 
+def test_the_kernel_model_names_its_flash_attention_implementation(capsys):
+    llama = ROOT / "scenarios" / "llama3_8b_dgx_h100.yaml"
+    model = _summary(llama)["compute_model"]
+    assert model["parameters"]["flash_attention_kernel"] == "flash2"
+    assert model["note"] == "costs.model auto: hopper kernel figures; flash attention flash2"
+    triton = _summary(llama, "costs.flash_attention_kernel=triton")
+    assert triton["compute_model"]["note"].endswith(
+        "; flash attention triton (1.4x / 2x FlashAttention-2's forward / backward time)")
+    assert triton["step_time_s"] > _summary(llama)["step_time_s"]
+    assert "flash_attention_kernel" not in _summary(RESNET50)["compute_model"]["parameters"]
+
+
 def test_measured_costs_are_named_a_profile():
     class Measured:
         communication = shared_processors = None
