@@ -15,14 +15,14 @@ What is fitted (`FITTED`), each over a bounded grid of physical values:
   times this;
 - `gemm_efficiency`: the fraction of the per-SM dense peak a full GEMM tile sustains;
 - `flash_attention_efficiency` (only when a run uses `costs.flash_attention`, `FLASH_FITTED`): the
-  same for the fused attention kernel, which differs by implementation (Triton, FlashAttention-2,
-  cuDNN) far more than by GPU.
+  same for FlashAttention-2's fused kernel (a run's other implementation, `costs.flash_attention_kernel`,
+  keeps its published ratio to it).
 The catalogue's own ceilings for the runs' GPUs join their grids (`CATALOGUE_POINTS`), so a fit
-can always keep the datasheet. Everything else stays at the catalogue's sourced values. The search is a grid refined around its
-best point: every row is simulated at each point of the coarse grid; the best point (least MAPE)
-is then searched again among the points half-way to its neighbours in each `REFINED` parameter,
-and that `REFINEMENTS` times, so the final spacing is a quarter of the coarse one (a step is never
-taken beyond the grid's bounds). Each fold runs this search on its training rows and is scored on its
+can always keep the datasheet. Everything else stays at the catalogue's sourced values. The search
+is a grid refined around its best point: every row is simulated at each point of the coarse grid;
+the best point (least MAPE) is then searched again among the points half-way to its neighbours in
+each `REFINED` parameter, and that `REFINEMENTS` times, so the final spacing is a quarter of the
+coarse one (a step is never taken beyond the grid's bounds). Each fold runs this search on its training rows and is scored on its
 held-out rows (k-fold cross-validation; the folds are a seeded shuffle); points are simulated once
 and shared by the folds. The written parameters are the search's result on all rows; their
 uncertainty is the spread of the folds' choices. Each run's held-out prediction is printed with
@@ -100,8 +100,9 @@ def fitted_grid(runs: list[Run]) -> dict[str, tuple[float, ...]]:
     flash = any((run.document.get("costs") or {}).get("flash_attention") for run in runs)
     grid = {name: set(values) for name, values in ({**FITTED, **FLASH_FITTED} if flash else FITTED).items()}
     scenarios = (scenario_from_dict(run.document, run.where) for run in runs)
-    for gpu, dtype in {(scenario.cluster.gpu.name, scenario.training.dtype): (scenario.cluster.gpu, scenario.training.dtype)
-                       for scenario in scenarios}.values():
+    distinct = {(scenario.cluster.gpu.name, scenario.training.dtype): (scenario.cluster.gpu, scenario.training.dtype)
+                for scenario in scenarios}
+    for gpu, dtype in distinct.values():
         catalogue = device_for(gpu, dtype).parameters
         for name in CATALOGUE_POINTS:
             if name in grid:

@@ -13,8 +13,8 @@ megatron kind, whose plans checkpoint each layer, else only each chunk's first i
 the per-segment checkpoints) until that layer's backward, and each held chunk's output sent to the
 next stage (the sender keeps it until its backward). ZeRO-3 adds its gathered units and one
 unit's unsharded gradient (shard_grad_op: the gradient), as `simulator.strategies.zero.memory_meta`
-does. With expert parallelism (ZeRO-1 only) the expert weights' states are sharded over the d / e copies only, as
-`simulator.strategies.zero.state_divisor`. With context parallelism c a rank holds the
+does. With expert parallelism (ZeRO-1 only) the expert weights' states are sharded over the d / e
+copies only, as `simulator.strategies.zero.state_divisor`. With context parallelism c a rank holds the
 activations of b / c of each micro-batch (`simulator.strategies.context`) and ZeRO-1 shards over
 the d c ranks that reduce a gradient (`simulator.strategies.zero.shard_degree`). Under full
 recompute the first backward re-runs its chunk's forward: the chunk's last layer then holds its
@@ -59,7 +59,8 @@ def memory_floor_bytes(model, c) -> float:
         checkpoint = end - 1 if per_layer else start  # the input the first rematerialised layer replaces
         remat.append(0.0 if rc != "full" or training.offload_activations else
                      max(0.0, sums.saved(end - 1) - layers[checkpoint].input_elements_per_sample * e) * b)
-        sent = layers[end - 1].output_elements_per_sample * e if end - 1 != last and training.memory_policy == "none" else 0.0
+        sent = (layers[end - 1].output_elements_per_sample * e  # kept by the sender until its backward
+                if end - 1 != last and training.memory_policy == "none" else 0.0)
         per_chunk.append(0.0 if training.offload_activations else (sums.chunk_kept(start, end) + sent) * b)
     master = 4 if training.dtype in MASTER_WEIGHT_DTYPES else 0
     state = (master + 4 * OPTIMIZER_STATE_COPIES[training.optimizer])
@@ -91,10 +92,12 @@ def _sharding_transients(model, c, stage: int, sums, own) -> float:
     `simulator.strategies.zero.memory_meta` counts them; none under hybrid sharding (whose shard
     group may be a single rank)."""
     strategy = model.scenario.strategy
-    if stage < 2 or strategy.fsdp_sharding == "hybrid_shard" or (stage == 2 and strategy.fsdp_sharding != "shard_grad_op"):
+    sharding = strategy.fsdp_sharding
+    if stage < 2 or sharding == "hybrid_shard" or (stage == 2 and sharding != "shard_grad_op"):
         return 0.0
     units = [count for a, z in own for count in (sums.params(i, i + 1) for i in range(a, z)) if count > 0]
-    gradient = gradient_element_bytes(model.scenario.training.dtype, stage, strategy.fsdp_reduce_dtype) * max(units, default=0)
+    element = gradient_element_bytes(model.scenario.training.dtype, stage, strategy.fsdp_reduce_dtype)
+    gradient = element * max(units, default=0)
     if stage == 2:
         return gradient
     return model.element * max((sum(units[k:k + 2]) for k in range(len(units))), default=0) + gradient
@@ -129,7 +132,8 @@ class _LayerSums:
 
 
 def _layer_sums(model, workload, rc: str, e: int, sharding: Sharding, per_layer: bool) -> _LayerSums:
-    """The model's `_LayerSums` for one recompute mode, sharding and checkpoint rule (built once per search)."""
+    """The model's `_LayerSums` for one recompute mode, sharding and checkpoint rule (built once
+    per search)."""
     cache = model.floor_layer_sums
     key = (id(workload), rc, e, sharding, per_layer)
     if key not in cache:
