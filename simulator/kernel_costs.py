@@ -148,9 +148,9 @@ def kernel_s(kernel: Kernel, device: Device) -> float:
         compute = tiled_compute_s(kernel.m, kernel.n, kernel.k, kernel.batch_count, device, efficiency,
                                   work_fraction=kernel.work_fraction)
     elif kernel.kind == "flash_attention":
-        slowdown = device.flash_slowdown[kernel.name == FLASH_BACKWARD_KERNEL]
+        slowdown = device.flash_slowdown[kernel.name == FLASH_BACKWARD_KERNEL]  # < 1: faster, never past peak
         compute = tiled_compute_s(kernel.m, kernel.n, kernel.k, kernel.batch_count, device,
-                                  p.flash_attention_efficiency / slowdown, tile_n=kernel.n,
+                                  min(1.0, p.flash_attention_efficiency / slowdown), tile_n=kernel.n,
                                   work_fraction=kernel.work_fraction, split_k=False)
     elif kernel.kind == "generic":
         compute = kernel.flops / (device.peak_flops_per_s * p.gemm_efficiency)

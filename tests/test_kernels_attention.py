@@ -86,3 +86,17 @@ def test_the_triton_flash_kernel_needs_flash_attention_on():
     with pytest.raises(ScenarioError, match=r"costs.flash_attention_kernel: 'triton' needs costs.flash_attention: true"):
         scenario_from_dict({"model": {"name": "gpt2"}, "training": {"global_batch_size": 8},
                             "costs": {"flash_attention_kernel": "triton"}})
+
+
+def test_a_faster_flash_implementation_never_runs_past_the_peak():
+    from dataclasses import replace
+
+    from simulator.hardware import GPUS
+    from simulator.kernel_costs import device_for, kernel_s
+
+    block = transformer_block("block", 2048, 16, 16384, 8192, causal=True, pre_norm=True)
+    flash = [k for k in layer_kernels(block, "F", 2, dtype="bf16", flash_attention=True) if k.kind == "flash_attention"][0]
+    fitted = replace(device_for(GPUS["H100-SXM"], "bf16").parameters, flash_attention_efficiency=0.9)
+    flash3 = device_for(GPUS["H100-SXM"], "bf16", fitted, flash_kernel="flash3")
+    at_peak = device_for(GPUS["H100-SXM"], "bf16", replace(fitted, flash_attention_efficiency=1.0))
+    assert kernel_s(flash, flash3) == pytest.approx(kernel_s(flash, at_peak))  # 0.9 x 1.75 capped at 1
