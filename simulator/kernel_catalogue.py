@@ -115,6 +115,12 @@ the kernel runs on."""
 FLASH3_ARCHITECTURES = ("hopper",)
 """FlashAttention-3 uses Hopper's WGMMA and TMA instructions: it runs on sm90 only."""
 
+
+def check_flash_kernel(costs) -> None:
+    """A scenario's `costs` section: an implementation other than FlashAttention-2 needs the fused kernel on."""
+    if costs.flash_attention_kernel != "flash2" and not costs.flash_attention:
+        raise ValueError(f"costs.flash_attention_kernel: {costs.flash_attention_kernel!r} needs costs.flash_attention: true")
+
 HOPPER_MISALIGNED_SOURCE = (
     "misaligned-GEMM ceilings (an odd n or k) bf16 0.147, fp16 0.148, fp32 0.774: `ghpsim calibrate --kernels` on "
     "an H200 (torch 2.11, CUDA 13.0; reports/gpu/h200_kernels/kernel_profile.json), the median of four 8192 x "

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from simulator.errors import ScenarioError, SimulationError
 from simulator.fabrics import cached_topology
 from simulator.kernel_catalogue import has_kernel_tables
+from simulator.memory_buffers import usable_memory_bytes
 from simulator.memory_activations import is_block
 from simulator.planner import (MEGATRON, MEMORY_MODEL, Candidate, Ranking, _row, _workload, candidate_scenario,
                                enumerate_candidates, scenario_for_gpus, simulate_candidate)
@@ -224,7 +225,7 @@ def evaluate_layout(payload: dict) -> dict:
             memory_s = time.perf_counter() - started
         except (ScenarioError, SimulationError) as error:
             return {"label": payload["label"], "error": str(error)}
-        if peak > scenario.cluster.gpu.memory_bytes:
+        if peak > usable_memory_bytes(scenario):
             return {"label": payload["label"], "memory_bytes": peak, "memory_s": memory_s}
         return {**simulate_candidate(payload), "memory_s": memory_s}
     return simulate_candidate(payload)
@@ -256,7 +257,7 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
         candidates += megatron_space(scenario, workload, microbatch_sizes, context, cp_across_nodes)
     stats.enumerated = len(candidates) + len(skipped)
     stats.seconds["enumerate"] = time.perf_counter() - started
-    capacity = scenario.cluster.gpu.memory_bytes
+    capacity = usable_memory_bytes(scenario)
     queue, pruned, bounds, floors = [], [], {}, {}
     workers = max(1, (os.cpu_count() or 1) if workers is None else workers)
     pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
@@ -335,7 +336,7 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_pr
         done.append((candidate, outcome))
         stats.seconds["memory"] += outcome.get("memory_s", 0.0)
         summary = outcome.get("summary")
-        if summary and max(outcome["peak_memory_bytes"]) <= scenario.cluster.gpu.memory_bytes:
+        if summary and max(outcome["peak_memory_bytes"]) <= usable_memory_bytes(scenario):
             heapq.heappush(best, -summary["step_time_s"])
             if len(best) > top:
                 heapq.heappop(best)
@@ -344,7 +345,7 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_pr
         return {"label": candidate.label, "scenario": candidate_scenario(scenario, candidate),
                 "origin": scenario.source, "base_dir": scenario.base_dir, "profile": None,
                 "check_memory": scenario.strategy.gradient_compression == "none"
-                and floors[candidate] >= EXACT_CHECK_FRACTION * scenario.cluster.gpu.memory_bytes}
+                and floors[candidate] >= EXACT_CHECK_FRACTION * usable_memory_bytes(scenario)}
 
     progress = stderr_progress(TextColumn("searching layouts"), BarColumn(), MofNCompleteColumn(),
                                TextColumn("simulated"), TimeElapsedColumn(), enabled=show_progress)

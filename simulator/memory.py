@@ -61,7 +61,7 @@ from operator import attrgetter
 
 from simulator.hardware import LINKS
 from simulator.memory_activations import Sharding, kept_bytes, saved_bytes, selective_recomputes_core
-from simulator.memory_buffers import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIES, persistent
+from simulator.memory_buffers import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIES, persistent, usable_memory_bytes
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan
 from simulator.workload import Workload, dtype_bytes
 
@@ -95,7 +95,7 @@ class MemoryConfig:
 def memory_config(scenario) -> MemoryConfig:
     training, host_bandwidth = scenario.training, scenario.costs.host_bandwidth_bytes_per_s
     return MemoryConfig(training.dtype, training.optimizer, training.memory_policy, training.recompute,
-                        training.offload_activations, scenario.cluster.gpu.memory_bytes,
+                        training.offload_activations, usable_memory_bytes(scenario),
                         blocked_conv_layout=scenario.cluster.gpu.name in BLOCKED_CONV_LAYOUT_DEVICES,
                         flash_attention=scenario.costs.flash_attention,
                         **({} if host_bandwidth is None else {"host_bandwidth_bytes_per_s": host_bandwidth}))

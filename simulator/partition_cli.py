@@ -19,6 +19,7 @@ from rich.table import Table
 
 from simulator.errors import ScenarioError
 from simulator.fabrics import build_topology
+from simulator.memory_buffers import usable_memory_bytes
 from simulator.model_source import resolve_workload
 from simulator.pipedream_costs import cluster_stage_costs
 from simulator.pipedream_partition import PipeDreamPartition, PipeDreamStage, pipedream_partition
@@ -73,7 +74,7 @@ def partition_document(scenario: Scenario, num_workers: int, profile_path: str |
     batch, training = microbatch_size(scenario), scenario.training
     inputs = cluster_stage_costs(workload, costs, build_topology(scenario.cluster, scenario.base_dir), num_workers,
                                  batch=batch, dtype=training.dtype, optimizer=training.optimizer)
-    memory = scenario.cluster.gpu.memory_bytes
+    memory = usable_memory_bytes(scenario)
     best = pipedream_partition(inputs, num_workers, memory)
     plain_dp = PipeDreamPartition((PipeDreamStage(0, workload.num_layers, num_workers,
                                                   inputs.time_s(0, workload.num_layers, num_workers),

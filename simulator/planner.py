@@ -10,16 +10,15 @@ p, d = N / (t p) replicas, each m of `MICROBATCH_COUNTS` (m = 1 without a pipeli
 ones are not simulated; `skipped` lists each with the reason. On a single node both placements use
 the same links, so only `group_per_node` is kept.
 
-Memory: a device's peak is `devices[].peak_memory_bytes` of the simulation summary when the
-simulator reports it (the memory model), else `estimate_peak_memory_bytes` (PAPERS.md section 1,
-memory_j; `simulator.heuristics`) per stage with the samples whose activations are held at once:
-the group batch B/G without pipelining and for GPipe (all m micro-batches), min(m, M - j)
-micro-batches of B/(G m) for stage j of the other pipeline schedules (1F1B's bound, Narayanan et
-al., SC'21, section 2.2). Candidates that do not fit rank after all that fit, marked.
+Memory: a device's peak is `devices[].peak_memory_bytes` of the simulation summary (the memory
+model), else `estimate_peak_memory_bytes` (PAPERS.md section 1, memory_j; `simulator.heuristics`)
+per stage with the samples whose activations are held at once: the group batch B/G without
+pipelining and for GPipe (all m micro-batches), min(m, M - j) micro-batches of B/(G m) for stage j of
+the others (1F1B's bound, SC'21 sec. 2.2). Those over `memory_buffers.usable_memory_bytes` rank last.
 
-N GPUs: the cluster keeps `gpus_per_node` and gets N / gpus_per_node nodes; N smaller than a
-node is one node of N GPUs; any other N is an error. The scenario's own allocation (kind, G, t, p)
-is not carried to another N (`scenario_for_gpus`): the candidates are the search.
+N GPUs: the cluster keeps `gpus_per_node` and gets N / gpus_per_node nodes (fewer: one node of N
+GPUs; else an error). The scenario's own allocation (kind, G, t, p) is not carried to another N
+(`scenario_for_gpus`): the candidates are the search.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import pandas as pd
 from simulator.errors import ScenarioError, SimulationError
 from simulator.fabrics import cached_topology
 from simulator.heuristics import estimate_peak_memory_bytes
+from simulator.memory_buffers import usable_memory_bytes
 from simulator.model_source import resolve_workload
 from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
 from simulator.schedules import default_microbatch_counts
@@ -370,7 +370,7 @@ def rank_candidates(scenario: Scenario, num_gpus: int | None = None, *, kinds: t
                  "base_dir": scenario.base_dir, "profile": profile_path} for c in candidates]
     workers = (os.cpu_count() or 1) if workers is None else workers
     outcomes = run_payloads(payloads, workers, show_progress)
-    device_memory = scenario.cluster.gpu.memory_bytes
+    device_memory = usable_memory_bytes(scenario)
     rows, sources = [], set()
     for candidate, outcome in zip(candidates, outcomes):
         if "error" in outcome:

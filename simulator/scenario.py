@@ -22,6 +22,7 @@ from simulator.limits import (MAX_BATCH, MAX_FAT_TREE_K, MAX_GPUS, MAX_LAYERS, M
 from simulator.units import parse_quantity
 from simulator.validation_errors import format_validation_error
 from simulator.yaml_loading import StrictLoader, load_yaml_text, read_yaml_file
+from simulator.kernel_catalogue import check_flash_kernel
 from simulator.zero_config import check_zero, zero_stage_from_fsdp
 
 StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
@@ -243,6 +244,8 @@ class TrainingConfig(_Frozen):
     """reuse/laysa: move saved activations to host memory over PCIe instead of keeping them."""
     memory_format: Literal["nchw", "nhwc"] = "nchw"
     """Convolution activations' layout: PyTorch's default NCHW or channels_last NHWC (`simulator.kernels_cnn.conv`)."""
+    allocator_fragmentation: Annotated[Float, Field(ge=0, lt=0.5)] = 0.0
+    """Share of device memory the caching allocator loses to fragmentation (`simulator.memory.usable_memory_bytes`)."""
 
 
 LayerKind = Literal["conv", "linear", "attention", "embedding", "norm", "pool", "elementwise"]
@@ -271,11 +274,7 @@ class CostConfig(_Frozen):
     """Kernel cost model: the framework's host time to issue one kernel; None: the catalogue's
     (`simulator.kernel_catalogue.HOST_OVERHEAD_S`); 0: a host that never holds the GPU back (CUDA graphs)."""
 
-    @model_validator(mode="after")
-    def _check_flash_kernel(self) -> "CostConfig":
-        if self.flash_attention_kernel != "flash2" and not self.flash_attention:
-            raise ValueError(f"costs.flash_attention_kernel: {self.flash_attention_kernel!r} needs costs.flash_attention: true")
-        return self
+    _check_flash_kernel = model_validator(mode="after")(lambda self: check_flash_kernel(self) or self)
 
 
 class Scenario(_Frozen):

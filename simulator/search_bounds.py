@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from simulator.errors import ScenarioError, SimulationError
+from simulator.memory_buffers import usable_memory_bytes
 
 SLICES_PER_WORKER = 4
 """Slices a worker gets: enough to even out slow and fast slices, few enough that little of each
@@ -48,7 +49,7 @@ def bound_model(scenario, workload=None):
 
 def screen(model, candidates) -> tuple[list[Screened], float, float]:
     """(per candidate its `Screened`, seconds in floors, seconds in bounds) with `model`."""
-    capacity = model.scenario.cluster.gpu.memory_bytes
+    capacity = usable_memory_bytes(model.scenario)
     found, memory_s, bound_s = [], 0.0, 0.0
     for candidate in candidates:
         clock = time.perf_counter()
