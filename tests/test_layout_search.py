@@ -370,3 +370,21 @@ def test_the_memory_floor_of_megatron_layouts_counts_what_their_plans_keep():
     for label, share in FLOOR_CHECKS.items():
         exact = exact_peak_memory_bytes(scenario_from_dict(candidate_scenario(scenario, candidates[label])), workload)
         assert share * exact <= model.memory_floor_bytes(candidates[label]) <= exact * (1 + 1e-12), label
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path, gpus", [("scenarios/llama3_70b_fsdp_h100.yaml", 64),
+                                        ("scenarios/mixtral_8x7b_ep_h100.yaml", 64),
+                                        ("scenarios/gpt3_175b_dgx_a100_3d.yaml", 128)])
+def test_the_memory_floor_never_exceeds_the_exact_peak_across_the_search_space(path, gpus):
+    """A floor above the exact peak would drop a layout that fits: sampled across each model's whole
+    megatron space (every ZeRO stage, recompute mode, CP and EP degree it has)."""
+    scenario = scenario_for_gpus(load_scenario(path), gpus)
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), scenario.base_dir)
+    model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+    space = megatron_space(scenario, workload)
+    sampled = space[::len(space) // 20]
+    assert len({(c.zero_stage, c.recompute) for c in sampled}) >= 4
+    for candidate in sampled:
+        exact = exact_peak_memory_bytes(scenario_from_dict(candidate_scenario(scenario, candidate)), workload)
+        assert model.memory_floor_bytes(candidate) <= exact * (1 + 1e-12), candidate.label
