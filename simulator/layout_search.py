@@ -325,7 +325,7 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_pr
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from simulator.progress import stderr_progress
-    heap = list(queue)
+    heap, capacity = list(queue), usable_memory_bytes(scenario)
     best: list[float] = []  # negated step times of the top fitting candidates (a max-heap)
     done: list[tuple[Candidate, dict]] = []
 
@@ -336,7 +336,7 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_pr
         done.append((candidate, outcome))
         stats.seconds["memory"] += outcome.get("memory_s", 0.0)
         summary = outcome.get("summary")
-        if summary and max(outcome["peak_memory_bytes"]) <= usable_memory_bytes(scenario):
+        if summary and max(outcome["peak_memory_bytes"]) <= capacity:
             heapq.heappush(best, -summary["step_time_s"])
             if len(best) > top:
                 heapq.heappop(best)
@@ -345,7 +345,7 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_pr
         return {"label": candidate.label, "scenario": candidate_scenario(scenario, candidate),
                 "origin": scenario.source, "base_dir": scenario.base_dir, "profile": None,
                 "check_memory": scenario.strategy.gradient_compression == "none"
-                and floors[candidate] >= EXACT_CHECK_FRACTION * usable_memory_bytes(scenario)}
+                and floors[candidate] >= EXACT_CHECK_FRACTION * capacity}
 
     progress = stderr_progress(TextColumn("searching layouts"), BarColumn(), MofNCompleteColumn(),
                                TextColumn("simulated"), TimeElapsedColumn(), enabled=show_progress)

@@ -37,7 +37,7 @@ from simulator.memory_activations import Sharding, kept_bytes, saved_bytes
 from simulator.schedules import build_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
-from simulator.strategies.zero import gradient_element_bytes
+from simulator.strategies.zero import gradient_element_bytes, unit_transients_bytes
 
 MEGATRON = "megatron"
 
@@ -87,20 +87,14 @@ def memory_floor_bytes(model, c) -> float:
 
 
 def _sharding_transients(model, c, stage: int, sums, own) -> float:
-    """ZeRO-3's gathered units (two at once, the next one prefetched) and one unit's unsharded
-    gradient before its reduce-scatter (shard_grad_op: that gradient alone), as
-    `simulator.strategies.zero.memory_meta` counts them; none under hybrid sharding (whose shard
-    group may be a single rank)."""
+    """ZeRO's per-unit transients of rank k's units (`simulator.strategies.zero.unit_transients_bytes`,
+    as `memory_meta` counts them); none under hybrid sharding (whose shard group may be one rank)."""
     strategy = model.scenario.strategy
-    sharding = strategy.fsdp_sharding
-    if stage < 2 or sharding == "hybrid_shard" or (stage == 2 and sharding != "shard_grad_op"):
+    if stage < 2 or strategy.fsdp_sharding == "hybrid_shard":
         return 0.0
     units = [count for a, z in own for count in (sums.params(i, i + 1) for i in range(a, z)) if count > 0]
     element = gradient_element_bytes(model.scenario.training.dtype, stage, strategy.fsdp_reduce_dtype)
-    gradient = element * max(units, default=0)
-    if stage == 2:
-        return gradient
-    return model.element * max((sum(units[k:k + 2]) for k in range(len(units))), default=0) + gradient
+    return sum(unit_transients_bytes(stage, strategy.fsdp_sharding, units, model.element, element))
 
 
 class _LayerSums:

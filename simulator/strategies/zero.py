@@ -218,19 +218,27 @@ def _reduce_unit(rank, layer: int, microbatch: int) -> None:
     rank.pending.append(after[0])
 
 
+def unit_transients_bytes(stage: int, sharding: str | None, units: list[int], element: int,
+                          grad_element: int) -> tuple[float, float]:
+    """(gathered, gradient) bytes of the per-unit transients (module docstring) over a rank's units'
+    parameter counts: ZeRO-3 two gathered units at once and one unit's unsharded gradient;
+    shard_grad_op one unit's gradient; else none (ZeRO-2's buckets: `memory_meta`)."""
+    if stage == 3:
+        return (element * max((sum(units[k:k + 2]) for k in range(len(units))), default=0),
+                grad_element * max(units, default=0))
+    if stage == 2 and sharding == "shard_grad_op":
+        return 0.0, grad_element * max(units, default=0)
+    return 0.0, 0.0
+
+
 def memory_meta(config, shard_workload, stage_ranges: tuple[tuple[int, int], ...]) -> dict:
     """What `shard_memory` needs: the stage, s, and the transients of the module docstring (bytes)."""
     element = dtype_bytes(config.dtype)
     grad_element = gradient_element_bytes(config.dtype, config.zero_stage, config.fsdp_reduce_dtype)
     params = [layer.num_params for layer in shard_workload.layers]
-    gathered = gradient = 0.0
-    if config.zero_stage == 3:
-        units = [count for a, b in stage_ranges for count in params[a:b] if count > 0]
-        gathered = element * max((sum(units[k:k + 2]) for k in range(len(units))), default=0)
-        gradient = grad_element * max(units, default=0)
-    elif config.zero_stage == 2 and config.fsdp_sharding == "shard_grad_op":  # one unit's full gradient
-        gradient = grad_element * max((count for a, b in stage_ranges for count in params[a:b]), default=0)
-    elif config.zero_stage == 2:
+    units = [count for a, b in stage_ranges for count in params[a:b] if count > 0]
+    gathered, gradient = unit_transients_bytes(config.zero_stage, config.fsdp_sharding, units, element, grad_element)
+    if config.zero_stage == 2 and config.fsdp_sharding != "shard_grad_op":
         gradient = max((size for a, b in stage_ranges for _, _, size in
                         bucket_segments(shard_workload, a, b, grad_element, config.bucket_size_bytes)), default=0.0)
     return {"stage": config.zero_stage, "shard_degree": shard_degree(config), "gathered_bytes": gathered,
