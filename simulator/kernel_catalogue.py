@@ -84,11 +84,11 @@ LAUNCH_OVERHEAD_S = 5e-6
 LAUNCH_SOURCE = ("launch 5 us: NVIDIA, 'Getting Started with CUDA Graphs' (A. Gray, 2019): a 2.9 us kernel took "
                  "9.6 us per launch+sync on V100, i.e. ~6.7 us launch latency, 3.8 us when queued back to back; "
                  "5 us is the commonly quoted 3-7 us range's middle, one value for every CUDA family")
-HOST_OVERHEAD_S = 57.5e-6
-HOST_SOURCE = ("host 57.5 us a kernel: no vendor publishes a training framework's per-kernel host time, so it is "
+HOST_OVERHEAD_S = 55e-6
+HOST_SOURCE = ("host 55 us a kernel: no vendor publishes a training framework's per-kernel host time, so it is "
                "the one parameter chosen on measurements, by 5-fold cross-validation (`ghpsim fit`) on 1,440 "
                "published Megatron-DeepSpeed iteration times on an 8xA100 node (Bang et al., vTrain, MICRO 2024), "
-               "with the engine's asynchronous host: every fold chose 57.5 us, held-out MAPE 6.9 % against 25.4 % "
+               "with the engine's asynchronous host: every fold chose 55 us, held-out MAPE 6.9 % against 24.3 % "
                "with none; host-bound eager PyTorch steps on an H200 spent 42-45 us a kernel "
                "(reports/gpu/h200_kernels); a host figure, used for every family")
 LATENCY_SOURCE = ("memory latency 0.6 us: HBM load latency is several hundred ns on V100/A100/H100 (pointer-chase "

@@ -41,6 +41,7 @@ from simulator.kernel_catalogue import (
     conv_algorithm,
     gpu_architecture,
 )
+from simulator.kernel_ops import accumulation_fused
 from simulator.kernel_tables import Axes, interpolate_log
 from simulator.kernels_attention import FLASH_BACKWARD_KERNEL, core_recompute_kernels
 from simulator.kernels import (
@@ -201,7 +202,7 @@ class KernelCosts:
     for it, `simulator.strategies.ghp.recompute_ranges`). `parameters` replaces the architecture table's `KernelParameters`.
     `comm_sm_contention`: compute slows while a collective's NCCL kernels hold SMs on the same GPU
     (`shared_processors`, `simulator.host_sharing.sm_sharing`). `gradient_accumulation_fusion`
-    False: each weight-gradient GEMM is followed by its fp32 main-gradient accumulation kernel.
+    False: each weight-gradient GEMM is followed by its main-gradient accumulation kernel.
     `vocab_multiple` > 1: vocabularies padded to a multiple of it x `tp_degree` (Megatron's
     `MEGATRON_VOCAB_MULTIPLE`; 1: the model's own size, as eager frameworks run it).
     `memory_format`: the convolutions' activation layout (`conv_algorithm`). `flash_kernel`: the
@@ -252,7 +253,8 @@ class KernelCosts:
                    flash_attention=costs.flash_attention, parameters=parameters,
                    recompute="selective" if training.recompute == "selective" else "none",
                    comm_sm_contention=costs.comm_sm_contention,
-                   gradient_accumulation_fusion=scenario.strategy.gradient_accumulation_fusion,
+                   gradient_accumulation_fusion=accumulation_fused(
+                       scenario.strategy.gradient_accumulation_fusion, scenario.strategy.kind, training.dtype),
                    vocab_multiple=MEGATRON_VOCAB_MULTIPLE if scenario.strategy.kind == "megatron" else 1,
                    memory_format=training.memory_format, flash_kernel=costs.flash_attention_kernel)
 

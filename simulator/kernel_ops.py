@@ -119,22 +119,40 @@ def add(name: str, elements: float, e: int) -> Kernel:
     return pointwise(name, "elementwise", elements, 2 * e, e, ADD_FLOPS)
 
 
-def main_grad_accumulate(wgrad: Kernel, e: int) -> Kernel:
-    """Without gradient accumulation fusion (Megatron `--no-gradient-accumulation-fusion`), the
-    weight-gradient GEMM writes a model-dtype gradient and Megatron DDP's parameter hook adds it
-    into the fp32 main gradient, `param.main_grad.add_(param.grad.data)`: one kernel per weight per
-    micro-batch over its m x n elements, reading 4 + e bytes and writing 4 per element (with
-    fusion the GEMM accumulates into main_grad itself: Megatron's `wgrad_gemm_accum_fp32`)."""
-    return pointwise(f"{wgrad.name}.accumulate", "elementwise", wgrad.m * wgrad.n, MAIN_GRAD_BYTES + e,
-                     MAIN_GRAD_BYTES, ADD_FLOPS)
+def main_grad_bytes(dtype: str, e: int) -> int:
+    """Bytes of a main-gradient element: fp32 under bf16 (Megatron-LM `arguments.py` forces
+    `accumulate_allreduce_grads_in_fp32` for bf16), else the model dtype's `e` (fp16 gradients
+    accumulate in fp16, as `simulator.strategies.zero.gradient_element_bytes` reduces them)."""
+    return MAIN_GRAD_BYTES if dtype == "bf16" else e
 
 
-def unfused_accumulation(kernels, e: int) -> list[Kernel]:
+def accumulation_fused(setting: bool | None, kind: str, dtype: str) -> bool:
+    """Whether weight-gradient GEMMs accumulate into the main gradient themselves
+    (`strategy.gradient_accumulation_fusion`; None: as the framework does). Megatron (kind
+    megatron) fuses only into fp32 main gradients: `arguments.py` turns `--gradient-accumulation-fusion`
+    off unless `accumulate_allreduce_grads_in_fp32`, which it sets for bf16 alone, so fp16 and fp32
+    training add each micro-batch's gradient in a kernel of its own. Eager PyTorch (every other
+    kind) writes a step's one gradient straight into `.grad`: no separate kernel."""
+    if setting is not None:
+        return setting
+    return kind != "megatron" or dtype == "bf16"
+
+
+def main_grad_accumulate(wgrad: Kernel, e: int, main_e: int = MAIN_GRAD_BYTES) -> Kernel:
+    """Without gradient accumulation fusion, the weight-gradient GEMM writes a model-dtype gradient
+    and Megatron DDP's parameter hook adds it into the main gradient, `param.main_grad.add_(param.grad.data)`:
+    one kernel per weight per micro-batch over its m x n elements, reading `main_e` + e bytes and
+    writing `main_e` per element (`main_grad_bytes`; with fusion the GEMM accumulates into
+    main_grad itself: Megatron's `wgrad_gemm_accum_fp32`)."""
+    return pointwise(f"{wgrad.name}.accumulate", "elementwise", wgrad.m * wgrad.n, main_e + e, main_e, ADD_FLOPS)
+
+
+def unfused_accumulation(kernels, e: int, main_e: int = MAIN_GRAD_BYTES) -> list[Kernel]:
     """`kernels` with each weight-gradient GEMM ("*.wgrad", linear and convolution) followed by
-    its fp32 main-gradient accumulation kernel (`main_grad_accumulate`)."""
+    its main-gradient accumulation kernel (`main_grad_accumulate`)."""
     out = []
     for kernel in kernels:
         out.append(kernel)
         if kernel.kind == "gemm" and kernel.name.endswith(".wgrad"):
-            out.append(main_grad_accumulate(kernel, e))
+            out.append(main_grad_accumulate(kernel, e, main_e))
     return out

@@ -43,6 +43,7 @@ from simulator.kernel_ops import (
     dropout,
     layer_norm,
     linear,
+    main_grad_bytes,
     pointwise,
     rms_norm,
     unfused_accumulation,
@@ -257,7 +258,7 @@ def _cached_kernels(layer: Layer, spec_key, phase: str, batch: float, dtype: str
     kernels = _expand(layer, batch, dtype_bytes(dtype), phase_kernels, tp_degree, flash_attention,
                       sequence_parallel, conv_algorithm)
     if phase == "B" and not gradient_accumulation_fusion:
-        kernels = unfused_accumulation(kernels, dtype_bytes(dtype))
+        kernels = unfused_accumulation(kernels, dtype_bytes(dtype), main_grad_bytes(dtype, dtype_bytes(dtype)))
     return tuple(kernels)
 
 

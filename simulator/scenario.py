@@ -215,9 +215,9 @@ class StrategyConfig(_Frozen):
     symmetry: Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)] = "auto"
     """auto simulates one representative per symmetric set of ranks (megatron: simulator/symmetry.py;
     dp, mp, ghp and the pipeline kinds: simulator/grid_symmetry.py); off forces the full simulation."""
-    gradient_accumulation_fusion: bool = True
-    """Kernel cost model: each weight-gradient GEMM accumulates into the fp32 main gradient (Megatron
-    `--gradient-accumulation-fusion`, its default); false: a separate accumulation kernel per weight."""
+    gradient_accumulation_fusion: bool | None = None
+    """Kernel cost model: true, each weight-gradient GEMM accumulates into its main gradient; false, a
+    separate accumulation kernel per weight; None: as the framework does (`kernel_ops.accumulation_fused`)."""
     tp_comm_overlap: bool = False
     """megatron: the TP collectives of a pass overlap its compute (`--tp-comm-overlap`; needs sequence_parallel)."""
     gradient_fusion: Literal["buckets", "horovod"] = "buckets"

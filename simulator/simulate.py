@@ -16,6 +16,7 @@ from simulator.engine import Engine
 from simulator.errors import ScenarioError, SimulationError
 from simulator.fabrics import build_topology
 from simulator.flops import flops_summary
+from simulator.kernel_ops import accumulation_fused
 from simulator.kernel_report import kernel_passes
 from simulator.limits import check_simulation_size
 from simulator.model_source import resolve_workload
@@ -148,7 +149,8 @@ def single_device_scenario(scenario: Scenario) -> Scenario:
     cluster, strategy = scenario.cluster, scenario.strategy
     alone = ClusterConfig(num_nodes=1, gpus_per_node=1, gpu=cluster.gpu, intra_node_link=cluster.intra_node_link,
                           inter_node_link=cluster.inter_node_link)
-    dp = StrategyConfig(kind="dp", gradient_accumulation_fusion=strategy.gradient_accumulation_fusion)
+    dp = StrategyConfig(kind="dp", gradient_accumulation_fusion=accumulation_fused(
+        strategy.gradient_accumulation_fusion, strategy.kind, scenario.training.dtype))
     return scenario.model_copy(update={"cluster": alone, "strategy": dp})
 
 

@@ -1,5 +1,6 @@
 """Gradient accumulation fusion (Megatron `--gradient-accumulation-fusion`, `strategy.gradient_accumulation_fusion`):
-off, every weight-gradient GEMM of a backward is followed by one fp32 main-gradient add kernel."""
+off, every weight-gradient GEMM of a backward is followed by one main-gradient add kernel (fp32 under
+bf16, the model dtype otherwise); by default as Megatron does it, fused only into fp32 main gradients."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from simulator.kernel_costs import KernelCosts, device_for, kernel_s
+from simulator.kernel_ops import accumulation_fused
 from simulator.kernels import layer_kernels
 from simulator.scenario import load_scenario
 from simulator.simulate import analytic_costs, engine_costs, simulate
@@ -59,9 +61,36 @@ def test_the_backward_time_grows_by_exactly_the_added_kernels():
     assert unfused.compute_s(index, "F", 4) == fused.compute_s(index, "F", 4)
 
 
+def test_fp16_gradients_accumulate_in_fp16():
+    """Without fp32 main gradients (fp16 training), the add reads two fp16 tensors and writes one."""
+    unfused = layer_kernels(BLOCK, "B", 4, dtype="fp16", gradient_accumulation_fusion=False)
+    qkv = next(kernel for kernel in unfused if kernel.name == "qkv.wgrad.accumulate")
+    elements = 3 * BLOCK.spec["hidden_size"] ** 2
+    assert (qkv.bytes_read, qkv.bytes_written) == (elements * (2 + 2), elements * 2)
+
+
+@pytest.mark.parametrize("setting, kind, dtype, fused", [
+    (None, "megatron", "bf16", True),    # accumulate_allreduce_grads_in_fp32 forced: fusion on
+    (None, "megatron", "fp16", False),   # arguments.py turns fusion off without fp32 accumulation
+    (None, "megatron", "fp32", False),
+    (None, "dp", "fp16", True),          # eager PyTorch: no separate kernel
+    (True, "megatron", "fp16", True),    # an explicit setting wins
+    (False, "megatron", "bf16", False)])
+def test_the_default_follows_megatrons_rule(setting, kind, dtype, fused):
+    assert accumulation_fused(setting, kind, dtype) is fused
+
+
+def test_an_fp16_megatron_scenario_pays_the_accumulation_by_default():
+    path = ROOT / "scenarios/runs/megatron_gpt_a100_node.yaml"
+    default, fused = load_scenario(path), load_scenario(path, ["strategy.gradient_accumulation_fusion=true"])
+    assert default.training.dtype == "fp16" and default.strategy.gradient_accumulation_fusion is None
+    assert simulate(default).step_time_s > simulate(fused).step_time_s
+
+
 def test_the_strategy_key_reaches_the_tensor_parallel_costs_the_engine_plays():
     path = ROOT / "scenarios/gpt2_1.5b_dgx_a100_3d.yaml"
     on, off = load_scenario(path), load_scenario(path, ["strategy.gradient_accumulation_fusion=false"])
+    assert on.training.dtype == "bf16"  # fused by default
     for scenario, expected in ((on, True), (off, False)):
         workload = build_model(scenario.model.name, **scenario.model.params)
         costs = analytic_costs(scenario, workload)

@@ -13,6 +13,7 @@ import pytest
 from ghpsim.cli import main
 from simulator.costs import describe_compute_model, single_device_step_s
 from simulator.errors import ScenarioError
+from simulator.kernel_catalogue import HOST_OVERHEAD_S
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate, single_device_scenario
 
@@ -143,7 +144,7 @@ def test_auto_names_the_roofline_fallback_for_a_gpu_without_kernel_figures(capsy
 def test_kernel_model_names_its_catalogue_row(capsys):
     model = _summary(RESNET50, "cluster.gpu=H100-SXM")["compute_model"]
     assert model["model"] == "kernel" and model["parameters"]["architecture"] == "hopper"
-    assert model["parameters"]["host_overhead_s"] == pytest.approx(57.5e-6)
+    assert model["parameters"]["host_overhead_s"] == pytest.approx(HOST_OVERHEAD_S)
     assert model["note"] == "costs.model auto: hopper kernel figures"
     forced = _summary(RESNET50, "cluster.gpu=B200", "costs.model=kernel")["compute_model"]
     assert forced["model"] == "kernel" and forced["parameters"]["architecture"] == "generic"
