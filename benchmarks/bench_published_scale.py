@@ -1,7 +1,7 @@
 """Accuracy at cluster scale: published Megatron-LM iteration times on up to 3,072 A100 GPUs (and on
 V100), predicted with the datasheet catalogue (or a kernel profile) and scored against the measurements.
 
-Two published tables on A100, GPT models with sequence 2,048, vocabulary 51,200, fp16 mixed precision
+Three published tables on A100, GPT models with sequence 2,048, vocabulary 51,200, fp16 mixed precision
 with Adam, on Selene (DGX A100 80 GB nodes: NVSwitch inside, 8 HDR InfiniBand NICs a node on a
 rail-optimised fat-tree), and one on V100:
 
@@ -27,6 +27,13 @@ rail-optimised fat-tree), and one on V100:
   model-parallel group, no data parallelism. The rows whose model is the one of the same size in
   Shoeybi et al. 2019 Table 1 (1.2B: hidden 1,536, 16 heads, 40 layers; 4.2B: 2,304, 24, 64):
   the blog's 2.0B and 8.7B models are not described.
+- `MT_NLG_RUNS`: Megatron-Turing NLG 530B (Smith et al., "Using DeepSpeed and Megatron to Train
+  Megatron-Turing NLG 530B", arXiv 2201.11990, 2022): 105 layers, hidden 20,480, 128 heads,
+  sequence 2,048, global batch 1,920, micro-batch 1, TP 8 x PP 35 on 280, 350 and 420 DGX A100
+  nodes of Selene, iteration times 60.1, 50.2 and 44.4 s (126, 121 and 113 TFLOP/s a GPU, which
+  the paper's figures agree with through eq. 3 to 0.5 %). DeepSpeed's pipeline engine runs 1F1B
+  without interleaving and reduces gradients after the backward; full activation recomputation and
+  fp16 are assumed (the DeepSpeed mixed precision of 2021).
 
 Nothing here is fitted: these rows are held out from every parameter of the model, including
 those `ghpsim fit` chose on the single-node rows of `bench_published.py`. Prints each run's
@@ -37,7 +44,7 @@ trained on.
 `--plot FILE.png` draws each run's prediction against its measurement, one colour per table
 (`reports/published_scale_accuracy.png`).
 
-    python benchmarks/bench_published_scale.py [--table sc21|recompute|v1|all] [--profile PROFILE.json]
+    python benchmarks/bench_published_scale.py [--table sc21|recompute|v1|mtnlg|all] [--profile PROFILE.json]
                                                [--processes N] [--json] [--plot FILE.png]
 """
 
@@ -156,9 +163,12 @@ V1_RUNS = tuple(PublishedRun(params, heads, hidden, layers, tp, 1, tp, 8, None, 
                               published_s=seconds, source="v1", sequence=1024)
                 for params, heads, hidden, layers, tp, seconds in ((1.2, 16, 1536, 40, 1, 1.288),
                                                                    (4.2, 24, 2304, 64, 4, 1.357)))
-RUNS = SC21_RUNS + RECOMPUTE_RUNS + V1_RUNS
+MT_NLG_RUNS = tuple(PublishedRun(530, 128, 20480, 105, 8, 35, 8 * nodes, 1920, tflops, None, 1, None, False,
+                                  published_s=seconds, source="mtnlg")
+                    for nodes, seconds, tflops in ((280, 60.1, 126), (350, 50.2, 121), (420, 44.4, 113)))
+RUNS = SC21_RUNS + RECOMPUTE_RUNS + V1_RUNS + MT_NLG_RUNS
 TABLES = {"sc21": "Megatron-LM SC'21 Table 1 on A100", "recompute": "Korthikanti et al. Table 5 on A100",
-          "v1": "Megatron-LM v1.0 on V100 (DGX-2H)"}
+          "v1": "Megatron-LM v1.0 on V100 (DGX-2H)", "mtnlg": "Megatron-Turing NLG 530B on A100 (DeepSpeed)"}
 SYSTEMS = {
     "A100": {"gpus_per_node": 8, "nics_per_node": 8, "gpu": "A100-80GB", "intra_node_link": "nvlink3-a100",
              "inter_node_link": "ib-hdr", "topology": "rail_optimized"},

@@ -1,5 +1,5 @@
-"""benchmarks/bench_published_scale.py: the SC'21 Table 1, Korthikanti et al. Table 5 and Megatron-LM
-v1.0 runs are transcribed consistently, each becomes a valid scenario of its published layout, and
+"""benchmarks/bench_published_scale.py: the SC'21 Table 1, Korthikanti et al. Table 5, Megatron-LM
+v1.0 and MT-NLG runs are transcribed consistently, each becomes a valid scenario of its published layout, and
 small ones are predicted and scored."""
 
 import sys
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_published_scale import RECOMPUTE_RUNS, SC21_RUNS, V1_RUNS, main, predict_s, run_scenario, score  # noqa: E402
+from bench_published_scale import MT_NLG_RUNS, RECOMPUTE_RUNS, SC21_RUNS, V1_RUNS, main, predict_s, run_scenario, score  # noqa: E402
 
 from simulator.model_source import resolve_workload  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
@@ -57,6 +57,19 @@ def test_each_v1_row_is_its_published_model_on_one_dgx2h(run):
     assert round(workload.num_params / 1e9, 1) == run.params_billion
     predicted, _peak_bytes, fits, _wall_s = predict_s((run, None))
     assert 0.5 * run.measured_s() < predicted < 2 * run.measured_s() and fits  # trained on 32 GB V100s
+
+
+@pytest.mark.parametrize("run", MT_NLG_RUNS, ids=lambda run: run.label)
+def test_each_mt_nlg_row_agrees_with_its_published_throughput(run):
+    # the paper gives both the iteration time and TFLOP/s a GPU (rounded to three digits): eq. 3 ties them
+    assert run.iteration_flops() / (run.gpus * run.tflops_per_gpu * 1e12) == pytest.approx(run.published_s, rel=0.006)
+    scenario = scenario_from_dict(run_scenario(run), ".")
+    strategy = scenario.strategy
+    assert (strategy.tp_degree, strategy.pp_degree, strategy.num_virtual_stages) == (8, 35, 1)
+    assert strategy.num_microbatches * (run.gpus // 280) == 1920 and not strategy.overlap_backward
+    assert scenario.training.recompute == "full" and run.measured_s() == run.published_s
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    assert workload.num_params / 1e9 == pytest.approx(530, rel=0.01)
 
 
 def test_each_model_of_table_5_has_both_modes_and_selective_is_faster():
