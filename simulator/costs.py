@@ -198,6 +198,9 @@ def describe_compute_model(costs, model_setting: str, gpu: GpuSpec, given: bool)
             parameters["flash_attention_kernel"] = costs.flash_kernel
             note += (f"; flash attention {costs.flash_kernel}" + ("" if costs.flash_kernel == "flash2" else
                      f" ({forward:.3g}x / {backward:.3g}x FlashAttention-2's forward / backward time)"))
+        parameters["gradient_accumulation_fusion"] = costs.gradient_accumulation_fusion
+        if not costs.gradient_accumulation_fusion:
+            note += "; no gradient accumulation fusion: each weight gradient added by a kernel of its own"
         return {"model": "kernel", "parameters": parameters, "note": note}
     if isinstance(costs, AnalyticCosts):
         parameters = {"efficiency": dict(costs.efficiency), "peak_flops_per_s": costs.gpu.peak_for(costs.dtype),

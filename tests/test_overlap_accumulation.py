@@ -84,7 +84,11 @@ def test_an_fp16_megatron_scenario_pays_the_accumulation_by_default():
     path = ROOT / "scenarios/runs/megatron_gpt_a100_node.yaml"
     default, fused = load_scenario(path), load_scenario(path, ["strategy.gradient_accumulation_fusion=true"])
     assert default.training.dtype == "fp16" and default.strategy.gradient_accumulation_fusion is None
-    assert simulate(default).step_time_s > simulate(fused).step_time_s
+    unfused_run, fused_run = simulate(default), simulate(fused)
+    assert unfused_run.step_time_s > fused_run.step_time_s
+    model = unfused_run.summary["compute_model"]  # the summary says so
+    assert model["parameters"]["gradient_accumulation_fusion"] is False and "no gradient accumulation fusion" in model["note"]
+    assert "accumulation" not in fused_run.summary["compute_model"]["note"]
 
 
 def test_the_strategy_key_reaches_the_tensor_parallel_costs_the_engine_plays():
