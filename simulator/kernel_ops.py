@@ -131,8 +131,9 @@ def accumulation_fused(setting: bool | None, kind: str, dtype: str) -> bool:
     (`strategy.gradient_accumulation_fusion`; None: as the framework does). Megatron (kind
     megatron) fuses only into fp32 main gradients: `arguments.py` turns `--gradient-accumulation-fusion`
     off unless `accumulate_allreduce_grads_in_fp32`, which it sets for bf16 alone, so fp16 and fp32
-    training add each micro-batch's gradient in a kernel of its own. Eager PyTorch (every other
-    kind) writes a step's one gradient straight into `.grad`: no separate kernel."""
+    training add each micro-batch's gradient in a kernel of its own. Every other kind adds none:
+    autograd writes a step's first gradient straight into `.grad` (its in-place adds for later
+    micro-batches of a pipeline are not priced)."""
     if setting is not None:
         return setting
     return kind != "megatron" or dtype == "bf16"
