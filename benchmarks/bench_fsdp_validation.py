@@ -14,8 +14,12 @@ medians. Targets as the other CPU validation cases: step MAPE <= 10 %, worst <= 
 
 Writes reports/validation_fsdp_cpu.csv (every run's rows, rewritten after each run, so an
 interrupted benchmark keeps what it measured); `--json` prints the rows and the summary.
+`--repredict-memory` runs nothing: it predicts each case's peak memory again with the current
+model, rewrites the CSV's predicted peaks and memory errors and keeps its measurements (the memory
+model orders a rank's allocations by its actions, not by their durations, so no profile is needed).
 
     python benchmarks/bench_fsdp_validation.py [--runs 3] [--launches 3] [--steps 20] [--reuse-profiles] [--json]
+                                               [--repredict-memory]
 """
 
 from __future__ import annotations
@@ -71,6 +75,32 @@ def one_run(run_index: int, profile: Path, args, say) -> list[dict]:
     return rows
 
 
+def predicted_peak_bytes(zero_stage: int) -> float:
+    """The current memory model's peak per rank of one case, as `validate` predicts it."""
+    from validator.validate import prepare_case
+    scenario = case_scenario(zero_stage)
+    scenario = scenario.model_copy(update={"strategy": scenario.strategy.model_copy(update={"num_groups": None})})
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    case = prepare_case(scenario, workload, None, "megatron", None,
+                        RunOptions(steps=1, warmup=0, optimizer=scenario.training.optimizer))
+    return max(device["peak_memory_bytes"] for device in case.predicted.summary["devices"])
+
+
+def repredict_memory(path: Path, say) -> int:
+    """Rewrite the committed CSV's predicted peaks and memory errors (`--repredict-memory`)."""
+    frame = pd.read_csv(path)
+    peaks = {stage: predicted_peak_bytes(stage) for stage in sorted(frame["zero_stage"].unique())}
+    frame["predicted_peak_bytes"] = frame["zero_stage"].map(peaks)
+    frame["memory_error_pct"] = 100 * (frame["predicted_peak_bytes"] - frame["measured_peak_bytes"]) \
+        / frame["measured_peak_bytes"]
+    write_text_atomic(path, frame.to_csv(index=False))
+    for name, group in frame.groupby("case", sort=False):
+        say(f"{name:20s} peak memory predicted {group['predicted_peak_bytes'].iloc[0] / 2**20:.2f} MiB, error "
+            f"median {statistics.median(group['memory_error_pct']):+.1f} % "
+            f"({', '.join(f'{e:+.1f}' for e in group['memory_error_pct'])})")
+    return 0
+
+
 def _pct(value) -> str:
     return "n/a" if value is None or value != value else f"{value:+.1f} %"
 
@@ -104,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder of the profiles written, transformer_cpu_fsdp_ws2_run<N>.json")
     parser.add_argument("--out", default=str(ROOT / "reports" / "validation_fsdp_cpu.csv"))
     parser.add_argument("--json", action="store_true", help="print the rows and the summary as JSON at the end")
+    parser.add_argument("--repredict-memory", action="store_true",
+                        help="run nothing: re-predict the --out CSV's peak memory with the current model")
     args = parser.parse_args(argv)
     for field in ("runs", "launches", "steps"):
         if getattr(args, field) < 1:
@@ -111,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     say = (lambda message: print(message, file=sys.stderr, flush=True)) if args.json else \
         (lambda message: print(message, flush=True))
+    if args.repredict_memory:
+        if not Path(args.out).is_file():
+            print(f"bench_fsdp_validation: error: --out {args.out}: no such file to re-predict", file=sys.stderr)
+            return 2
+        return repredict_memory(Path(args.out), say)
     rows: list[dict] = []
     for run_index in range(args.runs):
         profile = Path(args.profiles) / f"transformer_cpu_fsdp_ws2_run{run_index}.json"

@@ -65,8 +65,7 @@ from simulator.memory_buffers import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIE
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan
 from simulator.workload import Workload, dtype_bytes
 
-__all__ = ["MASTER_WEIGHT_DTYPES", "OPTIMIZER_STATE_COPIES", "MemoryConfig", "memory_config", "memory_report",
-           "rank_memory"]
+__all__ = ["MASTER_WEIGHT_DTYPES", "OPTIMIZER_STATE_COPIES", "MemoryConfig", "memory_config", "memory_report", "rank_memory"]
 
 CATEGORIES = ("weights", "master_weights", "optimizer_state", "weight_gradients", "residual",
               "stashed_weights", "activations", "gradient_maps", "comm_buffers", "workspace")
@@ -364,24 +363,26 @@ class _RankWalk:
         return out_s + in_s, exposed
 
 
-def rank_memory(plan: Plan, workload: Workload, spans, config: MemoryConfig, ranks=None) -> list[RankMemory]:
-    """Allocation events of every rank, or of `ranks` (spans: the engine's span tuples or the span table)."""
+def rank_memory(plan: Plan, workload: Workload, spans, config: MemoryConfig, ranks=None, extra=None) -> list[RankMemory]:
+    """Allocation events of every rank, or of `ranks` (spans: the engine's span tuples or the span table),
+    with `extra` (per rank, events a strategy times: `simulator.strategies.zero.unit_transient_events`)."""
     by_rank = _spans_by_rank(spans)
     result = []
     for rank in range(plan.num_ranks) if ranks is None else ranks:
         walk = _RankWalk(plan, workload, rank, config, by_rank[rank]["compute"], by_rank[rank]["comm"])
         for category, size in persistent(plan, workload, rank, config).items():
             walk.add(0.0, size, category)
+        walk.events += (extra or {}).get(rank, [])
         walk.run()
         total, exposed = walk.offload_times()
         result.append(RankMemory(rank, walk.events, total, exposed))
     return result
 
 
-def memory_report(plan: Plan, workload: Workload, spans, config: MemoryConfig, same_as=None) -> dict:
+def memory_report(plan: Plan, workload: Workload, spans, config: MemoryConfig, same_as=None, extra=None) -> dict:
     """Per device peak, breakdown at the peak and fit; overall peak, fit and offload time. With
     `same_as` (per rank, the rank whose walk equals its own) each distinct walk is made once."""
-    ranks = rank_memory(plan, workload, spans, config, None if same_as is None else sorted(set(same_as)))
+    ranks = rank_memory(plan, workload, spans, config, None if same_as is None else sorted(set(same_as)), extra)
     walked = {memory.rank: memory.peak() for memory in ranks}
     peaks = [walked[rank if same_as is None else same_as[rank]] for rank in range(plan.num_ranks)]
     devices = [{"rank": rank, "peak_memory_bytes": peak, "memory_breakdown_bytes": breakdown,

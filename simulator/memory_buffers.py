@@ -45,7 +45,7 @@ def usable_memory_bytes(scenario) -> float:
     loses to fragmentation (`training.allocator_fragmentation`, f): memory_bytes x (1 - f), f being
     1 - allocated / reserved. Default 0: of the published MPT and torchtitan runs, whose
     micro-batches are the largest that fit, the model's peaks fit 111 of 114 at f = 0 (3 over by at
-    most 1.7 %), 78 at f = 0.15 (`reports/ACCURACY.md`). GMLake (Guo et al., ASPLOS 2024) measured PyTorch's allocator at 15 %
+    most 1.2 %), 78 at f = 0.15 (`reports/ACCURACY.md`). GMLake (Guo et al., ASPLOS 2024) measured PyTorch's allocator at 15 %
     on average, up to 33 %, over eight LLM fine-tunings on A100 80 GB with recomputation,
     offloading, ZeRO or LoRA: set f there."""
     return scenario.cluster.gpu.memory_bytes * (1.0 - scenario.training.allocator_fragmentation)

@@ -88,11 +88,15 @@ def memory_floor_bytes(model, c) -> float:
 
 def _sharding_transients(model, c, stage: int, sums, own) -> float:
     """ZeRO's per-unit transients of rank k's units (`simulator.strategies.zero.unit_transients_bytes`,
-    as `memory_meta` counts them); none under hybrid sharding (whose shard group may be one rank)."""
+    as `memory_meta` counts them; ZeRO-3, timed in the walk: its smallest gathered unit, which the
+    unit computing at the activation peak holds at least); none under hybrid sharding (whose shard
+    group may be one rank)."""
     strategy = model.scenario.strategy
     if stage < 2 or strategy.fsdp_sharding == "hybrid_shard":
         return 0.0
     units = [count for a, z in own for count in (sums.params(i, i + 1) for i in range(a, z)) if count > 0]
+    if stage == 3:
+        return model.element * min(units, default=0)
     element = gradient_element_bytes(model.scenario.training.dtype, stage, strategy.fsdp_reduce_dtype)
     return sum(unit_transients_bytes(stage, strategy.fsdp_sharding, units, model.element, element))
 

@@ -198,12 +198,41 @@ def test_model_states_follow_zero_figure_1(stage, closed_form):
     for row, row0 in zip(sharded["devices"], plain["devices"]):
         breakdown = row["memory_breakdown_bytes"]
         assert sum(breakdown[key] for key in STATES) == pytest.approx(closed_form(psi, nd))
-        # the sharded states leave the peak; ZeRO-2 adds one bucket of gradients, ZeRO-3 two
-        # gathered units and one unit's gradient (comm_buffers)
-        transient = {0: 0, 1: 0, 2: psi * ELEMENT, 3: 3 * PARAMS * ELEMENT}[stage]
+        # the sharded states leave the peak; ZeRO-2 adds one bucket of gradients, ZeRO-3 two gathered
+        # units (comm_buffers: the one computing at the activation peak and the one prefetched; a
+        # unit's gradient forms later, as its activations go)
+        transient = {0: 0, 1: 0, 2: psi * ELEMENT, 3: 2 * PARAMS * ELEMENT}[stage]
         assert breakdown["comm_buffers"] == pytest.approx(transient)
         saved = sum(row0["memory_breakdown_bytes"][key] for key in STATES) - closed_form(psi, nd)
         assert row["peak_memory_bytes"] == pytest.approx(row0["peak_memory_bytes"] - saved + transient)
+
+
+def test_zero3_transients_are_timed_at_the_computes_they_serve():
+    """Each gathered unit lives from the issue of its allgather (the end of the computes it waits
+    for: the unit before it starts) to the end of its own pass; each unit's full gradient from the
+    end of its backward to the end of the rank's next compute. Two gathered units at most at once."""
+    from simulator.strategies.zero import unit_transient_events
+    result = run(3, micro=2)
+    plan, spans = result.plan, result.spans
+    computes = sorted(zip(spans[(spans["rank"] == 0) & (spans["stream"] == "compute")]["start_s"],
+                          spans[(spans["rank"] == 0) & (spans["stream"] == "compute")]["end_s"]))
+    boundaries = {t for span in computes for t in span} | {0.0}
+    events = unit_transient_events(plan, spans)[0]
+    gathers = [a for a in collectives(result) if a.op == "allgather"]
+    reduces = [a for a in collectives(result) if a.op == "reduce_scatter"]
+    assert len(events) == 2 * (len(gathers) + len(reduces))
+    assert all(time_s in boundaries for time_s, _delta, _category in events)
+    assert sorted({delta for _t, delta, _c in events if delta > 0}) == [PARAMS * ELEMENT]  # a unit, fp16
+    ordered = [a for a in collectives(result) if a.op in ("allgather", "reduce_scatter")]  # events' order
+    for kinds, most in ((("allgather",), 2), (("allgather", "reduce_scatter"), 3)):
+        chosen = [event for action, pair in zip(ordered, zip(events[0::2], events[1::2]))
+                  if action.op in kinds for event in pair]
+        live, worst = 0.0, 0.0
+        for _time_s, delta, _category in sorted(chosen, key=lambda event: (event[0], event[1] > 0)):
+            live += delta
+            worst = max(worst, live)
+        assert worst == most * PARAMS * ELEMENT and live == 0.0  # a gradient beside the next unit's pair
+    assert unit_transient_events(run(2, micro=2).plan, spans) == {}  # ZeRO-2 adds its buffers at the peak
 
 
 @pytest.mark.parametrize("stage, closed_form", [(0, lambda psi, d: 18 * psi), (1, lambda psi, d: 6 * psi + 12 * psi / d)])

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simulator.plan import Collective, Plan
-from simulator.strategies.zero import GATHER_KEY, GATHER_LABEL, shard_memory
+from simulator.strategies.zero import GATHER_KEY, GATHER_LABEL, shard_memory, unit_transient_events
 from simulator.topology import Topology
 from simulator.workload import Workload
 
@@ -34,10 +34,10 @@ def tensor_memory_report(plan: Plan, spans: list[tuple], config) -> dict:
     are walked once and copied (`alike_memory_report`).
     """
     view, workload, kept = memory_view(plan, None, spans)
-    return alike_memory_report(view, workload, kept, config)
+    return alike_memory_report(view, workload, kept, config, unit_transient_events(plan, spans))
 
 
-def alike_memory_report(plan: Plan, workload: Workload, spans: list[tuple], config) -> dict:
+def alike_memory_report(plan: Plan, workload: Workload, spans: list[tuple], config, extra=None) -> dict:
     """`simulator.memory.memory_report` with one walk for all the ranks that walk alike: ranks whose
     actions are alike to those of their stage's rank in pipeline 0 (as many, the same recomputed and
     selection ids) and whose compute / comm span times are equal. The memory model is a function of
@@ -46,11 +46,11 @@ def alike_memory_report(plan: Plan, workload: Workload, spans: list[tuple], conf
     from simulator.memory import memory_report
     p = plan.workers_per_group
     if plan.num_groups == 1:
-        return memory_report(plan, workload, spans, config)
+        return memory_report(plan, workload, spans, config, extra=extra)
     timelines, alike, first = _timelines(spans, plan.num_ranks), _alike_to_stage(plan), {}
     same_as = [first.setdefault((rank % p, timelines[rank]) if alike[rank] else (rank,), rank)
                for rank in range(plan.num_ranks)]
-    return memory_report(plan, workload, spans, config, same_as)
+    return memory_report(plan, workload, spans, config, same_as, extra)
 
 
 def _alike_to_stage(plan: Plan) -> list[bool]:

@@ -39,22 +39,26 @@ categories, ZeRO Fig. 1): fp32 master weights and optimizer state / s for stage 
 gradients / s for stage >= 2, weights / s for stage 3; with expert parallelism (ZeRO-1 only) the
 expert weights' states / (s / e) (`state_divisor`). Transients, in `comm_buffers`: ZeRO-2 the
 largest gradient bucket before its reduce-scatter (SHARD_GRAD_OP: the largest unit's gradient,
-its gathered parameters being the whole weights counted already); ZeRO-3 the two largest gathered
-neighbouring units (the current one and the prefetched one) and one unit's full gradient before
-its reduce-scatter.
+its gathered parameters being the whole weights counted already). ZeRO-3's transients are timed
+in the memory walk (`unit_transient_events`): each gathered unit from its allgather's issue to the
+end of the compute it serves (the prefetched one overlaps the current one), each unit's full
+gradient from the end of its backward, as its activations go, while the next unit computes.
+A fixed addition at the activation peak over-counted them: FSDP2 full shard on 2 CPU ranks
+measured 15.4-16.0 MB against 18.2 predicted so (`reports/ACCURACY.md`).
 """
 
 from __future__ import annotations
 
 from simulator.errors import ScenarioError
-from simulator.plan import BACKWARD, FORWARD, Collective
+from simulator.plan import BACKWARD, FORWARD, Collective, Compute
 from simulator.strategies.ghp import bucket_segments, recompute_ranges
 from simulator.workload import dtype_bytes
 
-GATHER_KEY = "fsdp_gather"
+GATHER_KEY, REDUCE_KEY = "fsdp_gather", "fsdp_reduce_scatter"
 GATHER_LABEL = "fsdp allgather"
-"""ZeRO-3 parameter gathers: left out of `simulator.memory`'s walk (their buffers are counted by
-`shard_memory` as the units alive at once, not held until the update like a top-k allgather)."""
+"""ZeRO-3 parameter gathers and gradient reduce-scatters: left out of `simulator.memory`'s generic
+walk, which would hold a gather's buffer until the update like a top-k allgather's; their buffers
+join it as `unit_transient_events`."""
 
 
 def gradient_element_bytes(dtype: str, zero_stage: int, reduce_dtype: str | None = None) -> int:
@@ -209,7 +213,7 @@ def _reduce_unit(rank, layer: int, microbatch: int) -> None:
                                layer_end=layer + 1, microbatch=microbatch, num_params=rank.shard.layers[layer].num_params),)
     if rank.zero_degree > 1:
         after = (rank.builder.add(Collective, op="reduce_scatter", ranks=shard_ranks, size_bytes=size,
-                                  key=("fsdp_reduce_scatter", *rank.dp_key, shard_ranks[0], microbatch, layer),
+                                  key=(REDUCE_KEY, *rank.dp_key, shard_ranks[0], microbatch, layer),
                                   deps=after, algorithm="ring", label=f"fsdp reduce_scatter B{microbatch} L{layer}"),)
     if replicas:
         after = (rank.builder.add(Collective, op="allreduce", ranks=replicas, size_bytes=size / rank.zero_degree,
@@ -220,15 +224,51 @@ def _reduce_unit(rank, layer: int, microbatch: int) -> None:
 
 def unit_transients_bytes(stage: int, sharding: str | None, units: list[int], element: int,
                           grad_element: int) -> tuple[float, float]:
-    """(gathered, gradient) bytes of the per-unit transients (module docstring) over a rank's units'
-    parameter counts: ZeRO-3 two gathered units at once and one unit's unsharded gradient;
-    shard_grad_op one unit's gradient; else none (ZeRO-2's buckets: `memory_meta`)."""
-    if stage == 3:
-        return (element * max((sum(units[k:k + 2]) for k in range(len(units))), default=0),
-                grad_element * max(units, default=0))
+    """(gathered, gradient) bytes of the per-unit transients added at the activation peak (module
+    docstring) over a rank's units' parameter counts: shard_grad_op one unit's gradient; else none
+    (ZeRO-2's buckets: `memory_meta`; ZeRO-3's are timed in the walk, `unit_transient_events`)."""
     if stage == 2 and sharding == "shard_grad_op":
         return 0.0, grad_element * max(units, default=0)
     return 0.0, 0.0
+
+
+def unit_transient_events(plan, spans) -> dict[int, list[tuple[float, float, str]]]:
+    """Per rank, ZeRO-3's per-unit transients as events of the memory walk, (time_s, delta_bytes,
+    "comm_buffers"), at the boundaries of the rank's computes (played spans, in the rank's order),
+    so they order with its activations whatever the computes last: each gathered unit from the end
+    of the computes its allgather waits for (the prefetch: as the unit before starts) to the end of
+    the pass it serves (its backward, after any recompute); each unit's full gradient from the end
+    of its backward to the end of the rank's next compute, beside which FSDP reduce-scatters it.
+    None for other plans."""
+    zero = plan.meta.get("zero") or {}
+    if zero.get("stage") != 3 or zero.get("shard_degree", 1) == 1:
+        return {}
+    rows = spans.itertuples(index=False, name=None) if hasattr(spans, "itertuples") else spans
+    computes: list[list] = [[] for _ in range(plan.num_ranks)]
+    for rank, stream, _name, _kind, start, end, *_rest in rows:
+        if stream == "compute":
+            computes[rank].append((start, end))
+    events: dict[int, list] = {}
+    for rank, actions in enumerate(plan.actions):
+        ends, order, passes = {}, [], {}  # compute id -> end; ends in order; (mb, phase, layer) -> first end
+        for action, (_start, end) in zip((a for a in actions if type(a) is Compute), sorted(computes[rank])):
+            ends[action.id] = end
+            order.append(end)
+            passes.setdefault((action.microbatch, action.phase, action.layer_start), end)  # not a recompute
+        out = events.setdefault(rank, [])
+        for action in actions:
+            if type(action) is not Collective or action.key[0] not in (GATHER_KEY, REDUCE_KEY):
+                continue
+            if action.key[0] == GATHER_KEY:  # (..., microbatch, phase, layer)
+                microbatch, phase, layer = action.key[-3:]
+                alloc = max((ends[dep] for dep in action.deps if dep in ends), default=0.0)
+                size, free = action.size_bytes * zero["shard_degree"], passes[(microbatch, phase, layer)]
+            else:  # (..., microbatch, layer)
+                microbatch, layer = action.key[-2:]
+                alloc = passes[(microbatch, BACKWARD, layer)]
+                size, free = action.size_bytes, next((end for end in order if end > alloc), alloc)
+            out += [(alloc, size, "comm_buffers"), (max(free, alloc), -size, "comm_buffers")]
+    return events
 
 
 def memory_meta(config, shard_workload, stage_ranges: tuple[tuple[int, int], ...]) -> dict:
