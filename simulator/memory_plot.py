@@ -37,7 +37,11 @@ def write_memory_plot(result, path: str | Path) -> Path:
     """One panel per device (the first MAX_PANELS ranks) of a `SimulationResult`, as a PNG."""
     config = memory_config(result.scenario)
     spans = result.spans if result.played_spans is None else span_table(result.played_spans)  # the plan's own
-    ranks = rank_memory(result.plan, result.workload, spans, config)[:MAX_PANELS]
+    if "rank_workload" in result.plan.meta:  # megatron: the ranks' shares, as the summary counts them
+        from simulator.strategies.tensor_summary import tensor_rank_memory
+        ranks = tensor_rank_memory(result.plan, spans, config)[:MAX_PANELS]
+    else:
+        ranks = rank_memory(result.plan, result.workload, spans, config)[:MAX_PANELS]
     end_s = float(spans["end_s"].max()) if len(spans) else 0.0
     figure, axes = plt.subplots(len(ranks), 1, figsize=(8, 2.4 * len(ranks)), squeeze=False)
     for axis, memory in zip(axes[:, 0], ranks):

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simulator.plan import Collective, Plan
-from simulator.strategies.zero import GATHER_KEY, GATHER_LABEL, shard_memory, unit_transient_events
+from simulator.strategies.zero import (GATHER_KEY, GATHER_LABEL, shard_memory, sharded_categories, state_divisor,
+                                      unit_transient_events)
 from simulator.topology import Topology
 from simulator.workload import Workload
 
@@ -35,6 +36,26 @@ def tensor_memory_report(plan: Plan, spans: list[tuple], config) -> dict:
     """
     view, workload, kept = memory_view(plan, None, spans)
     return alike_memory_report(view, workload, kept, config, unit_transient_events(plan, spans))
+
+
+def tensor_rank_memory(plan: Plan, spans, config) -> list:
+    """`simulator.memory.rank_memory` of a megatron plan's ranks as its summary counts them
+    (`tensor_memory_report`, then `simulator.strategies.zero.shard_memory`), for timelines: the
+    sharded states divided (constant over the step) and ZeRO-2's transient drawn over the whole
+    step (the summary adds it at the peak), so a timeline's peak is the summary's."""
+    from simulator.memory import rank_memory
+    view, workload, kept = memory_view(plan, None, spans)
+    walks = rank_memory(view, workload, kept, config, extra=unit_transient_events(plan, spans))
+    zero = plan.meta["zero"]
+    if zero["shard_degree"] == 1 or zero["stage"] == 0:
+        return walks
+    sharded, added = sharded_categories(zero["stage"]), zero["gathered_bytes"] + zero["gradient_transient_bytes"]
+    stages = len(zero.get("expert_shares") or [0.0])
+    for walk in walks:
+        divisor = state_divisor(zero, walk.rank % stages)
+        walk.events = [(time_s, delta / divisor if category in sharded else delta, category)
+                       for time_s, delta, category in walk.events] + [(0.0, added, "comm_buffers")] * bool(added)
+    return walks
 
 
 def alike_memory_report(plan: Plan, workload: Workload, spans: list[tuple], config, extra=None) -> dict:

@@ -308,6 +308,12 @@ def state_divisor(zero: dict, stage: int) -> float:
     return zero["shard_degree"] / (1 + share * (zero.get("expert_parallel_degree", 1) - 1))
 
 
+def sharded_categories(stage: int) -> list[str]:
+    """The memory categories ZeRO `stage` shards (module docstring, ZeRO Fig. 1)."""
+    return ["master_weights", "optimizer_state"] + (["weight_gradients"] if stage >= 2 else []) \
+        + (["weights"] if stage == 3 else [])
+
+
 def shard_memory(summary: dict, zero: dict) -> None:
     """Each device row's breakdown and peak with ZeRO's sharding (module docstring), in place. The
     sharded states are allocated the whole step, so every instant, and the peak, drops by the same
@@ -315,8 +321,7 @@ def shard_memory(summary: dict, zero: dict) -> None:
     s, stage = zero["shard_degree"], zero["stage"]
     if s == 1 or stage == 0:
         return
-    sharded = ["master_weights", "optimizer_state"] + (["weight_gradients"] if stage >= 2 else []) \
-        + (["weights"] if stage == 3 else [])
+    sharded = sharded_categories(stage)
     added = zero["gathered_bytes"] + zero["gradient_transient_bytes"]
     capacity = summary["memory"]["capacity_bytes"]
     stages = len(zero.get("expert_shares") or [0.0])
