@@ -143,16 +143,20 @@ ARCHITECTURES: dict[str, Architecture] = {
                f"2.97/3.35, H200 4.15/4.8, mean 0.876. {TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}",
         misaligned_gemm_efficiency_by_dtype={"bf16": 0.147, "fp16": 0.148, "fp32": 0.774}),
 }
-VOLTA_SGEMM_EFFICIENCY = 83 / 7 / 15.7  # Markidis et al.: tensor cores 83 TFLOP/s, 7x fp32 (of 15.7 peak)
+VOLTA_GEMM_EFFICIENCY, VOLTA_SGEMM_EFFICIENCY = 95 / 125, 14 / 15.7
+"""V100: PyTorch's matmul of 8192 x 8192 matrices (cuBLAS) at 95 TFLOP/s in fp16 on the tensor cores and
+14 in fp32 on the CUDA cores, of 125 and 15.7 (`VOLTA_SOURCE`)."""
+VOLTA_MEMORY_EFFICIENCY = 0.098e12 * 8 / 900e9
+"""V100: an element-wise multiply of fp32 vectors at 0.098 TFLOP/s, 8 bytes an element: 784 GB/s of 900."""
+VOLTA_SOURCE = ("V100 16 GB, mli/transformers-benchmarks (README, micro-benchmark table; NGC PyTorch 22.07, CUDA "
+                "11.7): square matmul up to 8192 at 95 TFLOP/s fp16 of 125 = 0.760 and 14 fp32 of 15.7 = 0.892 (fp32, and "
+                "tf32, which Volta runs as fp32, on CUDA cores), vector multiply 784 GB/s of 900 = 0.871; flash "
+                "attention: Ampere's flash / GEMM ratio 0.70, an assumption (FlashAttention itself needs sm80+). "
+                "These replace Markidis et al. 2018's cuBLAS of CUDA 9 (83 TFLOP/s fp16, 11.9 fp32)")
 ARCHITECTURES["volta"] = Architecture(128, 128, 0.6e-6, KernelParameters(
-        gemm_efficiency=83 / 125, flash_attention_efficiency=83 / 125 * (179.5 / 256.5),
-        memory_efficiency=1.70 / 2.039, launch_overhead_s=LAUNCH_OVERHEAD_S, host_overhead_s=HOST_OVERHEAD_S),
-        source="V100-SXM2: cuBLAS mixed-precision GEMM 'up to 83 Tflops/s' of the 125 peak = 0.664 (Markidis et al., "
-               "'NVIDIA Tensor Core Programmability, Performance & Precision', IPDPSW 2018), for the 16-bit dtypes; "
-               "fp32 (and tf32, which Volta runs as fp32) on CUDA cores: the same paper's 83 / 7 = 11.9 of 15.7 = "
-               "0.755; memory and flash-attention efficiencies: Ampere's ratios (HBM triad 0.834; flash / "
-               "GEMM 0.70), assumptions, no Volta figure in the project's data (FlashAttention itself needs sm80+). "
-               f"{TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}",
+        gemm_efficiency=VOLTA_GEMM_EFFICIENCY, flash_attention_efficiency=VOLTA_GEMM_EFFICIENCY * (179.5 / 256.5),
+        memory_efficiency=VOLTA_MEMORY_EFFICIENCY, launch_overhead_s=LAUNCH_OVERHEAD_S, host_overhead_s=HOST_OVERHEAD_S),
+        source=f"{VOLTA_SOURCE}. {TILE_SOURCE}. {LATENCY_SOURCE}. {LAUNCH_SOURCE}. {HOST_SOURCE}",
         gemm_efficiency_by_dtype={"fp32": VOLTA_SGEMM_EFFICIENCY, "tf32": VOLTA_SGEMM_EFFICIENCY})
 ARCHITECTURES["generic"] = replace(
     ARCHITECTURES["ampere"],
