@@ -317,7 +317,8 @@ def sharded_categories(stage: int) -> list[str]:
 def shard_memory(summary: dict, zero: dict) -> None:
     """Each device row's breakdown and peak with ZeRO's sharding (module docstring), in place. The
     sharded states are allocated the whole step, so every instant, and the peak, drops by the same
-    amount; the transients are alive at the activation peak (a unit computes there), so they add."""
+    amount; ZeRO-2's transients are alive at the activation peak (a unit computes there), so they
+    add (ZeRO-3's are in the walk already)."""
     s, stage = zero["shard_degree"], zero["stage"]
     if s == 1 or stage == 0:
         return
