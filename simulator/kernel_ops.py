@@ -139,7 +139,7 @@ def accumulation_fused(setting: bool | None, kind: str, dtype: str) -> bool:
     return kind != "megatron" or dtype == "bf16"
 
 
-def main_grad_accumulate(wgrad: Kernel, e: int, main_e: int = MAIN_GRAD_BYTES) -> Kernel:
+def main_grad_accumulate(wgrad: Kernel, e: int, main_e: int) -> Kernel:
     """Without gradient accumulation fusion, the weight-gradient GEMM writes a model-dtype gradient
     and Megatron DDP's parameter hook adds it into the main gradient, `param.main_grad.add_(param.grad.data)`:
     one kernel per weight per micro-batch over its m x n elements, reading `main_e` + e bytes and
@@ -148,7 +148,7 @@ def main_grad_accumulate(wgrad: Kernel, e: int, main_e: int = MAIN_GRAD_BYTES) -
     return pointwise(f"{wgrad.name}.accumulate", "elementwise", wgrad.m * wgrad.n, main_e + e, main_e, ADD_FLOPS)
 
 
-def unfused_accumulation(kernels, e: int, main_e: int = MAIN_GRAD_BYTES) -> list[Kernel]:
+def unfused_accumulation(kernels, e: int, main_e: int) -> list[Kernel]:
     """`kernels` with each weight-gradient GEMM ("*.wgrad", linear and convolution) followed by
     its main-gradient accumulation kernel (`main_grad_accumulate`)."""
     out = []

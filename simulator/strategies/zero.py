@@ -49,6 +49,8 @@ measured 15.4-16.0 MB against 18.2 predicted so (`reports/ACCURACY.md`).
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from simulator.errors import ScenarioError
 from simulator.plan import BACKWARD, FORWARD, Collective, Compute
 from simulator.strategies.ghp import bucket_segments, recompute_ranges
@@ -266,7 +268,8 @@ def unit_transient_events(plan, spans) -> dict[int, list[tuple[float, float, str
             else:  # (..., microbatch, layer)
                 microbatch, layer = action.key[-2:]
                 alloc = passes[(microbatch, BACKWARD, layer)]
-                size, free = action.size_bytes, next((end for end in order if end > alloc), alloc)
+                after = bisect_right(order, alloc)  # the rank's next compute (ends in order)
+                size, free = action.size_bytes, order[after] if after < len(order) else alloc
             out += [(alloc, size, "comm_buffers"), (max(free, alloc), -size, "comm_buffers")]
     return events
 
