@@ -176,3 +176,21 @@ def test_a_step_too_large_to_hold_is_refused_even_when_its_played_part_fits(monk
         simulate_module.simulate(case)
     monkeypatch.setattr(limits, "available_memory_bytes", lambda: 4 * played_bytes / limits.MEMORY_HEADROOM)
     assert "steady_state" in simulate_module.simulate(case).summary
+
+
+def test_a_transient_longer_than_the_longer_play_is_searched_in_plays_twice_as_long(monkeypatch):
+    """Plays too short to settle (patched lengths: p + 1, then the same again) are followed by plays
+    of twice the length while one is at most half the step; the one that settles is extended and
+    equals the run of every micro-batch."""
+    case = scenario(128)
+    monkeypatch.setattr(extension_module, "SETTLE_MICROBATCHES", 1)
+    monkeypatch.setattr(extension_module, "LONGER_PLAY_STAGES", 0)
+    extended = simulate_module.simulate(case)
+    note = extended.summary["steady_state"]
+    played = extended.plan.meta["played_microbatches"]
+    assert played == 10, note  # 5 (the first play), 5 (the longer), then 10, which settles
+    assert note.startswith(f"{played} of 128 micro-batches simulated"), note
+    assert_same(extended, every_microbatch(monkeypatch, case))
+    monkeypatch.setattr(simulate_module, "candidate_periods", lambda *_args: [])
+    refused = simulate_module.simulate(case)
+    assert refused.summary["steady_state"].endswith("nor has any longer period in a play of 5 or 10 or 20 or 40 micro-batches")
