@@ -25,7 +25,8 @@ is not max-plus, so the regime is checked, never assumed:
   transient) is searched for the smallest k (a multiple of c) over which the first stage's steady
   backwards repeat (`candidate_periods`), each checked as above with windows of k micro-batches;
   m' is then made congruent to m modulo k (one more play if it is not) so that whole periods fill
-  the gap. Otherwise the full plan is simulated, and the summary says why.
+  the gap. Where it has not settled either, plays twice as long follow while m' <= m / 2
+  (`simulator.simulate`). Otherwise the full plan is simulated, and the summary says why.
 
 Used by megatron plans under `strategy.symmetry: auto` (off plays every micro-batch) when m is at
 least twice m' and no activations are offloaded (their exposed time is per micro-batch).
