@@ -6,7 +6,7 @@ import json
 from importlib import resources
 
 from simulator.compare import compare, parse_strategy_specs
-from simulator.output import check_figure_file, check_output_file, write_json_atomic
+from simulator.output import check_figure_file, check_output_file, write_files_atomic
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
 from simulator.tables import comparison_frame, print_comparison, print_summary
@@ -59,13 +59,15 @@ def cmd_simulate(args) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
     costs = _profile_costs(scenario, args)
     result = simulate(scenario, costs=costs, workload=costs.workload if costs else None)
+    files, options = {}, {args.trace: "--trace", args.memory_plot: "--memory-plot"}
     if args.trace:
         labels = {row["rank"]: f"rank {row['rank']} (gpu{row['device']}, node {row['node']})"
                   for row in result.summary["devices"]}
-        write_json_atomic(args.trace, trace_events(result.spans, labels))
+        files[args.trace] = (json.dumps(trace_events(result.spans, labels), indent=1) + "\n").encode()
     if args.memory_plot:
-        from simulator.memory_plot import write_memory_plot  # matplotlib only when asked
-        write_memory_plot(result, args.memory_plot)
+        from simulator.memory_plot import memory_plot_bytes  # matplotlib only when asked
+        files[args.memory_plot] = memory_plot_bytes(result, args.memory_plot)
+    write_files_atomic(files, options)  # both or neither
     if args.json:
         print(result.to_json())
     else:

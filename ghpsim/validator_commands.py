@@ -15,7 +15,7 @@ import yaml
 from simulator.compare import DEFAULT_STRATEGIES, parse_strategy_specs
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
-from simulator.output import write_text_atomic
+from simulator.output import check_output_file, check_output_folder, write_text_atomic
 from simulator.scenario import load_scenario
 
 
@@ -49,7 +49,6 @@ def cmd_calibrate(args) -> int:
 
 def _calibrate_kernels(args) -> int:
     """`ghpsim calibrate --kernels`: a kernel profile of this device (`validator.calibrate.calibrate_kernels`)."""
-    from simulator.output import check_output_file
     from simulator.profile import profile_document
     from validator.calibrate import calibrate_kernels
     for option in ("scenario", "backend", "batch_sizes", "layer_passes", "world_size"):
@@ -82,7 +81,6 @@ def cmd_validate(args) -> int:
         return cmd_validate_rank(args)
     import pandas as pd
 
-    from simulator.output import check_output_file, check_output_folder
     from simulator.tables import make_console
     from validator.measure import RunOptions
     from validator.report import (case_line, error_summary, staged_folder, summary_line, write_plot, write_rows_csv,
@@ -135,7 +133,6 @@ def check_validate_flags(args) -> None:
     """One-line ScenarioError for a flag of the other mode (--gpus / --top / --others without --rank;
     --strategies or --pipeline-runtime torch with it), an empty --strategies, or an --out that cannot
     be a folder: before anything loads or runs."""
-    from simulator.output import check_output_folder
     if args.rank:
         if args.strategies is not None:
             raise ScenarioError(f"--strategies {args.strategies!r}: not with --rank (the planner picks the "
@@ -163,8 +160,10 @@ def check_validate_flags(args) -> None:
 def cmd_import_model(args) -> int:
     from validator.import_model import import_model
     shape = tuple(_int_list(args.input_shape, "--input-shape"))
-    print(f"note: import-model imports {args.target.split(':')[0]!r} (the current folder included) and runs "
-          f"its code with your permissions (SECURITY.md)", file=sys.stderr)
+    check_output_file(args.out, "--out")  # before the user's code runs
+    if not args.json:  # on stdout: an error stays the only line on stderr
+        print(f"note: import-model imports {args.target.split(':')[0]!r} (the current folder included) and runs "
+              f"its code with your permissions (SECURITY.md)")
     document = import_model(args.target, shape, name=args.name)
     write_text_atomic(args.out, yaml.safe_dump(document, sort_keys=False))
     if args.json:

@@ -12,7 +12,7 @@ import pandas as pd  # noqa: E402
 
 from simulator.memory import CATEGORIES, memory_config, rank_memory  # noqa: E402
 from simulator.memory_timeline import memory_timeline  # noqa: E402
-from simulator.output import write_figure_atomic  # noqa: E402
+from simulator.output import figure_bytes, write_bytes_atomic  # noqa: E402
 from simulator.records import span_table  # noqa: E402
 
 MAX_PANELS = 8
@@ -35,6 +35,11 @@ def plot_memory_timeline(frame: pd.DataFrame, axis, capacity_bytes: float | None
 
 def write_memory_plot(result, path: str | Path) -> Path:
     """One panel per device (the first MAX_PANELS ranks) of a `SimulationResult`, as a PNG."""
+    return write_bytes_atomic(path, memory_plot_bytes(result, path))
+
+
+def memory_plot_bytes(result, path: str | Path) -> bytes:
+    """`write_memory_plot`'s figure in memory, in the format of `path`'s suffix."""
     config = memory_config(result.scenario)
     spans = result.spans if result.played_spans is None else span_table(result.played_spans)  # the plan's own
     if "rank_workload" in result.plan.meta:  # megatron: the ranks' shares, as the summary counts them
@@ -54,6 +59,6 @@ def write_memory_plot(result, path: str | Path) -> Path:
                     f"(policy {config.memory_policy}, recompute {config.recompute}{played})", fontsize=9)
     figure.tight_layout()
     try:
-        return write_figure_atomic(path, figure, dpi=110)
+        return figure_bytes(path, figure, dpi=110)
     finally:
         plt.close(figure)

@@ -44,6 +44,62 @@ def write_bytes_atomic(path: str | Path, content: bytes) -> Path:
     return path
 
 
+def write_files_atomic(files: dict, options: dict | None = None) -> list[Path]:
+    """Write several result files all or none: each is first written to a temporary file in its
+    folder, then all are renamed over their targets; where any step before the renames fails,
+    the temporary files (and the folders made for them) are removed and nothing was replaced. A
+    rename failing (rare: each temporary file sits beside its target) keeps the files renamed
+    before it, whole, and removes the rest. `files`: path -> bytes; `options`: path -> the option that named it, for the error
+    (ScenarioError "--trace x.json: ..."), else the OSError names the path."""
+    staged: list[tuple[str, Path]] = []  # (temporary file, its target)
+    made: list[Path] = []
+    try:
+        for path, content in files.items():
+            target = _target(Path(path))
+            try:
+                if target.is_dir() or (target.exists() and not target.is_file()):
+                    raise OSError(errno.EISDIR if target.is_dir() else errno.EEXIST,
+                                  "is a directory" if target.is_dir() else "exists and is not a regular file")
+                made.extend(_missing_folders(target.parent))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+                staged.append((temporary, target))
+                with os.fdopen(handle, "wb") as stream:
+                    stream.write(content)
+                os.chmod(temporary, 0o666 & ~_umask())
+            except OSError as error:
+                option = (options or {}).get(path)
+                if option:
+                    raise ScenarioError(f"{option} {path}: {error.strerror or error}") from None
+                raise OSError(error.errno, error.strerror, str(path)) from None
+    except BaseException:
+        for temporary, _ in staged:
+            Path(temporary).unlink(missing_ok=True)
+        for folder in reversed(made):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        raise
+    for index, (temporary, target) in enumerate(staged):
+        try:
+            os.replace(temporary, target)
+        except OSError as error:  # rare (the temporary file is beside its target): drop the rest
+            for rest, _ in staged[index:]:
+                Path(rest).unlink(missing_ok=True)
+            raise OSError(error.errno, error.strerror, str(target)) from None
+    return [target for _, target in staged]
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """The folders above and including `folder` that do not exist yet, outermost first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing[::-1]
+
+
 def _target(path: Path) -> Path:
     """The file a write to `path` should replace: a symbolic link's target (the link is kept)."""
     return Path(os.path.realpath(path)) if path.is_symlink() else path
@@ -59,9 +115,14 @@ def write_json_atomic(path: str | Path, document) -> Path:
 
 def write_figure_atomic(path: str | Path, figure, **savefig_options) -> Path:
     """Save a matplotlib figure atomically; the format follows the file's suffix."""
+    return write_bytes_atomic(path, figure_bytes(path, figure, **savefig_options))
+
+
+def figure_bytes(path: str | Path, figure, **savefig_options) -> bytes:
+    """A matplotlib figure saved in memory, in the format of `path`'s suffix."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format=figure_format(path), **savefig_options)
-    return write_bytes_atomic(path, buffer.getvalue())
+    return buffer.getvalue()
 
 
 def figure_format(path: str | Path) -> str:

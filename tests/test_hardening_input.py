@@ -260,7 +260,7 @@ def test_import_model_says_it_runs_the_users_code(tmp_path, capsys):
     pytest.importorskip("torch")
     out = tmp_path / "mlp.yaml"
     assert main(["import-model", "tests.byo_models:tiny_mlp", "--input-shape", "32", "--out", str(out)]) == 0
-    assert "runs its code with your permissions" in capsys.readouterr().err
+    assert "runs its code with your permissions" in capsys.readouterr().out  # stderr is for errors only
     assert out.exists()
     assert main(["import-model", "tests.byo_models:tiny_mlp", "--input-shape", "32", "--out", str(out), "--json"]) == 0
     written = json.loads(capsys.readouterr().out)

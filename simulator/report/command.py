@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
-from simulator.output import check_output_folder
+from simulator.output import check_output_file, check_output_folder
 
 
 def run(args) -> int:
     from simulator.report.build import build_report  # matplotlib: imported only when a report is made
     from simulator.report.inputs import load_report_input
-    from simulator.report.render import HTML_NAME, MARKDOWN_NAME, write_report
+    from simulator.report.render import FIGURE_FOLDER, HTML_NAME, MARKDOWN_NAME, TRACE_FOLDER, write_report
 
     check_output_folder(args.out, "--out")
+    for name in (HTML_NAME, MARKDOWN_NAME):  # before the progress line: an error is the only line
+        check_output_file(Path(args.out) / name, "--out")
+    for folder in (FIGURE_FOLDER, TRACE_FOLDER):
+        check_output_folder(Path(args.out) / folder, "--out")
     data = load_report_input(args.input, args.overrides, args.strategies, args.profile)
     if not args.json:  # only once INPUT is valid, so that an error is the only line on stderr
         print(f"building the report of {args.input} ...", file=sys.stderr)

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from simulator.errors import ScenarioError
+from simulator.output import check_output_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 INDEX_NAME = "README.md"
@@ -26,6 +27,7 @@ QUICK_NOTE = "reduced sizes (--quick): not the committed gallery"
 
 def run(args) -> int:
     names = parse_names(args.only)
+    check_output_folder(args.out, "--out")
     written = build_gallery(args.out, names, quick=args.quick, show_progress=not args.json)
     if args.json:
         print(json.dumps(written, indent=1))

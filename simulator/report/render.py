@@ -9,12 +9,13 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from simulator.output import write_bytes_atomic
+from simulator.output import write_files_atomic
 from simulator.report.document import Report, Table
 
 HTML_NAME = "report.html"
 MARKDOWN_NAME = "report.md"
 FIGURE_FOLDER = "figures"
+TRACE_FOLDER = "traces"
 
 
 def _environment(autoescape: bool) -> jinja2.Environment:
@@ -59,7 +60,7 @@ def report_files(report: Report) -> dict[str, bytes]:
 
 
 def write_report(report: Report, out_dir: str | Path) -> list[Path]:
-    """Render everything first, then write each file atomically (temp file + rename): a failure
-    while rendering writes nothing, and no file is ever half-written."""
+    """Render everything first, then write all files or none (`write_files_atomic`): a failure
+    while rendering or writing leaves no file of this report behind."""
     files = report_files(report)
-    return [write_bytes_atomic(Path(out_dir) / relative, content) for relative, content in files.items()]
+    return write_files_atomic({Path(out_dir) / relative: content for relative, content in files.items()})
