@@ -85,6 +85,8 @@ LAUNCH_SOURCE = ("launch 5 us: NVIDIA, 'Getting Started with CUDA Graphs' (A. Gr
                  "9.6 us per launch+sync on V100, i.e. ~6.7 us launch latency, 3.8 us when queued back to back; "
                  "5 us is the commonly quoted 3-7 us range's middle, one value for every CUDA family")
 HOST_OVERHEAD_S = 55e-6
+MAX_HOST_OVERHEAD_S = 1e-2
+"""Largest host (or launch) time per kernel a scenario (`costs.host_overhead_s`) or kernel profile may give."""
 HOST_SOURCE = ("host 55 us a kernel: no vendor publishes a training framework's per-kernel host time, so it is "
                "the one parameter chosen on measurements, by 5-fold cross-validation (`ghpsim fit`) on 1,440 "
                "published Megatron-DeepSpeed iteration times on an 8xA100 node (Bang et al., vTrain, MICRO 2024), "

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import inspect
 import io
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +22,7 @@ from simulator.errors import ScenarioError, nearest_names
 from simulator.limits import check_model_params, check_num_layers, check_num_params, check_structure
 from simulator.scenario import LayerRow, ModelConfig
 from simulator.workload import Layer, Workload
-from simulator.yaml_loading import read_text_file, read_yaml_file
+from simulator.yaml_loading import load_json_text, read_text_file, read_yaml_file
 from simulator.zoo import MODELS, build_model
 from simulator.zoo.llama import llama, llama_workload
 from simulator.zoo.moe import moe, moe_workload
@@ -50,6 +49,10 @@ def _from_zoo(name: str, params: dict) -> Workload:
     try:
         workload = build_model(key, **params)
     except TypeError as error:
+        texts = [key for key, value in params.items() if isinstance(value, str)]
+        if texts and "keyword argument" not in str(error):  # a name where the model computes with a number
+            raise ScenarioError(f"model.params.{texts[0]}: {params[texts[0]]!r} not accepted by model {name!r} "
+                                "(expected a number)") from None
         raise ScenarioError(f"model.params: {params!r} not accepted by model {name!r}: {error}") from None
     except (ValueError, ZeroDivisionError, OverflowError) as error:
         raise ScenarioError(f"model.params: {params!r}: {error}") from None
@@ -119,10 +122,7 @@ def load_hf_config(path: Path, params: dict) -> Workload:
     what = f"model.hf_config: {str(path)!r}"
     if path.suffix.lower() != ".json":
         raise ScenarioError(f"{what}: expected a .json file (a Hugging Face config.json)")
-    try:
-        config = json.loads(read_text_file(path, what))
-    except json.JSONDecodeError as error:
-        raise ScenarioError(f"{what}: not valid JSON (line {error.lineno}, column {error.colno})") from None
+    config = load_json_text(read_text_file(path, what), what)
     if not isinstance(config, dict):
         raise ScenarioError(f"{what}: expected a JSON object")
 
@@ -176,10 +176,9 @@ def load_hf_config(path: Path, params: dict) -> Workload:
 def _hf_experts(config: dict, built: dict, positive, what: str) -> dict:
     """`moe_workload` keywords of a mixture-of-experts config.json (`HF_MOE_KEYS`), {} for a dense
     model; moves intermediate_size to the experts' width (Mixtral) or the dense layers' (DeepSeek)."""
-    routed = config.get("num_local_experts") or config.get("n_routed_experts")
-    if not routed:
-        return {}
-    deepseek = bool(config.get("n_routed_experts"))
+    if config.get("num_local_experts") is None and config.get("n_routed_experts") is None:
+        return {}  # a dense model (a present key, 0 included, is checked below: `positive`)
+    deepseek = config.get("n_routed_experts") is not None
     if deepseek and config.get("moe_layer_freq", 1) != 1:
         raise ScenarioError(f"{what}: moe_layer_freq: only 1 (every layer after the dense ones) is supported")
     key = "n_routed_experts" if deepseek else "num_local_experts"
@@ -222,6 +221,9 @@ def load_layer_table(path: Path) -> Workload:
             data = {"layers": data}
         if not isinstance(data, dict):
             raise ScenarioError(f"{what}: expected a list of layer rows or a mapping with layers")
+        if set(data) - {"name", "layers", "input_spec"}:  # the key is the file's text: not quoted
+            raise ScenarioError(f"{what}: a top-level key that is not a layer-table key (expected name, layers "
+                                "and input_spec)")
         rows, name, input_spec = data.get("layers"), data.get("name", path.stem), data.get("input_spec", {})
         if not isinstance(rows, list) or not isinstance(name, str) or not isinstance(input_spec, dict):
             raise ScenarioError(f"{what}: expected layers (a list of rows), name (text) and input_spec (a mapping)")

@@ -52,13 +52,14 @@ memory_bandwidth_bytes_per_s, gemm: [GEMM], misaligned_gemm: [GEMM], memory: [ST
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.errors import ScenarioError
+from simulator.kernel_catalogue import MAX_HOST_OVERHEAD_S
+from simulator.yaml_loading import load_json_text
 
 FORMAT = "ghpsim-profile/2"
 WEIGHT_PASS_NAMES = ("stash", "predict", "repredict", "accumulate", "average")
@@ -283,6 +284,18 @@ class KernelProfile(_Frozen):
     provenance: dict[str, Any] = {}
     source: str = Field(default="<profile>", exclude=True)
 
+    @model_validator(mode="after")
+    def _parameters_in_range(self) -> "KernelProfile":
+        """The bounds `KernelParameters` holds, checked here so a bad file is refused on loading:
+        efficiencies in (0, 1], overheads from 0 to `costs.host_overhead_s`'s bound."""
+        for name, value in self.parameters.items():
+            if name.endswith("_efficiency") and not 0 < value <= 1:
+                raise ValueError(f"parameters.{name}: {value!r} must be in (0, 1]")
+            if name.endswith("_overhead_s") and not 0 <= value <= MAX_HOST_OVERHEAD_S:
+                raise ValueError(f"parameters.{name}: {value!r} must be from 0 to {MAX_HOST_OVERHEAD_S:g} s "
+                                 "(the bound of costs.host_overhead_s)")
+        return self
+
 
 def load_profile(path: str | Path) -> Profile | KernelProfile:
     """Read and validate a calibration profile; a one-line ScenarioError naming the file and the
@@ -293,12 +306,10 @@ def load_profile(path: str | Path) -> Profile | KernelProfile:
                    "is not a regular file" if path.exists() else "calibration profile not found")
         raise ScenarioError(f"{path}: {problem}")
     try:
-        document = json.loads(path.read_text())
+        text = path.read_text()
     except (OSError, UnicodeDecodeError) as error:
         raise ScenarioError(f"{path}: cannot read the calibration profile: {error}") from None
-    except json.JSONDecodeError as error:
-        raise ScenarioError(f"{path}: not a JSON calibration profile (line {error.lineno}, "
-                            f"column {error.colno}: {error.msg})") from None
+    document = load_json_text(text, str(path), malformed="not a JSON calibration profile")
     return profile_from_dict(document, str(path))
 
 
@@ -326,8 +337,10 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile | Ker
         return model.model_validate({**document, "source": source})
     except ValidationError as error:
         first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "profile"
-        raise ScenarioError(f"{source}: {where}: {first['msg']}"[:300]) from None
+        where = ".".join(str(part) for part in first["loc"])
+        if not where and first["msg"].startswith("Value error, "):  # a whole-profile check names its field
+            raise ScenarioError(f"{source}: {first['msg'].removeprefix('Value error, ')}"[:300]) from None
+        raise ScenarioError(f"{source}: {where or 'profile'}: {first['msg']}"[:300]) from None
 
 
 def profile_document(profile: Profile | KernelProfile) -> dict:

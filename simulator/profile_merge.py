@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import ScenarioError
-from simulator.output import check_output_file, write_json_atomic
+from simulator.limits import check_structure
+from simulator.output import check_output_file, write_text_atomic
 from simulator.profile import load_profile, profile_document, profile_from_dict
 
 MUST_MATCH = ("backend", "world_size", "device", "model", "optimizer.name")
@@ -76,7 +77,8 @@ def merge_profile_files(paths: list[str | Path], out: str | Path) -> dict:
     documents = [profile_document(load_profile(path)) for path in paths]
     names = [str(path) for path in paths]
     merged = profile_document(profile_from_dict(merge_profiles(documents, names), str(out)))
-    write_json_atomic(out, merged)
+    check_structure(merged, f"{out} (pooled)")  # finite and within bounds, before anything is written
+    write_text_atomic(out, json.dumps(merged, indent=1, allow_nan=False) + "\n")
     return merged
 
 

@@ -22,7 +22,7 @@ from simulator.limits import (MAX_BATCH, MAX_FAT_TREE_K, MAX_GPUS, MAX_LAYERS, M
 from simulator.units import parse_quantity
 from simulator.validation_errors import format_validation_error
 from simulator.yaml_loading import StrictLoader, load_yaml_text, read_yaml_file
-from simulator.kernel_catalogue import check_flash_kernel
+from simulator.kernel_catalogue import MAX_HOST_OVERHEAD_S, check_flash_kernel
 from simulator.zero_config import check_zero, zero_stage_from_fsdp
 
 StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
@@ -270,7 +270,7 @@ class CostConfig(_Frozen):
     comm_sm_contention: bool = True
     """Kernel cost model: compute slows while a collective's NCCL kernels hold SMs on its GPU
     (`simulator.host_sharing.sm_sharing`)."""
-    host_overhead_s: Annotated[Float, Field(ge=0, le=1e-2)] | None = None
+    host_overhead_s: Annotated[Float, Field(ge=0, le=MAX_HOST_OVERHEAD_S)] | None = None
     """Kernel cost model: the framework's host time to issue one kernel; None: the catalogue's
     (`simulator.kernel_catalogue.HOST_OVERHEAD_S`); 0: a host that never holds the GPU back (CUDA graphs)."""
 
@@ -379,9 +379,10 @@ def apply_override(raw: dict, assignment: str, origin: str = "<scenario>") -> No
     if "=" not in assignment:
         raise ScenarioError(f"{origin}: --set {assignment!r}: expected key.path=value")
     path, _, text = assignment.partition("=")
-    keys = [key for key in path.strip().split(".") if key]
-    if not keys:
-        raise ScenarioError(f"{origin}: --set {assignment!r}: empty key")
+    keys = path.strip().split(".")
+    if not all(keys):
+        raise ScenarioError(f"{origin}: --set {assignment!r}: empty key" if keys == [""] else
+                            f"{origin}: --set {assignment!r}: an empty part in the key {path.strip()!r}")
     try:
         value = yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader)
     except (yaml.scanner.ScannerError, yaml.parser.ParserError):

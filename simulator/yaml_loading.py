@@ -1,4 +1,5 @@
-"""The one YAML loader for user input (scenarios, sweeps, layer tables, `--set` values).
+"""The one YAML loader for user input (scenarios, sweeps, layer tables, `--set` values), and its
+JSON twin `load_json_text` (profiles, Hugging Face configs, report inputs).
 
 yaml.SafeLoader (no code runs) with three changes: a key given twice in one mapping is an error
 (not the last one silently winning); numbers are YAML 1.2's (8, -3, 1_000, 0.5, 1e9, .inf;
@@ -8,7 +9,10 @@ than `MAX_DEPTH` is refused while parsing, before Python's recursion limit is re
 
 from __future__ import annotations
 
+import json
+import math
 import re
+import sys
 from pathlib import Path
 
 import yaml
@@ -79,6 +83,88 @@ def load_yaml_text(text: str, origin: str):
         raise ScenarioError(f"{origin}: malformed YAML: {type(error).__name__}") from None
     check_structure(data, origin)
     return data
+
+
+class _NonFinite(ValueError):
+    """A NaN, Infinity or overflowing number met while parsing JSON (its text is the argument)."""
+
+
+def _refused(value: float, allow_nan: bool) -> bool:
+    """Whether a parsed JSON number is refused: an infinity, or a NaN unless `allow_nan`."""
+    return math.isinf(value) or (math.isnan(value) and not allow_nan)
+
+
+def load_json_text(text: str, origin: str, check: bool = True, *, malformed: str = "not valid JSON",
+                   allow_nan: bool = False):
+    """Parse JSON text refusing Infinity, numbers that overflow, NaN (unless `allow_nan`: ghpsim's
+    own results write NaN for a figure not measured), nesting deeper than MAX_DEPTH and integers
+    too long to convert; then `check_structure` unless `check` is False (for a document that may
+    legitimately hold more than MAX_VALUES values, whose depth alone is then checked).
+    ScenarioError: one line naming `origin` (and the field or the line), `malformed` leading the
+    message of text that is not JSON."""
+    def number(number_text: str) -> float:
+        value = float(number_text)
+        if _refused(value, allow_nan):
+            raise _NonFinite(number_text)
+        return value
+
+    try:
+        data = json.loads(text, parse_constant=number, parse_float=number)
+    except _NonFinite as error:
+        where = _non_finite_path(text, allow_nan)
+        where = f"{where}: " if where else ""
+        raise ScenarioError(f"{origin}: {where}{str(error)[:40]} is not a finite number") from None
+    except json.JSONDecodeError as error:
+        raise ScenarioError(f"{origin}: {malformed} (line {error.lineno}, column {error.colno}: {error.msg})") from None
+    except RecursionError:
+        raise ScenarioError(f"{origin}: nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise ScenarioError(f"{origin}: {_long_integer_place(text)}an integer of more than "
+                            f"{sys.get_int_max_str_digits()} digits") from None
+    if check:
+        check_structure(data, origin)
+    else:
+        _check_depth(data, origin)
+    return data
+
+
+def _walk(data):
+    """(dotted path, depth, value) of every value in loaded JSON, parents first, without recursion."""
+    stack = [("", 0, data)]
+    while stack:
+        path, depth, value = stack.pop()
+        yield path, depth, value
+        if isinstance(value, (dict, list)) and depth <= MAX_DEPTH:
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            children = [(f"{path}.{key}" if path else str(key), depth + 1, item) for key, item in items]
+            stack.extend(reversed(children))
+
+
+def _check_depth(data, origin: str) -> None:
+    """ScenarioError naming the path where `data` nests more than MAX_DEPTH deep."""
+    for path, depth, _value in _walk(data):
+        if depth > MAX_DEPTH:
+            raise ScenarioError(f"{origin}: {path}: nested more than {MAX_DEPTH} levels deep")
+
+
+def _non_finite_path(text: str, allow_nan: bool) -> str:
+    """The dotted path of the first refused number (`_refused`) in JSON `text` ('' when not found)."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return ""
+    return next((path or "top level" for path, _depth, value in _walk(data)
+                 if isinstance(value, float) and _refused(value, allow_nan)), "")
+
+
+def _long_integer_place(text: str) -> str:
+    """'line L, column C: ' of the first run of digits too long to convert in `text` ('' if none)."""
+    found = re.search(r"\d{%d,}" % (sys.get_int_max_str_digits() + 1), text)
+    if found is None:
+        return ""
+    line = text.count("\n", 0, found.start()) + 1
+    column = found.start() - text.rfind("\n", 0, found.start())
+    return f"line {line}, column {column}: "
 
 
 def read_text_file(path: str | Path, what: str) -> str:

@@ -69,7 +69,7 @@ def _set(document: dict, dotted: str, value) -> None:
 
 SIMULATE_CASES = {
     "step time a string": ("step_time_s", "abc", "step_time_s: 'abc' is not a positive finite number"),
-    "step time infinite": ("step_time_s", float("inf"), "step_time_s: inf is not"),
+    "step time infinite": ("step_time_s", float("inf"), "step_time_s: Infinity is not"),
     "step time zero": ("step_time_s", 0, "step_time_s: 0 is not a positive"),
     "devices a number": ("devices", 5, "devices: 5 is not a non-empty list of mappings"),
     "devices of numbers": ("devices", [5, 6], "devices: [5, 6] is not"),

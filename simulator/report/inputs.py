@@ -8,7 +8,6 @@ validation table (`ghpsim validate`'s reports/validation/<scenario>.csv, or its 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,12 +16,12 @@ import pandas as pd
 from simulator.compare import DEFAULT_STRATEGIES, _feasible_groups, compare, parse_strategy_specs, with_strategy
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
-from simulator.profile import load_profile
-from simulator.profile_costs import ProfileCosts
+from simulator.profile_costs import scenario_profile_costs
 from simulator.report.input_checks import check_summary, checked_sweep, checked_validation, validation_frame
 from simulator.scenario import Scenario, load_scenario
 from simulator.simulate import SimulationResult, naming_source, simulate
 from simulator.tables import strategy_label
+from simulator.yaml_loading import load_json_text
 
 SWEEP_COLUMNS = ("step_time_s", "throughput_samples_per_s", "speedup", "num_gpus", "strategy", "status")
 VALIDATION_COLUMNS = ("strategy", "predicted_s", "measured_s", "error_pct")
@@ -104,7 +103,7 @@ def simulate_own_strategy(scenario: Scenario, profile_path: str | None) -> Simul
     """The scenario as written (a megatron layout), with analytic costs or a profile's."""
     with naming_source(scenario):
         workload = resolve_workload(scenario.model, scenario.base_dir)
-    costs = None if profile_path is None else ProfileCosts(load_profile(profile_path), workload)
+    costs = None if profile_path is None else scenario_profile_costs(profile_path, scenario, workload)
     return simulate(scenario, costs=costs, workload=workload)
 
 
@@ -113,8 +112,7 @@ def compare_with_profile(scenario: Scenario, specs, profile_path: str) -> list[S
     predicts): ghp without G takes the scenario's G, else the fastest feasible G."""
     with naming_source(scenario):
         workload = resolve_workload(scenario.model, scenario.base_dir)
-    profile = load_profile(profile_path)
-    costs = ProfileCosts(profile, workload)
+    costs = scenario_profile_costs(profile_path, scenario, workload)
     results = []
     for kind, groups in specs:
         if kind == "ghp" and groups is None and scenario.strategy.kind == "ghp":
@@ -129,9 +127,11 @@ def compare_with_profile(scenario: Scenario, specs, profile_path: str) -> list[S
 
 def _from_json(path: Path) -> ReportInput:
     try:
-        document = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        text = path.read_text()
+    except UnicodeDecodeError as error:
         raise ScenarioError(f"INPUT: {path}: not valid JSON ({str(error).splitlines()[0]})") from None
+    # a summary may hold > MAX_VALUES values; `ghpsim validate --json` writes NaN for a figure not measured
+    document = load_json_text(text, f"INPUT: {path}", check=False, allow_nan=True)
     if isinstance(document, dict) and isinstance(document.get("summaries"), list) and document["summaries"]:
         for index, summary in enumerate(document["summaries"]):
             check_summary(summary, path, f"summaries[{index}]")
