@@ -11,7 +11,7 @@ from pathlib import Path
 import networkx as nx
 
 from simulator.errors import ScenarioError
-from simulator.graph_file import read_graph_file
+from simulator.graph_file import check_devices, read_graph_file
 from simulator.hardware import LinkSpec
 from simulator.topology import (INTER, Topology, device_name, nic_name, node_switch_name)
 
@@ -49,8 +49,9 @@ def build_fabric(cluster, base_dir: str = ".") -> Topology:
     if cluster.topology == "torus_2d":
         return torus_2d(*args, shape=cluster.torus_shape)
     path = Path(cluster.topology_file)
-    return from_graph(read_graph_file(path if path.is_absolute() else Path(base_dir) / path),
-                      cluster.num_nodes, cluster.gpus_per_node)
+    path = path if path.is_absolute() else Path(base_dir) / path
+    return from_graph(read_graph_file(path), cluster.num_nodes, cluster.gpus_per_node,
+                      what=f"cluster.topology_file: {str(path)!r}")
 
 
 def _with_nics(num_nodes, gpus_per_node, intra, inter, nics_per_node, kind, hops) -> Topology:
@@ -246,15 +247,13 @@ def _torus_route(topology: Topology, source: int, target: int) -> tuple[int, ...
             topology._device_downlinks[target])
 
 
-def from_graph(graph: nx.Graph, num_nodes: int, gpus_per_node: int) -> Topology:
+def from_graph(graph: nx.Graph, num_nodes: int, gpus_per_node: int, what: str = "cluster.topology_file") -> Topology:
     """A topology from a graph whose edges carry `tier`, `latency_s`, `bandwidth_bytes_per_s`;
-    vertices gpu0 .. gpu{N-1} are the devices (device d on node d // gpus_per_node). Edges have no
-    link kind: they count as ethernet, so they keep their bandwidth and the plain flow model."""
+    vertices gpu0 .. gpu{N-1} are the devices (device d on node d // gpus_per_node), all connected
+    (`check_devices`; `what` names the file in its errors). Edges have no link kind: they count as
+    ethernet, so they keep their bandwidth and the plain flow model."""
     topology = Topology.empty(num_nodes, gpus_per_node, "graph_file", _graph_hops)
-    missing = [device_name(d) for d in range(topology.num_devices) if device_name(d) not in graph]
-    if missing:
-        raise ScenarioError(f"cluster.topology_file: the graph has no vertex {missing[0]} (it needs gpu0 .. "
-                            f"gpu{topology.num_devices - 1} for num_nodes x gpus_per_node devices)")
+    check_devices(graph, topology.num_devices, what)
     for device in range(topology.num_devices):
         topology.owner[device_name(device)] = topology.node_of(device)
     for a, b, data in graph.edges(data=True):
@@ -266,6 +265,6 @@ def from_graph(graph: nx.Graph, num_nodes: int, gpus_per_node: int) -> Topology:
 def _graph_hops(topology: Topology, source: int, target: int) -> list[str]:
     try:
         return nx.shortest_path(topology.graph, device_name(source), device_name(target))
-    except nx.NetworkXNoPath:
+    except (nx.NetworkXNoPath, nx.NodeNotFound):  # `check_devices` refuses both when the graph is read
         raise ScenarioError(f"cluster.topology_file: no path from {device_name(source)} to "
                             f"{device_name(target)}") from None

@@ -37,7 +37,8 @@ def read_graph_file(path: Path) -> nx.Graph:
             data = json.loads(read_text_file(path, what))
             check_structure(data, what)
             graph = nx.node_link_graph(data, multigraph=False, edges="links" if "links" in data else "edges")
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, nx.NetworkXError) as error:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError, SyntaxError,
+            nx.NetworkXError) as error:  # SyntaxError: xml.etree's ParseError (malformed GraphML)
         if isinstance(error, ScenarioError):
             raise
         raise ScenarioError(f"{what}: not a readable graph ({type(error).__name__})") from None
@@ -48,7 +49,7 @@ def read_graph_file(path: Path) -> nx.Graph:
         try:
             data["bandwidth_bytes_per_s"] = parse_quantity(data["bandwidth"], "bytes_per_s")
             data["latency_s"] = parse_quantity(data.get("latency", 0.0), "s")
-        except (KeyError, ValueError) as error:
+        except (KeyError, ValueError):
             raise ScenarioError(f"cluster.topology_file: {str(path)!r}: edge {a}--{b} needs a bandwidth and a "
                                 "latency, numbers or quantities such as '25 GB/s' and '2 us'") from None
         data["tier"] = data.get("tier", "inter")
@@ -56,3 +57,27 @@ def read_graph_file(path: Path) -> nx.Graph:
             raise ScenarioError(f"cluster.topology_file: {str(path)!r}: edge {a}--{b}: bandwidth must be > 0, "
                                 "latency >= 0 and tier intra or inter")
     return graph
+
+
+def check_devices(graph: nx.Graph, num_devices: int, what: str = "cluster.topology_file") -> None:
+    """Refuse a graph that lacks a device vertex gpu0 .. gpu{num_devices-1} or whose devices are not
+    all connected (both ways in a directed graph); `what` names the field and file in the error."""
+    names = [f"gpu{device}" for device in range(num_devices)]
+    missing = [name for name in names if name not in graph]
+    if missing:
+        raise ScenarioError(f"{what}: the graph has no vertex {missing[0]} (it needs gpu0 .. "
+                            f"gpu{num_devices - 1} for num_nodes x gpus_per_node devices)")
+    if num_devices < 2:
+        return
+    if graph.is_directed():
+        reached, reaching = nx.descendants(graph, names[0]), nx.ancestors(graph, names[0])
+        for name in names[1:]:
+            if name not in reached:
+                raise ScenarioError(f"{what}: there is no path from {names[0]} to {name}")
+            if name not in reaching:
+                raise ScenarioError(f"{what}: there is no path from {name} to {names[0]}")
+        return
+    component = nx.node_connected_component(graph, names[0])
+    unreachable = next((name for name in names[1:] if name not in component), None)
+    if unreachable is not None:
+        raise ScenarioError(f"{what}: {unreachable} is not connected to {names[0]}")

@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import shutil
 import signal
 import sys
@@ -80,6 +81,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, workers: int | None = None, sch
     """Simulate every point of `sweep` not already in DIR's store, then export the results."""
     if workers is not None and workers < 1:
         raise ScenarioError(f"--workers: {workers} (expected at least 1)")
+    if scheduler is not None:
+        check_scheduler_address(scheduler)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ScenarioError(f"--out {out}: exists and is not a folder")
@@ -117,7 +120,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, workers: int | None = None, sch
 def start_executor(tasks: list[tuple[str, Scenario]], workers: int | None, scheduler: str | None):
     """Submit every task now (before any progress thread starts) and return an iterator of
     (key, outcome) in completion order."""
-    if scheduler:
+    if scheduler is not None:
         return _run_dask(tasks, scheduler)
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(tasks) == 1:
@@ -178,25 +181,66 @@ def _drain_pool(pool: ProcessPoolExecutor, futures: dict):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+_SCHEDULER_ADDRESS = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):([0-9]{1,5})")
+"""tcp://HOST:PORT, HOST a name, an IPv4 address or a bracketed IPv6 address (what the docs promise)."""
+_INPROC_ADDRESS = re.compile(r"inproc://[^/\s]+/([0-9]{1,10})/[0-9]+")
+"""An in-process scheduler's address (ip/pid/n): `run_sweep` callers' LocalCluster(processes=False)."""
+
+
+def check_scheduler_address(address: str) -> None:
+    """Refuse a --scheduler that is not tcp://HOST:PORT (port 1-65535) before anything connects:
+    dask's Client, given a malformed address, fails late and leaves a traceback at exit. An
+    inproc:// address of this very process (a scheduler the caller started in it) is accepted too."""
+    if not address.strip():
+        raise ScenarioError(f"--scheduler {address!r}: empty address (expected tcp://HOST:PORT, e.g. "
+                            "tcp://host:8786; leave --scheduler out to run locally)")
+    in_process = _INPROC_ADDRESS.fullmatch(address)
+    if in_process is not None and int(in_process[1]) == os.getpid():
+        return
+    match = _SCHEDULER_ADDRESS.fullmatch(address)
+    if match is None or not 1 <= int(match[2]) <= 65535:
+        raise ScenarioError(f"--scheduler {address!r}: not a scheduler address (expected tcp://HOST:PORT with "
+                            "a port 1-65535, e.g. tcp://host:8786)")
+
+
 def _run_dask(tasks, address: str):
     try:
         from distributed import Client
     except ImportError:
         raise ScenarioError("--scheduler: dask.distributed is not installed "
                             "(pip install 'dask[distributed]')") from None
-    from distributed.comm.addressing import parse_address
-    from distributed.comm.registry import backends
-    scheme = parse_address(address)[0] if address.count("://") <= 1 else address
-    if scheme not in backends:
-        raise ScenarioError(f"--scheduler {address}: not a scheduler address (expected e.g. tcp://host:8786; "
-                            f"schemes: {', '.join(sorted(backends))})")
+    check_scheduler_address(address)
     try:
         client = Client(address, timeout=10, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as error:
         raise ScenarioError(f"--scheduler {address}: cannot connect ({' '.join(str(error).split())})") from None
-    keys = [key for key, _ in tasks]
-    futures = client.map(evaluate, [scenario for _, scenario in tasks], key=[f"ghpsim-sweep-{key}" for key in keys])
-    return _drain_dask(client, futures, {future.key: key for future, key in zip(futures, keys)})
+    try:
+        keys = [key for key, _ in tasks]
+        futures = client.map(evaluate, [scenario for _, scenario in tasks],
+                             key=[f"ghpsim-sweep-{key}" for key in keys])
+        return _DaskResults(client, futures, {future.key: key for future, key in zip(futures, keys)})
+    except BaseException:
+        client.close()
+        raise
+
+
+class _DaskResults:
+    """(key, outcome) pairs as the Dask futures finish; `close()` closes the client even when the
+    iteration never started (a generator's `finally` would not run then)."""
+
+    def __init__(self, client, futures: list, keys: dict):
+        self.client = client
+        self.results = _drain_dask(client, futures, keys)
+
+    def __iter__(self):
+        return self.results
+
+    def close(self) -> None:
+        """Stop iterating and close the client (closing twice is harmless)."""
+        try:
+            self.results.close()
+        finally:
+            self.client.close()
 
 
 def _drain_dask(client, futures: list, keys: dict):

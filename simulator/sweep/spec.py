@@ -101,7 +101,7 @@ class SweepSpec(_Frozen):
 
     @model_validator(mode="after")
     def _check_axes(self) -> "SweepSpec":
-        lengths, seen = {}, set()
+        lengths, seen, sections_of = {}, set(), {}  # sections_of: a section -> a field below it
         for name, axis in self.axes.items():
             try:
                 values = axis_values(axis)
@@ -112,7 +112,12 @@ class SweepSpec(_Frozen):
                 check_field_path(field)
                 if field in seen:
                     raise ValueError(f"axes: {field!r} appears in two axes")
+                sections = [field.rsplit(".", depth)[0] for depth in range(1, field.count(".") + 1)]
+                inside = next((section for section in sections if section in seen), None) or sections_of.get(field)
+                if inside is not None:
+                    raise ValueError(f"axes: {inside!r} and {field!r} overlap (one is a section of the other)")
                 seen.add(field)
+                sections_of.update((section, field) for section in sections if section not in sections_of)
             if len(fields) > 1:
                 for value in values:
                     if not isinstance(value, list) or len(value) != len(fields):
@@ -230,7 +235,9 @@ def scenario_key(scenario: Scenario) -> str:
 
 
 def load_sweep(path: str | Path) -> Sweep:
-    """Read and validate a sweep file; its base scenario is read but points are not built yet."""
+    """Read and validate a sweep file and its base scenario: ScenarioError naming the sweep file
+    where the base as written is invalid and no point (the base with its axis values) is valid
+    either; points are built only in that check."""
     path = Path(path)
     raw = read_yaml(path)
     try:
@@ -247,4 +254,11 @@ def load_sweep(path: str | Path) -> Sweep:
     for field in ("base_dir", "source"):
         if field in base:
             raise ScenarioError(f"{path}: base.{field}: unknown key")
-    return Sweep(spec, str(path), base, base_dir)
+    origin = f"{path}: base {str(base_path)!r}" if isinstance(spec.base, str) else f"{path}: base"
+    sweep = Sweep(spec, str(path), base, base_dir)
+    try:
+        scenario_from_dict(copy.deepcopy(base), origin=origin, base_dir=base_dir)
+    except ScenarioError:  # the axes may fill in what the base leaves out: refused where no point is valid
+        if not any(point.error is None for point in sweep.points()):
+            raise
+    return sweep
