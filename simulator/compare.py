@@ -73,10 +73,23 @@ def default_strategies(scenario: Scenario) -> str:
     return MEGATRON if scenario.strategy.kind == MEGATRON else DEFAULT_STRATEGIES
 
 
+def comma_items(text: str, option: str) -> list[str]:
+    """The items of a comma list given to `option`, stripped; ScenarioError naming the option for
+    an empty item ("dp,,mp", "4,") or an empty list."""
+    items = [part.strip() for part in text.split(",")]
+    if not any(items):
+        raise ScenarioError(f"{option}: empty list")
+    if not all(items):
+        raise ScenarioError(f"{option}: {text!r} has an empty item")
+    return items
+
+
 def parse_strategy_specs(text: str) -> list[tuple[str, int | None]]:
     specs = []
-    for item in (part.strip() for part in text.split(",") if part.strip()):
+    for item in comma_items(text, "--strategies"):
         kind, _, groups = item.partition(":")
+        if ":" in item and not groups:
+            raise ScenarioError(f"--strategies: {item!r} needs a number after ':'")
         if item == MEGATRON:
             specs.append((MEGATRON, None))
             continue

@@ -10,6 +10,7 @@ import math
 
 from rich.table import Table
 
+from simulator.compare import comma_items
 from simulator.errors import ScenarioError
 from simulator.fabrics import build_topology
 from simulator.heuristics import HEURISTICS, grid_estimates
@@ -283,7 +284,7 @@ def _regret_pct(row: dict, best: dict) -> float:
 def _kinds(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None
-    kinds = tuple(part.strip() for part in text.split(",") if part.strip())
+    kinds = tuple(comma_items(text, "--kinds"))
     unknown = [kind for kind in kinds if kind not in candidate_kinds()]
     if unknown or not kinds:
         raise ScenarioError(f"--kinds: {text!r}: choose from {', '.join(candidate_kinds())}")
@@ -315,7 +316,7 @@ def _ms(seconds: float | None) -> str:
 def _int_list(text: str, option: str) -> tuple[int, ...]:
     """A comma list of positive integers."""
     try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
+        values = tuple(int(part) for part in comma_items(text, option))
     except ValueError:
         raise ScenarioError(f"{option}: {text!r} is not a comma list of integers") from None
     if not values or min(values) < 1:

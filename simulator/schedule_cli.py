@@ -13,6 +13,9 @@ MAX_ACTIONS = 100_000
 """At most this many F and B actions (2 p m v): the check and the grid stay within a few seconds."""
 MAX_CELLS = 2_000_000
 """At most this many grid cells, ranks x slots (about p x 2 (m v + p))."""
+SCENARIO_FIELD_OPTIONS = {"strategy.num_microbatches": "--microbatches", "strategy.num_virtual_stages": "--virtual-stages",
+                          "strategy.num_groups": "--stages", "strategy.pp_degree": "--stages"}
+"""The scenario fields the schedule checks name, and the flags that set them here."""
 
 
 def run(args) -> int:
@@ -26,8 +29,14 @@ def run(args) -> int:
         raise ScenarioError(f"--weight-prediction {args.weight_prediction}: applies to spectrain, not {args.kind}")
     virtual = args.virtual_stages or (2 if args.kind == "interleaved_1f1b" else 1)
     check_size(args.stages, args.microbatches, virtual)
-    schedule = build_schedule(args.kind, args.stages, args.microbatches, virtual,
-                              args.weight_prediction in (None, "staggered"))
+    try:
+        schedule = build_schedule(args.kind, args.stages, args.microbatches, virtual,
+                                  args.weight_prediction in (None, "staggered"))
+    except ScenarioError as error:  # the schedule's checks speak of scenario fields: name this command's flags
+        message = str(error)
+        for field, option in SCENARIO_FIELD_OPTIONS.items():
+            message = message.replace(field, option)
+        raise ScenarioError(message) from None
     if args.json:
         print(json.dumps(schedule_document(schedule, weight_stashing=not args.no_stash)))
     else:
