@@ -172,8 +172,9 @@ def _lookup(value: str, catalogue: Mapping[str, object], what: str):
     key = by_lower.get(value.strip().lower())
     if key is not None:
         return catalogue[key]
-    names = nearest_names(value, catalogue) or list(catalogue)
-    raise ValueError(f"unknown {what} preset {value!r}; nearest: {', '.join(names)}")
+    names = nearest_names(value, catalogue)  # where none is near, all of them would not fit on one line
+    hint = f"nearest: {', '.join(names)}" if names else f"`ghpsim list {what.lower()}s` lists them"
+    raise ValueError(f"unknown {what} preset {value!r}; {hint}")
 
 
 def resolve_gpu(value: str | Mapping | GpuSpec) -> GpuSpec:

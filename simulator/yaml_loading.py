@@ -79,8 +79,11 @@ def load_yaml_text(text: str, origin: str):
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(error, "problem", None) or "not valid YAML"
         raise ScenarioError(f"{origin}: malformed YAML{where}: {problem}") from None
-    except (ValueError, RecursionError) as error:  # an integer of more than 4300 digits; a deep structure
-        raise ScenarioError(f"{origin}: malformed YAML: {type(error).__name__}") from None
+    except RecursionError:
+        raise ScenarioError(f"{origin}: malformed YAML: nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError:  # int() of a number too long to convert
+        raise ScenarioError(f"{origin}: malformed YAML: {_long_integer_place(text)}an integer of more than "
+                            f"{sys.get_int_max_str_digits()} digits") from None
     check_structure(data, origin)
     return data
 

@@ -55,12 +55,11 @@ def test_containment_before_mere_similarity():
     assert nearest_names("sxm", ["SXM-like", "H100-SXM", "xsm"], cutoff=0.5)[:2] == ["SXM-like", "H100-SXM"]
 
 
-def test_far_name_suggests_nothing_and_lookup_lists_everything():
+def test_far_name_suggests_nothing_and_lookup_names_the_list_command():
     assert nearest_names("zzzzzzzz", GPUS) == []
     assert nearest_names("", LINKS) == []
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ValueError, match="`ghpsim list gpus` lists them"):
         resolve_gpu("zzzzzzzz")
-    assert all(name in str(error.value) for name in list(GPUS)[:5])
 
 
 def test_cli_set_gpu_h100_one_line_with_h100_sxm_first(capsys):
