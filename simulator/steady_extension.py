@@ -206,8 +206,7 @@ def _extended_spans(spans, window_s: float, period_s: float, periods: int, steps
     templates = [(_label_parts(s[2], s[7]), _step(s, steps), s) for s in before if s[4] >= window_s]
     if any(step is None for _, step, _ in templates):
         return "a span of the steady state has no step"
-    copies = [_moved(span, parts, j * period_s, j * step)
-              for j in range(1, periods + 1) for parts, step, span in templates]
+    copies = _copies(templates, period_s, periods)
     after = []
     for span in spans:
         if span[4] >= cut_s:
@@ -216,6 +215,23 @@ def _extended_spans(spans, window_s: float, period_s: float, periods: int, steps
                 return f"rank {span[0]}'s {span[1]} span {span[2]!r} of the drain numbers on unlike the steady state's"
             after.append(_moved(span, _label_parts(span[2], span[7]), periods * period_s, periods * step))
     return before + copies + after
+
+
+def _copies(templates: list[tuple], period_s: float, periods: int) -> list[tuple]:
+    """The window's spans (`templates`: (label parts, step, span)) copied `periods` times, copy j
+    shifted by j T and numbered on by j steps, in order: `_moved` of each, inlined (millions of
+    spans in a long step)."""
+    copies: list[tuple] = []
+    append = copies.append
+    for j in range(1, periods + 1):
+        shift_s = j * period_s
+        for parts, step, (rank, stream, name, kind, start, end, size, microbatch) in templates:
+            if parts is not None and step:
+                microbatch += j * step
+                if parts[1] is not None:
+                    name = f"{parts[0]}{microbatch}{parts[1]}"
+            append((rank, stream, name, kind, start + shift_s, end + shift_s, size, microbatch))
+    return copies
 
 
 def _step(span: tuple, steps: dict) -> int | None:
