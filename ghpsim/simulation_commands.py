@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from importlib import resources
 
 from simulator.compare import compare, parse_strategy_specs
@@ -58,7 +59,8 @@ def cmd_simulate(args) -> int:
         check_figure_file(args.memory_plot, "--memory-plot")
     scenario = load_scenario(args.scenario, args.overrides)
     costs = _profile_costs(scenario, args)
-    result = simulate(scenario, costs=costs, workload=costs.workload if costs else None)
+    with _engine_progress(enabled=not args.json):
+        result = simulate(scenario, costs=costs, workload=costs.workload if costs else None)
     files, options = {}, {args.trace: "--trace", args.memory_plot: "--memory-plot"}
     if args.trace:
         labels = {row["rank"]: f"rank {row['rank']} (gpu{row['device']}, node {row['node']})"
@@ -75,6 +77,18 @@ def cmd_simulate(args) -> int:
         if args.trace:
             print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
     return 0
+
+
+@contextmanager
+def _engine_progress(enabled: bool):
+    """A bar on stderr (a terminal only, `simulator.progress`) of the actions each engine run of a
+    long simulation has done; it appears once a run has done `engine_progress.PROGRESS_EVERY`."""
+    from simulator.engine_progress import reporting_progress
+    from simulator.progress import stderr_progress
+    with stderr_progress(enabled=enabled) as bar:
+        task = bar.add_task("simulating (actions played)", total=None, visible=False)
+        with reporting_progress(lambda done, total: bar.update(task, completed=done, total=total, visible=True)):
+            yield
 
 
 def cmd_list(args) -> int:

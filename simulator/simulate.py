@@ -12,7 +12,7 @@ from functools import cached_property
 import pandas as pd
 
 from simulator.costs import AnalyticCosts, CostModel, describe_compute_model, single_device_step_s
-from simulator.engine import Engine
+from simulator.engine_progress import engine
 from simulator.errors import ScenarioError, SimulationError
 from simulator.fabrics import build_topology
 from simulator.flops import flops_summary
@@ -222,7 +222,7 @@ def _play(scenario: Scenario, workload: Workload, topology: Topology, costs: Cos
             note += f"; nor has any longer period in a play of {plays} micro-batches"
     with naming_source(scenario):
         plan = compile_plan(scenario, workload, topology, costs)
-    result = Engine(plan, topology, engine_costs(plan, costs), scenario.strategy.num_parameter_servers).run()
+    result = engine(plan, topology, engine_costs(plan, costs), scenario.strategy.num_parameter_servers).run()
     return plan, result, result.spans, note
 
 
@@ -262,9 +262,9 @@ def _short_play(scenario, workload, topology, costs, short: int):
     with naming_source(scenario):
         check_simulation_size(plan.num_ranks, len(plan.actions[0]) * scenario.strategy.num_microbatches / short,
                               "" if decision["used"] else f" (not folded: {decision['reason']})")
-    engine = Engine(plan, topology, engine_costs(plan, costs), scenario.strategy.num_parameter_servers)
-    engine.count_log = []
-    return plan, engine.run(), engine.count_log
+    played = engine(plan, topology, engine_costs(plan, costs), scenario.strategy.num_parameter_servers)
+    played.count_log = []
+    return plan, played.run(), played.count_log
 
 
 def _extension(plan, played, count_log, short: int, periods, target: int):
