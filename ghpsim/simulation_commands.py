@@ -20,7 +20,8 @@ def demo_scenario_path():
 
 def _run_compare(scenario_source, args) -> int:
     scenario = load_scenario(scenario_source, args.overrides)
-    results = compare(scenario, parse_strategy_specs(args.strategies), costs=_profile_costs(scenario, args))
+    with _engine_progress(enabled=not args.json):
+        results = compare(scenario, parse_strategy_specs(args.strategies), costs=_profile_costs(scenario, args))
     if args.json:
         print(json.dumps({"scenario": scenario.name,
                           "results": comparison_frame(results).to_dict(orient="records"),
