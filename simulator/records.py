@@ -15,7 +15,7 @@ from simulator.spans import SPAN_FIELDS
 
 def span_table(spans: list[tuple]) -> pd.DataFrame:
     """Spans as a DataFrame (columns SPAN_FIELDS plus duration_s), sorted by rank and start."""
-    frame = pd.DataFrame(spans, columns=list(SPAN_FIELDS))
+    frame = pd.DataFrame(spans if isinstance(spans, list) else list(spans), columns=list(SPAN_FIELDS))
     frame["duration_s"] = frame["end_s"] - frame["start_s"]
     return frame.sort_values(["rank", "start_s", "stream"], kind="stable").reset_index(drop=True)
 
@@ -30,8 +30,34 @@ def union_length_s(starts: np.ndarray, ends: np.ndarray) -> float:
     return float(np.clip(ends - np.maximum(starts, before), 0.0, None).sum())
 
 
-def device_breakdown(spans: list[tuple], num_ranks: int, step_time_s: float) -> list[dict]:
-    """Per-rank compute_s, comm_s (exposed), idle_s and comm_busy_s."""
+def makespan_s(spans) -> float:
+    """The latest span end (0 without spans); an extended run's (`ExtendedSpans`) without building it."""
+    known = getattr(spans, "makespan_s", None)
+    return known if known is not None else max((span[5] for span in spans), default=0.0)
+
+
+def device_breakdown(spans, num_ranks: int, step_time_s: float) -> list[dict]:
+    """Per-rank compute_s, comm_s (exposed), idle_s and comm_busy_s. An extended run
+    (`simulator.steady_extension.ExtendedSpans`) covers what its played spans cover plus, `periods`
+    times, what they cover in one steady period (its spans are those copies), so it is measured on
+    the played spans and that period alone."""
+    parts = getattr(spans, "periodic_parts", None)
+    played = spans if parts is None else parts[0]
+    compute, busy, comm = _coverage_s(played, num_ranks)
+    if parts is not None:
+        _, window_s, period_s, periods = parts
+        start_s, end_s = window_s + period_s, window_s + 2 * period_s
+        clipped = [(span[0], span[1], None, None, max(span[4], start_s), min(span[5], end_s))
+                   for span in played if span[4] < end_s and span[5] > start_s]
+        compute, busy, comm = (total + periods * added
+                               for total, added in zip((compute, busy, comm), _coverage_s(clipped, num_ranks)))
+    return [{"rank": rank, "compute_s": float(compute[rank]), "comm_s": float(busy[rank] - compute[rank]),
+             "idle_s": max(step_time_s - float(busy[rank]), 0.0), "comm_busy_s": float(comm[rank])}
+            for rank in range(num_ranks)]
+
+
+def _coverage_s(spans, num_ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per rank, the time covered by its compute spans, by all its spans and by the others."""
     if spans:
         ranks, streams, _names, _kinds, starts, ends, *_rest = zip(*spans)
     else:
@@ -41,20 +67,30 @@ def device_breakdown(spans: list[tuple], num_ranks: int, step_time_s: float) -> 
     order = np.lexsort((ends, starts, ranks))
     ranks, starts, ends, computing = ranks[order], starts[order], ends[order], computing[order]
     bounds = np.searchsorted(ranks, np.arange(num_ranks + 1))
-    rows = []
+    covered = np.zeros((3, num_ranks))
     for rank in range(num_ranks):
         own = slice(bounds[rank], bounds[rank + 1])
         rank_starts, rank_ends, compute = starts[own], ends[own], computing[own]
-        compute_s = union_length_s(rank_starts[compute], rank_ends[compute])
-        busy_s = union_length_s(rank_starts, rank_ends)
-        rows.append({
-            "rank": rank,
-            "compute_s": compute_s,
-            "comm_s": busy_s - compute_s,
-            "idle_s": max(step_time_s - busy_s, 0.0),
-            "comm_busy_s": union_length_s(rank_starts[~compute], rank_ends[~compute]),
-        })
-    return rows
+        covered[:, rank] = (union_length_s(rank_starts[compute], rank_ends[compute]),
+                            union_length_s(rank_starts, rank_ends),
+                            union_length_s(rank_starts[~compute], rank_ends[~compute]))
+    return covered[0], covered[1], covered[2]
+
+
+def compute_busy_s(spans, num_ranks: int) -> list[float]:
+    """Per rank, the summed durations of its compute spans (an extended run's as `device_breakdown`
+    measures it: the played spans plus `periods` times the spans that start in one period)."""
+    parts = getattr(spans, "periodic_parts", None)
+    busy = [0.0] * num_ranks
+    for rank, stream, _name, _kind, start, end, *_rest in (spans if parts is None else parts[0]):
+        if stream == "compute":
+            busy[rank] += end - start
+    if parts is not None:
+        played, start_s, period_s, periods = parts
+        for rank, stream, _name, _kind, start, end, *_rest in played:
+            if stream == "compute" and start_s <= start < start_s + period_s:
+                busy[rank] += periods * (end - start)
+    return busy
 
 
 def stage_time_split(devices: list[dict], step_time_s: float) -> dict[int, dict[str, float]]:

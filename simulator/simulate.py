@@ -21,7 +21,7 @@ from simulator.kernel_report import kernel_passes
 from simulator.limits import check_simulation_size
 from simulator.model_source import resolve_workload
 from simulator.plan import Plan
-from simulator.records import device_breakdown, span_table, stage_time_split
+from simulator.records import device_breakdown, makespan_s, span_table, stage_time_split
 from simulator.scenario import Scenario
 from simulator.steady_extension import (Extension, Unaligned, candidate_periods, extend, extended_plan,
                                          short_microbatches, shortened)
@@ -124,7 +124,7 @@ def _step(scenario: Scenario, costs: CostModel | None, workload: Workload | None
         costs = costs or analytic_costs(scenario, workload)
         topology = topology or build_topology(scenario.cluster)
     plan, result, played_spans, steady_note = _play(scenario, workload, topology, costs)
-    step_time_s = max((span[5] for span in result.spans), default=0.0)
+    step_time_s = makespan_s(result.spans)
     summary = _summary(scenario, workload, topology, plan, result, step_time_s, costs, played_spans)
     summary["compute_model"] = describe_compute_model(costs, scenario.costs.model, scenario.cluster.gpu, given)
     if steady_note:

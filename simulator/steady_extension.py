@@ -35,6 +35,7 @@ least twice m' and no activations are offloaded (their exposed time is per micro
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 SETTLE_MICROBATCHES = 8
@@ -74,12 +75,56 @@ def shortened(scenario, short: int):
         "training": training.model_copy(update={"global_batch_size": batch})})
 
 
+class ExtendedSpans(Sequence):
+    """The spans of every micro-batch: the played spans with `periods` copies of the window
+    [window_s, window_s + T) inserted at its end, each kind of span numbered on by its step per
+    period, and the drain after it shifted by periods x T. Built only when first read as a list;
+    the summary takes what it needs from the played spans and the window (`periodic_parts`,
+    `simulator.records`), so a planner reading summaries never builds millions of tuples."""
+
+    def __init__(self, played: list[tuple], window_s: float, period_s: float, periods: int, templates: list,
+                 drain: list):
+        self.played, self.window_s, self.period_s, self.periods = played, window_s, period_s, periods
+        self._templates, self._drain = templates, drain  # (label parts, step, span) of the window's / drain's spans
+        self._list: list[tuple] | None = None
+
+    @property
+    def periodic_parts(self) -> tuple[list[tuple], float, float, int]:
+        """(the played spans, the window's start, T, periods): the spans are the played ones plus
+        `periods` copies of those that start in the window, and cover what the played ones cover
+        plus `periods` times what they cover in one steady period (the one after the window)."""
+        return self.played, self.window_s, self.period_s, self.periods
+
+    @property
+    def makespan_s(self) -> float:
+        """The latest end, as the list would give it (the same sums)."""
+        cut_s, shift_s = self.window_s + self.period_s, self.periods * self.period_s
+        return max([s[5] for s in self.played if s[4] < cut_s] + [s[5] + shift_s for *_, s in self._templates]
+                   + [s[5] + shift_s for *_, s in self._drain])
+
+    def _spans(self) -> list[tuple]:
+        if self._list is None:
+            cut_s, shift_s = self.window_s + self.period_s, self.periods * self.period_s
+            self._list = ([s for s in self.played if s[4] < cut_s] + _copies(self._templates, self.period_s, self.periods)
+                          + [_moved(span, parts, shift_s, self.periods * step) for parts, step, span in self._drain])
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self.played) + self.periods * len(self._templates)
+
+    def __getitem__(self, index):
+        return self._spans()[index]
+
+    def __iter__(self):
+        return iter(self._spans())
+
+
 @dataclass(frozen=True)
 class Extension:
     """The step of every micro-batch, built from the played one: its spans and counts, and the
     period added `periods` times."""
 
-    spans: list[tuple]
+    spans: ExtendedSpans
     tier_bytes: dict[str, float]
     collective_algorithms: dict[str, int]
     period_s: float
@@ -198,23 +243,21 @@ def _same(one, other, tolerance_s: float, steps: dict) -> str:
     return ""
 
 
-def _extended_spans(spans, window_s: float, period_s: float, periods: int, steps: dict) -> list[tuple] | str:
+def _extended_spans(spans, window_s: float, period_s: float, periods: int, steps: dict) -> ExtendedSpans | str:
     """`spans` with `periods` copies of the window [window_s, window_s + T) inserted after it, each
-    kind of span numbered on by its step per period (`steps`); or why not."""
+    kind of span numbered on by its step per period (`steps`) (`ExtendedSpans`); or why not."""
     cut_s = window_s + period_s
-    before = [s for s in spans if s[4] < cut_s]
-    templates = [(_label_parts(s[2], s[7]), _step(s, steps), s) for s in before if s[4] >= window_s]
+    templates = [(_label_parts(s[2], s[7]), _step(s, steps), s) for s in spans if window_s <= s[4] < cut_s]
     if any(step is None for _, step, _ in templates):
         return "a span of the steady state has no step"
-    copies = _copies(templates, period_s, periods)
-    after = []
+    drain = []
     for span in spans:
         if span[4] >= cut_s:
             step = _step(span, steps)
             if step is None:
                 return f"rank {span[0]}'s {span[1]} span {span[2]!r} of the drain numbers on unlike the steady state's"
-            after.append(_moved(span, _label_parts(span[2], span[7]), periods * period_s, periods * step))
-    return before + copies + after
+            drain.append((_label_parts(span[2], span[7]), step, span))
+    return ExtendedSpans(spans, window_s, period_s, periods, templates, drain)
 
 
 def _copies(templates: list[tuple], period_s: float, periods: int) -> list[tuple]:

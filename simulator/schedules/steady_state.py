@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simulator.engine import Engine
+from simulator.records import compute_busy_s
 from simulator.schedules.analysis import steady_state_steps
 from simulator.strategies.pipeline import compile_pipeline_plan, pipeline_config
 
@@ -43,10 +44,7 @@ def pipeline_summary(scenario, workload, topology, costs, plan, spans: list[tupl
     if asynchronous:
         window_spans, step_s = _steady_state(scenario, workload, topology, costs, meta.get("symmetry"))
     p, m = plan.workers_per_group, meta["num_microbatches"]
-    busy = [0.0] * plan.num_ranks
-    for rank, stream, _name, _kind, start, end, *_rest in window_spans:
-        if stream == "compute":
-            busy[rank] += end - start
+    busy = compute_busy_s(window_spans, plan.num_ranks)
     stages = []
     for j in range(p):  # over the replicas simulated (replica 0 alone in a folded run)
         idle = [1.0 - busy[g * p + j] / step_s if step_s > 0 else 0.0 for g in range(plan.num_ranks // p)]
