@@ -259,7 +259,7 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
     stats.seconds["enumerate"] = time.perf_counter() - started
     capacity = usable_memory_bytes(scenario)
     queue, pruned, bounds, floors = [], [], {}, {}
-    workers = max(1, (os.cpu_count() or 1) if workers is None else workers)
+    workers = max(1, min((os.cpu_count() or 1) if workers is None else workers, len(candidates)))  # no idle processes
     pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
     try:
         screened, stats.seconds["memory"], stats.seconds["bound"] = screen_all(scenario, workload, candidates,

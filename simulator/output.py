@@ -144,8 +144,22 @@ def check_output_file(path: str | Path, option: str) -> None:
     _check_parents(path, option)
 
 
+def same_file(first: str | Path, second: str | Path) -> bool:
+    """Whether two paths name one file: equal resolved paths (links followed), or, when both
+    exist, `os.path.samefile` (a hard link or another mount of the same file)."""
+    if os.path.realpath(first) == os.path.realpath(second):
+        return True
+    try:
+        return os.path.samefile(first, second)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
 def check_output_folder(path: str | Path, option: str) -> None:
-    """ScenarioError naming `option` unless `path` is (or can be made) a folder."""
+    """ScenarioError naming `option` unless `path` is (or can be made) a folder; '' is no name (it
+    would write into the current folder)."""
+    if str(path) == "":
+        raise ScenarioError(f"{option}: needs a folder name (got '')")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ScenarioError(f"{option} {path}: exists and is not a directory")

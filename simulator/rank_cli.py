@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 from rich.table import Table
 
 from simulator.compare import comma_items
 from simulator.errors import ScenarioError
+from simulator.limits import MAX_GPUS, MAX_MAGNITUDE
 from simulator.fabrics import build_topology
 from simulator.heuristics import HEURISTICS, grid_estimates
 from simulator.model_source import resolve_workload
@@ -24,19 +26,31 @@ from simulator.simulate import analytic_costs
 GRID_KINDS = ("dp", "mp", "ghp")
 
 
+MAX_WORKERS_PER_CPU = 4
+"""`--workers` at most this many simulation processes a CPU: more only add memory (a search of eight
+candidates with 3,000 workers started 3,001 processes and took 11 GB)."""
+
+
 def run(args) -> int:
     from simulator.layout_search import search_layouts
     for option, value in (("--top", args.top), ("--workers", args.workers), ("--steps", args.steps)):
         if value is not None and value < 1:
             raise ScenarioError(f"{option}: {value} must be a positive integer")
-    for option, value in (("--tokens", args.tokens), ("--price-per-gpu-hour", args.price_per_gpu_hour)):
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise ScenarioError(f"{option}: {value} must be a positive number")
+    most = MAX_WORKERS_PER_CPU * (os.cpu_count() or 1)
+    if args.workers is not None and args.workers > most:
+        raise ScenarioError(f"--workers: {args.workers} processes on {os.cpu_count() or 1} CPUs (at most {most}: each "
+                            "holds the simulator, ~0.1-0.5 GB)")
+    for option, value in (("--tokens", args.tokens), ("--price-per-gpu-hour", args.price_per_gpu_hour),
+                          ("--steps", args.steps)):
+        if value is not None and not (0 < value <= MAX_MAGNITUDE):  # the run's figures stay finite
+            raise ScenarioError(f"{option}: {value} must be a positive number up to {MAX_MAGNITUDE:g}")
     if args.price_per_gpu_hour is not None and args.tokens is None and args.steps is None:
         raise ScenarioError("--price-per-gpu-hour: prices a whole run; give its length with --tokens or --steps")
     if args.plot is not None:
         check_figure_file(args.plot, "--plot")
     sizes = _int_list(args.gpus, "--gpus") if args.gpus else (None,)
+    if max(size or 0 for size in sizes) > MAX_GPUS:
+        raise ScenarioError(f"--gpus: {max(sizes)} is more than the {MAX_GPUS:,} GPUs a scenario may have")
     microbatches = None if args.microbatches == "auto" else _int_list(args.microbatches, "--microbatches")
     sizes_b = _int_list(args.microbatch_sizes, "--microbatch-sizes")
     kinds = _kinds(args.kinds)

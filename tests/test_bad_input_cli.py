@@ -149,3 +149,28 @@ def test_an_hf_config_with_zero_experts_is_refused_not_read_as_dense(tmp_path, c
     scenario.write_text(yaml.safe_dump({"model": {"hf_config": "config.json", "params": {"seq_len": 128}},
                                         "training": {"global_batch_size": 8}, "cluster": {"gpu": "H100-SXM"}}))
     assert_one_line_error(run_cli(capsys, "simulate", scenario), "num_local_experts", "got 0")
+
+
+def test_a_pase_search_too_large_to_finish_is_refused_before_it_starts(capsys):
+    """GPT-3's 674 vertices on 1,024 GPUs: ~6e10 table entries (a quarter of an hour); refused in a second."""
+    gpt3 = str(Path(SMALL).parent / "gpt3_175b_dgx_a100_3d.yaml")
+    assert_one_line_error(run_cli(capsys, "search", gpt3, "--no-simulate", "--gpus", "8,1024"), "--gpus 1024",
+                          "entries", "limit")
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (("--workers", "3000"), ("--workers", "3000")),
+    (("--tokens", "1e308", "--price-per-gpu-hour", "2"), ("--tokens", "1e+308")),
+    (("--tokens", "1e12", "--price-per-gpu-hour", "1e300"), ("--price-per-gpu-hour", "1e+300")),
+    (("--gpus", "1000000"), ("--gpus", "1000000", "16,384")),
+])
+def test_rank_refuses_flags_that_would_run_away_or_overflow(capsys, argv, needles):
+    assert_one_line_error(run_cli(capsys, "rank", SMALL, "--kinds", "dp,mp,ghp", *argv), *needles)
+
+
+@pytest.mark.parametrize("command", ["report", "sweep"])
+def test_an_empty_out_folder_is_refused_not_the_current_folder(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    source = SMALL if command == "report" else str(Path(SMALL).parent / "sweeps" / "resnet50_dp_vs_ghp_scaling.yaml")
+    assert_one_line_error(run_cli(capsys, command, source, "--out", ""), "--out", "needs a folder name")
+    assert list(tmp_path.iterdir()) == []

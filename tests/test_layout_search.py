@@ -162,7 +162,7 @@ def test_rank_plans_runs_and_compares_cluster_sizes(capsys, tmp_path):
     code, out, _ = run(capsys, "rank", str(scenario), "--gpus", "2,4", "--top", "2", "--workers", "1", "--steps", "10")
     assert code == 0 and "cluster sizes: the best layout of each" in out and "pruned by the step-time bound" in out
     code, _, err = run(capsys, "rank", str(scenario), "--price-per-gpu-hour", "-1")
-    assert code == 2 and err.strip() == "ghpsim: error: --price-per-gpu-hour: -1.0 must be a positive number"
+    assert code == 2 and err.strip() == "ghpsim: error: --price-per-gpu-hour: -1.0 must be a positive number up to 1e+30"
     with pytest.raises(SystemExit) as exit_info:
         main(["rank", str(scenario), "--tokens", "5", "--steps", "3"])
     assert exit_info.value.code == 2

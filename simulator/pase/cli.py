@@ -7,6 +7,7 @@ import json
 from rich.table import Table
 
 from simulator.errors import ScenarioError
+from simulator.pase.search import check_search_size
 from simulator.progress import stderr_progress
 from simulator.scenario import load_scenario
 from simulator.simulate import naming_source
@@ -33,6 +34,8 @@ def run(args) -> int:
         for p in gpus:
             check_gpus(scenario, p)
         graph = graph_for_scenario(scenario)
+        for p in gpus:  # every size refused before any is searched
+            check_search_size(graph, p)
         with stderr_progress(enabled=not args.json) as progress:
             task = progress.add_task(f"searching {graph.name} ({graph.num_vertices} vertices)", total=len(gpus))
             for p in gpus:

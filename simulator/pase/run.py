@@ -27,7 +27,7 @@ from simulator.model_source import resolve_workload
 from simulator.pase.cost import CostSettings, strategy_breakdown
 from simulator.pase.graph import Graph, describe
 from simulator.pase.graphs import EXTRA_GRAPHS, graph_from_workload
-from simulator.pase.search import (MAX_TABLE_ENTRIES, baseline_configs, build_problem, choice_of,
+from simulator.pase.search import (MAX_TABLE_ENTRIES, baseline_configs, build_problem, check_search_size, choice_of,
                                    dynamic_program)
 from simulator.scenario import Scenario
 from simulator.strategies.pase_plan import compile_pase_plan
@@ -114,6 +114,7 @@ def search_point(scenario: Scenario, graph: Graph, num_devices: int, simulate: b
                  max_table_entries: int = MAX_TABLE_ENTRIES) -> dict:
     """PaSE, expert and DP on p devices: cost, seconds, speedup over DP, search time, simulation."""
     check_gpus(scenario, num_devices)
+    check_search_size(graph, num_devices)
     peak = scenario.cluster.gpu.peak_for(scenario.training.dtype)
     link, bandwidth = link_for(scenario, num_devices)
     settings = CostSettings(num_devices, dtype_bytes(scenario.training.dtype), peak / bandwidth)

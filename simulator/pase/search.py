@@ -31,6 +31,10 @@ from simulator.pase.graph import Graph, config_index, enumerate_configs
 
 MAX_TABLE_ENTRIES = 60_000_000
 """Cap on one DP table (K^(M+1) float64 entries, ~480 MB): beyond it the search refuses."""
+MAX_SEARCH_ENTRIES = 4e9
+"""Cap on the DP's table entries summed over the vertices, the search's work: GPT-3 175B (674
+vertices) on 64 GPUs holds 9.3e8 and took 14 s on this 2-core host (about 15 ns an entry), so the
+cap is about a minute; 256 GPUs would hold 9.0e9, 1,024 GPUs 5.8e10 (a quarter of an hour)."""
 
 
 @dataclass
@@ -70,6 +74,18 @@ def generate_seq(neighbours: list[set[int]]) -> list[tuple[int, frozenset[int]]]
             dependents[other] -= {other, vertex}
         remaining.remove(vertex)
     return order
+
+
+def check_search_size(graph: Graph, num_devices: int) -> None:
+    """ScenarioError naming --gpus when the DP on `num_devices` would exceed `MAX_SEARCH_ENTRIES`
+    (counted from the configurations and GENERATESEQ's dependent sets, without building a table)."""
+    sizes = [len(enumerate_configs(vertex, num_devices)) for vertex in graph.vertices]
+    entries = sum(sizes[v] * math.prod(sizes[u] for u in dependents)
+                  for v, dependents in generate_seq(graph.neighbours()))
+    if entries > MAX_SEARCH_ENTRIES:
+        raise ScenarioError(f"--gpus {num_devices}: PaSE's tables would hold ~{entries:.1e} entries over "
+                            f"{graph.name}'s {graph.num_vertices} vertices (limit {MAX_SEARCH_ENTRIES:.0e}, about a "
+                            "minute here); search fewer GPUs or a smaller model")
 
 
 @dataclass

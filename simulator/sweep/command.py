@@ -6,11 +6,14 @@ import json
 
 from rich.table import Table
 
+from simulator.errors import ScenarioError
 from simulator.sweep.runner import run_sweep
 from simulator.sweep.spec import load_sweep
 
 
 def run(args) -> int:
+    if str(args.out) == "":  # the runner checks the folder itself; '' would be the current one
+        raise ScenarioError("--out: needs a folder name (got '')")
     sweep = load_sweep(args.sweep)
     report = run_sweep(sweep, args.out, workers=args.workers, scheduler=args.scheduler,
                        progress=not args.no_progress)
