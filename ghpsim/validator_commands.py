@@ -7,6 +7,7 @@ imports inside its function, so the rest of `ghpsim` runs without torch.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,7 @@ def cmd_calibrate(args) -> int:
                                  ("--world-size", args.world_size, 1)):
         if value is not None and value < least:
             raise ScenarioError(f"{option}: {value} must be at least {least}")
+    check_profile_out(args.out)
     if args.kernels:
         return _calibrate_kernels(args)
     if args.scenario is None:
@@ -45,6 +47,15 @@ def cmd_calibrate(args) -> int:
     if args.json:
         print(json.dumps(profile_document(profile), indent=1))
     return 0
+
+
+def check_profile_out(out: str) -> None:
+    """ScenarioError naming --out unless it names one profile file: not an existing folder, nor a
+    name ending in a path separator (a folder asked for); before anything loads or runs."""
+    if str(out).endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):
+        raise ScenarioError(f"--out {out}: ends with a path separator (a folder); calibrate writes one "
+                            "profile file, e.g. profiles/cpu.json")
+    check_output_file(out, "--out")
 
 
 def _calibrate_kernels(args) -> int:
@@ -89,6 +100,7 @@ def cmd_validate(args) -> int:
     from validator.validate import memory_line, validate
 
     specs = parse_strategy_specs(DEFAULT_STRATEGIES if args.strategies is None else args.strategies)
+    check_distinct_specs(specs, args.strategies)
     for kind, _groups in specs:
         check_pipeline_runtime(kind.partition(":")[0], args.pipeline_runtime)
     if args.repeats < 1:
@@ -155,6 +167,16 @@ def check_validate_flags(args) -> None:
     check_output_folder(out, "--out")
     from validator.report import check_writable_folder
     check_writable_folder(out, "--out")
+
+
+def check_distinct_specs(specs: list[tuple[str, int | None]], text: str | None) -> None:
+    """ScenarioError naming the first strategy given twice in --strategies (each runs once)."""
+    seen = set()
+    for kind, groups in specs:
+        if (kind, groups) in seen:
+            name = kind if groups is None else f"{kind}:{groups}"
+            raise ScenarioError(f"--strategies {text!r}: {name} is given twice (each strategy runs once)")
+        seen.add((kind, groups))
 
 
 def cmd_import_model(args) -> int:

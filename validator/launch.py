@@ -161,7 +161,8 @@ def spawn(function, args: tuple, config: LaunchConfig) -> list:
 def _death(rank: int, exitcode: int) -> str:
     if exitcode < 0:
         try:
-            return f"rank {rank} was killed by signal {signal.Signals(-exitcode).name}"
+            name = signal.Signals(-exitcode).name
+            return f"rank {rank} was killed by signal {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
         except ValueError:
             return f"rank {rank} was killed by signal {-exitcode}"
     return f"rank {rank} died with exit code {exitcode}"

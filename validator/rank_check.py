@@ -153,6 +153,8 @@ def cmd_validate_rank(args) -> int:
     for option, value in (("--top", top), ("--others", others), ("--gpus", args.gpus)):
         if value is not None and value < (1 if option != "--others" else 0):
             raise ScenarioError(f"{option}: {value} is out of range (at least {1 if option != '--others' else 0})")
+    if top + others < 2:  # one run has no order to check
+        raise ScenarioError(f"--rank needs at least 2 candidates: --top {top} + --others {others}")
     from validator.validate import check_run_options
     check_run_options(args.steps, args.warmup, args.timeout)
     scenario = load_scenario(args.scenario, args.overrides)
@@ -169,7 +171,9 @@ def cmd_validate_rank(args) -> int:
     for row in report["rows"]:
         print(f"{row['strategy']:>34s}  predicted #{row['predicted_rank']:<3d} {row['predicted_s'] * 1e3:9.2f} ms  "
               f"measured #{row['measured_rank']:<3d} {row['measured_s'] * 1e3:9.2f} ms")
+    tau = (f"Kendall tau {report['kendall_tau']:.2f}" if report["num_cases"] > 1 else
+           "Kendall tau: one run cannot be ranked")
     print(f"{report['num_cases']} of {report['num_candidates']} candidates run ({report['num_distinct']} with "
-          f"predictions {report['min_gap_pct']:g} % apart) | Kendall tau "
-          f"{report['kendall_tau']:.2f} | top-1 regret {report['top1_regret_pct']:.1f} % | {csv_path}")
+          f"predictions {report['min_gap_pct']:g} % apart) | {tau} | top-1 regret "
+          f"{report['top1_regret_pct']:.1f} % | {csv_path}")
     return 0

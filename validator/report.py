@@ -142,11 +142,26 @@ def staged_folder(out: str | Path):
 
 def check_writable_folder(out: str | Path, option: str) -> None:
     """ScenarioError naming `option` unless `staged_folder(out)` can write: an existing `out`, or
-    else its nearest existing folder, is writable."""
+    else its nearest existing folder, is writable, and a folder can be made where the staging one
+    goes (a probe made and removed at once: /proc passes `os.access` but takes no new folder)."""
     path = Path(os.path.abspath(out))
     folder = path if path.is_dir() else next((parent for parent in path.parents if parent.is_dir()), path)
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ScenarioError(f"{option} {out}: {folder} is not writable")
+    anchor = next((parent for parent in path.parents if parent.is_dir()), path)
+    name = f".{path.name or 'out'}.{os.getpid()}.{secrets.token_hex(4)}.probe"
+    for place in (anchor, path) if path.is_dir() else (anchor,):
+        try:
+            (place / name).mkdir()
+        except PermissionError as error:
+            problem = error
+            continue  # as staged_folder: inside an existing `out` whose parent is not writable
+        except OSError as error:
+            problem = error
+            break
+        (place / name).rmdir()
+        return
+    raise ScenarioError(f"{option} {out}: cannot make a folder in {place} ({problem.strerror or problem})")
 
 
 def _publish(staging: Path, out: Path) -> None:

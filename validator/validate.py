@@ -19,6 +19,7 @@ import pandas as pd
 
 from simulator.compare import _feasible_groups, with_strategy
 from simulator.grid_symmetry import every_rank
+from simulator.limits import available_memory_bytes
 from simulator.spans import SPAN_FIELDS
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
@@ -72,7 +73,12 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     scenario = at_profile_world_size(scenario, profile, notes.append)
     options = replace(options, device=profile.device.kind)  # run where the profile was measured
     cases = prepare_cases(scenario, workload, costs, specs, options, notes.append, skip_unfit_ghp)
+    labels = [case.label for case in cases]
+    if len(set(labels)) < len(labels):  # e.g. ghp and ghp:2 where a bare ghp takes G = 2
+        twice = next(label for label in labels if labels.count(label) > 1)
+        raise ScenarioError(f"--strategies: two of them run the same plan {twice} (give it once)")
     _check_devices(options.device, profile.backend, profile.world_size, profile_path)
+    check_host_memory(scenario, cases, options.device)
     for note in notes if progress else ():
         progress(note)
     rows: list[dict | None] = [None] * len(cases)
@@ -147,6 +153,24 @@ def _step_records(result: dict):
     for step_index, (spans, cpu_s) in enumerate(zip(spans_per_step, cpu_per_step)):
         for index, span in enumerate(spans):
             yield step_index, span, cpu_s.get(index, math.nan)
+
+
+def check_host_memory(scenario: Scenario, cases: list[_Case], device: str) -> None:
+    """ScenarioError naming training.global_batch_size when the CPU ranks of a case, all on this
+    host, would need more memory than it has available: the simulator's peak memory per rank
+    (`peak_memory_bytes`, summed over the ranks), checked before any launch instead of a rank
+    killed for running out of memory."""
+    if device != "cpu":
+        return
+    available = available_memory_bytes()
+    for case in cases:
+        per_rank = [row["peak_memory_bytes"] for row in case.predicted.summary["devices"]]
+        if sum(per_rank) > available:
+            raise ScenarioError(
+                f"training.global_batch_size {scenario.training.global_batch_size}: {case.label} needs ~"
+                f"{sum(per_rank) / 2**30:.1f} GiB on this host ({len(per_rank)} ranks, up to "
+                f"{max(per_rank) / 2**30:.1f} GiB each, the simulator's peak memory), more than the "
+                f"{available / 2**30:.1f} GiB available; use a smaller batch or model")
 
 
 def _check_devices(device: str, backend: str, num_ranks: int, profile_path) -> None:
