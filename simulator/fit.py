@@ -250,7 +250,6 @@ def fit_runs(runs: list[Run], k: int = 5, seed: int = 0, progress=None) -> tuple
 def run(args) -> int:
     """`ghpsim fit`: the input is checked, the runs fitted and the figure drawn before the profile is
     written, so a failed command leaves no --out (a --plot drawn before a failed write is removed)."""
-    import os
     import sys
 
     from simulator.errors import one_line
@@ -258,11 +257,15 @@ def run(args) -> int:
     from simulator.profile import profile_from_dict
     from simulator.progress import stderr_progress
     check_output_file(args.out, "--out")
-    if args.plot:
-        from simulator.output import check_figure_file
+    _check_not_an_input(args.out, "--out", args)
+    if args.plot is not None:  # an empty --plot is refused, not taken as "no figure"
+        from simulator.output import check_figure_file, same_file
+        if args.plot == "":
+            raise ScenarioError("--plot: needs a file name (got '')")
         check_figure_file(args.plot, "--plot")
-        if os.path.realpath(args.plot) == os.path.realpath(args.out):
+        if same_file(args.plot, args.out):
             raise ScenarioError(f"--plot {args.plot}: the same file as --out")
+        _check_not_an_input(args.plot, "--plot", args)
     if args.folds < 2:
         raise ScenarioError(f"--folds: {args.folds} must be at least 2")
     runs, base_used = _read_runs(args.runs, args.base)
@@ -305,6 +308,15 @@ def run(args) -> int:
     if args.plot:
         print(f"held-out predictions against the measurements drawn in {args.plot}")
     return 0
+
+
+def _check_not_an_input(path: str, option: str, args) -> None:
+    """ScenarioError naming `option` when `path` is the runs CSV or the --base scenario: the
+    written file would replace the user's input (`simulator.output.same_file`)."""
+    from simulator.output import same_file
+    for what, given in (("the runs CSV", args.runs), ("the --base scenario", args.base)):
+        if given and same_file(path, given):
+            raise ScenarioError(f"{option} {path}: the same file as {what} {given}; it would be overwritten")
 
 
 def _json_text(document: dict, what: str, indent: int) -> str:

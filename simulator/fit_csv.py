@@ -33,8 +33,10 @@ def read_rows(path: str | Path, base: str | Path | None) -> tuple[list[tuple[dic
     from simulator.yaml_loading import read_text_file
     path, bases = Path(path), {}
     if base is not None:
+        if str(base) == "":
+            raise ScenarioError("--base: needs a file name (got '')")
         if not Path(base).is_file():
-            raise ScenarioError(f"--base {_SHORT.repr(str(base))}: file not found")
+            raise ScenarioError(f"--base {_SHORT.repr(str(base))}: {_not_a_file(Path(base))}")
         bases[Path(base)] = read_yaml(base)
     header_line, header, records = _csv_records(path, read_text_file(path, str(path)))
     if MEASURED_COLUMN not in header:
@@ -55,7 +57,8 @@ def read_rows(path: str | Path, base: str | Path | None) -> tuple[list[tuple[dic
         base_used = base_used or not own
         if base_path not in bases:
             if not base_path.is_file():
-                raise ScenarioError(f"{where}: base: {_SHORT.repr(own)}: file not found (relative to the CSV's folder)")
+                raise ScenarioError(f"{where}: base: {_SHORT.repr(own)}: {_not_a_file(base_path)} "
+                                    "(relative to the CSV's folder)")
             try:
                 bases[base_path] = read_yaml(base_path)
             except ScenarioError as error:
@@ -72,9 +75,17 @@ def read_rows(path: str | Path, base: str | Path | None) -> tuple[list[tuple[dic
     return runs, base_used
 
 
+def _not_a_file(path: Path) -> str:
+    """Why a scenario path that is not a regular file cannot be read."""
+    return "is a directory, not a scenario file" if path.is_dir() else (
+        "is not a regular file" if path.exists() else "file not found")
+
+
 def _csv_records(path: Path, text: str) -> tuple[int, list[str], list[tuple[int, list[str]]]]:
     """The header's line and (stripped) names, and each non-blank row's first line and cells; a
-    malformed row (an unterminated quote) or a column named twice is a one-line error."""
+    malformed row (an unterminated quote) or a column named twice is a one-line error. A leading
+    byte-order mark (a spreadsheet's "CSV UTF-8" export) is dropped, as utf-8-sig decoding does."""
+    text = text.removeprefix("\ufeff")
     reader, records, start = csv.reader(io.StringIO(text), strict=True), [], 1
     try:
         for cells in reader:

@@ -10,18 +10,22 @@ size and optimizer (anything else is an error naming the field and both values).
 the arithmetic mean over the profiles: for least-squares lines over the same sizes, the mean of
 the fits is the fit of the mean medians. `provenance` keeps the first profile's, plus
 `merged_from` (each part's file name).
+
+Refused before anything is written: a kernel profile (`"kind": "kernel"`, from `ghpsim fit` or
+`calibrate --kernels`: fitted parameters of an architecture, not a model's measurements), one
+calibration given twice (the same file, or the same measurements: `check_distinct`), and an
+--out that is one of the inputs.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from simulator.errors import ScenarioError
 from simulator.limits import check_structure
-from simulator.output import check_output_file, write_text_atomic
+from simulator.output import check_output_file, same_file, write_text_atomic
 from simulator.profile import load_profile, profile_document, profile_from_dict
 
 MUST_MATCH = ("backend", "world_size", "device", "model", "optimizer.name")
@@ -32,17 +36,69 @@ def merge_profiles(documents: list[dict], names: list[str]) -> dict:
     """One profile document pooling `documents` (v2, validated); `names` name them in errors."""
     if len(documents) < 2:
         raise ScenarioError(f"profiles: {len(documents)} given; pooling needs at least two")
+    check_kinds(documents, names)
     for path in MUST_MATCH:
         values = [_lookup(document, path) for document in documents]
         for name, value in zip(names[1:], values[1:]):
             if value != values[0]:
-                raise ScenarioError(f"{name}: {path}: {str(value)[:80]} differs from {names[0]}'s "
-                                    f"{str(values[0])[:80]}; only calibrations of the same model, machine "
-                                    "and world size can be pooled")
+                where, ours, theirs = _first_difference(value, values[0], path)
+                raise ScenarioError(f"{name}: {where}: {ours} differs from {names[0]}'s {theirs}; only "
+                                    "calibrations of the same model, machine and world size can be pooled")
     bodies = [{key: value for key, value in document.items() if key != "provenance"} for document in documents]
     merged = _mean(bodies, "", names)
     merged["provenance"] = {**documents[0].get("provenance", {}), "merged_from": list(names)}
     return merged
+
+
+def check_kinds(documents: list[dict], names: list[str]) -> None:
+    """ScenarioError naming the first kernel profile: pooling averages a model's measured layer and
+    communication fits, which a kernel profile (fitted parameters of a GPU architecture) lacks."""
+    for name, document in zip(names, documents):
+        if document.get("kind") == "kernel":
+            raise ScenarioError(f"{name}: a kernel profile (\"kind\": \"kernel\", architecture "
+                                f"{_short(document.get('architecture'))}); merge-profiles pools calibration "
+                                "profiles of one model from `ghpsim calibrate`, not kernel profiles")
+
+
+def check_distinct(documents: list[dict], names: list[str]) -> None:
+    """ScenarioError naming both files when two profiles are one calibration. Rule: their documents
+    are equal once `provenance` is set aside. Two calibrations never time every layer and message
+    to the same 15 digits, while a copy, a re-saved or re-indented file, or one whose provenance
+    was edited, is the same measurement; pooling it would count its samples twice."""
+    bodies = [{key: value for key, value in document.items() if key != "provenance"} for document in documents]
+    for index, body in enumerate(bodies):
+        for earlier in range(index):
+            if bodies[earlier] == body:
+                raise ScenarioError(f"profiles: {names[index]} holds the same calibration as {names[earlier]} "
+                                    "(identical measurements); each calibration counts once")
+
+
+def _first_difference(value: Any, other: Any, path: str) -> tuple[str, str, str]:
+    """(the dotted path of the first key where `value` and `other` differ, both values shortened)."""
+    if isinstance(value, dict) and isinstance(other, dict):
+        for key in list(value) + [key for key in other if key not in value]:
+            if key not in value or key not in other:
+                return (f"{path}.{key}", _short(value[key]) if key in value else "(absent)",
+                        _short(other[key]) if key in other else "(absent)")
+            if value[key] != other[key]:
+                return _first_difference(value[key], other[key], f"{path}.{key}")
+    if isinstance(value, list) and isinstance(other, list):
+        if len(value) != len(other):
+            return path, f"{len(value)} items", f"{len(other)} items"
+        for index, (item, other_item) in enumerate(zip(value, other)):
+            if item != other_item:
+                return _first_difference(item, other_item, f"{path}[{index}]")
+    return path, _short(value), _short(other)
+
+
+def _short(value: Any) -> str:
+    """`value` in at most 40 characters (a nested value is summarised, never cut mid-way)."""
+    if isinstance(value, dict):
+        return f"{{{len(value)} keys}}"
+    if isinstance(value, list):
+        return f"[{len(value)} items]"
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _lookup(document: dict, path: str) -> Any:
@@ -76,6 +132,8 @@ def merge_profile_files(paths: list[str | Path], out: str | Path) -> dict:
     """Reads the profiles at `paths`, writes their pooled profile to `out` (atomically), returns it."""
     documents = [profile_document(load_profile(path)) for path in paths]
     names = [str(path) for path in paths]
+    check_kinds(documents, names)
+    check_distinct(documents, names)
     merged = profile_document(profile_from_dict(merge_profiles(documents, names), str(out)))
     check_structure(merged, f"{out} (pooled)")  # finite and within bounds, before anything is written
     write_text_atomic(out, json.dumps(merged, indent=1, allow_nan=False) + "\n")
@@ -85,13 +143,15 @@ def merge_profile_files(paths: list[str | Path], out: str | Path) -> dict:
 def run(args) -> int:
     if len(args.profiles) < 2:
         raise ScenarioError(f"profiles: {len(args.profiles)} given; pooling needs at least two")
-    seen: dict[str, str] = {}
-    for given in args.profiles:  # the same calibration twice would count its samples twice
-        real = os.path.realpath(given)
-        if real in seen:
-            raise ScenarioError(f"profiles: {given} is the same file as {seen[real]}; each calibration counts once")
-        seen[real] = given
+    for index, given in enumerate(args.profiles):  # the same calibration twice would count its samples twice
+        for earlier in args.profiles[:index]:
+            if same_file(given, earlier):
+                raise ScenarioError(f"profiles: {given} is the same file as {earlier}; each calibration counts once")
     check_output_file(args.out, "--out")
+    for given in args.profiles:
+        if same_file(args.out, given):
+            raise ScenarioError(f"--out {args.out}: the same file as the input profile {given}; "
+                                "it would be overwritten")
     merge_profile_files(args.profiles, args.out)
     if args.json:
         print(json.dumps({"out": str(args.out), "profiles": list(args.profiles)}))

@@ -121,7 +121,8 @@ def test_merge_profiles_never_writes_a_non_finite_number(tmp_path, monkeypatch):
         return pooled
 
     monkeypatch.setattr(simulator.profile_merge, "merge_profiles", overflowing)
-    paths = [write_json(tmp_path / name, document()) for name in ("a.json", "b.json")]
+    paths = [write_json(tmp_path / name, {**document(), "p2p": {"latency_s": latency_s, "bandwidth_bytes_per_s": 2e9}})
+             for name, latency_s in (("a.json", 3e-5), ("b.json", 4e-5))]  # two calibrations, not one twice
     out = tmp_path / "pooled.json"
     with pytest.raises(ScenarioError) as error:
         merge_profile_files(paths, out)
@@ -132,7 +133,8 @@ def test_merge_profiles_never_writes_a_non_finite_number(tmp_path, monkeypatch):
 
 
 def test_a_good_pooled_profile_is_finite_json(tmp_path):
-    paths = [write_json(tmp_path / name, document()) for name in ("a.json", "b.json")]
+    paths = [write_json(tmp_path / name, {**document(), "p2p": {"latency_s": latency_s, "bandwidth_bytes_per_s": 2e9}})
+             for name, latency_s in (("a.json", 3e-5), ("b.json", 4e-5))]  # two calibrations, not one twice
     merge_profile_files(paths, tmp_path / "pooled.json")
     text = (tmp_path / "pooled.json").read_text()
     assert "Infinity" not in text and "NaN" not in text
