@@ -81,7 +81,7 @@ def rank(parser: argparse.ArgumentParser) -> None:
                         "enter the K best; they are printed (all simulated ones are in --json)")
     parser.add_argument("--plot", metavar="FILE.png", help="write the ranking as a bar plot (several --gpus: time "
                         "against cost, with the Pareto front)")
-    parser.add_argument("--workers", type=int, default=None, help="simulation processes (default: CPU count)")
+    parser.add_argument("--workers", type=int, default=None, help="simulation processes (default: CPU count; at most 4 a CPU)")
     parser.add_argument("--kinds", default=None,
                         help="comma list of strategy kinds to search (default: dp, mp, ghp, gpipe, 1f1b, "
                              "interleaved_1f1b and, for models with attention layers, megatron; asynchronous "
