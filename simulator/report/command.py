@@ -20,7 +20,7 @@ def run(args) -> int:
     for folder in (FIGURE_FOLDER, TRACE_FOLDER):
         check_output_folder(Path(args.out) / folder, "--out")
     data = load_report_input(args.input, args.overrides, args.strategies, args.profile)
-    if not args.json:  # only once INPUT is valid, so that an error is the only line on stderr
+    if not args.json and sys.stderr.isatty():  # a terminal only, as the progress bars: an error stays the only line
         print(f"building the report of {args.input} ...", file=sys.stderr)
     report = build_report(data, args.title)
     paths = write_report(report, args.out)
