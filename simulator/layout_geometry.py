@@ -81,7 +81,9 @@ def tp_floors(model, group: tuple[int, ...], sequence_parallel: bool, b: float) 
 def expert_floors_s(model, c, geo, b: float) -> dict[int, float]:
     """Per MoE layer: the floor of the expert-parallel collectives one pass plays after its compute
     (`simulator.strategies.experts.expert_alltoalls`, forward and backward alike): the dispatch and
-    combine all-to-alls over the e replicas of its chunk's stage (TP rank 0), and with TP the routed
+    combine all-to-alls over the e replicas of its chunk's stage, the t TP ranks' groups together
+    (each TP rank exchanges with its peers in the other replicas, all at once after the pass's TP
+    collectives, on shared links, as the data-parallel floors count them), and with TP the routed
     tokens' allgather and reduce-scatter over its TP group; empty without expert parallelism."""
     from simulator.strategies.experts import alltoall_bytes_per_sample, dense_bytes_per_sample, is_moe
     t, e, sp, p = c.tp_degree, model.ep(c), model.sp(c), len(geo.chain)
@@ -90,11 +92,11 @@ def expert_floors_s(model, c, geo, b: float) -> dict[int, float]:
     device = megatron_device(c.placement, t, p, model.dp_ranks(c), c.cp_degree or 1)
     floors: dict[int, float] = {}
     for chunk, (start, end) in enumerate(geo.ranges):
-        group = tuple(device(replica, chunk % p, 0) for replica in range(e))
+        groups = tuple(tuple(device(replica, chunk % p, tp_rank) for replica in range(e)) for tp_rank in range(t))
         for index in (i for i in range(start, end) if is_moe(model.workload.layers[i])):
             spec = model.workload.layers[index].spec
             size = alltoall_bytes_per_sample(spec, t, sp, model.element) * b
-            floors[index] = model.collective_floor_s((group,), "alltoall", size, "pairwise", 2)
+            floors[index] = model.collective_floor_s(groups, "alltoall", size, "pairwise", 2)
             extra = size - dense_bytes_per_sample(spec, t, sp, model.element) * b
             if t > 1 and extra > 0:
                 tp_group = geo.tp_groups[chunk % p]
