@@ -20,28 +20,9 @@ def _umask() -> int:
 
 
 def write_bytes_atomic(path: str | Path, content: bytes) -> Path:
-    """Write `content` to `path` via a temporary file in the same folder and a rename; the file
-    gets the usual 0666 & ~umask permissions (mkstemp alone would leave it 0600)."""
-    path = _target(Path(path))
-    if path.exists() and not path.is_file() and not path.is_dir():  # a device, FIFO or socket: a rename would replace it
-        raise OSError(errno.EEXIST, "exists and is not a regular file", str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise OSError(error.errno, error.strerror, str(path)) from None
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(content)
-        os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, path)
-    except OSError as error:  # name the user's path, not the temporary file
-        Path(temporary).unlink(missing_ok=True)
-        raise OSError(error.errno, error.strerror, str(path)) from None
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    """Write `content` to `path` via a temporary file in the same folder and a rename
+    (`write_files_atomic` of the one file)."""
+    return write_files_atomic({path: content})[0]
 
 
 def write_files_atomic(files: dict, options: dict | None = None) -> list[Path]:
@@ -66,7 +47,7 @@ def write_files_atomic(files: dict, options: dict | None = None) -> list[Path]:
                 staged.append((temporary, target))
                 with os.fdopen(handle, "wb") as stream:
                     stream.write(content)
-                os.chmod(temporary, 0o666 & ~_umask())
+                os.chmod(temporary, 0o666 & ~_umask())  # mkstemp alone would leave it 0600
             except OSError as error:
                 option = (options or {}).get(path)
                 if option:
