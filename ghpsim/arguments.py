@@ -20,7 +20,7 @@ REPORT_KINDS_HELP = ("a scenario (.yaml), a compare/simulate result (.json), a s
                      "or a validation table (.csv)")
 """`simulator.report.inputs.KINDS_HELP`."""
 MICROBATCH_COUNTS = (2, 4, 8)
-"""`simulator.planner.MICROBATCH_COUNTS`."""
+"""`simulator.planner.MICROBATCH_COUNTS` (`validate --rank`'s megatron m; `rank` searches sizes b instead)."""
 MICROBATCH_SIZES = (1, 2, 4, 8)
 """`simulator.layout_search.MICROBATCH_SIZES`."""
 SWEEP_STORE_NAME, SWEEP_CSV_NAME, SWEEP_PARQUET_NAME = "sweep.sqlite", "results.csv", "results.parquet"
@@ -28,11 +28,14 @@ SWEEP_STORE_NAME, SWEEP_CSV_NAME, SWEEP_PARQUET_NAME = "sweep.sqlite", "results.
 GALLERY_ENTRIES = ("ghp", "hyparflow", "spectrain", "pase", "laysa")
 GALLERY_OUT = "reports/gallery"
 """`simulator.report.gallery.ENTRIES` (its keys) and `ghpsim gallery`'s default output folder."""
-CALIBRATE_REPEATS, CALIBRATE_LAYER_PASSES = 7, 3
-"""`validator.calibrate.DEFAULT_REPEATS`, `validator.layer_passes.DEFAULT_LAYER_PASSES`."""
+CALIBRATE_REPEATS, CALIBRATE_LAYER_PASSES, CALIBRATE_BATCH_SIZES = 7, 3, (4, 16, 64)
+"""`validator.calibrate.DEFAULT_REPEATS`, `validator.layer_passes.DEFAULT_LAYER_PASSES` and
+`validator.calibrate.DEFAULT_BATCH_SIZES`."""
 KERNEL_DTYPES = {"cuda": ("fp16", "bf16", "fp32"), "cpu": ("fp32",)}
 """`validator.kernel_bench.DEFAULT_DTYPES`."""
-PROFILE_HELP = "calibration profile from `ghpsim calibrate` (default: analytic costs)"
+PROFILE_HELP = ("cost profile: a calibration from `ghpsim calibrate`, or a kernel profile from `ghpsim fit` or "
+                "`ghpsim calibrate --kernels` (default: no profile; the scenario's costs.model, auto: the kernel "
+                "model where the GPU has kernel tables, else the analytic roofline)")
 
 
 def scenario_args(parser: argparse.ArgumentParser, scenario: bool = True) -> None:
@@ -78,7 +81,7 @@ def rank(parser: argparse.ArgumentParser) -> None:
                         help="N GPUs (default the scenario's): N / gpus_per_node nodes, or one node of N; a comma "
                              "list ranks each cluster size and compares them")
     parser.add_argument("--top", type=int, default=10, help="K: the search simulates until no other candidate can "
-                        "enter the K best; they are printed (all simulated ones are in --json)")
+                        "enter the K best; they are printed (all simulated ones are in --json; default %(default)s)")
     parser.add_argument("--plot", metavar="FILE.png", help="write the ranking as a bar plot (several --gpus: time "
                         "against cost, with the Pareto front)")
     parser.add_argument("--workers", type=int, default=None, help="simulation processes (default: CPU count; at most 4 a CPU)")
@@ -87,10 +90,14 @@ def rank(parser: argparse.ArgumentParser) -> None:
                              "interleaved_1f1b and, for models with attention layers, megatron; asynchronous "
                              "pipelines only by name)")
     parser.add_argument("--microbatches", default="auto",
-                        help="micro-batch counts m tried for pipeline kinds (comma list; auto: the powers of two up "
-                             f"to 4 x the stages that divide the group's batch, and {','.join(map(str, MICROBATCH_COUNTS))} for kind megatron)")
+                        help="micro-batch counts m per replica tried for the pipeline kinds gpipe, 1f1b, "
+                             "interleaved_1f1b and the asynchronous ones (comma list; default %(default)s: the powers "
+                             "of two from 2 up to max(8, 4 x the stages) that divide the group's batch); not megatron, "
+                             "see --microbatch-sizes")
     parser.add_argument("--microbatch-sizes", default=",".join(map(str, MICROBATCH_SIZES)),
-                        help="micro-batch sizes b tried for megatron layouts (comma list)")
+                        help="micro-batch sizes b tried for megatron layouts, each giving m = B / (d x b) "
+                             "micro-batches for d replicas (m = 1 where b is a replica's whole batch); comma list, "
+                             "default %(default)s")
     parser.add_argument("--exhaustive", action="store_true", help="simulate every candidate that may fit in memory "
                         "(no pruning by the step-time bound)")
     run_length = parser.add_mutually_exclusive_group()
@@ -173,9 +180,9 @@ def partition(parser: argparse.ArgumentParser) -> None:
 
 
 def merge_profiles(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("profiles", nargs="+", metavar="PROFILE", help="profiles from `ghpsim calibrate`")
+    parser.add_argument("profiles", nargs="+", metavar="PROFILE", help="profiles from `ghpsim calibrate`, or pooled ones from an earlier merge")
     parser.add_argument("--out", required=True, metavar="FILE", help="where to write the pooled profile")
-    parser.add_argument("--json", action="store_true", help="print what was written as JSON (out, profiles)")
+    parser.add_argument("--json", action="store_true", help="print what was written as JSON (out, profiles, calibrations)")
 
 
 def fit(parser: argparse.ArgumentParser) -> None:
@@ -189,7 +196,8 @@ def fit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="FILE.png",
                         help="draw each run's held-out prediction against its measured step time")
     parser.add_argument("--json", action="store_true",
-                        help="print the fit as JSON, with each run's held-out prediction and error")
+                        help="print the fit as JSON: each run's held-out prediction and error, the files "
+                             "written (out, plot) and any parameter at an end of its grid (at_grid_bound)")
 
 
 def calibrate(parser: argparse.ArgumentParser) -> None:
@@ -215,7 +223,8 @@ def calibrate(parser: argparse.ArgumentParser) -> None:
                              "several ranks share one GPU (messages staged through the host)")
     parser.add_argument("--world-size", type=int, default=None,
                         help="ranks measured at once (default 2); `ghpsim validate` runs every plan at this world size")
-    parser.add_argument("--batch-sizes", default=None, help="comma list, default the validator's")
+    parser.add_argument("--batch-sizes", default=None, help="batch sizes each layer is timed at, per rank (comma list; "
+                        f"default {','.join(map(str, CALIBRATE_BATCH_SIZES))})")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed samples (blocks of back-to-back iterations) per compute figure, which is "
                              f"their median (default {CALIBRATE_REPEATS}; with --kernels 5, or 3 with --quick; "
@@ -233,19 +242,22 @@ def validate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategies", default=None,
                         help=f"{STRATEGIES_HELP} (default dp,mp,ghp; a megatron scenario with tp_degree = "
                              "pp_degree = 1: its own sharded data-parallel plan, run with FSDP2 or DDP)")
-    parser.add_argument("--steps", type=int, default=10, help="measured steps (median reported)")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps (median reported; default %(default)s)")
     parser.add_argument("--repeats", type=int, default=1,
-                        help="launches of each strategy, in rounds (median over all their steps); "
-                             "on a shared machine 3-5 average over its spells of speed")
+                        help="launches of each strategy, in rounds (median over all their steps; default "
+                             "%(default)s); on a shared machine 3-5 average over its spells of speed")
     parser.add_argument("--warmup", type=int, default=3,
                         help="untimed training steps before the measured ones, in every launch (default 3)")
-    parser.add_argument("--out", default="reports/validation", help="folder for CSV, plot and traces")
+    parser.add_argument("--out", default="reports/validation", help="folder for CSV, plot and traces "
+                        "(default %(default)s)")
     parser.add_argument("--step-spans", action="store_true",
                         help="also write every measured step's spans, all launches and ranks, to "
                              "OUT/traces/<strategy>.steps.csv (the traces hold the median step only)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is declared hung")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is declared hung "
+                        "(default %(default)g)")
     parser.add_argument("--pipeline-runtime", choices=("own", "torch"), default="own",
-                        help="gpipe / 1f1b on our send/recv runtime or torch.distributed.pipelining's schedules")
+                        help="gpipe / 1f1b on our send/recv runtime or torch.distributed.pipelining's schedules "
+                             "(default %(default)s)")
     parser.add_argument("--rank", action="store_true", help="run the planner's top candidates and others "
                         "for real: Kendall tau and top-1 regret (validator/rank_check.py)")
     parser.add_argument("--gpus", type=int, default=None,

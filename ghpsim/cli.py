@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from ghpsim import arguments
@@ -60,17 +61,47 @@ USER_ERRORS = ("simulator.errors:ScenarioError", "simulator.errors:SimulationErr
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse with its usage errors on one line (the product's rule for bad input), exit 2."""
+    """argparse with its usage errors on one line (the product's rule for bad input), exit 2; an
+    argument no one took is reported by the command's own parser (`subcommands`), pointing to its
+    --help, and a value that begins with '-' (read as an option) gets a hint to write FLAG=VALUE."""
+
+    subcommands: dict = {}
+    """Command name -> its parser (`build_parser`)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)  # for `_dash_value_hint`
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self.subcommands.get(getattr(parsed, "command", None), self)
+            command.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
     def error(self, message: str):
-        self.exit(EXIT_USAGE, one_line(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
+        hint = _dash_value_hint(message, getattr(self, "_given", []))
+        self.exit(EXIT_USAGE, one_line(f"{self.prog}: error: {message}{hint} (see {self.prog} --help)") + "\n")
+
+
+def _dash_value_hint(message: str, given: list[str]) -> str:
+    """For argparse's "argument --flag: expected one argument" where the word after --flag in `given`
+    begins with '-' (argparse takes -3,8,8 for an option): the value and how to pass it."""
+    match = re.fullmatch(r"argument (\S+): expected one argument", message)
+    for flag in match.group(1).split("/") if match else ():
+        if flag in given[:-1] and given[given.index(flag) + 1].startswith("-"):
+            value = given[given.index(flag) + 1]
+            return f" (got {value!r}, which begins with '-' and reads as an option: write {flag}={value})"
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="ghpsim", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.subcommands = {}
     for name, (_target, help_text, add_arguments) in COMMANDS.items():
-        add_arguments(commands.add_parser(name, help=help_text))
+        parser.subcommands[name] = commands.add_parser(name, help=help_text)
+        add_arguments(parser.subcommands[name])
     return parser
 
 

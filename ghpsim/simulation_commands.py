@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from importlib import resources
 
 from simulator.compare import compare, parse_strategy_specs
-from simulator.output import check_figure_file, check_output_file, write_files_atomic
+from simulator.output import check_distinct_files, check_figure_file, check_output_file, model_files, write_files_atomic
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
 from simulator.tables import comparison_frame, print_comparison, print_summary
@@ -59,6 +59,8 @@ def cmd_simulate(args) -> int:
     if args.memory_plot is not None:
         check_figure_file(args.memory_plot, "--memory-plot")
     scenario = load_scenario(args.scenario, args.overrides)
+    check_distinct_files({"--trace": args.trace, "--memory-plot": args.memory_plot},
+                         {"the scenario": args.scenario, **model_files(scenario), "--profile": args.profile})
     costs = _profile_costs(scenario, args)
     with _engine_progress(enabled=not args.json):
         result = simulate(scenario, costs=costs, workload=costs.workload if costs else None)
@@ -77,6 +79,8 @@ def cmd_simulate(args) -> int:
         print_summary(result)
         if args.trace:
             print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
+        if args.memory_plot:
+            print(f"memory plot written to {args.memory_plot}")
     return 0
 
 

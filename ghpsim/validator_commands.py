@@ -13,10 +13,10 @@ from pathlib import Path
 
 import yaml
 
-from simulator.compare import DEFAULT_STRATEGIES, parse_strategy_specs
+from simulator.compare import DEFAULT_STRATEGIES, check_distinct, parse_strategy_specs
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
-from simulator.output import check_output_file, check_output_folder, write_text_atomic
+from simulator.output import check_distinct_files, check_output_file, check_output_folder, write_text_atomic
 from simulator.scenario import load_scenario
 
 
@@ -29,6 +29,7 @@ def cmd_calibrate(args) -> int:
         if value is not None and value < least:
             raise ScenarioError(f"{option}: {value} must be at least {least}")
     check_profile_out(args.out)
+    check_distinct_files({"--out": args.out}, {"--scenario": args.scenario})
     if args.kernels:
         return _calibrate_kernels(args)
     if args.scenario is None:
@@ -38,7 +39,10 @@ def cmd_calibrate(args) -> int:
             raise ScenarioError(f"--{option}: only with --kernels")
     scenario = load_scenario(args.scenario, args.overrides)
     workload = resolve_workload(scenario.model, scenario.base_dir)
-    batch_sizes = _int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes is not None else DEFAULT_BATCH_SIZES
+    batch_sizes = DEFAULT_BATCH_SIZES
+    if args.batch_sizes is not None:
+        batch_sizes = _int_list(args.batch_sizes, "--batch-sizes")
+        check_distinct(batch_sizes, args.batch_sizes, "--batch-sizes")
     profile = calibrate(workload, dict(scenario.model.params), args.out, device=args.device, backend=args.backend,
                         world_size=2 if args.world_size is None else args.world_size, batch_sizes=batch_sizes,
                         repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
@@ -99,8 +103,7 @@ def cmd_validate(args) -> int:
     from validator.torch_pipelining import check_pipeline_runtime
     from validator.validate import memory_line, validate
 
-    specs = parse_strategy_specs(DEFAULT_STRATEGIES if args.strategies is None else args.strategies)
-    check_distinct_specs(specs, args.strategies)
+    specs = parse_strategy_specs(DEFAULT_STRATEGIES if args.strategies is None else args.strategies)  # each once
     for kind, _groups in specs:
         check_pipeline_runtime(kind.partition(":")[0], args.pipeline_runtime)
     if args.repeats < 1:
@@ -167,16 +170,6 @@ def check_validate_flags(args) -> None:
     check_output_folder(out, "--out")
     from validator.report import check_writable_folder
     check_writable_folder(out, "--out")
-
-
-def check_distinct_specs(specs: list[tuple[str, int | None]], text: str | None) -> None:
-    """ScenarioError naming the first strategy given twice in --strategies (each runs once)."""
-    seen = set()
-    for kind, groups in specs:
-        if (kind, groups) in seen:
-            name = kind if groups is None else f"{kind}:{groups}"
-            raise ScenarioError(f"--strategies {text!r}: {name} is given twice (each strategy runs once)")
-        seen.add((kind, groups))
 
 
 def cmd_import_model(args) -> int:

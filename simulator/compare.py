@@ -15,6 +15,7 @@ from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
 from simulator.simulate import SimulationResult, naming_source, simulate
+from simulator.zero_config import without_unused_fsdp_keys
 
 MEGATRON = "megatron"
 
@@ -22,13 +23,15 @@ MEGATRON = "megatron"
 def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) -> Scenario:
     """A copy of `scenario` with another strategy kind (and G; `KIND:m` also sets m), re-validated.
     The scenario's `num_virtual_stages` is kept for interleaved_1f1b and reset to 1 for every other
-    kind (it only means something there), so one scenario can compare 1f1b with interleaved_1f1b;
-    `megatron`: `megatron_layout`."""
+    kind (it only means something there), so one scenario can compare 1f1b with interleaved_1f1b; a
+    ZeRO stage is dropped for every kind but megatron; `megatron`: `megatron_layout`."""
     if kind == MEGATRON:
         return megatron_layout(scenario)
     raw = scenario.model_dump(mode="python")
     kind, _, microbatches = kind.partition(":")
     strategy = {**raw["strategy"], "kind": kind, "num_groups": num_groups}
+    if strategy["zero_stage"]:  # ZeRO is megatron's; the other kinds reduce as DDP does
+        strategy = without_unused_fsdp_keys({**strategy, "zero_stage": 0})
     if kind != "interleaved_1f1b":
         strategy["num_virtual_stages"] = 1
     if microbatches:
@@ -75,13 +78,36 @@ def default_strategies(scenario: Scenario) -> str:
 
 def comma_items(text: str, option: str) -> list[str]:
     """The items of a comma list given to `option`, stripped; ScenarioError naming the option for
-    an empty item ("dp,,mp", "4,") or an empty list."""
+    an empty item ("dp,,mp", "4,"), an empty list or an item given twice ("dp,dp")."""
     items = [part.strip() for part in text.split(",")]
     if not any(items):
-        raise ScenarioError(f"{option}: empty list")
+        raise ScenarioError(f"{option}: {text!r} is an empty list")
     if not all(items):
         raise ScenarioError(f"{option}: {text!r} has an empty item")
+    check_distinct(items, text, option)
     return items
+
+
+def check_distinct(values, text: str, option: str, note: str = "") -> None:
+    """ScenarioError naming `option`, its `text` and the first of `values` given twice."""
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise ScenarioError(f"{option} {text!r}: {value} is given twice{note}")
+        seen.add(value)
+
+
+def positive_ints(text: str, option: str) -> tuple[int, ...]:
+    """A comma list of distinct positive integers given to `option` ("8,32"); ScenarioError naming it."""
+    items = comma_items(text, option)  # a ScenarioError of its own (a ValueError) for an empty item
+    try:
+        values = tuple(int(part) for part in items)
+    except ValueError:
+        raise ScenarioError(f"{option}: {text!r} is not a comma list of integers") from None
+    if min(values) < 1:
+        raise ScenarioError(f"{option}: {text!r} needs positive integers")
+    check_distinct(values, text, option)  # "8,08"
+    return values
 
 
 def parse_strategy_specs(text: str) -> list[tuple[str, int | None]]:
@@ -100,8 +126,8 @@ def parse_strategy_specs(text: str) -> list[tuple[str, int | None]]:
             raise ScenarioError(f"--strategies: {item!r} is not one of dp, mp, ghp, ghp:G, KIND, KIND:m or megatron "
                                 f"(KIND one of {', '.join(PIPELINE_KINDS)})")
         specs.append((kind, int(groups) if groups else None))
-    if not specs:
-        raise ScenarioError("--strategies: empty list")
+    check_distinct([kind if groups is None else f"{kind}:{groups}" for kind, groups in specs], text, "--strategies",
+                   " (each strategy runs once)")  # "ghp:4,ghp:04"
     return specs
 
 

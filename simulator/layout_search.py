@@ -52,6 +52,7 @@ from simulator.memory_activations import is_block
 from simulator.planner import (MEGATRON, MEMORY_MODEL, Candidate, Ranking, _row, _workload, candidate_scenario,
                                enumerate_candidates, scenario_for_gpus, simulate_candidate)
 from simulator.scenario import Scenario, scenario_from_dict
+from simulator.rank_reasons import explain, lost_to, time_parts
 from simulator.search_gates import unfolded_refusal
 from simulator.search_bounds import screen_all
 from simulator.strategies.context import attention_specs
@@ -63,7 +64,6 @@ ZERO_STAGES = (0, 1, 2, 3)
 """The schema's `strategy.zero_stage` values (`simulator.scenario.StrategyConfig`)."""
 MEGATRON_ORDERS = ("group_per_node", "tp_dp_pp")
 SYNCHRONOUS_DEFAULT = ("dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b")
-REASONS = ("compute", "bubble", "communication")
 EXACT_CHECK_FRACTION = 0.9
 """A candidate whose memory floor is at least this share of the device memory has its exact peak
 checked on its plan before it is simulated (the check costs a plan compile, the simulation more);
@@ -301,18 +301,12 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
             rows.append({**_row(candidate, outcome, capacity), "bound_s": bounds[candidate].step_s})
     rows.sort(key=lambda row: (not row["fits"], row["step_time_s"], row["label"]))
     by_label = {candidate.label: candidate for candidate in candidates}
-    best = next((row for row in rows if row["fits"]), None)
-    best_parts = _parts(bounds[by_label[best["label"]]], best["step_time_s"]) if best else None
-    for position, row in enumerate(rows, start=1):
-        parts = _parts(bounds[by_label[row["label"]]], row["step_time_s"])
-        row.update({"rank": position, **{f"{key}_s": value for key, value in parts.items()},
-                    "lost_to": "memory" if not row["fits"] else None if row is best
-                    else "tie" if row["step_time_s"] <= best["step_time_s"] * (1 + 1e-12) else _lost_to(parts, best_parts)})
+    best_parts = explain(rows, lambda row: bounds[by_label[row["label"]]])
     for _, _, candidate in queue:
         if candidate not in simulated:
             stats.pruned_bound += 1
             pruned.append({"label": candidate.label, "kind": candidate.kind, "bound_s": bounds[candidate].step_s,
-                           "reason": _lost_to(_parts(bounds[candidate]), best_parts) or "bound"})
+                           "reason": lost_to(time_parts(bounds[candidate]), best_parts) or "bound"})
     stats.simulated = len(rows)
     return LayoutSearch(scenario, rows, skipped, MEMORY_MODEL, capacity, stats=stats, pruned=pruned, top=top)
 
@@ -373,28 +367,3 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_pr
                 progress.advance(task)
     stats.seconds["simulate"] = time.perf_counter() - clock  # wall time, the exact memory checks included
     return done
-
-
-def _parts(bound, step_s: float | None = None) -> dict[str, float]:
-    """A candidate's time split for explaining a loss: the bound's compute, bubble and
-    communication; what the simulation adds above the bound counts as communication (contention)."""
-    extra = 0.0 if step_s is None else max(step_s - bound.step_s, 0.0)
-    return {"compute": bound.work_s, "bubble": bound.bubble_s, "communication": bound.comm_s + extra}
-
-
-def _lost_to(parts: dict[str, float], best: dict[str, float] | None) -> str | None:
-    """The part (compute, bubble, communication) by which a candidate exceeds the best the most."""
-    return None if best is None else max(REASONS, key=lambda key: parts[key] - best[key])
-
-
-def row_cost(row: dict, ranking) -> float:
-    """A row's cost for the Pareto front: its price, else GPU-hours (of the run, else of one step)."""
-    if row.get("cost") is not None:
-        return row["cost"]
-    return row.get("gpu_hours", row["step_time_s"] * ranking.scenario.num_gpus / 3600)
-
-
-def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
-    """Whether each (time, cost) point is on the Pareto front: no other point is at least as good
-    in both and better in one."""
-    return [not any(t2 <= t and c2 <= c and (t2 < t or c2 < c) for t2, c2 in points) for t, c in points]

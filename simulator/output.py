@@ -136,6 +136,30 @@ def same_file(first: str | Path, second: str | Path) -> bool:
         return False
 
 
+def check_distinct_files(outputs: dict, inputs: dict | None = None) -> None:
+    """ScenarioError naming both when an output file (`outputs`: option -> path, None if not given)
+    is an input file (`inputs`: its option or name -> path) or another output's file (`same_file`):
+    the write would replace the input, or one output the other. Call it before anything is written."""
+    given = [(option, path) for option, path in outputs.items() if path]
+    sources = [(name, path) for name, path in (inputs or {}).items() if path]
+    for index, (option, path) in enumerate(given):
+        for name, source in sources:
+            if same_file(path, source):
+                raise ScenarioError(f"{option} {path}: the same file as {name} {source}; it would be overwritten")
+        for other, earlier in given[:index]:
+            if same_file(path, earlier):
+                raise ScenarioError(f"{option} {path}: the same file as {other} {earlier}; each output needs its "
+                                    "own file")
+
+
+def model_files(scenario) -> dict:
+    """The files a scenario's model is read from (`model.file`, `model.hf_config`), by key: inputs
+    for `check_distinct_files`."""
+    model = scenario.model
+    return {f"model.{key}": Path(scenario.base_dir) / getattr(model, key)
+            for key in ("file", "hf_config") if getattr(model, key)}
+
+
 def check_output_folder(path: str | Path, option: str) -> None:
     """ScenarioError naming `option` unless `path` is (or can be made) a folder; '' is no name (it
     would write into the current folder)."""

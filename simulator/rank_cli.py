@@ -1,7 +1,8 @@
 """`ghpsim rank SCENARIO --gpus N[,N...]`: the layout search (`simulator.layout_search`) on each
 cluster size, its counts and times, the top K with why each lost to the best, the GHP paper's
 analytic heuristics (their pick, its simulated rank and regret) and, with `--tokens` or `--steps`,
-the whole run's time and cost; several sizes side by side with the Pareto front of time and cost."""
+the whole run's time and cost; several sizes side by side with the Pareto front of time and cost (a
+size where no layout fits says so; only when none has one is that an error)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import os
 
 from rich.table import Table
 
-from simulator.compare import comma_items
+from simulator.compare import comma_items, positive_ints
 from simulator.errors import ScenarioError
 from simulator.limits import MAX_GPUS, MAX_MAGNITUDE
 from simulator.fabrics import build_topology
 from simulator.heuristics import HEURISTICS, grid_estimates
 from simulator.model_source import resolve_workload
-from simulator.output import check_figure_file
+from simulator.output import check_distinct_files, check_figure_file, model_files
 from simulator.planner import (ASYNC_KINDS, MEGATRON, Candidate, Ranking, candidate_kinds, candidate_scenario,
                                grid_candidate)
 from simulator.scenario import Scenario, load_scenario, scenario_from_dict
@@ -48,33 +49,43 @@ def run(args) -> int:
         raise ScenarioError("--price-per-gpu-hour: prices a whole run; give its length with --tokens or --steps")
     if args.plot is not None:
         check_figure_file(args.plot, "--plot")
-    sizes = _int_list(args.gpus, "--gpus") if args.gpus else (None,)
+    sizes = positive_ints(args.gpus, "--gpus") if args.gpus is not None else (None,)
     if max(size or 0 for size in sizes) > MAX_GPUS:
         raise ScenarioError(f"--gpus: {max(sizes)} is more than the {MAX_GPUS:,} GPUs a scenario may have")
-    microbatches = None if args.microbatches == "auto" else _int_list(args.microbatches, "--microbatches")
-    sizes_b = _int_list(args.microbatch_sizes, "--microbatch-sizes")
+    microbatches = None if args.microbatches == "auto" else positive_ints(args.microbatches, "--microbatches")
+    sizes_b = positive_ints(args.microbatch_sizes, "--microbatch-sizes")
     kinds = _kinds(args.kinds)
     scenario = load_scenario(args.scenario, args.overrides)
-    results = []
+    check_distinct_files({"--plot": args.plot}, {"the scenario": args.scenario, **model_files(scenario)})
+    results = []  # (ranking, heuristics, why no layout fits or None)
     for num_gpus in sizes:
         ranking = search_layouts(scenario, num_gpus, kinds=kinds, microbatch_sizes=sizes_b,
                                  microbatch_counts=microbatches, top=args.top, workers=args.workers,
                                  exhaustive=args.exhaustive, show_progress=not args.json)
-        if not any(row["fits"] for row in ranking.rows):
-            raise no_candidate_error(ranking, args)
+        unfit = None if any(row["fits"] for row in ranking.rows) else no_candidate_error(ranking, args)
+        if unfit is not None and len(sizes) == 1:
+            raise unfit
         plan_run(ranking, args.tokens, args.steps, args.price_per_gpu_hour)
         add_reproduction(ranking, scenario, args.overrides)
         heuristics = heuristic_rows(ranking) if len(sizes) == 1 and _grid_searched(ranking) else []
-        results.append((ranking, heuristics))
+        why = None if unfit is None else str(unfit).partition(": ")[2]  # the reason, without the flag to blame
+        results.append((ranking, heuristics, why))
+    if all(why for *_, why in results):  # several sizes, none with a layout that fits
+        raise ScenarioError(f"--gpus {args.gpus!r}: no size has a layout that fits; {results[0][2]}")
     plot = _plot(results, args) if args.plot else None
     if args.json:
-        documents = [{**ranking.to_dict(), "heuristics": heuristics} for ranking, heuristics in results]
+        several = len(sizes) > 1  # each size says why none of its layouts fits, or null
+        documents = [{**ranking.to_dict(), "heuristics": heuristics, **({"no_layout_fits": why} if several else {})}
+                     for ranking, heuristics, why in results]
         print(json.dumps(documents[0] if len(documents) == 1 else {"sizes": documents}, indent=1))
         return 0
-    for ranking, heuristics in results:
-        print_ranking(ranking, heuristics, args.top)
+    for ranking, heuristics, why in results:
+        if why is None:
+            print_ranking(ranking, heuristics, args.top)
+        else:
+            print(f"{_title(ranking)}: {why}")
     if len(results) > 1:
-        print_comparison([ranking for ranking, _ in results])
+        print_comparison([ranking for ranking, _, _ in results])
     if plot:
         print(f"plot written to {plot}")
     return 0
@@ -160,9 +171,9 @@ def _grid_searched(ranking) -> bool:
 
 def _plot(results, args):
     from simulator.rank_plot import write_pareto_plot, write_ranking_plot
-    if len(results) > 1:
-        return write_pareto_plot([ranking for ranking, _ in results], args.plot, args.scenario)
-    ranking, heuristics = results[0]
+    if len(results) > 1:  # the sizes with a layout that fits
+        return write_pareto_plot([ranking for ranking, _, why in results if why is None], args.plot, args.scenario)
+    ranking, heuristics, _ = results[0]
     picks: dict[str, list[str]] = {}
     for row in heuristics:
         if row["label"]:
@@ -235,9 +246,9 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
         table.add_column(column, justify="left" if column in ("candidate", "lost to") else "right")
     for row in ranking.rows[:top]:
         cells = [str(row["rank"]), row["label"] + (" *" if row["kind"] in ASYNC_KINDS else ""),
-                 f"{row['step_time_s'] * 1e3:,.2f}", _ms(row.get("bound_s") or None),
-                 f"{row['throughput_samples_per_s']:,.1f}", f"{100 * row['comm_share']:.0f}",
-                 f"{row['peak_memory_bytes'] / 2**30:,.2f}",
+                 _ms(row["step_time_s"]), _ms(row.get("bound_s") or None),
+                 _number(row["throughput_samples_per_s"], 1), f"{100 * row['comm_share']:.0f}",
+                 _number(row["peak_memory_bytes"] / 2**30, 2),
                  "[red]memory[/red]" if not row["fits"] else (row.get("lost_to") or "-")]
         if planned:
             cells += [_amount(row["time_to_train_s"] / 3600, 1), _amount(row["gpu_hours"])]
@@ -272,22 +283,26 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
 
 
 def print_comparison(rankings: list) -> None:
-    """Cluster sizes side by side: each size's best layout that fits, and its run figures."""
-    from simulator.layout_search import pareto_front, row_cost
+    """Cluster sizes side by side: each size's best layout that fits and its run figures, or "no
+    layout fits"; the Pareto front of time and cost among the sizes with a layout that fits."""
+    from simulator.rank_reasons import pareto_front, row_cost
     from simulator.tables import make_console
     table = Table(title="cluster sizes: the best layout of each")
     for column in ("GPUs", "best layout", "step (s)", "samples/s", "time to train (h)", "GPU-hours", "cost",
                    "Pareto"):
         table.add_column(column, justify="left" if column == "best layout" else "right")
-    bests = [next((row for row in ranking.rows if row["fits"]), ranking.rows[0]) for ranking in rankings]
-    front = pareto_front([(row.get("time_to_train_s", row["step_time_s"]), row_cost(row, ranking))
-                          for row, ranking in zip(bests, rankings)])
-    for ranking, row, on_front in zip(rankings, bests, front):
+    bests = [next((row for row in ranking.rows if row["fits"]), None) for ranking in rankings]
+    on_front = iter(pareto_front([(row.get("time_to_train_s", row["step_time_s"]), row_cost(row, ranking))
+                                  for ranking, row in zip(rankings, bests) if row is not None]))
+    for ranking, row in zip(rankings, bests):
+        if row is None:
+            table.add_row(str(ranking.scenario.num_gpus), "no layout fits", *["-"] * 5, "")
+            continue
         hours = row.get("time_to_train_s")
-        table.add_row(str(ranking.scenario.num_gpus), row["label"], f"{row['step_time_s']:,.3f}",
-                      f"{row['throughput_samples_per_s']:,.1f}", "-" if hours is None else _amount(hours / 3600, 1),
+        table.add_row(str(ranking.scenario.num_gpus), row["label"], _number(row["step_time_s"], 3),
+                      _number(row["throughput_samples_per_s"], 1), "-" if hours is None else _amount(hours / 3600, 1),
                       "-" if hours is None else _amount(row["gpu_hours"]),
-                      "-" if row.get("cost") is None else _amount(row["cost"]), "yes" if on_front else "")
+                      "-" if row.get("cost") is None else _amount(row["cost"]), "yes" if next(on_front) else "")
     make_console().print(table)
 
 
@@ -311,12 +326,24 @@ def _title(ranking: Ranking) -> str:
             f"{cluster.gpu.name}), batch {ranking.scenario.training.global_batch_size}")
 
 
+SCIENTIFIC_FROM = 1e9
+"""Figures from this size on are printed in scientific notation (1.173e+26): a table cell stays narrow."""
+
+
+def _number(value: float, decimals: int) -> str:
+    """A figure with `decimals` decimals and thousands separators, or in scientific notation from
+    `SCIENTIFIC_FROM` on; every figure of the rank tables is printed so."""
+    if math.isfinite(value) and abs(value) >= SCIENTIFIC_FROM:
+        return f"{value:.3e}"
+    return f"{value:,.{decimals}f}"
+
+
 def _amount(value: float, decimals: int = 0) -> str:
     """A run figure with at least `decimals` decimals and at least 3 significant digits (a run of
     minutes shows 0.0123 h, not 0.0, so its time, GPU-hours and cost agree)."""
     if value > 0 and math.isfinite(value):
         decimals = max(decimals, 2 - math.floor(math.log10(value)))
-    return f"{value:,.{decimals}f}"
+    return _number(value, decimals)
 
 
 def _pct(value: float | None) -> str:
@@ -324,15 +351,4 @@ def _pct(value: float | None) -> str:
 
 
 def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
-
-
-def _int_list(text: str, option: str) -> tuple[int, ...]:
-    """A comma list of positive integers."""
-    try:
-        values = tuple(int(part) for part in comma_items(text, option))
-    except ValueError:
-        raise ScenarioError(f"{option}: {text!r} is not a comma list of integers") from None
-    if not values or min(values) < 1:
-        raise ScenarioError(f"{option}: {text!r} needs positive integers")
-    return values
+    return "-" if seconds is None else _number(seconds * 1e3, 2)

@@ -60,7 +60,7 @@ def write_ranking_plot(frame: pd.DataFrame, path: str | Path, title: str, picks:
 def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
     """Every simulated layout that fits, one colour per cluster size: time to train (or step time)
     against cost (or GPU-hours), the Pareto front of all of them drawn as a line."""
-    from simulator.layout_search import pareto_front, row_cost
+    from simulator.rank_reasons import pareto_front, row_cost
     figure, axis = plt.subplots(figsize=(7, 5))
     planned = all("time_to_train_s" in row for ranking in rankings for row in ranking.rows)
     priced = planned and all(row.get("cost") is not None for ranking in rankings for row in ranking.rows)

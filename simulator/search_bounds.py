@@ -35,7 +35,9 @@ class Screened:
 
 def bound_model(scenario, workload=None):
     """The `BoundModel` of a (GPU-count-resolved) scenario: its costs without the scenario's
-    recompute, since selective recompute adds backward FLOPs a candidate may not run."""
+    recompute, since selective recompute adds backward FLOPs a candidate may not run, priced for
+    the candidates' kind (megatron pads the vocabulary and, in fp16, adds each micro-batch's weight
+    gradients in kernels of their own; every other kind prices alike), not the scenario's own."""
     from simulator.fabrics import cached_topology
     from simulator.planner import _workload
     from simulator.simulate import analytic_costs
@@ -43,8 +45,12 @@ def bound_model(scenario, workload=None):
     workload = workload or _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True),
                                      scenario.base_dir)
     plain = scenario.model_copy(update={"training": scenario.training.model_copy(update={"recompute": "none"})})
-    return BoundModel(scenario, workload, cached_topology(scenario.cluster.model_dump_json()),
-                      analytic_costs(plain, workload))
+
+    def costs_of(kind: str):
+        return analytic_costs(plain.model_copy(update={"strategy": plain.strategy.model_copy(update={"kind": kind})}),
+                              workload)
+    return BoundModel(scenario, workload, cached_topology(scenario.cluster.model_dump_json()), costs_of("dp"),
+                      megatron_costs=costs_of("megatron"))
 
 
 def screen(model, candidates) -> tuple[list[Screened], float, float]:

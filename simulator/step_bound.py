@@ -104,8 +104,11 @@ class _Geometry:
 class BoundModel(LinkFloors):
     """Bounds of the candidates of one scenario on its N GPUs (costs and topology shared)."""
 
-    def __init__(self, scenario, workload, topology, costs):
+    def __init__(self, scenario, workload, topology, costs, megatron_costs=None):
+        """`costs` price the dp / mp / ghp / pipeline candidates, `megatron_costs` (default: `costs`)
+        the megatron ones: a kernel model differs by kind (`KernelCosts.for_scenario`)."""
         self.scenario, self.workload, self.topology, self.costs = scenario, workload, topology, costs
+        self.megatron_costs = costs if megatron_costs is None else megatron_costs
         self.element = dtype_bytes(scenario.training.dtype)
         self.uniform_links = not scenario.cluster.degraded_links
         self._cache: dict = {}
@@ -169,7 +172,7 @@ class BoundModel(LinkFloors):
             else:
                 shard = expert_rank_workload(self.workload, rank_workload(self.workload, t, sequence_parallel),
                                              t, sequence_parallel, ep)
-                model = rank_costs(self.costs, shard, t, sequence_parallel)
+                model = rank_costs(self.megatron_costs, shard, t, sequence_parallel)
             found = self._cache[key] = (shard, model if self.scenario.cluster.node_gpus else RememberedCosts(model))
         return found
 

@@ -31,7 +31,7 @@ def zero_stage_from_fsdp(data: Any) -> Any:
 
 
 def check_zero(strategy) -> None:
-    """ZeRO-2/3 are modelled for the megatron kind (FSDP alone: tp 1, pp 1) and, as in DeepSpeed,
+    """ZeRO is modelled for the megatron kind only (FSDP alone: tp 1, pp 1), ZeRO-2/3, as in DeepSpeed,
     not with pipeline parallelism; a reduce dtype applies to sharded gradients only, an FSDP version
     to plans that gather parameters per unit (ZeRO-3, SHARD_GRAD_OP). `strategy`: the validated
     `simulator.scenario.StrategyConfig`."""
@@ -43,9 +43,9 @@ def check_zero(strategy) -> None:
     if reduce_dtype is not None and zero_stage < 2:
         raise ValueError(f"strategy.fsdp_reduce_dtype: {reduce_dtype} applies to sharded gradients (zero_stage 2 "
                          f"or 3, or fsdp_sharding full_shard / shard_grad_op / hybrid_shard); got zero_stage {zero_stage}")
-    if zero_stage >= 2 and kind != "megatron":
-        raise ValueError(f"strategy.zero_stage: {zero_stage} needs strategy.kind megatron (got {kind!r}; "
-                         "FSDP alone is megatron with tp_degree 1 and pp_degree 1)")
+    if zero_stage >= 1 and kind != "megatron":
+        raise ValueError(f"strategy.zero_stage: {zero_stage} needs strategy.kind megatron (got {kind!r}, which "
+                         "reduces gradients as DDP does; FSDP alone is megatron with tp_degree 1 and pp_degree 1)")
     if zero_stage >= 2 and pp_degree > 1:
         raise ValueError(f"strategy.zero_stage: {zero_stage} with strategy.pp_degree {pp_degree}: "
                          "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism (DeepSpeed)")

@@ -200,3 +200,60 @@ def test_a_bad_profile_is_a_one_line_error(capsys, tmp_path, profile, optimizer,
                              "--profile", path)
     assert code == 2 and out == ""
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- help matches behaviour
+
+def help_of(capsys, *argv) -> str:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_profile_help_names_the_kernel_model_default_and_fit_profiles(capsys, command):
+    text = help_of(capsys, command)
+    assert "analytic costs" not in text and "`ghpsim fit`" in text and "`ghpsim calibrate`" in text
+    assert "auto: the kernel model where the GPU has kernel tables" in text
+    code, out, _ = run_cli(capsys, command, SMALL)  # without a profile: the kernel model, as the help says
+    assert code == 0 and ("compute model: kernel (costs.model auto" in out or command == "compare")
+
+
+def test_rank_help_says_what_each_microbatch_flag_controls_and_the_defaults(capsys):
+    text = help_of(capsys, "rank")
+    assert "for kind megatron" not in text and "not megatron, see --microbatch-sizes" in text
+    assert "micro-batch sizes b tried for megatron layouts, each giving m = B / (d x b)" in text
+    assert "m = 1 where b is a replica's whole batch" in text
+    assert "(all simulated ones are in --json; default 10)" in text and "default 1,2,4,8" in text
+
+
+def test_megatron_micro_batches_come_from_the_sizes_b():
+    """What the help says: a megatron layout's m is B / (d x b) for b of --microbatch-sizes (m = 1
+    where b = B / d), whatever --microbatches (the pipeline kinds' counts) says."""
+    from simulator.layout_search import megatron_space
+    from simulator.model_source import resolve_workload
+    from tests.test_layout_search import tiny_llm
+    scenario = load_scenario(tiny_llm(batch=8), [])
+    space = megatron_space(scenario, resolve_workload(scenario.model, scenario.base_dir), (1, 2))
+    assert {c.num_microbatches for c in space} == {1, 2, 4, 8}
+    for c in space:
+        assert 8 // c.data_parallel // c.num_microbatches in (1, 2), c.label
+    assert any(c.num_microbatches == 1 and c.data_parallel == 4 for c in space)  # b = 2 = B / d
+
+
+@pytest.mark.parametrize("command, phrases", [
+    ("validate", ("(median reported; default 10)", "(median over all their steps; default 1)",
+                  "(default reports/validation)", "declared hung (default 600)", "schedules (default own)")),
+    ("calibrate", ("(comma list; default 4,16,64)",)),
+])
+def test_defaults_are_in_the_help(capsys, command, phrases):
+    text = help_of(capsys, command)
+    for phrase in phrases:
+        assert phrase in text, phrase
+
+
+def test_the_copied_calibration_batch_sizes_match_the_validator():
+    pytest.importorskip("torch")
+    from ghpsim import arguments
+    from validator.calibrate import DEFAULT_BATCH_SIZES
+    assert arguments.CALIBRATE_BATCH_SIZES == DEFAULT_BATCH_SIZES

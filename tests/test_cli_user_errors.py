@@ -76,9 +76,9 @@ def test_zoo_params_of_the_wrong_kind(capsys, tmp_path, params, field, kind):
     assert_only_line(run_cli(capsys, "simulate", path), path, field, kind, repr(next(iter(params.values()))))
 
 
-def test_unknown_zoo_param_is_named_as_not_accepted(capsys, tmp_path):
+def test_unknown_zoo_param_is_named_with_the_models_parameters(capsys, tmp_path):
     path = write_scenario(tmp_path, model={"name": "mlp", "params": {"depth": True}})
-    assert_only_line(run_cli(capsys, "simulate", path), path, "model.params", "not accepted", "depth")
+    assert_only_line(run_cli(capsys, "simulate", path), path, "model.params.depth", "not a parameter of mlp")
 
 
 def test_zoo_params_of_the_right_kind_still_work(capsys, tmp_path):
@@ -258,3 +258,82 @@ def test_merge_profiles_refuses_the_same_file_twice(capsys, tmp_path):
 def test_schedule_flags_of_other_kinds_are_refused(capsys, kind, flag):
     assert_only_line(run_cli(capsys, "schedule", kind, "--stages", 2, "--microbatches", 2, flag),
                      flag.split("=")[0], kind)
+
+
+# ----------------------------------------------------------------------------- 9: a user audit
+
+@pytest.mark.parametrize("argv, needles", [
+    (("rank", SMALL, "--gpus", "8,8"), ("--gpus '8,8'", "8 is given twice")),
+    (("rank", SMALL, "--gpus", "8,08"), ("--gpus '8,08'", "8 is given twice")),
+    (("rank", SMALL, "--gpus", ""), ("--gpus", "''", "empty list")),
+    (("rank", SMALL, "--kinds", "dp,dp"), ("--kinds 'dp,dp'", "dp is given twice")),
+    (("rank", SMALL, "--microbatch-sizes", "1,2,1"), ("--microbatch-sizes '1,2,1'", "1 is given twice")),
+    (("search", SMALL, "--gpus", "4,4"), ("--gpus '4,4'", "4 is given twice")),
+    (("search", SMALL, "--gpus", ""), ("--gpus", "''", "empty list")),
+    (("compare", SMALL, "--strategies", "dp,dp"), ("--strategies 'dp,dp'", "dp is given twice")),
+    (("compare", SMALL, "--strategies", "gpipe:4,gpipe:04"), ("--strategies", "gpipe:4 is given twice")),
+])
+def test_a_list_flag_with_a_repeated_or_no_value_is_refused(capsys, argv, needles):
+    assert_only_line(run_cli(capsys, *argv), *needles)
+
+
+def test_an_output_that_is_the_scenario_is_refused(capsys, tmp_path):
+    scenario = tmp_path / "x.yaml"
+    scenario.write_text(open(SMALL).read())
+    before = scenario.read_bytes()
+    assert_only_line(run_cli(capsys, "simulate", scenario, "--trace", scenario), "--trace", "the scenario",
+                     str(scenario))
+    assert_only_line(run_cli(capsys, "simulate", scenario, "--trace", tmp_path / "sub" / ".." / "x.yaml"),
+                     "--trace", "the scenario")
+    assert scenario.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["x.yaml"]
+
+
+def test_an_output_that_is_the_model_file_or_the_profile_is_refused(capsys, tmp_path):
+    layers = tmp_path / "layers.yaml"
+    layers.write_text(open("scenarios/layers/tiny_mlp.yaml").read())
+    path = write_scenario(tmp_path, model={"file": "layers.yaml"})
+    assert_only_line(run_cli(capsys, "simulate", path, "--trace", layers), "--trace", "model.file", "layers.yaml")
+    profile = tmp_path / "p.json"
+    profile.write_text("{}")
+    assert_only_line(run_cli(capsys, "simulate", path, "--trace", profile, "--profile", profile),
+                     "--trace", "--profile", str(profile))
+    assert profile.read_text() == "{}"
+
+
+def test_two_outputs_on_one_file_are_refused_and_each_written_one_says_so(capsys, tmp_path):
+    same = tmp_path / "same.png"
+    assert_only_line(run_cli(capsys, "simulate", SMALL, "--trace", same, "--memory-plot", same),
+                     "--memory-plot", "--trace", str(same))
+    assert not same.exists()
+    trace, plot = tmp_path / "t.json", tmp_path / "m.png"
+    code, out, err = run_cli(capsys, "simulate", SMALL, "--trace", trace, "--memory-plot", plot)
+    assert code == 0 and err == ""
+    assert f"trace written to {trace}" in out and f"memory plot written to {plot}" in out
+    assert plot.read_bytes()[:4] == b"\x89PNG" and json.loads(trace.read_text())["traceEvents"]
+
+
+def test_an_unrecognized_argument_points_to_the_commands_help(capsys, tmp_path):
+    assert_only_line(run_cli(capsys, "fit", tmp_path / "runs.csv", "--out", tmp_path / "x.json", "--bogus"),
+                     "ghpsim fit: error: unrecognized arguments: --bogus", "(see ghpsim fit --help)")
+    assert_only_line(run_cli(capsys, "simulate", SMALL, "extra"), "unrecognized arguments: extra",
+                     "(see ghpsim simulate --help)")
+
+
+def test_a_value_that_begins_with_a_dash_gets_a_hint(capsys, tmp_path):
+    line = assert_only_line(run_cli(capsys, "import-model", "mymods:conv", "--input-shape", "-3,8,8", "--out",
+                                    tmp_path / "x.yaml"), "--input-shape", "'-3,8,8'", "--input-shape=-3,8,8")
+    assert line.endswith("(see ghpsim import-model --help)")
+    assert_only_line(run_cli(capsys, "import-model", "mymods:conv", "--input-shape=-3,8,8", "--out",
+                             tmp_path / "x.yaml"), "--input-shape", "'-3,8,8'", "positive integers")
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_calibrate_refuses_its_scenario_as_out_and_a_repeated_batch_size(capsys, tmp_path):
+    pytest.importorskip("torch")
+    scenario = tmp_path / "x.yaml"
+    scenario.write_text(open(SMALL).read())
+    assert_only_line(run_cli(capsys, "calibrate", "--scenario", scenario, "--out", scenario), "--out", "--scenario",
+                     str(scenario))
+    assert_only_line(run_cli(capsys, "calibrate", "--scenario", scenario, "--out", tmp_path / "p.json",
+                             "--batch-sizes", "4,16,4"), "--batch-sizes '4,16,4'", "4 is given twice")
+    assert sorted(os.listdir(tmp_path)) == ["x.yaml"]

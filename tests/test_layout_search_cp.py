@@ -219,5 +219,5 @@ def test_a_cp_group_across_nodes_is_searched_as_the_405b_scenario_runs_it():
 def test_a_cp_scenario_on_another_gpu_count_leaves_its_cp_degree_to_the_candidates():
     scenario = load_scenario(str(Path(__file__).resolve().parent.parent / "scenarios" / "llama3_405b_4d_h100.yaml"))
     assert scenario.strategy.cp_degree == 2
-    moved = scenario_for_gpus(scenario, 512)  # kind dp on 512 GPUs: a CP degree would be refused
-    assert (moved.num_gpus, moved.strategy.kind, moved.strategy.cp_degree) == (512, "dp", 1)
+    moved = scenario_for_gpus(scenario, 512)  # its ZeRO-1 keeps kind megatron, at t = p = c = 1
+    assert (moved.num_gpus, moved.strategy.kind, moved.strategy.cp_degree) == (512, "megatron", 1)

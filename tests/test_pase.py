@@ -188,3 +188,15 @@ def test_zoo_graphs_keep_parameters_and_flops(name, params):
     assert all(e.src < e.dst for e in graph.edges)
     skips = len(graph.edges) - (graph.num_vertices - 1)
     assert skips == {"alexnet": 0, "resnet50": 16, "resnet20": 9, "gpt2-small": 4}[name]
+
+
+# ----------------------------------------------------------------------------- the command
+
+def test_search_table_labels_r_with_its_unit_and_refuses_a_repeated_size(capsys):
+    from ghpsim.cli import main
+    assert main(["search", "scenarios/pase_alexnet_1080ti.yaml", "--gpus", "4", "--no-simulate"]) == 0
+    out = capsys.readouterr().out
+    assert "link (r, FLOP/byte)" in out and "pcie3 (720)" in out
+    assert main(["search", "scenarios/pase_alexnet_1080ti.yaml", "--gpus", "4,4", "--no-simulate"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "ghpsim: error: --gpus '4,4': 4 is given twice\n"

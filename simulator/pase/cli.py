@@ -6,7 +6,7 @@ import json
 
 from rich.table import Table
 
-from simulator.errors import ScenarioError
+from simulator.compare import positive_ints
 from simulator.pase.search import check_search_size
 from simulator.progress import stderr_progress
 from simulator.scenario import load_scenario
@@ -14,15 +14,8 @@ from simulator.simulate import naming_source
 
 
 def parse_gpus(text: str | None, default: int) -> list[int]:
-    if text is None:
-        return [default]
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ScenarioError(f"--gpus: {text!r} is not a comma list of integers") from None
-    if not values or min(values) < 1:
-        raise ScenarioError(f"--gpus: {text!r} needs positive integers")
-    return values
+    """--gpus: a comma list of distinct positive integers (`compare.positive_ints`), else [default]."""
+    return [default] if text is None else list(positive_ints(text, "--gpus"))
 
 
 def run(args) -> int:
@@ -54,10 +47,10 @@ def _print(scenario, graph, points, show_configs: bool, simulated: bool) -> None
     console = make_console()
     table = Table(title=f"{scenario.name}: PaSE search, {graph.name} ({graph.num_vertices} vertices, "
                         f"{len(graph.edges)} edges), batch {graph.batch}, {scenario.cluster.gpu.name}")
-    columns = ["p", "link (r)", "strategy", "cost (GFLOP)", "PaSE cost (ms)", "speedup vs DP"]
+    columns = ["p", "link (r, FLOP/byte)", "strategy", "cost (GFLOP)", "PaSE cost (ms)", "speedup vs DP"]
     columns += ["simulated (ms)", "sim. speedup vs DP"] if simulated else []
     for column in columns + ["search (s)"]:
-        table.add_column(column, justify="left" if column in ("strategy", "link (r)") else "right")
+        table.add_column(column, justify="left" if column in ("strategy", "link (r, FLOP/byte)") else "right")
     for point in points:
         for i, row in enumerate(point["results"]):
             cells = [str(point["num_gpus"]) if i == 0 else "",
