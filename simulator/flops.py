@@ -8,12 +8,17 @@ ranks and optimizer updates are not counted (MFU, Chowdhery et al. 2022, PaLM, a
 the "model FLOPs" of Korthikanti et al. 2022, sec. 6). A causal model's s^2 attention terms count in
 full, as PaLM's 6N + 12 L H Q T does, while a flash-attention kernel skips the masked half
 (`simulator.kernels_attention.flash_work_fraction`): at long sequences MFU can exceed the GEMM ceiling.
+A mixture of experts counts each token's top-k expert work once: the copies a capacity factor c > 1
+pads every expert with are executed work (the step time includes them) but not model FLOPs
+(`simulator.zoo.moe.capacity_padding_flops_per_sample`), so MFU falls as c rises.
 
     achieved FLOP/s per GPU = model FLOPs / (step time x N)
     MFU = achieved FLOP/s per GPU / mean dense peak FLOP/s of the N GPUs (training dtype)
 """
 
 from __future__ import annotations
+
+from simulator.zoo.moe import capacity_padding_flops_per_sample
 
 
 def peak_flops_per_s(cluster, dtype: str) -> float:
@@ -22,9 +27,16 @@ def peak_flops_per_s(cluster, dtype: str) -> float:
     return sum(gpu.peak_for(dtype) for gpu in gpus) / len(gpus)
 
 
+def model_flops_per_sample(workload) -> float:
+    """The workload's forward + backward FLOPs of one sample less mixtures of experts' capacity
+    padding (module docstring)."""
+    padding = sum(capacity_padding_flops_per_sample(layer) for layer in workload.layers)
+    return workload.flops_per_sample - padding
+
+
 def flops_summary(scenario, workload, step_time_s: float) -> dict:
     """model_flops_per_step, achieved_tflops_per_gpu (1e12 FLOP/s), mfu (fraction of peak)."""
-    model_flops = workload.flops_per_sample * scenario.training.global_batch_size
+    model_flops = model_flops_per_sample(workload) * scenario.training.global_batch_size
     if step_time_s <= 0:
         return {"model_flops_per_step": model_flops, "achieved_tflops_per_gpu": float("inf"), "mfu": float("inf")}
     per_gpu = model_flops / step_time_s / scenario.num_gpus

@@ -109,7 +109,8 @@ def grid_fold_decision(scenario, num_groups: int, workers_per_group: int, costs,
     refusal = cached_fold_refusal(scenario.cluster, layout, topology)
     if refusal:
         return False, refusal
-    return True, f"each of the {workers_per_group} stage ranks of replica 0 stands for its {num_groups} copies"
+    return True, (f"the {workers_per_group} stage ranks of replica 0 each stand for their {num_groups} copies"
+                  if workers_per_group > 1 else f"the one stage rank of replica 0 stands for its {num_groups} copies")
 
 
 def every_rank(scenario):

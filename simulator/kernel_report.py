@@ -48,21 +48,3 @@ def _pass(costs, actions: list[Compute]) -> dict:
                 gpu[kind] += seconds
         total_s, wait_s = total_s + max(device_s, host_s), wait_s + max(host_s - device_s, 0.0)
     return {"total_s": total_s, "host_wait_s": wait_s, "gpu_s": dict(gpu)}
-
-
-def pass_line(report: dict) -> str:
-    """One line for the CLI: each pass's time, its GEMM, memory-bound and launch shares, and the
-    wait for the host."""
-    parts = []
-    for name in ("forward", "backward"):
-        if name not in report:
-            continue
-        figures = report[name]
-        gpu = figures["gpu_s"]
-        tiled = gpu.get("gemm", 0.0) + gpu.get("flash_attention", 0.0)
-        memory = sum(seconds for kind, seconds in gpu.items() if kind not in ("gemm", "flash_attention", "launch"))
-        parts.append(f"{name} {figures['total_s'] * 1e3:.3f} ms (GEMM {tiled * 1e3:.3f}, memory-bound "
-                     f"{memory * 1e3:.3f}, launches {gpu.get('launch', 0.0) * 1e3:.3f}, waiting on the host "
-                     f"{figures['host_wait_s'] * 1e3:.3f})")
-    return (f"kernels of rank 0's first micro-batch ({report['num_layers']} layers, {report['batch']:g} samples): "
-            + "; ".join(parts) + f"; host {report['host_overhead_s'] * 1e6:g} us a kernel")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import typing
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +25,7 @@ from simulator.scenario import LayerRow, ModelConfig
 from simulator.workload import Layer, Workload
 from simulator.yaml_loading import load_json_text, read_text_file, read_yaml_file
 from simulator.zoo import MODELS, build_model
+from simulator.zoo._ops import DimensionError
 from simulator.zoo.llama import llama, llama_workload
 from simulator.zoo.moe import moe, moe_workload
 
@@ -44,7 +46,7 @@ def _from_zoo(name: str, params: dict) -> Workload:
         near = nearest_names(key, MODELS, cutoff=0.5)
         hint = f"nearest: {', '.join(near)}" if near else f"known: {', '.join(sorted(MODELS))}"
         raise ScenarioError(f"model.name: unknown model {name!r}; {hint}")
-    _check_param_types(name, MODELS[key], params)
+    params = checked_params(name, MODELS[key], params)
     check_model_params(params)
     try:
         workload = build_model(key, **params)
@@ -73,28 +75,60 @@ def _largest_size(*fields: tuple[str, dict]) -> str:
     return max(numbers)[1] if numbers else ""
 
 
-def _check_param_types(name: str, factory, params: dict) -> None:
-    """ScenarioError naming `model.params.<key>` when a value is not of the kind of the factory's
-    default: a number where it takes a number (a YAML `true` is not a count), a name where a name."""
-    defaults = {key: parameter.default for key, parameter in inspect.signature(factory).parameters.items()
-                if parameter.default is not inspect.Parameter.empty}
-
-    def is_number(value) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-
+def checked_params(name: str, factory, params: dict, label: str | None = None) -> dict:
+    """`params` as the zoo factory `factory` of model `name` takes them (`label`: how an error
+    calls the model): a ScenarioError naming `model.params.<key>` for a key that is not one of the
+    factory's keywords, a value not of the kind of its default (a number where it takes a number:
+    a YAML `true` is not a count; a name where a name), or a fraction where its annotation is int;
+    a whole float there (`1e3`) becomes an int, as an integer scenario field takes it."""
+    signature = inspect.signature(factory, eval_str=True)
+    keywords = {key: parameter for key, parameter in signature.parameters.items()
+                if parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD)}
+    label = label or name
+    for key in params:
+        if key not in keywords:
+            raise ScenarioError(f"model.params.{key}: not a parameter of {label} (its parameters: "
+                                f"{', '.join(keywords)})")
+    checked = {}
     for key, value in params.items():
-        if key not in defaults:
-            continue  # an unknown key: the factory's TypeError names it (`_from_zoo`)
-        default = defaults[key]
-        if is_number(default) and not is_number(value):
-            expected = "a number"
-        elif isinstance(default, str) and not isinstance(value, str):
-            expected = "a name"
-        elif isinstance(value, bool) and not isinstance(default, bool):
-            expected = "a number or a name"
-        else:
-            continue
-        raise ScenarioError(f"model.params.{key}: expected {expected} for model {name!r}, got {value!r}")
+        parameter = keywords[key]
+        if parameter.default is not inspect.Parameter.empty:
+            _check_kind(key, value, parameter.default, label)
+        if isinstance(value, float) and _whole_number_annotation(parameter.annotation):
+            if not value.is_integer():
+                raise ScenarioError(f"model.params.{key}: {value!r} is not a whole number")
+            if abs(value) > MAX_EXACT_FLOAT_INT:
+                raise ScenarioError(f"model.params.{key}: {value!r} is too large for a model dimension")
+            value = int(value)
+        checked[key] = value
+    return checked
+
+
+MAX_EXACT_FLOAT_INT = 2**53
+"""The largest float whose neighbours are whole numbers one apart: a larger "whole" float is a
+rounded one, and sizes that large exceed every model limit anyway (`simulator.limits`)."""
+
+
+def _whole_number_annotation(annotation) -> bool:
+    """True for `int` and `int | None`, not for `float`, `bool` or a union with float."""
+    kinds = typing.get_args(annotation) or (annotation,)
+    return int in kinds and float not in kinds
+
+
+def _check_kind(key: str, value, default, label: str) -> None:
+    """ScenarioError when `value` is not of the kind of the factory's `default` (`checked_params`)."""
+    def is_number(item) -> bool:
+        return isinstance(item, (int, float)) and not isinstance(item, bool)
+
+    if is_number(default) and not is_number(value):
+        expected = "a number"
+    elif isinstance(default, str) and not isinstance(value, str):
+        expected = "a name"
+    elif isinstance(value, bool) and not isinstance(default, bool):
+        expected = "a number or a name"
+    else:
+        return
+    raise ScenarioError(f"model.params.{key}: expected {expected} for model {label!r}, got {value!r}")
 
 
 HF_DIMENSIONS = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
@@ -155,15 +189,16 @@ def load_hf_config(path: Path, params: dict) -> Workload:
     if config.get("sliding_window") and config.get("use_sliding_window", True) \
             and "sliding_window" in inspect.signature(factory).parameters:  # Mistral-style window
         built["sliding_window"] = positive("sliding_window")
-    _check_param_types("hf_config", factory, params)
+    params = checked_params("hf_config", factory, params, "an hf_config model")
     check_model_params(params)
-    unknown = sorted(set(params) - set(inspect.signature(factory).parameters))
-    if unknown:
-        raise ScenarioError(f"model.params.{unknown[0]}: not a parameter of an hf_config model")
     merged = {**built, **params}
     check_num_layers(int(merged["num_layers"]) + 2, what)
     try:
         workload = build(path.stem, **merged)
+    except DimensionError as error:  # worded with the file's keys, or the model.params that replaced them
+        def named(ours: str) -> str:
+            return f"model.params.{ours}" if ours in params else hf_key(ours, config)
+        raise ScenarioError(f"{what}: {error.names_as(named)}") from None
     except ValueError as error:
         raise ScenarioError(f"{what}: {error}") from None
     check_num_layers(workload.num_layers, what)
@@ -171,6 +206,19 @@ def load_hf_config(path: Path, params: dict) -> Workload:
                                           "moe_intermediate_size") if key in config}
     check_num_params(workload.num_params, _largest_size(("model.params.", params), (f"{what}: ", sizes)))
     return workload
+
+
+def hf_key(ours: str, config: dict) -> str:
+    """The config.json key a `llama` / `moe` keyword is read from (`HF_DIMENSIONS`, `HF_MOE_KEYS`,
+    `load_hf_config`, `_hf_experts`)."""
+    deepseek = config.get("n_routed_experts") is not None
+    keys = {**{ours: key for key, ours in (*HF_DIMENSIONS.items(), *HF_MOE_KEYS.items())},
+            "num_kv_heads": "num_key_value_heads" if "num_key_value_heads" in config else "num_attention_heads",
+            "seq_len": "max_position_embeddings", "max_positions": "max_position_embeddings",
+            "num_experts": "n_routed_experts" if deepseek else "num_local_experts",
+            "expert_ffn_hidden_size": "moe_intermediate_size" if deepseek else "intermediate_size",
+            "dense_ffn_hidden_size": "intermediate_size", "tie_embeddings": "tie_word_embeddings"}
+    return keys.get(ours, ours)
 
 
 def _hf_experts(config: dict, built: dict, positive, what: str) -> dict:

@@ -17,8 +17,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from simulator.errors import ScenarioError
 from simulator.hardware import BytesPerSecond, GpuSpec, LinkSpec, resolve_gpu, resolve_link
-from simulator.limits import (MAX_BATCH, MAX_FAT_TREE_K, MAX_GPUS, MAX_LAYERS, MAX_MICROBATCHES, MIN_LINK_FACTOR,
-                              check_structure)
+from simulator.limits import MAX_BATCH, MAX_FAT_TREE_K, MAX_GPUS, MAX_MICROBATCHES, MIN_LINK_FACTOR, check_structure
+from simulator.scenario_types import (Bool, Float, GpuCount, IndexKey, Int, LayerCount, NoBool, PositiveBytes,
+                                      Slowdown)
 from simulator.units import parse_quantity
 from simulator.validation_errors import format_validation_error
 from simulator.yaml_loading import StrictLoader, load_yaml_text, read_yaml_file
@@ -29,34 +30,6 @@ StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "
                        "delayed_gradient", "megatron"]
 PIPELINE_KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain", "delayed_gradient")
 """Kinds that split each group's batch into micro-batches flowing through its M stages."""
-
-
-def _reject_bool(value: Any) -> Any:
-    """pydantic's lax mode reads true/false as 1/0 and '8' as 8; a count or factor given as a boolean
-    or as text is a mistake."""
-    if isinstance(value, bool):
-        raise ValueError("expected a number, not a boolean")
-    if isinstance(value, (str, bytes)):
-        raise ValueError("expected a number, not text")
-    return value
-
-
-NoBool = BeforeValidator(_reject_bool)
-
-
-def _index_key(value: Any) -> Any:
-    """A device or node index as a mapping key: an int, or its decimal text (JSON's keys are text)."""
-    if isinstance(value, str) and value.isdecimal() and value.isascii():
-        return int(value)
-    return _reject_bool(value)
-
-
-IndexKey = Annotated[int, BeforeValidator(_index_key), Field(ge=0)]
-Int = Annotated[int, NoBool]
-GpuCount = Annotated[int, NoBool, Field(gt=0, le=MAX_GPUS)]
-LayerCount = Annotated[int, NoBool, Field(gt=0, le=MAX_LAYERS)]
-Float = Annotated[float, NoBool, Field(allow_inf_nan=False)]
-PositiveBytes = Annotated[float, BeforeValidator(lambda v: parse_quantity(v, "bytes")), Field(gt=0)]
 
 
 class _Frozen(BaseModel):
@@ -85,8 +58,8 @@ class ClusterConfig(_Frozen):
     """graph_file: node-link JSON or GraphML (relative to the scenario file)."""
     node_gpus: dict[IndexKey, Gpu] = Field(default_factory=dict)
     """Node index -> GPU type of its devices, for nodes whose GPU is not `gpu`."""
-    stragglers: dict[IndexKey, Annotated[Float, Field(gt=0)]] = Field(default_factory=dict)
-    """Device index -> compute slowdown factor (2.0: every compute action takes twice as long)."""
+    stragglers: dict[IndexKey, Slowdown] = Field(default_factory=dict)
+    """Device index -> compute slowdown factor >= 1 (2.0: every compute action takes twice as long)."""
     degraded_links: dict[str, Annotated[Float, Field(ge=MIN_LINK_FACTOR, le=1)]] = Field(default_factory=dict)
     """"node<n>" (node n's links to the fabric), "gpu<d>" (device d's links) or "<a>--<b>" (a graph
     edge) -> bandwidth factor in (0, 1]."""
@@ -175,7 +148,7 @@ class StrategyConfig(_Frozen):
     """A rank order by name (`tp_dp_pp`: kind megatron only, `simulator.layout_geometry`) or a device list."""
     partition: Literal["balanced", "uniform", "pipedream"] | tuple[LayerCount, ...] = "balanced"
     bucket_size_bytes: PositiveBytes = 25 * 2**20
-    overlap_backward: bool = True
+    overlap_backward: Bool = True
     collective: Literal["auto", "ring", "tree", "hierarchical"] = "auto"
     dp_sync: Literal["allreduce", "parameter_server"] = "allreduce"
     num_parameter_servers: GpuCount = 1
@@ -186,7 +159,7 @@ class StrategyConfig(_Frozen):
     weight_prediction: Literal["staggered", "forward"] = "staggered"
     """spectrain: s = floor(k/2) + N - k - 1 forward / floor(k/2) backward ("staggered"), or
     s = N - k - 1 with the forward weights reused in backward ("forward")."""
-    weight_stashing: bool = True
+    weight_stashing: Bool = True
     """pipedream: keep the forward's weight version for the backward (False: the no-stash
     asynchronous schedule, whose backward uses the newest weights)."""
     gradient_compression: Literal["none", "topk"] = "none"
@@ -196,7 +169,7 @@ class StrategyConfig(_Frozen):
     """megatron: tensor-parallel ranks t per layer (simulator/strategies/tensor.py)."""
     pp_degree: GpuCount = 1
     """megatron: pipeline stages p; data-parallel replicas d = N / (t p)."""
-    sequence_parallel: bool = False
+    sequence_parallel: Bool = False
     """megatron: reduce-scatter + allgather instead of each TP allreduce (Korthikanti et al. 2022)."""
     cp_degree: GpuCount = 1
     """megatron: context-parallel ranks c per sequence, ring attention (simulator/strategies/context.py)."""
@@ -215,10 +188,10 @@ class StrategyConfig(_Frozen):
     symmetry: Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)] = "auto"
     """auto simulates one representative per symmetric set of ranks (megatron: simulator/symmetry.py;
     dp, mp, ghp and the pipeline kinds: simulator/grid_symmetry.py); off forces the full simulation."""
-    gradient_accumulation_fusion: bool | None = None
+    gradient_accumulation_fusion: Bool | None = None
     """Kernel cost model: true, each weight-gradient GEMM accumulates into its main gradient; false, a
     separate accumulation kernel per weight; None: as the framework does (`kernel_ops.accumulation_fused`)."""
-    tp_comm_overlap: bool = False
+    tp_comm_overlap: Bool = False
     """megatron: the TP collectives of a pass overlap its compute (`--tp-comm-overlap`; needs sequence_parallel)."""
     gradient_fusion: Literal["buckets", "horovod"] = "buckets"
     """dp / mp / ghp: gradients allreduced in DDP buckets (bucket_size_bytes) or fused as Horovod's
@@ -240,7 +213,7 @@ class TrainingConfig(_Frozen):
     optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
     memory_policy: Literal["none", "reuse", "laysa"] = "none"
     recompute: Literal["none", "selective", "full"] = "none"
-    offload_activations: bool = False
+    offload_activations: Bool = False
     """reuse/laysa: move saved activations to host memory over PCIe instead of keeping them."""
     memory_format: Literal["nchw", "nhwc"] = "nchw"
     """Convolution activations' layout: PyTorch's default NCHW or channels_last NHWC (`simulator.kernels_cnn.conv`)."""
@@ -260,14 +233,14 @@ class CostConfig(_Frozen):
     (`simulator.memory`)."""
 
     model: Literal["auto", "kernel", "analytic"] = "auto"
-    flash_attention: bool = False
+    flash_attention: Bool = False
     flash_attention_kernel: Literal["flash2", "flash1", "flash3", "triton", "xformers"] = "flash2"
     """The fused kernel's implementation (`kernel_catalogue.FLASH_KERNEL_SLOWDOWNS`)."""
     efficiency: dict[LayerKind, Annotated[Float, Field(gt=0, le=1)]] = Field(default_factory=dict)
     host_bandwidth_bytes_per_s: BytesPerSecond | None = None
     """training.offload_activations: bytes/s per direction between a device and host memory; None:
     PCIe 3.0 x16 (`simulator.memory.HOST_LINK`)."""
-    comm_sm_contention: bool = True
+    comm_sm_contention: Bool = True
     """Kernel cost model: compute slows while a collective's NCCL kernels hold SMs on its GPU
     (`simulator.host_sharing.sm_sharing`)."""
     host_overhead_s: Annotated[Float, Field(ge=0, le=MAX_HOST_OVERHEAD_S)] | None = None

@@ -236,7 +236,8 @@ def symmetry_decision(scenario, config, topology: Topology, costs) -> tuple[bool
     if costs.communication is not None:  # a calibration profile: priced per rank, not per flow
         return False, ("a calibration profile prices each collective by its ranks and shares the host's "
                        "processors among them: a lone representative would be priced alone")
-    return True, f"each of the {config.pp} stage ranks stands for its {config.dp} x {config.tp} copies"
+    return True, (f"the {config.pp} stage ranks each stand for their {config.dp} x {config.tp} copies" if config.pp > 1
+                  else f"the one stage rank stands for its {config.dp} x {config.tp} copies")
 
 
 

@@ -7,7 +7,8 @@ from rich.console import Console
 from rich.table import Table
 
 from simulator.simulate import SimulationResult
-from simulator.kernel_report import pass_line
+from simulator.units import (format_bytes, format_flops_per_s, format_number, format_seconds, plural,
+                             time_unit)
 
 
 def make_console() -> Console:
@@ -74,24 +75,32 @@ def _fsdp_note(tensor: dict) -> str:
     return f" (FSDP{version} {sharding})" if sharding else (" (FSDP2)" if version == 2 else " (flat buffers)")
 
 
+def device_noun(cluster) -> str:
+    """"GPU", "CPU" where every device is a CPU (`architecture: cpu`), "device" for a mix of both."""
+    kinds = {gpu.architecture == "cpu" for gpu in (cluster.gpu, *cluster.node_gpus.values())}
+    return "device" if len(kinds) > 1 else "CPU" if kinds == {True} else "GPU"
+
+
 def print_summary(result: SimulationResult, console: Console | None = None) -> None:
     console = console or make_console()
     summary, scenario = result.summary, result.scenario
     cluster = scenario.cluster
+    step_s, noun = summary["step_time_s"], device_noun(cluster)
     console.print(f"[bold]{summary['scenario']}[/bold]: {summary['model']} "
-                  f"({result.workload.num_params / 1e6:,.1f}M params, {result.workload.num_layers} layers), "
+                  f"({result.workload.num_params / 1e6:,.1f}M params, {plural(result.workload.num_layers, 'layer')}), "
                   f"batch {summary['global_batch_size']} {scenario.training.dtype}")
-    console.print(f"cluster: {cluster.num_nodes} nodes x {cluster.gpus_per_node} {cluster.gpu.name}; "
+    console.print(f"cluster: {plural(cluster.num_nodes, 'node')} x {cluster.gpus_per_node} {cluster.gpu.name}; "
                   f"intra {cluster.intra_node_link.name}, inter {cluster.inter_node_link.name}")
     console.print(f"strategy: {strategy_label(summary)}, placement {summary['placement']}, "
                   f"partition {summary['partition']}")
-    console.print(f"step time {summary['step_time_s'] * 1e3:.3f} ms | "
-                  f"{summary['throughput_samples_per_s']:,.1f} samples/s | "
-                  f"speedup {summary['speedup']:.2f}x over one device | "
-                  f"intra {summary['bytes_per_tier']['intra'] / 1e6:,.1f} MB, "
-                  f"inter {summary['bytes_per_tier']['inter'] / 1e6:,.1f} MB")
+    console.print(f"step time {format_seconds(step_s)} | "
+                  f"{format_number(summary['throughput_samples_per_s'], 3, 1)} samples/s | "
+                  f"speedup {format_number(summary['speedup'], 3, 2)}x over one device | "
+                  f"intra {format_bytes(summary['bytes_per_tier']['intra'])}, "
+                  f"inter {format_bytes(summary['bytes_per_tier']['inter'])}")
     console.print(f"model FLOPs {summary['model_flops_per_step']:.3g} per step | "
-                  f"{summary['achieved_tflops_per_gpu']:,.1f} TFLOP/s per GPU | MFU {summary['mfu']:.1%}")
+                  f"{format_flops_per_s(summary['achieved_tflops_per_gpu'] * 1e12)} per {noun} | "
+                  f"MFU {format_number(summary['mfu'] * 100, 3, 1)}%")
     if not summary["single_device_baseline"].startswith(("simulated", "this run")):
         console.print(f"speedup baseline: {summary['single_device_baseline']}", highlight=False)
     if "compute_model" in summary:
@@ -111,24 +120,48 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
         console.print(f"{'symmetric' if summary['symmetry']['used'] else 'full'} simulation: "
                       f"{summary['symmetry']['reason']}")
     devices = pd.DataFrame(summary["devices"])
-    table = Table(title="per device (ms)")
+    unit, scale = time_unit(step_s)
+    table = Table(title=f"per device ({unit})")
     for column in ("rank", "device", "node", "group", "stage", "layers", "compute", "comm", "idle", "peak mem (GiB)"):
         table.add_column(column, justify="right")
     shown = devices if len(devices) <= 16 else pd.concat([devices.head(8), devices.tail(8)])
     for row in shown.itertuples(index=False):
         table.add_row(str(row.rank), str(row.device), str(row.node), str(row.group), str(row.stage),
-                      f"{row.layers[0]}-{row.layers[1] - 1}", f"{row.compute_s * 1e3:.3f}",
-                      f"{row.comm_s * 1e3:.3f}", f"{row.idle_s * 1e3:.3f}",
+                      f"{row.layers[0]}-{row.layers[1] - 1}", f"{row.compute_s / scale:,.3f}",
+                      f"{row.comm_s / scale:,.3f}", f"{row.idle_s / scale:,.3f}",
                       f"{row.peak_memory_bytes / 2**30:,.2f}" + ("" if row.fits_in_memory else " (does not fit)"))
     console.print(table)
     if len(devices) > 16:
         console.print(f"({len(devices) - 16} of {len(devices)} devices not shown; --json lists all)")
+    offload_s = summary["memory"].get("offload_exposed_s", 0.0)
+    if offload_s > 0:  # added to the step after the engine's rows (simulator/simulate.py)
+        console.print(f"offload: {format_seconds(offload_s)} of host transfers not hidden by compute (added to "
+                      f"the step; not in the rows above)", highlight=False)
     if "pipeline" in summary:
         print_pipeline(summary["pipeline"], console)
     if "steady_state" in summary:
         console.print(f"steady state: {summary['steady_state']}")
     if "kernel_passes" in summary:
-        console.print(pass_line(summary["kernel_passes"]), highlight=False)
+        console.print(kernel_pass_line(summary["kernel_passes"]), highlight=False)
+
+
+def kernel_pass_line(report: dict) -> str:
+    """One line of `summary["kernel_passes"]` (`simulator.kernel_report`): each pass's time, its
+    GEMM, memory-bound and launch shares (ms), and the wait for the host."""
+    parts = []
+    for name in ("forward", "backward"):
+        if name not in report:
+            continue
+        figures = report[name]
+        gpu = figures["gpu_s"]
+        tiled = gpu.get("gemm", 0.0) + gpu.get("flash_attention", 0.0)
+        memory = sum(seconds for kind, seconds in gpu.items() if kind not in ("gemm", "flash_attention", "launch"))
+        parts.append(f"{name} {figures['total_s'] * 1e3:,.3f} ms (GEMM {tiled * 1e3:,.3f}, memory-bound "
+                     f"{memory * 1e3:,.3f}, launches {gpu.get('launch', 0.0) * 1e3:,.3f}, waiting on the host "
+                     f"{figures['host_wait_s'] * 1e3:,.3f})")
+    return (f"kernels of rank 0's first micro-batch ({plural(report['num_layers'], 'layer')}, "
+            f"{plural(report['batch'], 'sample')}): " + "; ".join(parts)
+            + f"; host {format_seconds(report['host_overhead_s'], 3)} a kernel")
 
 
 def print_pipeline(pipeline: dict, console: Console) -> None:

@@ -8,6 +8,7 @@ unless 0, between `simulator.limits.MIN_MAGNITUDE` and `MAX_MAGNITUDE` in magnit
 
 from __future__ import annotations
 
+import math
 import numbers
 import re
 
@@ -70,3 +71,71 @@ def _prefixed(unit: str, suffixes: tuple[str, ...]) -> float | None:
             if prefix in _PREFIX:
                 return _PREFIX[prefix]
     return None
+
+
+# ----------------------------------------------------------------------------- printing
+
+_BYTE_PREFIXES = ("", "k", "M", "G", "T", "P", "E")
+_TIME_UNITS = (("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0), ("h", 3600.0))
+"""Units a duration is printed in: the largest one the duration is at least 1 of (hours beyond)."""
+
+
+def format_number(value: float, digits: int = 3, min_decimals: int = 0) -> str:
+    """`value` with at least `digits` significant digits and thousands separators ("1,349.9",
+    "0.0173"); below 1e-3 in scientific notation ("1.70e-06")."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:,.{min_decimals}f}" if value == 0 else f"{value}"
+    magnitude = math.floor(math.log10(abs(value)))
+    if magnitude < -3:
+        return f"{value:.{digits - 1}e}"
+    return f"{value:,.{max(min_decimals, digits - 1 - magnitude)}f}"
+
+
+def byte_unit(value_bytes: float) -> tuple[str, float]:
+    """(unit, bytes per unit) to print `value_bytes` in: the largest decimal prefix (B, kB, MB, ...
+    EB) it is at least 1 of."""
+    scale = 1.0
+    for prefix in _BYTE_PREFIXES[1:]:
+        if abs(value_bytes) < scale * 1e3:
+            break
+        scale *= 1e3
+    return f"{_BYTE_PREFIXES[round(math.log10(scale) / 3)]}B", scale
+
+
+def format_bytes(value_bytes: float) -> str:
+    """Bytes with a decimal prefix and one decimal: "9.5 MB", "4.9 PB"; whole bytes below 1 kB ("512 B")."""
+    if value_bytes == 0:
+        return "0 B"
+    unit, scale = byte_unit(value_bytes)
+    return f"{value_bytes:,.0f} B" if unit == "B" else f"{value_bytes / scale:,.1f} {unit}"
+
+
+def time_unit(value_s: float) -> tuple[str, float]:
+    """(unit, seconds per unit) to print `value_s` in (`_TIME_UNITS`); ms for 0."""
+    if value_s == 0 or not math.isfinite(value_s):
+        return "ms", 1e-3
+    chosen = _TIME_UNITS[0]
+    for unit in _TIME_UNITS:
+        if abs(value_s) >= unit[1]:
+            chosen = unit
+    return chosen
+
+
+def format_seconds(value_s: float, digits: int = 4) -> str:
+    """A duration in the unit `time_unit` picks, with `digits` significant digits: "47.41 ms",
+    "9.951 s", "10,478 h", "32.8 us" (digits 3)."""
+    unit, scale = time_unit(value_s)
+    return f"{format_number(value_s / scale, digits)} {unit}"
+
+
+def format_flops_per_s(value_flops_per_s: float) -> str:
+    """FLOP/s with a decimal prefix and one decimal: "425.8 TFLOP/s", "60.1 GFLOP/s"."""
+    if value_flops_per_s == 0 or not math.isfinite(value_flops_per_s):
+        return f"{value_flops_per_s:.1f} FLOP/s"
+    unit, scale = byte_unit(value_flops_per_s)
+    return f"{value_flops_per_s / scale:,.1f} {unit[:-1]}FLOP/s"
+
+
+def plural(count: float, noun: str, plural_noun: str | None = None) -> str:
+    """"1 node", "2 nodes", "1.5 samples" (`plural_noun`: an irregular plural)."""
+    return f"{count:,g} {noun if count == 1 else plural_noun or noun + 's'}"

@@ -2,8 +2,9 @@
 JSON twin `load_json_text` (profiles, Hugging Face configs, report inputs).
 
 yaml.SafeLoader (no code runs) with three changes: a key given twice in one mapping is an error
-(not the last one silently winning); numbers are YAML 1.2's (8, -3, 1_000, 0.5, 1e9, .inf;
-`0x10`, `010`, `1:20` stay text, so a field that needs a number refuses them); and nesting deeper
+(not the last one silently winning); numbers and booleans are YAML 1.2's (8, -3, 1_000, 0.5, 1e9,
+.inf; `0x10`, `010`, `1:20` stay text, so a field that needs a number refuses them; only true /
+false are booleans, `yes`, `no`, `on`, `off` stay text, so a switch refuses them); and nesting deeper
 than `MAX_DEPTH` is refused while parsing, before Python's recursion limit is reached.
 """
 
@@ -23,6 +24,7 @@ from simulator.limits import MAX_DEPTH, MAX_FILE_BYTES, check_structure
 _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
 _MERGE = "tag:yaml.org,2002:merge"
+_BOOL = "tag:yaml.org,2002:bool"
 
 
 class StrictLoader(yaml.SafeLoader):
@@ -63,6 +65,10 @@ class StrictLoader(yaml.SafeLoader):
 StrictLoader.yaml_implicit_resolvers = {
     first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT, _FLOAT)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL]
+    for first, resolvers in StrictLoader.yaml_implicit_resolvers.items()}
+StrictLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 StrictLoader.add_implicit_resolver(_INT, re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
 StrictLoader.add_implicit_resolver(_FLOAT, re.compile(
     r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+"
@@ -118,7 +124,8 @@ def load_json_text(text: str, origin: str, check: bool = True, *, malformed: str
         where = f"{where}: " if where else ""
         raise ScenarioError(f"{origin}: {where}{str(error)[:40]} is not a finite number") from None
     except json.JSONDecodeError as error:
-        raise ScenarioError(f"{origin}: {malformed} (line {error.lineno}, column {error.colno}: {error.msg})") from None
+        raise ScenarioError(f"{origin}: {malformed} (line {error.lineno}, column {error.colno}: "
+                            f"{_json_problem(error.msg)})") from None
     except RecursionError:
         raise ScenarioError(f"{origin}: nested more than {MAX_DEPTH} levels deep") from None
     except ValueError:  # an integer of more than sys.get_int_max_str_digits() digits
@@ -129,6 +136,19 @@ def load_json_text(text: str, origin: str, check: bool = True, *, malformed: str
     else:
         _check_depth(data, origin)
     return data
+
+
+_JSON_PROBLEMS = {
+    "Invalid control character at": "a control character (a raw tab, line break, ...) inside a string; "
+                                    "write it as an escape such as \\n",
+    "Unterminated string starting at": "a string starts here and never ends",
+}
+"""The json module's messages that end mid-sentence (it appends the position), in words."""
+
+
+def _json_problem(message: str) -> str:
+    """A `json.JSONDecodeError` message that reads on its own (the position is given beside it)."""
+    return _JSON_PROBLEMS.get(message, message.removesuffix(" at"))
 
 
 def _walk(data):
@@ -190,4 +210,9 @@ def read_text_file(path: str | Path, what: str) -> str:
 def read_yaml_file(path: str | Path, what: str | None = None):
     """`load_yaml_text` of a file (size-checked), errors naming `what` (default: the path)."""
     what = what or str(path)
-    return load_yaml_text(read_text_file(path, what), what)
+    text = read_text_file(path, what)
+    data = load_yaml_text(text, what)
+    if data is None:  # not "got NoneType" from the caller's type check
+        blank = all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines())
+        raise ScenarioError(f"{what}: " + ("the file is empty" if blank else "the file holds only null (no content)"))
+    return data

@@ -117,8 +117,8 @@ def test_folded_pipeline_replicas_equal_the_full_run(topology, kind, strategy):
     if not folded.summary["symmetry"]["used"]:
         assert "meets other loads" in folded.summary["symmetry"]["reason"] and folded.plan.num_ranks == 16
         return
-    assert folded.summary["symmetry"]["reason"] == (f"each of the {stages} stage ranks of replica 0 stands for "
-                                                    f"its {groups} copies")
+    assert folded.summary["symmetry"]["reason"] == (f"the {stages} stage ranks of replica 0 each stand for "
+                                                    f"their {groups} copies")
     assert folded.plan.num_ranks == stages and folded.summary["num_events"] < full.summary["num_events"]
     for key in full.summary:
         if key not in UNCOMPARED:

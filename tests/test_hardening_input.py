@@ -265,3 +265,73 @@ def test_import_model_says_it_runs_the_users_code(tmp_path, capsys):
     assert main(["import-model", "tests.byo_models:tiny_mlp", "--input-shape", "32", "--out", str(out), "--json"]) == 0
     written = json.loads(capsys.readouterr().out)
     assert written["out"] == str(out) and written["layers"] == len(yaml.safe_load(out.read_text())["layers"]) > 0
+
+
+# ----------------------------------------------------------------------------- stragglers, switches, model params
+
+@pytest.mark.parametrize("factor", ["0.05", "0.999"])
+def test_a_straggler_factor_below_one_is_refused(capsys, tmp_path, factor):
+    text = BASE + "cluster: {gpus_per_node: 2}\n"
+    one_error_line(run(capsys, tmp_path, text, "--set", f"cluster.stragglers={{1: {factor}}}"),
+                   "cluster.stragglers.1:", "slowdown", f"(got {factor})")
+
+
+def test_a_straggler_factor_of_one_is_full_speed(capsys, tmp_path):
+    text = BASE + "cluster: {gpus_per_node: 2}\n"
+    code, out, err = run(capsys, tmp_path, text, "--set", "cluster.stragglers={1: 1}")
+    code_plain, out_plain, _ = run(capsys, tmp_path, text)
+    assert code == code_plain == 0, err
+    assert json.loads(out)["step_time_s"] == json.loads(out_plain)["step_time_s"]
+
+
+@pytest.mark.parametrize("field, value", [("costs.flash_attention", "1"), ("costs.flash_attention", "'yes'"),
+                                          ("training.offload_activations", "0"),
+                                          ("strategy.sequence_parallel", "'true'")])
+def test_switches_take_true_or_false_only(capsys, tmp_path, field, value):
+    one_error_line(run(capsys, tmp_path, BASE, "--set", f"{field}={value}"), f"{field}: expected true or false")
+
+
+def test_switches_still_take_true_and_false(capsys, tmp_path):
+    for value in ("true", "false"):
+        code, _out, err = run(capsys, tmp_path, BASE, "--set", f"costs.flash_attention={value}")
+        assert code == 0, err
+    scenario = load_scenario({"model": {"name": "mlp"}, "training": {"global_batch_size": 8},
+                              "costs": {"flash_attention": True}, "strategy": {"overlap_backward": False}})
+    assert scenario.costs.flash_attention is True and scenario.strategy.overlap_backward is False
+
+
+@pytest.mark.parametrize("model, key, value", [("gpt2-1.5b", "seq_len", "1024.5"), ("gpt2-1.5b", "num_layers", "12.5"),
+                                               ("resnet50", "image_size", "224.5"),
+                                               ("resnet50", "num_classes", "10.5"),
+                                               ("mixtral-8x7b", "top_k", "1.5")])
+def test_a_fraction_for_a_whole_number_model_parameter_is_refused(capsys, tmp_path, model, key, value):
+    text = f"model: {{name: {model}}}\ntraining: {{global_batch_size: 8}}\n"
+    line = one_error_line(run(capsys, tmp_path, text, "--set", f"model.params.{key}={value}"))
+    assert line.endswith(f"model.params.{key}: {value} is not a whole number")
+
+
+def test_a_whole_float_model_parameter_is_its_integer():
+    from simulator.model_source import resolve_workload
+    from simulator.scenario import ModelConfig
+    as_float = resolve_workload(ModelConfig(name="gpt2-small", params={"num_layers": 2.0, "seq_len": 1e3}))
+    as_int = resolve_workload(ModelConfig(name="gpt2-small", params={"num_layers": 2, "seq_len": 1000}))
+    assert as_float.layers == as_int.layers and as_float.num_layers == 4
+
+
+def test_width_multiplier_and_capacity_factor_still_take_fractions():
+    from simulator.model_source import resolve_workload
+    from simulator.scenario import ModelConfig
+    narrow = resolve_workload(ModelConfig(name="resnet20", params={"width_multiplier": 0.5}))
+    assert narrow.num_params < resolve_workload(ModelConfig(name="resnet20")).num_params
+    padded = resolve_workload(ModelConfig(name="mixtral-8x7b", params={"capacity_factor": 1.25, "num_layers": 1}))
+    assert padded.layers[1].spec["capacity_factor"] == 1.25
+
+
+def test_an_unknown_model_parameter_names_the_model_s_parameters(capsys, tmp_path):
+    text = "model: {name: vgg16}\ntraining: {global_batch_size: 8}\n"
+    line = one_error_line(run(capsys, tmp_path, text, "--set", "model.params.seq_len=1024"))
+    assert line.endswith("model.params.seq_len: not a parameter of vgg16 (its parameters: "
+                         "width_multiplier, image_size, num_classes)")
+    text = "model: {name: gpt2-small}\ntraining: {global_batch_size: 8}\n"  # a factory forwarding **overrides
+    one_error_line(run(capsys, tmp_path, text, "--set", "model.params.image_size=32"),
+                   "model.params.image_size: not a parameter of gpt2-small (its parameters: num_layers, ")

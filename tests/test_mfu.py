@@ -55,3 +55,26 @@ def test_peak_of_mixed_gpus_is_the_device_mean():
         "model": {"name": "mlp"}, "training": {"global_batch_size": 8, "dtype": "fp16"}})
     expected = (GPUS["A100-80GB"].peak_for("fp16") + GPUS["V100"].peak_for("fp16")) / 2
     assert peak_flops_per_s(scenario.cluster, "fp16") == pytest.approx(expected)
+
+
+def test_moe_capacity_padding_is_executed_work_not_model_flops():
+    """A capacity factor c pads every expert to c x its share of the k copies of each token: the step
+    computes the padding, but model FLOPs count each token's top-k expert work once (PaLM app. B).
+    Before, c = 4 made the Mixtral step 3x slower and *raised* MFU (model FLOPs 8.71e16 -> 3e17)."""
+    def run(capacity):
+        scenario = load_scenario({
+            "cluster": {"gpu": "A100-80GB"},
+            "model": {"name": "moe", "params": {"num_layers": 2, "hidden_size": 256, "num_heads": 4, "seq_len": 128,
+                                                "vocab_size": 1000, "num_experts": 4, "top_k": 2,
+                                                "expert_ffn_hidden_size": 512, "capacity_factor": capacity}},
+            "training": {"global_batch_size": 8, "dtype": "bf16"},
+            "costs": {"host_overhead_s": 0}})  # GPU-bound: the kernels' time, not the host's, sets the step
+        result = simulate(scenario)
+        return result.summary, result.workload
+
+    (one, balanced), (four, padded) = run(1.0), run(4.0)
+    assert one["model_flops_per_step"] == balanced.flops_per_sample * 8  # c = 1: nothing padded, nothing taken off
+    assert four["model_flops_per_step"] == pytest.approx(one["model_flops_per_step"], rel=1e-12)
+    assert padded.flops_per_sample > 1.5 * balanced.flops_per_sample  # the executed work the step is timed on
+    assert four["step_time_s"] > one["step_time_s"] and four["mfu"] < one["mfu"]
+    assert four["mfu"] / one["mfu"] == pytest.approx(one["step_time_s"] / four["step_time_s"], rel=1e-12)

@@ -13,7 +13,7 @@ from simulator.kernels import layer_kernels
 from simulator.model_source import resolve_workload
 from simulator.scenario import ModelConfig
 from simulator.zoo import MODELS, build_model
-from simulator.zoo.moe import moe_block
+from simulator.zoo.moe import capacity_padding_flops_per_sample, moe_block
 
 MIXTRAL_CONFIG = {  # mistralai/Mixtral-8x7B-v0.1 config.json (the keys we read)
     "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -104,6 +104,21 @@ def test_hf_config_moe_errors_name_the_key(tmp_path, change, key):
     assert key in message and "\n" not in message and message.startswith("model.hf_config")
 
 
+@pytest.mark.parametrize("config, change, params, wording", [
+    (DEEPSEEK_CONFIG, {"first_k_dense_replace": 100}, {}, "first_k_dense_replace 100 exceeds num_hidden_layers 28"),
+    (DEEPSEEK_CONFIG, {"num_experts_per_tok": 65}, {}, "num_experts_per_tok 65 exceeds n_routed_experts 64"),
+    (MIXTRAL_CONFIG, {"num_experts_per_tok": 9}, {}, "num_experts_per_tok 9 exceeds num_local_experts 8"),
+    (MIXTRAL_CONFIG, {"num_key_value_heads": 5}, {}, "hidden_size 4096, num_attention_heads 32, "
+     "num_key_value_heads 5: heads must divide hidden_size and kv heads the heads"),
+    (MIXTRAL_CONFIG, {}, {"top_k": 9}, "model.params.top_k 9 exceeds num_local_experts 8"),
+])
+def test_hf_config_dimension_errors_use_the_file_s_keys(tmp_path, config, change, params, wording):
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ScenarioError) as error:
+        resolve_workload(ModelConfig(hf_config="config.json", params=params), str(tmp_path))
+    assert str(error.value) == f"model.hf_config: {str(tmp_path / 'config.json')!r}: {wording}"
+
+
 def test_zoo_params_are_type_checked_by_name():
     with pytest.raises(ScenarioError, match="model.params.num_experts"):
         resolve_workload(ModelConfig(name="mixtral-8x7b", params={"num_experts": "eight"}))
@@ -159,3 +174,17 @@ def test_tp_or_ep_not_dividing_is_refused_by_name():
         layer_kernels(_block(3), "F", 1, dtype="bf16")
     with pytest.raises(ValueError, match="tp_degree 3 does not divide num_heads 32"):
         layer_kernels(_block(), "F", 1, dtype="bf16", tp_degree=3)
+
+
+@pytest.mark.parametrize("capacity", [1.0, 1.5, 4.0, 0.5])
+def test_capacity_padding_flops_are_the_routed_copies_beyond_k(capacity):
+    """Forward + backward FLOPs of (c - 1) k s extra routed copies: what c adds to the block (negative
+    below 1: dropped tokens), 0 at c = 1 and for layers that are not MoE blocks."""
+    s, h, f, k = 128, 256, 64, 4
+    blocks = {c: moe_block("b", h, 8, 2, s, num_experts=16, top_k=k, expert_ffn=f, capacity_factor=c)
+              for c in (1.0, capacity)}
+    padding = capacity_padding_flops_per_sample(blocks[capacity])
+    assert padding == pytest.approx(3 * (capacity - 1) * k * s * (6 * h * f + 6 * f + 2 * h), rel=1e-12)
+    assert blocks[capacity].flops_per_sample - padding == pytest.approx(blocks[1.0].flops_per_sample, rel=1e-12)
+    dense = build_model("deepseek-moe-16b", seq_len=128, num_layers=2).layers[1]
+    assert dense.spec["kind"] == "transformer_block" and capacity_padding_flops_per_sample(dense) == 0

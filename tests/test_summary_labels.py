@@ -6,6 +6,7 @@ names the compute model and why `costs.model: auto` chose it."""
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from simulator.errors import ScenarioError
 from simulator.kernel_catalogue import HOST_OVERHEAD_S
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate, single_device_scenario
+from simulator.tables import device_noun, kernel_pass_line
+from simulator.units import format_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ROOT / "scenarios" / "small_fast_dp_wins.yaml"
@@ -24,6 +27,8 @@ LLAMA_8B = ROOT / "scenarios" / "llama3_8b_dgx_h100.yaml"
 GPT2_3D = ROOT / "scenarios" / "gpt2_1.5b_dgx_a100_3d.yaml"
 VGG_PIPELINE = ROOT / "scenarios" / "pipeline_vgg16_1f1b_pcie.yaml"
 RESNET50 = ROOT / "scenarios" / "resnet50_dp_a100.yaml"
+DEMO = ROOT / "scenarios" / "demo.yaml"
+MLP_CPU = ROOT / "scenarios" / "validation" / "mlp_cpu.yaml"
 ONE_GPU = ["cluster.num_nodes=1", "cluster.gpus_per_node=1", "cluster.nics_per_node=1"]
 
 
@@ -41,7 +46,6 @@ def _printed(capsys, path, *overrides) -> str:
 @pytest.mark.parametrize("path, overrides", [(SMALL, ONE_GPU[1:2]), (LLAMA_70B, ONE_GPU)],
                          ids=["resnet20 dp", "llama3-70b fsdp"])
 def test_a_one_gpu_cluster_is_exactly_as_fast_as_one_device(path, overrides):
-    # before: 1.10x (the kernel model's host time per kernel summed, not overlapped) and 0.75x
     summary = _summary(path, *overrides)
     assert summary["single_device_step_s"] == summary["step_time_s"]
     assert summary["speedup"] == 1.0
@@ -170,3 +174,57 @@ def test_measured_costs_are_named_a_profile():
         communication = shared_processors = None
     gpu = load_scenario(SMALL).cluster.gpu
     assert describe_compute_model(Measured(), "auto", gpu, given=True)["model"] == "profile"
+
+
+# ----------------------------------------------------------------------------- what the text adds up to
+
+def test_exposed_offload_time_is_printed_and_the_rows_add_up_to_the_step(capsys):
+    overrides = ("training.offload_activations=true", "costs.host_bandwidth_bytes_per_s=1e9")
+    summary = _summary(RESNET50, *overrides)
+    offload_s = summary["memory"]["offload_exposed_s"]
+    assert offload_s > 0.5 * summary["step_time_s"]
+    for row in summary["devices"]:
+        assert row["compute_s"] + row["comm_s"] + row["idle_s"] + offload_s == pytest.approx(summary["step_time_s"])
+    out = _printed(capsys, RESNET50, *overrides)
+    assert f"offload: {format_seconds(offload_s)} of host transfers not hidden by compute (added to the step" in out
+    assert "offload:" not in _printed(capsys, RESNET50)
+
+
+def test_huge_and_tiny_figures_are_printed_in_readable_units(capsys):
+    # before, on a 100 bit/s link: "step time 37719183389.425 ms | 0.0 samples/s | speedup 0.00x ... 0.0 TFLOP/s"
+    slow = "cluster.inter_node_link={latency_s: 2 us, bandwidth_bytes_per_s: 100 b/s}"
+    summary = _summary(DEMO, slow)
+    out = _printed(capsys, DEMO, slow)
+    step_line = next(line for line in out.splitlines() if line.startswith("step time"))
+    assert step_line.startswith(f"step time {format_seconds(summary['step_time_s'])} | ")
+    assert " h | " in step_line and re.search(r"\d{7}", step_line) is None
+    assert f"{summary['throughput_samples_per_s']:.2e} samples/s" in step_line and "0.0 samples/s" not in step_line
+    assert f"speedup {summary['speedup']:.2e}x" in step_line
+    assert f"intra {summary['bytes_per_tier']['intra'] / 1e9:.1f} GB" in step_line
+    assert "kFLOP/s per GPU" in out and "0.0 TFLOP/s" not in out
+    assert "per device (h)" in out
+
+
+def test_kernel_line_rounds_the_host_time_and_counts_in_the_singular():
+    report = {"num_layers": 1, "batch": 1, "host_overhead_s": 32.7848e-6,
+              "forward": {"total_s": 2e-3, "host_wait_s": 0.0, "gpu_s": {"gemm": 1e-3, "launch": 1e-5}}}
+    line = kernel_pass_line(report)
+    assert line.startswith("kernels of rank 0's first micro-batch (1 layer, 1 sample): forward 2.000 ms")
+    assert line.endswith("; host 32.8 us a kernel")
+    assert "(82 layers, 4 samples)" in kernel_pass_line({**report, "num_layers": 82, "batch": 4})
+
+
+def test_one_node_is_singular(capsys):
+    out = _printed(capsys, SMALL, *ONE_GPU)
+    assert "cluster: 1 node x 1 V100;" in out and "1 nodes" not in out
+    assert "cluster: 4 nodes x 2 V100;" in _printed(capsys, SMALL, "cluster.num_nodes=4", "cluster.gpus_per_node=2")
+
+
+def test_a_cpu_cluster_is_counted_per_cpu_not_per_gpu(capsys):
+    out = _printed(capsys, MLP_CPU, "cluster.gpus_per_node=2")
+    assert "cluster: 1 node x 2 cpu;" in out
+    assert "GFLOP/s per CPU | MFU" in out and "per GPU" not in out
+    cluster = load_scenario(MLP_CPU).cluster
+    assert (device_noun(cluster), device_noun(load_scenario(SMALL).cluster)) == ("CPU", "GPU")
+    mixed = cluster.model_copy(update={"num_nodes": 2, "node_gpus": {1: load_scenario(SMALL).cluster.gpu}})
+    assert device_noun(mixed) == "device"

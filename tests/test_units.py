@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.units import UNIT_KINDS, parse_quantity
+from simulator.units import (UNIT_KINDS, format_bytes, format_flops_per_s, format_number, format_seconds,
+                             parse_quantity, plural, time_unit)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -95,3 +96,45 @@ def test_other_types_rejected(value):
 def test_unknown_kind_with_unit_raises():
     with pytest.raises(ValueError):
         parse_quantity("1 GB", "watts")
+
+
+# ----------------------------------------------------------------------------- printing
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (0, "0 B"), (512, "512 B"), (1500, "1.5 kB"), (9_498_704, "9.5 MB"), (37.534e9, "37.5 GB"),
+    (4_864_239_441.3e6, "4.9 PB"),
+])
+def test_format_bytes_picks_a_decimal_prefix(value, expected):
+    assert format_bytes(value) == expected
+
+
+@pytest.mark.parametrize(("value_s", "expected"), [
+    (0.04741, "47.41 ms"), (9.950606, "9.951 s"), (37_719_183.389, "10,478 h"), (2.5e-7, "250.0 ns"),
+    (0, "0 ms"),
+])
+def test_format_seconds_picks_a_unit_and_keeps_four_digits(value_s, expected):
+    assert format_seconds(value_s) == expected
+
+
+def test_format_seconds_rounds_to_the_digits_asked():
+    assert format_seconds(32.7848e-6, 3) == "32.8 us"
+    assert time_unit(18.26) == ("s", 1.0) and time_unit(0.5) == ("ms", 1e-3) and time_unit(7200) == ("h", 3600.0)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (1349.94, "1,349.9"), (25.7, "25.7"), (0.738, "0.738"), (0.0173, "0.0173"), (1.7e-6, "1.70e-06"),
+])
+def test_format_number_keeps_three_significant_digits(value, expected):
+    assert format_number(value, 3, 1) == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (425.8e12, "425.8 TFLOP/s"), (30.1e9, "30.1 GFLOP/s"), (9.8e3, "9.8 kFLOP/s"), (0.0, "0.0 FLOP/s"),
+])
+def test_format_flops_per_s_picks_a_decimal_prefix(value, expected):
+    assert format_flops_per_s(value) == expected
+
+
+def test_plural():
+    assert [plural(1, "node"), plural(2, "node"), plural(1.0, "sample"), plural(0.5, "sample")] == \
+        ["1 node", "2 nodes", "1 sample", "0.5 samples"]

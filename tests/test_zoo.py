@@ -285,3 +285,16 @@ def test_gpt_dropout_zero_launches_no_dropout_kernels_and_keeps_no_masks():
 def test_gpt_dropout_outside_zero_to_one_is_refused(dropout):
     with pytest.raises(ValueError, match="dropout"):
         build_model("transformer", dropout=dropout)
+
+
+def test_every_factory_shows_its_keywords_with_annotations():
+    """`model.params` are checked against each factory's signature (`simulator.model_source.checked_params`):
+    one that forwards **overrides shows the keywords it forwards, annotated, with its own defaults."""
+    import inspect
+    for name, factory in MODELS.items():
+        parameters = inspect.signature(factory, eval_str=True).parameters.values()
+        assert parameters and all(p.kind == p.KEYWORD_ONLY for p in parameters), name
+        assert all(p.annotation is not inspect.Parameter.empty and not isinstance(p.annotation, str)
+                   for p in parameters), name
+    assert inspect.signature(MODELS["gpt2-1.5b"]).parameters["num_layers"].default == 48
+    assert inspect.signature(MODELS["bert-large"]).parameters["seq_len"].default == 512

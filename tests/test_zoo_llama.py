@@ -135,7 +135,15 @@ def test_hf_config_errors_name_the_key_and_never_quote_the_file(tmp_path):
     assert "num_local_experts" in _error(tmp_path, {**base, "num_local_experts": 8})
     assert "rms_norm_eps" in _error(tmp_path, {k: v for k, v in base.items() if k != "rms_norm_eps"})
     assert "hidden_size: expected a positive integer" in _error(tmp_path, {**base, "hidden_size": "big"})
-    assert "num_kv_heads" in _error(tmp_path, {**base, "num_key_value_heads": 5})
+    # the file's own keys, not the factory's (num_heads, num_kv_heads), and the file's path
+    message = _error(tmp_path, {**base, "num_key_value_heads": 5})
+    assert message.endswith("num_attention_heads 32 not divisible by num_key_value_heads 5")
+    assert str(tmp_path / "config.json") in message and "num_kv_heads" not in message
+    assert _error(tmp_path, {**base, "num_attention_heads": 33}).endswith(
+        "hidden_size 4096 not divisible by num_attention_heads 33")
+    # a model.params override is named as such
+    assert _error(tmp_path, base, params={"seq_len": 10**5}).endswith(
+        "max_position_embeddings 8192 < model.params.seq_len 100000")
     message = _error(tmp_path, None, text='{"secret": ')
     assert "not valid JSON" in message and "secret" not in message
     assert "model.params.bogus" in _error(tmp_path, base, params={"bogus": 1})

@@ -18,7 +18,8 @@ Conventions (also in ``simulator/zoo/README.md``); all figures are per sample, i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from simulator.workload import Layer
@@ -37,6 +38,29 @@ ROTARY_FLOPS = 3
 """x * cos + rotate_half(x) * sin per element (Su et al. 2021, "RoFormer")."""
 
 HW = tuple[int, int]
+
+
+class DimensionError(ValueError):
+    """A factory's refusal of its dimensions, worded with the parameters' names ("hidden_size 4096
+    not divisible by num_heads 33"); `names_as` words it with other names (a config file's keys)."""
+
+    def __init__(self, template: str, **values: Any) -> None:
+        self.template, self.values = template, values
+        super().__init__(self.names_as(lambda name: name))
+
+    def names_as(self, rename: Callable[[str], str]) -> str:
+        """The message with each parameter called `rename(parameter)`."""
+        return self.template.format(**{name: f"{rename(name)} {value}" for name, value in self.values.items()})
+
+
+def keyword_signature(function: Callable, defaults: Mapping[str, Any]) -> inspect.Signature:
+    """`function`'s keywords but `name`, with `defaults` and evaluated annotations: the signature a
+    zoo factory that forwards `**keywords` shows, so `model.params` are checked against it
+    (`simulator.model_source`)."""
+    signature = inspect.signature(function, eval_str=True)
+    keywords = [parameter.replace(default=defaults.get(key, parameter.default))
+                for key, parameter in signature.parameters.items() if key != "name"]
+    return signature.replace(parameters=keywords)
 
 
 def conv_out(size: int, kernel: int, stride: int, pad: int) -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.workload import Layer, Workload
-from simulator.zoo._ops import Tally
+from simulator.zoo._ops import DimensionError, Tally
 from simulator.zoo.transformer import check_sliding_window
 
 
@@ -94,11 +94,11 @@ def _check(num_layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, se
     if min(num_layers, hidden, heads, kv_heads, ffn, seq, vocab) < 1:
         raise ValueError("llama dimensions must be positive")
     if hidden % heads:
-        raise ValueError(f"hidden_size {hidden} not divisible by num_heads {heads}")
+        raise DimensionError("{hidden_size} not divisible by {num_heads}", hidden_size=hidden, num_heads=heads)
     if heads % kv_heads:
-        raise ValueError(f"num_heads {heads} not divisible by num_kv_heads {kv_heads}")
+        raise DimensionError("{num_heads} not divisible by {num_kv_heads}", num_heads=heads, num_kv_heads=kv_heads)
     if max_positions < seq:
-        raise ValueError(f"max_positions {max_positions} < seq_len {seq}")
+        raise DimensionError("{max_positions} < {seq_len}", max_positions=max_positions, seq_len=seq)
 
 
 def llama_workload(name: str, *, num_layers: int = 32, hidden_size: int = 4096, num_heads: int = 32,

@@ -31,11 +31,10 @@ probability gradient c k s h, and the shared experts' 3 s f_s.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from simulator.workload import Layer, Workload
-from simulator.zoo._ops import ADD_FLOPS, SOFTMAX_FLOPS, SWIGLU_FLOPS
+from simulator.zoo._ops import ADD_FLOPS, SOFTMAX_FLOPS, SWIGLU_FLOPS, DimensionError, keyword_signature
 from simulator.zoo.llama import attention_half, llama_block, llama_embedding, llama_head
 from simulator.zoo.transformer import check_sliding_window
 
@@ -51,7 +50,7 @@ def moe_block(name: str, hidden: int, heads: int, kv_heads: int, seq: int, *, nu
     t.flops += SOFTMAX_FLOPS * seq * num_experts
     t.saved += seq * num_experts
     routed = capacity_factor * top_k * seq
-    t.flops += routed * (6 * hidden * expert_ffn + SWIGLU_FLOPS * expert_ffn + 2 * hidden)
+    t.flops += routed * routed_token_flops(hidden, expert_ffn)
     t.params += 3 * hidden * expert_ffn * num_experts
     t.saved += routed * (2 * hidden + 3 * expert_ffn)
     if shared_ffn:
@@ -68,18 +67,37 @@ def moe_block(name: str, hidden: int, heads: int, kv_heads: int, seq: int, *, nu
     return t.layer(name, "attention", elems, elems, spec)
 
 
+def routed_token_flops(hidden: int, expert_ffn: int) -> float:
+    """Forward FLOPs of one routed token copy: gate + up 4hf, silu-mul 6f, down 2hf, weighted
+    combine 2h (module docstring)."""
+    return 6 * hidden * expert_ffn + SWIGLU_FLOPS * expert_ffn + 2 * hidden
+
+
+def capacity_padding_flops_per_sample(layer: Layer) -> float:
+    """Forward + backward FLOPs of a MoE block's capacity padding: the (c - 1) k s routed token
+    copies beyond each token's k, x 3 (backward = 2 x forward, `make_layer`); 0 for other layers
+    and at c = 1. Executed work (what the step is timed on), not model FLOPs (`simulator.flops`)."""
+    spec = layer.spec
+    if spec.get("kind") != "moe_block":
+        return 0.0
+    extra = (spec["capacity_factor"] - 1) * spec["top_k"] * spec["seq_len"]
+    return 3 * extra * routed_token_flops(spec["hidden_size"], spec["expert_ffn_hidden_size"])
+
+
 def _check(num_experts: int, top_k: int, expert_ffn: int, capacity_factor: float, num_shared: int,
            num_dense: int, dense_ffn: int, num_layers: int) -> None:
     if min(num_experts, top_k, expert_ffn) < 1 or min(num_shared, num_dense) < 0:
         raise ValueError("MoE dimensions must be positive (num_experts, top_k, expert_ffn_hidden_size)")
     if top_k > num_experts:
-        raise ValueError(f"top_k {top_k} exceeds num_experts {num_experts}")
+        raise DimensionError("{top_k} exceeds {num_experts}", top_k=top_k, num_experts=num_experts)
     if not capacity_factor > 0:
-        raise ValueError(f"capacity_factor {capacity_factor} must be > 0")
+        raise DimensionError("{capacity_factor} must be > 0", capacity_factor=capacity_factor)
     if num_dense > num_layers:
-        raise ValueError(f"num_dense_layers {num_dense} exceeds num_layers {num_layers}")
+        raise DimensionError("{num_dense_layers} exceeds {num_layers}", num_dense_layers=num_dense,
+                             num_layers=num_layers)
     if num_dense and dense_ffn < 1:
-        raise ValueError("num_dense_layers needs a positive dense_ffn_hidden_size")
+        raise DimensionError("{num_dense_layers} needs a positive {dense_ffn_hidden_size}",
+                             num_dense_layers=num_dense, dense_ffn_hidden_size=dense_ffn)
 
 
 def moe_workload(name: str, *, num_layers: int = 32, hidden_size: int = 4096, num_heads: int = 32,
@@ -98,10 +116,10 @@ def moe_workload(name: str, *, num_layers: int = 32, hidden_size: int = 4096, nu
     if min(num_layers, hidden_size, num_heads, kv, seq_len, vocab_size) < 1:
         raise ValueError("MoE model dimensions must be positive")
     if hidden_size % num_heads or num_heads % kv:
-        raise ValueError(f"hidden_size {hidden_size}, num_heads {num_heads}, num_kv_heads {kv}: "
-                         "heads must divide hidden_size and kv heads the heads")
+        raise DimensionError("{hidden_size}, {num_heads}, {num_kv_heads}: heads must divide hidden_size and kv "
+                             "heads the heads", hidden_size=hidden_size, num_heads=num_heads, num_kv_heads=kv)
     if max_positions < seq_len:
-        raise ValueError(f"max_positions {max_positions} < seq_len {seq_len}")
+        raise DimensionError("{max_positions} < {seq_len}", max_positions=max_positions, seq_len=seq_len)
     layers = [llama_embedding("embedding", vocab_size, hidden_size, seq_len, max_positions)]
     check_sliding_window(sliding_window)
     layers += [llama_block(f"block{i}", hidden_size, num_heads, kv, seq_len, dense_ffn_hidden_size, sliding_window)
@@ -115,20 +133,12 @@ def moe_workload(name: str, *, num_layers: int = 32, hidden_size: int = 4096, nu
     return Workload(name, tuple(layers), input_spec)
 
 
-def _keywords(defaults: dict[str, Any]) -> inspect.Signature:
-    """`moe_workload`'s keywords (without the name) with `defaults`: the signature a zoo factory
-    shows, so `model.params` are type-checked against it (`simulator.model_source`)."""
-    keywords = [parameter.replace(default=defaults.get(key, parameter.default))
-                for key, parameter in inspect.signature(moe_workload).parameters.items() if key != "name"]
-    return inspect.Signature(keywords, return_annotation=Workload)
-
-
 def moe(**config: Any) -> Workload:
     """Generic MoE decoder (`moe_workload`; defaults: Mixtral 8x7B's dimensions)."""
     return moe_workload("moe", **config)
 
 
-moe.__signature__ = _keywords({})  # type: ignore[attr-defined]
+moe.__signature__ = keyword_signature(moe_workload, {})  # type: ignore[attr-defined]
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -153,7 +163,7 @@ def _preset(name: str):
 
     factory.__name__ = name.replace("-", "_")
     factory.__doc__ = f"{name} (`PRESETS`), any `moe_workload` keyword overridable."
-    factory.__signature__ = _keywords(base)  # type: ignore[attr-defined]
+    factory.__signature__ = keyword_signature(moe_workload, base)  # type: ignore[attr-defined]
     return factory
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.workload import Layer, Workload
-from simulator.zoo._ops import Tally
+from simulator.zoo._ops import Tally, keyword_signature
 
 
 def _check_config(num_layers: int, hidden_size: int, num_heads: int, seq_len: int,
@@ -195,3 +195,11 @@ def bert_large(**overrides: Any) -> Workload:
     weight tied): 335,174,458 parameters = Hugging Face ``BertForMaskedLM`` (bert-large-uncased).
     ``BertModel`` (pooler instead of MLM head) is 335,141,888; the paper rounds to 340M."""
     return _bert("bert-large", **{**BERT_LARGE, **overrides})
+
+
+# the keywords these factories forward, with their defaults (`model.params` are checked against them)
+transformer.__signature__ = keyword_signature(_gpt, {})  # type: ignore[attr-defined]
+gpt2_small.__signature__ = keyword_signature(_gpt, GPT2_SMALL)  # type: ignore[attr-defined]
+gpt2_1_5b.__signature__ = keyword_signature(_gpt, GPT2_XL)  # type: ignore[attr-defined]
+gpt3_175b.__signature__ = keyword_signature(_gpt, GPT3_175B)  # type: ignore[attr-defined]
+bert_large.__signature__ = keyword_signature(_bert, BERT_LARGE)  # type: ignore[attr-defined]
