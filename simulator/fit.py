@@ -4,7 +4,8 @@ to measured step times from a cluster's own training logs, with k-fold held-out 
 RUNS.csv has one row per measured run: a `measured_step_s` column (seconds per training step),
 an optional `base` column (a scenario file, relative to the CSV; else `--base`), and any number of
 columns named by dotted scenario keys (`strategy.tp_degree`, `training.global_batch_size`,
-`model.params.hidden_size`, ...) whose values override the base, as `--set` does.
+`model.params.hidden_size`, ...) whose values override the base, as `--set` does. An empty cell
+keeps the base's value for that row; a column's name is checked whatever its cells hold.
 Every row is checked before any fitting (`simulator.fit_csv`: cells against the header, quoting,
 a finite measured time within `fit_csv.MEASURED_RANGE_S`, the scenario it gives); the profile is written last.
 
@@ -27,6 +28,13 @@ held-out rows (k-fold cross-validation; the folds are a seeded shuffle); points 
 and shared by the folds. The written parameters are the search's result on all rows; their
 uncertainty is the spread of the folds' choices. Each run's held-out prediction is printed with
 `--json` and drawn against its measurement with `--plot FILE.png` (`simulator.fit_plot`).
+
+A parameter fitted to an end of its grid (`at_grid_bounds`) may want a value beyond it: the fit of
+it is not trustworthy, and `ghpsim fit` says so (a warning line on stderr per parameter, and
+`at_grid_bound` in the profile's `fit` and the --json output). A grid end that is a physical
+limit (`PHYSICAL_ENDS`: no host time per kernel) is no such warning. On a terminal a bar counts
+the simulations (runs x grid points, the total growing as the refinement adds points), with the
+elapsed time and an estimate of the time left; off a terminal nothing is drawn.
 """
 
 from __future__ import annotations
@@ -56,6 +64,8 @@ REFINED = ("host_overhead_s",)
 """The parameters refined between grid points. The GEMM ceiling stays on its grid, whose middle is
 the measured cuBLASLt figure: refined on the published single-node A100 rows it rose to 0.861,
 which made the held-out cluster-scale runs 2.7 points worse (`reports/ACCURACY.md`)."""
+PHYSICAL_ENDS = {"host_overhead_s": 0.0}
+"""Grid ends that are physical limits, not truncations of the search (`at_grid_bounds`)."""
 
 
 @dataclass(frozen=True)
@@ -217,17 +227,59 @@ def fit_refined(evaluate, measured: list[float], k: int = 5, seed: int = 0,
                      mape_pct(held_out, measured))
 
 
+def at_grid_bounds(best: dict[str, float], grid: dict[str, tuple[float, ...]]) -> list[dict]:
+    """The fitted parameters at an end of their (several-valued) grid other than a physical limit
+    (`PHYSICAL_ENDS`): {parameter, value, bound ("smallest" or "largest"), grid [low, high]} each."""
+    found = []
+    for name, value in best.items():
+        low, high = min(grid[name]), max(grid[name])
+        if low == high or PHYSICAL_ENDS.get(name) == value:
+            continue
+        if value in (low, high):
+            found.append({"parameter": name, "value": value, "bound": "largest" if value == high else "smallest",
+                          "grid": [low, high]})
+    return found
+
+
+def bound_warning(bound: dict) -> str:
+    """The warning line of one `at_grid_bounds` entry."""
+    beyond = "above" if bound["bound"] == "largest" else "below"
+    return (f"ghpsim: warning: {bound['parameter']} = {bound['value']:.4g} is the {bound['bound']} value of its "
+            f"search grid ({bound['grid'][0]:.4g} to {bound['grid'][1]:.4g}): the runs may want a value {beyond} "
+            "it, so this fitted value is not trustworthy (check the runs and their base scenario)")
+
+
+class FitProgress:
+    """Counts simulations on a `simulator.progress` bar: `expect(n)` as a batch of points is
+    announced (the total grows as the refinement adds points), `advance()` after each simulation."""
+
+    def __init__(self, bar, description: str):
+        self.bar, self.total = bar, 0
+        self.task = bar.add_task(description, total=0)
+
+    def expect(self, count: int) -> None:
+        self.total += count
+        self.bar.update(self.task, total=self.total)
+
+    def advance(self) -> None:
+        self.bar.advance(self.task)
+
+
 def predict_grid(runs: list[Run], points: list[dict[str, float]], progress=None) -> list[list[float]]:
-    """Every run simulated at every point (one list of predictions per point)."""
+    """Every run simulated at every point (one list of predictions per point); `progress()` after
+    each simulation."""
     out = []
     for point in points:
-        out.append([predict_s(run, point) for run in runs])
-        if progress is not None:
-            progress()
+        predictions = []
+        for run in runs:
+            predictions.append(predict_s(run, point))
+            if progress is not None:
+                progress()
+        out.append(predictions)
     return out
 
 
-def fit_runs(runs: list[Run], k: int = 5, seed: int = 0, progress=None) -> tuple[FitResult, dict]:
+def fit_runs(runs: list[Run], k: int = 5, seed: int = 0, progress: FitProgress | None = None) -> tuple[FitResult, dict]:
     """Fit `runs` (all on one GPU architecture) and the kernel profile document to write."""
     from simulator.kernel_catalogue import gpu_architecture
     from simulator.profile import FORMAT
@@ -236,14 +288,21 @@ def fit_runs(runs: list[Run], k: int = 5, seed: int = 0, progress=None) -> tuple
     if len(architectures) != 1:
         raise ScenarioError(f"cluster.gpu: the runs mix GPU architectures {sorted(architectures)}; fit one at a time")
     measured, grid = [run.measured_s for run in runs], fitted_grid(runs)
-    result = fit_refined(PointCache(lambda points: predict_grid(runs, points, progress)), measured, k, seed, grid)
+
+    def simulate_points(points: list[dict[str, float]]) -> list[list[float]]:
+        if progress is None:
+            return predict_grid(runs, points)
+        progress.expect(len(points) * len(runs))
+        return predict_grid(runs, points, progress.advance)
+    result = fit_refined(PointCache(simulate_points), measured, k, seed, grid)
     document = {"format": FORMAT, "kind": "kernel", "architecture": architectures.pop(),
                 "parameters": result.best,
                 "fit": {"runs": len(runs), "folds": k, "seed": seed,
                         "held_out_mape_pct": result.held_out_mape_pct,
                         "in_sample_mape_pct": result.in_sample_mape_pct,
                         "spread_over_folds": result.spread, "grid": {n: list(v) for n, v in grid.items()},
-                        "refinements": REFINEMENTS, "refined": list(REFINED)}}
+                        "refinements": REFINEMENTS, "refined": list(REFINED),
+                        "at_grid_bound": at_grid_bounds(result.best, grid)}}
     return result, document
 
 
@@ -251,6 +310,8 @@ def run(args) -> int:
     """`ghpsim fit`: the input is checked, the runs fitted and the figure drawn before the profile is
     written, so a failed command leaves no --out (a --plot drawn before a failed write is removed)."""
     import sys
+
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from simulator.errors import one_line
     from simulator.output import check_output_file, write_text_atomic
@@ -272,9 +333,10 @@ def run(args) -> int:
     if args.base is not None and not base_used:
         print(one_line(f"ghpsim: note: --base {args.base} is not used: every row names its own base scenario"),
               file=sys.stderr)
-    with stderr_progress(enabled=not args.json) as bar:
-        task = bar.add_task(f"fitting {len(runs)} runs: grid points simulated", total=None)
-        result, document = fit_runs(runs, args.folds, args.seed, progress=lambda: bar.advance(task))
+    with stderr_progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                         TextColumn("eta"), TimeRemainingColumn(), enabled=not args.json) as bar:
+        progress = FitProgress(bar, f"fitting {len(runs)} runs: simulations")
+        result, document = fit_runs(runs, args.folds, args.seed, progress=progress)
     for row, predicted in zip(runs, result.held_out):
         if not (math.isfinite(predicted) and predicted > 0):
             raise ScenarioError(f"{row.where}: simulated step time {predicted!r}, not a positive finite number")
@@ -285,7 +347,8 @@ def run(args) -> int:
     if args.json:
         predictions = [{"run": row.where, MEASURED_COLUMN: row.measured_s, "held_out_step_s": p,
                         "error_pct": e} for row, p, e in zip(runs, result.held_out, errors_pct)]
-        printed = _json_text(document["fit"] | {"parameters": result.best, "predictions": predictions}, "--json", 2)
+        printed = _json_text(document["fit"] | {"parameters": result.best, "predictions": predictions,
+                                                "out": str(args.out), "plot": args.plot}, "--json", 2)
     if args.plot:
         from simulator.fit_plot import write_fit_plot
         write_fit_plot([row.measured_s for row in runs], result.held_out, args.plot,
@@ -297,6 +360,8 @@ def run(args) -> int:
         if args.plot:
             Path(args.plot).unlink(missing_ok=True)
         raise
+    for bound in document["fit"]["at_grid_bound"]:  # after the writes: a failure stays the only line
+        print(bound_warning(bound), file=sys.stderr)
     if args.json:
         print(printed)
         return 0

@@ -2,7 +2,12 @@
 against the header (a column named once), its quoting, its measured step time (`MEASURED_RANGE_S`),
 its base scenario, and its scenario with the row's overrides (validated, model built). Errors are
 one line naming the file, the row (the line of the file where the row starts), the column and the
-offending value, shortened: never more of the file's text (SECURITY.md)."""
+offending value, shortened: never more of the file's text (SECURITY.md).
+
+Every column other than `base` and `measured_step_s` must be named by a dotted scenario key
+(`unknown_field_part`), whatever its cells hold: a misspelt column is refused even where every
+cell of it is empty. An empty cell means "keep the base scenario's value" for that row (as if
+the column were absent); an empty `base` cell means --base."""
 
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ def read_rows(path: str | Path, base: str | Path | None) -> tuple[list[tuple[dic
         raise ScenarioError(f"{path}:{header_line}: missing column {MEASURED_COLUMN!r} (seconds per training step)")
     if not records:
         raise ScenarioError(f"{path}: no runs (expected a header and one row per run)")
+    _check_column_names(header, f"{path}:{header_line}")
     runs, base_used = [], False
     for number, cells in records:
         where = f"{path}:{number}"
@@ -73,6 +79,18 @@ def read_rows(path: str | Path, base: str | Path | None) -> tuple[list[tuple[dic
             overrides.append((column, value))
         runs.append((_row_document(bases[base_path], overrides, where), measured_s, where))
     return runs, base_used
+
+
+def _check_column_names(header: list[str], where: str) -> None:
+    """ScenarioError naming the first column (other than base, measured_step_s and unnamed ones,
+    refused with their cells) that is not a dotted scenario key."""
+    from simulator.sweep.spec import unknown_field_part
+    for column in header:
+        unknown = None if column in ("", "base", MEASURED_COLUMN) else unknown_field_part(column)
+        if unknown is not None:
+            raise ScenarioError(f"{where}: column {_SHORT.repr(column)} is not a scenario key ({_SHORT.repr(unknown)} "
+                                f"unknown; columns are base, {MEASURED_COLUMN} and dotted keys such as "
+                                "training.global_batch_size)")
 
 
 def _not_a_file(path: Path) -> str:

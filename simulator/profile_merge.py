@@ -9,16 +9,23 @@ Rule: every profile must be a valid `ghpsim-profile/2` of the same model, device
 size and optimizer (anything else is an error naming the field and both values). Every number is
 the arithmetic mean over the profiles: for least-squares lines over the same sizes, the mean of
 the fits is the fit of the mean medians. `provenance` keeps the first profile's, plus
-`merged_from` (each part's file name).
+`merged_from` (each part's file name) and `calibrations` (one fingerprint per calibration pooled:
+`fingerprint`).
+
+Each calibration counts once. A pooled profile given again is pooled by the calibrations it holds
+(its `provenance.calibrations`): pooling a pool of three with a fourth calibration weighs each of
+the four 1/4, as pooling the four files would. (A pool written before `calibrations` was recorded
+counts as its `merged_from` files.)
 
 Refused before anything is written: a kernel profile (`"kind": "kernel"`, from `ghpsim fit` or
 `calibrate --kernels`: fitted parameters of an architecture, not a model's measurements), one
-calibration given twice (the same file, or the same measurements: `check_distinct`), and an
---out that is one of the inputs.
+calibration given twice (the same file, the same measurements, or a calibration that a pooled
+input already holds: `check_distinct`), and an --out that is one of the inputs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -30,6 +37,8 @@ from simulator.profile import load_profile, profile_document, profile_from_dict
 
 MUST_MATCH = ("backend", "world_size", "device", "model", "optimizer.name")
 """Fields that identify what was calibrated: profiles differing in one of them cannot be pooled."""
+CALIBRATIONS = "calibrations"
+"""The provenance key of a pooled profile: the fingerprints of the calibrations it pools."""
 
 
 def merge_profiles(documents: list[dict], names: list[str]) -> dict:
@@ -44,10 +53,35 @@ def merge_profiles(documents: list[dict], names: list[str]) -> dict:
                 where, ours, theirs = _first_difference(value, values[0], path)
                 raise ScenarioError(f"{name}: {where}: {ours} differs from {names[0]}'s {theirs}; only "
                                     "calibrations of the same model, machine and world size can be pooled")
-    bodies = [{key: value for key, value in document.items() if key != "provenance"} for document in documents]
-    merged = _mean(bodies, "", names)
-    merged["provenance"] = {**documents[0].get("provenance", {}), "merged_from": list(names)}
+    bodies = [_body(document) for document in documents]
+    held = [calibrations(document) for document in documents]
+    merged = _mean(bodies, "", names, [len(ids) for ids in held])
+    merged["provenance"] = {**documents[0].get("provenance", {}), "merged_from": list(names),
+                            CALIBRATIONS: [fingerprint for ids in held for fingerprint in ids]}
     return merged
+
+
+def fingerprint(document: dict) -> str:
+    """A calibration's fingerprint: the SHA-256 of its measurements (the document less `provenance`,
+    keys sorted), so a copy, a re-saved file or one with edited provenance has the same one."""
+    text = json.dumps(_body(document), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def calibrations(document: dict) -> list[str]:
+    """The fingerprints of the calibrations `document` holds: a pooled profile's recorded ones, one
+    per file of an older pool's `merged_from` (their fingerprints unknown), else its own."""
+    provenance = document.get("provenance") or {}
+    recorded, parts = provenance.get(CALIBRATIONS), provenance.get("merged_from")
+    if isinstance(recorded, list) and recorded and all(isinstance(item, str) for item in recorded):
+        return list(recorded)
+    if isinstance(parts, list) and parts:
+        return [f"{fingerprint(document)}/{index}" for index in range(len(parts))]
+    return [fingerprint(document)]
+
+
+def _body(document: dict) -> dict:
+    return {key: value for key, value in document.items() if key != "provenance"}
 
 
 def check_kinds(documents: list[dict], names: list[str]) -> None:
@@ -61,16 +95,34 @@ def check_kinds(documents: list[dict], names: list[str]) -> None:
 
 
 def check_distinct(documents: list[dict], names: list[str]) -> None:
-    """ScenarioError naming both files when two profiles are one calibration. Rule: their documents
-    are equal once `provenance` is set aside. Two calibrations never time every layer and message
-    to the same 15 digits, while a copy, a re-saved or re-indented file, or one whose provenance
-    was edited, is the same measurement; pooling it would count its samples twice."""
-    bodies = [{key: value for key, value in document.items() if key != "provenance"} for document in documents]
-    for index, body in enumerate(bodies):
+    """ScenarioError naming both files when two profiles hold one calibration. Rule: two profiles
+    are one calibration when their documents are equal once `provenance` is set aside (`fingerprint`).
+    Two calibrations never time every layer and message to the same 15 digits, while a copy, a
+    re-saved or re-indented file, or one whose provenance was edited, is the same measurement;
+    pooling it would count its samples twice. A pooled profile holds each calibration it pooled
+    (`calibrations`; an older pool's `merged_from` files are compared by path)."""
+    held = [set(calibrations(document)) for document in documents]
+    for index, name in enumerate(names):
         for earlier in range(index):
-            if bodies[earlier] == body:
-                raise ScenarioError(f"profiles: {names[index]} holds the same calibration as {names[earlier]} "
-                                    "(identical measurements); each calibration counts once")
+            pooled = (_is_pool(documents[earlier]), _is_pool(documents[index]))
+            if held[earlier] & held[index] or _in_older_pool(documents[index], names[earlier]) \
+                    or _in_older_pool(documents[earlier], name):
+                why = {(False, False): "identical measurements", (True, False): "which pools it",
+                       (False, True): "which it pools", (True, True): "both pools hold it"}[pooled]
+                raise ScenarioError(f"profiles: {name} holds the same calibration as {names[earlier]} ({why}); "
+                                    "each calibration counts once")
+
+
+def _is_pool(document: dict) -> bool:
+    return bool((document.get("provenance") or {}).get("merged_from"))
+
+
+def _in_older_pool(document: dict, path: str) -> bool:
+    """Whether `document` is a pool without recorded fingerprints whose `merged_from` names `path`."""
+    provenance = document.get("provenance") or {}
+    if provenance.get(CALIBRATIONS) or not isinstance(provenance.get("merged_from"), list):
+        return False
+    return any(isinstance(part, str) and same_file(part, path) for part in provenance["merged_from"])
 
 
 def _first_difference(value: Any, other: Any, path: str) -> tuple[str, str, str]:
@@ -108,7 +160,8 @@ def _lookup(document: dict, path: str) -> Any:
     return node
 
 
-def _mean(values: list, path: str, names: list[str]) -> Any:
+def _mean(values: list, path: str, names: list[str], weights: list[int]) -> Any:
+    """The weighted mean of `values` (each profile weighs the number of calibrations it holds)."""
     first = values[0]
     if isinstance(first, dict):
         keys = set().union(*(value.keys() for value in values))
@@ -117,13 +170,14 @@ def _mean(values: list, path: str, names: list[str]) -> Any:
                 missing = sorted(keys - set(value))[:3]
                 raise ScenarioError(f"{name}: {path or 'profile'}: lacks {', '.join(map(str, missing))} "
                                     "that another profile has")
-        return {key: _mean([value[key] for value in values], f"{path}.{key}".strip("."), names) for key in first}
+        return {key: _mean([value[key] for value in values], f"{path}.{key}".strip("."), names, weights)
+                for key in first}
     if isinstance(first, list):
         if any(len(value) != len(first) for value in values):
             raise ScenarioError(f"{path}: lists of different lengths cannot be pooled")
-        return [_mean([value[i] for value in values], f"{path}[{i}]", names) for i in range(len(first))]
+        return [_mean([value[i] for value in values], f"{path}[{i}]", names, weights) for i in range(len(first))]
     if isinstance(first, (int, float)) and not isinstance(first, bool):
-        mean = sum(values) / len(values)
+        mean = sum(weight * value for weight, value in zip(weights, values)) / sum(weights)
         return round(mean) if isinstance(first, int) else mean
     return first
 
@@ -152,9 +206,11 @@ def run(args) -> int:
         if same_file(args.out, given):
             raise ScenarioError(f"--out {args.out}: the same file as the input profile {given}; "
                                 "it would be overwritten")
-    merge_profile_files(args.profiles, args.out)
+    merged = merge_profile_files(args.profiles, args.out)
+    count = len(merged["provenance"][CALIBRATIONS])
     if args.json:
-        print(json.dumps({"out": str(args.out), "profiles": list(args.profiles)}))
+        print(json.dumps({"out": str(args.out), "profiles": list(args.profiles), "calibrations": count}))
     else:
-        print(f"pooled {len(args.profiles)} calibrations into {args.out}")
+        parts = f" (from {len(args.profiles)} profiles)" if count != len(args.profiles) else ""
+        print(f"pooled {count} calibrations{parts} into {args.out}")
     return 0

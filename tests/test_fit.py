@@ -179,3 +179,61 @@ def test_the_flash_attention_ceiling_is_fitted_only_for_runs_that_use_it():
     assert len(flash_grid) == len(FLASH_FITTED["flash_attention_efficiency"]) + 1
     slow, fast = (predict_s(flash, {"host_overhead_s": 0.0, "flash_attention_efficiency": e}) for e in (0.15, 0.65))
     assert slow > fast  # the parameter reaches the attention kernels
+
+
+def test_a_parameter_on_an_end_of_its_grid_is_reported():
+    from simulator.fit import at_grid_bounds, bound_warning
+    grid = {"host_overhead_s": (0.0, 5e-5, 1e-4), "gemm_efficiency": (0.65, 0.822, 0.9), "x": (0.5,)}
+    bounds = at_grid_bounds({"host_overhead_s": 1e-4, "gemm_efficiency": 0.65, "x": 0.5}, grid)
+    assert bounds == [
+        {"parameter": "host_overhead_s", "value": 1e-4, "bound": "largest", "grid": [0.0, 1e-4]},
+        {"parameter": "gemm_efficiency", "value": 0.65, "bound": "smallest", "grid": [0.65, 0.9]}]
+    assert bound_warning(bounds[0]).startswith("ghpsim: warning: host_overhead_s = 0.0001 is the largest value of "
+                                               "its search grid (0 to 0.0001): the runs may want a value above it")
+    # no host time per kernel is a physical limit, an interior point is none, a one-value grid no search
+    assert at_grid_bounds({"host_overhead_s": 0.0, "gemm_efficiency": 0.822, "x": 0.5}, grid) == []
+
+
+def test_fit_warns_of_a_bound_and_prints_its_files_in_json(tmp_path, capsys, monkeypatch):
+    import simulator.fit as fit_module
+    monkeypatch.setattr(fit_module, "FITTED", {"host_overhead_s": (0.0, 2e-5), "gemm_efficiency": (0.822,)})
+    monkeypatch.setattr(fit_module, "predict_s", lambda run, point: run.measured_s * (1.2 - 1e4 * point["host_overhead_s"]))
+    rows = "base,measured_step_s\n" + "tiny.yaml,0.01\n" * 4
+    out, plot = tmp_path / "kernel.json", tmp_path / "fit.png"
+    assert main(["fit", str(_write(tmp_path, rows)), "--out", str(out), "--plot", str(plot), "--folds", "2",
+                 "--json"]) == 0
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
+    assert printed["out"] == str(out) and printed["plot"] == str(plot)
+    assert printed["at_grid_bound"] == [{"parameter": "host_overhead_s", "value": 2e-5, "bound": "largest",
+                                         "grid": [0.0, 2e-5]}]
+    assert json.loads(out.read_text())["fit"]["at_grid_bound"] == printed["at_grid_bound"]
+    assert captured.err.startswith("ghpsim: warning: host_overhead_s = 2e-05 is the largest value")
+    assert captured.err.count("\n") == 1
+
+
+def test_the_progress_counts_every_simulation_against_a_growing_total(tmp_path, monkeypatch):
+    import simulator.fit as fit_module
+
+    class Bar:
+        def __init__(self):
+            self.total, self.done, self.totals = None, 0, []
+
+        def add_task(self, _description, total):
+            self.total = total
+            return 0
+
+        def update(self, _task, total):
+            self.total = total
+            self.totals.append(total)
+
+        def advance(self, _task):
+            self.done += 1
+            assert self.done <= self.total  # M of N: never past the total announced
+    monkeypatch.setattr(fit_module, "predict_s", lambda run, point: run.measured_s * (1 + point["host_overhead_s"]))
+    runs = read_runs(_write(tmp_path, "base,measured_step_s\n" + "tiny.yaml,0.01\n" * 3))
+    bar = Bar()
+    fit_module.fit_runs(runs, k=3, progress=fit_module.FitProgress(bar, "fitting"))
+    coarse = len(fit_module.grid_points(fit_module.fitted_grid(runs)))
+    assert bar.totals[0] == coarse * len(runs) and bar.totals == sorted(bar.totals)
+    assert bar.done == bar.total > bar.totals[0]  # the refinement added points, all simulated

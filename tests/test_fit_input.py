@@ -132,9 +132,26 @@ def test_a_base_file_that_is_not_used_is_said_so(tmp_path, capsys, monkeypatch):
     (tmp_path / "other.yaml").write_text(BASE)
     code, out, err = _fit(tmp_path, capsys, HEADER + GOOD + GOOD, "--base", str(tmp_path / "other.yaml"), "--json")
     assert code == 0 and '"runs": 2' in out
-    assert err.count("\n") == 1 and "other.yaml is not used: every row names its own base" in err
+    note, *warnings = err.splitlines()  # the stub ignores the GEMM ceiling: its grid's first value wins
+    assert "other.yaml is not used: every row names its own base" in note
+    assert [line.split(" is ")[0] for line in warnings] == ["ghpsim: warning: gemm_efficiency = 0.65"]
 
 
 def test_a_missing_base_of_a_row_names_its_row(tmp_path, capsys):
     err = _refused(tmp_path, capsys, HEADER + GOOD + "nope.yaml,256,2,0.01\n")
     assert "runs.csv:3: base: 'nope.yaml': file not found" in err
+
+
+@pytest.mark.parametrize("header", ["base,trainig.global_batch_size,measured_step_s",
+                                    "base,training.global_batch_sise,measured_step_s"])
+def test_a_misspelt_column_is_refused_even_when_all_its_cells_are_empty(tmp_path, capsys, header):
+    """An empty cell keeps the base's value, but the column's name is checked whatever the cells hold."""
+    column = header.split(",")[1]
+    err = _refused(tmp_path, capsys, f"{header}\ntiny.yaml,,0.01\ntiny.yaml,,0.02\n")
+    assert f"runs.csv:1: column '{column}' is not a scenario key" in err
+
+
+def test_an_empty_cell_keeps_the_base_scenarios_value(tmp_path):
+    runs = fit_module.read_runs(_write(tmp_path, "base,training.global_batch_size,measured_step_s\n"
+                                                 "tiny.yaml,,0.01\ntiny.yaml,4,0.02\n"))
+    assert [run.document["training"]["global_batch_size"] for run in runs] == [2, 4]  # BASE has 2

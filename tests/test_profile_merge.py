@@ -85,7 +85,8 @@ def test_cli_writes_the_pooled_profile_and_rejects_bad_input(profile, tmp_path, 
     assert json.loads(out.read_text())["provenance"]["merged_from"] == [str(first), str(second)]
     capsys.readouterr()
     assert main(["merge-profiles", str(first), str(second), "--out", str(out), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"out": str(out), "profiles": [str(first), str(second)]}
+    assert json.loads(capsys.readouterr().out) == {"out": str(out), "profiles": [str(first), str(second)],
+                                                   "calibrations": 2}
 
     bad_out = tmp_path / "bad.json"
     second.write_text(json.dumps({**profile, "format": "ghpsim-profile/1"}))
@@ -95,3 +96,53 @@ def test_cli_writes_the_pooled_profile_and_rejects_bad_input(profile, tmp_path, 
     assert not bad_out.exists()
     assert main(["merge-profiles", str(first), "--out", str(bad_out)]) == 2
     assert "pooling needs at least two" in capsys.readouterr().err
+
+
+def _files(profile: dict, folder: Path, factors: tuple[float, ...]) -> list[Path]:
+    """One calibration file per factor (`_scaled`), named c0.json, c1.json, ..."""
+    paths = []
+    for index, factor in enumerate(factors):
+        path = folder / f"c{index}.json"
+        path.write_text(json.dumps(_scaled(profile, factor)))
+        paths.append(path)
+    return paths
+
+
+def test_a_pooled_profile_counts_as_the_calibrations_it_holds(profile, tmp_path):
+    first, second, third = _files(profile, tmp_path, (1.0, 2.0, 6.0))
+    pair = merge_profile_files([first, second], tmp_path / "pair.json")
+    assert len(pair["provenance"]["calibrations"]) == 2
+    pooled = merge_profile_files([tmp_path / "pair.json", third], tmp_path / "pooled.json")
+    direct = merge_profile_files([first, second, third], tmp_path / "direct.json")
+    base = profile["p2p"]["latency_s"]
+    assert pooled["p2p"]["latency_s"] == pytest.approx(3.0 * base)  # (1 + 2 + 6) / 3, not ((1 + 2) / 2 + 6) / 2
+    assert pooled["p2p"]["latency_s"] == pytest.approx(direct["p2p"]["latency_s"])
+    assert pooled["provenance"]["calibrations"] == direct["provenance"]["calibrations"]
+
+
+@pytest.mark.parametrize("order", ["file first", "pool first"])
+def test_a_calibration_given_again_inside_a_pool_is_refused(profile, tmp_path, capsys, order):
+    first, second = _files(profile, tmp_path, (1.0, 2.0))
+    pool, out = tmp_path / "pool.json", tmp_path / "twice.json"
+    merge_profile_files([first, second], pool)
+    inputs = [first, pool] if order == "file first" else [pool, first]
+    assert main(["merge-profiles", *map(str, inputs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    why = "which it pools" if order == "file first" else "which pools it"
+    assert f"{inputs[1]} holds the same calibration as {inputs[0]} ({why})" in err
+    assert "each calibration counts once" in err and not out.exists()
+
+
+def test_a_pool_without_recorded_calibrations_counts_its_files_and_is_checked_by_name(profile, tmp_path, capsys):
+    """A pool written before `provenance.calibrations`: its `merged_from` files."""
+    first, second, third = _files(profile, tmp_path, (1.0, 2.0, 6.0))
+    older = merge_profile_files([first, second], tmp_path / "older.json")
+    del older["provenance"]["calibrations"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    pooled = merge_profile_files([tmp_path / "older.json", third], tmp_path / "pooled.json")
+    assert pooled["p2p"]["latency_s"] == pytest.approx(3.0 * profile["p2p"]["latency_s"])
+    assert main(["merge-profiles", str(first), str(tmp_path / "older.json"), "--out", str(tmp_path / "x.json")]) == 2
+    assert "older.json holds the same calibration as" in capsys.readouterr().err
+    assert main(["merge-profiles", str(tmp_path / "older.json"), str(third), "--out", str(tmp_path / "y.json")]) == 0
+    assert capsys.readouterr().out == f"pooled 3 calibrations (from 2 profiles) into {tmp_path / 'y.json'}\n"

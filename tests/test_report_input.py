@@ -250,3 +250,74 @@ def test_failure_keeps_an_existing_out_folder_untouched(capsys, tmp_path, simula
 def test_scenario_options_on_a_results_table_are_refused(capsys, tmp_path, option, value):
     assert_refused(capsys, tmp_path, ROOT / "reports" / "validation_cpu.csv", f"{option}: applies to a scenario INPUT only",
                    "validation_cpu.csv", argv=(option, value))
+
+
+# ----------------------------------------------------------------------------- audit: nan, error_pct, misleading lines
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "NA"])
+def test_a_nan_step_time_of_a_simulated_sweep_row_is_refused(capsys, tmp_path, value):
+    """Only an empty cell is missing: `nan` is a value, refused as `inf`, `0` and `abc` are."""
+    source = _write_csv(SWEEP_CSV, tmp_path / "results.csv", 1, "step_time_s", value)
+    assert_refused(capsys, tmp_path, source, f"INPUT: {source}: row 1, column step_time_s: {value!r} is not a positive")
+
+
+def test_a_nan_measured_time_is_named_nan_not_empty(capsys, tmp_path):
+    source = _write_csv(VALIDATION_CPU, tmp_path / "validation_cpu.csv", 2, "measured_s", "nan")
+    line = assert_refused(capsys, tmp_path, source, f"INPUT: {source}: row 2, column measured_s: 'nan' is not")
+    assert "empty" not in line
+    rows = [VALIDATION_ROWS[0], {**VALIDATION_ROWS[1], "measured_s": float("nan")}]
+    json_source = tmp_path / "validation.json"
+    json_source.write_text(json.dumps({"scenario": "toy", "rows": rows}))  # NaN: what Python writes
+    assert_refused(capsys, tmp_path, json_source, f"INPUT: {json_source}: rows[1].measured_s: nan is not a positive")
+
+
+def test_an_error_that_disagrees_with_the_step_times_is_refused(capsys, tmp_path):
+    source = tmp_path / "v4.csv"
+    source.write_text("strategy,predicted_s,measured_s,error_pct\ndp,0.1,0.2,99\n")
+    assert_refused(capsys, tmp_path, source, f"INPUT: {source}: row 1, column error_pct: 99 disagrees",
+                   "which give -50.00 %")
+
+
+def test_an_error_rounded_to_a_tenth_is_taken_and_recomputed(capsys, tmp_path):
+    source = tmp_path / "v5.csv"
+    source.write_text("strategy,predicted_s,measured_s,error_pct\ndp,0.1,0.3,-66.7\n")
+    code, _, err = run_report(capsys, str(source), "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    assert "MAPE 66.7 %" in (tmp_path / "r" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("strategies", ["", " , "])
+def test_an_empty_strategies_list_is_refused_as_compare_refuses_it(capsys, tmp_path, strategies):
+    assert_refused(capsys, tmp_path, Path(SMALL), "--strategies: ", "empty list", argv=("--strategies", strategies))
+
+
+def test_an_empty_strategies_or_profile_on_a_table_is_refused(capsys, tmp_path):
+    assert_refused(capsys, tmp_path, VALIDATION_CPU, "--strategies: applies to a scenario INPUT only",
+                   argv=("--strategies", ""))
+    assert_refused(capsys, tmp_path, Path(SMALL), "--profile: needs a file name (got '')", argv=("--profile", ""))
+
+
+def test_a_sweep_file_is_named_as_one(capsys, tmp_path):
+    source = tmp_path / "sweep.yaml"
+    source.write_text(f"name: s\nbase: {SMALL}\naxes:\n  cluster.num_nodes: [1, 2]\n")
+    assert_refused(capsys, tmp_path, source, f"INPUT: {source} is a sweep file", f"`ghpsim sweep {source} --out DIR`")
+
+
+@pytest.mark.parametrize("text, expected", [("", "the file is empty"), ("# only a comment\n\n", "the file is empty"),
+                                            ("~\n", "the file holds only null")])
+def test_an_empty_yaml_file_is_said_to_be_empty(capsys, tmp_path, text, expected):
+    source = tmp_path / "empty.yaml"
+    source.write_text(text)
+    line = assert_refused(capsys, tmp_path, source, f"{source}: {expected}")
+    assert "NoneType" not in line
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"broken\t": 1}', "line 1, column 9: a control character (a raw tab, line break, ...) inside a string"),
+    ('{"a": "abc', "line 1, column 7: a string starts here and never ends"),
+])
+def test_a_json_error_reads_cleanly(capsys, tmp_path, text, expected):
+    source = tmp_path / "broken.json"
+    source.write_text(text)
+    line = assert_refused(capsys, tmp_path, source, f"INPUT: {source}: not valid JSON ({expected}")
+    assert " at)" not in line

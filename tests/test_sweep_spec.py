@@ -181,3 +181,27 @@ def test_example_sweeps_expand(name, points, invalid):
     expanded = sweep.points()
     assert len(expanded) == points
     assert sum(point.scenario is None for point in expanded) == invalid
+
+
+def test_a_misspelt_top_level_key_is_named_before_a_missing_one(tmp_path):
+    path = write_sweep(tmp_path, axez={"cluster.num_nodes": [1, 2]})
+    with pytest.raises(ScenarioError) as caught:
+        load_sweep(path)
+    assert str(caught.value) == (f"{path}: axez: unknown key (a sweep file has name, description, base, mode, axes)")
+
+
+@pytest.mark.parametrize("text, message", [("", "the file is empty"), ("# nothing yet\n", "the file is empty")])
+def test_an_empty_sweep_file_is_said_to_be_empty(tmp_path, text, message):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError) as caught:
+        load_sweep(path)
+    assert str(caught.value) == f"{path}: {message}"
+
+
+def test_a_scenario_given_as_a_sweep_is_named_as_one(tmp_path):
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    with pytest.raises(ScenarioError) as caught:
+        load_sweep(path)
+    assert str(caught.value).startswith(f"{path}: a scenario file, not a sweep (a sweep has base and axes)")

@@ -263,3 +263,31 @@ def test_validate_launches_with_the_timeout_flag_named(capsys, tmp_path, launche
     (config,) = launches.configs
     assert (config.timeout_s, config.timeout_option) == (60.0, "--timeout")
 
+
+
+# 6. --json is strict JSON
+
+def _strict(text: str):
+    """json.loads refusing NaN and Infinity, which strict JSON parsers (jq, JavaScript) reject."""
+    def refuse(constant):
+        raise ValueError(f"non-finite {constant} in the JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_ready_writes_null_for_a_figure_not_measured():
+    from validator.report import json_ready
+    document = {"rows": [{"launch_noise_pct": float("nan"), "x": (1.0, float("inf"))}], "tau": -float("inf")}
+    assert json_ready(document) == {"rows": [{"launch_noise_pct": None, "x": [1.0, None]}], "tau": None}
+    assert _strict(json.dumps(json_ready(document), allow_nan=False))["rows"][0]["launch_noise_pct"] is None
+
+
+def test_validate_json_with_one_launch_is_strict_json(capsys, tmp_path, launches):
+    out = tmp_path / "out"
+    code, stdout, err = validate_cli(capsys, "--strategies", "dp,mp", "--out", out, "--json")
+    assert code == 0, err
+    rows = _strict(stdout)["rows"]  # --repeats 1: the launch noise is undefined
+    assert [row["launches"] for row in rows] == [1, 1]
+    assert [row["launch_noise_pct"] for row in rows] == [None, None]
+    table = (out / "mlp_cpu.csv").read_text().splitlines()
+    column = table[0].split(",").index("launch_noise_pct")
+    assert [line.split(",")[column] for line in table[1:]] == ["", ""]  # empty in the CSV, as before

@@ -142,7 +142,7 @@ def cmd_validate_rank(args) -> int:
 
     from simulator.output import check_output_file
     from simulator.scenario import load_scenario
-    from validator.report import staged_folder, write_rows_csv
+    from validator.report import json_ready, staged_folder, write_rows_csv
 
     if args.repeats != 1:
         raise ScenarioError(f"--repeats: {args.repeats}: --rank runs each candidate once (its steps' median)")
@@ -165,8 +165,8 @@ def cmd_validate_rank(args) -> int:
                         progress=None if args.json else lambda message: print(message, file=sys.stderr))
     with staged_folder(args.out) as staging:
         write_rows_csv(report["rows"], staging / csv_path.name)
-    if args.json:
-        print(json.dumps(report, indent=1))
+    if args.json:  # strict JSON: a tau or regret that is undefined (NaN) is null
+        print(json.dumps(json_ready(report), indent=1, allow_nan=False))
         return 0
     for row in report["rows"]:
         print(f"{row['strategy']:>34s}  predicted #{row['predicted_rank']:<3d} {row['predicted_s'] * 1e3:9.2f} ms  "

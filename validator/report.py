@@ -9,6 +9,7 @@ interrupted validation leaves --out as it was.
 from __future__ import annotations
 
 import io
+import math
 import os
 import secrets
 import shutil
@@ -24,6 +25,19 @@ from simulator.trace import trace_events
 
 MAPE_TARGET_PCT = 10.0
 WORST_TARGET_PCT = 20.0
+
+
+def json_ready(value):
+    """`value` with every non-finite float (NaN: a figure not measured, such as the launch noise of
+    a single launch) replaced by None, so `json.dumps(..., allow_nan=False)` writes strict JSON
+    (null) where Python would write NaN; nested dicts, lists and tuples are walked."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(item) for item in value]
+    return value
 
 
 def write_rows_csv(rows: list[dict], path: Path) -> Path:

@@ -35,6 +35,7 @@ from validator.comm_device import device_problem
 from validator.fsdp_runtime import runnable_sharding
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
+from validator.report import json_ready
 
 
 @dataclass
@@ -262,7 +263,7 @@ def _row(case: _Case) -> tuple[dict, list]:
     if case.run_options.steady_state is not None:
         spans = steady_state_window(spans, *case.run_options.steady_state)[0]
     predicted = case.predicted
-    return {
+    return json_ready({  # a figure not measured (the noise of one launch) is None: null in --json, empty in the CSV
         "strategy": case.label,
         "kind": case.kind,
         "num_groups": case.plan.num_groups,
@@ -281,7 +282,7 @@ def _row(case: _Case) -> tuple[dict, list]:
         "predicted_compute_s": _mean(predicted.summary["devices"], "compute_s"),
         "measured_compute_s": _mean(device_breakdown(spans, case.plan.num_ranks, measured_s), "compute_s"),
         **(_memory_columns(case) if case.run_options.measure_memory else {}),
-    }, spans
+    }), spans
 
 
 def _memory_columns(case: _Case) -> dict:
@@ -305,7 +306,7 @@ def memory_line(row: dict) -> str | None:
 def launch_noise_pct(launch_medians: list[float], measured_s: float) -> float:
     """Standard error of a case's measured figure from the scatter of its launches, in percent of it:
     100 x stdev(launch medians) / sqrt(launches) / measured_s (the standard error of a mean; the
-    figure is a median over all steps, which sits as close). NaN with one launch. On this project's
+    figure is a median over all steps, which sits as close). NaN with one launch (a row holds None). On this project's
     2-core host one launch's median scatters by 13-22 % (coefficient of variation over 21-25 launches
     of one case, uncorrelated with a reference kernel timed around it); with 8 launches the
     benchmarks' cases kept a median standard error of 3.2-3.9 % (max 7.8 %)."""

@@ -29,7 +29,7 @@ def run(args) -> int:
     figures = [section_figure.id for section in report.sections for section_figure in section.figures]
     if args.json:
         print(json.dumps({"kind": data.kind, "html": str(html), "markdown": str(markdown),
-                          "figures": figures, "files": [str(path) for path in paths]}, indent=1))
+                          "figures": figures, "files": [str(path) for path in paths]}, indent=1, allow_nan=False))
     else:
         print(f"report written to {html} and {markdown} ({len(figures)} figures, {len(paths)} files)")
     return 0

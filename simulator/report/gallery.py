@@ -30,7 +30,7 @@ def run(args) -> int:
     check_output_folder(args.out, "--out")
     written = build_gallery(args.out, names, quick=args.quick, show_progress=not args.json)
     if args.json:
-        print(json.dumps(written, indent=1))
+        print(json.dumps(written, indent=1, allow_nan=False))
     else:
         for entry in written["entries"]:
             print(f"{entry['name']:10s} {entry['html']}  {entry['headline']}")

@@ -3,7 +3,9 @@ INPUT is loaded: a bad value is one line (`ScenarioError` naming the file, the f
 and column, and the value) instead of a traceback half-way through building the report.
 
 Numbers the report does arithmetic on must be finite numbers (JSON: numbers, not strings; CSV:
-cells that read as numbers); CSV rows are counted from 1 after the header.
+cells that read as numbers); only an empty CSV cell or a JSON null is missing (a `nan` is a value,
+refused where a number is read); CSV rows are counted from 1 after the header. A validation
+table's `error_pct` must agree with its `predicted_s` and `measured_s` (`ERROR_TOLERANCE_PCT`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ _REPR.maxlist = _REPR.maxdict = 4
 SUMMARY_KEYS = ("strategy", "num_groups", "workers_per_group", "step_time_s", "throughput_samples_per_s",
                 "speedup", "bytes_per_tier", "memory", "fits_in_memory", "devices")
 DEVICE_TIMES = ("compute_s", "comm_s", "idle_s")
+VALIDATION_NUMBERS = {"predicted_s": True, "measured_s": True, "error_pct": False, "world_size": True}
+"""The numbers of a validation row the report reads, and whether each must be positive."""
+ERROR_TOLERANCE_PCT = 0.1
+"""How far (percentage points) a validation row's `error_pct` may sit from 100 x (predicted -
+measured) / measured: a table rounded to 0.1 % passes; a row beyond is refused, naming both."""
 
 
 def shown(value) -> str:
@@ -160,16 +167,28 @@ def validation_frame(rows, path: Path) -> pd.DataFrame:
     for position, row in enumerate(rows):
         if not isinstance(row, dict):
             raise ScenarioError(f"INPUT: {path}: rows[{position}]: {shown(row)} is not a mapping")
+        for column, positive in VALIDATION_NUMBERS.items():  # a NaN is a value (a table reads it as empty)
+            if isinstance(row.get(column), float) and math.isnan(row[column]):
+                check_number(row[column], f"INPUT: {path}: rows[{position}].{column}", positive=positive)
     return pd.DataFrame(rows)
 
 
 def checked_validation(frame: pd.DataFrame, path: Path, strict: bool) -> pd.DataFrame:
     """A validation table (CSV, or the rows of the JSON result when `strict`) with the step times
-    (positive) and the error checked on every row, and `world_size` a whole number where given."""
+    (positive) and the error checked on every row, the error against the step times
+    (`ERROR_TOLERANCE_PCT`; the table then holds the error computed from them), and `world_size` a
+    whole number where given."""
     frame = frame.copy()
     for column in ("predicted_s", "measured_s"):
         frame[column] = check_column(frame, path, column, strict, required=True, positive=True)
-    frame["error_pct"] = check_column(frame, path, "error_pct", strict, required=True)
+    given = check_column(frame, path, "error_pct", strict, required=True)
+    frame["error_pct"] = 100.0 * (frame["predicted_s"] - frame["measured_s"]) / frame["measured_s"]
+    name = _cell_name(strict)
+    for position, (stated, computed) in enumerate(zip(given, frame["error_pct"])):
+        if abs(stated - computed) > ERROR_TOLERANCE_PCT:
+            raise ScenarioError(f"INPUT: {path}: {name(position, 'error_pct')}: {stated:g} disagrees with "
+                                f"predicted_s and measured_s, which give {computed:+.2f} % "
+                                "(100 x (predicted - measured) / measured)")
     if "world_size" in frame.columns:
         frame["world_size"] = check_column(frame, path, "world_size", strict, positive=True, integer=True)
     return frame

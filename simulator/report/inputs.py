@@ -18,7 +18,7 @@ from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.profile_costs import scenario_profile_costs
 from simulator.report.input_checks import check_summary, checked_sweep, checked_validation, validation_frame
-from simulator.scenario import Scenario, load_scenario
+from simulator.scenario import Scenario, load_scenario, read_yaml
 from simulator.simulate import SimulationResult, naming_source, simulate
 from simulator.tables import strategy_label
 from simulator.yaml_loading import load_json_text
@@ -59,8 +59,10 @@ def load_report_input(path: str | Path, overrides: list[str] | tuple[str, ...] =
         raise ScenarioError(f"INPUT: {path}: file not found")
     suffix = path.suffix.lower()
     for option, given in (("--set", overrides), ("--profile", profile), ("--strategies", strategies)):
-        if given and suffix not in (".yaml", ".yml"):
+        if (given or given == "") and suffix not in (".yaml", ".yml"):
             raise ScenarioError(f"{option}: applies to a scenario INPUT only, not {path}")
+    if profile == "":
+        raise ScenarioError("--profile: needs a file name (got '')")
     if suffix in (".yaml", ".yml"):
         return _from_scenario(path, overrides, strategies, profile)
     if suffix == ".json":
@@ -71,8 +73,11 @@ def load_report_input(path: str | Path, overrides: list[str] | tuple[str, ...] =
 
 
 def _from_scenario(path: Path, overrides, strategies: str | None, profile: str | None) -> ReportInput:
-    default = strategies is None
-    specs = parse_strategy_specs(strategies or DEFAULT_STRATEGIES)
+    default = strategies is None  # an empty --strategies is refused (`parse_strategy_specs`), as by compare
+    specs = parse_strategy_specs(DEFAULT_STRATEGIES if default else strategies)
+    if {"base", "axes"} & set(read_yaml(path)):  # not "model: missing required field"
+        raise ScenarioError(f"INPUT: {path} is a sweep file (base and axes), not a scenario: run "
+                            f"`ghpsim sweep {path} --out DIR`, then `ghpsim report DIR`")
     scenario = load_scenario(path, overrides)
     if scenario.strategy.kind == "megatron" and default:
         results = [simulate_own_strategy(scenario, profile)]
@@ -151,8 +156,8 @@ def _from_json(path: Path) -> ReportInput:
 
 
 def _from_csv(path: Path) -> ReportInput:
-    try:
-        frame = pd.read_csv(path)
+    try:  # only an empty cell is missing: a `nan`, `NA` or `null` cell is text, checked as a value
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
         raise ScenarioError(f"INPUT: {path}: not a readable CSV table ({str(error).splitlines()[0]})") from None
     columns = set(frame.columns)

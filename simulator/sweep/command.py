@@ -18,7 +18,7 @@ def run(args) -> int:
     report = run_sweep(sweep, args.out, workers=args.workers, scheduler=args.scheduler,
                        progress=not args.no_progress)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        print(json.dumps(report.to_dict(), indent=1, allow_nan=False))
         return 1 if report.counts()["error"] else 0
     from simulator.tables import make_console
     document = report.to_dict()

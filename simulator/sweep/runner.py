@@ -72,7 +72,8 @@ class SweepReport:
                 "skipped": self.skipped, "wall_s": self.wall_s,
                 "points_per_s": self.computed / self.wall_s if self.wall_s > 0 else None,
                 "files": self.files,
-                "problems": [{"point": int(row.point), "status": row.status, "error": row.error}
+                "problems": [{"point": int(row.point), "status": row.status,
+                              "error": None if pd.isna(row.error) else row.error}  # strict JSON: no NaN
                              for row in bad.head(20).itertuples()]}
 
 

@@ -142,15 +142,24 @@ def axis_values(axis) -> list:
 
 def check_field_path(dotted: str) -> None:
     """`a.b.c` must name a scenario field; below a free-form mapping (model.params) anything goes."""
+    unknown = unknown_field_part(dotted)
+    if unknown is not None:
+        raise ValueError(f"axes: {dotted!r} is not a scenario field ({unknown} unknown)")
+
+
+def unknown_field_part(dotted: str) -> str | None:
+    """The leading part of `a.b.c` that is not a scenario field (None when it names one; below a
+    free-form mapping, model.params, anything goes). Also used for `ghpsim fit`'s column names."""
     node: Any = Scenario
     parts = dotted.split(".")
     for depth, part in enumerate(parts):
         if node is dict:
-            return
+            return None
         field = node.model_fields.get(part) if node is not None else None
         if not part or field is None or field.exclude:
-            raise ValueError(f"axes: {dotted!r} is not a scenario field ({'.'.join(parts[:depth + 1])} unknown)")
+            return ".".join(parts[:depth + 1])
         node = _inner(field.annotation)
+    return None
 
 
 def _inner(annotation):
@@ -240,6 +249,7 @@ def load_sweep(path: str | Path) -> Sweep:
     either; points are built only in that check."""
     path = Path(path)
     raw = read_yaml(path)
+    _check_top_level_keys(raw, path)
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as error:
@@ -262,3 +272,17 @@ def load_sweep(path: str | Path) -> Sweep:
         if not any(point.error is None for point in sweep.points()):
             raise
     return sweep
+
+
+def _check_top_level_keys(raw: dict, path: Path) -> None:
+    """ScenarioError for a scenario file given as a sweep, else naming the first unknown top-level
+    key (a misspelt `axez` is named, not reported as `axes` missing)."""
+    known = list(SweepSpec.model_fields)
+    if not {"base", "axes"} & set(raw) and set(raw) & set(Scenario.model_fields):
+        raise ScenarioError(f"{path}: a scenario file, not a sweep (a sweep has base and axes): "
+                            f"run it with `ghpsim simulate {path}`")
+    unknown = [key for key in raw if key not in known]
+    if unknown:
+        key = " ".join(str(unknown[0]).split())  # as the scenario's unknown keys: unquoted, on one line
+        raise ScenarioError(f"{path}: {key if len(key) <= 40 else key[:37] + '...'}: unknown key (a sweep file "
+                            f"has {', '.join(known)})")
