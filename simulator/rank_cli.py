@@ -237,7 +237,8 @@ def heuristic_rows(ranking: Ranking, costs=None) -> list[dict]:
 def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
     from simulator.tables import make_console
     console = make_console()
-    table = Table(title=_title(ranking))
+    table = Table(title=_title(ranking), caption="lost to: where the step exceeds #1's most (compute, bubble, "
+                  "communication, or above bound: contention and schedule stalls the bound does not count)")
     planned = bool(ranking.rows) and "time_to_train_s" in ranking.rows[0]
     columns = ["#", "candidate", "step (ms)", "bound (ms)", "samples/s", "comm %", "memory (GiB)", "lost to"]
     if planned:
@@ -271,8 +272,9 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
         console.print("* asynchronous (stale weights): steady-state time per step, not mini-batch SGD's updates")
     if not heuristics:
         return
-    picks = Table(title="GHP heuristics (closed form, no simulation) vs the simulated best")
-    for column in ("heuristic", "pick", "closed form (ms)", "simulated (ms)", "simulated rank", "regret %",
+    picks = Table(title="GHP heuristics (closed form, no simulation) vs the simulated best",
+                  caption="rank among the layouts simulated: the search stops early, --exhaustive simulates all")
+    for column in ("heuristic", "pick", "closed form (ms)", "simulated (ms)", "rank", "regret %",
                    "vs best grid %"):
         picks.add_column(column, justify="left" if column in ("heuristic", "pick") else "right")
     for row in heuristics:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from simulator.simulate import SimulationResult
-from simulator.units import (format_bytes, format_flops_per_s, format_number, format_seconds, plural,
-                             time_unit)
+from simulator.units import (format_bytes, format_count, format_flops_per_s, format_number, format_seconds,
+                             plural, time_unit)
 
 
 def make_console() -> Console:
@@ -47,7 +49,15 @@ def _placement_label(summary: dict) -> str:
 
 
 def strategy_label(summary: dict) -> str:
-    return f"{summary['strategy']} (G={summary['num_groups']} x M={summary['workers_per_group']})"
+    """"ghp (G=4 x M=2)"; a megatron run by its degrees, as `ghpsim rank` labels it: "megatron
+    (t=8 x c=2 x p=16 x d=64)" (+ " ep=E" with expert parallelism)."""
+    tensor = summary.get("tensor")
+    if summary["strategy"] != "megatron" or not tensor:
+        return f"{summary['strategy']} (G={summary['num_groups']} x M={summary['workers_per_group']})"
+    context = f" x c={tensor['cp_degree']}" if tensor.get("cp_degree", 1) > 1 else ""
+    experts = f" ep={tensor['ep_degree']}" if tensor.get("ep_degree", 1) > 1 else ""
+    return (f"megatron (t={tensor['tp_degree']}{context} x p={tensor['pp_degree']} x d={tensor['dp_degree']})"
+            + experts)
 
 
 def print_comparison(results: list[SimulationResult], title: str, console: Console | None = None) -> None:
@@ -81,16 +91,24 @@ def device_noun(cluster) -> str:
     return "device" if len(kinds) > 1 else "CPU" if kinds == {True} else "GPU"
 
 
+def fabric_label(cluster) -> str:
+    """The links a run uses: a graph file's own, else the two tiers and the fabric between nodes."""
+    if cluster.topology == "graph_file":
+        return f"links from the graph file {Path(cluster.topology_file).name}"
+    fabric = "" if cluster.topology == "two_tier" else f" ({cluster.topology.replace('_', ' ')})"
+    return f"intra {cluster.intra_node_link.name}, inter {cluster.inter_node_link.name}{fabric}"
+
+
 def print_summary(result: SimulationResult, console: Console | None = None) -> None:
     console = console or make_console()
     summary, scenario = result.summary, result.scenario
     cluster = scenario.cluster
     step_s, noun = summary["step_time_s"], device_noun(cluster)
     console.print(f"[bold]{summary['scenario']}[/bold]: {summary['model']} "
-                  f"({result.workload.num_params / 1e6:,.1f}M params, {plural(result.workload.num_layers, 'layer')}), "
+                  f"({format_count(result.workload.num_params)} params, {plural(result.workload.num_layers, 'layer')}), "
                   f"batch {summary['global_batch_size']} {scenario.training.dtype}")
     console.print(f"cluster: {plural(cluster.num_nodes, 'node')} x {cluster.gpus_per_node} {cluster.gpu.name}; "
-                  f"intra {cluster.intra_node_link.name}, inter {cluster.inter_node_link.name}")
+                  + fabric_label(cluster))
     console.print(f"strategy: {strategy_label(summary)}, placement {summary['placement']}, "
                   f"partition {summary['partition']}")
     console.print(f"step time {format_seconds(step_s)} | "
@@ -155,10 +173,13 @@ def kernel_pass_line(report: dict) -> str:
         figures = report[name]
         gpu = figures["gpu_s"]
         tiled = gpu.get("gemm", 0.0) + gpu.get("flash_attention", 0.0)
-        memory = sum(seconds for kind, seconds in gpu.items() if kind not in ("gemm", "flash_attention", "launch"))
-        parts.append(f"{name} {figures['total_s'] * 1e3:,.3f} ms (GEMM {tiled * 1e3:,.3f}, memory-bound "
-                     f"{memory * 1e3:,.3f}, launches {gpu.get('launch', 0.0) * 1e3:,.3f}, waiting on the host "
-                     f"{figures['host_wait_s'] * 1e3:,.3f})")
+        counted = gpu.get("generic", 0.0)  # one kernel per layer from a layer table's own counts
+        memory = sum(seconds for kind, seconds in gpu.items()
+                     if kind not in ("gemm", "flash_attention", "launch", "generic"))
+        parts.append(f"{name} {figures['total_s'] * 1e3:,.3f} ms (GEMM {tiled * 1e3:,.3f}, "
+                     + (f"layers priced from their counts {counted * 1e3:,.3f}, " if counted else "")
+                     + f"memory-bound {memory * 1e3:,.3f}, launches {gpu.get('launch', 0.0) * 1e3:,.3f}, "
+                     f"waiting on the host {figures['host_wait_s'] * 1e3:,.3f})")
     return (f"kernels of rank 0's first micro-batch ({plural(report['num_layers'], 'layer')}, "
             f"{plural(report['batch'], 'sample')}): " + "; ".join(parts)
             + f"; host {format_seconds(report['host_overhead_s'], 3)} a kernel")

@@ -139,3 +139,11 @@ def format_flops_per_s(value_flops_per_s: float) -> str:
 def plural(count: float, noun: str, plural_noun: str | None = None) -> str:
     """"1 node", "2 nodes", "1.5 samples" (`plural_noun`: an irregular plural)."""
     return f"{count:,g} {noun if count == 1 else plural_noun or noun + 's'}"
+
+
+def format_count(value: float) -> str:
+    """A count with a decimal prefix: "354.8M", "1.2B", "12.3k", "512" (parameters)."""
+    for scale, prefix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:,.1f}{prefix}"
+    return f"{value:,.0f}"

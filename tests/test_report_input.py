@@ -221,8 +221,8 @@ def test_megatron_scenario_reports_its_own_strategy(capsys, tmp_path):
     assert code == 0, err
     assert json.loads(out)["kind"] == "scenario"
     rows = records(parse_html(tmp_path / "r" / "report.html").tables["ranking-table"])
-    assert [row["strategy"] for row in rows] == ["megatron (G=1024 x M=16)"]
-    assert (tmp_path / "r" / "traces" / "megatron-g1024xm16.trace.json").is_file()
+    assert [row["strategy"] for row in rows] == ["megatron (t=8 x c=2 x p=16 x d=64)"]
+    assert (tmp_path / "r" / "traces" / "megatron-t8xc2xp16xd64.trace.json").is_file()
 
 
 @pytest.mark.parametrize("strategies", ["dp,mp,ghp:4", "ghp", "1f1b:8"])

@@ -17,7 +17,7 @@ from simulator.errors import ScenarioError
 from simulator.kernel_catalogue import HOST_OVERHEAD_S
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate, single_device_scenario
-from simulator.tables import device_noun, kernel_pass_line
+from simulator.tables import device_noun, fabric_label, kernel_pass_line
 from simulator.units import format_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,6 +212,9 @@ def test_kernel_line_rounds_the_host_time_and_counts_in_the_singular():
     assert line.startswith("kernels of rank 0's first micro-batch (1 layer, 1 sample): forward 2.000 ms")
     assert line.endswith("; host 32.8 us a kernel")
     assert "(82 layers, 4 samples)" in kernel_pass_line({**report, "num_layers": 82, "batch": 4})
+    assert "layers priced from" not in line
+    counted = {**report, "forward": {**report["forward"], "gpu_s": {"generic": 4e-3, "elementwise": 1e-3}}}
+    assert "(GEMM 0.000, layers priced from their counts 4.000, memory-bound 1.000," in kernel_pass_line(counted)
 
 
 def test_one_node_is_singular(capsys):
@@ -228,3 +231,13 @@ def test_a_cpu_cluster_is_counted_per_cpu_not_per_gpu(capsys):
     assert (device_noun(cluster), device_noun(load_scenario(SMALL).cluster)) == ("CPU", "GPU")
     mixed = cluster.model_copy(update={"num_nodes": 2, "node_gpus": {1: load_scenario(SMALL).cluster.gpu}})
     assert device_noun(mixed) == "device"
+
+
+def test_the_cluster_line_names_the_fabric_and_the_parameter_count_keeps_its_digits(capsys):
+    out = _printed(capsys, GPT2_3D)
+    assert "(1.6B params, 50 layers)" in out and "inter ib-hdr (fat tree)" in out
+    two_tier = _printed(capsys, GPT2_3D, "cluster.topology=two_tier")
+    assert "inter ib-hdr\n" in two_tier and "(fat tree)" not in two_tier
+    assert "(5.8M params, 7 layers)" in _printed(capsys, MLP_CPU)
+    cluster = load_scenario(SMALL).cluster.model_copy(update={"topology": "graph_file", "topology_file": "/x/ring.json"})
+    assert fabric_label(cluster) == "links from the graph file ring.json"

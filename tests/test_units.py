@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.units import (UNIT_KINDS, format_bytes, format_flops_per_s, format_number, format_seconds,
-                             parse_quantity, plural, time_unit)
+from simulator.units import (UNIT_KINDS, format_bytes, format_count, format_flops_per_s, format_number,
+                             format_seconds, parse_quantity, plural, time_unit)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -138,3 +138,9 @@ def test_format_flops_per_s_picks_a_decimal_prefix(value, expected):
 def test_plural():
     assert [plural(1, "node"), plural(2, "node"), plural(1.0, "sample"), plural(0.5, "sample")] == \
         ["1 node", "2 nodes", "1 sample", "0.5 samples"]
+
+
+@pytest.mark.parametrize("count, expected", [(354.8e6, "354.8M"), (174.6e9, "174.6B"), (12_345, "12.3k"),
+                                             (512, "512"), (1.2e12, "1.2T")])
+def test_counts_take_a_decimal_prefix(count, expected):
+    assert format_count(count) == expected

@@ -26,7 +26,8 @@ def run(args) -> int:
                        if document[status] or status == "ok")
     rate = f" ({document['points_per_s']:.1f} points/s)" if document["points_per_s"] else ""
     console = make_console()
-    console.print(f"sweep {report.name}: {document['points']} points: {counts}; computed {report.computed} "
+    title = "sweep" if report.name == "sweep" else f"sweep {report.name}"  # "sweep": the unnamed default
+    console.print(f"{title}: {document['points']} points: {counts}; computed {report.computed} "
                   f"in {report.wall_s:.1f} s{rate}, {report.skipped} already in the store")
     if document["problems"]:
         table = Table(title="points that did not run (first 20)")
