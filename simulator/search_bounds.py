@@ -34,23 +34,28 @@ class Screened:
 
 
 def bound_model(scenario, workload=None):
-    """The `BoundModel` of a (GPU-count-resolved) scenario: its costs without the scenario's
-    recompute, since selective recompute adds backward FLOPs a candidate may not run, priced for
-    the candidates' kind (megatron pads the vocabulary and, in fp16, adds each micro-batch's weight
-    gradients in kernels of their own; every other kind prices alike), not the scenario's own."""
+    """The `BoundModel` of a (GPU-count-resolved) scenario. Each candidate is priced with the costs
+    it runs on: by kind, not the scenario's own (megatron pads the vocabulary and, in fp16, adds
+    each micro-batch's weight gradients in kernels of their own; every other kind prices alike), and
+    with selective recompute only where the candidate recomputes (its attention cores re-run in the
+    backward, and the balanced partition follows those costs)."""
     from simulator.fabrics import cached_topology
     from simulator.planner import _workload
     from simulator.simulate import analytic_costs
     from simulator.step_bound import BoundModel
     workload = workload or _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True),
                                      scenario.base_dir)
-    plain = scenario.model_copy(update={"training": scenario.training.model_copy(update={"recompute": "none"})})
+    built: dict[tuple[bool, bool], object] = {}
 
-    def costs_of(kind: str):
-        return analytic_costs(plain.model_copy(update={"strategy": plain.strategy.model_copy(update={"kind": kind})}),
-                              workload)
-    return BoundModel(scenario, workload, cached_topology(scenario.cluster.model_dump_json()), costs_of("dp"),
-                      megatron_costs=costs_of("megatron"))
+    def costs_for(megatron: bool, selective: bool):
+        if (megatron, selective) not in built:
+            training = scenario.training.model_copy(update={"recompute": "selective" if selective else "none"})
+            strategy = scenario.strategy.model_copy(update={"kind": "megatron" if megatron else "dp"})
+            built[megatron, selective] = analytic_costs(
+                scenario.model_copy(update={"training": training, "strategy": strategy}), workload)
+        return built[megatron, selective]
+    return BoundModel(scenario, workload, cached_topology(scenario.cluster.model_dump_json()), costs_for(False, False),
+                      costs_for=costs_for)
 
 
 def screen(model, candidates) -> tuple[list[Screened], float, float]:

@@ -104,11 +104,11 @@ class _Geometry:
 class BoundModel(LinkFloors):
     """Bounds of the candidates of one scenario on its N GPUs (costs and topology shared)."""
 
-    def __init__(self, scenario, workload, topology, costs, megatron_costs=None):
-        """`costs` price the dp / mp / ghp / pipeline candidates, `megatron_costs` (default: `costs`)
-        the megatron ones: a kernel model differs by kind (`KernelCosts.for_scenario`)."""
+    def __init__(self, scenario, workload, topology, costs, costs_for=None):
+        """`costs_for(megatron, selective)`: a candidate's cost model, by kind and selective recompute
+        (`search_bounds.bound_model`); default `costs` for every candidate."""
         self.scenario, self.workload, self.topology, self.costs = scenario, workload, topology, costs
-        self.megatron_costs = costs if megatron_costs is None else megatron_costs
+        self.costs_for = costs_for or (lambda megatron, selective: costs)
         self.element = dtype_bytes(scenario.training.dtype)
         self.uniform_links = not scenario.cluster.degraded_links
         self._cache: dict = {}
@@ -120,8 +120,9 @@ class BoundModel(LinkFloors):
     # ------------------------------------------------------------------ geometry
     def geometry(self, c) -> _Geometry:
         t, p, v, b = c.tp_degree, c.workers_per_group, c.num_virtual_stages, self.microbatch_size(c)
+        selective = self.recompute(c) == "selective"
         key = ("geometry", c.kind == MEGATRON, c.kind in ("dp", "mp", "ghp"), t, self.sp(c), p, v, b,
-               c.placement, c.data_parallel, self.ep(c), c.cp_degree)
+               c.placement, c.data_parallel, self.ep(c), c.cp_degree, selective)
         found = self._cache.get(key)
         if found is not None:
             return found
@@ -132,7 +133,7 @@ class BoundModel(LinkFloors):
         if c.kind == MEGATRON:
             d = self.dp_ranks(c)  # the d c ranks of a stage, dp' = replica x c + cp
             device = megatron_device(c.placement, t, p, c.data_parallel, c.cp_degree or 1)
-            shard, model = self._tensor_model(t, self.sp(c), self.ep(c))
+            shard, model = self._tensor_model(t, self.sp(c), self.ep(c), selective)
             grid = GridConfig(MEGATRON, 1, chunks, scenario.training.global_batch_size, scenario.training.dtype,
                               partition=partition)
             chunk_devices = tuple(device(0, chunk % p, 0) for chunk in range(chunks))
@@ -152,7 +153,7 @@ class BoundModel(LinkFloors):
                 grid = GridConfig(c.kind, groups, p, scenario.training.global_batch_size, scenario.training.dtype,
                                   placement=placement, partition=partition)
                 chunk_devices = rank_to_device
-            shard, model = self._tensor_model(1, None)
+            shard, model = self._tensor_model(1, None, 1, selective)
             ranges = _partition(grid, shard, self.topology, model, chunk_devices, b)
             chain = [rank_to_device[k] for k in range(p)]
             rings = [tuple(rank_to_device[g * p + k] for g in range(groups)) for k in range(p)]
@@ -161,18 +162,18 @@ class BoundModel(LinkFloors):
         found = self._cache[key] = _Geometry(list(ranges), chain, rings, tp_groups, shard, model, dp_groups)
         return found
 
-    def _tensor_model(self, t: int, sequence_parallel: bool | None, ep: int = 1):
-        """(workload, cost model) of one TP (x EP) rank (t = 1, SP None: the whole model), remembered
-        where devices are alike (a mixed cluster's per-GPU models need the plain cost model)."""
-        key = ("model", t, sequence_parallel, ep)
+    def _tensor_model(self, t: int, sequence_parallel: bool | None, ep: int = 1, selective: bool = False):
+        """(workload, cost model) of one TP (x EP) rank (t = 1, SP None: the whole model, not megatron),
+        remembered where devices are alike (a mixed cluster's per-GPU models need the plain model)."""
+        key = ("model", t, sequence_parallel, ep, selective)
         found = self._cache.get(key)
         if found is None:
             if sequence_parallel is None:
-                shard, model = self.workload, self.costs
+                shard, model = self.workload, self.costs_for(False, selective)
             else:
                 shard = expert_rank_workload(self.workload, rank_workload(self.workload, t, sequence_parallel),
                                              t, sequence_parallel, ep)
-                model = rank_costs(self.megatron_costs, shard, t, sequence_parallel)
+                model = rank_costs(self.costs_for(True, selective), shard, t, sequence_parallel)
             found = self._cache[key] = (shard, model if self.scenario.cluster.node_gpus else RememberedCosts(model))
         return found
 

@@ -39,3 +39,21 @@ def test_selective_is_searched_where_it_differs_from_none(raw):
     none, selective = (simulate(load_scenario({**raw, "training": {**raw["training"], "recompute": mode}})).summary
                        for mode in ("none", "selective"))
     assert selective["step_time_s"] > none["step_time_s"]  # the core's forward again in the backward
+
+
+def test_a_selective_candidate_is_bounded_on_the_partition_it_runs():
+    """Selective recompute's costs move the balanced partition; the bound must be taken on the
+    partition the simulation plays (it read 1.779 s for a 1.685 s step when priced without it)."""
+    from simulator.layout_search import candidate_scenario, megatron_space, scenario_for_gpus
+    from simulator.scenario import scenario_from_dict
+    from simulator.search_bounds import bound_model
+    scenario = scenario_for_gpus(load_scenario("scenarios/gpt2_1.5b_dgx_a100_3d.yaml"), 16)
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    model = bound_model(scenario, workload)
+    chosen = [c for c in megatron_space(scenario, workload) if (c.tp_degree, c.workers_per_group, c.data_parallel,
+              c.num_microbatches, c.sequence_parallel, c.num_virtual_stages) == (2, 8, 1, 64, True, 2)
+              and c.recompute in ("none", "selective")]
+    assert len(chosen) == 2
+    for candidate in chosen:
+        step_s = simulate(scenario_from_dict(candidate_scenario(scenario, candidate))).summary["step_time_s"]
+        assert 0.95 * step_s < model.bound(candidate).step_s <= step_s, candidate.label
