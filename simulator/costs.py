@@ -166,10 +166,10 @@ def single_device_step_s(costs: CostModel, workload: Workload, batch: float) -> 
     return total + costs.optimizer_s(workload.num_params)
 
 
-AUTO_FALLBACK_NOTE = ("auto: {gpu} ({family}) has no kernel figures, so no host time a kernel; "
-                      "--set costs.model=kernel uses Ampere's ratios (an assumption)")
-"""What `costs.model: auto` says when it fell back to the roofline (`simulator.simulate.analytic_costs`
-picks the kernel model only where `simulator.kernel_catalogue.has_kernel_tables`)."""
+AUTO_FALLBACK_NOTE = ("auto: {gpu} ({family}) is not a GPU of a named family, so the roofline, with no host "
+                      "time a kernel; --set costs.model=kernel uses Ampere's ratios (an assumption)")
+"""What `costs.model: auto` says when it took the roofline (`simulator.simulate.analytic_costs`
+picks the kernel model as `simulator.kernel_catalogue.kernel_model_chosen` says)."""
 
 
 def describe_compute_model(costs, model_setting: str, gpu: GpuSpec, given: bool) -> dict:
@@ -180,7 +180,7 @@ def describe_compute_model(costs, model_setting: str, gpu: GpuSpec, given: bool)
     roofline's efficiencies (`DEFAULT_EFFICIENCY` with `costs.efficiency`) over the datasheet peaks."""
     from dataclasses import asdict
 
-    from simulator.kernel_catalogue import ARCHITECTURES, has_kernel_tables
+    from simulator.kernel_catalogue import ARCHITECTURES, kernel_model_chosen
     family = (gpu.architecture or "unknown family").lower()
     if hasattr(costs, "parameters") and hasattr(costs, "architecture"):  # KernelCosts
         row = {key: value for key, value in asdict(costs.parameters).items() if key != "measured"}
@@ -190,7 +190,8 @@ def describe_compute_model(costs, model_setting: str, gpu: GpuSpec, given: bool)
         if given:
             note = "kernel model with a profile's parameters (--profile or a fit)"
         elif costs.architecture == "generic":
-            note = f"costs.model kernel: {gpu.name} ({family}) has no kernel figures, Ampere's ratios used (an assumption)"
+            note = (f"costs.model {model_setting}: {gpu.name} ({family}) has no kernel figures, Ampere's ratios used "
+                    "(an assumption)")
         else:
             note = f"costs.model {model_setting}: {costs.architecture} kernel figures"
         if costs.flash_attention:
@@ -205,7 +206,7 @@ def describe_compute_model(costs, model_setting: str, gpu: GpuSpec, given: bool)
     if isinstance(costs, AnalyticCosts):
         parameters = {"efficiency": dict(costs.efficiency), "peak_flops_per_s": costs.gpu.peak_for(costs.dtype),
                       "memory_bandwidth_bytes_per_s": costs.gpu.memory_bandwidth_bytes_per_s}
-        if model_setting == "auto" and not given and not has_kernel_tables(gpu):
+        if model_setting == "auto" and not given and not kernel_model_chosen("auto", gpu):
             note = AUTO_FALLBACK_NOTE.format(gpu=gpu.name, family=family)
         else:
             note = f"costs.model {model_setting}"

@@ -199,6 +199,9 @@ def gpu_architecture(gpu) -> str:
     return named if named in ARCHITECTURES else "generic"
 
 
-def has_kernel_tables(gpu) -> bool:
-    """Whether the GPU's own family has measured figures here (what `costs.model: auto` asks)."""
-    return (gpu.architecture or "").lower() in ARCHITECTURES and gpu.architecture.lower() != "generic"
+def kernel_model_chosen(setting: str, gpu) -> bool:
+    """Whether `costs.model` `setting` prices `gpu` with the kernel model: `kernel` always; `auto` for
+    every GPU of a named family, its own row or the generic one (Ampere's ratios, an assumption), so
+    that GPUs compare on one model; the roofline for CPUs and specs of no named family."""
+    family = (gpu.architecture or "").lower()
+    return setting == "kernel" or (setting == "auto" and family not in ("", "cpu"))

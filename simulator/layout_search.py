@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from simulator.errors import ScenarioError, SimulationError
 from simulator.fabrics import cached_topology
-from simulator.kernel_catalogue import has_kernel_tables
+from simulator.kernel_catalogue import kernel_model_chosen
 from simulator.memory_buffers import usable_memory_bytes
 from simulator.memory_activations import is_block
 from simulator.planner import (MEGATRON, MEMORY_MODEL, Candidate, Ranking, _row, _workload, candidate_scenario,
@@ -136,7 +136,7 @@ def searched_recompute_modes(scenario: Scenario, workload) -> tuple[str, ...]:
     core_recompute_kernels`, `simulator.memory_activations.kept_bytes`); only attention layers
     without a block spec would be re-run whole (`simulator.strategies.ghp.recompute_ranges`)."""
     costs, attention = scenario.costs, [layer for layer in workload.layers if layer.kind == "attention"]
-    kernel_model = costs.model == "kernel" or (costs.model == "auto" and has_kernel_tables(scenario.cluster.gpu))
+    kernel_model = kernel_model_chosen(costs.model, scenario.cluster.gpu)
     if kernel_model and costs.flash_attention and all(is_block(layer) for layer in attention):
         return tuple(mode for mode in RECOMPUTE_MODES if mode != "selective")
     return RECOMPUTE_MODES  # the analytic roofline prices the core's recompute in any case

@@ -227,8 +227,8 @@ LayerKind = Literal["conv", "linear", "attention", "embedding", "norm", "pool", 
 class CostConfig(_Frozen):
     """Cost settings: the compute model (`kernel`: each layer as the GPU kernels a framework
     launches, `simulator.kernel_costs`; `analytic`: a roofline at a fixed achieved fraction of peak
-    per layer kind; `auto`: kernel wherever the GPU's architecture has kernel tables, else
-    analytic), the analytic model's efficiencies (0 < e <= 1), whether attention runs as one fused
+    per layer kind; `auto`: kernel for a GPU of a named family, else analytic:
+    `kernel_catalogue.kernel_model_chosen`), the analytic model's efficiencies (0 < e <= 1), whether attention runs as one fused
     flash-attention kernel, and the device <-> host bandwidth that offloaded activations move at
     (`simulator.memory`)."""
 

@@ -68,12 +68,12 @@ def naming_source(scenario: Scenario):
 
 
 def analytic_costs(scenario: Scenario, workload: Workload) -> CostModel:
-    """The scenario's datasheet cost model (`costs.model`): kernel-level where the GPU's
-    architecture has kernel tables (or when asked), else the analytic roofline."""
-    from simulator.kernel_catalogue import has_kernel_tables
+    """The scenario's datasheet cost model (`costs.model`): kernel-level for a GPU of a named family
+    (or when asked; `kernel_catalogue.kernel_model_chosen`), else the analytic roofline."""
+    from simulator.kernel_catalogue import kernel_model_chosen
     from simulator.kernel_costs import KernelCosts
     training, costs, gpu = scenario.training, scenario.costs, scenario.cluster.gpu
-    if costs.model == "kernel" or (costs.model == "auto" and has_kernel_tables(gpu)):
+    if kernel_model_chosen(costs.model, gpu):
         return KernelCosts.for_scenario(scenario, workload)
     return AnalyticCosts(workload, gpu, training.dtype, training.optimizer, costs.efficiency,
                          recompute=training.recompute)

@@ -133,16 +133,20 @@ def test_without_interleaving_micro_batches_and_chunk_passes_are_one_count():
 
 # ----------------------------------------------------------------------------- compute model
 
-def test_auto_names_the_roofline_fallback_for_a_gpu_without_kernel_figures(capsys):
+def test_auto_prices_every_gpu_family_on_the_kernel_model_and_names_an_assumed_row(capsys):
+    """GPUs compare on one model: a family without figures takes the generic row (Ampere's ratios)
+    and says so; CPUs and specs of no named family keep the roofline."""
     b200 = _summary(RESNET50, "cluster.gpu=B200")
     model = b200["compute_model"]
-    assert model["model"] == "analytic" and "efficiency" in model["parameters"]
-    assert "B200 (blackwell) has no kernel figures" in model["note"]
-    assert "--set costs.model=kernel uses Ampere's ratios (an assumption)" in model["note"]
-    out = _printed(capsys, RESNET50, "cluster.gpu=B200")
-    assert "compute model: analytic (auto: B200 (blackwell) has no kernel figures" in out
-    # auto's pick and the step time are unchanged: the roofline's own
-    assert b200["step_time_s"] == _summary(RESNET50, "cluster.gpu=B200", "costs.model=analytic")["step_time_s"]
+    assert model["model"] == "kernel" and model["parameters"]["architecture"] == "generic"
+    assert "costs.model auto: B200 (blackwell) has no kernel figures, Ampere's ratios used" in model["note"]
+    assert b200["step_time_s"] == _summary(RESNET50, "cluster.gpu=B200", "costs.model=kernel")["step_time_s"]
+    h100, l40s = (_summary(GPT2_3D, f"cluster.gpu={gpu}")["step_time_s"] for gpu in ("H100-SXM", "L40S"))
+    assert l40s > h100  # on the roofline without host time the L40S came out faster than an H100
+    cpu = _summary(MLP_CPU)["compute_model"]
+    assert cpu["model"] == "analytic" and "not a GPU of a named family" in cpu["note"]
+    out = _printed(capsys, MLP_CPU)
+    assert "compute model: analytic (auto: cpu (cpu) is not a GPU of a named family" in out
 
 
 def test_kernel_model_names_its_catalogue_row(capsys):

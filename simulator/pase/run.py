@@ -54,13 +54,13 @@ def dp_baseline(scenario: Scenario) -> dict:
     """What the dp row (the speedups' baseline) is, how `ghpsim simulate`'s dp on the same p GPUs
     differs for this scenario, and the override that makes simulate play the same allreduces when
     the DDP buckets are the only difference (None otherwise)."""
-    from simulator.kernel_catalogue import has_kernel_tables
+    from simulator.kernel_catalogue import kernel_model_chosen
     strategy, training, cluster, costs = scenario.strategy, scenario.training, scenario.cluster, scenario.costs
     bucket_mib = strategy.bucket_size_bytes / 2**20
     fusion = (f"gradients fused into DDP buckets of strategy.bucket_size_bytes ({bucket_mib:g} MiB)"
               if strategy.gradient_fusion == "buckets" else "Horovod fusion (strategy.gradient_fusion)")
     differences = [fusion]
-    if costs.model == "kernel" or (costs.model == "auto" and has_kernel_tables(cluster.gpu)):
+    if kernel_model_chosen(costs.model, cluster.gpu):
         differences.append("the kernel cost model (here: the roofline)")
     settings = {"training.recompute": (training.recompute, "none"),
                 "strategy.overlap_backward": (strategy.overlap_backward, True),
