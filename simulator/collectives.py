@@ -338,28 +338,26 @@ def _ring_routes(topology: Topology, rings: tuple[tuple[int, ...], ...], passes:
     return cache[rings, passes, nvls]
 
 
-def _ll128_ok(topology: Topology, usage) -> bool:
-    return all(topology.links[link].kind in nccl.LL128_LINK_KINDS for link, _ in usage)
-
-
 def _tree_phases(topology: Topology, ordered: tuple[int, ...], size_bytes: float) -> tuple[FlowPhase, ...]:
-    """Binary-tree reduce, then broadcast, each pipelined over `depth` hops. Over NCCL's kinds the
-    protocol is chosen for the whole tree (2 S over 2 depth hops, NCCL's tree tables); the base
-    latency is paid once, in the reduce."""
-    edges = [(ordered[(i - 1) // 2], ordered[i]) for i in range(1, len(ordered))]
-    depth = math.ceil(math.log2(len(ordered)))
-    reduce = _pairs_phase(topology, [(child, parent) for parent, child in edges], size_bytes, depth)
-    broadcast = _pairs_phase(topology, edges, size_bytes, depth)
+    """NCCL's tree (as `nccl.py`): a chain through each node's ranks, a double binary tree (the second
+    mirrored) over the nodes' first ranks, each tree half the data (NCCL 2.4); reduce, then broadcast,
+    pipelined over the depth, the protocol chosen for the whole tree, the base latency in the reduce."""
+    chains = [[d for d in ordered if topology.node_of(d) == n] for n in sorted({topology.node_of(d) for d in ordered})]
+    leaders = [chain[0] for chain in chains]  # (parent, child) edges; a chain edge carries both halves
+    edges = [(a, b) for chain in chains for a, b in zip(chain, chain[1:])] * 2 + [
+        (order[(i - 1) // 2], order[i]) for order in (leaders, leaders[::-1]) for i in range(1, len(order))]
+    depth = max(1, max(len(chain) for chain in chains) - 1 + math.ceil(math.log2(len(chains))))
+    reduce = _pairs_phase(topology, [(child, parent) for parent, child in edges], size_bytes / 2, depth)
+    broadcast = _pairs_phase(topology, edges, size_bytes / 2, depth)
     usage = reduce.usage + broadcast.usage
     if not _nccl_links(topology, usage):
         return (reduce, broadcast)
     rate = min(_rate(topology, reduce.usage), _rate(topology, broadcast.usage))
     tier = _hop_tier({topology.route_class(a, b) for a, b in edges}, rate)
-    num_nodes = len({topology.node_of(device) for device in ordered})
-    (_, protocol), _, factor = _nccl_choice(2 * size_bytes, rate, {"tree": ((tier, 2 * depth),)}, num_nodes,
-                                            _ll128_ok(topology, usage))
+    ll128 = all(topology.links[link].kind in nccl.LL128_LINK_KINDS for link, _ in usage)
+    (_, protocol), _, factor = _nccl_choice(2 * size_bytes, rate, {"tree": ((tier, 2 * depth),)}, len(chains), ll128)
     hops_s = nccl.candidate_latency_s("tree", protocol, ((tier, depth),), base=False)
-    return tuple(replace(phase, latency_s=latency_s, bytes_per_subflow=size_bytes * factor, nccl=f"tree/{protocol}")
+    return tuple(replace(phase, latency_s=latency_s, bytes_per_subflow=size_bytes / 2 * factor, nccl=f"tree/{protocol}")
                  for phase, latency_s in ((reduce, nccl.BASE_LATENCY_S["tree", protocol] + hops_s),
                                           (broadcast, hops_s)))
 

@@ -129,7 +129,7 @@ def test_hierarchical_phases_each_run_nccl_on_their_own_tier():
 def test_a_tree_picks_one_protocol_and_pays_the_base_latency_once():
     phases = collective_phases(node("nvswitch2-a100"), (tuple(range(8)),), "allreduce", KIB, "tree")
     assert [phase.nccl for phase in phases] == ["tree/LL", "tree/LL"]
-    hops_s = 3 * max(nccl.HOP_LATENCY_S["nvlink", "tree", "LL"], 2e-6)  # depth 3 for 8 ranks
+    hops_s = 7 * max(nccl.HOP_LATENCY_S["nvlink", "tree", "LL"], 2e-6)  # a chain through the node: depth 7
     assert phases[0].latency_s == pytest.approx(nccl.BASE_LATENCY_S["tree", "LL"] + hops_s)
     assert phases[1].latency_s == pytest.approx(hops_s)
 
@@ -202,3 +202,19 @@ def test_bandwidth_bound_messages_through_the_engine_are_within_10_percent(colum
 @pytest.mark.parametrize("column", COLUMN_PRESETS)
 def test_published_target_through_the_engine(column):
     assert engine_misses(column, 0.25, 0.10) == []
+
+
+def test_a_tree_across_nodes_chains_each_node_and_halves_the_data_over_two_node_trees():
+    """NCCL's tree: a chain inside each node, a double binary tree over the nodes (each half the
+    data), so the bytes a node's NIC carries stay at about S each way whatever the node count,
+    where one binary tree of all ranks in rank order pushed S over every edge, 8 of them a node."""
+    from simulator.fabrics import build_topology
+    from simulator.scenario import ClusterConfig
+    for nodes in (2, 4, 8):
+        topology = build_topology(ClusterConfig(num_nodes=nodes, gpus_per_node=8, gpu="A100-80GB",
+                                                intra_node_link="nvlink3-a100", inter_node_link="10gbe"))
+        reduce, broadcast = collective_phases(topology, (tuple(range(8 * nodes)),), "allreduce", 100e6, "tree")
+        assert reduce.bytes_per_subflow == broadcast.bytes_per_subflow == pytest.approx(50e6)
+        crossing = sum(count for link, count in reduce.usage if topology.links[link].kind == "ethernet")
+        assert crossing == 2 * 2 * (nodes - 1)  # two trees of N - 1 edges, each edge out of one NIC, into another
+        assert reduce.latency_s > 0 and reduce.nccl == ""  # 10 GbE: a plain flow phase, not NCCL's tables
