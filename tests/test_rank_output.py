@@ -1,0 +1,94 @@
+"""What `ghpsim rank` prints: sizes where no layout fits beside those that rank, the reason each
+layout lost, one number format, and bounds priced as each candidate runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simulator.layout_search import search_layouts
+from simulator.scenario import load_scenario
+from tests.test_layout_search import run, tiny_llm
+
+
+def test_a_size_without_a_fitting_layout_is_reported_and_the_others_still_ranked(capsys, tmp_path):
+    """--gpus 1,4 where dp on 1 GPU needs ~0.19 GB, on 4 ~0.09 GB, of 0.15 GB: 1 is "no layout fits"."""
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(json.dumps(tiny_llm(batch=16, memory="150 MB")))
+    argv = ("rank", str(scenario), "--gpus", "1,4", "--kinds", "dp", "--workers", "1")
+    code, out, err = run(capsys, *argv, "--steps", "10", "--plot", str(tmp_path / "p.png"))
+    assert code == 0 and err == "", err
+    assert "1 GPUs (1 x 1 A100-80GB), batch 16: no layout fits in 0.1 GiB of device memory on 1 GPUs" in out
+    sizes_table = out[out.index("cluster sizes: the best layout of each"):]
+    assert [line.split("│")[2].strip() for line in sizes_table.splitlines() if line.startswith("│")] == \
+        ["no layout fits", "dp (G=4 x M=1)"]
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    code, out, _ = run(capsys, *argv, "--json")
+    sizes = json.loads(out)["sizes"]
+    assert code == 0 and [size["num_gpus"] for size in sizes] == [1, 4]
+    assert sizes[0]["no_layout_fits"].startswith("no layout fits") and sizes[1]["no_layout_fits"] is None
+    assert sizes[1]["rows"][0]["fits"]
+    scenario.write_text(json.dumps(tiny_llm(batch=16, memory="1 MB")))
+    code, out, err = run(capsys, *argv)  # no size fits: one line, exit 2
+    assert code == 2 and out == "" and err.startswith("ghpsim: error: --gpus '1,4': no size has a layout that fits; ")
+    assert err.count("\n") == 1
+
+
+def test_the_loss_reason_follows_the_figures_shown(capsys):
+    """demo on 3 GPUs: gpipe m=8 has 1f1b m=8's bound and no more communication shown; it loses
+    above the bound, not to communication. Every row's parts add up to its step."""
+    from simulator.rank_reasons import shown_comm_pct
+    code, out, _ = run(capsys, "rank", "scenarios/demo.yaml", "--gpus", "3", "--workers", "1", "--exhaustive",
+                       "--json")
+    rows = json.loads(out)["rows"]
+    best = rows[0]
+    assert code == 0 and best["lost_to"] is None
+    gpipe = next(row for row in rows if row["label"] == "gpipe (G=1 x M=3) m=8")
+    assert gpipe["bound_s"] == best["bound_s"] and gpipe["lost_to"] == "above bound"
+    assert gpipe["above_bound_s"] > best["above_bound_s"]
+    for row in rows:
+        parts = row["compute_s"] + row["bubble_s"] + row["communication_s"] + row["above_bound_s"]
+        assert parts == pytest.approx(row["step_time_s"]), row["label"]
+        if row["lost_to"] == "communication":
+            assert shown_comm_pct(row) > shown_comm_pct(best), row["label"]
+
+
+def test_lost_to_names_communication_only_where_the_shown_share_is_higher():
+    from simulator.rank_reasons import lost_to
+    best = {"compute": 1.0, "bubble": 0.5, "communication": 0.1, "above_bound": 0.1}
+    row = {"compute": 1.1, "bubble": 0.5, "communication": 0.4, "above_bound": 0.25}
+    assert lost_to(row, best, more_comm_shown=True) == "communication"
+    assert lost_to(row, best, more_comm_shown=False) == "above bound"  # 0.15 above the bound, 0.1 compute
+    assert lost_to({**row, "above_bound": 0.1}, best, more_comm_shown=False) == "compute"
+    assert lost_to(row, None) is None
+
+
+@pytest.mark.parametrize("value, decimals, text", [
+    (1106.63, 2, "1,106.63"), (1097.11, 2, "1,097.11"), (3.96247667e29, 0, "3.962e+29"), (999_999_999.0, 0,
+                                                                                           "999,999,999")])
+def test_rank_figures_share_one_format_and_huge_ones_are_scientific(value, decimals, text):
+    from simulator.rank_cli import _number
+    assert _number(value, decimals) == text
+
+
+def test_huge_run_figures_are_not_truncated(capsys):
+    code, out, _ = run(capsys, "rank", "scenarios/demo.yaml", "--gpus", "3", "--top", "2", "--workers", "1",
+                       "--tokens", "1e30", "--price-per-gpu-hour", "1e30")
+    assert code == 0 and "…" not in out and "e+" in out
+    row = next(line for line in out.splitlines() if line.startswith("│ 1 "))
+    assert "148.05" in row and "135.85" in row
+
+
+def test_bounds_price_each_candidate_as_its_own_kind_on_another_gpu_count():
+    """On a GPU count other than the scenario's own, the search starts from a `dp` scenario; the
+    megatron candidates' bounds must still be priced as megatron runs them (GPT-2's odd vocabulary
+    padded, fp16 weight gradients added per micro-batch), and the dp ones as DDP does: every
+    bound stays at or below its simulation."""
+    scenario = load_scenario("scenarios/gpt2_1.5b_dgx_a100_3d.yaml",
+                             ["training.dtype=fp16", "training.global_batch_size=32"])
+    found = search_layouts(scenario, 8, kinds=("megatron", "dp"), microbatch_sizes=(4,), exhaustive=True,
+                           workers=1, show_progress=False)
+    assert {row["label"].split()[0] for row in found.rows} == {"megatron", "dp"}
+    for row in found.rows:
+        assert 0 < row["bound_s"] <= row["step_time_s"] * (1 + 1e-9), row["label"]
