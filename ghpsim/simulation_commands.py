@@ -106,10 +106,12 @@ def cmd_list(args) -> int:
         return 0
     width = max(len(name) for name in {"gpus": GPUS, "links": LINKS, "models": MODELS}[args.what]) + 2
     if args.what == "gpus":
+        print(f"{'GPU':{width}s}{'memory':>10s}  {'bandwidth':>9s}  dense peak per dtype (TFLOP/s)")
         for name, gpu in GPUS.items():
-            peaks = ", ".join(f"{k} {v / 1e12:g}T" for k, v in gpu.peak_flops_per_s.items())
-            print(f"{name:{width}s}{gpu.memory_bytes / 2**30:6.0f} GiB  {gpu.memory_bandwidth_bytes_per_s / 1e9:6.0f} GB/s  {peaks}")
+            peaks = ", ".join(f"{k} {v / 1e12:,.4g}" for k, v in gpu.peak_flops_per_s.items())
+            print(f"{name:{width}s}{gpu.memory_bytes / 2**30:6.0f} GiB  {gpu.memory_bandwidth_bytes_per_s / 1e9:4.0f} GB/s  {peaks}")
     elif args.what == "links":
+        print(f"{'link':{width}s}{'bandwidth':>13s}  {'latency':>8s}  kind")
         for name, link in LINKS.items():
             print(f"{name:{width}s}{link.bandwidth_bytes_per_s / 1e9:8.3f} GB/s  {link.latency_s * 1e6:5.1f} us  {link.kind}")
     else:

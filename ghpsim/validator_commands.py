@@ -176,6 +176,8 @@ def cmd_import_model(args) -> int:
     from validator.import_model import import_model
     shape = tuple(_int_list(args.input_shape, "--input-shape"))
     check_output_file(args.out, "--out")  # before the user's code runs
+    if Path(args.out).suffix.lower() not in (".yaml", ".yml"):  # a layer table in YAML, as model.file reads it
+        raise ScenarioError(f"--out {args.out}: the layer table is written in YAML; name it .yaml or .yml")
     if not args.json:  # on stdout: an error stays the only line on stderr
         print(f"note: import-model imports {args.target.split(':')[0]!r} (the current folder included) and runs "
               f"its code with your permissions (SECURITY.md)")

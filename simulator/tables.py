@@ -49,11 +49,12 @@ def _placement_label(summary: dict) -> str:
 
 
 def strategy_label(summary: dict) -> str:
-    """"ghp (G=4 x M=2)"; a megatron run by its degrees, as `ghpsim rank` labels it: "megatron
+    """"ghp (G=4 x M=2)", "1f1b (G=1 x M=4) m=8"; a megatron run by its degrees, as `ghpsim rank` labels it: "megatron
     (t=8 x c=2 x p=16 x d=64)" (+ " ep=E" with expert parallelism)."""
-    tensor = summary.get("tensor")
+    tensor, pipeline = summary.get("tensor"), summary.get("pipeline")
     if summary["strategy"] != "megatron" or not tensor:
-        return f"{summary['strategy']} (G={summary['num_groups']} x M={summary['workers_per_group']})"
+        microbatches = f" m={pipeline['num_microbatches']}" if pipeline else ""  # as `ghpsim rank` labels it
+        return f"{summary['strategy']} (G={summary['num_groups']} x M={summary['workers_per_group']}){microbatches}"
     context = f" x c={tensor['cp_degree']}" if tensor.get("cp_degree", 1) > 1 else ""
     experts = f" ep={tensor['ep_degree']}" if tensor.get("ep_degree", 1) > 1 else ""
     return (f"megatron (t={tensor['tp_degree']}{context} x p={tensor['pp_degree']} x d={tensor['dp_degree']})"
@@ -104,8 +105,8 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
     summary, scenario = result.summary, result.scenario
     cluster = scenario.cluster
     step_s, noun = summary["step_time_s"], device_noun(cluster)
-    console.print(f"[bold]{summary['scenario']}[/bold]: {summary['model']} "
-                  f"({format_count(result.workload.num_params)} params, {plural(result.workload.num_layers, 'layer')}), "
+    size = f"{format_count(result.workload.num_params)} params, {plural(result.workload.num_layers, 'layer')}"
+    console.print(f"[bold]{summary['scenario']}[/bold]: {summary['model']} ({size}), "
                   f"batch {summary['global_batch_size']} {scenario.training.dtype}")
     console.print(f"cluster: {plural(cluster.num_nodes, 'node')} x {cluster.gpus_per_node} {cluster.gpu.name}; "
                   + fabric_label(cluster))

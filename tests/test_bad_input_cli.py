@@ -138,6 +138,10 @@ def test_import_model_checks_its_out_before_running_the_users_code(tmp_path, cap
     line = assert_one_line_error(run_cli(capsys, "import-model", "user_factory:build", "--input-shape", "8",
                                          "--out", folder), "--out", "is a directory")
     assert "the user code ran" not in line
+    for name in ("table.csv", "table.txt"):  # model.file reads a .csv as a CSV table: YAML there would not load
+        line = assert_one_line_error(run_cli(capsys, "import-model", "user_factory:build", "--input-shape", "8",
+                                             "--out", tmp_path / name), "--out", "name it .yaml or .yml")
+        assert "the user code ran" not in line and not (tmp_path / name).exists()
 
 
 def test_an_hf_config_with_zero_experts_is_refused_not_read_as_dense(tmp_path, capsys):

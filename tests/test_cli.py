@@ -134,8 +134,11 @@ def test_list(capsys, what, expected):
 
 def test_list_aligns_every_preset_name_in_one_column(capsys):
     code, out, _ = run_cli(capsys, "list", "gpus")
-    columns = {line.index(" GiB") for line in out.splitlines()}
+    header, *rows = out.splitlines()
+    assert header.split()[:3] == ["GPU", "memory", "bandwidth"] and "(TFLOP/s)" in header
+    columns = {line.index(" GiB") for line in rows}
     assert code == 0 and len(columns) == 1, columns  # the longest names (A100-80GB-PCIe) too
+    assert "0.18375T" not in out and "fp16 0.1837" in out  # P40's peaks in TFLOP/s, 4 significant digits
 
 
 @pytest.mark.parametrize("what", ["gpus", "links", "models"])

@@ -156,7 +156,8 @@ def test_cli_prints_the_grid_and_json(capsys, golden):
     document = json.loads(capsys.readouterr().out)
     assert document["num_slots"] == 38 and len(document["grid"]) == 4
     assert document["grid"][0][:2] == ["F0.0", "F1.0"]
-    assert document["stages"]["microbatches_in_flight"] == [11, 9, 7, 5]
+    assert document["stages"]["chunk_passes_in_flight"] == [11, 9, 7, 5]  # (chunk, micro-batch) pairs
+    assert document["stages"]["microbatches_in_flight"] == [8, 8, 7, 5]  # of only 8 micro-batches
 
 
 def test_cli_bad_options_exit_2(capsys):

@@ -38,7 +38,7 @@ def render_grid(schedule: Schedule) -> str:
 
 def schedule_document(schedule: Schedule, weight_stashing: bool = True) -> dict:
     """JSON form: the ops with their unit-time slots, the grid and the per-stage metrics."""
-    from simulator.schedules.analysis import stage_metrics
+    from simulator.schedules.analysis import in_flight_counts, stage_metrics
 
     timeline = check_schedule(schedule)
     return {
@@ -51,5 +51,7 @@ def schedule_document(schedule: Schedule, weight_stashing: bool = True) -> dict:
         "ranks": [[{"phase": op.phase, "chunk": op.chunk, "microbatch": op.microbatch, "start": start, "end": end}
                    for op, start, end in row] for row in timeline.rows],
         "grid": grid_cells(schedule, timeline),
-        "stages": stage_metrics(schedule, weight_stashing and schedule.kind == "pipedream"),
+        # micro-batches and chunk passes in flight counted apart, as the simulation's summary counts them
+        "stages": {**stage_metrics(schedule, weight_stashing and schedule.kind == "pipedream"),
+                   **in_flight_counts(schedule)},
     }
