@@ -151,7 +151,10 @@ def compare(scenario: Scenario, specs: list[tuple[str, int | None]], costs=None)
                 raise ScenarioError(f"--strategies: no G with 1 < G < {scenario.num_gpus} fits this scenario")
             results.append(min(candidates, key=lambda result: result.step_time_s))
         else:
-            results.append(simulate(with_strategy(scenario, kind, groups), costs=costs, workload=workload))
+            try:
+                results.append(simulate(with_strategy(scenario, kind, groups), costs=costs, workload=workload))
+            except ScenarioError as error:  # name the list item that asked for the plan, not only its field
+                raise ScenarioError(f"{error} (--strategies item {kind if groups is None else f'{kind}:{groups}'})") from None
     return sorted(results, key=lambda result: result.step_time_s)
 
 

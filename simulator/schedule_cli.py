@@ -27,6 +27,8 @@ def run(args) -> int:
         raise ScenarioError(f"--no-stash: applies to pipedream (weight stashing), not {args.kind}")
     if args.weight_prediction is not None and args.kind != "spectrain":
         raise ScenarioError(f"--weight-prediction {args.weight_prediction}: applies to spectrain, not {args.kind}")
+    if args.kind == "interleaved_1f1b" and args.stages < 2:  # as a scenario refuses it (strategies.pipeline)
+        raise ScenarioError(f"--stages {args.stages}: interleaved_1f1b needs at least 2 stages")
     virtual = args.virtual_stages or (2 if args.kind == "interleaved_1f1b" else 1)
     check_size(args.stages, args.microbatches, virtual)
     try:

@@ -337,3 +337,13 @@ def test_calibrate_refuses_its_scenario_as_out_and_a_repeated_batch_size(capsys,
     assert_only_line(run_cli(capsys, "calibrate", "--scenario", scenario, "--out", tmp_path / "p.json",
                              "--batch-sizes", "4,16,4"), "--batch-sizes '4,16,4'", "4 is given twice")
     assert sorted(os.listdir(tmp_path)) == ["x.yaml"]
+
+
+def test_a_compare_item_that_cannot_run_is_named_by_its_list_item(capsys):
+    assert_only_line(run_cli(capsys, "compare", "scenarios/demo.yaml", "--strategies", "gpipe:4,gpipe:3"),
+                     "strategy.num_microbatches: 3 does not divide the group batch 64", "(--strategies item gpipe:3)")
+
+
+def test_schedule_refuses_an_interleaved_schedule_of_one_stage_as_a_scenario_does(capsys):
+    assert_only_line(run_cli(capsys, "schedule", "interleaved_1f1b", "--stages", "1", "--microbatches", "2"),
+                     "--stages 1: interleaved_1f1b needs at least 2 stages")
