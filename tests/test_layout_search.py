@@ -318,18 +318,19 @@ def test_rank_refuses_in_one_line_when_no_asynchronous_layout_fits(capsys):
 
 def test_asynchronous_layouts_over_the_unfolded_pass_limit_are_skipped_with_the_reason():
     """Asynchronous pipelines replay K whole steps to their steady state
-    (simulator/schedules/steady_state.py): R (n + m) passes, n = K m >= 3p + m + 1, with R all N ranks
-    where the replicas do not fold (no topology to check here)."""
+    (simulator/schedules/steady_state.py): R (n + m) passes, n = K m >= 3p + J m + 1 (J steps of at
+    least 4p micro-batches measured), with R all N ranks where the replicas do not fold (no topology
+    to check here)."""
     from types import SimpleNamespace
 
     from simulator.search_gates import ASYNCHRONOUS_UNFOLDED_PASSES, asynchronous_passes, unfolded_refusal
-    assert asynchronous_passes(512, 64, 4) == 512 * (200 + 4)
-    assert asynchronous_passes(8, 4, 8) == 8 * (24 + 8)  # 3p + m + 1 = 21: three steps of 8
+    assert asynchronous_passes(512, 64, 4) == 512 * (452 + 4)  # 49 steps of 4 to fill, J = 64 measured
+    assert asynchronous_passes(8, 4, 8) == 8 * (32 + 8)  # 3p + 1 = 13: two steps of 8, J = 2 measured
     large = Candidate("pipedream", 256, 16, num_microbatches=4)
     reason = unfolded_refusal(SimpleNamespace(num_gpus=4096), large, None, {})
-    assert f"{4096 * (56 + 4):,} rank x micro-batch passes exceed {ASYNCHRONOUS_UNFOLDED_PASSES:,}" in reason
-    assert unfolded_refusal(SimpleNamespace(num_gpus=512), Candidate("spectrain", 8, 64, num_microbatches=4),
-                            None, {}) is None
+    assert f"{4096 * (116 + 4):,} rank x micro-batch passes exceed {ASYNCHRONOUS_UNFOLDED_PASSES:,}" in reason
+    assert unfolded_refusal(SimpleNamespace(num_gpus=128), Candidate("spectrain", 8, 16, num_microbatches=4),
+                            None, {}) is None  # 128 x (116 + 4) passes
     assert unfolded_refusal(SimpleNamespace(num_gpus=4096), Candidate("1f1b", 256, 16, num_microbatches=4),
                             None, {}) is None  # synchronous kinds have a bound and fold where they can
 

@@ -73,8 +73,20 @@ def stage_metrics(schedule: Schedule, weight_stashing: bool) -> dict[str, list[i
     return metrics
 
 
+MEASURED_MICROBATCHES_PER_STAGE = 4
+"""The steady-state window holds at least this many micro-batches a stage (`measured_steps`)."""
+
+
+def measured_steps(num_stages: int, num_microbatches: int) -> int:
+    """J: the whole steps the steady-state window spans, at least 4p micro-batches (J = 1 once m >=
+    4p). Where forward and backward streams share links the completions need not settle into one
+    step's rhythm (16 stages over 10 GbE at m = 1: intervals of 59, 519, 59, 407 ... ms), so one
+    step's m completions would measure chance; J steps' mean does not."""
+    return max(1, math.ceil(MEASURED_MICROBATCHES_PER_STAGE * num_stages / num_microbatches))
+
+
 def steady_state_steps(num_stages: int, num_microbatches: int) -> int:
-    """K: whole steps of m micro-batches back to back with n = K m >= 3p + m + 1 (a fill of 2p, the
-    m measured, a drain of p + 1), what `simulator.schedules.steady_state` simulates."""
+    """K: whole steps of m micro-batches back to back with n = K m >= 3p + J m + 1 (a fill of 2p, the
+    J steps measured, a drain of p + 1), what `simulator.schedules.steady_state` simulates."""
     p, m = num_stages, num_microbatches
-    return math.ceil((3 * p + m + 1) / m)
+    return math.ceil((3 * p + 1) / m) + measured_steps(p, m)

@@ -6,13 +6,15 @@ Step time. Synchronous kinds (gpipe, 1f1b, interleaved_1f1b) flush: a step is th
 makespan, from the first forward to the last update. Asynchronous kinds (pipedream, spectrain,
 delayed_gradient) never flush, so one step's makespan (fill + drain) is not what a long run
 sees. Their step time is the time to process one global batch in steady state: the same pipeline
-is simulated on n = K m micro-batches of the same size b (K whole steps back to back, n >= 3p + m
-+ 1), micro-batch i completes when its last compute (backward, update) ends, and
+is simulated on n = K m micro-batches of the same size b (K whole steps back to back, n >= 3p +
+J m + 1), micro-batch i completes when its last compute (backward, update) ends, and
 
-    step_time = completion(2p + m - 1) - completion(2p - 1),
+    step_time = (completion(2p - 1 + J m) - completion(2p - 1)) / J,
 
-m completions well after the fill (2p micro-batches) and before the drain (the last p + 1).
-The device breakdown and the bubble fractions then cover that window.
+the mean of J whole steps (`analysis.measured_steps`: at least 4p micro-batches, J = 1 once m >=
+4p) well after the fill (2p micro-batches) and before the drain (the last p + 1). The device
+breakdown and the bubble fractions cover that window, its spans' times divided by J (a mean step;
+a trace of such a run shows the window so scaled).
 
 bubble_fraction of a stage: the share of the step in which it neither computes nor communicates
 (mean over the G replicas of the stage; `simulator.records.stage_time_split`), exposed_comm_fraction
@@ -26,13 +28,13 @@ from dataclasses import replace
 
 from simulator.engine import Engine
 from simulator.records import compute_busy_s
-from simulator.schedules.analysis import steady_state_steps
+from simulator.schedules.analysis import measured_steps, steady_state_steps
 from simulator.strategies.pipeline import compile_pipeline_plan, pipeline_config
 
 STEP_DEFINITIONS = {
     False: "flush: makespan of one step, first forward to last update",
-    True: "steady state: time between the completions of micro-batches 2p-1 and 2p+m-1 of a run of "
-          "whole steps back to back (no flush)",
+    True: "steady state: time between the completions of micro-batches 2p-1 and 2p-1+Jm of a run of "
+          "whole steps back to back (no flush), over J (J steps of at least 4p micro-batches in all)",
 }
 
 
@@ -94,13 +96,15 @@ def microbatch_completions(spans) -> dict[int, float]:
 
 
 def steady_state_window(spans, num_stages: int, num_microbatches: int) -> tuple[list[tuple], float]:
-    """(spans clipped to [completion(2p-1), completion(2p+m-1)], shifted to start at 0; its length)."""
+    """(spans clipped to [completion(2p-1), completion(2p-1+Jm)], shifted to start at 0 and their
+    times divided by J; the mean step, the window's length / J)."""
     p, m = num_stages, num_microbatches
+    steps = measured_steps(p, m)
     completion = microbatch_completions(spans)
-    first, last = completion[2 * p - 1], completion[2 * p + m - 1]
+    first, last = completion[2 * p - 1], completion[2 * p - 1 + steps * m]
     window = []
     for rank, stream, name, kind, start, end, size, microbatch in spans:
         start, end = max(start, first), min(end, last)
         if end > start:
-            window.append((rank, stream, name, kind, start - first, end - first, size, microbatch))
-    return window, last - first
+            window.append((rank, stream, name, kind, (start - first) / steps, (end - first) / steps, size, microbatch))
+    return window, (last - first) / steps
