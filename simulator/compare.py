@@ -15,7 +15,7 @@ from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
 from simulator.simulate import SimulationResult, naming_source, simulate
-from simulator.zero_config import without_unused_fsdp_keys
+from simulator.zero_config import without_zero
 
 MEGATRON = "megatron"
 
@@ -29,9 +29,7 @@ def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) 
         return megatron_layout(scenario)
     raw = scenario.model_dump(mode="python")
     kind, _, microbatches = kind.partition(":")
-    strategy = {**raw["strategy"], "kind": kind, "num_groups": num_groups}
-    if strategy["zero_stage"]:  # ZeRO is megatron's; the other kinds reduce as DDP does
-        strategy = without_unused_fsdp_keys({**strategy, "zero_stage": 0})
+    strategy = {**without_zero(raw["strategy"]), "kind": kind, "num_groups": num_groups}
     if kind != "interleaved_1f1b":
         strategy["num_virtual_stages"] = 1
     if microbatches:

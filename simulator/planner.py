@@ -40,7 +40,7 @@ from simulator.memory_buffers import usable_memory_bytes
 from simulator.model_source import resolve_workload
 from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
 from simulator.schedules import default_microbatch_counts
-from simulator.zero_config import without_unused_fsdp_keys
+from simulator.zero_config import without_unused_fsdp_keys, without_zero
 from simulator.simulate import simulate
 from simulator.strategies import STRATEGIES
 
@@ -236,10 +236,8 @@ def candidate_scenario(scenario: Scenario, candidate: Candidate) -> dict:
         raw["strategy"]["tp_comm_overlap"] = bool(raw["strategy"]["tp_comm_overlap"] and raw["strategy"]["sequence_parallel"])
         raw["strategy"] = without_unused_fsdp_keys(raw["strategy"])  # the candidate's stage, not the scenario's
         return raw
-    if raw["strategy"]["zero_stage"] >= 1:  # ZeRO is megatron's; these kinds reduce as DDP does
-        raw["strategy"] = without_unused_fsdp_keys({**raw["strategy"], "zero_stage": 0})
-    raw["strategy"] = {**raw["strategy"], "kind": candidate.kind, "placement": candidate.placement, "ep_degree": 1, "cp_degree": 1,
-                       "num_groups": None if candidate.kind in ("dp", "mp") else candidate.num_groups,
+    raw["strategy"] = {**without_zero(raw["strategy"]), "kind": candidate.kind, "placement": candidate.placement,
+                       "ep_degree": 1, "cp_degree": 1, "num_groups": None if candidate.kind in ("dp", "mp") else candidate.num_groups,
                        "num_microbatches": candidate.num_microbatches, "partition": partition,
                        "num_virtual_stages": candidate.num_virtual_stages}
     return raw

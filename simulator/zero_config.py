@@ -60,3 +60,9 @@ def without_unused_fsdp_keys(strategy: dict) -> dict:
     gathers = stage == 3 or sharding == "shard_grad_op"
     return {**strategy, "fsdp_sharding": sharding, "fsdp_version": strategy.get("fsdp_version") if gathers else None,
             "fsdp_reduce_dtype": strategy.get("fsdp_reduce_dtype") if stage >= 2 else None}
+
+
+def without_zero(strategy: dict) -> dict:
+    """A raw strategy mapping moved to a kind other than megatron: its ZeRO stage (megatron's) and
+    the FSDP keys that go with it dropped, as those kinds reduce gradients as DDP does."""
+    return without_unused_fsdp_keys({**strategy, "zero_stage": 0}) if strategy["zero_stage"] else strategy
