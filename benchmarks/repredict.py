@@ -33,7 +33,7 @@ from simulator.scenario import load_scenario
 from validator.measure import RunOptions
 from validator.report import error_summary, summary_line
 from validator.reproducibility import headline_error_column
-from validator.validate import predictions
+from validator.validate import predicted_as_run, predictions
 
 ROOT = Path(__file__).resolve().parent.parent
 STALE_COLUMNS = ("predicted_jitter_s", "predicted_p10_s", "predicted_p90_s", "jitter_ranks_at_once",
@@ -77,6 +77,10 @@ def main() -> int:
         figures = predictions(scenario, str(profile), specs, RunOptions(optimizer=scenario.training.optimizer))
         for row in rows.itertuples():
             predicted_s = figures[row.strategy]
+            if isinstance(getattr(row, "partition", None), str):  # the split the run played
+                spec = (row.kind, row.num_groups if row.kind == "ghp" else None)
+                predicted_s = predicted_as_run(scenario, str(profile), spec, row.partition,
+                                               RunOptions(optimizer=scenario.training.optimizer))
             error_pct = 100.0 * (predicted_s - row.measured_s) / row.measured_s
             frame.loc[row.Index, ["predicted_s", "error_pct"]] = predicted_s, error_pct
             old.append({"error_pct": getattr(row, old_column)})

@@ -36,8 +36,8 @@ def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) 
         strategy["num_microbatches"] = int(microbatches)
     workers = {"dp": 1, "mp": scenario.num_gpus}.get(kind, scenario.num_gpus // (num_groups or 1))
     partition = strategy["partition"]
-    if not isinstance(partition, str) and len(partition) != workers:
-        strategy["partition"] = "balanced"  # an explicit partition fits only its own number of stages
+    if not isinstance(partition, str) and len(partition) != workers * strategy["num_virtual_stages"]:
+        strategy["partition"] = "balanced"  # an explicit partition fits only its own number of chunks
     if strategy["placement"] == "tp_dp_pp":  # a megatron rank order only
         strategy["placement"] = "group_per_node"
     raw["strategy"] = strategy

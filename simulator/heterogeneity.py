@@ -90,15 +90,16 @@ def _costs_for_gpu(costs: CostModel, gpu: GpuSpec) -> CostModel:
 
 
 def stage_compute_s(costs: CostModel, topology: Topology, rank_to_device: tuple[int, ...], num_groups: int,
-                    num_stages: int, num_layers: int, batch: float) -> np.ndarray:
-    """Forward + backward seconds per layer: shape (L,) on uniform devices, else (M, L) with row j
-    the slowest of stage j's G devices (ranks g x M + j)."""
+                    num_stages: int, num_layers: int, batch: float,
+                    phases: tuple[str, ...] = (FORWARD, BACKWARD)) -> np.ndarray:
+    """Seconds per layer of `phases` (forward + backward by default): shape (L,) on uniform devices,
+    else (M, L) with row j the slowest of stage j's G devices (ranks g x M + j)."""
     device_costs = DeviceCosts(costs, topology)
 
     def per_layer(device: int | None) -> np.ndarray:
         lookup = (lambda i, phase: costs.compute_s(i, phase, batch)) if device is None else (
             lambda i, phase: device_costs.compute_s(device, i, phase, batch))
-        return np.array([lookup(i, FORWARD) + lookup(i, BACKWARD) for i in range(num_layers)])
+        return np.array([sum(lookup(i, phase) for phase in phases) for i in range(num_layers)])
 
     if device_costs.uniform:
         return per_layer(None)

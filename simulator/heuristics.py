@@ -126,13 +126,13 @@ def ring_link(topology: Topology, devices: tuple[int, ...], workers: int, peers:
     latency = max(topology.route_latency_s(a, b) for a, b in hops)
     bandwidth = min(route_bandwidth(topology, a, b) for a, b in hops)
     if len({topology.node_of(device) for device in peers}) > 1:
-        leaving = _rings_leaving_node(topology, devices, workers, topology.node_of(peers[0]))
+        leaving = rings_leaving_node(topology, devices, workers, topology.node_of(peers[0]))
         inter = next(link for link in topology.links if link.tier == "inter").bandwidth_bytes_per_s
         bandwidth = min(bandwidth, inter / leaving)
     return latency, bandwidth
 
 
-def _rings_leaving_node(topology: Topology, devices: tuple[int, ...], workers: int, node: int) -> int:
+def rings_leaving_node(topology: Topology, devices: tuple[int, ...], workers: int, node: int) -> int:
     """Stages with a rank on `node` whose peers span several nodes (their rings share its NICs)."""
     by_stage: dict[int, set[int]] = {}
     for rank, device in enumerate(devices):

@@ -37,15 +37,15 @@ def resolved_placement(placement: str | tuple[int, ...], t: int, p: int, d: int,
 
 
 def chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b: float):
-    """`strategies.ghp._partition` of one megatron pipeline chain, remembered in `model._cache` (a
+    """`strategies.stage_partition.grid_partition` of one megatron pipeline chain, remembered in `model._cache` (a
     `simulator.step_bound.BoundModel`). A balanced partition sees the chunk devices only through
     their cost models and the routes (latency, bottleneck bandwidth) between neighbours, so chains
     alike there (e.g. the two rank orders on one fabric) share it."""
     from simulator.heterogeneity import DeviceCosts
-    from simulator.strategies.ghp import _partition
+    from simulator.strategies.stage_partition import grid_partition
     topology = model.topology
     if grid.partition != "balanced":
-        return _partition(grid, shard, topology, costs, chunk_devices, b)
+        return grid_partition(grid, shard, topology, costs, chunk_devices, b)
     models = DeviceCosts(costs, topology)
     links = tuple((topology.route_latency_s(a, z),
                    min(topology.links[i].bandwidth_bytes_per_s for i in topology.route(a, z)))
@@ -54,7 +54,7 @@ def chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b
            None if models.uniform else tuple(id(models.model_of(device)) for device in chunk_devices))
     found = model._cache.get(key)
     if found is None:
-        found = model._cache[key] = _partition(grid, shard, topology, costs, chunk_devices, b)
+        found = model._cache[key] = grid_partition(grid, shard, topology, costs, chunk_devices, b)
     return found
 
 

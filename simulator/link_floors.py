@@ -8,18 +8,22 @@ from __future__ import annotations
 from simulator.collectives import choose_algorithm, collective_phases, pairs_phase
 
 
+def isolated_time_s(topology, phases) -> float:
+    """Each phase alone on the fabric: latency + bytes at its bottleneck link's share."""
+    total = 0.0
+    links = topology.links
+    for phase in phases:
+        slowest = max((count / links[link].bandwidth_bytes_per_s for link, count in phase.usage), default=0.0)
+        total += phase.latency_s + phase.bytes_per_subflow * slowest
+    return total
+
+
 class LinkFloors:
     """Mixed into a bound model with `topology`, `_cache`, `_measured` (a profile's measured
     communication: no floor) and `uniform_links`."""
 
     def phases_floor_s(self, phases) -> float:
-        """Each phase alone on the fabric: latency + bytes at its bottleneck link's share."""
-        total = 0.0
-        links = self.topology.links
-        for phase in phases:
-            slowest = max((count / links[link].bandwidth_bytes_per_s for link, count in phase.usage), default=0.0)
-            total += phase.latency_s + phase.bytes_per_subflow * slowest
-        return total
+        return isolated_time_s(self.topology, phases)
 
     def collective_floor_s(self, groups, op: str, size_bytes: float, algorithm: str, repeat: int = 1) -> float:
         if self._measured is not None:

@@ -1,31 +1,93 @@
-"""Contiguous layer partitions: balanced by dynamic programming, uniform, or given explicitly.
+"""Contiguous layer partitions: balanced or serial by dynamic programming, uniform, or given explicitly.
 
 Uniform: equal numbers of the model's repeated layer per stage, as Megatron-LM (num_layers / pp
 transformer layers a stage) and DeepSpeed's `PipelineModule(partition_method="type:transformer")`
 (what Megatron-DeepSpeed's GPT uses) cut a model; the framework does not weigh the embedding or
 the head, which stay on the first and the last stage.
 
-Balanced: choose M contiguous layer ranges minimising the slowest stage, where a stage's cost is
-its forward + backward compute plus the transfers it sends: its output activations forward and
-its input gradients backward. This is the linear-partition DP (Bokhari 1988; the PipeDream
-partitioner, Narayanan et al. SOSP 2019, without replication), O(M L^2), vectorised with numpy.
+Balanced: choose M contiguous layer ranges minimising the slowest stage, where a stage's cost per
+micro-batch is its forward + backward compute, the transfers it sends (its output activations
+forward and its input gradients backward) and its share of what closes its step: the part of its
+gradient allreduce that its backward does not hide, and its optimizer step (`StageUpdate`). This
+is the linear-partition DP (Bokhari 1988) with the PipeDream partitioner's stage cost at a fixed
+replication (Narayanan et al. SOSP 2019), O(M L^2), vectorised with numpy.
+
+Serial (one batch through the stages, no micro-batches: GHP, MP): the step is the sum of the
+stages' costs plus the longest tail of allreduce and optimizer step left after the backward pass
+(`StageUpdate.tail_s`), the GHP paper's T_GHP = sum of compute + boundary transfers + max_j AR_j
+(Joo & Youn, IEEE Access 2021; `simulator.heuristics`) with DDP's overlap and the update. Balance
+does not matter there: cuts at small activations and allreduces hidden behind the backward do.
+For each bound X on the tails, a min-sum DP over the ranges whose tail is at most X; the best
+X + sum over every tail value X (`SERIAL_TAIL_CANDIDATES` quantiles of them on long models). A
+range may also be refused for memory (`memory_cap_bytes`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from simulator.errors import ScenarioError
 
+SERIAL_TAIL_CANDIDATES = 256
+"""Most tail bounds X the serial partition tries (quantiles of the tail values when there are more)."""
+
+
+@dataclass(frozen=True)
+class StageUpdate:
+    """What closes a stage's step over layers [a, b]: its gradient allreduce among its replicas,
+    AR = per_byte_s[m] x (gradient bytes of [a, b]) + constant_s[m] (a ring allreduce is affine in
+    its size; zero without replicas), then its optimizer step, the sum of optimizer_s[a..b]. DDP's
+    buckets start the allreduce as the stage's backward starts, so it exposes max(0, AR - backward
+    of [a, b]) (all of AR when not `overlapped`); `share` is updates per micro-batch: 1/m for the
+    flushed kinds, 1 for the asynchronous ones."""
+
+    per_byte_s: np.ndarray  # (M,)
+    constant_s: np.ndarray  # (M,)
+    gradient_bytes: np.ndarray  # (L,)
+    backward_s: np.ndarray  # (L,) or (M, L)
+    optimizer_s: np.ndarray  # (L,)
+    share: float
+    overlapped: bool
+
+    def _backward(self, stage: int) -> np.ndarray:
+        return np.broadcast_to(self.backward_s, (len(self.per_byte_s), len(self.gradient_bytes)))[stage]
+
+    def closing_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Seconds after stage `stage`'s backward over layers [start, end] (inclusive): its exposed
+        allreduce, then its optimizer step."""
+        allreduce = self.per_byte_s[stage] * _range_sum(self.gradient_bytes, starts, ends) + self.constant_s[stage]
+        if self.overlapped:
+            allreduce = np.maximum(allreduce - _range_sum(self._backward(stage), starts, ends), 0.0)
+        return allreduce + _range_sum(self.optimizer_s, starts, ends)
+
+    def exposed_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Pipelined: the closing seconds per micro-batch."""
+        return self.share * self.closing_s(stage, starts, ends)
+
+    def tail_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Serial: closing seconds left after the whole backward pass, which still runs the backward
+        of every stage before this one (layers [0, start))."""
+        before = _range_sum(self._backward(stage), np.zeros_like(starts), starts - 1)
+        return np.maximum(self.closing_s(stage, starts, ends) - before, 0.0)
+
+
+def _range_sum(values, starts, ends):
+    """Sum of values[start..end] (inclusive; empty where end < start)."""
+    prefix = np.concatenate(([0.0], np.cumsum(values)))
+    return prefix[ends + 1] - prefix[starts]
+
 
 def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,
-                       num_stages: int) -> tuple[tuple[int, int], ...]:
-    """Layer ranges [(start, end), ...] minimising max stage cost.
+                       num_stages: int, update: StageUpdate | None = None) -> tuple[tuple[int, int], ...]:
+    """Layer ranges [(start, end), ...] minimising the slowest stage (module docstring).
 
     compute_s[l]: forward + backward seconds of layer l, or compute_s[m, l] on the device(s) of
     stage m (heterogeneous devices: a slow device gets fewer layers). send_forward_s[m, l]: seconds
     for stage m to send layer l's output to stage m+1; send_backward_s[m, l]: seconds for stage m
-    to send the gradient of layer l's input to stage m-1 (arrays of shape (M, L)).
+    to send the gradient of layer l's input to stage m-1 (arrays of shape (M, L)); `update`: what
+    closes each stage's step (None: nothing is weighed).
     """
     compute_s = np.broadcast_to(compute_s, (num_stages, np.shape(compute_s)[-1]))
     num_layers = compute_s.shape[1]
@@ -44,6 +106,8 @@ def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_b
             cost = cost + send_forward_s[stage][None, :]
         if stage > 0:
             cost = cost + send_backward_s[stage][:, None]
+        if update is not None:
+            cost = cost + update.exposed_s(stage, np.minimum(starts, ends), ends)
         if best_prev is None:
             value = np.where(starts == 0, cost, np.inf)
         else:
@@ -59,6 +123,61 @@ def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_b
         ranges.append((start, end + 1))
         end = start - 1
     return tuple(reversed(ranges))
+
+
+def serial_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,
+                     num_stages: int, update: StageUpdate, layer_bytes: np.ndarray | None = None,
+                     memory_cap_bytes: float = np.inf) -> tuple[tuple[int, int], ...] | None:
+    """Layer ranges minimising the sum of the stages' costs plus the longest tail (module docstring;
+    arguments as `balanced_partition`), each stage's sum of `layer_bytes` at most `memory_cap_bytes`;
+    None when no partition is that small."""
+    num_layers = np.shape(compute_s)[-1]
+    starts = np.arange(num_layers)[:, None]
+    ends = np.arange(num_layers)[None, :]
+    clipped = np.minimum(starts, ends)
+    stage_costs = []
+    compute_s = np.broadcast_to(compute_s, (num_stages, num_layers))
+    feasible = starts <= ends
+    if layer_bytes is not None:
+        feasible &= _range_sum(layer_bytes, clipped, ends) <= memory_cap_bytes
+    for stage in range(num_stages):
+        cost = _range_sum(compute_s[stage], clipped, ends)
+        if stage < num_stages - 1:
+            cost = cost + send_forward_s[stage][None, :]
+        if stage > 0:
+            cost = cost + send_backward_s[stage][:, None]
+        tail = update.tail_s(stage, clipped, ends)
+        stage_costs.append((np.where(feasible, cost, np.inf), np.where(feasible, tail, np.inf)))
+    values = np.unique(np.concatenate([tail[np.isfinite(tail)] for _, tail in stage_costs]))
+    if len(values) > SERIAL_TAIL_CANDIDATES:
+        values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, SERIAL_TAIL_CANDIDATES)))
+    least_total = _min_sum([cost for cost, _ in stage_costs])[0]  # no bound: a floor for every X's sum
+    best_s, best = np.inf, None
+    for bound in values:  # ascending: once X + the floor reaches the best, no larger X can beat it
+        if bound + least_total >= best_s:
+            break
+        total, ranges = _min_sum([np.where(tail <= bound, cost, np.inf) for cost, tail in stage_costs])
+        if total + bound < best_s:
+            best_s, best = total + bound, ranges
+    return best
+
+
+def _min_sum(costs: list[np.ndarray]) -> tuple[float, tuple[tuple[int, int], ...]]:
+    """(sum, ranges) of the contiguous ranges minimising the sum of the stages' costs[m][start, end]."""
+    num_layers = costs[0].shape[0]
+    starts = np.arange(num_layers)[:, None]
+    best_prev, choices = None, []
+    for cost in costs:
+        value = np.where(starts == 0, cost, np.inf) if best_prev is None else \
+            np.concatenate(([np.inf], best_prev[:-1]))[:, None] + cost
+        choices.append(np.argmin(value, axis=0))
+        best_prev = value[choices[-1], np.arange(num_layers)]
+    ranges, end = [], num_layers - 1
+    for choice in reversed(choices):
+        start = int(choice[end])
+        ranges.append((start, end + 1))
+        end = start - 1
+    return float(best_prev[-1]), tuple(reversed(ranges))
 
 
 def uniform_partition(layer_kinds: list[str], num_stages: int) -> tuple[tuple[int, int], ...]:

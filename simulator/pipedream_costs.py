@@ -102,7 +102,7 @@ def cluster_stage_costs(workload: Workload, costs: CostModel, topology: Topology
 def grid_stage_costs(config, workload: Workload, topology: Topology, costs: CostModel,
                      rank_to_device: tuple[int, ...], batch: float) -> StageCosts:
     """Inputs for `strategy.partition: pipedream` on a G x M grid (`strategies.ghp.GridConfig`;
-    `rank_to_device` starts with the devices of group 0's stages, as `ghp._partition` gets it)."""
+    `rank_to_device` starts with the devices of group 0's stages, as `stage_partition.grid_partition` gets it)."""
     groups, num_stages = config.num_groups, config.workers_per_group
     compute = stage_compute_s(costs, topology, rank_to_device, groups, num_stages, workload.num_layers, batch)
     compute = compute.max(axis=0) if compute.ndim == 2 else compute  # heterogeneous: the slowest device

@@ -57,7 +57,8 @@ from simulator.layout_geometry import (RememberedCosts, chain_partition, expert_
 from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.strategies.experts import expert_rank_workload, rank_expert_params
-from simulator.strategies.ghp import GridConfig, _partition, bucket_segments, recompute_ranges
+from simulator.strategies.ghp import GridConfig, bucket_segments, recompute_ranges
+from simulator.strategies.stage_partition import grid_partition
 from simulator.strategies.tensor import rank_costs
 from simulator.strategies.zero import gradient_element_bytes
 from simulator.strategies.tensor_layers import rank_workload
@@ -121,7 +122,7 @@ class BoundModel(LinkFloors):
     def geometry(self, c) -> _Geometry:
         t, p, v, b = c.tp_degree, c.workers_per_group, c.num_virtual_stages, self.microbatch_size(c)
         selective = self.recompute(c) == "selective"
-        key = ("geometry", c.kind == MEGATRON, c.kind in ("dp", "mp", "ghp"), t, self.sp(c), p, v, b,
+        key = ("geometry", MEGATRON if c.kind == MEGATRON else c.kind, t, self.sp(c), p, v, b,
                c.placement, c.data_parallel, self.ep(c), c.cp_degree, selective)
         found = self._cache.get(key)
         if found is not None:
@@ -147,14 +148,12 @@ class BoundModel(LinkFloors):
             placement = c.placement if c.kind in ("dp", "mp", "ghp") or groups > 1 else "group_per_node"
             rank_to_device = place_ranks(placement, groups, p, self.topology.gpus_per_node)
             grid = GridConfig(c.kind, groups, chunks, scenario.training.global_batch_size, scenario.training.dtype,
-                              placement=placement, partition=partition)
-            chunk_devices = tuple(rank_to_device[chunk % p] for chunk in range(chunks))
-            if c.kind in ("dp", "mp", "ghp"):
-                grid = GridConfig(c.kind, groups, p, scenario.training.global_batch_size, scenario.training.dtype,
-                                  placement=placement, partition=partition)
-                chunk_devices = rank_to_device
+                              placement=placement, partition=partition, overlap_backward=strategy.overlap_backward,
+                              optimizer=scenario.training.optimizer, num_parameter_servers=strategy.num_parameter_servers,
+                              collective="parameter_server" if strategy.dp_sync == "parameter_server" else strategy.collective)
+            chunk_devices = tuple(rank_to_device[g * p + chunk % p] for g in range(groups) for chunk in range(chunks))
             shard, model = self._tensor_model(1, None, 1, selective)
-            ranges = _partition(grid, shard, self.topology, model, chunk_devices, b)
+            ranges = grid_partition(grid, shard, self.topology, model, chunk_devices, b)
             chain = [rank_to_device[k] for k in range(p)]
             rings = [tuple(rank_to_device[g * p + k] for g in range(groups)) for k in range(p)]
             tp_groups = [(device,) for device in chain]

@@ -1,7 +1,8 @@
 """The committed GPU validation (reports/validation_cuda.csv, measured on an H200 with the ranks
 sharing it over gloo) is what the committed CUDA profiles predict: every predicted figure in the
 report is reproduced from reports/profiles/<model>_ws<N>_cuda.json by the simulator here, and
-every error is (predicted - measured) / measured. Guards the report against a profile or a model
+every error is (predicted - measured) / measured. Each row is predicted with the partition its run
+played (its `partition` column). Guards the report against a profile or a model
 change that would leave its figures stale (after a model change: `benchmarks/repredict.py CSV
 --write "what changed"` re-predicts a committed run from its own profiles)."""
 
@@ -13,7 +14,7 @@ import pytest
 
 from simulator.scenario import load_scenario
 from validator.measure import RunOptions
-from validator.validate import predictions
+from validator.validate import predicted_as_run
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "reports" / "validation_cuda.csv"
@@ -45,11 +46,12 @@ def test_every_predicted_figure_is_reproduced_from_the_committed_profile():
     for (model, world_size), group in frame.groupby(["model", "world_size"]):
         scenario = load_scenario(ROOT / "scenarios" / "validation" / f"{model}.yaml",
                                  [f"cluster.gpus_per_node={world_size}"])
-        specs = [("dp", None), ("mp", None)] + ([("ghp", 2)] if world_size >= 4 else [])
         profile = ROOT / "reports" / "profiles" / f"{model}_ws{world_size}_cuda.json"
-        figures = predictions(scenario, str(profile), specs, RunOptions(optimizer=scenario.training.optimizer))
+        options = RunOptions(optimizer=scenario.training.optimizer)
         for row in group.itertuples():
-            assert figures[row.strategy] == pytest.approx(row.predicted_s, rel=1e-9)
+            spec = (row.kind, row.num_groups if row.kind == "ghp" else None)
+            assert predicted_as_run(scenario, str(profile), spec, row.partition, options) == \
+                pytest.approx(row.predicted_s, rel=1e-9)
             assert row.error_pct == pytest.approx(100 * (row.predicted_s - row.measured_s) / row.measured_s, rel=1e-6)
 
 
@@ -89,10 +91,9 @@ def test_every_pipeline_prediction_is_reproduced_from_the_committed_gpu_profile(
         profile = pipeline_profile(model, stages, profiles, suffix="_cuda")
         document = json.loads(profile.read_text())
         assert document["device"]["kind"] == "cuda" and device_name in document["device"]["name"]
-        figures = predictions(scenario, str(profile), [(kind, None) for kind in group["kind"]],
-                              RunOptions(optimizer="momentum"))
         for row in group.itertuples():
-            assert figures[row.strategy] == pytest.approx(row.predicted_s, rel=1e-9)
+            assert predicted_as_run(scenario, str(profile), (row.kind, None), row.partition,
+                                    RunOptions(optimizer="momentum")) == pytest.approx(row.predicted_s, rel=1e-9)
             assert row.error_pct == pytest.approx(100 * (row.predicted_s - row.measured_s) / row.measured_s, rel=1e-6)
 
 

@@ -2,18 +2,20 @@
 
 import dataclasses
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from simulator import load_scenario, simulate
 from simulator.costs import BACKWARD, FORWARD
-from simulator.partition import balanced_partition
+from simulator.partition import StageUpdate, balanced_partition, serial_partition
 from simulator.placement import place_ranks
 from simulator.simulate import analytic_costs
 from simulator.strategies.ghp import bucket_segments
 from tests.helpers import toy_workload
 
+ROOT = Path(__file__).resolve().parent.parent
 FREE_LINK = {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e18}
 
 
@@ -96,18 +98,25 @@ def test_place_ranks_layouts():
     assert place_ranks((5, 4, 3, 2, 1, 0), 2, 3, 3) == (5, 4, 3, 2, 1, 0)
 
 
-def _brute_force(compute, forward, backward, num_stages):
+def _stage_cost(compute, forward, backward, num_stages, stage, start, end, update=None):
+    """A stage's cost over layers [start, end), written out plainly (`simulator.partition`)."""
+    cost = compute[start:end].sum()
+    cost += forward[stage, end - 1] if stage < num_stages - 1 else 0.0
+    cost += backward[stage, start] if stage > 0 else 0.0
+    if update is not None:
+        allreduce = update.per_byte_s[stage] * update.gradient_bytes[start:end].sum() + update.constant_s[stage]
+        exposed = max(allreduce - update.backward_s[start:end].sum(), 0.0) if update.overlapped else allreduce
+        cost += update.share * (exposed + update.optimizer_s[start:end].sum())
+    return cost
+
+
+def _brute_force(compute, forward, backward, num_stages, update=None):
     num_layers = len(compute)
     best = np.inf
     for cuts in itertools.combinations(range(1, num_layers), num_stages - 1):
         bounds = (0, *cuts, num_layers)
-        worst = 0.0
-        for stage, (start, end) in enumerate(zip(bounds, bounds[1:])):
-            cost = compute[start:end].sum()
-            cost += forward[stage, end - 1] if stage < num_stages - 1 else 0.0
-            cost += backward[stage, start] if stage > 0 else 0.0
-            worst = max(worst, cost)
-        best = min(best, worst)
+        best = min(best, max(_stage_cost(compute, forward, backward, num_stages, stage, start, end, update)
+                             for stage, (start, end) in enumerate(zip(bounds, bounds[1:]))))
     return best
 
 
@@ -124,6 +133,70 @@ def test_balanced_partition_is_optimal_against_brute_force(seed):
     worst = max(compute[a:b].sum() + (forward[m, b - 1] if m < num_stages - 1 else 0)
                 + (backward[m, a] if m > 0 else 0) for m, (a, b) in enumerate(ranges))
     assert worst == pytest.approx(_brute_force(compute, forward, backward, num_stages))
+
+
+@pytest.mark.parametrize("seed, overlapped", [(seed, seed % 2 == 0) for seed in range(6)])
+def test_balanced_partition_with_each_stage_update_is_optimal_against_brute_force(seed, overlapped):
+    """Each stage's allreduce (affine in its gradient bytes, partly hidden by its backward) and
+    optimizer step count in its cost: the DP's slowest stage is the brute force's."""
+    rng = np.random.default_rng(seed)
+    num_layers, num_stages = 9, 3
+    compute = rng.uniform(0.1, 2.0, num_layers)
+    forward = rng.uniform(0.0, 0.5, (num_stages, num_layers))
+    backward = rng.uniform(0.0, 0.5, (num_stages, num_layers))
+    update = StageUpdate(per_byte_s=rng.uniform(1e-9, 4e-9, num_stages), constant_s=rng.uniform(0.0, 0.2, num_stages),
+                         gradient_bytes=rng.uniform(0.0, 1e9, num_layers), backward_s=compute * 2 / 3,
+                         optimizer_s=rng.uniform(0.0, 0.3, num_layers), share=0.5, overlapped=overlapped)
+    ranges = balanced_partition(compute, forward, backward, num_stages, update)
+    assert [a for a, _ in ranges[1:]] == [b for _, b in ranges[:-1]] and ranges[-1][1] == num_layers
+    worst = max(_stage_cost(compute, forward, backward, num_stages, m, a, b, update) for m, (a, b) in enumerate(ranges))
+    assert worst == pytest.approx(_brute_force(compute, forward, backward, num_stages, update))
+    assert worst > _brute_force(compute, forward, backward, num_stages)  # the update costs something
+
+
+def _serial_step(compute, forward, backward, update, bounds):
+    """The serial objective written out: every stage's cost, plus the longest tail of allreduce and
+    optimizer step left after the backward pass (layers before a stage still run their backward)."""
+    num_stages, total, tails = len(bounds) - 1, 0.0, []
+    for stage, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        total += _stage_cost(compute, forward, backward, num_stages, stage, start, end)
+        allreduce = update.per_byte_s[stage] * update.gradient_bytes[start:end].sum() + update.constant_s[stage]
+        exposed = max(allreduce - update.backward_s[start:end].sum(), 0.0) if update.overlapped else allreduce
+        tails.append(max(exposed + update.optimizer_s[start:end].sum() - update.backward_s[:start].sum(), 0.0))
+    return total + max(tails)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_serial_partition_minimises_the_sum_and_the_longest_tail_within_the_memory_cap(seed):
+    rng = np.random.default_rng(seed)
+    num_layers, num_stages = 9, 3
+    compute = rng.uniform(0.1, 2.0, num_layers)
+    forward = rng.uniform(0.0, 0.5, (num_stages, num_layers))
+    backward = rng.uniform(0.0, 0.5, (num_stages, num_layers))
+    update = StageUpdate(per_byte_s=rng.uniform(1e-9, 4e-9, num_stages), constant_s=rng.uniform(0.0, 0.2, num_stages),
+                         gradient_bytes=rng.uniform(0.0, 2e9, num_layers), backward_s=compute * 2 / 3,
+                         optimizer_s=rng.uniform(0.0, 0.3, num_layers), share=1.0, overlapped=seed % 2 == 0)
+    layer_bytes = rng.uniform(1.0, 3.0, num_layers)
+    cap = float(np.quantile(layer_bytes, 0.5) * 4)
+    ranges = serial_partition(compute, forward, backward, num_stages, update, layer_bytes, cap)
+    bounds = [a for a, _ in ranges] + [num_layers]
+    fitting = [(0, *cuts, num_layers) for cuts in itertools.combinations(range(1, num_layers), num_stages - 1)
+               if all(layer_bytes[a:b].sum() <= cap for a, b in zip((0, *cuts), (*cuts, num_layers)))]
+    assert max(layer_bytes[a:b].sum() for a, b in ranges) <= cap
+    assert _serial_step(compute, forward, backward, update, bounds) == pytest.approx(
+        min(_serial_step(compute, forward, backward, update, b) for b in fitting))
+    assert serial_partition(compute, forward, backward, num_stages, update, layer_bytes, 0.5) is None  # nothing fits
+
+
+def test_ghp_stages_are_cut_where_the_serial_step_is_shortest():
+    # VGG16 ghp 4 x 4 over 10 GbE, each stage's 4 peers on one node: activations cross 10 GbE at
+    # every cut. A compute-balanced split ([4, 3, 1, 8]) cuts through the large early feature maps
+    # and takes 490 ms; the serial partition cuts after the convolutions.
+    demo = ROOT / "scenarios" / "demo.yaml"
+    chosen = simulate(load_scenario(demo, ["strategy.num_groups=4"]))
+    assert chosen.summary["partition"] == [13, 1, 1, 1]
+    balanced = simulate(load_scenario(demo, ["strategy.num_groups=4", "strategy.partition=[4,3,1,8]"]))
+    assert chosen.step_time_s < balanced.step_time_s / 4
 
 
 def test_bucket_segments_close_buckets_in_backward_order():

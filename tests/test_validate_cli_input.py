@@ -291,3 +291,7 @@ def test_validate_json_with_one_launch_is_strict_json(capsys, tmp_path, launches
     table = (out / "mlp_cpu.csv").read_text().splitlines()
     column = table[0].split(",").index("launch_noise_pct")
     assert [line.split(",")[column] for line in table[1:]] == ["", ""]  # empty in the CSV, as before
+    column = table[0].split(",").index("partition")  # the layers per stage each run played
+    assert [line.split(",")[column] for line in table[1:]] == [row["partition"] for row in rows]
+    assert [len(row["partition"].split()) for row in rows] == [1, 2]
+    assert sum(int(count) for count in rows[1]["partition"].split()) == int(rows[0]["partition"])

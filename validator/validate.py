@@ -27,7 +27,7 @@ from simulator.planner import scenario_for_gpus
 from simulator.profile import Profile
 from simulator.profile_costs import profile_costs
 from simulator.records import device_breakdown
-from simulator.scenario import Scenario
+from simulator.scenario import Scenario, scenario_from_dict
 from simulator.schedules.steady_state import steady_state_plan, steady_state_window
 from simulator.simulate import simulate
 from simulator.fabrics import build_topology
@@ -192,6 +192,19 @@ def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, in
     return {case.label: case.predicted.step_time_s for case in cases}
 
 
+def predicted_as_run(scenario: Scenario, profile_path: str, spec: tuple[str, int | None], partition,
+                     options: RunOptions = RunOptions()) -> float:
+    """A committed row's predicted step time, with the partition its run played where the row records
+    one (its `partition` column: layers per stage, e.g. "4 3"): the measurement is of that split,
+    whichever a later partitioner would choose."""
+    if isinstance(partition, str) and partition.strip():
+        raw = scenario.model_dump(mode="python")
+        raw["strategy"]["partition"] = [int(count) for count in partition.split()]
+        scenario = scenario_from_dict(raw, origin=scenario.source, base_dir=scenario.base_dir)
+    (figure,) = predictions(scenario, profile_path, [spec], options).values()
+    return figure
+
+
 def prepare_cases(scenario: Scenario, workload, costs, specs: list[tuple[str, int | None]], options: RunOptions,
                   progress=None, skip_unfit_ghp: bool = False) -> list[_Case]:
     """Every spec's case (`prepare_case`); a `ghp` without G as `ghpsim compare` takes it
@@ -269,6 +282,7 @@ def _row(case: _Case) -> tuple[dict, list]:
         "num_groups": case.plan.num_groups,
         "workers_per_group": case.plan.workers_per_group,
         "world_size": case.plan.num_ranks,
+        "partition": " ".join(str(count) for count in case.plan.meta.get("partition", ())),
         "predicted_s": predicted.step_time_s,
         "measured_s": measured_s,
         "error_pct": 100.0 * (predicted.step_time_s - measured_s) / measured_s,

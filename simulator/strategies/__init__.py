@@ -53,7 +53,7 @@ def grid_config(scenario) -> GridConfig:
         bucket_size_bytes=strategy.bucket_size_bytes, overlap_backward=strategy.overlap_backward,
         collective=collective, num_parameter_servers=strategy.num_parameter_servers,
         gradient_fusion=strategy.gradient_fusion, horovod_cycle_time_s=strategy.horovod_cycle_time_s,
-        horovod_fusion_threshold_bytes=strategy.horovod_fusion_threshold_bytes)
+        horovod_fusion_threshold_bytes=strategy.horovod_fusion_threshold_bytes, optimizer=training.optimizer)
 
 
 def compile_plan(scenario, workload: Workload, topology: Topology, costs: CostModel) -> Plan:

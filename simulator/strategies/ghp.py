@@ -14,19 +14,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, replace
 
-import numpy as np
-
-from simulator.collective_forms import p2p_time_s
 from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.errors import ScenarioError
 from simulator.limits import check_simulation_size
-from simulator.heterogeneity import DeviceCosts, stage_compute_s
+from simulator.heterogeneity import DeviceCosts
 from simulator.memory_activations import is_block
-from simulator.partition import balanced_partition, explicit_partition, uniform_partition
 from simulator.placement import place_ranks
 from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage, action_from_fields
 from simulator.strategies.fusion import (HOROVOD_CYCLE_TIME_S, HOROVOD_FUSION_THRESHOLD_BYTES,
                                          horovod_segments)
+from simulator.strategies.stage_partition import grid_partition
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 
@@ -49,6 +46,7 @@ class GridConfig:
     gradient_fusion: str = "buckets"
     horovod_cycle_time_s: float = HOROVOD_CYCLE_TIME_S
     horovod_fusion_threshold_bytes: float = HOROVOD_FUSION_THRESHOLD_BYTES
+    optimizer: str = "sgd"
 
 
 def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology, costs: CostModel,
@@ -59,7 +57,7 @@ def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology
     _check_grid(config, workload, topology)
     group_batch = config.global_batch_size / groups
     rank_to_device = place_ranks(config.placement, groups, stages_per_group, topology.gpus_per_node)
-    ranges = _partition(config, workload, topology, costs, rank_to_device, group_batch)
+    ranges = grid_partition(config, workload, topology, costs, rank_to_device, group_batch)
     stages = tuple(Stage(j, a, b, sum(layer.num_params for layer in workload.layers[a:b]))
                    for j, (a, b) in enumerate(ranges))
     element_bytes = dtype_bytes(config.dtype)
@@ -94,38 +92,6 @@ def _check_grid(config: GridConfig, workload: Workload, topology: Topology) -> N
     if config.global_batch_size % groups:
         raise ScenarioError(f"training.global_batch_size: {config.global_batch_size} is not divisible "
                             f"by the {groups} groups")
-
-
-def _partition(config, workload, topology, costs, rank_to_device, group_batch):
-    num_layers, num_stages = workload.num_layers, config.workers_per_group
-    if config.partition == "pipedream":  # PipeDream's DP, every stage replicated G times
-        from simulator.pipedream_costs import grid_pipedream_partition
-        return grid_pipedream_partition(config, workload, topology, costs, rank_to_device, group_batch)
-    if config.partition == "uniform":
-        return uniform_partition([layer.kind for layer in workload.layers], num_stages)
-    if config.partition != "balanced":
-        return explicit_partition(config.partition, num_layers, num_stages)
-    compute = stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages, num_layers,
-                              group_batch)
-    boundary_bytes = np.array([layer.output_elements_per_sample for layer in workload.layers],
-                              dtype=float) * group_batch * dtype_bytes(config.dtype)
-    input_bytes = np.array([layer.input_elements_per_sample for layer in workload.layers],
-                           dtype=float) * group_batch * dtype_bytes(config.dtype)
-    forward = np.zeros((num_stages, num_layers))
-    backward = np.zeros((num_stages, num_layers))
-    for stage in range(num_stages):
-        here = rank_to_device[stage]
-        if stage + 1 < num_stages:
-            forward[stage] = _link_time_s(topology, here, rank_to_device[stage + 1], boundary_bytes)
-        if stage > 0:
-            backward[stage] = _link_time_s(topology, here, rank_to_device[stage - 1], input_bytes)
-    return balanced_partition(compute, forward, backward, num_stages)
-
-
-def _link_time_s(topology: Topology, source: int, target: int, size_bytes: np.ndarray) -> np.ndarray:
-    route = topology.route(source, target)
-    bandwidth = min(topology.links[i].bandwidth_bytes_per_s for i in route)
-    return p2p_time_s(size_bytes, topology.route_latency_s(source, target), bandwidth)
 
 
 def _gradient_segments(config: GridConfig, workload: Workload, topology: Topology, costs: CostModel,

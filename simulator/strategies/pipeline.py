@@ -32,7 +32,8 @@ from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Pl
 from simulator.schedules import Schedule, checked_schedule
 from simulator.schedules.analysis import in_flight_counts, stage_metrics
 from simulator.schedules.ir import PREDICT, UPDATE
-from simulator.strategies.ghp import GridConfig, _ActionList, _check_grid, _partition, bucket_segments
+from simulator.strategies.ghp import GridConfig, _ActionList, _check_grid, bucket_segments
+from simulator.strategies.stage_partition import grid_partition
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 
@@ -106,7 +107,7 @@ def compile_pipeline_plan(config: PipelineConfig, workload: Workload, topology: 
     # chunk c of replica g runs on rank g x M + (c mod M); the partitioner reads replica-major rows
     chunk_devices = tuple(rank_to_device[group * num_stages + chunk % num_stages]
                           for group in range(groups) for chunk in range(schedule.num_chunks))
-    ranges = _partition(config.grid(schedule.num_chunks), workload, topology, costs, chunk_devices,
+    ranges = grid_partition(config.grid(schedule.num_chunks), workload, topology, costs, chunk_devices,
                         config.microbatch_size)
     stages = tuple(_stage(workload, ranges, j, num_stages, v) for j in range(num_stages))
     peers = [tuple(range(j, groups * num_stages, num_stages)) for j in range(num_stages)]  # shared per stage

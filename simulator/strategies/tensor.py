@@ -56,7 +56,8 @@ from simulator.schedules.analysis import in_flight_counts, stage_metrics
 from simulator.schedules.ir import UPDATE
 from simulator.strategies import context, experts, zero
 from simulator.strategies.zero import gradient_element_bytes
-from simulator.strategies.ghp import GridConfig, _ActionList, _partition, bucket_segments, recompute_ranges
+from simulator.strategies.ghp import GridConfig, _ActionList, bucket_segments, recompute_ranges
+from simulator.strategies.stage_partition import grid_partition
 from simulator.strategies.tensor_clone import relabelled_actions, relabelled_ranks_alike
 from simulator.strategies.tensor_layers import pass_collectives, rank_workload
 from simulator.topology import Topology
@@ -197,7 +198,7 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     chunk_devices = tuple(config.device_of(0, chunk % config.pp, 0) for chunk in range(schedule.num_chunks))
     grid = GridConfig(KIND, 1, schedule.num_chunks, config.global_batch_size, config.dtype,
                       partition=config.partition)
-    ranges = _partition(grid, shard, topology, rank_costs(costs, shard, config.tp, config.sequence_parallel), chunk_devices, config.microbatch_size)
+    ranges = grid_partition(grid, shard, topology, rank_costs(costs, shard, config.tp, config.sequence_parallel), chunk_devices, config.microbatch_size)
     stages = tuple(_stage(shard, ranges, j, config.pp, config.num_virtual_stages) for j in range(config.pp))
     full_devices = tuple(config.device_of(g // config.tp, j, g % config.tp)
                          for g in range(config.num_pipelines) for j in range(config.pp))

@@ -1,0 +1,113 @@
+"""The stage partition of a G x M grid or a pipeline chain: `strategy.partition` resolved to layer
+ranges (`simulator.partition`), with what the balanced and serial partitions weigh besides compute:
+the transfers between consecutive stages (Hockney's alpha-beta on the route's slowest link), each
+stage's allreduce among its replicas and its optimizer step (`partition.StageUpdate`), and each
+layer's bytes on its device (the serial partition's memory cap)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.collective_forms import p2p_time_s
+from simulator.costs import BACKWARD, CostModel
+from simulator.heterogeneity import stage_compute_s
+from simulator.partition import StageUpdate, balanced_partition, explicit_partition, serial_partition, uniform_partition
+from simulator.topology import Topology
+from simulator.workload import Workload, dtype_bytes
+
+SERIAL_KINDS = ("dp", "mp", "ghp")
+"""Kinds whose groups run one batch through their stages (no micro-batches): their balanced
+partition is the serial one (`simulator.partition.serial_partition`) where that fits as well."""
+
+
+def grid_partition(config, workload: Workload, topology: Topology, costs: CostModel, rank_to_device,
+                   group_batch: float) -> tuple[tuple[int, int], ...]:
+    """Stage ranges of `config.partition` (a `strategies.ghp.GridConfig`) for the chunks on
+    `rank_to_device` (every replica's, replica-major; a megatron chain: its one replica's)."""
+    num_layers, num_stages = workload.num_layers, config.workers_per_group
+    if config.partition == "pipedream":  # PipeDream's DP, every stage replicated G times
+        from simulator.pipedream_costs import grid_pipedream_partition
+        return grid_pipedream_partition(config, workload, topology, costs, rank_to_device, group_batch)
+    if config.partition == "uniform":
+        return uniform_partition([layer.kind for layer in workload.layers], num_stages)
+    if config.partition != "balanced":
+        return explicit_partition(config.partition, num_layers, num_stages)
+    compute = stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages, num_layers,
+                              group_batch)
+    boundary_bytes = np.array([layer.output_elements_per_sample for layer in workload.layers],
+                              dtype=float) * group_batch * dtype_bytes(config.dtype)
+    input_bytes = np.array([layer.input_elements_per_sample for layer in workload.layers],
+                           dtype=float) * group_batch * dtype_bytes(config.dtype)
+    forward = np.zeros((num_stages, num_layers))
+    backward = np.zeros((num_stages, num_layers))
+    for stage in range(num_stages):
+        here = rank_to_device[stage]
+        if stage + 1 < num_stages:
+            forward[stage] = _link_time_s(topology, here, rank_to_device[stage + 1], boundary_bytes)
+        if stage > 0:
+            backward[stage] = _link_time_s(topology, here, rank_to_device[stage - 1], input_bytes)
+    update = _stage_update(config, workload, topology, costs, rank_to_device, group_batch)
+    ranges = balanced_partition(compute, forward, backward, num_stages, update)
+    if config.strategy in SERIAL_KINDS and update is not None:  # one batch through the stages
+        layer_bytes = _layer_bytes(workload, config, group_batch)
+        cap_bytes = max(layer_bytes[a:b].sum() for a, b in ranges)  # no stage larger than balanced's largest
+        ranges = serial_partition(compute, forward, backward, num_stages, update, layer_bytes, cap_bytes) or ranges
+    return ranges
+
+
+def _layer_bytes(workload: Workload, config, batch: float) -> np.ndarray:
+    """Per layer, the bytes a device holds for it (`heuristics.estimate_peak_memory_bytes` without
+    the workspace): weights, gradients, optimizer state, an fp32 master copy under mixed precision,
+    and its saved activations for the group's batch."""
+    from simulator.heuristics import MASTER_WEIGHT_BYTES_PER_PARAM, OPTIMIZER_STATE_BYTES_PER_PARAM
+    element = dtype_bytes(config.dtype)
+    per_param = 2 * element + OPTIMIZER_STATE_BYTES_PER_PARAM[config.optimizer]
+    per_param += MASTER_WEIGHT_BYTES_PER_PARAM if element < 4 else 0
+    return np.array([layer.num_params * per_param + layer.saved_elements_per_sample * batch * element
+                     for layer in workload.layers], dtype=float)
+
+
+def _stage_update(config, workload: Workload, topology: Topology, costs: CostModel, rank_to_device,
+                  batch: float) -> StageUpdate | None:
+    """The partition's view of what closes each stage's step (`partition.StageUpdate`): the
+    allreduce among its G replicas, as the engine's collective model decomposes it (algorithm from
+    `strategy.collective`, each phase at its bottleneck link: `link_floors.isolated_time_s`, affine
+    in the size) with the inter-node part's rate divided among the stage rings leaving a node
+    (`heuristics.rings_leaving_node`), and the optimizer step of its layers; once a step of
+    m = B / (G b) micro-batches, or after each micro-batch for the asynchronous kinds (as
+    `strategy.partition: pipedream` prices it). None for megatron's chains, whose partition weighs
+    compute and transfers."""
+    from simulator.collectives import choose_algorithm, collective_phases
+    from simulator.heuristics import rings_leaving_node
+    from simulator.link_floors import isolated_time_s
+    from simulator.schedules.ir import ASYNCHRONOUS_KINDS
+    groups, num_stages = config.num_groups, config.workers_per_group
+    if config.strategy == "megatron" or len(rank_to_device) != groups * num_stages:
+        return None
+    per_byte_s, constant_s = np.zeros(num_stages), np.zeros(num_stages)
+    probe_bytes = float(2**30)
+    for stage in range(num_stages if groups > 1 else 0):
+        peers = tuple(rank_to_device[g * num_stages + stage] for g in range(groups))
+        algorithm = choose_algorithm(topology, peers, config.collective)
+        once, twice = (isolated_time_s(topology, collective_phases(
+            topology, (peers,), "allreduce", size, algorithm, config.num_parameter_servers))
+            for size in (probe_bytes, 2 * probe_bytes))
+        nodes = {topology.node_of(device) for device in peers}
+        sharing = max(rings_leaving_node(topology, rank_to_device, num_stages, node) for node in nodes) \
+            if len(nodes) > 1 else 1
+        per_byte_s[stage] = max(sharing, 1) * (twice - once) / probe_bytes
+        constant_s[stage] = max(2 * once - twice, 0.0)
+    layers = workload.layers
+    gradient_bytes = np.array([layer.num_params for layer in layers], dtype=float) * dtype_bytes(config.dtype)
+    backward = stage_compute_s(costs, topology, rank_to_device, groups, num_stages, len(layers), batch, (BACKWARD,))
+    optimizer = np.array([costs.optimizer_s(layer.num_params, (i, i + 1)) for i, layer in enumerate(layers)])
+    share = 1.0 if config.strategy in ASYNCHRONOUS_KINDS else groups * batch / config.global_batch_size
+    return StageUpdate(per_byte_s, constant_s, gradient_bytes, backward, optimizer, share, config.overlap_backward)
+
+
+def _link_time_s(topology: Topology, source: int, target: int, size_bytes: np.ndarray) -> np.ndarray:
+    route = topology.route(source, target)
+    bandwidth = min(topology.links[i].bandwidth_bytes_per_s for i in route)
+    return p2p_time_s(size_bytes, topology.route_latency_s(source, target), bandwidth)
+
+
