@@ -21,6 +21,7 @@ one node) with the smaller T_GHP.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,18 +127,18 @@ def ring_link(topology: Topology, devices: tuple[int, ...], workers: int, peers:
     latency = max(topology.route_latency_s(a, b) for a, b in hops)
     bandwidth = min(route_bandwidth(topology, a, b) for a, b in hops)
     if len({topology.node_of(device) for device in peers}) > 1:
-        leaving = rings_leaving_node(topology, devices, workers, topology.node_of(peers[0]))
+        leaving = rings_leaving(topology, devices, workers)[topology.node_of(peers[0])]
         inter = next(link for link in topology.links if link.tier == "inter").bandwidth_bytes_per_s
         bandwidth = min(bandwidth, inter / leaving)
     return latency, bandwidth
 
 
-def rings_leaving_node(topology: Topology, devices: tuple[int, ...], workers: int, node: int) -> int:
-    """Stages with a rank on `node` whose peers span several nodes (their rings share its NICs)."""
-    by_stage: dict[int, set[int]] = {}
+def rings_leaving(topology: Topology, devices: tuple[int, ...], workers: int) -> Counter:
+    """Per node, the stages with a rank on it whose peers span several nodes (their rings share its NICs)."""
+    nodes_of_stage: dict[int, set[int]] = {}
     for rank, device in enumerate(devices):
-        by_stage.setdefault(rank % workers, set()).add(topology.node_of(device))
-    return sum(1 for nodes in by_stage.values() if node in nodes and len(nodes) > 1)
+        nodes_of_stage.setdefault(rank % workers, set()).add(topology.node_of(device))
+    return Counter(node for nodes in nodes_of_stage.values() if len(nodes) > 1 for node in nodes)
 
 
 def grid_estimates(workload: Workload, costs: CostModel, topology: Topology, *, global_batch_size: int,

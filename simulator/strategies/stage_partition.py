@@ -6,6 +6,8 @@ layer's bytes on its device (the serial partition's memory cap)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from simulator.collective_forms import p2p_time_s
@@ -25,6 +27,8 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
     """Stage ranges of `config.partition` (a `strategies.ghp.GridConfig`) for the chunks on
     `rank_to_device` (every replica's, replica-major; a megatron chain: its one replica's)."""
     num_layers, num_stages = workload.num_layers, config.workers_per_group
+    if num_stages == 1:
+        return ((0, num_layers),)
     if config.partition == "pipedream":  # PipeDream's DP, every stage replicated G times
         from simulator.pipedream_costs import grid_pipedream_partition
         return grid_pipedream_partition(config, workload, topology, costs, rank_to_device, group_batch)
@@ -41,11 +45,10 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
     forward = np.zeros((num_stages, num_layers))
     backward = np.zeros((num_stages, num_layers))
     for stage in range(num_stages):
-        here = rank_to_device[stage]
         if stage + 1 < num_stages:
-            forward[stage] = _link_time_s(topology, here, rank_to_device[stage + 1], boundary_bytes)
+            forward[stage] = _boundary_time_s(topology, rank_to_device, num_stages, stage, stage + 1, boundary_bytes)
         if stage > 0:
-            backward[stage] = _link_time_s(topology, here, rank_to_device[stage - 1], input_bytes)
+            backward[stage] = _boundary_time_s(topology, rank_to_device, num_stages, stage, stage - 1, input_bytes)
     update = _stage_update(config, workload, topology, costs, rank_to_device, group_batch)
     ranges = balanced_partition(compute, forward, backward, num_stages, update)
     if config.strategy in SERIAL_KINDS and update is not None:  # one batch through the stages
@@ -71,14 +74,14 @@ def _stage_update(config, workload: Workload, topology: Topology, costs: CostMod
                   batch: float) -> StageUpdate | None:
     """The partition's view of what closes each stage's step (`partition.StageUpdate`): the
     allreduce among its G replicas, as the engine's collective model decomposes it (algorithm from
-    `strategy.collective`, each phase at its bottleneck link: `link_floors.isolated_time_s`, affine
-    in the size) with the inter-node part's rate divided among the stage rings leaving a node
-    (`heuristics.rings_leaving_node`), and the optimizer step of its layers; once a step of
+    `strategy.collective`, each phase at its bottleneck link: `link_floors.isolated_time_s`; its
+    latencies the constant, the rest a rate per byte) with that rate divided among the stage rings
+    leaving a node (`heuristics.rings_leaving`), and the optimizer step of its layers; once a step of
     m = B / (G b) micro-batches, or after each micro-batch for the asynchronous kinds (as
     `strategy.partition: pipedream` prices it). None for megatron's chains, whose partition weighs
     compute and transfers."""
     from simulator.collectives import choose_algorithm, collective_phases
-    from simulator.heuristics import rings_leaving_node
+    from simulator.heuristics import rings_leaving
     from simulator.link_floors import isolated_time_s
     from simulator.schedules.ir import ASYNCHRONOUS_KINDS
     groups, num_stages = config.num_groups, config.workers_per_group
@@ -86,17 +89,15 @@ def _stage_update(config, workload: Workload, topology: Topology, costs: CostMod
         return None
     per_byte_s, constant_s = np.zeros(num_stages), np.zeros(num_stages)
     probe_bytes = float(2**30)
+    leaving = rings_leaving(topology, rank_to_device, num_stages)
     for stage in range(num_stages if groups > 1 else 0):
         peers = tuple(rank_to_device[g * num_stages + stage] for g in range(groups))
-        algorithm = choose_algorithm(topology, peers, config.collective)
-        once, twice = (isolated_time_s(topology, collective_phases(
-            topology, (peers,), "allreduce", size, algorithm, config.num_parameter_servers))
-            for size in (probe_bytes, 2 * probe_bytes))
+        phases = collective_phases(topology, (peers,), "allreduce", probe_bytes,
+                                   choose_algorithm(topology, peers, config.collective), config.num_parameter_servers)
+        constant_s[stage] = sum(phase.latency_s for phase in phases)
         nodes = {topology.node_of(device) for device in peers}
-        sharing = max(rings_leaving_node(topology, rank_to_device, num_stages, node) for node in nodes) \
-            if len(nodes) > 1 else 1
-        per_byte_s[stage] = max(sharing, 1) * (twice - once) / probe_bytes
-        constant_s[stage] = max(2 * once - twice, 0.0)
+        sharing = max(leaving[node] for node in nodes) if len(nodes) > 1 else 1
+        per_byte_s[stage] = max(sharing, 1) * (isolated_time_s(topology, phases) - constant_s[stage]) / probe_bytes
     layers = workload.layers
     gradient_bytes = np.array([layer.num_params for layer in layers], dtype=float) * dtype_bytes(config.dtype)
     backward = stage_compute_s(costs, topology, rank_to_device, groups, num_stages, len(layers), batch, (BACKWARD,))
@@ -105,9 +106,17 @@ def _stage_update(config, workload: Workload, topology: Topology, costs: CostMod
     return StageUpdate(per_byte_s, constant_s, gradient_bytes, backward, optimizer, share, config.overlap_backward)
 
 
-def _link_time_s(topology: Topology, source: int, target: int, size_bytes: np.ndarray) -> np.ndarray:
-    route = topology.route(source, target)
-    bandwidth = min(topology.links[i].bandwidth_bytes_per_s for i in route)
-    return p2p_time_s(size_bytes, topology.route_latency_s(source, target), bandwidth)
-
-
+def _boundary_time_s(topology: Topology, rank_to_device, num_stages: int, stage: int, neighbour: int,
+                     size_bytes: np.ndarray) -> np.ndarray:
+    """Seconds for stage `stage` to send `size_bytes` to stage `neighbour` (Hockney's alpha-beta,
+    `collective_forms.p2p_time_s`) on the slowest replica's route, each link's rate shared by the
+    replicas whose same transfer crosses it: lock-step replicas send at once."""
+    replicas = len(rank_to_device) // num_stages
+    pairs = [(rank_to_device[g * num_stages + stage], rank_to_device[g * num_stages + neighbour]) for g in range(replicas)]
+    routes = [topology.route(source, target) for source, target in pairs]
+    crossing = Counter(link for route in routes for link in route)
+    hops = [(topology.route_latency_s(*pair), min(topology.links[i].bandwidth_bytes_per_s / crossing[i] for i in route))
+            for pair, route in zip(pairs, routes) if route]
+    if not hops:  # the two stages share a device
+        return np.zeros_like(size_bytes)
+    return p2p_time_s(size_bytes, max(latency for latency, _ in hops), min(bandwidth for _, bandwidth in hops))
