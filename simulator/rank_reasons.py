@@ -1,7 +1,7 @@
 """Why a ranked layout lost to #1 (`ghpsim rank`'s "lost to"), and the Pareto front of cluster sizes.
 
 A layout's step splits into its step-time bound's parts (`simulator.step_bound.StepBound`: compute,
-bubble, communication) and what its simulation adds above the bound (contention, stalls of the
+bubble, host (the host's kernel issue pacing the GPU), communication) and what its simulation adds above the bound (contention, stalls of the
 schedule the bound does not see). A layout lost to the part by which it exceeds #1 the most, read
 only from figures the table shows: communication is named only where the layout's comm % (as
 printed, whole per cent) is above #1's, and a loss that lies above the bound is "above bound"
@@ -10,15 +10,16 @@ printed, whole per cent) is above #1's, and a loss that lies above the bound is 
 
 from __future__ import annotations
 
-PARTS = ("compute", "bubble", "communication", "above_bound")
+PARTS = ("compute", "bubble", "host", "communication", "above_bound")
 """The keys of `time_parts`; a reason is one of them with "_" as " "."""
 
 
 def time_parts(bound, step_s: float | None = None) -> dict[str, float]:
-    """A layout's time split for explaining a loss: its bound's compute, bubble and communication,
-    and the simulated step above the bound (0 for a layout not simulated)."""
+    """A layout's time split for explaining a loss: its bound's compute, bubble, host pacing and
+    communication, and the simulated step above the bound (0 for a layout not simulated)."""
     above = 0.0 if step_s is None else max(step_s - bound.step_s, 0.0)
-    return {"compute": bound.work_s, "bubble": bound.bubble_s, "communication": bound.comm_s, "above_bound": above}
+    return {"compute": bound.work_s, "bubble": bound.bubble_s, "host": bound.host_s, "communication": bound.comm_s,
+            "above_bound": above}
 
 
 def shown_comm_pct(row: dict) -> int:
@@ -41,7 +42,7 @@ def lost_to(parts: dict[str, float], best: dict[str, float] | None, more_comm_sh
 
 def explain(rows: list[dict], bound_of) -> dict[str, float] | None:
     """Rank the sorted simulated `rows` in place: `rank`, their time parts (`compute_s`, `bubble_s`,
-    `communication_s`, `above_bound_s`) and `lost_to` (memory, tie or `lost_to`'s part); `bound_of`
+    `host_s`, `communication_s`, `above_bound_s`) and `lost_to` (memory, tie or `lost_to`'s part); `bound_of`
     maps a row to its `StepBound`. Returns the best fitting row's parts (None if none fits)."""
     best = next((row for row in rows if row["fits"]), None)
     best_parts = time_parts(bound_of(best), best["step_time_s"]) if best else None

@@ -76,7 +76,8 @@ class StepBound:
     step_s: float
     work_s: float  # compute of the binding rank (its m passes and update)
     comm_s: float  # tensor-parallel collectives, pipeline transfers and the exposed data-parallel tail
-    bubble_s: float  # the rest: pipeline fill and drain compute
+    bubble_s: float  # the rest but host_s: pipeline fill and drain compute, or idle
+    host_s: float = 0.0  # the rest where the host's kernel issue paces the GPU
 
 
 @dataclass
@@ -94,8 +95,7 @@ class _Geometry:
     model: object
     """The rank's cost model (TP share for megatron)."""
     dp_groups: list[tuple[tuple[int, ...], ...]]
-    """Stage k -> the data-parallel groups of its t TP ranks (`rings[k]` first): they reduce and
-    gather at once, on the same links (the engine plays them together, `simulator.symmetry`)."""
+    """Stage k -> its t TP ranks' data-parallel groups (`rings[k]` first), reducing at once (`symmetry`)."""
 
     def expert_groups(self, k: int, ep: int) -> tuple[tuple[int, ...], ...]:
         """Stage k's expert-data-parallel groups: every e-th copy of each DP group, all at once."""
@@ -106,8 +106,7 @@ class BoundModel(LinkFloors):
     """Bounds of the candidates of one scenario on its N GPUs (costs and topology shared)."""
 
     def __init__(self, scenario, workload, topology, costs, costs_for=None):
-        """`costs_for(megatron, selective)`: a candidate's cost model, by kind and selective recompute
-        (`search_bounds.bound_model`); default `costs` for every candidate."""
+        """`costs_for(megatron, selective)`: a candidate's cost model (`search_bounds.bound_model`), default `costs`."""
         self.scenario, self.workload, self.topology, self.costs = scenario, workload, topology, costs
         self.costs_for = costs_for or (lambda megatron, selective: costs)
         self.element = dtype_bytes(scenario.training.dtype)
@@ -271,7 +270,9 @@ class BoundModel(LinkFloors):
         waiting = reduction + updates[k][1] if tail >= drain else reduction0 + updates[0][1] + sum(grads[:k])
         comm = min(step - compute, work - m * sum(chunks[j][0] + chunks[j][2] for j in range(k, p * v, p))
                    + sum(sends[:k]) + waiting)
-        return StepBound(step, compute, max(comm, 0.0), max(step - compute - comm, 0.0))
+        rest = max(step - compute - comm, 0.0)
+        host = min(max(issued - work - max(drain, tail), 0.0), rest)  # the host issues slower than the GPU works
+        return StepBound(step, compute, max(comm, 0.0), rest - host, host)
 
     def _layer_costs(self, c, geo: _Geometry, b: float):
         """Per layer: forward and backward seconds on the slowest-free device of the chain (the engine's

@@ -48,7 +48,7 @@ def test_the_loss_reason_follows_the_figures_shown(capsys):
     assert gpipe["bound_s"] == best["bound_s"] and gpipe["lost_to"] == "above bound"
     assert gpipe["above_bound_s"] > best["above_bound_s"]
     for row in rows:
-        parts = row["compute_s"] + row["bubble_s"] + row["communication_s"] + row["above_bound_s"]
+        parts = row["compute_s"] + row["bubble_s"] + row["host_s"] + row["communication_s"] + row["above_bound_s"]
         assert parts == pytest.approx(row["step_time_s"]), row["label"]
         if row["lost_to"] == "communication":
             assert shown_comm_pct(row) > shown_comm_pct(best), row["label"]
@@ -56,12 +56,24 @@ def test_the_loss_reason_follows_the_figures_shown(capsys):
 
 def test_lost_to_names_communication_only_where_the_shown_share_is_higher():
     from simulator.rank_reasons import lost_to
-    best = {"compute": 1.0, "bubble": 0.5, "communication": 0.1, "above_bound": 0.1}
-    row = {"compute": 1.1, "bubble": 0.5, "communication": 0.4, "above_bound": 0.25}
+    best = {"compute": 1.0, "bubble": 0.5, "host": 0.0, "communication": 0.1, "above_bound": 0.1}
+    row = {"compute": 1.1, "bubble": 0.5, "host": 0.0, "communication": 0.4, "above_bound": 0.25}
     assert lost_to(row, best, more_comm_shown=True) == "communication"
     assert lost_to(row, best, more_comm_shown=False) == "above bound"  # 0.15 above the bound, 0.1 compute
     assert lost_to({**row, "above_bound": 0.1}, best, more_comm_shown=False) == "compute"
     assert lost_to(row, None) is None
+
+
+def test_layouts_without_a_pipeline_never_lose_to_the_bubble(capsys):
+    """Without pipeline stages there is no fill or drain: where the host's kernel issue paces the
+    GPU (GPT-2 at small micro-batches), the bound's rest is host time, and a loser says "host"."""
+    code, out, _ = run(capsys, "rank", "scenarios/gpt2_1.5b_dgx_a100_3d.yaml", "--gpus", "8", "--top", "40", "--json")
+    document = json.loads(out)
+    assert code == 0
+    unpipelined = [row for row in document["rows"] + document["pruned"] if " p=1 " in row["label"]]
+    assert unpipelined and all(row.get("lost_to", row.get("reason")) != "bubble" for row in unpipelined)
+    assert all(row["bubble_s"] == 0.0 for row in document["rows"] if " p=1 " in row["label"])
+    assert any(row["reason"] == "host" for row in document["pruned"] if " p=1 " in row["label"])
 
 
 @pytest.mark.parametrize("value, decimals, text", [
