@@ -111,7 +111,8 @@ def rank(parser: argparse.ArgumentParser) -> None:
 def report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", metavar="INPUT", help=REPORT_KINDS_HELP)
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for report.html, report.md, "
-                        "figures/ and traces/")
+                        "figures/ and traces/; an earlier report there is replaced (its files the new one "
+                        "does not write are removed, other files stay)")
     parser.add_argument("--title", help="report title (default: ghpsim report: <scenario or file name>)")
     parser.add_argument("--strategies", default=None,
                         help=f"scenario INPUT: strategies to compare ({STRATEGIES_HELP}; default dp,mp,ghp, "

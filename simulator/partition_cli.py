@@ -7,6 +7,12 @@ Times are per micro-batch of b samples in steady state: b = B / (G m), the scena
 pipeline = N stages of one worker each, boundaries from the same dynamic program with replication
 fixed to 1. Memory per worker is the partitioner's PipeDream model; only the PipeDream plan must fit
 (none fitting is an error), the two others are reported with whether they fit.
+
+With `--profile` (a calibration at world size W), the N workers must be ones the profile timed: N <= W
+and N one of its `compute_slowdown` levels (as `simulate --profile` refuses a scenario of more ranks than
+the profile's collectives hold), else a one-line error naming --workers and --profile. Its compute fits
+are rescaled to N ranks computing at once, compute_slowdown[N] / compute_slowdown[W], also for a profile
+of ranks sharing a host's processors: no engine plays them on the host here to add the sharing back.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ def run(args) -> int:
     num_workers = scenario.num_gpus if args.workers is None else args.workers
     if not 1 <= num_workers <= scenario.num_gpus:
         raise ScenarioError(f"--workers: {num_workers} must be between 1 and the scenario's {scenario.num_gpus} GPUs")
+    if args.profile is not None:
+        check_profile_workers(args.profile, num_workers, defaulted=args.workers is None)
     from simulator.tables import make_console
     status = nullcontext() if args.json else make_console().status("partitioning", spinner="dots")
     with naming_source(scenario), status:
@@ -69,8 +77,7 @@ def partition_document(scenario: Scenario, num_workers: int, profile_path: str |
     if profile_path is None:
         costs = analytic_costs(scenario, workload)
     else:
-        from simulator.profile_costs import profile_costs
-        costs = profile_costs(profile_path, workload)
+        costs = profile_costs_for_workers(profile_path, workload, num_workers)
     batch, training = microbatch_size(scenario), scenario.training
     inputs = cluster_stage_costs(workload, costs, build_topology(scenario.cluster, scenario.base_dir), num_workers,
                                  batch=batch, dtype=training.dtype, optimizer=training.optimizer)
@@ -87,6 +94,35 @@ def partition_document(scenario: Scenario, num_workers: int, profile_path: str |
             "costs": profile_path or "datasheet", "pipedream": _plan(best, batch, memory),
             "plain_dp": _plan(plain_dp, batch, memory),
             "plain_pipeline": None if plain_pipeline is None else _plan(plain_pipeline, batch, memory)}
+
+
+def check_profile_workers(profile_path: str, num_workers: int, defaulted: bool) -> None:
+    """A one-line ScenarioError naming --workers and --profile unless the calibration profile timed
+    `num_workers` ranks computing at once (module docstring); a kernel profile is left to
+    `profile_costs`, which refuses it."""
+    from simulator.profile import Profile, load_profile
+    profile = load_profile(profile_path)
+    if not isinstance(profile, Profile):
+        return
+    world_size, levels = profile.world_size, sorted({1, *profile.compute_slowdown})
+    default = " (the default: the scenario's GPU count)" if defaulted else ""
+    workers = f"--workers: {num_workers} workers{default}"
+    if num_workers > world_size:
+        raise ScenarioError(f"{workers}, but --profile {profile_path} was calibrated at world size {world_size} "
+                            f"(it timed no more ranks at once); give --workers {world_size} or fewer, or calibrate "
+                            f"at world size {num_workers}")
+    if num_workers not in levels:
+        raise ScenarioError(f"{workers}, but --profile {profile_path} (world size {world_size}) timed compute "
+                            f"with {', '.join(map(str, levels))} ranks at once only; give one of those")
+
+
+def profile_costs_for_workers(profile_path: str, workload, num_workers: int):
+    """The calibration profile's costs with compute rescaled to `num_workers` ranks at once
+    (module docstring; `check_profile_workers` first for the option's error)."""
+    from simulator.profile_costs import profile_costs
+    costs = profile_costs(profile_path, workload)
+    costs.scale = costs.slowdown(num_workers) / costs.slowdown(costs.profile.world_size)
+    return costs
 
 
 def _plan(partition: PipeDreamPartition, batch: float, memory_bytes: float) -> dict:

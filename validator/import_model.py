@@ -26,9 +26,15 @@ from `sys.path`, the current directory is tried too.
 * Parameters owned by no child (e.g. a ViT's `cls_token` on the model itself) go to the first
   row, and a parameter shared by several children is counted once, in the first row that holds
   it (the simulator's convention for tied weights).
-The simulator assumes that no skip connection crosses a layer boundary. The importer cannot
-check this: a model whose top-level forward adds the output of one child to a later one (a
-U-Net, say) gets a table whose boundary sizes miss that tensor.
+The simulator models a chain of layers: a stage boundary carries one row's outputs only. A model
+whose top-level forward lets a tensor skip a row (a residual added across two or more rows, a
+U-Net's encoder output fed to its decoder, the input or a mask handed to a later row) is refused
+in one line naming the rows: `_ChainCheck` follows every tensor the forward makes outside the
+rows (a `TorchFunctionMode`) from the call that produced it (the model's input: before the first
+call) to each call, or op between calls, that reads it; a reader more than one call after the
+producer is a skip. A skip inside one row (a ResNet basic block exported as one child), a residual
+around one row (its add is counted in that row, whose input it is) and reading only a tensor's
+shape or device stay accepted.
 
 **Columns** (`simulator.workload.LAYER_TABLE_COLUMNS`), per sample:
 * `forward_flops_per_sample`: GEMM/conv FLOPs as `torch.utils.flop_counter.FlopCounterMode`
@@ -65,6 +71,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from simulator.errors import ScenarioError
@@ -194,6 +201,64 @@ def _sample_input(model: nn.Module, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty((1, *shape), dtype=torch.float32, device="meta")
 
 
+class _ChainCheck(TorchFunctionMode):
+    """Finds the first tensor that skips a row (module docstring). A tensor's origin is the top-level
+    call that produced it (-1: the model's input); ops between calls run in the row of the last call
+    (`position`) and their tensors take it as origin when they read a tracked tensor."""
+
+    def __init__(self, names: list[str], stack: list[int]):
+        super().__init__()
+        self.names, self.stack = names, stack  # row names by layer index; the hooks' stack of calls
+        self.calls: list[int] = []  # layer index of each top-level call
+        self.position = -1
+        self.origins: dict[int, tuple[int, torch.Tensor]] = {}  # id -> (origin, the tensor: keeps the id)
+        self.skip: str | None = None
+
+    def tag(self, values, origin: int) -> None:
+        for leaf in tree_leaves(values):
+            if isinstance(leaf, torch.Tensor):
+                self.origins[id(leaf)] = (origin, leaf)
+
+    def read(self, values, position: int, reader: str, through: int) -> bool:
+        """Whether `values` hold a tracked tensor; records a skip where one's origin is more than one
+        call before `position`; rows skipped: calls origin + 1 .. `through`."""
+        tracked = False
+        for leaf in tree_leaves(values):
+            if isinstance(leaf, torch.Tensor) and id(leaf) in self.origins:
+                tracked = True
+                origin = self.origins[id(leaf)][0]
+                if position - origin >= 2 and self.skip is None:
+                    source = "the model's input" if origin < 0 else f"the output of {self.names[self.calls[origin]]!r}"
+                    source = f"a tensor from {source}"
+                    calls = range(origin + 1, through + 1)
+                    skipped = [repr(n) for n in dict.fromkeys(self.names[self.calls[c]] for c in calls)]
+                    if len(skipped) > 4:
+                        skipped = [*skipped[:2], f"... {skipped[-1]} ({len(skipped)} layers)"]
+                    self.skip = f"{source} skips {', '.join(skipped)} to reach {reader}"
+        return tracked
+
+    def called(self, index: int, args, kwargs) -> None:
+        """A top-level call of layer `index` starts: it reads its arguments."""
+        call = len(self.calls)
+        self.calls.append(index)
+        self.read((args, kwargs), call, repr(self.names[index]), call - 1)
+
+    def returned(self, output) -> None:
+        self.position = len(self.calls) - 1
+        self.tag(output, self.position)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        name = getattr(func, "__name__", "")
+        if not self.stack and any(isinstance(leaf, torch.Tensor) for leaf in tree_leaves(result)) \
+                and not name.endswith("_like") and not name.startswith("new_"):  # shape and device only
+            after = "the ops before the first layer" if self.position < 0 else \
+                f"the ops after {self.names[self.calls[self.position]]!r}"
+            if self.read((args, kwargs), self.position, after, self.position):
+                self.tag(result, self.position)
+        return result
+
+
 def import_model(target: str, input_shape: tuple[int, ...], name: str | None = None,
                  kwargs: dict | None = None) -> dict:
     """Layer-table document `{"name", "input_spec", "layers"}` of the model `factory(**kwargs)`
@@ -222,9 +287,12 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
     shapes: dict[int, tuple[int, int]] = {}
     inputs: dict[int, int] = {}
     stack: list[int] = []
+    chain = _ChainCheck([_row_name(qualified, module) for qualified, module in layers], stack)
 
     def pre_hook(index):
         def hook(module, args, kwargs):
+            if not stack:
+                chain.called(index, args, kwargs)
             stack.append(index)
             counter.bucket = index
             if index not in inputs:
@@ -236,6 +304,8 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
         def hook(module, args, kwargs, output):
             stack.pop()
             counter.bucket = stack[-1] if stack else index
+            if not stack:
+                chain.returned(output)
             if index not in shapes:
                 shapes[index] = (inputs[index], _elements(output))
         return hook
@@ -246,7 +316,8 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
         handles.append(module.register_forward_hook(post_hook(index), with_kwargs=True))
     sample = _sample_input(model, shape)
     try:
-        with torch.no_grad(), counter:
+        chain.tag(sample, -1)
+        with torch.no_grad(), counter, chain:
             model(sample)
     except (Exception, SystemExit) as error:  # the user's code: also a sys.exit() in it
         raise ScenarioError(f"import target {target!r}: forward of one sample of input_shape "
@@ -257,6 +328,9 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
     if not order:
         raise ScenarioError(f"import target {target!r}: the forward called none of the model's "
                             f"layers")
+    if chain.skip is not None:
+        raise ScenarioError(f"import target {target!r}: not a chain of layers: {chain.skip}; make that span "
+                            "one module, one layer (scenarios/README.md)")
 
     flops = {index: counter.gemm_by_bucket.get(index, 0) + counter.elementwise_by_bucket.get(index, 0)
              for index in order}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 
 import jinja2
@@ -16,6 +17,12 @@ HTML_NAME = "report.html"
 MARKDOWN_NAME = "report.md"
 FIGURE_FOLDER = "figures"
 TRACE_FOLDER = "traces"
+DATA_FOLDER = "data"
+OWNED_FILES = {FIGURE_FOLDER: ".png", TRACE_FOLDER: ".trace.json", DATA_FOLDER: ".csv"}
+"""Sub-folder -> suffix of the files a report writes beside report.md (and links from it)."""
+_LINK = re.compile(r"\]\(([^()\s]+)\)")
+_REPORT_MARK = "\n- ghpsim version: "
+"""A meta line of every report.md that ghpsim writes."""
 
 
 def _environment(autoescape: bool) -> jinja2.Environment:
@@ -64,3 +71,34 @@ def write_report(report: Report, out_dir: str | Path) -> list[Path]:
     while rendering or writing leaves no file of this report behind."""
     files = report_files(report)
     return write_files_atomic({Path(out_dir) / relative: content for relative, content in files.items()})
+
+
+def earlier_report_files(out_dir: str | Path) -> list[Path]:
+    """The files of the report already in `out_dir`: those its report.md links to in `OWNED_FILES`
+    (none when there is no report.md or it is not one ghpsim wrote)."""
+    try:
+        text = (Path(out_dir) / MARKDOWN_NAME).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    if _REPORT_MARK not in text:
+        return []
+    found = []
+    for link in dict.fromkeys(_LINK.findall(text)):
+        folder, _, name = link.partition("/")
+        if (folder in OWNED_FILES and name.endswith(OWNED_FILES[folder]) and not name.startswith(".")
+                and "/" not in name and "\\" not in name):
+            found.append(Path(out_dir) / folder / name)
+    return found
+
+
+def remove_stale_files(earlier: list[Path], written: list[Path]) -> list[Path]:
+    """Remove the `earlier` report's files that this report did not write (`written`), then each of
+    their folders that this left empty; returns the files removed."""
+    keep = {path.resolve() for path in written}
+    removed = [path for path in earlier if (path.is_file() or path.is_symlink()) and path.resolve() not in keep]
+    for path in removed:
+        path.unlink()
+    for folder in dict.fromkeys(path.parent for path in removed):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    return removed

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from simulator.output import write_text_atomic
+from simulator.sweep.spec import integer_field
 
 CSV_NAME = "results.csv"
 PARQUET_NAME = "results.parquet"
@@ -19,6 +20,8 @@ SUMMARY_FIGURES = ("scenario", "model", "strategy", "num_gpus", "num_groups", "w
                    "global_batch_size", "step_time_s", "throughput_samples_per_s", "speedup",
                    "single_device_step_s")
 """Summary keys copied as they are into a result row (the summary's own names and units)."""
+INTEGER_FIGURES = ("num_gpus", "num_groups", "workers_per_group", "global_batch_size")
+"""Summary figures that are counts: integer columns (Int64, empty where missing), never 4.0."""
 MEMORY_FIGURES = ("peak_memory_bytes", "fits_in_memory")
 
 
@@ -47,12 +50,24 @@ def results_frame(sweep, points, rows: dict[str, dict]) -> pd.DataFrame:
         record.update((stored or {}).get("figures") or summary_figures(None))
         record["sim_wall_s"] = stored["sim_wall_s"] if stored else None
         records.append(record)
+    integer_columns = {*INTEGER_FIGURES, *(column for column in axis_columns if integer_field(column))}
+    for record in records:  # an integer field given as 4.0 (e.g. `factor: 2.0`) is the count 4
+        record.update((column, int(record[column])) for column in integer_columns
+                      if _integral_float(record.get(column)))
     frame = pd.DataFrame.from_records(records, columns=_columns(axis_columns))
     for column in frame.columns:  # integers stay integers beside missing values (not 8.0)
         values = [record.get(column) for record in records if record.get(column) is not None]
-        if values and all(isinstance(value, int) and not isinstance(value, bool) for value in values):
+        if (values or column in INTEGER_FIGURES) and all(_integer(value) for value in values):
             frame[column] = frame[column].astype("Int64")
     return frame
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _integral_float(value) -> bool:
+    return isinstance(value, float) and value.is_integer()
 
 
 def _columns(axis_columns: list[str]) -> list[str]:

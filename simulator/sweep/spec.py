@@ -19,9 +19,10 @@ import hashlib
 import itertools
 import json
 import math
+import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
@@ -160,6 +161,28 @@ def unknown_field_part(dotted: str) -> str | None:
             return ".".join(parts[:depth + 1])
         node = _inner(field.annotation)
     return None
+
+
+def integer_field(dotted: str) -> bool:
+    """Whether the scenario field `a.b.c` holds an integer (int or None; False below a free-form
+    mapping and for unknown fields)."""
+    node: Any = Scenario
+    annotation = None
+    for part in dotted.split("."):
+        field = node.model_fields.get(part) if isinstance(node, type) and issubclass(node, BaseModel) else None
+        if field is None:
+            return False
+        annotation, node = field.annotation, _inner(field.annotation)
+    return _leaf_types(annotation) == {int}
+
+
+def _leaf_types(annotation) -> set:
+    """The types a (possibly Optional or Annotated) annotation allows, None left out."""
+    if get_origin(annotation) is Annotated:
+        return _leaf_types(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, types.UnionType):
+        return set().union(*(_leaf_types(arg) for arg in get_args(annotation)))
+    return set() if annotation is type(None) else {annotation}
 
 
 def _inner(annotation):

@@ -9,6 +9,8 @@ overwritten. Each row carries a sha256 of its columns, verified whenever the sto
 (a resumed sweep never trusts a changed row). A new store is built aside and renamed into place,
 so a crash never leaves a half-made one. An open store holds a lock (`<store>.lock`, released by
 the OS when the process ends however it ends), so a second sweep on the same folder refuses.
+Closing the store removes the lock file; one left by a killed sweep is held by no one, and the
+next sweep takes it over.
 """
 
 from __future__ import annotations
@@ -213,11 +215,63 @@ def _create(path: Path) -> None:
         temporary.unlink(missing_ok=True)
 
 
-def take_lock(path: Path):
-    """Hold `<path>.lock` exclusively (the open file; closing it releases the lock); ScenarioError,
-    naming the holder's process id, when another process holds it."""
-    lock_path = path.with_name(path.name + ".lock")
-    handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held until close)
+LOCK_TRIES = 100
+"""Attempts to take a lock file that its holders keep removing (each removal ends one attempt)."""
+
+
+class StoreLock:
+    """`<store>.lock` held exclusively (flock; msvcrt on Windows) while the store is open; `close()`
+    removes the file and releases the lock. ScenarioError, naming the holder's process id, when
+    another process holds it."""
+
+    def __init__(self, path: Path):
+        self.path = path.with_name(path.name + ".lock")
+        for _ in range(LOCK_TRIES):
+            handle = _open_locked(self.path, path)
+            if _names_file(self.path, handle):
+                break
+            handle.close()  # its holder removed it between our open and our lock: take the new one
+        else:
+            raise ScenarioError(f"{self.path}: the lock file keeps changing; is another ghpsim sweep starting "
+                                "and ending on this folder? Choose another --out")
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self.handle = handle
+
+    def close(self) -> None:
+        """Remove the lock file and release the lock (closing twice is harmless)."""
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle is None:
+            return
+        ours = _names_file(self.path, handle)
+        try:
+            if ours and fcntl is not None:  # removed while held: a process that opened it re-checks
+                self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        finally:
+            handle.close()
+        if ours and fcntl is None:  # Windows: not removable while open; fails if another process opened it
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+
+def take_lock(path: Path) -> StoreLock:
+    """The lock of the store at `path` (`StoreLock`); `close()` it to release it."""
+    return StoreLock(path)
+
+
+def _open_locked(lock_path: Path, store_path: Path):
+    """`lock_path` opened and locked, or ScenarioError."""
+    try:
+        handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (held until close)
+    except OSError as error:
+        raise ScenarioError(f"{lock_path}: cannot open the sweep's lock file ({error.strerror or error}); "
+                            "remove it or choose another --out") from None
     try:
         handle.seek(0)
         if fcntl is not None:
@@ -226,12 +280,20 @@ def take_lock(path: Path):
             msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
     except OSError:
         handle.seek(0)
-        holder = handle.read(32).strip() or "unknown"
+        try:
+            holder = handle.read(32).strip() or "unknown"
+        except OSError:  # Windows: the locked byte cannot be read
+            holder = "unknown"
         handle.close()
-        raise ScenarioError(f"{path}: in use by another ghpsim sweep (process {holder}); wait for it to end "
+        raise ScenarioError(f"{store_path}: in use by another ghpsim sweep (process {holder}); wait for it to end "
                             "or choose another --out") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
     return handle
+
+
+def _names_file(path: Path, handle) -> bool:
+    """Whether `path` still names the open file `handle`."""
+    try:
+        named, held = os.stat(path), os.fstat(handle.fileno())
+    except OSError:
+        return False
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
