@@ -63,14 +63,16 @@ class GpuSpec(BaseModel):
     source: str = "user supplied"
 
     def peak_for(self, dtype: str) -> float:
-        """Dense peak for a dtype; falls back fp16<->bf16 and tf32->fp32 where a sheet lists one."""
+        """Dense peak for a dtype; falls back fp16 -> bf16, tf32 -> fp32 and fp8 -> fp16 / bf16 where a
+        sheet lists one, never bf16 -> fp16: bf16 tensor cores came with Ampere, and a GPU before it
+        (no bf16 figure) has no bf16 rate to borrow."""
         for candidate in (dtype, *_DTYPE_FALLBACK.get(dtype, ())):
             if candidate in self.peak_flops_per_s:
                 return self.peak_flops_per_s[candidate]
         raise KeyError(dtype)
 
 
-_DTYPE_FALLBACK = {"bf16": ("fp16",), "fp16": ("bf16",), "tf32": ("fp32",), "fp8": ("fp16", "bf16")}
+_DTYPE_FALLBACK = {"fp16": ("bf16",), "tf32": ("fp32",), "fp8": ("fp16", "bf16")}
 
 
 class LinkSpec(BaseModel):

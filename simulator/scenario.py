@@ -266,8 +266,9 @@ class Scenario(_Frozen):
         try:
             self.cluster.gpu.peak_for(self.training.dtype)
         except KeyError:
+            hint = " (bf16 tensor cores came with Ampere: train in fp16 or fp32)" if self.training.dtype == "bf16" else ""
             raise ValueError(f"cluster.gpu.peak_flops_per_s: GPU {self.cluster.gpu.name!r} has no figure for "
-                             f"training.dtype {self.training.dtype!r}") from None
+                             f"training.dtype {self.training.dtype!r}{hint}") from None
         num_gpus = self.cluster.num_gpus
         groups = self.strategy.num_groups
         if self.strategy.kind == "ghp" and groups is None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from simulator.hardware import GPUS, LINKS, GpuSpec, LinkSpec, resolve_gpu, resolve_link
+
+ROOT_SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
 GPU_KEYS = {"P100-PCIe", "P100-SXM2", "P40", "GTX-1080Ti", "V100", "V100-16GB", "V100-PCIe", "T4",
             "RTX-2080Ti", "A100-40GB", "A100-80GB", "A100-40GB-PCIe", "A100-80GB-PCIe", "A10", "L4",
@@ -32,7 +35,7 @@ def test_gpu_presets_positive_and_sourced(key):
     assert "fp32" in spec.peak_flops_per_s
     assert all(v > 0 and math.isfinite(v) for v in spec.peak_flops_per_s.values())
     assert spec.memory_bytes > 0 and spec.memory_bandwidth_bytes_per_s > 0
-    for dtype in ("fp32", "fp16", "bf16", "tf32"):
+    for dtype in ("fp32", "fp16", "tf32", *(("bf16",) if "bf16" in spec.peak_flops_per_s else ())):
         assert spec.peak_for(dtype) > 0
 
 
@@ -68,10 +71,20 @@ def test_dense_not_sparse():
 
 def test_peak_for_fallbacks():
     v100 = GPUS["V100"]
-    assert v100.peak_for("bf16") == v100.peak_for("fp16")  # V100 has no bf16: falls back
     assert v100.peak_for("tf32") == v100.peak_for("fp32")
-    with pytest.raises(KeyError):
-        v100.peak_for("int4")
+    for dtype in ("int4", "bf16"):  # bf16 tensor cores came with Ampere: no fp16 rate to borrow
+        with pytest.raises(KeyError):
+            v100.peak_for(dtype)
+    assert GPUS["A100-80GB"].peak_for("fp8") == GPUS["A100-80GB"].peak_for("fp16")
+
+
+@pytest.mark.parametrize("gpu", ["V100", "T4", "RTX-2080Ti", "P100-PCIe"])
+def test_bf16_before_ampere_is_refused_in_one_line(gpu):
+    from simulator.errors import ScenarioError
+    from simulator.scenario import load_scenario
+    with pytest.raises(ScenarioError, match=r"training.dtype 'bf16' \(bf16 tensor cores came with Ampere"):
+        load_scenario(ROOT_SCENARIOS / "resnet50_dp_a100.yaml", [f"cluster.gpu={gpu}"])
+    assert load_scenario(ROOT_SCENARIOS / "resnet50_dp_a100.yaml", [f"cluster.gpu={gpu}", "training.dtype=fp16"])
 
 
 def test_link_figures():
