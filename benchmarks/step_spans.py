@@ -1,8 +1,8 @@
 """Where a validated plan's measured time goes, over every step: the per-pass and per-message
 figures of a `ghpsim validate --step-spans` table, beside the simulated trace's.
 
-    python benchmarks/step_spans.py OUT/traces/1f1b:4_G1xM2.steps.csv
-    python benchmarks/step_spans.py OUT/traces/1f1b:4_G1xM2.steps.csv --simulated OUT/traces/1f1b:4_G1xM2.simulated.trace.json
+    python benchmarks/step_spans.py OUT/traces/1f1b-m4_G1xM2.steps.csv
+    python benchmarks/step_spans.py OUT/traces/1f1b-m4_G1xM2.steps.csv --simulated OUT/traces/1f1b-m4_G1xM2.simulated.trace.json
 
 One line per rank and span name, the micro-batch index dropped (`F3 L0-2` -> `F L0-2`, `send act1`
 -> `send act`): how many a step holds, the median, 90th percentile and largest duration over all

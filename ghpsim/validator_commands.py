@@ -24,6 +24,7 @@ def cmd_calibrate(args) -> int:
     from simulator.profile import profile_document
     from validator.calibrate import DEFAULT_BATCH_SIZES, DEFAULT_REPEATS, DEFAULT_TOPK_DENSITIES, calibrate
     from validator.layer_passes import DEFAULT_LAYER_PASSES
+    from validator.models import model_field
     for option, value, least in (("--layer-passes", args.layer_passes, 1), ("--repeats", args.repeats, 1),
                                  ("--world-size", args.world_size, 1)):
         if value is not None and value < least:
@@ -47,7 +48,8 @@ def cmd_calibrate(args) -> int:
                         world_size=2 if args.world_size is None else args.world_size, batch_sizes=batch_sizes,
                         repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
                         topk_densities=sorted({*DEFAULT_TOPK_DENSITIES, scenario.strategy.compression_density}),
-                        layer_passes=args.layer_passes or DEFAULT_LAYER_PASSES, verbose=not args.json)
+                        layer_passes=args.layer_passes or DEFAULT_LAYER_PASSES, verbose=not args.json,
+                        model_source=model_field(scenario.model))
     if args.json:
         print(json.dumps(profile_document(profile), indent=1))
     return 0
@@ -89,19 +91,23 @@ RANK_ONLY = ("gpus", "top", "others")
 def cmd_validate(args) -> int:
     """Predicted vs measured (or with --rank, the planner's order for real). Every flag and the
     --out folder are checked before anything runs; the results are written once every case has run,
-    through a staging folder (`validator.report.staged_folder`), so a failure leaves --out as it was."""
+    through a staging folder (`validator.report.staged_folder`), so --out gets every file or none.
+    A failed rank ends the run in one line; the strategies measured before it are written first
+    (`validator.validate_output.kept_after_failure`), and the line says where."""
     check_validate_flags(args)
     if args.rank:
+        from validator.models import check_torch_specs, model_field
         from validator.rank_check import cmd_validate_rank
+        scenario = load_scenario(args.scenario, args.overrides)  # before the profile is read, as validate does
+        check_torch_specs(resolve_workload(scenario.model, scenario.base_dir), model_field(scenario.model))
         return cmd_validate_rank(args)
-    import pandas as pd
-
     from simulator.tables import make_console
+    from validator.errors import RankFailure
     from validator.measure import RunOptions
-    from validator.report import (case_line, error_summary, staged_folder, summary_line, write_plot, write_rows_csv,
-                                  write_step_spans, write_traces)
+    from validator.report import case_line, error_summary, summary_line
     from validator.torch_pipelining import check_pipeline_runtime
     from validator.validate import memory_line, validate
+    from validator.validate_output import Kept, kept_after_failure, write_results
 
     specs = parse_strategy_specs(DEFAULT_STRATEGIES if args.strategies is None else args.strategies)  # each once
     for kind, _groups in specs:
@@ -118,29 +124,24 @@ def cmd_validate(args) -> int:
     options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer,
                          pipeline_runtime=args.pipeline_runtime, keep_step_spans=args.step_spans)
     say = None if args.json else (lambda message: print(message, file=sys.stderr))
-    step_spans: dict[str, object] = {}  # label: every measured step of its launches so far
-    result = validate(scenario, args.profile, specs, options, launch_timeout_s=args.timeout, progress=say,
-                      repeats=args.repeats, on_step_spans=step_spans.__setitem__,
-                      skip_unfit_ghp=args.strategies is None)
-    rows = list({row["strategy"]: row for row in result["rows"]}.values())  # one row per label
-    summary = error_summary(rows)
-    with staged_folder(out) as staging:
-        write_rows_csv(rows, staging / f"{stem}.csv")
-        for label, spans in result["measured_spans"].items():
-            write_traces(label, spans, result["simulated"][label].spans, staging / "traces")
-        for label, table in step_spans.items():
-            write_step_spans(label, table, staging / "traces")
-        write_plot(pd.DataFrame(rows), staging / f"{stem}.png",
-                   f"{stem}: predicted vs measured, MAPE {summary['mape_pct']:.1f} %")
-    if args.json:
-        print(json.dumps({"scenario": stem, **summary, "rows": rows}, indent=1))
+    kept = Kept()  # every strategy's row, spans and prediction after each of its launches
+    try:
+        validate(scenario, args.profile, specs, options, launch_timeout_s=args.timeout, progress=say,
+                 on_case=kept.case, repeats=args.repeats, on_step_spans=kept.step_spans.__setitem__,
+                 skip_unfit_ghp=args.strategies is None)
+    except RankFailure as failure:
+        raise kept_after_failure(failure, kept, out, stem, args.repeats) from None
+    paths = write_results(kept, out, stem)
+    rows, summary = kept.rows(), error_summary(kept.rows())
+    if args.json:  # csv, plot: the files; traces: their folder; files: every file written
+        print(json.dumps({"scenario": stem, **summary, **paths, "rows": rows}, indent=1))
         return 0
     console = make_console()
     for row in rows:
         console.print(case_line(row))
         if memory_line(row):
             console.print(memory_line(row))
-    console.print(f"{summary_line(summary)}\n{out / (stem + '.csv')} | {out / (stem + '.png')}")
+    console.print(f"{summary_line(summary)}\n{paths['csv']} | {paths['plot']}")
     return 0
 
 

@@ -147,10 +147,10 @@ def test_empty_strategies_are_refused(capsys, tmp_path, launches, strategies):
 # 2. a failed run leaves --out as it was
 
 def test_a_failed_case_leaves_a_new_out_folder_unmade(capsys, tmp_path, launches):
-    launches.fail_at = 1  # dp measured, then a rank of mp killed
-    out = tmp_path / "made" / "out"
+    launches.fail_at = 0  # a rank of dp killed: nothing measured (a measured dp is kept:
+    out = tmp_path / "made" / "out"  # tests/test_validate_robustness.py)
     assert_one_line_error(validate_cli(capsys, "--strategies", "dp,mp", "--out", out, "--json"), "rank 1 was killed")
-    assert len(launches.configs) == 2 and os.listdir(tmp_path) == []
+    assert len(launches.configs) == 1 and os.listdir(tmp_path) == []
 
 
 def test_a_failed_case_leaves_an_existing_out_folder_as_it_was(capsys, tmp_path, launches):
@@ -159,7 +159,7 @@ def test_a_failed_case_leaves_an_existing_out_folder_as_it_was(capsys, tmp_path,
     (out / "mlp_cpu.csv").write_text("older\n")
     (out / "traces" / "keep.json").write_text("{}")
     before = listing(tmp_path)
-    launches.fail_at = 1
+    launches.fail_at = 0  # nothing measured
     assert_one_line_error(validate_cli(capsys, "--strategies", "dp,mp", "--step-spans", "--out", out, "--json"),
                           "rank 1 was killed")  # --json: no progress lines before the error
     assert listing(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["out"]

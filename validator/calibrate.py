@@ -72,7 +72,7 @@ from validator.layer_passes import DEFAULT_LAYER_PASSES
 from validator import kernel_bench
 from validator.fitting import fit_line
 from validator.message_bench import DEFAULT_MESSAGE_BYTES, wakeup_s
-from validator.microbench import DEFAULT_MIN_BLOCK_S
+from validator.microbench import DEFAULT_MIN_BLOCK_S, load_models_module
 from validator.sweep_ratio import DEFAULT_PASSES, DEFAULT_TRIALS, in_sweep
 
 DEFAULT_BATCH_SIZES = (4, 16, 64)
@@ -97,16 +97,22 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
               min_block_s: float = DEFAULT_MIN_BLOCK_S, timeout_s: float = 1800.0, verbose: bool = True,
               topk_densities: Sequence[float] = DEFAULT_TOPK_DENSITIES,
               layer_passes: int = DEFAULT_LAYER_PASSES, sweep_trials: int = DEFAULT_TRIALS,
-              sweep_passes: int = DEFAULT_PASSES, message_bytes: int = DEFAULT_MESSAGE_BYTES) -> Profile:
+              sweep_passes: int = DEFAULT_PASSES, message_bytes: int = DEFAULT_MESSAGE_BYTES,
+              model_source: str = "model") -> Profile:
     """Measure `workload` on `world_size` local ranks, write the profile to `out_path` atomically
     and return it. `models` names the module with `build_modules`, `make_batch` and `loss_fn`.
-    Bad settings: a one-line ScenarioError naming the setting; nothing is written."""
+    Bad settings, or a layer the ranks could not build (its `check_torch_specs`, naming
+    `model_source`): a one-line ScenarioError naming the setting before any rank starts; nothing
+    is written."""
     backend = backend or default_backend(device)
     settings = CalibrationSettings(workload, tuple(int(b) for b in batch_sizes), repeats, warmup, device, optimizer,
                                    tuple(comm_sizes), comm_repeats, models, seed, verbose, min_block_s,
                                    tuple(sorted({float(d) for d in topk_densities})), layer_passes,
                                    sweep_trials, sweep_passes, message_bytes)
     _check(settings, world_size, backend)
+    check_specs = getattr(load_models_module(models), "check_torch_specs", None)
+    if check_specs is not None:  # e.g. an imported layer table: no torch modules to time
+        check_specs(workload, model_source)
     check_output_file(out_path, "--out")  # before the ranks run, not after
     config = LaunchConfig(world_size=world_size, backend=backend, device=device, timeout_s=timeout_s,
                           collective_timeout_s=max(60.0, timeout_s / 2), num_threads=num_threads)

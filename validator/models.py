@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from simulator.errors import ScenarioError
 from simulator.workload import Layer, Workload
 from validator.inception_modules import INCEPTION_BUILDERS, complete_spec
 from validator.layer_modules import BUILDERS, TIED_ATTRIBUTE, Embedding
@@ -53,23 +54,60 @@ def build_layer_module(layer: Layer, num_classes: int | None = None) -> nn.Modul
     """The torch module of one simulator layer, from `layer.spec` (ValueError naming the layer
     if the spec is empty, of an unknown kind, or inconsistent); `num_classes` (the workload's)
     for an Inception auxiliary classifier (`validator.inception_modules.complete_spec`)."""
-    spec = layer.spec or {}
-    kind = spec.get("kind")
-    if kind in INCEPTION_BUILDERS:
-        spec = complete_spec(layer, num_classes)
-    if not spec or kind is None:
-        raise ValueError(f"layer {layer.name!r}: no spec; it can be simulated but not built "
-                         f"as a torch module (layer tables carry no spec)")
-    builder = EXTRA_BUILDERS.get(kind) or (LLAMA_BUILDERS if is_llama_spec(spec) else BUILDERS).get(kind)
-    if builder is None:
-        raise ValueError(f"layer {layer.name!r}: unknown spec kind {kind!r}; "
-                         f"known: {', '.join(sorted({**BUILDERS, **EXTRA_BUILDERS}))}")
+    builder, spec = _builder(layer, num_classes)
+    kind = spec["kind"]
     try:
         return builder(spec)
     except KeyError as error:
         raise ValueError(f"layer {layer.name!r}: spec of kind {kind!r} lacks {error}") from None
     except (TypeError, ValueError) as error:
         raise ValueError(f"layer {layer.name!r}: bad {kind!r} spec: {error}") from None
+
+
+class MissingSpec(ValueError):
+    """A layer without a torch spec (a layer table's rows: `ghpsim import-model`, model.file or
+    model.layers): it can be simulated but not built."""
+
+
+def _builder(layer: Layer, num_classes: int | None) -> tuple:
+    """(builder, spec) of one layer: MissingSpec without a spec, ValueError for an unknown kind."""
+    spec = layer.spec or {}
+    kind = spec.get("kind")
+    if kind in INCEPTION_BUILDERS:
+        spec = complete_spec(layer, num_classes)
+    if not spec or kind is None:
+        raise MissingSpec(f"layer {layer.name!r}: no spec; it can be simulated but not built "
+                          f"as a torch module (layer tables carry no spec)")
+    builder = EXTRA_BUILDERS.get(kind) or (LLAMA_BUILDERS if is_llama_spec(spec) else BUILDERS).get(kind)
+    if builder is None:
+        raise ValueError(f"layer {layer.name!r}: unknown spec kind {kind!r}; "
+                         f"known: {', '.join(sorted({**BUILDERS, **EXTRA_BUILDERS}))}")
+    return builder, spec
+
+
+def check_torch_specs(workload: Workload, source: str = "model") -> None:
+    """One-line ScenarioError naming `source` (the scenario's model field, `model_field`) and the
+    first layer `build_layer_module` would refuse (no spec, or a kind without a builder), so that
+    calibrate and validate refuse such a model before any rank starts."""
+    num_classes = (workload.input_spec or {}).get("num_classes")
+    for layer in workload.layers:
+        try:
+            _builder(layer, num_classes)
+        except MissingSpec:
+            raise ScenarioError(
+                f"{source}: layer {layer.name!r} has no torch spec; a layer table without torch specs can be "
+                "simulated but not calibrated or validated (calibrate a zoo model, model.name, or use this "
+                "model with simulate / compare only)") from None
+        except ValueError as error:
+            raise ScenarioError(f"{source}: {error}") from None
+
+
+def model_field(model) -> str:
+    """The scenario field a model comes from, with its value: `model.file models/mlp.yaml`."""
+    for key in ("file", "hf_config", "name"):
+        if getattr(model, key, None) is not None:
+            return f"model.{key} {getattr(model, key)}"
+    return "model.layers"
 
 
 def build_modules(workload: Workload, seed: int = 0) -> list[nn.Module]:

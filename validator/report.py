@@ -1,9 +1,10 @@
 """Validation outputs: the predicted-vs-measured table (CSV), its summary figures, its plot (PNG)
 and the traces.
 
-Each file is written atomically. `ghpsim validate` writes them once every case has run, into a
-staging folder beside --out whose files then move into --out (`staged_folder`): a failed or
-interrupted validation leaves --out as it was.
+Each file is written atomically. `ghpsim validate` writes them once every case has run (or a
+rank failed: the strategies measured before it, `validator.validate_output`), into a staging
+folder beside --out whose files then move into --out (`staged_folder`): --out gets every file or
+none, and an interrupted validation leaves it as it was.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import secrets
 import shutil
 from contextlib import contextmanager
@@ -108,8 +110,11 @@ def write_plot(frame: pd.DataFrame, path: Path, title: str) -> Path:
 
 
 def trace_stem(label: str) -> str:
-    """A strategy's label as a file name: `1f1b:4 (G=1 x M=2)` -> `1f1b:4_G1xM2`."""
-    return label.replace(" ", "").replace("(", "_").replace(")", "").replace("=", "")
+    """A strategy's label as a file name that every file system takes (no ':', which Windows
+    refuses): `1f1b:4 (G=1 x M=2)` -> `1f1b-m4_G1xM2` (`KIND:m`, m micro-batches: `-m`),
+    `megatron:full_shard (G=2 x M=1)` -> `megatron-full_shard_G2xM1`."""
+    stem = label.replace(" ", "").replace("(", "_").replace(")", "").replace("=", "")
+    return re.sub(r'[<>:"/\\|?*]', "-", re.sub(r":(\d+)", r"-m\1", stem))
 
 
 def write_traces(label: str, measured_spans: list[tuple], simulated_spans: pd.DataFrame, folder: Path) -> None:

@@ -35,6 +35,7 @@ from validator.comm_device import device_problem
 from validator.fsdp_runtime import runnable_sharding
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
+from validator.models import check_torch_specs, model_field
 from validator.report import json_ready
 
 
@@ -60,7 +61,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     `options.optimizer`, which must be the profile's. `on_case(row, spans, predicted)` is called
     for every strategy after every round with its row so far (same `strategy` label: the caller
     replaces the earlier one), so a caller can keep what an interrupted validation measured (the
-    benchmarks do; `ghpsim validate` writes its results only once every case has run). With
+    benchmarks do, and `ghpsim validate` after a failed rank: `validator.validate_output`). With
     `options.keep_step_spans`, `on_step_spans(label, table)` is called after every launch with
     every measured step of the strategy's launches so far (`step_span_table`). A `ghp` without G
     is resolved as `ghpsim compare` does (`prepare_cases`)."""
@@ -68,6 +69,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
         raise ScenarioError(f"repeats: {repeats} must be at least 1")
     check_run_options(options.steps, options.warmup, launch_timeout_s)
     workload = resolve_workload(scenario.model, scenario.base_dir)
+    check_torch_specs(workload, model_field(scenario.model))  # the ranks build it: refused before any starts
     costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
     profile = costs.profile
     notes: list[str] = []  # said once every case is prepared: a refused input is its error line alone
