@@ -177,7 +177,9 @@ def partition(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="workers to partition over (default and most: the scenario's GPU count)")
     parser.add_argument("--profile", metavar="FILE", default=None,
-                        help="calibration profile (`ghpsim calibrate`) for compute times instead of datasheet defaults")
+                        help="profile for compute times instead of datasheet defaults: a calibration profile "
+                             "(`ghpsim calibrate`; --workers at most its world size) or a kernel profile "
+                             "(`ghpsim fit`, `calibrate --kernels`) of the scenario GPU's architecture")
 
 
 def merge_profiles(parser: argparse.ArgumentParser) -> None:

@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except OSError as error:
-        print(one_line(f"ghpsim: error: {error.filename or ''}: {error.strerror or error}"), file=sys.stderr)
+        where = f"{error.filename}: " if error.filename else ""  # none for a write to stdout (a full disk)
+        print(one_line(f"ghpsim: error: {where}{error.strerror or error}"), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("ghpsim: interrupted", file=sys.stderr)

@@ -31,6 +31,7 @@ from simulator.pipedream_costs import cluster_stage_costs
 from simulator.pipedream_partition import PipeDreamPartition, PipeDreamStage, pipedream_partition
 from simulator.scenario import PIPELINE_KINDS, Scenario, load_scenario
 from simulator.simulate import analytic_costs, naming_source
+from simulator.units import whole
 
 MAX_STEPS = 3e9
 """Largest L^2 N^2 min(N, L) (the dynamic program's work) the command takes on: ResNet-1001's 335
@@ -77,7 +78,7 @@ def partition_document(scenario: Scenario, num_workers: int, profile_path: str |
     if profile_path is None:
         costs = analytic_costs(scenario, workload)
     else:
-        costs = profile_costs_for_workers(profile_path, workload, num_workers)
+        costs = profile_costs_for_workers(profile_path, scenario, workload, num_workers)
     batch, training = microbatch_size(scenario), scenario.training
     inputs = cluster_stage_costs(workload, costs, build_topology(scenario.cluster, scenario.base_dir), num_workers,
                                  batch=batch, dtype=training.dtype, optimizer=training.optimizer)
@@ -90,7 +91,7 @@ def partition_document(scenario: Scenario, num_workers: int, profile_path: str |
     if num_workers <= workload.num_layers:
         plain_pipeline = pipedream_partition(inputs, num_workers, math.inf, replicas=1)
     return {"scenario": scenario.name, "model": workload.name, "num_layers": workload.num_layers,
-            "num_workers": num_workers, "microbatch_size": batch, "device_memory_bytes": memory,
+            "num_workers": num_workers, "microbatch_size": whole(batch), "device_memory_bytes": memory,
             "costs": profile_path or "datasheet", "pipedream": _plan(best, batch, memory),
             "plain_dp": _plan(plain_dp, batch, memory),
             "plain_pipeline": None if plain_pipeline is None else _plan(plain_pipeline, batch, memory)}
@@ -98,8 +99,8 @@ def partition_document(scenario: Scenario, num_workers: int, profile_path: str |
 
 def check_profile_workers(profile_path: str, num_workers: int, defaulted: bool) -> None:
     """A one-line ScenarioError naming --workers and --profile unless the calibration profile timed
-    `num_workers` ranks computing at once (module docstring); a kernel profile is left to
-    `profile_costs`, which refuses it."""
+    `num_workers` ranks computing at once (module docstring); a kernel profile times kernels, not
+    ranks, and has no world size to check."""
     from simulator.profile import Profile, load_profile
     profile = load_profile(profile_path)
     if not isinstance(profile, Profile):
@@ -116,12 +117,14 @@ def check_profile_workers(profile_path: str, num_workers: int, defaulted: bool) 
                             f"with {', '.join(map(str, levels))} ranks at once only; give one of those")
 
 
-def profile_costs_for_workers(profile_path: str, workload, num_workers: int):
-    """The calibration profile's costs with compute rescaled to `num_workers` ranks at once
-    (module docstring; `check_profile_workers` first for the option's error)."""
-    from simulator.profile_costs import profile_costs
-    costs = profile_costs(profile_path, workload)
-    costs.scale = costs.slowdown(num_workers) / costs.slowdown(costs.profile.world_size)
+def profile_costs_for_workers(profile_path: str, scenario, workload, num_workers: int):
+    """A kernel profile's kernel model for the scenario's GPU, as `simulate --profile` takes it; a
+    calibration profile's costs with compute rescaled to `num_workers` ranks at once (module
+    docstring; `check_profile_workers` first for the option's error)."""
+    from simulator.profile_costs import ProfileCosts, scenario_profile_costs
+    costs = scenario_profile_costs(profile_path, scenario, workload)
+    if isinstance(costs, ProfileCosts):
+        costs.scale = costs.slowdown(num_workers) / costs.slowdown(costs.profile.world_size)
     return costs
 
 

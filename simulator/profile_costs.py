@@ -147,8 +147,11 @@ class ProfileCosts:
         if fit is None:
             name = "allgather" if op == "allgather" else "allreduce"
             sizes = ", ".join(str(g) for g in sorted(fits)) or "none"
-            raise ScenarioError(f"{self.profile.source}: {name}: no fit for a group of {num_ranks} ranks; "
-                                f"profiled group sizes: {sizes}; calibrate with that world size")
+            world = self.profile.world_size
+            raise ScenarioError(f"{self.profile.source}: {name}: no fit for a group of {num_ranks} ranks "
+                                f"(profiled group sizes: {sizes}; world size {world}): calibrate at world size "
+                                f"{num_ranks}, or shrink the scenario to the profile's (e.g. --set "
+                                f"cluster.num_nodes=1 --set cluster.gpus_per_node={world})")
         return fit.time_s(size_bytes)
 
 
@@ -158,19 +161,16 @@ def _check_model(profile: Profile, workload: Workload) -> None:
     model = profile.model
     differences = []
     if model.name.lower() != workload.name.lower():
-        differences.append("model names differ")
+        differences.append(f"{model.name!r} vs {workload.name!r}")
     if profile.num_layers != workload.num_layers:
-        differences.append("layer counts differ")
+        differences.append(f"{profile.num_layers} vs {workload.num_layers} layers")
     elif model.layer_names != names:
-        differences.append("layer names differ")
+        differences.append("other layer names")
     if model.num_params is not None and model.num_params != workload.num_params:
-        differences.append(f"{model.num_params} vs {workload.num_params} parameters")
+        differences.append(f"{model.num_params:,} vs {workload.num_params:,} parameters")
     flops = model.forward_flops_per_sample
     if flops is not None and not math.isclose(flops, workload.forward_flops_per_sample, rel_tol=1e-6):
-        differences.append(f"{flops:.6g} vs {workload.forward_flops_per_sample:.6g} forward FLOPs per sample")
+        differences.append(f"{flops:.4g} vs {workload.forward_flops_per_sample:.4g} forward FLOPs per sample")
     if differences:
-        params = f" {dict(model.params)}" if model.params else ""
-        raise ScenarioError(
-            f"{profile.source}: model: the profile was calibrated for {model.name!r}{params} with "
-            f"{profile.num_layers} layers, but the workload is {workload.name!r} with {workload.num_layers} "
-            f"layers ({'; '.join(differences)})")
+        raise ScenarioError(f"{profile.source}: model: the profile's model is not this scenario's (profile vs "
+                            f"scenario: {'; '.join(differences)}): calibrate with this scenario's model")

@@ -347,3 +347,20 @@ def test_a_compare_item_that_cannot_run_is_named_by_its_list_item(capsys):
 def test_schedule_refuses_an_interleaved_schedule_of_one_stage_as_a_scenario_does(capsys):
     assert_only_line(run_cli(capsys, "schedule", "interleaved_1f1b", "--stages", "1", "--microbatches", "2"),
                      "--stages 1: interleaved_1f1b needs at least 2 stages")
+
+
+def test_a_full_disk_under_stdout_is_one_line_without_an_empty_name(monkeypatch, capsys):
+    import errno
+    import sys
+    from ghpsim.cli import main
+
+    class FullDisk:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", FullDisk())
+    code = main(["simulate", SMALL])
+    assert code == 2 and capsys.readouterr().err == f"ghpsim: error: {os.strerror(errno.ENOSPC)}\n"

@@ -2,9 +2,9 @@
 
 A calibration at world size W holds compute timed with W ranks at once (and its `compute_slowdown`
 levels); `simulate --profile` refuses a scenario of more ranks than the profile holds. `partition`
-used to apply any profile to any worker count silently; it now refuses N > W, or N not among the
-profile's levels, in one line naming --workers, --profile and both values (exit 2), and rescales the
-compute fits to N ranks at once (simulator/partition_cli.py).
+refuses N > W, or N not among the profile's levels, in one line naming --workers, --profile and both
+values (exit 2), and rescales the compute fits to N ranks at once (simulator/partition_cli.py). A
+kernel profile prices the scenario's GPU, as with `simulate --profile`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,20 @@ def test_explicit_workers_beyond_the_profile_world_size_are_refused(capsys):
 def test_simulate_refuses_the_same_mismatch(capsys):
     # the behaviour partition now follows: more ranks than the profile holds is an error
     line = one_line_error(capsys, "simulate", MLP_CPU, "--profile", WS2)
-    assert "no fit for a group of 4 ranks" in line
+    assert "no fit for a group of 4 ranks" in line and "--set cluster.num_nodes=1 --set cluster.gpus_per_node=2" in line
+
+
+def test_a_kernel_profile_prices_the_scenario_gpu_as_simulate_does(capsys):
+    kernels = str(ROOT / "reports" / "gpu" / "h200_kernels" / "kernel_profile.json")  # measured on an H200
+    scenario = str(ROOT / "scenarios" / "runs" / "megatron_gpt_a100_node.yaml")
+    line = one_line_error(capsys, "partition", scenario, "--profile", kernels, "--workers", "8")
+    assert "architecture: measured on 'hopper' GPUs, but cluster.gpu 'A100-80GB' is 'ampere'" in line
+    args = ("partition", scenario, "--workers", "8", "--set", "cluster.gpu=H200", "--json")
+    code, out, err = run_cli(capsys, *args, "--profile", kernels)
+    assert code == 0, err
+    measured = json.loads(out)["pipedream"]["time_per_microbatch_s"]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0 and json.loads(out)["pipedream"]["time_per_microbatch_s"] != measured
 
 
 def test_workers_the_profile_did_not_time_at_once_are_refused(capsys):

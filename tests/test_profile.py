@@ -75,7 +75,7 @@ def test_communication_fits_by_group_size(tmp_path):
     assert costs.collective_s("allreduce", 1e6, 2) == pytest.approx(6e-5 + 1e-3)
     assert costs.collective_s("allgather", 4e5, 4) == pytest.approx(2e-4 + 1e-3)
     assert costs.collective_s("allreduce", 1e6, 1) == 0.0
-    with pytest.raises(ScenarioError, match="no fit for a group of 3 ranks; profiled group sizes: 2, 4"):
+    with pytest.raises(ScenarioError, match=r"no fit for a group of 3 ranks \(profiled group sizes: 2, 4; world size 4\): calibrate at world size 3"):
         costs.collective_s("allreduce", 1e6, 3)
 
 
@@ -109,7 +109,8 @@ def test_model_mismatch_names_both(tmp_path):
     other = build_model("mlp", input_dim=64, hidden_dim=64, num_hidden_layers=3, num_classes=10)
     with pytest.raises(ScenarioError) as error:
         ProfileCosts(profile, other)
-    assert "profile.json" in str(error.value) and "3 layers" in str(error.value) and "4 layers" in str(error.value)
+    assert "profile.json" in str(error.value) and "3 vs 4 layers" in str(error.value)
+    assert str(error.value).endswith("calibrate with this scenario's model")
     with pytest.raises(ScenarioError, match="resnet20"):
         ProfileCosts(profile, build_model("resnet20"))
     with pytest.raises(ScenarioError, match="optimizer"):
