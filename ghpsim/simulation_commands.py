@@ -6,7 +6,7 @@ import json
 from contextlib import contextmanager
 from importlib import resources
 
-from simulator.compare import compare, parse_strategy_specs
+from simulator.compare import comma_items, compare, megatron_only_settings, parse_strategy_specs
 from simulator.output import check_distinct_files, check_figure_file, check_output_file, model_files, write_files_atomic
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
@@ -22,13 +22,18 @@ def _run_compare(scenario_source, args) -> int:
     scenario = load_scenario(scenario_source, args.overrides)
     with _engine_progress(enabled=not args.json):
         results = compare(scenario, parse_strategy_specs(args.strategies), costs=_profile_costs(scenario, args))
+    others = [spec for spec in comma_items(args.strategies, "--strategies") if spec != "megatron"]
+    dropped = megatron_only_settings(scenario) if others else []  # the other kinds ran without them
     if args.json:
         print(json.dumps({"scenario": scenario.name,
                           "results": comparison_frame(results).to_dict(orient="records"),
-                          "summaries": [result.summary for result in results]}, indent=1))
+                          "summaries": [result.summary for result in results],
+                          "megatron_only_dropped": dropped}, indent=1))
     else:
         changed = f" (with {', '.join(args.overrides)})" if args.overrides else ""  # the description may not hold
-        print_comparison(results, title=f"{scenario.name}: {scenario.description or ''}".strip(": ") + changed)
+        caption = f"{', '.join(others)}: without {', '.join(dropped)} (kind megatron only)" if dropped else None
+        print_comparison(results, title=f"{scenario.name}: {scenario.description or ''}".strip(": ") + changed,
+                         caption=caption)
     return 0
 
 

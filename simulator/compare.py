@@ -24,12 +24,13 @@ def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) 
     """A copy of `scenario` with another strategy kind (and G; `KIND:m` also sets m), re-validated.
     The scenario's `num_virtual_stages` is kept for interleaved_1f1b and reset to 1 for every other
     kind (it only means something there), so one scenario can compare 1f1b with interleaved_1f1b; a
-    ZeRO stage is dropped for every kind but megatron; `megatron`: `megatron_layout`."""
+    ZeRO stage and expert and context parallelism (`megatron_only_settings`) are dropped for every
+    kind but megatron; `megatron`: `megatron_layout`."""
     if kind == MEGATRON:
         return megatron_layout(scenario)
     raw = scenario.model_dump(mode="python")
     kind, _, microbatches = kind.partition(":")
-    strategy = {**without_zero(raw["strategy"]), "kind": kind, "num_groups": num_groups}
+    strategy = {**without_zero(raw["strategy"]), "kind": kind, "num_groups": num_groups, "ep_degree": 1, "cp_degree": 1}
     if kind != "interleaved_1f1b":
         strategy["num_virtual_stages"] = 1
     if microbatches:
@@ -42,6 +43,14 @@ def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) 
         strategy["placement"] = "group_per_node"
     raw["strategy"] = strategy
     return scenario_from_dict(raw, origin=scenario.source, base_dir=scenario.base_dir)
+
+
+def megatron_only_settings(scenario: Scenario) -> list[str]:
+    """The scenario's settings that only kind megatron plays ("strategy.zero_stage 1", ...): the
+    other kinds of a comparison run without them (`with_strategy`)."""
+    strategy = scenario.strategy
+    return [f"strategy.{key} {getattr(strategy, key)}" for key, off in (("zero_stage", 0), ("ep_degree", 1), ("cp_degree", 1))
+            if getattr(strategy, key) != off]
 
 
 def megatron_layout(scenario: Scenario) -> Scenario:

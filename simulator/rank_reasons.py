@@ -41,9 +41,10 @@ def lost_to(parts: dict[str, float], best: dict[str, float] | None, more_comm_sh
 
 
 def explain(rows: list[dict], bound_of) -> dict[str, float] | None:
-    """Rank the sorted simulated `rows` in place: `rank`, their time parts (`compute_s`, `bubble_s`,
-    `host_s`, `communication_s`, `above_bound_s`) and `lost_to` (memory, tie or `lost_to`'s part); `bound_of`
-    maps a row to its `StepBound`. Returns the best fitting row's parts (None if none fits)."""
+    """Rank the sorted simulated `rows` in place: `rank`, their time parts (`bound_compute_s`,
+    `bound_bubble_s`, `bound_host_s`, `bound_communication_s`, `above_bound_s`) and `lost_to`
+    (memory, tie or `lost_to`'s part); `bound_of` maps a row to its `StepBound`. Returns the best
+    fitting row's parts (None if none fits)."""
     best = next((row for row in rows if row["fits"]), None)
     best_parts = time_parts(bound_of(best), best["step_time_s"]) if best else None
     for position, row in enumerate(rows, start=1):
@@ -56,8 +57,14 @@ def explain(rows: list[dict], bound_of) -> dict[str, float] | None:
             reason = "tie"
         else:
             reason = lost_to(parts, best_parts, shown_comm_pct(row) > shown_comm_pct(best))
-        row.update({"rank": position, **{f"{key}_s": value for key, value in parts.items()}, "lost_to": reason})
+        row.update({"rank": position, **{_part_key(key): value for key, value in parts.items()}, "lost_to": reason})
     return best_parts
+
+
+def _part_key(part: str) -> str:
+    """A row's key for a time part: the bound's (`bound_compute_s` ...; not the simulated per-device
+    means `compute_s` / `comm_s` of simulate and compare), or `above_bound_s`."""
+    return f"{part}_s" if part == "above_bound" else f"bound_{part}_s"
 
 
 def row_cost(row: dict, ranking) -> float:

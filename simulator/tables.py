@@ -61,10 +61,11 @@ def strategy_label(summary: dict) -> str:
             + experts)
 
 
-def print_comparison(results: list[SimulationResult], title: str, console: Console | None = None) -> None:
+def print_comparison(results: list[SimulationResult], title: str, console: Console | None = None,
+                     caption: str | None = None) -> None:
     console = console or make_console()
     frame = comparison_frame(results)
-    table = Table(title=title)
+    table = Table(title=title, caption=caption)
     for column in ("#", "strategy", "placement", "step (ms)", "samples/s", "speedup",
                    "compute (ms)", "comm (ms)", "idle (ms)", "inter-node MB", "peak mem (GiB)"):
         table.add_column(column, justify="left" if column in ("strategy", "placement") else "right")

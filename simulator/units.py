@@ -147,3 +147,8 @@ def format_count(value: float) -> str:
         if abs(value) >= scale:
             return f"{value / scale:,.1f}{prefix}"
     return f"{value:,.0f}"
+
+
+def whole(value: float) -> float | int:
+    """A count as an int when it is whole (8, not 8.0, in JSON), else unchanged."""
+    return int(value) if float(value).is_integer() else value

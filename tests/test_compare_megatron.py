@@ -91,3 +91,19 @@ def test_compare_help_names_megatron(capsys):
     code, out, _ = run_cli(capsys, "compare", "--help")
     text = " ".join(out.split())
     assert code == 0 and "megatron" in text and "ghp:G" in text
+
+
+def test_other_kinds_run_without_megatron_only_settings_and_say_so(capsys):
+    # Mixtral's scenario is megatron with expert parallelism 8 and ZeRO-1: dp runs without both, as
+    # `simulate --set strategy.kind=dp` would have to
+    mixtral = ROOT / "scenarios" / "mixtral_8x7b_ep_h100.yaml"
+    settings = ("--set", "model.params.num_layers=4")
+    document = _compare(capsys, str(mixtral), "--strategies", "megatron,dp", *settings)
+    assert document["megatron_only_dropped"] == ["strategy.zero_stage 1", "strategy.ep_degree 8"]
+    dp = next(row for row in document["results"] if row["strategy"].startswith("dp"))
+    alone = simulate(load_scenario(mixtral, ["model.params.num_layers=4", "strategy.kind=dp", "strategy.ep_degree=1",
+                                             "strategy.zero_stage=0"]))
+    assert dp["step_time_s"] == pytest.approx(alone.step_time_s, rel=1e-12)
+    code, out, err = run_cli(capsys, "compare", str(mixtral), "--strategies", "megatron,dp", *settings)
+    assert code == 0 and "dp: without strategy.zero_stage 1, strategy.ep_degree 8 (kind megatron only)" in out
+    assert _compare(capsys, str(mixtral), "--strategies", "megatron", *settings)["megatron_only_dropped"] == []

@@ -30,6 +30,7 @@ from simulator.engine import Engine
 from simulator.records import compute_busy_s
 from simulator.schedules.analysis import measured_steps, steady_state_steps
 from simulator.strategies.pipeline import compile_pipeline_plan, pipeline_config
+from simulator.units import whole
 
 STEP_DEFINITIONS = {
     False: "flush: makespan of one step, first forward to last update",
@@ -57,7 +58,7 @@ def pipeline_summary(scenario, workload, topology, costs, plan, spans: list[tupl
         "schedule": meta["schedule_kind"],
         "asynchronous": asynchronous,
         "num_microbatches": m,
-        "microbatch_size": plan.group_batch / m,
+        "microbatch_size": whole(plan.group_batch / m),
         "num_virtual_stages": meta["num_virtual_stages"],
         "weight_stashing": meta["weight_stashing"],
         "step_time_definition": STEP_DEFINITIONS[asynchronous],

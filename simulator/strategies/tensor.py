@@ -62,6 +62,7 @@ from simulator.strategies.tensor_clone import relabelled_actions, relabelled_ran
 from simulator.strategies.tensor_layers import pass_collectives, rank_workload
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
+from simulator.units import whole
 
 KIND = "megatron"
 
@@ -226,7 +227,7 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
             "tensor": {"tp_degree": config.tp, "pp_degree": config.pp, "dp_degree": config.dp // config.cp,
                        "ep_degree": config.ep, "cp_degree": config.cp,
                        "sequence_parallel": config.sequence_parallel, "zero_stage": config.zero_stage,
-                       "schedule": config.schedule_kind, "microbatch_size": config.microbatch_size * config.cp,
+                       "schedule": config.schedule_kind, "microbatch_size": whole(config.microbatch_size * config.cp),
                        "fsdp_sharding": config.fsdp_sharding, "shard_degree": zero.shard_degree(config),
                        "fsdp_version": config.fsdp_version if zero.gathers_per_unit(config) else None},
             "zero": zero.memory_meta(config, shard, ranges),
