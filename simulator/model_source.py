@@ -180,6 +180,11 @@ def load_hf_config(path: Path, params: dict) -> Workload:
     if not isinstance(tie, bool):
         raise ScenarioError(f"{what}: tie_word_embeddings: expected true or false")
     built = {ours: positive(key) for key, ours in HF_DIMENSIONS.items()}
+    own_head_dim = config.get("head_dim")  # Qwen3, Mistral-NeMo: heads wider or narrower than hidden / heads
+    if own_head_dim is not None and own_head_dim * built["num_heads"] != built["hidden_size"]:
+        raise ScenarioError(f"{what}: head_dim: {own_head_dim} x num_attention_heads {built['num_heads']} is not "
+                            f"hidden_size {built['hidden_size']}; attention is modelled with head_dim = hidden_size / "
+                            "num_attention_heads only")
     built["num_kv_heads"] = positive("num_key_value_heads", built["num_heads"])
     built["seq_len"] = built["max_positions"] = positive("max_position_embeddings", 2048)
     built["tie_embeddings"] = tie

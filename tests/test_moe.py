@@ -83,6 +83,8 @@ def _hf(tmp_path, config, params=None):
 
 def test_hf_config_reads_mixtral_and_deepseek_moe_keys(tmp_path):
     assert _hf(tmp_path, MIXTRAL_CONFIG, {"seq_len": 4096}).layers == build_model("mixtral-8x7b").layers
+    assert _hf(tmp_path, {**MIXTRAL_CONFIG, "head_dim": 128}, {"seq_len": 4096}).layers == \
+        build_model("mixtral-8x7b").layers  # a head_dim equal to hidden / heads is the same model
     assert _hf(tmp_path, DEEPSEEK_CONFIG).layers == build_model("deepseek-moe-16b").layers
     override = _hf(tmp_path, MIXTRAL_CONFIG, {"seq_len": 256, "capacity_factor": 1.5, "num_layers": 2})
     assert override.layers[1].spec["capacity_factor"] == 1.5 and override.num_layers == 4
@@ -93,6 +95,7 @@ def test_hf_config_reads_mixtral_and_deepseek_moe_keys(tmp_path):
     ({"kv_lora_rank": 512}, "kv_lora_rank"),
     ({"moe_layer_freq": 2}, "moe_layer_freq"),
     ({"n_shared_experts": -1}, "n_shared_experts"),
+    ({"head_dim": 256}, "head_dim: 256 x num_attention_heads 16 is not hidden_size 2048"),  # Qwen3-style heads
 ])
 def test_hf_config_moe_errors_name_the_key(tmp_path, change, key):
     config = {**DEEPSEEK_CONFIG, **change}
