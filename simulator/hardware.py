@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from simulator.errors import nearest_names
+from simulator.scenario_types import Bool, NoBool
 from simulator.units import parse_quantity
 
 
@@ -33,8 +34,8 @@ Seconds = Annotated[float, _quantity("s"), Field(ge=0)]
 Bytes = Annotated[float, _quantity("bytes"), Field(gt=0)]
 BytesPerSecond = Annotated[float, _quantity("bytes_per_s"), Field(gt=0)]
 FlopsPerSecond = Annotated[float, _quantity("flops_per_s"), Field(gt=0)]
-Hertz = Annotated[float, Field(gt=0)]
-Count = Annotated[int, Field(gt=0)]
+Hertz = Annotated[float, NoBool, Field(gt=0, allow_inf_nan=False)]
+Count = Annotated[int, NoBool, Field(gt=0)]
 
 Architecture = Literal["pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3",
                        "cpu"]
@@ -88,7 +89,7 @@ class LinkSpec(BaseModel):
     latency_s: Seconds
     bandwidth_bytes_per_s: BytesPerSecond
     kind: LinkKind = "ethernet"
-    nvls: bool = False
+    nvls: Bool = False
     source: str = "user supplied"
 
     @model_validator(mode="after")

@@ -13,8 +13,8 @@ of chunk k (every schedule's cool-down ends there), after which the gradient sti
 k - 1 .. 0 before rank 0's update U_0, while rank k itself waits for its last gradient buckets and
 updates (the critical path of a pipeline flush, Narayanan et al. SC'21, sec. 2.2):
 
-    T >= max_k [ sum_{c<k} (F_c + s_c) + m sum_{c on k} (F_c + B_c) + max(tail_k, drain_k) ]
-    drain_k = sum_{c<k} (s'_c + B_c) + U_0 + AG_0,   tail_k = R_k + U_k + AG_k
+    T >= sum_{c<k} (F_c + s_c) + m sum_{c on k} (F_c + B_c) + max(tail_k, drain_k), at the k binding with R_k = 0
+    drain_k = sum_{c<k} (s'_c + B_c) + R_0 + U_0 + AG_0,   tail_k = R_k + U_k + AG_k   (and host issue, below)
 
 with R_k the data-parallel reduction left after the last backward (bucket i of the final backward
 starts after its segment; the buckets run one after another on the stream; ZeRO-2 reduces every

@@ -211,3 +211,20 @@ def test_other_types_rejected():
 def test_specs_are_frozen():
     with pytest.raises(ValidationError):
         LINKS["ib-hdr"].latency_s = 0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("spec, field, wording", [
+    ({"num_sms": True}, "num_sms", "not a boolean"), ({"boost_clock_hz": "1.41e9"}, "boost_clock_hz", "not text"),
+    ({"boost_clock_hz": True}, "boost_clock_hz", "not a boolean")])
+def test_inline_gpu_counts_and_clocks_take_plain_numbers_only(spec, field, wording):
+    base = {"name": "x", "peak_flops_per_s": {"fp32": 1e13}, "memory_bytes": 1e10, "memory_bandwidth_bytes_per_s": 1e12}
+    with pytest.raises(ValidationError, match=wording) as error:
+        GpuSpec(**base, **spec)
+    assert error.value.errors()[0]["loc"] == (field,)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, "true"])
+def test_an_inline_link_s_nvls_switch_is_true_or_false_only(value):
+    with pytest.raises(ValidationError, match="expected true or false"):
+        LinkSpec(latency_s=1e-6, bandwidth_bytes_per_s=1e10, kind="nvlink", nvls=value)
+    assert LinkSpec(latency_s=1e-6, bandwidth_bytes_per_s=1e10, kind="nvlink", nvls=True).nvls
