@@ -135,18 +135,23 @@ def test_balanced_partition_is_optimal_against_brute_force(seed):
     assert worst == pytest.approx(_brute_force(compute, forward, backward, num_stages))
 
 
-@pytest.mark.parametrize("seed, overlapped", [(seed, seed % 2 == 0) for seed in range(6)])
-def test_balanced_partition_with_each_stage_update_is_optimal_against_brute_force(seed, overlapped):
-    """Each stage's allreduce (affine in its gradient bytes, partly hidden by its backward) and
-    optimizer step count in its cost: the DP's slowest stage is the brute force's."""
-    rng = np.random.default_rng(seed)
-    num_layers, num_stages = 9, 3
+def _random_stages(rng, num_layers: int, num_stages: int, max_gradient_bytes: float, share: float, overlapped: bool):
+    """Random per-layer compute and boundary sends, and each stage's allreduce and optimizer step."""
     compute = rng.uniform(0.1, 2.0, num_layers)
     forward = rng.uniform(0.0, 0.5, (num_stages, num_layers))
     backward = rng.uniform(0.0, 0.5, (num_stages, num_layers))
     update = StageUpdate(per_byte_s=rng.uniform(1e-9, 4e-9, num_stages), constant_s=rng.uniform(0.0, 0.2, num_stages),
-                         gradient_bytes=rng.uniform(0.0, 1e9, num_layers), backward_s=compute * 2 / 3,
-                         optimizer_s=rng.uniform(0.0, 0.3, num_layers), share=0.5, overlapped=overlapped)
+                         gradient_bytes=rng.uniform(0.0, max_gradient_bytes, num_layers), backward_s=compute * 2 / 3,
+                         optimizer_s=rng.uniform(0.0, 0.3, num_layers), share=share, overlapped=overlapped)
+    return compute, forward, backward, update
+
+
+@pytest.mark.parametrize("seed, overlapped", [(seed, seed % 2 == 0) for seed in range(6)])
+def test_balanced_partition_with_each_stage_update_is_optimal_against_brute_force(seed, overlapped):
+    """Each stage's allreduce (affine in its gradient bytes, partly hidden by its backward) and
+    optimizer step count in its cost: the DP's slowest stage is the brute force's."""
+    rng, num_layers, num_stages = np.random.default_rng(seed), 9, 3
+    compute, forward, backward, update = _random_stages(rng, num_layers, num_stages, 1e9, 0.5, overlapped)
     ranges = balanced_partition(compute, forward, backward, num_stages, update)
     assert [a for a, _ in ranges[1:]] == [b for _, b in ranges[:-1]] and ranges[-1][1] == num_layers
     worst = max(_stage_cost(compute, forward, backward, num_stages, m, a, b, update) for m, (a, b) in enumerate(ranges))
@@ -168,14 +173,8 @@ def _serial_step(compute, forward, backward, update, bounds):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_serial_partition_minimises_the_sum_and_the_longest_tail_within_the_memory_cap(seed):
-    rng = np.random.default_rng(seed)
-    num_layers, num_stages = 9, 3
-    compute = rng.uniform(0.1, 2.0, num_layers)
-    forward = rng.uniform(0.0, 0.5, (num_stages, num_layers))
-    backward = rng.uniform(0.0, 0.5, (num_stages, num_layers))
-    update = StageUpdate(per_byte_s=rng.uniform(1e-9, 4e-9, num_stages), constant_s=rng.uniform(0.0, 0.2, num_stages),
-                         gradient_bytes=rng.uniform(0.0, 2e9, num_layers), backward_s=compute * 2 / 3,
-                         optimizer_s=rng.uniform(0.0, 0.3, num_layers), share=1.0, overlapped=seed % 2 == 0)
+    rng, num_layers, num_stages = np.random.default_rng(seed), 9, 3
+    compute, forward, backward, update = _random_stages(rng, num_layers, num_stages, 2e9, 1.0, seed % 2 == 0)
     layer_bytes = rng.uniform(1.0, 3.0, num_layers)
     cap = float(np.quantile(layer_bytes, 0.5) * 4)
     ranges = serial_partition(compute, forward, backward, num_stages, update, layer_bytes, cap)
