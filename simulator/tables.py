@@ -107,8 +107,10 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
     cluster = scenario.cluster
     step_s, noun = summary["step_time_s"], device_noun(cluster)
     size = f"{format_count(result.workload.num_params)} params, {plural(result.workload.num_layers, 'layer')}"
+    seq_len = next((layer.spec["seq_len"] for layer in result.workload.layers if "seq_len" in layer.spec), None)
+    tokens = f" x {seq_len:,} tokens" if seq_len else ""  # a transformer's sequence (hf_config: its longest)
     console.print(f"[bold]{summary['scenario']}[/bold]: {summary['model']} ({size}), "
-                  f"batch {summary['global_batch_size']} {scenario.training.dtype}")
+                  f"batch {summary['global_batch_size']}{tokens} {scenario.training.dtype}")
     console.print(f"cluster: {plural(cluster.num_nodes, 'node')} x {cluster.gpus_per_node} {cluster.gpu.name}; "
                   + fabric_label(cluster))
     console.print(f"strategy: {strategy_label(summary)}, placement {summary['placement']}, "

@@ -245,3 +245,11 @@ def test_the_cluster_line_names_the_fabric_and_the_parameter_count_keeps_its_dig
     assert "(5.8M params, 7 layers)" in _printed(capsys, MLP_CPU)
     cluster = load_scenario(SMALL).cluster.model_copy(update={"topology": "graph_file", "topology_file": "/x/ring.json"})
     assert fabric_label(cluster) == "links from the graph file ring.json"
+
+
+def test_the_header_gives_a_transformer_s_tokens_per_sample(capsys):
+    # an hf_config model's sequence defaults to max_position_embeddings: the header shows it
+    assert main(["simulate", str(LLAMA_8B), "--set", "model.params.seq_len=2048"]) == 0
+    assert "(8.0B params, 34 layers), batch 8 x 2,048 tokens bf16" in capsys.readouterr().out.splitlines()[0]
+    assert main(["simulate", str(DEMO)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("(138.4M params, 16 layers), batch 64 fp32")
