@@ -169,6 +169,9 @@ def load_hf_config(path: Path, params: dict) -> Workload:
             raise ScenarioError(f"{what}: {key}: expected a positive integer{got}")
         return value
 
+    if "num_hidden_layers" not in config and "model_type" in config:  # e.g. GPT-2's n_layer, n_embd
+        raise ScenarioError(f"{what}: model_type: {config['model_type']!r} is not a LLaMA-style decoder config (no "
+                            "num_hidden_layers); LLaMA, Mistral, Mixtral and DeepSeekMoE configs are read")
     for key in HF_UNSUPPORTED:
         if config.get(key):
             raise ScenarioError(f"{what}: {key}: not supported yet (LLaMA-style, Mixtral and DeepSeekMoE models only)")
