@@ -32,6 +32,8 @@ from simulator.errors import ScenarioError
 
 SERIAL_TAIL_CANDIDATES = 256
 """Most tail bounds X the serial partition tries (quantiles of the tail values when there are more)."""
+SERIAL_MEMORY_LIMIT_BYTES = 2**28
+"""The serial partition holds two (L, L) matrices a stage; beyond this it declines (None)."""
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,10 @@ def serial_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_bac
                      memory_cap_bytes: float = np.inf) -> tuple[tuple[int, int], ...] | None:
     """Layer ranges minimising the sum of the stages' costs plus the longest tail (module docstring;
     arguments as `balanced_partition`), each stage's sum of `layer_bytes` at most `memory_cap_bytes`;
-    None when no partition is that small."""
+    None when no partition is that small, or when its matrices would pass `SERIAL_MEMORY_LIMIT_BYTES`."""
     num_layers = np.shape(compute_s)[-1]
+    if 2 * num_stages * num_layers**2 * 8 > SERIAL_MEMORY_LIMIT_BYTES:
+        return None
     starts = np.arange(num_layers)[:, None]
     ends = np.arange(num_layers)[None, :]
     clipped = np.minimum(starts, ends)

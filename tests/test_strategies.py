@@ -232,3 +232,14 @@ def test_actions_built_in_one_step_equal_their_class_built_ones():
                    {"phase": "F", "layer_start": 0, "layer_end": 1, "batches": 1.0}):         # both
         with pytest.raises(TypeError):
             builder.add(Compute, **fields)
+
+
+def test_the_serial_partition_declines_where_its_matrices_pass_the_memory_limit(monkeypatch):
+    import simulator.partition as partition
+    num_layers, num_stages = 40, 4
+    update = StageUpdate(np.zeros(num_stages), np.zeros(num_stages), np.ones(num_layers), np.ones(num_layers),
+                         np.zeros(num_layers), 1.0, True)
+    args = (np.ones(num_layers), np.zeros((num_stages, num_layers)), np.zeros((num_stages, num_layers)), num_stages, update)
+    assert serial_partition(*args) is not None
+    monkeypatch.setattr(partition, "SERIAL_MEMORY_LIMIT_BYTES", 2 * num_stages * num_layers**2 * 8 - 1)
+    assert serial_partition(*args) is None  # the caller keeps the balanced split
