@@ -18,6 +18,9 @@ from simulator.simulate import SimulationResult, naming_source, simulate
 from simulator.zero_config import without_zero
 
 MEGATRON = "megatron"
+MEGATRON_ONLY_DEGREES = {"ep_degree": 1, "cp_degree": 1}
+"""Expert and context parallelism, kind megatron's only, as the other kinds run them (off); ZeRO
+goes with its FSDP keys (`zero_config.without_zero`)."""
 
 
 def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) -> Scenario:
@@ -30,7 +33,7 @@ def with_strategy(scenario: Scenario, kind: str, num_groups: int | None = None) 
         return megatron_layout(scenario)
     raw = scenario.model_dump(mode="python")
     kind, _, microbatches = kind.partition(":")
-    strategy = {**without_zero(raw["strategy"]), "kind": kind, "num_groups": num_groups, "ep_degree": 1, "cp_degree": 1}
+    strategy = {**without_zero(raw["strategy"]), "kind": kind, "num_groups": num_groups, **MEGATRON_ONLY_DEGREES}
     if kind != "interleaved_1f1b":
         strategy["num_virtual_stages"] = 1
     if microbatches:
@@ -49,7 +52,7 @@ def megatron_only_settings(scenario: Scenario) -> list[str]:
     """The scenario's settings that only kind megatron plays ("strategy.zero_stage 1", ...): the
     other kinds of a comparison run without them (`with_strategy`)."""
     strategy = scenario.strategy
-    return [f"strategy.{key} {getattr(strategy, key)}" for key, off in (("zero_stage", 0), ("ep_degree", 1), ("cp_degree", 1))
+    return [f"strategy.{key} {getattr(strategy, key)}" for key, off in {"zero_stage": 0, **MEGATRON_ONLY_DEGREES}.items()
             if getattr(strategy, key) != off]
 
 

@@ -43,6 +43,13 @@ MASTER_WEIGHT_BYTES_PER_PARAM = 4
 """fp16/bf16 training keeps an fp32 master copy of the weights (Micikevicius et al., ICLR 2018)."""
 
 
+def state_bytes_per_param(dtype: str, optimizer: str) -> int:
+    """Weights and gradients in the training dtype, the optimizer's fp32 state, and an fp32 master
+    copy when the dtype is narrower than 4 bytes (the planning estimates' per-parameter bytes)."""
+    element = dtype_bytes(dtype)
+    return 2 * element + OPTIMIZER_STATE_BYTES_PER_PARAM[optimizer] + (MASTER_WEIGHT_BYTES_PER_PARAM if element < 4 else 0)
+
+
 def estimate_peak_memory_bytes(workload: Workload, layer_start: int, layer_end: int, *, dtype: str,
                                optimizer: str, stashed_samples: float, pass_samples: float | None = None) -> float:
     """Peak bytes of a device holding layers [layer_start, layer_end) (PAPERS.md section 1, memory_j).
@@ -58,9 +65,7 @@ def estimate_peak_memory_bytes(workload: Workload, layer_start: int, layer_end: 
     element = dtype_bytes(dtype)
     layers = workload.layers[layer_start:layer_end]
     params = sum(layer.num_params for layer in layers)
-    per_param = 2 * element + OPTIMIZER_STATE_BYTES_PER_PARAM[optimizer]
-    if element < 4:
-        per_param += MASTER_WEIGHT_BYTES_PER_PARAM
+    per_param = state_bytes_per_param(dtype, optimizer)
     saved = sum(layer.saved_elements_per_sample for layer in layers) * stashed_samples * element
     one_pass = stashed_samples if pass_samples is None else pass_samples
     workspace = max((layer.input_elements_per_sample + layer.output_elements_per_sample for layer in layers),

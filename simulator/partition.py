@@ -91,40 +91,8 @@ def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_b
     to send the gradient of layer l's input to stage m-1 (arrays of shape (M, L)); `update`: what
     closes each stage's step (None: nothing is weighed).
     """
-    compute_s = np.broadcast_to(compute_s, (num_stages, np.shape(compute_s)[-1]))
-    num_layers = compute_s.shape[1]
-    if num_stages > num_layers:
-        raise ValueError(f"{num_stages} stages for {num_layers} layers")
-    prefixes = np.concatenate((np.zeros((num_stages, 1)), np.cumsum(compute_s, axis=1)), axis=1)
-    starts = np.arange(num_layers)[:, None]
-    ends = np.arange(num_layers)[None, :]
-    invalid = starts > ends
-    best_prev = None
-    choices = []
-    for stage in range(num_stages):
-        prefix = prefixes[stage]
-        cost = prefix[ends + 1] - prefix[starts]
-        if stage < num_stages - 1:
-            cost = cost + send_forward_s[stage][None, :]
-        if stage > 0:
-            cost = cost + send_backward_s[stage][:, None]
-        if update is not None:
-            cost = cost + update.exposed_s(stage, np.minimum(starts, ends), ends)
-        if best_prev is None:
-            value = np.where(starts == 0, cost, np.inf)
-        else:
-            before = np.concatenate(([np.inf], best_prev[:-1]))[:, None]
-            value = np.maximum(before, cost)
-        value = np.where(invalid, np.inf, value)
-        choices.append(np.argmin(value, axis=0))
-        best_prev = value[choices[-1], np.arange(num_layers)]
-    ranges = []
-    end = num_layers - 1
-    for stage in range(num_stages - 1, -1, -1):
-        start = int(choices[stage][end])
-        ranges.append((start, end + 1))
-        end = start - 1
-    return tuple(reversed(ranges))
+    extra = None if update is None else update.exposed_s
+    return _best_chain(_stage_costs(compute_s, send_forward_s, send_backward_s, num_stages, extra), np.maximum)[1]
 
 
 def serial_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,
@@ -139,44 +107,58 @@ def serial_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_bac
     starts = np.arange(num_layers)[:, None]
     ends = np.arange(num_layers)[None, :]
     clipped = np.minimum(starts, ends)
-    stage_costs = []
-    compute_s = np.broadcast_to(compute_s, (num_stages, num_layers))
     feasible = starts <= ends
     if layer_bytes is not None:
         feasible &= _range_sum(layer_bytes, clipped, ends) <= memory_cap_bytes
+    stage_costs = [(np.where(feasible, cost, np.inf), np.where(feasible, update.tail_s(stage, clipped, ends), np.inf))
+                   for stage, cost in enumerate(_stage_costs(compute_s, send_forward_s, send_backward_s, num_stages))]
+    values = np.unique(np.concatenate([tail[np.isfinite(tail)] for _, tail in stage_costs]))
+    if len(values) > SERIAL_TAIL_CANDIDATES:
+        values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, SERIAL_TAIL_CANDIDATES)))
+    least_total = _best_chain([cost for cost, _ in stage_costs], np.add)[0]  # no bound: a floor for every X's sum
+    best_s, best = np.inf, None
+    for bound in values:  # ascending: once X + the floor reaches the best, no larger X can beat it
+        if bound + least_total >= best_s:
+            break
+        total, ranges = _best_chain([np.where(tail <= bound, cost, np.inf) for cost, tail in stage_costs], np.add)
+        if total + bound < best_s:
+            best_s, best = total + bound, ranges
+    return best
+
+
+def _stage_costs(compute_s, send_forward_s, send_backward_s, num_stages: int, extra=None):
+    """Per stage m, one after another: cost[start, end] of giving it layers [start, end] (inclusive),
+    its compute plus the transfers it sends, plus `extra(m, starts, ends)` when given; inf where
+    start > end."""
+    compute_s = np.broadcast_to(compute_s, (num_stages, np.shape(compute_s)[-1]))
+    num_layers = compute_s.shape[1]
+    if num_stages > num_layers:
+        raise ValueError(f"{num_stages} stages for {num_layers} layers")
+    starts = np.arange(num_layers)[:, None]
+    ends = np.arange(num_layers)[None, :]
+    clipped = np.minimum(starts, ends)
     for stage in range(num_stages):
         cost = _range_sum(compute_s[stage], clipped, ends)
         if stage < num_stages - 1:
             cost = cost + send_forward_s[stage][None, :]
         if stage > 0:
             cost = cost + send_backward_s[stage][:, None]
-        tail = update.tail_s(stage, clipped, ends)
-        stage_costs.append((np.where(feasible, cost, np.inf), np.where(feasible, tail, np.inf)))
-    values = np.unique(np.concatenate([tail[np.isfinite(tail)] for _, tail in stage_costs]))
-    if len(values) > SERIAL_TAIL_CANDIDATES:
-        values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, SERIAL_TAIL_CANDIDATES)))
-    least_total = _min_sum([cost for cost, _ in stage_costs])[0]  # no bound: a floor for every X's sum
-    best_s, best = np.inf, None
-    for bound in values:  # ascending: once X + the floor reaches the best, no larger X can beat it
-        if bound + least_total >= best_s:
-            break
-        total, ranges = _min_sum([np.where(tail <= bound, cost, np.inf) for cost, tail in stage_costs])
-        if total + bound < best_s:
-            best_s, best = total + bound, ranges
-    return best
+        if extra is not None:
+            cost = cost + extra(stage, clipped, ends)
+        yield np.where(starts > ends, np.inf, cost)
 
 
-def _min_sum(costs: list[np.ndarray]) -> tuple[float, tuple[tuple[int, int], ...]]:
-    """(sum, ranges) of the contiguous ranges minimising the sum of the stages' costs[m][start, end]."""
-    num_layers = costs[0].shape[0]
-    starts = np.arange(num_layers)[:, None]
+def _best_chain(costs, combine) -> tuple[float, tuple[tuple[int, int], ...]]:
+    """(objective, ranges) of the contiguous ranges, one per stage's costs[m][start, end], whose
+    costs `combine` best: np.maximum, the slowest stage; np.add, their sum."""
     best_prev, choices = None, []
     for cost in costs:
-        value = np.where(starts == 0, cost, np.inf) if best_prev is None else \
-            np.concatenate(([np.inf], best_prev[:-1]))[:, None] + cost
+        num_layers = cost.shape[0]
+        value = np.where(np.arange(num_layers)[:, None] == 0, cost, np.inf) if best_prev is None else \
+            combine(np.concatenate(([np.inf], best_prev[:-1]))[:, None], cost)
         choices.append(np.argmin(value, axis=0))
         best_prev = value[choices[-1], np.arange(num_layers)]
-    ranges, end = [], num_layers - 1
+    ranges, end = [], len(best_prev) - 1
     for choice in reversed(choices):
         start = int(choice[end])
         ranges.append((start, end + 1))

@@ -11,7 +11,7 @@ Per layer l at b samples per micro-batch (e = bytes per element of training.dtyp
   (`collective_forms.ring_allreduce_time_s`; Patarasuk & Yuan, JPDC 2009) on the slowest hop of the
   ring, whatever `strategy.collective` says;
 - memory (the partitioner's PipeDream model): state_bytes[l] = params_l x (2 e + optimizer state
-  + an fp32 master copy when e < 4), as `heuristics.estimate_peak_memory_bytes`; weight_bytes[l] =
+  + an fp32 master copy when e < 4: `heuristics.state_bytes_per_param`); weight_bytes[l] =
   params_l x e (one stashed version); activation_bytes[l] = saved_l x b x e.
 
 `ghpsim partition` (free replication): the r replicas of a stage sit on consecutive devices 0..r-1
@@ -36,8 +36,7 @@ import numpy as np
 from simulator.collective_forms import p2p_time_s, ring_allreduce_time_s
 from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.heterogeneity import stage_compute_s
-from simulator.heuristics import (MASTER_WEIGHT_BYTES_PER_PARAM, OPTIMIZER_STATE_BYTES_PER_PARAM, ring_link,
-                                  route_bandwidth)
+from simulator.heuristics import ring_link, route_bandwidth, state_bytes_per_param
 from simulator.pipedream_partition import StageCosts, pipedream_partition
 from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
@@ -66,10 +65,8 @@ def stage_costs(workload: Workload, compute_s, *, batch: float, dtype: str, opti
         2 * p2p_time_s(outputs * batch * element, *boundary) / boundary_divisor
     memory = {}
     if optimizer is not None:
-        per_param = 2 * element + OPTIMIZER_STATE_BYTES_PER_PARAM[optimizer]
-        per_param += MASTER_WEIGHT_BYTES_PER_PARAM if element < 4 else 0
-        memory = {"state_bytes": list(params * per_param), "weight_bytes": list(params * element),
-                  "activation_bytes": [layer.saved_elements_per_sample * batch * element for layer in workload.layers]}
+        memory = {"state_bytes": list(params * state_bytes_per_param(dtype, optimizer)),
+                  "weight_bytes": list(params * element), "activation_bytes": [layer.saved_elements_per_sample * batch * element for layer in workload.layers]}
     return StageCosts(compute_s=[float(t) for t in compute_s], gradient_bytes=list(params * element),
                       boundary_s=list(boundary_s), allreduce_s=allreduce_s, **memory)
 

@@ -62,10 +62,8 @@ def _layer_bytes(workload: Workload, config, batch: float) -> np.ndarray:
     """Per layer, the bytes a device holds for it (`heuristics.estimate_peak_memory_bytes` without
     the workspace): weights, gradients, optimizer state, an fp32 master copy under mixed precision,
     and its saved activations for the group's batch."""
-    from simulator.heuristics import MASTER_WEIGHT_BYTES_PER_PARAM, OPTIMIZER_STATE_BYTES_PER_PARAM
-    element = dtype_bytes(config.dtype)
-    per_param = 2 * element + OPTIMIZER_STATE_BYTES_PER_PARAM[config.optimizer]
-    per_param += MASTER_WEIGHT_BYTES_PER_PARAM if element < 4 else 0
+    from simulator.heuristics import state_bytes_per_param
+    element, per_param = dtype_bytes(config.dtype), state_bytes_per_param(config.dtype, config.optimizer)
     return np.array([layer.num_params * per_param + layer.saved_elements_per_sample * batch * element
                      for layer in workload.layers], dtype=float)
 

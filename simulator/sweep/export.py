@@ -13,6 +13,7 @@ import pandas as pd
 
 from simulator.output import write_text_atomic
 from simulator.sweep.spec import integer_field
+from simulator.units import whole
 
 CSV_NAME = "results.csv"
 PARQUET_NAME = "results.parquet"
@@ -52,8 +53,8 @@ def results_frame(sweep, points, rows: dict[str, dict]) -> pd.DataFrame:
         records.append(record)
     integer_columns = {*INTEGER_FIGURES, *(column for column in axis_columns if integer_field(column))}
     for record in records:  # an integer field given as 4.0 (e.g. `factor: 2.0`) is the count 4
-        record.update((column, int(record[column])) for column in integer_columns
-                      if _integral_float(record.get(column)))
+        record.update((column, whole(record[column])) for column in integer_columns
+                      if isinstance(record.get(column), float))
     frame = pd.DataFrame.from_records(records, columns=_columns(axis_columns))
     for column in frame.columns:  # integers stay integers beside missing values (not 8.0)
         values = [record.get(column) for record in records if record.get(column) is not None]
@@ -64,10 +65,6 @@ def results_frame(sweep, points, rows: dict[str, dict]) -> pd.DataFrame:
 
 def _integer(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _integral_float(value) -> bool:
-    return isinstance(value, float) and value.is_integer()
 
 
 def _columns(axis_columns: list[str]) -> list[str]:
