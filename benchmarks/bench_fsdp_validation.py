@@ -124,7 +124,7 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--runs", type=int, default=3, help="fresh runs (each calibrates its own profile)")
     parser.add_argument("--launches", type=int, default=3, help="launches of each case per run, in rounds")
     parser.add_argument("--steps", type=int, default=20, help="measured steps per launch")

@@ -168,7 +168,7 @@ def _print_table(name: str, table: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--rows", type=int, default=None, help="score only the first N rows (default: all)")
     parser.add_argument("--no-fit", action="store_true", help="skip the cross-validated fit (minutes)")
     parser.add_argument("--processes", type=int, default=os.cpu_count(), help="worker processes of the fit")

@@ -266,7 +266,7 @@ def write_accuracy_plot(rows: list[dict], path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--table", choices=(*TABLES, "all"), default="all", help="which published table to score")
     parser.add_argument("--profile", default=None,
                         help="a kernel profile (`ghpsim fit`, `calibrate --kernels`); default: the datasheet catalogue")

@@ -54,7 +54,7 @@ def summary_lines(document: dict) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", default=",".join(DEFAULT_CASES), help="comma list of " + ", ".join(CASES))
     args = parser.parse_args()

@@ -37,7 +37,7 @@ SWEEP = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--workers", type=int, default=None, help="default: the number of CPUs")
     args = parser.parse_args()
     load = os.getloadavg()[0]

@@ -115,10 +115,9 @@ def report(parser: argparse.ArgumentParser) -> None:
                         "does not write are removed, other files stay)")
     parser.add_argument("--title", help="report title (default: ghpsim report: <scenario or file name>)")
     parser.add_argument("--strategies", default=None,
-                        help=f"scenario INPUT: strategies to compare ({STRATEGIES_HELP}; default dp,mp,ghp, "
-                             "or a megatron scenario's own layout)")
-    parser.add_argument("--profile", metavar="FILE",
-                        help="scenario INPUT: simulate with this calibration profile's costs")
+                        help=f"scenario INPUT: strategies to compare ({STRATEGIES_HELP}, or megatron; default "
+                             "dp,mp,ghp, or a megatron scenario's own layout)")
+    parser.add_argument("--profile", metavar="FILE", help=f"scenario INPUT: {PROFILE_HELP}")
     scenario_args(parser, scenario=False)
 
 
@@ -143,8 +142,8 @@ def sweep(parser: argparse.ArgumentParser) -> None:
 
 def schedule(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=PIPELINE_KINDS, help="pipeline schedule")
-    parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline stages (ranks)")
-    parser.add_argument("--microbatches", type=int, required=True, metavar="M", help="micro-batches per step")
+    parser.add_argument("--stages", type=int, required=True, metavar="M", help="pipeline stages (ranks)")
+    parser.add_argument("--microbatches", type=int, required=True, metavar="m", help="micro-batches per step")
     parser.add_argument("--virtual-stages", type=int, default=None, metavar="V",
                         help="model chunks per rank (interleaved_1f1b; default 2 there, 1 otherwise)")
     parser.add_argument("--weight-prediction", choices=("staggered", "forward"), default=None,
@@ -222,7 +221,8 @@ def calibrate(parser: argparse.ArgumentParser) -> None:
                              "the first sets gemm_efficiency")
     parser.add_argument("--quick", action="store_true", help="--kernels: tiny sizes, seconds (for tests)")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None,
-                        help="default gloo on cpu, nccl on cuda (one GPU per rank); gloo on cuda lets "
+                        help="communication backend of the ranks (default gloo on cpu, nccl on cuda, one GPU "
+                             "per rank); gloo on cuda lets "
                              "several ranks share one GPU (messages staged through the host)")
     parser.add_argument("--world-size", type=int, default=None,
                         help="ranks measured at once (default 2); `ghpsim validate` runs every plan at this world size")
@@ -243,7 +243,8 @@ def validate(parser: argparse.ArgumentParser) -> None:
                         help="profile JSON from `ghpsim calibrate`; the plans run at its world size (a "
                              "scenario of another size is resized to it, or refused in one line)")
     parser.add_argument("--strategies", default=None,
-                        help=f"{STRATEGIES_HELP} (default dp,mp,ghp; a megatron scenario with tp_degree = "
+                        help=f"{STRATEGIES_HELP}, or megatron (tp_degree = pp_degree = 1) (default dp,mp,ghp; "
+                             "a megatron scenario with tp_degree = "
                              "pp_degree = 1: its own sharded data-parallel plan, run with FSDP2 or DDP)")
     parser.add_argument("--steps", type=int, default=10, help="measured steps (median reported; default %(default)s)")
     parser.add_argument("--repeats", type=int, default=1,

@@ -62,7 +62,7 @@ class ClusterConfig(_Frozen):
     """Device index -> compute slowdown factor >= 1 (2.0: every compute action takes twice as long)."""
     degraded_links: dict[str, Annotated[Float, Field(ge=MIN_LINK_FACTOR, le=1)]] = Field(default_factory=dict)
     """"node<n>" (node n's links to the fabric), "gpu<d>" (device d's links) or "<a>--<b>" (a graph
-    edge) -> bandwidth factor in (0, 1]."""
+    edge) -> bandwidth factor in [MIN_LINK_FACTOR, 1] (1e-6 to 1)."""
 
     @model_validator(mode="after")
     def _check_fabric(self) -> "ClusterConfig":
@@ -214,7 +214,7 @@ class TrainingConfig(_Frozen):
     memory_policy: Literal["none", "reuse", "laysa"] = "none"
     recompute: Literal["none", "selective", "full"] = "none"
     offload_activations: Bool = False
-    """reuse/laysa: move saved activations to host memory over PCIe instead of keeping them."""
+    """Move saved activations to host memory over PCIe instead of keeping them."""
     memory_format: Literal["nchw", "nhwc"] = "nchw"
     """Convolution activations' layout: PyTorch's default NCHW or channels_last NHWC (`simulator.kernels_cnn.conv`)."""
     allocator_fragmentation: Annotated[Float, Field(ge=0, lt=0.5)] = 0.0

@@ -1,4 +1,4 @@
-"""`ghpsim schedule KIND --stages P --microbatches M [--virtual-stages V] [--json]`: print a
+"""`ghpsim schedule KIND --stages M --microbatches m [--virtual-stages V] [--json]`: print a
 pipeline schedule as a grid (rows = ranks, columns = unit time slots), after checking it."""
 
 from __future__ import annotations
