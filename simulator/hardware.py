@@ -66,10 +66,14 @@ class GpuSpec(BaseModel):
     def peak_for(self, dtype: str) -> float:
         """Dense peak for a dtype; falls back fp16 -> bf16, tf32 -> fp32 and fp8 -> fp16 / bf16 where a
         sheet lists one, never bf16 -> fp16: bf16 tensor cores came with Ampere, and a GPU before it
-        (no bf16 figure) has no bf16 rate to borrow."""
+        (no bf16 figure) has no bf16 rate to borrow. A 16-bit rate below fp32's (GP102's native fp16 at
+        1/64) gives way to fp32's: PyTorch multiplies 16-bit matrices with fp32 accumulation
+        (`cublasGemmEx`, CUBLAS_COMPUTE_32F: aten/src/ATen/cuda/CUDABlas.cpp), which such a GPU runs
+        on its fp32 units."""
         for candidate in (dtype, *_DTYPE_FALLBACK.get(dtype, ())):
             if candidate in self.peak_flops_per_s:
-                return self.peak_flops_per_s[candidate]
+                peak = self.peak_flops_per_s[candidate]
+                return max(peak, self.peak_flops_per_s.get("fp32", 0.0)) if dtype in ("fp16", "bf16") else peak
         raise KeyError(dtype)
 
 

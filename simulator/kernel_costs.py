@@ -52,6 +52,7 @@ from simulator.kernels import (
     optimizer_kernels,
 )
 from simulator.memory_activations import is_block
+from simulator.nccl import NCCL_DEFAULT_NUM_CHANNELS, collective_channels
 from simulator.workload import Workload, dtype_bytes
 
 BACKWARD, RECOMPUTE = "B", "R"
@@ -201,7 +202,8 @@ class KernelCosts:
     core's forward (`simulator.kernels_attention.core_recompute_kernels`; the plans emit no action
     for it, `simulator.strategies.ghp.recompute_ranges`). `parameters` replaces the architecture table's `KernelParameters`.
     `comm_sm_contention`: compute slows while a collective's NCCL kernels hold SMs on the same GPU
-    (`shared_processors`, `simulator.host_sharing.sm_sharing`). `gradient_accumulation_fusion`
+    (`shared_processors`, `simulator.host_sharing.sm_sharing`), `comm_channels` of them (NCCL's channel
+    count on the node's link, `simulator.nccl.collective_channels`). `gradient_accumulation_fusion`
     False: each weight-gradient GEMM is followed by its main-gradient accumulation kernel.
     `vocab_multiple` > 1: vocabularies padded to a multiple of it x `tp_degree` (Megatron's
     `MEGATRON_VOCAB_MULTIPLE`; 1: the model's own size, as eager frameworks run it).
@@ -215,7 +217,7 @@ class KernelCosts:
                  flash_attention: bool = False, sequence_parallel: bool = False, recompute: str = "none",
                  parameters: KernelParameters | None = None, comm_sm_contention: bool = True,
                  gradient_accumulation_fusion: bool = True, vocab_multiple: int = 1, memory_format: str = "nchw",
-                 flash_kernel: str = "flash2"):
+                 flash_kernel: str = "flash2", comm_channels: int = NCCL_DEFAULT_NUM_CHANNELS):
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE_MODES)}")
         self.workload = workload
@@ -231,8 +233,9 @@ class KernelCosts:
         self.vocab_multiple = vocab_multiple
         self.memory_format = memory_format
         self.flash_kernel = flash_kernel
+        self.comm_channels = comm_channels
         self.conv_algorithm = conv_algorithm(gpu, dtype, memory_format)
-        self.shared_processors = sm_sharing(gpu.num_sms) if comm_sm_contention else None
+        self.shared_processors = sm_sharing(gpu.num_sms, comm_channels) if comm_sm_contention else None
         self.architecture = gpu_architecture(gpu)
         self.device = device_for(gpu, dtype, parameters, flash_kernel)
         self.parameters = self.device.parameters
@@ -256,14 +259,15 @@ class KernelCosts:
                    gradient_accumulation_fusion=accumulation_fused(
                        scenario.strategy.gradient_accumulation_fusion, scenario.strategy.kind, training.dtype),
                    vocab_multiple=MEGATRON_VOCAB_MULTIPLE if scenario.strategy.kind == "megatron" else 1,
-                   memory_format=training.memory_format, flash_kernel=costs.flash_attention_kernel)
+                   memory_format=training.memory_format, flash_kernel=costs.flash_attention_kernel,
+                   comm_channels=collective_channels(scenario.cluster.intra_node_link.kind))
 
     def with_changes(self, **changes) -> "KernelCosts":
         """The same model with some constructor arguments replaced (another GPU, TP degree, ...)."""
         settings = {name: getattr(self, name) for name in (
             "workload", "gpu", "dtype", "optimizer", "tp_degree", "flash_attention", "sequence_parallel",
             "recompute", "parameters", "comm_sm_contention", "gradient_accumulation_fusion", "vocab_multiple",
-            "memory_format", "flash_kernel")}
+            "memory_format", "flash_kernel", "comm_channels")}
         return KernelCosts(**(settings | changes))
 
     def with_tensor_parallel(self, tp_degree: int, sequence_parallel: bool) -> "KernelCosts":

@@ -81,8 +81,9 @@ PROTOCOL_EFFICIENCY: dict[str, float] = {
     # LL: 8-byte stores carrying 4 bytes of data + a 4-byte flag; "at most 50 %" (README, NCCL
     # maintainers); NCCL >= 2.21 models ring LL as busBw x 0.5.
     "LL": 0.5,
-    # LL128: 128-byte lines carrying 120 bytes of data + 8 of flag; "about 95 %" (README);
-    # tuning.cc ring LL128 "0.92 /*120.0/128.0*/".
+    # LL128: 128-byte lines carrying 120 bytes of data + 8 of flag; "about 95 %" (README). The value
+    # is that payload share, 120 / 128 = 0.9375 (NCCL_LL128_DATAELEMS / NCCL_LL128_LINEELEMS, 15 of
+    # every 16 8-byte elements, src/include/device.h), not tuning.cc's ring LL128 "0.92 /*120.0/128.0*/".
     "LL128": 120 / 128,
     # Simple: payload only, synchronised by fences.
     "Simple": 1.0,
@@ -130,8 +131,15 @@ LL128_LINK_KINDS = frozenset({"nvlink", "infiniband", "roce"})
 
 # NCCL runs one CTA (thread block, one SM) per channel. NCCL INFO logs of 8-GPU NVLink nodes
 # (8x A100 SXM; 8x H100, p5.48xlarge): "24 coll channels, 16 nvls channels, 32 p2p channels".
+# Nodes whose GPUs meet over PCIe: "2 coll channels" (2- and 4-GPU PCIe nodes, P2P/CUMEM/read).
 NCCL_DEFAULT_NUM_CHANNELS = 24
 NCCL_NVLS_NUM_CHANNELS = 16
+NCCL_PCIE_NUM_CHANNELS = 2
+
+
+def collective_channels(intra_node_link_kind: str) -> int:
+    """NCCL's collective channels on a node whose GPUs meet over this kind of link (the logs above)."""
+    return NCCL_PCIE_NUM_CHANNELS if intra_node_link_kind == "pcie" else NCCL_DEFAULT_NUM_CHANNELS
 
 # The largest slice a channel's pipeline forwards (module docstring, "Pipeline fill"). Fitted, not
 # sourced: the one free parameter of the collective model, chosen on the A100 curve of
@@ -141,8 +149,6 @@ NCCL_NVLS_NUM_CHANNELS = 16
 PIPELINE_SLICE_BYTES = 128 * 1024
 FILL_PROTOCOLS = frozenset({"LL128", "Simple"})
 FILL_LINK_KINDS = frozenset({"nvlink"})
-NUM_SMS = {"A100-40GB": 108, "A100-80GB": 108, "H100-SXM": 132, "H200": 132}  # whitepapers
-COMM_SM_SHARE: dict[str, float] = {gpu: NCCL_DEFAULT_NUM_CHANNELS / sms for gpu, sms in NUM_SMS.items()}
 
 
 # ----------------------------------------------------------------------------- inputs, results

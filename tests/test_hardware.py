@@ -59,7 +59,7 @@ def test_datasheet_figures():
     assert GPUS["A100-80GB"].memory_bandwidth_bytes_per_s == 2039e9
     assert GPUS["H200"].memory_bandwidth_bytes_per_s == 4.8e12
     # GeForce quirks: Pascal fp16 is 1/64 fp32; Turing fp32-accumulate tensor is half rate
-    assert GPUS["GTX-1080Ti"].peak_for("fp16") == pytest.approx(GPUS["GTX-1080Ti"].peak_for("fp32") / 64)
+    assert GPUS["GTX-1080Ti"].peak_flops_per_s["fp16"] == pytest.approx(GPUS["GTX-1080Ti"].peak_for("fp32") / 64)
     assert GPUS["RTX-2080Ti"].peak_for("fp16") == pytest.approx(53.8e12)
 
 

@@ -121,6 +121,20 @@ def test_sparse_figures_are_halved():
     assert GPUS["MI300X"].peak_for("fp16") == pytest.approx(1307.4e12)  # AMD prints dense as such
 
 
+def test_a_16_bit_matmul_runs_no_slower_than_fp32():
+    """GP102's native fp16 runs at 1/64 of fp32, but PyTorch multiplies 16-bit matrices with fp32
+    accumulation, which such a GPU runs on its fp32 units: an fp16 step is not 64x an fp32 one."""
+    from simulator import load_scenario, simulate
+    for key in ("P40", "GTX-1080Ti"):
+        assert GPUS[key].peak_flops_per_s["fp16"] < GPUS[key].peak_for("fp32") == GPUS[key].peak_for("fp16")
+    assert GPUS["V100"].peak_for("fp16") == 125e12 and GPUS["P100-PCIe"].peak_for("fp16") == 18.7e12
+    steps = {dtype: simulate(load_scenario({
+        "name": "p40", "cluster": {"num_nodes": 1, "gpus_per_node": 1, "gpu": "P40"}, "model": {"name": "resnet50"},
+        "strategy": {"kind": "dp"}, "training": {"global_batch_size": 32, "dtype": dtype}})).step_time_s
+        for dtype in ("fp32", "fp16")}
+    assert steps["fp16"] <= steps["fp32"]  # the same GEMM rate, half the bytes
+
+
 def test_datasheet_memory_figures():
     assert GPUS["A100-80GB-PCIe"].memory_bandwidth_bytes_per_s == 1935e9
     assert GPUS["H100-PCIe"].memory_bandwidth_bytes_per_s == 2.0e12

@@ -12,7 +12,6 @@ import pytest
 from simulator.hardware import LINKS
 from simulator.nccl import (
     BASE_LATENCY_S,
-    COMM_SM_SHARE,
     HOP_LATENCY_S,
     LINK_EFFICIENCY,
     LINK_KINDS,
@@ -26,6 +25,7 @@ from simulator.nccl import (
     allreduce_candidates,
     allreduce_time_s,
     alltoall_time_s,
+    collective_channels,
     compute_slowdown_while_communicating,
     p2p_time_s,
     pipeline_fill_s,
@@ -291,8 +291,8 @@ def test_communication_takes_one_sm_per_channel_from_compute():
     assert compute_slowdown_while_communicating(108, 24) == pytest.approx(108 / 84)
     assert compute_slowdown_while_communicating(132) == pytest.approx(132 / (132 - NCCL_DEFAULT_NUM_CHANNELS))
     assert compute_slowdown_while_communicating(132, 0) == 1.0
-    assert COMM_SM_SHARE["A100-80GB"] == pytest.approx(24 / 108)
-    assert COMM_SM_SHARE["H100-SXM"] == pytest.approx(24 / 132)
+    assert compute_slowdown_while_communicating(40, collective_channels("pcie")) == pytest.approx(40 / 38)
+    assert collective_channels("nvlink") == NCCL_DEFAULT_NUM_CHANNELS
     with pytest.raises(ValueError, match="num_channels"):
         compute_slowdown_while_communicating(24, 24)
     assert math.isfinite(compute_slowdown_while_communicating(108, 107))

@@ -89,3 +89,14 @@ def test_tensor_parallel_copies_keep_the_switch():
                         "bf16", "adam", comm_sm_contention=False)
     assert costs.with_tensor_parallel(2, False).shared_processors is None
     assert costs.with_tensor_parallel(2, False).comm_sm_contention is False
+
+
+def test_pcie_nodes_hold_nccls_two_channels_not_an_nvlink_nodes_twenty_four():
+    """NCCL runs 2 collective channels where a node's GPUs meet over PCIe (its init logs), so a
+    40-SM T4 computes at 40 / 38 beside a collective, not 40 / 16; NVLink nodes keep 24."""
+    scenario = load_scenario(ROOT / "scenarios/resnet50_dp_a100.yaml", ["cluster.gpu=T4", "cluster.intra_node_link=pcie3", "training.dtype=fp16"])
+    costs = analytic_costs(scenario, get_model("resnet50"))
+    assert costs.shared_processors.compute_slowdown_while[COLLECTIVE] == pytest.approx(40 / 38)
+    assert costs.with_tensor_parallel(2, False).shared_processors == costs.shared_processors
+    nvlink = load_scenario(ROOT / "scenarios/resnet50_dp_a100.yaml", ["cluster.gpu=T4", "training.dtype=fp16"])
+    assert analytic_costs(nvlink, get_model("resnet50")).shared_processors == sm_sharing(40)
