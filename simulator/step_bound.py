@@ -31,8 +31,10 @@ for the last pass's ring, the buckets only for its compute, so R_k is counted be
 excess over it. ZeRO-3 full shard also has T >= its comm stream: m (2 allgathers + 1 reduce-scatter)
 per unit, in series (`simulator.strategies.zero`); its gathers' waits are not counted, so the bound
 stays below. Compute times are the engine's device times (per-layer, on the rank's GPU; SM
-contention and stragglers only slow them); the host, which the engine lets run ahead, adds only
-T >= m x rank k's passes' host times. Every transfer and collective is priced at link rate alone:
+contention and stragglers only slow them); the host, which the engine lets run ahead, adds
+T >= m x rank k's passes' host times, and a pass that receives its input lasts at least its host
+time, except the final backward, whose bucket segments after the first are issued while their
+predecessors' TP collectives run. Every transfer and collective is priced at link rate alone:
 each flow phase the engine would play takes at least its latency plus its bytes at the bottleneck
 link's share for its own sub-flows, so contention with other traffic can only add (max-min fairness
 never exceeds capacity). A stage's data-parallel collectives are floored for its t TP ranks' groups
@@ -52,6 +54,7 @@ from simulator.costs import BACKWARD, FORWARD, compute_parts
 from simulator.heterogeneity import DeviceCosts
 from simulator import memory_floor
 from simulator.link_floors import LinkFloors
+from simulator.memory_buffers import usable_memory_bytes
 from simulator.layout_geometry import (RememberedCosts, chain_partition, expert_floors_s, megatron_device,
                                       ring_floors_s, tp_floors)
 from simulator.placement import place_ranks
@@ -65,8 +68,7 @@ from simulator.strategies.tensor_layers import rank_workload
 from simulator.workload import dtype_bytes
 
 MEGATRON = "megatron"
-SAFETY = 1 - 1e-9
-"""The flow model ends a flow within 1e-9 of its bytes; the bound keeps that much below."""
+SAFETY = 1 - 1e-9  # the flow model ends a flow within 1e-9 of its bytes; the bound keeps that much below
 
 
 @dataclass(frozen=True)
@@ -85,15 +87,11 @@ class _Geometry:
     """What a candidate's bound and memory floor share: chunk ranges, devices and per-layer costs."""
 
     ranges: list[tuple[int, int]]
-    chain: list[int]
-    """Device of rank k of replica 0 (TP rank 0)."""
-    rings: list[tuple[int, ...]]
-    """Stage k -> devices of its data-parallel copies (TP rank 0)."""
+    chain: list[int]  # device of rank k of replica 0 (TP rank 0)
+    rings: list[tuple[int, ...]]  # stage k -> devices of its data-parallel copies (TP rank 0)
     tp_groups: list[tuple[int, ...]]
-    workload: object
-    """The rank's workload (a TP shard for megatron)."""
-    model: object
-    """The rank's cost model (TP share for megatron)."""
+    workload: object  # the rank's workload (a TP shard for megatron)
+    model: object  # the rank's cost model (TP share for megatron)
     dp_groups: list[tuple[tuple[int, ...], ...]]
     """Stage k -> its t TP ranks' data-parallel groups (`rings[k]` first), reducing at once (`symmetry`)."""
 
@@ -149,7 +147,8 @@ class BoundModel(LinkFloors):
             grid = GridConfig(c.kind, groups, chunks, scenario.training.global_batch_size, scenario.training.dtype,
                               placement=placement, partition=partition, overlap_backward=strategy.overlap_backward,
                               optimizer=scenario.training.optimizer, num_parameter_servers=strategy.num_parameter_servers,
-                              collective="parameter_server" if strategy.dp_sync == "parameter_server" else strategy.collective)
+                              memory_bytes=usable_memory_bytes(scenario), collective="parameter_server"
+                              if strategy.dp_sync == "parameter_server" else strategy.collective)
             chunk_devices = tuple(rank_to_device[g * p + chunk % p] for g in range(groups) for chunk in range(chunks))
             shard, model = self._tensor_model(1, None, 1, selective)
             ranges = grid_partition(grid, shard, self.topology, model, chunk_devices, b)
@@ -220,14 +219,14 @@ class BoundModel(LinkFloors):
         overlap = c.kind == MEGATRON and c.tp_degree > 1 and self.scenario.strategy.tp_comm_overlap \
             and self.sp(c)
         rc = self.recompute(c)
-        chunks, redone = [], []  # per chunk: (forward compute, forward TP, backward compute, backward TP)
+        chunks, redone, backs = [], [], []  # per chunk: (forward, forward TP, backward, backward TP); (device, host)
         for j, (start, end) in enumerate(geo.ranges):  # a pass that receives its input waits for its host too
             redo = [index for a, z in recompute_ranges(geo.workload, start, end, rc) for index in range(a, z)]
             redone.append(redo)
             back = sum(bwd[start:end]) + sum(fwd[i] for i in redo)
+            backs.append((back, sum(host_b[start:end]) if j < len(geo.ranges) - 1 and not redo else 0.0))
             chunks.append((max(sum(fwd[start:end]), sum(host_f[start:end]) if j else 0.0), sum(tp_f[start:end]),
-                           max(back, sum(host_b[start:end]) if j < len(geo.ranges) - 1 and not redo else 0.0),
-                           sum(tp_b[start:end]) + sum(tp_f[i] for i in redo)))
+                           max(backs[j]), sum(tp_b[start:end]) + sum(tp_f[i] for i in redo)))
 
         def span(compute_s, tp_s):
             return max(compute_s, tp_s) if overlap else compute_s + tp_s
@@ -235,12 +234,13 @@ class BoundModel(LinkFloors):
         ring_f, ring_b = ring_floors_s(self, c, geo, b, redone)
         f_pass = [max(span(cf, tf), ring) for (cf, tf, _, _), ring in zip(chunks, ring_f)]
         b_pass = [max(span(cb, tb), ring) for (_, _, cb, tb), ring in zip(chunks, ring_b)]
+        b_last = [max(span(device, tb), ring, host) for (device, host), (_, _, _, tb), ring in zip(backs, chunks, ring_b)]
         excess = [max(ring - span(cb, tb), 0.0) for (_, _, cb, tb), ring in zip(chunks, ring_b)]
         # drain: megatron recomputes after the gradient arrives; the other kinds' recompute
         # (`simulator.strategies.ghp.apply_training_options`) waits for nothing and may run earlier
         last = len(geo.ranges) - 1
-        b_chain = b_pass if c.kind == MEGATRON else [span(max(sum(bwd[a:z]), sum(host_b[a:z]) if j < last else 0.0),
-                                                          sum(tp_b[a:z])) for j, (a, z) in enumerate(geo.ranges)]
+        b_chain = b_last if c.kind == MEGATRON else [max(span(sum(bwd[a:z]), sum(tp_b[a:z])), sum(host_b[a:z]) if j < last
+                                                         else 0.0) for j, (a, z) in enumerate(geo.ranges)]
         sends, grads = self._transfers(c, geo, b)
         first_f = [sum(host_f[a:z]) for a, z in geo.ranges]  # the host issues chunk 0's from the step's start
         host_work = [m * sum(sum(host_f[a:z]) + sum(host_b[a:z]) + sum(host_f[i] for i in redone[j])
@@ -255,7 +255,7 @@ class BoundModel(LinkFloors):
         for k in range(p):
             own = range(k, p * v, p)
             fill = sum(max(f_pass[j], first_f[j]) + sends[j] for j in range(k))  # first micro-batch: host too
-            work = m * sum(f_pass[j] + b_pass[j] for j in own)
+            work = m * sum(f_pass[j] + b_pass[j] for j in own) - sum(b_pass[j] - b_last[j] for j in own)
             drain = sum(grads[j] + b_chain[j] for j in range(k)) + tail0
             update = updates[k][0] + updates[k][1]  # after its host issued every pass (reductions may overlap)
             issued = host_work[k] + max(drain - reduction0, update)

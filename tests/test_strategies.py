@@ -198,6 +198,19 @@ def test_ghp_stages_are_cut_where_the_serial_step_is_shortest():
     assert chosen.step_time_s < balanced.step_time_s / 4
 
 
+def test_a_faster_link_never_slows_the_ghp_step_through_its_partition():
+    # VGG16 ghp 4 x 4 at batch 256: the serial partition may fill a device (its memory, not the
+    # balanced split's largest stage, caps a stage), so the cut after the convolutions stays open
+    # as the link between the stages' nodes gets faster.
+    demo = ROOT / "scenarios" / "demo.yaml"
+    steps = [simulate(load_scenario(demo, ["strategy.num_groups=4", "training.global_batch_size=256",
+                                           f"cluster.inter_node_link={link}"]))
+             for link in ("10gbe", "25gbe", "100gbe", "ib-hdr")]
+    assert all(result.summary["partition"] == [13, 1, 1, 1] for result in steps)
+    assert all(faster.step_time_s <= slower.step_time_s for slower, faster in zip(steps, steps[1:]))
+    assert all(result.summary["devices"][0]["fits_in_memory"] for result in steps)
+
+
 def test_bucket_segments_close_buckets_in_backward_order():
     workload = toy_workload(6, num_params=1_000_000)  # 4 MB of fp32 gradients per layer
     segments = bucket_segments(workload, 0, 6, 4, bucket_size_bytes=8e6)

@@ -41,6 +41,7 @@ STRATEGIES = {"dp": _dp_grid, "mp": _mp_grid, "ghp": _ghp_grid,
 
 def grid_config(scenario) -> GridConfig:
     """The GridConfig of a validated `Scenario` (dp, mp, ghp)."""
+    from simulator.memory_buffers import usable_memory_bytes
     strategy, training = scenario.strategy, scenario.training
     if strategy.kind not in STRATEGIES or strategy.kind in PIPELINE_KINDS:
         raise ScenarioError(f"strategy.kind: {strategy.kind!r} is not a dp/mp/ghp grid")
@@ -53,7 +54,8 @@ def grid_config(scenario) -> GridConfig:
         bucket_size_bytes=strategy.bucket_size_bytes, overlap_backward=strategy.overlap_backward,
         collective=collective, num_parameter_servers=strategy.num_parameter_servers,
         gradient_fusion=strategy.gradient_fusion, horovod_cycle_time_s=strategy.horovod_cycle_time_s,
-        horovod_fusion_threshold_bytes=strategy.horovod_fusion_threshold_bytes, optimizer=training.optimizer)
+        horovod_fusion_threshold_bytes=strategy.horovod_fusion_threshold_bytes, optimizer=training.optimizer,
+        memory_bytes=usable_memory_bytes(scenario))
 
 
 def compile_plan(scenario, workload: Workload, topology: Topology, costs: CostModel) -> Plan:

@@ -47,6 +47,9 @@ class GridConfig:
     horovod_cycle_time_s: float = HOROVOD_CYCLE_TIME_S
     horovod_fusion_threshold_bytes: float = HOROVOD_FUSION_THRESHOLD_BYTES
     optimizer: str = "sgd"
+    memory_bytes: float = 0.0
+    """The device memory a stage may fill (`memory_buffers.usable_memory_bytes`): the serial
+    partition's cap where above the balanced split's largest stage (`stage_partition.grid_partition`)."""
 
 
 def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology, costs: CostModel,

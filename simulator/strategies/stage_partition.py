@@ -52,20 +52,29 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
     update = _stage_update(config, workload, topology, costs, rank_to_device, group_batch)
     ranges = balanced_partition(compute, forward, backward, num_stages, update)
     if config.strategy in SERIAL_KINDS and update is not None:  # one batch through the stages
-        layer_bytes = _layer_bytes(workload, config, group_batch)
-        cap_bytes = max(layer_bytes[a:b].sum() for a, b in ranges)  # no stage larger than balanced's largest
+        layer_bytes, working_bytes = _layer_bytes(workload, config, group_batch)
+        device = config.memory_bytes - working_bytes  # the device, less the largest backward's working set
+        cap_bytes = max(device, max(layer_bytes[a:b].sum() for a, b in ranges))  # or balanced's largest
         ranges = serial_partition(compute, forward, backward, num_stages, update, layer_bytes, cap_bytes) or ranges
     return ranges
 
 
-def _layer_bytes(workload: Workload, config, batch: float) -> np.ndarray:
-    """Per layer, the bytes a device holds for it (`heuristics.estimate_peak_memory_bytes` without
-    the workspace): weights, gradients, optimizer state, an fp32 master copy under mixed precision,
-    and its saved activations for the group's batch."""
+def _layer_bytes(workload: Workload, config, batch: float) -> tuple[np.ndarray, float]:
+    """Per layer, the bytes a device holds for it through the step: weights, gradients, optimizer
+    state, an fp32 master copy under mixed precision, and the activations it saves for its backward
+    for the group's batch, as the memory model counts them (`memory_activations.saved_bytes`, no
+    recompute; the loss keeps its logits and their log-softmax); and the largest backward's working set besides them: a layer's output gradient, its
+    input gradient and one more output map (`simulator.memory`: a residual's shortcut gradient, the
+    loss's NLL gradient)."""
     from simulator.heuristics import state_bytes_per_param
+    from simulator.memory_activations import Sharding, saved_bytes
     element, per_param = dtype_bytes(config.dtype), state_bytes_per_param(config.dtype, config.optimizer)
-    return np.array([layer.num_params * per_param + layer.saved_elements_per_sample * batch * element
+    held = np.array([layer.num_params * per_param + saved_bytes(layer, element, Sharding()) * batch
                      for layer in workload.layers], dtype=float)
+    held[-1] += 2 * workload.layers[-1].output_elements_per_sample * batch * element  # the loss's logits, log-softmax
+    working = max((2 * layer.output_elements_per_sample + layer.input_elements_per_sample) * batch * element
+                  for layer in workload.layers)
+    return held, working
 
 
 def _stage_update(config, workload: Workload, topology: Topology, costs: CostModel, rank_to_device,
