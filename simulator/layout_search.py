@@ -106,6 +106,7 @@ def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZ
     layers = workload.num_layers
     recompute_modes = searched_recompute_modes(scenario, workload)
     heads = {layer.spec.get("num_heads") for layer in workload.layers if layer.spec.get("num_heads")}
+    sequences = {layer.spec["seq_len"] for layer in workload.layers if layer.spec.get("seq_len")}
     experts = {layer.spec["num_experts"] for layer in workload.layers if layer.spec.get("kind") == "moe_block"}
     found = []
     for t, c in ((t, c) for t in range(1, min(n, per_node) + 1)
@@ -124,6 +125,8 @@ def megatron_space(scenario: Scenario, workload, microbatch_sizes=MICROBATCH_SIZ
                         for zero in (z for z in (ZERO_STAGES if d * c > 1 else (0,))
                                      if z < 2 or (p == 1 and dense and c == 1)):
                             for sp in ((False, True) if t > 1 and dense else (t > 1,)):
+                                if sp and any(length % (t * c) for length in sequences):
+                                    continue  # sequence parallelism splits the sequence over t
                                 for order in (MEGATRON_ORDERS if p > 1 and d > 1 else MEGATRON_ORDERS[:1]):
                                     found.append(Candidate(MEGATRON, n // p, p, order, m, v, t, rc, zero, sp, ep, c))
     return found

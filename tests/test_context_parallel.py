@@ -183,3 +183,20 @@ def test_dependencies_per_action_do_not_grow_with_the_micro_batches(tp):
         return max(len(getattr(action, "deps", ())) for actions in plan.actions for action in actions)
 
     assert widest(32) == widest(4) <= 8
+
+
+@pytest.mark.parametrize("seq_len, message", [(8191, "tp_degree x cp_degree = 8"), (3, "sequence length 3")])
+def test_sequence_parallelism_needs_the_sequence_divisible_by_the_tp_ranks(seq_len, message):
+    """Megatron splits the sequence over the TP ranks under sequence parallelism (it asserts
+    seq_length % tp == 0); the search leaves such layouts out."""
+    from simulator.layout_search import megatron_space
+    from simulator.planner import _workload
+    import json
+    overrides = [f"model.params.seq_len={seq_len}"]
+    bad = load_scenario("scenarios/llama3_8b_dgx_h100.yaml", overrides)
+    with pytest.raises(ScenarioError, match=f"strategy.sequence_parallel: .*{message}"):
+        simulate(bad)
+    workload = _workload(json.dumps(bad.model.model_dump(mode="json"), sort_keys=True), bad.base_dir)
+    candidates = megatron_space(bad, workload, (1,), context=False)
+    assert candidates and not any(c.sequence_parallel and c.tp_degree > 1 for c in candidates)
+    assert simulate(load_scenario("scenarios/llama3_8b_dgx_h100.yaml", ["model.params.seq_len=8192"])).step_time_s > 0

@@ -172,16 +172,16 @@ def _check(config: TensorConfig, workload: Workload) -> None:
                             f"{workload.num_layers} layers of model {workload.name}")
     if config.num_virtual_stages > 1 and config.pp < 2:
         raise ScenarioError("strategy.num_virtual_stages: interleaving needs strategy.pp_degree >= 2")
-    heads = {layer.spec.get("num_heads") for layer in workload.layers if layer.spec.get("num_heads")}
-    for count in heads:
-        if count % config.tp:
-            raise ScenarioError(f"strategy.tp_degree: {config.tp} does not divide the {count} attention heads of "
-                                f"model {workload.name} (Megatron splits whole heads across TP ranks)")
-    kv_heads = {layer.spec.get("num_kv_heads") for layer in workload.layers if layer.spec.get("num_kv_heads")}
-    for count in kv_heads:
-        if count % config.tp:
-            raise ScenarioError(f"strategy.tp_degree: {config.tp} does not divide the {count} key-value heads of "
-                                f"model {workload.name} (Megatron splits whole key-value groups across TP ranks)")
+    for key, what, why in (("num_heads", "attention heads", "whole heads across TP ranks"),
+                           ("num_kv_heads", "key-value heads", "whole key-value groups across TP ranks")):
+        for count in sorted({layer.spec[key] for layer in workload.layers if layer.spec.get(key)}):
+            if count % config.tp:
+                raise ScenarioError(f"strategy.tp_degree: {config.tp} does not divide the {count} {what} of "
+                                    f"model {workload.name} (Megatron splits {why})")
+    for seq_len in sorted({layer.spec["seq_len"] for layer in workload.layers if layer.spec.get("seq_len")}):
+        if config.sequence_parallel and seq_len % (config.tp * config.cp):
+            raise ScenarioError(f"strategy.sequence_parallel: sequence length {seq_len} is not divisible by tp_degree x "
+                                f"cp_degree = {config.tp * config.cp} (Megatron splits the sequence over the TP ranks)")
 
 
 def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs: CostModel) -> Plan:
