@@ -193,6 +193,19 @@ def conv_algorithm(gpu, dtype: str, memory_format: str) -> str:
     return "implicit_gemm_nchw" if memory_format == "nchw" else "implicit_gemm"
 
 
+def conv_dtype(gpu, dtype: str, allow_tf32: bool = True) -> str:
+    """The dtype a model's convolutions compute in: `dtype`, except fp32 on a cuDNN family whose TF32
+    rate is above its fp32 one (Ampere and later), where PyTorch lets cuDNN run them on TF32 tensor
+    cores by default (`torch.backends.cudnn.allow_tf32 = True`; PyTorch docs, "TensorFloat-32 (TF32)
+    on Ampere (and later) devices"; its matmuls default to fp32, `torch.backends.cuda.matmul.allow_tf32`)."""
+    if dtype != "fp32" or not allow_tf32 or (gpu.architecture or "").lower() not in CUDNN_ARCHITECTURES:
+        return dtype
+    try:
+        return "tf32" if gpu.peak_for("tf32") > gpu.peak_for("fp32") else dtype
+    except KeyError:
+        return dtype
+
+
 def gpu_architecture(gpu) -> str:
     """The GPU's architecture family (`GpuSpec.architecture`) if it has a row here, else "generic"."""
     named = (gpu.architecture or "").lower()

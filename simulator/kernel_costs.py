@@ -39,6 +39,7 @@ from simulator.kernel_catalogue import (
     FLASH_KERNEL_SLOWDOWNS,
     KernelParameters,
     conv_algorithm,
+    conv_dtype,
     gpu_architecture,
 )
 from simulator.kernel_ops import accumulation_fused
@@ -56,6 +57,8 @@ from simulator.nccl import NCCL_DEFAULT_NUM_CHANNELS, collective_channels
 from simulator.workload import Workload, dtype_bytes
 
 BACKWARD, RECOMPUTE = "B", "R"
+CONV_KINDS = frozenset({"conv_block", "basic_block", "bottleneck_block"})
+"""Layer kinds made of cuDNN convolutions (`simulator.kernels_cnn`), priced in `conv_dtype`."""
 RECOMPUTE_MODES = ("none", "selective", "full")
 MEGATRON_VOCAB_MULTIPLE = 128
 """Megatron-LM pads the vocabulary to a multiple of `--make-vocab-size-divisible-by` (default 128) x
@@ -207,7 +210,8 @@ class KernelCosts:
     False: each weight-gradient GEMM is followed by its main-gradient accumulation kernel.
     `vocab_multiple` > 1: vocabularies padded to a multiple of it x `tp_degree` (Megatron's
     `MEGATRON_VOCAB_MULTIPLE`; 1: the model's own size, as eager frameworks run it).
-    `memory_format`: the convolutions' activation layout (`conv_algorithm`). `flash_kernel`: the
+    `memory_format`: the convolutions' activation layout (`conv_algorithm`); `cudnn_allow_tf32`: fp32
+    convolutions on TF32 tensor cores where the GPU has them (`conv_dtype`). `flash_kernel`: the
     flash-attention implementation (`simulator.kernel_catalogue.FLASH_KERNEL_SLOWDOWNS`)."""
 
     communication = None
@@ -217,7 +221,8 @@ class KernelCosts:
                  flash_attention: bool = False, sequence_parallel: bool = False, recompute: str = "none",
                  parameters: KernelParameters | None = None, comm_sm_contention: bool = True,
                  gradient_accumulation_fusion: bool = True, vocab_multiple: int = 1, memory_format: str = "nchw",
-                 flash_kernel: str = "flash2", comm_channels: int = NCCL_DEFAULT_NUM_CHANNELS):
+                 flash_kernel: str = "flash2", comm_channels: int = NCCL_DEFAULT_NUM_CHANNELS,
+                 cudnn_allow_tf32: bool = True):
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE_MODES)}")
         self.workload = workload
@@ -234,11 +239,20 @@ class KernelCosts:
         self.memory_format = memory_format
         self.flash_kernel = flash_kernel
         self.comm_channels = comm_channels
-        self.conv_algorithm = conv_algorithm(gpu, dtype, memory_format)
+        self.cudnn_allow_tf32 = cudnn_allow_tf32
+        self.conv_dtype = conv_dtype(gpu, dtype, cudnn_allow_tf32)
+        self.conv_algorithm = conv_algorithm(gpu, self.conv_dtype, memory_format)
         self.shared_processors = sm_sharing(gpu.num_sms, comm_channels) if comm_sm_contention else None
         self.architecture = gpu_architecture(gpu)
         self.device = device_for(gpu, dtype, parameters, flash_kernel)
         self.parameters = self.device.parameters
+        self._conv_options = ((self.conv_algorithm, self.device),)  # (cuDNN algorithm, device) pairs to try
+        if self.conv_dtype == "tf32":  # TF32 tensor cores, or the fp32 algorithms (CUDA cores, Winograd)
+            self._conv_options = tuple((conv_algorithm(gpu, math_dtype, memory_format), self.device if math_dtype == dtype else
+                                        device_for(gpu, math_dtype, replace(self.parameters, gemm_efficiency=ARCHITECTURES[
+                                            self.architecture].parameters_for(math_dtype).gemm_efficiency), flash_kernel))
+                                       for math_dtype in ("tf32", "fp32"))
+        self._choices: dict[tuple, tuple[tuple[Kernel, ...], Device]] = {}
         self._element_bytes = dtype_bytes(dtype)
         self._cache: dict[tuple, tuple[float, float]] = {}
         self._pass_cache: dict[tuple, tuple[float, float]] = {}
@@ -260,14 +274,15 @@ class KernelCosts:
                        scenario.strategy.gradient_accumulation_fusion, scenario.strategy.kind, training.dtype),
                    vocab_multiple=MEGATRON_VOCAB_MULTIPLE if scenario.strategy.kind == "megatron" else 1,
                    memory_format=training.memory_format, flash_kernel=costs.flash_attention_kernel,
-                   comm_channels=collective_channels(scenario.cluster.intra_node_link.kind))
+                   comm_channels=collective_channels(scenario.cluster.intra_node_link.kind),
+                   cudnn_allow_tf32=training.cudnn_allow_tf32)
 
     def with_changes(self, **changes) -> "KernelCosts":
         """The same model with some constructor arguments replaced (another GPU, TP degree, ...)."""
         settings = {name: getattr(self, name) for name in (
             "workload", "gpu", "dtype", "optimizer", "tp_degree", "flash_attention", "sequence_parallel",
             "recompute", "parameters", "comm_sm_contention", "gradient_accumulation_fusion", "vocab_multiple",
-            "memory_format", "flash_kernel", "comm_channels")}
+            "memory_format", "flash_kernel", "comm_channels", "cudnn_allow_tf32")}
         return KernelCosts(**(settings | changes))
 
     def with_tensor_parallel(self, tp_degree: int, sequence_parallel: bool) -> "KernelCosts":
@@ -278,17 +293,32 @@ class KernelCosts:
 
     def kernels(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
         """The kernels of a pass; "B" with full recompute is the recompute forward + backward, with
-        selective recompute a block's attention-core forward + backward."""
+        selective recompute a block's attention-core forward + backward. A convolution layer whose
+        convolutions may run in TF32 (`conv_dtype`) takes the faster of that and its fp32 algorithms,
+        as cudnn.benchmark's search does."""
+        return self._pass(layer_index, phase, batch)[0]
+
+    def _pass(self, layer_index: int, phase: str, batch: float) -> tuple[tuple[Kernel, ...], Device]:
+        key = (layer_index, phase, batch)
+        found = self._choices.get(key)
+        if found is None:
+            options = self._conv_options if self.workload.layers[layer_index].spec.get("kind") in CONV_KINDS \
+                else ((self.conv_algorithm, self.device),)
+            built = [(self._pass_kernels(layer_index, phase, batch, algorithm), device) for algorithm, device in options]
+            found = self._choices[key] = min(built, key=lambda pair: max(self._parts(*pair)))
+        return found
+
+    def _pass_kernels(self, layer_index: int, phase: str, batch: float, algorithm: str) -> tuple[Kernel, ...]:
         if phase == BACKWARD and self.recompute == "full":
-            return self._expand(layer_index, RECOMPUTE, batch) + self._expand(layer_index, BACKWARD, batch)
+            return self._expand(layer_index, RECOMPUTE, batch, algorithm) + self._expand(layer_index, BACKWARD, batch, algorithm)
         layer = self.workload.layers[layer_index]
         if phase == BACKWARD and self.recompute == "selective" and is_block(layer) and batch > 0:
             core = core_recompute_kernels(layer.spec, batch, self._element_bytes, self.tp_degree,
                                           self.flash_attention)
-            return tuple(core) + self._expand(layer_index, BACKWARD, batch)
-        return self._expand(layer_index, phase, batch)
+            return tuple(core) + self._expand(layer_index, BACKWARD, batch, algorithm)
+        return self._expand(layer_index, phase, batch, algorithm)
 
-    def _expand(self, layer_index: int, phase: str, batch: float) -> tuple[Kernel, ...]:
+    def _expand(self, layer_index: int, phase: str, batch: float, algorithm: str) -> tuple[Kernel, ...]:
         layer = self.workload.layers[layer_index]
         vocab = layer.spec.get("vocab_size")
         if vocab and self.vocab_multiple > 1:
@@ -297,7 +327,7 @@ class KernelCosts:
         kernels = layer_kernels(layer, phase, batch, dtype=self.dtype, tp_degree=self.tp_degree,
                                 flash_attention=self.flash_attention, sequence_parallel=self.sequence_parallel,
                                 gradient_accumulation_fusion=self.gradient_accumulation_fusion,
-                                conv_algorithm=self.conv_algorithm)
+                                conv_algorithm=algorithm)
         skipped = INPUT_GRADIENT_KERNELS.get(layer.spec.get("kind")) if layer_index == 0 and phase == BACKWARD else None
         return kernels if skipped is None else tuple(  # the GEMM and its layout copies
             kernel for kernel in kernels if kernel.name != skipped and not kernel.name.startswith(f"{skipped}."))
@@ -306,12 +336,15 @@ class KernelCosts:
         """(GPU seconds, host seconds) of a pass (`kernels_parts`)."""
         key = (layer_index, phase, batch)
         if key not in self._cache:
-            kernels = self.kernels(layer_index, phase, batch)
-            parts = self._pass_cache.get(kernels)
-            if parts is None:  # identical blocks expand to equal kernels: timed once
-                parts = self._pass_cache[kernels] = kernels_parts(kernels, self.device)
-            self._cache[key] = parts
+            self._cache[key] = self._parts(*self._pass(layer_index, phase, batch))
         return self._cache[key]
+
+    def _parts(self, kernels: tuple[Kernel, ...], device: Device) -> tuple[float, float]:
+        key = (kernels, device is self.device)
+        parts = self._pass_cache.get(key)
+        if parts is None:  # identical blocks expand to equal kernels: timed once
+            parts = self._pass_cache[key] = kernels_parts(kernels, device)
+        return parts
 
     def compute_s(self, layer_index: int, phase: str, batch: float) -> float:
         """A pass alone: max(GPU, host) (`kernels_s`)."""
@@ -319,7 +352,7 @@ class KernelCosts:
 
     def breakdown(self, layer_index: int, phase: str, batch: float) -> dict[str, float]:
         """GPU seconds of a pass per kernel kind, launch overheads apart (`time_breakdown`)."""
-        return time_breakdown(self.kernels(layer_index, phase, batch), self.device)
+        return time_breakdown(*self._pass(layer_index, phase, batch))
 
     def _num_tensors(self, num_params: float, layers: tuple[int, int] | None) -> int:
         if layers is not None:

@@ -217,6 +217,9 @@ class TrainingConfig(_Frozen):
     """Move saved activations to host memory over PCIe instead of keeping them."""
     memory_format: Literal["nchw", "nhwc"] = "nchw"
     """Convolution activations' layout: PyTorch's default NCHW or channels_last NHWC (`simulator.kernels_cnn.conv`)."""
+    cudnn_allow_tf32: Bool = True
+    """PyTorch's `torch.backends.cudnn.allow_tf32` (default True): fp32 convolutions on Ampere and later
+    run on TF32 tensor cores (`simulator.kernel_catalogue.conv_dtype`); matmuls stay fp32."""
     allocator_fragmentation: Annotated[Float, Field(ge=0, lt=0.5)] = 0.0
     """Share of device memory the caching allocator loses to fragmentation (`simulator.memory.usable_memory_bytes`)."""
 

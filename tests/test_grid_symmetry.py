@@ -16,6 +16,18 @@ UNCOMPARED = ("wall_s", "num_events", "symmetry")
 """Summary keys that differ by design: the folded run handles fewer events."""
 
 
+def same_figures(folded, full) -> bool:
+    """Equal summaries, floats to 1e-12: the full run's replicas may differ from replica 0 in the last
+    bit (their flows' rates summed in another order), and a step measured over every rank's spans sees it."""
+    if isinstance(full, dict):
+        return folded.keys() == full.keys() and all(same_figures(folded[key], full[key]) for key in full)
+    if isinstance(full, (list, tuple)):
+        return len(folded) == len(full) and all(same_figures(a, b) for a, b in zip(folded, full))
+    if isinstance(full, float) and not isinstance(full, bool):
+        return folded == pytest.approx(full, rel=1e-12, abs=1e-15)
+    return folded == full
+
+
 def dp_scenario(symmetry="auto", topology="two_tier", nodes=4, gpus=4, model="resnet50", cluster=None,
                 training=None, **strategy) -> dict:
     nics = {} if topology == "two_tier" else {"nics_per_node": gpus}
@@ -53,7 +65,7 @@ def test_folded_data_parallelism_equals_the_full_run(topology, strategy, trainin
     assert folded.summary["num_events"] < full.summary["num_events"] / 4
     for key in full.summary:
         if key not in UNCOMPARED:
-            assert folded.summary[key] == full.summary[key], key  # every figure, to the bit
+            assert same_figures(folded.summary[key], full.summary[key]), key  # every figure
     assert len(folded.summary["devices"]) == 16
 
 
@@ -107,7 +119,7 @@ def test_a_folded_run_is_sized_by_its_one_rank(monkeypatch):
 ])
 def test_folded_pipeline_replicas_equal_the_full_run(topology, kind, strategy):
     """G replicas of an M-stage pipeline folded onto replica 0's M ranks (each stage's allreduce over
-    its G peers, transfers counted by multiplicity): the full run's summary, to the bit, wherever the
+    its G peers, transfers counted by multiplicity): the full run's summary (`same_figures`), wherever the
     fold check lets it fold; elsewhere the full run with the link that differs named."""
     raw = dp_scenario(topology=topology, model="vgg16", kind=kind, **strategy)
     folded, full = folded_and_full(raw)
@@ -122,7 +134,7 @@ def test_folded_pipeline_replicas_equal_the_full_run(topology, kind, strategy):
     assert folded.plan.num_ranks == stages and folded.summary["num_events"] < full.summary["num_events"]
     for key in full.summary:
         if key not in UNCOMPARED:
-            assert folded.summary[key] == full.summary[key], key  # every figure, to the bit
+            assert same_figures(folded.summary[key], full.summary[key]), key  # every figure
     assert len(folded.summary["devices"]) == 16
 
 

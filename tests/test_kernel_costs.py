@@ -312,3 +312,25 @@ def test_a_scenarios_memory_format_reaches_the_convolutions_and_its_heterogeneou
     assert nchw.with_tensor_parallel(2, False).memory_format == "nchw"
     with pytest.raises(Exception, match="memory_format"):
         scenario_from_dict({**document, "training": {**document["training"], "memory_format": "chw"}})
+
+
+@pytest.mark.parametrize("gpu, faster", [("A100-80GB", True), ("H100-SXM", True), ("V100", False), ("L4", False)])
+def test_fp32_convolutions_take_tf32_where_pytorch_lets_cudnn_and_it_is_faster(gpu, faster):
+    """PyTorch's `cudnn.allow_tf32` defaults to True: fp32 convolutions on Ampere and later may run on
+    TF32 tensor cores; each conv layer's pass takes the faster of that and the fp32 algorithms (as
+    cudnn.benchmark picks), so the default is never slower than `cudnn_allow_tf32: false`, and on a
+    GPU without TF32 (Volta) or where Winograd on CUDA cores wins (L4's 300 GB/s) they are equal."""
+    document = {"cluster": {"num_nodes": 1, "gpus_per_node": 1, "gpu": gpu}, "model": {"name": "resnet50"},
+                "strategy": {"kind": "dp"}, "training": {"global_batch_size": 64, "dtype": "fp32", "optimizer": "momentum"}}
+    workload = build_model("resnet50")
+    allowed = KernelCosts.for_scenario(scenario_from_dict(document), workload)
+    strict = KernelCosts.for_scenario(scenario_from_dict(
+        {**document, "training": {**document["training"], "cudnn_allow_tf32": False}}), workload)
+    assert allowed.conv_dtype == ("tf32" if gpu != "V100" else "fp32") and strict.conv_dtype == "fp32"
+    passes = [(i, phase) for i in range(len(workload.layers)) for phase in ("F", "B")]
+    default_s, strict_s = (sum(costs.compute_s(i, phase, 256) for i, phase in passes) for costs in (allowed, strict))
+    assert default_s < 0.8 * strict_s if faster else default_s == pytest.approx(strict_s)
+    assert all(allowed.compute_s(i, phase, 256) <= strict.compute_s(i, phase, 256) for i, phase in passes)
+    classifier = len(workload.layers) - 1  # the fc layer's matmul stays fp32 (`matmul.allow_tf32` is False)
+    assert allowed.compute_s(classifier, "F", 256) == strict.compute_s(classifier, "F", 256)
+    assert allowed.with_tensor_parallel(2, False).cudnn_allow_tf32 and not strict.with_tensor_parallel(2, False).cudnn_allow_tf32
