@@ -21,16 +21,17 @@ from simulator.scenario import load_scenario
 
 
 def cmd_calibrate(args) -> int:
-    from simulator.profile import profile_document
-    from validator.calibrate import DEFAULT_BATCH_SIZES, DEFAULT_REPEATS, DEFAULT_TOPK_DENSITIES, calibrate
-    from validator.layer_passes import DEFAULT_LAYER_PASSES
-    from validator.models import model_field
+    """Every flag and --out are checked before torch loads and before any microbenchmark runs."""
     for option, value, least in (("--layer-passes", args.layer_passes, 1), ("--repeats", args.repeats, 1),
                                  ("--world-size", args.world_size, 1)):
         if value is not None and value < least:
             raise ScenarioError(f"{option}: {value} must be at least {least}")
     check_profile_out(args.out)
     check_distinct_files({"--out": args.out}, {"--scenario": args.scenario})
+    from simulator.profile import profile_document
+    from validator.calibrate import DEFAULT_BATCH_SIZES, DEFAULT_REPEATS, DEFAULT_TOPK_DENSITIES, calibrate
+    from validator.layer_passes import DEFAULT_LAYER_PASSES
+    from validator.models import model_field
     if args.kernels:
         return _calibrate_kernels(args)
     if args.scenario is None:

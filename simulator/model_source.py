@@ -12,14 +12,13 @@ At most `simulator.limits.MAX_LAYERS` layers.
 from __future__ import annotations
 
 import inspect
-import io
 import typing
 from pathlib import Path
 
-import pandas as pd
 from pydantic import ValidationError
 
 from simulator.errors import ScenarioError, nearest_names
+from simulator.layer_csv import read_layer_csv
 from simulator.limits import check_model_params, check_num_layers, check_num_params, check_structure
 from simulator.scenario import LayerRow, ModelConfig
 from simulator.workload import Layer, Workload
@@ -263,14 +262,7 @@ def load_layer_table(path: Path) -> Workload:
     if suffix not in (".csv", ".yaml", ".yml"):
         raise ScenarioError(f"{what}: expected a .yaml, .yml or .csv layer table")
     if suffix == ".csv":
-        text = read_text_file(path, what)
-        try:
-            frame = pd.read_csv(io.StringIO(text))
-        except (pd.errors.EmptyDataError, pd.errors.ParserError, ValueError) as error:
-            raise ScenarioError(f"{what}: not a readable CSV layer table ({type(error).__name__})") from None
-        rows = [{str(key): value for key, value in row.items() if not pd.isna(value)}
-                for row in frame.to_dict(orient="records")]
-        name, input_spec = path.stem, {}
+        rows, name, input_spec = read_layer_csv(read_text_file(path, what), what), path.stem, {}
     else:
         data = read_yaml_file(path, what)
         if isinstance(data, list):

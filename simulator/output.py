@@ -7,6 +7,7 @@ import errno
 import io
 import json
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -117,12 +118,13 @@ def check_output_file(path: str | Path, option: str) -> None:
     folder is a file. A symbolic link is checked, and later written, as its target."""
     if str(path) == "":
         raise ScenarioError(f"{option}: needs a file name (got '')")
-    path = _target(Path(path))
+    given, path = path, _target(Path(path))
     if path.is_dir():
         raise ScenarioError(f"{option} {path}: is a directory")
     if path.exists() and not path.is_file():
         raise ScenarioError(f"{option} {path}: exists and is not a regular file (a device, FIFO or socket)")
     _check_parents(path, option)
+    _check_writable(path.parent, option, given)
 
 
 def same_file(first: str | Path, second: str | Path) -> bool:
@@ -169,6 +171,7 @@ def check_output_folder(path: str | Path, option: str) -> None:
     if path.exists() and not path.is_dir():
         raise ScenarioError(f"{option} {path}: exists and is not a directory")
     _check_parents(path, option)
+    _check_writable(path, option, path)
 
 
 def _check_parents(path: Path, option: str) -> None:
@@ -177,6 +180,28 @@ def _check_parents(path: Path, option: str) -> None:
             if not parent.is_dir():
                 raise ScenarioError(f"{option} {path}: {parent} is not a directory")
             return
+
+
+def _check_writable(folder: Path, option: str, given: str | Path) -> None:
+    """ScenarioError naming `option` and the path the user gave unless a write into `folder` can
+    start: a file made in it where it exists, else a folder made in its nearest existing folder
+    (the first step of `write_files_atomic`). A probe, made and removed at once, asks the file
+    system itself: /proc passes `os.access` but takes nothing new, and root passes every
+    `os.access`. So an output that cannot be written is refused before any work, not after."""
+    place = next((folder for folder in (folder, *folder.parents) if folder.is_dir()), None)
+    if place is None:
+        return  # nothing exists above it: `_check_parents` or the write itself says why
+    probe = place / f".ghpsim.{os.getpid()}.{secrets.token_hex(4)}.probe"
+    try:
+        if place == folder:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            probe.unlink()
+        else:
+            probe.mkdir()
+            probe.rmdir()
+    except OSError as error:
+        what = "a file" if place == folder else "a folder"
+        raise ScenarioError(f"{option} {given}: cannot make {what} in {place} ({error.strerror or error})") from None
 
 
 def check_figure_file(path: str | Path, option: str) -> None:

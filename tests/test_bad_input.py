@@ -248,6 +248,26 @@ def test_empty_csv_layer_table(capsys, tmp_path):
     assert_one_line_error(simulate_file(capsys, path), "t.csv")
 
 
+CSV_HEADER = "name,kind,forward_flops_per_sample,num_params,input_elements_per_sample,output_elements_per_sample\n"
+CSV_ROWS = ["a,linear,1000,10,10,10\n", "b,linear,1000,10,10,10\n", "c,linear,1000,10,10,10\n"]
+
+
+@pytest.mark.parametrize("row, bad, needles", [
+    (2, "c,linear,1000,abc,10,10\n", ("layers row 2: num_params", "expected a number, not text")),
+    (1, "b,linear,nan,10,10,10\n", ("layers row 1: forward_flops_per_sample: nan is not a finite number",)),
+    (2, "c,linear,-inf,10,10,10\n", ("layers row 2: forward_flops_per_sample: -inf is not a finite number",)),
+    (0, "a,linear,2000000,1000,10,10,10\n", ("layers row 0: 7 fields where the header has 6",)),
+    (1, "b,linear,1000,10,10,10,5\n", ("layers row 1: 7 fields where the header has 6",)),
+])
+def test_a_bad_csv_layer_table_cell_names_its_own_row_and_column(capsys, tmp_path, row, bad, needles):
+    rows = [*CSV_ROWS]
+    rows[row] = bad
+    (tmp_path / "t.csv").write_text(CSV_HEADER + "".join(rows))
+    path = write_scenario(tmp_path, model={"file": "t.csv"}, cluster={"num_nodes": 1})
+    line = assert_one_line_error(simulate_file(capsys, path), "t.csv", *needles)
+    assert "abc" not in line.replace(str(tmp_path), "") and "Field required" not in line and "kind:" not in line
+
+
 def test_inline_gpu_without_the_training_dtype(capsys, tmp_path):
     gpu = {"peak_flops_per_s": {"fp32": "10 TFLOP/s"}, "memory_bytes": "16 GiB",
            "memory_bandwidth_bytes_per_s": "900 GB/s"}

@@ -4,6 +4,7 @@ value, exit code 2, and no result file left behind when a command fails part-way
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,16 @@ def test_write_files_atomic_leaves_nothing_when_a_later_file_fails(tmp_path):
     assert [path.read_bytes() for path in written] == [b"new", b"c"]
 
 
+def test_the_output_checks_probe_and_leave_nothing_behind(tmp_path):
+    from simulator.output import check_output_file, check_output_folder
+    (tmp_path / "old").mkdir()
+    for path in (tmp_path / "a.json", tmp_path / "new" / "deeper" / "a.json", tmp_path / "old" / "a.json"):
+        check_output_file(path, "--out")
+    for path in (tmp_path / "old", tmp_path / "new" / "folder"):
+        check_output_folder(path, "--out")
+    assert os.listdir(tmp_path) == ["old"] and os.listdir(tmp_path / "old") == []
+
+
 @pytest.mark.parametrize("assignment", ["cluster..num_nodes=2", ".cluster.num_nodes=2", "cluster.num_nodes.=2",
                                         ".=1"])
 def test_a_set_key_with_an_empty_part_is_refused(capsys, assignment):
@@ -128,6 +139,21 @@ def test_gallery_refuses_an_out_that_is_a_file_before_building(tmp_path, capsys)
     out = tmp_path / "file.txt"
     out.write_text("")
     assert_one_line_error(run_cli(capsys, "gallery", "--out", out, "--only", "pase"), "--out", "not a directory")
+
+
+def _never(*_args, **_kwargs):
+    raise AssertionError("the work ran: the --out where nothing can be made should have been refused before it")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (takes no new folder)")
+@pytest.mark.parametrize("argv", [("gallery", "--only", "ghp,pase"), ("report", SMALL)])
+def test_an_out_where_no_folder_can_be_made_is_refused_before_building(capsys, monkeypatch, argv):
+    import simulator.report.gallery
+    import simulator.report.inputs
+    monkeypatch.setattr(simulator.report.gallery, "build_entry", _never)
+    monkeypatch.setattr(simulator.report.inputs, "load_report_input", _never)
+    out = "/proc/ghpsim_no_such/out"
+    assert_one_line_error(run_cli(capsys, *argv, "--out", out), f"--out {out}: cannot make a folder in /proc")
 
 
 def test_import_model_checks_its_out_before_running_the_users_code(tmp_path, capsys, monkeypatch):

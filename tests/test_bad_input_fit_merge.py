@@ -51,6 +51,23 @@ def _stub_simulation(monkeypatch) -> None:
 # ghpsim fit
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (takes no new file)")
+@pytest.mark.parametrize("flag", ["--out", "--plot"])
+def test_fit_refuses_an_output_where_nothing_can_be_made_before_fitting(runs_csv, capsys, monkeypatch, flag):
+    monkeypatch.setattr(fit_module, "read_runs", _never)
+    monkeypatch.setattr(fit_module, "_read_runs", _never)
+    monkeypatch.setattr(fit_module, "fit_runs", _never)
+    bad = "/proc/ghpsim_no_such/fit" + (".json" if flag == "--out" else ".png")
+    given, before = {"--out": str(runs_csv.parent / "p.json"), flag: bad}, sorted(os.listdir(runs_csv.parent))
+    err = _refused(capsys, ["fit", str(runs_csv), *(part for item in given.items() for part in item)])
+    assert f"{flag} {bad}: cannot make a folder in /proc" in err
+    assert sorted(os.listdir(runs_csv.parent)) == before  # no --out profile written beside a refused --plot
+
+
+def _never(*_args, **_kwargs):
+    raise AssertionError("the runs were read or fitted: the bad output should have been refused before")
+
+
 def test_fit_refuses_an_out_that_is_the_runs_csv(runs_csv, capsys):
     before = runs_csv.read_bytes()
     err = _refused(capsys, ["fit", str(runs_csv), "--out", str(runs_csv), "--folds", "2"])

@@ -7,6 +7,7 @@ are replaced by stand-ins that fail the test if called."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,18 @@ def test_an_out_where_no_folder_can_be_made_is_refused_before_any_run(capsys, no
                               f"--out {out}: cannot make a folder in /proc")
         assert_one_line_error(validate_cli(capsys, "--rank", "--out", out), f"--out {out}: cannot make a folder")
     assert not Path("/proc/ghpsim_no_such").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (takes no new folder)")
+@pytest.mark.parametrize("kernels", [False, True])
+def test_calibrate_refuses_an_out_where_nothing_can_be_made_before_any_run(capsys, no_launch, kernels):
+    """Refused at once (the microbenchmarks, 45-75 s, would have run first), naming --out."""
+    flags = ["--kernels", "--device", "cpu"] if kernels else ["--scenario", SCENARIO]
+    out = "/proc/ghpsim_no_such/profile.json"
+    started = time.monotonic()
+    assert_one_line_error(run_cli(capsys, "calibrate", *flags, "--out", out),
+                          f"--out {out}: cannot make a folder in /proc")
+    assert time.monotonic() - started < 5
 
 
 def test_the_writable_check_leaves_nothing_behind(tmp_path):
