@@ -302,7 +302,7 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
                            "memory_bytes": outcome["memory_bytes"]})
         else:
             rows.append({**_row(candidate, outcome, capacity), "bound_s": bounds[candidate].step_s})
-    rows.sort(key=lambda row: (not row["fits"], row["step_time_s"], row["label"]))
+    rows.sort(key=lambda row: (not row["fits_in_memory"], row["step_time_s"], row["label"]))
     by_label = {candidate.label: candidate for candidate in candidates}
     best_parts = explain(rows, lambda row: bounds[by_label[row["label"]]])
     for _, _, candidate in queue:

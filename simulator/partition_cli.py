@@ -131,12 +131,12 @@ def profile_costs_for_workers(profile_path: str, scenario, workload, num_workers
 def _plan(partition: PipeDreamPartition, batch: float, memory_bytes: float) -> dict:
     stages = [{"stage": index, "layer_start": stage.layer_start, "layer_end": stage.layer_end,
                "num_replicas": stage.num_replicas, "time_s": stage.time_s, "memory_bytes": stage.memory_bytes,
-               "fits": stage.memory_bytes <= memory_bytes} for index, stage in enumerate(partition.stages)]
+               "fits_in_memory": stage.memory_bytes <= memory_bytes} for index, stage in enumerate(partition.stages)]
     time_s = partition.slowest_stage_s
     return {"stages": stages, "time_per_microbatch_s": time_s,
             "throughput_samples_per_s": batch / time_s if time_s > 0 else math.inf,
             "peak_memory_bytes": max(stage["memory_bytes"] for stage in stages),
-            "fits": all(stage["fits"] for stage in stages)}
+            "fits_in_memory": all(stage["fits_in_memory"] for stage in stages)}
 
 
 def print_partition(document: dict) -> None:
@@ -150,7 +150,7 @@ def print_partition(document: dict) -> None:
     for stage in document["pipedream"]["stages"]:
         table.add_row(str(stage["stage"]), f"[{stage['layer_start']}, {stage['layer_end']})",
                       str(stage["num_replicas"]), f"{stage['time_s'] * 1e3:.3f}",
-                      f"{stage['memory_bytes'] / 2**30:,.2f}", _yes(stage["fits"]))
+                      f"{stage['memory_bytes'] / 2**30:,.2f}", _yes(stage["fits_in_memory"]))
     console.print(table)
     plans = Table(title=f"time per micro-batch, steady state (device memory "
                         f"{document['device_memory_bytes'] / 2**30:,.1f} GiB)")
@@ -165,7 +165,7 @@ def print_partition(document: dict) -> None:
         shape = f"{len(replicas)} x {replicas[0]}" if len(set(replicas)) == 1 else " + ".join(map(str, replicas))
         plans.add_row(label, shape, f"{plan['time_per_microbatch_s'] * 1e3:.3f}",
                       f"{plan['throughput_samples_per_s']:,.1f}", f"{plan['peak_memory_bytes'] / 2**30:,.2f}",
-                      _yes(plan["fits"]))
+                      _yes(plan["fits_in_memory"]))
     console.print(plans)
 
 

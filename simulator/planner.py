@@ -376,7 +376,7 @@ def rank_candidates(scenario: Scenario, num_gpus: int | None = None, *, kinds: t
             continue
         rows.append(_row(candidate, outcome, device_memory))
         sources.add(outcome["memory_source"])
-    rows.sort(key=lambda row: (not row["fits"], row["step_time_s"], row["label"]))
+    rows.sort(key=lambda row: (not row["fits_in_memory"], row["step_time_s"], row["label"]))
     for position, row in enumerate(rows, start=1):
         row["rank"] = position
     return Ranking(scenario, rows, skipped, " + ".join(sorted(sources)) or MEMORY_ESTIMATE, device_memory)
@@ -395,4 +395,4 @@ def _row(candidate: Candidate, outcome: dict, device_memory_bytes: float) -> dic
             "partition": summary["partition"], "step_time_s": step_s,
             "throughput_samples_per_s": summary["throughput_samples_per_s"], "speedup": summary["speedup"],
             "comm_share": comm_s / step_s if step_s > 0 else 0.0, "peak_memory_bytes": peak,
-            "fits": peak <= device_memory_bytes}
+            "fits_in_memory": peak <= device_memory_bytes}

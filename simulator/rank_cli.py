@@ -62,7 +62,7 @@ def run(args) -> int:
         ranking = search_layouts(scenario, num_gpus, kinds=kinds, microbatch_sizes=sizes_b,
                                  microbatch_counts=microbatches, top=args.top, workers=args.workers,
                                  exhaustive=args.exhaustive, show_progress=not args.json)
-        unfit = None if any(row["fits"] for row in ranking.rows) else no_candidate_error(ranking, args)
+        unfit = None if any(row["fits_in_memory"] for row in ranking.rows) else no_candidate_error(ranking, args)
         if unfit is not None and len(sizes) == 1:
             raise unfit
         plan_run(ranking, args.tokens, args.steps, args.price_per_gpu_hour)
@@ -188,7 +188,7 @@ def no_candidate_error(ranking: Ranking, args) -> ScenarioError:
     in play and the first reasons."""
     given = [f"--gpus {ranking.scenario.num_gpus}"]
     memory = [entry for entry in getattr(ranking, "pruned", []) if entry["reason"] == "memory"]
-    memory += [{"memory_bytes": row["peak_memory_bytes"]} for row in ranking.rows if not row["fits"]]
+    memory += [{"memory_bytes": row["peak_memory_bytes"]} for row in ranking.rows if not row["fits_in_memory"]]
     if memory:
         smallest = min(entry.get("memory_floor_bytes", entry.get("memory_bytes", 0.0)) for entry in memory)
         return ScenarioError(f"--gpus: no layout fits in {ranking.device_memory_bytes / 2**30:,.1f} GiB of device "
@@ -251,7 +251,7 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
                  _ms(row["step_time_s"]), _ms(row.get("bound_s") or None),
                  _number(row["throughput_samples_per_s"], 1), f"{100 * row['comm_share']:.0f}",
                  _number(row["peak_memory_bytes"] / 2**30, 2),
-                 "[red]memory[/red]" if not row["fits"] else (row.get("lost_to") or "-")]
+                 "[red]memory[/red]" if not row["fits_in_memory"] else (row.get("lost_to") or "-")]
         if planned:
             cells += [_amount(row["time_to_train_s"] / 3600, 1), _amount(row["gpu_hours"])]
             cells += [_amount(row["cost"])] if row["cost"] is not None else []
@@ -294,7 +294,7 @@ def print_comparison(rankings: list) -> None:
     for column in ("GPUs", "best layout", "step (s)", "samples/s", "time to train (h)", "GPU-hours", "cost",
                    "Pareto"):
         table.add_column(column, justify="left" if column == "best layout" else "right")
-    bests = [next((row for row in ranking.rows if row["fits"]), None) for ranking in rankings]
+    bests = [next((row for row in ranking.rows if row["fits_in_memory"]), None) for ranking in rankings]
     on_front = iter(pareto_front([(row.get("time_to_train_s", row["step_time_s"]), row_cost(row, ranking))
                                   for ranking, row in zip(rankings, bests) if row is not None]))
     for ranking, row in zip(rankings, bests):

@@ -22,9 +22,9 @@ def plot_ranking(frame: pd.DataFrame, axis, picks: dict[str, str] | None = None)
     that chose it (written after its bar)."""
     shown = frame.head(MAX_BARS)
     positions = range(len(shown))
-    colors = ["tab:blue" if fits else "lightgrey" for fits in shown["fits"]]
+    colors = ["tab:blue" if fits else "lightgrey" for fits in shown["fits_in_memory"]]
     bars = axis.barh(list(positions), shown["step_time_s"] * 1e3, color=colors, edgecolor="black", linewidth=0.4)
-    for bar, fits in zip(bars, shown["fits"]):
+    for bar, fits in zip(bars, shown["fits_in_memory"]):
         if not fits:
             bar.set_hatch("//")
     axis.set_yticks(list(positions))
@@ -66,7 +66,7 @@ def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
     priced = planned and all(row.get("cost") is not None for ranking in rankings for row in ranking.rows)
     points = []
     for ranking in rankings:
-        rows = [row for row in ranking.rows if row["fits"]]
+        rows = [row for row in ranking.rows if row["fits_in_memory"]]
         xs = [row["time_to_train_s"] / 3600 if planned else row["step_time_s"] for row in rows]
         ys = [row_cost(row, ranking) for row in rows]
         axis.scatter(xs, ys, s=18, label=f"{ranking.scenario.num_gpus} GPUs")

@@ -45,11 +45,11 @@ def explain(rows: list[dict], bound_of) -> dict[str, float] | None:
     `bound_bubble_s`, `bound_host_s`, `bound_communication_s`, `above_bound_s`) and `lost_to`
     (memory, tie or `lost_to`'s part); `bound_of` maps a row to its `StepBound`. Returns the best
     fitting row's parts (None if none fits)."""
-    best = next((row for row in rows if row["fits"]), None)
+    best = next((row for row in rows if row["fits_in_memory"]), None)
     best_parts = time_parts(bound_of(best), best["step_time_s"]) if best else None
     for position, row in enumerate(rows, start=1):
         parts = time_parts(bound_of(row), row["step_time_s"])
-        if not row["fits"]:
+        if not row["fits_in_memory"]:
             reason = "memory"
         elif row is best:
             reason = None

@@ -28,8 +28,8 @@ def test_rank_checks_layouts_against_the_usable_memory():
                              show_progress=False)
     usable = 0.7 * scenario.cluster.gpu.memory_bytes
     assert ranking.device_memory_bytes == pytest.approx(usable)
-    assert ranking.rows and all(row["fits"] == (row["peak_memory_bytes"] <= usable) for row in ranking.rows)
-    assert ranking.rows[0]["fits"] and ranking.rows[0]["peak_memory_bytes"] <= usable
+    assert ranking.rows and all(row["fits_in_memory"] == (row["peak_memory_bytes"] <= usable) for row in ranking.rows)
+    assert ranking.rows[0]["fits_in_memory"] and ranking.rows[0]["peak_memory_bytes"] <= usable
 
 
 def test_a_fragmentation_out_of_range_is_one_line(tmp_path, capsys):

@@ -63,7 +63,7 @@ def test_the_first_ranked_equals_the_exhaustive_best():
     for top in (1, 3):
         pruned = search_layouts(load_scenario(raw), kinds=KINDS, microbatch_sizes=(1, 2), top=top, workers=1,
                                 show_progress=False)
-        fitting = [row for row in full.rows if row["fits"]]
+        fitting = [row for row in full.rows if row["fits_in_memory"]]
         assert [(r["label"], r["step_time_s"]) for r in pruned.rows[:top]] == \
             [(r["label"], r["step_time_s"]) for r in fitting[:top]]
         stats = pruned.stats
@@ -95,7 +95,7 @@ def test_memory_pruning_agrees_with_the_memory_model():
     full = exhaustive(tiny_llm(batch=16))
     over = {row["label"] for row in full.rows if row["peak_memory_bytes"] > 32e6}
     assert {entry["label"] for entry in ranking.pruned if entry["reason"] == "memory"} | \
-        {row["label"] for row in ranking.rows if not row["fits"]} == over
+        {row["label"] for row in ranking.rows if not row["fits_in_memory"]} == over
 
 
 def test_floors_and_bounds_over_worker_processes_equal_one_process():
@@ -199,7 +199,7 @@ def test_moe_search_adds_expert_degrees_with_valid_bounds_and_floors():
         assert 0 < row["bound_s"] <= row["step_time_s"], row["label"]
     pruned = search_layouts(scenario, kinds=("megatron",), microbatch_sizes=(1,), top=1, workers=1,
                             show_progress=False)
-    best = next(row for row in full.rows if row["fits"])
+    best = next(row for row in full.rows if row["fits_in_memory"])
     assert (pruned.rows[0]["label"], pruned.rows[0]["step_time_s"]) == (best["label"], best["step_time_s"])
     model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
     checked = [c for c in space if c.ep_degree > 1][::3]

@@ -140,13 +140,13 @@ def test_memory_floor_with_cp_stays_below_the_memory_model():
     over = {row["label"] for row in full.rows if row["peak_memory_bytes"] > capacity}
     assert any(" c=" in label for label in over) and any(" c=" in row["label"] for row in ranking.rows)
     assert {entry["label"] for entry in ranking.pruned if entry["reason"] == "memory"} | \
-        {row["label"] for row in ranking.rows if not row["fits"]} == over
+        {row["label"] for row in ranking.rows if not row["fits_in_memory"]} == over
 
 
 @pytest.mark.parametrize("raw, cp_best", [(tiny_llama(batch=16), False), (tiny_llama(batch=2, seq_len=2048), True)])
 def test_the_first_ranked_equals_the_exhaustive_best_with_cp_in_the_space(raw, cp_best):
     full = megatron_search(raw, exhaustive=True)
-    fitting = [row for row in full.rows if row["fits"]]
+    fitting = [row for row in full.rows if row["fits_in_memory"]]
     assert any(row["cp_degree"] > 1 for row in fitting)
     assert (fitting[0]["cp_degree"] > 1) == cp_best  # 2 sequences of 2,048 tokens on 8 GPUs: CP wins
     for top in (1, 3):

@@ -154,8 +154,9 @@ def test_memory_limits_choose_a_partition_that_fits(tmp_path, capsys):
     code, out, err = run_cli(capsys, "partition", path, "--json", "--workers", "4")
     assert code == 0, err
     document = json.loads(out)
-    assert document["pipedream"]["fits"] and all(s["memory_bytes"] <= limit for s in document["pipedream"]["stages"])
-    assert not document["plain_dp"]["fits"] and document["plain_pipeline"]["fits"]
+    pipedream = document["pipedream"]
+    assert pipedream["fits_in_memory"] and all(s["memory_bytes"] <= limit for s in pipedream["stages"])
+    assert not document["plain_dp"]["fits_in_memory"] and document["plain_pipeline"]["fits_in_memory"]
     check_cover(document["pipedream"], len(UNBALANCED_LAYERS), 4)
 
 

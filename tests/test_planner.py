@@ -142,8 +142,8 @@ def test_candidates_over_device_memory_rank_last_and_marked():
     ranking = rank_candidates(load_scenario(tiny(memory="8 MB")), kinds=("dp", "mp", "ghp"), workers=1,
                               show_progress=False)
     dp = ranking.find("dp (G=8 x M=1)")
-    assert not dp["fits"] and dp["peak_memory_bytes"] > 8e6 and ranking.rows[-1] is dp
-    fitting = [row for row in ranking.rows if row["fits"]]
+    assert not dp["fits_in_memory"] and dp["peak_memory_bytes"] > 8e6 and ranking.rows[-1] is dp
+    fitting = [row for row in ranking.rows if row["fits_in_memory"]]
     assert ranking.rows[:len(fitting)] == fitting and len(fitting) == 4
     assert [row["step_time_s"] for row in fitting] == sorted(row["step_time_s"] for row in fitting)
 
@@ -164,7 +164,7 @@ def test_memory_estimate_when_the_summary_has_no_memory_figures(monkeypatch):
     dp = ranking.find("dp (G=8 x M=1)")
     assert dp["peak_memory_bytes"] == pytest.approx(estimate_peak_memory_bytes(
         workload, 0, 6, dtype="fp32", optimizer="sgd", stashed_samples=8))
-    assert not dp["fits"] and ranking.rows[-1] is dp
+    assert not dp["fits_in_memory"] and ranking.rows[-1] is dp
 
 
 def test_pipeline_memory_estimate_holds_the_schedules_micro_batches():
@@ -195,7 +195,7 @@ def test_rank_cli_json_plot_and_heuristics(capsys, tmp_path):
     report = json.loads(out)
     assert report["num_gpus"] == 8 and report["num_nodes"] == 2 and report["memory_source"] == MEMORY_MODEL
     rows = report["rows"]
-    assert {"step_time_s", "throughput_samples_per_s", "speedup", "comm_share", "peak_memory_bytes", "fits",
+    assert {"step_time_s", "throughput_samples_per_s", "speedup", "comm_share", "peak_memory_bytes", "fits_in_memory",
             "rank"} <= set(rows[0])
     best = rows[0]["step_time_s"]
     assert [h["heuristic"] for h in report["heuristics"]] == ["memory-first", "time-minimising"]

@@ -28,7 +28,7 @@ def test_a_size_without_a_fitting_layout_is_reported_and_the_others_still_ranked
     sizes = json.loads(out)["sizes"]
     assert code == 0 and [size["num_gpus"] for size in sizes] == [1, 4]
     assert sizes[0]["no_layout_fits"].startswith("no layout fits") and sizes[1]["no_layout_fits"] is None
-    assert sizes[1]["rows"][0]["fits"]
+    assert sizes[1]["rows"][0]["fits_in_memory"]
     scenario.write_text(json.dumps(tiny_llm(batch=16, memory="1 MB")))
     code, out, err = run(capsys, *argv)  # no size fits: one line, exit 2
     assert code == 2 and out == "" and err.startswith("ghpsim: error: --gpus '1,4': no size has a layout that fits; ")

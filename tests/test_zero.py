@@ -288,11 +288,12 @@ def test_rank_searches_the_zero_stages():
     base["cluster"]["gpu"]["memory_bytes"] = 63e6
     ranking = search_layouts(load_scenario(base), kinds=("megatron",), microbatch_sizes=(2,), top=1, workers=1,
                              show_progress=False)
-    assert ranking.rows[0]["fits"] and ranking.rows[0]["label"] == "megatron (t=1 x p=1 x d=4) m=1 recompute=none zero3"
+    best = ranking.rows[0]
+    assert best["fits_in_memory"] and best["label"] == "megatron (t=1 x p=1 x d=4) m=1 recompute=none zero3"
     assert ranking.rows[0]["step_time_s"] == pytest.approx(run(3).summary["step_time_s"])
     exhaustive = search_layouts(load_scenario(base), kinds=("megatron",), microbatch_sizes=(2,), workers=1,
                                 exhaustive=True, show_progress=False)
-    fitting = {row["label"] for row in exhaustive.rows if row["fits"] and "d=4" in row["label"]}
+    fitting = {row["label"] for row in exhaustive.rows if row["fits_in_memory"] and "d=4" in row["label"]}
     assert fitting and all(" zero3" in label for label in fitting)
 
 

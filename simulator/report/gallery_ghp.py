@@ -65,7 +65,7 @@ def build(root: Path, quick: bool = False) -> GalleryEntry:
 
 
 def _summary_row(model, scenario, frame: pd.DataFrame, heuristics: pd.DataFrame, results) -> dict:
-    fits = frame[frame["fits"]]
+    fits = frame[frame["fits_in_memory"]]
     dp, mp = (fits[fits["kind"] == kind].iloc[0] for kind in ("dp", "mp"))
     ghp = fits[fits["kind"] == "ghp"].iloc[0]
     picks = heuristics.set_index("heuristic")
@@ -119,7 +119,7 @@ def _model_sections(model, scenario, results, frame: pd.DataFrame, heuristics: p
             "vs DP (x)": (dp_step / frame["step_time_s"]).map(lambda v: f"{v:.2f}"),
             "comm share (%)": (100 * frame["comm_share"]).map(lambda v: f"{v:.0f}"),
             "peak memory (GiB)": frame["peak_memory_bytes"].map(gib),
-            "fits": frame["fits"].map(lambda v: "yes" if v else "no")}), caption="ranking"),
+            "fits": frame["fits_in_memory"].map(lambda v: "yes" if v else "no")}), caption="ranking"),
             Table(f"{scenario.name}-heuristics-table", pd.DataFrame({
                 "heuristic": heuristics["heuristic"], "pick": heuristics["label"].fillna("none fits"),
                 "closed form (ms)": heuristics["closed_form_s"].map(lambda v: "-" if pd.isna(v) else ms(v)),

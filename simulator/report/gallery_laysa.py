@@ -38,7 +38,8 @@ def _point(root: Path, variant: str, extra: list[str]) -> dict:
     return {"variant": variant, "num_gpus": summary["num_gpus"],
             "batch_per_gpu": summary["global_batch_size"] // summary["num_gpus"],
             "step_time_s": summary["step_time_s"], "throughput_samples_per_s": summary["throughput_samples_per_s"],
-            "peak_memory_bytes": summary["memory"]["peak_memory_bytes"], "fits": bool(summary["fits_in_memory"]),
+            "peak_memory_bytes": summary["memory"]["peak_memory_bytes"],
+            "fits_in_memory": bool(summary["fits_in_memory"]),
             "offload_exposed_s": summary["memory"]["offload_exposed_s"],
             "capacity_bytes": summary["memory"]["capacity_bytes"],
             "activations_bytes": max(d["memory_breakdown_bytes"]["activations"] for d in summary["devices"]),
@@ -61,7 +62,7 @@ def one_gpu_frame(root: Path, batch_per_gpu: int) -> pd.DataFrame:
 
 def largest_fitting(frame: pd.DataFrame) -> pd.DataFrame:
     """Per variant: the largest per-GPU batch of the grid that fits, with its throughput."""
-    fits = frame[frame["fits"]].sort_values(["variant", "batch_per_gpu"], kind="stable")
+    fits = frame[frame["fits_in_memory"]].sort_values(["variant", "batch_per_gpu"], kind="stable")
     last = fits.groupby("variant", sort=False).tail(1).set_index("variant")
     return pd.DataFrame({"variant": list(VARIANTS),
                          "largest_batch_per_gpu": [int(last.loc[v, "batch_per_gpu"]) if v in last.index else 0
@@ -135,14 +136,14 @@ def _display(frame: pd.DataFrame) -> pd.DataFrame:
         "samples/s": frame["throughput_samples_per_s"].map(lambda v: f"{v:.1f}"),
         "peak memory (GiB)": frame["peak_memory_bytes"].map(gib),
         "memory vs baseline": (frame["peak_memory_bytes"] / base_of - 1).map(pct),
-        "fits": frame["fits"].map(lambda v: "yes" if v else "no"),
+        "fits": frame["fits_in_memory"].map(lambda v: "yes" if v else "no"),
         "offload exposed (ms)": frame["offload_exposed_s"].map(ms)})
 
 
 def _plot_throughput(grid: pd.DataFrame, axis) -> None:
     gallery_plots.plot_lines(grid, axis, "batch_per_gpu", "throughput_samples_per_s", "variant",
                              xlabel="batch per GPU (samples)", ylabel="throughput, 8 GPUs (samples/s)",
-                             log2_x=True, hollow="fits")
+                             log2_x=True, hollow="fits_in_memory")
     axis.set_yscale("log")
 
 
