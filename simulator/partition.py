@@ -18,20 +18,25 @@ stages' costs plus the longest tail of allreduce and optimizer step left after t
 (Joo & Youn, IEEE Access 2021; `simulator.heuristics`) with DDP's overlap and the update. Balance
 does not matter there: cuts at small activations and allreduces hidden behind the backward do.
 For each bound X on the tails, a min-sum DP over the ranges whose tail is at most X; the best
-X + sum over every tail value X (`SERIAL_TAIL_CANDIDATES` quantiles of them on long models). A
+X + sum over every tail value X (quantiles of them on long models: `SERIAL_TAIL_CANDIDATES`, fewer
+where M L^2 is large, `SERIAL_TAIL_WORK`), ranges let back in as X rises. A
 range may also be refused for memory (`memory_cap_bytes`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from simulator.errors import ScenarioError
 
 SERIAL_TAIL_CANDIDATES = 256
-"""Most tail bounds X the serial partition tries (quantiles of the tail values when there are more)."""
+"""Most tail bounds X the serial partition tries (quantiles of the tail values when there are more)..."""
+SERIAL_TAIL_WORK = 2e8
+"""... and fewer on long models with many stages: at most this many (stage, range) entries masked and
+chained in all (each bound costs M L^2), at least `SERIAL_MIN_TAIL_CANDIDATES` bounds."""
+SERIAL_MIN_TAIL_CANDIDATES = 16
 SERIAL_MEMORY_LIMIT_BYTES = 2**28
 """The serial partition holds two (L, L) matrices a stage; beyond this it declines (None)."""
 
@@ -52,17 +57,30 @@ class StageUpdate:
     optimizer_s: np.ndarray  # (L,)
     share: float
     overlapped: bool
+    _sums: dict = field(default_factory=dict, repr=False, compare=False)
+    """(id of values, starts, ends) -> (the three arrays, their range sums): every stage's costs are
+    built on the same index grids, and the per-layer arrays are the same for every stage but a
+    heterogeneous backward."""
 
     def _backward(self, stage: int) -> np.ndarray:
+        if np.ndim(self.backward_s) == 1:
+            return self.backward_s
         return np.broadcast_to(self.backward_s, (len(self.per_byte_s), len(self.gradient_bytes)))[stage]
+
+    def _sum(self, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        key = (id(values), id(starts), id(ends))
+        found = self._sums.get(key)
+        if found is None:  # the arrays are kept with their sums, so their ids are not reused meanwhile
+            found = self._sums[key] = (values, starts, ends, _range_sum(values, starts, ends))
+        return found[3]
 
     def closing_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Seconds after stage `stage`'s backward over layers [start, end] (inclusive): its exposed
         allreduce, then its optimizer step."""
-        allreduce = self.per_byte_s[stage] * _range_sum(self.gradient_bytes, starts, ends) + self.constant_s[stage]
+        allreduce = self.per_byte_s[stage] * self._sum(self.gradient_bytes, starts, ends) + self.constant_s[stage]
         if self.overlapped:
-            allreduce = np.maximum(allreduce - _range_sum(self._backward(stage), starts, ends), 0.0)
-        return allreduce + _range_sum(self.optimizer_s, starts, ends)
+            allreduce = np.maximum(allreduce - self._sum(self._backward(stage), starts, ends), 0.0)
+        return allreduce + self._sum(self.optimizer_s, starts, ends)
 
     def exposed_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Pipelined: the closing seconds per micro-batch."""
@@ -71,7 +89,7 @@ class StageUpdate:
     def tail_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Serial: closing seconds left after the whole backward pass, which still runs the backward
         of every stage before this one (layers [0, start))."""
-        before = _range_sum(self._backward(stage), np.zeros_like(starts), starts - 1)
+        before = _range_sum(self._backward(stage), 0, starts - 1)
         return np.maximum(self.closing_s(stage, starts, ends) - before, 0.0)
 
 
@@ -113,14 +131,32 @@ def serial_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_bac
     stage_costs = [(np.where(feasible, cost, np.inf), np.where(feasible, update.tail_s(stage, clipped, ends), np.inf))
                    for stage, cost in enumerate(_stage_costs(compute_s, send_forward_s, send_backward_s, num_stages))]
     values = np.unique(np.concatenate([tail[np.isfinite(tail)] for _, tail in stage_costs]))
-    if len(values) > SERIAL_TAIL_CANDIDATES:
-        values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, SERIAL_TAIL_CANDIDATES)))
+    count = int(np.clip(SERIAL_TAIL_WORK / (num_stages * num_layers**2), SERIAL_MIN_TAIL_CANDIDATES, SERIAL_TAIL_CANDIDATES))
+    if len(values) > count:
+        values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, count)))
     least_total = _best_chain([cost for cost, _ in stage_costs], np.add)[0]  # no bound: a floor for every X's sum
     best_s, best = np.inf, None
+    if len(values) == 0:
+        return best
+    # each stage's costs with the ranges whose tail passes X refused; as X rises, ranges are let back
+    # in the order of their tails (each once), instead of masking every stage anew for each X
+    masked = [np.where(tail <= values[0], cost, np.inf) for cost, tail in stage_costs]
+    pending = []
+    for _, tail in stage_costs:
+        flat = tail.ravel()
+        waiting = np.flatnonzero(np.isfinite(flat) & (flat > values[0]))
+        waiting = waiting[np.argsort(flat[waiting], kind="stable")]
+        pending.append([waiting, flat[waiting], 0])
     for bound in values:  # ascending: once X + the floor reaches the best, no larger X can beat it
         if bound + least_total >= best_s:
             break
-        total, ranges = _best_chain([np.where(tail <= bound, cost, np.inf) for cost, tail in stage_costs], np.add)
+        for (cost, _), stage_masked, entry in zip(stage_costs, masked, pending):
+            waiting, tails, done = entry
+            stop = int(np.searchsorted(tails, bound, side="right"))
+            if stop > done:
+                stage_masked.flat[waiting[done:stop]] = cost.flat[waiting[done:stop]]
+                entry[2] = stop
+        total, ranges = _best_chain(masked, np.add)
         if total + bound < best_s:
             best_s, best = total + bound, ranges
     return best
