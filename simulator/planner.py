@@ -348,8 +348,8 @@ class Ranking:
     def to_dict(self) -> dict:
         cluster = self.scenario.cluster
         return {"scenario": self.scenario.name, "num_gpus": self.scenario.num_gpus,
-                "num_nodes": cluster.num_nodes, "gpus_per_node": cluster.gpus_per_node,
-                "memory_source": self.memory_source, "device_memory_bytes": self.device_memory_bytes,
+                "num_nodes": cluster.num_nodes, "gpus_per_node": cluster.gpus_per_node, "inter_node_link":
+                cluster.inter_node_link.name, "nics_per_node": cluster.nics_per_node, "memory_source": self.memory_source, "device_memory_bytes": self.device_memory_bytes,
                 "rows": self.rows, "skipped": self.skipped}
 
 

@@ -86,6 +86,9 @@ def run(args) -> int:
             print(f"{_title(ranking)}: {why}")
     if len(results) > 1:
         print_comparison([ranking for ranking, _, _ in results])
+    note = default_network_note(scenario, [ranking for ranking, _, _ in results])
+    if note:
+        print(note)
     if plot:
         print(f"plot written to {plot}")
     return 0
@@ -325,8 +328,19 @@ def _kinds(text: str | None) -> tuple[str, ...] | None:
 
 def _title(ranking: Ranking) -> str:
     cluster = ranking.scenario.cluster
+    network = f", {cluster.nics_per_node} x {cluster.inter_node_link.name} a node" if cluster.num_nodes > 1 else ""
     return (f"{ranking.scenario.name}: {ranking.scenario.num_gpus} GPUs ({cluster.num_nodes} x {cluster.gpus_per_node} "
-            f"{cluster.gpu.name}), batch {ranking.scenario.training.global_batch_size}")
+            f"{cluster.gpu.name}{network}), batch {ranking.scenario.training.global_batch_size}")
+
+
+def default_network_note(scenario, rankings) -> str | None:
+    """A note when sizes on several nodes take the network the scenario leaves at its default."""
+    grown = [r.scenario.num_gpus for r in rankings if r.scenario.cluster.num_nodes > 1]
+    if not grown or {"inter_node_link", "nics_per_node"} & scenario.cluster.model_fields_set:
+        return None
+    cluster = rankings[0].scenario.cluster
+    return (f"note: the scenario sets no cluster.inter_node_link or nics_per_node: its nodes are joined by the default, "
+            f"{cluster.nics_per_node} x {cluster.inter_node_link.name} a node (set both for the cluster you plan)")
 
 
 SCIENTIFIC_FROM = 1e9

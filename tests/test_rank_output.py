@@ -105,3 +105,23 @@ def test_bounds_price_each_candidate_as_its_own_kind_on_another_gpu_count():
     assert {row["label"].split()[0] for row in found.rows} == {"megatron", "dp"}
     for row in found.rows:
         assert 0 < row["bound_s"] <= row["step_time_s"] * (1 + 1e-9), row["label"]
+
+
+def test_sizes_on_several_nodes_name_their_network_and_a_default_one_is_noted(capsys, tmp_path):
+    """A one-node scenario ranked on more GPUs than a node has: the title names the network joining
+    the nodes, and a note says it is the scenario's default, so a plan on a network the user never
+    chose does not pass unseen; a scenario that sets its network gets no note."""
+    raw = tiny_llm(batch=16)
+    del raw["cluster"]["inter_node_link"]
+    raw["cluster"]["num_nodes"] = 1
+    scenario = tmp_path / "one_node.yaml"
+    scenario.write_text(json.dumps(raw))
+    code, out, err = run(capsys, "rank", str(scenario), "--gpus", "4", "--kinds", "dp", "--workers", "1")
+    assert code == 0 and err == "", err
+    assert "4 GPUs (2 x 2 A100-80GB, 1 x ib-edr a node)" in out
+    assert "note: the scenario sets no cluster.inter_node_link or nics_per_node" in out
+    code, out, _ = run(capsys, "rank", str(scenario), "--gpus", "4", "--kinds", "dp", "--workers", "1", "--json")
+    assert (json.loads(out)["inter_node_link"], json.loads(out)["nics_per_node"]) == ("ib-edr", 1)
+    scenario.write_text(json.dumps(tiny_llm(batch=16)))  # its own ib-hdr
+    code, out, _ = run(capsys, "rank", str(scenario), "--gpus", "4", "--kinds", "dp", "--workers", "1")
+    assert "1 x ib-hdr a node" in out and "note:" not in out
