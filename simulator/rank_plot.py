@@ -40,11 +40,12 @@ def plot_ranking(frame: pd.DataFrame, axis, picks: dict[str, str] | None = None)
 
 
 def _save(figure, path: str | Path, title: str) -> Path:
-    """Title, lay out and write `figure` as a PNG atomically (temp file + rename), then close it."""
+    """Title, lay out and write `figure` as a PNG atomically (temp file + rename; cropped to everything drawn,
+    so labels running past the axes stay whole), then close it."""
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     try:
-        return write_figure_atomic(path, figure, dpi=120)
+        return write_figure_atomic(path, figure, dpi=120, bbox_inches="tight")  # annotations past the axes kept
     finally:
         plt.close(figure)
 
