@@ -118,8 +118,8 @@ def scenario_for_gpus(scenario: Scenario, num_gpus: int | None) -> Scenario:
     The scenario's own allocation (`strategy.kind`, `num_groups`, `tp_degree`, `pp_degree`,
     `cp_degree`, `ep_degree`, an explicit placement) was chosen for its N and need not exist on
     another (G = 8 does not divide 12); every candidate sets its own (`candidate_scenario`), so on
-    another N it is dropped: the returned strategy is `dp` (with ZeRO, megatron's: `megatron` at t =
-    p = 1) with the scenario's other settings (bucket size, collective, ...), which candidates inherit."""
+    another N it is dropped: the returned strategy is `dp` (a megatron scenario, or one with ZeRO:
+    `megatron` at t = p = 1) with the scenario's other settings (bucket size, collective, ...), which candidates inherit."""
     if num_gpus is None or num_gpus == scenario.num_gpus:
         return scenario
     per_node = scenario.cluster.gpus_per_node
@@ -130,8 +130,8 @@ def scenario_for_gpus(scenario: Scenario, num_gpus: int | None) -> Scenario:
     nodes, per_node = (num_gpus // per_node, per_node) if num_gpus >= per_node else (1, num_gpus)
     nics = math.gcd(raw["cluster"]["nics_per_node"], per_node)  # one node's NICs carry nothing, but divide its GPUs
     raw["cluster"] = {**raw["cluster"], "num_nodes": nodes, "gpus_per_node": per_node, "nics_per_node": nics}
-    sharded = raw["strategy"]["zero_stage"] >= 1  # ZeRO and FSDP are megatron's (tp = pp = 1 here)
-    raw["strategy"] = {**raw["strategy"], "kind": "megatron" if sharded else "dp", "num_groups": None, "tp_degree": 1,
+    megatron = raw["strategy"]["zero_stage"] >= 1 or raw["strategy"]["kind"] == "megatron"  # ZeRO and FSDP are megatron's
+    raw["strategy"] = {**raw["strategy"], "kind": "megatron" if megatron else "dp", "num_groups": None, "tp_degree": 1,
                        "pp_degree": 1, "cp_degree": 1, "ep_degree": 1}
     if not isinstance(raw["strategy"]["placement"], str):
         raw["strategy"]["placement"] = "group_per_node"

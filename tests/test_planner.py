@@ -266,3 +266,13 @@ def test_a_transformer_ranks_megatron_plans_as_their_own_simulations():
     # an MLP has no attention to split: megatron is not among the default kinds
     assert not [row for row in rank_candidates(load_scenario(tiny(num_nodes=1)), microbatch_counts=(2,), workers=1,
                                                show_progress=False).rows if row["kind"] == "megatron"]
+
+
+def test_a_megatron_scenario_keeps_its_kind_on_another_gpu_count():
+    """Moved to another N (rank --gpus, validate at a profile's world size), a megatron scenario
+    without ZeRO stays megatron at t = p = 1 (DDP), as one with ZeRO does; a dp one stays dp."""
+    from simulator.planner import scenario_for_gpus
+    megatron = load_scenario("scenarios/validation/mlp_cpu.yaml", ["strategy.kind=megatron", "strategy.num_groups=null"])
+    moved = scenario_for_gpus(megatron, 2)
+    assert (moved.strategy.kind, moved.strategy.tp_degree, moved.strategy.pp_degree, moved.num_gpus) == ("megatron", 1, 1, 2)
+    assert scenario_for_gpus(load_scenario("scenarios/validation/mlp_cpu.yaml"), 2).strategy.kind == "dp"
