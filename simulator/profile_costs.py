@@ -21,6 +21,19 @@ def profile_costs(path, workload: Workload, optimizer: str | None = None) -> "Pr
     return ProfileCosts(profile, workload, optimizer=optimizer)
 
 
+def check_measured_collectives(scenario, path) -> None:
+    """ScenarioError unless the scenario's data-parallel collectives are what a calibration profile
+    measured: its fits time the backend's own allreduce (gloo's, NCCL's), so a parameter server or a
+    chosen ring or tree algorithm would be priced as that allreduce, silently."""
+    strategy = scenario.strategy
+    if strategy.dp_sync == "parameter_server":
+        raise ScenarioError(f"strategy.dp_sync: parameter_server cannot be priced from the calibration profile "
+                            f"{path} (it measured the backend's allreduce); simulate it without --profile")
+    if strategy.collective != "auto":
+        raise ScenarioError(f"strategy.collective: {strategy.collective} cannot be priced from the calibration profile "
+                            f"{path} (it measured the backend's own allreduce); drop the setting or the profile")
+
+
 def scenario_profile_costs(path, scenario, workload: Workload):
     """The cost model of any profile for `scenario`: a calibration profile (`ProfileCosts`) or a
     kernel profile from `ghpsim fit` or `ghpsim calibrate --kernels` (the kernel model with its
@@ -35,6 +48,7 @@ def scenario_profile_costs(path, scenario, workload: Workload):
     profile = load_profile(path)
     training, gpu = scenario.training, scenario.cluster.gpu
     if not isinstance(profile, KernelProfile):
+        check_measured_collectives(scenario, path)
         return ProfileCosts(profile, workload, optimizer=training.optimizer)
     if profile.architecture not in (gpu_architecture(gpu), (gpu.architecture or "").lower()):
         how = "fitted" if profile.measured is None else "measured"

@@ -161,3 +161,21 @@ def test_world_size_one_needs_no_communication():
     profile = profile_from_dict(doc)
     with pytest.raises(ScenarioError, match="p2p: not profiled"):
         ProfileCosts(profile, workload()).p2p_s(100)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("strategy.dp_sync=parameter_server", "strategy.dp_sync: parameter_server cannot be priced from the calibration"),
+    ("strategy.collective=tree", "strategy.collective: tree cannot be priced from the calibration"),
+])
+def test_a_calibration_profile_refuses_collectives_it_did_not_measure(setting, message):
+    """A calibration profile times the backend's own allreduce: a parameter server or a chosen
+    algorithm would be priced as that allreduce without a word, so both are refused in one line."""
+    from simulator.model_source import resolve_workload
+    from simulator.profile_costs import scenario_profile_costs
+    from simulator.scenario import load_scenario
+    profile = "reports/profiles/mlp_cpu_ws2.json"
+    scenario = load_scenario("scenarios/validation/mlp_cpu.yaml", ["cluster.gpus_per_node=2", setting])
+    with pytest.raises(ScenarioError, match=message):
+        scenario_profile_costs(profile, scenario, resolve_workload(scenario.model, scenario.base_dir))
+    plain = load_scenario("scenarios/validation/mlp_cpu.yaml", ["cluster.gpus_per_node=2"])
+    assert scenario_profile_costs(profile, plain, resolve_workload(plain.model, plain.base_dir)) is not None
