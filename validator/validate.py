@@ -25,7 +25,7 @@ from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.planner import scenario_for_gpus
 from simulator.profile import Profile
-from simulator.profile_costs import profile_costs
+from simulator.profile_costs import check_measured_collectives, profile_costs
 from simulator.records import device_breakdown
 from simulator.scenario import Scenario, scenario_from_dict
 from simulator.schedules.steady_state import steady_state_plan, steady_state_window
@@ -71,6 +71,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     workload = resolve_workload(scenario.model, scenario.base_dir)
     check_torch_specs(workload, model_field(scenario.model))  # the ranks build it: refused before any starts
     costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
+    check_measured_collectives(scenario, profile_path)
     profile = costs.profile
     notes: list[str] = []  # said once every case is prepared: a refused input is its error line alone
     scenario = at_profile_world_size(scenario, profile, notes.append)
@@ -189,6 +190,7 @@ def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, in
     running anything: {label: predicted_s}."""
     workload = resolve_workload(scenario.model, scenario.base_dir)
     costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
+    check_measured_collectives(scenario, profile_path)
     scenario = at_profile_world_size(scenario, costs.profile)
     cases = prepare_cases(scenario, workload, costs, specs, options, skip_unfit_ghp=skip_unfit_ghp)
     return {case.label: case.predicted.step_time_s for case in cases}
@@ -256,6 +258,9 @@ def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | N
     if plan.meta.get("topk") and "schedule_kind" in plan.meta:
         raise ScenarioError(f"strategy.gradient_compression: topk runs for real only with dp or ghp, "
                             f"not {plan.strategy}")
+    if kind.partition(":")[0] == "spectrain" and options.optimizer != "momentum":  # before any rank starts
+        raise ScenarioError(f"training.optimizer: spectrain predicts weights from the momentum buffer; its ranks "
+                            f"need 'momentum', got {options.optimizer!r}")
     if plan.meta.get("asynchronous"):  # run the steady-state plan and time the window predicted
         plan = steady_state_plan(variant, workload, build_topology(variant.cluster), costs)
         run_options = replace(options, steady_state=(plan.workers_per_group,
