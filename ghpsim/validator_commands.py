@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from simulator.compare import DEFAULT_STRATEGIES, check_distinct, parse_strategy_specs
-from simulator.errors import ScenarioError
+from simulator.errors import ScenarioError, one_line
 from simulator.model_source import resolve_workload
 from simulator.output import check_distinct_files, check_output_file, check_output_folder, write_text_atomic
 from simulator.scenario import load_scenario
@@ -39,14 +39,17 @@ def cmd_calibrate(args) -> int:
     for option in ("gpu", "dtypes", "quick"):
         if getattr(args, option):
             raise ScenarioError(f"--{option}: only with --kernels")
-    scenario = load_scenario(args.scenario, args.overrides)
-    workload = resolve_workload(scenario.model, scenario.base_dir)
+    world_size = 2 if args.world_size is None else args.world_size
+    _check_world_size(args.device, args.backend, world_size, given=args.world_size is not None)
     batch_sizes = DEFAULT_BATCH_SIZES
     if args.batch_sizes is not None:
         batch_sizes = _int_list(args.batch_sizes, "--batch-sizes")
         check_distinct(batch_sizes, args.batch_sizes, "--batch-sizes")
+        _check_batch_sizes(batch_sizes, args.batch_sizes)
+    scenario = load_scenario(args.scenario, args.overrides)
+    workload = resolve_workload(scenario.model, scenario.base_dir)
     profile = calibrate(workload, dict(scenario.model.params), args.out, device=args.device, backend=args.backend,
-                        world_size=2 if args.world_size is None else args.world_size, batch_sizes=batch_sizes,
+                        world_size=world_size, batch_sizes=batch_sizes,
                         repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
                         topk_densities=sorted({*DEFAULT_TOPK_DENSITIES, scenario.strategy.compression_density}),
                         layer_passes=args.layer_passes or DEFAULT_LAYER_PASSES, verbose=not args.json,
@@ -54,6 +57,30 @@ def cmd_calibrate(args) -> int:
     if args.json:
         print(json.dumps(profile_document(profile), indent=1))
     return 0
+
+
+def _check_world_size(device: str, backend: str | None, world_size: int, given: bool) -> None:
+    """ScenarioError naming --world-size where this host cannot run that many ranks on `device`
+    with `backend` (`validator.comm_device.device_problem`) though it can run one: the number of
+    ranks is at fault, not the device or backend (those `validator.calibrate.calibrate` names)."""
+    from validator.comm_device import default_backend, device_problem
+    backend = backend or default_backend(device)
+    problem = device_problem(device, backend, world_size)
+    if problem and not device_problem(device, backend, 1):
+        default = "" if given else " (the default)"
+        raise ScenarioError(f"--world-size {world_size}{default}: device {device!r}, backend {backend!r}: {problem}")
+
+
+def _check_batch_sizes(batch_sizes: list[int], text: str) -> None:
+    """ScenarioError naming --batch-sizes and its text unless it gives two sizes (the fits need two
+    points) and none above what a calibration times (`validator.calibrate.MAX_CALIBRATION_BATCH`)."""
+    from validator.calibrate import MAX_CALIBRATION_BATCH
+    if len(set(batch_sizes)) < 2:
+        raise ScenarioError(f"--batch-sizes {text!r}: need at least two distinct positive batch sizes "
+                            "(each layer's time is fitted as a line over them), e.g. 4,16")
+    if max(batch_sizes) > MAX_CALIBRATION_BATCH:
+        raise ScenarioError(f"--batch-sizes {text!r}: {max(batch_sizes)} is larger than the {MAX_CALIBRATION_BATCH} "
+                            "samples a calibration times (the fits extrapolate beyond the largest)")
 
 
 def check_profile_out(out: str) -> None:
@@ -85,6 +112,9 @@ def _calibrate_kernels(args) -> int:
     return 0
 
 
+EXIT_INTERRUPTED = 130
+"""The exit code of an interrupted command (128 + SIGINT), as `ghpsim.cli.main` returns it."""
+
 RANK_ONLY = ("gpus", "top", "others")
 """`ghpsim validate` flags that only apply with --rank."""
 
@@ -94,7 +124,8 @@ def cmd_validate(args) -> int:
     --out folder are checked before anything runs; the results are written once every case has run,
     through a staging folder (`validator.report.staged_folder`), so --out gets every file or none.
     A failed rank ends the run in one line; the strategies measured before it are written first
-    (`validator.validate_output.kept_after_failure`), and the line says where."""
+    (`validator.validate_output.kept_after_failure`), and the line says where. So does an interrupt
+    (Ctrl-C), whose line begins `ghpsim: interrupted` (exit code 130)."""
     check_validate_flags(args)
     if args.rank:
         from validator.models import check_torch_specs, model_field
@@ -108,7 +139,7 @@ def cmd_validate(args) -> int:
     from validator.report import case_line, error_summary, summary_line
     from validator.torch_pipelining import check_pipeline_runtime
     from validator.validate import memory_line, validate
-    from validator.validate_output import Kept, kept_after_failure, write_results
+    from validator.validate_output import Kept, kept_after_failure, kept_after_interrupt, write_results
 
     specs = parse_strategy_specs(DEFAULT_STRATEGIES if args.strategies is None else args.strategies)  # each once
     for kind, _groups in specs:
@@ -132,6 +163,11 @@ def cmd_validate(args) -> int:
                  skip_unfit_ghp=args.strategies is None)
     except RankFailure as failure:
         raise kept_after_failure(failure, kept, out, stem, args.repeats) from None
+    except KeyboardInterrupt:  # Ctrl-C: as a failed rank, the strategies measured before it are kept
+        if not kept.cases:
+            raise
+        print(one_line(f"ghpsim: {kept_after_interrupt(kept, out, stem, args.repeats)}"), file=sys.stderr)
+        return EXIT_INTERRUPTED
     paths = write_results(kept, out, stem)
     rows, summary = kept.rows(), error_summary(kept.rows())
     if args.json:  # csv, plot: the files; traces: their folder; files: every file written

@@ -311,3 +311,23 @@ def test_calibrate_quietly_repeats_a_disturbed_calibration_and_stops_when_quiet(
     assert len(said) == 2 and said[-1].endswith("keeping it, with that note")
     with pytest.raises(ValueError, match="attempts must be >= 1"):
         calibrate_module.calibrate_quietly(attempts=0)
+
+
+# ----------------------------------------------------------------------------- flags named in the error line
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--world-size", "9999"], "--world-size 9999: device 'cpu', backend 'gloo': 9999 ranks on "),
+    (["--batch-sizes", "4"], "--batch-sizes '4': need at least two distinct positive batch sizes"),
+    (["--batch-sizes", "4,100000"], "--batch-sizes '4,100000': 100000 is larger than the"),
+])
+def test_calibrate_names_the_flag_of_a_world_size_or_batch_sizes_that_cannot_run(capsys, tmp_path, monkeypatch,
+                                                                                 flags, needle):
+    import validator.calibrate as calibrate_module
+    from tests.test_bad_input import ROOT, assert_one_line_error, run_cli
+
+    started = []
+    monkeypatch.setattr(calibrate_module, "spawn", lambda *args: started.append(args))
+    out = tmp_path / "profile.json"
+    assert_one_line_error(run_cli(capsys, "calibrate", "--scenario", ROOT / "scenarios" / "validation" / "mlp_cpu.yaml",
+                                  *flags, "--out", out), needle)
+    assert started == [] and not out.exists()

@@ -1,6 +1,7 @@
 """`ghpsim validate` and `ghpsim calibrate` when something goes wrong, and the names of what
-validate writes: a later strategy's failed rank keeps the strategies measured before it (a
-complete result, named in the one error line); a layer table without torch specs refused before
+validate writes: a later strategy's failed rank, or an interrupt, keeps the strategies measured
+before it (a complete result, named in the one error line); a staging folder left by a killed run
+removed by the next; a layer table without torch specs refused before
 any rank starts; the written paths in --json; trace names without ':' (Windows refuses it).
 No torch process is started: the ranks' launches are replaced by stand-ins."""
 
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -107,6 +110,44 @@ def test_kept_results_that_cannot_be_written_leave_out_as_it_was(capsys, tmp_pat
     assert_one_line_error(validate_cli(capsys, "--strategies", "dp,mp", "--out", out, "--json"), KILLED,
                           f"could not be written to {out}: No space left on device")
     assert os.listdir(tmp_path) == []  # the CSV written before the plot failed is not left behind
+
+
+def test_an_interrupt_keeps_the_finished_strategies_as_a_failed_rank_does(capsys, tmp_path, launches, monkeypatch):
+    stand_in = validator.validate.spawn
+
+    def spawn(function, args, config):
+        if launches.sizes:  # dp measured, then Ctrl-C while mp runs
+            raise KeyboardInterrupt
+        return stand_in(function, args, config)
+
+    monkeypatch.setattr(validator.validate, "spawn", spawn)
+    out = tmp_path / "out"
+    code, stdout, err = validate_cli(capsys, "--strategies", "dp,mp", "--out", out, "--json")
+    assert (code, stdout) == (130, "") and "Traceback" not in err
+    assert err == f"ghpsim: interrupted; the 1 finished strategy [dp (G=2 x M=1)] is in {out / 'mlp_cpu.csv'}\n"
+    assert files_under(tmp_path) == ["out/mlp_cpu.csv", "out/mlp_cpu.png", "out/traces/dp_G2xM1.measured.trace.json",
+                                     "out/traces/dp_G2xM1.simulated.trace.json"]
+    launches.sizes.clear()
+    monkeypatch.setattr(validator.validate, "spawn", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert validate_cli(capsys, "--strategies", "dp", "--out", tmp_path / "new", "--json") == (
+        130, "", "ghpsim: interrupted\n")
+    assert not (tmp_path / "new").exists()  # nothing measured: nothing written
+
+
+def test_a_staging_folder_left_by_a_killed_run_is_removed_by_the_next(capsys, tmp_path, launches):
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()  # its pid is free: a run killed with SIGKILL while writing
+    (tmp_path / "out").mkdir()
+    stale = [tmp_path / f".out.{child.pid}.0123abcd.tmp", tmp_path / "out" / f".out.{child.pid}.4567abcd.tmp"]
+    kept = [tmp_path / f".out.{os.getppid()}.89abcdef.tmp",  # a live process's (another run writing now)
+            tmp_path / f".other.{child.pid}.0123abcd.tmp"]  # another --out's
+    for folder in stale + kept:
+        (folder / "traces").mkdir(parents=True)
+        (folder / "mlp_cpu.csv").write_text("partial")
+    code, _stdout, err = validate_cli(capsys, "--strategies", "dp", "--out", tmp_path / "out")
+    assert code == 0, err
+    assert not any(folder.exists() for folder in stale) and all(folder.is_dir() for folder in kept)
+    assert sorted(os.listdir(tmp_path / "out")) == ["mlp_cpu.csv", "mlp_cpu.png", "traces"]
 
 
 def test_the_kept_file_is_named_in_full_after_a_long_failure(tmp_path):

@@ -4,7 +4,8 @@ and the traces.
 Each file is written atomically. `ghpsim validate` writes them once every case has run (or a
 rank failed: the strategies measured before it, `validator.validate_output`), into a staging
 folder beside --out whose files then move into --out (`staged_folder`): --out gets every file or
-none, and an interrupted validation leaves it as it was.
+none, and an interrupted validation leaves it as it was. A staging folder left by a process killed
+outright (SIGKILL) is removed by the next run that writes the same --out (`remove_stale_staging`).
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def staged_folder(out: str | Path):
     given, out = out, Path(os.path.abspath(out))
     name = f".{out.name or 'out'}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     anchor = next((folder for folder in out.parents if folder.is_dir()), out)  # nearest existing folder
+    remove_stale_staging(out)
     try:
         try:
             staging = anchor / name
@@ -157,6 +159,46 @@ def staged_folder(out: str | Path):
         _publish(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def remove_stale_staging(out: str | Path) -> list[Path]:
+    """Remove the staging folders (and writability probes) of `out` that a process killed outright
+    (SIGKILL: no clean-up runs) left beside it or inside it: `.<out name>.<pid>.<8 hex>.tmp` (or
+    `.probe`) whose pid is no longer alive. Those of a live process (another run writing the same
+    --out now) and of this one are left alone. Returns the folders removed. Not on Windows, whose
+    `os.kill` ends the process instead of probing it."""
+    out = Path(os.path.abspath(out))
+    if os.name == "nt":
+        return []
+    pattern = re.compile(re.escape(f".{out.name or 'out'}.") + r"(\d+)\.[0-9a-f]{8}\.(?:tmp|probe)")
+    anchor = next((folder for folder in out.parents if folder.is_dir()), out)
+    removed = []
+    for place in (anchor, out) if out.is_dir() else (anchor,):
+        try:
+            names = os.listdir(place)
+        except OSError:
+            continue
+        for entry in names:
+            match, folder = pattern.fullmatch(entry), place / entry
+            if not match or folder.is_symlink() or not folder.is_dir():
+                continue
+            pid = int(match.group(1))
+            if pid != os.getpid() and not _alive(pid):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (signal 0 probes it): a process of another user is alive too,
+    and so is a pid that cannot be probed."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError, ValueError):  # PermissionError: another user's process
+        pass
+    return True
 
 
 def check_writable_folder(out: str | Path, option: str) -> None:

@@ -5,7 +5,7 @@ every launch) are written through a staging folder (`validator.report.staged_fol
 every file or none. A validation whose later strategy fails (a rank killed, crashed or hung:
 `RankFailure`) writes the results of the strategies measured before it (`kept_after_failure`),
 complete and consistent, and says where in its one error line; where none had been measured, it
-writes nothing.
+writes nothing. An interrupted one (Ctrl-C) keeps them the same way (`kept_after_interrupt`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,13 @@ def write_results(kept: Kept, out: str | Path, stem: str) -> dict:
         files = sorted(str(out / path.relative_to(staging)) for path in staging.rglob("*") if path.is_file())
     return {"csv": str(out / f"{stem}.csv"), "plot": str(out / f"{stem}.png"), "traces": str(out / "traces"),
             "files": files}
+
+
+def kept_after_interrupt(kept: Kept, out: str | Path, stem: str, repeats: int = 1) -> str:
+    """The line for a validation interrupted (Ctrl-C) once some strategies were measured: as
+    `kept_after_failure` says it for a failed rank, `interrupted; the 1 finished strategy [dp
+    (G=2 x M=1)] is in out/mlp_cpu.csv`, once they are written."""
+    return str(kept_after_failure(RankFailure("interrupted"), kept, out, stem, repeats))
 
 
 def kept_after_failure(failure: RankFailure, kept: Kept, out: str | Path, stem: str, repeats: int = 1) -> RankFailure:
