@@ -2,9 +2,9 @@
 and the traces.
 
 Each file is written atomically. `ghpsim validate` writes them once every case has run (or a
-rank failed: the strategies measured before it, `validator.validate_output`), into a staging
-folder beside --out whose files then move into --out (`staged_folder`): --out gets every file or
-none, and an interrupted validation leaves it as it was. A staging folder left by a process killed
+rank failed or the run was interrupted: the strategies measured before, `validator.validate_output`),
+into a staging folder beside --out whose files then move into --out (`staged_folder`): --out gets
+every file or none, and a validation interrupted before any strategy finished leaves it as it was. A staging folder left by a process killed
 outright (SIGKILL) is removed by the next run that writes the same --out (`remove_stale_staging`).
 """
 
