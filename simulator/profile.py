@@ -53,7 +53,8 @@ memory_bandwidth_bytes_per_s, gemm: [GEMM], misaligned_gemm: [GEMM], memory: [ST
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -67,6 +68,21 @@ WEIGHT_PASS_NAMES = ("stash", "predict", "repredict", "accumulate", "average")
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value, info):
+        """A JSON number where a number is expected: text or true / false is refused (pydantic's lax
+        mode reads "2" as 2 and true as 1), as the scenario loader refuses them."""
+        if isinstance(value, (str, bool)) and _numeric(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"expected a number, got {value!r}")
+        return value
+
+
+def _numeric(annotation) -> bool:
+    """Whether a field's type is int or float, or either or None."""
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    return any(option in (int, float) for option in options) and all(option in (int, float, type(None)) for option in options)
 
 
 class LayerFit(_Frozen):
@@ -340,7 +356,7 @@ def profile_from_dict(document: Any, source: str = "<profile>") -> Profile | Ker
         where = ".".join(str(part) for part in first["loc"])
         if not where and first["msg"].startswith("Value error, "):  # a whole-profile check names its field
             raise ScenarioError(f"{source}: {first['msg'].removeprefix('Value error, ')}"[:300]) from None
-        raise ScenarioError(f"{source}: {where or 'profile'}: {first['msg']}"[:300]) from None
+        raise ScenarioError(f"{source}: {where or 'profile'}: {first['msg'].removeprefix('Value error, ')}"[:300]) from None
 
 
 def profile_document(profile: Profile | KernelProfile) -> dict:

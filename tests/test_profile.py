@@ -179,3 +179,16 @@ def test_a_calibration_profile_refuses_collectives_it_did_not_measure(setting, m
         scenario_profile_costs(profile, scenario, resolve_workload(scenario.model, scenario.base_dir))
     plain = load_scenario("scenarios/validation/mlp_cpu.yaml", ["cluster.gpus_per_node=2"])
     assert scenario_profile_costs(profile, plain, resolve_workload(plain.model, plain.base_dir)) is not None
+
+
+@pytest.mark.parametrize("field, value", [("world_size", "2"), ("world_size", True)])
+def test_a_profile_number_given_as_text_or_a_boolean_is_refused(tmp_path, field, value):
+    """JSON numbers only where the profile expects a number (the scenario loader refuses text too):
+    pydantic's lax mode would read "2" as 2 and true as 1."""
+    document = json.loads(open("reports/profiles/mlp_cpu_ws2.json").read())
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**document, field: value}))
+    with pytest.raises(ScenarioError, match=f"{field}: expected a number, got {value!r}"):
+        load_profile(path)
+    path.write_text(json.dumps(document))
+    assert load_profile(path).world_size == document["world_size"]
