@@ -176,7 +176,7 @@ def test_tables_from_rows_keep_k_fastest():
 def test_a_gemm_table_that_is_not_a_full_grid_is_refused(tmp_path):
     document, _ = synthetic_profile(tmp_path)
     document["measured"]["gemm"] = document["measured"]["gemm"][:-1]
-    with pytest.raises(ScenarioError, match="measured: Value error, gemm: the fp16 rows are not one full grid"):
+    with pytest.raises(ScenarioError, match="measured: gemm: the fp16 rows are not one full grid"):
         profile_from_dict(document)
 
 
