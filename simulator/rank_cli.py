@@ -335,7 +335,7 @@ def _title(ranking: Ranking) -> str:
 
 def default_network_note(scenario, rankings) -> str | None:
     """A note when sizes on several nodes take the network the scenario leaves at its default."""
-    grown = [r.scenario.num_gpus for r in rankings if r.scenario.cluster.num_nodes > 1]
+    grown = any(ranking.scenario.cluster.num_nodes > 1 for ranking in rankings)
     if not grown or {"inter_node_link", "nics_per_node"} & scenario.cluster.model_fields_set:
         return None
     cluster = rankings[0].scenario.cluster
