@@ -299,7 +299,7 @@ def num_param_tensors(layer: Layer) -> int:
         learned = spec.get("position_embedding", "learned") == "learned"
         return 1 + learned + bool(spec.get("token_types")) + 2 * bool(spec.get("layernorm"))
     if kind == "transformer_block" and spec.get("bias") is False:
-        return 6  # 2 RMSNorm weights, fused QKV, out-proj, fused gate + up, down
+        return 6 + bool(spec.get("qkv_bias"))  # 2 RMSNorm weights, fused QKV (+ its bias), out-proj, gate + up, down
     if kind == "lm_head" and spec.get("norm_type") == "rmsnorm":
         return 1 + (not spec.get("tied_embedding", True))
     if kind == "conv_block":

@@ -134,6 +134,11 @@ HF_DIMENSIONS = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size"
                  "num_attention_heads": "num_heads", "intermediate_size": "ffn_hidden_size",
                  "vocab_size": "vocab_size"}
 """Required config.json keys (transformers `LlamaConfig`) -> `simulator.zoo.llama.llama` parameters."""
+HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "deepseek")
+"""config.json `model_type`s read: LLaMA-style decoders (RMSNorm, rotary, SwiGLU) and the Mixtral and
+DeepSeekMoE mixtures; another type is refused by name. A config without `model_type` is read as LLaMA-style."""
+HF_QKV_BIAS_TYPES = ("qwen2",)
+"""Types whose Q, K and V projections carry biases with no `attention_bias` key (Qwen2's `Qwen2Attention`)."""
 HF_UNSUPPORTED = ("num_experts", "kv_lora_rank", "q_lora_rank", "attention_bias", "mlp_bias")
 """Keys of variants not modelled yet (Qwen-style MoE, DeepSeek-V2's latent attention (MLA), biased
 linears): refused when set."""
@@ -150,8 +155,9 @@ def load_hf_config(path: Path, params: dict) -> Workload:
     num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings,
     tie_word_embeddings; hidden_act must be silu and rms_norm_eps present), or a mixture of experts
     (Mixtral, DeepSeekMoE: `HF_MOE_KEYS`, built by `simulator.zoo.moe`). seq_len defaults to
-    max_position_embeddings; `params` (the `llama` or `moe` factory's keywords) override. Errors
-    name the key, never quote the file's text."""
+    max_position_embeddings, or to rope_scaling's original_max_position_embeddings where the context
+    was extended after pre-training (LLaMA-3.1); `params` (the `llama` or `moe` factory's keywords)
+    override. Errors name the key and its value (`_shown`: short), never quote more of the file."""
     what = f"model.hf_config: {str(path)!r}"
     if path.suffix.lower() != ".json":
         raise ScenarioError(f"{what}: expected a .json file (a Hugging Face config.json)")
@@ -168,14 +174,18 @@ def load_hf_config(path: Path, params: dict) -> Workload:
             raise ScenarioError(f"{what}: {key}: expected a positive integer{got}")
         return value
 
-    if "num_hidden_layers" not in config and "model_type" in config:  # e.g. GPT-2's n_layer, n_embd
-        raise ScenarioError(f"{what}: model_type: {config['model_type']!r} is not a LLaMA-style decoder config (no "
-                            "num_hidden_layers); LLaMA, Mistral, Mixtral and DeepSeekMoE configs are read")
+    model_type = config.get("model_type")
+    if model_type is not None and model_type not in HF_MODEL_TYPES:  # e.g. GPT-2, Gemma, Mamba, RecurrentGemma
+        raise ScenarioError(f"{what}: model_type: {_shown(model_type)} is not supported (supported: "
+                            f"{', '.join(HF_MODEL_TYPES)}: LLaMA-style decoders, Mixtral and DeepSeekMoE)")
     for key in HF_UNSUPPORTED:
         if config.get(key):
-            raise ScenarioError(f"{what}: {key}: not supported yet (LLaMA-style, Mixtral and DeepSeekMoE models only)")
-    if config.get("hidden_act", "silu") != "silu":
-        raise ScenarioError(f"{what}: hidden_act: only silu (a SwiGLU MLP) is supported")
+            raise ScenarioError(f"{what}: {key}: {_shown(config[key])}: not supported yet (LLaMA-style, Mixtral and "
+                                "DeepSeekMoE models only)")
+    activation_key = "hidden_act" if "hidden_act" in config else "hidden_activation"  # Gemma's name for it
+    if config.get(activation_key, "silu") != "silu":
+        raise ScenarioError(f"{what}: {activation_key}: {_shown(config[activation_key])}: only silu (a SwiGLU MLP) "
+                            "is supported")
     if "rms_norm_eps" not in config:
         raise ScenarioError(f"{what}: missing key rms_norm_eps (only RMSNorm models are supported)")
     tie = config.get("tie_word_embeddings", False)
@@ -189,7 +199,12 @@ def load_hf_config(path: Path, params: dict) -> Workload:
                             "num_attention_heads only")
     built["num_kv_heads"] = positive("num_key_value_heads", built["num_heads"])
     built["seq_len"] = built["max_positions"] = positive("max_position_embeddings", 2048)
+    pretrained = _pretraining_context(config, built["max_positions"], what)
+    if pretrained is not None:
+        built["seq_len"] = pretrained
     built["tie_embeddings"] = tie
+    if model_type in HF_QKV_BIAS_TYPES:
+        built["qkv_bias"] = True
     experts = _hf_experts(config, built, positive, what)
     factory, build = (moe, moe_workload) if experts else (llama, llama_workload)
     built.update(experts)
@@ -215,13 +230,37 @@ def load_hf_config(path: Path, params: dict) -> Workload:
     return workload
 
 
+def _has_original_context(config: dict) -> bool:
+    return isinstance(config.get("rope_scaling"), dict) and "original_max_position_embeddings" in config["rope_scaling"]
+
+
+def _shown(value) -> str:
+    """A config value for an error line: its repr, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _pretraining_context(config: dict, max_positions: int, what: str) -> int | None:
+    """rope_scaling's original_max_position_embeddings (the context before a RoPE extension such as
+    LLaMA-3.1's, from 8,192 to 131,072 tokens: the length pre-training ran at), or None."""
+    rope = config.get("rope_scaling")
+    original = rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
+    if original is None:
+        return None
+    if not isinstance(original, int) or isinstance(original, bool) or not 1 <= original <= max_positions:
+        raise ScenarioError(f"{what}: rope_scaling.original_max_position_embeddings: expected a positive integer "
+                            f"up to max_position_embeddings ({max_positions}), got {_shown(original)}")
+    return original
+
+
 def hf_key(ours: str, config: dict) -> str:
     """The config.json key a `llama` / `moe` keyword is read from (`HF_DIMENSIONS`, `HF_MOE_KEYS`,
     `load_hf_config`, `_hf_experts`)."""
     deepseek = config.get("n_routed_experts") is not None
     keys = {**{ours: key for key, ours in (*HF_DIMENSIONS.items(), *HF_MOE_KEYS.items())},
             "num_kv_heads": "num_key_value_heads" if "num_key_value_heads" in config else "num_attention_heads",
-            "seq_len": "max_position_embeddings", "max_positions": "max_position_embeddings",
+            "seq_len": "rope_scaling.original_max_position_embeddings" if _has_original_context(config)
+            else "max_position_embeddings", "max_positions": "max_position_embeddings",
             "num_experts": "n_routed_experts" if deepseek else "num_local_experts",
             "expert_ffn_hidden_size": "moe_intermediate_size" if deepseek else "intermediate_size",
             "dense_ffn_hidden_size": "intermediate_size", "tie_embeddings": "tie_word_embeddings"}

@@ -335,6 +335,7 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
     summary = {
         "scenario": scenario.name,
         "model": workload.name,
+        "model_params": int(workload.num_params),
         "strategy": plan.strategy,
         "num_gpus": plan.num_ranks,
         "num_groups": plan.num_groups,

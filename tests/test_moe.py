@@ -96,7 +96,7 @@ def test_hf_config_reads_mixtral_and_deepseek_moe_keys(tmp_path):
     ({"moe_layer_freq": 2}, "moe_layer_freq"),
     ({"n_shared_experts": -1}, "n_shared_experts"),
     ({"head_dim": 256}, "head_dim: 256 x num_attention_heads 16 is not hidden_size 2048"),  # Qwen3-style heads
-    ({"model_type": "gpt2", "num_hidden_layers": None}, "model_type: 'gpt2' is not a LLaMA-style decoder config"),
+    ({"model_type": "gpt2", "num_hidden_layers": None}, "model_type: 'gpt2' is not supported (supported: llama, mistral"),
 ])
 def test_hf_config_moe_errors_name_the_key(tmp_path, change, key):
     config = {**DEEPSEEK_CONFIG, **change}

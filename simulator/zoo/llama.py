@@ -12,7 +12,7 @@ acts inside attention), one layer per block, the final RMSNorm + LM head. The he
 V x h weight unless `tie_embeddings`. Per block (s tokens, h hidden, a heads, g kv heads,
 d = h / a, f = ffn hidden), forward FLOPs: Q 2sh^2, K and V 4shgd, out-proj 2sh^2, gate + up
 4shf, down 2shf, the attention core 4s^2h, and the elementwise terms of `_ops.py` (2 RMSNorms,
-rotary on Q and K, silu-mul on s f, softmax, 2 residual adds). Parameters: 2h^2 + 2hgd + 3hf + 2h.
+rotary on Q and K, silu-mul on s f, softmax, 2 residual adds). Parameters: 2h^2 + 2hgd + 3hf + 2h (+ h + 2gd with `qkv_bias`).
 Saved: 6sh + 2sgd (inputs of RMSNorm, QKV, the core's Q, K, V, out-proj, RMSNorm, gate/up)
 + 3sf (silu-mul inputs, down input) + a s^2 (softmax output).
 Attention mask: causal by default; `sliding_window` W > 0 (Mistral 7B, Jiang et al. 2023, sec. 2)
@@ -45,14 +45,16 @@ def llama_embedding(name: str, vocab: int, hidden: int, seq: int, max_positions:
     return t.layer(name, "embedding", seq, seq * hidden, spec)
 
 
-def attention_half(hidden: int, heads: int, kv_heads: int, seq: int, sliding_window: int = 0) -> Tally:
+def attention_half(hidden: int, heads: int, kv_heads: int, seq: int, sliding_window: int = 0,
+                   qkv_bias: bool = False) -> Tally:
     """The tally of a pre-RMSNorm decoder block up to its MLP input: RMSNorm, fused QKV projection
-    (GQA: kv_heads key-value heads), rotary Q / K, attention core over min(seq, W) keys, output
-    projection, residual add, the MLP's RMSNorm (shared by `llama_block` and the MoE block)."""
+    (GQA: kv_heads key-value heads; with biases if `qkv_bias`, as Qwen2's), rotary Q / K, attention
+    core over min(seq, W) keys, output projection, residual add, the MLP's RMSNorm (shared by
+    `llama_block` and the MoE block)."""
     t = Tally()
     elems, kv_hidden = seq * hidden, kv_heads * (hidden // heads)
     t.rms_norm(hidden, elems)
-    t.linear(hidden, hidden + 2 * kv_hidden, tokens=seq, bias=False)
+    t.linear(hidden, hidden + 2 * kv_hidden, tokens=seq, bias=qkv_bias)
     t.rotary(seq * (hidden + kv_hidden))
     t.attention_core(seq, hidden, heads, kv_hidden, keys=sliding_window or None)
     t.linear(hidden, hidden, tokens=seq, bias=False)
@@ -62,10 +64,10 @@ def attention_half(hidden: int, heads: int, kv_heads: int, seq: int, sliding_win
 
 
 def llama_block(name: str, hidden: int, heads: int, kv_heads: int, seq: int, ffn: int,
-                sliding_window: int = 0) -> Layer:
-    """Pre-RMSNorm block: GQA self-attention with rotary Q / K, then a SwiGLU MLP; no biases;
-    `sliding_window` W > 0: each query attends to min(seq, W) keys."""
-    t = attention_half(hidden, heads, kv_heads, seq, sliding_window)
+                sliding_window: int = 0, qkv_bias: bool = False) -> Layer:
+    """Pre-RMSNorm block: GQA self-attention with rotary Q / K, then a SwiGLU MLP; no biases but
+    the QKV projection's with `qkv_bias`; `sliding_window` W > 0: each query attends to min(seq, W) keys."""
+    t = attention_half(hidden, heads, kv_heads, seq, sliding_window, qkv_bias)
     elems = seq * hidden
     t.linear(hidden, 2 * ffn, tokens=seq, bias=False)
     t.swiglu(seq * ffn)
@@ -75,7 +77,8 @@ def llama_block(name: str, hidden: int, heads: int, kv_heads: int, seq: int, ffn
             "num_kv_heads": kv_heads, "seq_len": seq, "ffn_hidden_size": ffn, "causal": True,
             "norm": "pre", "norm_type": "rmsnorm", "activation": "swiglu",
             "position_embedding": "rotary", "bias": False, "dropout": 0.0,
-            **({"sliding_window": sliding_window} if sliding_window else {})}
+            **({"sliding_window": sliding_window} if sliding_window else {}),
+            **({"qkv_bias": True} if qkv_bias else {})}
     return t.layer(name, "attention", elems, elems, spec)
 
 
@@ -104,7 +107,7 @@ def _check(num_layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, se
 def llama_workload(name: str, *, num_layers: int = 32, hidden_size: int = 4096, num_heads: int = 32,
            num_kv_heads: int = 0, ffn_hidden_size: int = 0, seq_len: int = 4096,
            vocab_size: int = 32000, max_positions: int = 0,
-           tie_embeddings: bool = False, sliding_window: int = 0) -> Workload:
+           tie_embeddings: bool = False, sliding_window: int = 0, qkv_bias: bool = False) -> Workload:
     """A LLaMA-style Workload called `name` (parameters as `llama`)."""
     kv = num_kv_heads or num_heads
     ffn = ffn_hidden_size or default_ffn_hidden_size(hidden_size)
@@ -112,7 +115,7 @@ def llama_workload(name: str, *, num_layers: int = 32, hidden_size: int = 4096, 
     _check(num_layers, hidden_size, num_heads, kv, ffn, seq_len, vocab_size, max_positions)
     check_sliding_window(sliding_window)
     layers = [llama_embedding("embedding", vocab_size, hidden_size, seq_len, max_positions)]
-    layers += [llama_block(f"block{i}", hidden_size, num_heads, kv, seq_len, ffn, sliding_window)
+    layers += [llama_block(f"block{i}", hidden_size, num_heads, kv, seq_len, ffn, sliding_window, bool(qkv_bias))
                for i in range(num_layers)]
     layers.append(llama_head("head", hidden_size, vocab_size, seq_len, tied=bool(tie_embeddings)))
     input_spec = {"shape": [seq_len], "vocab_size": vocab_size, "task": "causal_lm"}
@@ -122,14 +125,15 @@ def llama_workload(name: str, *, num_layers: int = 32, hidden_size: int = 4096, 
 def llama(*, num_layers: int = 32, hidden_size: int = 4096, num_heads: int = 32,
           num_kv_heads: int = 0, ffn_hidden_size: int = 0, seq_len: int = 4096,
           vocab_size: int = 32000, max_positions: int = 0, tie_embeddings: bool = False,
-          sliding_window: int = 0) -> Workload:
+          sliding_window: int = 0, qkv_bias: bool = False) -> Workload:
     """Generic LLaMA-style decoder (defaults: LLaMA-2 7B). num_kv_heads 0 = num_heads (MHA);
     ffn_hidden_size 0 = `default_ffn_hidden_size`; max_positions 0 = seq_len; sliding_window
-    0 = causal, W > 0 = each query attends to min(seq_len, W) keys (Mistral-style)."""
+    0 = causal, W > 0 = each query attends to min(seq_len, W) keys (Mistral-style); qkv_bias:
+    biases on the Q, K and V projections (Qwen2: Yang et al. 2024, "Qwen2 Technical Report")."""
     return llama_workload("llama", num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads,
                   num_kv_heads=num_kv_heads, ffn_hidden_size=ffn_hidden_size, seq_len=seq_len,
                   vocab_size=vocab_size, max_positions=max_positions, tie_embeddings=tie_embeddings,
-                  sliding_window=sliding_window)
+                  sliding_window=sliding_window, qkv_bias=qkv_bias)
 
 
 PRESETS: dict[str, dict[str, int]] = {
