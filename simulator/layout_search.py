@@ -41,7 +41,7 @@ import heapq
 import json
 import os
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 
 from simulator.errors import ScenarioError, SimulationError
@@ -56,6 +56,7 @@ from simulator.rank_reasons import explain, lost_to, time_parts
 from simulator.search_gates import unfolded_refusal
 from simulator.search_bounds import screen_all
 from simulator.strategies.context import attention_specs
+from simulator.worker_pool import quiet_pool, stop_pool
 
 MICROBATCH_SIZES = (1, 2, 4, 8)
 SEARCH_VIRTUAL_STAGES = (1, 2, 4)
@@ -263,7 +264,7 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
     capacity = usable_memory_bytes(scenario)
     queue, pruned, bounds, floors = [], [], {}, {}
     workers = max(1, min((os.cpu_count() or 1) if workers is None else workers, len(candidates)))  # no idle processes
-    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    pool, finished = (quiet_pool(workers) if workers > 1 else None), False
     try:
         screened, stats.seconds["memory"], stats.seconds["bound"] = screen_all(scenario, workload, candidates,
                                                                                pool, workers)
@@ -285,9 +286,10 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
             return unfolded_refusal(scenario, candidate, topology, folds)
 
         outcomes = _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_progress, stats, refuse)
-    finally:
+        finished = True
+    finally:  # Ctrl-C or an error: the workers are ended, not waited for
         if pool is not None:
-            pool.shutdown(cancel_futures=True)
+            stop_pool(pool, abort=not finished)
     rows, simulated = [], set()
     for candidate, outcome in outcomes:
         simulated.add(candidate)

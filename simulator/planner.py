@@ -27,7 +27,7 @@ import json
 import math
 import os
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -40,6 +40,7 @@ from simulator.memory_buffers import usable_memory_bytes
 from simulator.model_source import resolve_workload
 from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
 from simulator.schedules import default_microbatch_counts
+from simulator.worker_pool import quiet_pool, stop_pool
 from simulator.zero_config import without_unused_fsdp_keys, without_zero
 from simulator.simulate import simulate
 from simulator.strategies import STRATEGIES
@@ -300,7 +301,6 @@ def run_payloads(payloads: list[dict], workers: int = 1, show_progress: bool = T
     """`simulate_candidate` over every payload (a process pool when workers > 1), in input order,
     with a rich progress bar on stderr when it is a terminal."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-
     from simulator.progress import stderr_progress
 
     outcomes: dict[int, dict] = {}
@@ -313,15 +313,17 @@ def run_payloads(payloads: list[dict], workers: int = 1, show_progress: bool = T
                 outcomes[index] = simulate_candidate(payload)
                 progress.advance(task)
     else:
-        with ProcessPoolExecutor(max_workers=min(workers, len(payloads))) as pool:
-            # submit before the progress bar starts its refresh thread: fork-started workers are
-            # all created at the first submit, before any thread exists
+        pool, finished = quiet_pool(min(workers, len(payloads))), False
+        try:  # submit before the progress bar's refresh thread: fork-started workers start at the first submit
             futures = {pool.submit(simulate_candidate, payload): index for index, payload in enumerate(payloads)}
             with progress:
                 task = progress.add_task("simulate", total=len(payloads))
                 for future in as_completed(futures):
                     outcomes[futures[future]] = future.result()
                     progress.advance(task)
+            finished = True
+        finally:  # Ctrl-C or an error: the workers are ended, not waited for
+            stop_pool(pool, abort=not finished)
     return [outcomes[index] for index in range(len(payloads))]
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 from rich.table import Table
 
@@ -17,6 +16,7 @@ from simulator.errors import ScenarioError
 from simulator.limits import MAX_GPUS, MAX_MAGNITUDE
 from simulator.fabrics import build_topology
 from simulator.heuristics import HEURISTICS, grid_estimates
+from simulator.worker_pool import check_most_workers
 from simulator.model_source import resolve_workload
 from simulator.output import check_distinct_files, check_figure_file, model_files
 from simulator.planner import (ASYNC_KINDS, MEGATRON, Candidate, Ranking, candidate_kinds, candidate_scenario,
@@ -27,9 +27,6 @@ from simulator.simulate import analytic_costs
 GRID_KINDS = ("dp", "mp", "ghp")
 
 
-MAX_WORKERS_PER_CPU = 4
-"""`--workers` at most this many simulation processes a CPU: more only add memory (a search of eight
-candidates with 3,000 workers started 3,001 processes and took 11 GB)."""
 
 
 def run(args) -> int:
@@ -37,10 +34,7 @@ def run(args) -> int:
     for option, value in (("--top", args.top), ("--workers", args.workers), ("--steps", args.steps)):
         if value is not None and value < 1:
             raise ScenarioError(f"{option}: {value} must be a positive integer")
-    most = MAX_WORKERS_PER_CPU * (os.cpu_count() or 1)
-    if args.workers is not None and args.workers > most:
-        raise ScenarioError(f"--workers: {args.workers} processes on {os.cpu_count() or 1} CPUs (at most {most}: each "
-                            "holds the simulator, ~0.1-0.5 GB)")
+    check_most_workers(args.workers)
     for option, value in (("--tokens", args.tokens), ("--price-per-gpu-hour", args.price_per_gpu_hour),
                           ("--steps", args.steps)):
         if value is not None and not (0 < value <= MAX_MAGNITUDE):  # the run's figures stay finite

@@ -184,11 +184,11 @@ def test_watchdog_ends_a_worker_without_the_linux_death_signal(tmp_path):
     """The portable path (no PR_SET_PDEATHSIG): the watchdog thread notices the parent is gone."""
     script = textwrap.dedent("""
         import multiprocessing, os, sys, time
-        import simulator.sweep.runner as runner
+        import simulator.worker_pool as worker_pool
 
         def child(parent_pid):
             sys.platform = "darwin"  # skip the Linux-only death signal
-            runner.die_with_parent(parent_pid)
+            worker_pool.die_with_parent(parent_pid)
             time.sleep(120)
 
         if __name__ == "__main__":

@@ -8,16 +8,11 @@ workers die with the sweep, however it ends (SIGKILL included): on Linux the ker
 
 from __future__ import annotations
 
-import ctypes
 import json
 import multiprocessing
-import multiprocessing.connection
 import os
 import re
 import shutil
-import signal
-import sys
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -34,6 +29,8 @@ from simulator.simulate import simulate
 from simulator.sweep.export import export_frame, results_frame, summary_figures
 from simulator.sweep.spec import Sweep, canonical_json
 from simulator.sweep.store import STORE_NAME, SweepStore
+from simulator.output import check_output_folder
+from simulator.worker_pool import check_most_workers, quiet_pool
 
 
 def evaluate(scenario: Scenario) -> dict:
@@ -82,11 +79,13 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, workers: int | None = None, sch
     """Simulate every point of `sweep` not already in DIR's store, then export the results."""
     if workers is not None and workers < 1:
         raise ScenarioError(f"--workers: {workers} (expected at least 1)")
+    check_most_workers(workers)
     if scheduler is not None:
         check_scheduler_address(scheduler)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ScenarioError(f"--out {out}: exists and is not a folder")
+    check_output_folder(out, "--out")  # a folder that cannot be made or written is refused by name
     points = sweep.points()  # every point built (a bad axis value is refused) before anything is written
     created, stored = not out.exists(), 0
     out.mkdir(parents=True, exist_ok=True)
@@ -132,41 +131,9 @@ def start_executor(tasks: list[tuple[str, Scenario]], workers: int | None, sched
 def _run_pool(tasks, workers: int):
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),))
+    pool = quiet_pool(workers, mp_context=context)
     futures = {pool.submit(evaluate, scenario): key for key, scenario in tasks}
     return _drain_pool(pool, futures)
-
-
-def _start_worker(parent_pid: int) -> None:
-    """Workers leave Ctrl-C to the parent, which cancels what has not started, and die with it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent(parent_pid)
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """End this process when the process `parent_pid` that started it ends."""
-    if sys.platform.startswith("linux"):
-        try:  # the kernel sends SIGKILL when the parent dies; 1 = PR_SET_PDEATHSIG
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:  # the parent died before the line above
-        os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), name="ghpsim-watch-parent", daemon=True).start()
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit once the parent is gone: a POSIX orphan changes parent; a spawned worker (Windows)
-    sees its parent's process handle signalled."""
-    parent = multiprocessing.parent_process()
-    while True:
-        if os.name == "posix" and os.getppid() != parent_pid:
-            os._exit(1)
-        if parent is not None and os.name == "nt":
-            if multiprocessing.connection.wait([parent.sentinel], timeout=0.5):
-                os._exit(1)
-        else:
-            time.sleep(0.5)
 
 
 def _drain_pool(pool: ProcessPoolExecutor, futures: dict):
