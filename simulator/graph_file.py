@@ -53,9 +53,12 @@ def read_graph_file(path: Path) -> nx.Graph:
             raise ScenarioError(f"cluster.topology_file: {str(path)!r}: edge {a}--{b} needs a bandwidth and a "
                                 "latency, numbers or quantities such as '25 GB/s' and '2 us'") from None
         data["tier"] = data.get("tier", "inter")
-        if data["bandwidth_bytes_per_s"] <= 0 or data["latency_s"] < 0 or data["tier"] not in ("intra", "inter"):
-            raise ScenarioError(f"cluster.topology_file: {str(path)!r}: edge {a}--{b}: bandwidth must be > 0, "
-                                "latency >= 0 and tier intra or inter")
+        for name, bad, rule in (("bandwidth", data["bandwidth_bytes_per_s"] <= 0, "must be > 0"),
+                                ("latency", data["latency_s"] < 0, "must be >= 0"),
+                                ("tier", data["tier"] not in ("intra", "inter"), "must be intra or inter")):
+            if bad:
+                raise ScenarioError(f"cluster.topology_file: {str(path)!r}: edge {a}--{b}: {name} "
+                                    f"{str(data.get(name))[:40]!r} {rule}")
     return graph
 
 

@@ -340,8 +340,8 @@ def workload_from_rows(name: str, rows: tuple[LayerRow, ...], input_spec: dict |
                        source: str = "model.layers") -> Workload:
     """The workload of validated layer rows; `source` (the table's field or file) names a fault."""
     if not rows:
-        raise ScenarioError("model.layers: the layer table is empty")
-    check_num_layers(len(rows), "model.layers")
+        raise ScenarioError(f"{source}: the layer table is empty")
+    check_num_layers(len(rows), source)
     layers = []
     for row in rows:
         backward = row.backward_flops_per_sample

@@ -98,6 +98,10 @@ class _NonFinite(ValueError):
     """A NaN, Infinity or overflowing number met while parsing JSON (its text is the argument)."""
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object key given twice (the key is the argument)."""
+
+
 def _refused(value: float, allow_nan: bool) -> bool:
     """Whether a parsed JSON number is refused: an infinity, or a NaN unless `allow_nan`."""
     return math.isinf(value) or (math.isnan(value) and not allow_nan)
@@ -117,8 +121,16 @@ def load_json_text(text: str, origin: str, check: bool = True, *, malformed: str
             raise _NonFinite(number_text)
         return value
 
+    def unique(pairs: list) -> dict:  # as YAML, a key given twice is refused, not the last one taken
+        data = dict(pairs)
+        if len(data) < len(pairs):
+            raise _DuplicateKey(next(key for index, (key, _) in enumerate(pairs) if key in dict(pairs[:index])))
+        return data
+
     try:
-        data = json.loads(text, parse_constant=number, parse_float=number)
+        data = json.loads(text, parse_constant=number, parse_float=number, object_pairs_hook=unique)
+    except _DuplicateKey as error:
+        raise ScenarioError(f"{origin}: key {str(error)[:40]!r} is given twice") from None
     except _NonFinite as error:
         where = _non_finite_path(text, allow_nan)
         where = f"{where}: " if where else ""
@@ -205,6 +217,8 @@ def read_text_file(path: str | Path, what: str) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ScenarioError(f"{what}: not a UTF-8 text file") from None
+    except OSError as error:  # e.g. a device or /proc file that refuses to be read
+        raise ScenarioError(f"{what}: cannot be read ({error.strerror or error})") from None
 
 
 def read_yaml_file(path: str | Path, what: str | None = None):

@@ -280,7 +280,9 @@ def load_sweep(path: str | Path) -> Sweep:
     if isinstance(spec.base, str):
         base_path = path.parent / spec.base
         if not base_path.is_file():
-            raise ScenarioError(f"{path}: base: scenario file {str(base_path)!r} not found")
+            problem = "is a directory, not a scenario file" if base_path.is_dir() else \
+                "is not a regular file" if base_path.exists() else "not found"
+            raise ScenarioError(f"{path}: base: scenario file {str(base_path)!r} {problem}")
         base, base_dir = read_yaml(base_path), str(base_path.parent)
     else:
         base, base_dir = dict(spec.base), str(path.parent)

@@ -1,0 +1,74 @@
+"""Bad input found by an audit of every command: one line naming the field (or flag) and the
+value, exit code 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import networkx as nx
+import yaml
+
+from ghpsim.cli import main
+from simulator.errors import MAX_MESSAGE_CHARS
+
+BASE = {"name": "tiny", "cluster": {"num_nodes": 2, "gpus_per_node": 1}, "model": {"name": "mlp"},
+        "strategy": {"kind": "dp"}, "training": {"global_batch_size": 8}}
+
+
+def refused(capsys, *argv: str) -> str:
+    """The one error line of `ghpsim ARGV`, which must exit 2."""
+    code = main(list(argv))
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(lines) == 1, (code, lines[:20])
+    assert lines[0].startswith("ghpsim: error: ") and len(lines[0]) <= MAX_MESSAGE_CHARS
+    return lines[0]
+
+
+def test_a_json_key_given_twice_is_refused_by_name(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text('{"hidden_size": 64, "num_hidden_layers": 2, "hidden_size": 128}')
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({**BASE, "model": {"hf_config": "config.json"}}))
+    assert refused(capsys, "simulate", str(scenario)).endswith("key 'hidden_size' is given twice")
+
+
+def test_a_file_that_refuses_to_be_read_is_named(capsys):
+    if not os.path.exists("/proc/self/mem"):
+        return
+    assert refused(capsys, "simulate", "/proc/self/mem").startswith("ghpsim: error: /proc/self/mem: cannot be read")
+
+
+def test_an_empty_layer_file_is_named_as_the_file(tmp_path, capsys):
+    (tmp_path / "layers.csv").write_text("name,kind,forward_flops_per_sample,num_params,"
+                                         "output_elements_per_sample\n")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({**BASE, "model": {"file": "layers.csv"}}))
+    line = refused(capsys, "simulate", str(scenario))
+    assert "layers.csv" in line and line.endswith("the layer table is empty") and "model.layers" not in line
+
+
+def test_a_graph_edge_names_its_bad_value(tmp_path, capsys):
+    graph = nx.Graph()
+    graph.add_edge("gpu0", "sw", bandwidth="25 GB/s", latency="2 us")
+    graph.add_edge("gpu1", "sw", bandwidth="25 GB/s", latency="2 us", tier="middle")
+    (tmp_path / "g.json").write_text(json.dumps(nx.node_link_data(graph, edges="links")))
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({**BASE, "cluster": {
+        "num_nodes": 2, "gpus_per_node": 1, "topology": "graph_file", "topology_file": "g.json"}}))
+    assert refused(capsys, "simulate", str(scenario)).endswith("tier 'middle' must be intra or inter")
+
+
+def test_sweep_refuses_a_base_folder_an_unwritable_out_and_too_many_workers(tmp_path, capsys):
+    spec = tmp_path / "sweep.yaml"
+    (tmp_path / "folder").mkdir()
+    spec.write_text(yaml.safe_dump({"name": "s", "base": "folder", "axes": {"training.global_batch_size": [8, 16]}}))
+    assert refused(capsys, "sweep", str(spec), "--out", str(tmp_path / "o")).endswith(
+        "is a directory, not a scenario file")
+    spec.write_text(yaml.safe_dump({"name": "s", "base": BASE, "axes": {"training.global_batch_size": [8, 16]}}))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert "--out" in refused(capsys, "sweep", str(spec), "--out", str(blocker / "out"))
+    line = refused(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"), "--workers", str(10**6))
+    assert line.startswith("ghpsim: error: --workers: 1000000 processes on")
+    assert not (tmp_path / "o").exists() and not (blocker.parent / "out").exists()
