@@ -48,6 +48,7 @@ def cmd_calibrate(args) -> int:
         _check_batch_sizes(batch_sizes, args.batch_sizes)
     scenario = load_scenario(args.scenario, args.overrides)
     workload = resolve_workload(scenario.model, scenario.base_dir)
+    _check_model_fits_host(args.device, args.scenario, workload)
     profile = calibrate(workload, dict(scenario.model.params), args.out, device=args.device, backend=args.backend,
                         world_size=world_size, batch_sizes=batch_sizes,
                         repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
@@ -57,6 +58,19 @@ def cmd_calibrate(args) -> int:
     if args.json:
         print(json.dumps(profile_document(profile), indent=1))
     return 0
+
+
+def _check_model_fits_host(device: str, scenario_path: str, workload) -> None:
+    """ScenarioError naming --scenario when one fp32 copy of the model's weights, which a CPU rank
+    builds to time its layers (a lower bound of what calibration needs), exceeds the memory this host
+    has available: refused before any rank starts instead of a rank killed for running out of memory."""
+    from simulator.limits import available_memory_bytes
+    needed_bytes, available_bytes = 4.0 * workload.num_params, available_memory_bytes()
+    if device == "cpu" and needed_bytes > available_bytes:
+        raise ScenarioError(f"--scenario {scenario_path}: {workload.name} has {workload.num_params:,.0f} parameters, "
+                            f"{needed_bytes / 2**30:,.1f} GiB as one fp32 copy of its weights, more than the "
+                            f"{available_bytes / 2**30:.1f} GiB this host has available; calibrate a smaller "
+                            "model of the same layer kinds (model.params) on a CPU host")
 
 
 def _check_world_size(device: str, backend: str | None, world_size: int, given: bool) -> None:

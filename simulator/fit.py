@@ -40,6 +40,7 @@ elapsed time and an estimate of the time left; off a terminal nothing is drawn.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import statistics
@@ -267,15 +268,17 @@ class FitProgress:
 
 def predict_grid(runs: list[Run], points: list[dict[str, float]], progress=None) -> list[list[float]]:
     """Every run simulated at every point (one list of predictions per point); `progress()` after
-    each simulation."""
+    each run. Runs of the same scenario (a log's repeated configurations) are simulated once a point."""
+    keys = [json.dumps(run.document, sort_keys=True, default=str) for run in runs]
     out = []
     for point in points:
-        predictions = []
-        for run in runs:
-            predictions.append(predict_s(run, point))
+        predicted: dict[str, float] = {}
+        for run, key in zip(runs, keys):
+            if key not in predicted:
+                predicted[key] = predict_s(run, point)
             if progress is not None:
                 progress()
-        out.append(predictions)
+        out.append([predicted[key] for key in keys])
     return out
 
 

@@ -72,3 +72,14 @@ def test_sweep_refuses_a_base_folder_an_unwritable_out_and_too_many_workers(tmp_
     line = refused(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"), "--workers", str(10**6))
     assert line.startswith("ghpsim: error: --workers: 1000000 processes on")
     assert not (tmp_path / "o").exists() and not (blocker.parent / "out").exists()
+
+
+def test_calibrate_refuses_a_model_whose_weights_exceed_the_host(tmp_path, capsys, monkeypatch):
+    import simulator.limits
+    monkeypatch.setattr(simulator.limits, "available_memory_bytes", lambda: 2.0**20)  # a 1 MiB host
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(BASE))
+    out = tmp_path / "profile.json"
+    line = refused(capsys, "calibrate", "--scenario", str(scenario), "--out", str(out))
+    assert f"--scenario {scenario}: mlp has" in line and "more than the 0.0 GiB this host has available" in line
+    assert not out.exists()

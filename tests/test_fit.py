@@ -237,3 +237,19 @@ def test_the_progress_counts_every_simulation_against_a_growing_total(tmp_path, 
     coarse = len(fit_module.grid_points(fit_module.fitted_grid(runs)))
     assert bar.totals[0] == coarse * len(runs) and bar.totals == sorted(bar.totals)
     assert bar.done == bar.total > bar.totals[0]  # the refinement added points, all simulated
+
+
+def test_repeated_runs_are_simulated_once_a_point(monkeypatch):
+    """A log's repeated configurations cost one simulation a grid point, not one a row."""
+    import yaml
+
+    import simulator.fit as fit
+    document = yaml.safe_load(BASE)
+    other = {**document, "training": {**document["training"], "global_batch_size": 2 * document["training"]["global_batch_size"]}}
+    runs = [fit.Run(document, 0.01, f"row {i}") for i in range(4)] + [fit.Run(other, 0.02, "row 4")]
+    calls, real = [], fit.predict_s
+    monkeypatch.setattr(fit, "predict_s", lambda run, point: calls.append(run.where) or real(run, point))
+    ticks = []
+    predicted = fit.predict_grid(runs, [{"host_overhead_s": 0.0}, {"host_overhead_s": 50e-6}], lambda: ticks.append(1))
+    assert calls == ["row 0", "row 4"] * 2 and len(ticks) == 10
+    assert [len(set(row[:4])) for row in predicted] == [1, 1] and predicted[1][0] > predicted[0][0]
