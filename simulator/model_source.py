@@ -328,7 +328,9 @@ def _layer_row(row, index: int, what: str) -> LayerRow:
     except ValidationError as error:
         first = error.errors()[0]
         if first["type"] == "extra_forbidden":
-            raise ScenarioError(f"{what}: layers row {index}: a column that is not a layer-table column "
+            keys = list(row.keys()) if hasattr(row, "keys") else []
+            column = f"column {keys.index(first['loc'][0]) + 1}" if first["loc"] and first["loc"][0] in keys else "a column"
+            raise ScenarioError(f"{what}: layers row {index}: {column} is not a layer-table column "
                                 f"(expected {', '.join(LayerRow.model_fields)})") from None
         where = "".join(f"{part}: " for part in first["loc"])
         value = first.get("input")

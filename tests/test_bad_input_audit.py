@@ -83,3 +83,12 @@ def test_calibrate_refuses_a_model_whose_weights_exceed_the_host(tmp_path, capsy
     line = refused(capsys, "calibrate", "--scenario", str(scenario), "--out", str(out))
     assert f"--scenario {scenario}: mlp has" in line and "more than the 0.0 GiB this host has available" in line
     assert not out.exists()
+
+
+def test_an_unknown_layer_column_is_named_by_its_position(tmp_path, capsys):
+    (tmp_path / "layers.yaml").write_text(
+        "- {name: l0, kind: linear, forward_flops_per_sample: 100, num_params: 10, input_elements_per_sample: 10,"
+        " output_elements_per_sample: 10, colour: 1}\n")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({**BASE, "model": {"file": "layers.yaml"}}))
+    assert "layers row 0: column 7 is not a layer-table column" in refused(capsys, "simulate", str(scenario))
