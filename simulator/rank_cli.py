@@ -188,7 +188,8 @@ def no_candidate_error(ranking: Ranking, args) -> ScenarioError:
     memory += [{"memory_bytes": row["peak_memory_bytes"]} for row in ranking.rows if not row["fits_in_memory"]]
     if memory:
         smallest = min(entry.get("memory_floor_bytes", entry.get("memory_bytes", 0.0)) for entry in memory)
-        return ScenarioError(f"--gpus: no layout fits in {ranking.device_memory_bytes / 2**30:,.1f} GiB of device "
+        field = "--gpus" if args.gpus is not None else "cluster.gpu"  # memory is why: blame a flag only if given
+        return ScenarioError(f"{field}: no layout fits in {ranking.device_memory_bytes / 2**30:,.1f} GiB of device "
                              f"memory on {ranking.scenario.num_gpus} GPUs ({len(memory)} tried; the smallest needs "
                              f"{smallest / 2**30:,.1f} GiB)")
     if args.kinds is not None:

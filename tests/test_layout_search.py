@@ -173,7 +173,9 @@ def test_rank_says_in_one_line_when_no_layout_fits(capsys, tmp_path):
     scenario.write_text(json.dumps(tiny_llm(memory="1 MB")))
     code, out, err = run(capsys, "rank", str(scenario), "--workers", "1")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert err.startswith("ghpsim: error: --gpus: no layout fits in 0.0 GiB of device memory on 4 GPUs (")
+    assert err.startswith("ghpsim: error: cluster.gpu: no layout fits in 0.0 GiB of device memory on 4 GPUs (")
+    code, out, err = run(capsys, "rank", str(scenario), "--workers", "1", "--gpus", "4")  # a flag given is named
+    assert code == 2 and err.startswith("ghpsim: error: --gpus: no layout fits in 0.0 GiB")
 
 
 def tiny_moe(memory=None) -> dict:
