@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -88,10 +89,21 @@ class Graph:
         return adjacent
 
     def in_edges(self, vertex: int) -> list[int]:
-        return [i for i, edge in enumerate(self.edges) if edge.dst == vertex]
+        return list(self._edge_index[0].get(vertex, ()))
 
     def out_edges(self, vertex: int) -> list[int]:
-        return [i for i, edge in enumerate(self.edges) if edge.src == vertex]
+        return list(self._edge_index[1].get(vertex, ()))
+
+    @cached_property
+    def _edge_index(self) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+        """({vertex: indices of its in-edges}, {vertex: of its out-edges}), in edge order, built once
+        (a search asks for every vertex's edges many times)."""
+        into: dict[int, list[int]] = {}
+        out: dict[int, list[int]] = {}
+        for index, edge in enumerate(self.edges):
+            into.setdefault(edge.dst, []).append(index)
+            out.setdefault(edge.src, []).append(index)
+        return into, out
 
     def workload(self) -> Workload:
         """The vertices as a chain of layers in topological order (what the engine's costs index)."""

@@ -99,18 +99,23 @@ def _pieces(graph: Graph, edge, strategy, num_devices: int, gpus_per_node: int, 
     for device in range(num_devices):
         if (hi_u[device] > lo_u[device]).all():
             holders[(tuple(lo_u[device]), tuple(hi_u[device]))].append(device)
+    if not holders:
+        return []
+    blocks_low = np.asarray([block_low for block_low, _ in holders], dtype=float)  # (holders, dims)
+    blocks_high = np.asarray([block_high for _, block_high in holders], dtype=float)
+    members_of = list(holders.values())
+    # every (device, holder) overlap at once: (devices, holders) products of the per-dim overlaps
+    overlaps = np.clip(np.minimum(hi_v[:, None, :], blocks_high[None]) - np.maximum(lo_v[:, None, :], blocks_low[None]),
+                       0.0, None).prod(axis=2)
+    receives = (hi_v > lo_v).all(axis=1)
     pieces = []
-    for device in range(num_devices):
-        low, high = lo_v[device], hi_v[device]
-        if not (high > low).all():
-            continue
-        for (block_low, block_high), members in holders.items():
+    for device in np.flatnonzero(receives).tolist():
+        for holder in np.flatnonzero(overlaps[device] > 1e-12).tolist():
+            members = members_of[holder]
             if device in members:
                 continue
-            overlap = np.clip(np.minimum(high, block_high) - np.maximum(low, block_low), 0.0, None).prod()
-            if overlap > 1e-12:
-                local = [m for m in members if m // gpus_per_node == device // gpus_per_node] or members
-                pieces.append((local[device % len(local)], device, float(overlap)))
+            local = [m for m in members if m // gpus_per_node == device // gpus_per_node] or members
+            pieces.append((local[device % len(local)], device, float(overlaps[device, holder])))
     return pieces
 
 
