@@ -48,11 +48,11 @@ def stop_pool(pool: ProcessPoolExecutor, abort: bool) -> None:
         pool.shutdown(wait=True, cancel_futures=True)
         return
     processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's workers, to end them
-    pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
-        process.join(timeout=5)
+        process.join(timeout=10)
 
 
 def start_worker(parent_pid: int) -> None:
