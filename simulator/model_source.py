@@ -230,8 +230,10 @@ def load_hf_config(path: Path, params: dict) -> Workload:
     return workload
 
 
-def _has_original_context(config: dict) -> bool:
-    return isinstance(config.get("rope_scaling"), dict) and "original_max_position_embeddings" in config["rope_scaling"]
+def _original_context(config: dict):
+    """rope_scaling's original_max_position_embeddings as the file gives it, or None."""
+    rope = config.get("rope_scaling")
+    return rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
 
 
 def _shown(value) -> str:
@@ -243,8 +245,7 @@ def _shown(value) -> str:
 def _pretraining_context(config: dict, max_positions: int, what: str) -> int | None:
     """rope_scaling's original_max_position_embeddings (the context before a RoPE extension such as
     LLaMA-3.1's, from 8,192 to 131,072 tokens: the length pre-training ran at), or None."""
-    rope = config.get("rope_scaling")
-    original = rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
+    original = _original_context(config)
     if original is None:
         return None
     if not isinstance(original, int) or isinstance(original, bool) or not 1 <= original <= max_positions:
@@ -259,7 +260,7 @@ def hf_key(ours: str, config: dict) -> str:
     deepseek = config.get("n_routed_experts") is not None
     keys = {**{ours: key for key, ours in (*HF_DIMENSIONS.items(), *HF_MOE_KEYS.items())},
             "num_kv_heads": "num_key_value_heads" if "num_key_value_heads" in config else "num_attention_heads",
-            "seq_len": "rope_scaling.original_max_position_embeddings" if _has_original_context(config)
+            "seq_len": "rope_scaling.original_max_position_embeddings" if _original_context(config) is not None
             else "max_position_embeddings", "max_positions": "max_position_embeddings",
             "num_experts": "n_routed_experts" if deepseek else "num_local_experts",
             "expert_ffn_hidden_size": "moe_intermediate_size" if deepseek else "intermediate_size",

@@ -30,7 +30,7 @@ from simulator.sweep.export import export_frame, results_frame, summary_figures
 from simulator.sweep.spec import Sweep, canonical_json
 from simulator.sweep.store import STORE_NAME, SweepStore
 from simulator.output import check_output_folder
-from simulator.worker_pool import check_most_workers, quiet_pool
+from simulator.worker_pool import check_most_workers, quiet_pool, stop_pool
 
 
 def evaluate(scenario: Scenario) -> dict:
@@ -146,7 +146,7 @@ def _drain_pool(pool: ProcessPoolExecutor, futures: dict):
                                       "in the store, re-run to resume") from None
             yield futures[future], outcome
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        stop_pool(pool, abort=False)  # points are short: the running ones finish into the store
 
 
 _SCHEDULER_ADDRESS = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):([0-9]{1,5})")
