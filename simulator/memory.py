@@ -147,7 +147,7 @@ class _RankWalk:
         self.plan, self.layers, self.rank, self.config = plan, workload.layers, rank, config
         self.element = dtype_bytes(config.dtype)
         self.events: list[tuple[float, float, str]] = []
-        self.live = defaultdict(float)      # (microbatch, layer) -> activation bytes on device
+        self.live = defaultdict(lambda: defaultdict(float))  # microbatch -> layer -> bytes on device
         self.host = {}                      # (microbatch, layer) -> activation bytes on host
         self.remat = set()
         self.per_layer = plan.meta.get("recompute_granularity") == "layer"
@@ -271,7 +271,7 @@ class _RankWalk:
                 self.add(until, -size, "activations")
                 self.transfers.append((size, "out"))
             else:
-                self.live[(mb, layer)] += size
+                self.live[mb][layer] += size
             workspace = spec.output_elements_per_sample * scale
             self.add(at, workspace, "workspace")
             self.add(until, -workspace, "workspace")
@@ -309,7 +309,7 @@ class _RankWalk:
         for layer in layers:
             if self.config.recompute != "none" and (self.per_layer or (mb, layer) not in self.remat):
                 remat[layer] = max(self.saved(layer) - self.kept(mb, layer), 0) * batch
-                self.live[(mb, layer)] += remat[layer]
+                self.live[mb][layer] += remat[layer]
                 arriving += 0.0 if self.own_remat(layer) else remat[layer]
         self.add(start, arriving, "activations")
         no_reuse = self.config.memory_policy == "none"
@@ -324,7 +324,7 @@ class _RankWalk:
             fetched = self.host.pop((mb, layer), 0.0)  # offloaded: back from the host as its backward starts
             if fetched:
                 self.transfers.append((fetched, "in"))
-                self.live[(mb, layer)] += fetched
+                self.live[mb][layer] += fetched
                 self.add(at, fetched, "activations")
             if no_reuse:
                 grads = spec.input_elements_per_sample * scale if layer > 0 else 0.0  # the data has none
@@ -340,18 +340,15 @@ class _RankWalk:
                 workspace += (spec.input_elements_per_sample + spec.output_elements_per_sample) * scale
             self.add(at, workspace, "workspace")
             self.add(until, -workspace, "workspace")
-            live = self.live.pop((mb, layer), 0.0)
+            live = self.live[mb].pop(layer, 0.0)
             feature_map = min(spec.input_elements_per_sample * self.element, self.kept(mb, layer)) * batch
             boundary = min(live, feature_map) if no_reuse else 0.0
             self.boundary[mb] += boundary
             self.add(until, boundary - live - self.held.pop((mb, layer), 0.0), "activations")
         if no_reuse and self.last_backward[mb] == (action.layer_start, action.layer_end):
-            self.add(end, -(self._release(mb, None) + self.boundary.pop(mb, 0.0)), "activations")
+            released = sum(self.live.pop(mb, {}).values())
+            self.add(end, -(released + self.boundary.pop(mb, 0.0)), "activations")
             self.add(end, -self.grad_maps.pop(mb, 0.0), "gradient_maps")
-
-    def _release(self, mb, layers) -> float:
-        keys = [key for key in self.live if key[0] == mb and (layers is None or key[1] in layers)]
-        return sum(self.live.pop(key) for key in keys)
 
     def offload_times(self) -> tuple[float, float]:
         """(host transfer seconds, exposed seconds): transfers out overlap the rank's forward

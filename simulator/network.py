@@ -31,17 +31,44 @@ RATES_CACHE_SIZE = 4096
 
 
 class _Flow:
-    __slots__ = ("id", "size", "remaining", "usage", "cap", "rate", "since_s", "done", "version")
+    __slots__ = ("id", "size", "threshold", "done")
 
-    def __init__(self, flow_id, size, usage, cap, now_s, done):
-        self.id = flow_id
-        self.size = self.remaining = size
-        self.usage = usage
-        self.cap = cap
-        self.rate = 0.0
+    def __init__(self, flow_id, size, threshold, done):
+        self.id, self.size, self.threshold, self.done = flow_id, size, threshold, done
+
+
+class _FlowClass:
+    """The active flows of one (usage, cap). Progressive filling treats such flows alike, so they
+    always share one rate: the class moves as one flow of weight n x count on each link, keeps one
+    `served` counter (bytes each of its flows has moved since the class formed, up to `since_s`)
+    and one entry in the network's finish heap. A flow ends when `served` reaches its `threshold`
+    (`served` when it joined + its size): processor sharing's virtual time (Kleinrock, Queueing
+    Systems vol. 2, 1976, sec. 4.4), so n flows queued on one link cost O(log n) per event, not O(n)."""
+    __slots__ = ("id", "usage", "cap", "pending", "rate", "served", "since_s", "version")
+
+    def __init__(self, class_id, usage, cap, now_s):
+        self.id, self.usage, self.cap = class_id, usage, cap
+        self.pending: list[tuple[float, int, _Flow]] = []  # heap of (threshold, flow id, flow)
+        self.rate = self.served = 0.0
         self.since_s = now_s
-        self.done = done
         self.version = 0
+
+    def advance(self, now_s: float) -> None:
+        self.served += self.rate * (now_s - self.since_s)
+        self.since_s = now_s
+
+    def next_finish_s(self) -> float:
+        return self.since_s + max(self.pending[0][0] - self.served, 0.0) / self.rate
+
+
+class _Demand:
+    """A class as `max_min_rates` sees it: one flow whose counts are scaled by its n flows."""
+    __slots__ = ("id", "usage", "cap")
+
+    def __init__(self, flow_class: _FlowClass):
+        num_flows = len(flow_class.pending)
+        self.id, self.cap = flow_class.id, flow_class.cap
+        self.usage = tuple((link, count * num_flows) for link, count in flow_class.usage)
 
 
 def max_min_rates(flows, capacities) -> dict[int, float]:
@@ -152,13 +179,16 @@ class FlowNetwork:
     def __init__(self, env, capacities: list[float]):
         self.env = env
         self.capacities = list(capacities)
-        self._on_link: list[dict[int, _Flow]] = [{} for _ in self.capacities]
-        self._finishes: list[tuple[float, int, int, _Flow]] = []
+        self._on_link: list[dict[int, _FlowClass]] = [{} for _ in self.capacities]
+        self._classes: dict[tuple, _FlowClass] = {}
+        self._finishes: list[tuple[float, int, int, _FlowClass]] = []
         self._timer_at_s = math.inf
         self._next_id = 0
+        self._next_class_id = 0
         self._rates_cache: dict[tuple, tuple[float, ...]] = {}
-        """((usage, cap) of each flow of a component, in order) -> their rates: a step's pattern of
-        concurrent flows recurs every micro-batch, and the usages are the engine's cached phases."""
+        """((usage, cap, flows) of each class of a component, in order) -> their rates: a step's
+        pattern of concurrent flows recurs every micro-batch, and the usages are the engine's cached
+        phases."""
 
     def transfer(self, size_bytes: float, usage: tuple[tuple[int, int], ...],
                  cap: float = math.inf, on_done=None):
@@ -175,53 +205,69 @@ class FlowNetwork:
             if size_bytes <= 0 or not usage:
                 done.succeed()
                 return done
-        flow = _Flow(self._next_id, size_bytes, usage, cap, self.env.now, done)
+        now, on_link = self.env.now, self._on_link
+        flow_class = self._classes.get((usage, cap))
+        if flow_class is None:
+            flow_class = self._classes[usage, cap] = _FlowClass(self._next_class_id, usage, cap, now)
+            self._next_class_id += 1
+            for link, _ in usage:
+                on_link[link][flow_class.id] = flow_class
+        else:
+            flow_class.advance(now)
+        flow = _Flow(self._next_id, size_bytes, flow_class.served + size_bytes, done)
         self._next_id += 1
-        on_link, alone = self._on_link, True
-        for link, _ in usage:
-            flows = on_link[link]
-            flows[flow.id] = flow
-            alone = alone and len(flows) == 1
-        # a flow alone on its links is its own component: no walk
-        self._reallocate([flow] if alone else self._component([link for link, _ in usage]))
+        heapq.heappush(flow_class.pending, (flow.threshold, flow.id, flow))
+        # a class alone on its links is its own component: no walk
+        alone = all(len(on_link[link]) == 1 for link, _ in usage)
+        self._reallocate([flow_class] if alone else self._component([link for link, _ in usage]),
+                         touched=(flow_class,))
         return done
 
     # ------------------------------------------------------------------ internals
-    def _component(self, links) -> list[_Flow]:
-        """Flows connected to `links` through shared links, in a deterministic order."""
-        found: dict[int, _Flow] = {}
+    def _component(self, links) -> list[_FlowClass]:
+        """Classes connected to `links` through shared links, in a deterministic order."""
+        found: dict[int, _FlowClass] = {}
         seen_links = set(links)
         stack = list(seen_links)
         while stack:
-            for flow_id, flow in self._on_link[stack.pop()].items():
-                if flow_id in found:
+            for class_id, flow_class in self._on_link[stack.pop()].items():
+                if class_id in found:
                     continue
-                found[flow_id] = flow
-                for link, _ in flow.usage:
+                found[class_id] = flow_class
+                for link, _ in flow_class.usage:
                     if link not in seen_links:
                         seen_links.add(link)
                         stack.append(link)
-        return sorted(found.values(), key=lambda flow: flow.id)
+        return sorted(found.values(), key=lambda flow_class: flow_class.id)
 
-    def _reallocate(self, flows: list[_Flow]) -> None:
-        if not flows:
+    def _reallocate(self, classes: list[_FlowClass], touched=()) -> None:
+        """New rates for `classes`; a class whose rate changed, or in `touched` (its flows changed),
+        gets a fresh finish-heap entry."""
+        if not classes:
             return
         now = self.env.now
-        key = tuple((flow.usage, flow.cap) for flow in flows)  # rates depend on these alone
+        key = tuple((c.usage, c.cap, len(c.pending)) for c in classes)  # rates depend on these alone
         rates = self._rates_cache.get(key)
         if rates is None:
             if len(self._rates_cache) >= RATES_CACHE_SIZE:
                 self._rates_cache.clear()
-            by_id = max_min_rates(flows, self.capacities)
-            rates = self._rates_cache[key] = tuple(by_id[flow.id] for flow in flows)
-        for flow, rate in zip(flows, rates):
-            if rate == flow.rate:
+            if len(classes) == 1:
+                flow_class = classes[0]
+                num_flows = len(flow_class.pending)
+                rates = (min(flow_class.cap, min(self.capacities[link] / (count * num_flows)
+                                                 for link, count in flow_class.usage)),)
+            else:
+                by_id = max_min_rates([_Demand(c) for c in classes], self.capacities)
+                rates = tuple(by_id[c.id] for c in classes)
+            self._rates_cache[key] = rates
+        for flow_class, rate in zip(classes, rates):
+            if rate == flow_class.rate and not any(flow_class is t for t in touched):
                 continue
-            flow.remaining -= flow.rate * (now - flow.since_s)
-            flow.since_s, flow.rate = now, rate
-            flow.version += 1
-            finish_s = now + max(flow.remaining, 0.0) / rate
-            heapq.heappush(self._finishes, (finish_s, flow.id, flow.version, flow))
+            flow_class.advance(now)
+            flow_class.rate = rate
+            flow_class.version += 1
+            heapq.heappush(self._finishes,
+                           (flow_class.next_finish_s(), flow_class.id, flow_class.version, flow_class))
         self._arm()
 
     def _arm(self) -> None:
@@ -234,39 +280,59 @@ class FlowNetwork:
             timer = self.env.timeout(max(at_s - self.env.now, 0.0))
             timer.callbacks.append(lambda _event: self._on_timer(at_s))
 
+    @staticmethod
+    def _is_due(left_s: float, left_bytes: float, size: float, now: float) -> bool:
+        """Done when what is left would finish within float resolution of the clock or is a
+        negligible number of bytes (else a very fast flow could stall time)."""
+        return left_s <= 1e-12 * (1.0 + now) or left_bytes <= 1e-9 * size + 1e-6
+
     def _on_timer(self, at_s: float) -> None:
         if at_s == self._timer_at_s:
             self._timer_at_s = math.inf
         now = self.env.now
         finishes = self._finishes
-        ended: list[_Flow] = []
+        ended: list[tuple[float, int, _Flow]] = []
+        changed: list[_FlowClass] = []
         while finishes:
-            finish_s, _, version, flow = finishes[0]
-            if version != flow.version:
+            finish_s, _, version, flow_class = finishes[0]
+            if version != flow_class.version:
                 heapq.heappop(finishes)
                 continue
-            # Done when what is left would finish within float resolution of the clock or is a
-            # negligible number of bytes (else a very fast flow could stall time).
             left_s = finish_s - now
-            if left_s > 1e-12 * (1.0 + now) and left_s * flow.rate > 1e-9 * flow.size + 1e-6:
+            if not self._is_due(left_s, left_s * flow_class.rate, flow_class.pending[0][2].size, now):
                 break
             heapq.heappop(finishes)
-            flow.version += 1
-            ended.append(flow)
-        links = []
-        for flow in ended:
-            for link, _ in flow.usage:
-                del self._on_link[link][flow.id]
-                links.append(link)
+            flow_class.advance(now)
+            flow_class.version += 1
+            changed.append(flow_class)
+            pending = flow_class.pending
+            while True:  # the head flow is due (its class's entry is); then any flow due with it
+                threshold, flow_id, flow = heapq.heappop(pending)
+                ended.append((now + (threshold - flow_class.served) / flow_class.rate, flow_id, flow))
+                if not pending:
+                    break
+                left_bytes = pending[0][0] - flow_class.served
+                if not self._is_due(left_bytes / flow_class.rate, left_bytes, pending[0][2].size, now):
+                    break
+        links, touched = [], []
+        for flow_class in changed:
+            links.extend(link for link, _ in flow_class.usage)
+            if flow_class.pending:
+                touched.append(flow_class)
+                continue
+            for link, _ in flow_class.usage:
+                del self._on_link[link][flow_class.id]
+            del self._classes[flow_class.usage, flow_class.cap]
+        ended.sort(key=lambda entry: entry[:2])
         callbacks = []
-        for flow in ended:
+        for _, _, flow in ended:
             if hasattr(flow.done, "succeed"):  # an event (SimPy's)
                 flow.done.succeed()
             else:
                 callbacks.append(flow.done)
         on_link = self._on_link
         if any(on_link[link] for link in links):  # else the ended flows touched nobody: nothing to reallocate
-            self._reallocate(self._component(links))
+            self._reallocate(self._component(links), touched=touched)
         self._arm()
         for callback in callbacks:
             callback()

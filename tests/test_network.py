@@ -1,6 +1,7 @@
 """Max-min fair flow network against closed forms (rates) and hand-computed finish times."""
 
 import math
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -117,3 +118,45 @@ def test_engine_a_send_limited_by_the_inter_node_link_leaves_the_device_port_to_
     topology = Topology(2, 2, link(0.0, 3e9), link(0.0, 1e9))
     spans = run_plan(_sends_plan([(0, 3), (0, 1)], 3e9), topology, FixedCosts())
     assert _send_ends(spans) == pytest.approx([1.5, 3.0])
+
+
+def processor_sharing_finishes(capacity, starts):
+    """Reference: flows on one link share it equally (starts: (start_s, size) per flow)."""
+    remaining = {index: size for index, (_, size) in enumerate(starts)}
+    arrivals = sorted(range(len(starts)), key=lambda index: starts[index][0])
+    active, finished, now = set(), {}, 0.0
+    while len(finished) < len(starts):
+        next_arrival_s = starts[arrivals[0]][0] if arrivals else math.inf
+        rate = capacity / len(active) if active else 0.0
+        first = min(active, key=lambda index: remaining[index]) if active else None
+        next_finish_s = now + remaining[first] / rate if active else math.inf
+        until = min(next_arrival_s, next_finish_s)
+        for index in active:
+            remaining[index] -= rate * (until - now)
+        now = until
+        if next_finish_s <= next_arrival_s:
+            active.discard(first)
+            finished[first] = now
+        else:
+            active.add(arrivals.pop(0))
+    return [finished[index] for index in range(len(starts))]
+
+
+def test_many_flows_queued_on_one_link_share_it_as_processor_sharing():
+    """Hundreds of flows alike (one stage pair's sends) joining and leaving one link finish when
+    equal sharing says, although the network keeps them as one class with one rate."""
+    rng = random.Random(7)
+    starts = [(rng.uniform(0.0, 50.0), rng.uniform(0.1, 2.0)) for _ in range(300)]
+    expected = processor_sharing_finishes(10.0, starts)
+    finishes = run_flows([10.0], [(start_s, size, [(0, 1)]) for start_s, size in starts])
+    assert finishes == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_class_of_flows_weighs_as_many_flows_on_every_link_it_crosses():
+    """Three flows alike on links 0 (100/s) and 1 (8/s), one more on link 1, one on link 0. Link 1
+    fills first at 8 / 4 = 2/s a flow: the three end at 1 s (2 B); the fourth (4 B) has 2 B left and
+    runs alone at 8/s: 1.25 s. The flow on link 0 gets what the three leave, 100 - 3 x 2 = 94/s, for
+    1 s, then 100/s for its last 4 B: 1.04 s."""
+    alike = (0.0, 2.0, [(0, 1), (1, 1)])
+    finishes = run_flows([100.0, 8.0], [alike, alike, alike, (0.0, 4.0, [(1, 1)]), (0.0, 98.0, [(0, 1)])])
+    assert finishes == pytest.approx([1.0, 1.0, 1.0, 1.25, 1.04], rel=1e-12)

@@ -16,6 +16,7 @@ Also the whole steps an asynchronous run replays to measure its steady state
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from simulator.schedules.ir import BACKWARD, FORWARD, UPDATE, Schedule
 
@@ -55,17 +56,23 @@ def stage_metrics(schedule: Schedule, weight_stashing: bool) -> dict[str, list[i
     for ops in schedule.ranks:
         version = 0
         in_flight: dict[tuple[int, int], int] = {}
+        in_flight_per_version: Counter[int] = Counter()  # weight version -> micro-batches using it
         most_in_flight = staleness = stashed = 0
         for op in ops:
             key = (op.chunk, op.microbatch)
             if op.phase == FORWARD:
                 in_flight[key] = version
+                in_flight_per_version[version] += 1
             elif op.phase == BACKWARD:
-                staleness = max(staleness, version - in_flight.pop(key))
+                used = in_flight.pop(key)
+                staleness = max(staleness, version - used)
+                in_flight_per_version[used] -= 1
+                if not in_flight_per_version[used]:
+                    del in_flight_per_version[used]
             elif op.phase == UPDATE:
                 version += 1
             most_in_flight = max(most_in_flight, len(in_flight))
-            stashed = max(stashed, len({v for v in in_flight.values() if v != version}))
+            stashed = max(stashed, len(in_flight_per_version) - (version in in_flight_per_version))
         metrics["microbatches_in_flight"].append(most_in_flight)
         metrics["weight_staleness"].append(staleness)
         metrics["stashed_weight_versions"].append(stashed if weight_stashing else 0)
