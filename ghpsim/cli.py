@@ -46,7 +46,7 @@ COMMANDS = {  # name: (what runs it, "module:function" taking the parsed args; o
                   arguments.partition),
     "merge-profiles": ("simulator.profile_merge:run", "pool calibrations taken at different times into one profile",
                        arguments.merge_profiles),
-    "fit": ("simulator.fit:run", "fit the GPU kernel model's physical parameters to measured step times",
+    "fit": ("simulator.fit_command:run", "fit the GPU kernel model's physical parameters to measured step times",
             arguments.fit),
     "calibrate": ("ghpsim.validator_commands:cmd_calibrate", "microbenchmark this machine into a cost profile",
                   arguments.calibrate),
@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (default sys.argv[1:]) and run the command; return its exit code."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "profile", None) == "":  # else "no profile" on some commands, "." on others
+        print("ghpsim: error: --profile: needs a file name (got '')", file=sys.stderr)
+        return EXIT_USAGE
     try:
         return load(COMMANDS[args.command][0])(args)
     except MemoryError:

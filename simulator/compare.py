@@ -82,8 +82,11 @@ megatron scenario: its own layout instead, `default_strategies`)."""
 
 
 def default_strategies(scenario: Scenario) -> str:
-    """`--strategies` left out: a megatron scenario's own layout, else `DEFAULT_STRATEGIES`."""
-    return MEGATRON if scenario.strategy.kind == MEGATRON else DEFAULT_STRATEGIES
+    """`--strategies` left out: a megatron scenario's own layout, else `DEFAULT_STRATEGIES` (without
+    ghp where no grid 1 < G < N exists, as on 2 GPUs)."""
+    if scenario.strategy.kind == MEGATRON:
+        return MEGATRON
+    return DEFAULT_STRATEGIES if ghp_group_counts(scenario.num_gpus) else DEFAULT_STRATEGIES.replace(",ghp", "")
 
 
 def comma_items(text: str, option: str) -> list[str]:
@@ -141,6 +144,12 @@ def parse_strategy_specs(text: str) -> list[tuple[str, int | None]]:
     return specs
 
 
+def no_ghp_grid(num_gpus: int) -> str:
+    """The error when GHP has no grid on `num_gpus` GPUs, whether or not --strategies asked for it."""
+    return (f"ghp: no G with 1 < G < {num_gpus} fits this scenario's {num_gpus} GPUs "
+            "(leave ghp out: --strategies dp,mp)")
+
+
 def ghp_group_counts(num_gpus: int) -> list[int]:
     """Every G with G x M = N, 1 < G < N (the proper GHP grids)."""
     return [g for g in range(2, num_gpus) if num_gpus % g == 0]
@@ -158,7 +167,7 @@ def compare(scenario: Scenario, specs: list[tuple[str, int | None]], costs=None)
             candidates = [simulate(with_strategy(scenario, "ghp", g), costs=costs, workload=workload)
                           for g in _feasible_groups(scenario, workload.num_layers)]
             if not candidates:
-                raise ScenarioError(f"--strategies: no G with 1 < G < {scenario.num_gpus} fits this scenario")
+                raise ScenarioError(no_ghp_grid(scenario.num_gpus))
             results.append(min(candidates, key=lambda result: result.step_time_s))
         else:
             try:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from simulator.errors import ScenarioError
-from simulator.fit_csv import MEASURED_COLUMN, read_rows
+from simulator.fit_csv import read_rows
 
 FITTED = {
     "host_overhead_s": (0.0, 5e-6, 10e-6, 20e-6, 30e-6, 40e-6, 50e-6, 60e-6, 80e-6, 100e-6),
@@ -76,6 +76,9 @@ class Run:
     document: dict
     measured_s: float
     where: str
+    base_dir: str = "."
+    """The base scenario's folder: a relative model.file or cluster.topology_file is read from it."""
+    base_file: str = ""
 
 
 def read_runs(path: str | Path, base: str | Path | None = None) -> list[Run]:
@@ -110,7 +113,7 @@ def fitted_grid(runs: list[Run]) -> dict[str, tuple[float, ...]]:
     from simulator.scenario import scenario_from_dict
     flash = any((run.document.get("costs") or {}).get("flash_attention") for run in runs)
     grid = {name: set(values) for name, values in ({**FITTED, **FLASH_FITTED} if flash else FITTED).items()}
-    scenarios = (scenario_from_dict(run.document, run.where) for run in runs)
+    scenarios = (scenario_from_dict(run.document, run.where, run.base_dir) for run in runs)
     distinct = {(scenario.cluster.gpu.name, scenario.training.dtype): (scenario.cluster.gpu, scenario.training.dtype)
                 for scenario in scenarios}
     for gpu, dtype in distinct.values():
@@ -127,7 +130,7 @@ def predict_s(run: Run, point: dict[str, float] | None) -> float:
     from simulator.model_source import resolve_workload
     from simulator.scenario import scenario_from_dict
     from simulator.simulate import simulate
-    scenario = scenario_from_dict(run.document, run.where)
+    scenario = scenario_from_dict(run.document, run.where, run.base_dir)
     if point is None:
         return simulate(scenario).step_time_s
     if "host_overhead_s" in point:  # the fitted value, not a costs.host_overhead_s of the base scenario
@@ -269,7 +272,7 @@ class FitProgress:
 def predict_grid(runs: list[Run], points: list[dict[str, float]], progress=None) -> list[list[float]]:
     """Every run simulated at every point (one list of predictions per point); `progress()` after
     each run. Runs of the same scenario (a log's repeated configurations) are simulated once a point."""
-    keys = [json.dumps(run.document, sort_keys=True, default=str) for run in runs]
+    keys = [json.dumps([run.document, run.base_dir], sort_keys=True, default=str) for run in runs]
     out = []
     for point in points:
         predicted: dict[str, float] = {}
@@ -287,7 +290,7 @@ def fit_runs(runs: list[Run], k: int = 5, seed: int = 0, progress: FitProgress |
     from simulator.kernel_catalogue import gpu_architecture
     from simulator.profile import FORMAT
     from simulator.scenario import scenario_from_dict
-    architectures = {gpu_architecture(scenario_from_dict(run.document, run.where).cluster.gpu) for run in runs}
+    architectures = {gpu_architecture(scenario_from_dict(run.document, run.where, run.base_dir).cluster.gpu) for run in runs}
     if len(architectures) != 1:
         raise ScenarioError(f"cluster.gpu: the runs mix GPU architectures {sorted(architectures)}; fit one at a time")
     measured, grid = [run.measured_s for run in runs], fitted_grid(runs)
@@ -307,90 +310,3 @@ def fit_runs(runs: list[Run], k: int = 5, seed: int = 0, progress: FitProgress |
                         "refinements": REFINEMENTS, "refined": list(REFINED),
                         "at_grid_bound": at_grid_bounds(result.best, grid)}}
     return result, document
-
-
-def run(args) -> int:
-    """`ghpsim fit`: the input is checked, the runs fitted and the figure drawn before the profile is
-    written, so a failed command leaves no --out (a --plot drawn before a failed write is removed)."""
-    import sys
-
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from simulator.errors import one_line
-    from simulator.output import check_output_file, write_text_atomic
-    from simulator.profile import profile_from_dict
-    from simulator.progress import stderr_progress
-    check_output_file(args.out, "--out")
-    _check_not_an_input(args.out, "--out", args)
-    if args.plot is not None:  # an empty --plot is refused, not taken as "no figure"
-        from simulator.output import check_figure_file, same_file
-        if args.plot == "":
-            raise ScenarioError("--plot: needs a file name (got '')")
-        check_figure_file(args.plot, "--plot")
-        if same_file(args.plot, args.out):
-            raise ScenarioError(f"--plot {args.plot}: the same file as --out")
-        _check_not_an_input(args.plot, "--plot", args)
-    if args.folds < 2:
-        raise ScenarioError(f"--folds: {args.folds} must be at least 2")
-    runs, base_used = _read_runs(args.runs, args.base)
-    if args.base is not None and not base_used:
-        print(one_line(f"ghpsim: note: --base {args.base} is not used: every row names its own base scenario"),
-              file=sys.stderr)
-    with stderr_progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                         TextColumn("eta"), TimeRemainingColumn(), enabled=not args.json) as bar:
-        progress = FitProgress(bar, f"fitting {len(runs)} runs: simulations")
-        result, document = fit_runs(runs, args.folds, args.seed, progress=progress)
-    for row, predicted in zip(runs, result.held_out):
-        if not (math.isfinite(predicted) and predicted > 0):
-            raise ScenarioError(f"{row.where}: simulated step time {predicted!r}, not a positive finite number")
-    profile_from_dict(document, args.out)  # the document validates before it is written
-    errors_pct = [100 * (p - row.measured_s) / row.measured_s for p, row in zip(result.held_out, runs)]
-    worst = max(range(len(runs)), key=lambda i: abs(errors_pct[i]))
-    profile_text = _json_text(document, f"--out {args.out}", indent=1) + "\n"
-    if args.json:
-        predictions = [{"run": row.where, MEASURED_COLUMN: row.measured_s, "held_out_step_s": p,
-                        "error_pct": e} for row, p, e in zip(runs, result.held_out, errors_pct)]
-        printed = _json_text(document["fit"] | {"parameters": result.best, "predictions": predictions,
-                                                "out": str(args.out), "plot": args.plot}, "--json", 2)
-    if args.plot:
-        from simulator.fit_plot import write_fit_plot
-        write_fit_plot([row.measured_s for row in runs], result.held_out, args.plot,
-                       f"{len(runs)} runs, {args.folds}-fold held out: MAPE {result.held_out_mape_pct:.1f} %\n"
-                       f"worst {errors_pct[worst]:+.1f} % ({Path(runs[worst].where).name})")
-    try:
-        write_text_atomic(args.out, profile_text)
-    except BaseException:
-        if args.plot:
-            Path(args.plot).unlink(missing_ok=True)
-        raise
-    for bound in document["fit"]["at_grid_bound"]:  # after the writes: a failure stays the only line
-        print(bound_warning(bound), file=sys.stderr)
-    if args.json:
-        print(printed)
-        return 0
-    print(f"{len(runs)} runs, {args.folds}-fold held-out MAPE {result.held_out_mape_pct:.1f} % "
-          f"(in sample {result.in_sample_mape_pct:.1f} %), worst {errors_pct[worst]:+.1f} % ({runs[worst].where})")
-    for name, value in result.best.items():
-        print(f"  {name} = {value:.4g} +- {result.spread[name]:.2g} (spread over the folds)")
-    print(f"kernel profile written to {args.out}: use it with `ghpsim simulate SCENARIO --profile {args.out}`")
-    if args.plot:
-        print(f"held-out predictions against the measurements drawn in {args.plot}")
-    return 0
-
-
-def _check_not_an_input(path: str, option: str, args) -> None:
-    """ScenarioError naming `option` when `path` is the runs CSV or the --base scenario: the
-    written file would replace the user's input (`simulator.output.same_file`)."""
-    from simulator.output import same_file
-    for what, given in (("the runs CSV", args.runs), ("the --base scenario", args.base)):
-        if given and same_file(path, given):
-            raise ScenarioError(f"{option} {path}: the same file as {what} {given}; it would be overwritten")
-
-
-def _json_text(document: dict, what: str, indent: int) -> str:
-    """JSON text of `document`; ScenarioError, before anything is written, for a NaN or infinity."""
-    import json
-    try:
-        return json.dumps(document, indent=indent, allow_nan=False)
-    except ValueError:
-        raise ScenarioError(f"{what}: the fit gave a number that is not finite (NaN or infinity); nothing written") from None

@@ -31,9 +31,10 @@ _SHORT.maxstring, _SHORT.maxother = 40, 40
 """Quotes an offending cell in a few dozen characters: errors never echo the file beyond it (SECURITY.md)."""
 
 
-def read_rows(path: str | Path, base: str | Path | None) -> tuple[list[tuple[dict, float, str]], bool]:
-    """Each row's (scenario document, measured step time, "FILE:LINE"), and whether a row used
-    `base` (--base: a missing file is refused even when every row names its own base)."""
+def read_rows(path: str | Path, base: str | Path | None) -> tuple[list[tuple[dict, float, str, str, str]], bool]:
+    """Each row's (scenario document, measured step time, "FILE:LINE", its base scenario's folder:
+    what a relative model.file or cluster.topology_file is read from, the base scenario file), and
+    whether a row used `base` (--base: a missing file is refused even when every row names its own base)."""
     from simulator.scenario import read_yaml
     from simulator.yaml_loading import read_text_file
     path, bases = Path(path), {}
@@ -77,7 +78,9 @@ def read_rows(path: str | Path, base: str | Path | None) -> tuple[list[tuple[dic
             if not column:
                 raise ScenarioError(f"{where}: column {index} has no name in the header but holds {_SHORT.repr(value)}")
             overrides.append((column, value))
-        runs.append((_row_document(bases[base_path], overrides, where), measured_s, where))
+        base_dir = str(base_path.parent)
+        runs.append((_row_document(bases[base_path], overrides, where, base_dir), measured_s, where, base_dir,
+                     str(base_path)))
     return runs, base_used
 
 
@@ -120,10 +123,11 @@ def _csv_records(path: Path, text: str) -> tuple[int, list[str], list[tuple[int,
         raise ScenarioError(f"{path}: no runs (expected a header and one row per run)")
     (header_line, names), rows = records[0], records[1:]
     header = [name.strip() for name in names]
+    first_index: dict[str, int] = {}
     for index, name in enumerate(header):
-        if name and name in header[:index]:
+        if name and first_index.setdefault(name, index) != index:
             raise ScenarioError(f"{path}:{header_line}: column {_SHORT.repr(name)} appears twice in the header "
-                                f"(columns {header.index(name) + 1} and {index + 1})")
+                                f"(columns {first_index[name] + 1} and {index + 1})")
     return header_line, header, rows
 
 
@@ -142,14 +146,14 @@ def _measured_s(text: str, where: str) -> float:
     return value
 
 
-def _row_document(base: dict, overrides: list[tuple[str, str]], where: str) -> dict:
+def _row_document(base: dict, overrides: list[tuple[str, str]], where: str, base_dir: str) -> dict:
     """The base scenario with the row's overrides, validated now (scenario and model). When it fails,
     the error names the column without which the row would be valid."""
-    problem, document = _problem(base, overrides, where)
+    problem, document = _problem(base, overrides, where, base_dir)
     if problem is None:
         return document
     for column, value in overrides:
-        if _problem(base, [o for o in overrides if o[0] != column], where)[0] is None:
+        if _problem(base, [o for o in overrides if o[0] != column], where, base_dir)[0] is None:
             old, new = _lookup(base, column), _lookup(document, column)
             if _is_number(old) and not _is_number(new):
                 raise ScenarioError(f"{where}: {column}: {_SHORT.repr(value)} is not a number "
@@ -158,16 +162,21 @@ def _row_document(base: dict, overrides: list[tuple[str, str]], where: str) -> d
     raise ScenarioError(f"{where}: {problem}")
 
 
-def _problem(base: dict, overrides: list[tuple[str, str]], where: str) -> tuple[str | None, dict]:
-    """(the reason the row's scenario is refused, without its origin, or None; the document)."""
+def _problem(base: dict, overrides: list[tuple[str, str]], where: str, base_dir: str) -> tuple[str | None, dict]:
+    """(the reason the row's scenario or its plan is refused, without its origin, or None; the document)."""
+    from simulator.fabrics import build_topology
     from simulator.model_source import resolve_workload
     from simulator.scenario import apply_override, scenario_from_dict
+    from simulator.simulate import analytic_costs
+    from simulator.strategies import compile_plan
     document = copy.deepcopy(base)
     try:
         for column, value in overrides:
             apply_override(document, f"{column}={value}", where)
-        scenario = scenario_from_dict(document, where)
-        resolve_workload(scenario.model, scenario.base_dir)
+        scenario = scenario_from_dict(document, where, base_dir)
+        workload = resolve_workload(scenario.model, scenario.base_dir)
+        # the plan too: its checks (a batch the replicas or micro-batches do not divide) fire here
+        compile_plan(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
     except ScenarioError as error:  # a model's parameters are quoted whole: shortened
         return re.sub(r"\{.*\}", "{...}", str(error).removeprefix(f"{where}: ")), document
     return None, document

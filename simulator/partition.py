@@ -221,7 +221,7 @@ def explicit_partition(layer_counts: tuple[int, ...], num_layers: int, num_stage
     """Ranges from layer counts per stage; ScenarioError if they do not cover the model exactly."""
     if len(layer_counts) != num_stages or sum(layer_counts) != num_layers:
         raise ScenarioError(
-            f"strategy.partition: {list(layer_counts)} must give {num_stages} stage sizes summing "
-            f"to the model's {num_layers} layers")
+            f"strategy.partition: {list(layer_counts)} must give {num_stages} stage "
+            f"size{'s' * (num_stages != 1)} summing to the model's {num_layers} layers")
     bounds = np.concatenate(([0], np.cumsum(layer_counts)))
     return tuple((int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]))

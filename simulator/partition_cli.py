@@ -64,7 +64,11 @@ def microbatch_size(scenario: Scenario) -> float:
     else:
         groups = scenario.grid()[0]
     microbatches = strategy.num_microbatches if strategy.kind in PIPELINE_KINDS + ("megatron",) else 1
-    return scenario.training.global_batch_size / (groups * microbatches)
+    batch = scenario.training.global_batch_size
+    if batch % (groups * microbatches):
+        raise ScenarioError(f"training.global_batch_size: {batch} is not divisible by the {groups} groups x "
+                            f"{microbatches} micro-batches (a pass of whole samples)")
+    return batch / (groups * microbatches)
 
 
 def partition_document(scenario: Scenario, num_workers: int, profile_path: str | None = None) -> dict:

@@ -92,3 +92,48 @@ def test_an_unknown_layer_column_is_named_by_its_position(tmp_path, capsys):
     scenario = tmp_path / "s.yaml"
     scenario.write_text(yaml.safe_dump({**BASE, "model": {"file": "layers.yaml"}}))
     assert "layers row 0: column 7 is not a layer-table column" in refused(capsys, "simulate", str(scenario))
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(REPO, "scenarios", "demo.yaml")
+
+
+def test_a_validation_table_with_an_empty_model_cell_names_the_cell(tmp_path, capsys):
+    lines = open(os.path.join(REPO, "reports", "validation_cpu.csv")).read().splitlines()
+    header = lines[0].split(",")
+    cells = lines[1].split(",")
+    cells[header.index("model")] = ""
+    table = tmp_path / "v.csv"
+    table.write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    line = refused(capsys, "report", str(table), "--out", str(tmp_path / "out"))
+    assert line.endswith("v.csv: row 1, column model: empty (a name is needed here)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_partition_refuses_a_batch_the_groups_do_not_divide(capsys):
+    line = refused(capsys, "partition", DEMO, "--set", "training.global_batch_size=12")
+    assert "training.global_batch_size: 12 is not divisible by the 8 groups" in line
+
+
+def test_an_explicit_partition_of_a_one_stage_plan_is_still_checked(capsys):
+    scenario = os.path.join(REPO, "scenarios", "runs", "megatron_gpt_a100_node.yaml")
+    line = refused(capsys, "simulate", scenario, "--set", "strategy.partition=[1, 2]")
+    assert "strategy.partition: [1, 2] must give 1 stage size summing to the model's" in line
+
+
+def test_an_empty_profile_name_is_refused_by_every_command(capsys):
+    for command in ("simulate", "compare", "partition"):
+        assert refused(capsys, command, DEMO, "--profile", "") == "ghpsim: error: --profile: needs a file name (got '')"
+
+
+def test_report_leaves_ghp_out_of_its_default_list_where_no_grid_exists(tmp_path, capsys):
+    """Two ranks have no GHP grid 1 < G < 2: the default strategies are dp and mp; asking for ghp
+    names ghp, not a --strategies flag the user did not pass."""
+    scenario = os.path.join(REPO, "scenarios", "validation", "mlp_cpu.yaml")
+    assert main(["report", scenario, "--set", "cluster.gpus_per_node=2", "--out", str(tmp_path / "r")]) == 0
+    capsys.readouterr()
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "dp (G=2" in report and "ghp (G=" not in report
+    line = refused(capsys, "report", scenario, "--set", "cluster.gpus_per_node=2", "--strategies", "dp,ghp",
+                   "--out", str(tmp_path / "r2"))
+    assert line.startswith("ghpsim: error: ghp: no G with 1 < G < 2 fits this scenario's 2 GPUs")

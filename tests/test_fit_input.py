@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import errno
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 
 import simulator.fit as fit_module
+import simulator.fit_command as fit_command
 from ghpsim.cli import main
 from simulator.errors import ScenarioError
 from tests.test_fit import BASE, _write
 
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 HEADER = "base,model.params.hidden_size,training.global_batch_size,measured_step_s\n"
 GOOD = "tiny.yaml,256,2,0.01\n"
 
@@ -69,7 +73,7 @@ def test_a_fit_that_gives_a_non_finite_number_writes_nothing(tmp_path, capsys, m
 
 def test_the_json_written_or_printed_never_holds_nan():
     with pytest.raises(ScenarioError, match="--out k.json: the fit gave a number that is not finite"):
-        fit_module._json_text({"fit": {"held_out_mape_pct": math.nan}}, "--out k.json", 1)
+        fit_command._json_text({"fit": {"held_out_mape_pct": math.nan}}, "--out k.json", 1)
 
 
 def test_a_plot_that_fails_leaves_no_profile(tmp_path, capsys, monkeypatch):
@@ -155,3 +159,54 @@ def test_an_empty_cell_keeps_the_base_scenarios_value(tmp_path):
     runs = fit_module.read_runs(_write(tmp_path, "base,training.global_batch_size,measured_step_s\n"
                                                  "tiny.yaml,,0.01\ntiny.yaml,4,0.02\n"))
     assert [run.document["training"]["global_batch_size"] for run in runs] == [2, 4]  # BASE has 2
+
+
+def test_a_base_scenarios_relative_model_file_is_read_from_its_own_folder(tmp_path, monkeypatch):
+    """A row's base in another folder keeps its `model.file` relative to that folder, as simulate does."""
+    folder = tmp_path / "bases"
+    (folder / "layers").mkdir(parents=True)
+    shutil.copy(SCENARIOS / "custom_layers.yaml", folder / "mlp.yaml")  # model.file: layers/tiny_mlp.yaml
+    shutil.copy(SCENARIOS / "layers" / "tiny_mlp.yaml", folder / "layers")
+    monkeypatch.chdir(tmp_path)  # not the base's folder
+    runs = fit_module.read_runs(_write(tmp_path, "base,measured_step_s\nbases/mlp.yaml,0.01\n"))
+    assert runs[0].base_dir == str(folder) and fit_module.predict_s(runs[0], None) > 0
+
+
+def test_out_naming_a_base_scenario_of_the_rows_is_refused_and_the_scenario_kept(tmp_path, capsys):
+    base_text = BASE
+    code = main(["fit", str(_write(tmp_path, HEADER + GOOD + GOOD)), "--out", str(tmp_path / "tiny.yaml"),
+                 "--folds", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "the same file as the base scenario" in err
+    assert (tmp_path / "tiny.yaml").read_text() == base_text
+
+
+def test_a_seed_a_profile_cannot_hold_is_refused_before_the_rows_are_read(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(fit_module, "_read_runs", lambda *_: pytest.fail("rows read"))
+    err = _refused(tmp_path, capsys, HEADER + GOOD + GOOD, "--seed", str(2**53 + 1))
+    assert "--seed: 9007199254740993 is beyond" in err
+
+
+def test_an_existing_plot_survives_a_failed_profile_write(tmp_path, capsys, monkeypatch):
+    """The figure is drawn beside --plot and renamed onto it only once --out is written."""
+    import simulator.output
+    _stub_simulation(monkeypatch)
+    (tmp_path / "fit.png").write_bytes(b"the user's own figure")
+
+    def full_disk(path, _text):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(simulator.output, "write_text_atomic", full_disk)
+    code, _out, err = _fit(tmp_path, capsys, HEADER + GOOD + GOOD)
+    assert code == 2 and "No space left on device" in err
+    assert (tmp_path / "fit.png").read_bytes() == b"the user's own figure"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["fit.png", "runs.csv", "tiny.yaml"]
+
+
+def test_a_row_whose_plan_is_refused_is_named_when_the_rows_are_read(tmp_path):
+    """Two micro-batches do not divide a batch of 3: the plan's check fires as the rows are read
+    (before any fitting), naming the row and the column that causes it."""
+    header = "base,strategy.num_microbatches,training.global_batch_size,measured_step_s\n"
+    with pytest.raises(ScenarioError) as error:
+        fit_module.read_runs(_write(tmp_path, header + "tiny.yaml,1,2,0.01\ntiny.yaml,2,3,0.01\n"))
+    assert f"{tmp_path / 'runs.csv'}:3: strategy.num_microbatches: '2'" in str(error.value)

@@ -191,4 +191,18 @@ def checked_validation(frame: pd.DataFrame, path: Path, strict: bool) -> pd.Data
                                 "(100 x (predicted - measured) / measured)")
     if "world_size" in frame.columns:
         frame["world_size"] = check_column(frame, path, "world_size", strict, positive=True, integer=True)
+    for column in ("strategy", "kind", "model"):
+        if column in frame.columns:
+            check_names(frame, path, column, strict)
     return frame
+
+
+def check_names(frame: pd.DataFrame, path: Path, column: str, strict: bool) -> None:
+    """Every cell of a label column (a case's strategy, kind or model) is a non-empty text."""
+    name = _cell_name(strict)
+    for position, value in enumerate(frame[column]):
+        where = f"INPUT: {path}: {name(position, column)}"
+        if _missing(value) or (isinstance(value, str) and not value.strip()):
+            raise ScenarioError(f"{where}: empty (a name is needed here)")
+        if not isinstance(value, str):
+            raise ScenarioError(f"{where}: {shown(value)} is not a name")

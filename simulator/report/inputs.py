@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.compare import DEFAULT_STRATEGIES, _feasible_groups, compare, parse_strategy_specs, with_strategy
+from simulator.compare import (_feasible_groups, compare, default_strategies, no_ghp_grid, parse_strategy_specs,
+                               with_strategy)
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.profile_costs import scenario_profile_costs
@@ -74,11 +75,11 @@ def load_report_input(path: str | Path, overrides: list[str] | tuple[str, ...] =
 
 def _from_scenario(path: Path, overrides, strategies: str | None, profile: str | None) -> ReportInput:
     default = strategies is None  # an empty --strategies is refused (`parse_strategy_specs`), as by compare
-    specs = parse_strategy_specs(DEFAULT_STRATEGIES if default else strategies)
     if {"base", "axes"} & set(read_yaml(path)):  # not "model: missing required field"
         raise ScenarioError(f"INPUT: {path} is a sweep file (base and axes), not a scenario: run "
                             f"`ghpsim sweep {path} --out DIR`, then `ghpsim report DIR`")
     scenario = load_scenario(path, overrides)
+    specs = parse_strategy_specs(default_strategies(scenario) if default else strategies)
     if scenario.strategy.kind == "megatron" and default:
         results = [simulate_own_strategy(scenario, profile)]
     else:
@@ -124,7 +125,7 @@ def compare_with_profile(scenario: Scenario, specs, profile_path: str) -> list[S
             groups = scenario.strategy.num_groups
         candidates = _feasible_groups(scenario, workload.num_layers) if kind == "ghp" and groups is None else [groups]
         if not candidates:
-            raise ScenarioError(f"--strategies: no G with 1 < G < {scenario.num_gpus} fits this scenario")
+            raise ScenarioError(no_ghp_grid(scenario.num_gpus))
         results.append(min((simulate(with_strategy(scenario, kind, g), costs=costs, workload=workload)
                             for g in candidates), key=lambda result: result.step_time_s))
     return sorted(results, key=lambda result: result.step_time_s)

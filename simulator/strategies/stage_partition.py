@@ -27,8 +27,9 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
     """Stage ranges of `config.partition` (a `strategies.ghp.GridConfig`) for the chunks on
     `rank_to_device` (every replica's, replica-major; a megatron chain: its one replica's)."""
     num_layers, num_stages = workload.num_layers, config.workers_per_group
-    if num_stages == 1:
-        return ((0, num_layers),)
+    if num_stages == 1:  # a list given is still checked: [1, 2] for one stage is a mistake
+        return ((0, num_layers),) if isinstance(config.partition, str) else explicit_partition(
+            config.partition, num_layers, 1)
     if config.partition == "pipedream":  # PipeDream's DP, every stage replicated G times
         from simulator.pipedream_costs import grid_pipedream_partition
         return grid_pipedream_partition(config, workload, topology, costs, rank_to_device, group_batch)
