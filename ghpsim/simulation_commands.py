@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import contextmanager
 from importlib import resources
 
@@ -64,6 +65,7 @@ def cmd_simulate(args) -> int:
     if args.memory_plot is not None:
         check_figure_file(args.memory_plot, "--memory-plot")
     scenario = load_scenario(args.scenario, args.overrides)
+    _note_unused_layout_keys(scenario)
     check_distinct_files({"--trace": args.trace, "--memory-plot": args.memory_plot},
                          {"the scenario": args.scenario, **model_files(scenario), "--profile": args.profile})
     costs = _profile_costs(scenario, args)
@@ -87,6 +89,18 @@ def cmd_simulate(args) -> int:
         if args.memory_plot:
             print(f"memory plot written to {args.memory_plot}")
     return 0
+
+
+def _note_unused_layout_keys(scenario) -> None:
+    """A note on stderr for a megatron layout's degrees set on another kind, which plays none of
+    them (tensor and pipeline degrees, sequence parallelism: `compare --strategies megatron` turns
+    such a scenario into its megatron layout; expert and context parallelism are refused)."""
+    strategy = scenario.strategy
+    unused = [f"strategy.{key} {getattr(strategy, key)}" for key, off in
+              (("tp_degree", 1), ("pp_degree", 1), ("sequence_parallel", False)) if getattr(strategy, key) != off]
+    if unused and strategy.kind != "megatron":
+        print(f"ghpsim: note: {', '.join(unused)}: not used by kind {strategy.kind} (kind megatron only)",
+              file=sys.stderr)
 
 
 @contextmanager

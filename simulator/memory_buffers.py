@@ -49,3 +49,9 @@ def usable_memory_bytes(scenario) -> float:
     on average, up to 33 %, over eight LLM fine-tunings on A100 80 GB with recomputation,
     offloading, ZeRO or LoRA: set f there."""
     return scenario.cluster.gpu.memory_bytes * (1.0 - scenario.training.allocator_fragmentation)
+
+
+def node_memory_bytes(scenario) -> dict[int, float]:
+    """`usable_memory_bytes` of each node whose GPU differs from cluster.gpu (`cluster.node_gpus`)."""
+    cluster, kept = scenario.cluster, 1.0 - scenario.training.allocator_fragmentation
+    return {node: gpu.memory_bytes * kept for node, gpu in cluster.node_gpus.items() if gpu != cluster.gpu}

@@ -321,6 +321,7 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
             row.update(split[row["stage"]])
         label_in_flight(pipeline, plan.meta)
     from simulator.memory import memory_config
+    from simulator.memory_buffers import node_memory_bytes
     from simulator.sparse import compression_summary
     if "rank_workload" in plan.meta:  # tensor parallelism: each TP rank's share; ranks alike walked once
         from simulator.strategies.tensor_summary import tensor_memory_report
@@ -328,8 +329,13 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
     else:
         from simulator.strategies.tensor_summary import alike_memory_report
         memory = alike_memory_report(plan, workload, played_spans, memory_config(scenario))
+    node_memory = node_memory_bytes(scenario)  # a node of other GPUs: its devices' own capacity
     for row, device_memory in zip(devices, memory.pop("devices")):
         row.update({key: device_memory[key] for key in ("peak_memory_bytes", "memory_breakdown_bytes", "fits_in_memory")})
+        if row["node"] in node_memory:
+            row["capacity_bytes"] = node_memory[row["node"]]
+            row["fits_in_memory"] = row["peak_memory_bytes"] <= row["capacity_bytes"]
+    memory["fits_in_memory"] = all(row["fits_in_memory"] for row in devices)
     step_time_s += memory["offload_exposed_s"]  # host transfers of offloaded activations not hidden by compute
     batch = scenario.training.global_batch_size
     summary = {

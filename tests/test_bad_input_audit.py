@@ -137,3 +137,28 @@ def test_report_leaves_ghp_out_of_its_default_list_where_no_grid_exists(tmp_path
     line = refused(capsys, "report", scenario, "--set", "cluster.gpus_per_node=2", "--strategies", "dp,ghp",
                    "--out", str(tmp_path / "r2"))
     assert line.startswith("ghpsim: error: ghp: no G with 1 < G < 2 fits this scenario's 2 GPUs")
+
+
+def test_a_node_of_smaller_gpus_is_checked_against_its_own_memory(capsys):
+    """Devices on a node of T4s (16 GB) are held to 16 GB, not to the cluster's A100-80GB."""
+    overrides = ["strategy.kind=dp", "training.global_batch_size=4096", "cluster.gpu=A100-80GB"]
+    argv = ["simulate", DEMO, "--json", *(item for entry in overrides for item in ("--set", entry))]
+    assert main([*argv, "--set", "cluster.node_gpus={3: T4}"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    on_t4 = [row for row in summary["devices"] if row["node"] == 3]
+    elsewhere = [row for row in summary["devices"] if row["node"] != 3]
+    assert all(row["peak_memory_bytes"] > 16e9 for row in on_t4)  # the batch a device: over a T4's memory
+    assert not any(row["fits_in_memory"] for row in on_t4) and all(row["fits_in_memory"] for row in elsewhere)
+    assert summary["fits_in_memory"] is False
+
+
+def test_a_capacity_factor_beyond_experts_over_top_k_is_refused(capsys):
+    scenario = os.path.join(REPO, "scenarios", "mixtral_8x7b_ep_h100.yaml")
+    line = refused(capsys, "simulate", scenario, "--set", "model.params.capacity_factor=1e6")
+    assert "capacity_factor 1000000.0 exceeds num_experts 8 / top_k 2" in line
+
+
+def test_layout_degrees_on_another_kind_are_noted(capsys):
+    assert main(["simulate", DEMO, "--json", "--set", "strategy.kind=dp", "--set", "strategy.tp_degree=4"]) == 0
+    err = capsys.readouterr().err
+    assert err == "ghpsim: note: strategy.tp_degree 4: not used by kind dp (kind megatron only)\n"

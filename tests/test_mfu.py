@@ -65,7 +65,7 @@ def test_moe_capacity_padding_is_executed_work_not_model_flops():
         scenario = load_scenario({
             "cluster": {"gpu": "A100-80GB"},
             "model": {"name": "moe", "params": {"num_layers": 2, "hidden_size": 256, "num_heads": 4, "seq_len": 128,
-                                                "vocab_size": 1000, "num_experts": 4, "top_k": 2,
+                                                "vocab_size": 1000, "num_experts": 8, "top_k": 2,
                                                 "expert_ffn_hidden_size": 512, "capacity_factor": capacity}},
             "training": {"global_batch_size": 8, "dtype": "bf16"},
             "costs": {"host_overhead_s": 0}})  # GPU-bound: the kernels' time, not the host's, sets the step

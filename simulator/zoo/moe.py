@@ -92,6 +92,10 @@ def _check(num_experts: int, top_k: int, expert_ffn: int, capacity_factor: float
         raise DimensionError("{top_k} exceeds {num_experts}", top_k=top_k, num_experts=num_experts)
     if not capacity_factor > 0:
         raise DimensionError("{capacity_factor} must be > 0", capacity_factor=capacity_factor)
+    if capacity_factor > num_experts / top_k:  # an expert's slots, f k T / E, would exceed the T tokens
+        raise DimensionError("{capacity_factor} exceeds {num_experts} / {top_k} (each expert would hold more "
+                             "slots than there are tokens)", capacity_factor=capacity_factor,
+                             num_experts=num_experts, top_k=top_k)
     if num_dense > num_layers:
         raise DimensionError("{num_dense_layers} exceeds {num_layers}", num_dense_layers=num_dense,
                              num_layers=num_layers)
