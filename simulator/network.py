@@ -14,7 +14,9 @@ Rates are recomputed whenever a flow starts or ends, but only among the flows co
 through shared links (max-min allocations of disjoint components are independent); other flows
 keep their rates and predicted finish times, which sit in one heap under one armed timer. A flow
 alone on its links (the common case) is its own component, and one ending leaves nobody to
-reallocate: neither walks the links beyond its own. This is
+reallocate: neither walks the links beyond its own. Flows of one (usage, cap) always share one
+rate, so they move as one class (`_FlowClass`): thousands of sends of one stage pair queued on a
+link are one entry of the finish heap and one demand of weight n in the allocation. This is
 the fluid model of SimGrid (Velho et al., ACM TOMACS 2013). The network only needs an environment
 with `now`, `event()` and `timeout()` (SimPy's), so it does not import simpy itself.
 """
