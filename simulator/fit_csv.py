@@ -164,7 +164,7 @@ def _row_document(base: dict, overrides: list[tuple[str, str]], where: str, base
 
 def _problem(base: dict, overrides: list[tuple[str, str]], where: str, base_dir: str) -> tuple[str | None, dict]:
     """(the reason the row's scenario or its plan is refused, without its origin, or None; the document)."""
-    from simulator.fabrics import build_topology
+    from simulator.fabrics import cached_topology
     from simulator.model_source import resolve_workload
     from simulator.scenario import apply_override, scenario_from_dict
     from simulator.simulate import analytic_costs
@@ -175,8 +175,10 @@ def _problem(base: dict, overrides: list[tuple[str, str]], where: str, base_dir:
             apply_override(document, f"{column}={value}", where)
         scenario = scenario_from_dict(document, where, base_dir)
         workload = resolve_workload(scenario.model, scenario.base_dir)
-        # the plan too: its checks (a batch the replicas or micro-batches do not divide) fire here
-        compile_plan(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+        # the plan too: its checks (a batch the replicas or micro-batches do not divide) fire here;
+        # rows of one cluster share its topology
+        compile_plan(scenario, workload, cached_topology(scenario.cluster.model_dump_json()),
+                     analytic_costs(scenario, workload))
     except ScenarioError as error:  # a model's parameters are quoted whole: shortened
         return re.sub(r"\{.*\}", "{...}", str(error).removeprefix(f"{where}: ")), document
     return None, document

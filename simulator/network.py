@@ -262,8 +262,9 @@ class FlowNetwork:
                 by_id = max_min_rates([_Demand(c) for c in classes], self.capacities)
                 rates = tuple(by_id[c.id] for c in classes)
             self._rates_cache[key] = rates
+        touched_ids = {flow_class.id for flow_class in touched}
         for flow_class, rate in zip(classes, rates):
-            if rate == flow_class.rate and not any(flow_class is t for t in touched):
+            if rate == flow_class.rate and flow_class.id not in touched_ids:
                 continue
             flow_class.advance(now)
             flow_class.rate = rate
