@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from simulator.costs import WEIGHT_PASS_WORDS, CostModel, pass_parts
 from simulator.heterogeneity import DeviceCosts
+from simulator.host_sharing import NO_SM_SHARING
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Compute, Plan
 from simulator.sparse import SELECTION_PHASE
 from simulator.topology import Topology
@@ -21,11 +22,21 @@ class ActionDurations:
     """Seconds of a plan's compute actions (module docstring)."""
 
     def __init__(self, plan: Plan, topology: Topology, costs: CostModel):
-        device_costs = DeviceCosts(costs, topology)
+        self._device_costs = device_costs = DeviceCosts(costs, topology)
         self._rank_costs = [device_costs.model_of(device) for device in plan.rank_to_device]
         self._averages_gradients = plan.num_groups > 1 and "tensor" not in plan.meta
         self._topk_density = plan.meta["topk"]["density"] if "topk" in plan.meta else None
         self._cache: dict[tuple, float] = {}
+
+    def device_processors(self) -> list | None:
+        """Per device, the `shared_processors` of its own GPU's cost model (its SM count sets how
+        much NCCL's kernels slow its compute, `simulator.host_sharing.sm_sharing`); None when every
+        device has the scenario's. A device whose model has none is slowed by nothing."""
+        device_costs = self._device_costs
+        if device_costs.uniform or not getattr(device_costs.costs.shared_processors, "per_device", False):
+            return None
+        return [device_costs.model_of(device).shared_processors or NO_SM_SHARING
+                for device in range(device_costs.topology.num_devices)]
 
     def seconds(self, action: Compute, rank: int = 0) -> float:
         costs = self._rank_costs[rank]

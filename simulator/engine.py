@@ -66,10 +66,11 @@ class Engine:
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, [link.bandwidth_bytes_per_s for link in topology.links])
         self.communication = costs.communication
+        self._durations = ActionDurations(plan, topology, costs)
         self.hosts: HostPool | None = None
         if costs.shared_processors is not None:
-            self.hosts = HostPool.for_topology(self.env, costs.shared_processors, topology)
-        self._durations = ActionDurations(plan, topology, costs)
+            self.hosts = HostPool.for_topology(self.env, costs.shared_processors, topology,
+                                               self._durations.device_processors())
         self._issued_s = [0.0] * len(plan.actions)  # per rank: when its host has issued its passes so far
         self.spans: list[tuple] = []
         self.tier_bytes: dict[str, float] = defaultdict(float)

@@ -54,6 +54,10 @@ class SmSharing:
     per_device: bool = True
 
 
+NO_SM_SHARING = SmSharing({})
+"""A device whose compute nothing slows (its SM count unknown, or contention not modelled)."""
+
+
 def sm_sharing(num_sms: int | None, num_channels: int = NCCL_DEFAULT_NUM_CHANNELS) -> SmSharing | None:
     """A GPU's SMs shared by compute and NCCL's channels (one CTA, so one SM, per channel: NCCL
     docs, NCCL_MAX_NCHANNELS / NCCL_MIN_NCHANNELS; `simulator.nccl.NCCL_DEFAULT_NUM_CHANNELS`):
@@ -74,32 +78,44 @@ class _Job:
 
 class HostPool:
     """Jobs of compute and communication threads on `num_hosts` hosts configured by `processors`
-    (a `simulator.profile.SharedProcessors`: parallelism P and the interference factors)."""
+    (a `simulator.profile.SharedProcessors`: parallelism P and the interference factors).
+    `host_processors[h]`, where given, configures host h's interference factors instead (a mixed
+    GPU cluster: each device's own SM count, `sm_sharing`); P, W and wakeup_s stay `processors`'."""
 
-    def __init__(self, env, processors, num_hosts: int, host_of=None):
+    def __init__(self, env, processors, num_hosts: int, host_of=None, host_processors=None):
         self.env = env
         self.host_of = host_of or (lambda device: device)
         """Device index -> host index (its node for CPU hosts, itself for a GPU's SMs)."""
         self.parallelism = processors.parallelism
         self.measured_ranks = processors.measured_ranks
         self.wakeup_s = processors.wakeup_s
-        self.compute_slowdown_while = dict(processors.compute_slowdown_while)
-        self.comm_slowdown_while_computing = dict(processors.comm_slowdown_while_computing)
-        self._interferes = bool(self.compute_slowdown_while or self.comm_slowdown_while_computing)
+        factors_of = {}  # (compute slowdowns, comm slowdowns) -> index in self._factors
+        self._factors: list[tuple[dict, dict]] = []
+        """Per distinct configuration: (compute_slowdown_while, comm_slowdown_while_computing)."""
+        self._factors_of_host = [0] * num_hosts
+        for host, config in enumerate(host_processors or [processors] * num_hosts):
+            key = (tuple(sorted(config.compute_slowdown_while.items())),
+                   tuple(sorted(config.comm_slowdown_while_computing.items())))
+            if key not in factors_of:
+                factors_of[key] = len(self._factors)
+                self._factors.append((dict(key[0]), dict(key[1])))
+            self._factors_of_host[host] = factors_of[key]
+        self._interferes = any(compute or comm for compute, comm in self._factors)
         self._threads = [defaultdict(int) for _ in range(num_hosts)]  # host -> {kind: active threads}
         self._jobs = [dict() for _ in range(num_hosts)]                # host -> {job id: job}
         self._finishes: list[tuple[float, int, int, _Job]] = []
         self._timer_at_s = math.inf
         self._next_id = 0
         self._rates: dict[tuple, float] = {}
-        """(kind, compute, collective, p2p threads on a host) -> `thread_rate` (a pure function of them)."""
+        """(host's factors, kind, compute, collective, p2p threads on the host) -> `thread_rate` (a pure function of them)."""
 
     @classmethod
-    def for_topology(cls, env, processors, topology) -> "HostPool":
+    def for_topology(cls, env, processors, topology, device_processors=None) -> "HostPool":
         """One pool per node of `topology` (ranks on a host share its processors), or per device
-        when `processors.per_device` (a GPU's SMs, `SmSharing`)."""
+        when `processors.per_device` (a GPU's SMs, `SmSharing`), each device then configured by
+        `device_processors[device]` where given."""
         if getattr(processors, "per_device", False):
-            return cls(env, processors, topology.num_devices)
+            return cls(env, processors, topology.num_devices, host_processors=device_processors)
         return cls(env, processors, topology.num_nodes, topology.node_of)
 
     def hold(self, kind: str, threads: tuple[tuple[int, int], ...]):
@@ -171,18 +187,19 @@ class HostPool:
         if not self._interferes:
             return min(1.0, self.parallelism / max(num_compute + num_comm, 1))
         world = self.measured_ranks
+        compute_slowdown_while, comm_slowdown_while_computing = self._factors[self._factors_of_host[host]]
         if kind == COMPUTE:
-            slowdown = 1.0 + sum((self.compute_slowdown_while.get(c, 1.0) - 1.0) * min(1.0, active[c] / world)
+            slowdown = 1.0 + sum((compute_slowdown_while.get(c, 1.0) - 1.0) * min(1.0, active[c] / world)
                                  for c in COMM_CLASSES)
             return min(1.0, self.parallelism / max(num_compute, 1)) / slowdown
-        slowdown = 1.0 + (self.comm_slowdown_while_computing.get(kind, 1.0) - 1.0) * min(1.0, num_compute / world)
+        slowdown = 1.0 + (comm_slowdown_while_computing.get(kind, 1.0) - 1.0) * min(1.0, num_compute / world)
         return min(1.0, self.parallelism / max(num_comm, 1)) / slowdown
 
     # ------------------------------------------------------------------ internals
     def _rate_of(self, host: int, kind: str) -> float:
         """`thread_rate(host, kind)`, memoized on the host's thread counts."""
         active = self._threads[host]
-        key = (kind, active[COMPUTE], active[COLLECTIVE], active[P2P])
+        key = (self._factors_of_host[host], kind, active[COMPUTE], active[COLLECTIVE], active[P2P])
         rate = self._rates.get(key)
         if rate is None:
             rate = self._rates[key] = self.thread_rate(host, kind)

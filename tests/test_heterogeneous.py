@@ -148,3 +148,17 @@ def test_heterogeneous_flag():
     assert not ClusterConfig(num_nodes=2, gpu="V100", node_gpus={1: "V100"}, stragglers={0: 1.0}).heterogeneous
     assert ClusterConfig(num_nodes=2, stragglers={1: 1.5}).heterogeneous
     assert ClusterConfig(num_nodes=2, degraded_links={"node1": 0.5}).heterogeneous
+
+
+def test_gpus_named_per_node_behave_as_the_same_gpus_named_for_the_cluster():
+    # Every node's GPU given by node_gpus must price as if cluster.gpu named it: its kernels and its
+    # SM count, which sets how much NCCL's kernels slow compute during the overlapped allreduce.
+    cluster = {"num_nodes": 2, "gpus_per_node": 4, "inter_node_link": "10gbe"}
+    rest = {"model": {"name": "resnet50"}, "strategy": {"kind": "dp"}, "training": {"global_batch_size": 256},
+            "costs": {"model": "kernel"}}
+    named = simulate(load_scenario({"cluster": {**cluster, "gpu": "T4"}, **rest}))
+    per_node = simulate(load_scenario({"cluster": {**cluster, "gpu": "A100-80GB", "node_gpus": {0: "T4", 1: "T4"}},
+                                       **rest}))
+    assert per_node.step_time_s == pytest.approx(named.step_time_s, rel=1e-12)
+    assert named.step_time_s != pytest.approx(simulate(load_scenario({"cluster": {**cluster, "gpu": "A100-80GB"},
+                                                                      **rest})).step_time_s, rel=1e-3)
