@@ -34,6 +34,15 @@ def check_measured_collectives(scenario, path) -> None:
                             f"{path} (it measured the backend's own allreduce); drop the setting or the profile")
 
 
+def check_profiled_cluster(scenario, path) -> None:
+    """ScenarioError for a degraded link under a calibration profile: its communication fits time
+    the links as they were measured (they stand in for the flow model), so the link would be priced
+    at full rate, silently. The profile's compute fits stand for `cluster.gpu` by design."""
+    if scenario.cluster.degraded_links:
+        raise ScenarioError(f"cluster.degraded_links: cannot be priced from the calibration profile {path} (its "
+                            "fits time the links as measured); drop the setting or the profile")
+
+
 def scenario_profile_costs(path, scenario, workload: Workload):
     """The cost model of any profile for `scenario`: a calibration profile (`ProfileCosts`) or a
     kernel profile from `ghpsim fit` or `ghpsim calibrate --kernels` (the kernel model with its
@@ -49,6 +58,7 @@ def scenario_profile_costs(path, scenario, workload: Workload):
     training, gpu = scenario.training, scenario.cluster.gpu
     if not isinstance(profile, KernelProfile):
         check_measured_collectives(scenario, path)
+        check_profiled_cluster(scenario, path)
         return ProfileCosts(profile, workload, optimizer=training.optimizer)
     if profile.architecture not in (gpu_architecture(gpu), (gpu.architecture or "").lower()):
         how = "fitted" if profile.measured is None else "measured"

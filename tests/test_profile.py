@@ -166,10 +166,12 @@ def test_world_size_one_needs_no_communication():
 @pytest.mark.parametrize("setting, message", [
     ("strategy.dp_sync=parameter_server", "strategy.dp_sync: parameter_server cannot be priced from the calibration"),
     ("strategy.collective=tree", "strategy.collective: tree cannot be priced from the calibration"),
+    ("cluster.degraded_links={node0: 0.5}", "cluster.degraded_links: cannot be priced from the calibration"),
 ])
 def test_a_calibration_profile_refuses_collectives_it_did_not_measure(setting, message):
-    """A calibration profile times the backend's own allreduce: a parameter server or a chosen
-    algorithm would be priced as that allreduce without a word, so both are refused in one line."""
+    """A calibration profile times the backend's own allreduce over the links as they were: a
+    parameter server, a chosen algorithm or a degraded link would be priced as that allreduce
+    without a word, so each is refused in one line."""
     from simulator.model_source import resolve_workload
     from simulator.profile_costs import scenario_profile_costs
     from simulator.scenario import load_scenario
