@@ -50,7 +50,7 @@ def chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b
     links = tuple((topology.route_latency_s(a, z),
                    min(topology.links[i].bandwidth_bytes_per_s for i in topology.route(a, z)))
                   for a, z in zip(chunk_devices, chunk_devices[1:]))
-    key = ("partition", id(shard), id(costs), len(chunk_devices), b, links,
+    key = ("partition", id(shard), id(costs), len(chunk_devices), b, grid.num_microbatches, grid.num_virtual_stages, links,
            None if models.uniform else tuple(id(models.model_of(device)) for device in chunk_devices))
     found = model._cache.get(key)
     if found is None:

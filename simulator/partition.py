@@ -10,7 +10,8 @@ micro-batch is its forward + backward compute, the transfers it sends (its outpu
 forward and its input gradients backward) and its share of what closes its step: the part of its
 gradient allreduce that its backward does not hide, and its optimizer step (`StageUpdate`). This
 is the linear-partition DP (Bokhari 1988) with the PipeDream partitioner's stage cost at a fixed
-replication (Narayanan et al. SOSP 2019), O(M L^2), vectorised with numpy.
+replication (Narayanan et al. SOSP 2019), O(M L^2), vectorised with numpy. A flushed pipeline
+weighs the fill too (`flushed_partition`: the sum plus m - 1 times the slowest stage).
 
 Serial (one batch through the stages, no micro-batches: GHP, MP): the step is the sum of the
 stages' costs plus the longest tail of allreduce and optimizer step left after the backward pass
@@ -111,6 +112,48 @@ def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_b
     """
     extra = None if update is None else update.exposed_s
     return _best_chain(_stage_costs(compute_s, send_forward_s, send_backward_s, num_stages, extra), np.maximum)[1]
+
+
+def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,
+                      num_chunks: int, update: StageUpdate | None, num_microbatches: int,
+                      num_virtual_stages: int = 1) -> tuple[tuple[int, int], ...]:
+    """Layer ranges of a flushed pipeline (GPipe, 1F1B, interleaved, megatron) minimising its step,
+    sum_k c_k / v + (m v - 1) max_k c_k over the chunks' per-micro-batch costs c_k (arguments as
+    `balanced_partition`): one micro-batch crosses every chunk (the fill and drain), the slowest
+    chunk paces the other m v - 1 (TeraPipe, Li et al. ICML 2021, eq. 2, with v chunks a device
+    as Narayanan et al. SC'21 sec. 2.2 count them). With few micro-batches the fill dominates and
+    a split that keeps the transfers small beats one that evens the compute. For each bound X on
+    the slowest chunk between the balanced split's and the first that cannot beat it, a min-sum
+    chain over the ranges whose cost is at most X (quantiles of the costs there when there are
+    more than `SERIAL_TAIL_CANDIDATES`)."""
+    extra = None if update is None else update.exposed_s
+    costs = list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks, extra))
+    v, paced = num_virtual_stages, num_microbatches * num_virtual_stages - 1
+
+    def step_s(ranges) -> float:
+        chunk_costs = [cost[a, b - 1] for cost, (a, b) in zip(costs, ranges)]
+        return sum(chunk_costs) / v + paced * max(chunk_costs)
+
+    least_max, best = _best_chain(costs, np.maximum)
+    least_sum, fewest = _best_chain(costs, np.add)
+    best_s = step_s(best)
+    if step_s(fewest) < best_s:
+        best_s, best = step_s(fewest), fewest
+    if paced == 0:
+        return best
+    values = np.unique(np.concatenate([cost[np.isfinite(cost)] for cost in costs]))
+    values = values[(values >= least_max) & (least_sum / v + paced * values < best_s)]
+    count = int(np.clip(SERIAL_TAIL_WORK / (num_chunks * np.shape(costs[0])[0] ** 2), SERIAL_MIN_TAIL_CANDIDATES,
+                        SERIAL_TAIL_CANDIDATES))
+    if len(values) > count:
+        values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, count)))
+    for bound in values:  # ascending: once the floor at X reaches the best, no larger X can beat it
+        if least_sum / v + paced * bound >= best_s:
+            break
+        total, ranges = _best_chain([np.where(cost <= bound, cost, np.inf) for cost in costs], np.add)
+        if np.isfinite(total) and step_s(ranges) < best_s:
+            best_s, best = step_s(ranges), ranges
+    return best
 
 
 def serial_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,

@@ -119,7 +119,7 @@ class BoundModel(LinkFloors):
     def geometry(self, c) -> _Geometry:
         t, p, v, b = c.tp_degree, c.workers_per_group, c.num_virtual_stages, self.microbatch_size(c)
         selective = self.recompute(c) == "selective"
-        key = ("geometry", MEGATRON if c.kind == MEGATRON else c.kind, t, self.sp(c), p, v, b,
+        key = ("geometry", MEGATRON if c.kind == MEGATRON else c.kind, t, self.sp(c), p, v, b, c.num_microbatches,
                c.placement, c.data_parallel, self.ep(c), c.cp_degree, selective)
         found = self._cache.get(key)
         if found is not None:
@@ -133,7 +133,7 @@ class BoundModel(LinkFloors):
             device = megatron_device(c.placement, t, p, c.data_parallel, c.cp_degree or 1)
             shard, model = self._tensor_model(t, self.sp(c), self.ep(c), selective)
             grid = GridConfig(MEGATRON, 1, chunks, scenario.training.global_batch_size, scenario.training.dtype,
-                              partition=partition)
+                              partition=partition, num_microbatches=c.num_microbatches, num_virtual_stages=v)
             chunk_devices = tuple(device(0, chunk % p, 0) for chunk in range(chunks))
             ranges = chain_partition(self, grid, shard, model, chunk_devices, b)
             chain = [device(0, k, 0) for k in range(p)]
@@ -147,8 +147,8 @@ class BoundModel(LinkFloors):
             grid = GridConfig(c.kind, groups, chunks, scenario.training.global_batch_size, scenario.training.dtype,
                               placement=placement, partition=partition, overlap_backward=strategy.overlap_backward,
                               optimizer=scenario.training.optimizer, num_parameter_servers=strategy.num_parameter_servers,
-                              memory_bytes=usable_memory_bytes(scenario), collective="parameter_server"
-                              if strategy.dp_sync == "parameter_server" else strategy.collective)
+                              memory_bytes=usable_memory_bytes(scenario), num_microbatches=c.num_microbatches, num_virtual_stages=v,
+                              collective="parameter_server" if strategy.dp_sync == "parameter_server" else strategy.collective)
             chunk_devices = tuple(rank_to_device[g * p + chunk % p] for g in range(groups) for chunk in range(chunks))
             shard, model = self._tensor_model(1, None, 1, selective)
             ranges = grid_partition(grid, shard, self.topology, model, chunk_devices, b)

@@ -47,6 +47,10 @@ class GridConfig:
     horovod_cycle_time_s: float = HOROVOD_CYCLE_TIME_S
     horovod_fusion_threshold_bytes: float = HOROVOD_FUSION_THRESHOLD_BYTES
     optimizer: str = "sgd"
+    num_microbatches: int = 1
+    """A flushed pipeline's micro-batches per step and chunks per device: how its balanced partition
+    weighs the fill against the slowest chunk (`simulator.partition.flushed_partition`)."""
+    num_virtual_stages: int = 1
     memory_bytes: float = 0.0
     """The device memory a stage may fill (`memory_buffers.usable_memory_bytes`): the serial
     partition's cap where above the balanced split's largest stage (`stage_partition.grid_partition`)."""

@@ -74,7 +74,8 @@ class PipelineConfig:
                           workers_per_group=num_stages or self.num_stages,
                           global_batch_size=self.global_batch_size, dtype=self.dtype, placement=self.placement,
                           partition=self.partition, bucket_size_bytes=self.bucket_size_bytes,
-                          overlap_backward=self.overlap_backward, collective=self.collective)
+                          overlap_backward=self.overlap_backward, collective=self.collective,
+                          num_microbatches=self.num_microbatches, num_virtual_stages=self.num_virtual_stages)
 
 
 def pipeline_config(scenario) -> PipelineConfig:

@@ -13,7 +13,9 @@ import numpy as np
 from simulator.collective_forms import p2p_time_s
 from simulator.costs import BACKWARD, CostModel
 from simulator.heterogeneity import stage_compute_s
-from simulator.partition import StageUpdate, balanced_partition, explicit_partition, serial_partition, uniform_partition
+from simulator.partition import (StageUpdate, balanced_partition, explicit_partition, flushed_partition, serial_partition,
+                                 uniform_partition)
+from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 
@@ -51,7 +53,11 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
         if stage > 0:
             backward[stage] = _boundary_time_s(topology, rank_to_device, num_stages, stage, stage - 1, input_bytes)
     update = _stage_update(config, workload, topology, costs, rank_to_device, group_batch)
-    ranges = balanced_partition(compute, forward, backward, num_stages, update)
+    if config.strategy in SERIAL_KINDS or config.strategy in ASYNCHRONOUS_KINDS:  # paced by the slowest stage
+        ranges = balanced_partition(compute, forward, backward, num_stages, update)
+    else:  # a flushed pipeline: one micro-batch's fill and drain, then the slowest chunk's pace
+        ranges = flushed_partition(compute, forward, backward, num_stages, update, config.num_microbatches,
+                                   config.num_virtual_stages)
     if config.strategy in SERIAL_KINDS and update is not None:  # one batch through the stages
         layer_bytes, working_bytes = _layer_bytes(workload, config, group_batch)
         device = config.memory_bytes - working_bytes  # the device, less the largest backward's working set
@@ -91,7 +97,6 @@ def _stage_update(config, workload: Workload, topology: Topology, costs: CostMod
     from simulator.collectives import choose_algorithm, collective_phases
     from simulator.heuristics import rings_leaving
     from simulator.link_floors import isolated_time_s
-    from simulator.schedules.ir import ASYNCHRONOUS_KINDS
     groups, num_stages = config.num_groups, config.workers_per_group
     if config.strategy == "megatron" or len(rank_to_device) != groups * num_stages:
         return None

@@ -198,7 +198,8 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     schedule = checked_schedule(config.schedule_kind, config.pp, config.num_microbatches, config.num_virtual_stages)
     chunk_devices = tuple(config.device_of(0, chunk % config.pp, 0) for chunk in range(schedule.num_chunks))
     grid = GridConfig(KIND, 1, schedule.num_chunks, config.global_batch_size, config.dtype,
-                      partition=config.partition)
+                      partition=config.partition, num_microbatches=config.num_microbatches,
+                      num_virtual_stages=config.num_virtual_stages)
     ranges = grid_partition(grid, shard, topology, rank_costs(costs, shard, config.tp, config.sequence_parallel), chunk_devices, config.microbatch_size)
     stages = tuple(_stage(shard, ranges, j, config.pp, config.num_virtual_stages) for j in range(config.pp))
     full_devices = tuple(config.device_of(g // config.tp, j, g % config.tp)
