@@ -105,3 +105,46 @@ def test_search_command_rejects_bad_gpus(capsys, gpus):
     assert main(["search", ALEXNET, "--gpus", gpus]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("ghpsim: error:") and "--gpus" in err and "\n" not in err
+
+
+def test_repeated_blocks_share_edge_tables_and_plans_with_the_same_figures():
+    """GPT-2 with 4 blocks: edges alike share one redistribution table in the search, and a
+    strategy's plan shares pieces and groups among blocks alike; every cost and action is what each
+    edge and rank gives when computed on its own."""
+    import numpy as np
+
+    from simulator.pase.cost import CostSettings, edge_cost
+    from simulator.pase.graphs import graph_from_workload
+    from simulator.pase.search import build_problem, dynamic_program
+    from simulator.strategies import pase_plan
+    from simulator.zoo import build_model
+    graph = graph_from_workload(build_model("gpt2-small", num_layers=4, seq_len=64), 8)
+    settings = CostSettings(num_devices=4, flops_per_byte=100.0, element_bytes=4)
+    problem = build_problem(graph, settings)
+    for edge in graph.edges:
+        alone = edge_cost(graph, edge, problem.configs[edge.src], problem.configs[edge.dst], settings)
+        shared = [e for e in graph.edges if (e.src, e.dst) == (edge.src, edge.dst)]
+        if len(shared) == 1:
+            assert np.array_equal(problem.pairs[(edge.src, edge.dst)], alone)
+    fractions: dict = {}
+    for edge in graph.edges:
+        edge_cost(graph, edge, problem.configs[edge.src], problem.configs[edge.dst], settings, fractions)
+    assert len(fractions) < len(graph.edges) / 2  # the blocks' edges are alike
+    strategy = [tuple(problem.configs[i][k]) for i, k in enumerate(dynamic_program(problem).choice)]
+    plan, _ = compile_pase_plan(graph, strategy, 4, 4, 2)
+    assert actions_of(plan, Send) and len(set(strategy)) > 2  # a mixed strategy that redistributes
+    layout = pase_plan._Layout(graph, strategy, 4)
+    for index, vertex in enumerate(graph.vertices):
+        coords, active = layout.coords[index], layout.active[index]
+        axes = [vertex.index(d) for d in vertex.output]
+        for rank in range(4):
+            expected = tuple(int(r) for r in np.flatnonzero(active & (coords[:, axes] == coords[rank, axes]).all(axis=1)))
+            assert layout.group(index, rank, vertex.output) == expected
+    for edge in graph.edges:
+        for backward in (False, True):
+            pieces = pase_plan._pieces(graph, edge, strategy, 4, 2, backward)
+            size = graph.vertices[edge.src].layer.output_elements_per_sample * graph.batch * 4
+            sends = {(rank, a.dst, a.size_bytes) for rank, actions in enumerate(plan.actions) for a in actions
+                     if isinstance(a, Send) and a.key[1:3] == ("B" if backward else "F", graph.edges.index(edge))}
+            if not pase_plan._Transfers(pieces, size, 4).collective:
+                assert sends == {(src, dst, fraction * size) for src, dst, fraction in pieces}

@@ -117,8 +117,28 @@ def volume(low: np.ndarray, high: np.ndarray) -> np.ndarray:
 
 
 def edge_bytes(graph: Graph, edge: Edge, configs_u: np.ndarray, configs_v: np.ndarray,
-               num_devices: int, element_bytes: int) -> np.ndarray:
-    """Redistribution bytes of an edge for every pair of configurations, shape (K_u, K_v)."""
+               num_devices: int, element_bytes: int, fractions: dict | None = None) -> np.ndarray:
+    """Redistribution bytes of an edge for every pair of configurations, shape (K_u, K_v): the
+    tensor's bytes times the largest fraction of it a device must receive (`edge_fractions`),
+    remembered in `fractions` where given (a model's repeated blocks share their edges' fractions)."""
+    if fractions is None:
+        fraction = edge_fractions(graph, edge, configs_u, configs_v, num_devices)
+    else:
+        producer, consumer = graph.vertices[edge.src], graph.vertices[edge.dst]
+        key = (producer.dim_names, configs_u.shape, configs_u.tobytes(), consumer.dim_names, configs_v.shape,
+               configs_v.tobytes(), edge.mapping, num_devices)
+        fraction = fractions.get(key)
+        if fraction is None:
+            fraction = fractions[key] = edge_fractions(graph, edge, configs_u, configs_v, num_devices)
+    elements = graph.vertices[edge.src].layer.output_elements_per_sample * graph.batch
+    return fraction * elements * element_bytes
+
+
+def edge_fractions(graph: Graph, edge: Edge, configs_u: np.ndarray, configs_v: np.ndarray,
+                   num_devices: int) -> np.ndarray:
+    """Per pair of configurations, the largest fraction of the edge's tensor one device receives
+    forward plus the largest it sends back (its gradient), shape (K_u, K_v): a function of the two
+    vertices' dimension names, their configurations and the edge's mapping only."""
     lo_u, hi_u = producer_blocks(graph.vertices[edge.src], edge, configs_u, num_devices)
     lo_v, hi_v = consumer_blocks(graph.vertices[edge.dst], edge, configs_v, num_devices)
     have, need = volume(lo_u, hi_u), volume(lo_v, hi_v)
@@ -130,8 +150,7 @@ def edge_bytes(graph: Graph, edge: Edge, configs_u: np.ndarray, configs_v: np.nd
         forward = (need[None] - overlap).max(axis=-1)
         backward = (have[part, None] - overlap).max(axis=-1)
         result[part] = forward + backward
-    elements = graph.vertices[edge.src].layer.output_elements_per_sample * graph.batch
-    return np.clip(result, 0.0, None) * elements * element_bytes
+    return np.clip(result, 0.0, None)
 
 
 def _overlap(lo_u, hi_u, lo_v, hi_v) -> np.ndarray:
@@ -157,10 +176,10 @@ def vertex_cost(graph: Graph, index: int, configs: np.ndarray, settings: CostSet
 
 
 def edge_cost(graph: Graph, edge: Edge, configs_u: np.ndarray, configs_v: np.ndarray,
-              settings: CostSettings) -> np.ndarray:
-    """r x t_x for every pair of configurations, in FLOP units."""
+              settings: CostSettings, fractions: dict | None = None) -> np.ndarray:
+    """r x t_x for every pair of configurations, in FLOP units (`fractions`: as `edge_bytes`)."""
     return settings.flops_per_byte * edge_bytes(graph, edge, configs_u, configs_v,
-                                                settings.num_devices, settings.element_bytes)
+                                                settings.num_devices, settings.element_bytes, fractions)
 
 
 def strategy_breakdown(graph: Graph, strategy, settings: CostSettings) -> dict:

@@ -50,12 +50,19 @@ class Vertex:
     layer: Layer
     """Per-sample FLOPs, parameters and tensor sizes (the zoo's conventions)."""
 
-    @property
+    @cached_property
     def dim_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.dims)
 
+    @cached_property
+    def _axis_of(self) -> dict[str, int]:
+        return {name: axis for axis, (name, _) in enumerate(self.dims)}
+
     def index(self, dim: str) -> int:
-        return self.dim_names.index(dim)
+        try:
+            return self._axis_of[dim]
+        except KeyError:
+            raise ValueError(f"{dim!r} is not a dimension of {self.name}") from None
 
 
 @dataclass(frozen=True)

@@ -53,9 +53,10 @@ def build_problem(graph: Graph, settings: CostSettings) -> Problem:
     configs = [enumerate_configs(v, settings.num_devices) for v in graph.vertices]
     unary = [vertex_cost(graph, i, configs[i], settings) for i in range(graph.num_vertices)]
     pairs: dict[tuple[int, int], np.ndarray] = {}
+    fractions: dict = {}  # edges alike (a model's repeated blocks) share one redistribution table
     for edge in graph.edges:
         assert edge.src < edge.dst, "vertices must be in topological order"
-        matrix = edge_cost(graph, edge, configs[edge.src], configs[edge.dst], settings)
+        matrix = edge_cost(graph, edge, configs[edge.src], configs[edge.dst], settings, fractions)
         key = (edge.src, edge.dst)
         pairs[key] = pairs[key] + matrix if key in pairs else matrix
     return Problem(graph, settings, configs, unary, pairs)

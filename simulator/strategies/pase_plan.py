@@ -22,6 +22,7 @@ of this plan and F / peak FLOP/s can be compared directly.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -37,10 +38,15 @@ def compile_pase_plan(graph: Graph, strategy, num_devices: int, element_bytes: i
     """The plan of `strategy` (a configuration tuple per vertex) and the workload its actions index."""
     layout = _Layout(graph, strategy, num_devices)
     forward, backward = [], []
+    alike: dict = {}  # edges of a model's repeated blocks move the same pieces
     for e in graph.edges:
         size = graph.vertices[e.src].layer.output_elements_per_sample * graph.batch * element_bytes
+        u, v = graph.vertices[e.src], graph.vertices[e.dst]
         for direction, into in ((False, forward), (True, backward)):
-            pieces = _pieces(graph, e, strategy, num_devices, gpus_per_node, backward=direction)
+            key = (u.dim_names, layout.strategy[e.src], v.dim_names, layout.strategy[e.dst], e.mapping, direction)
+            pieces = alike.get(key)
+            if pieces is None:
+                pieces = alike[key] = _pieces(graph, e, strategy, num_devices, gpus_per_node, backward=direction)
             into.append(_Transfers(pieces, size, num_devices))
     actions = tuple(_rank_actions(graph, layout, forward, backward, element_bytes, rank)
                     for rank in range(num_devices))
@@ -53,30 +59,44 @@ def compile_pase_plan(graph: Graph, strategy, num_devices: int, element_bytes: i
 
 
 class _Layout:
-    """Coordinates, activity and allreduce groups of every vertex's configuration."""
+    """Coordinates, activity and allreduce groups of every vertex's configuration; vertices alike
+    (the same configuration of the same dimensions: a model's repeated blocks) share them."""
 
     def __init__(self, graph: Graph, strategy, num_devices: int):
         self.graph, self.strategy = graph, [tuple(int(c) for c in s) for s in strategy]
         self.coords, self.active = [], []
+        grids: dict[tuple[int, ...], tuple] = {}
         for config in self.strategy:
-            coords, active = device_coords(np.asarray([config]), num_devices)
-            self.coords.append(coords[0])
-            self.active.append(active[0])
+            if config not in grids:
+                coords, active = device_coords(np.asarray([config]), num_devices)
+                grids[config] = coords[0], active[0]
+            self.coords.append(grids[config][0])
+            self.active.append(grids[config][1])
+        self._groups: dict[tuple, list[tuple[int, ...]]] = {}
 
     def parts(self, vertex: int) -> int:
-        return int(np.prod(self.strategy[vertex]))
+        return math.prod(self.strategy[vertex])
 
     def split(self, vertex: int, dims) -> int:
         v = self.graph.vertices[vertex]
-        return int(np.prod([self.strategy[vertex][v.index(d)] for d in dims]))
+        return math.prod(self.strategy[vertex][v.index(d)] for d in dims)
 
     def group(self, vertex: int, rank: int, same_dims) -> tuple[int, ...]:
-        """Active ranks whose coordinates equal `rank`'s along `same_dims` (sorted)."""
+        """Active ranks whose coordinates equal `rank`'s along `same_dims` (sorted); every rank's
+        group of a (configuration, dimensions) found at once, on its first call."""
         v = self.graph.vertices[vertex]
-        axes = [v.index(d) for d in same_dims]
-        coords, active = self.coords[vertex], self.active[vertex]
-        mine = coords[rank, axes]
-        return tuple(int(r) for r in np.flatnonzero(active & (coords[:, axes] == mine).all(axis=1)))
+        key = (self.strategy[vertex], v.dim_names, tuple(same_dims))
+        groups = self._groups.get(key)
+        if groups is None:
+            axes = [v.index(d) for d in same_dims]
+            coords, active = self.coords[vertex], self.active[vertex]
+            members: dict[tuple, list[int]] = defaultdict(list)
+            rows = [tuple(row) for row in coords[:, axes].tolist()]
+            for device, row in enumerate(rows):
+                if active[device]:
+                    members[row].append(device)
+            groups = self._groups[key] = [tuple(members.get(row, ())) for row in rows]
+        return groups[rank]
 
     def weight_shard(self, vertex: int) -> float:
         v = self.graph.vertices[vertex]
