@@ -50,6 +50,10 @@ def run(args) -> int:
     sizes_b = positive_ints(args.microbatch_sizes, "--microbatch-sizes")
     kinds = _kinds(args.kinds)
     scenario = load_scenario(args.scenario, args.overrides)
+    batch = scenario.training.global_batch_size
+    if all(batch % size for size in sizes_b):  # then it divides no replica's share of the batch either
+        raise ScenarioError(f"--microbatch-sizes: none of {args.microbatch_sizes} divides training.global_batch_size "
+                            f"{batch}, so no replica's batch splits into such micro-batches")
     check_distinct_files({"--plot": args.plot}, {"the scenario": args.scenario, **model_files(scenario)})
     results = []  # (ranking, heuristics, why no layout fits or None)
     for num_gpus in sizes:

@@ -268,6 +268,8 @@ def test_schedule_flags_of_other_kinds_are_refused(capsys, kind, flag):
     (("rank", SMALL, "--gpus", ""), ("--gpus", "''", "empty list")),
     (("rank", SMALL, "--kinds", "dp,dp"), ("--kinds 'dp,dp'", "dp is given twice")),
     (("rank", SMALL, "--microbatch-sizes", "1,2,1"), ("--microbatch-sizes '1,2,1'", "1 is given twice")),
+    (("rank", SMALL, "--gpus", "4", "--microbatch-sizes", "5,7"),
+     ("--microbatch-sizes", "none of 5,7 divides training.global_batch_size")),
     (("search", SMALL, "--gpus", "4,4"), ("--gpus '4,4'", "4 is given twice")),
     (("search", SMALL, "--gpus", ""), ("--gpus", "''", "empty list")),
     (("compare", SMALL, "--strategies", "dp,dp"), ("--strategies 'dp,dp'", "dp is given twice")),
