@@ -10,13 +10,22 @@ included (one line naming the command and its file). The line is made terminal-s
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import os
-import re
 import sys
 
-from ghpsim import arguments
+INTERRUPTED = "ghpsim: interrupted"
+EXIT_INTERRUPTED = 130
+"""A Ctrl-C, whenever it comes (this module loading included): this line on stderr, exit code 130."""
+
+try:
+    import argparse
+    import importlib
+    import os
+    import re
+
+    from ghpsim import arguments
+except KeyboardInterrupt:  # `ghpsim` and `python -m ghpsim` import this module before `main` runs
+    print(INTERRUPTED, file=sys.stderr)
+    sys.exit(EXIT_INTERRUPTED)
 
 DESCRIPTION = ("Simulate distributed DNN training on GPU clusters. "
                "Bad input: one line on stderr, exit code 2, no traceback.")
@@ -107,7 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (default sys.argv[1:]) and run the command; return its exit code."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     if getattr(args, "profile", None) == "":  # else "no profile" on some commands, "." on others
         print("ghpsim: error: --profile: needs a file name (got '')", file=sys.stderr)
         return EXIT_USAGE
@@ -123,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         print(one_line(f"ghpsim: error: {where}{error.strerror or error}"), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("ghpsim: interrupted", file=sys.stderr)
-        return 130
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     except ModuleNotFoundError as error:
         if (error.name or "").partition(".")[0] != "torch":
             raise

@@ -34,6 +34,8 @@ def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("gallery")
     (out / "laysa" / "figures").mkdir(parents=True)
     (out / "laysa" / "figures" / "fig-renamed-long-ago.png").write_bytes(PNG_SIGNATURE)
+    (out / "laysa" / "report.md").write_text(  # an earlier gallery report, which wrote that figure
+        "# Gallery: LaySA\n\n- ghpsim version: 0.1.0\n\n![renamed](figures/fig-renamed-long-ago.png)\n")
     (out / "laysa" / "notes.txt").write_text("kept: not a gallery output")
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):

@@ -12,18 +12,12 @@ from pathlib import Path
 import pandas as pd
 
 from simulator.output import write_text_atomic
+from simulator.sweep.columns import INTEGER_FIGURES, MEMORY_FIGURES, SUMMARY_FIGURES, result_columns
 from simulator.sweep.spec import integer_field
 from simulator.units import whole
 
 CSV_NAME = "results.csv"
 PARQUET_NAME = "results.parquet"
-SUMMARY_FIGURES = ("scenario", "model", "strategy", "num_gpus", "num_groups", "workers_per_group",
-                   "global_batch_size", "step_time_s", "throughput_samples_per_s", "speedup",
-                   "single_device_step_s")
-"""Summary keys copied as they are into a result row (the summary's own names and units)."""
-INTEGER_FIGURES = ("num_gpus", "num_groups", "workers_per_group", "global_batch_size")
-"""Summary figures that are counts: integer columns (Int64, empty where missing), never 4.0."""
-MEMORY_FIGURES = ("peak_memory_bytes", "fits_in_memory")
 
 
 def parquet_engine() -> str | None:
@@ -55,7 +49,7 @@ def results_frame(sweep, points, rows: dict[str, dict]) -> pd.DataFrame:
     for record in records:  # an integer field given as 4.0 (e.g. `factor: 2.0`) is the count 4
         record.update((column, whole(record[column])) for column in integer_columns
                       if isinstance(record.get(column), float))
-    frame = pd.DataFrame.from_records(records, columns=_columns(axis_columns))
+    frame = pd.DataFrame.from_records(records, columns=result_columns(axis_columns))
     for column in frame.columns:  # integers stay integers beside missing values (not 8.0)
         values = [record.get(column) for record in records if record.get(column) is not None]
         if (values or column in INTEGER_FIGURES) and all(_integer(value) for value in values):
@@ -65,11 +59,6 @@ def results_frame(sweep, points, rows: dict[str, dict]) -> pd.DataFrame:
 
 def _integer(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _columns(axis_columns: list[str]) -> list[str]:
-    return ["point", *axis_columns, "status", "error", "key", *SUMMARY_FIGURES, "intra_node_bytes",
-            "inter_node_bytes", *MEMORY_FIGURES, "sim_wall_s"]
 
 
 def summary_figures(summary: dict | None) -> dict:

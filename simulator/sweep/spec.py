@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from simulator import __version__
 from simulator.errors import ScenarioError
 from simulator.scenario import Scenario, read_yaml, scenario_from_dict
+from simulator.sweep.columns import result_columns
 from simulator.validation_errors import format_validation_error
 
 MAX_POINTS = 100_000
@@ -102,22 +103,24 @@ class SweepSpec(_Frozen):
 
     @model_validator(mode="after")
     def _check_axes(self) -> "SweepSpec":
-        lengths, seen, sections_of = {}, set(), {}  # sections_of: a section -> a field below it
+        lengths, axis_of, sections_of = {}, {}, {}  # a field -> its axis; a section -> a field below it
         for name, axis in self.axes.items():
             try:
                 values = axis_values(axis)
             except ValueError as error:
                 raise ValueError(f"axes.{name}: {error}") from None
             fields = axis_fields(name)
-            for field in fields:
+            for index, field in enumerate(fields):
                 check_field_path(field)
-                if field in seen:
-                    raise ValueError(f"axes: {field!r} appears in two axes")
+                if field in fields[:index]:
+                    raise ValueError(f"axes.{name}: {field!r} appears twice in this axis")
+                if field in axis_of:
+                    raise ValueError(f"axes: {field!r} appears in two axes ({axis_of[field]!r} and {name!r})")
                 sections = [field.rsplit(".", depth)[0] for depth in range(1, field.count(".") + 1)]
-                inside = next((section for section in sections if section in seen), None) or sections_of.get(field)
+                inside = next((section for section in sections if section in axis_of), None) or sections_of.get(field)
                 if inside is not None:
                     raise ValueError(f"axes: {inside!r} and {field!r} overlap (one is a section of the other)")
-                seen.add(field)
+                axis_of[field] = name
                 sections_of.update((section, field) for section in sections if section not in sections_of)
             if len(fields) > 1:
                 for value in values:
@@ -125,12 +128,25 @@ class SweepSpec(_Frozen):
                         raise ValueError(f"axes.{name}: each value must be a list of {len(fields)} "
                                          f"(one per field), got {value!r}")
             lengths[name] = len(values)
+        _check_result_columns(list(axis_of))
         if self.mode == "zip" and len(set(lengths.values())) > 1:
             raise ValueError(f"mode: zip needs axes of equal length, got {lengths}")
         total = min(lengths.values()) if self.mode == "zip" else math.prod(lengths.values())
         if total > MAX_POINTS:
             raise ValueError(f"axes: {total:,} points (at most {MAX_POINTS:,})")
         return self
+
+
+def _check_result_columns(fields: list[str]) -> None:
+    """ValueError for a swept field named as one of results.csv's own columns (`model`, `strategy`):
+    the file would hold that column twice."""
+    own_columns = set(result_columns([]))
+    for field in fields:
+        if field in own_columns:
+            section = _inner(Scenario.model_fields[field].annotation)
+            example = f" (e.g. '{field}.{next(iter(section.model_fields))}')" if section not in (None, dict) else ""
+            raise ValueError(f"axes: {field!r} is also a column of results.csv (the simulated {field}), which "
+                             f"would hold it twice: sweep the fields below it instead{example}")
 
 
 def axis_fields(name: str) -> list[str]:
