@@ -7,7 +7,7 @@ import sys
 from contextlib import contextmanager
 from importlib import resources
 
-from simulator.compare import comma_items, compare, megatron_only_settings, parse_strategy_specs
+from simulator.compare import MEGATRON, comma_items, compare, megatron_only_settings, parse_strategy_specs
 from simulator.output import check_distinct_files, check_figure_file, check_output_file, model_files, write_files_atomic
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
@@ -22,7 +22,7 @@ def demo_scenario_path():
 def _run_compare(scenario_source, args) -> int:
     scenario = load_scenario(scenario_source, args.overrides)
     with _engine_progress(enabled=not args.json):
-        results = compare(scenario, parse_strategy_specs(args.strategies), costs=_profile_costs(scenario, args))
+        results = _compare(scenario, parse_strategy_specs(args.strategies), _profile_costs(scenario, args))
     others = [spec for spec in comma_items(args.strategies, "--strategies") if spec != "megatron"]
     dropped = megatron_only_settings(scenario) if others else []  # the other kinds ran without them
     if args.json:
@@ -36,6 +36,15 @@ def _run_compare(scenario_source, args) -> int:
         print_comparison(results, title=f"{scenario.name}: {scenario.description or ''}".strip(": ") + changed,
                          caption=caption)
     return 0
+
+
+def _compare(scenario, specs, costs):
+    """`compare`, with a note on stderr when another kind's parameter-server scenario is also played
+    as its megatron layout, which reduces gradients with allreduce (`compare.megatron_layout`)."""
+    if (MEGATRON, None) in specs and scenario.strategy.kind != MEGATRON and scenario.strategy.dp_sync != "allreduce":
+        print("ghpsim: note: strategy.dp_sync parameter_server: not used by the megatron item, which reduces gradients "
+              "with allreduce", file=sys.stderr)
+    return compare(scenario, specs, costs=costs)
 
 
 def cmd_demo(args) -> int:

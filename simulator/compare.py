@@ -58,7 +58,8 @@ def megatron_only_settings(scenario: Scenario) -> list[str]:
 
 def megatron_layout(scenario: Scenario) -> Scenario:
     """The `megatron` spec: a megatron scenario as written; another kind's scenario as kind megatron
-    with its tp_degree and pp_degree (one of them > 1), else a one-line ScenarioError."""
+    with its tp_degree and pp_degree (one of them > 1) and allreduce for its gradients, else a
+    one-line ScenarioError."""
     strategy = scenario.strategy
     if strategy.kind == MEGATRON:
         return scenario
@@ -71,7 +72,7 @@ def megatron_layout(scenario: Scenario) -> Scenario:
     if not isinstance(partition, str) and len(partition) != strategy.pp_degree * chunks:
         partition = "balanced"
     raw["strategy"] = {**raw["strategy"], "kind": MEGATRON, "num_groups": None, "num_virtual_stages": chunks,
-                       "partition": partition,
+                       "partition": partition, "dp_sync": "allreduce",  # megatron reduces with allreduce only
                        "placement": "group_per_node" if strategy.placement == "stage_per_node" else strategy.placement}
     return scenario_from_dict(raw, origin=scenario.source, base_dir=scenario.base_dir)
 

@@ -35,12 +35,16 @@ def check_measured_collectives(scenario, path) -> None:
 
 
 def check_profiled_cluster(scenario, path) -> None:
-    """ScenarioError for a degraded link under a calibration profile: its communication fits time
-    the links as they were measured (they stand in for the flow model), so the link would be priced
-    at full rate, silently. The profile's compute fits stand for `cluster.gpu` by design."""
-    if scenario.cluster.degraded_links:
-        raise ScenarioError(f"cluster.degraded_links: cannot be priced from the calibration profile {path} (its "
-                            "fits time the links as measured); drop the setting or the profile")
+    """ScenarioError, naming the scenario's file, for what a calibration profile cannot price: a
+    degraded link (its communication fits time the links as they were measured, standing in for the
+    flow model, so the link would be priced at full rate) and GPUs named per node (its compute fits
+    are one device type's). The profile's compute fits stand for `cluster.gpu` by design."""
+    cluster = scenario.cluster
+    for field, given in (("degraded_links", cluster.degraded_links), ("node_gpus", cluster.node_gpus)):
+        if given:
+            raise ScenarioError(f"{scenario.source}: cluster.{field}: cannot be priced from the calibration profile "
+                                f"{path} (its fits time the {'links' if field == 'degraded_links' else 'device type'} "
+                                "as measured); drop the setting or the profile")
 
 
 def scenario_profile_costs(path, scenario, workload: Workload):

@@ -18,8 +18,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from simulator.errors import ScenarioError
 from simulator.hardware import BytesPerSecond, GpuSpec, LinkSpec, resolve_gpu, resolve_link
 from simulator.limits import MAX_BATCH, MAX_FAT_TREE_K, MAX_GPUS, MAX_MICROBATCHES, MIN_LINK_FACTOR, check_structure
-from simulator.scenario_types import (Bool, Float, GpuCount, IndexKey, Int, LayerCount, NoBool, PositiveBytes,
-                                      Slowdown)
+from simulator.scenario_types import (Bool, Float, GpuCount, IndexKey, Int, LayerCount, LinkName, NoBool,
+                                      PositiveBytes, Slowdown)
 from simulator.units import parse_quantity
 from simulator.validation_errors import format_validation_error
 from simulator.yaml_loading import StrictLoader, load_yaml_text, read_yaml_file
@@ -60,9 +60,9 @@ class ClusterConfig(_Frozen):
     """Node index -> GPU type of its devices, for nodes whose GPU is not `gpu`."""
     stragglers: dict[IndexKey, Slowdown] = Field(default_factory=dict)
     """Device index -> compute slowdown factor >= 1 (2.0: every compute action takes twice as long)."""
-    degraded_links: dict[str, Annotated[Float, Field(ge=MIN_LINK_FACTOR, le=1)]] = Field(default_factory=dict)
+    degraded_links: dict[LinkName, Annotated[Float, Field(ge=MIN_LINK_FACTOR, le=1)]] = Field(default_factory=dict)
     """"node<n>" (node n's links to the fabric), "gpu<d>" (device d's links) or "<a>--<b>" (a graph
-    edge) -> bandwidth factor in [MIN_LINK_FACTOR, 1] (1e-6 to 1)."""
+    edge) -> bandwidth factor in [MIN_LINK_FACTOR, 1] (1e-6 to 1); n and d without a leading zero."""
 
     @model_validator(mode="after")
     def _check_fabric(self) -> "ClusterConfig":
@@ -137,6 +137,15 @@ def _placement_name(value: Any) -> Any:
     return value
 
 
+def _zero_stage_filled(data: Any) -> Any:
+    """The raw strategy mapping as `zero_stage_from_fsdp` fills it; ValueError first for `zero_stage:
+    null` (a key left without a value), which names no stage."""
+    if isinstance(data, dict) and "zero_stage" in data and data["zero_stage"] is None:
+        raise ValueError("strategy.zero_stage: null is not a ZeRO stage: give 0, 1, 2 or 3, or leave the key out "
+                         "(0, or strategy.fsdp_sharding's stage)")
+    return zero_stage_from_fsdp(data)
+
+
 class StrategyConfig(_Frozen):
     """How the N workers split the work: dp (G=N, M=1), mp (G=1, M=N), ghp (G groups x M workers);
     pipeline kinds: G replicas (num_groups, default 1) of an M-stage pipeline, M = N / G."""
@@ -202,7 +211,7 @@ class StrategyConfig(_Frozen):
                                               Field(ge=0)] = 128 * 2**20
     """gradient_fusion horovod: HOROVOD_FUSION_THRESHOLD (Horovod >= 0.21 default 128 MiB; 0: no fusion)."""
 
-    _zero_from_fsdp = model_validator(mode="before")(classmethod(lambda cls, data: zero_stage_from_fsdp(data)))
+    _zero_from_fsdp = model_validator(mode="before")(classmethod(lambda cls, data: _zero_stage_filled(data)))
 
     _check_zero = model_validator(mode="after")(lambda self: check_zero(self) or self)
 
@@ -266,12 +275,15 @@ class Scenario(_Frozen):
 
     @model_validator(mode="after")
     def _check_grid(self) -> "Scenario":
-        try:
-            self.cluster.gpu.peak_for(self.training.dtype)
-        except KeyError:
-            hint = " (bf16 tensor cores came with Ampere: train in fp16 or fp32)" if self.training.dtype == "bf16" else ""
-            raise ValueError(f"cluster.gpu.peak_flops_per_s: GPU {self.cluster.gpu.name!r} has no figure for "
-                             f"training.dtype {self.training.dtype!r}{hint}") from None
+        dtype, node_gpus = self.training.dtype, sorted(self.cluster.node_gpus.items())
+        for field, gpu, node in (("cluster.gpu.peak_flops_per_s", self.cluster.gpu, ""),
+                                 *(("cluster.node_gpus", gpu, f" (node {node})") for node, gpu in node_gpus)):
+            try:
+                gpu.peak_for(dtype)
+            except KeyError:
+                hint = " (bf16 tensor cores came with Ampere: train in fp16 or fp32)" if dtype == "bf16" else ""
+                raise ValueError(f"{field}: GPU {gpu.name!r} has no figure for training.dtype {dtype!r}{node}"
+                                 f"{hint}") from None
         num_gpus = self.cluster.num_gpus
         groups = self.strategy.num_groups
         if self.strategy.kind == "ghp" and groups is None:

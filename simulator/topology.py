@@ -299,9 +299,10 @@ def degraded_links(topology: Topology, name: str) -> list[int]:
     """Links named by a `cluster.degraded_links` key, both directions.
 
     "node<n>": node n's links to the rest of the fabric (its uplinks / NIC cables / torus links);
-    "gpu<d>": every link of device d; "<a>--<b>": the link between graph vertices a and b.
+    "gpu<d>": every link of device d; "<a>--<b>": the link between graph vertices a and b. n and d
+    are ASCII digits without a leading zero (`simulator.scenario_types`: "node02" is refused).
     """
-    match = re.fullmatch(r"node(\d+)|gpu(\d+)|(.+)--(.+)", name)
+    match = re.fullmatch(r"node(0|[1-9][0-9]*)|gpu(0|[1-9][0-9]*)|(.+)--(.+)", name)
     found: list[int] = []
     if match and match.group(1) is not None:
         node = int(match.group(1))

@@ -125,24 +125,24 @@ def tensor_config(scenario) -> TensorConfig:
     if strategy.tp_comm_overlap and tp > 1 and not strategy.sequence_parallel:
         raise ScenarioError("strategy.tp_comm_overlap: needs strategy.sequence_parallel (Megatron: \"Tensor parallel "
                             "communication/GEMM overlap can happen only when sequence parallelism is enabled\")")
-    if strategy.gradient_fusion != "buckets":
-        raise ScenarioError(f"strategy.gradient_fusion: {strategy.gradient_fusion} applies to kinds dp, mp and ghp "
-                            "(megatron reduces gradients in DDP buckets)")
+    for key, usual, kinds, how in (("gradient_fusion", "buckets", "dp, mp and ghp", "in DDP buckets"),
+                                   ("dp_sync", "allreduce", "dp, mp, ghp and the pipeline kinds", "with allreduce")):
+        if (value := getattr(strategy, key)) != usual:  # the other kinds' settings, which megatron does not play
+            raise ScenarioError(f"strategy.{key}: {value} applies to kinds {kinds}; megatron reduces gradients {how}")
     if strategy.placement == "stage_per_node":
         raise ScenarioError("strategy.placement: stage_per_node is not a megatron layout (use group_per_node: "
                             "tp fastest, then pp, then dp; tp_dp_pp: tp, then dp, then pp; or a device list)")
     placement = resolved_placement(strategy.placement, tp, pp, scenario.num_gpus // (tp * pp * cp), cp)
     return TensorConfig(
         tp=tp, pp=pp, dp=scenario.num_gpus // (tp * pp), cp=cp, num_microbatches=strategy.num_microbatches,
-        global_batch_size=training.global_batch_size, dtype=training.dtype,
+        global_batch_size=training.global_batch_size, fsdp_reduce_dtype=strategy.fsdp_reduce_dtype,
         num_virtual_stages=strategy.num_virtual_stages, sequence_parallel=strategy.sequence_parallel,
-        zero_stage=strategy.zero_stage, recompute=training.recompute, placement=placement,
-        partition=strategy.partition, bucket_size_bytes=strategy.bucket_size_bytes,
+        zero_stage=strategy.zero_stage, recompute=training.recompute, placement=placement, ep=strategy.ep_degree,
+        partition=strategy.partition, bucket_size_bytes=strategy.bucket_size_bytes, dtype=training.dtype,
         overlap_backward=strategy.overlap_backward, collective=strategy.collective, symmetry=strategy.symmetry,
         tp_comm_overlap=strategy.tp_comm_overlap, fsdp_sharding=strategy.fsdp_sharding,
-        fsdp_reduce_dtype=strategy.fsdp_reduce_dtype,
         fsdp_version=strategy.fsdp_version or (2 if strategy.fsdp_sharding else 1),
-        gpus_per_node=scenario.cluster.gpus_per_node, ep=strategy.ep_degree)
+        gpus_per_node=scenario.cluster.gpus_per_node)
 
 
 def rank_costs(costs: CostModel, workload: Workload, tp_degree: int, sequence_parallel: bool) -> CostModel:
