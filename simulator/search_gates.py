@@ -24,9 +24,11 @@ ASYNCHRONOUS_UNFOLDED_PASSES = 2**17
 
 
 def asynchronous_passes(num_ranks: int, num_stages: int, num_microbatches: int) -> int:
-    """R (n + m): the steady-state run's micro-batches plus the one-step plan's, on the R ranks simulated."""
+    """R (n + m): the steady-state run's micro-batches plus the one-step plan's, on the R ranks
+    simulated; R m where the step's own play holds the steady-state window (n = m: one run)."""
     p, m = num_stages, num_microbatches
-    return num_ranks * (steady_state_steps(p, m) * m + m)
+    steps = steady_state_steps(p, m)
+    return num_ranks * (m if steps == 1 else steps * m + m)
 
 
 def replicas_fold(scenario, candidate, topology, cache: dict) -> bool:

@@ -90,6 +90,31 @@ def test_asynchronous_1f1b_completes_one_microbatch_per_slowest_stage_time(kind)
         [result.step_time_s] * 3)
 
 
+@pytest.mark.parametrize("kind", ["pipedream", "delayed_gradient", "spectrain"])
+def test_a_long_asynchronous_step_is_measured_on_its_own_play_as_on_two_steps(kind):
+    """m >= 7p + 1: the 4p micro-batches after the fill of the step's own play, times m / 4p, give
+    the step that a run of two whole steps measures over one (stages of 1, 3 and 2 layers; the
+    device breakdown sums to the step as well)."""
+    from dataclasses import replace
+
+    from simulator.engine import Engine
+    from simulator.fabrics import build_topology
+    from simulator.schedules.steady_state import microbatch_completions
+    from simulator.strategies.pipeline import compile_pipeline_plan, pipeline_config
+    p, m = 3, 7 * 3 + 1
+    result = run(kind, p, m, [1, 3, 2])
+    config = pipeline_config(result.scenario)
+    two_steps = replace(config, num_microbatches=2 * m, global_batch_size=2 * config.global_batch_size)
+    topology = build_topology(result.scenario.cluster)
+    plan = compile_pipeline_plan(two_steps, workload(6), topology, Costs())
+    completion = microbatch_completions(Engine(plan, topology, Costs()).run().spans)
+    assert result.step_time_s == pytest.approx(completion[2 * p - 1 + m] - completion[2 * p - 1], rel=1e-9)
+    assert result.summary["pipeline"]["step_time_definition"].endswith("times m/4p")
+    devices = result.summary["devices"]
+    assert [row["compute_s"] + row["comm_s"] + row["idle_s"] for row in devices] == pytest.approx(
+        [result.step_time_s] * p)
+
+
 def test_uniform_asynchronous_pipeline_has_no_fill_and_drain():
     p, m = 4, 8
     asynchronous, synchronous = run("pipedream", p, m, [2] * p), run("1f1b", p, m, [2] * p)

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from simulator.plan import Plan
 from simulator.scenario import PIPELINE_KINDS
-from simulator.schedules.analysis import measured_steps
+from simulator.schedules.analysis import steady_window
 from simulator.schedules.steady_state import microbatch_completions
 from simulator.workload import Workload
 from validator.comm_device import control_device
@@ -116,9 +116,8 @@ def _steady_state_window_s(spans: list[tuple], num_stages: int, num_microbatches
     for microbatch, end_s in completion.items():
         ends[microbatch] = end_s
     dist.all_reduce(ends, op=dist.ReduceOp.MAX)
-    p, m = num_stages, num_microbatches
-    steps = measured_steps(p, m)  # the mean of J whole steps, as the simulator measures it
-    return float(ends[2 * p - 1 + steps * m] - ends[2 * p - 1]) / steps
+    first, last = steady_window(num_stages, num_microbatches)  # the window the simulator measures
+    return float(ends[last] - ends[first]) * num_microbatches / (last - first)
 
 
 def reference_training(workload: Workload, global_batch: int, num_steps: int, optimizer: str = "sgd",

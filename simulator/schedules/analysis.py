@@ -94,6 +94,22 @@ def measured_steps(num_stages: int, num_microbatches: int) -> int:
 
 def steady_state_steps(num_stages: int, num_microbatches: int) -> int:
     """K: whole steps of m micro-batches back to back with n = K m >= 3p + J m + 1 (a fill of 2p, the
-    J steps measured, a drain of p + 1), what `simulator.schedules.steady_state` simulates."""
+    J steps measured, a drain of p + 1), what `simulator.schedules.steady_state` simulates; 1 where
+    one step holds the fill, a window of 4p micro-batches and the drain (`steady_window`)."""
     p, m = num_stages, num_microbatches
+    if m >= (MEASURED_MICROBATCHES_PER_STAGE + 3) * p + 1:
+        return 1
     return math.ceil((3 * p + 1) / m) + measured_steps(p, m)
+
+
+def steady_window(num_stages: int, num_microbatches: int) -> tuple[int, int]:
+    """(a, b): the steady-state step is m x (completion(b) - completion(a)) / (b - a), a = 2p - 1
+    after the fill. b = a + J m (J whole steps, `measured_steps`) in a run of `steady_state_steps`;
+    where one step of m >= 7p + 1 holds the fill, 4p micro-batches and the drain, b = a + 4p inside
+    that step (every micro-batch of an asynchronous pipeline is alike: it updates on its own, no
+    flush nor step boundary), so the step's own play is measured and no longer run is needed."""
+    p, m = num_stages, num_microbatches
+    first = 2 * p - 1
+    if steady_state_steps(p, m) == 1:
+        return first, first + MEASURED_MICROBATCHES_PER_STAGE * p
+    return first, first + measured_steps(p, m) * m

@@ -12,9 +12,11 @@ J m + 1), micro-batch i completes when its last compute (backward, update) ends,
     step_time = (completion(2p - 1 + J m) - completion(2p - 1)) / J,
 
 the mean of J whole steps (`analysis.measured_steps`: at least 4p micro-batches, J = 1 once m >=
-4p) well after the fill (2p micro-batches) and before the drain (the last p + 1). The device
-breakdown and the bubble fractions cover that window, its spans' times divided by J (a mean step;
-a trace of such a run shows the window so scaled).
+4p) well after the fill (2p micro-batches) and before the drain (the last p + 1). Where one step
+holds all three (m >= 7p + 1) its own play is measured instead, over the 4p micro-batches after
+the fill, scaled by m / 4p (`analysis.steady_window`). The device breakdown and the bubble
+fractions cover that window, its spans' times so scaled (a mean step; a trace of such a run
+shows the window so scaled).
 
 bubble_fraction of a stage: the share of the step in which it neither computes nor communicates
 (mean over the G replicas of the stage; `simulator.records.stage_time_split`), exposed_comm_fraction
@@ -28,14 +30,15 @@ from dataclasses import replace
 
 from simulator.engine import Engine
 from simulator.records import compute_busy_s
-from simulator.schedules.analysis import measured_steps, steady_state_steps
+from simulator.schedules.analysis import steady_state_steps, steady_window
 from simulator.strategies.pipeline import compile_pipeline_plan, pipeline_config
 from simulator.units import whole
 
 STEP_DEFINITIONS = {
     False: "flush: makespan of one step, first forward to last update",
     True: "steady state: time between the completions of micro-batches 2p-1 and 2p-1+Jm of a run of "
-          "whole steps back to back (no flush), over J (J steps of at least 4p micro-batches in all)",
+          "whole steps back to back (no flush), over J (J steps of at least 4p micro-batches in all); "
+          "with m >= 7p+1, of 2p-1 and 6p-1 of the step's own run, times m/4p",
 }
 
 
@@ -44,9 +47,11 @@ def pipeline_summary(scenario, workload, topology, costs, plan, spans: list[tupl
     meta = plan.meta
     asynchronous = meta["asynchronous"]
     window_spans, step_s = spans, makespan_s
-    if asynchronous:
-        window_spans, step_s = _steady_state(scenario, workload, topology, costs, meta.get("symmetry"))
     p, m = plan.workers_per_group, meta["num_microbatches"]
+    if asynchronous and steady_state_steps(p, m) == 1:  # the step's own play holds the window
+        window_spans, step_s = steady_state_window(spans, p, m)
+    elif asynchronous:
+        window_spans, step_s = _steady_state(scenario, workload, topology, costs, meta.get("symmetry"))
     busy = compute_busy_s(window_spans, plan.num_ranks)
     stages = []
     for j in range(p):  # over the replicas simulated (replica 0 alone in a folded run)
@@ -97,15 +102,16 @@ def microbatch_completions(spans) -> dict[int, float]:
 
 
 def steady_state_window(spans, num_stages: int, num_microbatches: int) -> tuple[list[tuple], float]:
-    """(spans clipped to [completion(2p-1), completion(2p-1+Jm)], shifted to start at 0 and their
-    times divided by J; the mean step, the window's length / J)."""
+    """(spans clipped to [completion(a), completion(b)] of `steady_window`, shifted to start at 0 and
+    their times scaled by m / (b - a); the mean step, the window's length so scaled)."""
     p, m = num_stages, num_microbatches
-    steps = measured_steps(p, m)
+    a, b = steady_window(p, m)
+    scale = m / (b - a)  # 1 / J for J whole steps
     completion = microbatch_completions(spans)
-    first, last = completion[2 * p - 1], completion[2 * p - 1 + steps * m]
+    first, last = completion[a], completion[b]
     window = []
     for rank, stream, name, kind, start, end, size, microbatch in spans:
         start, end = max(start, first), min(end, last)
         if end > start:
-            window.append((rank, stream, name, kind, (start - first) / steps, (end - first) / steps, size, microbatch))
-    return window, (last - first) / steps
+            window.append((rank, stream, name, kind, (start - first) * scale, (end - first) * scale, size, microbatch))
+    return window, (last - first) * scale
