@@ -38,6 +38,9 @@ SERIAL_TAIL_WORK = 2e8
 """... and fewer on long models with many stages: at most this many (stage, range) entries masked and
 chained in all (each bound costs M L^2), at least `SERIAL_MIN_TAIL_CANDIDATES` bounds."""
 SERIAL_MIN_TAIL_CANDIDATES = 16
+FLUSHED_BOUND_WORK = 2e7
+"""`flushed_partition`'s bounds on the slowest chunk cost a min-sum chain each (M L^2): a tenth of
+the serial partition's work, as the planner partitions every pipeline geometry it bounds."""
 SERIAL_MEMORY_LIMIT_BYTES = 2**28
 """The serial partition holds two (L, L) matrices a stage; beyond this it declines (None)."""
 
@@ -125,7 +128,7 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     a split that keeps the transfers small beats one that evens the compute. For each bound X on
     the slowest chunk between the balanced split's and the first that cannot beat it, a min-sum
     chain over the ranges whose cost is at most X (quantiles of the costs there when there are
-    more than `SERIAL_TAIL_CANDIDATES`)."""
+    more than `SERIAL_TAIL_CANDIDATES`, fewer where M L^2 is large: `FLUSHED_BOUND_WORK`)."""
     extra = None if update is None else update.exposed_s
     costs = list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks, extra))
     v, paced = num_virtual_stages, num_microbatches * num_virtual_stages - 1
@@ -141,9 +144,9 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
         best_s, best = step_s(fewest), fewest
     if paced == 0:
         return best
-    values = np.unique(np.concatenate([cost[np.isfinite(cost)] for cost in costs]))
-    values = values[(values >= least_max) & (least_sum / v + paced * values < best_s)]
-    count = int(np.clip(SERIAL_TAIL_WORK / (num_chunks * np.shape(costs[0])[0] ** 2), SERIAL_MIN_TAIL_CANDIDATES,
+    above = (best_s - least_sum / v) / paced  # no slowest chunk from here on can beat the best
+    values = np.unique(np.concatenate([cost[(cost >= least_max) & (cost < above)] for cost in costs]))
+    count = int(np.clip(FLUSHED_BOUND_WORK / (num_chunks * np.shape(costs[0])[0] ** 2), SERIAL_MIN_TAIL_CANDIDATES,
                         SERIAL_TAIL_CANDIDATES))
     if len(values) > count:
         values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, count)))
