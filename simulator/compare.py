@@ -72,7 +72,7 @@ def megatron_layout(scenario: Scenario) -> Scenario:
     if not isinstance(partition, str) and len(partition) != strategy.pp_degree * chunks:
         partition = "balanced"
     raw["strategy"] = {**raw["strategy"], "kind": MEGATRON, "num_groups": None, "num_virtual_stages": chunks,
-                       "partition": partition, "dp_sync": "allreduce",  # megatron reduces with allreduce only
+                       "partition": partition, "dp_sync": "allreduce", "num_parameter_servers": 1,  # megatron: allreduce
                        "placement": "group_per_node" if strategy.placement == "stage_per_node" else strategy.placement}
     return scenario_from_dict(raw, origin=scenario.source, base_dir=scenario.base_dir)
 

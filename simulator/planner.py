@@ -226,8 +226,8 @@ def candidate_scenario(scenario: Scenario, candidate: Candidate) -> dict:
         from simulator.layout_geometry import megatron_placement
         placement = megatron_placement(candidate.placement, candidate.tp_degree, candidate.workers_per_group,
                                        candidate.data_parallel, candidate.cp_degree or 1)
-        raw["strategy"] = {**raw["strategy"], "kind": MEGATRON, "num_groups": None, "dp_sync": "allreduce",  # megatron: allreduce only
-                           "placement": placement if isinstance(placement, str) else list(placement),
+        raw["strategy"] = {**raw["strategy"], "kind": MEGATRON, "num_groups": None, "dp_sync": "allreduce",
+                           "num_parameter_servers": 1, "placement": placement if isinstance(placement, str) else list(placement),
                            "tp_degree": candidate.tp_degree, "pp_degree": candidate.workers_per_group,
                            "num_microbatches": candidate.num_microbatches, "partition": partition,
                            "num_virtual_stages": candidate.num_virtual_stages, "cp_degree": candidate.cp_degree or 1}

@@ -215,6 +215,13 @@ class StrategyConfig(_Frozen):
 
     _check_zero = model_validator(mode="after")(lambda self: check_zero(self) or self)
 
+    @model_validator(mode="after")
+    def _servers_need_a_server(self) -> "StrategyConfig":
+        if self.num_parameter_servers > 1 and self.dp_sync != "parameter_server":
+            raise ValueError(f"strategy.num_parameter_servers: {self.num_parameter_servers} shards apply with "
+                             f"strategy.dp_sync: parameter_server (got {self.dp_sync})")
+        return self
+
 
 class TrainingConfig(_Frozen):
     global_batch_size: Annotated[int, NoBool, Field(gt=0, le=MAX_BATCH)]

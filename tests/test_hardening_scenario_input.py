@@ -180,3 +180,7 @@ def test_rank_plays_megatron_candidates_of_a_parameter_server_scenario_with_allr
     megatron = [row for row in ranking["rows"] if row["kind"] == "megatron"]
     assert megatron and "dp" in {row["kind"] for row in ranking["rows"]}
     assert not any("dp_sync" in row["reason"] for row in ranking["skipped"])
+
+def test_parameter_server_shards_without_a_parameter_server_are_refused(capsys):
+    assert_one_line_error(run_cli(capsys, "simulate", "scenarios/demo.yaml", "--set", "strategy.num_parameter_servers=2"),
+                          "strategy.num_parameter_servers: 2 shards apply with strategy.dp_sync: parameter_server")
