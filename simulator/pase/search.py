@@ -33,8 +33,8 @@ MAX_TABLE_ENTRIES = 60_000_000
 """Cap on one DP table (K^(M+1) float64 entries, ~480 MB): beyond it the search refuses."""
 MAX_SEARCH_ENTRIES = 4e9
 """Cap on the DP's table entries summed over the vertices, the search's work: GPT-3 175B (674
-vertices) on 64 GPUs holds 9.3e8 and took 14 s on this 2-core host (about 15 ns an entry), so the
-cap is about a minute; 256 GPUs would hold 9.0e9, 1,024 GPUs 5.8e10 (a quarter of an hour)."""
+vertices) holds 9.3e8 on 64 GPUs and 3.1e9 on 128 (5 and 18 s of search on a 2-core host, about
+6 ns an entry), so the cap is about 25 s; 256 GPUs would hold 9.0e9, 1,024 GPUs 5.8e10."""
 
 
 @dataclass
@@ -85,8 +85,8 @@ def check_search_size(graph: Graph, num_devices: int) -> None:
                   for v, dependents in generate_seq(graph.neighbours()))
     if entries > MAX_SEARCH_ENTRIES:
         raise ScenarioError(f"--gpus {num_devices}: PaSE's tables would hold ~{entries:.1e} entries over "
-                            f"{graph.name}'s {graph.num_vertices} vertices (limit {MAX_SEARCH_ENTRIES:.0e}, about a "
-                            "minute here); search fewer GPUs or a smaller model")
+                            f"{graph.name}'s {graph.num_vertices} vertices (limit {MAX_SEARCH_ENTRIES:.0e}, about 25 s "
+                            "of search on 2 cores); search fewer GPUs or a smaller model")
 
 
 @dataclass
