@@ -147,6 +147,15 @@ def test_a_scenario_is_validated_at_the_profiles_world_size_or_refused_in_one_li
                                 "scenario's cluster has 3 ranks (1 x 3 GPUs per node); calibrate at world size 3")
 
 
+def test_a_megatron_degree_is_refused_rather_than_dropped_by_the_resize():
+    scenario = load_scenario(SCENARIO, [*SMALL, "strategy.kind=megatron", "strategy.tp_degree=2"])
+    with pytest.raises(ScenarioError) as error:
+        at_profile_world_size(scenario, _profile(2, scenario), kinds=("megatron",))
+    assert str(error.value).startswith("strategy.tp_degree: 2; the validator runs megatron plans only with")
+    resized = at_profile_world_size(scenario, _profile(2, scenario), kinds=("dp",))  # dp has no degrees to drop
+    assert resized.num_gpus == 2
+
+
 def test_validate_refuses_a_foreign_profile_and_bad_counts_in_one_line_before_running(tmp_path):
     scenario = load_scenario(SCENARIO, SMALL)
     profile = tmp_path / "other.json"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from simulator.compare import _feasible_groups, with_strategy
+from simulator.compare import MEGATRON, _feasible_groups, with_strategy
 from simulator.grid_symmetry import every_rank
 from simulator.limits import available_memory_bytes
 from simulator.spans import SPAN_FIELDS
@@ -74,7 +74,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     check_measured_collectives(scenario, profile_path)
     profile = costs.profile
     notes: list[str] = []  # said once every case is prepared: a refused input is its error line alone
-    scenario = at_profile_world_size(scenario, profile, notes.append)
+    scenario = at_profile_world_size(scenario, profile, notes.append, _kinds(specs))
     options = replace(options, device=profile.device.kind)  # run where the profile was measured
     cases = prepare_cases(scenario, workload, costs, specs, options, notes.append, skip_unfit_ghp)
     labels = [case.label for case in cases]
@@ -104,24 +104,38 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
             "simulated": {case.label: case.predicted for case in cases}}
 
 
+MAX_RUN_STEPS = 10_000
+"""Most measured (--steps) or warm-up (--warmup) steps of one launch: the median settles long before."""
+
+
 def check_run_options(steps: int, warmup: int, timeout_s: float) -> None:
-    """ScenarioError naming the option unless steps >= 1, warmup >= 0 and 0 < timeout_s < inf."""
-    if steps < 1:
-        raise ScenarioError(f"--steps: {steps} must be at least 1 (the measured steps)")
-    if warmup < 0:
-        raise ScenarioError(f"--warmup: {warmup} must be at least 0")
+    """ScenarioError naming the option unless 1 <= steps <= MAX_RUN_STEPS, 0 <= warmup <=
+    MAX_RUN_STEPS and 0 < timeout_s < inf."""
+    if not 1 <= steps <= MAX_RUN_STEPS:
+        raise ScenarioError(f"--steps: {steps} must be from 1 to {MAX_RUN_STEPS:,} (the measured steps)")
+    if not 0 <= warmup <= MAX_RUN_STEPS:
+        raise ScenarioError(f"--warmup: {warmup} must be from 0 to {MAX_RUN_STEPS:,}")
     if not 0 < timeout_s < math.inf:
         raise ScenarioError(f"--timeout: {timeout_s} must be a positive number of seconds")
 
 
-def at_profile_world_size(scenario: Scenario, profile: Profile, progress=None) -> Scenario:
+def at_profile_world_size(scenario: Scenario, profile: Profile, progress=None, kinds: tuple[str, ...] = ()) -> Scenario:
     """`scenario` on the profile's world size W: unchanged when its cluster has W ranks, else
     resized (`scenario_for_gpus`: one node of W, or W / gpus_per_node nodes), saying so through
-    `progress`; a one-line ScenarioError naming both sizes where it cannot be."""
+    `progress`; a one-line ScenarioError naming both sizes where it cannot be. A resize drops the
+    scenario's megatron degrees, so where `kinds` (the strategies validated) holds megatron, a
+    megatron scenario's degree other than 1 is refused in one line instead of run as 1."""
     world_size, ranks = profile.world_size, scenario.num_gpus
     if ranks == world_size:
         return scenario
     shape = f"{scenario.cluster.num_nodes} x {scenario.cluster.gpus_per_node}"
+    strategy = scenario.strategy
+    if MEGATRON in kinds and strategy.kind == MEGATRON:
+        runnable_sharding(strategy.tp_degree, strategy.pp_degree, 1, "full_shard", strategy.cp_degree)
+        if strategy.ep_degree != 1:
+            raise ScenarioError(f"strategy.ep_degree: {strategy.ep_degree} is set for the scenario's {ranks} ranks "
+                                f"and does not carry over to the profile's world size {world_size}; calibrate "
+                                f"at world size {ranks}")
     try:
         resized = scenario_for_gpus(scenario, world_size)
     except ScenarioError:
@@ -132,6 +146,11 @@ def at_profile_world_size(scenario: Scenario, profile: Profile, progress=None) -
         progress(f"validating at the profile's world size {world_size}: the scenario's cluster of {ranks} ranks "
                  f"({shape}) runs as {resized.cluster.num_nodes} x {resized.cluster.gpus_per_node}")
     return resized
+
+
+def _kinds(specs: list[tuple[str, int | None]]) -> tuple[str, ...]:
+    """The strategy kinds of `--strategies` specs (`1f1b:4` is 1f1b)."""
+    return tuple(kind.partition(":")[0] for kind, _ in specs)
 
 
 def step_span_table(launches: list[list[dict]]) -> pd.DataFrame:
@@ -191,7 +210,7 @@ def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, in
     workload = resolve_workload(scenario.model, scenario.base_dir)
     costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
     check_measured_collectives(scenario, profile_path)
-    scenario = at_profile_world_size(scenario, costs.profile)
+    scenario = at_profile_world_size(scenario, costs.profile, kinds=_kinds(specs))
     cases = prepare_cases(scenario, workload, costs, specs, options, skip_unfit_ghp=skip_unfit_ghp)
     return {case.label: case.predicted.step_time_s for case in cases}
 
