@@ -21,6 +21,8 @@ try:
     import importlib
     import os
     import re
+    import signal
+    import threading
 
     from ghpsim import arguments
 except KeyboardInterrupt:  # `ghpsim` and `python -m ghpsim` import this module before `main` runs
@@ -124,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "profile", None) == "":  # else "no profile" on some commands, "." on others
         print("ghpsim: error: --profile: needs a file name (got '')", file=sys.stderr)
         return EXIT_USAGE
+    with first_interrupt_only():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """`args.command` run, its user errors, interrupt and running out of memory reported in one line."""
     try:
         return load(COMMANDS[args.command][0])(args)
     except MemoryError:
@@ -151,6 +159,32 @@ def main(argv: list[str] | None = None) -> int:
     print(one_line(f"ghpsim: error: ran out of memory running {out_of_memory_task(args)}; "
                    "try a smaller model, batch or cluster"), file=sys.stderr)
     return EXIT_USAGE
+
+
+class first_interrupt_only:
+    """For the command's run: the first Ctrl-C raises KeyboardInterrupt as usual and every later one is
+    ignored, so a second Ctrl-C cannot cut short the clean-up that stops the ranks and keeps what was
+    measured, nor kill the interpreter while it exits. The previous handler is restored unless a
+    Ctrl-C came (the process is then ending). A no-op outside the main thread or where SIGINT is
+    not the default handler's (a shell's background job ignores it)."""
+
+    def __enter__(self):
+        self.installed = (threading.current_thread() is threading.main_thread()
+                          and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        self.interrupted = False
+        if self.installed:
+            signal.signal(signal.SIGINT, self._interrupt)
+        return self
+
+    def _interrupt(self, signum, frame):
+        self.interrupted = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc_info):
+        if self.installed and not self.interrupted:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        return False
 
 
 def out_of_memory_task(args: argparse.Namespace) -> str:

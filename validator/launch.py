@@ -15,6 +15,7 @@ clean-up) exits within LAUNCHER_POLL_S seconds on its own.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import queue
@@ -105,6 +106,7 @@ def init_rank(rank: int, config: LaunchConfig, init_method: str) -> None:
 
 def _entry(rank: int, function, args, config: LaunchConfig, init_method: str, results, launcher_pid: int,
            beats) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's: it stops the ranks (`_stop`)
     exit_with(launcher_pid)
     heartbeat(beats, rank)
     try:
@@ -132,15 +134,16 @@ def spawn(function, args: tuple, config: LaunchConfig) -> list:
     beats = context.Array("d", config.world_size, lock=False)  # each rank's last heartbeat; 0: none yet
     init_method = f"tcp://127.0.0.1:{free_port()}"
     processes = []
-    for rank in range(config.world_size):
-        process = context.Process(target=_entry, args=(rank, function, args, config, init_method, results, os.getpid(),
-                                                       beats), daemon=True)
-        process.start()
-        processes.append(process)
     values: dict[int, object] = {}
-    deadline = time.monotonic() + config.timeout_s
     failed = True
     try:
+        with sigint_held():  # the forkserver (importing torch) and the ranks inherit SIGINT blocked
+            for rank in range(config.world_size):
+                process = context.Process(target=_entry, args=(rank, function, args, config, init_method, results,
+                                                               os.getpid(), beats), daemon=True)
+                process.start()
+                processes.append(process)
+        deadline = time.monotonic() + config.timeout_s
         while len(values) < config.world_size:
             try:
                 rank, status, value = results.get(timeout=0.2)
@@ -156,6 +159,32 @@ def spawn(function, args: tuple, config: LaunchConfig) -> list:
     finally:
         _stop(processes, at_once=failed)
     return [values[rank] for rank in range(config.world_size)]
+
+
+@contextlib.contextmanager
+def sigint_held():
+    """Ctrl-C held off for the block and raised as KeyboardInterrupt after it, so no rank starts
+    unrecorded (one the launcher never stops). Processes started inside inherit SIGINT blocked, so a
+    Ctrl-C at the terminal reaches the launcher alone: no traceback from the forkserver importing
+    torch or from a rank (POSIX pthread_sigmask; Python runs signal handlers in the main thread only,
+    so elsewhere the block runs as it is). The held Ctrl-C goes to the handler that was in place."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    caught: list[int] = []
+    handler = signal.getsignal(signal.SIGINT)
+    defer = callable(handler)  # a Python handler (the default raises KeyboardInterrupt); not SIG_IGN or SIG_DFL
+    if defer:
+        signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+        if defer:
+            signal.signal(signal.SIGINT, handler)
+    if caught:
+        handler(signal.SIGINT, None)
 
 
 def _death(rank: int, exitcode: int) -> str:
