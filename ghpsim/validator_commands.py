@@ -225,8 +225,9 @@ def check_validate_flags(args) -> None:
 
 
 def cmd_import_model(args) -> int:
-    from validator.import_model import import_model
+    from validator.import_model import check_table_name, import_model
     shape = tuple(_int_list(args.input_shape, "--input-shape"))
+    check_table_name(args.name, "--name")
     check_output_file(args.out, "--out")  # before the user's code runs
     if Path(args.out).suffix.lower() not in (".yaml", ".yml"):  # a layer table in YAML, as model.file reads it
         raise ScenarioError(f"--out {args.out}: the layer table is written in YAML; name it .yaml or .yml")

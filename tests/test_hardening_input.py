@@ -267,6 +267,22 @@ def test_import_model_says_it_runs_the_users_code(tmp_path, capsys):
     assert written["out"] == str(out) and written["layers"] == len(yaml.safe_load(out.read_text())["layers"]) > 0
 
 
+@pytest.mark.parametrize("flags, named", [
+    (["--input-shape", "99999999999999999999"], "input_shape [99999999999999999999] holds 1e+20 elements"),
+    (["--input-shape", "32,99999,99999,99999"], "input_shape [32, 99999, 99999, 99999] holds 3.2e+16"),
+    (["--input-shape", "32", "--name", "a" * 10_001], "--name: 'aaaa"),
+    (["--input-shape", "32", "--name", "a\nb"], "--name: 'a\\nb' (3 characters) must be printable"),
+])
+def test_import_model_refuses_a_shape_torch_cannot_hold_and_a_name_its_table_could_not_be_read_with(
+        tmp_path, capsys, flags, named):
+    pytest.importorskip("torch")
+    out = tmp_path / "mlp.yaml"
+    assert main(["import-model", "tests.byo_models:tiny_mlp", "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ghpsim: error:") and named in err and err.count("\n") == 1
+    assert not out.exists()
+
+
 # ----------------------------------------------------------------------------- stragglers, switches, model params
 
 @pytest.mark.parametrize("factor", ["0.05", "0.999"])

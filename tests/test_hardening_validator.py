@@ -27,6 +27,9 @@ def _one_line(capsys, code: int, *needles: str) -> None:
 @pytest.mark.parametrize("argv, needle", [
     (["validate", SMALL, "--profile", "missing.json", "--steps", "0"], "--steps: 0"),
     (["validate", SMALL, "--profile", "missing.json", "--warmup", "-1"], "--warmup: -1"),
+    (["validate", SMALL, "--profile", "missing.json", "--steps", "10001"], "--steps: 10001 must be from 1 to 10,000"),
+    (["validate", SMALL, "--profile", "missing.json", "--warmup", "99999999"], "--warmup: 99999999 must be from 0"),
+    (["validate", SMALL, "--profile", "missing.json", "--rank", "--warmup", "10001"], "--warmup: 10001"),
     (["validate", SMALL, "--profile", "missing.json", "--timeout", "0"], "--timeout: 0"),
     (["validate", SMALL, "--profile", "missing.json", "--rank", "--steps", "0"], "--steps: 0"),
     (["calibrate", "--scenario", SMALL, "--out", "x.json", "--world-size", "0"], "--world-size: 0"),

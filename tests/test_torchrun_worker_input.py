@@ -100,13 +100,14 @@ def test_bad_torchrun_environment(capsys, monkeypatch, torchrun_vars, no_real_ru
     assert_one_line_error(run_main(capsys, SCENARIO, *TWO_RANKS, "--steps", "1"), "error:", *needles)
 
 
-# defect 3: argparse errors on one line, naming only the bad option
+# argparse errors on one line, naming only the bad option
 
 
 @pytest.mark.parametrize("flag, value, needle", [
-    ("--steps", "0", "0 is out of range (at least 1)"),
+    ("--steps", "0", "0 is out of range (1 to 10,000)"),
+    ("--steps", "10001", "10001 is out of range (1 to 10,000)"),
     ("--steps", "two", "'two' is not a whole number"),
-    ("--warmup", "-1", "-1 is out of range (at least 0)"),
+    ("--warmup", "-1", "-1 is out of range (0 to 10,000)"),
     ("--timeout", "abc", "'abc' is not a number of seconds"),
     ("--timeout", "0", "0 is out of range"),
     ("--timeout", "inf", "inf is out of range"),

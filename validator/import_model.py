@@ -63,6 +63,7 @@ such a table can be simulated, not run for real. Every failure raises
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import re
 import sys
@@ -75,6 +76,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from simulator.errors import ScenarioError
+from simulator.limits import MAX_INT, MAX_STRING_CHARS
 from simulator.workload import LAYER_TABLE_COLUMNS
 from validator.layers_flops import ForwardFlopCounter
 
@@ -134,7 +136,21 @@ def _check_shape(target: str, input_shape) -> tuple[int, ...]:
     if not ok:
         raise ScenarioError(f"import target {target!r}: input_shape {input_shape!r} must be a "
                             f"non-empty tuple of positive ints (one sample, no batch dimension)")
+    if math.prod(shape) > MAX_INT:  # torch's sizes are 64-bit: past this a tensor cannot even be described
+        raise ScenarioError(f"import target {target!r}: input_shape {list(shape)} holds {math.prod(shape):.3g} "
+                            f"elements per sample, more than {MAX_INT:.3g} (simulator.limits.MAX_INT)")
     return shape
+
+
+def check_table_name(name: str | None, field: str = "name") -> None:
+    """One-line ScenarioError naming `field` unless `name` is None or printable text of 1 to
+    MAX_STRING_CHARS characters: the limit the written table is read back under (simulator.limits)."""
+    if name is None:
+        return
+    if not name.strip() or len(name) > MAX_STRING_CHARS or not name.isprintable():
+        shown = repr(name[:40]) + ("..." if len(name) > 40 else "")
+        raise ScenarioError(f"{field}: {shown} ({len(name)} characters) must be printable text of 1 to "
+                            f"{MAX_STRING_CHARS:,} characters on one line")
 
 
 def _layer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -264,6 +280,7 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
     """Layer-table document `{"name", "input_spec", "layers"}` of the model `factory(**kwargs)`
     named by `target` ("package.module:factory"), traced with one sample of `input_shape`."""
     shape = _check_shape(target, input_shape)
+    check_table_name(name)
     factory = _resolve_factory(target)
     try:
         with torch.device("meta"):

@@ -32,6 +32,7 @@ from simulator.output import check_output_file, write_json_atomic
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
 from validator.errors import RankFailure
+from validator.validate import MAX_RUN_STEPS
 from validator.worker_watchdog import Watchdog
 
 PROG = "python -m validator.torchrun_worker"
@@ -64,15 +65,15 @@ class WorkerParser(OneLineParser):
         self.exit(EXIT_USAGE, one_line(f"{worker_prefix()}: error: {message} (see {self.prog} --help)") + "\n")
 
 
-def count_at_least(minimum: int):
-    """argparse type: a whole number >= `minimum` (the error names the value and the bound)."""
+def count_at_least(minimum: int, maximum: int = MAX_RUN_STEPS):
+    """argparse type: a whole number from `minimum` to `maximum` (the error names the value and the bounds)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is out of range (at least {minimum})")
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({minimum} to {maximum:,})")
         return value
     return parse
 
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("scenario", help="scenario YAML; its cluster must have WORLD_SIZE devices")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key (dotted), e.g. cluster.gpus_per_node=2")
-    parser.add_argument("--steps", type=count_at_least(1), default=10, help="measured steps (at least 1)")
+    parser.add_argument("--steps", type=count_at_least(1), default=10, help="measured steps (1 to 10,000)")
     parser.add_argument("--warmup", type=count_at_least(0), default=3, help="untimed steps before them")
     parser.add_argument("--out", default="reports/torchrun_run.json", help="JSON file rank 0 writes")
     parser.add_argument("--timeout", type=positive_seconds, default=300.0,
