@@ -11,7 +11,7 @@ forward and its input gradients backward) and its share of what closes its step:
 gradient allreduce that its backward does not hide, and its optimizer step (`StageUpdate`). This
 is the linear-partition DP (Bokhari 1988) with the PipeDream partitioner's stage cost at a fixed
 replication (Narayanan et al. SOSP 2019), O(M L^2), vectorised with numpy. A flushed pipeline
-weighs the fill too (`flushed_partition`: the sum plus m - 1 times the slowest stage).
+weighs the fill too (`flushed_partition`: the sum plus m - 1 times the slowest stage; interleaved, the busiest device).
 
 Serial (one batch through the stages, no micro-batches: GHP, MP): the step is the sum of the
 stages' costs plus the longest tail of allreduce and optimizer step left after the backward pass
@@ -121,28 +121,38 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
                       num_chunks: int, update: StageUpdate | None, num_microbatches: int,
                       num_virtual_stages: int = 1) -> tuple[tuple[int, int], ...]:
     """Layer ranges of a flushed pipeline (GPipe, 1F1B, interleaved, megatron) minimising its step,
-    sum_k c_k / v + (m v - 1) max_k c_k over the chunks' per-micro-batch costs c_k (arguments as
-    `balanced_partition`): one micro-batch crosses every chunk (the fill and drain), the slowest
-    chunk paces the other m v - 1 (TeraPipe, Li et al. ICML 2021, eq. 2, with v chunks a device
-    as Narayanan et al. SC'21 sec. 2.2 count them). With few micro-batches the fill dominates and
+    sum_k c_k / v + max((m v - 1) max_k p_k, (m - 1 / v) max_d L_d) over the chunks' costs c_k a
+    micro-batch (arguments as `balanced_partition`; c_k holds its share of the stage's update,
+    p_k not), L_d the sum of the v chunks device d holds (chunks d, d + M, ...): one micro-batch
+    crosses every chunk (the fill and drain), then the slowest chunk and the busiest device pace
+    the rest (TeraPipe, Li et al. ICML 2021, eq. 2, with v chunks a device as Narayanan et al.
+    SC'21 sec. 2.2 count them; for v = 1 both terms are (m - 1) max_k c_k, and the update, paid
+    once a step, paces no chunk m v times). With few micro-batches the fill dominates and
     a split that keeps the transfers small beats one that evens the compute. For each bound X on
-    the slowest chunk between the balanced split's and the first that cannot beat it, a min-sum
-    chain over the ranges whose cost is at most X (quantiles of the costs there when there are
-    more than `SERIAL_TAIL_CANDIDATES`, fewer where M L^2 is large: `FLUSHED_BOUND_WORK`)."""
+    the slowest chunk between the balanced split's and the first that cannot beat it (L_d >= each
+    of its chunks), a min-sum chain over the ranges whose cost is at most X (quantiles of the costs
+    there when there are more than `SERIAL_TAIL_CANDIDATES`, fewer where M L^2 is large:
+    `FLUSHED_BOUND_WORK`). Exact for v = 1; for v > 1 the best of those chains, as no bound on one
+    chunk evens the sums of chunks a device holds."""
     extra = None if update is None else update.exposed_s
     costs = list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks, extra))
-    v, paced = num_virtual_stages, num_microbatches * num_virtual_stages - 1
+    v, paced = num_virtual_stages, num_microbatches - 1 / num_virtual_stages
+    num_devices = num_chunks // v
+    per_microbatch = costs if v == 1 or extra is None else \
+        list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks))
 
     def step_s(ranges) -> float:
         chunk_costs = [cost[a, b - 1] for cost, (a, b) in zip(costs, ranges)]
-        return sum(chunk_costs) / v + paced * max(chunk_costs)
+        busiest_s = max(sum(chunk_costs[device::num_devices]) for device in range(num_devices))
+        slowest_s = max(cost[a, b - 1] for cost, (a, b) in zip(per_microbatch, ranges))
+        return sum(chunk_costs) / v + max((num_microbatches * v - 1) * slowest_s, paced * busiest_s)
 
     least_max, best = _best_chain(costs, np.maximum)
     least_sum, fewest = _best_chain(costs, np.add)
     best_s = step_s(best)
     if step_s(fewest) < best_s:
         best_s, best = step_s(fewest), fewest
-    if paced == 0:
+    if paced == 0:  # one micro-batch, one chunk a device: the sum alone
         return best
     above = (best_s - least_sum / v) / paced  # no slowest chunk from here on can beat the best
     values = np.unique(np.concatenate([cost[(cost >= least_max) & (cost < above)] for cost in costs]))
