@@ -166,9 +166,12 @@ def load_hf_config(path: Path, params: dict) -> Workload:
         raise ScenarioError(f"{what}: expected a JSON object")
 
     def positive(key: str, default=None) -> int:
-        value = config.get(key, default)
+        value = config.get(key)
+        if value is None and default is not None:  # absent or null: transformers' default
+            value = default
         if value is None:
-            raise ScenarioError(f"{what}: missing key {key}")
+            raise ScenarioError(f"{what}: {key}: expected a positive integer, got null" if key in config
+                                else f"{what}: missing key {key}")
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             got = f", got {value!r}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
             raise ScenarioError(f"{what}: {key}: expected a positive integer{got}")
@@ -193,7 +196,7 @@ def load_hf_config(path: Path, params: dict) -> Workload:
         raise ScenarioError(f"{what}: tie_word_embeddings: expected true or false")
     built = {ours: positive(key) for key, ours in HF_DIMENSIONS.items()}
     own_head_dim = config.get("head_dim")  # Qwen3, Mistral-NeMo: heads wider or narrower than hidden / heads
-    if own_head_dim is not None and own_head_dim * built["num_heads"] != built["hidden_size"]:
+    if own_head_dim is not None and positive("head_dim") * built["num_heads"] != built["hidden_size"]:
         raise ScenarioError(f"{what}: head_dim: {own_head_dim} x num_attention_heads {built['num_heads']} is not "
                             f"hidden_size {built['hidden_size']}; attention is modelled with head_dim = hidden_size / "
                             "num_attention_heads only")
@@ -203,12 +206,18 @@ def load_hf_config(path: Path, params: dict) -> Workload:
     if pretrained is not None:
         built["seq_len"] = pretrained
     built["tie_embeddings"] = tie
-    if model_type in HF_QKV_BIAS_TYPES:
-        built["qkv_bias"] = True
     experts = _hf_experts(config, built, positive, what)
+    if model_type in HF_QKV_BIAS_TYPES:
+        if experts:
+            raise ScenarioError(f"{what}: model_type: {_shown(model_type)} with experts: a mixture of experts with "
+                                "Q, K and V biases is not supported yet")
+        built["qkv_bias"] = True
     factory, build = (moe, moe_workload) if experts else (llama, llama_workload)
     built.update(experts)
-    if config.get("sliding_window") and config.get("use_sliding_window", True) \
+    windowed = config.get("use_sliding_window", True)
+    if not isinstance(windowed, bool):
+        raise ScenarioError(f"{what}: use_sliding_window: expected true or false, got {_shown(windowed)}")
+    if config.get("sliding_window") and windowed \
             and "sliding_window" in inspect.signature(factory).parameters:  # Mistral-style window
         built["sliding_window"] = positive("sliding_window")
     params = checked_params("hf_config", factory, params, "an hf_config model")
@@ -230,10 +239,24 @@ def load_hf_config(path: Path, params: dict) -> Workload:
     return workload
 
 
-def _original_context(config: dict):
-    """rope_scaling's original_max_position_embeddings as the file gives it, or None."""
+def _original_context_key(config: dict) -> str | None:
+    """Where the file gives the context before a RoPE extension: rope_scaling's
+    original_max_position_embeddings (LLaMA-3.1), the top-level key (Phi-3's LongRoPE), or None."""
     rope = config.get("rope_scaling")
-    return rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
+    if isinstance(rope, dict) and rope.get("original_max_position_embeddings") is not None:
+        return "rope_scaling.original_max_position_embeddings"
+    return "original_max_position_embeddings" if config.get("original_max_position_embeddings") is not None else None
+
+
+def _original_context(config: dict):
+    """The pre-extension context as the file gives it (`_original_context_key`), or None."""
+    key = _original_context_key(config)
+    if key is None:
+        return None
+    return config["rope_scaling"][ORIGINAL] if key.startswith("rope_scaling.") else config[ORIGINAL]
+
+
+ORIGINAL = "original_max_position_embeddings"
 
 
 def _shown(value) -> str:
@@ -245,11 +268,14 @@ def _shown(value) -> str:
 def _pretraining_context(config: dict, max_positions: int, what: str) -> int | None:
     """rope_scaling's original_max_position_embeddings (the context before a RoPE extension such as
     LLaMA-3.1's, from 8,192 to 131,072 tokens: the length pre-training ran at), or None."""
+    rope = config.get("rope_scaling")
+    if rope is not None and not isinstance(rope, dict):
+        raise ScenarioError(f"{what}: rope_scaling: expected an object or null, got {_shown(rope)}")
     original = _original_context(config)
     if original is None:
         return None
     if not isinstance(original, int) or isinstance(original, bool) or not 1 <= original <= max_positions:
-        raise ScenarioError(f"{what}: rope_scaling.original_max_position_embeddings: expected a positive integer "
+        raise ScenarioError(f"{what}: {_original_context_key(config)}: expected a positive integer "
                             f"up to max_position_embeddings ({max_positions}), got {_shown(original)}")
     return original
 
@@ -260,8 +286,8 @@ def hf_key(ours: str, config: dict) -> str:
     deepseek = config.get("n_routed_experts") is not None
     keys = {**{ours: key for key, ours in (*HF_DIMENSIONS.items(), *HF_MOE_KEYS.items())},
             "num_kv_heads": "num_key_value_heads" if "num_key_value_heads" in config else "num_attention_heads",
-            "seq_len": "rope_scaling.original_max_position_embeddings" if _original_context(config) is not None
-            else "max_position_embeddings", "max_positions": "max_position_embeddings",
+            "seq_len": _original_context_key(config) or "max_position_embeddings",
+            "max_positions": "max_position_embeddings",
             "num_experts": "n_routed_experts" if deepseek else "num_local_experts",
             "expert_ffn_hidden_size": "moe_intermediate_size" if deepseek else "intermediate_size",
             "dense_ffn_hidden_size": "intermediate_size", "tie_embeddings": "tie_word_embeddings"}
@@ -271,9 +297,14 @@ def hf_key(ours: str, config: dict) -> str:
 def _hf_experts(config: dict, built: dict, positive, what: str) -> dict:
     """`moe_workload` keywords of a mixture-of-experts config.json (`HF_MOE_KEYS`), {} for a dense
     model; moves intermediate_size to the experts' width (Mixtral) or the dense layers' (DeepSeek)."""
-    if config.get("num_local_experts") is None and config.get("n_routed_experts") is None:
-        return {}  # a dense model (a present key, 0 included, is checked below: `positive`)
     deepseek = config.get("n_routed_experts") is not None
+    if not deepseek:  # these change a model's size, and only DeepSeekMoE's layers read them
+        for key in DEEPSEEK_ONLY_KEYS:
+            if config.get(key):
+                raise ScenarioError(f"{what}: {key}: {_shown(config[key])} is read only with n_routed_experts "
+                                    "(DeepSeekMoE); this config has none")
+    if config.get("num_local_experts") is None and not deepseek:
+        return {}  # a dense model (a present key, 0 included, is checked below: `positive`)
     if deepseek and config.get("moe_layer_freq", 1) != 1:
         raise ScenarioError(f"{what}: moe_layer_freq: only 1 (every layer after the dense ones) is supported")
     key = "n_routed_experts" if deepseek else "num_local_experts"
@@ -293,6 +324,10 @@ def _hf_experts(config: dict, built: dict, positive, what: str) -> dict:
     else:
         experts["expert_ffn_hidden_size"] = dense_ffn
     return experts
+
+
+DEEPSEEK_ONLY_KEYS = ("n_shared_experts", "moe_intermediate_size", "first_k_dense_replace")
+"""DeepSeekMoE's keys (`DeepseekConfig`), refused in any other config: none is read there."""
 
 
 def load_layer_table(path: Path) -> Workload:

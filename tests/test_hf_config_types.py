@@ -80,3 +80,35 @@ def test_a_rope_extended_model_trains_at_its_pre_training_context(tmp_path):
 def test_the_summary_gives_the_exact_parameter_count():
     summary = simulate(load_scenario(ROOT / "scenarios" / "llama3_8b_dgx_h100.yaml")).summary
     assert summary["model_params"] == build_model("llama3-8b").num_params == 8_030_261_248
+
+
+def test_phi3s_top_level_pre_training_context_is_read(tmp_path):
+    # microsoft/Phi-3-mini-128k-instruct: LongRoPE from 4,096 to 131,072 tokens, the original at the top level
+    phi3 = {**LLAMA3_8B, "model_type": "phi3", "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096,
+            "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}
+    assert _workload(tmp_path, phi3).input_spec["shape"] == [4096]
+    message = _error(tmp_path, {**phi3, "original_max_position_embeddings": 10**6})
+    assert "original_max_position_embeddings: expected a positive integer up to max_position_embeddings " \
+           "(131072), got 1000000" in message and "rope_scaling." not in message
+
+
+def test_a_null_kv_head_count_means_one_per_head_as_in_transformers(tmp_path):
+    assert _workload(tmp_path, {**LLAMA3_8B, "num_key_value_heads": None, "num_attention_heads": 32}).num_params \
+        == _workload(tmp_path, {**LLAMA3_8B, "num_key_value_heads": 32}).num_params
+    assert _error(tmp_path, {**LLAMA3_8B, "hidden_size": None}).endswith(
+        "hidden_size: expected a positive integer, got null")
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"model_type": "qwen2", "num_local_experts": 8, "num_experts_per_tok": 2},
+     "model_type: 'qwen2' with experts: a mixture of experts with Q, K and V biases is not supported yet"),
+    ({"num_local_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 2},
+     "n_shared_experts: 2 is read only with n_routed_experts (DeepSeekMoE); this config has none"),
+    ({"moe_intermediate_size": 1408}, "moe_intermediate_size: 1408 is read only with n_routed_experts"),
+    ({"head_dim": "128"}, "head_dim: expected a positive integer"),
+    ({"use_sliding_window": "false", "sliding_window": 4096}, "use_sliding_window: expected true or false, got 'false'"),
+    ({"rope_scaling": [1, 2]}, "rope_scaling: expected an object or null, got [1, 2]"),
+])
+def test_a_key_that_would_change_the_model_is_never_dropped_or_misread(tmp_path, change, named):
+    assert named in _error(tmp_path, {**LLAMA3_8B, **change})
