@@ -150,7 +150,7 @@ def schedule(parser: argparse.ArgumentParser) -> None:
                         help="spectrain: predict before backwards too (staggered, the default) or not (forward)")
     parser.add_argument("--no-stash", action="store_true", help="pipedream without weight stashing (the order "
                         "and the grid are the same; --json's per-stage stashed versions are 0)")
-    parser.add_argument("--json", action="store_true", help="print ops, slots, grid and per-stage figures as JSON")
+    parser.add_argument("--json", action="store_true", help="print each rank's ops (ranks), slots, grid and per-stage figures as JSON")
 
 
 def search(parser: argparse.ArgumentParser) -> None:

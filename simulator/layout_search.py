@@ -266,8 +266,10 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
     workers = max(1, min((os.cpu_count() or 1) if workers is None else workers, len(candidates)))  # no idle processes
     pool, finished = (quiet_pool(workers) if workers > 1 else None), False
     try:
-        screened, stats.seconds["memory"], stats.seconds["bound"] = screen_all(scenario, workload, candidates,
-                                                                               pool, workers)
+        with _bar(f"screening {len(candidates):,} layouts (memory floor, step bound)", show_progress) as bar:
+            task = bar.add_task("screen", total=len(candidates))
+            screened, stats.seconds["memory"], stats.seconds["bound"] = screen_all(
+                scenario, workload, candidates, pool, workers, lambda count: bar.advance(task, count))
         for candidate, found in zip(candidates, screened):
             if found.error is not None:
                 skipped.append({"label": candidate.label, "reason": found.error})
@@ -321,9 +323,6 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_pr
     """Pop candidates by bound until the next bound exceeds the top-th best time that fits; a popped
     candidate that `refuse` names a reason for (`search_gates.unfolded_refusal`, checked only for the
     candidates that could still win) is not simulated."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-
-    from simulator.progress import stderr_progress
     heap, capacity = list(queue), usable_memory_bytes(scenario)
     best: list[float] = []  # negated step times of the top fitting candidates (a max-heap)
     done: list[tuple[Candidate, dict]] = []
@@ -346,13 +345,15 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_pr
                 "check_memory": scenario.strategy.gradient_compression == "none"
                 and floors[candidate] >= EXACT_CHECK_FRACTION * capacity}
 
-    progress = stderr_progress(TextColumn("searching layouts"), BarColumn(), MofNCompleteColumn(),
-                               TextColumn("simulated"), TimeElapsedColumn(), enabled=show_progress)
+    def still_to_go() -> int:  # simulated, running, and queued under the bound the top K set now
+        return len(done) + len(running) + sum(1 for bound_s, _, _ in heap if bound_s <= limit())
+
     clock = time.perf_counter()
-    with progress:
-        task = progress.add_task("search", total=len(heap))
+    with _bar("simulating the layouts that can still win", show_progress) as progress:
         running: dict = {}
+        task = progress.add_task("search", total=still_to_go())
         while heap or running:
+            progress.update(task, total=still_to_go())
             while heap and len(running) < workers and heap[0][0] <= limit():
                 _, _, candidate = heapq.heappop(heap)
                 refusal = refuse(candidate)
@@ -372,3 +373,12 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_pr
                 progress.advance(task)
     stats.seconds["simulate"] = time.perf_counter() - clock  # wall time, the exact memory checks included
     return done
+
+
+def _bar(title: str, enabled: bool):
+    """A progress bar on stderr (`simulator.progress`): title, bar, done / total, elapsed time."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from simulator.progress import stderr_progress
+    return stderr_progress(TextColumn(title), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           enabled=enabled)

@@ -21,16 +21,14 @@ from simulator.model_source import resolve_workload
 from simulator.output import check_distinct_files, check_figure_file, model_files
 from simulator.planner import (ASYNC_KINDS, MEGATRON, Candidate, Ranking, candidate_kinds, candidate_scenario,
                                grid_candidate)
-from simulator.scenario import Scenario, load_scenario, scenario_from_dict
+from simulator.scenario import PIPELINE_KINDS, Scenario, load_scenario, scenario_from_dict
 from simulator.simulate import analytic_costs
 
 GRID_KINDS = ("dp", "mp", "ghp")
 
 
-
-
 def run(args) -> int:
-    from simulator.layout_search import search_layouts
+    from simulator.layout_search import MICROBATCH_SIZES, search_layouts
     for option, value in (("--top", args.top), ("--workers", args.workers), ("--steps", args.steps)):
         if value is not None and value < 1:
             raise ScenarioError(f"{option}: {value} must be a positive integer")
@@ -49,9 +47,10 @@ def run(args) -> int:
     microbatches = None if args.microbatches == "auto" else positive_ints(args.microbatches, "--microbatches")
     sizes_b = positive_ints(args.microbatch_sizes, "--microbatch-sizes")
     kinds = _kinds(args.kinds)
+    _check_used(kinds, microbatches is not None, tuple(sizes_b) != MICROBATCH_SIZES)
     scenario = load_scenario(args.scenario, args.overrides)
     batch = scenario.training.global_batch_size
-    if all(batch % size for size in sizes_b):  # then it divides no replica's share of the batch either
+    if (kinds is None or MEGATRON in kinds) and all(batch % size for size in sizes_b):  # nor any replica's share
         raise ScenarioError(f"--microbatch-sizes: none of {args.microbatch_sizes} divides training.global_batch_size "
                             f"{batch}, so no replica's batch splits into such micro-batches")
     check_distinct_files({"--plot": args.plot}, {"the scenario": args.scenario, **model_files(scenario)})
@@ -65,7 +64,7 @@ def run(args) -> int:
             raise unfit
         plan_run(ranking, args.tokens, args.steps, args.price_per_gpu_hour)
         add_reproduction(ranking, scenario, args.overrides)
-        heuristics = heuristic_rows(ranking) if len(sizes) == 1 and _grid_searched(ranking) else []
+        heuristics = heuristic_rows(ranking) if _grid_searched(ranking) else []
         why = None if unfit is None else str(unfit).partition(": ")[2]  # the reason, without the flag to blame
         results.append((ranking, heuristics, why))
     if all(why for *_, why in results):  # several sizes, none with a layout that fits
@@ -75,11 +74,14 @@ def run(args) -> int:
         several = len(sizes) > 1  # each size says why none of its layouts fits, or null
         documents = [{**ranking.to_dict(), "heuristics": heuristics, **({"no_layout_fits": why} if several else {})}
                      for ranking, heuristics, why in results]
-        print(json.dumps(documents[0] if len(documents) == 1 else {"sizes": documents}, indent=1))
+        document = documents[0] if len(documents) == 1 else {
+            "sizes": documents, "pareto_gpus": [ranking.scenario.num_gpus for ranking, row in
+                                                pareto_bests([ranking for ranking, _, _ in results]) if row]}
+        print(json.dumps({**document, **({"plot": str(plot)} if plot else {})}, indent=1))
         return 0
     for ranking, heuristics, why in results:
         if why is None:
-            print_ranking(ranking, heuristics, args.top)
+            print_ranking(ranking, heuristics, args.top, args.exhaustive)
         else:
             print(f"{_title(ranking)}: {why}")
     if len(results) > 1:
@@ -236,7 +238,7 @@ def heuristic_rows(ranking: Ranking, costs=None) -> list[dict]:
     return rows
 
 
-def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
+def print_ranking(ranking: Ranking, heuristics: list[dict], top: int, exhaustive: bool = False) -> None:
     from simulator.tables import make_console
     console = make_console()
     table = Table(title=_title(ranking), caption="lost to: where the step exceeds #1's most (compute, bubble, "
@@ -276,7 +278,8 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
     if not heuristics:
         return
     picks = Table(title="GHP heuristics (closed form, no simulation) vs the simulated best",
-                  caption="rank among the layouts simulated: the search stops early, --exhaustive simulates all")
+                  caption="rank among every layout that may fit in memory (--exhaustive)" if exhaustive else
+                  "rank among the layouts simulated: the search stops early, --exhaustive simulates all")
     for column in ("heuristic", "pick", "closed form (ms)", "simulated (ms)", "rank", "regret %",
                    "vs best grid %"):
         picks.add_column(column, justify="left" if column in ("heuristic", "pick") else "right")
@@ -290,16 +293,12 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int) -> None:
 def print_comparison(rankings: list) -> None:
     """Cluster sizes side by side: each size's best layout that fits and its run figures, or "no
     layout fits"; the Pareto front of time and cost among the sizes with a layout that fits."""
-    from simulator.rank_reasons import pareto_front, row_cost
     from simulator.tables import make_console
     table = Table(title="cluster sizes: the best layout of each")
     for column in ("GPUs", "best layout", "step (s)", "samples/s", "time to train (h)", "GPU-hours", "cost",
                    "Pareto"):
         table.add_column(column, justify="left" if column == "best layout" else "right")
-    bests = [next((row for row in ranking.rows if row["fits_in_memory"]), None) for ranking in rankings]
-    on_front = iter(pareto_front([(row.get("time_to_train_s", row["step_time_s"]), row_cost(row, ranking))
-                                  for ranking, row in zip(rankings, bests) if row is not None]))
-    for ranking, row in zip(rankings, bests):
+    for (ranking, on_front), row in zip(pareto_bests(rankings), _bests(rankings)):
         if row is None:
             table.add_row(str(ranking.scenario.num_gpus), "no layout fits", *["-"] * 5, "")
             continue
@@ -307,8 +306,35 @@ def print_comparison(rankings: list) -> None:
         table.add_row(str(ranking.scenario.num_gpus), row["label"], _number(row["step_time_s"], 3),
                       _number(row["throughput_samples_per_s"], 1), "-" if hours is None else _amount(hours / 3600, 1),
                       "-" if hours is None else _amount(row["gpu_hours"]),
-                      "-" if row.get("cost") is None else _amount(row["cost"]), "yes" if next(on_front) else "")
+                      "-" if row.get("cost") is None else _amount(row["cost"]), "yes" if on_front else "")
     make_console().print(table)
+
+
+def _bests(rankings: list) -> list[dict | None]:
+    """Each size's best layout that fits, or None."""
+    return [next((row for row in ranking.rows if row["fits_in_memory"]), None) for ranking in rankings]
+
+
+def pareto_bests(rankings: list) -> list[tuple]:
+    """(ranking, whether its best layout is on the Pareto front of time to train, or step time, and
+    cost among the sizes with a layout that fits; False for a size without one)."""
+    from simulator.rank_reasons import pareto_front, row_cost
+    bests = _bests(rankings)
+    on_front = iter(pareto_front([(row.get("time_to_train_s", row["step_time_s"]), row_cost(row, ranking))
+                                  for ranking, row in zip(rankings, bests) if row is not None]))
+    return [(ranking, row is not None and bool(next(on_front))) for ranking, row in zip(rankings, bests)]
+
+
+def _check_used(kinds: tuple[str, ...] | None, counts_given: bool, sizes_given: bool) -> None:
+    """One-line ScenarioError for a micro-batch flag that none of `--kinds` reads: --microbatches
+    is the pipeline kinds' m, --microbatch-sizes megatron's b."""
+    if kinds is None:
+        return
+    if counts_given and not any(kind in PIPELINE_KINDS for kind in kinds):
+        raise ScenarioError(f"--microbatches: only the pipeline kinds read it ({', '.join(PIPELINE_KINDS)}); "
+                            f"--kinds {','.join(kinds)} has none")
+    if sizes_given and MEGATRON not in kinds:
+        raise ScenarioError(f"--microbatch-sizes: only megatron layouts read it; --kinds {','.join(kinds)} has none")
 
 
 def _regret_pct(row: dict, best: dict) -> float:

@@ -73,7 +73,8 @@ def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
         axis.scatter(xs, ys, s=18, label=f"{ranking.scenario.num_gpus} GPUs")
         points += [(x, y, row["label"], ranking.scenario.num_gpus) for x, y, row in zip(xs, ys, rows)]
     front = sorted((point for point, on in zip(points, pareto_front([(x, y) for x, y, _, _ in points])) if on))
-    axis.plot([x for x, *_ in front], [y for _, y, *_ in front], color="black", linewidth=0.8, label="Pareto front")
+    axis.plot([x for x, *_ in front], [y for _, y, *_ in front], color="black", linewidth=0.8, marker="o",
+              markerfacecolor="none", markersize=8, label="Pareto front")  # a ring: seen where the front is one point
     for x, y, label, gpus in front:
         axis.annotate(f"{gpus}: {label}", (x, y), fontsize=6, xytext=(4, 4), textcoords="offset points")
     axis.set_xlabel("time to train (h)" if planned else "step time (s)")

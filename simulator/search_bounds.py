@@ -58,11 +58,14 @@ def bound_model(scenario, workload=None):
                       costs_for=costs_for)
 
 
-def screen(model, candidates) -> tuple[list[Screened], float, float]:
-    """(per candidate its `Screened`, seconds in floors, seconds in bounds) with `model`."""
+def screen(model, candidates, advance=None) -> tuple[list[Screened], float, float]:
+    """(per candidate its `Screened`, seconds in floors, seconds in bounds) with `model`;
+    `advance(1)` after each candidate (a progress bar)."""
     capacity = usable_memory_bytes(model.scenario)
     found, memory_s, bound_s = [], 0.0, 0.0
     for candidate in candidates:
+        if advance is not None and found:
+            advance(1)
         clock = time.perf_counter()
         try:
             floor = model.memory_floor_bytes(candidate)
@@ -75,6 +78,8 @@ def screen(model, candidates) -> tuple[list[Screened], float, float]:
         bound = model.bound(candidate) if floor <= capacity else None
         bound_s += time.perf_counter() - middle
         found.append(Screened(floor, bound))
+    if advance is not None and found:
+        advance(1)
     return found, memory_s, bound_s
 
 
@@ -90,10 +95,12 @@ def _screen_slice(payload: dict) -> tuple[list[Screened], float, float]:
     return screen(model, payload["candidates"])
 
 
-def screen_all(scenario, workload, candidates, pool=None, workers: int = 1) -> tuple[list[Screened], float, float]:
-    """`screen` every candidate: in this process without a pool, else in slices over its workers."""
+def screen_all(scenario, workload, candidates, pool=None, workers: int = 1,
+               advance=None) -> tuple[list[Screened], float, float]:
+    """`screen` every candidate: in this process without a pool, else in slices over its workers;
+    `advance(n)` as n more are screened (a progress bar)."""
     if pool is None or workers < 2 or len(candidates) < 2:
-        return screen(bound_model(scenario, workload), candidates)
+        return screen(bound_model(scenario, workload), candidates, advance)
     raw = scenario.model_dump(mode="json")
     size = max(1, -(-len(candidates) // (workers * SLICES_PER_WORKER)))
     futures = [pool.submit(_screen_slice, {"scenario": raw, "origin": scenario.source, "base_dir": scenario.base_dir,
@@ -102,6 +109,8 @@ def screen_all(scenario, workload, candidates, pool=None, workers: int = 1) -> t
     found, memory_s, bound_s = [], 0.0, 0.0
     for future in futures:
         part, part_memory_s, part_bound_s = future.result()
+        if advance is not None:
+            advance(len(part))
         found += part
         memory_s += part_memory_s
         bound_s += part_bound_s

@@ -103,10 +103,13 @@ def test_floors_and_bounds_over_worker_processes_equal_one_process():
     workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
     candidates = megatron_space(scenario, workload, (1, 2)) + enumerate_candidates(
         scenario, workload.num_layers, ("dp", "ghp", "1f1b"), (2, 4))[0]
-    serial, _, _ = screen_all(scenario, workload, candidates)
+    screened_serial, screened_spread = [], []  # what a progress bar is advanced by
+    serial, _, _ = screen_all(scenario, workload, candidates, advance=screened_serial.append)
     with ProcessPoolExecutor(max_workers=2) as pool:
-        spread, memory_s, bound_s = screen_all(scenario, workload, candidates, pool, workers=2)
+        spread, memory_s, bound_s = screen_all(scenario, workload, candidates, pool, workers=2,
+                                               advance=screened_spread.append)
     assert spread == serial and memory_s > 0 and bound_s > 0
+    assert sum(screened_serial) == sum(screened_spread) == len(candidates) and len(screened_spread) > 1
     fitting = [found for found in serial if found.bound is not None]
     assert 0 < len(fitting) < len(serial)  # the 64 MB device drops some layouts: they get no bound
     model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))

@@ -125,3 +125,27 @@ def test_sizes_on_several_nodes_name_their_network_and_a_default_one_is_noted(ca
     scenario.write_text(json.dumps(tiny_llm(batch=16)))  # its own ib-hdr
     code, out, _ = run(capsys, "rank", str(scenario), "--gpus", "4", "--kinds", "dp", "--workers", "1")
     assert "1 x ib-hdr a node" in out and "note:" not in out
+
+
+@pytest.mark.parametrize("flags, named", [
+    (("--kinds", "dp,mp,ghp", "--microbatch-sizes", "3"), "--microbatch-sizes: only megatron layouts read it"),
+    (("--kinds", "megatron", "--microbatches", "4"), "--microbatches: only the pipeline kinds read it"),
+])
+def test_a_micro_batch_flag_no_searched_kind_reads_is_refused(capsys, flags, named):
+    code, out, err = run(capsys, "rank", "scenarios/demo.yaml", *flags)
+    assert code == 2 and out == "" and err.startswith(f"ghpsim: error: {named}") and err.count("\n") == 1
+
+
+def test_several_sizes_keep_the_heuristics_and_name_the_pareto_sizes_and_the_plot(capsys, tmp_path):
+    plot = tmp_path / "p.png"
+    code, out, _ = run(capsys, "rank", "scenarios/demo.yaml", "--gpus", "4,8", "--kinds", "dp,mp,ghp", "--top", "2",
+                       "--workers", "1", "--json", "--plot", str(plot))
+    document = json.loads(out)
+    assert code == 0 and document["plot"] == str(plot) and plot.exists()
+    assert all(size["heuristics"] for size in document["sizes"])
+    bests = {size["num_gpus"]: size["rows"][0] for size in document["sizes"]}
+    cheaper = min(bests, key=lambda gpus: bests[gpus]["step_time_s"] * gpus)
+    assert cheaper in document["pareto_gpus"] and set(document["pareto_gpus"]) <= {4, 8}
+    code, out, _ = run(capsys, "rank", "scenarios/demo.yaml", "--gpus", "4", "--kinds", "dp,mp,ghp", "--workers", "1",
+                       "--exhaustive")
+    assert code == 0 and "rank among every layout that may fit in memory (--exhaustive)" in out

@@ -61,8 +61,8 @@ def _print(scenario, graph, points, show_configs: bool, simulated: bool) -> None
                 cells += [f"{row['simulated_step_s'] * 1e3:.2f}", f"{row['simulated_speedup_vs_dp']:.2f}x"]
             table.add_row(*cells, f"{row['search_s']:.3f}", end_section=i == len(point["results"]) - 1)
     console.print(table)
-    console.print("cost: PaSE's F in FLOP units (compute + r x bytes); PaSE cost (ms) = F / peak FLOP/s; "
-                  "simulated: the strategy's plan played by the engine")
+    console.print("cost: PaSE's F in FLOP units (compute + r x bytes); PaSE cost (ms) = F / peak FLOP/s"
+                  + ("; simulated: the strategy's plan played by the engine" if simulated else ""))
     from simulator.pase.run import describe_dp_baseline, dp_baseline
     console.print(describe_dp_baseline(dp_baseline(scenario)), highlight=False)
     for point in points if show_configs else points[-1:]:
