@@ -154,14 +154,19 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
         best_s, best = step_s(fewest), fewest
     if paced == 0:  # one micro-batch, one chunk a device: the sum alone
         return best
-    above = (best_s - least_sum / v) / paced  # no slowest chunk from here on can beat the best
+    # a split whose slowest chunk costs X takes at least least_sum / v + max((m v - 1)(X - u), paced X),
+    # u the largest update share of a chunk (0 for v = 1): no X from `above` on can beat the best
+    share_s = max(float(np.max(cost[np.isfinite(cost)] - plain[np.isfinite(cost)], initial=0.0))
+                  for cost, plain in zip(costs, per_microbatch))
+    slack_s = best_s - least_sum / v
+    above = min(slack_s / paced, slack_s / (num_microbatches * v - 1) + share_s)
     values = np.unique(np.concatenate([cost[(cost >= least_max) & (cost < above)] for cost in costs]))
     count = int(np.clip(FLUSHED_BOUND_WORK / (num_chunks * np.shape(costs[0])[0] ** 2), SERIAL_MIN_TAIL_CANDIDATES,
                         SERIAL_TAIL_CANDIDATES))
     if len(values) > count:
         values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, count)))
     for bound in values:  # ascending: once the floor at X reaches the best, no larger X can beat it
-        if least_sum / v + paced * bound >= best_s:
+        if least_sum / v + max((num_microbatches * v - 1) * (bound - share_s), paced * bound) >= best_s:
             break
         total, ranges = _best_chain([np.where(cost <= bound, cost, np.inf) for cost in costs], np.add)
         if np.isfinite(total) and step_s(ranges) < best_s:
