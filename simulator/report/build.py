@@ -3,6 +3,7 @@ as data, `render.py` turns it into HTML and Markdown)."""
 
 from __future__ import annotations
 
+from simulator.report import cost_models
 from simulator.report.document import Report, ghpsim_version
 from simulator.report.inputs import ReportInput
 from simulator.report.scenario_section import scenario_section
@@ -26,9 +27,11 @@ def build_report(data: ReportInput, title: str | None = None) -> Report:
 
 
 def profile_text(data: ReportInput) -> str:
+    """The cost model the result records (`cost_models`), or the calibration profile given."""
     if data.profile:
         return f"calibration profile {data.profile}"
-    return {
-        "scenario": "datasheet catalogue, costs.model as the scenario sets it (no calibration profile)",
-        "validation": "predictions from the calibration profile given to `ghpsim validate` (not recorded in the table)",
-    }.get(data.kind, "not recorded in the result (analytic unless it was produced with a profile)")
+    if data.kind == "validation":
+        return "predictions from the calibration profile given to `ghpsim validate` (not recorded in the table)"
+    if data.kind == "sweep":
+        return cost_models.sweep_text(data.sweep_costs)
+    return cost_models.summaries_text(data.summaries)

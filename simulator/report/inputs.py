@@ -8,6 +8,7 @@ validation table (`ghpsim validate`'s reports/validation/<scenario>.csv, or its 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from simulator.compare import (_feasible_groups, compare, default_strategies, no
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.profile_costs import scenario_profile_costs
+from simulator.report.cost_models import sweep_costs
 from simulator.report.input_checks import check_summary, checked_sweep, checked_validation, validation_frame
 from simulator.scenario import Scenario, load_scenario, read_yaml
 from simulator.simulate import SimulationResult, naming_source, simulate
@@ -46,6 +48,8 @@ class ReportInput:
     num_params: int | None = None
     num_layers: int | None = None
     profile: str | None = None
+    sweep_costs: Counter | None = None
+    """A sweep's cost model text -> number of simulated points, from its store (`cost_models.sweep_costs`)."""
 
 
 def load_report_input(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
@@ -172,8 +176,13 @@ def _from_csv(path: Path) -> ReportInput:
     if frame.empty:
         raise ScenarioError(f"INPUT: {path}: the {kind} table has no rows")
     title = path.parent.name if path.name == "results.csv" else path.stem
-    frame = checked_sweep(frame, path) if kind == "sweep" else checked_validation(frame, path, strict=False)
-    return ReportInput(kind=kind, source=str(path), title=title, table=frame)
+    if kind == "validation":
+        return ReportInput(kind=kind, source=str(path), title=title,
+                           table=checked_validation(frame, path, strict=False))
+    frame = checked_sweep(frame, path)
+    costs = sweep_costs(path, [str(key) for key in frame.loc[sweep_ok(frame), "key"]]) \
+        if "key" in frame.columns else None
+    return ReportInput(kind=kind, source=str(path), title=title, table=frame, sweep_costs=costs)
 
 
 def _require_columns(frame: pd.DataFrame, columns, path: Path, what: str) -> None:

@@ -87,7 +87,7 @@ def plot_memory(frame: pd.DataFrame, axis, capacity_bytes: float | None = None) 
 def plot_throughput_scaling(frame: pd.DataFrame, axis) -> None:
     """Throughput vs number of GPUs, a line per strategy (frame rows: strategy, num_gpus,
     throughput_samples_per_s)."""
-    for strategy, rows in frame.groupby("strategy", sort=True):
+    for strategy, rows in _lines(frame):
         rows = rows.sort_values("num_gpus")
         axis.plot(rows["num_gpus"], rows["throughput_samples_per_s"], marker="o", label=str(strategy))
     _gpu_axis(axis, frame)
@@ -98,7 +98,7 @@ def plot_throughput_scaling(frame: pd.DataFrame, axis) -> None:
 def plot_scaling_efficiency(frame: pd.DataFrame, axis) -> None:
     """Scaling efficiency = speedup over one device / number of GPUs, a line per strategy (frame
     rows: strategy, num_gpus, efficiency)."""
-    for strategy, rows in frame.groupby("strategy", sort=True):
+    for strategy, rows in _lines(frame):
         rows = rows.sort_values("num_gpus")
         axis.plot(rows["num_gpus"], rows["efficiency"] * 100, marker="o", label=str(strategy))
     axis.axhline(100, color="grey", linewidth=1, linestyle=":")
@@ -106,6 +106,24 @@ def plot_scaling_efficiency(frame: pd.DataFrame, axis) -> None:
     axis.set_ylabel("scaling efficiency (%) = speedup / GPUs")
     axis.set_ylim(bottom=0)
     axis.legend(fontsize=7)
+
+
+def _lines(frame: pd.DataFrame):
+    """(label, rows) per line: in category order for a categorical `strategy` (sweep order, see
+    `table_sections.sweep_lines`), else in order of first appearance; never sorted as text."""
+    ordered = isinstance(frame["strategy"].dtype, pd.CategoricalDtype)
+    return frame.groupby("strategy", sort=ordered, observed=True)
+
+
+def _axis_values(series: pd.Series) -> list:
+    """A field's distinct values in plot order: numbers ascending; a categorical's values in its
+    category order; other values in order of first appearance."""
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        present = set(series.dropna())
+        return [value for value in series.cat.categories if value in present]
+    if pd.api.types.is_numeric_dtype(series):
+        return sorted(set(series.dropna()))
+    return list(dict.fromkeys(series))
 
 
 def _gpu_axis(axis, frame: pd.DataFrame) -> None:
@@ -118,13 +136,15 @@ def _gpu_axis(axis, frame: pd.DataFrame) -> None:
 
 def plot_sweep_axis(frame: pd.DataFrame, axis, column: str) -> None:
     """Throughput vs one swept field (frame rows: `column`, strategy, throughput_samples_per_s), a
-    line per strategy; a non-numeric field is drawn at evenly spaced positions."""
-    numeric = pd.api.types.is_numeric_dtype(frame[column])
-    values = sorted(set(frame[column]), key=lambda v: (v if numeric else str(v)))
+    line per strategy; a non-numeric field is drawn at evenly spaced positions, in its category
+    order when it is a categorical (the sweep's order), else in order of first appearance."""
+    categorical = isinstance(frame[column].dtype, pd.CategoricalDtype)
+    numeric = pd.api.types.is_numeric_dtype(frame[column]) and not categorical
+    values = _axis_values(frame[column])
     position = {value: index for index, value in enumerate(values)}
-    for strategy, rows in frame.groupby("strategy", sort=True):
-        rows = rows.sort_values(column, key=lambda s: s if numeric else s.map(position))
-        x = rows[column] if numeric else rows[column].map(position)
+    for strategy, rows in _lines(frame):
+        x = (rows[column] if numeric else rows[column].astype(object).map(position)).sort_values(kind="stable")
+        rows = rows.loc[x.index]
         axis.plot(x, rows["throughput_samples_per_s"], marker="o", label=str(strategy))
     if not numeric:
         axis.set_xticks(range(len(values)), [str(value) for value in values], fontsize=7)

@@ -7,7 +7,9 @@ import pandas as pd
 
 from simulator.report.document import Section, Table
 from simulator.report.inputs import ReportInput, sweep_axes, sweep_ok, value_text
+from simulator.report.sweep_order import axis_values, point_order
 from simulator.scenario import Scenario
+from simulator.tables import strategy_label
 
 GIB = 2**30
 
@@ -19,9 +21,14 @@ def scenario_section(data: ReportInput) -> Section:
         for part, rows in scenario_rows(data.scenario, data.num_params, data.num_layers).items():
             section.tables.append(Table(f"scenario-{part}", _key_values(rows), caption=part))
     elif data.kind in ("compare", "simulate"):
-        section.paragraphs.append("The result file records no scenario file; shown: what its summary records.")
-        section.tables.append(Table("scenario-summary", _key_values(summary_rows(data.summaries[0])),
+        section.paragraphs.append("The result file records no scenario file; shown: " + (
+            "what its summary records." if len(data.summaries) == 1 else
+            "what its summaries record (what every strategy shares; below it, each strategy's own settings)."))
+        section.tables.append(Table("scenario-summary", _key_values(summary_rows(data.summaries)),
                                     caption="summary"))
+        per_strategy = strategy_rows(data.summaries)
+        if len(per_strategy.columns) > 1:
+            section.tables.append(Table("scenario-strategies", per_strategy, caption="per strategy"))
     elif data.kind == "sweep":
         section.paragraphs.append("A sweep table: one simulated scenario per row; the swept fields:")
         section.tables.append(Table("scenario-sweep", _key_values(sweep_rows(data.table)), caption="sweep"))
@@ -70,18 +77,43 @@ def _link(link) -> str:
     return f"{link.name}: {link.bandwidth_bytes_per_s / 1e9:g} GB/s per direction, {link.latency_s * 1e6:g} us"
 
 
-def summary_rows(summary: dict) -> dict:
-    keys = ("scenario", "model", "num_gpus", "global_batch_size", "partition", "placement", "collective_algorithms")
-    return {key: summary[key] for key in keys if key in summary}
+SUMMARY_KEYS = ("scenario", "model", "num_gpus", "global_batch_size", "partition", "placement",
+                "collective_algorithms")
+"""What the scenario section shows of a compare or simulate result's summaries."""
+
+
+def _shared(summaries: list[dict], key: str) -> bool:
+    """Every summary records `key`, with one value."""
+    return all(key in summary and summary[key] == summaries[0][key] for summary in summaries)
+
+
+def summary_rows(summaries: list[dict]) -> dict:
+    """The `SUMMARY_KEYS` values every strategy shares (all of a single summary's)."""
+    return {key: summaries[0][key] for key in SUMMARY_KEYS if _shared(summaries, key)}
+
+
+def strategy_rows(summaries: list[dict]) -> pd.DataFrame:
+    """A row per strategy: its label and the `SUMMARY_KEYS` values the strategies do not share
+    (e.g. each one's partition, placement and collective algorithms); "-" where one records none."""
+    own = [key for key in SUMMARY_KEYS if not _shared(summaries, key)]
+    columns = {"strategy": [strategy_label(summary) for summary in summaries]}
+    columns.update({key: [str(summary.get(key, "-")) for summary in summaries] for key in own})
+    return pd.DataFrame(columns)
 
 
 def sweep_rows(table: pd.DataFrame) -> dict:
-    rows = {column: ", ".join(dict.fromkeys(table[column].map(lambda v: value_text(v, "-"))))
-            for column in sweep_axes(table)}
-    rows["strategies (simulated)"] = ", ".join(sorted({str(v) for v in table["strategy"].dropna()}))
+    rows = {column: _axis_text(table, column) for column in sweep_axes(table)}
+    rows["strategies (simulated)"] = ", ".join(str(v) for v in axis_values(table.dropna(subset=["strategy"]),
+                                                                          "strategy"))
     ok = sweep_ok(table)
     rows["points"] = f"{len(table)} ({int(ok.sum())} simulated, {int((~ok).sum())} failed or infeasible)"
     return rows
+
+
+def _axis_text(table: pd.DataFrame, column: str) -> str:
+    """A swept field's values as the sweep file lists them (first appearance in point order), "-"
+    for a missing one."""
+    return ", ".join(dict.fromkeys(point_order(table)[column].map(lambda v: value_text(v, "-"))))
 
 
 def validation_rows(table: pd.DataFrame) -> dict:

@@ -8,22 +8,29 @@ import pandas as pd
 from simulator.report import plots
 from simulator.report.document import Figure, Section, Table, figure_png, slug
 from simulator.report.inputs import sweep_axes, sweep_ok, value_text
+from simulator.report.sweep_order import in_sweep_order, is_numeric, order_rows
 
 MAX_SWEEP_ROWS = 500
 
 
 def best_points(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per combination of `keys`, the row of highest throughput (best over the other swept fields)."""
+    """Per combination of `keys`, the row of highest throughput (best over the other swept fields),
+    sorted by `keys` (an ordered categorical key, as `sweep_lines` makes, in its categories' order)."""
     order = frame.sort_values("throughput_samples_per_s", ascending=False, kind="stable")
     return order.drop_duplicates(keys).sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def label_fields(table: pd.DataFrame, exclude: str | None = None) -> list[str]:
+    """The swept `strategy.*` fields that vary within a kind, except `exclude` (see `configurations`)."""
+    return [column for column in sweep_axes(table)
+            if column.startswith("strategy.") and column not in ("strategy.kind", exclude)
+            and (table.groupby("strategy")[column].nunique(dropna=False) > 1).any()]
 
 
 def configurations(table: pd.DataFrame, exclude: str | None = None) -> pd.Series:
     """A line label per row: the strategy kind plus the swept `strategy.*` fields that vary within
     a kind (`ghp G=4`), except `exclude` (the field on the x axis)."""
-    fields = [column for column in sweep_axes(table)
-              if column.startswith("strategy.") and column not in ("strategy.kind", exclude)
-              and (table.groupby("strategy")[column].nunique(dropna=False) > 1).any()]
+    fields = label_fields(table, exclude)
 
     def label(row) -> str:
         parts = [str(row["strategy"])]
@@ -37,9 +44,17 @@ SHORT_NAMES = {"strategy.num_groups": "G"}
 
 
 def sweep_lines(table: pd.DataFrame, exclude: str | None = None) -> pd.DataFrame:
-    """The simulated rows, with `strategy` replaced by the line label (see `configurations`)."""
+    """The simulated rows, with `strategy` replaced by the line label (see `configurations`) as an
+    ordered categorical in sweep order (kinds as the sweep lists them, then each labelled field in
+    its order: `ghp G=2` before `ghp G=16`), and a non-numeric `exclude` field likewise."""
     ok = table[sweep_ok(table)]
-    return ok.assign(strategy=configurations(ok, exclude))
+    labels = configurations(ok, exclude)
+    ranked = order_rows(ok, ["strategy", *label_fields(ok, exclude)], table)
+    lines = ok.assign(strategy=pd.Categorical(labels, categories=list(dict.fromkeys(labels.loc[ranked.index])),
+                                              ordered=True))
+    if exclude is not None and not is_numeric(ok[exclude]):
+        lines[exclude] = in_sweep_order(ok, exclude, table)
+    return lines
 
 
 def scaling_frame(table: pd.DataFrame) -> pd.DataFrame:
