@@ -119,7 +119,7 @@ def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_b
 
 def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,
                       num_chunks: int, update: StageUpdate | None, num_microbatches: int,
-                      num_virtual_stages: int = 1) -> tuple[tuple[int, int], ...]:
+                      num_virtual_stages: int = 1, played_s=None, polish_plays: int = 0) -> tuple[tuple[int, int], ...]:
     """Layer ranges of a flushed pipeline (GPipe, 1F1B, interleaved, megatron) minimising its step,
     sum_k c_k / v + max((m v - 1) max_k p_k, (m - 1 / v) max_d L_d) over the chunks' costs c_k a
     micro-batch (arguments as `balanced_partition`; c_k holds its share of the stage's update,
@@ -133,7 +133,11 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     of its chunks), a min-sum chain over the ranges whose cost is at most X (quantiles of the costs
     there when there are more than `SERIAL_TAIL_CANDIDATES`, fewer where M L^2 is large:
     `FLUSHED_BOUND_WORK`). Exact for v = 1; for v > 1 the best of those chains, as no bound on one
-    chunk evens the sums of chunks a device holds."""
+    chunk evens the sums of chunks a device holds. `played_s(ranges)`, when given, is the step the
+    schedule plays with a split (`schedules.makespan`): the chains found (at least the closed
+    form's best) are then ranked by it, as the closed form misses a heavy chunk that delays the fill
+    or the drain, and the best is polished by moving one cut at a time (`_polished`, at most
+    `polish_plays` more plays)."""
     extra = None if update is None else update.exposed_s
     costs = list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks, extra))
     v, paced = num_virtual_stages, num_microbatches - 1 / num_virtual_stages
@@ -149,6 +153,7 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
 
     least_max, best = _best_chain(costs, np.maximum)
     least_sum, fewest = _best_chain(costs, np.add)
+    found = {best, fewest}
     best_s = step_s(best)
     if step_s(fewest) < best_s:
         best_s, best = step_s(fewest), fewest
@@ -169,8 +174,31 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
         if least_sum / v + max((num_microbatches * v - 1) * (bound - share_s), paced * bound) >= best_s:
             break
         total, ranges = _best_chain([np.where(cost <= bound, cost, np.inf) for cost in costs], np.add)
-        if np.isfinite(total) and step_s(ranges) < best_s:
-            best_s, best = step_s(ranges), ranges
+        if np.isfinite(total):
+            found.add(ranges)
+            if step_s(ranges) < best_s:
+                best_s, best = step_s(ranges), ranges
+    if played_s is None:
+        return best
+    return _polished(min(sorted(found, key=step_s), key=played_s), played_s, polish_plays)  # ties: closed form's order
+
+
+def _polished(ranges, played_s, plays: int):
+    """Moves single cuts by one layer while the played step falls, for at most `plays` plays (a
+    local search from the best candidate: the chains a bound on one chunk yields can miss a
+    neighbour that plays faster)."""
+    best, best_s, improved = tuple(ranges), played_s(ranges), plays > 0
+    while improved:
+        improved = False
+        for k in range(len(best) - 1):
+            for cut in (best[k][1] - 1, best[k][1] + 1):
+                if not best[k][0] < cut < best[k + 1][1] or plays <= 0:
+                    continue
+                plays -= 1
+                moved = (*best[:k], (best[k][0], cut), (cut, best[k + 1][1]), *best[k + 2:])
+                moved_s = played_s(moved)
+                if moved_s < best_s:
+                    best, best_s, improved = moved, moved_s, True
     return best
 
 

@@ -83,7 +83,7 @@ def test_3d_with_free_links_is_the_pipeline_closed_form_with_compute_over_t(tp, 
     gpus = tp * pp * dp
     batch = dp * micro * 2
     result = simulate(toy(tp=tp, pp=pp, gpus=gpus, batch=batch, micro=micro, layers=layers, free=True,
-                          num_virtual_stages=virtual))
+                          num_virtual_stages=virtual, partition="uniform"))  # equal chunks, as the closed form has
     b = batch / (dp * micro)
     per_layer_s = 3 * FLOPS * b / tp / (PEAK * EFFICIENCY)           # forward + backward of one layer, / t
     chunk_s = per_layer_s * layers / (pp * virtual)

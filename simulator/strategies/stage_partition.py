@@ -56,14 +56,56 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
     if config.strategy in SERIAL_KINDS or config.strategy in ASYNCHRONOUS_KINDS:  # paced by the slowest stage
         ranges = balanced_partition(compute, forward, backward, num_stages, update)
     else:  # a flushed pipeline: one micro-batch's fill and drain, then the slowest chunk's pace
+        played = _played_step(config, compute, forward, backward, update, lambda: stage_compute_s(
+            costs, topology, rank_to_device, config.num_groups, num_stages, num_layers, group_batch, (BACKWARD,)))
+        passes = 2 * config.num_microbatches * num_stages
         ranges = flushed_partition(compute, forward, backward, num_stages, update, config.num_microbatches,
-                                   config.num_virtual_stages)
+                                   config.num_virtual_stages, played, POLISH_WORK // passes)
     if config.strategy in SERIAL_KINDS and update is not None:  # one batch through the stages
         layer_bytes, working_bytes = _layer_bytes(workload, config, group_batch)
         device = config.memory_bytes - working_bytes  # the device, less the largest backward's working set
         cap_bytes = max(device, max(layer_bytes[a:b].sum() for a, b in ranges))  # or balanced's largest
         ranges = serial_partition(compute, forward, backward, num_stages, update, layer_bytes, cap_bytes) or ranges
     return ranges
+
+
+PLAYED_OPS_LIMIT = 4096
+"""Most passes (2 m v p) of a schedule the flushed partition plays to rank its candidate splits
+(about 1 us a pass); longer ones keep the closed form's choice."""
+POLISH_WORK = 2_000
+"""Passes the flushed partition may play moving single cuts after ranking (`partition._polished`):
+about 2 ms, as the planner partitions every pipeline geometry it bounds."""
+
+
+def _played_step(config, compute, forward, backward, update, backward_compute):
+    """ranges -> the step its schedule plays with those chunks (`schedules.makespan`): each chunk's
+    forward (compute less backward) and backward, its sends (`forward`, `backward`: the arrays of
+    the closed form) and each rank's closing (`StageUpdate.closing_s`, once a step); None beyond
+    `PLAYED_OPS_LIMIT`. The backward's seconds (`backward_compute()`) are taken at the first call."""
+    from simulator.schedules import checked_schedule
+    from simulator.schedules.makespan import schedule_step_s
+    v, m = config.num_virtual_stages, config.num_microbatches
+    ranks = config.workers_per_group // v
+    if 2 * m * v * ranks > PLAYED_OPS_LIMIT:
+        return None
+    kind = "gpipe" if config.strategy == "gpipe" else "interleaved_1f1b" if v > 1 else "1f1b"
+    schedule, backward_s = checked_schedule(kind, ranks, m, v), []
+
+    def played_s(ranges) -> float:
+        if not backward_s:
+            backward_s.append(backward_compute())
+        chunks = range(len(ranges))
+        row = (lambda values, k: values) if np.ndim(compute) == 1 else (lambda values, k: values[k])
+        back = [float(row(backward_s[0], k)[a:b].sum()) for k, (a, b) in zip(chunks, ranges)]
+        ahead = [float(row(compute, k)[a:b].sum()) - back[k] for k, (a, b) in zip(chunks, ranges)]
+        sends = ([float(forward[k, b - 1]) for k, (a, b) in zip(chunks, ranges)],
+                 [float(backward[k, a]) for k, (a, b) in zip(chunks, ranges)])
+        closing = [0.0] * ranks
+        for k, (a, b) in zip(chunks, ranges) if update is not None else ():
+            closing[k % ranks] += float(update.closing_s(k, np.array([a]), np.array([b - 1]))[0])
+        return schedule_step_s(schedule, ahead, back, *sends, closing)
+
+    return played_s
 
 
 def _layer_bytes(workload: Workload, config, batch: float) -> tuple[np.ndarray, float]:
