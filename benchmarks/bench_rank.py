@@ -5,8 +5,9 @@ Targets (2 CPU cores): 1024 GPUs <= 60 s, 8192 GPUs <= 120 s, the three cluster 
 4096 side by side <= 180 s. Each run is a fresh `python -m ghpsim rank ... --json` process (the
 default --top 10 and workers = CPU count). `--only moe` also times Mixtral 8x7B on 256 H100 (expert
 parallel degrees searched too), and `--only 405b` LLaMA-3 405B on 256 H100 (context parallel degrees
-searched too; 2,048 micro-batches a replica, so long pipelines' steady states are extended); both
-reported, no target. Run: python benchmarks/bench_rank.py [--repeats 3] [--only 1024,8192,compare,moe,405b]
+searched too; 2,048 micro-batches a replica, so long pipelines' steady states are extended), and
+`--only 16384` GPT-3 175B on 16,384 GPUs (placements that do not fold are skipped); all reported, no
+target. Run: python benchmarks/bench_rank.py [--repeats 3] [--only 1024,8192,compare,moe,405b,16384]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ CASES = {  # name -> (scenario, --gpus, target seconds or None)
     "compare": (SCENARIO, "256,1024,4096", 180.0),
     "moe": ("scenarios/mixtral_8x7b_ep_h100.yaml", "256", None),
     "405b": ("scenarios/llama3_405b_4d_h100.yaml", "256", None),
+    "16384": (SCENARIO, "16384", None),
 }
 DEFAULT_CASES = ("1024", "8192", "compare")
 

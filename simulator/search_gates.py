@@ -1,9 +1,12 @@
 """Layouts the search lists as skipped instead of simulating: runs that cannot fold
 (`simulator.symmetry`) and would simulate every rank for too many passes.
 
-- Context parallelism: `simulator.symmetry` folds a CP run only where its checks pass (not known
-  before the plan); an unfolded one simulates every rank. A CP layout whose N m v (ranks x
-  micro-batches x chunks per rank) exceeds `CP_UNFOLDED_PASSES` is skipped unless it folds
+- Megatron layouts: `simulator.symmetry` folds a run only where its checks pass (not known before
+  the plan); an unfolded one simulates every rank. A layout whose N m v (ranks x micro-batches x
+  chunks per rank) exceeds `UNFOLDED_PASSES` is skipped unless it folds. GPT-3 175B placed tp-dp-pp
+  on a 16,384-GPU fat-tree does not fold: t 8 x p 64 x d 32, 786,432 passes, 181 s (its
+  group-per-node twin folds: 1.6 s); t 8 x p 8 x d 256 at m 6, 98,304 passes, 80 s. With context
+  parallelism, whose unfolded runs carry more flows a pass, the limit is `CP_UNFOLDED_PASSES`
   (LLaMA-3 405B's CP 2 on 256 GPUs, N m v = 8,192: seconds; GPT-3 175B's t 2 x c 2 x p 8 x d 32 on
   a 1,024-GPU fat-tree, 196,608: over ten minutes).
 - Asynchronous pipelines (pipedream, spectrain, delayed_gradient): their step is measured in
@@ -20,6 +23,7 @@ from simulator.schedules.analysis import steady_state_steps
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 
 CP_UNFOLDED_PASSES = 2**15
+UNFOLDED_PASSES = 2**16
 ASYNCHRONOUS_UNFOLDED_PASSES = 2**17
 
 
@@ -55,8 +59,8 @@ def replicas_fold(scenario, candidate, topology, cache: dict) -> bool:
     return cache[key]
 
 
-def cp_folds(scenario, candidate, topology, cache: dict) -> bool:
-    """Whether `simulator.symmetry` folds a CP candidate (its answer depends on the layout alone, so
+def megatron_folds(scenario, candidate, topology, cache: dict) -> bool:
+    """Whether `simulator.symmetry` folds a megatron candidate (its answer depends on the layout alone, so
     one per t, c, p, placement and interleaving)."""
     from simulator.errors import ScenarioError
     from simulator.planner import candidate_scenario
@@ -86,9 +90,13 @@ def unfolded_refusal(scenario, candidate, topology, cache: dict) -> str | None:
             return (f"asynchronous pipelines are simulated to their steady state: {passes:,} rank x "
                     f"micro-batch passes exceed {ASYNCHRONOUS_UNFOLDED_PASSES:,} (simulate it alone)")
         return None
+    if candidate.kind != "megatron":
+        return None
     passes = scenario.num_gpus * candidate.num_microbatches * candidate.num_virtual_stages
-    if (candidate.cp_degree or 1) > 1 and passes > CP_UNFOLDED_PASSES \
-            and not cp_folds(scenario, candidate, topology, cache):
-        return (f"context parallelism is simulated unfolded: {passes:,} rank x micro-batch x chunk passes "
-                f"exceed {CP_UNFOLDED_PASSES:,}")
+    context = (candidate.cp_degree or 1) > 1
+    limit = CP_UNFOLDED_PASSES if context else UNFOLDED_PASSES
+    if passes > limit and not megatron_folds(scenario, candidate, topology, cache):
+        what = "context parallelism is" if context else "this placement does not fold, so it is"
+        return (f"{what} simulated unfolded: {passes:,} rank x micro-batch x chunk passes exceed {limit:,} "
+                "(simulate it alone)")
     return None

@@ -15,7 +15,7 @@ from simulator.hardware import GPUS
 from simulator.layout_search import context_degrees, exact_peak_memory_bytes, megatron_space, search_layouts
 from simulator.planner import Candidate, _row, _workload, candidate_scenario, scenario_for_gpus
 from simulator.scenario import load_scenario, scenario_from_dict
-from simulator.search_gates import CP_UNFOLDED_PASSES, cp_folds
+from simulator.search_gates import CP_UNFOLDED_PASSES, megatron_folds
 from simulator.simulate import analytic_costs, simulate
 from simulator.step_bound import BoundModel
 from simulator.strategies.tensor import tensor_config
@@ -173,7 +173,7 @@ def test_large_cp_layouts_that_do_not_fold_are_skipped_with_the_reason(fabric):
     topology, folds = cached_topology(scenario.cluster.model_dump_json()), {}
     over = [c for c in space if c.cp_degree > 1
             and scenario.num_gpus * c.num_microbatches * c.num_virtual_stages > CP_UNFOLDED_PASSES]
-    unfolded = [c for c in over if not cp_folds(scenario, c, topology, folds)]
+    unfolded = [c for c in over if not megatron_folds(scenario, c, topology, folds)]
     # each is checked when its turn to be simulated comes: skipped with the reason, or dropped by the bound first
     pruned = {entry["label"] for entry in ranking.pruned}
     assert over and reasons == {c.label for c in unfolded} - pruned
