@@ -23,6 +23,7 @@ from simulator.planner import (ASYNC_KINDS, MEGATRON, Candidate, Ranking, candid
                                grid_candidate)
 from simulator.scenario import PIPELINE_KINDS, Scenario, load_scenario, scenario_from_dict
 from simulator.simulate import analytic_costs
+from simulator.units import plural
 
 GRID_KINDS = ("dp", "mp", "ghp")
 
@@ -196,7 +197,7 @@ def no_candidate_error(ranking: Ranking, args) -> ScenarioError:
         smallest = min(entry.get("memory_floor_bytes", entry.get("memory_bytes", 0.0)) for entry in memory)
         field = "--gpus" if args.gpus is not None else "cluster.gpu"  # memory is why: blame a flag only if given
         return ScenarioError(f"{field}: no layout fits in {ranking.device_memory_bytes / 2**30:,.1f} GiB of device "
-                             f"memory on {ranking.scenario.num_gpus} GPUs ({len(memory)} tried; the smallest needs "
+                             f"memory on {plural(ranking.scenario.num_gpus, 'GPU')} ({len(memory)} tried; the smallest needs "
                              f"{smallest / 2**30:,.1f} GiB)")
     if args.kinds is not None:
         given.append(f"--kinds {args.kinds}")
@@ -354,7 +355,7 @@ def _kinds(text: str | None) -> tuple[str, ...] | None:
 def _title(ranking: Ranking) -> str:
     cluster = ranking.scenario.cluster
     network = f", {cluster.nics_per_node} x {cluster.inter_node_link.name} a node" if cluster.num_nodes > 1 else ""
-    return (f"{ranking.scenario.name}: {ranking.scenario.num_gpus} GPUs ({cluster.num_nodes} x {cluster.gpus_per_node} "
+    return (f"{ranking.scenario.name}: {plural(ranking.scenario.num_gpus, 'GPU')} ({cluster.num_nodes} x {cluster.gpus_per_node} "
             f"{cluster.gpu.name}{network}), batch {ranking.scenario.training.global_batch_size}")
 
 

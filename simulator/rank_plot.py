@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from simulator.output import write_figure_atomic  # noqa: E402
+from simulator.units import plural  # noqa: E402
 
 MAX_BARS = 40
 
@@ -70,7 +71,7 @@ def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
         rows = [row for row in ranking.rows if row["fits_in_memory"]]
         xs = [row["time_to_train_s"] / 3600 if planned else row["step_time_s"] for row in rows]
         ys = [row_cost(row, ranking) for row in rows]
-        axis.scatter(xs, ys, s=18, label=f"{ranking.scenario.num_gpus} GPUs")
+        axis.scatter(xs, ys, s=18, label=plural(ranking.scenario.num_gpus, "GPU"))
         points += [(x, y, row["label"], ranking.scenario.num_gpus) for x, y, row in zip(xs, ys, rows)]
     front = sorted((point for point, on in zip(points, pareto_front([(x, y) for x, y, _, _ in points])) if on))
     axis.plot([x for x, *_ in front], [y for _, y, *_ in front], color="black", linewidth=0.8, marker="o",

@@ -138,7 +138,8 @@ def format_flops_per_s(value_flops_per_s: float) -> str:
 
 def plural(count: float, noun: str, plural_noun: str | None = None) -> str:
     """"1 node", "2 nodes", "1.5 samples" (`plural_noun`: an irregular plural)."""
-    return f"{count:,g} {noun if count == 1 else plural_noun or noun + 's'}"
+    number = f"{int(count):,}" if float(count).is_integer() else f"{count:,g}"  # never 1e+06
+    return f"{number} {noun if count == 1 else plural_noun or noun + 's'}"
 
 
 def format_count(value: float) -> str:

@@ -19,7 +19,7 @@ def test_a_size_without_a_fitting_layout_is_reported_and_the_others_still_ranked
     argv = ("rank", str(scenario), "--gpus", "1,4", "--kinds", "dp", "--workers", "1")
     code, out, err = run(capsys, *argv, "--steps", "10", "--plot", str(tmp_path / "p.png"))
     assert code == 0 and err == "", err
-    assert "1 GPUs (1 x 1 A100-80GB), batch 16: no layout fits in 0.1 GiB of device memory on 1 GPUs" in out
+    assert "1 GPU (1 x 1 A100-80GB), batch 16: no layout fits in 0.1 GiB of device memory on 1 GPU" in out
     sizes_table = out[out.index("cluster sizes: the best layout of each"):]
     assert [line.split("│")[2].strip() for line in sizes_table.splitlines() if line.startswith("│")] == \
         ["no layout fits", "dp (G=4 x M=1)"]

@@ -253,3 +253,14 @@ def test_the_header_gives_a_transformer_s_tokens_per_sample(capsys):
     assert "(8.0B params, 34 layers), batch 8 x 2,048 tokens bf16" in capsys.readouterr().out.splitlines()[0]
     assert main(["simulate", str(DEMO)]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("(138.4M params, 16 layers), batch 64 fp32")
+
+
+def test_an_mfu_over_100_percent_says_why(capsys):
+    """VGG16 in fp32 on one V100 runs its 3 x 3 convolutions as Winograd (2.25x fewer multiplies
+    than the model's FLOPs count), so its MFU reads over 100 %; the line says why. The demo's 5.8 %
+    carries no such note."""
+    out = _printed(capsys, DEMO, *ONE_GPU, "strategy.kind=dp")
+    mfu = float(re.search(r"MFU ([0-9.]+)%", out).group(1))
+    assert mfu > 100 and "over 100 %: Winograd or causal flash kernels skip counted FLOPs" in out
+    out = _printed(capsys, DEMO)
+    assert float(re.search(r"MFU ([0-9.]+)%", out).group(1)) < 100 and "over 100 %" not in out
