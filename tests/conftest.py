@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.dont_write_bytecode = False
+"""Bytecode caches even where PYTHONDONTWRITEBYTECODE is set (as on the CI host): otherwise each test
+process re-rewrites the test modules' asserts and recompiles the project, and so does every rank and
+CLI a test launches (they read the caches, git-ignored __pycache__ folders). Collection takes about
+half as long from a warm cache."""
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
