@@ -263,7 +263,7 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int, exhaustive
         table.add_row(*cells)
     console.print(table)
     console.print(f"memory: {ranking.memory_source}; device memory {ranking.device_memory_bytes / 2**30:,.1f} GiB; "
-                  f"{len(ranking.rows)} candidates simulated, {len(ranking.skipped)} skipped (--json lists why)")
+                  f"{plural(len(ranking.rows), 'candidate')} simulated, {len(ranking.skipped)} skipped (--json lists why)")
     stats = getattr(ranking, "stats", None)
     if stats is not None:
         seconds = stats.seconds

@@ -20,7 +20,7 @@ from simulator.hardware import BytesPerSecond, GpuSpec, LinkSpec, resolve_gpu, r
 from simulator.limits import MAX_BATCH, MAX_FAT_TREE_K, MAX_GPUS, MAX_MICROBATCHES, MIN_LINK_FACTOR, check_structure
 from simulator.scenario_types import (Bool, Float, GpuCount, IndexKey, Int, LayerCount, LinkName, NoBool,
                                       PositiveBytes, Slowdown)
-from simulator.units import parse_quantity
+from simulator.units import parse_quantity, plural
 from simulator.validation_errors import format_validation_error
 from simulator.yaml_loading import StrictLoader, load_yaml_text, read_yaml_file
 from simulator.kernel_catalogue import MAX_HOST_OVERHEAD_S, check_flash_kernel
@@ -296,12 +296,12 @@ class Scenario(_Frozen):
         if self.strategy.kind == "ghp" and groups is None:
             raise ValueError("strategy.num_groups: required for kind ghp")
         if self.strategy.kind not in ("dp", "mp") and groups is not None and num_gpus % groups:
-            raise ValueError(f"strategy.num_groups: {groups} does not divide the {num_gpus} GPUs "
+            raise ValueError(f"strategy.num_groups: {groups} does not divide the {plural(num_gpus, 'GPU')} "
                              f"(cluster.num_nodes x cluster.gpus_per_node)")
         cp = self.strategy.cp_degree
         if self.strategy.kind == "megatron" and num_gpus % (self.strategy.tp_degree * self.strategy.pp_degree * cp):
             raise ValueError(f"strategy.tp_degree: {self.strategy.tp_degree} x strategy.pp_degree {self.strategy.pp_degree}"
-                             f"{f' x strategy.cp_degree {cp}' if cp > 1 else ''} does not divide the {num_gpus} GPUs")
+                             f"{f' x strategy.cp_degree {cp}' if cp > 1 else ''} does not divide the {plural(num_gpus, 'GPU')}")
         for key in ("ep_degree", "cp_degree"):
             if getattr(self.strategy, key) > 1 and self.strategy.kind != "megatron":
                 raise ValueError(f"strategy.{key}: {getattr(self.strategy, key)} applies to kind megatron only")

@@ -193,7 +193,8 @@ def kernel_pass_line(report: dict) -> str:
 
 def print_pipeline(pipeline: dict, console: Console) -> None:
     """Per-stage figures of a pipeline schedule (simulator/schedules/steady_state.py)."""
-    console.print(f"pipeline {pipeline['schedule']}: m={pipeline['num_microbatches']} micro-batches of "
+    console.print(f"pipeline {pipeline['schedule']}: m={pipeline['num_microbatches']} "
+                  f"{'micro-batch' if pipeline['num_microbatches'] == 1 else 'micro-batches'} of "
                   f"{pipeline['microbatch_size']:g}, v={pipeline['num_virtual_stages']}; step time = "
                   f"{pipeline['step_time_definition']}")
     stages = pipeline["stages"]

@@ -264,3 +264,12 @@ def test_an_mfu_over_100_percent_says_why(capsys):
     assert mfu > 100 and "over 100 %: Winograd or causal flash kernels skip counted FLOPs" in out
     out = _printed(capsys, DEMO)
     assert float(re.search(r"MFU ([0-9.]+)%", out).group(1)) < 100 and "over 100 %" not in out
+
+
+def test_counts_of_one_are_singular(capsys):
+    """"m=1 micro-batch", "the 1 GPU": never "1 micro-batches" or "1 GPUs"."""
+    out = _printed(capsys, DEMO, "cluster.num_nodes=1", "cluster.gpus_per_node=2", "strategy.kind=gpipe",
+                   "strategy.num_groups=1", "strategy.num_microbatches=1")
+    assert "m=1 micro-batch of 64," in out
+    with pytest.raises(ScenarioError, match=r"strategy.num_groups: 8 does not divide the 1 GPU \("):
+        load_scenario(DEMO, ONE_GPU)
