@@ -48,7 +48,7 @@ ZERO_STAGES = {0: "DDP", 2: "FSDP2 shard grad op", 3: "FSDP2 full shard"}
 def case_scenario(zero_stage: int):
     """The validation transformer as a megatron plan with tp = pp = 1 at `zero_stage` on 2 ranks."""
     return load_scenario(SCENARIO, [f"cluster.gpus_per_node={WORLD_SIZE}", "strategy.kind=megatron",
-                                    f"strategy.zero_stage={zero_stage}"])
+                                    "strategy.num_groups=null", f"strategy.zero_stage={zero_stage}"])
 
 
 def one_run(run_index: int, profile: Path, args, say) -> list[dict]:
@@ -57,7 +57,7 @@ def one_run(run_index: int, profile: Path, args, say) -> list[dict]:
         scenario = case_scenario(0)
         workload = resolve_workload(scenario.model, scenario.base_dir)
         calibrate_quietly(workload, dict(scenario.model.params), profile, world_size=WORLD_SIZE,
-                          optimizer=scenario.training.optimizer, verbose=False, say=say)
+                          optimizer=scenario.training.optimizer, verbose=False, say=say, fsdp=True)
     rows = []
     for zero_stage, name in ZERO_STAGES.items():
         scenario = case_scenario(zero_stage)
@@ -79,7 +79,6 @@ def predicted_peak_bytes(zero_stage: int) -> float:
     """The current memory model's peak per rank of one case, as `validate` predicts it."""
     from validator.validate import prepare_case
     scenario = case_scenario(zero_stage)
-    scenario = scenario.model_copy(update={"strategy": scenario.strategy.model_copy(update={"num_groups": None})})
     workload = resolve_workload(scenario.model, scenario.base_dir)
     case = prepare_case(scenario, workload, None, "megatron", None,
                         RunOptions(steps=1, warmup=0, optimizer=scenario.training.optimizer))

@@ -235,6 +235,9 @@ def calibrate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layer-passes", type=int, default=None,
                         help="sweeps over the layers, spread over the calibration; each figure is the "
                              f"median over them (default {CALIBRATE_LAYER_PASSES}; validator/layer_passes.py)")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="also time FSDP2's host work per all-gather and reduce-scatter (the profile's fsdp, "
+                             "for FSDP2 plans; needs --world-size >= 2; validator/fsdp_bench.py)")
 
 
 def validate(parser: argparse.ArgumentParser) -> None:

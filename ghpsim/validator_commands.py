@@ -33,6 +33,8 @@ def cmd_calibrate(args) -> int:
     from validator.layer_passes import DEFAULT_LAYER_PASSES
     from validator.models import model_field
     if args.kernels:
+        if args.fsdp:
+            raise ScenarioError("--fsdp: not used with --kernels")
         return _calibrate_kernels(args)
     if args.scenario is None:
         raise ScenarioError("--scenario: required (the model to profile), unless --kernels")
@@ -54,7 +56,7 @@ def cmd_calibrate(args) -> int:
                         repeats=args.repeats or DEFAULT_REPEATS, optimizer=scenario.training.optimizer,
                         topk_densities=sorted({*DEFAULT_TOPK_DENSITIES, scenario.strategy.compression_density}),
                         layer_passes=args.layer_passes or DEFAULT_LAYER_PASSES, verbose=not args.json,
-                        model_source=model_field(scenario.model))
+                        model_source=model_field(scenario.model), fsdp=args.fsdp)
     if args.json:
         print(json.dumps(profile_document(profile), indent=1))
     return 0

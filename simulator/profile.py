@@ -18,6 +18,7 @@ One versioned pydantic schema, read by `load_profile` and written by `validator.
 | `allreduce`, `allgather` | `{"<group size>": ALPHA_BETA}`; allgather's size is what each rank contributes |
 | `compute_slowdown` | `{"<k>": factor}`: a pass with k ranks computing at once over one rank alone |
 | `shared_processors` | optional: the ranks share one host's processors (a CPU host): `{parallelism, measured_ranks, wakeup_s, compute_slowdown_while, comm_slowdown_while_computing}`, see `SharedProcessors` |
+| `fsdp` | optional `{collective_overhead_s}`: FSDP2's host work per all-gather or reduce-scatter beyond the collective (`validator.fsdp_bench`), charged with each of its copy passes |
 | `provenance` | optional free-form object: time, torch version, settings and notes |
 
 * `LAYER_FIT`: a pass on b samples takes `intercept_s + per_sample_s x b` (least squares over the
@@ -131,6 +132,13 @@ class P2PFit(AlphaBeta):
     receive_overhead_s: float = Field(default=0.0, ge=0)
 
 
+class FsdpFit(_Frozen):
+    """FSDP2's host work per all-gather or reduce-scatter beyond the bare collective
+    (`validator.fsdp_bench`): charged with each of its copy passes (`simulator.strategies.zero`)."""
+
+    collective_overhead_s: float = Field(ge=0)
+
+
 class LayerProfile(_Frozen):
     name: str
     forward: LayerFit
@@ -197,6 +205,7 @@ class Profile(_Frozen):
     allgather: dict[int, AlphaBeta] = {}
     compute_slowdown: dict[int, float] = {1: 1.0}
     shared_processors: SharedProcessors | None = None
+    fsdp: FsdpFit | None = None
     provenance: dict[str, Any] = {}
     source: str = Field(default="<profile>", exclude=True)
 

@@ -10,6 +10,9 @@ from simulator.errors import ScenarioError
 from simulator.profile import KernelProfile, Profile, load_profile
 from simulator.workload import Workload
 
+FSDP_COPY_PREFIX = "fsdp_copy"
+"""The phases of FSDP2's copy passes (`simulator.strategies.zero`), one beside each collective."""
+
 
 def profile_costs(path, workload: Workload, optimizer: str | None = None) -> "ProfileCosts":
     """The cost model of the calibration profile at `path` for `workload`; `optimizer`, when
@@ -130,9 +133,14 @@ class ProfileCosts:
     def weight_pass_s(self, name: str, num_params: int, layers: tuple[int, int] | None = None) -> float:
         """The profile's fit for pass `name`; a profile without it scales the update's fit by the
         fp32 words each moves (`WEIGHT_PASS_WORDS`, `OPTIMIZER_BYTES_PER_PARAM`); "repredict"
-        without its own fit costs a "predict"."""
+        without its own fit costs a "predict". FSDP2's copy passes ("fsdp_copy_*") add its host work
+        per collective (the profile's `fsdp`), one copy pass going with each collective."""
         if num_params <= 0:
             return 0.0
+        host_s = self.profile.fsdp.collective_overhead_s if self.profile.fsdp and name.startswith(FSDP_COPY_PREFIX) else 0.0
+        return host_s + self._pass_s(name, num_params)
+
+    def _pass_s(self, name: str, num_params: int) -> float:
         fit = self.profile.weight_passes.get(name)
         if fit is None and name == "repredict":
             fit = self.profile.weight_passes.get("predict")

@@ -1,6 +1,6 @@
 """Bad input to `ghpsim validate` and `ghpsim calibrate` refused in one line (exit code 2) before
 any torch process starts: an --out where no folder can be made, a folder given to calibrate's
---out, a strategy given twice, a --rank of fewer than 2 candidates, ranks that would not fit in
+--out, `--fsdp` without two ranks, a strategy given twice, a --rank of fewer than 2 candidates, ranks that would not fit in
 this host's memory; and a rank killed by SIGKILL named as a likely out-of-memory. The launchers
 are replaced by stand-ins that fail the test if called."""
 
@@ -56,6 +56,15 @@ def test_calibrate_refuses_an_out_where_nothing_can_be_made_before_any_run(capsy
     assert_one_line_error(run_cli(capsys, "calibrate", *flags, "--out", out),
                           f"--out {out}: cannot make a folder in /proc")
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--kernels", "--device", "cpu"], "--fsdp: not used with --kernels"),
+    (["--scenario", SCENARIO, "--world-size", "1"], "world_size: 1; timing FSDP (--fsdp) needs at least 2 ranks"),
+])
+def test_calibrate_fsdp_without_two_ranks_is_refused_before_any_run(capsys, tmp_path, no_launch, flags, needle):
+    assert_one_line_error(run_cli(capsys, "calibrate", *flags, "--fsdp", "--out", str(tmp_path / "p.json")), needle)
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_the_writable_check_leaves_nothing_behind(tmp_path):

@@ -63,7 +63,7 @@ import torch
 
 from simulator.errors import ScenarioError
 from simulator.output import check_output_file, write_json_atomic
-from simulator.profile import FORMAT, WEIGHT_PASS_NAMES, KernelProfile, Profile, profile_document, profile_from_dict
+from simulator.profile import FORMAT, WEIGHT_PASS_NAMES, AlphaBeta, KernelProfile, Profile, profile_document, profile_from_dict
 from simulator.workload import Workload
 from validator.calibration_phases import CalibrationSettings, device_name, rank_main
 from validator.comm_device import default_backend, device_problem
@@ -71,6 +71,7 @@ from validator.launch import LaunchConfig, spawn
 from validator.layer_passes import DEFAULT_LAYER_PASSES
 from validator import kernel_bench
 from validator.fitting import fit_line
+from validator.fsdp_bench import collective_overhead_s
 from validator.message_bench import DEFAULT_MESSAGE_BYTES, wakeup_s
 from validator.microbench import DEFAULT_MIN_BLOCK_S, load_models_module
 from validator.sweep_ratio import DEFAULT_PASSES, DEFAULT_TRIALS, in_sweep
@@ -98,9 +99,9 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
               topk_densities: Sequence[float] = DEFAULT_TOPK_DENSITIES,
               layer_passes: int = DEFAULT_LAYER_PASSES, sweep_trials: int = DEFAULT_TRIALS,
               sweep_passes: int = DEFAULT_PASSES, message_bytes: int = DEFAULT_MESSAGE_BYTES,
-              model_source: str = "model") -> Profile:
+              model_source: str = "model", fsdp: bool = False) -> Profile:
     """Measure `workload` on `world_size` local ranks, write the profile to `out_path` atomically
-    and return it. `models` names the module with `build_modules`, `make_batch` and `loss_fn`.
+    and return it. `fsdp`: also time FSDP2's host work per collective (the profile's `fsdp`). `models` names the module with `build_modules`, `make_batch` and `loss_fn`.
     Bad settings, or a layer the ranks could not build (its `check_torch_specs`, naming
     `model_source`): a one-line ScenarioError naming the setting before any rank starts; nothing
     is written."""
@@ -108,7 +109,7 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
     settings = CalibrationSettings(workload, tuple(int(b) for b in batch_sizes), repeats, warmup, device, optimizer,
                                    tuple(comm_sizes), comm_repeats, models, seed, verbose, min_block_s,
                                    tuple(sorted({float(d) for d in topk_densities})), layer_passes,
-                                   sweep_trials, sweep_passes, message_bytes)
+                                   sweep_trials, sweep_passes, message_bytes, fsdp)
     _check(settings, world_size, backend)
     check_specs = getattr(load_models_module(models), "check_torch_specs", None)
     if check_specs is not None:  # e.g. an imported layer table: no torch modules to time
@@ -134,6 +135,7 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
         "measure_s": raw["measure_s"], "phase_s": raw["phase_s"], "total_s": time.perf_counter() - started,
         "layer_passes": raw["layer_passes"], "comm_passes": raw["comm_passes"],
         "layer_sweep": raw["layer_sweep"], **({"messages": raw["messages"]} if raw.get("messages") else {}),
+        **({"fsdp": raw["fsdp"]} if raw.get("fsdp") else {}),
         "load_average_1m": {"before": load_before, "after": _load_average(), "num_cpus": os.cpu_count()},
         **({"background_cpu": raw["background_cpu"]} if raw["background_cpu"] else {}), "notes": notes}
     profile = profile_from_dict(document, str(out_path))  # the loader's own check, before anything is written
@@ -189,7 +191,7 @@ def _settings_record(settings: CalibrationSettings) -> dict:
             "comm_sizes": list(settings.comm_sizes), "comm_repeats": settings.comm_repeats,
             "min_block_s": settings.min_block_s, "topk_densities": list(settings.topk_densities),
             "layer_passes": settings.layer_passes, "seed": settings.seed, "sweep_trials": settings.sweep_trials,
-            "sweep_passes": settings.sweep_passes, "message_bytes": settings.message_bytes}
+            "sweep_passes": settings.sweep_passes, "message_bytes": settings.message_bytes, "fsdp": settings.fsdp}
 
 
 def _check(settings: CalibrationSettings, world_size: int, backend: str) -> None:
@@ -208,6 +210,8 @@ def _check(settings: CalibrationSettings, world_size: int, backend: str) -> None
                             "samples a calibration times (the fits extrapolate beyond the largest)")
     if len(set(settings.comm_sizes)) < 2 or min(settings.comm_sizes) < 4:
         raise ScenarioError(f"comm_sizes: need at least two distinct sizes of >= 4 bytes, got {settings.comm_sizes}")
+    if settings.fsdp and world_size < 2:
+        raise ScenarioError(f"world_size: {world_size}; timing FSDP (--fsdp) needs at least 2 ranks")
     problem = device_problem(settings.device, backend, world_size)
     if problem:
         raise ScenarioError(f"device {settings.device!r}, backend {backend!r}: {problem}")
@@ -247,6 +251,10 @@ def profile_fields(workload: Workload, model_params: dict, raw: dict, settings: 
         if raw.get("messages") is not None:
             overheads, wakeup = message_fields(raw["messages"], document["p2p"], notes)
             document["p2p"].update(overheads)
+    if raw.get("fsdp") is not None:
+        fits = {op: AlphaBeta(**document[op][world_size]).time_s for op in ("allgather", "allreduce")}
+        document["fsdp"] = {"collective_overhead_s": collective_overhead_s(
+            raw["fsdp"]["unit_s"], world_size, fits["allgather"], fits["allreduce"])}
     if settings.device == "cpu":  # the ranks are processes sharing this host's cores
         document["shared_processors"] = _shared_processors(world_size, compute_slowdown, raw.get("overlap"))
         if wakeup is not None:

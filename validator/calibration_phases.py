@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from simulator.workload import Workload
 from validator.comm_bench import agree_max, time_allgather, time_allreduce, time_p2p
+from validator.fsdp_bench import UNIT_COUNTS, time_fsdp_unit
 from validator.layer_passes import (comm_pass_spread, median_comm_over_passes, median_over_passes, pass_slots,
                                     pass_spread, pass_totals_s)
 from validator.message_bench import DEFAULT_MESSAGE_BYTES, stage_hop_s, time_messages
@@ -49,6 +50,8 @@ class CalibrationSettings:
     sweep_trials: int = DEFAULT_TRIALS
     sweep_passes: int = DEFAULT_PASSES
     message_bytes: int = DEFAULT_MESSAGE_BYTES
+    fsdp: bool = False
+    """Also time FSDP2's host work per collective (`validator.fsdp_bench`; >= 2 ranks)."""
 
     @property
     def middle_batch(self) -> int:
@@ -158,7 +161,16 @@ def _measure_messages(settings: CalibrationSettings, device: str, measured: dict
     return {"messages": {**summary, "hop_source": hop_source}}
 
 
-PHASES = (_measure_sweep_ratios, _measure_messages, _measure_updates, _measure_topk, _measure_overlap)
+def _measure_fsdp(settings: CalibrationSettings, device: str, measured: dict) -> dict:
+    """With `settings.fsdp` and >= 2 ranks: what an FSDP2 full-shard unit adds to a step (`validator.fsdp_bench`)."""
+    if not settings.fsdp or dist.get_world_size() < 2:
+        return {"fsdp": None}
+    say(settings, f"FSDP2 units: stacks of {' and '.join(map(str, UNIT_COUNTS))} tiny units, "
+                  f"{dist.get_world_size()} ranks at once")
+    return {"fsdp": time_fsdp_unit(device, warmup=max(settings.warmup, 3))}
+
+
+PHASES = (_measure_sweep_ratios, _measure_messages, _measure_updates, _measure_topk, _measure_overlap, _measure_fsdp)
 """The calibration's phases between the layer sweeps, in order; each gets what the earlier ones
 measured (the messages' hop comes from the sweep ratios' sweeps)."""
 

@@ -30,7 +30,8 @@ gathered unit out of the all-gather buffer into its parameters before the unit c
 unit's gradients into the reduce-scatter buffer (cast to the reduce dtype) before its
 reduce-scatter, both on the compute stream (torch `_fsdp_collectives.py`: `split_with_sizes_copy`
 in `foreach_all_gather_copy_out`, `_chunk_cat` in `foreach_reduce`): memory-bound passes
-(`simulator.costs.WEIGHT_PASS_WORDS`). FSDP1's FlatParameter and DeepSpeed's ZeRO-3 gather into
+(`simulator.costs.WEIGHT_PASS_WORDS`); with a profile calibrated `--fsdp`, each copy pass also carries
+FSDP2's host work for the collective it goes with (`simulator.profile_costs`). FSDP1's FlatParameter and DeepSpeed's ZeRO-3 gather into
 flat buffers whose views are the parameters and reduce the flat gradient in place: no copies
 (version 1, the default of `zero_stage` without `fsdp_sharding`).
 
