@@ -18,7 +18,7 @@ One versioned pydantic schema, read by `load_profile` and written by `validator.
 | `allreduce`, `allgather` | `{"<group size>": ALPHA_BETA}`; allgather's size is what each rank contributes |
 | `compute_slowdown` | `{"<k>": factor}`: a pass with k ranks computing at once over one rank alone |
 | `shared_processors` | optional: the ranks share one host's processors (a CPU host): `{parallelism, measured_ranks, wakeup_s, compute_slowdown_while, comm_slowdown_while_computing}`, see `SharedProcessors` |
-| `fsdp` | optional `{collective_overhead_s}`: FSDP2's host work per all-gather or reduce-scatter beyond the collective (`validator.fsdp_bench`), charged with each of its copy passes |
+| `fsdp` | optional `{collective_overhead_s, per_tensor_s, layer_tensors}`: FSDP2's host work per all-gather or reduce-scatter beyond the collective, a + b x the unit's parameter tensors (`validator.fsdp_bench`; per layer its tensors), charged with each of its copy passes |
 | `provenance` | optional free-form object: time, torch version, settings and notes |
 
 * `LAYER_FIT`: a pass on b samples takes `intercept_s + per_sample_s x b` (least squares over the
@@ -133,10 +133,18 @@ class P2PFit(AlphaBeta):
 
 
 class FsdpFit(_Frozen):
-    """FSDP2's host work per all-gather or reduce-scatter beyond the bare collective
-    (`validator.fsdp_bench`): charged with each of its copy passes (`simulator.strategies.zero`)."""
+    """FSDP2's host work per all-gather or reduce-scatter beyond the bare collective,
+    `collective_overhead_s + per_tensor_s x` the unit's parameter tensors (`layer_tensors`, per
+    layer), from `validator.fsdp_bench`: charged with each of its copy passes (`simulator.strategies.zero`)."""
 
     collective_overhead_s: float = Field(ge=0)
+    per_tensor_s: float = Field(default=0.0, ge=0)
+    layer_tensors: tuple[int, ...] = ()
+
+    def host_s(self, layers: tuple[int, int] | None) -> float:
+        """The work beside one collective of the unit of `layers` (first, end)."""
+        tensors = sum(self.layer_tensors[slice(*layers)]) if layers is not None else 0
+        return self.collective_overhead_s + self.per_tensor_s * tensors
 
 
 class LayerProfile(_Frozen):
@@ -214,6 +222,8 @@ class Profile(_Frozen):
         if len(self.layers) != len(self.model.layer_names):
             raise ValueError(f"layers: {len(self.layers)} entries but model.layer_names has "
                              f"{len(self.model.layer_names)}")
+        if self.fsdp is not None and self.fsdp.layer_tensors and len(self.fsdp.layer_tensors) != len(self.layers):
+            raise ValueError(f"fsdp.layer_tensors: {len(self.fsdp.layer_tensors)} entries but {len(self.layers)} layers")
         if self.world_size > 1 and self.p2p is None:
             raise ValueError(f"p2p: required when world_size is {self.world_size} > 1")
         if self.world_size > 1 and not self.allreduce:

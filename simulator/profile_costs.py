@@ -137,7 +137,7 @@ class ProfileCosts:
         per collective (the profile's `fsdp`), one copy pass going with each collective."""
         if num_params <= 0:
             return 0.0
-        host_s = self.profile.fsdp.collective_overhead_s if self.profile.fsdp and name.startswith(FSDP_COPY_PREFIX) else 0.0
+        host_s = self.profile.fsdp.host_s(layers) if self.profile.fsdp and name.startswith(FSDP_COPY_PREFIX) else 0.0
         return host_s + self._pass_s(name, num_params)
 
     def _pass_s(self, name: str, num_params: int) -> float:

@@ -1,38 +1,61 @@
-"""FSDP2's host work per collective (validator/fsdp_bench.py): the closed form that turns a unit's
-measured step-time slope into the profile's `fsdp.collective_overhead_s`, and the benchmark itself
-on 2 gloo ranks."""
+"""FSDP2's host work per collective (validator/fsdp_bench.py): the closed form that turns two unit
+shapes' measured step-time slopes into the profile's `fsdp` (a + b x tensors), and the benchmark
+itself on 2 gloo ranks."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from simulator.profile import AlphaBeta  # noqa: E402
-from validator.fsdp_bench import UNIT_PARAMS, collective_overhead_s, time_fsdp_unit  # noqa: E402
+from validator.fsdp_bench import LINEARS_PER_UNIT, UNIT_COUNTS, WIDTH, host_work, time_fsdp_units  # noqa: E402
 from validator.launch import LaunchConfig, spawn  # noqa: E402
 
-
-def test_the_unit_slope_less_its_collectives_as_the_profile_prices_them_over_three():
-    """u = 2 allgather(4 P / s) + allreduce(4 P) + 3 overhead (full shard; gloo reduce-scatters as an
-    allreduce of the whole buffer), P = the unit's fp32 parameters, s = 2 ranks."""
-    allgather = AlphaBeta(latency_s=5e-4, bandwidth_bytes_per_s=1e9)
-    allreduce = AlphaBeta(latency_s=8e-4, bandwidth_bytes_per_s=5e8)
-    bare_s = 2 * (5e-4 + 2 * UNIT_PARAMS / 1e9) + 8e-4 + 4 * UNIT_PARAMS / 5e8
-    unit_s = bare_s + 3 * 1.2e-3
-    assert collective_overhead_s(unit_s, 2, allgather.time_s, allreduce.time_s) == pytest.approx(1.2e-3)
-    # a unit no slower than its bare collectives: no host work, not a negative one
-    assert collective_overhead_s(0.5 * bare_s, 2, allgather.time_s, allreduce.time_s) == 0.0
+ALLGATHER = AlphaBeta(latency_s=5e-4, bandwidth_bytes_per_s=1e9)
+ALLREDUCE = AlphaBeta(latency_s=8e-4, bandwidth_bytes_per_s=5e8)
 
 
-def _unit(rank):
-    return time_fsdp_unit("cpu", steps=3, warmup=1, rounds=1)
+def shape(tensors: int, params: int, per_collective_s: float) -> dict:
+    """A unit whose step time is its collectives as the fits price them plus 3 x `per_collective_s`."""
+    bare_s = 2 * ALLGATHER.time_s(4 * params / 2) + ALLREDUCE.time_s(4 * params)
+    return {"tensors": tensors, "unit_params": params, "unit_s": bare_s + 3 * per_collective_s}
+
+
+def test_host_work_is_the_units_slope_less_its_priced_collectives_a_plus_b_per_tensor():
+    """u = 2 allgather(4 P / s) + allreduce(4 P) + 3 (a + b T) (full shard; gloo reduce-scatters as an
+    allreduce of the whole buffer), P the unit's fp32 parameters, T its tensors, s = 2 ranks."""
+    a, b = 1.0e-3, 5e-5
+    shapes = [shape(2, 4160, a + 2 * b), shape(8, 16640, a + 8 * b)]
+    assert host_work(shapes, 2, ALLGATHER.time_s, ALLREDUCE.time_s) == pytest.approx(
+        {"collective_overhead_s": a, "per_tensor_s": b})
+    assert host_work(shapes[::-1], 2, ALLGATHER.time_s, ALLREDUCE.time_s) == pytest.approx(
+        {"collective_overhead_s": a, "per_tensor_s": b})  # the order of the shapes does not matter
+
+
+def test_host_work_is_never_negative():
+    """Units no slower than their bare collectives, or a wider unit faster per collective than a
+    narrow one (noise): no host work, not a negative one."""
+    slow_narrow = [shape(2, 4160, 2e-3), shape(8, 16640, 1e-3)]
+    assert host_work(slow_narrow, 2, ALLGATHER.time_s, ALLREDUCE.time_s) == pytest.approx(
+        {"collective_overhead_s": 2e-3, "per_tensor_s": 0.0})
+    nothing = [shape(2, 4160, -1e-3), shape(8, 16640, -1e-3)]
+    assert host_work(nothing, 2, ALLGATHER.time_s, ALLREDUCE.time_s) == {"collective_overhead_s": 0.0,
+                                                                          "per_tensor_s": 0.0}
+
+
+def _units(rank):
+    return time_fsdp_units("cpu", steps=3, warmup=1, rounds=1)
 
 
 @pytest.mark.slow
 def test_the_benchmark_times_fsdp2_stacks_on_two_ranks_and_every_rank_reports_rank_0s_figures():
-    first, second = spawn(_unit, (), LaunchConfig(2, timeout_s=120))
+    first, second = spawn(_units, (), LaunchConfig(2, timeout_s=120))
     assert first == second
-    assert set(first["fsdp_step_s"]) == set(first["local_step_s"]) == {2, 8}
-    assert first["unit_params"] == UNIT_PARAMS
-    # six more FSDP2 units, each with 3 collectives: a longer step than six more local units
-    assert first["fsdp_step_s"][8] - first["fsdp_step_s"][2] > first["local_step_s"][8] - first["local_step_s"][2]
-    assert first["unit_s"] > 0
+    assert [s["tensors"] for s in first] == [2 * linears for linears in LINEARS_PER_UNIT]
+    assert [s["unit_params"] for s in first] == [linears * (WIDTH * WIDTH + WIDTH) for linears in LINEARS_PER_UNIT]
+    low, high = UNIT_COUNTS
+    for measured in first:
+        assert set(measured["fsdp_step_s"]) == set(measured["local_step_s"]) == set(UNIT_COUNTS)
+        # six more FSDP2 units, each with 3 collectives: a longer step than six more local units
+        fsdp, local = measured["fsdp_step_s"], measured["local_step_s"]
+        assert fsdp[high] - fsdp[low] > local[high] - local[low]
+        assert measured["unit_s"] > 0

@@ -197,17 +197,23 @@ def test_a_profile_number_given_as_text_or_a_boolean_is_refused(tmp_path, field,
 
 
 def test_fsdp_host_work_goes_with_each_fsdp2_copy_pass_and_nothing_else(tmp_path):
-    """The profile's `fsdp.collective_overhead_s` (validator/fsdp_bench.py) is added to every FSDP2
-    copy pass, one of which goes with each all-gather and reduce-scatter, and to no other pass."""
+    """The profile's `fsdp` (validator/fsdp_bench.py), a + b x the unit's parameter tensors, is added
+    to every FSDP2 copy pass, one of which goes with each all-gather and reduce-scatter, and to no
+    other pass."""
     without = ProfileCosts(load_profile(write(tmp_path, document())), workload())
     doc = document()
-    doc["fsdp"] = {"collective_overhead_s": 1e-3}
+    doc["fsdp"] = {"collective_overhead_s": 1e-3, "per_tensor_s": 1e-4, "layer_tensors": [2, 2, 3]}
     with_host = ProfileCosts(load_profile(write(tmp_path, doc, "fsdp.json")), workload())
     for name in ("fsdp_copy_out", "fsdp_copy_in", "fsdp_copy_in_upcast"):
-        assert with_host.weight_pass_s(name, 1000) == pytest.approx(without.weight_pass_s(name, 1000) + 1e-3)
+        assert with_host.weight_pass_s(name, 1000, layers=(2, 3)) == pytest.approx(
+            without.weight_pass_s(name, 1000) + 1e-3 + 3 * 1e-4)
+    assert with_host.weight_pass_s("fsdp_copy_out", 1000, layers=(0, 2)) == pytest.approx(
+        without.weight_pass_s("fsdp_copy_out", 1000) + 1e-3 + 4 * 1e-4)
     for name in ("stash", "accumulate"):
-        assert with_host.weight_pass_s(name, 1000) == without.weight_pass_s(name, 1000)
+        assert with_host.weight_pass_s(name, 1000, layers=(0, 1)) == without.weight_pass_s(name, 1000)
     assert with_host.weight_pass_s("fsdp_copy_out", 0) == 0.0  # a unit without parameters gathers nothing
-    doc["fsdp"] = {"collective_overhead_s": -1e-3}
-    with pytest.raises(ScenarioError, match="fsdp.collective_overhead_s"):
-        load_profile(write(tmp_path, doc, "negative.json"))
+    for bad, needle in (({"collective_overhead_s": -1e-3}, "fsdp.collective_overhead_s"),
+                        ({"collective_overhead_s": 0.0, "layer_tensors": [2, 2]}, "fsdp.layer_tensors: 2 entries")):
+        doc["fsdp"] = bad
+        with pytest.raises(ScenarioError, match=needle):
+            load_profile(write(tmp_path, doc, "bad.json"))

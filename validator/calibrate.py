@@ -71,7 +71,7 @@ from validator.launch import LaunchConfig, spawn
 from validator.layer_passes import DEFAULT_LAYER_PASSES
 from validator import kernel_bench
 from validator.fitting import fit_line
-from validator.fsdp_bench import collective_overhead_s
+from validator.fsdp_bench import host_work
 from validator.message_bench import DEFAULT_MESSAGE_BYTES, wakeup_s
 from validator.microbench import DEFAULT_MIN_BLOCK_S, load_models_module
 from validator.sweep_ratio import DEFAULT_PASSES, DEFAULT_TRIALS, in_sweep
@@ -253,8 +253,8 @@ def profile_fields(workload: Workload, model_params: dict, raw: dict, settings: 
             document["p2p"].update(overheads)
     if raw.get("fsdp") is not None:
         fits = {op: AlphaBeta(**document[op][world_size]).time_s for op in ("allgather", "allreduce")}
-        document["fsdp"] = {"collective_overhead_s": collective_overhead_s(
-            raw["fsdp"]["unit_s"], world_size, fits["allgather"], fits["allreduce"])}
+        document["fsdp"] = {**host_work(raw["fsdp"]["shapes"], world_size, fits["allgather"], fits["allreduce"]),
+                            "layer_tensors": raw["fsdp"]["layer_tensors"]}
     if settings.device == "cpu":  # the ranks are processes sharing this host's cores
         document["shared_processors"] = _shared_processors(world_size, compute_slowdown, raw.get("overlap"))
         if wakeup is not None:

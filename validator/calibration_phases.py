@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from simulator.workload import Workload
 from validator.comm_bench import agree_max, time_allgather, time_allreduce, time_p2p
-from validator.fsdp_bench import UNIT_COUNTS, time_fsdp_unit
+from validator.fsdp_bench import LINEARS_PER_UNIT, UNIT_COUNTS, time_fsdp_units
 from validator.layer_passes import (comm_pass_spread, median_comm_over_passes, median_over_passes, pass_slots,
                                     pass_spread, pass_totals_s)
 from validator.message_bench import DEFAULT_MESSAGE_BYTES, stage_hop_s, time_messages
@@ -162,12 +162,15 @@ def _measure_messages(settings: CalibrationSettings, device: str, measured: dict
 
 
 def _measure_fsdp(settings: CalibrationSettings, device: str, measured: dict) -> dict:
-    """With `settings.fsdp` and >= 2 ranks: what an FSDP2 full-shard unit adds to a step (`validator.fsdp_bench`)."""
+    """With `settings.fsdp` and >= 2 ranks: what an FSDP2 full-shard unit adds to a step, for two unit
+    shapes (`validator.fsdp_bench`), and the parameter tensors of each of the model's layers."""
     if not settings.fsdp or dist.get_world_size() < 2:
         return {"fsdp": None}
-    say(settings, f"FSDP2 units: stacks of {' and '.join(map(str, UNIT_COUNTS))} tiny units, "
-                  f"{dist.get_world_size()} ranks at once")
-    return {"fsdp": time_fsdp_unit(device, warmup=max(settings.warmup, 3))}
+    say(settings, f"FSDP2 units: stacks of {' and '.join(map(str, UNIT_COUNTS))} tiny units of "
+                  f"{' and '.join(map(str, LINEARS_PER_UNIT))} Linear layers, {dist.get_world_size()} ranks at once")
+    modules = load_models_module(settings.models).build_modules(settings.workload, seed=settings.seed)
+    return {"fsdp": {"shapes": time_fsdp_units(device, warmup=max(settings.warmup, 3)),
+                     "layer_tensors": [len(list(module.parameters())) for module in modules]}}
 
 
 PHASES = (_measure_sweep_ratios, _measure_messages, _measure_updates, _measure_topk, _measure_overlap, _measure_fsdp)

@@ -15,7 +15,10 @@ root's hooks, the barrier) enters: a stack of K tiny `nn.Linear(WIDTH, WIDTH)` u
 rank. A unit adds u = ((T_fsdp(8) - T_fsdp(2)) - (T_local(8) - T_local(2))) / 6 to a step beyond its
 compute (units this small compute in microseconds); `validator.calibrate` takes from u the unit's
 collectives as the profile's own fits price them, 2 all-gathers and 1 reduce-scatter, so that the
-simulator's unit costs u in all, and divides the rest by 3 (`collective_overhead_s`), at least 0.
+simulator's unit costs u in all, and divides the rest by 3. FSDP2 shards, gathers and copies each
+parameter tensor apart (per-parameter DTensors; `split_with_sizes_copy` and `_chunk_cat` over the
+unit's tensors), so its work grows with them: two unit shapes, 1 Linear (2 tensors) and 4 (8),
+give the work per collective as a + b x tensors (`host_work`).
 """
 
 from __future__ import annotations
@@ -30,17 +33,19 @@ from torch import nn
 from validator.microbench import _sync
 
 WIDTH = 64
-"""Features of each tiny unit (64 x 64 weights + 64 biases: 4,160 parameters)."""
+"""Features of each tiny `nn.Linear` (64 x 64 weights + 64 biases: 4,160 parameters, 2 tensors)."""
 BATCH = 4
 UNIT_COUNTS = (2, 8)
-UNIT_PARAMS = WIDTH * WIDTH + WIDTH
+LINEARS_PER_UNIT = (1, 4)
+"""The two unit shapes: 1 Linear (2 parameter tensors) and 4 (8 tensors)."""
 COLLECTIVES_PER_UNIT = 3
 """Full shard: each unit gathered before its forward and its backward, its gradients reduce-scattered once."""
 
 
-def _stack(num_units: int, device: torch.device, shard: bool) -> nn.Module:
+def _stack(num_units: int, linears: int, device: torch.device, shard: bool) -> nn.Module:
     torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(num_units)]).to(device)
+    model = nn.Sequential(*[nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(linears)])
+                            for _ in range(num_units)]).to(device)
     if shard:
         from torch.distributed.fsdp import fully_shard
         for unit in model:
@@ -68,31 +73,42 @@ def _step_s(model: nn.Module, device: torch.device, steps: int, warmup: int) -> 
     return statistics.median(times)
 
 
-def time_fsdp_unit(device: str = "cpu", steps: int = 30, warmup: int = 5, rounds: int = 3) -> dict:
-    """What one more full-shard unit adds to an FSDP2 step beyond its compute (module docstring), on
-    the initialized process group, with the figures it comes from: `{unit_s, unit_params,
-    fsdp_step_s: {K: s}, local_step_s: {K: s}}`; every rank returns rank 0's figures."""
+def time_fsdp_units(device: str = "cpu", steps: int = 30, warmup: int = 5, rounds: int = 3) -> list[dict]:
+    """What one more full-shard unit adds to an FSDP2 step beyond its compute (module docstring), per
+    unit shape, on the initialized process group, with the figures it comes from: `[{tensors,
+    unit_params, unit_s, fsdp_step_s: {K: s}, local_step_s: {K: s}}]`; every rank returns rank 0's."""
     device = torch.device(device)
-    fsdp_s: dict[int, list[float]] = {k: [] for k in UNIT_COUNTS}
-    local_s: dict[int, list[float]] = {k: [] for k in UNIT_COUNTS}
-    for _ in range(rounds):  # interleaved, so that a drifting machine weighs on both counts alike
-        for count in UNIT_COUNTS:
-            fsdp_s[count].append(_step_s(_stack(count, device, shard=True), device, steps, warmup))
-            local_s[count].append(_step_s(_stack(count, device, shard=False), device, steps, warmup))
+    cases = [(linears, count) for linears in LINEARS_PER_UNIT for count in UNIT_COUNTS]
+    fsdp_s: dict[tuple, list[float]] = {case: [] for case in cases}
+    local_s: dict[tuple, list[float]] = {case: [] for case in cases}
+    for _ in range(rounds):  # interleaved, so that a drifting machine weighs on every case alike
+        for linears, count in cases:
+            fsdp_s[linears, count].append(_step_s(_stack(count, linears, device, True), device, steps, warmup))
+            local_s[linears, count].append(_step_s(_stack(count, linears, device, False), device, steps, warmup))
     low, high = UNIT_COUNTS
-    fsdp = {k: statistics.median(v) for k, v in fsdp_s.items()}
-    local = {k: statistics.median(v) for k, v in local_s.items()}
-    unit_s = ((fsdp[high] - fsdp[low]) - (local[high] - local[low])) / (high - low)
-    shared = [{"unit_s": unit_s, "unit_params": UNIT_PARAMS, "fsdp_step_s": fsdp, "local_step_s": local}]
+    shapes = []
+    for linears in LINEARS_PER_UNIT:
+        fsdp = {count: statistics.median(fsdp_s[linears, count]) for count in UNIT_COUNTS}
+        local = {count: statistics.median(local_s[linears, count]) for count in UNIT_COUNTS}
+        shapes.append({"tensors": 2 * linears, "unit_params": linears * (WIDTH * WIDTH + WIDTH),
+                       "unit_s": ((fsdp[high] - fsdp[low]) - (local[high] - local[low])) / (high - low),
+                       "fsdp_step_s": fsdp, "local_step_s": local})
+    shared = [shapes]
     dist.broadcast_object_list(shared, src=0)
     return shared[0]
 
 
-def collective_overhead_s(unit_s: float, world_size: int, allgather_s, allreduce_s) -> float:
-    """FSDP2's host work per collective: the unit's added step time less its collectives as the
-    simulator prices them from the profile's fits (`allgather_s(bytes each rank contributes)`,
-    `allreduce_s(bytes)`: gloo runs a reduce-scatter as an allreduce of the whole buffer), over its
-    3 collectives; at least 0."""
-    unit_bytes = 4 * UNIT_PARAMS  # fp32
-    bare_s = 2 * allgather_s(unit_bytes / world_size) + allreduce_s(unit_bytes)
-    return max(0.0, (unit_s - bare_s) / COLLECTIVES_PER_UNIT)
+def host_work(shapes: list[dict], world_size: int, allgather_s, allreduce_s) -> dict[str, float]:
+    """FSDP2's host work per collective, a + b x tensors of the unit: each shape's added step time
+    less its collectives as the simulator prices them from the profile's fits (`allgather_s(bytes
+    each rank contributes)`, `allreduce_s(bytes)`: gloo runs a reduce-scatter as an allreduce of
+    the whole buffer), over its 3 collectives; b from the two shapes' difference, a from the
+    smaller; both at least 0. `{collective_overhead_s: a, per_tensor_s: b}`."""
+    per_collective = []
+    for shape in shapes:
+        unit_bytes = 4 * shape["unit_params"]  # fp32
+        bare_s = 2 * allgather_s(unit_bytes / world_size) + allreduce_s(unit_bytes)
+        per_collective.append((shape["tensors"], (shape["unit_s"] - bare_s) / COLLECTIVES_PER_UNIT))
+    (few, few_s), (many, many_s) = sorted(per_collective)
+    per_tensor_s = max(0.0, (many_s - few_s) / (many - few))
+    return {"collective_overhead_s": max(0.0, few_s - per_tensor_s * few), "per_tensor_s": per_tensor_s}
