@@ -59,3 +59,22 @@ def test_the_benchmark_times_fsdp2_stacks_on_two_ranks_and_every_rank_reports_ra
         fsdp, local = measured["fsdp_step_s"], measured["local_step_s"]
         assert fsdp[high] - fsdp[low] > local[high] - local[low]
         assert measured["unit_s"] > 0
+
+
+def test_validate_notes_an_fsdp2_plan_predicted_from_a_profile_without_its_host_work():
+    from types import SimpleNamespace
+
+    from simulator import load_scenario, simulate
+    from tests.test_fsdp_runtime import megatron_scenario
+    from validator.validate import _Case, fsdp_profile_notes
+
+    def case(sharding):
+        plan = simulate(load_scenario(megatron_scenario(sharding))).plan
+        return _Case("megatron", f"megatron:{sharding}", plan, None, None)
+
+    full, ddp = case("full_shard"), case("no_shard")
+    (note,) = fsdp_profile_notes([full, ddp], SimpleNamespace(fsdp=None), "p.json")
+    assert note.startswith("p.json: no fsdp section, so megatron:full_shard is predicted without")
+    assert note.endswith("calibrate with --fsdp to count it")
+    assert fsdp_profile_notes([ddp], SimpleNamespace(fsdp=None), "p.json") == []  # DDP has no FSDP2 work
+    assert fsdp_profile_notes([full], SimpleNamespace(fsdp=object()), "p.json") == []

@@ -6,10 +6,10 @@ the pre-forward / pre-backward hooks, the all-gather's copy-in and copy-out
 (`foreach_all_gather`, `foreach_all_gather_copy_out`), DTensor bookkeeping, and the
 post-backward `foreach_reduce` (torch `distributed/fsdp/_fully_shard/_fsdp_collectives.py`,
 `_fsdp_param_group.py`). The simulator charges that work once per collective on the compute
-stream, with FSDP2's copy passes (`simulator.strategies.zero`; the profile's `fsdp.collective_overhead_s`).
+stream, with FSDP2's copy passes (`simulator.strategies.zero`; the profile's `fsdp`).
 
 Measured as a slope over the number of units, so that nothing fixed per step (the loss, the
-root's hooks, the barrier) enters: a stack of K tiny `nn.Linear(WIDTH, WIDTH)` units, each under
+root's hooks, the barrier) enters: a stack of K tiny units of `nn.Linear(WIDTH, WIDTH)` layers, each under
 `fully_shard` (full shard: 2 all-gathers and 1 reduce-scatter per unit and step), trained for
 `steps` steps at K = 2 and K = 8 by all ranks at once; the same stacks trained without FSDP on each
 rank. A unit adds u = ((T_fsdp(8) - T_fsdp(2)) - (T_local(8) - T_local(2))) / 6 to a step beyond its

@@ -32,7 +32,7 @@ from simulator.schedules.steady_state import steady_state_plan, steady_state_win
 from simulator.simulate import simulate
 from simulator.fabrics import build_topology
 from validator.comm_device import device_problem
-from validator.fsdp_runtime import runnable_sharding
+from validator.fsdp_runtime import runnable_sharding, sharding_of
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
 from validator.models import check_torch_specs, model_field
@@ -77,6 +77,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     scenario = at_profile_world_size(scenario, profile, notes.append, _kinds(specs))
     options = replace(options, device=profile.device.kind)  # run where the profile was measured
     cases = prepare_cases(scenario, workload, costs, specs, options, notes.append, skip_unfit_ghp)
+    notes += fsdp_profile_notes(cases, profile, profile_path)
     labels = [case.label for case in cases]
     if len(set(labels)) < len(labels):  # e.g. ghp and ghp:2 where a bare ghp takes G = 2
         twice = next(label for label in labels if labels.count(label) > 1)
@@ -289,6 +290,16 @@ def prepare_case(scenario: Scenario, workload, costs, kind: str, groups: int | N
         return _Case(kind, label, plan, replace(options, measure_memory=True), predicted)
     label = f"{kind} (G={plan.num_groups} x M={plan.workers_per_group})"
     return _Case(kind, label, plan, run_options, predicted)
+
+
+def fsdp_profile_notes(cases: list[_Case], profile, profile_path) -> list[str]:
+    """A note where FSDP2 plans run on a profile calibrated without `--fsdp`: their host work per
+    collective (`validator.fsdp_bench`) is left out of the prediction."""
+    fsdp = [case.label for case in cases if case.kind == "megatron" and sharding_of(case.plan) != "no_shard"]
+    if not fsdp or profile.fsdp is not None:
+        return []
+    return [f"{profile_path}: no fsdp section, so {', '.join(fsdp)} is predicted without FSDP2's host work per "
+            "collective; calibrate with --fsdp to count it"]
 
 
 def _row(case: _Case) -> tuple[dict, list]:
