@@ -43,6 +43,10 @@
    ranks that run at the same time (as the concurrent groups of a GHP / DP plan). Fitted to
    alpha + S / beta by least squares weighted by 1 / t^2 (relative errors: the small sizes pin
    alpha, the large ones beta).
+8. **FSDP2** (`fsdp`, `calibrate --fsdp`, world_size >= 2; `validator.fsdp_bench`): stacks of tiny
+   full-shard units of two shapes; what a unit adds to a step less its collectives as the fits of
+   phase 7 price them gives the profile's `fsdp` (host work per collective, a + b x the unit's
+   parameter tensors), with each layer's tensor count.
 
 Nothing is timed end to end: no training step enters a fit. The settings, timings, CPU
 accounting and notes (a clamped fit, a disturbed machine) go in the profile's `provenance`.
@@ -101,7 +105,8 @@ def calibrate(workload: Workload, model_params: dict, out_path, device: str = "c
               sweep_passes: int = DEFAULT_PASSES, message_bytes: int = DEFAULT_MESSAGE_BYTES,
               model_source: str = "model", fsdp: bool = False) -> Profile:
     """Measure `workload` on `world_size` local ranks, write the profile to `out_path` atomically
-    and return it. `fsdp`: also time FSDP2's host work per collective (the profile's `fsdp`). `models` names the module with `build_modules`, `make_batch` and `loss_fn`.
+    and return it. `models` names the module with `build_modules`, `make_batch` and `loss_fn`;
+    `fsdp`: also time FSDP2's host work per collective (phase 8 of the module docstring).
     Bad settings, or a layer the ranks could not build (its `check_torch_specs`, naming
     `model_source`): a one-line ScenarioError naming the setting before any rank starts; nothing
     is written."""
