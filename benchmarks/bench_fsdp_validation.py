@@ -37,6 +37,7 @@ from simulator.output import write_text_atomic
 from simulator.scenario import load_scenario
 from validator.calibrate import calibrate_quietly
 from validator.measure import RunOptions
+from validator.models import as_built
 from validator.validate import validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +80,7 @@ def predicted_peak_bytes(zero_stage: int) -> float:
     """The current memory model's peak per rank of one case, as `validate` predicts it."""
     from validator.validate import prepare_case
     scenario = case_scenario(zero_stage)
-    workload = resolve_workload(scenario.model, scenario.base_dir)
+    workload = as_built(resolve_workload(scenario.model, scenario.base_dir))
     case = prepare_case(scenario, workload, None, "megatron", None,
                         RunOptions(steps=1, warmup=0, optimizer=scenario.training.optimizer))
     return max(device["peak_memory_bytes"] for device in case.predicted.summary["devices"])

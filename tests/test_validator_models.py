@@ -34,6 +34,7 @@ from simulator.workload import Layer, Workload
 from simulator.zoo import MODELS, build_model
 from validator.layers_flops import ForwardFlopCounter
 from validator.models import (
+    as_built,
     build_layer_module,
     build_modules,
     count_params,
@@ -245,3 +246,25 @@ def test_empty_or_unknown_spec_raises_value_error_naming_the_layer():
 def test_make_batch_needs_an_input_spec():
     with pytest.raises(ValueError, match="shape"):
         make_batch(Workload("table", (Layer("a", "linear", 1.0, 2.0, 1, 1, 1, 1),)), 2)
+
+
+def test_as_built_predicts_the_modules_without_dropout():
+    """The modules run no dropout; the zoo's GPT defaults to Megatron-LM's 0.1, whose masks the memory
+    model counts. `as_built` gives every such spec dropout 0 (an explicit p too) and leaves models
+    without dropout (LLaMA) as they are. A block then keeps, without masks, (8 s h + 2 s f) e bytes
+    and the softmax output a s^2 e (Korthikanti et al. 2023, sec. 4.1 with p = 0), e = 4 here."""
+    from simulator.memory_activations import Sharding, saved_bytes
+    gpt = build_model("gpt2-small")
+    built = as_built(gpt)
+    assert all(layer.spec.get("dropout") == 0.0 for layer in built.layers
+               if layer.spec.get("kind") in ("embedding", "transformer_block"))
+    assert "dropout" not in gpt.layers[1].spec  # the caller's workload is untouched
+    block, spec = built.layers[1], built.layers[1].spec
+    s, h, a = spec["seq_len"], spec["hidden_size"], spec["num_heads"]
+    assert saved_bytes(block, 4, Sharding()) == pytest.approx((8 * s * h + 2 * s * spec["ffn_hidden_size"]) * 4
+                                                               + a * s * s * 4)
+    assert saved_bytes(gpt.layers[1], 4, Sharding()) > saved_bytes(block, 4, Sharding())
+    explicit = build_model("gpt2-small", dropout=0.2)
+    assert as_built(explicit).layers[1].spec["dropout"] == 0.0
+    llama = build_model("llama2-7b")
+    assert [layer.spec for layer in as_built(llama).layers] == [layer.spec for layer in llama.layers]

@@ -40,6 +40,7 @@ from simulator.simulate import simulate
 from simulator.workload import Workload
 from validator.comm_device import default_backend
 from validator.launch import LaunchConfig, spawn
+from validator.models import as_built
 from validator.pipeline_runtime import PipelineExecutor
 from validator.runtime import RankExecutor
 
@@ -134,7 +135,7 @@ def measure_memory(scenario: Scenario, specs: list[tuple[str, int | None]],
                    options: MemoryRunOptions = MemoryRunOptions(), timeout_s: float = 300.0) -> list[dict]:
     """Predicted and measured peak memory per rank for each strategy spec: (dp | mp | ghp, G) or
     ("KIND:m", None) for a pipeline kind with m micro-batches (`simulator.compare.with_strategy`)."""
-    workload = resolve_workload(scenario.model, scenario.base_dir)
+    workload = as_built(resolve_workload(scenario.model, scenario.base_dir))  # predicted as the ranks run it
     rows = []
     for kind, groups in specs:
         variant = every_rank(with_strategy(scenario, kind, groups))  # every rank runs for real

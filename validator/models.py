@@ -6,7 +6,10 @@ modules is a pipeline stage. Every module has exactly the parameters, GEMM shape
 shape the zoo counts (`tests/test_validator_models.py` checks all three layer by layer).
 
 Choices:
-* No dropout anywhere (the zoo does not model it); everything is deterministic on the CPU.
+* No dropout anywhere, so that a run is deterministic and matches single-process training. The
+  zoo's GPT and BERT specs default to Megatron-LM's dropout, which the kernel and memory models
+  count (masks, dropout kernels); `as_built` gives the workload as these modules run it, dropout
+  0, and the validator predicts that one.
 * BatchNorm runs in training mode like any `nn.BatchNorm2d`: its statistics come from the batch
   a module sees, so training on B/G samples per group is not bit-identical to full-batch
   training, and a batch of 1 sample fails on a 1x1 feature map (torch's own check).
@@ -32,6 +35,7 @@ Choices:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +53,22 @@ EXTRA_BUILDERS = {**MOE_BUILDERS, **INCEPTION_BUILDERS}
 
 
 # ----------------------------------------------------------------------------- public API
+
+DROPOUT_SPEC_KINDS = ("embedding", "transformer_block")
+"""Zoo spec kinds whose dropout defaults to Megatron-LM's when the spec gives none
+(`simulator.zoo.transformer`)."""
+
+
+def as_built(workload: Workload) -> Workload:
+    """`workload` as `build_modules` runs it: every spec that has, or defaults to, dropout gets
+    dropout 0 (these modules apply none), so a prediction counts no dropout kernel or mask the ranks
+    do not run."""
+    def built(layer: Layer) -> Layer:
+        spec = layer.spec or {}
+        runs_dropout = spec.get("dropout", 0.0) > 0 or (spec.get("kind") in DROPOUT_SPEC_KINDS and "dropout" not in spec)
+        return replace(layer, spec={**spec, "dropout": 0.0}) if runs_dropout else layer
+    return replace(workload, layers=tuple(built(layer) for layer in workload.layers))
+
 
 def build_layer_module(layer: Layer, num_classes: int | None = None) -> nn.Module:
     """The torch module of one simulator layer, from `layer.spec` (ValueError naming the layer

@@ -35,7 +35,7 @@ from validator.comm_device import device_problem
 from validator.fsdp_runtime import runnable_sharding, sharding_of
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
-from validator.models import check_torch_specs, model_field
+from validator.models import as_built, check_torch_specs, model_field
 from validator.report import json_ready
 
 
@@ -68,7 +68,7 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     if repeats < 1:
         raise ScenarioError(f"repeats: {repeats} must be at least 1")
     check_run_options(options.steps, options.warmup, launch_timeout_s)
-    workload = resolve_workload(scenario.model, scenario.base_dir)
+    workload = as_built(resolve_workload(scenario.model, scenario.base_dir))  # predicted as the ranks run it
     check_torch_specs(workload, model_field(scenario.model))  # the ranks build it: refused before any starts
     costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
     check_measured_collectives(scenario, profile_path)
@@ -208,7 +208,7 @@ def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, in
                 options: RunOptions = RunOptions(), skip_unfit_ghp: bool = False) -> dict[str, float]:
     """Each strategy's predicted step time with `profile_path`, made as `validate` makes it, without
     running anything: {label: predicted_s}."""
-    workload = resolve_workload(scenario.model, scenario.base_dir)
+    workload = as_built(resolve_workload(scenario.model, scenario.base_dir))
     costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
     check_measured_collectives(scenario, profile_path)
     scenario = at_profile_world_size(scenario, costs.profile, kinds=_kinds(specs))
