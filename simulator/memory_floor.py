@@ -11,9 +11,9 @@ forward done by then (1F1B: min(m, p - k) micro-batches; GPipe: m) keeps each la
 degree, sequence parallelism and flash attention; full recompute: every layer's input for the
 megatron kind, whose plans checkpoint each layer, else only each chunk's first input, a floor of
 the per-segment checkpoints) until that layer's backward, and each held chunk's output sent to the
-next stage (the sender keeps it until its backward). ZeRO-3 adds its gathered units and one
-unit's unsharded gradient (shard_grad_op: the gradient), as `simulator.strategies.zero.memory_meta`
-does. With expert parallelism (ZeRO-1 only) the expert weights' states are sharded over the d / e
+next stage (the sender keeps it until its backward). ZeRO-3 adds its smallest gathered unit (its transients are timed in the memory walk,
+`simulator.strategies.zero.unit_transient_events`); SHARD_GRAD_OP, whose gathered units are the
+whole weights until their backward, keeps its weights unsharded here. With expert parallelism (ZeRO-1 only) the expert weights' states are sharded over the d / e
 copies only, as `simulator.strategies.zero.state_divisor`. With context parallelism c a rank holds the
 activations of b / c of each micro-batch (`simulator.strategies.context`) and ZeRO-1 shards over
 the d c ranks that reduce a gradient (`simulator.strategies.zero.shard_degree`). Under full
@@ -37,7 +37,7 @@ from simulator.memory_activations import Sharding, kept_bytes, saved_bytes
 from simulator.schedules import build_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
-from simulator.strategies.zero import gradient_element_bytes, unit_transients_bytes
+from simulator.strategies.zero import gradient_element_bytes
 
 MEGATRON = "megatron"
 
@@ -87,18 +87,15 @@ def memory_floor_bytes(model, c) -> float:
 
 
 def _sharding_transients(model, c, stage: int, sums, own) -> float:
-    """ZeRO's per-unit transients of rank k's units (`simulator.strategies.zero.unit_transients_bytes`,
-    as `memory_meta` counts them; ZeRO-3, timed in the walk: its smallest gathered unit, which the
-    unit computing at the activation peak holds at least); none under hybrid sharding (whose shard
-    group may be one rank)."""
+    """ZeRO-3's per-unit transients of rank k's units, timed in the walk
+    (`simulator.strategies.zero.unit_transient_events`): its smallest gathered unit, which the unit
+    computing at the activation peak holds at least; none under hybrid sharding (whose shard group
+    may be one rank). SHARD_GRAD_OP's gathered units are the whole weights, counted unsharded here."""
     strategy = model.scenario.strategy
-    if stage < 2 or strategy.fsdp_sharding == "hybrid_shard":
+    if stage != 3 or strategy.fsdp_sharding == "hybrid_shard":
         return 0.0
     units = [count for a, z in own for count in (sums.params(i, i + 1) for i in range(a, z)) if count > 0]
-    if stage == 3:
-        return model.element * min(units, default=0)
-    element = gradient_element_bytes(model.scenario.training.dtype, stage, strategy.fsdp_reduce_dtype)
-    return sum(unit_transients_bytes(stage, strategy.fsdp_sharding, units, model.element, element))
+    return model.element * min(units, default=0)
 
 
 class _LayerSums:

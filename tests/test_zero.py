@@ -235,6 +235,31 @@ def test_zero3_transients_are_timed_at_the_computes_they_serve():
     assert unit_transient_events(run(2, micro=2).plan, spans) == {}  # ZeRO-2 adds its buffers at the peak
 
 
+def test_shard_grad_op_keeps_the_shard_and_every_gathered_unit_until_its_backward():
+    """FSDP SHARD_GRAD_OP keeps each rank's parameter shard all step (FSDP2's sharded parameters,
+    FSDP1's local shard) and each unit's gathered parameters from its forward's allgather to the end
+    of its backward: at the activation peak (the first backward) every unit is gathered, the whole
+    weights beside the shard, W / d + W, and no unit's gradient has formed yet."""
+    from simulator.strategies.zero import unit_transient_events
+    psi, nd = LAYERS * PARAMS, 4
+    plain, result = run(0).summary, run(2, fsdp_sharding="shard_grad_op")
+    breakdown = result.summary["devices"][0]["memory_breakdown_bytes"]
+    assert breakdown["weights"] == pytest.approx(psi * ELEMENT / nd)
+    assert breakdown["comm_buffers"] == pytest.approx(psi * ELEMENT)
+    states = sum(breakdown[key] for key in STATES)
+    assert states == pytest.approx(2 * psi / nd + 14 * psi / nd)  # ZeRO-2's sharded states, the weights too
+    saved = sum(plain["devices"][0]["memory_breakdown_bytes"][key] for key in STATES) - states
+    assert result.summary["devices"][0]["peak_memory_bytes"] == pytest.approx(
+        plain["devices"][0]["peak_memory_bytes"] - saved + psi * ELEMENT)
+    events = unit_transient_events(result.plan, result.spans)[0]
+    gathered = sorted((t, d) for t, d, _c in events if abs(d) == PARAMS * ELEMENT)
+    live = worst = 0.0
+    for _time_s, delta, _category in sorted(events, key=lambda event: (event[0], event[1] > 0)):
+        live += delta
+        worst = max(worst, live)
+    assert len(gathered) == 4 * LAYERS and worst == LAYERS * PARAMS * ELEMENT and live == 0.0
+
+
 @pytest.mark.parametrize("stage, closed_form", [(0, lambda psi, d: 18 * psi), (1, lambda psi, d: 6 * psi + 12 * psi / d)])
 def test_megatron_keeps_and_reduces_fp32_gradients_under_bf16(stage, closed_form):
     """Megatron-LM's table of bytes a parameter (docs/distrib_optimizer.md), bf16 parameters with fp32

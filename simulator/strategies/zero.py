@@ -37,15 +37,18 @@ flat buffers whose views are the parameters and reduce the flat gradient in plac
 
 Memory (`shard_memory`, the summary's post-hoc adjustment of `simulator.memory`'s persistent
 categories, ZeRO Fig. 1): fp32 master weights and optimizer state / s for stage >= 1, weight
-gradients / s for stage >= 2, weights / s for stage 3; with expert parallelism (ZeRO-1 only) the
-expert weights' states / (s / e) (`state_divisor`). Transients, in `comm_buffers`: ZeRO-2 the
-largest gradient bucket before its reduce-scatter (SHARD_GRAD_OP: the largest unit's gradient,
-its gathered parameters being the whole weights counted already). ZeRO-3's transients are timed
-in the memory walk (`unit_transient_events`): each gathered unit from its allgather's issue to the
-end of the compute it serves (the prefetched one overlaps the current one), each unit's full
-gradient from the end of its backward, as its activations go, while the next unit computes.
-A fixed addition at the activation peak over-counted them: FSDP2 full shard on 2 CPU ranks
-measured 15.4-16.0 MB against 18.2 predicted so (`reports/ACCURACY.md`).
+gradients / s for stage >= 2, weights / s for stage 3 and SHARD_GRAD_OP (FSDP keeps each rank's
+shard all step: FSDP2's sharded parameters, FSDP1's local shard); with expert parallelism (ZeRO-1
+only) the expert weights' states / (s / e) (`state_divisor`). Transients, in `comm_buffers`: ZeRO-2
+the largest gradient bucket before its reduce-scatter, added at the activation peak. Where units
+are gathered (ZeRO-3, SHARD_GRAD_OP) the transients are timed in the memory walk
+(`unit_transient_events`): each gathered unit from its allgather's issue to the end of the pass it
+serves (ZeRO-3: the prefetched one overlaps the current one; SHARD_GRAD_OP: its backward, so every
+unit is gathered at the first backward, the whole weights beside the shard), each unit's full
+gradient from the end of its backward, as its activations go, while the next unit computes. A
+fixed addition at the activation peak over-counted them: FSDP2 on 2 CPU ranks measured a shard
+grad op peak equal to DDP's to the byte, and full shard 15.4-16.0 MB against 18.2 predicted so
+(`reports/ACCURACY.md`).
 """
 
 from __future__ import annotations
@@ -225,26 +228,17 @@ def _reduce_unit(rank, layer: int, microbatch: int) -> None:
     rank.pending.append(after[0])
 
 
-def unit_transients_bytes(stage: int, sharding: str | None, units: list[int], element: int,
-                          grad_element: int) -> tuple[float, float]:
-    """(gathered, gradient) bytes of the per-unit transients added at the activation peak (module
-    docstring) over a rank's units' parameter counts: shard_grad_op one unit's gradient; else none
-    (ZeRO-2's buckets: `memory_meta`; ZeRO-3's are timed in the walk, `unit_transient_events`)."""
-    if stage == 2 and sharding == "shard_grad_op":
-        return 0.0, grad_element * max(units, default=0)
-    return 0.0, 0.0
-
-
 def unit_transient_events(plan, spans) -> dict[int, list[tuple[float, float, str]]]:
-    """Per rank, ZeRO-3's per-unit transients as events of the memory walk, (time_s, delta_bytes,
-    "comm_buffers"), at the boundaries of the rank's computes (played spans, in the rank's order),
-    so they order with its activations whatever the computes last: each gathered unit from the end
-    of the computes its allgather waits for (the prefetch: as the unit before starts) to the end of
-    the pass it serves (its backward, after any recompute); each unit's full gradient from the end
-    of its backward to the end of the rank's next compute, beside which FSDP reduce-scatters it.
-    None for other plans."""
+    """Per rank, the per-unit transients of a plan that gathers each unit (ZeRO-3, FSDP SHARD_GRAD_OP:
+    `gathers_per_unit`) as events of the memory walk, (time_s, delta_bytes, "comm_buffers"), at the
+    boundaries of the rank's computes (played spans, in the rank's order), so they order with its
+    activations whatever the computes last: each gathered unit from the end of the computes its
+    allgather waits for (the prefetch: as the unit before starts) to the end of the pass it serves
+    (its backward, after any recompute; SHARD_GRAD_OP gathers before the forward only and keeps the
+    unit until the end of its backward); each unit's full gradient from the end of its backward to
+    the end of the rank's next compute, beside which FSDP reduce-scatters it. None for other plans."""
     zero = plan.meta.get("zero") or {}
-    if zero.get("stage") != 3 or zero.get("shard_degree", 1) == 1:
+    if not zero.get("gathers_per_unit") or zero.get("shard_degree", 1) == 1:
         return {}
     rows = spans.itertuples(index=False, name=None) if hasattr(spans, "itertuples") else spans
     computes: list[list] = [[] for _ in range(plan.num_ranks)]
@@ -265,7 +259,8 @@ def unit_transient_events(plan, spans) -> dict[int, list[tuple[float, float, str
             if action.key[0] == GATHER_KEY:  # (..., microbatch, phase, layer)
                 microbatch, phase, layer = action.key[-3:]
                 alloc = max((ends[dep] for dep in action.deps if dep in ends), default=0.0)
-                size, free = action.size_bytes * zero["shard_degree"], passes[(microbatch, phase, layer)]
+                served = phase if zero["stage"] == 3 else BACKWARD  # SHARD_GRAD_OP: kept through the backward
+                size, free = action.size_bytes * zero["shard_degree"], passes[(microbatch, served, layer)]
             else:  # (..., microbatch, layer)
                 microbatch, layer = action.key[-2:]
                 alloc = passes[(microbatch, BACKWARD, layer)]
@@ -276,17 +271,15 @@ def unit_transient_events(plan, spans) -> dict[int, list[tuple[float, float, str
 
 
 def memory_meta(config, shard_workload, stage_ranges: tuple[tuple[int, int], ...]) -> dict:
-    """What `shard_memory` needs: the stage, s, and the transients of the module docstring (bytes)."""
-    element = dtype_bytes(config.dtype)
+    """What `shard_memory` needs: the stage, s, whether units are gathered (their transients timed
+    in the walk, `unit_transient_events`) and ZeRO-2's bucket transient (module docstring; bytes)."""
     grad_element = gradient_element_bytes(config.dtype, config.zero_stage, config.fsdp_reduce_dtype)
-    params = [layer.num_params for layer in shard_workload.layers]
-    units = [count for a, b in stage_ranges for count in params[a:b] if count > 0]
-    gathered, gradient = unit_transients_bytes(config.zero_stage, config.fsdp_sharding, units, element, grad_element)
+    gradient = 0.0
     if config.zero_stage == 2 and config.fsdp_sharding != "shard_grad_op":
         gradient = max((size for a, b in stage_ranges for _, _, size in
                         bucket_segments(shard_workload, a, b, grad_element, config.bucket_size_bytes)), default=0.0)
-    return {"stage": config.zero_stage, "shard_degree": shard_degree(config), "gathered_bytes": gathered,
-            "gradient_transient_bytes": gradient, "expert_parallel_degree": config.ep,
+    return {"stage": config.zero_stage, "shard_degree": shard_degree(config), "gathers_per_unit": gathers_per_unit(config),
+            "gathered_bytes": 0.0, "gradient_transient_bytes": gradient, "expert_parallel_degree": config.ep,
             "expert_shares": _expert_shares(config, shard_workload, stage_ranges)}
 
 
@@ -312,10 +305,12 @@ def state_divisor(zero: dict, stage: int) -> float:
     return zero["shard_degree"] / (1 + share * (zero.get("expert_parallel_degree", 1) - 1))
 
 
-def sharded_categories(stage: int) -> list[str]:
-    """The memory categories ZeRO `stage` shards (module docstring, ZeRO Fig. 1)."""
+def sharded_categories(zero: dict) -> list[str]:
+    """The memory categories ZeRO shards (module docstring, ZeRO Fig. 1): the weights too where each
+    unit is gathered (ZeRO-3, SHARD_GRAD_OP), the gathered copies being the walk's transients."""
+    stage = zero["stage"]
     return ["master_weights", "optimizer_state"] + (["weight_gradients"] if stage >= 2 else []) \
-        + (["weights"] if stage == 3 else [])
+        + (["weights"] if stage == 3 or (stage == 2 and zero.get("gathers_per_unit")) else [])
 
 
 def shard_memory(summary: dict, zero: dict) -> None:
@@ -326,7 +321,7 @@ def shard_memory(summary: dict, zero: dict) -> None:
     s, stage = zero["shard_degree"], zero["stage"]
     if s == 1 or stage == 0:
         return
-    sharded = sharded_categories(stage)
+    sharded = sharded_categories(zero)
     added = zero["gathered_bytes"] + zero["gradient_transient_bytes"]
     capacity = summary["memory"]["capacity_bytes"]
     stages = len(zero.get("expert_shares") or [0.0])
