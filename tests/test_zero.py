@@ -240,7 +240,6 @@ def test_shard_grad_op_keeps_the_shard_and_every_gathered_unit_until_its_backwar
     FSDP1's local shard) and each unit's gathered parameters from its forward's allgather to the end
     of its backward: at the activation peak (the first backward) every unit is gathered, the whole
     weights beside the shard, W / d + W, and no unit's gradient has formed yet."""
-    from simulator.strategies.zero import unit_transient_events
     psi, nd = LAYERS * PARAMS, 4
     plain, result = run(0).summary, run(2, fsdp_sharding="shard_grad_op")
     breakdown = result.summary["devices"][0]["memory_breakdown_bytes"]
@@ -251,13 +250,47 @@ def test_shard_grad_op_keeps_the_shard_and_every_gathered_unit_until_its_backwar
     saved = sum(plain["devices"][0]["memory_breakdown_bytes"][key] for key in STATES) - states
     assert result.summary["devices"][0]["peak_memory_bytes"] == pytest.approx(
         plain["devices"][0]["peak_memory_bytes"] - saved + psi * ELEMENT)
-    events = unit_transient_events(result.plan, result.spans)[0]
-    gathered = sorted((t, d) for t, d, _c in events if abs(d) == PARAMS * ELEMENT)
+    gathers, gradients = transient_events(result)
+    assert len(gathers) == LAYERS and len(gradients) == LAYERS
+    assert peak_of([event for pair in gathers for event in pair]) == LAYERS * PARAMS * ELEMENT
+
+
+def transient_events(result) -> tuple[list, list]:
+    """Rank 0's walk events (`unit_transient_events`), split per allgather (one pair) and per
+    reduce-scatter (FSDP2: the unsharded gradient's pair, then the reduce-scatter buffer's)."""
+    from simulator.strategies.zero import unit_transient_events
+    events = iter(unit_transient_events(result.plan, result.spans)[0])
+    gathers, gradients = [], []
+    for action in collectives(result):
+        if action.op == "allgather":
+            gathers.append([next(events), next(events)])
+        elif action.op == "reduce_scatter":
+            gradients.append([next(events) for _ in range(4 if result.plan.meta["tensor"].get("fsdp_version") == 2 else 2)])
+    assert next(events, None) is None
+    return gathers, gradients
+
+
+def peak_of(events) -> float:
+    """Most bytes the events hold at once (frees before allocations at the same instant); all freed."""
     live = worst = 0.0
     for _time_s, delta, _category in sorted(events, key=lambda event: (event[0], event[1] > 0)):
         live += delta
         worst = max(worst, live)
-    assert len(gathered) == 4 * LAYERS and worst == LAYERS * PARAMS * ELEMENT and live == 0.0
+    assert live == pytest.approx(0.0)
+    return worst
+
+
+def test_fsdp2_holds_the_unit_gradient_its_reduce_scatter_buffer_and_the_one_before_at_each_copy_in():
+    """FSDP2 copies a unit's unsharded gradient into the reduce-scatter buffer after its backward, and
+    keeps the previous unit's buffer until this reduce-scatter is issued: three gradient-sized
+    buffers at once (torch `_fsdp_param_group.py`, `post_backward`); flat buffers (version 1) hold
+    one unit's gradient at a time."""
+    gradients2 = transient_events(run(3, fsdp_version=2, micro=2))[1]
+    gradients1 = transient_events(run(3, fsdp_version=1, micro=2))[1]
+    assert peak_of([event for group in gradients2 for event in group]) == 3 * PARAMS * ELEMENT
+    assert peak_of([event for group in gradients1 for event in group]) == PARAMS * ELEMENT
+    for (alloc, size, _), (copied, freed, _), (buffer_at, buffer, _), (buffer_freed, _, _) in gradients2:
+        assert size == -freed == buffer == PARAMS * ELEMENT and alloc == buffer_at < copied < buffer_freed
 
 
 @pytest.mark.parametrize("stage, closed_form", [(0, lambda psi, d: 18 * psi), (1, lambda psi, d: 6 * psi + 12 * psi / d)])

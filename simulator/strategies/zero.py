@@ -45,8 +45,9 @@ are gathered (ZeRO-3, SHARD_GRAD_OP) the transients are timed in the memory walk
 (`unit_transient_events`): each gathered unit from its allgather's issue to the end of the pass it
 serves (ZeRO-3: the prefetched one overlaps the current one; SHARD_GRAD_OP: its backward, so every
 unit is gathered at the first backward, the whole weights beside the shard), each unit's full
-gradient from the end of its backward, as its activations go, while the next unit computes. A
-fixed addition at the activation peak over-counted them: FSDP2 on 2 CPU ranks measured a shard
+gradient from the end of its backward, as its activations go, while the next unit computes
+(FSDP2: the unsharded gradient until its copy-in ends, and the reduce-scatter buffer it is copied
+into until the next unit's copy-in, `_gradient_events`). A fixed addition at the activation peak over-counted them: FSDP2 on 2 CPU ranks measured a shard
 grad op peak equal to DDP's to the byte, and full shard 15.4-16.0 MB against 18.2 predicted so
 (`reports/ACCURACY.md`).
 """
@@ -253,21 +254,49 @@ def unit_transient_events(plan, spans) -> dict[int, list[tuple[float, float, str
             order.append(end)
             passes.setdefault((action.microbatch, action.phase, action.layer_start), end)  # not a recompute
         out = events.setdefault(rank, [])
-        for action in actions:
+        reduces = [a for a in actions if type(a) is Collective and a.key[0] == REDUCE_KEY]
+        gradients = dict(zip((a.id for a in reduces), _gradient_events(reduces, ends, order, passes, zero)))
+        for action in actions:  # in the rank's order
             if type(action) is not Collective or action.key[0] not in (GATHER_KEY, REDUCE_KEY):
                 continue
-            if action.key[0] == GATHER_KEY:  # (..., microbatch, phase, layer)
-                microbatch, phase, layer = action.key[-3:]
-                alloc = max((ends[dep] for dep in action.deps if dep in ends), default=0.0)
-                served = phase if zero["stage"] == 3 else BACKWARD  # SHARD_GRAD_OP: kept through the backward
-                size, free = action.size_bytes * zero["shard_degree"], passes[(microbatch, served, layer)]
-            else:  # (..., microbatch, layer)
-                microbatch, layer = action.key[-2:]
-                alloc = passes[(microbatch, BACKWARD, layer)]
-                after = bisect_right(order, alloc)  # the rank's next compute (ends in order)
-                size, free = action.size_bytes, order[after] if after < len(order) else alloc
+            if action.key[0] == REDUCE_KEY:
+                out += gradients[action.id]
+                continue
+            microbatch, phase, layer = action.key[-3:]  # (..., microbatch, phase, layer)
+            alloc = max((ends[dep] for dep in action.deps if dep in ends), default=0.0)
+            served = phase if zero["stage"] == 3 else BACKWARD  # SHARD_GRAD_OP: kept through the backward
+            size, free = action.size_bytes * zero["shard_degree"], passes[(microbatch, served, layer)]
             out += [(alloc, size, "comm_buffers"), (max(free, alloc), -size, "comm_buffers")]
     return events
+
+
+def _gradient_events(reduces: list, ends: dict, order: list[float], passes: dict, zero: dict) -> list[list[tuple]]:
+    """A rank's unit gradients in the walk (`unit_transient_events`), per reduce-scatter in the rank's order.
+    Without copies: each unit's full gradient from the end of its backward to the end of the rank's
+    next compute. FSDP2 (a copy-in pass before each reduce-scatter): the unsharded gradient from the
+    end of the unit's backward to the end of its copy-in into the reduce-scatter buffer, and that
+    buffer until the next unit's copy-in of the same micro-batch ends (FSDP2 keeps the previous
+    reduce-scatter's state until the next one is issued, freeing all at the backward's end: torch
+    `_fsdp_param_group.py`, `post_backward`, `reduce_scatter_state`), else the rank's next compute."""
+    def next_compute_end(time_s: float) -> float:
+        after = bisect_right(order, time_s)  # ends in order
+        return order[after] if after < len(order) else time_s
+    copied = [max((ends[dep] for dep in action.deps if dep in ends), default=None) for action in reduces]
+    out = []
+    for index, action in enumerate(reduces):
+        microbatch, layer = action.key[-2:]  # (..., microbatch, layer)
+        alloc = passes[(microbatch, BACKWARD, layer)]
+        copy_end = copied[index] if copied[index] is not None and copied[index] > alloc else None
+        if copy_end is None:
+            out.append([(alloc, action.size_bytes, "comm_buffers"), (next_compute_end(alloc), -action.size_bytes, "comm_buffers")])
+            continue
+        unsharded = action.size_bytes * zero["element_bytes"] / zero["gradient_bytes"]
+        following = next((copied[later] for later in range(index + 1, len(reduces))
+                          if reduces[later].key[-2] == microbatch and copied[later] is not None), None)
+        free = following if following is not None and following > copy_end else next_compute_end(copy_end)
+        out.append([(alloc, unsharded, "comm_buffers"), (copy_end, -unsharded, "comm_buffers"),
+                    (alloc, action.size_bytes, "comm_buffers"), (free, -action.size_bytes, "comm_buffers")])
+    return out
 
 
 def memory_meta(config, shard_workload, stage_ranges: tuple[tuple[int, int], ...]) -> dict:
@@ -279,6 +308,7 @@ def memory_meta(config, shard_workload, stage_ranges: tuple[tuple[int, int], ...
         gradient = max((size for a, b in stage_ranges for _, _, size in
                         bucket_segments(shard_workload, a, b, grad_element, config.bucket_size_bytes)), default=0.0)
     return {"stage": config.zero_stage, "shard_degree": shard_degree(config), "gathers_per_unit": gathers_per_unit(config),
+            "element_bytes": dtype_bytes(config.dtype), "gradient_bytes": grad_element,
             "gathered_bytes": 0.0, "gradient_transient_bytes": gradient, "expert_parallel_degree": config.ep,
             "expert_shares": _expert_shares(config, shard_workload, stage_ranges)}
 
