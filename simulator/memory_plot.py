@@ -16,21 +16,30 @@ from simulator.output import figure_bytes, write_bytes_atomic  # noqa: E402
 from simulator.records import span_table  # noqa: E402
 
 MAX_PANELS = 8
-GIB = 2**30
+GIB, MIB = 2**30, 2**20
+CAPACITY_SHOWN = 3.0
+"""The capacity line is drawn where the device holds at most this many times the step's peak."""
 
 
 def plot_memory_timeline(frame: pd.DataFrame, axis, capacity_bytes: float | None = None) -> None:
-    """Stacked step plot of `frame` (`simulator.memory_timeline.memory_timeline`: time_s, categories) on `axis`."""
+    """Stacked step plot of `frame` (`simulator.memory_timeline.memory_timeline`: time_s, categories)
+    on `axis`, in GiB (MiB where the peak is under 1 GiB). The device's capacity is drawn where it
+    is within `CAPACITY_SHOWN` x the peak; else named in the legend, so the step's own bytes keep
+    the scale (a CPU host's 24 GiB beside a 20 MiB peak)."""
     shown = [c for c in CATEGORIES if c in frame and frame[c].abs().max() > 0]
-    times_ms = frame["time_s"] * 1e3
-    axis.stackplot(times_ms, *[frame[c] / GIB for c in shown], labels=shown, step="post", alpha=0.85)
-    if capacity_bytes is not None and capacity_bytes < float("inf"):
-        axis.axhline(capacity_bytes / GIB, color="black", linestyle="--", linewidth=1, label="capacity")
     peak = frame["total_bytes"].max()
-    axis.axhline(peak / GIB, color="tab:red", linewidth=0.8, label=f"peak {peak / GIB:.2f} GiB")
+    unit, scale = ("GiB", GIB) if peak >= GIB else ("MiB", MIB)
+    times_ms = frame["time_s"] * 1e3
+    axis.stackplot(times_ms, *[frame[c] / scale for c in shown], labels=shown, step="post", alpha=0.85)
+    if capacity_bytes is not None and capacity_bytes < float("inf"):
+        if capacity_bytes <= CAPACITY_SHOWN * peak:
+            axis.axhline(capacity_bytes / scale, color="black", linestyle="--", linewidth=1, label="capacity")
+        else:
+            axis.plot([], [], " ", label=f"capacity {capacity_bytes / GIB:.0f} GiB (off the scale)")
+    axis.axhline(peak / scale, color="tab:red", linewidth=0.8, label=f"peak {peak / scale:.2f} {unit}")
     axis.set_xlabel("time in step (ms)")
-    axis.set_ylabel("GiB")
-    axis.legend(fontsize=6, loc="upper left", ncol=2)
+    axis.set_ylabel(unit)
+    axis.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # beside the data
 
 
 def write_memory_plot(result, path: str | Path) -> Path:
@@ -48,7 +57,7 @@ def memory_plot_bytes(result, path: str | Path) -> bytes:
     else:
         ranks = rank_memory(result.plan, result.workload, spans, config)[:MAX_PANELS]
     end_s = float(spans["end_s"].max()) if len(spans) else 0.0
-    figure, axes = plt.subplots(len(ranks), 1, figsize=(8, 2.4 * len(ranks)), squeeze=False)
+    figure, axes = plt.subplots(len(ranks), 1, figsize=(9.5, 2.4 * len(ranks)), squeeze=False)
     for axis, memory in zip(axes[:, 0], ranks):
         plot_memory_timeline(memory_timeline(memory, end_s), axis, config.capacity_bytes)
         axis.set_title(f"rank {memory.rank}", fontsize=8)

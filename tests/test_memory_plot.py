@@ -36,3 +36,26 @@ def test_the_plot_of_a_sharded_run_is_written(tmp_path):
     result = simulate(load_scenario(ROOT / "scenarios/llama3_70b_fsdp_h100.yaml"))
     written = write_memory_plot(result, tmp_path / "memory.png")
     assert written.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("peak_bytes, capacity_bytes, unit, line", [
+    (20 * 2**20, 24 * 2**30, "MiB", False),   # a CPU host's 24 GiB beside a 20 MiB step: named, not drawn
+    (60 * 2**30, 80 * 2**30, "GiB", True),    # an 80 GB GPU at 60 GiB: the line is drawn
+])
+def test_the_capacity_line_keeps_the_steps_scale(peak_bytes, capacity_bytes, unit, line):
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from simulator.memory_plot import plot_memory_timeline
+    frame = pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "activations": [0.0, peak_bytes, 0.0],
+                          "total_bytes": [0.0, peak_bytes, 0.0]})
+    figure, axis = plt.subplots()
+    try:
+        plot_memory_timeline(frame, axis, capacity_bytes)
+        labels = axis.get_legend_handles_labels()[1]
+        assert axis.get_ylabel() == unit
+        assert ("capacity" in labels) == line
+        assert any(label.startswith("capacity") and "off the scale" in label for label in labels) == (not line)
+        assert axis.get_ylim()[1] < (2 * capacity_bytes if line else capacity_bytes) / (2**30 if unit == "GiB" else 2**20)
+    finally:
+        plt.close(figure)
