@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
 from simulator.output import write_figure_atomic  # noqa: E402
 from simulator.units import plural  # noqa: E402
 
@@ -59,6 +61,11 @@ def write_ranking_plot(frame: pd.DataFrame, path: str | Path, title: str, picks:
     return _save(figure, path, title)
 
 
+def _plain_number(value: float, _position=None) -> str:
+    """A tick as a plain number (1,200,000, not 1.2 under a 1e6 offset)."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:g}"
+
+
 def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
     """Every simulated layout that fits, one colour per cluster size: time to train (or step time)
     against cost (or GPU-hours), the Pareto front of all of them drawn as a line."""
@@ -76,9 +83,13 @@ def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
     front = sorted((point for point, on in zip(points, pareto_front([(x, y) for x, y, _, _ in points])) if on))
     axis.plot([x for x, *_ in front], [y for _, y, *_ in front], color="black", linewidth=0.8, marker="o",
               markerfacecolor="none", markersize=8, label="Pareto front")  # a ring: seen where the front is one point
-    for x, y, label, gpus in front:
-        axis.annotate(f"{gpus}: {label}", (x, y), fontsize=6, xytext=(4, 4), textcoords="offset points")
+    middle = (min(x for x, *_ in points) + max(x for x, *_ in points)) / 2 if points else 0.0
+    for x, y, label, gpus in front:  # each label toward the plot's middle, so it stays inside the axes
+        right = x > middle
+        axis.annotate(f"{gpus}: {label}", (x, y), fontsize=6, xytext=(-6 if right else 6, 6),
+                      textcoords="offset points", ha="right" if right else "left")
     axis.set_xlabel("time to train (h)" if planned else "step time (s)")
     axis.set_ylabel("cost" if priced else "GPU-hours" + ("" if planned else " per step"))
+    axis.yaxis.set_major_formatter(FuncFormatter(_plain_number))
     axis.legend(fontsize=7)
     return _save(figure, path, title)
