@@ -19,7 +19,7 @@ def scenario_section(data: ReportInput) -> Section:
     if data.scenario is not None:
         section.paragraphs.append(f"{data.scenario.name}: {data.scenario.description}".rstrip(": "))
         for part, rows in scenario_rows(data.scenario, data.num_params, data.num_layers).items():
-            section.tables.append(Table(f"scenario-{part}", _key_values(rows), caption=part))
+            section.tables.append(Table(f"scenario-{part}", _key_values(rows), caption=CAPTIONS.get(part, part)))
     elif data.kind in ("compare", "simulate"):
         section.paragraphs.append("The result file records no scenario file; shown: " + (
             "what its summary records." if len(data.summaries) == 1 else
@@ -66,11 +66,16 @@ def scenario_rows(scenario: Scenario, num_params: int | None, num_layers: int | 
         model_rows["layers"] = num_layers
     if num_params is not None:
         model_rows["parameters"] = f"{num_params / 1e6:,.2f} M ({num_params:,})"
-    strategy = scenario.strategy.model_dump(mode="json")
-    strategy["bucket_size_bytes"] = f"{scenario.strategy.bucket_size_bytes / 2**20:g} MiB"
+    strategy = {"kind": scenario.strategy.kind, **scenario.strategy.model_dump(mode="json", exclude_defaults=True)}
+    if "bucket_size_bytes" in strategy:
+        strategy["bucket_size_bytes"] = f"{scenario.strategy.bucket_size_bytes / 2**20:g} MiB"
     return {"cluster": cluster_rows, "model": model_rows,
-            "strategy (of the file; the report compares the strategies below)": strategy,
-            "training": training.model_dump(mode="json")}
+            "strategy": strategy, "training": training.model_dump(mode="json", exclude_defaults=True)}
+
+
+CAPTIONS = {"strategy": "strategy (of the file, fields not at their defaults; the report compares the strategies below)",
+            "training": "training (fields not at their defaults)"}
+"""A part's caption where it says more than the part's name."""
 
 
 def _link(link) -> str:
