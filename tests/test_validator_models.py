@@ -35,6 +35,7 @@ from simulator.zoo import MODELS, build_model
 from validator.layers_flops import ForwardFlopCounter
 from validator.models import (
     as_built,
+    as_built_note,
     build_layer_module,
     build_modules,
     count_params,
@@ -268,3 +269,11 @@ def test_as_built_predicts_the_modules_without_dropout():
     assert as_built(explicit).layers[1].spec["dropout"] == 0.0
     llama = build_model("llama2-7b")
     assert [layer.spec for layer in as_built(llama).layers] == [layer.spec for layer in llama.layers]
+
+
+def test_validate_says_when_it_predicts_without_the_scenarios_dropout():
+    gpt = build_model("gpt2-small")
+    note = as_built_note(gpt)
+    blocks = sum(layer.spec.get("kind") in ("embedding", "transformer_block") for layer in gpt.layers)
+    assert note is not None and f"dropout 0 in {blocks} layers" in note and "embedding" in note
+    assert as_built_note(as_built(gpt)) is None and as_built_note(build_model("llama2-7b")) is None

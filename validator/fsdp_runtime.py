@@ -178,6 +178,7 @@ def measure_step_memory(executor: FsdpExecutor, step_index: int, device: str) ->
     persistent tensors (`persistent_tensors`: its shards, gradients, optimizer state) plus the peak
     of the CPU allocator's running total during the step (torch.profiler memory events). FSDP2's
     gathered parameters and reduce-scatter buffers go through the same allocator, so they count."""
+    from validator.kernel_trace import quiet_profiler
     from validator.memory_measure import profiled_peak_delta_bytes, tensor_bytes
     executor.batch = executor.spans = None
     gc.collect()
@@ -191,6 +192,7 @@ def measure_step_memory(executor: FsdpExecutor, step_index: int, device: str) ->
         torch.cuda.synchronize()
         peak = float(torch.cuda.max_memory_allocated())
     else:
+        quiet_profiler()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
             executor.load_batch(step_index)  # the step's batch counts in its peak
             executor.step(step_index)

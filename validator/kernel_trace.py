@@ -14,6 +14,15 @@ from pathlib import Path
 import torch
 
 GPU_EVENT_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+QUIET_KINETO_LOG_LEVEL = "6"
+"""Above kineto's levels: torch 2.13's kineto prints `USDT: ... profiler_start` / `profiler_stop`
+lines on stderr around every profile otherwise (level 4, its default)."""
+
+
+def quiet_profiler() -> None:
+    """Keep torch.profiler's start / stop lines out of the user's output, unless the user set
+    KINETO_LOG_LEVEL: kineto reads it when a process's first profile starts."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", QUIET_KINETO_LOG_LEVEL)
 
 
 def kernel_trace(step, device: str) -> list[dict]:
@@ -22,6 +31,7 @@ def kernel_trace(step, device: str) -> list[dict]:
     if device != "cuda":
         return []
     torch.cuda.synchronize()
+    quiet_profiler()
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as profiler:

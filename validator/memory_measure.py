@@ -39,6 +39,7 @@ from simulator.scenario import PIPELINE_KINDS, Scenario
 from simulator.simulate import simulate
 from simulator.workload import Workload
 from validator.comm_device import default_backend
+from validator.kernel_trace import quiet_profiler
 from validator.launch import LaunchConfig, spawn
 from validator.models import as_built
 from validator.pipeline_runtime import PipelineExecutor
@@ -123,6 +124,7 @@ def measure_rank(rank: int, plan: Plan, workload: Workload, options: MemoryRunOp
         peak = float(torch.cuda.max_memory_allocated())
     else:
         activity = torch.profiler.ProfilerActivity.CPU
+        quiet_profiler()
         with torch.profiler.profile(activities=[activity], profile_memory=True) as profiler:
             executor.load_batch(options.warmup)  # the step's batch counts in its peak
             executor.step(options.warmup)

@@ -59,15 +59,27 @@ DROPOUT_SPEC_KINDS = ("embedding", "transformer_block")
 (`simulator.zoo.transformer`)."""
 
 
+def _has_dropout(layer: Layer) -> bool:
+    spec = layer.spec or {}
+    return spec.get("dropout", 0.0) > 0 or (spec.get("kind") in DROPOUT_SPEC_KINDS and "dropout" not in spec)
+
+
 def as_built(workload: Workload) -> Workload:
     """`workload` as `build_modules` runs it: every spec that has, or defaults to, dropout gets
     dropout 0 (these modules apply none), so a prediction counts no dropout kernel or mask the ranks
     do not run."""
-    def built(layer: Layer) -> Layer:
-        spec = layer.spec or {}
-        runs_dropout = spec.get("dropout", 0.0) > 0 or (spec.get("kind") in DROPOUT_SPEC_KINDS and "dropout" not in spec)
-        return replace(layer, spec={**spec, "dropout": 0.0}) if runs_dropout else layer
-    return replace(workload, layers=tuple(built(layer) for layer in workload.layers))
+    return replace(workload, layers=tuple(replace(layer, spec={**layer.spec, "dropout": 0.0}) if _has_dropout(layer)
+                                          else layer for layer in workload.layers))
+
+
+def as_built_note(workload: Workload) -> str | None:
+    """What `as_built` changes in `workload`, as a line for the user (None where nothing)."""
+    changed = [layer.name for layer in workload.layers if _has_dropout(layer)]
+    if not changed:
+        return None
+    return (f"the validator's modules run no dropout: predicted with dropout 0 in {len(changed)} layers "
+            f"({changed[0]}{', ...' if len(changed) > 1 else ''}), as they run; `ghpsim simulate` counts the "
+            f"scenario's dropout")
 
 
 def build_layer_module(layer: Layer, num_classes: int | None = None) -> nn.Module:

@@ -35,7 +35,7 @@ from validator.comm_device import device_problem
 from validator.fsdp_runtime import runnable_sharding, sharding_of
 from validator.launch import LaunchConfig, spawn
 from validator.measure import RunOptions, run_rank
-from validator.models import as_built, check_torch_specs, model_field
+from validator.models import as_built, as_built_note, check_torch_specs, model_field
 from validator.report import json_ready
 
 
@@ -68,12 +68,13 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     if repeats < 1:
         raise ScenarioError(f"repeats: {repeats} must be at least 1")
     check_run_options(options.steps, options.warmup, launch_timeout_s)
-    workload = as_built(resolve_workload(scenario.model, scenario.base_dir))  # predicted as the ranks run it
+    declared = resolve_workload(scenario.model, scenario.base_dir)
+    workload = as_built(declared)  # predicted as the ranks run it
     check_torch_specs(workload, model_field(scenario.model))  # the ranks build it: refused before any starts
     costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
     check_measured_collectives(scenario, profile_path)
     profile = costs.profile
-    notes: list[str] = []  # said once every case is prepared: a refused input is its error line alone
+    notes: list[str] = [note for note in (as_built_note(declared),) if note]  # said once every case is prepared
     scenario = at_profile_world_size(scenario, profile, notes.append, _kinds(specs))
     options = replace(options, device=profile.device.kind)  # run where the profile was measured
     cases = prepare_cases(scenario, workload, costs, specs, options, notes.append, skip_unfit_ghp)
