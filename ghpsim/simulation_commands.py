@@ -126,7 +126,7 @@ def _engine_progress(enabled: bool):
 
 def cmd_list(args) -> int:
     from simulator.hardware import GPUS, LINKS
-    from simulator.zoo import MODELS
+    from simulator.zoo import MODELS, build_model
     if args.json:
         presets = {"gpus": GPUS, "links": LINKS}.get(args.what)
         rows = list(MODELS) if presets is None else [spec.model_dump(mode="json") for spec in presets.values()]
@@ -143,6 +143,22 @@ def cmd_list(args) -> int:
         for name, link in LINKS.items():
             print(f"{name:{width}s}{link.bandwidth_bytes_per_s / 1e9:8.3f} GB/s  {link.latency_s * 1e6:5.1f} us  {link.kind}")
     else:
+        print(f"{'model':{width}s}{'parameters':>11s}  {'layers':>6s}  input (the factory's defaults, `model.params` to change)")
         for name in MODELS:
-            print(name)
+            workload = build_model(name)
+            print(f"{name:{width}s}{_count_text(workload.num_params):>11s}  {workload.num_layers:6d}  "
+                  f"{_input_text(workload.input_spec)}")
     return 0
+
+
+def _count_text(count: int) -> str:
+    """A parameter count as 0.27 M, 70.55 B."""
+    return f"{count / 1e9:,.2f} B" if count >= 1e9 else f"{count / 1e6:,.2f} M"
+
+
+def _input_text(spec) -> str:
+    """One sample of a zoo model: tokens and vocabulary, or the input's shape and classes."""
+    shape = "x".join(str(size) for size in spec.get("shape", ()))
+    if "vocab_size" in spec:
+        return f"{int(spec['shape'][0]):,} tokens, vocabulary {int(spec['vocab_size']):,} ({spec.get('task', 'causal_lm')})"
+    return f"{shape} inputs, {spec.get('num_classes', '?')} classes"

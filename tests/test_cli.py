@@ -141,6 +141,15 @@ def test_list_aligns_every_preset_name_in_one_column(capsys):
     assert "0.18375T" not in out and "fp16 0.1837" in out  # P40's peaks in TFLOP/s, 4 significant digits
 
 
+def test_list_models_gives_each_models_size_and_input(capsys):
+    code, out, _ = run_cli(capsys, "list", "models")
+    header, *rows = out.splitlines()
+    assert code == 0 and header.split()[:3] == ["model", "parameters", "layers"]
+    by_name = {row.split()[0]: row for row in rows}
+    assert "70.55 B" in by_name["llama3-70b"] and "8,192 tokens, vocabulary 128,256" in by_name["llama3-70b"]
+    assert "25.56 M" in by_name["resnet50"] and "3x224x224 inputs, 1000 classes" in by_name["resnet50"]
+
+
 @pytest.mark.parametrize("what", ["gpus", "links", "models"])
 def test_list_json_gives_every_preset_with_its_fields(capsys, what):
     from simulator.hardware import GPUS, LINKS
