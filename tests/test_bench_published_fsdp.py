@@ -48,6 +48,7 @@ def test_each_run_is_an_fsdp_layout_of_the_published_model(index):
     d, layers, seq = params["hidden_size"], params["num_layers"], params["seq_len"]
     workload = resolve_workload(scenario.model, scenario.base_dir)
     assert workload.num_params == 12 * layers * d * d + 13 * layers * d + 2 * d + (VOCABULARY + seq) * d
+    assert params["dropout"] == 0.0  # LLM Foundry's MPTConfig: resid_pdrop, emb_pdrop, attn_pdrop default to 0
 
 
 @pytest.mark.parametrize("index", [20, 75])  # H100 7B and A100 3B, 2,048 tokens
