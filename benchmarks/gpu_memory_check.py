@@ -51,7 +51,7 @@ from simulator.errors import ScenarioError  # noqa: E402
 from simulator.model_source import resolve_workload  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
 from simulator.simulate import simulate  # noqa: E402
-from validator.memory_measure import profiled_peak_delta_bytes, tensor_bytes  # noqa: E402
+from validator.memory_measure import measured_step_peak_bytes, tensor_bytes  # noqa: E402
 from validator.models import loss_fn, make_batch  # noqa: E402
 
 CONFIGS = {
@@ -114,17 +114,8 @@ def measure_peak(workload, batch_size: int, device: str, warmup: int = 2) -> tup
         step()
     gc.collect()
     persistent = float(tensor_bytes(optimizer.persistent()))
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        peak = float(torch.cuda.max_memory_allocated())
-    else:
-        batch = float(tensor_bytes([inputs, targets]))
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
-            step()
-        peak = persistent + batch + profiled_peak_delta_bytes(profiler)
+    batch = 0.0 if device == "cuda" else float(tensor_bytes([inputs, targets]))  # alive before the CPU profile
+    peak = measured_step_peak_bytes(step, device, persistent + batch)
     del model, optimizer, inputs, targets
     gc.collect()
     if device == "cuda":

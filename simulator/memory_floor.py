@@ -1,30 +1,30 @@
 """A floor under a candidate layout's peak memory per device, cheap (no plan, no engine).
 
-The persistent state of each rank (weights, fp32 master weights, optimizer state, weight
-gradients in the bytes the plan keeps them, `simulator.strategies.zero.gradient_element_bytes`:
+The persistent state of each rank (weights, fp32 master weights, optimizer state, weight gradients
+in the bytes the plan keeps them, `simulator.strategies.zero.gradient_element_bytes`:
 `simulator.memory`, with ZeRO's sharding as in the megatron summary,
 `simulator.strategies.zero.shard_memory`: optimizer state and master weights / d from stage 1,
-gradients / d from stage 2, weights / d at stage 3; hybrid sharding divides by fewer replicas, so
-/ d stays a floor) plus, before its first backward, the activations its schedule holds: every
-forward done by then (1F1B: min(m, p - k) micro-batches; GPipe: m) keeps each layer's kept bytes
+gradients / d from stage 2, weights / d at stage 3; hybrid sharding divides by fewer replicas, so /
+d stays a floor) plus, before its first backward, the activations its schedule holds: every forward
+done by then (1F1B: min(m, p - k) micro-batches; GPipe: m) keeps each layer's kept bytes
 (`simulator.memory_activations.kept_bytes`, the memory model's own rule, with the candidate's TP
 degree, sequence parallelism and flash attention; full recompute: every layer's input for the
-megatron kind, whose plans checkpoint each layer, else only each chunk's first input, a floor of
-the per-segment checkpoints) until that layer's backward, and each held chunk's output sent to the
-next stage (the sender keeps it until its backward). ZeRO-3 adds its smallest gathered unit (its transients are timed in the memory walk,
-`simulator.strategies.zero.unit_transient_events`); SHARD_GRAD_OP, whose gathered units are the
-whole weights until their backward, keeps its weights unsharded here. With expert parallelism (ZeRO-1 only) the expert weights' states are sharded over the d / e
-copies only, as `simulator.strategies.zero.state_divisor`. With context parallelism c a rank holds the
-activations of b / c of each micro-batch (`simulator.strategies.context`) and ZeRO-1 shards over
-the d c ranks that reduce a gradient (`simulator.strategies.zero.shard_degree`). Under full
-recompute the first backward re-runs its chunk's forward: the chunk's last layer then holds its
-whole saved activations for one micro-batch (`simulator.memory_activations.saved_bytes`) where
-the checkpoint stood (the least such chunk of the rank counts). Asynchronous
-pipelines add the extra weight copies each stage keeps for the whole step, as
-`simulator.memory_buffers.persistent` counts them: PipeDream's stashed versions (with weight
-stashing) and SpecTrain's predicted copy (`simulator.schedules.analysis.stage_metrics`). A rank whose floor
-exceeds the device memory cannot fit; the exact figure is the memory model's
-(`simulator.layout_search.exact_peak_memory_bytes`).
+megatron kind, whose plans checkpoint each layer, else only each chunk's first input, a floor of the
+per-segment checkpoints) until that layer's backward, and each held chunk's output sent to the next
+stage (the sender keeps it until its backward). ZeRO-3 adds its smallest gathered unit (its
+transients are timed in the memory walk, `simulator.strategies.zero.unit_transient_events`);
+SHARD_GRAD_OP, whose gathered units are the whole weights until their backward, keeps its weights
+unsharded here. With expert parallelism (ZeRO-1 only) the expert weights' states are sharded over
+the d / e copies only, as `simulator.strategies.zero.state_divisor`. With context parallelism c a
+rank holds the activations of b / c of each micro-batch (`simulator.strategies.context`) and ZeRO-1
+shards over the d c ranks that reduce a gradient (`simulator.strategies.zero.shard_degree`). Under
+full recompute the first backward re-runs its chunk's forward: the chunk's last layer then holds its
+whole saved activations for one micro-batch (`simulator.memory_activations.saved_bytes`) where the
+checkpoint stood (the least such chunk of the rank counts). Asynchronous pipelines add the extra
+weight copies each stage keeps for the whole step, as `simulator.memory_buffers.persistent` counts
+them: PipeDream's stashed versions (with weight stashing) and SpecTrain's predicted copy
+(`simulator.schedules.analysis.stage_metrics`). A rank whose floor exceeds the device memory cannot
+fit; the exact figure is the memory model's (`simulator.layout_search.exact_peak_memory_bytes`).
 """
 
 from __future__ import annotations

@@ -178,24 +178,14 @@ def measure_step_memory(executor: FsdpExecutor, step_index: int, device: str) ->
     persistent tensors (`persistent_tensors`: its shards, gradients, optimizer state) plus the peak
     of the CPU allocator's running total during the step (torch.profiler memory events). FSDP2's
     gathered parameters and reduce-scatter buffers go through the same allocator, so they count."""
-    from validator.kernel_trace import quiet_profiler
-    from validator.memory_measure import profiled_peak_delta_bytes, tensor_bytes
+    from validator.memory_measure import measured_step_peak_bytes, tensor_bytes
     executor.batch = executor.spans = None
     gc.collect()
     baseline = tensor_bytes(executor.persistent_tensors())
     dist.barrier()
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        executor.load_batch(step_index)
+    def step() -> None:
+        executor.load_batch(step_index)  # the step's batch counts in its peak
         executor.step(step_index)
-        torch.cuda.synchronize()
-        peak = float(torch.cuda.max_memory_allocated())
-    else:
-        quiet_profiler()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
-            executor.load_batch(step_index)  # the step's batch counts in its peak
-            executor.step(step_index)
-        peak = baseline + profiled_peak_delta_bytes(profiler)
+    peak = measured_step_peak_bytes(step, device, baseline)
     dist.barrier()
     return {"peak_memory_bytes": peak, "persistent_bytes": float(baseline)}

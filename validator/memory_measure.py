@@ -100,6 +100,22 @@ def profiled_peak_delta_bytes(profiler) -> float:
     return max(0.0, max(e["args"]["Total Allocated"] for e in memory) - start)
 
 
+def measured_step_peak_bytes(step, device: str, start_bytes: float) -> float:
+    """Peak memory of one `step()` (module docstring): on CUDA `max_memory_allocated` over it; on the
+    CPU `start_bytes` (what the caller counted alive at its start) plus the peak of the allocator's
+    running total during it, from torch.profiler's memory events."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        return float(torch.cuda.max_memory_allocated())
+    quiet_profiler()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
+        step()
+    return start_bytes + profiled_peak_delta_bytes(profiler)
+
+
 def measure_rank(rank: int, plan: Plan, workload: Workload, options: MemoryRunOptions) -> dict:
     """Body of one rank: warm-up steps, then the measured step (see the module docstring)."""
     executor_class = PipelineExecutor if plan.strategy in PIPELINE_KINDS else RankExecutor
@@ -115,20 +131,10 @@ def measure_rank(rank: int, plan: Plan, workload: Workload, options: MemoryRunOp
     gc.collect()
     baseline = tensor_bytes(persistent_tensors(executor))
     dist.barrier()
-    if options.device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+    def step() -> None:
         executor.load_batch(options.warmup)  # the step's batch counts in its peak
         executor.step(options.warmup)
-        torch.cuda.synchronize()
-        peak = float(torch.cuda.max_memory_allocated())
-    else:
-        activity = torch.profiler.ProfilerActivity.CPU
-        quiet_profiler()
-        with torch.profiler.profile(activities=[activity], profile_memory=True) as profiler:
-            executor.load_batch(options.warmup)  # the step's batch counts in its peak
-            executor.step(options.warmup)
-        peak = baseline + profiled_peak_delta_bytes(profiler)
+    peak = measured_step_peak_bytes(step, options.device, baseline)
     dist.barrier()
     return {"rank": rank, "peak_memory_bytes": peak, "persistent_bytes": float(baseline)}
 

@@ -49,7 +49,7 @@ def tensor_rank_memory(plan: Plan, spans, config) -> list:
     zero = plan.meta["zero"]
     if zero["shard_degree"] == 1 or zero["stage"] == 0:
         return walks
-    sharded, added = sharded_categories(zero), zero["gathered_bytes"] + zero["gradient_transient_bytes"]
+    sharded, added = sharded_categories(zero), zero["gradient_transient_bytes"]
     stages = len(zero.get("expert_shares") or [0.0])
     for walk in walks:
         divisor = state_divisor(zero, walk.rank % stages)

@@ -47,9 +47,9 @@ serves (ZeRO-3: the prefetched one overlaps the current one; SHARD_GRAD_OP: its 
 unit is gathered at the first backward, the whole weights beside the shard), each unit's full
 gradient from the end of its backward, as its activations go, while the next unit computes
 (FSDP2: the unsharded gradient until its copy-in ends, and the reduce-scatter buffer it is copied
-into until the next unit's copy-in, `_gradient_events`). A fixed addition at the activation peak over-counted them: FSDP2 on 2 CPU ranks measured a shard
-grad op peak equal to DDP's to the byte, and full shard 15.4-16.0 MB against 18.2 predicted so
-(`reports/ACCURACY.md`).
+into until the next unit's copy-in, `_gradient_events`). A fixed addition at the activation peak
+over-counted them: FSDP2 on 2 CPU ranks measured a shard grad op peak equal to DDP's to the byte,
+and full shard 15.4-16.0 MB against 18.2 predicted so (`reports/ACCURACY.md`).
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def memory_meta(config, shard_workload, stage_ranges: tuple[tuple[int, int], ...
                         bucket_segments(shard_workload, a, b, grad_element, config.bucket_size_bytes)), default=0.0)
     return {"stage": config.zero_stage, "shard_degree": shard_degree(config), "gathers_per_unit": gathers_per_unit(config),
             "element_bytes": dtype_bytes(config.dtype), "gradient_bytes": grad_element,
-            "gathered_bytes": 0.0, "gradient_transient_bytes": gradient, "expert_parallel_degree": config.ep,
+            "gradient_transient_bytes": gradient, "expert_parallel_degree": config.ep,
             "expert_shares": _expert_shares(config, shard_workload, stage_ranges)}
 
 
@@ -340,7 +340,7 @@ def sharded_categories(zero: dict) -> list[str]:
     unit is gathered (ZeRO-3, SHARD_GRAD_OP), the gathered copies being the walk's transients."""
     stage = zero["stage"]
     return ["master_weights", "optimizer_state"] + (["weight_gradients"] if stage >= 2 else []) \
-        + (["weights"] if stage == 3 or (stage == 2 and zero.get("gathers_per_unit")) else [])
+        + (["weights"] if stage == 3 or zero.get("gathers_per_unit") else [])
 
 
 def shard_memory(summary: dict, zero: dict) -> None:
@@ -352,7 +352,7 @@ def shard_memory(summary: dict, zero: dict) -> None:
     if s == 1 or stage == 0:
         return
     sharded = sharded_categories(zero)
-    added = zero["gathered_bytes"] + zero["gradient_transient_bytes"]
+    added = zero["gradient_transient_bytes"]
     capacity = summary["memory"]["capacity_bytes"]
     stages = len(zero.get("expert_shares") or [0.0])
     for row in summary["devices"]:
