@@ -32,6 +32,9 @@ except KeyboardInterrupt:  # `ghpsim` and `python -m ghpsim` import this module 
 DESCRIPTION = ("Simulate distributed DNN training on GPU clusters. "
                "Bad input: one line on stderr, exit code 2, no traceback.")
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 128 + 13
+"""The reader of stdout went away (`ghpsim ... | head -1`): the shell's code for a process ended by
+SIGPIPE, so a script tells it from a failed command (1)."""
 
 COMMANDS = {  # name: (what runs it, "module:function" taking the parsed args; one-line help; its arguments)
     "demo": ("ghpsim.simulation_commands:cmd_demo", "GHP vs DP vs MP on the embedded default scenario",
@@ -106,8 +109,18 @@ def _dash_value_hint(message: str, given: list[str]) -> str:
     return ""
 
 
+def _version() -> str:
+    """The installed distribution's version ("unknown" when run from a checkout without installing it)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("ghpsim")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="ghpsim", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"ghpsim {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser.subcommands = {}
     for name, (_target, help_text, add_arguments) in COMMANDS.items():
@@ -138,7 +151,7 @@ def _run(args: argparse.Namespace) -> int:
         pass  # reported below, once this block has let go of the traceback (and the memory it holds)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return EXIT_BROKEN_PIPE
     except OSError as error:
         where = f"{error.filename}: " if error.filename else ""  # none for a write to stdout (a full disk)
         print(one_line(f"ghpsim: error: {where}{error.strerror or error}"), file=sys.stderr)

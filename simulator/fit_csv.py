@@ -79,8 +79,8 @@ def read_rows(path: str | Path, base: str | Path | None) -> tuple[list[tuple[dic
                 raise ScenarioError(f"{where}: column {index} has no name in the header but holds {_SHORT.repr(value)}")
             overrides.append((column, value))
         base_dir = str(base_path.parent)
-        runs.append((_row_document(bases[base_path], overrides, where, base_dir), measured_s, where, base_dir,
-                     str(base_path)))
+        runs.append((_row_document(bases[base_path], overrides, where, base_dir, base_path), measured_s, where,
+                     base_dir, str(base_path)))
     return runs, base_used
 
 
@@ -146,9 +146,10 @@ def _measured_s(text: str, where: str) -> float:
     return value
 
 
-def _row_document(base: dict, overrides: list[tuple[str, str]], where: str, base_dir: str) -> dict:
+def _row_document(base: dict, overrides: list[tuple[str, str]], where: str, base_dir: str, base_path: Path) -> dict:
     """The base scenario with the row's overrides, validated now (scenario and model). When it fails,
-    the error names the column without which the row would be valid."""
+    the error names the column without which the row would be valid, or the base scenario file when
+    that is refused alone."""
     problem, document = _problem(base, overrides, where, base_dir)
     if problem is None:
         return document
@@ -159,6 +160,9 @@ def _row_document(base: dict, overrides: list[tuple[str, str]], where: str, base
                 raise ScenarioError(f"{where}: {column}: {_SHORT.repr(value)} is not a number "
                                     f"(the base scenario has {_SHORT.repr(old)})")
             raise ScenarioError(f"{where}: {column}: {_SHORT.repr(value)}: {problem}")
+    alone = _problem(base, [], where, base_dir)[0] if overrides else problem
+    if alone is not None:
+        raise ScenarioError(f"{where}: base {_SHORT.repr(str(base_path))}: {alone}")
     raise ScenarioError(f"{where}: {problem}")
 
 

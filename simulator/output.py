@@ -6,8 +6,10 @@ from __future__ import annotations
 import errno
 import io
 import json
+import logging
 import os
 import secrets
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -103,7 +105,13 @@ def write_figure_atomic(path: str | Path, figure, **savefig_options) -> Path:
 def figure_bytes(path: str | Path, figure, **savefig_options) -> bytes:
     """A matplotlib figure saved in memory, in the format of `path`'s suffix."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format=figure_format(path), **savefig_options)
+    postscript_log = logging.getLogger("matplotlib.backends.backend_ps")
+    level = postscript_log.level
+    postscript_log.setLevel(logging.ERROR)  # "does not support transparency": the file is fine, drawn opaque
+    try:
+        figure.savefig(buffer, format=figure_format(path), **savefig_options)
+    finally:
+        postscript_log.setLevel(level)
     return buffer.getvalue()
 
 
@@ -205,9 +213,16 @@ def _check_writable(folder: Path, option: str, given: str | Path) -> None:
 
 
 def check_figure_file(path: str | Path, option: str) -> None:
-    """`check_output_file`, and ScenarioError unless matplotlib can write the suffix's format."""
-    from matplotlib.backend_bases import FigureCanvasBase  # matplotlib only when a figure is asked for
-    supported = FigureCanvasBase.get_supported_filetypes()
+    """`check_output_file`, and ScenarioError unless matplotlib can write the suffix's format here
+    (pgf only where the TeX program of matplotlib's `pgf.texsystem` is installed)."""
+    import matplotlib  # only when a figure is asked for
+    from matplotlib.backend_bases import FigureCanvasBase
+    supported = set(FigureCanvasBase.get_supported_filetypes())
+    tex = matplotlib.rcParams["pgf.texsystem"]
+    if shutil.which(tex) is None:
+        supported.discard("pgf")
+        if figure_format(path) == "pgf":
+            raise ScenarioError(f"{option} {path}: format 'pgf' needs {tex}, which is not installed")
     if figure_format(path) not in supported:
         raise ScenarioError(f"{option} {path}: format {figure_format(path)!r} is not supported "
                             f"(use one of {', '.join(sorted(supported))})")

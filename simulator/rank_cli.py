@@ -22,7 +22,7 @@ from simulator.output import check_distinct_files, check_figure_file, model_file
 from simulator.planner import (ASYNC_KINDS, MEGATRON, Candidate, Ranking, candidate_kinds, candidate_scenario,
                                grid_candidate)
 from simulator.scenario import PIPELINE_KINDS, Scenario, load_scenario, scenario_from_dict
-from simulator.simulate import analytic_costs
+from simulator.simulate import analytic_costs, naming_source
 from simulator.units import plural
 
 GRID_KINDS = ("dp", "mp", "ghp")
@@ -50,6 +50,8 @@ def run(args) -> int:
     kinds = _kinds(args.kinds)
     _check_used(kinds, microbatches is not None, tuple(sizes_b) != MICROBATCH_SIZES)
     scenario = load_scenario(args.scenario, args.overrides)
+    with naming_source(scenario):  # a model that cannot be built is named with its file, as `simulate` names it
+        resolve_workload(scenario.model, scenario.base_dir)
     batch = scenario.training.global_batch_size
     if (kinds is None or MEGATRON in kinds) and all(batch % size for size in sizes_b):  # nor any replica's share
         raise ScenarioError(f"--microbatch-sizes: none of {args.microbatch_sizes} divides training.global_batch_size "

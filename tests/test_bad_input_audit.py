@@ -162,3 +162,48 @@ def test_layout_degrees_on_another_kind_are_noted(capsys):
     assert main(["simulate", DEMO, "--json", "--set", "strategy.kind=dp", "--set", "strategy.tp_degree=4"]) == 0
     err = capsys.readouterr().err
     assert err == "ghpsim: note: strategy.tp_degree 4: not used by kind dp (kind megatron only)\n"
+
+
+def test_a_pgf_figure_without_tex_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    import shutil
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no TeX installed
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(BASE))
+    plot = tmp_path / "m.pgf"
+    line = refused(capsys, "simulate", str(scenario), "--memory-plot", str(plot), "--json")
+    assert line.endswith("format 'pgf' needs xelatex, which is not installed") and not plot.exists()
+    offered = refused(capsys, "simulate", str(scenario), "--memory-plot", str(tmp_path / "m.xyz")).partition("use one of")[2]
+    assert "png" in offered and "pgf" not in offered
+
+
+def test_fit_names_the_base_scenario_a_row_cannot_use(tmp_path, capsys):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({**BASE, "cluster": {"num_node": 2, "gpus_per_node": 1}}))
+    runs = tmp_path / "runs.csv"
+    runs.write_text("training.global_batch_size,measured_step_s\n8,0.1\n")
+    line = refused(capsys, "fit", str(runs), "--base", str(tmp_path / "base.yaml"), "--out", str(tmp_path / "p.json"))
+    assert "runs.csv:2: base '" in line and line.endswith("base.yaml': cluster.num_node: unknown key")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_rank_names_the_scenario_whose_model_is_unknown(tmp_path, capsys):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({**BASE, "model": {"name": "mlpp"}}))
+    assert refused(capsys, "rank", str(scenario)).startswith(f"ghpsim: error: {scenario}: model.name: unknown model")
+
+
+def test_version_and_a_closed_pipe_have_their_own_exit_codes(capsys):
+    import subprocess
+    import sys
+
+    import pytest
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("ghpsim ")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will read: the first write fails with EPIPE
+    try:
+        done = subprocess.run([sys.executable, "-m", "ghpsim", "list", "gpus"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
