@@ -16,6 +16,10 @@ degree, pipeline degree, micro-batch size and hidden size.
 - `kernel, 5-fold`: `ghpsim fit`'s parameters (its grid `simulator.fit.FITTED`, refined around
   the best point) chosen by 5-fold cross-validation, every row scored by the fold that did not see it;
 - `kernel, half`: fitted on a random half of the rows (seed 0), scored on the other half.
+For each model it also scores the choice a planner makes from it (`layout_choice`): the rows that
+train the same model on the same GPUs with the same global batch are one job's candidate layouts
+(TP x PP x DP and micro-batch size); the layout predicted fastest is run, and its regret is its
+measured time over the job's measured fastest, minus 1.
 Also prints the model FLOPs utilisation of every GPT scenario in `scenarios/`. `--plot FILE.png`
 draws predicted against measured for every row: the datasheet model beside the 5-fold held-out one
 (with --no-fit, the catalogue's, in sample), coloured by tensor-parallel degree
@@ -46,6 +50,7 @@ from simulator.output import check_figure_file  # noqa: E402
 from simulator.fit import PointCache, Run, fit_refined, folds, predict_s, refined_search  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
 from simulator.simulate import simulate  # noqa: E402
+from simulator.units import plural  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "published" / "vtrain_a100_single_node.csv"
 COLUMNS = {"# GPUs": "num_gpus", "global batch": "global_batch", "micro batch": "micro_batch",
@@ -160,11 +165,53 @@ def write_accuracy_plot(frame: pd.DataFrame, panels: dict[str, list[float]], pat
     return save(figure, path, f"{len(frame):,} published Megatron-DeepSpeed iterations on one 8xA100 node")
 
 
+JOB_COLUMNS = ("num_gpus", "global_batch", "hidden", "heads", "layers", "seq")
+"""A training job: the rows sharing these are its candidate layouts (`layout_choice`)."""
+
+
+def layout_choice(frame: pd.DataFrame, predicted_ms) -> dict:
+    """How well the predictions pick each job's layout (module docstring): jobs of two or more
+    layouts, the share whose predicted-fastest layout is the measured fastest, the regret of the
+    pick (median, mean, worst, in percent), the mean regret of a layout drawn at random (the bar a
+    planner must clear) and the median Spearman rank correlation of predicted and measured times
+    over the jobs of three or more layouts."""
+    frame = frame.assign(predicted_ms=list(predicted_ms))
+    regrets, random_pick, correlations = [], [], []
+    for _job, layouts in frame.groupby(list(JOB_COLUMNS)):
+        if len(layouts) < 2:
+            continue
+        fastest_ms = layouts.measured_ms.min()
+        regrets.append(100 * (layouts.measured_ms[layouts.predicted_ms.idxmin()] / fastest_ms - 1))
+        random_pick.append(100 * float((layouts.measured_ms / fastest_ms - 1).mean()))
+        correlation = layouts.predicted_ms.corr(layouts.measured_ms, method="spearman") if len(layouts) > 2 else None
+        if correlation is not None and correlation == correlation:  # not NaN: some order among the predictions
+            correlations.append(float(correlation))
+    if not regrets:
+        return {"jobs": 0}
+    regret = pd.Series(regrets, dtype=float)
+    return {"jobs": len(regrets), "fastest_picked_share": float((regret == 0).mean()),
+            "median_regret_pct": float(regret.median()), "mean_regret_pct": float(regret.mean()),
+            "worst_regret_pct": float(regret.max()), "random_pick_mean_regret_pct": float(pd.Series(random_pick).mean()),
+            "median_spearman": float(pd.Series(correlations).median()) if correlations else None}
+
+
+def _print_choice(choice: dict) -> None:
+    if not choice["jobs"]:
+        print("    layout choice: no job has two layouts")
+        return
+    print(f"    layout choice over {plural(choice['jobs'], 'job')}: fastest picked in {100 * choice['fastest_picked_share']:.0f} %, "
+          f"regret median {choice['median_regret_pct']:.1f} %, mean {choice['mean_regret_pct']:.1f} %, worst "
+          f"{choice['worst_regret_pct']:.1f} % (a random layout: mean {choice['random_pick_mean_regret_pct']:.1f} %)"
+          + (f"; rank correlation median {choice['median_spearman']:.2f}" if choice["median_spearman"] is not None else ""))
+
+
 def _print_table(name: str, table: dict) -> None:
     print(f"{name}: {table['rows']} rows, MAPE {table['mape_pct']:.1f} %, mean signed {table['mean_signed_pct']:+.1f} %, "
           f"worst {table['worst_pct']:.1f} %, {100 * table['within_10_pct_share']:.0f} % of rows within 10 %")
     for group, by_key in table["mean_signed_by_group_pct"].items():
         print(f"    mean signed by {group}: " + ", ".join(f"{key} {value:+.1f} %" for key, value in by_key.items()))
+    if "layout_choice" in table:
+        _print_choice(table["layout_choice"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,11 +235,16 @@ def main(argv: list[str] | None = None) -> int:
         frame = frame.head(args.rows)
     started = time.perf_counter()
     datasheet_ms, catalogue_ms = predict_ms(frame, {"costs": {"host_overhead_s": 0}}), predict_ms(frame)
-    figures = {"analytic": error_table(frame.assign(predicted_ms=predict_ms(frame, {"costs": {"model": "analytic"}}))),
+    analytic_ms = predict_ms(frame, {"costs": {"model": "analytic"}})
+    figures = {"analytic": error_table(frame.assign(predicted_ms=analytic_ms)),
                "kernel_datasheet": error_table(frame.assign(predicted_ms=datasheet_ms)),
                "kernel_catalogue": error_table(frame.assign(predicted_ms=catalogue_ms))}
+    choices = {"analytic": analytic_ms, "kernel_datasheet": datasheet_ms, "kernel_catalogue": catalogue_ms}
     if not args.no_fit:
         figures.update(fitted_figures(frame, args.processes))
+        choices["five_fold"] = figures["five_fold_ms"]
+    for name, predicted in choices.items():
+        figures[name]["layout_choice"] = layout_choice(frame, predicted)
     if args.plot is not None:
         write_accuracy_plot(frame, {"kernel model, datasheet, no host time": datasheet_ms,
                                     **({"kernel model, catalogue (in sample)": catalogue_ms} if args.no_fit else

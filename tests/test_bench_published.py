@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_published import COLUMNS, error_table, main, read_rows, row_scenario  # noqa: E402
+from bench_published import COLUMNS, JOB_COLUMNS, error_table, layout_choice, main, read_rows, row_scenario  # noqa: E402
 
 from simulator.scenario import scenario_from_dict  # noqa: E402
 
@@ -19,6 +19,7 @@ ROWS = [  # the first rows of vtrain_a100_single_node.csv (GPUs, global batch, m
     (2, 16, 8, 1024, 16, 24, 1024, 1, 1, 2, 372.160408),
     (8, 32, 4, 1024, 16, 24, 1024, 2, 2, 2, 219.732754),
     (8, 8, 2, 2048, 16, 20, 1024, 4, 1, 2, 160.6027),
+    (8, 32, 2, 1024, 16, 24, 1024, 1, 8, 1, 186.469067),  # a later row: the second row's job, another layout
 ]
 
 
@@ -46,11 +47,25 @@ def test_error_table_groups_the_signed_error():
     assert table["mean_signed_by_group_pct"]["tp"] == {"1": 10.0, "8": -10.0}
 
 
+def test_layout_choice_scores_the_pick_of_each_job_against_its_measured_fastest():
+    job = dict.fromkeys(JOB_COLUMNS, 1)
+    layouts = [  # (job, measured ms, predicted ms): job 1 picks its 120 ms layout, job 2 its fastest
+        (1, 100.0, 90.0), (1, 120.0, 80.0), (1, 150.0, 95.0), (2, 50.0, 40.0), (2, 60.0, 45.0), (3, 70.0, 70.0)]
+    frame = pd.DataFrame([{**job, "layers": number, "measured_ms": measured} for number, measured, _ in layouts])
+    choice = layout_choice(frame, [predicted for *_, predicted in layouts])
+    assert choice["jobs"] == 2  # job 3 has one layout: nothing to choose
+    assert choice["fastest_picked_share"] == 0.5
+    assert choice["worst_regret_pct"] == pytest.approx(20.0) and choice["mean_regret_pct"] == pytest.approx(10.0)
+    assert choice["random_pick_mean_regret_pct"] == pytest.approx(((20 + 50) / 3 + 20 / 2) / 2)
+    assert choice["median_spearman"] == pytest.approx(0.5)  # job 1's ranks 2, 1, 3 against 1, 2, 3
+
+
 def test_plot_of_predicted_against_measured(published_csv, tmp_path, capsys):
     figure = tmp_path / "out" / "accuracy.png"
     assert main(["--csv", str(published_csv), "--no-fit", "--plot", str(figure)]) == 0
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "kernel model, catalogue" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "kernel model, catalogue" in out and "layout choice over 1 job:" in out
 
 
 @pytest.mark.parametrize("arguments, named", [
