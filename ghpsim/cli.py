@@ -109,18 +109,23 @@ def _dash_value_hint(message: str, given: list[str]) -> str:
     return ""
 
 
-def _version() -> str:
-    """The installed distribution's version ("unknown" when run from a checkout without installing it)."""
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("ghpsim")
-    except PackageNotFoundError:
-        return "unknown"
+class _VersionAction(argparse.Action):
+    """`--version`: the installed distribution's version, looked up only when asked ("unknown" when
+    run from a checkout without installing it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            found = version("ghpsim")
+        except PackageNotFoundError:
+            found = "unknown"
+        print(f"ghpsim {found}")
+        parser.exit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="ghpsim", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"ghpsim {_version()}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser.subcommands = {}
     for name, (_target, help_text, add_arguments) in COMMANDS.items():
