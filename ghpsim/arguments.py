@@ -100,6 +100,9 @@ def rank(parser: argparse.ArgumentParser) -> None:
                              "default %(default)s")
     parser.add_argument("--exhaustive", action="store_true", help="simulate every candidate that may fit in memory "
                         "(no pruning by the step-time bound)")
+    parser.add_argument("--profile", metavar="FILE", default=None,
+                        help="a kernel profile from `ghpsim fit` (your cluster's training logs) or `ghpsim calibrate "
+                             "--kernels`: every layout priced with its parameters (as --set costs.kernel_profile=FILE)")
     run_length = parser.add_mutually_exclusive_group()
     run_length.add_argument("--tokens", type=float, default=None, metavar="T",
                             help="plan a whole run of T training tokens (samples for models without a sequence)")

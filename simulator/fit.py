@@ -129,7 +129,7 @@ def predict_s(run: Run, point: dict[str, float] | None) -> float:
     from simulator.kernel_costs import KernelCosts, device_for
     from simulator.model_source import resolve_workload
     from simulator.scenario import scenario_from_dict
-    from simulator.simulate import simulate
+    from simulator.simulate import scenario_kernel_parameters, simulate
     scenario = scenario_from_dict(run.document, run.where, run.base_dir)
     if point is None:
         return simulate(scenario).step_time_s
@@ -137,7 +137,8 @@ def predict_s(run: Run, point: dict[str, float] | None) -> float:
         scenario = scenario.model_copy(update={"costs": scenario.costs.model_copy(update={"host_overhead_s": None})})
     workload = resolve_workload(scenario.model, scenario.base_dir)
     training, gpu = scenario.training, scenario.cluster.gpu
-    parameters = replace(device_for(gpu, training.dtype).parameters, **point)
+    base = scenario_kernel_parameters(scenario) or device_for(gpu, training.dtype).parameters  # costs.kernel_profile's
+    parameters = replace(base, **point)
     costs = KernelCosts.for_scenario(scenario, workload, parameters)
     return simulate(scenario, costs=costs, workload=workload).step_time_s
 

@@ -53,29 +53,43 @@ def check_profiled_cluster(scenario, path) -> None:
 def scenario_profile_costs(path, scenario, workload: Workload):
     """The cost model of any profile for `scenario`: a calibration profile (`ProfileCosts`) or a
     kernel profile from `ghpsim fit` or `ghpsim calibrate --kernels` (the kernel model with its
-    parameters and measured tables, `simulator.kernel_tables.MeasuredTables`, for GPUs of the
-    architecture it was fitted or measured on: the kernel model's family, or the catalogue's own
-    `architecture`, e.g. "cpu")."""
-    from dataclasses import replace
-
-    from simulator.kernel_catalogue import gpu_architecture
-    from simulator.kernel_costs import KernelCosts, device_for
-    from simulator.kernel_tables import MeasuredTables
+    parameters, `kernel_profile_parameters`)."""
+    from simulator.kernel_costs import KernelCosts
     profile = load_profile(path)
-    training, gpu = scenario.training, scenario.cluster.gpu
     if not isinstance(profile, KernelProfile):
         check_measured_collectives(scenario, path)
         check_profiled_cluster(scenario, path)
-        return ProfileCosts(profile, workload, optimizer=training.optimizer)
+        return ProfileCosts(profile, workload, optimizer=scenario.training.optimizer)
+    return KernelCosts.for_scenario(scenario, workload, kernel_profile_parameters(path, scenario, profile))
+
+
+def kernel_profile_parameters(path, scenario, profile=None, field: str = ""):
+    """The kernel model's parameters for `scenario`'s GPU from the kernel profile at `path` (read
+    unless `profile` is given): its fitted or measured parameters and measured tables
+    (`simulator.kernel_tables.MeasuredTables`) over the catalogue's, for GPUs of the architecture it
+    was fitted or measured on (the kernel model's family, or the catalogue's own `architecture`,
+    e.g. "cpu"). A ScenarioError (prefixed with `field`, e.g. "costs.kernel_profile: ") otherwise."""
+    from dataclasses import replace
+
+    from simulator.kernel_catalogue import gpu_architecture
+    from simulator.kernel_costs import device_for
+    from simulator.kernel_tables import MeasuredTables
+    training, gpu = scenario.training, scenario.cluster.gpu
+    try:
+        profile = profile or load_profile(path)
+    except ScenarioError as error:
+        raise ScenarioError(f"{field}{error}") from None
+    if not isinstance(profile, KernelProfile):
+        raise ScenarioError(f"{field}{path}: a calibration profile (one model at one world size), not a kernel "
+                            "profile: give one from `ghpsim fit` or `ghpsim calibrate --kernels`")
     if profile.architecture not in (gpu_architecture(gpu), (gpu.architecture or "").lower()):
         how = "fitted" if profile.measured is None else "measured"
-        raise ScenarioError(f"{path}: architecture: {how} on {profile.architecture!r} GPUs, but cluster.gpu "
+        raise ScenarioError(f"{field}{path}: architecture: {how} on {profile.architecture!r} GPUs, but cluster.gpu "
                             f"{gpu.name!r} is {gpu.architecture or gpu_architecture(gpu)!r}")
     measured = profile.measured and MeasuredTables.from_rows(
         [(row.dtype, row.m, row.n, row.k, row.tile_efficiency) for row in profile.measured.gemm],
         [(row.size_bytes, row.efficiency) for row in profile.measured.memory])
-    parameters = replace(device_for(gpu, training.dtype).parameters, **profile.parameters, measured=measured)
-    return KernelCosts.for_scenario(scenario, workload, parameters)
+    return replace(device_for(gpu, training.dtype).parameters, **profile.parameters, measured=measured)
 
 
 class ProfileCosts:

@@ -7,6 +7,7 @@ size where no layout fits says so; only when none has one is that an error)."""
 from __future__ import annotations
 
 import json
+import os
 import math
 
 from rich.table import Table
@@ -19,6 +20,7 @@ from simulator.heuristics import HEURISTICS, grid_estimates
 from simulator.worker_pool import check_most_workers
 from simulator.model_source import resolve_workload
 from simulator.output import check_distinct_files, check_figure_file, model_files
+from simulator.profile_costs import kernel_profile_parameters
 from simulator.planner import (ASYNC_KINDS, MEGATRON, Candidate, Ranking, candidate_kinds, candidate_scenario,
                                grid_candidate)
 from simulator.scenario import PIPELINE_KINDS, Scenario, load_scenario, scenario_from_dict
@@ -49,9 +51,13 @@ def run(args) -> int:
     sizes_b = positive_ints(args.microbatch_sizes, "--microbatch-sizes")
     kinds = _kinds(args.kinds)
     _check_used(kinds, microbatches is not None, tuple(sizes_b) != MICROBATCH_SIZES)
+    if args.profile is not None:  # a kernel profile prices every layout: the scenario key, by absolute path
+        args.overrides = [*args.overrides, f"costs.kernel_profile={os.path.abspath(args.profile)}"]
     scenario = load_scenario(args.scenario, args.overrides)
     with naming_source(scenario):  # a model that cannot be built is named with its file, as `simulate` names it
         resolve_workload(scenario.model, scenario.base_dir)
+    if args.profile is not None:
+        kernel_profile_parameters(args.profile, scenario, field="--profile ")
     batch = scenario.training.global_batch_size
     if (kinds is None or MEGATRON in kinds) and all(batch % size for size in sizes_b):  # nor any replica's share
         raise ScenarioError(f"--microbatch-sizes: none of {args.microbatch_sizes} divides training.global_batch_size "
@@ -72,7 +78,9 @@ def run(args) -> int:
         results.append((ranking, heuristics, why))
     if all(why for *_, why in results):  # several sizes, none with a layout that fits
         raise ScenarioError(f"--gpus {args.gpus!r}: no size has a layout that fits; {results[0][2]}")
-    plot = _plot(results, args) if args.plot else None
+    if args.plot:
+        from simulator.rank_plot import write_rank_plot  # matplotlib only when asked
+    plot = write_rank_plot(results, args.plot, args.scenario, _title(results[0][0])) if args.plot else None
     if args.json:
         several = len(sizes) > 1  # each size says why none of its layouts fits, or null
         documents = [{**ranking.to_dict(), "heuristics": heuristics, **({"no_layout_fits": why} if several else {})}
@@ -173,19 +181,6 @@ def tokens_per_sample(scenario) -> int:
 
 def _grid_searched(ranking) -> bool:
     return any(row["kind"] in GRID_KINDS for row in ranking.rows)
-
-
-def _plot(results, args):
-    from simulator.rank_plot import write_pareto_plot, write_ranking_plot
-    if len(results) > 1:  # the sizes with a layout that fits
-        return write_pareto_plot([ranking for ranking, _, why in results if why is None], args.plot, args.scenario)
-    ranking, heuristics, _ = results[0]
-    picks: dict[str, list[str]] = {}
-    for row in heuristics:
-        if row["label"]:
-            picks.setdefault(row["label"], []).append(row["heuristic"])
-    return write_ranking_plot(ranking.frame(), args.plot, _title(ranking),
-                              {label: ", ".join(names) for label, names in picks.items()})
 
 
 def no_candidate_error(ranking: Ranking, args) -> ScenarioError:

@@ -20,6 +20,20 @@ from simulator.units import plural  # noqa: E402
 MAX_BARS = 40
 
 
+def write_rank_plot(results, path, scenario_path, title: str) -> Path:
+    """`rank --plot`: for several cluster sizes the Pareto plot of those where a layout fits, for one
+    its ranking's bars with each heuristic's pick marked (`results`: (ranking, heuristic rows, why
+    no layout fits or None) per size)."""
+    if len(results) > 1:
+        return write_pareto_plot([ranking for ranking, _, why in results if why is None], path, scenario_path)
+    ranking, heuristics, _ = results[0]
+    picks: dict[str, list[str]] = {}
+    for row in heuristics:
+        if row["label"]:
+            picks.setdefault(row["label"], []).append(row["heuristic"])
+    return write_ranking_plot(ranking.frame(), path, title, {label: ", ".join(names) for label, names in picks.items()})
+
+
 def plot_ranking(frame: pd.DataFrame, axis, picks: dict[str, str] | None = None) -> None:
     """Bars of `frame` (planner rows, ranked) on `axis`; `picks` maps a label to the heuristics
     that chose it (written after its bar)."""

@@ -265,6 +265,9 @@ class CostConfig(_Frozen):
     host_overhead_s: Annotated[Float, Field(ge=0, le=MAX_HOST_OVERHEAD_S)] | None = None
     """Kernel cost model: the framework's host time to issue one kernel; None: the catalogue's
     (`simulator.kernel_catalogue.HOST_OVERHEAD_S`); 0: a host that never holds the GPU back (CUDA graphs)."""
+    kernel_profile: str | None = None
+    """Kernel cost model: a kernel profile (`ghpsim fit`, `calibrate --kernels`; relative to the scenario's
+    folder) whose parameters replace the catalogue's (`simulator.profile_costs.kernel_profile_parameters`)."""
 
     _check_flash_kernel = model_validator(mode="after")(lambda self: check_flash_kernel(self) or self)
 

@@ -8,6 +8,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cached_property
+from pathlib import Path
 
 import pandas as pd
 
@@ -67,6 +68,23 @@ def naming_source(scenario: Scenario):
         raise ScenarioError(f"{scenario.source}: {message}") from None
 
 
+def scenario_kernel_parameters(scenario: Scenario):
+    """The parameters of the scenario's `costs.kernel_profile` (read once per file and GPU), or None."""
+    path = scenario.costs.kernel_profile
+    if not path:
+        return None
+    from simulator.profile_costs import kernel_profile_parameters
+    full = Path(scenario.base_dir) / path
+    key = (str(full.resolve()), full.stat().st_mtime_ns if full.is_file() else None,
+           scenario.cluster.gpu.model_dump_json(), scenario.training.dtype)
+    if key not in _KERNEL_PROFILES:
+        _KERNEL_PROFILES[key] = kernel_profile_parameters(full, scenario, field="costs.kernel_profile: ")
+    return _KERNEL_PROFILES[key]
+
+
+_KERNEL_PROFILES: dict[tuple, object] = {}
+
+
 def analytic_costs(scenario: Scenario, workload: Workload) -> CostModel:
     """The scenario's datasheet cost model (`costs.model`): kernel-level for a GPU of a named family
     (or when asked; `kernel_catalogue.kernel_model_chosen`), else the analytic roofline."""
@@ -74,7 +92,10 @@ def analytic_costs(scenario: Scenario, workload: Workload) -> CostModel:
     from simulator.kernel_costs import KernelCosts
     training, costs, gpu = scenario.training, scenario.costs, scenario.cluster.gpu
     if kernel_model_chosen(costs.model, gpu):
-        return KernelCosts.for_scenario(scenario, workload)
+        return KernelCosts.for_scenario(scenario, workload, scenario_kernel_parameters(scenario))
+    if costs.kernel_profile:
+        raise ScenarioError(f"costs.kernel_profile: {costs.kernel_profile!r} needs the kernel model, which "
+                            f"{gpu.name!r} with costs.model {costs.model!r} does not use")
     return AnalyticCosts(workload, gpu, training.dtype, training.optimizer, costs.efficiency,
                          recompute=training.recompute)
 
