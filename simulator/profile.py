@@ -333,18 +333,18 @@ class KernelProfile(_Frozen):
 
 
 def load_profile(path: str | Path) -> Profile | KernelProfile:
-    """Read and validate a calibration profile; a one-line ScenarioError naming the file and the
+    """Read and validate a profile; a one-line ScenarioError naming the file and the
     field for a missing, unreadable, malformed, old or foreign file."""
     path = Path(path)
     if not path.is_file():
-        problem = ("is a directory, not a calibration profile" if path.is_dir() else
-                   "is not a regular file" if path.exists() else "calibration profile not found")
+        problem = ("is a directory, not a profile" if path.is_dir() else
+                   "is not a regular file" if path.exists() else "profile not found")
         raise ScenarioError(f"{path}: {problem}")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as error:
-        raise ScenarioError(f"{path}: cannot read the calibration profile: {error}") from None
-    document = load_json_text(text, str(path), malformed="not a JSON calibration profile")
+        raise ScenarioError(f"{path}: cannot read the profile: {error}") from None
+    document = load_json_text(text, str(path), malformed="not a JSON profile")
     return profile_from_dict(document, str(path))
 
 

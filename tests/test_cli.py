@@ -203,7 +203,7 @@ def test_simulate_and_compare_with_a_calibration_profile(capsys):
 
 
 @pytest.mark.parametrize("profile,optimizer,message", [
-    ("missing.json", "sgd", "missing.json: calibration profile not found"),
+    ("missing.json", "sgd", "missing.json: profile not found"),
     (MLP_PROFILE, "adam", "optimizer.name: the profile timed 'sgd' but the scenario trains with 'adam'"),
 ])
 def test_a_bad_profile_is_a_one_line_error(capsys, tmp_path, profile, optimizer, message):

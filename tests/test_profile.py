@@ -124,7 +124,7 @@ def _broken(mutate):
 
 
 @pytest.mark.parametrize("doc, field", [
-    ("{not json", "not a JSON calibration profile"),
+    ("{not json", "not a JSON profile"),
     ("[1, 2]", "format"),
     ({"format": "something-else/3"}, "format: expected 'ghpsim-profile/2'"),
     ({"format": "ghpsim-profile/1"}, "older profile format; this ghpsim reads 'ghpsim-profile/2': calibrate again"),
@@ -150,7 +150,7 @@ def test_malformed_old_or_foreign_files_are_one_line_errors(tmp_path, doc, field
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(ScenarioError, match="calibration profile not found"):
+    with pytest.raises(ScenarioError, match="profile not found"):
         load_profile(tmp_path / "nope.json")
 
 
