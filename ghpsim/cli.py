@@ -144,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "profile", None) == "":  # else "no profile" on some commands, "." on others
         print("ghpsim: error: --profile: needs a file name (got '')", file=sys.stderr)
         return EXIT_USAGE
-    with first_interrupt_only():
-        return _run(args)
+    with first_interrupt_only() as interrupt:
+        code = _run(args)
+    if interrupt.signal_number is not None and code == EXIT_INTERRUPTED:
+        return 128 + interrupt.signal_number
+    return code
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -179,29 +182,47 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
+STOP_SIGNALS = ("SIGTERM", "SIGHUP")
+"""Signals that stop a run as Ctrl-C does (a scheduler's or `timeout`'s SIGTERM, a closed terminal's
+SIGHUP): the same clean-up and line, and exit code 128 + the signal's number."""
+
+
 class first_interrupt_only:
-    """For the command's run: the first Ctrl-C raises KeyboardInterrupt as usual and every later one is
-    ignored, so a second Ctrl-C cannot cut short the clean-up that stops the ranks and keeps what was
-    measured, nor kill the interpreter while it exits. The previous handler is restored unless a
-    Ctrl-C came (the process is then ending). A no-op outside the main thread or where SIGINT is
-    not the default handler's (a shell's background job ignores it)."""
+    """For the command's run: the first Ctrl-C (or `STOP_SIGNALS`) raises KeyboardInterrupt as usual
+    and every later one is ignored, so a second cannot cut short the clean-up that stops the ranks
+    and keeps what was measured, nor kill the interpreter while it exits; `signal_number` is the
+    stop signal that came, if any. The previous handlers are restored unless one came (the process
+    is then ending). A forked child (a worker pool's) that inherited the handler dies of the signal
+    as it would have. A no-op outside the main thread, and for each signal whose handler is not the
+    default one (a shell's background job ignores SIGINT)."""
 
     def __enter__(self):
-        self.installed = (threading.current_thread() is threading.main_thread()
-                          and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
-        self.interrupted = False
-        if self.installed:
-            signal.signal(signal.SIGINT, self._interrupt)
+        self.signal_number, self.interrupted, self.pid = None, False, os.getpid()
+        main_thread = threading.current_thread() is threading.main_thread()
+        defaults = {signal.SIGINT: signal.default_int_handler,
+                    **{getattr(signal, name): signal.SIG_DFL for name in STOP_SIGNALS if hasattr(signal, name)}}
+        self.installed = [number for number, default in defaults.items()
+                          if main_thread and signal.getsignal(number) is default]
+        self.defaults = defaults
+        for number in self.installed:
+            signal.signal(number, self._interrupt)
         return self
 
     def _interrupt(self, signum, frame):
+        if os.getpid() != self.pid:  # a forked worker: the signal's own effect
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         self.interrupted = True
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.signal_number = None if signum == signal.SIGINT else signum
+        for number in self.installed:
+            signal.signal(number, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     def __exit__(self, *exc_info):
-        if self.installed and not self.interrupted:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if not self.interrupted:
+            for number in self.installed:
+                signal.signal(number, self.defaults[number])
         return False
 
 

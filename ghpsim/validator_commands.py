@@ -16,8 +16,13 @@ import yaml
 from simulator.compare import DEFAULT_STRATEGIES, check_distinct, parse_strategy_specs
 from simulator.errors import ScenarioError, one_line
 from simulator.model_source import resolve_workload
-from simulator.output import check_distinct_files, check_output_file, check_output_folder, write_text_atomic
+from simulator.output import check_distinct_files, check_output_file, check_output_folder, file_stem, write_text_atomic
 from simulator.scenario import load_scenario
+
+
+MAX_REPEATS = 100
+"""Most launches of each strategy (`validate --repeats`), or timed samples and layer sweeps of each
+figure (`calibrate --repeats`, `--layer-passes`): a median settles long before."""
 
 
 def cmd_calibrate(args) -> int:
@@ -26,6 +31,9 @@ def cmd_calibrate(args) -> int:
                                  ("--world-size", args.world_size, 1)):
         if value is not None and value < least:
             raise ScenarioError(f"{option}: {value} must be at least {least}")
+    for option, value in (("--layer-passes", args.layer_passes), ("--repeats", args.repeats)):
+        if value is not None and value > MAX_REPEATS:
+            raise ScenarioError(f"{option}: {value} must be at most {MAX_REPEATS} (each repeats the measurement)")
     check_profile_out(args.out)
     check_distinct_files({"--out": args.out}, {"--scenario": args.scenario})
     from simulator.profile import profile_document
@@ -160,12 +168,12 @@ def cmd_validate(args) -> int:
     specs = parse_strategy_specs(DEFAULT_STRATEGIES if args.strategies is None else args.strategies)  # each once
     for kind, _groups in specs:
         check_pipeline_runtime(kind.partition(":")[0], args.pipeline_runtime)
-    if args.repeats < 1:
-        raise ScenarioError(f"--repeats: {args.repeats} must be at least 1")
+    if not 1 <= args.repeats <= MAX_REPEATS:
+        raise ScenarioError(f"--repeats: {args.repeats} must be from 1 to {MAX_REPEATS} (launches of each strategy)")
     scenario = load_scenario(args.scenario, args.overrides)
     if scenario.strategy.kind == "megatron" and args.strategies is None:
         specs = [("megatron", None)]  # its own plan (validator.fsdp_runtime: tp = pp = 1)
-    out, stem = Path(args.out), scenario.name
+    out, stem = Path(args.out), file_stem(scenario.name)
     for name in (f"{stem}.csv", f"{stem}.png"):
         check_output_file(out / name, "--out")
     check_output_folder(out / "traces", "--out")

@@ -120,19 +120,51 @@ def figure_format(path: str | Path) -> str:
     return Path(path).suffix.lstrip(".").lower() or "png"
 
 
+MAX_STEM_CHARS = 200
+"""Longest scenario name used as a file name (`file_stem`): room for a suffix within 255 bytes."""
+
+
+def file_stem(name: str, field: str = "name") -> str:
+    """`name` (a scenario's) as the stem of files written inside an output folder; ScenarioError
+    naming `field` when it would leave the folder or is no file name (a path separator, '.' or
+    '..', empty, NUL, or longer than `MAX_STEM_CHARS` bytes)."""
+    if (not name or name in (".", "..") or any(char in name for char in "/\\\0")
+            or len(name.encode("utf-8", "surrogatepass")) > MAX_STEM_CHARS):
+        raise ScenarioError(f"{field}: {name[:80]!r} names the result files, so it must be a file name: no '/' or "
+                            f"'\\', not '.' or '..', at most {MAX_STEM_CHARS} bytes")
+    return name
+
+
 def check_output_file(path: str | Path, option: str) -> None:
     """ScenarioError naming `option` unless `path` can be written as a file: a name, not a folder nor
     a device, FIFO or socket (a write replaces the file by a rename), and no existing part of its
     folder is a file. A symbolic link is checked, and later written, as its target."""
     if str(path) == "":
         raise ScenarioError(f"{option}: needs a file name (got '')")
+    if str(path).endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):
+        raise ScenarioError(f"{option} {path}: ends with a path separator (a folder), where one file is written")
     given, path = path, _target(Path(path))
     if path.is_dir():
         raise ScenarioError(f"{option} {path}: is a directory")
     if path.exists() and not path.is_file():
         raise ScenarioError(f"{option} {path}: exists and is not a regular file (a device, FIFO or socket)")
+    if path.is_file():
+        _check_replaceable(path, option)
     _check_parents(path, option)
     _check_writable(path.parent, option, given)
+
+
+def _check_replaceable(path: Path, option: str) -> None:
+    """ScenarioError naming `option` when an existing file may not be replaced whoever asks: an
+    immutable or append-only file (EPERM on opening it for writing; nothing is written). A file
+    only its mode protects (EACCES) is replaced by the rename, as the folder allows."""
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+    except PermissionError as error:
+        if error.errno == errno.EPERM:
+            raise ScenarioError(f"{option} {path}: cannot be replaced ({error.strerror})") from None
+    except OSError:
+        pass  # anything else shows when the file is written
 
 
 def same_file(first: str | Path, second: str | Path) -> bool:

@@ -207,3 +207,50 @@ def test_version_and_a_closed_pipe_have_their_own_exit_codes(capsys):
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_a_file_option_ending_in_a_separator_is_refused_as_a_folder(tmp_path, capsys):
+    for argv in (["merge-profiles", "a.json", "b.json", "--out", f"{tmp_path}/new/"],
+                 ["import-model", "os:getcwd", "--input-shape", "8", "--out", f"{tmp_path}/m.yaml/"]):
+        assert refused(capsys, *argv).endswith("ends with a path separator (a folder), where one file is written")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_nobody_may_replace_is_refused_up_front(tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+
+    from simulator.errors import ScenarioError
+    from simulator.output import check_output_file
+    target = tmp_path / "p.json"
+    target.write_text("{}")
+    opened = os.open
+
+    def immutable(path, flags, *mode):
+        if str(path) == str(target) and flags & os.O_WRONLY:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        return opened(path, flags, *mode)
+    check_output_file(target, "--out")  # an ordinary file: replaced
+    monkeypatch.setattr(os, "open", immutable)
+    with pytest.raises(ScenarioError, match=r"--out .*p.json: cannot be replaced \(Operation not permitted\)"):
+        check_output_file(target, "--out")
+    assert target.read_text() == "{}"
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does_with_its_own_exit_code(capsys, monkeypatch):
+    import signal
+
+    import pytest
+
+    from ghpsim import cli
+    saved = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    if saved[signal.SIGTERM] is not signal.SIG_DFL:
+        pytest.skip("SIGTERM already has a handler in this process")
+    monkeypatch.setattr(cli, "load", lambda target: lambda args: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        assert main(["list", "gpus"]) == 128 + signal.SIGTERM
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+    assert capsys.readouterr().err == "ghpsim: interrupted\n"

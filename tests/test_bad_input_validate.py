@@ -151,3 +151,21 @@ def test_a_batch_that_fits_is_not_refused(capsys, tmp_path, monkeypatch):
 def test_a_rank_killed_by_sigkill_is_named_a_likely_out_of_memory():
     assert _death(1, -9) == "rank 1 was killed by signal SIGKILL (out of memory?)"
     assert _death(0, -15) == "rank 0 was killed by signal SIGTERM"
+
+
+# 3. names and counts that would write outside --out or run for days
+
+@pytest.mark.parametrize("name", ["../escaped", "/tmp/elsewhere/x", "a/b", ".."])
+def test_a_scenario_name_that_is_no_file_name_is_refused_before_any_run(capsys, tmp_path, no_launch, name):
+    out = tmp_path / "out"
+    assert_one_line_error(validate_cli(capsys, "--strategies", "dp", "--out", str(out), "--set", f"name={name}"),
+                          "name: ", "must be a file name")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_repeats_beyond_the_limit_are_refused_before_any_run(capsys, tmp_path, no_launch):
+    assert_one_line_error(validate_cli(capsys, "--strategies", "dp", "--out", str(tmp_path / "o"), "--repeats", "100000"),
+                          "--repeats: 100000 must be from 1 to 100")
+    assert_one_line_error(run_cli(capsys, "calibrate", "--scenario", SCENARIO, "--repeats", "5000",
+                                  "--out", str(tmp_path / "p.json")), "--repeats: 5000 must be at most 100")
+    assert list(tmp_path.iterdir()) == []

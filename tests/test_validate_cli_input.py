@@ -176,13 +176,14 @@ def test_a_failed_move_into_out_puts_back_what_it_replaced(tmp_path):
     (out / "z" / "a.json").mkdir(parents=True)  # a folder where a result file would go: its move fails
     (out / "x.csv").write_text("old")
     before = listing(tmp_path)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as failed:
         with staged_folder(out) as staging:
             (staging / "x.csv").write_text("new")
             (staging / "y" / "b.json").parent.mkdir()
             (staging / "y" / "b.json").write_text("{}")
             (staging / "z").mkdir()
             (staging / "z" / "a.json").write_text("{}")
+    assert failed.value.filename == str(out / "z" / "a.json")  # the user's path, not the staging folder's
     assert listing(tmp_path) == before and sorted(os.listdir(out)) == ["x.csv", "z"]
     assert sorted(os.listdir(tmp_path)) == ["out"]
 

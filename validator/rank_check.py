@@ -140,7 +140,7 @@ def cmd_validate_rank(args) -> int:
     run leaves --out as it was."""
     import json
 
-    from simulator.output import check_output_file
+    from simulator.output import check_output_file, file_stem
     from simulator.scenario import load_scenario
     from validator.report import json_ready, staged_folder, write_rows_csv
 
@@ -158,7 +158,7 @@ def cmd_validate_rank(args) -> int:
     from validator.validate import check_run_options
     check_run_options(args.steps, args.warmup, args.timeout)
     scenario = load_scenario(args.scenario, args.overrides)
-    csv_path = Path(args.out) / f"{scenario.name}_rank.csv"
+    csv_path = Path(args.out) / f"{file_stem(scenario.name)}_rank.csv"
     check_output_file(csv_path, "--out")
     options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer)
     report = rank_check(scenario, args.profile, args.gpus, top, others, options, launch_timeout_s=args.timeout,

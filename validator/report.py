@@ -157,8 +157,18 @@ def staged_folder(out: str | Path):
     try:
         yield staging
         _publish(staging, out)
+    except OSError as error:  # a file of the staging folder named as the user's file in `out`
+        raise OSError(error.errno, error.strerror, _user_path(error.filename, staging, out)) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _user_path(filename, staging: Path, out: Path):
+    """`filename` inside `staging` (or its `.replaced.*` holding folder) as the path it has in `out`."""
+    if filename is None or not str(filename).startswith(str(staging)):
+        return filename
+    parts = [part for part in Path(filename).relative_to(staging).parts if not part.startswith(".replaced.")]
+    return str(out.joinpath(*parts))
 
 
 def remove_stale_staging(out: str | Path) -> list[Path]:
