@@ -58,6 +58,17 @@ class TinyLM(nn.Module):
         return self.head(x)
 
 
+class ReadsValues(nn.Module):
+    """A forward that branches on its input's values, which a meta tensor does not hold."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) if x.sum().item() > 0 else -self.linear(x)
+
+
 def failing_factory() -> nn.Module:
     raise RuntimeError("cannot build this one")
 

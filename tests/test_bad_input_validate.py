@@ -169,3 +169,10 @@ def test_repeats_beyond_the_limit_are_refused_before_any_run(capsys, tmp_path, n
     assert_one_line_error(run_cli(capsys, "calibrate", "--scenario", SCENARIO, "--repeats", "5000",
                                   "--out", str(tmp_path / "p.json")), "--repeats: 5000 must be at most 100")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plan_refused_at_the_profiles_world_size_says_that_size(capsys, tmp_path, no_launch):
+    line = assert_one_line_error(validate_cli(capsys, "--strategies", "dp", "--out", str(tmp_path / "o"), "--set",
+                                              "cluster.gpus_per_node=2", "--set", "training.global_batch_size=6",
+                                              profile=WS4), "training.global_batch_size: 6 is not divisible")
+    assert line.endswith("(at the profile's world size 4; the scenario has 2 ranks)")

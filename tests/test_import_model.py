@@ -119,6 +119,7 @@ def test_token_model_module_list_and_tied_head(tmp_path):
     ("tests.byo_models:NOT_A_FACTORY", "not callable"),
     ("tests.byo_models:failing_factory", "factory raised"),
     ("tests.byo_models:not_a_module", "not a torch.nn.Module"),
+    ("tests.byo_models:ReadsValues", "forward reading them fails"),
 ])
 def test_bad_targets(target, fragment):
     with pytest.raises(ScenarioError) as info:

@@ -337,8 +337,9 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
         with torch.no_grad(), counter, chain:
             model(sample)
     except (Exception, SystemExit) as error:  # the user's code: also a sys.exit() in it
+        hint = " (traced on meta tensors, which hold no values: a forward reading them fails)" if "meta" in str(error) else ""
         raise ScenarioError(f"import target {target!r}: forward of one sample of input_shape "
-                            f"{list(shape)} failed: {_one_line(error)}") from None
+                            f"{list(shape)} failed: {_one_line(error)}{hint}") from None
     finally:
         for handle in handles:
             handle.remove()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import pandas as pd
@@ -75,9 +76,11 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     check_measured_collectives(scenario, profile_path)
     profile = costs.profile
     notes: list[str] = [note for note in (as_built_note(declared),) if note]  # said once every case is prepared
-    scenario = at_profile_world_size(scenario, profile, notes.append, _kinds(specs))
+    resized = at_profile_world_size(scenario, profile, notes.append, _kinds(specs))
     options = replace(options, device=profile.device.kind)  # run where the profile was measured
-    cases = prepare_cases(scenario, workload, costs, specs, options, notes.append, skip_unfit_ghp)
+    with _said_resized(scenario, resized):
+        cases = prepare_cases(resized, workload, costs, specs, options, notes.append, skip_unfit_ghp)
+    scenario = resized
     notes += fsdp_profile_notes(cases, profile, profile_path)
     labels = [case.label for case in cases]
     if len(set(labels)) < len(labels):  # e.g. ghp and ghp:2 where a bare ghp takes G = 2
@@ -212,9 +215,22 @@ def predictions(scenario: Scenario, profile_path: str, specs: list[tuple[str, in
     workload = as_built(resolve_workload(scenario.model, scenario.base_dir))
     costs = profile_costs(profile_path, workload, optimizer=options.optimizer)
     check_measured_collectives(scenario, profile_path)
-    scenario = at_profile_world_size(scenario, costs.profile, kinds=_kinds(specs))
-    cases = prepare_cases(scenario, workload, costs, specs, options, skip_unfit_ghp=skip_unfit_ghp)
+    resized = at_profile_world_size(scenario, costs.profile, kinds=_kinds(specs))
+    with _said_resized(scenario, resized):
+        cases = prepare_cases(resized, workload, costs, specs, options, skip_unfit_ghp=skip_unfit_ghp)
     return {case.label: case.predicted.step_time_s for case in cases}
+
+
+@contextmanager
+def _said_resized(scenario: Scenario, resized: Scenario):
+    """A plan refused at the profile's world size says that size, when the scenario has another."""
+    try:
+        yield
+    except ScenarioError as error:
+        if resized.num_gpus == scenario.num_gpus:
+            raise
+        raise ScenarioError(f"{error} (at the profile's world size {resized.num_gpus}; the scenario has "
+                            f"{scenario.num_gpus} ranks)") from None
 
 
 def predicted_as_run(scenario: Scenario, profile_path: str, spec: tuple[str, int | None], partition,
