@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import types
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from simulator.profile import FORMAT  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
 from tests.test_bad_input import ROOT, assert_one_line_error, run_cli  # noqa: E402
 from validator.errors import RankFailure  # noqa: E402
-from validator.launch import LaunchConfig, _check_alive, deadline_message  # noqa: E402
+from validator.launch import LaunchConfig, _check_alive, _is_stopped, deadline_message  # noqa: E402
 from validator.measure import RunOptions  # noqa: E402
 from validator.report import staged_folder  # noqa: E402
 from validator.validate import predictions  # noqa: E402
@@ -256,6 +257,27 @@ def test_the_deadline_message_gives_the_timeout():
     with pytest.raises(RankFailure) as failure:
         _check_alive(running, {}, deadline=0.0, config=config)
     assert str(failure.value) == deadline_message([0, 1], 60.0, "--timeout")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+def test_the_deadline_message_names_a_stopped_rank():
+    import signal
+    import subprocess
+    import sys
+    frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not _is_stopped(frozen.pid) and time.monotonic() < deadline:  # the stop lands asynchronously
+            time.sleep(0.01)
+        ranks = [types.SimpleNamespace(is_alive=lambda: True, exitcode=None, pid=os.getpid()),
+                 types.SimpleNamespace(is_alive=lambda: True, exitcode=None, pid=frozen.pid)]
+        with pytest.raises(RankFailure) as failure:
+            _check_alive(ranks, {}, deadline=0.0, config=LaunchConfig(world_size=2, timeout_s=5.0))
+    finally:
+        frozen.kill()
+        frozen.wait()
+    assert str(failure.value) == deadline_message([0, 1], 5.0) + f"; rank 1 is stopped, pid {frozen.pid}"
 
 
 def test_validate_launches_with_the_timeout_flag_named(capsys, tmp_path, launches):

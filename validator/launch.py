@@ -203,7 +203,20 @@ def _check_alive(processes, values, deadline, config: LaunchConfig) -> None:
             raise RankFailure(_death(rank, process.exitcode))
     if time.monotonic() > deadline:
         missing = [rank for rank in range(len(processes)) if rank not in values]
-        raise RankFailure(deadline_message(missing, config.timeout_s, config.timeout_option))
+        stopped = [f"rank {rank} is stopped, pid {processes[rank].pid}" for rank in missing
+                   if _is_stopped(getattr(processes[rank], "pid", None))]
+        raise RankFailure(deadline_message(missing, config.timeout_s, config.timeout_option)
+                          + "".join(f"; {what}" for what in stopped[:1]))
+
+
+def _is_stopped(pid: int | None) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP, a debugger: state T or t in Linux's /proc); False
+    where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except (OSError, IndexError, TypeError):
+        return False
 
 
 def deadline_message(missing: list[int], timeout_s: float, option: str | None = None) -> str:
