@@ -172,10 +172,11 @@ AUTO_FALLBACK_NOTE = ("auto: {gpu} ({family}) is not a GPU of a named family, so
 picks the kernel model as `simulator.kernel_catalogue.kernel_model_chosen` says)."""
 
 
-def describe_compute_model(costs, model_setting: str, gpu: GpuSpec, given: bool) -> dict:
+def describe_compute_model(costs, model_setting: str, gpu: GpuSpec, given: bool, kernel_profile: str | None = None) -> dict:
     """The summary's "compute_model": {"model": "kernel" | "analytic" | "profile", "parameters": the
     catalogue row used, "note": one line on why}. `model_setting`: the scenario's `costs.model`;
-    `given`: the caller passed `costs` (`--profile`, a fit) rather than the scenario choosing them.
+    `given`: the caller passed `costs` (`--profile`, a fit) rather than the scenario choosing them;
+    `kernel_profile`: the scenario's `costs.kernel_profile`, whose parameters the kernel model took.
     Kernel parameters: `simulator.kernel_catalogue.ARCHITECTURES` (or a profile's); analytic: the
     roofline's efficiencies (`DEFAULT_EFFICIENCY` with `costs.efficiency`) over the datasheet peaks."""
     from dataclasses import asdict
@@ -189,6 +190,8 @@ def describe_compute_model(costs, model_setting: str, gpu: GpuSpec, given: bool)
                       "source": ARCHITECTURES[costs.architecture].source}
         if given:
             note = "kernel model with a profile's parameters (--profile or a fit)"
+        elif kernel_profile:
+            note = f"kernel model with the parameters of costs.kernel_profile {kernel_profile}"
         elif costs.architecture == "generic":
             note = (f"costs.model {model_setting}: {gpu.name} ({family}) has no kernel figures, Ampere's ratios used "
                     "(an assumption)")

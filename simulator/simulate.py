@@ -147,7 +147,8 @@ def _step(scenario: Scenario, costs: CostModel | None, workload: Workload | None
     plan, result, played_spans, steady_note = _play(scenario, workload, topology, costs)
     step_time_s = makespan_s(result.spans)
     summary = _summary(scenario, workload, topology, plan, result, step_time_s, costs, played_spans)
-    summary["compute_model"] = describe_compute_model(costs, scenario.costs.model, scenario.cluster.gpu, given)
+    summary["compute_model"] = describe_compute_model(costs, scenario.costs.model, scenario.cluster.gpu, given,
+                                                      scenario.costs.kernel_profile)
     if steady_note:
         summary["steady_state"] = steady_note
     if plan.strategy == "megatron":  # ZeRO-1 memory; a symmetric run expanded to every device

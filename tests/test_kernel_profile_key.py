@@ -28,6 +28,10 @@ def _step_s(capsys, *argv) -> float:
 
 def test_the_key_prices_the_scenario_as_the_profile_flag_does(tmp_path, capsys):
     _files(tmp_path)
+    assert main(["simulate", str(tmp_path / "keyed.yaml"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["compute_model"]["note"].startswith("kernel model with the parameters of costs.kernel_profile k.json")
+    assert summary["compute_model"]["parameters"]["gemm_efficiency"] == 0.95
     keyed = _step_s(capsys, tmp_path / "keyed.yaml")  # relative to the scenario's folder, not the current one
     assert keyed == _step_s(capsys, tmp_path / "plain.yaml", "--profile", tmp_path / "k.json")
     assert keyed < _step_s(capsys, tmp_path / "plain.yaml")
