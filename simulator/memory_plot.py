@@ -19,6 +19,8 @@ MAX_PANELS = 8
 GIB, MIB = 2**30, 2**20
 CAPACITY_SHOWN = 3.0
 """The capacity line is drawn where the device holds at most this many times the step's peak."""
+CATEGORY_COLOURS = dict(zip(CATEGORIES, plt.get_cmap("tab10").colors))
+"""One colour per memory category in every figure (the peak line is dark grey, the capacity black)."""
 
 
 def plot_memory_timeline(frame: pd.DataFrame, axis, capacity_bytes: float | None = None) -> None:
@@ -29,17 +31,18 @@ def plot_memory_timeline(frame: pd.DataFrame, axis, capacity_bytes: float | None
     shown = [c for c in CATEGORIES if c in frame and frame[c].abs().max() > 0]
     peak = frame["total_bytes"].max()
     unit, scale = ("GiB", GIB) if peak >= GIB else ("MiB", MIB)
-    times_ms = frame["time_s"] * 1e3
-    axis.stackplot(times_ms, *[frame[c] / scale for c in shown], labels=shown, step="post", alpha=0.85)
+    seconds = frame["time_s"].max() > 10  # long steps in s, not "17500" ms
+    times = frame["time_s"] * (1 if seconds else 1e3)
+    axis.stackplot(times, *[frame[c] / scale for c in shown], labels=shown, step="post", alpha=0.85,
+                   colors=[CATEGORY_COLOURS[c] for c in shown])
     if capacity_bytes is not None and capacity_bytes < float("inf"):
         if capacity_bytes <= CAPACITY_SHOWN * peak:
             axis.axhline(capacity_bytes / scale, color="black", linestyle="--", linewidth=1, label="capacity")
         else:
             axis.plot([], [], " ", label=f"capacity {capacity_bytes / GIB:.0f} GiB (off the scale)")
-    axis.axhline(peak / scale, color="tab:red", linewidth=0.8, label=f"peak {peak / scale:.2f} {unit}")
-    axis.set_xlabel("time in step (ms)")
+    axis.axhline(peak / scale, color="0.25", linewidth=0.8, label=f"peak {peak / scale:.2f} {unit}")
+    axis.set_xlabel(f"time in step ({'s' if seconds else 'ms'})")
     axis.set_ylabel(unit)
-    axis.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # beside the data
 
 
 def write_memory_plot(result, path: str | Path) -> Path:
@@ -57,16 +60,23 @@ def memory_plot_bytes(result, path: str | Path) -> bytes:
     else:
         ranks = rank_memory(result.plan, result.workload, spans, config)[:MAX_PANELS]
     end_s = float(spans["end_s"].max()) if len(spans) else 0.0
-    figure, axes = plt.subplots(len(ranks), 1, figsize=(9.5, 2.4 * len(ranks)), squeeze=False)
+    figure, axes = plt.subplots(len(ranks), 1, figsize=(9.5, 2.4 * len(ranks)), squeeze=False, layout="constrained")
+    legend: dict[str, object] = {}  # one legend for the figure: the categories, the capacity
     for axis, memory in zip(axes[:, 0], ranks):
         plot_memory_timeline(memory_timeline(memory, end_s), axis, config.capacity_bytes)
-        axis.set_title(f"rank {memory.rank}", fontsize=8)
+        handles, labels = axis.get_legend_handles_labels()
+        peak = next((label for label in labels if label.startswith("peak ")), "")
+        axis.set_title(f"rank {memory.rank}, {peak}", fontsize=8)
+        legend.update((label, handle) for handle, label in zip(handles, labels) if not label.startswith("peak "))
+    order = {category: position for position, category in enumerate(CATEGORIES)}
+    labels = sorted(legend, key=lambda label: order.get(label, len(order)))
+    figure.legend([legend[label] for label in labels], labels, loc="outside right upper", fontsize=7)
     meta = result.plan.meta
     played = f"; {meta['played_microbatches']} of {meta['num_microbatches']} micro-batches played" \
         if result.played_spans is not None else ""
+    drawn = f"; {len(ranks)} of {result.plan.num_ranks} ranks drawn" if result.plan.num_ranks > len(ranks) else ""
     figure.suptitle(f"{result.summary['scenario']}: memory per device "
-                    f"(policy {config.memory_policy}, recompute {config.recompute}{played})", fontsize=9)
-    figure.tight_layout()
+                    f"(policy {config.memory_policy}, recompute {config.recompute}{played}{drawn})", fontsize=9)
     try:
         return figure_bytes(path, figure, dpi=110)
     finally:

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from simulator.output import write_figure_atomic  # noqa: E402
@@ -20,12 +21,13 @@ from simulator.units import plural  # noqa: E402
 MAX_BARS = 40
 
 
-def write_rank_plot(results, path, scenario_path, title: str) -> Path:
+def write_rank_plot(results, path, title: str) -> Path:
     """`rank --plot`: for several cluster sizes the Pareto plot of those where a layout fits, for one
     its ranking's bars with each heuristic's pick marked (`results`: (ranking, heuristic rows, why
     no layout fits or None) per size)."""
     if len(results) > 1:
-        return write_pareto_plot([ranking for ranking, _, why in results if why is None], path, scenario_path)
+        fitting = [ranking for ranking, _, why in results if why is None]
+        return write_pareto_plot(fitting, path, f"{fitting[0].scenario.name}: every layout that fits, by cluster size")
     ranking, heuristics, _ = results[0]
     picks: dict[str, list[str]] = {}
     for row in heuristics:
@@ -40,18 +42,22 @@ def plot_ranking(frame: pd.DataFrame, axis, picks: dict[str, str] | None = None)
     shown = frame.head(MAX_BARS)
     positions = range(len(shown))
     colors = ["tab:blue" if fits else "lightgrey" for fits in shown["fits_in_memory"]]
-    bars = axis.barh(list(positions), shown["step_time_s"] * 1e3, color=colors, edgecolor="black", linewidth=0.4)
+    scale, unit = (1, "s") if shown["step_time_s"].max() > 10 else (1e3, "ms")  # not "20000" ms
+    bars = axis.barh(list(positions), shown["step_time_s"] * scale, color=colors, edgecolor="black", linewidth=0.4)
     for bar, fits in zip(bars, shown["fits_in_memory"]):
         if not fits:
             bar.set_hatch("//")
+    if not shown["fits_in_memory"].all():  # what the hatching means
+        axis.legend(handles=[Patch(facecolor="lightgrey", edgecolor="black", hatch="//", label="does not fit in memory")],
+                    fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.2)  # above the bars
     axis.set_yticks(list(positions))
     axis.set_yticklabels([f"{rank}. {label}" for rank, label in zip(shown["rank"], shown["label"])], fontsize=7)
     axis.invert_yaxis()
-    axis.set_xlabel("simulated step time (ms)")
+    axis.set_xlabel(f"simulated step time ({unit})")
     for position, (label, step_s) in enumerate(zip(shown["label"], shown["step_time_s"])):
         note = (picks or {}).get(label)
         if note:
-            axis.text(step_s * 1e3, position, f"  <- {note}", va="center", fontsize=7, color="tab:red")
+            axis.text(step_s * scale, position, f"  <- {note}", va="center", fontsize=7, color="tab:red")
     if len(frame) > MAX_BARS:
         axis.set_title(f"first {MAX_BARS} of {len(frame)} candidates", fontsize=8)
 
@@ -91,7 +97,7 @@ def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
     for ranking in rankings:
         rows = [row for row in ranking.rows if row["fits_in_memory"]]
         xs = [row["time_to_train_s"] / 3600 if planned else row["step_time_s"] for row in rows]
-        ys = [row_cost(row, ranking) for row in rows]
+        ys = [row_cost(row, ranking) * (1 if planned else 3600) for row in rows]  # per step: GPU-seconds
         axis.scatter(xs, ys, s=18, label=plural(ranking.scenario.num_gpus, "GPU"))
         points += [(x, y, row["label"], ranking.scenario.num_gpus) for x, y, row in zip(xs, ys, rows)]
     front = sorted((point for point, on in zip(points, pareto_front([(x, y) for x, y, _, _ in points])) if on))
@@ -100,10 +106,12 @@ def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
     middle = (min(x for x, *_ in points) + max(x for x, *_ in points)) / 2 if points else 0.0
     for x, y, label, gpus in front:  # each label toward the plot's middle, so it stays inside the axes
         right = x > middle
-        axis.annotate(f"{gpus}: {label}", (x, y), fontsize=6, xytext=(-6 if right else 6, 6),
-                      textcoords="offset points", ha="right" if right else "left")
+        axis.annotate(f"{gpus} GPUs: {label}", (x, y), fontsize=6, xytext=(-6 if right else 6, 6),
+                      textcoords="offset points", ha="right" if right else "left",
+                      bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
     axis.set_xlabel("time to train (h)" if planned else "step time (s)")
-    axis.set_ylabel("cost" if priced else "GPU-hours" + ("" if planned else " per step"))
+    axis.set_ylabel("cost (--price-per-gpu-hour x GPU-hours)" if priced else
+                    "GPU-hours" if planned else "GPU-seconds per step")
     axis.yaxis.set_major_formatter(FuncFormatter(_plain_number))
     axis.legend(fontsize=7)
     return _save(figure, path, title)

@@ -59,3 +59,23 @@ def test_the_capacity_line_keeps_the_steps_scale(peak_bytes, capacity_bytes, uni
         assert axis.get_ylim()[1] < (2 * capacity_bytes if line else capacity_bytes) / (2**30 if unit == "GiB" else 2**20)
     finally:
         plt.close(figure)
+
+
+def test_a_category_has_one_colour_in_every_figure_and_the_peak_none_of_theirs():
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from matplotlib.colors import to_rgb
+
+    from simulator.memory_plot import CATEGORY_COLOURS, plot_memory_timeline
+    assert len(set(CATEGORY_COLOURS.values())) == len(CATEGORY_COLOURS)
+    for shown in (["weights", "activations"], ["weight_gradients", "activations"]):
+        frame = pd.DataFrame({"time_s": [0.0, 1.0], **{c: [2**30, 2**30] for c in shown}, "total_bytes": [2**31] * 2})
+        figure, axis = plt.subplots()
+        try:
+            plot_memory_timeline(frame, axis)
+            drawn = [tuple(band.get_facecolor()[0][:3]) for band in axis.collections]
+            assert drawn == [pytest.approx(to_rgb(CATEGORY_COLOURS[c])) for c in shown]
+            peak = next(line for line in axis.get_lines() if line.get_label().startswith("peak"))
+            assert to_rgb(peak.get_color()) not in [to_rgb(colour) for colour in CATEGORY_COLOURS.values()]
+        finally:
+            plt.close(figure)

@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from simulator.memory_plot import CAPACITY_SHOWN  # noqa: E402
+
 PHASE_COLOURS = {"compute_s": "#4C72B0", "comm_s": "#DD8452", "idle_s": "#C7C7C7"}
 PHASE_LABELS = {"compute_s": "compute", "comm_s": "communication (exposed)", "idle_s": "idle"}
 KIND_COLOURS = {"F": "#4C72B0", "B": "#55A868", "opt": "#8172B3", "allreduce": "#DD8452",
@@ -76,12 +78,15 @@ def plot_memory(frame: pd.DataFrame, axis, capacity_bytes: float | None = None) 
             continue
         axis.bar(rows["rank"] + (position - (len(strategies) - 1) / 2) * width,
                  rows["peak_memory_bytes"] / GIB, width=width, label=strategy)
-    if capacity_bytes:
+    peak = frame["peak_memory_bytes"].max() if len(frame) else 0.0
+    if capacity_bytes and capacity_bytes <= CAPACITY_SHOWN * peak:
         axis.axhline(capacity_bytes / GIB, color="black", linestyle="--", linewidth=1,
                      label=f"capacity {capacity_bytes / GIB:g} GiB")
+    elif capacity_bytes:  # far above the bars: named, so they keep the scale (as `simulate --memory-plot`)
+        axis.plot([], [], " ", label=f"capacity {capacity_bytes / GIB:g} GiB (off the scale)")
     axis.set_xlabel("rank")
     axis.set_ylabel("peak memory (GiB)")
-    axis.legend(fontsize=7)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, off the line
 
 
 def plot_throughput_scaling(frame: pd.DataFrame, axis) -> None:
