@@ -8,7 +8,7 @@ Persistent for the whole step (P = the rank's parameters, e = bytes of the train
   sets them: Megatron's fp32 gradient buffer under bf16);
 - stashed_weights P e x (`stashed_weight_versions` + `extra_weight_copies` of the stage in
   plan.meta: PipeDream's weight stash, SpecTrain's predicted copy; absent = 0);
-- residual P e for top-k compression (error feedback, Stich et al. 2018; PAPERS.md 3).
+- residual P e for top-k compression (error feedback, Stich et al. 2018).
 """
 
 from __future__ import annotations

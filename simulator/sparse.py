@@ -1,4 +1,4 @@
-"""Top-k sparse gradient communication (LaySA, Zhao et al., IEEE Access 2021; PAPERS.md 3).
+"""Top-k sparse gradient communication (LaySA, Zhao et al., IEEE Access 2021).
 
 Each rank keeps the k = ceil(rho x n) largest-magnitude entries of a gradient bucket of n elements
 (after adding its error-feedback residual, Stich et al., NeurIPS 2018) and the peers exchange them

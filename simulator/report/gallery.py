@@ -1,4 +1,4 @@
-"""The seed-paper gallery: one report per seed paper (HTML + Markdown + figures + data CSVs), each
+"""The paper gallery: one report per seed paper (HTML + Markdown + figures + data CSVs), each
 stating the paper's claims beside our simulated figures, plus an index README.
 
 `ghpsim gallery --out reports/gallery` regenerates it. Every output path is checked before any entry

@@ -1,7 +1,7 @@
 """The gallery's own section type, "paper claim vs our figure", and what every gallery entry
 shares: the paper's citation, the scenario sections, number formats and the entry's shape.
 
-A claim row says what the paper claims (in our words, from its seed text in /work/shared/seeds),
+A claim row says what the paper claims (in our words, from its abstract),
 the paper's figure, ours from the simulation, a verdict, and why they differ; the table shows the
 first four, numbered paragraphs under it the reasons.
 """
@@ -87,8 +87,8 @@ def reasons_section(claims: list[Claim]) -> Section:
 def paper_section(paper: Paper, setting: list[str]) -> Section:
     """Which paper, where its claims come from, and the setting we simulate."""
     return Section("paper", "The paper and our setting", paragraphs=[
-        f"{paper.citation}. Claims are read from the seed text /work/shared/seeds/{paper.seed} "
-        "(an abstract or summary, not the full paper) and restated in our words; figures the seed "
+        f"{paper.citation}. Claims are read from the paper's abstract "
+        "(not the full paper) and restated in our words; figures the abstract "
         "does not give are marked as such.", *setting])
 
 

@@ -1,4 +1,4 @@
-"""Gallery entry 1, GHP (PAPERS.md 1): GHP vs DP vs MP on a deep CNN (ResNet-1001) and a
+"""Gallery entry 1, GHP: GHP vs DP vs MP on a deep CNN (ResNet-1001) and a
 transformer (BERT-Large) on clusters whose nodes are joined by 10 GbE, with the planner's (G, M)
 ranking (`ghpsim rank`) and the picks of the paper's two heuristics (`simulator.heuristics`)."""
 
@@ -60,7 +60,7 @@ def build(root: Path, quick: bool = False) -> GalleryEntry:
     report = gallery_report(PAPER, sections, files, data, list(SCENARIOS.values()))
     line = "; ".join(f"{row.model} ({row.num_gpus} GPUs, 10 GbE): best GHP {times(row.ghp_over_dp)} over DP, "
                      f"{times(row.ghp_over_mp)} over MP" for row in summary.itertuples())
-    return GalleryEntry(PAPER, report, f"{line} (paper: GHP beats both; the seed gives no figure)",
+    return GalleryEntry(PAPER, report, f"{line} (paper: GHP beats both; the abstract gives no figure)",
                         headline_figure.id, data, claims)
 
 
@@ -110,7 +110,7 @@ def _model_sections(model, scenario, results, frame: pd.DataFrame, heuristics: p
     ranking = Section(f"{scenario.name}-rank", f"{model}: every (G, M) grid ranked", paragraphs=[
         f"`ghpsim rank` on {scenario.num_gpus} GPUs, kinds dp, mp and ghp (both placements): "
         f"{len(frame)} candidates, simulated and sorted by step time. The heuristics choose from the "
-        "closed-form T_GHP(G, M) without simulating (PAPERS.md 1): memory-first takes the smallest M "
+        "closed-form T_GHP(G, M) without simulating: memory-first takes the smallest M "
         "that fits, time-minimising the smallest closed-form time."],
         tables=[Table(f"{scenario.name}-rank-table", pd.DataFrame({
             "#": frame["rank"].astype(str), "candidate": frame["label"],
@@ -153,7 +153,7 @@ def _plot_headline(summary: pd.DataFrame, axis) -> None:
 def _setting() -> list[str]:
     return ["Setting: ResNet-1001 (pre-activation, 335 layers, 10.3 M parameters, batch 64, fp32) on 4 nodes x "
             "4 V100 (NVLink 2 inside a node) and BERT-Large (335 M parameters, sequence 512, batch 32, fp16, "
-            "Adam) on 2 nodes x 4 A100-40GB (NVLink 3); 10 GbE between nodes in both. The seed gives no "
+            "Adam) on 2 nodes x 4 A100-40GB (NVLink 3); 10 GbE between nodes in both. The abstract gives no "
             "cluster, model or batch, so these are our choice of a 'slow inter-node network'."]
 
 
@@ -171,7 +171,7 @@ def _claims(summary: pd.DataFrame) -> list[Claim]:
                       f"picks {row.memory_first_pick} (rank {int(row.memory_first_rank)})" for m, row in by.iterrows())
     return [
         Claim("Groups of model-parallel workers, data-parallel across groups, train faster than DP and MP",
-              "outperforms both (no figure in the seed)", per_model, "agrees",
+              "outperforms both (no figure in the abstract)", per_model, "agrees",
               "DP allreduces every gradient among all N workers across the slow link; GHP's stage_per_node "
               "placement keeps each stage's allreduce among G peers over fewer bytes and sends only "
               f"activations between nodes; MP idles all but one worker. The gap grows with the gradient bytes "
@@ -187,7 +187,7 @@ def _claims(summary: pd.DataFrame) -> list[Claim]:
               "(activations dominate, B/G = 2 x B/N samples on half the layers) it does not."),
         Claim("Heuristics based on the training-time model choose the configuration",
               "they minimise training time (no figure)", picks, "partly agrees",
-              "Our heuristics are reconstructed from the abstract (PAPERS.md 1): the closed form adds compute, "
+              "Our heuristics are reconstructed from the abstract: the closed form adds compute, "
               "activation transfers and the slowest stage's ring allreduce (NICs shared by the rings leaving a "
               "node) but leaves out the allreduce's overlap with the backward pass and the timing of traffic "
               "that shares links (activations and several stages' allreduces at once), so it can order the grids "

@@ -1,4 +1,4 @@
-"""Gallery entry 2, HyPar-Flow (PAPERS.md 2): ResNet-1001 as partitions x replicas, pipelined
+"""Gallery entry 2, HyPar-Flow : ResNet-1001 as partitions x replicas, pipelined
 with micro-batches (GPipe order), on 1 to 128 Skylake CPU nodes over Omni-Path, weak scaling
 (32 samples per node): speedup over one node and over Horovod-style data parallelism."""
 
@@ -175,7 +175,7 @@ def _setting() -> list[str]:
         f"Hybrid = partitions in {', '.join(map(str, PARTITIONS))} (contiguous layer ranges, balanced) x replicas "
         f"= nodes / partitions, GPipe order with m = {MICROBATCHES} micro-batches per replica; each partition's "
         "gradients are allreduced across replicas in buckets during the last backward.",
-        "The seed gives the headline figures only (no batch size, process layout per node or partition "
+        "The abstract gives the headline figures only (no batch size, process layout per node or partition "
         "count), so these are our choices; the 'one node' baseline is one process training the whole model."]
 
 
@@ -191,7 +191,7 @@ def _claims(top, best: pd.DataFrame, zoo_top, resnet110: dict, largest: int, num
               f"Weak scaling of a compute-bound model: each node keeps {BATCH_PER_NODE} samples, and Omni-Path moves "
               "a partition's gradients in a fraction of the backward pass, so throughput grows nearly linearly. "
               "Our hybrid loses the GPipe fill/drain bubble ((M - 1) / (m + M - 1) of the compute) that DP does not "
-              "have; the paper's 110x may count per-node processes and a baseline we cannot see in the seed."),
+              "have; the paper's 110x may count per-node processes and a baseline we cannot see in the abstract."),
         Claim("Hybrid training beats Horovod data parallelism on ResNet-1001", f"up to {PAPER_OVER_HOROVOD:g}x",
               f"hybrid / DP at most {times(best_ratio)} over 1-{largest} nodes ({times(top.hybrid_vs_dp)} at "
               f"{largest}); with the zoo's 10.3 M-parameter ResNet-1001: {times(zoo_top.hybrid_vs_dp)} at {largest}",
@@ -206,6 +206,6 @@ def _claims(top, best: pd.DataFrame, zoo_top, resnet110: dict, largest: int, num
         Claim("ResNet-110 with HyPar-Flow is 3.1x faster than sequential training", f"up to {PAPER_RESNET110:g}x",
               f"{times(resnet110['speedup'])} ({RESNET110.split('/')[-1]}: 2 replicas x 4 partitions on 8 "
               "generic CPU nodes, GPipe m = 4, over one device)", "partly agrees",
-              "Same direction; the seed does not say on how many processes or nodes the 3.1x was measured, and "
+              "Same direction; the abstract does not say on how many processes or nodes the 3.1x was measured, and "
               "the scenario's nodes are the generic `cpu` preset, so only the direction is comparable."),
     ]

@@ -1,4 +1,4 @@
-"""Gallery entry 5, LaySA (PAPERS.md 3): data-parallel ResNet-1001 on 8 GTX 1080 Ti over 10 GbE
+"""Gallery entry 5, LaySA : data-parallel ResNet-1001 on 8 GTX 1080 Ti over 10 GbE
 with memory reuse, top-k sparse communication, and both (with the mirror weight update), with
 and without activation offload: peak memory and throughput at the scenario's batch and across
 per-GPU batches (what fits), and one GPU alone (benchmarks/bench_laysa.py shows the same four)."""
@@ -157,8 +157,8 @@ def _plot_memory(grid: pd.DataFrame, axis, capacity_bytes: float) -> None:
 def _setting(base_batch: int) -> list[str]:
     return [f"Setting: data-parallel pre-activation ResNet-1001 (335 layers, 10.3 M parameters), {base_batch} samples "
             "per GPU, fp32, momentum SGD, on 8 nodes of one GTX 1080 Ti (11 GiB) joined by 10 GbE, 25 MiB gradient "
-            "buckets. The seed names neither model nor cluster; a deep CNN on a slow network is where memory and "
-            "bandwidth both bind. Our reading of the mirror weight update (the seed does not define it, PAPERS.md 3): "
+            "buckets. The abstract names neither model nor cluster; a deep CNN on a slow network is where memory and "
+            "bandwidth both bind. Our reading of the mirror weight update (the abstract does not define it): "
             "a layer's weight gradient is folded into the residual right after its backward, so one layer's "
             "buffer is live at a time."]
 

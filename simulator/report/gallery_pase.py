@@ -1,4 +1,4 @@
-"""Gallery entry 4, PaSE (PAPERS.md 4): AlexNet at batch 128 on p = 4 to 64 GTX 1080 Ti and RTX
+"""Gallery entry 4, PaSE: AlexNet at batch 128 on p = 4 to 64 GTX 1080 Ti and RTX
 2080 Ti: PaSE's searched strategy against data parallelism and the expert strategy ("one weird
 trick"), by PaSE's own cost model and by the engine playing each strategy (`ghpsim search`)."""
 
@@ -23,7 +23,7 @@ SCENARIOS = {"GTX 1080 Ti": "scenarios/pase_alexnet_1080ti.yaml", "RTX 2080 Ti":
 GPUS, QUICK_GPUS = (4, 8, 16, 32, 64), (4, 8)
 CONFIG_GPUS = 8
 BRIEF_FIGURES = {"GTX 1080 Ti": 1.85, "RTX 2080 Ti": 4.0}
-"""AlexNet speedups over DP quoted for the full paper in the project brief; NOT in the seed text."""
+"""AlexNet speedups over DP quoted for the full paper; not in its abstract."""
 
 
 def search_frame(root: Path, gpus: tuple[int, ...]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -125,7 +125,7 @@ def _plot(ratios: pd.DataFrame, axis, baseline: str) -> None:
                   label=f"{gpu}, cost model")
         if baseline == "dp":
             axis.axhline(BRIEF_FIGURES[gpu], color=line.get_color(), linestyle="-.", linewidth=1,
-                         label=f"{gpu}: paper, up to {BRIEF_FIGURES[gpu]:g}x (brief, not in the seed)")
+                         label=f"{gpu}: paper, up to {BRIEF_FIGURES[gpu]:g}x (full paper, not in its abstract)")
     axis.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     axis.set_xscale("log", base=2)
     axis.set_xticks(sorted(set(ratios["p"])), [str(p) for p in sorted(set(ratios["p"]))])
@@ -137,7 +137,7 @@ def _plot(ratios: pd.DataFrame, axis, baseline: str) -> None:
 def _setting() -> list[str]:
     return ["Setting: AlexNet (8 layers, 61 M parameters), batch 128, fp32, plain SGD, on nodes of 8 GTX 1080 Ti "
             "(PCIe 3 with peer-to-peer) or 8 RTX 2080 Ti (PCIe 3 without peer-to-peer, modelled as staged through "
-            "host memory), InfiniBand EDR between nodes, as PAPERS.md 4 describes the paper's setting. Expert = "
+            "host memory), InfiniBand EDR between nodes, as the paper describes its setting. Expert = "
             "data-parallel convolutions and model-parallel (output-feature split) FC layers; DP = batch split "
             "everywhere."]
 
@@ -158,7 +158,7 @@ def _claims(ratios: pd.DataFrame, num_params: int) -> list[Claim]:
               f"{num_params * 4 / 1e6:.0f} MB of gradients every step "
               "while PaSE splits the FC layers' features and moves only activations, so the gap grows with p as "
               "each device's share of the batch shrinks."),
-        Claim("Its strategies beat expert-designed ones", "better than expert strategies (no figure in the seed)",
+        Claim("Its strategies beat expert-designed ones", "better than expert strategies (no figure in the abstract)",
               f"cost model: {beats_expert_cost} of {n} cases at least as good; simulated: {beats_expert_sim} of {n} "
               f"(worst {times(worst.pase_vs_expert_simulated)} at {worst.gpu}, p = {worst.p})",
               "agrees" if beats_expert_sim == n else "partly agrees",
@@ -167,7 +167,7 @@ def _claims(ratios: pd.DataFrame, num_params: int) -> list[Claim]:
               "hierarchical intra-/inter-node split of collectives), and where PaSE's optimum is only slightly "
               "cheaper on paper the expert plan can be faster when played."),
         Claim("AlexNet speedup over DP on the two GPU types",
-              "up to 1.85x (1080 Ti) and 4x (2080 Ti): quoted in the project brief, NOT in the seed text (unverified)",
+              "up to 1.85x (1080 Ti) and 4x (2080 Ti): quoted for the full paper, not in its abstract (unverified)",
               maxima, "partly agrees",
               "Same direction, but several times larger in our model. Our per-device compute is a roofline at "
               "a fixed efficiency, so it "

@@ -1,4 +1,4 @@
-"""Gallery entry 3, SpecTrain (PAPERS.md 5): a 4-GPU pipeline vs data parallelism for VGG16 on
+"""Gallery entry 3, SpecTrain : a 4-GPU pipeline vs data parallelism for VGG16 on
 PCIe GPUs (dp, gpipe, 1f1b, pipedream, spectrain), across batch sizes and with and without
 peer-to-peer, plus the convergence already measured by benchmarks/bench_convergence.py
 (reports/convergence.csv and its two PNGs, included as they are, not re-run)."""
@@ -192,7 +192,7 @@ def _plot_setting(setting: pd.DataFrame, axis) -> None:
 def _setting() -> list[str]:
     return ["Setting: VGG16 (138 M parameters, 553 MB of fp32 gradients) on one node of 4 RTX 2080 Ti over "
             "PCIe 3 x16, momentum SGD, 4 pipeline stages (balanced partition), 1F1B order; DP = bucketed ring "
-            "allreduce overlapping the backward pass. The seed names neither the GPU, the model nor the batch "
+            "allreduce overlapping the backward pass. The abstract names neither the GPU, the model nor the batch "
             "behind its 8.91x, so we take a weight-heavy model and sweep the batch and the PCIe peer-to-peer "
             "setting where DP's weight synchronisation matters most."]
 
@@ -217,7 +217,7 @@ def _claims(setting: pd.DataFrame, sweep: pd.DataFrame, convergence: pd.DataFram
               "activations. At 16 or more samples per GPU our DP overlaps its allreduce and its compute is "
               "perfectly balanced, whereas the pipeline is limited by its slowest stage (VGG16's layers do not "
               "split evenly in 4) and by fill/drain. A gap of 8.91x needs a DP far slower than ours, e.g. "
-              "synchronisation without overlap on a slow path; the seed does not give the paper's baseline."),
+              "synchronisation without overlap on a slow path; the abstract does not give the paper's baseline."),
         Claim("Weight prediction keeps the pipeline's GPU utilisation high (it is cheap)", "(qualitative)",
               f"SpecTrain / PipeDream throughput: {times(_vs_dp(setting, 'spectrain') / _vs_dp(setting, 'pipedream'))} "
               f"at the scenario's setting (micro-batches of 8), {times(spec_small / pipe_small)} at micro-batches "
