@@ -106,3 +106,10 @@ def test_only_links_into_the_report_folders_count(tmp_path):
     assert [path.relative_to(out).as_posix() for path in earlier_report_files(out)] == [
         "figures/fig-a.png", "traces/e.trace.json", "data/g.csv"]
     assert earlier_report_files(tmp_path / "missing") == []
+
+
+def test_html_paragraphs_show_code_spans_and_links_not_markdown():
+    from simulator.report.render import inline_html
+    html = str(inline_html("Run `ghpsim simulate <s.yaml>` and open https://ui.perfetto.dev. Then a & b"))
+    assert html == ('Run <code>ghpsim simulate &lt;s.yaml&gt;</code> and open '
+                    '<a href="https://ui.perfetto.dev">https://ui.perfetto.dev</a>. Then a &amp; b')

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import jinja2
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from simulator.output import write_files_atomic
 from simulator.report.document import Report, Table
@@ -44,9 +44,20 @@ def table_markdown(table: Table) -> str:
     return "\n".join(lines)
 
 
+_CODE = re.compile(r"`([^`]+)`")
+_URL = re.compile(r"(https?://[^\s<>\"')]*[^\s<>\"').,;:])")
+
+
+def inline_html(text) -> Markup:
+    """A paragraph's text as HTML: escaped, `code` spans as <code>, web addresses as links (the
+    Markdown report shows the same text as written)."""
+    html = _CODE.sub(r"<code>\1</code>", str(escape(text)))
+    return Markup(_URL.sub(r'<a href="\1">\1</a>', html))
+
+
 def render_html(report: Report) -> str:
     template = _environment(autoescape=True).get_template("report.html.j2")
-    return template.render(report=report, table_html=lambda t: Markup(table_html(t)),
+    return template.render(report=report, table_html=lambda t: Markup(table_html(t)), inline=inline_html,
                            image=lambda figure: "data:image/png;base64," + base64.b64encode(figure.png).decode())
 
 
