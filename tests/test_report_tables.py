@@ -47,6 +47,15 @@ def test_sweep_report_figures(sweep_report):
         assert (sweep_report / "figures" / f"{figure_id}.png").is_file()
 
 
+def test_a_sweep_at_one_gpu_count_draws_no_scaling(tmp_path):
+    fixed = "\n".join(line for line in SWEEP_CSV.splitlines() if ",4," not in line) + "\n"  # 8 GPUs only
+    (tmp_path / "results.csv").write_text(fixed)
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "report")]) == 0
+    html = parse_html(tmp_path / "report" / "report.html")
+    assert html.ids["figure"] == ["fig-axis-cluster-num-nodes", "fig-axis-cluster-inter-node-link"]
+    assert "Every point has 8 GPUs: no scaling to draw." in (tmp_path / "report" / "report.md").read_text()
+
+
 def test_sweep_scaling_table_is_best_point_and_efficiency(sweep_report):
     rows = records(parse_html(sweep_report / "report.html").tables["scaling-table"])
     got = [(row["strategy"], row["GPUs"], row["throughput (samples/s)"], row["efficiency (%)"]) for row in rows]

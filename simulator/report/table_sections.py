@@ -78,7 +78,9 @@ def sweep_sections(table: pd.DataFrame) -> list[Section]:
             "Per strategy (kind and swept strategy fields) and GPU count, the point of highest throughput "
             "(over the other swept fields). "
             "Scaling efficiency = speedup over one device / number of GPUs (100 % = linear).")
-        scaling.figures += [
+        if frame["num_gpus"].nunique() == 1:  # nothing scales: the table alone, no column of dots
+            scaling.paragraphs.append(f"Every point has {int(frame['num_gpus'].iloc[0])} GPUs: no scaling to draw.")
+        scaling.figures += [] if frame["num_gpus"].nunique() == 1 else [
             Figure("fig-throughput", "Throughput vs number of GPUs",
                    figure_png(lambda axis: plots.plot_throughput_scaling(frame, axis))),
             Figure("fig-efficiency", "Scaling efficiency vs number of GPUs",
