@@ -97,7 +97,7 @@ def scenario_report(tmp_path_factory):
 
 
 def assert_ms(text: str, seconds: float) -> None:
-    assert float(text) == pytest.approx(seconds * 1e3, abs=0.0005 + 1e-9), (text, seconds)
+    assert float(text.replace(",", "")) == pytest.approx(seconds * 1e3, abs=0.0005 + 1e-9), (text, seconds)
 
 
 def assert_ranking_matches(table: list[list[str]], summaries: list[dict]) -> None:
@@ -109,12 +109,12 @@ def assert_ranking_matches(table: list[list[str]], summaries: list[dict]) -> Non
         assert row["#"] == str(position)
         assert row["strategy"] == strategy_label(summary)
         assert_ms(row["step (ms)"], summary["step_time_s"])
-        assert float(row["throughput (samples/s)"]) == pytest.approx(
+        assert float(row["throughput (samples/s)"].replace(",", "")) == pytest.approx(
             summary["global_batch_size"] / summary["step_time_s"], abs=0.05)
         assert float(row["speedup (x)"]) == pytest.approx(summary["speedup"], abs=0.005)
         for column, key in (("compute (ms)", "compute_s"), ("comm (ms)", "comm_s"), ("idle (ms)", "idle_s")):
             assert_ms(row[column], sum(device[key] for device in devices) / len(devices))
-        assert float(row["inter-node (MB)"]) == pytest.approx(summary["bytes_per_tier"]["inter"] / 1e6, abs=0.05)
+        assert float(row["inter-node (MB)"].replace(",", "")) == pytest.approx(summary["bytes_per_tier"]["inter"] / 1e6, abs=0.05)
 
 
 # ----------------------------------------------------------------------------- scenario input

@@ -102,8 +102,15 @@ def strategy_rows(summaries: list[dict]) -> pd.DataFrame:
     (e.g. each one's partition, placement and collective algorithms); "-" where one records none."""
     own = [key for key in SUMMARY_KEYS if not _shared(summaries, key)]
     columns = {"strategy": [strategy_label(summary) for summary in summaries]}
-    columns.update({key: [str(summary.get(key, "-")) for summary in summaries] for key in own})
+    columns.update({key: [_cell(summary.get(key, "-")) for summary in summaries] for key in own})
     return pd.DataFrame(columns)
+
+
+def _cell(value) -> str:
+    """A summary value as table text: a count per name (collective algorithms) as "name x count"."""
+    if isinstance(value, dict):
+        return ", ".join(f"{name} x{count}" for name, count in value.items()) or "-"
+    return str(value)
 
 
 def sweep_rows(table: pd.DataFrame) -> dict:

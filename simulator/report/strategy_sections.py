@@ -37,13 +37,13 @@ def ranking_display(frame: pd.DataFrame) -> pd.DataFrame:
         "#": range(1, len(frame) + 1),
         "strategy": frame["strategy"],
         "placement": frame["placement"],
-        "step (ms)": frame["step_time_s"].map(lambda v: f"{v * 1e3:.3f}"),
-        "throughput (samples/s)": frame["throughput_samples_per_s"].map(lambda v: f"{v:.1f}"),
+        "step (ms)": frame["step_time_s"].map(lambda v: f"{v * 1e3:,.3f}"),
+        "throughput (samples/s)": frame["throughput_samples_per_s"].map(lambda v: f"{v:,.1f}"),
         "speedup (x)": frame["speedup"].map(lambda v: f"{v:.2f}"),
-        "compute (ms)": frame["compute_s"].map(lambda v: f"{v * 1e3:.3f}"),
-        "comm (ms)": frame["comm_s"].map(lambda v: f"{v * 1e3:.3f}"),
-        "idle (ms)": frame["idle_s"].map(lambda v: f"{v * 1e3:.3f}"),
-        "inter-node (MB)": frame["inter_node_bytes"].map(lambda v: f"{v / 1e6:.1f}"),
+        "compute (ms)": frame["compute_s"].map(lambda v: f"{v * 1e3:,.3f}"),
+        "comm (ms)": frame["comm_s"].map(lambda v: f"{v * 1e3:,.3f}"),
+        "idle (ms)": frame["idle_s"].map(lambda v: f"{v * 1e3:,.3f}"),
+        "inter-node (MB)": frame["inter_node_bytes"].map(lambda v: f"{v / 1e6:,.1f}"),
     })
 
 
