@@ -154,7 +154,7 @@ def _plot_speedup(best: pd.DataFrame, axis) -> None:
                              ylabel="speedup over one node (x)", log2_x=True, ideal=True,
                              paper_points=[(PAPER_NODES, PAPER_SPEEDUP, f"paper: {PAPER_SPEEDUP:g}x at "
                                             f"{PAPER_NODES} nodes")] if best["nodes"].max() >= PAPER_NODES else [])
-    axis.set_yscale("log", base=2)
+    gallery_plots.log_axis(axis.yaxis, base=2)
 
 
 def _plot_ratio(frame: pd.DataFrame, axis) -> None:

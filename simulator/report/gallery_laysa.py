@@ -144,14 +144,14 @@ def _plot_throughput(grid: pd.DataFrame, axis) -> None:
     gallery_plots.plot_lines(grid, axis, "batch_per_gpu", "throughput_samples_per_s", "variant",
                              xlabel="batch per GPU (samples)", ylabel="throughput, 8 GPUs (samples/s)",
                              log2_x=True, hollow="fits_in_memory")
-    axis.set_yscale("log")
+    gallery_plots.log_axis(axis.yaxis)
 
 
 def _plot_memory(grid: pd.DataFrame, axis, capacity_bytes: float) -> None:
     gallery_plots.plot_lines(grid.assign(peak_gib=grid["peak_memory_bytes"] / 2**30), axis, "batch_per_gpu",
                              "peak_gib", "variant", xlabel="batch per GPU (samples)", ylabel="peak memory per GPU (GiB)",
                              log2_x=True, hline=(capacity_bytes / 2**30, f"capacity {capacity_bytes / 2**30:g} GiB"))
-    axis.set_yscale("log")
+    gallery_plots.log_axis(axis.yaxis)
 
 
 def _setting(base_batch: int) -> list[str]:

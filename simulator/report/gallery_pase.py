@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from simulator.pase.run import graph_for_scenario, search_point
+from simulator.report import gallery_plots
 from simulator.report.document import Figure, Section, Table, figure_png
 from simulator.report.gallery_claims import (Claim, GalleryEntry, Paper, claims_section, gallery_report, ms,
                                              paper_section, reasons_section, reproduce_section, scenario_sections,
@@ -131,7 +132,7 @@ def _plot(ratios: pd.DataFrame, axis, baseline: str) -> None:
     axis.set_xticks(sorted(set(ratios["p"])), [str(p) for p in sorted(set(ratios["p"]))])
     axis.set_xlabel("devices p")
     axis.set_ylabel(f"speedup over {'DP' if baseline == 'dp' else 'the expert strategy'} (x)")
-    axis.legend(fontsize=7)
+    axis.legend(**gallery_plots.LEGEND_BESIDE)
 
 
 def _setting() -> list[str]:

@@ -7,11 +7,21 @@ import matplotlib
 
 matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 MARKERS = ("o", "s", "D", "^", "v", "P")
 STYLES = ("-", "--")
 """Marker and line style cycle per series, so that series with equal values stay visible."""
 PAPER_STYLE = {"marker": "*", "color": "#C44E52", "markersize": 13, "linestyle": "none", "zorder": 5}
+LEGEND_BESIDE = {"fontsize": 7, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
+"""A legend beside the axes, where it covers no bar, line or paper mark."""
+
+
+def log_axis(axis, base: float = 10) -> None:
+    """`axis` (an Axes' yaxis or xaxis) on a log scale read as plain numbers (8, 0.5), not 2^3 or 10^-1."""
+    axis.axes.set_yscale("log", base=base) if axis is axis.axes.yaxis else axis.axes.set_xscale("log", base=base)
+    axis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def plot_grouped_bars(frame: pd.DataFrame, axis, group: str, series: str, value: str, ylabel: str,
@@ -32,7 +42,7 @@ def plot_grouped_bars(frame: pd.DataFrame, axis, group: str, series: str, value:
         axis.axhline(reference, color="grey", linestyle=":", linewidth=1)
     axis.set_xticks(range(len(groups)), [str(g) for g in groups], fontsize=8)
     axis.set_ylabel(ylabel)
-    axis.legend(fontsize=7)
+    axis.legend(**LEGEND_BESIDE)
 
 
 def plot_lines(frame: pd.DataFrame, axis, x: str, y: str, series: str, *, xlabel: str, ylabel: str,
@@ -63,4 +73,4 @@ def plot_lines(frame: pd.DataFrame, axis, x: str, y: str, series: str, *, xlabel
         axis.set_xticks(values, [f"{v:g}" for v in values])
     axis.set_xlabel(xlabel)
     axis.set_ylabel(ylabel)
-    axis.legend(fontsize=7)
+    axis.legend(**LEGEND_BESIDE)

@@ -180,7 +180,7 @@ def _plot_sweep(sweep: pd.DataFrame, axis) -> None:
                              ylabel="throughput / DP throughput (x)", log2_x=True,
                              hline=(PAPER_SPEEDUP, f"paper: up to {PAPER_SPEEDUP:g}x"))
     axis.axhline(1.0, color="grey", linestyle=":", linewidth=1)
-    axis.set_yscale("log", base=2)
+    gallery_plots.log_axis(axis.yaxis, base=2)
 
 
 def _plot_setting(setting: pd.DataFrame, axis) -> None:
