@@ -80,7 +80,7 @@ def run(args) -> int:
         raise ScenarioError(f"--gpus {args.gpus!r}: no size has a layout that fits; {results[0][2]}")
     if args.plot:
         from simulator.rank_plot import write_rank_plot  # matplotlib only when asked
-    plot = write_rank_plot(results, args.plot, _title(results[0][0])) if args.plot else None
+    plot = write_rank_plot(results, args.plot, _title(results[0][0]), args.top) if args.plot else None
     if args.json:
         several = len(sizes) > 1  # each size says why none of its layouts fits, or null
         documents = [{**ranking.to_dict(), "heuristics": heuristics, **({"no_layout_fits": why} if several else {})}

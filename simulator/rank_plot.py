@@ -21,10 +21,10 @@ from simulator.units import plural  # noqa: E402
 MAX_BARS = 40
 
 
-def write_rank_plot(results, path, title: str) -> Path:
+def write_rank_plot(results, path, title: str, top: int | None = None) -> Path:
     """`rank --plot`: for several cluster sizes the Pareto plot of those where a layout fits, for one
-    its ranking's bars with each heuristic's pick marked (`results`: (ranking, heuristic rows, why
-    no layout fits or None) per size)."""
+    its ranking's bars (the `top` best, and each heuristic's pick, marked) (`results`: (ranking,
+    heuristic rows, why no layout fits or None) per size)."""
     if len(results) > 1:
         fitting = [ranking for ranking, _, why in results if why is None]
         return write_pareto_plot(fitting, path, f"{fitting[0].scenario.name}: every layout that fits, by cluster size")
@@ -33,7 +33,10 @@ def write_rank_plot(results, path, title: str) -> Path:
     for row in heuristics:
         if row["label"]:
             picks.setdefault(row["label"], []).append(row["heuristic"])
-    return write_ranking_plot(ranking.frame(), path, title, {label: ", ".join(names) for label, names in picks.items()})
+    frame = ranking.frame()
+    if top is not None:  # the K best, and the heuristics' picks wherever they ranked
+        frame = frame[(frame["rank"] <= top) | frame["label"].isin(picks)]
+    return write_ranking_plot(frame, path, title, {label: ", ".join(names) for label, names in picks.items()})
 
 
 def plot_ranking(frame: pd.DataFrame, axis, picks: dict[str, str] | None = None) -> None:
@@ -55,9 +58,9 @@ def plot_ranking(frame: pd.DataFrame, axis, picks: dict[str, str] | None = None)
     axis.invert_yaxis()
     axis.set_xlabel(f"simulated step time ({unit})")
     for position, (label, step_s) in enumerate(zip(shown["label"], shown["step_time_s"])):
-        note = (picks or {}).get(label)
-        if note:
-            axis.text(step_s * scale, position, f"  <- {note}", va="center", fontsize=7, color="tab:red")
+        note = (picks or {}).get(label)  # each bar's value, so close bars are told apart; a pick in red
+        axis.text(step_s * scale, position, f" {step_s * scale:,.4g}" + (f"  <- {note}" if note else ""),
+                  va="center", fontsize=7 if note else 6, color="tab:red" if note else "black")
     if len(frame) > MAX_BARS:
         axis.set_title(f"first {MAX_BARS} of {len(frame)} candidates", fontsize=8)
 

@@ -10,6 +10,9 @@ import pytest
 from simulator.layout_search import search_layouts
 from simulator.scenario import load_scenario
 from tests.test_layout_search import run, tiny_llm
+from tests.test_report import ROOT
+
+DEMO = str(ROOT / "scenarios" / "demo.yaml")
 
 
 def test_a_size_without_a_fitting_layout_is_reported_and_the_others_still_ranked(capsys, tmp_path):
@@ -39,7 +42,7 @@ def test_the_loss_reason_follows_the_figures_shown(capsys):
     """demo on 3 GPUs: gpipe m=8 has 1f1b m=8's bound and no more communication shown; it loses
     above the bound, not to communication. Every row's parts add up to its step."""
     from simulator.rank_reasons import shown_comm_pct
-    code, out, _ = run(capsys, "rank", "scenarios/demo.yaml", "--gpus", "3", "--workers", "1", "--exhaustive",
+    code, out, _ = run(capsys, "rank", DEMO, "--gpus", "3", "--workers", "1", "--exhaustive",
                        "--json")
     rows = json.loads(out)["rows"]
     best = rows[0]
@@ -86,7 +89,7 @@ def test_rank_figures_share_one_format_and_huge_ones_are_scientific(value, decim
 
 
 def test_huge_run_figures_are_not_truncated(capsys):
-    code, out, _ = run(capsys, "rank", "scenarios/demo.yaml", "--gpus", "3", "--top", "2", "--workers", "1",
+    code, out, _ = run(capsys, "rank", DEMO, "--gpus", "3", "--top", "2", "--workers", "1",
                        "--tokens", "1e30", "--price-per-gpu-hour", "1e30")
     assert code == 0 and "…" not in out and "e+" in out
     row = next(line for line in out.splitlines() if line.startswith("│ 1 "))
@@ -132,13 +135,13 @@ def test_sizes_on_several_nodes_name_their_network_and_a_default_one_is_noted(ca
     (("--kinds", "megatron", "--microbatches", "4"), "--microbatches: only the pipeline kinds read it"),
 ])
 def test_a_micro_batch_flag_no_searched_kind_reads_is_refused(capsys, flags, named):
-    code, out, err = run(capsys, "rank", "scenarios/demo.yaml", *flags)
+    code, out, err = run(capsys, "rank", DEMO, *flags)
     assert code == 2 and out == "" and err.startswith(f"ghpsim: error: {named}") and err.count("\n") == 1
 
 
 def test_several_sizes_keep_the_heuristics_and_name_the_pareto_sizes_and_the_plot(capsys, tmp_path):
     plot = tmp_path / "p.png"
-    code, out, _ = run(capsys, "rank", "scenarios/demo.yaml", "--gpus", "4,8", "--kinds", "dp,mp,ghp", "--top", "2",
+    code, out, _ = run(capsys, "rank", DEMO, "--gpus", "4,8", "--kinds", "dp,mp,ghp", "--top", "2",
                        "--workers", "1", "--json", "--plot", str(plot))
     document = json.loads(out)
     assert code == 0 and document["plot"] == str(plot) and plot.exists()
@@ -146,6 +149,20 @@ def test_several_sizes_keep_the_heuristics_and_name_the_pareto_sizes_and_the_plo
     bests = {size["num_gpus"]: size["rows"][0] for size in document["sizes"]}
     cheaper = min(bests, key=lambda gpus: bests[gpus]["step_time_s"] * gpus)
     assert cheaper in document["pareto_gpus"] and set(document["pareto_gpus"]) <= {4, 8}
-    code, out, _ = run(capsys, "rank", "scenarios/demo.yaml", "--gpus", "4", "--kinds", "dp,mp,ghp", "--workers", "1",
+    code, out, _ = run(capsys, "rank", DEMO, "--gpus", "4", "--kinds", "dp,mp,ghp", "--workers", "1",
                        "--exhaustive")
     assert code == 0 and "rank among every layout that may fit in memory (--exhaustive)" in out
+
+
+def test_the_bar_plot_draws_the_top_k_and_every_heuristics_pick(capsys, tmp_path, monkeypatch):
+    import simulator.rank_plot as rank_plot
+    drawn = {}
+    monkeypatch.setattr(rank_plot, "write_ranking_plot",
+                        lambda frame, path, title, picks: drawn.update(labels=list(frame["label"]), picks=picks))
+    code, out, _ = run(capsys, "rank", DEMO, "--gpus", "16", "--kinds", "dp,mp,ghp", "--top", "2", "--exhaustive",
+                       "--workers", "1", "--json", "--plot", str(tmp_path / "p.png"))
+    ranking = json.loads(out)
+    simulated = [row["label"] for row in ranking["rows"]]
+    picked = {row["label"] for row in ranking["heuristics"] if row["label"] in simulated}
+    assert code == 0 and picked - set(simulated[:2])  # a pick outside the two best: drawn all the same
+    assert set(drawn["labels"]) == set(simulated[:2]) | picked and len(simulated) > len(drawn["labels"])
