@@ -42,7 +42,9 @@ def plot_step_breakdown(frame: pd.DataFrame, axis) -> None:
 def kind_colours(kinds) -> dict[str, str]:
     """A colour per span kind: fixed ones for the known kinds, then a cycle for the others."""
     others = iter(OTHER_COLOURS * (1 + len(kinds) // len(OTHER_COLOURS)))
-    return {kind: KIND_COLOURS[kind] if kind in KIND_COLOURS else next(others) for kind in sorted(kinds)}
+    known = [kind for kind in KIND_COLOURS if kind in kinds]  # in the step's order: F, B, opt, then communication
+    return {kind: KIND_COLOURS[kind] if kind in KIND_COLOURS else next(others)
+            for kind in known + sorted(set(kinds) - set(known))}
 
 
 def plot_gantt(spans: pd.DataFrame, axis, max_ranks: int = 32) -> None:
@@ -55,7 +57,7 @@ def plot_gantt(spans: pd.DataFrame, axis, max_ranks: int = 32) -> None:
         bars = list(zip(group["start_s"] * 1e3, (group["end_s"] - group["start_s"]) * 1e3))
         axis.broken_barh(bars, (rank + offset, height), facecolors=colours[kind], edgecolor="none")
     for kind, colour in colours.items():
-        axis.bar(0, 0, color=colour, label=kind)
+        axis.bar(0, 0, color=colour, label={"F": "forward", "B": "backward", "opt": "optimizer"}.get(kind, kind))
     num_ranks = int(shown["rank"].max()) + 1 if len(shown) else 1
     axis.set_ylim(num_ranks, 0)
     axis.set_yticks([rank + 0.5 for rank in range(num_ranks)], [str(rank) for rank in range(num_ranks)],
