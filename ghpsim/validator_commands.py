@@ -7,7 +7,6 @@ imports inside its function, so the rest of `ghpsim` runs without torch.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ def cmd_calibrate(args) -> int:
     for option, value in (("--layer-passes", args.layer_passes), ("--repeats", args.repeats)):
         if value is not None and value > MAX_REPEATS:
             raise ScenarioError(f"{option}: {value} must be at most {MAX_REPEATS} (each repeats the measurement)")
-    check_profile_out(args.out)
+    check_output_file(args.out, "--out")  # one profile file: not a folder, nor a name ending in a separator
     check_distinct_files({"--out": args.out}, {"--scenario": args.scenario})
     from simulator.profile import profile_document
     from validator.calibrate import DEFAULT_BATCH_SIZES, DEFAULT_REPEATS, DEFAULT_TOPK_DENSITIES, calibrate
@@ -105,15 +104,6 @@ def _check_batch_sizes(batch_sizes: list[int], text: str) -> None:
     if max(batch_sizes) > MAX_CALIBRATION_BATCH:
         raise ScenarioError(f"--batch-sizes {text!r}: {max(batch_sizes)} is larger than the {MAX_CALIBRATION_BATCH} "
                             "samples a calibration times (the fits extrapolate beyond the largest)")
-
-
-def check_profile_out(out: str) -> None:
-    """ScenarioError naming --out unless it names one profile file: not an existing folder, nor a
-    name ending in a path separator (a folder asked for); before anything loads or runs."""
-    if str(out).endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):
-        raise ScenarioError(f"--out {out}: ends with a path separator (a folder); calibrate writes one "
-                            "profile file, e.g. profiles/cpu.json")
-    check_output_file(out, "--out")
 
 
 def _calibrate_kernels(args) -> int:
