@@ -5,8 +5,10 @@ beside the wall and ratios to the targets too.
 
 Folded (simulator/symmetry.py: one rank per pipeline stage), GPT-3 175B TP8 x PP8 x DP256 on
 16,384 A100 (2,048 DGX nodes, batch 96 per replica), on every preset fabric: target <= 2 s each.
-fat_tree with the default k (48: the smallest with k^3/4 >= 16,384 NICs and whole nodes under each
-edge switch) and with k = 64 (32 NICs per edge switch).
+fat_tree with the default k (64: the smallest with k^3/4 >= 16,384 NICs and a power of two of whole
+nodes under each edge switch) and with k = 48 (3 nodes a switch). LLaMA-3 405B as Meta laid it out
+on 16,384 H100 (TP8 x PP16 x DP128, `scenarios/llama3_405b_4d_h100.yaml` without CP) on the default
+fat-tree: each replica 16 nodes, folded (target <= 2 s).
 1T GPT (128 layers, hidden 25,600, 160 heads) on 3,072 GPUs, TP8 x PP64 x DP6, 512 micro-batches
 per replica, rail_optimized, folded (and its steady state extended, simulator/steady_extension.py):
 target <= 5 s.
@@ -49,12 +51,15 @@ def gpt3_16k(fabric: str, *extra: str) -> list[str]:
 GPT_1T = ["model.params.num_layers=128", "model.params.hidden_size=25600", "model.params.num_heads=160",
           "cluster.num_nodes=384", "cluster.topology=rail_optimized", "strategy.pp_degree=64",
           "strategy.num_microbatches=512", "training.global_batch_size=3072"]
+LLAMA3_16K = [f"scenario={ROOT / 'scenarios' / 'llama3_405b_4d_h100.yaml'}", "cluster.topology=fat_tree",
+              "strategy.cp_degree=1", "strategy.num_microbatches=16"]
 CASES = (
     ("GPT-3 16,384 GPUs two_tier, folded", gpt3_16k("two_tier"), 2.0),
     ("GPT-3 16,384 GPUs rail_optimized, folded", gpt3_16k("rail_optimized"), 2.0),
     ("GPT-3 16,384 GPUs torus_2d, folded", gpt3_16k("torus_2d"), 2.0),
-    ("GPT-3 16,384 GPUs fat_tree k=64, folded", gpt3_16k("fat_tree", "cluster.fat_tree_k=64"), 2.0),
+    ("GPT-3 16,384 GPUs fat_tree k=48, folded", gpt3_16k("fat_tree", "cluster.fat_tree_k=48"), 2.0),
     ("GPT-3 16,384 GPUs fat_tree default k", gpt3_16k("fat_tree"), 2.0),
+    ("LLaMA-3 405B 16,384 GPUs TP8 x PP16 x DP128 fat_tree, folded", LLAMA3_16K, 2.0),
     ("1T GPT 3,072 GPUs TP8 x PP64 x DP6, folded", GPT_1T, 5.0),
     ("GPT-3 1,024 GPUs, folded", [], 1.0),
     ("GPT-3 1,024 GPUs, full", ["strategy.symmetry=off"], 20.0),

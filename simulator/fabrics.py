@@ -80,12 +80,14 @@ def fat_tree(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpe
              k: int | None = None) -> Topology:
     """k-ary fat-tree of the nodes' NICs (Al-Fares et al., SIGCOMM 2008: k/2 hosts per edge switch,
     (k/2)^2 per pod). k defaults to the smallest even k with k^3/4 >= NICs whose edge switches hold
-    whole nodes (k/2 a multiple of nics_per_node: each node cabled to one edge switch, so replicas
-    of whole nodes sit alike under the switches)."""
+    a power of two of whole nodes (k/2 = nics_per_node x 2^i: each node cabled to one edge switch).
+    Switch radices are powers of two (64 ports: NVIDIA Quantum-2 QM9700, Spectrum-4 SN5600; 128:
+    Broadcom Tomahawk 5), and so are the node counts of a layout's replicas (t x c x p GPUs), so
+    replicas sit alike under the edge switches and pods, and a symmetric run folds."""
     hosts = num_nodes * nics_per_node
     if k is None:
         k = 2
-        while k ** 3 // 4 < hosts or (k // 2) % nics_per_node:
+        while k ** 3 // 4 < hosts or (k // 2) % nics_per_node or not _power_of_two(k // 2 // nics_per_node):
             k += 2
     if k % 2 or k ** 3 // 4 < hosts:
         raise ScenarioError(f"cluster.fat_tree_k: {k} must be even with k^3/4 >= the {hosts} NICs "
@@ -109,6 +111,10 @@ def fat_tree(num_nodes: int, gpus_per_node: int, intra: LinkSpec, inter: LinkSpe
                 topology.add_duplex(f"agg{pod}.{agg}", f"core{agg}.{core}", INTER, 0.0, bandwidth, inter.kind)
     topology.set_link_route(_fat_tree_route, host_links=host_links, edge_links=edge_links, core_links=core_links)
     return topology
+
+
+def _power_of_two(count: int) -> bool:
+    return count > 0 and count & (count - 1) == 0
 
 
 def _edge(host: int, half: int) -> str:

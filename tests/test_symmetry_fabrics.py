@@ -66,6 +66,30 @@ def test_the_default_fat_tree_keeps_nodes_whole_under_edge_switches_so_replicas_
     assert run.summary["num_gpus"] == 32 and run.plan.num_ranks == 2
 
 
+def _fold_refusal(fat_tree_k: int | None) -> str:
+    """`simulator.symmetry_check.fold_refusal` of LLaMA-3 405B as Meta laid it out (TP 8 x PP 16 x
+    DP 128: each replica 16 whole nodes) on a fat-tree of 2,048 nodes with 8 NICs each."""
+    from simulator.fabrics import build_topology
+    from simulator.scenario import load_scenario
+    from simulator.strategies.tensor import tensor_config
+    from simulator.symmetry_check import fold_refusal
+    sets = ["cluster.num_nodes=2048", "strategy.cp_degree=1", "strategy.num_microbatches=16",
+            "cluster.topology=fat_tree", f"cluster.fat_tree_k={'null' if fat_tree_k is None else fat_tree_k}"]
+    scenario_16k = load_scenario("scenarios/llama3_405b_4d_h100.yaml", sets)
+    topology = build_topology(scenario_16k.cluster)
+    return fold_refusal(tensor_config(scenario_16k), topology), topology.fat_tree_k
+
+
+def test_the_default_fat_tree_puts_a_power_of_two_of_nodes_under_each_edge_switch():
+    """16,384 NICs: k = 48 (the smallest with whole nodes, 3 a switch) straddles the 16-node
+    replicas, whose pipeline transfers then meet unlike loads; the default k = 64 (4 nodes a switch,
+    128 a pod) keeps every replica alike, so the run folds."""
+    refusal, k = _fold_refusal(48)
+    assert k == 48 and "meets other loads than the folded run's on link edge" in refusal
+    refusal, k = _fold_refusal(None)
+    assert k == 64 and refusal == ""
+
+
 @pytest.mark.parametrize("cluster,why", [
     ({"degraded_links": {"node1": 0.5}}, "heterogeneous"),
     ({"node_gpus": {2: "H100-SXM"}}, "heterogeneous"),
