@@ -1,5 +1,5 @@
 """benchmarks/bench_published_scale.py: the SC'21 Table 1, Korthikanti et al. Table 5, Megatron-LM
-v1.0 and MT-NLG runs are transcribed consistently, each becomes a valid scenario of its published layout, and
+v1.0, MT-NLG and LLaMA-3 405B runs are transcribed consistently, each becomes a valid scenario of its published layout, and
 small ones are predicted and scored."""
 
 import sys
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_published_scale import MT_NLG_RUNS, RECOMPUTE_RUNS, SC21_RUNS, V1_RUNS, main, predict_s, run_scenario, score  # noqa: E402
+from bench_published_scale import LLAMA3_RUNS, MT_NLG_RUNS, RECOMPUTE_RUNS, SC21_RUNS, V1_RUNS, main, predict_s, run_scenario, score  # noqa: E402
 
 from simulator.model_source import resolve_workload  # noqa: E402
 from simulator.scenario import scenario_from_dict  # noqa: E402
@@ -70,6 +70,23 @@ def test_each_mt_nlg_row_agrees_with_its_published_throughput(run):
     assert scenario.training.recompute == "full" and run.measured_s() == run.published_s
     workload = resolve_workload(scenario.model, scenario.base_dir)
     assert workload.num_params / 1e9 == pytest.approx(530, rel=0.01)
+
+
+@pytest.mark.parametrize("run", LLAMA3_RUNS, ids=lambda run: run.label)
+def test_each_llama3_row_is_meta_s_layout_of_16m_tokens(run):
+    scenario = scenario_from_dict(run_scenario(run), ".")
+    strategy, cluster = scenario.strategy, scenario.cluster
+    assert (strategy.tp_degree, strategy.pp_degree, strategy.cp_degree) == (8, 16, 1)
+    assert scenario.num_gpus == run.gpus and cluster.gpu.name == "H100-SXM" and cluster.topology == "fat_tree"
+    data_parallel = run.gpus // 128
+    assert strategy.num_microbatches * data_parallel == 2048 and scenario.training.dtype == "bf16"
+    assert run.global_batch * run.sequence == 2048 * 8192  # Table 4's 16M tokens a step
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    assert workload.num_params == 405_853_388_800
+    # PaLM's count: 6 N a token plus 12 l h s of attention, about 8 % of it at 8K tokens
+    per_token = 6 * workload.num_params + 12 * 126 * 16384 * 8192
+    assert run.iteration_flops() == pytest.approx(2048 * 8192 * per_token, rel=1e-12)
+    assert run.measured_s() == pytest.approx(run.iteration_flops() / (run.gpus * run.tflops_per_gpu * 1e12))
 
 
 def test_each_model_of_table_5_has_both_modes_and_selective_is_faster():
