@@ -1,6 +1,6 @@
 """What the published-accuracy benchmarks' `--plot` figures share besides their axes (those are
 `simulator.fit_plot.predicted_against_measured`, which `ghpsim fit --plot` draws on too): pyplot on
-the Agg backend and an atomic write of the figure."""
+the Agg backend and an atomic write of the figure; and the convergence benchmarks' loss legend."""
 
 from __future__ import annotations
 
@@ -24,3 +24,14 @@ def save(figure, path: Path, title: str, dpi: int = 110) -> Path:
         return write_figure_atomic(path, figure, dpi=dpi)
     finally:
         pyplot().close(figure)
+
+
+def loss_legend(axis) -> None:
+    """The legend of a convergence plot: one entry per run (its colour), then what the two line
+    styles mean (held-out loss: markers; training loss, 10-step mean: faint), so the y label stays short."""
+    from matplotlib.lines import Line2D
+    handles, labels = axis.get_legend_handles_labels()
+    handles += [Line2D([], [], color="grey", marker="o", markersize=3), Line2D([], [], color="grey", alpha=0.35)]
+    labels += ["held-out loss", "training loss, 10-step mean"]
+    axis.set_ylabel("loss")
+    axis.legend(handles, labels, fontsize=8)

@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from accuracy_plots import loss_legend
 from simulator import load_scenario, simulate
 from simulator.output import write_text_atomic
 from validator.pipeline_reference import emulate
@@ -143,8 +144,7 @@ def plot(frame: pd.DataFrame, model: str, path: Path) -> None:
         axis.set_title(f"{model}, {stages} stages")
         axis.set_xlabel(f"step ({BATCH} samples)")
         axis.grid(alpha=0.3)
-    axes[0].set_ylabel("loss (held-out: markers; training, 10-step mean: faint)")
-    axes[0].legend()
+    loss_legend(axes[0])
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)

@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accuracy_plots import loss_legend  # noqa: E402
 from bench_convergence import MODELS, teacher_task  # noqa: E402
 
 from simulator import load_scenario, simulate  # noqa: E402
@@ -99,12 +100,11 @@ def plot(frame: pd.DataFrame, path: Path) -> None:
                        markersize=3, label=label)
         accuracy_axis.plot(evaluated["step"], evaluated["eval_accuracy"], color=line.get_color(), marker="o",
                            markersize=3, label=label)
-    loss_axis.set_ylabel("loss (held-out: markers; training, 10-step mean: faint)")
     accuracy_axis.set_ylabel("held-out accuracy")
     for axis in (loss_axis, accuracy_axis):
         axis.set_xlabel(f"step ({BATCH} samples, {RANKS} ranks)")
         axis.grid(alpha=0.3)
-    loss_axis.legend()
+    loss_legend(loss_axis)
     figure.suptitle("ResNet-20 (x0.5) on the teacher task: dense vs top-k, with and without error feedback")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
