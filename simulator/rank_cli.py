@@ -237,6 +237,7 @@ def heuristic_rows(ranking: Ranking, costs=None) -> list[dict]:
 
 
 def print_ranking(ranking: Ranking, heuristics: list[dict], top: int, exhaustive: bool = False) -> None:
+    from simulator.rank_reasons import shown_rows
     from simulator.tables import make_console
     console = make_console()
     table = Table(title=_title(ranking), caption="lost to: where the step exceeds #1's most (compute, bubble, "
@@ -248,8 +249,8 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int, exhaustive
         columns += ["time to train (h)", "GPU-hours"] + (["cost"] if ranking.rows[0]["cost"] is not None else [])
     for column in columns:
         table.add_column(column, justify="left" if column in ("candidate", "lost to") else "right")
-    for row in ranking.rows[:top]:
-        cells = [str(row["rank"]), row["label"] + (" *" if row["kind"] in ASYNC_KINDS else ""),
+    for position, row, label in shown_rows(ranking.rows[:top]):
+        cells = [position, label + (" *" if row["kind"] in ASYNC_KINDS else ""),
                  _ms(row["step_time_s"]), _ms(row.get("bound_s") or None),
                  _number(row["throughput_samples_per_s"], 1), f"{100 * row['comm_share']:.0f}",
                  _number(row["peak_memory_bytes"] / 2**30, 2),

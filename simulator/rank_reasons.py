@@ -61,6 +61,28 @@ def explain(rows: list[dict], bound_of) -> dict[str, float] | None:
     return best_parts
 
 
+TWIN_PLACEMENT = " tp-dp-pp"
+"""The label suffix of a megatron layout placed tp fastest, then dp, then pp (`planner.Candidate.label`)."""
+
+
+def shown_rows(rows: list[dict]) -> list[tuple[str, dict, str]]:
+    """(the "#" cell, row, candidate cell) of each row the rank table prints. A layout placed
+    tp-dp-pp that simulates to the same step and memory as the same layout in Megatron's order
+    (sorted right above it: its label is the prefix) joins that row: "#" reads "3-4", so the top K
+    do not spend rows on twins that a fabric treating both placements alike cannot tell apart."""
+    shown: list[tuple[str, dict, str]] = []
+    for row in rows:
+        if shown and row["label"].endswith(TWIN_PLACEMENT):
+            position, twin, label = shown[-1]
+            if (twin["label"] == row["label"][:-len(TWIN_PLACEMENT)] and twin["fits_in_memory"] == row["fits_in_memory"]
+                    and abs(row["step_time_s"] - twin["step_time_s"]) <= 1e-12 * twin["step_time_s"]
+                    and row["peak_memory_bytes"] == twin["peak_memory_bytes"]):
+                shown[-1] = (f"{position}-{row['rank']}", twin, f"{label} (or{TWIN_PLACEMENT}: the same)")
+                continue
+        shown.append((str(row["rank"]), row, row["label"]))
+    return shown
+
+
 def _part_key(part: str) -> str:
     """A row's key for a time part: the bound's (`bound_compute_s` ...; not the simulated per-device
     means `compute_s` / `comm_s` of simulate and compare), or `above_bound_s`."""

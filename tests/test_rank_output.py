@@ -68,6 +68,22 @@ def test_lost_to_names_communication_only_where_the_shown_share_is_higher():
     assert lost_to(row, None) is None
 
 
+def test_a_placement_twin_with_the_same_figures_joins_the_row_above_it():
+    from simulator.rank_reasons import shown_rows
+
+    def row(rank, label, step_s, memory_bytes=10.0):
+        return {"rank": rank, "label": label, "step_time_s": step_s, "peak_memory_bytes": memory_bytes,
+                "fits_in_memory": True}
+    base = "megatron (t=8 x p=8 x d=16) m=8 sp"
+    rows = [row(1, "megatron (t=8 x p=1 x d=128) m=1", 1.0), row(2, base, 1.5), row(3, base + " tp-dp-pp", 1.5),
+            row(4, "megatron (t=4 x p=8 x d=32) m=8", 1.6), row(5, "megatron (t=4 x p=8 x d=32) m=8 tp-dp-pp", 1.7),
+            row(6, "megatron (t=2 x p=8 x d=64) m=8", 1.8), row(7, "megatron (t=2 x p=8 x d=64) m=8 tp-dp-pp", 1.8, 11.0)]
+    shown = shown_rows(rows)
+    assert [position for position, _row, _label in shown] == ["1", "2-3", "4", "5", "6", "7"]
+    assert shown[1][2] == base + " (or tp-dp-pp: the same)" and shown[1][1] is rows[1]
+    assert shown[3][2] == rows[4]["label"]  # slower: a row of its own, as is a twin of other memory (7)
+
+
 def test_layouts_without_a_pipeline_never_lose_to_the_bubble(capsys):
     """Without pipeline stages there is no fill or drain: where the host's kernel issue paces the
     GPU (GPT-2 at small micro-batches), the bound's rest is host time, and a loser says "host"."""
