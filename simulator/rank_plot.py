@@ -36,7 +36,20 @@ def write_rank_plot(results, path, title: str, top: int | None = None) -> Path:
     frame = ranking.frame()
     if top is not None:  # the K best, and the heuristics' picks wherever they ranked
         frame = frame[(frame["rank"] <= top) | frame["label"].isin(picks)]
+    frame, picks = _twins_joined(frame, picks)
     return write_ranking_plot(frame, path, title, {label: ", ".join(names) for label, names in picks.items()})
+
+
+def _twins_joined(frame: pd.DataFrame, picks: dict[str, list[str]]) -> tuple[pd.DataFrame, dict[str, list[str]]]:
+    """One bar for a layout's two placements where they simulate alike, as the table's one row
+    (`simulator.rank_reasons.shown_rows`); the heuristics' picks follow their row's new label."""
+    from simulator.rank_reasons import shown_rows
+    rows, joined = [], {}
+    for position, row, label in shown_rows(frame.to_dict("records")):
+        if label != row["label"] and row["label"] in picks:
+            joined[label] = picks[row["label"]]
+        rows.append({**row, "rank": position, "label": label})
+    return pd.DataFrame(rows, columns=frame.columns), {**picks, **joined}
 
 
 def plot_ranking(frame: pd.DataFrame, axis, picks: dict[str, str] | None = None) -> None:

@@ -84,6 +84,18 @@ def test_a_placement_twin_with_the_same_figures_joins_the_row_above_it():
     assert shown[3][2] == rows[4]["label"]  # slower: a row of its own, as is a twin of other memory (7)
 
 
+def test_the_bar_plot_draws_placement_twins_as_one_bar_and_keeps_their_pick():
+    import pandas as pd
+
+    from simulator.rank_plot import _twins_joined
+    base = "megatron (t=8 x p=8 x d=16) m=8 sp"
+    frame = pd.DataFrame([{"rank": rank, "label": label, "step_time_s": 1.5, "peak_memory_bytes": 1.0,
+                           "fits_in_memory": True} for rank, label in ((1, base), (2, base + " tp-dp-pp"))])
+    joined, picks = _twins_joined(frame, {base: ["a heuristic"]})
+    assert list(joined["rank"]) == ["1-2"] and list(joined.columns) == list(frame.columns)
+    assert picks[joined["label"][0]] == ["a heuristic"]
+
+
 def test_layouts_without_a_pipeline_never_lose_to_the_bubble(capsys):
     """Without pipeline stages there is no fill or drain: where the host's kernel issue paces the
     GPU (GPT-2 at small micro-batches), the bound's rest is host time, and a loser says "host"."""
