@@ -337,3 +337,17 @@ def test_overrides_apply_to_a_scenario_input(capsys, tmp_path):
     assert code == 0, err
     rows = records(parse_html(tmp_path / "r" / "report.html").tables["ranking-table"])
     assert [row["strategy"] for row in rows] == ["dp (G=2 x M=1)", "mp (G=1 x M=2)"]
+
+
+def test_the_timeline_draws_a_span_too_short_to_see_a_few_pixels_wide():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    spans = pd.DataFrame([{"rank": 0, "stream": "compute", "kind": "F", "start_s": 0.0, "end_s": 1.0},
+                          {"rank": 1, "stream": "send", "kind": "send", "start_s": 0.5, "end_s": 0.5 + 1e-6}])
+    figure, axis = plt.subplots()
+    plots.plot_gantt(spans, axis)
+    drawn_ms = sorted(float(bars.get_paths()[0].get_extents().width) for bars in axis.collections)
+    plt.close(figure)
+    assert drawn_ms == pytest.approx([plots.MIN_SPAN_SHARE * 1e3, 1e3])  # the 1 us send at 0.3 % of the step

@@ -20,6 +20,9 @@ KIND_COLOURS = {"F": "#4C72B0", "B": "#55A868", "opt": "#8172B3", "allreduce": "
 OTHER_COLOURS = ("#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD", "#2F4B7C", "#A05195")
 STREAM_ROWS = {"compute": (0.05, 0.5), "comm": (0.55, 0.2), "send": (0.75, 0.2)}
 """Where each stream sits inside a rank's row: (offset from the row top, height), in rank units."""
+MIN_SPAN_SHARE = 0.003
+"""plot_gantt: a span shorter than this share of the step is drawn this wide (a few pixels), so that
+short sends and collectives stay visible."""
 GIB = 2**30
 MAX_MEMORY_BARS = 512
 """plot_memory: a strategy with more ranks is drawn as a step line, not a bar per rank."""
@@ -49,12 +52,15 @@ def kind_colours(kinds) -> dict[str, str]:
 
 def plot_gantt(spans: pd.DataFrame, axis, max_ranks: int = 32) -> None:
     """Timeline of one step (span table rows: rank, stream, kind, start_s, end_s): a row per rank
-    (the first `max_ranks`), compute as a thick bar, communication and sends as thin bars under it."""
+    (the first `max_ranks`), compute as a thick bar, communication and sends as thin bars under it,
+    none narrower than `MIN_SPAN_SHARE` of the step."""
     shown = spans[spans["rank"] < max_ranks]
     colours = kind_colours(set(shown["kind"]))
+    min_width_ms = MIN_SPAN_SHARE * float(spans["end_s"].max()) * 1e3 if len(spans) else 0.0
     for (rank, stream, kind), group in shown.groupby(["rank", "stream", "kind"], sort=True):
         offset, height = STREAM_ROWS.get(stream, (0.75, 0.2))
-        bars = list(zip(group["start_s"] * 1e3, (group["end_s"] - group["start_s"]) * 1e3))
+        widths = ((group["end_s"] - group["start_s"]) * 1e3).clip(lower=min_width_ms)
+        bars = list(zip(group["start_s"] * 1e3, widths))
         axis.broken_barh(bars, (rank + offset, height), facecolors=colours[kind], edgecolor="none")
     for kind, colour in colours.items():
         axis.bar(0, 0, color=colour, label={"F": "forward", "B": "backward", "opt": "optimizer"}.get(kind, kind))
