@@ -56,6 +56,32 @@ def test_a_sweep_at_one_gpu_count_draws_no_scaling(tmp_path):
     assert "Every point has 8 GPUs: no scaling to draw." in (tmp_path / "report" / "report.md").read_text()
 
 
+def test_fields_swept_as_one_axis_are_grouped_and_drawn_as_one():
+    from simulator.report.sweep_order import swept_together
+    zipped = pd.DataFrame({"a": [1, 1, 1, 2, 2, 2], "kind": ["dp", "ghp", "ghp"] * 2, "groups": [None, 4, 16] * 2,
+                           "fixed": ["x"] * 6})
+    assert swept_together(zipped, ["a", "kind", "groups", "fixed"]) == [["a"], ["kind", "groups"], ["fixed"]]
+    product = pd.DataFrame({"a": [1, 1, 2, 2], "b": ["p", "q", "p", "q"]})
+    assert swept_together(product, ["a", "b"]) == [["a"], ["b"]]
+
+
+def test_a_combined_axis_gets_one_figure_of_its_value_tuples(tmp_path):
+    header = "point,cluster.num_nodes,strategy.kind,strategy.num_groups,status,error,strategy,num_gpus,step_time_s,throughput_samples_per_s,speedup"
+    rows = [f"{point},{nodes},{kind},{groups},ok,,{kind},{4 * nodes},0.01,{rate},{speedup}"
+            for point, (nodes, kind, groups, rate, speedup) in enumerate(
+                [(1, "dp", "", 100.0, 3.0), (1, "ghp", 2, 90.0, 2.7), (2, "dp", "", 180.0, 5.4), (2, "ghp", 2, 150.0, 4.5)])]
+    (tmp_path / "results.csv").write_text("\n".join([header, *rows]) + "\n")
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "report")]) == 0
+    html = parse_html(tmp_path / "report" / "report.html")
+    assert html.ids["figure"] == ["fig-throughput", "fig-efficiency", "fig-axis-cluster-num-nodes",
+                                  "fig-axis-strategy-kind-strategy-num-groups"]
+    from simulator.report.table_sections import combined_points
+    table = pd.read_csv(tmp_path / "results.csv")
+    points = combined_points(table, ["strategy.kind", "strategy.num_groups"], "kind, groups")
+    assert [str(value) for value in points["kind, groups"]] == ["dp / -", "ghp / 2"]
+    assert list(points["throughput_samples_per_s"]) == [180.0, 150.0]  # the best over the node counts
+
+
 def test_sweep_scaling_table_is_best_point_and_efficiency(sweep_report):
     rows = records(parse_html(sweep_report / "report.html").tables["scaling-table"])
     got = [(row["strategy"], row["GPUs"], row["throughput (samples/s)"], row["efficiency (%)"]) for row in rows]

@@ -42,3 +42,27 @@ def order_rows(frame: pd.DataFrame, columns: list[str], table: pd.DataFrame) -> 
         position = {value: index for index, value in enumerate(axis_values(table, series.name))}
         return series.fillna(MISSING).map(position)
     return frame.sort_values(columns, key=key, kind="stable", na_position="last") if columns else frame
+
+
+def swept_together(table: pd.DataFrame, columns: list[str]) -> list[list[str]]:
+    """`columns` in groups, each group one axis of the sweep: fields a sweep file lists as one
+    combined axis (`strategy.kind,strategy.num_groups: [[dp, null], [ghp, 4]]`) determine one
+    another, so the distinct pairs of two of them number no more than the distinct values of one,
+    while independent axes multiply. A field of one value stands alone. In `columns`' order."""
+    counts = {column: table[column].nunique(dropna=False) for column in columns}
+    group_of = {column: [column] for column in columns}
+    for index, first in enumerate(columns):
+        for second in columns[index + 1:]:
+            together = len(table[[first, second]].drop_duplicates()) == max(counts[first], counts[second])
+            if counts[first] > 1 and counts[second] > 1 and together and group_of[first] is not group_of[second]:
+                merged = group_of[first] + group_of[second]
+                for column in merged:
+                    group_of[column] = merged
+    groups = list({id(group): group for group in group_of.values()}.values())
+    return [sorted(group, key=columns.index) for group in groups]
+
+
+def combined_values(frame: pd.DataFrame, group: list[str]) -> pd.Series:
+    """Each row's values of the fields of one combined axis, as one label ("ghp / 4 / stage_per_node")."""
+    from simulator.report.inputs import value_text
+    return frame[group].apply(lambda row: " / ".join(value_text(value, MISSING) for value in row), axis=1)

@@ -1,5 +1,6 @@
-"""Sections for tables of many runs: a sweep (scaling curves, one plot per swept field, the rows)
-and a validation (predicted vs measured, error per case, MAPE)."""
+"""Sections for tables of many runs: a sweep (scaling curves, one plot per swept axis: a field, or
+the fields a sweep file combines; the rows) and a validation (predicted vs measured, error per case,
+MAPE)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pandas as pd
 from simulator.report import plots
 from simulator.report.document import Figure, Section, Table, figure_png, slug
 from simulator.report.inputs import sweep_axes, sweep_ok, value_text
-from simulator.report.sweep_order import in_sweep_order, is_numeric, order_rows
+from simulator.report.sweep_order import (combined_values, in_sweep_order, is_numeric, order_rows, point_order,
+                                          swept_together)
 
 MAX_SWEEP_ROWS = 500
 
@@ -68,7 +70,7 @@ def scaling_frame(table: pd.DataFrame) -> pd.DataFrame:
 def sweep_sections(table: pd.DataFrame) -> list[Section]:
     ok = table[sweep_ok(table)]
     scaling = Section("scaling", "Scaling with the number of GPUs")
-    axes_section = Section("axes", "Throughput per swept field")
+    axes_section = Section("axes", "Throughput per swept axis")
     if ok.empty:
         scaling.paragraphs.append("No point of the sweep was simulated (every row failed): nothing to plot.")
         axes_section.paragraphs.append("No point of the sweep was simulated: nothing to plot.")
@@ -90,10 +92,14 @@ def sweep_sections(table: pd.DataFrame) -> list[Section]:
             "throughput (samples/s)": frame["throughput_samples_per_s"].map(lambda v: f"{v:.1f}"),
             "speedup (x)": frame["speedup"].map(lambda v: f"{v:.2f}"),
             "efficiency (%)": frame["efficiency"].map(lambda v: f"{v * 100:.1f}")}), caption="scaling"))
-        for column in sweep_axes(table):
-            points = best_points(sweep_lines(table, exclude=column), [column, "strategy"])
+        for group in swept_together(table, sweep_axes(table)):
+            column = ", ".join(group)
+            if len(group) == 1:
+                points, what = best_points(sweep_lines(table, exclude=column), [column, "strategy"]), ""
+            else:
+                points, what = combined_points(table, group, column), ", swept together"
             axes_section.figures.append(Figure(
-                f"fig-axis-{slug(column)}", f"Throughput vs {column} (best over the other swept fields)",
+                f"fig-axis-{slug('-'.join(group))}", f"Throughput vs {column}{what} (best over the other swept fields)",
                 figure_png(lambda axis, points=points, column=column: plots.plot_sweep_axis(points, axis, column))))
         if not sweep_axes(table):
             axes_section.paragraphs.append("The table has no swept-field columns (dotted names).")
@@ -102,6 +108,16 @@ def sweep_sections(table: pd.DataFrame) -> list[Section]:
     if len(table) > MAX_SWEEP_ROWS:
         rows.paragraphs.append(f"First {MAX_SWEEP_ROWS} of {len(table)} rows (the CSV has all).")
     return [scaling, axes_section, rows]
+
+
+def combined_points(table: pd.DataFrame, group: list[str], column: str) -> pd.DataFrame:
+    """The best simulated point of each value of a combined axis (`group`'s fields swept together),
+    as column `column`, one line (the strategy is on that axis), values in sweep order."""
+    ok = table[sweep_ok(table)]
+    order = list(dict.fromkeys(combined_values(point_order(table), group)))
+    frame = ok.assign(**{column: pd.Categorical(combined_values(ok, group), categories=order, ordered=True)},
+                      strategy="best over the other swept fields")
+    return best_points(frame, [column])
 
 
 def sweep_display(table: pd.DataFrame) -> pd.DataFrame:
