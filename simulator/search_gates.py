@@ -4,8 +4,9 @@
 - Megatron layouts: `simulator.symmetry` folds a run only where its checks pass (not known before
   the plan); an unfolded one simulates every rank. A layout whose N m v (ranks x micro-batches x
   chunks per rank) exceeds `UNFOLDED_PASSES` is skipped unless it folds. GPT-3 175B placed tp-dp-pp
-  on a 16,384-GPU fat-tree does not fold: t 8 x p 64 x d 32, 786,432 passes, 181 s (its
-  group-per-node twin folds: 1.6 s); t 8 x p 8 x d 256 at m 6, 98,304 passes, 80 s. With context
+  on a 16,384-GPU fat-tree of k 48 (3 nodes an edge switch; the default k is 64) does not fold:
+  t 8 x p 64 x d 32, 786,432 passes, 181 s (its group-per-node twin folds: 1.6 s); t 8 x p 8 x d 256
+  at m 6, 98,304 passes, 80 s. With context
   parallelism, whose unfolded runs carry more flows a pass, the limit is `CP_UNFOLDED_PASSES`
   (LLaMA-3 405B's CP 2 on 256 GPUs, N m v = 8,192: seconds; GPT-3 175B's t 2 x c 2 x p 8 x d 32 on
   a 1,024-GPU fat-tree, 196,608: over ten minutes).
