@@ -23,7 +23,7 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from simulator.errors import one_line
-    from simulator.output import check_output_file, same_file, write_text_atomic
+    from simulator.output import check_output_file, figure_format, same_file, write_text_atomic
     from simulator.profile import profile_from_dict
     from simulator.progress import stderr_progress
     check_output_file(args.out, "--out")
@@ -70,7 +70,7 @@ def run(args) -> int:
         if args.plot:  # drawn beside --plot, renamed onto it once --out is written: nothing lost on a failure
             from simulator.fit_plot import write_fit_plot
             plot = Path(args.plot)
-            drawn = plot.with_name(f".{plot.stem}.{os.getpid()}.partial{plot.suffix}")
+            drawn = plot.with_name(f".{plot.stem}.{os.getpid()}.partial.{figure_format(plot)}")  # the format of --plot
             write_fit_plot([row.measured_s for row in runs], result.held_out, drawn,
                            f"{len(runs)} runs, {args.folds}-fold held out: MAPE {result.held_out_mape_pct:.1f} %\n"
                            f"worst {errors_pct[worst]:+.1f} % ({Path(runs[worst].where).name})")

@@ -210,3 +210,17 @@ def test_a_row_whose_plan_is_refused_is_named_when_the_rows_are_read(tmp_path):
     with pytest.raises(ScenarioError) as error:
         fit_module.read_runs(_write(tmp_path, header + "tiny.yaml,1,2,0.01\ntiny.yaml,2,3,0.01\n"))
     assert f"{tmp_path / 'runs.csv'}:3: strategy.num_microbatches: '2'" in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["fit_plot", ".png"])
+def test_a_plot_named_without_a_suffix_is_drawn_as_png(tmp_path, capsys, monkeypatch, name):
+    """The figure is drawn beside --plot under a temporary name ending in the figure's own format,
+    so `--plot fit_plot` (or `.png`, a name that is all suffix) is a PNG, not a format 'partial'."""
+    _stub_simulation(monkeypatch)
+    runs_csv = _write(tmp_path, HEADER + GOOD + GOOD)
+    code = main(["fit", str(runs_csv), "--out", str(tmp_path / "kernel.json"), "--plot", str(tmp_path / name),
+                 "--folds", "2"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert (tmp_path / name).read_bytes().startswith(b"\x89PNG") and (tmp_path / "kernel.json").is_file()
+    assert not [path.name for path in tmp_path.iterdir() if "partial" in path.name]  # no temporary figure left
