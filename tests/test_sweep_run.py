@@ -174,6 +174,7 @@ def test_cli_human_output_and_json(sweep_file, tmp_path, capsys):
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
+    (tmp_path / "clash" / CSV_NAME).mkdir(parents=True)  # refused before any point runs: no store left
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"base": BASE, "axes": {"cluster.nodes": [1]}}))
     good = tmp_path / "good.yaml"
@@ -182,9 +183,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         (["sweep", str(bad), "--out", str(tmp_path / "o")], "'cluster.nodes' is not a scenario field"),
         (["sweep", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")], "file not found"),
         (["sweep", str(good), "--out", str(tmp_path / "file")], "exists and is not a folder"),
+        (["sweep", str(good), "--out", str(tmp_path / "clash")], "its results.csv exists and is not a file"),
         (["sweep", str(good), "--out", str(tmp_path / "o"), "--workers", "0"], "--workers: 0"),
         (["sweep", str(good), "--out", str(tmp_path / "o"), "--scheduler", "nonsense://x"], "not a scheduler address"),
     ]:
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
+    assert sorted(path.name for path in (tmp_path / "clash").iterdir()) == [CSV_NAME]

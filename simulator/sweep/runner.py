@@ -26,10 +26,10 @@ from simulator.errors import ScenarioError, SimulationError
 from simulator.progress import stderr_progress
 from simulator.scenario import Scenario
 from simulator.simulate import simulate
-from simulator.sweep.export import export_frame, results_frame, summary_figures
+from simulator.sweep.export import CSV_NAME, PARQUET_NAME, export_frame, results_frame, summary_figures
 from simulator.sweep.spec import Sweep, canonical_json
 from simulator.sweep.store import STORE_NAME, SweepStore
-from simulator.output import check_output_folder
+from simulator.output import check_output_file, check_output_folder
 from simulator.worker_pool import check_most_workers, quiet_pool, stop_pool
 
 
@@ -86,6 +86,10 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, workers: int | None = None, sch
     if out.exists() and not out.is_dir():
         raise ScenarioError(f"--out {out}: exists and is not a folder")
     check_output_folder(out, "--out")  # a folder that cannot be made or written is refused by name
+    for name in (CSV_NAME, PARQUET_NAME, STORE_NAME):  # a results file the run could not write: before any work
+        if (out / name).exists() and not (out / name).is_file():
+            raise ScenarioError(f"--out {out}: its {name} exists and is not a file")
+    check_output_file(out / CSV_NAME, "--out")
     points = sweep.points()  # every point built (a bad axis value is refused) before anything is written
     created, stored = not out.exists(), 0
     out.mkdir(parents=True, exist_ok=True)
