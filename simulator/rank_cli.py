@@ -242,7 +242,7 @@ def print_ranking(ranking: Ranking, heuristics: list[dict], top: int, exhaustive
     console = make_console()
     table = Table(title=_title(ranking), caption="lost to: where the step exceeds #1's most (compute, bubble, "
                   "host: the GPU waiting for kernels to be issued, communication, or above bound: contention and "
-                  "schedule stalls the bound does not count)")
+                  "schedule stalls the bound does not count; asynchronous: a steady-state step, not split)")
     planned = bool(ranking.rows) and "time_to_train_s" in ranking.rows[0]
     columns = ["#", "candidate", "step (ms)", "bound (ms)", "samples/s", "comm %", "memory (GiB)", "lost to"]
     if planned:

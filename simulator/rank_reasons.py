@@ -43,8 +43,9 @@ def lost_to(parts: dict[str, float], best: dict[str, float] | None, more_comm_sh
 def explain(rows: list[dict], bound_of) -> dict[str, float] | None:
     """Rank the sorted simulated `rows` in place: `rank`, their time parts (`bound_compute_s`,
     `bound_bubble_s`, `bound_host_s`, `bound_communication_s`, `above_bound_s`) and `lost_to`
-    (memory, tie or `lost_to`'s part); `bound_of` maps a row to its `StepBound`. Returns the best
-    fitting row's parts (None if none fits)."""
+    (memory, tie, asynchronous (a steady-state step with no bound to split it) or `lost_to`'s
+    part); `bound_of` maps a row to its `StepBound`. Returns the best fitting row's parts (None if
+    none fits)."""
     best = next((row for row in rows if row["fits_in_memory"]), None)
     best_parts = time_parts(bound_of(best), best["step_time_s"]) if best else None
     for position, row in enumerate(rows, start=1):
@@ -55,6 +56,8 @@ def explain(rows: list[dict], bound_of) -> dict[str, float] | None:
             reason = None
         elif row["step_time_s"] <= best["step_time_s"] * (1 + 1e-12):
             reason = "tie"
+        elif bound_of(row).step_s <= 0:  # an asynchronous pipeline: a steady-state step, no bound to split it
+            reason = "asynchronous"
         else:
             reason = lost_to(parts, best_parts, shown_comm_pct(row) > shown_comm_pct(best))
         row.update({"rank": position, **{_part_key(key): value for key, value in parts.items()}, "lost_to": reason})

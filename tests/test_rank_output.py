@@ -96,6 +96,18 @@ def test_the_bar_plot_draws_placement_twins_as_one_bar_and_keeps_their_pick():
     assert picks[joined["label"][0]] == ["a heuristic"]
 
 
+def test_an_asynchronous_row_without_a_bound_is_not_said_to_lose_above_it():
+    from types import SimpleNamespace
+
+    from simulator.rank_reasons import explain
+    bounds = {"sync": SimpleNamespace(step_s=0.07, work_s=0.06, bubble_s=0.01, host_s=0.0, comm_s=0.0),
+              "async": SimpleNamespace(step_s=0.0, work_s=0.0, bubble_s=0.0, host_s=0.0, comm_s=0.0)}
+    rows = [{"label": "sync", "step_time_s": 0.08, "fits_in_memory": True},
+            {"label": "async", "step_time_s": 0.09, "fits_in_memory": True}]
+    explain(rows, lambda row: bounds[row["label"]])
+    assert [row["lost_to"] for row in rows] == [None, "asynchronous"]
+
+
 def test_layouts_without_a_pipeline_never_lose_to_the_bubble(capsys):
     """Without pipeline stages there is no fill or drain: where the host's kernel issue paces the
     GPU (GPT-2 at small micro-batches), the bound's rest is host time, and a loser says "host"."""
