@@ -136,7 +136,10 @@ def scenario_for_gpus(scenario: Scenario, num_gpus: int | None) -> Scenario:
                        "pp_degree": 1, "cp_degree": 1, "ep_degree": 1}
     if not isinstance(raw["strategy"]["placement"], str):
         raw["strategy"]["placement"] = "group_per_node"
-    return scenario_from_dict(raw, scenario.source, scenario.base_dir)
+    try:
+        return scenario_from_dict(raw, scenario.source, scenario.base_dir)
+    except ScenarioError as error:  # a setting of the scenario's own size (a straggler's device): --gpus broke it
+        raise ScenarioError(f"--gpus {num_gpus} ({nodes} node{'s' if nodes > 1 else ''} of {per_node}): {error}") from None
 
 
 def candidate_kinds() -> tuple[str, ...]:
@@ -185,14 +188,10 @@ def enumerate_candidates(scenario: Scenario, num_layers: int, kinds: tuple[str, 
 def megatron_candidates(num_gpus: int, gpus_per_node: int, microbatch_counts: tuple[int, ...]) -> list[Candidate]:
     """t x p x d = N with 2 <= t <= gpus_per_node (t | N), every p | N / t; m of `microbatch_counts`
     (only m = 1 for p = 1: no pipeline to fill)."""
-    found = []
-    for tp in range(2, min(num_gpus, gpus_per_node) + 1):
-        if num_gpus % tp:
-            continue
-        for pp in (p for p in range(1, num_gpus // tp + 1) if (num_gpus // tp) % p == 0):
-            for micro in (microbatch_counts if pp > 1 else (1,)):
-                found.append(Candidate(MEGATRON, num_gpus // pp, pp, "group_per_node", micro, 1, tp))
-    return found
+    return [Candidate(MEGATRON, num_gpus // pp, pp, "group_per_node", micro, 1, tp)
+            for tp in range(2, min(num_gpus, gpus_per_node) + 1) if num_gpus % tp == 0
+            for pp in range(1, num_gpus // tp + 1) if (num_gpus // tp) % pp == 0
+            for micro in (microbatch_counts if pp > 1 else (1,))]
 
 
 def invalid_reason(candidate: Candidate, batch: int, num_layers: int, num_nodes: int) -> str | None:

@@ -206,3 +206,13 @@ def test_the_bar_plot_draws_the_top_k_and_every_heuristics_pick(capsys, tmp_path
     picked = {row["label"] for row in ranking["heuristics"] if row["label"] in simulated}
     assert code == 0 and picked - set(simulated[:2])  # a pick outside the two best: drawn all the same
     assert set(drawn["labels"]) == set(simulated[:2]) | picked and len(simulated) > len(drawn["labels"])
+
+
+def test_a_gpu_count_that_breaks_a_per_node_setting_is_named_as_the_cause(capsys):
+    """The straggler scenario gives node 3 other GPUs; on 8 GPUs (2 nodes of 4) there is no node 3:
+    the error says that --gpus made the cluster too small for the file's setting."""
+    from ghpsim.cli import main
+    assert main(["rank", str(ROOT / "scenarios" / "straggler_vgg16_ghp.yaml"), "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ghpsim: error: --gpus 8 (2 nodes of 4): ") and "cluster.node_gpus" in err, err
+    assert err.count("\n") == 1
