@@ -138,10 +138,11 @@ def searched_recompute_modes(scenario: Scenario, workload) -> tuple[str, ...]:
     attention a transformer block's selective recompute re-runs and keeps nothing more (flash keeps
     no s x s tensor and its backward recomputes the scores: `simulator.kernels_attention.
     core_recompute_kernels`, `simulator.memory_activations.kept_bytes`); only attention layers
-    without a block spec would be re-run whole (`simulator.strategies.ghp.recompute_ranges`)."""
+    without a block spec would be re-run whole (`simulator.strategies.ghp.recompute_ranges`). A model
+    with no attention layer (a CNN) has no core to re-run: selective is none there."""
     costs, attention = scenario.costs, [layer for layer in workload.layers if layer.kind == "attention"]
     kernel_model = kernel_model_chosen(costs.model, scenario.cluster.gpu)
-    if kernel_model and costs.flash_attention and all(is_block(layer) for layer in attention):
+    if not attention or kernel_model and costs.flash_attention and all(is_block(layer) for layer in attention):
         return tuple(mode for mode in RECOMPUTE_MODES if mode != "selective")
     return RECOMPUTE_MODES  # the analytic roofline prices the core's recompute in any case
 

@@ -41,6 +41,16 @@ def test_selective_is_searched_where_it_differs_from_none(raw):
     assert selective["step_time_s"] > none["step_time_s"]  # the core's forward again in the backward
 
 
+def test_a_model_without_attention_has_no_core_to_recompute_so_selective_is_not_searched():
+    scenario = load_scenario("scenarios/demo.yaml")  # VGG16 on V100s, the analytic roofline
+    assert modes(scenario.model_dump(mode="json") | {"name": "demo"}) == ("none", "full")
+    pipeline = ["strategy.kind=megatron", "strategy.num_groups=null", "strategy.placement=group_per_node",
+                "strategy.pp_degree=4"]
+    none, selective = (simulate(load_scenario("scenarios/demo.yaml", [*pipeline, f"training.recompute={mode}"])).summary
+                       for mode in ("none", "selective"))
+    assert selective["step_time_s"] == none["step_time_s"]
+
+
 def test_a_selective_candidate_is_bounded_on_the_partition_it_runs():
     """Selective recompute's costs move the balanced partition; the bound must be taken on the
     partition the simulation plays (it read 1.779 s for a 1.685 s step when priced without it)."""
