@@ -79,6 +79,8 @@ class SearchStats:
     simulated: int = 0
     skipped: int = 0
     seconds: dict = field(default_factory=lambda: dict.fromkeys(("enumerate", "memory", "bound", "simulate"), 0.0))
+    """Wall seconds of each phase: the screening's split between memory and bound as its workers' time
+    was; simulate includes the simulated candidates' exact memory checks."""
 
 
 @dataclass
@@ -225,14 +227,12 @@ def evaluate_layout(payload: dict) -> dict:
         try:
             scenario = scenario_from_dict(payload["scenario"], payload["origin"], payload["base_dir"])
             workload = _workload(json.dumps(payload["scenario"]["model"], sort_keys=True), payload["base_dir"])
-            started = time.perf_counter()
             peak = exact_peak_memory_bytes(scenario, workload)
-            memory_s = time.perf_counter() - started
         except (ScenarioError, SimulationError) as error:
             return {"label": payload["label"], "error": str(error)}
         if peak > usable_memory_bytes(scenario):
-            return {"label": payload["label"], "memory_bytes": peak, "memory_s": memory_s}
-        return {**simulate_candidate(payload), "memory_s": memory_s}
+            return {"label": payload["label"], "memory_bytes": peak}
+        return simulate_candidate(payload)
     return simulate_candidate(payload)
 
 
@@ -268,9 +268,12 @@ def search_layouts(scenario: Scenario, num_gpus: int | None = None, *, kinds: tu
     pool, finished = (quiet_pool(workers) if workers > 1 else None), False
     try:
         with _bar(f"screening {len(candidates):,} layouts (memory floor, step bound)", show_progress) as bar:
-            task = bar.add_task("screen", total=len(candidates))
-            screened, stats.seconds["memory"], stats.seconds["bound"] = screen_all(
-                scenario, workload, candidates, pool, workers, lambda count: bar.advance(task, count))
+            task, clock = bar.add_task("screen", total=len(candidates)), time.perf_counter()
+            screened, memory_s, bound_s = screen_all(scenario, workload, candidates, pool, workers,
+                                                     lambda count: bar.advance(task, count))
+        screen_s = time.perf_counter() - clock  # workers' seconds summed exceed it: split it as they were
+        stats.seconds["memory"] = screen_s * (memory_s / (memory_s + bound_s) if memory_s + bound_s > 0 else 0.5)
+        stats.seconds["bound"] = screen_s - stats.seconds["memory"]
         for candidate, found in zip(candidates, screened):
             if found.error is not None:
                 skipped.append({"label": candidate.label, "reason": found.error})
@@ -333,7 +336,6 @@ def _best_first(scenario, queue, floors, top, exhaustive, workers, pool, show_pr
 
     def record(candidate, outcome):
         done.append((candidate, outcome))
-        stats.seconds["memory"] += outcome.get("memory_s", 0.0)
         summary = outcome.get("summary")
         if summary and max(outcome["peak_memory_bytes"]) <= capacity:
             heapq.heappush(best, -summary["step_time_s"])
