@@ -116,15 +116,18 @@ def write_pareto_plot(rankings, path: str | Path, title: str) -> Path:
         ys = [row_cost(row, ranking) * (1 if planned else 3600) for row in rows]  # per step: GPU-seconds
         axis.scatter(xs, ys, s=18, label=plural(ranking.scenario.num_gpus, "GPU"))
         points += [(x, y, row["label"], ranking.scenario.num_gpus) for x, y, row in zip(xs, ys, rows)]
-    front = sorted((point for point, on in zip(points, pareto_front([(x, y) for x, y, _, _ in points])) if on))
+    front = sorted({point for point, on in zip(points, pareto_front([(x, y) for x, y, _, _ in points])) if on})
     axis.plot([x for x, *_ in front], [y for _, y, *_ in front], color="black", linewidth=0.8, marker="o",
               markerfacecolor="none", markersize=8, label="Pareto front")  # a ring: seen where the front is one point
-    middle = (min(x for x, *_ in points) + max(x for x, *_ in points)) / 2 if points else 0.0
-    for x, y, label, gpus in front:  # each label toward the plot's middle, so it stays inside the axes
-        right = x > middle
-        axis.annotate(f"{gpus} GPUs: {label}", (x, y), fontsize=6, xytext=(-6 if right else 6, 6),
-                      textcoords="offset points", ha="right" if right else "left",
-                      bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
+    for number, (x, y, _, _) in enumerate(front, start=1):  # a number at each point, its layout listed below
+        axis.annotate(str(number), (x, y), fontsize=7, xytext=(5, 5), textcoords="offset points",
+                      bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
+    axis.text(0.0, -0.14, "Pareto front:\n" + "\n".join(f"{number}. {plural(gpus, 'GPU')}: {label}" for number, (_, _, label, gpus)
+                                                        in enumerate(front, start=1)),
+              transform=axis.transAxes, va="top", fontsize=6.5)
+    for values, scale in (([x for x, *_ in points], axis.set_xscale), ([y for _, y, *_ in points], axis.set_yscale)):
+        if values and min(values) > 0 and max(values) >= 10 * min(values):  # sizes spanning a decade: log
+            scale("log")
     axis.set_xlabel("time to train (h)" if planned else "step time (s)")
     axis.set_ylabel("cost (--price-per-gpu-hour x GPU-hours)" if priced else
                     "GPU-hours" if planned else "GPU-seconds per step")
