@@ -216,3 +216,23 @@ def test_a_gpu_count_that_breaks_a_per_node_setting_is_named_as_the_cause(capsys
     err = capsys.readouterr().err
     assert err.startswith("ghpsim: error: --gpus 8 (2 nodes of 4): ") and "cluster.node_gpus" in err, err
     assert err.count("\n") == 1
+
+
+def test_the_pareto_plot_numbers_its_front_and_lists_each_layout_once(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    import simulator.rank_plot as rank_plot
+    drawn = {}
+    monkeypatch.setattr(rank_plot, "_save", lambda figure, path, title: drawn.setdefault("figure", figure))
+
+    def ranking(gpus, rows):
+        return SimpleNamespace(scenario=SimpleNamespace(num_gpus=gpus), rows=[
+            {"label": label, "step_time_s": step_s, "fits_in_memory": True} for label, step_s in rows])
+    rankings = [ranking(1, [("dp (G=1 x M=1)", 10.0), ("dp (G=1 x M=1)", 10.0)]),  # found twice: one point
+                ranking(8, [("dp (G=8 x M=1)", 1.5), ("mp (G=1 x M=8)", 9.0)]), ranking(64, [("dp (G=64 x M=1)", 0.5)])]
+    rank_plot.write_pareto_plot(rankings, tmp_path / "p.png", "title")
+    axis = drawn["figure"].axes[0]
+    texts = [text.get_text() for text in axis.texts]
+    assert texts[-1] == ("Pareto front:\n1. 64 GPUs: dp (G=64 x M=1)\n2. 8 GPUs: dp (G=8 x M=1)\n"
+                         "3. 1 GPU: dp (G=1 x M=1)")
+    assert texts[:-1] == ["1", "2", "3"] and axis.get_xscale() == "log"  # 0.5 to 10 s: a decade and more
