@@ -18,6 +18,12 @@ def format_validation_error(error: ValidationError, origin: str) -> str:
     """One line: file, dotted field path, offending value, reason (first error only)."""
     first = next((e for e in error.errors() if not e["type"].endswith("_type") and e["type"] != "literal_error"),
                  error.errors()[0])  # of a union's branch errors, one from the branch the input is (module doc)
+    if first["type"] == "missing":  # a misspelt key beside it explains it: name both (`modle` for `model`)
+        unknown_key = next((e for e in error.errors() if e["type"] == "extra_forbidden"
+                            and e["loc"][:-1] == first["loc"][:-1]), None)
+        if unknown_key is not None:
+            return (f"{origin}: {'.'.join(map(str, unknown_key['loc']))}: unknown key "
+                    f"({'.'.join(map(str, first['loc']))}: missing required field)")
     loc = first["loc"]
     if first["type"] == "extra_forbidden":  # the last part is the user's unknown key, whatever it looks like
         loc, unknown = loc[:-1], loc[-1:]

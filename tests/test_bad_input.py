@@ -87,6 +87,13 @@ def test_unknown_nested_key(capsys, tmp_path):
     assert_one_line_error(simulate_file(capsys, path), path, "cluster.gpu_per_node", "unknown key")
 
 
+def test_a_misspelt_required_key_is_named_with_the_field_it_leaves_missing(capsys, tmp_path):
+    path = write_scenario(tmp_path, model=None, modle=dict(BASE["model"]))
+    assert_one_line_error(simulate_file(capsys, path), path, "modle: unknown key (model: missing required field)")
+    path = write_scenario(tmp_path, model=None, name="two.yaml")  # missing alone: said as before
+    assert_one_line_error(simulate_file(capsys, path), path, "model: missing required field")
+
+
 def test_unknown_key_in_inline_gpu_spec(capsys, tmp_path):
     gpu = {"peak_flops_per_s": {"fp32": "10 TFLOP/s"}, "memory_bytes": "16 GiB",
            "memory_bandwidth_bytes_per_s": "900 GB/s", "colour": "green"}
