@@ -49,6 +49,9 @@ def run(args) -> int:
     status = nullcontext() if args.json else make_console().status("partitioning", spinner="dots")
     with naming_source(scenario), status:
         document = partition_document(scenario, num_workers, args.profile)
+    if scenario.cluster.heterogeneous:  # PipeDream's optimizer prices one kind of worker, from one profile
+        document["note"] = ("the partition assumes identical workers, as PipeDream's optimizer does: the cluster's "
+                            "stragglers, mixed GPUs and degraded links are not used (simulate and compare play them)")
     if args.json:
         print(json.dumps(document, indent=1))
     else:
@@ -171,6 +174,8 @@ def print_partition(document: dict) -> None:
                       f"{plan['throughput_samples_per_s']:,.1f}", f"{plan['peak_memory_bytes'] / 2**30:,.2f}",
                       _yes(plan["fits_in_memory"]))
     console.print(plans)
+    if document.get("note"):
+        console.print(f"note: {document['note']}")
 
 
 def _yes(fits: bool) -> str:

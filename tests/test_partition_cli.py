@@ -274,3 +274,12 @@ def test_data_parallel_keeps_the_whole_model_in_one_stage():
     pipedream = simulate(load_scenario(CUSTOM, ["strategy.kind=dp", "strategy.partition=pipedream"]))
     assert pipedream.summary["partition"] == [4]
     assert pipedream.step_time_s == balanced.step_time_s
+
+
+def test_a_heterogeneous_cluster_is_said_to_be_partitioned_as_identical_workers(capsys):
+    assert main(["partition", DEMO, "--workers", "8", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["partition", DEMO, "--workers", "8", "--json", "--set", "cluster.stragglers={0: 10}"]) == 0
+    slowed = json.loads(capsys.readouterr().out)
+    assert "note" not in plain and "assumes identical workers" in slowed.pop("note")
+    assert slowed["pipedream"] == plain["pipedream"]  # the straggler is not priced: said, not hidden
