@@ -133,6 +133,9 @@ def parse_strategy_specs(text: str) -> list[tuple[str, int | None]]:
         if item == MEGATRON:
             specs.append((MEGATRON, None))
             continue
+        if (kind == "ghp" or kind in PIPELINE_KINDS) and groups.lstrip("+-").isdigit() and int(groups) < 1:
+            counted = "G groups" if kind == "ghp" else "m micro-batches"
+            raise ScenarioError(f"--strategies: {item!r}: the number after ':' ({counted}) must be at least 1")
         if kind in PIPELINE_KINDS and (not groups or (groups.isdigit() and int(groups) >= 1)):
             specs.append((f"{kind}:{int(groups)}" if groups else kind, None))
             continue

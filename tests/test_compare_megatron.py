@@ -107,3 +107,10 @@ def test_other_kinds_run_without_megatron_only_settings_and_say_so(capsys):
     code, out, err = run_cli(capsys, "compare", str(mixtral), "--strategies", "megatron,dp", *settings)
     assert code == 0 and "dp: without strategy.zero_stage 1, strategy.ep_degree 8 (kind megatron only)" in out
     assert _compare(capsys, str(mixtral), "--strategies", "megatron", *settings)["megatron_only_dropped"] == []
+
+
+@pytest.mark.parametrize("spec,counted", [("ghp:0", "G groups"), ("ghp:-2", "G groups"), ("gpipe:0", "m micro-batches")])
+def test_a_count_below_one_after_the_colon_is_named_for_what_it_counts(spec, counted):
+    with pytest.raises(ScenarioError) as raised:
+        parse_strategy_specs(spec)
+    assert str(raised.value) == f"--strategies: '{spec}': the number after ':' ({counted}) must be at least 1"
