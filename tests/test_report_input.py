@@ -324,3 +324,10 @@ def test_a_json_error_reads_cleanly(capsys, tmp_path, text, expected):
     source.write_text(text)
     line = assert_refused(capsys, tmp_path, source, f"INPUT: {source}: not valid JSON ({expected}")
     assert " at)" not in line
+
+
+def test_a_sweep_row_of_an_unknown_status_is_refused_by_its_row(capsys, tmp_path):
+    (tmp_path / "results.csv").write_text(SWEEP_CSV.replace("2,2,ib-edr,ok,", "2,2,ib-edr,weird,"))
+    code, _out, err = run_report(capsys, str(tmp_path / "results.csv"), "--out", str(tmp_path / "r"))
+    assert code == 2 and err.count("\n") == 1 and not (tmp_path / "r").exists()
+    assert err.endswith("row 3, column status: 'weird' is not one of ok, failed, error, invalid, pending\n"), err

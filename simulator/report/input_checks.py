@@ -145,12 +145,22 @@ def check_column(frame: pd.DataFrame, path: Path, column: str, strict: bool, req
     return pd.to_numeric(frame[column], errors="coerce") if len(frame) else frame[column]
 
 
+SWEEP_STATUSES = ("ok", "failed", "error", "invalid", "pending")
+"""The statuses a sweep's results.csv rows carry (`simulator.sweep.runner`)."""
+
+
 def checked_sweep(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     """A sweep table (`ghpsim sweep`'s results.csv) with its numeric columns checked and numeric;
     a simulated row (status ok, a step time) needs its throughput, speedup and GPU count."""
     frame = frame.copy()
+    statuses = frame["status"].astype(str).str.lower()
+    unknown = ~statuses.isin(SWEEP_STATUSES)
+    if unknown.any():  # a hand-edited table: say so, not count the point as failed
+        row = int(unknown.idxmax())
+        raise ScenarioError(f"INPUT: {path}: {_cell_name(False)(row, 'status')}: {shown(frame['status'].iloc[row])} "
+                            f"is not one of {', '.join(SWEEP_STATUSES)}")
     frame["step_time_s"] = check_column(frame, path, "step_time_s", False, positive=True)
-    simulated = (frame["status"].astype(str).str.lower() == "ok") & frame["step_time_s"].notna()
+    simulated = (statuses == "ok") & frame["step_time_s"].notna()
     for column in ("throughput_samples_per_s", "speedup"):
         frame[column] = check_column(frame, path, column, False, required=simulated)
     frame["num_gpus"] = check_column(frame, path, "num_gpus", False, required=simulated, positive=True, integer=True)
