@@ -82,6 +82,17 @@ def test_a_combined_axis_gets_one_figure_of_its_value_tuples(tmp_path):
     assert list(points["throughput_samples_per_s"]) == [180.0, 150.0]  # the best over the node counts
 
 
+def test_a_swept_model_is_a_line_of_its_own_never_a_best_over_it():
+    from simulator.report.table_sections import scaling_frame
+    table = pd.DataFrame({"point": range(4), "model.name": ["vgg16", "resnet50"] * 2, "status": ["ok"] * 4,
+                          "strategy": ["dp"] * 4, "num_gpus": [4, 4, 8, 8], "step_time_s": [0.1] * 4,
+                          "throughput_samples_per_s": [760.0, 1290.0, 135.0, 670.0], "speedup": [3.3, 3.5, 0.6, 1.8]})
+    frame = scaling_frame(table)
+    assert [(str(row.strategy), row.num_gpus, row.throughput_samples_per_s) for row in frame.itertuples()] == [
+        ("dp model=vgg16", 4, 760.0), ("dp model=vgg16", 8, 135.0),
+        ("dp model=resnet50", 4, 1290.0), ("dp model=resnet50", 8, 670.0)]
+
+
 def test_sweep_scaling_table_is_best_point_and_efficiency(sweep_report):
     rows = records(parse_html(sweep_report / "report.html").tables["scaling-table"])
     got = [(row["strategy"], row["GPUs"], row["throughput (samples/s)"], row["efficiency (%)"]) for row in rows]

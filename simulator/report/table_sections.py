@@ -23,10 +23,11 @@ def best_points(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def label_fields(table: pd.DataFrame, exclude: str | None = None) -> list[str]:
-    """The swept `strategy.*` fields that vary within a kind, except `exclude` (see `configurations`)."""
-    return [column for column in sweep_axes(table)
-            if column.startswith("strategy.") and column not in ("strategy.kind", exclude)
-            and (table.groupby("strategy")[column].nunique(dropna=False) > 1).any()]
+    """The swept `strategy.*` fields that vary within a kind, and the swept `model.*` fields (another
+    model is another workload: never "best over" it), except `exclude` (see `configurations`)."""
+    return [column for column in sweep_axes(table) if column not in ("strategy.kind", exclude) and (
+            column.startswith("strategy.") and (table.groupby("strategy")[column].nunique(dropna=False) > 1).any()
+            or column.startswith("model.") and table[column].nunique(dropna=False) > 1)]
 
 
 def configurations(table: pd.DataFrame, exclude: str | None = None) -> pd.Series:
@@ -42,7 +43,7 @@ def configurations(table: pd.DataFrame, exclude: str | None = None) -> pd.Series
     return table.apply(label, axis=1) if len(table) else table["strategy"].astype(str)
 
 
-SHORT_NAMES = {"strategy.num_groups": "G"}
+SHORT_NAMES = {"strategy.num_groups": "G", "model.name": "model"}
 
 
 def sweep_lines(table: pd.DataFrame, exclude: str | None = None) -> pd.DataFrame:
@@ -77,7 +78,7 @@ def sweep_sections(table: pd.DataFrame) -> list[Section]:
     else:
         frame = scaling_frame(table)
         scaling.paragraphs.append(
-            "Per strategy (kind and swept strategy fields) and GPU count, the point of highest throughput "
+            "Per strategy (kind and swept strategy fields; a swept model is a line of its own) and GPU count, the point of highest throughput "
             "(over the other swept fields). "
             "Scaling efficiency = speedup over one device / number of GPUs (100 % = linear).")
         if frame["num_gpus"].nunique() == 1:  # nothing scales: the table alone, no column of dots
