@@ -113,3 +113,16 @@ def test_html_paragraphs_show_code_spans_and_links_not_markdown():
     html = str(inline_html("Run `ghpsim simulate <s.yaml>` and open https://ui.perfetto.dev. Then a & b"))
     assert html == ('Run <code>ghpsim simulate &lt;s.yaml&gt;</code> and open '
                     '<a href="https://ui.perfetto.dev">https://ui.perfetto.dev</a>. Then a &amp; b')
+
+
+def test_a_placement_no_grid_uses_is_not_said_to_be_shared():
+    """dp (one worker a group) and mp (one group) record the scenario's placement but have no
+    choice of it: the scenario section shows '-' for them, as the ranking does, and so does not
+    list the placement among what every strategy shares."""
+    from simulator.report.scenario_section import strategy_rows, summary_rows
+    summaries = [{"scenario": "s", "num_groups": G, "workers_per_group": M, "placement": "stage_per_node"}
+                 for G, M in ((8, 2), (1, 16), (16, 1))]
+    for summary, kind in zip(summaries, ("ghp", "mp", "dp")):
+        summary.update(strategy=kind)
+    assert summary_rows(summaries) == {"scenario": "s"}
+    assert list(strategy_rows(summaries)["placement"]) == ["stage_per_node", "-", "-"]

@@ -87,14 +87,22 @@ SUMMARY_KEYS = ("scenario", "model", "num_gpus", "global_batch_size", "partition
 """What the scenario section shows of a compare or simulate result's summaries."""
 
 
+def _value(summary: dict, key: str):
+    """A summary's `key` as the report shows it: the placement "-" where the grid has no choice
+    (one group or one worker a group), as the ranking table shows it."""
+    if key == "placement" and key in summary and 1 in (summary.get("num_groups"), summary.get("workers_per_group")):
+        return "-"
+    return summary[key]
+
+
 def _shared(summaries: list[dict], key: str) -> bool:
     """Every summary records `key`, with one value."""
-    return all(key in summary and summary[key] == summaries[0][key] for summary in summaries)
+    return all(key in summary and _value(summary, key) == _value(summaries[0], key) for summary in summaries)
 
 
 def summary_rows(summaries: list[dict]) -> dict:
     """The `SUMMARY_KEYS` values every strategy shares (all of a single summary's)."""
-    return {key: summaries[0][key] for key in SUMMARY_KEYS if _shared(summaries, key)}
+    return {key: _value(summaries[0], key) for key in SUMMARY_KEYS if _shared(summaries, key)}
 
 
 def strategy_rows(summaries: list[dict]) -> pd.DataFrame:
@@ -102,7 +110,7 @@ def strategy_rows(summaries: list[dict]) -> pd.DataFrame:
     (e.g. each one's partition, placement and collective algorithms); "-" where one records none."""
     own = [key for key in SUMMARY_KEYS if not _shared(summaries, key)]
     columns = {"strategy": [strategy_label(summary) for summary in summaries]}
-    columns.update({key: [_cell(summary.get(key, "-")) for summary in summaries] for key in own})
+    columns.update({key: [_cell(_value(summary, key) if key in summary else "-") for summary in summaries] for key in own})
     return pd.DataFrame(columns)
 
 
