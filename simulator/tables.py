@@ -124,7 +124,7 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
     console.print(f"model FLOPs {summary['model_flops_per_step']:.3g} per step | "
                   f"{format_flops_per_s(summary['achieved_tflops_per_gpu'] * 1e12)} per {noun} | "
                   f"MFU {format_number(summary['mfu'] * 100, 3, 1)}%"
-                  + (" (over 100 %: Winograd or causal flash kernels skip counted FLOPs)" if 1 < summary["mfu"] < math.inf else ""))
+                  + (" (over 100 %: Winograd, causal flash kernels or dropped MoE tokens skip counted FLOPs)" if 1 < summary["mfu"] < math.inf else ""))
     if not summary["single_device_baseline"].startswith(("simulated", "this run")):
         console.print(f"speedup baseline: {summary['single_device_baseline']}", highlight=False)
     if "compute_model" in summary:

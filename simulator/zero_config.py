@@ -30,6 +30,12 @@ def zero_stage_from_fsdp(data: Any) -> Any:
     return data
 
 
+def zero_setting(strategy, zero_stage: int) -> str:
+    """How the user set the ZeRO stage, for an error: `fsdp_sharding` (which sets it) when given."""
+    sharding = getattr(strategy, "fsdp_sharding", None)
+    return f"strategy.fsdp_sharding: {sharding} (ZeRO-{zero_stage})" if sharding else f"strategy.zero_stage: {zero_stage}"
+
+
 def check_zero(strategy) -> None:
     """ZeRO is modelled for the megatron kind only (FSDP alone: tp 1, pp 1), ZeRO-2/3, as in DeepSpeed,
     not with pipeline parallelism; a reduce dtype applies to sharded gradients only, an FSDP version
@@ -47,7 +53,7 @@ def check_zero(strategy) -> None:
         raise ValueError(f"strategy.zero_stage: {zero_stage} needs strategy.kind megatron (got {kind!r}, which "
                          "reduces gradients as DDP does; FSDP alone is megatron with tp_degree 1 and pp_degree 1)")
     if zero_stage >= 2 and pp_degree > 1:
-        raise ValueError(f"strategy.zero_stage: {zero_stage} with strategy.pp_degree {pp_degree}: "
+        raise ValueError(f"{zero_setting(strategy, zero_stage)} with strategy.pp_degree {pp_degree}: "
                          "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism (DeepSpeed)")
 
 

@@ -66,7 +66,7 @@ def test_zero_stage_and_fsdp_names(strategy, stage):
     ({"fsdp_sharding": "full_shard", "zero_stage": 2}, ("strategy.zero_stage: 2", "strategy.fsdp_sharding: full_shard")),
     ({"fsdp_sharding": "no_shard", "zero_stage": 1}, ("strategy.zero_stage: 1", "strategy.fsdp_sharding: no_shard")),
     ({"zero_stage": 3, "pp_degree": 2}, ("strategy.zero_stage: 3", "pipeline parallelism (DeepSpeed)")),
-    ({"fsdp_sharding": "shard_grad_op", "pp_degree": 2}, ("strategy.zero_stage: 2", "DeepSpeed")),
+    ({"fsdp_sharding": "shard_grad_op", "pp_degree": 2}, ("strategy.fsdp_sharding: shard_grad_op (ZeRO-2)", "DeepSpeed")),
     ({"zero_stage": 4}, ("strategy.zero_stage", "0, 1, 2 or 3")),
     ({"fsdp_sharding": "zero3"}, ("strategy.fsdp_sharding", "'zero3'")),
 ])
@@ -312,3 +312,13 @@ def test_rank_moves_an_fsdp_scenario_to_another_gpu_count():
     moved = scenario_for_gpus(load_scenario(FSDP_SCENARIO), 32)
     assert moved.num_gpus == 32 and moved.strategy.kind == "megatron"
     assert (moved.strategy.zero_stage, moved.strategy.fsdp_sharding, moved.strategy.tp_degree) == (3, "full_shard", 1)
+
+
+def test_fsdp_sharding_is_named_where_it_set_the_stage_a_layout_cannot_take():
+    from ghpsim.cli import main as cli
+    import contextlib
+    import io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli(["simulate", "scenarios/llama3_70b_fsdp_h100.yaml", "--set", "strategy.cp_degree=2"]) == 2
+    assert "strategy.fsdp_sharding: full_shard (ZeRO-3) with cp_degree 2 is not modelled" in err.getvalue()

@@ -36,6 +36,8 @@ Not modelled (refused): ZeRO-2/3 or expert parallelism with c > 1; models withou
 
 from __future__ import annotations
 
+from simulator.zero_config import zero_setting
+
 from simulator.errors import ScenarioError
 from simulator.plan import BACKWARD, Recv, Send
 
@@ -60,8 +62,8 @@ def check_context_parallel(config, workload) -> None:
             raise ScenarioError(f"strategy.cp_degree: {cp} does not split the sequence length {s} into 2 x {cp} "
                                 "equal chunks (Megatron's causal load balancing)")
     if config.zero_stage >= 2:
-        raise ScenarioError(f"strategy.zero_stage: {config.zero_stage} with cp_degree {cp} is not modelled "
-                            "(use zero_stage 0 or 1)")
+        raise ScenarioError(f"{zero_setting(config, config.zero_stage)} with cp_degree {cp} is not modelled "
+                            "(use zero_stage 0 or 1, and no fsdp_sharding)")
     if config.ep > 1:
         raise ScenarioError(f"strategy.ep_degree: {config.ep} with cp_degree {cp} is not modelled")
 

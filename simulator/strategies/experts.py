@@ -38,6 +38,8 @@ TP before the experts and reduce-scattered after them (`_routed_tp_collectives`)
 
 from __future__ import annotations
 
+from simulator.zero_config import zero_setting
+
 import copy
 from collections import Counter
 from dataclasses import replace
@@ -74,8 +76,8 @@ def check_expert_parallel(config, workload: Workload) -> None:
         raise ScenarioError(f"strategy.sequence_parallel: false with tp_degree {config.tp} and ep_degree {ep} "
                             "(Megatron-Core needs sequence parallelism for MoE with tensor parallelism)")
     if config.zero_stage >= 2:
-        raise ScenarioError(f"strategy.zero_stage: {config.zero_stage} with ep_degree {ep} is not modelled "
-                            "(use zero_stage 0 or 1, Megatron-Core's distributed optimizer)")
+        raise ScenarioError(f"{zero_setting(config, config.zero_stage)} with ep_degree {ep} is not modelled "
+                            "(use zero_stage 0 or 1, Megatron-Core's distributed optimizer, and no fsdp_sharding)")
     if not config.overlap_backward:
         raise ScenarioError(f"strategy.overlap_backward: false with ep_degree {ep} is not modelled "
                             "(expert gradients are reduced in buckets during the backward)")
