@@ -337,3 +337,10 @@ def test_subprocess_bad_input_one_line_exit_2(tmp_path):
     lines = done.stderr.strip("\n").splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and "cluster.num_nodes" in lines[0]
     assert done.stdout == ""
+
+
+def test_a_placement_of_the_wrong_length_says_why_before_any_long_list(capsys):
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "mixtral_8x7b_ep_h100.yaml"
+    code, _out, err = run_cli(capsys, "simulate", path, "--set", "cluster.num_nodes=16")
+    assert code == 2 and err.endswith("strategy.placement: a list of 64 devices is not a permutation of the "
+                                      "128 device indices 0..127\n"), err
