@@ -310,7 +310,7 @@ class Scenario(_Frozen):
                 raise ValueError(f"strategy.{key}: {getattr(self.strategy, key)} applies to kind megatron only")
         placement = self.strategy.placement
         if isinstance(placement, tuple) and sorted(placement) != list(range(num_gpus)):
-            raise ValueError(f"strategy.placement: a list of {len(placement)} devices is not a permutation of the {num_gpus} device indices 0..{num_gpus - 1}")
+            raise ValueError(f"strategy.placement: {list(placement) if len(placement) <= 16 else f'a list of {len(placement)} devices'} is not a permutation of the {num_gpus} device indices 0..{num_gpus - 1}")
         return self
 
     @property
