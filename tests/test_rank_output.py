@@ -4,6 +4,7 @@ layout lost, one number format, and bounds priced as each candidate runs."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -236,3 +237,15 @@ def test_the_pareto_plot_numbers_its_front_and_lists_each_layout_once(monkeypatc
     assert texts[-1] == ("Pareto front:\n1. 64 GPUs: dp (G=64 x M=1)\n2. 8 GPUs: dp (G=8 x M=1)\n"
                          "3. 1 GPU: dp (G=1 x M=1)")
     assert texts[:-1] == ["1", "2", "3"] and axis.get_xscale() == "log"  # 0.5 to 10 s: a decade and more
+
+
+def test_the_phase_seconds_are_wall_time_and_add_up_to_no_more_than_the_search():
+    """Screening runs in slices over the workers: its memory and bound seconds split its wall time
+    as the workers' time was split (their sum would exceed it), so the phases add up to the search."""
+    started = time.perf_counter()
+    ranking = search_layouts(load_scenario(tiny_llm()), kinds=("dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "megatron"), microbatch_sizes=(1, 2), workers=2,
+                             show_progress=False)
+    wall_s = time.perf_counter() - started
+    seconds = ranking.stats.seconds
+    assert set(seconds) == {"enumerate", "memory", "bound", "simulate"} and min(seconds.values()) >= 0
+    assert seconds["memory"] + seconds["bound"] > 0 and sum(seconds.values()) <= wall_s
