@@ -11,6 +11,8 @@ Without a list (`default_strategies`): dp, mp, ghp, or a megatron scenario's own
 
 from __future__ import annotations
 
+import re
+
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.scenario import PIPELINE_KINDS, Scenario, scenario_from_dict
@@ -133,7 +135,7 @@ def parse_strategy_specs(text: str) -> list[tuple[str, int | None]]:
         if item == MEGATRON:
             specs.append((MEGATRON, None))
             continue
-        if (kind == "ghp" or kind in PIPELINE_KINDS) and groups.lstrip("+-").isdigit() and int(groups) < 1:
+        if (kind == "ghp" or kind in PIPELINE_KINDS) and re.fullmatch(r"[+-]?\d+", groups) and int(groups) < 1:
             counted = "G groups" if kind == "ghp" else "m micro-batches"
             raise ScenarioError(f"--strategies: {item!r}: the number after ':' ({counted}) must be at least 1")
         if kind in PIPELINE_KINDS and (not groups or (groups.isdigit() and int(groups) >= 1)):

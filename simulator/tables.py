@@ -43,8 +43,13 @@ def comparison_frame(results: list[SimulationResult]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def has_no_placement(summary: dict) -> bool:
+    """A grid of one group or one worker a group has no choice of placement (shown as "-")."""
+    return 1 in (summary.get("num_groups"), summary.get("workers_per_group"))
+
+
 def _placement_label(summary: dict) -> str:
-    if summary["num_groups"] == 1 or summary["workers_per_group"] == 1:
+    if has_no_placement(summary):
         return "-"
     return summary["placement"] if isinstance(summary["placement"], str) else "explicit"
 

@@ -114,3 +114,8 @@ def test_a_count_below_one_after_the_colon_is_named_for_what_it_counts(spec, cou
     with pytest.raises(ScenarioError) as raised:
         parse_strategy_specs(spec)
     assert str(raised.value) == f"--strategies: '{spec}': the number after ':' ({counted}) must be at least 1"
+
+
+def test_a_malformed_count_after_the_colon_is_one_line_not_a_traceback():
+    with pytest.raises(ScenarioError, match="'ghp:\\+-3' is not one of dp, mp, ghp"):
+        parse_strategy_specs("ghp:+-3")

@@ -9,7 +9,7 @@ from simulator.report.document import Section, Table
 from simulator.report.inputs import ReportInput, sweep_axes, sweep_ok, value_text
 from simulator.report.sweep_order import axis_values, point_order
 from simulator.scenario import Scenario
-from simulator.tables import strategy_label
+from simulator.tables import has_no_placement, strategy_label
 
 GIB = 2**30
 
@@ -90,7 +90,7 @@ SUMMARY_KEYS = ("scenario", "model", "num_gpus", "global_batch_size", "partition
 def _value(summary: dict, key: str):
     """A summary's `key` as the report shows it: the placement "-" where the grid has no choice
     (one group or one worker a group), as the ranking table shows it."""
-    if key == "placement" and key in summary and 1 in (summary.get("num_groups"), summary.get("workers_per_group")):
+    if key == "placement" and key in summary and has_no_placement(summary):
         return "-"
     return summary[key]
 

@@ -78,8 +78,8 @@ def sweep_sections(table: pd.DataFrame) -> list[Section]:
     else:
         frame = scaling_frame(table)
         scaling.paragraphs.append(
-            "Per strategy (kind and swept strategy fields; a swept model is a line of its own) and GPU count, the point of highest throughput "
-            "(over the other swept fields). "
+            "Per strategy (kind and swept strategy fields; a swept model is a line of its own) and GPU count, "
+            "the point of highest throughput (over the other swept fields). "
             "Scaling efficiency = speedup over one device / number of GPUs (100 % = linear).")
         if frame["num_gpus"].nunique() == 1:  # nothing scales: the table alone, no column of dots
             scaling.paragraphs.append(f"Every point has {int(frame['num_gpus'].iloc[0])} GPUs: no scaling to draw.")

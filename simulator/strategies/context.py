@@ -36,10 +36,9 @@ Not modelled (refused): ZeRO-2/3 or expert parallelism with c > 1; models withou
 
 from __future__ import annotations
 
-from simulator.zero_config import zero_setting
-
 from simulator.errors import ScenarioError
 from simulator.plan import BACKWARD, Recv, Send
+from simulator.zero_config import zero_setting
 
 
 def attention_specs(workload, start: int = 0, end: int | None = None) -> list[dict]:

@@ -38,8 +38,6 @@ TP before the experts and reduce-scattered after them (`_routed_tp_collectives`)
 
 from __future__ import annotations
 
-from simulator.zero_config import zero_setting
-
 import copy
 from collections import Counter
 from dataclasses import replace
@@ -47,6 +45,7 @@ from dataclasses import replace
 from simulator.errors import ScenarioError
 from simulator.plan import Collective
 from simulator.workload import Layer, Workload
+from simulator.zero_config import zero_setting
 from simulator.zoo._ops import ADD_FLOPS, RMS_NORM_FLOPS, SOFTMAX_FLOPS
 
 MOE_KIND = "moe_block"
