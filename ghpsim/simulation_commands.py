@@ -39,11 +39,18 @@ def _run_compare(scenario_source, args) -> int:
 
 
 def _compare(scenario, specs, costs):
-    """`compare`, with a note on stderr when another kind's parameter-server scenario is also played
-    as its megatron layout, which reduces gradients with allreduce (`compare.megatron_layout`)."""
-    if (MEGATRON, None) in specs and scenario.strategy.kind != MEGATRON and scenario.strategy.dp_sync != "allreduce":
-        print("ghpsim: note: strategy.dp_sync parameter_server: not used by the megatron item, which reduces gradients "
-              "with allreduce", file=sys.stderr)
+    """`compare`, with a note on stderr when another kind's scenario is also played as its megatron
+    layout, which drops the gradient settings megatron does not play (`compare.megatron_layout`):
+    allreduce for a parameter server, dense gradients for top-k, no LaySA weight update."""
+    strategy, training = scenario.strategy, scenario.training
+    if (MEGATRON, None) in specs and strategy.kind != MEGATRON:
+        unused = [setting for setting, used in (
+            ("strategy.dp_sync parameter_server", strategy.dp_sync == "allreduce"),
+            ("strategy.gradient_compression topk", strategy.gradient_compression == "none"),
+            ("training.memory_policy laysa", training.memory_policy != "laysa")) if not used]
+        if unused:
+            print(f"ghpsim: note: {', '.join(unused)}: not used by the megatron item, which reduces dense gradients "
+                  "with allreduce and keeps each until the update", file=sys.stderr)
     return compare(scenario, specs, costs=costs)
 
 

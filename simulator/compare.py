@@ -75,7 +75,10 @@ def megatron_layout(scenario: Scenario) -> Scenario:
         partition = "balanced"
     raw["strategy"] = {**raw["strategy"], "kind": MEGATRON, "num_groups": None, "num_virtual_stages": chunks,
                        "partition": partition, "dp_sync": "allreduce", "num_parameter_servers": 1,  # megatron: allreduce
+                       "gradient_compression": "none",  # of dense gradients, each kept until the update (no laysa)
                        "placement": "group_per_node" if strategy.placement == "stage_per_node" else strategy.placement}
+    if raw["training"]["memory_policy"] == "laysa":
+        raw["training"] = {**raw["training"], "memory_policy": "reuse"}
     return scenario_from_dict(raw, origin=scenario.source, base_dir=scenario.base_dir)
 
 

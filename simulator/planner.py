@@ -221,13 +221,14 @@ def candidate_scenario(scenario: Scenario, candidate: Candidate) -> dict:
         partition = "balanced"
     if candidate.recompute:
         raw["training"] = {**raw["training"], "recompute": candidate.recompute}
-    if candidate.kind == MEGATRON:
+    if candidate.kind == MEGATRON:  # dense gradients, each kept until the update, as compare.megatron_layout
+        raw["training"]["memory_policy"] = raw["training"]["memory_policy"].replace("laysa", "reuse")
         from simulator.layout_geometry import megatron_placement
         placement = megatron_placement(candidate.placement, candidate.tp_degree, candidate.workers_per_group,
                                        candidate.data_parallel, candidate.cp_degree or 1)
         raw["strategy"] = {**raw["strategy"], "kind": MEGATRON, "num_groups": None, "dp_sync": "allreduce",
                            "num_parameter_servers": 1, "placement": placement if isinstance(placement, str) else list(placement),
-                           "tp_degree": candidate.tp_degree, "pp_degree": candidate.workers_per_group,
+                           "tp_degree": candidate.tp_degree, "pp_degree": candidate.workers_per_group, "gradient_compression": "none",
                            "num_microbatches": candidate.num_microbatches, "partition": partition,
                            "num_virtual_stages": candidate.num_virtual_stages, "cp_degree": candidate.cp_degree or 1}
         for key in ("sequence_parallel", "zero_stage", "ep_degree"):

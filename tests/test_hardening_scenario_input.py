@@ -156,8 +156,8 @@ def test_compare_turns_a_parameter_server_scenario_into_megatron_with_allreduce(
     code, out, err = run_cli(capsys, "compare", path, "--strategies", "dp,megatron", "--json",
                              "--set", "strategy.kind=dp", "--set", "strategy.dp_sync=parameter_server")
     assert code == 0 and err.splitlines() == [
-        "ghpsim: note: strategy.dp_sync parameter_server: not used by the megatron item, which reduces gradients "
-        "with allreduce"], err
+        "ghpsim: note: strategy.dp_sync parameter_server: not used by the megatron item, which reduces dense "
+        "gradients with allreduce and keeps each until the update"], err
     steps = {summary["strategy"]: summary["step_time_s"] for summary in json.loads(out)["summaries"]}
     code, out, _ = run_cli(capsys, "compare", path, "--strategies", "megatron", "--json")
     assert code == 0 and steps["megatron"] == json.loads(out)["summaries"][0]["step_time_s"]
@@ -171,15 +171,38 @@ def test_compare_of_a_parameter_server_scenario_without_megatron_has_no_note(cap
     assert code == 0 and err == ""
 
 
-def test_rank_plays_megatron_candidates_of_a_parameter_server_scenario_with_allreduce(capsys, tmp_path):
+def test_rank_plays_megatron_candidates_of_a_parameter_server_laysa_scenario_densely(capsys, tmp_path):
     path = tiny_megatron(tmp_path)
     code, out, err = run_cli(capsys, "rank", path, "--kinds", "dp,megatron", "--workers", "1", "--json",
-                             "--set", "strategy.dp_sync=parameter_server")
+                             "--set", "strategy.dp_sync=parameter_server", "--set", "training.memory_policy=laysa",
+                             "--set", "strategy.gradient_compression=topk")
     assert code == 0, err
     ranking = json.loads(out)
     megatron = [row for row in ranking["rows"] if row["kind"] == "megatron"]
     assert megatron and "dp" in {row["kind"] for row in ranking["rows"]}
-    assert not any("dp_sync" in row["reason"] for row in ranking["skipped"])
+    assert not any(key in row["reason"] for row in ranking["skipped"] for key in ("dp_sync", "laysa", "topk"))
+
+@pytest.mark.parametrize("setting, value, what", [
+    ("strategy.gradient_compression", "topk", "megatron reduces dense gradients"),
+    ("training.memory_policy", "laysa", "megatron keeps each gradient until the update")])
+def test_gradient_settings_megatron_does_not_play_are_refused_not_ignored(capsys, tmp_path, setting, value, what):
+    path = tiny_megatron(tmp_path)
+    assert_one_line_error(run_cli(capsys, "simulate", path, "--set", f"{setting}={value}"),
+                          f"{path}: {setting}: {value} applies to kinds dp, mp, ghp and the pipeline kinds; {what}")
+
+
+def test_compare_plays_a_laysa_topk_scenario_as_dense_megatron_with_a_note(capsys, tmp_path):
+    path = tiny_megatron(tmp_path)
+    code, out, err = run_cli(capsys, "compare", path, "--strategies", "dp,megatron", "--json",
+                             "--set", "strategy.kind=dp", "--set", "training.memory_policy=laysa",
+                             "--set", "strategy.gradient_compression=topk")
+    assert code == 0 and err.startswith("ghpsim: note: strategy.gradient_compression topk, training.memory_policy "
+                                        "laysa: not used by the megatron item"), err
+    steps = {summary["strategy"]: summary["step_time_s"] for summary in json.loads(out)["summaries"]}
+    code, out, _ = run_cli(capsys, "compare", path, "--strategies", "megatron", "--json",
+                           "--set", "training.memory_policy=reuse")
+    assert code == 0 and steps["megatron"] == json.loads(out)["summaries"][0]["step_time_s"]
+
 
 def test_parameter_server_shards_without_a_parameter_server_are_refused(capsys):
     assert_one_line_error(run_cli(capsys, "simulate", "scenarios/demo.yaml", "--set", "strategy.num_parameter_servers=2"),

@@ -37,9 +37,8 @@ gpus_per_node); an explicit placement lists the device of each such position. Pl
 numbered as pipelines: rank = g x p + pp with g = dp x t + tp (G = d t pipelines of p stages;
 `Plan.grid_position` gives (g, pp)).
 
-Recomputation (`training.recompute`): before each backward segment its recomputed layers run
-forward again (`simulator.strategies.ghp.recompute_ranges`), with their TP forward collectives;
-ids in `meta["recompute_actions"]` as for the other kinds.
+Recomputation (`training.recompute`): recomputed layers run forward again before each backward segment
+(`simulator.strategies.ghp.recompute_ranges`) with their TP collectives; ids in `meta["recompute_actions"]`.
 """
 
 from __future__ import annotations
@@ -125,10 +124,14 @@ def tensor_config(scenario) -> TensorConfig:
     if strategy.tp_comm_overlap and tp > 1 and not strategy.sequence_parallel:
         raise ScenarioError("strategy.tp_comm_overlap: needs strategy.sequence_parallel (Megatron: \"Tensor parallel "
                             "communication/GEMM overlap can happen only when sequence parallelism is enabled\")")
-    for key, usual, kinds, how in (("gradient_fusion", "buckets", "dp, mp and ghp", "in DDP buckets"),
-                                   ("dp_sync", "allreduce", "dp, mp, ghp and the pipeline kinds", "with allreduce")):
-        if (value := getattr(strategy, key)) != usual:  # the other kinds' settings, which megatron does not play
-            raise ScenarioError(f"strategy.{key}: {value} applies to kinds {kinds}; megatron reduces gradients {how}")
+    others = "dp, mp, ghp and the pipeline kinds"
+    for section, key, allowed, kinds, how in (  # the other kinds' settings, which megatron does not play
+            ("strategy", "gradient_fusion", ("buckets",), "dp, mp and ghp", "reduces gradients in DDP buckets"),
+            ("strategy", "dp_sync", ("allreduce",), others, "reduces gradients with allreduce"),
+            ("strategy", "gradient_compression", ("none",), others, "reduces dense gradients"),
+            ("training", "memory_policy", ("none", "reuse"), others, "keeps each gradient until the update")):
+        if (value := getattr(getattr(scenario, section), key)) not in allowed:
+            raise ScenarioError(f"{section}.{key}: {value} applies to kinds {kinds}; megatron {how}")
     if strategy.placement == "stage_per_node":
         raise ScenarioError("strategy.placement: stage_per_node is not a megatron layout (use group_per_node: "
                             "tp fastest, then pp, then dp; tp_dp_pp: tp, then dp, then pp; or a device list)")
@@ -218,12 +221,10 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
                                             builder, relabelled) for builder in builders[config.pp:])
     else:
         actions += tuple(builder.build() for builder in builders[config.pp:])
-    meta = {"placement": config.placement, "partition": [b - a for a, b in ranges],
-            "recompute_granularity": "layer",
+    meta = {"placement": config.placement, "partition": [b - a for a, b in ranges], "recompute_granularity": "layer",
             "schedule_kind": config.schedule_kind, "num_microbatches": config.num_microbatches,
             "num_virtual_stages": config.num_virtual_stages, "asynchronous": False, "weight_stashing": False,
-            **stage_metrics(schedule, False), **in_flight_counts(schedule), "rank_workload": shard,
-            "recompute": config.recompute,
+            **stage_metrics(schedule, False), **in_flight_counts(schedule), "rank_workload": shard, "recompute": config.recompute,
             "recompute_actions": {rank: builder.recomputed for rank, builder in enumerate(builders)},
             "tensor": {"tp_degree": config.tp, "pp_degree": config.pp, "dp_degree": config.dp // config.cp,
                        "ep_degree": config.ep, "cp_degree": config.cp,
@@ -252,8 +253,7 @@ class _TensorRank:
     def __init__(self, config: TensorConfig, workload, shard, schedule, ranges, stages, rank: int, symmetric: bool,
                  shared: dict):
         self.config, self.workload, self.shard, self.schedule, self.ranges = config, workload, shard, schedule, ranges
-        self.shared = shared
-        self.rank, self.symmetric = rank, symmetric
+        self.shared, self.rank, self.symmetric = shared, rank, symmetric
         p, t = config.pp, config.tp
         self.pipeline, self.stage_index = divmod(rank, p)
         self.dp_index, tp_index = divmod(self.pipeline, t)
