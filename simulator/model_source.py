@@ -55,6 +55,8 @@ def _from_zoo(name: str, params: dict) -> Workload:
             raise ScenarioError(f"model.params.{texts[0]}: {params[texts[0]]!r} not accepted by model {name!r} "
                                 "(expected a number)") from None
         raise ScenarioError(f"model.params: {params!r} not accepted by model {name!r}: {error}") from None
+    except DimensionError as error:
+        raise ScenarioError(error.names_as(lambda key: f"model.params.{key}")) from None
     except (ValueError, ZeroDivisionError, OverflowError) as error:
         raise ScenarioError(f"model.params: {params!r}: {error}") from None
     check_num_layers(workload.num_layers, "model.params")
@@ -173,8 +175,7 @@ def load_hf_config(path: Path, params: dict) -> Workload:
             raise ScenarioError(f"{what}: {key}: expected a positive integer, got null" if key in config
                                 else f"{what}: missing key {key}")
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            got = f", got {value!r}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
-            raise ScenarioError(f"{what}: {key}: expected a positive integer{got}")
+            raise ScenarioError(f"{what}: {key}: expected a positive integer, got {_shown(value)}")
         return value
 
     model_type = config.get("model_type")

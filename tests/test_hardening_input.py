@@ -326,6 +326,17 @@ def test_a_fraction_for_a_whole_number_model_parameter_is_refused(capsys, tmp_pa
     assert line.endswith(f"model.params.{key}: {value} is not a whole number")
 
 
+@pytest.mark.parametrize("model, key, value, message", [
+    ("gpt2-1.5b", "seq_len", "0", "model.params.seq_len 0 must be at least 1"),
+    ("mlp", "num_hidden_layers", "-1", "model.params.num_hidden_layers -1 must be at least 0"),
+    ("llama2-7b", "num_kv_heads", "-2", "model.params.num_kv_heads -2 must be at least 1"),
+    ("mixtral-8x7b", "top_k", "0", "model.params.top_k 0 must be at least 1"),
+    ("gpt2-1.5b", "num_heads", "7", "model.params.hidden_size 1600 not divisible by model.params.num_heads 7")])
+def test_a_model_dimension_out_of_range_is_named_with_its_value(capsys, tmp_path, model, key, value, message):
+    text = f"model: {{name: {model}}}\ntraining: {{global_batch_size: 8}}\n"
+    assert one_error_line(run(capsys, tmp_path, text, "--set", f"model.params.{key}={value}")).endswith(message)
+
+
 def test_a_whole_float_model_parameter_is_its_integer():
     from simulator.model_source import resolve_workload
     from simulator.scenario import ModelConfig

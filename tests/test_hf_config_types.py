@@ -106,7 +106,8 @@ def test_a_null_kv_head_count_means_one_per_head_as_in_transformers(tmp_path):
     ({"num_local_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 2},
      "n_shared_experts: 2 is read only with n_routed_experts (DeepSeekMoE); this config has none"),
     ({"moe_intermediate_size": 1408}, "moe_intermediate_size: 1408 is read only with n_routed_experts"),
-    ({"head_dim": "128"}, "head_dim: expected a positive integer"),
+    ({"head_dim": "128"}, "head_dim: expected a positive integer, got '128'"),
+    ({"hidden_size": [4096]}, "hidden_size: expected a positive integer, got [4096]"),
     ({"use_sliding_window": "false", "sliding_window": 4096}, "use_sliding_window: expected true or false, got 'false'"),
     ({"rope_scaling": [1, 2]}, "rope_scaling: expected an object or null, got [1, 2]"),
 ])

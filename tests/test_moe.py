@@ -126,7 +126,7 @@ def test_hf_config_dimension_errors_use_the_file_s_keys(tmp_path, config, change
 def test_zoo_params_are_type_checked_by_name():
     with pytest.raises(ScenarioError, match="model.params.num_experts"):
         resolve_workload(ModelConfig(name="mixtral-8x7b", params={"num_experts": "eight"}))
-    with pytest.raises(ScenarioError, match="top_k 9 exceeds num_experts 8"):
+    with pytest.raises(ScenarioError, match="model.params.top_k 9 exceeds model.params.num_experts 8"):
         resolve_workload(ModelConfig(name="mixtral-8x7b", params={"top_k": 9}))
 
 

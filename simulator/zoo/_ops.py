@@ -53,6 +53,13 @@ class DimensionError(ValueError):
         return self.template.format(**{name: f"{rename(name)} {value}" for name, value in self.values.items()})
 
 
+def require_positive(**values: Any) -> None:
+    """A DimensionError naming the first of `values` (factory keyword -> value) below 1."""
+    for name, value in values.items():
+        if value < 1:
+            raise DimensionError(f"{{{name}}} must be at least 1", **{name: value})
+
+
 def keyword_signature(function: Callable, defaults: Mapping[str, Any]) -> inspect.Signature:
     """`function`'s keywords but `name`, with `defaults` and evaluated annotations: the signature a
     zoo factory that forwards `**keywords` shows, so `model.params` are checked against it

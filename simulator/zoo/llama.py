@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.workload import Layer, Workload
-from simulator.zoo._ops import DimensionError, Tally
+from simulator.zoo._ops import DimensionError, Tally, require_positive
 from simulator.zoo.transformer import check_sliding_window
 
 
@@ -94,8 +94,8 @@ def llama_head(name: str, hidden: int, vocab: int, seq: int, *, tied: bool) -> L
 
 def _check(num_layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, seq: int,
            vocab: int, max_positions: int) -> None:
-    if min(num_layers, hidden, heads, kv_heads, ffn, seq, vocab) < 1:
-        raise ValueError("llama dimensions must be positive")
+    require_positive(num_layers=num_layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
+                     ffn_hidden_size=ffn, seq_len=seq, vocab_size=vocab)
     if hidden % heads:
         raise DimensionError("{hidden_size} not divisible by {num_heads}", hidden_size=hidden, num_heads=heads)
     if heads % kv_heads:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.workload import Layer, Workload
-from simulator.zoo._ops import ADD_FLOPS, SOFTMAX_FLOPS, SWIGLU_FLOPS, DimensionError, keyword_signature
+from simulator.zoo._ops import ADD_FLOPS, SOFTMAX_FLOPS, SWIGLU_FLOPS, DimensionError, keyword_signature, require_positive
 from simulator.zoo.llama import attention_half, llama_block, llama_embedding, llama_head
 from simulator.zoo.transformer import check_sliding_window
 
@@ -86,8 +86,10 @@ def capacity_padding_flops_per_sample(layer: Layer) -> float:
 
 def _check(num_experts: int, top_k: int, expert_ffn: int, capacity_factor: float, num_shared: int,
            num_dense: int, dense_ffn: int, num_layers: int) -> None:
-    if min(num_experts, top_k, expert_ffn) < 1 or min(num_shared, num_dense) < 0:
-        raise ValueError("MoE dimensions must be positive (num_experts, top_k, expert_ffn_hidden_size)")
+    require_positive(num_experts=num_experts, top_k=top_k, expert_ffn_hidden_size=expert_ffn)
+    for key, count in (("num_shared_experts", num_shared), ("num_dense_layers", num_dense)):
+        if count < 0:
+            raise DimensionError(f"{{{key}}} must be at least 0", **{key: count})
     if top_k > num_experts:
         raise DimensionError("{top_k} exceeds {num_experts}", top_k=top_k, num_experts=num_experts)
     if not capacity_factor > 0:
@@ -117,8 +119,8 @@ def moe_workload(name: str, *, num_layers: int = 32, hidden_size: int = 4096, nu
     max_positions = max_positions or seq_len
     _check(num_experts, top_k, expert_ffn_hidden_size, capacity_factor, num_shared_experts,
            num_dense_layers, dense_ffn_hidden_size, num_layers)
-    if min(num_layers, hidden_size, num_heads, kv, seq_len, vocab_size) < 1:
-        raise ValueError("MoE model dimensions must be positive")
+    require_positive(num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads, num_kv_heads=kv,
+                     seq_len=seq_len, vocab_size=vocab_size)
     if hidden_size % num_heads or num_heads % kv:
         raise DimensionError("{hidden_size}, {num_heads}, {num_kv_heads}: heads must divide hidden_size and kv "
                              "heads the heads", hidden_size=hidden_size, num_heads=num_heads, num_kv_heads=kv)

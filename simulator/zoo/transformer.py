@@ -26,17 +26,17 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.workload import Layer, Workload
-from simulator.zoo._ops import Tally, keyword_signature
+from simulator.zoo._ops import DimensionError, Tally, keyword_signature, require_positive
 
 
 def _check_config(num_layers: int, hidden_size: int, num_heads: int, seq_len: int,
                   vocab_size: int, max_positions: int) -> None:
-    if min(num_layers, hidden_size, num_heads, seq_len, vocab_size) < 1:
-        raise ValueError("transformer dimensions must be positive")
+    require_positive(num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads, seq_len=seq_len,
+                     vocab_size=vocab_size)
     if hidden_size % num_heads:
-        raise ValueError(f"hidden_size {hidden_size} not divisible by num_heads {num_heads}")
+        raise DimensionError("{hidden_size} not divisible by {num_heads}", hidden_size=hidden_size, num_heads=num_heads)
     if max_positions < seq_len:
-        raise ValueError(f"max_positions {max_positions} < seq_len {seq_len}")
+        raise DimensionError("{max_positions} < {seq_len}", max_positions=max_positions, seq_len=seq_len)
 
 
 def check_sliding_window(sliding_window) -> None:
