@@ -155,7 +155,7 @@ def test_a_node_of_smaller_gpus_is_checked_against_its_own_memory(capsys):
 def test_a_capacity_factor_beyond_experts_over_top_k_is_refused(capsys):
     scenario = os.path.join(REPO, "scenarios", "mixtral_8x7b_ep_h100.yaml")
     line = refused(capsys, "simulate", scenario, "--set", "model.params.capacity_factor=1e6")
-    assert "capacity_factor 1000000.0 exceeds num_experts 8 / top_k 2" in line
+    assert "model.params.capacity_factor 1000000.0 exceeds model.params.num_experts 8 / model.params.top_k 2" in line
 
 
 def test_layout_degrees_on_another_kind_are_noted(capsys):
