@@ -91,15 +91,19 @@ def _costs_for_gpu(costs: CostModel, gpu: GpuSpec) -> CostModel:
 
 def stage_compute_s(costs: CostModel, topology: Topology, rank_to_device: tuple[int, ...], num_groups: int,
                     num_stages: int, num_layers: int, batch: float,
-                    phases: tuple[str, ...] = (FORWARD, BACKWARD)) -> np.ndarray:
+                    phases: tuple[str, ...] = (FORWARD, BACKWARD), parts: bool = False) -> np.ndarray:
     """Seconds per layer of `phases` (forward + backward by default): shape (L,) on uniform devices,
-    else (M, L) with row j the slowest of stage j's G devices (ranks g x M + j)."""
+    else (M, L) with row j the slowest of stage j's G devices (ranks g x M + j). With `parts`, each
+    phase's device and host seconds apart (`simulator.costs.compute_parts`) on a leading axis:
+    shape (2 x len(phases), L) or (2 x len(phases), M, L), [device, host] of each phase in turn."""
     device_costs = DeviceCosts(costs, topology)
 
     def per_layer(device: int | None) -> np.ndarray:
-        lookup = (lambda i, phase: costs.compute_s(i, phase, batch)) if device is None else (
-            lambda i, phase: device_costs.compute_s(device, i, phase, batch))
-        return np.array([sum(lookup(i, phase) for phase in phases) for i in range(num_layers)])
+        model = costs if device is None else device_costs.model_of(device)
+        if parts:
+            return np.array([[compute_parts(model, i, phase, batch) for i in range(num_layers)]
+                             for phase in phases]).transpose(0, 2, 1).reshape(2 * len(phases), num_layers)
+        return np.array([sum(model.compute_s(i, phase, batch) for phase in phases) for i in range(num_layers)])
 
     if device_costs.uniform:
         return per_layer(None)
@@ -113,4 +117,4 @@ def stage_compute_s(costs: CostModel, topology: Topology, rank_to_device: tuple[
             if kind not in by_kind:
                 by_kind[kind] = per_layer(device)
         rows.append(np.max([by_kind[kind] for kind in kinds], axis=0))
-    return np.array(rows)
+    return np.moveaxis(np.array(rows), 0, 1) if parts else np.array(rows)

@@ -12,6 +12,9 @@ gradient allreduce that its backward does not hide, and its optimizer step (`Sta
 is the linear-partition DP (Bokhari 1988) with the PipeDream partitioner's stage cost at a fixed
 replication (Narayanan et al. SOSP 2019), O(M L^2), vectorised with numpy. A flushed pipeline
 weighs the fill too (`flushed_partition`: the sum plus m - 1 times the slowest stage; interleaved, the busiest device).
+Where a GPU's kernels are issued by an asynchronous host (`HostIssue`), a pass over a range takes
+max(its device seconds, its host seconds) summed over the range, not the sum of each layer's larger
+side: a layer of large GEMMs lets the host catch up on the small kernels beside it.
 
 Serial (one batch through the stages, no micro-batches: GHP, MP): the step is the sum of the
 stages' costs plus the longest tail of allreduce and optimizer step left after the backward pass
@@ -27,6 +30,7 @@ range may also be refused for memory (`memory_cap_bytes`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -103,6 +107,48 @@ def _range_sum(values, starts, ends):
     return prefix[ends + 1] - prefix[starts]
 
 
+@dataclass(frozen=True)
+class HostIssue:
+    """Per layer (shape (L,), or (M, L) per stage) the device and host seconds of its forward and
+    backward passes (`simulator.costs.compute_parts`). A pass over layers [a, b] takes max(sum of
+    device, sum of host): the engine's host issues a pass's kernels ahead of the device and the pass
+    ends no earlier than its last kernel is issued (`simulator.engine`)."""
+
+    device_forward_s: np.ndarray
+    host_forward_s: np.ndarray
+    device_backward_s: np.ndarray
+    host_backward_s: np.ndarray
+
+    @property
+    def device_s(self) -> np.ndarray:
+        """Forward + backward device seconds per layer: the additive part of a range's cost."""
+        return self.device_forward_s + self.device_backward_s
+
+    @cached_property
+    def _prefix(self) -> np.ndarray:
+        """Prefix sums over the layers, shape (6, rows, L + 1): device and host seconds of the
+        forward, of the backward, then host less device of either (a range's excess is linear in it)."""
+        sides = np.array([np.atleast_2d(values) for values in (self.device_forward_s, self.host_forward_s,
+                                                                self.device_backward_s, self.host_backward_s)])
+        sides = np.concatenate([sides, sides[1:2] - sides[0:1], sides[3:4] - sides[2:3]])
+        return np.concatenate([np.zeros(sides.shape[:2] + (1,)), np.cumsum(sides, axis=2)], axis=2)
+
+    def _rows(self, stage: int) -> np.ndarray:
+        return self._prefix[:, 0 if self._prefix.shape[1] == 1 else stage]
+
+    def excess_s(self, stage: int, starts, ends) -> np.ndarray:
+        """What the host adds to the device's seconds of ranges [starts, ends] on `stage`, both passes."""
+        prefix = self._rows(stage)
+        return (np.maximum(prefix[4][ends + 1] - prefix[4][starts], 0.0)
+                + np.maximum(prefix[5][ends + 1] - prefix[5][starts], 0.0))
+
+    def pass_s(self, stage: int, start: int, end: int) -> tuple[float, float]:
+        """(forward, backward) seconds of one pass over layers [start, end) on `stage`."""
+        device_forward, host_forward, device_backward, host_backward = self._rows(stage)[:4, end] - \
+            self._rows(stage)[:4, start]
+        return float(max(device_forward, host_forward)), float(max(device_backward, host_backward))
+
+
 def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,
                        num_stages: int, update: StageUpdate | None = None) -> tuple[tuple[int, int], ...]:
     """Layer ranges [(start, end), ...] minimising the slowest stage (module docstring).
@@ -119,7 +165,8 @@ def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_b
 
 def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,
                       num_chunks: int, update: StageUpdate | None, num_microbatches: int,
-                      num_virtual_stages: int = 1, played_s=None, polish_plays: int = 0) -> tuple[tuple[int, int], ...]:
+                      num_virtual_stages: int = 1, played_s=None, polish_plays: int = 0,
+                      host: HostIssue | None = None) -> tuple[tuple[int, int], ...]:
     """Layer ranges of a flushed pipeline (GPipe, 1F1B, interleaved, megatron) minimising its step,
     sum_k c_k / v + max((m v - 1) max_k p_k, (m - 1 / v) max_d L_d) over the chunks' costs c_k a
     micro-batch (arguments as `balanced_partition`; c_k holds its share of the stage's update,
@@ -137,13 +184,17 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     schedule plays with a split (`schedules.makespan`): the chains found (at least the closed
     form's best) are then ranked by it, as the closed form misses a heavy chunk that delays the fill
     or the drain, and the best is polished by moving one cut at a time (`_polished`, at most
-    `polish_plays` more plays)."""
-    extra = None if update is None else update.exposed_s
+    `polish_plays` more plays). With `host`, compute_s is its device seconds and each range pays what
+    its host adds (`HostIssue.excess_s`)."""
+    exposed = None if update is None else update.exposed_s
+    issue = None if host is None else host.excess_s
+    extra = (lambda m, starts, ends: exposed(m, starts, ends) + issue(m, starts, ends)) if exposed and issue \
+        else exposed or issue
     costs = list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks, extra))
     v, paced = num_virtual_stages, num_microbatches - 1 / num_virtual_stages
     num_devices = num_chunks // v
-    per_microbatch = costs if v == 1 or extra is None else \
-        list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks))
+    per_microbatch = costs if v == 1 or exposed is None else \
+        list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks, issue))
 
     def step_s(ranges) -> float:
         chunk_costs = [cost[a, b - 1] for cost, (a, b) in zip(costs, ranges)]

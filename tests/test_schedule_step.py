@@ -117,3 +117,29 @@ def test_a_heavier_first_stage_beats_the_even_split_with_few_microbatches():
     even = schedule_step_s(schedule, [4 / 3, 4 / 3], [8 / 3, 8 / 3], zeros, zeros, zeros)
     heavy_first = schedule_step_s(schedule, [5 / 3, 1.0], [10 / 3, 2.0], zeros, zeros, zeros)
     assert even == pytest.approx(12.0) and heavy_first == pytest.approx(8 + 10 / 3)
+
+
+def test_a_pass_over_a_range_takes_the_larger_of_its_device_and_host_sums():
+    """HostIssue: three host-bound layers (device 1, host 2) and a GPU-bound head (device 6, host 0.5)
+    in one pass take max(3 + 6, 6 + 0.5) = 9 forward, not 2 + 2 + 2 + 6 = 12 (each layer's larger side)."""
+    from simulator.partition import HostIssue
+    device, host = np.array([1.0, 1.0, 1.0, 6.0]), np.array([2.0, 2.0, 2.0, 0.5])
+    issue = HostIssue(device, host, 2 * device, 2 * host)
+    assert issue.pass_s(0, 0, 4) == (9.0, 18.0)
+    assert issue.pass_s(0, 0, 3) == (6.0, 12.0)  # host-bound alone
+    starts, ends = np.array([0, 0, 3]), np.array([3, 2, 3])
+    assert issue.excess_s(0, starts, ends) == pytest.approx([0.0 + 0.0, 3.0 + 6.0, 0.0])  # host 6.5 < device 9
+    rows = HostIssue(*(np.vstack([values, 2 * values]) for values in (device, host, device, host)))
+    assert rows.pass_s(1, 0, 4) == (18.0, 18.0)  # row 1 of (M, L) arrays
+
+
+def test_the_head_does_not_drive_blocks_off_its_stage_where_the_blocks_are_host_bound():
+    """GPT-2 1.5B at TP 4 x PP 2, micro-batches of 4: each block's kernels are issued slower than they
+    run, so the head's long GEMMs cost the last stage little; weighing each layer's larger side moved a
+    block to the first stage ([26, 24]) and played 3 % slower than the even split."""
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "gpt2_1.5b_dgx_a100_3d.yaml"
+    for layout in ([], ["strategy.pp_degree=4", "strategy.tp_degree=2"]):
+        balanced = simulate(load_scenario(scenario, layout))
+        uniform = simulate(load_scenario(scenario, [*layout, "strategy.partition=uniform"]))
+        assert balanced.step_time_s <= uniform.step_time_s * (1 + 1e-12), (layout, balanced.summary["partition"])
+    assert balanced.step_time_s < uniform.step_time_s * 0.95  # PP 4: the balanced split plays 6 % faster

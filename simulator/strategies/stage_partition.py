@@ -13,7 +13,7 @@ import numpy as np
 from simulator.collective_forms import p2p_time_s
 from simulator.costs import BACKWARD, CostModel
 from simulator.heterogeneity import stage_compute_s
-from simulator.partition import (StageUpdate, balanced_partition, explicit_partition, flushed_partition, serial_partition,
+from simulator.partition import (HostIssue, StageUpdate, balanced_partition, explicit_partition, flushed_partition, serial_partition,
                                  uniform_partition)
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.topology import Topology
@@ -39,8 +39,6 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
         return uniform_partition([layer.kind for layer in workload.layers], num_stages)
     if config.partition != "balanced":
         return explicit_partition(config.partition, num_layers, num_stages)
-    compute = stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages, num_layers,
-                              group_batch)
     boundary_bytes = np.array([layer.output_elements_per_sample for layer in workload.layers],
                               dtype=float) * group_batch * dtype_bytes(config.dtype)
     input_bytes = np.array([layer.input_elements_per_sample for layer in workload.layers],
@@ -54,13 +52,16 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
             backward[stage] = _boundary_time_s(topology, rank_to_device, num_stages, stage, stage - 1, input_bytes)
     update = _stage_update(config, workload, topology, costs, rank_to_device, group_batch)
     if config.strategy in SERIAL_KINDS or config.strategy in ASYNCHRONOUS_KINDS:  # paced by the slowest stage
+        compute = stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages, num_layers,
+                                  group_batch)
         ranges = balanced_partition(compute, forward, backward, num_stages, update)
     else:  # a flushed pipeline: one micro-batch's fill and drain, then the slowest chunk's pace
-        played = _played_step(config, compute, forward, backward, update, lambda: stage_compute_s(
-            costs, topology, rank_to_device, config.num_groups, num_stages, num_layers, group_batch, (BACKWARD,)))
+        host = HostIssue(*stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages, num_layers,
+                                          group_batch, parts=True))  # device, host of forward, then of backward
+        played = _played_step(config, host, forward, backward, update)
         passes = 2 * config.num_microbatches * num_stages
-        ranges = flushed_partition(compute, forward, backward, num_stages, update, config.num_microbatches,
-                                   config.num_virtual_stages, played, POLISH_WORK // passes)
+        ranges = flushed_partition(host.device_s, forward, backward, num_stages, update, config.num_microbatches,
+                                   config.num_virtual_stages, played, POLISH_WORK // passes, host)
     if config.strategy in SERIAL_KINDS and update is not None:  # one batch through the stages
         layer_bytes, working_bytes = _layer_bytes(workload, config, group_batch)
         device = config.memory_bytes - working_bytes  # the device, less the largest backward's working set
@@ -77,11 +78,11 @@ POLISH_WORK = 2_000
 about 2 ms, as the planner partitions every pipeline geometry it bounds."""
 
 
-def _played_step(config, compute, forward, backward, update, backward_compute):
+def _played_step(config, host: HostIssue, forward, backward, update):
     """ranges -> the step its schedule plays with those chunks (`schedules.makespan`): each chunk's
-    forward (compute less backward) and backward, its sends (`forward`, `backward`: the arrays of
+    forward and backward pass (`HostIssue.pass_s`), its sends (`forward`, `backward`: the arrays of
     the closed form) and each rank's closing (`StageUpdate.closing_s`, once a step); None beyond
-    `PLAYED_OPS_LIMIT`. The backward's seconds (`backward_compute()`) are taken at the first call."""
+    `PLAYED_OPS_LIMIT`."""
     from simulator.schedules import checked_schedule
     from simulator.schedules.makespan import schedule_step_s
     v, m = config.num_virtual_stages, config.num_microbatches
@@ -89,15 +90,11 @@ def _played_step(config, compute, forward, backward, update, backward_compute):
     if 2 * m * v * ranks > PLAYED_OPS_LIMIT:
         return None
     kind = "gpipe" if config.strategy == "gpipe" else "interleaved_1f1b" if v > 1 else "1f1b"
-    schedule, backward_s = checked_schedule(kind, ranks, m, v), []
+    schedule = checked_schedule(kind, ranks, m, v)
 
     def played_s(ranges) -> float:
-        if not backward_s:
-            backward_s.append(backward_compute())
         chunks = range(len(ranges))
-        row = (lambda values, k: values) if np.ndim(compute) == 1 else (lambda values, k: values[k])
-        back = [float(row(backward_s[0], k)[a:b].sum()) for k, (a, b) in zip(chunks, ranges)]
-        ahead = [float(row(compute, k)[a:b].sum()) - back[k] for k, (a, b) in zip(chunks, ranges)]
+        ahead, back = zip(*(host.pass_s(k, a, b) for k, (a, b) in zip(chunks, ranges)))
         sends = ([float(forward[k, b - 1]) for k, (a, b) in zip(chunks, ranges)],
                  [float(backward[k, a]) for k, (a, b) in zip(chunks, ranges)])
         closing = [0.0] * ranks
