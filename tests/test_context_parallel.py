@@ -44,6 +44,30 @@ def test_ring_bytes_per_pass_are_c_minus_1_kv_blocks_forward_and_twice_backward(
         assert {a.src for a in actions if isinstance(a, Recv)} == {(rank - 1) % cp}
 
 
+@pytest.mark.parametrize("cp, window, halo", [
+    (2, 32, 32),   # L = 32: rank 0's chunk 3 takes 32 keys of chunk 2 (rank 1's), rank 1's chunk 1 32 of chunk 0
+    (4, 16, 32),   # L = 16: rank 1's chunks 1 and 6 each take a whole chunk from ranks 0 and 2
+    (4, 8, 16),    # half a chunk before each of rank 1's chunks; rank 3's chunk 4 reads its own chunk 3
+])
+def test_a_causal_window_moves_each_rank_s_halo_instead_of_the_ring(cp, window, halo):
+    """Chunks of L = s / 2c tokens, rank r holding r and 2c - 1 - r: a query of chunk a sees the
+    W keys before a L at most, so the rank receives the part of them other ranks hold, forward,
+    and returns their dK, dV backward (module docstring of simulator.strategies.context)."""
+    from simulator.strategies.context import halo_tokens
+    assert halo_tokens(128, cp, window) == halo
+    plan = simulate(scenario(cp=cp, gpus=cp, params={**MODEL, "sliding_window": window})).plan
+    per_layer = halo * 2 * 4 * KV_HIDDEN * E  # halo keys x (K, V) x b x kv_hidden x dtype
+    for actions in plan.actions:
+        assert ring_sends(actions, FORWARD)[0].size_bytes == ring_sends(actions, BACKWARD)[0].size_bytes == 4 * per_layer
+
+
+def test_a_window_wider_than_c_minus_1_chunks_keeps_the_ring():
+    from simulator.strategies.context import halo_tokens
+    assert halo_tokens(128, 2, 33) is None  # L = 32: the halo would reach past the other rank's chunk
+    plan = simulate(scenario(cp=2, gpus=2, params={**MODEL, "sliding_window": 33})).plan
+    assert ring_sends(plan.actions[0], FORWARD)[0].size_bytes == 4 * 1 * 2 * 4 * 64 * KV_HIDDEN * E
+
+
 def test_ring_with_tensor_parallelism_sends_the_rank_s_kv_heads_to_its_cp_neighbour():
     plan = simulate(scenario(cp=2, gpus=4, tp=2)).plan
     per_layer = 1 * 2 * 4 * 64 * KV_HIDDEN / 2 * E

@@ -20,7 +20,11 @@ heads of a, GQA; the rank's h g / (a t) key-value width under TP) to the next ra
 backward passes K and V again plus dK and dV back: twice the forward bytes. TE overlaps each step
 with the attention of the block in hand; the plan starts a pass's ring transfers with its compute
 and what follows waits for both (as `tp_comm_overlap`): the pass takes max(compute, ring) at pass
-granularity (an upper bound on the overlap, like TE's at block granularity).
+granularity (an upper bound on the overlap, like TE's at block granularity). Under a causal sliding
+window of W keys the queries of chunk a see only keys [a L - W, (a + 1) L) (L = s / 2c), so a
+window-aware exchange moves each chunk's halo, the W keys before it held by other ranks, instead of
+the c - 1 ring steps, and the backward returns their dK, dV (`halo_tokens`; a window wider than
+(c - 1) L keeps the ring, which then moves no more).
 
 Weights are replicated over CP: the gradients are reduced over the d x c ranks of a (stage, TP
 rank) (Megatron's data-parallel-with-CP group), and ZeRO-1 shards over them too. Rank order:
@@ -67,14 +71,41 @@ def check_context_parallel(config, workload) -> None:
         raise ScenarioError(f"strategy.ep_degree: {config.ep} with cp_degree {cp} is not modelled")
 
 
+def halo_tokens(seq_len: int, cp: int, window: int) -> float | None:
+    """The most keys a CP rank receives for its two chunks (r and 2c - 1 - r, each L = s / 2c tokens)
+    under a causal window of `window` keys: the part of [a L - W, a L) before each chunk a that other
+    ranks hold (module docstring); None where W > (c - 1) L, past which the halo is no smaller than the ring."""
+    length = seq_len / (2 * cp)
+    if window > (cp - 1) * length:
+        return None
+
+    def owner(chunk: int) -> int:
+        return chunk if chunk < cp else 2 * cp - 1 - chunk
+    most = 0.0
+    for rank in range(cp):
+        received = 0.0
+        for chunk in (rank, 2 * cp - 1 - rank):
+            start = max(0.0, chunk * length - window)
+            received += sum(min((source + 1) * length, chunk * length) - max(source * length, start)
+                            for source in range(int(start // length), chunk) if owner(source) != rank)
+        most = max(most, received)
+    return most
+
+
 def ring_bytes_per_layer(spec: dict, microbatch_size: float, tp: int, cp: int, element_bytes: float,
                          phase: str) -> float:
     """Bytes one CP rank sends on the ring for one attention layer and micro-batch of b sequences:
     forward (c - 1) x 2 (K, V) x (b s / c) x kv_hidden / t x dtype, backward twice that (K, V and
-    dK, dV; TE's P2P ring attention). kv_hidden = h g / a (GQA)."""
+    dK, dV; TE's P2P ring attention). kv_hidden = h g / a (GQA). A causal sliding window: the
+    rank's halo of K and V (`halo_tokens`) forward, and their dK and dV backward."""
     heads = spec["num_heads"]
-    kv_hidden = spec["hidden_size"] * spec.get("num_kv_heads", heads) / heads
-    forward = (cp - 1) * 2 * microbatch_size * spec["seq_len"] / cp * kv_hidden / tp * element_bytes
+    kv_bytes_per_token = 2 * microbatch_size * spec["hidden_size"] * spec.get("num_kv_heads", heads) / heads \
+        / tp * element_bytes
+    window = spec.get("sliding_window") or 0
+    halo = halo_tokens(spec["seq_len"], cp, window) if window else None
+    if halo is not None:
+        return halo * kv_bytes_per_token
+    forward = (cp - 1) * spec["seq_len"] / cp * kv_bytes_per_token
     return 2 * forward if phase == BACKWARD else forward
 
 
