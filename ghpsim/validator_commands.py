@@ -182,7 +182,11 @@ def cmd_validate(args) -> int:
             raise
         print(one_line(f"ghpsim: {kept_after_interrupt(kept, out, stem, args.repeats)}"), file=sys.stderr)
         return EXIT_INTERRUPTED
-    paths = write_results(kept, out, stem)
+    try:
+        paths = write_results(kept, out, stem)  # a stop that comes while it writes waits for the files
+    except KeyboardInterrupt:  # ... and is reported as one during the run: the results are kept
+        print(one_line(f"ghpsim: {kept_after_interrupt(kept, out, stem, args.repeats)}"), file=sys.stderr)
+        return EXIT_INTERRUPTED
     rows, summary = kept.rows(), error_summary(kept.rows())
     if args.json:  # csv, plot: the files; traces: their folder; files: every file written
         print(json.dumps({"scenario": stem, **summary, **paths, "rows": rows}, indent=1))

@@ -134,6 +134,42 @@ def test_an_interrupt_keeps_the_finished_strategies_as_a_failed_rank_does(capsys
     assert not (tmp_path / "new").exists()  # nothing measured: nothing written
 
 
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_stop_while_the_results_are_written_waits_for_them_and_keeps_them(capsys, tmp_path, launches, monkeypatch,
+                                                                           signal_name):
+    import signal
+
+    from ghpsim.cli import main
+    plot = validator.validate_output.write_plot
+
+    def stopped_mid_write(*args, **kwargs):  # Ctrl-C (or timeout's SIGTERM) after every strategy ran
+        os.kill(os.getpid(), getattr(signal, signal_name))
+        return plot(*args, **kwargs)
+
+    monkeypatch.setattr(validator.validate_output, "write_plot", stopped_mid_write)
+    out = tmp_path / "out"
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:  # a stop leaves later stops ignored (the process is ending): put this test process's back
+        code = main(["validate", SCENARIO, "--profile", WS2, *RUN, "--strategies", "dp,mp", "--out", str(out), "--json"])
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    stdout, err = capsys.readouterr()
+    assert code == 128 + getattr(signal, signal_name) and stdout == "" and "Traceback" not in err
+    assert err == (f"ghpsim: interrupted; the 2 finished strategies [dp (G=2 x M=1), mp (G=1 x M=2)] are in "
+                   f"{out / 'mlp_cpu.csv'}\n")
+    assert "out/mlp_cpu.png" in files_under(tmp_path) and len(open(out / "mlp_cpu.csv").readlines()) == 3
+
+
+def test_a_second_validation_into_the_same_out_replaces_the_first_ones_traces(capsys, tmp_path, launches):
+    out = tmp_path / "out"
+    assert validate_cli(capsys, "--strategies", "dp,mp", "--out", out, "--json")[0] == 0
+    (out / "traces" / "notes.txt").write_text("mine")
+    assert validate_cli(capsys, "--strategies", "dp", "--out", out, "--json")[0] == 0
+    assert files_under(tmp_path) == ["out/mlp_cpu.csv", "out/mlp_cpu.png", "out/traces/dp_G2xM1.measured.trace.json",
+                                     "out/traces/dp_G2xM1.simulated.trace.json", "out/traces/notes.txt"]
+
+
 def test_a_staging_folder_left_by_a_killed_run_is_removed_by_the_next(capsys, tmp_path, launches):
     child = subprocess.Popen([sys.executable, "-c", ""])
     child.wait()  # its pid is free: a run killed with SIGKILL while writing

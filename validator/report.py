@@ -132,13 +132,14 @@ def write_step_spans(label: str, table: pd.DataFrame, folder: Path) -> Path:
 
 
 @contextmanager
-def staged_folder(out: str | Path):
+def staged_folder(out: str | Path, superseded: tuple[str, ...] = ()):
     """Yield an empty staging folder beside `out` (on its file system; inside an existing `out`
     whose parent is not writable) to write a command's results into. When the block ends without an
     error, its files move into `out`: a missing `out` is the staging folder renamed; an existing one
-    gets the new files, replacing those of the same name and keeping the others. On an error in the
-    block or in the move, the staging folder is removed and `out` is left as it was (the files it had
-    restored, those added removed, and so are the folders made for it)."""
+    gets the new files, replacing those of the same name and keeping the others, except the files
+    matching a `superseded` glob (relative to `out`: an earlier run's own results), which are removed.
+    On an error in the block or in the move, the staging folder is removed and `out` is left as it
+    was (the files it had restored, those added removed, and so are the folders made for it)."""
     given, out = out, Path(os.path.abspath(out))
     name = f".{out.name or 'out'}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     anchor = next((folder for folder in out.parents if folder.is_dir()), out)  # nearest existing folder
@@ -156,7 +157,7 @@ def staged_folder(out: str | Path):
         raise OSError(error.errno, error.strerror, str(given)) from None
     try:
         yield staging
-        _publish(staging, out)
+        _publish(staging, out, superseded)
     except OSError as error:  # a file of the staging folder named as the user's file in `out`
         raise OSError(error.errno, error.strerror, _user_path(error.filename, staging, out)) from None
     finally:
@@ -235,9 +236,9 @@ def check_writable_folder(out: str | Path, option: str) -> None:
     raise ScenarioError(f"{option} {out}: cannot make a folder in {place} ({problem.strerror or problem})")
 
 
-def _publish(staging: Path, out: Path) -> None:
+def _publish(staging: Path, out: Path, superseded: tuple[str, ...] = ()) -> None:
     if out.exists():
-        _merge(staging, out)
+        _merge(staging, out, superseded)
         return
     made = [folder for folder in out.parents if not folder.exists()]  # deepest first
     try:
@@ -249,13 +250,22 @@ def _publish(staging: Path, out: Path) -> None:
         raise
 
 
-def _merge(staging: Path, out: Path) -> None:
-    """Move staging's files into the existing folder `out`; where a move fails, the moves so far are
-    undone (the files replaced put back, the folders made removed) and the error raised."""
+def _merge(staging: Path, out: Path, superseded: tuple[str, ...] = ()) -> None:
+    """Move staging's files into the existing folder `out`, and out's files that match a
+    `superseded` glob and are not written anew aside; where a move fails, the moves so far are
+    undone (the files replaced or set aside put back, the folders made removed) and the error raised."""
     backup = staging / f".replaced.{secrets.token_hex(4)}"
     files = sorted(path for path in staging.rglob("*") if path.is_file() or path.is_symlink())
+    written = {path.relative_to(staging) for path in files}
+    stale = sorted({path for pattern in superseded for path in out.glob(pattern)
+                    if path.is_file() and path.relative_to(out) not in written})
     done: list[list] = []  # per file: [target, its old file's backup or None, moved?, folders made for it]
     try:
+        for target in stale:
+            entry = [target, backup / target.relative_to(out), False, []]
+            entry[1].parent.mkdir(parents=True, exist_ok=True)
+            os.replace(target, entry[1])
+            done.append(entry)
         for path in files:
             relative = path.relative_to(staging)
             target = out / relative

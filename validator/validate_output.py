@@ -5,11 +5,16 @@ every launch) are written through a staging folder (`validator.report.staged_fol
 every file or none. A validation whose later strategy fails (a rank killed, crashed or hung:
 `RankFailure`) writes the results of the strategies measured before it (`kept_after_failure`),
 complete and consistent, and says where in its one error line; where none had been measured, it
-writes nothing. An interrupted one (Ctrl-C) keeps them the same way (`kept_after_interrupt`).
+writes nothing. An interrupted one (Ctrl-C) keeps them the same way (`kept_after_interrupt`); a
+stop that comes while the results are being written waits until they are (`stop_signals_held`). An
+earlier validation's traces in the same --out are replaced, not left beside the new ones.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +22,30 @@ import pandas as pd
 from simulator.errors import MAX_MESSAGE_CHARS, one_line
 from validator.errors import RankFailure
 from validator.report import error_summary, staged_folder, write_plot, write_rows_csv, write_step_spans, write_traces
+
+
+VALIDATE_OWN_FILES = ("traces/*.measured.trace.json", "traces/*.simulated.trace.json", "traces/*.steps.csv")
+"""What an earlier validation into the same --out wrote in traces/: replaced by this one's, so no
+timeline of a strategy it did not run stays beside its results (other files there are kept)."""
+
+HELD_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+@contextlib.contextmanager
+def stop_signals_held():
+    """Ctrl-C, SIGTERM and SIGHUP held pending while the results are written (POSIX
+    pthread_sigmask), then delivered to their handlers: a stop that comes mid-write ends the command
+    once every file is in place, not with the measurements lost. The main thread only (Python runs
+    signal handlers there); elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {getattr(signal, name) for name in HELD_SIGNALS if hasattr(signal, name)}
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
 
 
 class Kept:
@@ -42,7 +71,7 @@ def write_results(kept: Kept, out: str | Path, stem: str) -> dict:
     out = Path(out)
     rows = kept.rows()
     summary = error_summary(rows)
-    with staged_folder(out) as staging:
+    with stop_signals_held(), staged_folder(out, superseded=VALIDATE_OWN_FILES) as staging:
         write_rows_csv(rows, staging / f"{stem}.csv")
         for label, (_row, spans, predicted) in kept.cases.items():
             write_traces(label, spans, predicted.spans, staging / "traces")
