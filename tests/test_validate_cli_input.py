@@ -318,3 +318,11 @@ def test_validate_json_with_one_launch_is_strict_json(capsys, tmp_path, launches
     assert [line.split(",")[column] for line in table[1:]] == [row["partition"] for row in rows]
     assert [len(row["partition"].split()) for row in rows] == [1, 2]
     assert sum(int(count) for count in rows[1]["partition"].split()) == int(rows[0]["partition"])
+
+
+def test_megatron_on_another_kinds_scenario_says_what_validate_runs(capsys, launches):
+    """validate's megatron runs tp = pp = 1, so a dp scenario's tp_degree cannot make one: the line
+    gives the remedy that works, before any rank starts."""
+    line = assert_one_line_error(validate_cli(capsys, "--strategies", "dp,megatron", "--set", "strategy.tp_degree=2"),
+                                 "--strategies megatron", "is kind dp", "--set strategy.kind=megatron")
+    assert "tp_degree=T" not in line and launches.configs == []

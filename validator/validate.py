@@ -69,6 +69,10 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
     if repeats < 1:
         raise ScenarioError(f"repeats: {repeats} must be at least 1")
     check_run_options(options.steps, options.warmup, launch_timeout_s)
+    if MEGATRON in _kinds(specs) and scenario.strategy.kind != MEGATRON:  # compare's conversion needs tp or pp > 1
+        raise ScenarioError(f"--strategies megatron: {scenario.source} is kind {scenario.strategy.kind}; validate "
+                            "runs megatron with tp = pp = 1 (DDP, or FSDP2 by strategy.zero_stage): add "
+                            "--set strategy.kind=megatron")
     declared = resolve_workload(scenario.model, scenario.base_dir)
     workload = as_built(declared)  # predicted as the ranks run it
     check_torch_specs(workload, model_field(scenario.model))  # the ranks build it: refused before any starts
