@@ -78,3 +78,15 @@ def test_search_json_carries_the_dp_baseline(capsys):
     assert main(["search", ALEXNET, "--gpus", "4", "--json", "--no-simulate"]) == 0
     baseline = json.loads(capsys.readouterr().out)["dp_baseline"]
     assert baseline == dp_baseline(load_scenario(ALEXNET))
+
+
+def test_a_batch_smaller_than_p_says_how_many_gpus_the_dp_baseline_uses(capsys):
+    """Batch 2 on 8 GPUs: dp splits the batch only 2 ways, so the speedups over it count 6 idle GPUs
+    and the output says so; batch 64 on 8 uses all 8 and says nothing."""
+    assert main(["search", DEMO, "--set", "training.global_batch_size=2", "--gpus", "8", "--no-simulate", "--json"]) == 0
+    (point,) = json.loads(capsys.readouterr().out)["points"]
+    assert point["dp_devices"] == 2
+    assert main(["search", DEMO, "--set", "training.global_batch_size=2", "--gpus", "8", "--no-simulate"]) == 0
+    assert "p=8: dp splits the batch of 2 over 2 of the 8 GPUs" in capsys.readouterr().out.replace("\n", " ")
+    assert main(["search", DEMO, "--gpus", "8", "--no-simulate"]) == 0
+    assert "dp splits the batch" not in capsys.readouterr().out

@@ -63,8 +63,10 @@ def _print(scenario, graph, points, show_configs: bool, simulated: bool) -> None
     console.print(table)
     console.print("cost: PaSE's F in FLOP units (compute + r x bytes); PaSE cost (ms) = F / peak FLOP/s"
                   + ("; simulated: the strategy's plan played by the engine" if simulated else ""))
-    from simulator.pase.run import describe_dp_baseline, dp_baseline
+    from simulator.pase.run import describe_dp_baseline, dp_baseline, dp_idle_note
     console.print(describe_dp_baseline(dp_baseline(scenario)), highlight=False)
+    for note in filter(None, (dp_idle_note(point, graph.batch) for point in points)):
+        console.print(note, highlight=False)
     for point in points if show_configs else points[-1:]:
         configs = point["results"][0]["configs"]
         shown = ", ".join(f"{name}: {label}" for name, label in configs.items())

@@ -18,6 +18,8 @@ what else of the scenario simulate's dp would use, in the command's output.
 
 from __future__ import annotations
 
+import math
+
 import time
 
 from simulator.costs import AnalyticCosts
@@ -144,7 +146,19 @@ def search_point(scenario: Scenario, graph: Graph, num_devices: int, simulate: b
     return {"num_gpus": num_devices, "link": link, "r_flops_per_byte": settings.flops_per_byte,
             "num_vertices": graph.num_vertices, "num_edges": len(graph.edges),
             "max_dependent_set": solution.max_dependent_set, "largest_table_entries": solution.largest_table,
-            "configs_per_vertex_max": max(len(c) for c in problem.configs), "results": rows}
+            "configs_per_vertex_max": max(len(c) for c in problem.configs), "results": rows,
+            "dp_devices": max(math.prod(config) for config in strategies["dp"])}
+
+
+def dp_idle_note(point: dict, batch: int) -> str | None:
+    """The line for a point whose dp baseline leaves devices idle: it splits the batch only by the
+    largest divisor of p that divides it (`search.baseline_configs`), so speedups over it count
+    those devices' idleness."""
+    used, num_devices = point["dp_devices"], point["num_gpus"]
+    if used >= num_devices:
+        return None
+    return (f"p={num_devices}: dp splits the batch of {batch} over {used} of the {num_devices} GPUs (the largest "
+            f"divisor of p that divides it); the other {num_devices - used} idle, so speedups vs DP count that")
 
 
 def simulate_strategy(scenario: Scenario, graph: Graph, strategy, num_devices: int) -> float:
