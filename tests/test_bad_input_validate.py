@@ -55,7 +55,7 @@ def test_calibrate_refuses_an_out_where_nothing_can_be_made_before_any_run(capsy
     started = time.monotonic()
     assert_one_line_error(run_cli(capsys, "calibrate", *flags, "--out", out),
                           f"--out {out}: cannot make a folder in /proc")
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # well below the microbenchmarks, with room for a loaded host
 
 
 @pytest.mark.parametrize("flags, needle", [
@@ -168,6 +168,16 @@ def test_repeats_beyond_the_limit_are_refused_before_any_run(capsys, tmp_path, n
                           "--repeats: 100000 must be from 1 to 100")
     assert_one_line_error(run_cli(capsys, "calibrate", "--scenario", SCENARIO, "--repeats", "5000",
                                   "--out", str(tmp_path / "p.json")), "--repeats: 5000 must be at most 100")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("timeout, shown", [("1e400", "inf"), ("inf", "inf"), ("nan", "nan"), ("0", "0.0")])
+def test_a_timeout_that_is_not_a_finite_positive_number_is_refused_before_any_run(capsys, tmp_path, no_launch,
+                                                                                  timeout, shown):
+    """1e400 reads as infinity: the message says the number must be finite, not merely positive."""
+    for which in (("--strategies", "dp"), ("--rank",)):
+        assert_one_line_error(validate_cli(capsys, *which, "--out", str(tmp_path / "o"), "--timeout", timeout),
+                              f"--timeout: {shown} must be a finite positive number of seconds")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -4,6 +4,7 @@ choice of cases, and the `ghpsim validate --rank` plumbing (real runs replaced b
 from __future__ import annotations
 
 import json
+import os
 import math
 
 import pytest
@@ -157,3 +158,30 @@ def test_an_empty_ranking_is_one_error_naming_the_kinds_and_ranks(monkeypatch, p
     monkeypatch.setattr(validator.rank_check, "rank_candidates", lambda *args, **kwargs: skipped)
     with pytest.raises(ScenarioError, match=r"no candidate could be simulated on 4 ranks \(mp \(G=1 x M=4\): out of memory\)"):
         rank_check(scenario, profile, 4)
+
+
+def test_a_stop_while_the_ranking_is_written_waits_for_the_file(monkeypatch, profile, tmp_path, capsys):
+    import signal
+
+    import validator.report
+    path = tmp_path / "tiny_cpu.yaml"
+    path.write_text(json.dumps(SCENARIO))
+    monkeypatch.setattr(validator.validate, "validate", stand_in(lambda predicted: 3 * predicted))
+    write = validator.report.write_rows_csv
+
+    def stopped_mid_write(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(validator.report, "write_rows_csv", stopped_mid_write)
+    out = tmp_path / "out"
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:  # a stop leaves later stops ignored (the process is ending): put this test process's back
+        code = main(["validate", str(path), "--profile", profile, "--rank", "--gpus", "4", "--top", "1",
+                     "--others", "1", "--out", str(out), "--json"])
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    err = capsys.readouterr().err
+    assert code == 130 and err == f"ghpsim: interrupted; the ranking of every candidate run is in {out / 'tiny_cpu_rank.csv'}\n"
+    assert len((out / "tiny_cpu_rank.csv").read_text().splitlines()) == 3

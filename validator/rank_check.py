@@ -143,6 +143,7 @@ def cmd_validate_rank(args) -> int:
     from simulator.output import check_output_file, file_stem
     from simulator.scenario import load_scenario
     from validator.report import json_ready, staged_folder, write_rows_csv
+    from validator.validate_output import stop_signals_held
 
     if args.repeats != 1:
         raise ScenarioError(f"--repeats: {args.repeats}: --rank runs each candidate once (its steps' median)")
@@ -163,8 +164,12 @@ def cmd_validate_rank(args) -> int:
     options = RunOptions(steps=args.steps, warmup=args.warmup, optimizer=scenario.training.optimizer)
     report = rank_check(scenario, args.profile, args.gpus, top, others, options, launch_timeout_s=args.timeout,
                         progress=None if args.json else lambda message: print(message, file=sys.stderr))
-    with staged_folder(args.out) as staging:
-        write_rows_csv(report["rows"], staging / csv_path.name)
+    try:
+        with stop_signals_held(), staged_folder(args.out) as staging:  # a stop mid-write waits for the file
+            write_rows_csv(report["rows"], staging / csv_path.name)
+    except KeyboardInterrupt:
+        print(f"ghpsim: interrupted; the ranking of every candidate run is in {csv_path}", file=sys.stderr)
+        return 130  # ghpsim.validator_commands.EXIT_INTERRUPTED
     if args.json:  # strict JSON: a tau or regret that is undefined (NaN) is null
         print(json.dumps(json_ready(report), indent=1, allow_nan=False))
         return 0

@@ -33,19 +33,27 @@ HELD_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 @contextlib.contextmanager
 def stop_signals_held():
-    """Ctrl-C, SIGTERM and SIGHUP held pending while the results are written (POSIX
-    pthread_sigmask), then delivered to their handlers: a stop that comes mid-write ends the command
-    once every file is in place, not with the measurements lost. The main thread only (Python runs
-    signal handlers there); elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    """Ctrl-C, SIGTERM and SIGHUP held while the results are written, then passed to the handlers
+    that were in place: a stop that comes mid-write ends the command once every file is in place,
+    not with the measurements lost. Only signals with a Python handler are held (`ghpsim.cli`
+    installs one for each; an ignored or default one is left alone). Python runs handlers in the
+    main thread, so elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {getattr(signal, name) for name in HELD_SIGNALS if hasattr(signal, name)}
-    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    numbers = [getattr(signal, name) for name in HELD_SIGNALS if hasattr(signal, name)]
+    handlers = {number: signal.getsignal(number) for number in numbers}
+    handlers = {number: handler for number, handler in handlers.items() if callable(handler)}
+    caught: list[int] = []
+    for number in handlers:
+        signal.signal(number, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    if caught:
+        handlers[caught[0]](caught[0], None)
 
 
 class Kept:
