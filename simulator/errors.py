@@ -17,6 +17,18 @@ def one_line(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
     return safe if len(safe) <= limit else safe[: limit - 3] + "..."
 
 
+def short_path(path: object, limit: int = 80) -> str:
+    """`path` as given when at most `limit` characters, else ".../" and its end: the file name and the
+    folders just above it that fit (the name alone, cut at its front, when even it is longer), so that
+    a message naming a deeply nested file keeps the rest of its text (`one_line` cuts the end)."""
+    text = str(path)
+    if len(text) <= limit:
+        return text
+    tail = text[len(text) - max(limit - 3, 1):]
+    cuts = [at for at in (tail.find("/"), tail.find("\\")) if 0 <= at < len(tail) - 1]
+    return "..." + (tail[min(cuts):] if cuts else tail)
+
+
 class OneLineError(Exception):
     """Base of the user errors: text arguments pass through `one_line`."""
 

@@ -5,7 +5,9 @@ RUNS.csv has one row per measured run: a `measured_step_s` column (seconds per t
 an optional `base` column (a scenario file, relative to the CSV; else `--base`), and any number of
 columns named by dotted scenario keys (`strategy.tp_degree`, `training.global_batch_size`,
 `model.params.hidden_size`, ...) whose values override the base, as `--set` does. An empty cell
-keeps the base's value for that row; a column's name is checked whatever its cells hold.
+keeps the base's value for that row; a column's name is checked whatever its cells hold. Columns
+the fit would ignore are refused (`fit_csv.UNSUPPORTED_COLUMNS`: costs.model, costs.efficiency,
+costs.host_overhead_s; every run is simulated with the kernel model, whose host time is fitted).
 Every row is checked before any fitting (`simulator.fit_csv`: cells against the header, quoting,
 a finite measured time within `fit_csv.MEASURED_RANGE_S`, the scenario it gives); the profile is written last.
 

@@ -7,7 +7,9 @@ offending value, shortened: never more of the file's text (SECURITY.md).
 Every column other than `base` and `measured_step_s` must be named by a dotted scenario key
 (`unknown_field_part`), whatever its cells hold: a misspelt column is refused even where every
 cell of it is empty. An empty cell means "keep the base scenario's value" for that row (as if
-the column were absent); an empty `base` cell means --base."""
+the column were absent); an empty `base` cell means --base. The keys the fit cannot honour
+(`UNSUPPORTED_COLUMNS`: every run is simulated with the kernel cost model, whose host time it fits)
+are refused as columns, and so is a section above one (`costs`), which could set it."""
 
 from __future__ import annotations
 
@@ -19,13 +21,20 @@ import re
 import reprlib
 from pathlib import Path
 
-from simulator.errors import ScenarioError
+from simulator.errors import ScenarioError, short_path
 
 MEASURED_COLUMN = "measured_step_s"
 MEASURED_RANGE_S = (1e-6, 86_400.0)
 """Bounds of a row's measured_step_s: a training step takes at least a kernel launch (a microsecond)
 and, on any cluster a fit is for, less than a day; a value outside is a unit or transcription error
 (or `inf`), refused before any fitting."""
+UNSUPPORTED_COLUMNS = {
+    "costs.model": "every run uses the kernel model it fits",
+    "costs.efficiency": "the analytic model's",
+    "costs.host_overhead_s": "it is fitted",
+}
+"""Scenario keys a RUNS.csv column may not set (nor a section above them): `ghpsim fit` would
+ignore them (`simulator.fit.predict_s`), so a column of them is refused, not silently dropped."""
 _SHORT = reprlib.Repr()
 _SHORT.maxstring, _SHORT.maxother = 40, 40
 """Quotes an offending cell in a few dozen characters: errors never echo the file beyond it (SECURITY.md)."""
@@ -49,7 +58,7 @@ def read_rows(path: str | Path, base: str | Path | None) -> tuple[list[tuple[dic
         raise ScenarioError(f"{path}:{header_line}: missing column {MEASURED_COLUMN!r} (seconds per training step)")
     if not records:
         raise ScenarioError(f"{path}: no runs (expected a header and one row per run)")
-    _check_column_names(header, f"{path}:{header_line}")
+    _check_column_names(header, f"{short_path(path, 60)}:{header_line}")  # a long path cuts no remedy
     runs, base_used = [], False
     for number, cells in records:
         where = f"{path}:{number}"
@@ -86,7 +95,8 @@ def read_rows(path: str | Path, base: str | Path | None) -> tuple[list[tuple[dic
 
 def _check_column_names(header: list[str], where: str) -> None:
     """ScenarioError naming the first column (other than base, measured_step_s and unnamed ones,
-    refused with their cells) that is not a dotted scenario key."""
+    refused with their cells) that is not a dotted scenario key, or that sets one the fit would
+    ignore (`UNSUPPORTED_COLUMNS`, or a section above one)."""
     from simulator.sweep.spec import unknown_field_part
     for column in header:
         unknown = None if column in ("", "base", MEASURED_COLUMN) else unknown_field_part(column)
@@ -94,6 +104,12 @@ def _check_column_names(header: list[str], where: str) -> None:
             raise ScenarioError(f"{where}: column {_SHORT.repr(column)} is not a scenario key ({_SHORT.repr(unknown)} "
                                 f"unknown; columns are base, {MEASURED_COLUMN} and dotted keys such as "
                                 "training.global_batch_size)")
+        for unsupported, reason in UNSUPPORTED_COLUMNS.items() if column else ():
+            if column == unsupported or column.startswith(unsupported + ".") or unsupported.startswith(column + "."):
+                why = reason if column.startswith(unsupported) else f"it could set {unsupported}"
+                raise ScenarioError(f"{where}: column {_SHORT.repr(column)} is not supported: fit's columns are "
+                                    f"base, {MEASURED_COLUMN} and scenario keys other than "
+                                    f"{', '.join(UNSUPPORTED_COLUMNS)} ({why})")
 
 
 def _not_a_file(path: Path) -> str:

@@ -23,7 +23,7 @@ from contextlib import nullcontext
 
 from rich.table import Table
 
-from simulator.errors import ScenarioError
+from simulator.errors import ScenarioError, short_path
 from simulator.fabrics import build_topology
 from simulator.memory_buffers import usable_memory_bytes
 from simulator.model_source import resolve_workload
@@ -114,13 +114,13 @@ def check_profile_workers(profile_path: str, num_workers: int, defaulted: bool) 
         return
     world_size, levels = profile.world_size, sorted({1, *profile.compute_slowdown})
     default = " (the default: the scenario's GPU count)" if defaulted else ""
-    workers = f"--workers: {num_workers} workers{default}"
+    workers, named = f"--workers: {num_workers} workers{default}", short_path(profile_path)  # the remedy kept
     if num_workers > world_size:
-        raise ScenarioError(f"{workers}, but --profile {profile_path} was calibrated at world size {world_size} "
+        raise ScenarioError(f"{workers}, but --profile {named} was calibrated at world size {world_size} "
                             f"(it timed no more ranks at once); give --workers {world_size} or fewer, or calibrate "
                             f"at world size {num_workers}")
     if num_workers not in levels:
-        raise ScenarioError(f"{workers}, but --profile {profile_path} (world size {world_size}) timed compute "
+        raise ScenarioError(f"{workers}, but --profile {named} (world size {world_size}) timed compute "
                             f"with {', '.join(map(str, levels))} ranks at once only; give one of those")
 
 

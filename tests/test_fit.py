@@ -253,3 +253,22 @@ def test_repeated_runs_are_simulated_once_a_point(monkeypatch):
     predicted = fit.predict_grid(runs, [{"host_overhead_s": 0.0}, {"host_overhead_s": 50e-6}], lambda: ticks.append(1))
     assert calls == ["row 0", "row 4"] * 2 and len(ticks) == 10
     assert [len(set(row[:4])) for row in predicted] == [1, 1] and predicted[1][0] > predicted[0][0]
+
+
+def test_the_runs_readme_says_what_its_fit_example_prints(tmp_path, capsys, monkeypatch):
+    """scenarios/runs/README.md's `ghpsim fit` example, run as written (its files moved to tmp_path):
+    the held-out MAPE and worst run the README quotes are the ones the command prints."""
+    import re
+    import shlex
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "scenarios" / "runs" / "README.md").read_text(encoding="utf-8")
+    command = next(line.strip() for line in text.splitlines() if "ghpsim fit scenarios/runs/vtrain" in line)
+    quoted = re.search(r"held-out MAPE \(([\d.]+ %)\) and the worst run \(([+-][\d.]+ %)\)", text.replace("\n", " "))
+    assert quoted, "the README no longer quotes the example's MAPE and worst run"
+    argv = shlex.split(command)[1:]
+    argv = [str(tmp_path / Path(arg).name) if arg.startswith("/tmp/") else arg for arg in argv]
+    monkeypatch.chdir(root)
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()[0]
+    assert f"held-out MAPE {quoted[1]} " in printed and f"worst {quoted[2]} " in printed, printed

@@ -155,6 +155,19 @@ def test_a_misspelt_column_is_refused_even_when_all_its_cells_are_empty(tmp_path
     assert f"runs.csv:1: column '{column}' is not a scenario key" in err
 
 
+@pytest.mark.parametrize("column, value, why", [
+    ("costs.model", "analytic", "every run uses the kernel model it fits"),
+    ("costs.host_overhead_s", "1e-05", "it is fitted"),
+    ("costs.efficiency.attention", "0.5", "the analytic model's"),
+    ("costs", '"{model: analytic}"', "it could set costs.model")])
+def test_a_column_the_fit_would_ignore_is_refused_naming_the_columns_accepted(tmp_path, capsys, column, value, why):
+    """Every run is simulated with the kernel model and its host time fitted: a costs.model column
+    (analytic here) was silently ignored, and the fit written as if it held."""
+    err = _refused(tmp_path, capsys, f"base,{column},measured_step_s\ntiny.yaml,{value},0.01\ntiny.yaml,,0.02\n")
+    assert (f"runs.csv:1: column '{column}' is not supported: fit's columns are base, measured_step_s and "
+            f"scenario keys other than costs.model, costs.efficiency, costs.host_overhead_s ({why}") in err
+
+
 def test_an_empty_cell_keeps_the_base_scenarios_value(tmp_path):
     runs = fit_module.read_runs(_write(tmp_path, "base,training.global_batch_size,measured_step_s\n"
                                                  "tiny.yaml,,0.01\ntiny.yaml,4,0.02\n"))

@@ -81,6 +81,22 @@ def test_workers_the_profile_did_not_time_at_once_are_refused(capsys):
     assert "1, 2, 4 ranks at once" in line
 
 
+@pytest.mark.parametrize("profile, workers, remedy", [
+    ("mlp_cpu_ws2.json", (), "give --workers 2 or fewer, or calibrate at world size 4"),
+    ("mlp_cpu_ws4.json", ("--workers", "3"), "timed compute with 1, 2, 4 ranks at once only; give one of those")])
+def test_a_long_profile_path_is_shortened_at_its_front_and_the_remedy_kept(tmp_path, capsys, profile, workers, remedy):
+    """A scenario and profile deep in long folders: the path loses its front, never the message its end."""
+    import shutil
+    folder = tmp_path.joinpath(*(f"a_rather_long_folder_name_for_testing_{i}" for i in range(6)))
+    folder.mkdir(parents=True)
+    shutil.copy(MLP_CPU, folder)
+    shutil.copy(PROFILES / profile, folder)
+    line = one_line_error(capsys, "partition", str(folder / "mlp_cpu.yaml"), "--profile", str(folder / profile),
+                          *workers)
+    assert line.endswith(remedy), line
+    assert f"--profile .../a_rather_long_folder_name_for_testing_5/{profile} " in line
+
+
 def test_a_scenario_shrunk_to_the_profile_world_size_partitions(capsys):
     code, out, err = run_cli(capsys, "partition", MLP_CPU, "--profile", WS2, "--set", "cluster.gpus_per_node=2",
                              "--json")

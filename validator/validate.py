@@ -119,13 +119,13 @@ MAX_RUN_STEPS = 10_000
 
 def check_run_options(steps: int, warmup: int, timeout_s: float) -> None:
     """ScenarioError naming the option unless 1 <= steps <= MAX_RUN_STEPS, 0 <= warmup <=
-    MAX_RUN_STEPS and 0 < timeout_s < inf."""
+    MAX_RUN_STEPS and 0 < timeout_s < inf (a NaN fails it too; --timeout 1e400 reads as inf)."""
     if not 1 <= steps <= MAX_RUN_STEPS:
         raise ScenarioError(f"--steps: {steps} must be from 1 to {MAX_RUN_STEPS:,} (the measured steps)")
     if not 0 <= warmup <= MAX_RUN_STEPS:
         raise ScenarioError(f"--warmup: {warmup} must be from 0 to {MAX_RUN_STEPS:,}")
     if not 0 < timeout_s < math.inf:
-        raise ScenarioError(f"--timeout: {timeout_s} must be a positive number of seconds")
+        raise ScenarioError(f"--timeout: {timeout_s} must be a finite positive number of seconds")
 
 
 def at_profile_world_size(scenario: Scenario, profile: Profile, progress=None, kinds: tuple[str, ...] = ()) -> Scenario:
