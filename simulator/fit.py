@@ -293,7 +293,12 @@ def fit_runs(runs: list[Run], k: int = 5, seed: int = 0, progress: FitProgress |
     from simulator.kernel_catalogue import gpu_architecture
     from simulator.profile import FORMAT
     from simulator.scenario import scenario_from_dict
-    architectures = {gpu_architecture(scenario_from_dict(run.document, run.where, run.base_dir).cluster.gpu) for run in runs}
+    scenarios = [scenario_from_dict(run.document, run.where, run.base_dir) for run in runs]
+    for run, scenario in zip(runs, scenarios):  # the kernel model is what is fitted and what predicts
+        if scenario.costs.model == "analytic":
+            raise ScenarioError(f"{run.where}: costs.model analytic (the base scenario's): fit fits the kernel "
+                                "model's parameters and predicts every run with it; set costs.model kernel or auto")
+    architectures = {gpu_architecture(scenario.cluster.gpu) for scenario in scenarios}
     if len(architectures) != 1:
         raise ScenarioError(f"cluster.gpu: the runs mix GPU architectures {sorted(architectures)}; fit one at a time")
     measured, grid = [run.measured_s for run in runs], fitted_grid(runs)

@@ -168,6 +168,17 @@ def test_a_column_the_fit_would_ignore_is_refused_naming_the_columns_accepted(tm
             f"scenario keys other than costs.model, costs.efficiency, costs.host_overhead_s ({why}") in err
 
 
+def test_a_base_scenario_on_the_analytic_model_is_refused_before_any_fitting(tmp_path, capsys, monkeypatch):
+    """The fit replaces the kernel model's parameters: a base that asks for the roofline would be
+    fitted and predicted with the kernel model all the same."""
+    monkeypatch.setattr(fit_module, "predict_s", lambda *_: pytest.fail("fitted"))
+    runs_csv = _write(tmp_path, HEADER + GOOD + GOOD, base=BASE + "costs: {model: analytic}\n")
+    code = main(["fit", str(runs_csv), "--out", str(tmp_path / "kernel.json"), "--folds", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "costs.model analytic" in err and "set costs.model kernel" in err
+    assert not (tmp_path / "kernel.json").exists()
+
+
 def test_an_empty_cell_keeps_the_base_scenarios_value(tmp_path):
     runs = fit_module.read_runs(_write(tmp_path, "base,training.global_batch_size,measured_step_s\n"
                                                  "tiny.yaml,,0.01\ntiny.yaml,4,0.02\n"))
