@@ -282,4 +282,4 @@ def import_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-shape", required=True, help="one sample's shape, e.g. 3,224,224")
     parser.add_argument("--out", required=True, help="layer-table YAML to write")
     parser.add_argument("--name", default=None, help="the model's name in the table (default: the factory's)")
-    parser.add_argument("--json", action="store_true", help="print what was written as JSON (out, name, layers)")
+    parser.add_argument("--json", action="store_true", help="print what was written as JSON (out, name, layers, runnable_by_validator)")

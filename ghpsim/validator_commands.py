@@ -240,10 +240,13 @@ def cmd_import_model(args) -> int:
               f"its code with your permissions (SECURITY.md)")
     document = import_model(args.target, shape, name=args.name)
     write_text_atomic(args.out, yaml.safe_dump(document, sort_keys=False))
-    if args.json:
-        print(json.dumps({"out": str(args.out), "name": document.get("name"), "layers": len(document["layers"])}))
+    count = len(document["layers"])
+    if args.json:  # no torch specs: calibrate / validate refuse the table (validator.models)
+        print(json.dumps({"out": str(args.out), "name": document.get("name"), "layers": count,
+                          "runnable_by_validator": False}))
     else:
-        print(f"wrote {len(document['layers'])} layers to {args.out}")
+        print(f"wrote {count} layer{'' if count == 1 else 's'} to {args.out} "
+              f"(for simulate/compare/rank; not calibrate/validate: no torch specs)")
     return 0
 
 

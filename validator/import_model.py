@@ -50,13 +50,15 @@ shape or device stay accepted.
 * `saved_elements_per_sample`: approximated by the input elements.
 * `kind`: `conv` if the child contains a convolution, else `attention` if it contains an
   `nn.MultiheadAttention` (or a module whose class name contains "Attention"), else `linear`
-  (an `nn.Linear`), `embedding`, `norm` (BatchNorm, LayerNorm, GroupNorm, ...), `pool`, and
-  `elementwise` for everything else (activations, flatten, dropout, identity).
+  (an `nn.Linear`, or an LSTM/GRU/RNN, whose FLOPs are then the recurrent closed form:
+  `validator/import_model_kinds.py`), `embedding`, `norm` (BatchNorm, LayerNorm, GroupNorm, ...),
+  `pool`, and `elementwise` for everything else (activations, flatten, dropout, identity).
 
 The result is `{"name", "input_spec": {"shape", "source"}, "layers": [rows]}` made of plain
 Python values, ready for `yaml.safe_dump`, and loads with
 `simulator.model_source.load_layer_table`. `input_spec` carries no spec for the validator:
-such a table can be simulated, not run for real. Every failure raises
+such a table can be simulated, not run for real. A model of more than `simulator.limits.MAX_LAYERS`
+rows is refused (the simulator would not load its table). Every failure raises
 `simulator.errors.ScenarioError` with a one-line message that names the target.
 """
 
@@ -76,8 +78,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from simulator.errors import ScenarioError
-from simulator.limits import MAX_INT, MAX_STRING_CHARS
+from simulator.limits import MAX_INT, MAX_LAYERS, MAX_STRING_CHARS
 from simulator.workload import LAYER_TABLE_COLUMNS
+from validator.import_model_kinds import count_recurrent_in_closed_form, layer_kind
 from validator.layers_flops import ForwardFlopCounter
 
 _TARGET = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
@@ -180,29 +183,6 @@ def _layer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def _row_name(qualified: str, module: nn.Module) -> str:
     return f"{type(module).__name__.lower()}{qualified}" if qualified.isdigit() else qualified
-
-
-def _kind(module: nn.Module) -> str:
-    modules = list(module.modules())
-    if any(isinstance(m, nn.modules.conv._ConvNd) for m in modules):
-        return "conv"
-    if any(isinstance(m, nn.MultiheadAttention) or "Attention" in type(m).__name__
-           for m in modules):
-        return "attention"
-    if any(isinstance(m, nn.Linear) for m in modules):
-        return "linear"
-    if any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for m in modules):
-        return "embedding"
-    norms = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm)
-    if hasattr(nn, "RMSNorm"):
-        norms = (*norms, nn.RMSNorm)
-    if any(isinstance(m, norms) for m in modules):
-        return "norm"
-    pools = (nn.modules.pooling._MaxPoolNd, nn.modules.pooling._AvgPoolNd,
-             nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.pooling._AdaptiveMaxPoolNd)
-    if any(isinstance(m, pools) for m in modules):
-        return "pool"
-    return "elementwise"
 
 
 def _elements(*values) -> int:
@@ -331,6 +311,7 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
     for index, (_, module) in enumerate(layers):
         handles.append(module.register_forward_pre_hook(pre_hook(index), with_kwargs=True))
         handles.append(module.register_forward_hook(post_hook(index), with_kwargs=True))
+    handles += count_recurrent_in_closed_form(model, counter)  # after the rows' hooks
     sample = _sample_input(model, shape)
     try:
         chain.tag(sample, -1)
@@ -346,6 +327,9 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
     if not order:
         raise ScenarioError(f"import target {target!r}: the forward called none of the model's "
                             f"layers")
+    if len(order) > MAX_LAYERS:  # `ghpsim simulate` would refuse the table
+        raise ScenarioError(f"import target {target!r}: {len(order):,} layers, more than the {MAX_LAYERS:,} a layer "
+                            "table may have (simulator.limits.MAX_LAYERS); group them into larger modules")
     if chain.skip is not None:
         raise ScenarioError(f"import target {target!r}: not a chain of layers: {chain.skip}; make that span "
                             "one module, one layer (scenarios/README.md)")
@@ -364,7 +348,7 @@ def import_model(target: str, input_shape: tuple[int, ...], name: str | None = N
         trainable = any(True for _ in module.parameters())  # a tied copy still has a weight grad
         values = {
             "name": _row_name(qualified, module),
-            "kind": _kind(module),
+            "kind": layer_kind(module),
             "forward_flops_per_sample": forward,
             "backward_flops_per_sample": 2 * forward if trainable else forward,
             "num_params": int(params[index]),
