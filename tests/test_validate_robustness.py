@@ -149,6 +149,9 @@ def test_a_stop_while_the_results_are_written_waits_for_them_and_keeps_them(caps
     monkeypatch.setattr(validator.validate_output, "write_plot", stopped_mid_write)
     out = tmp_path / "out"
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh `ghpsim` process has them, whatever
+    for number in (signal.SIGTERM, signal.SIGHUP):  # an earlier test of this process left
+        signal.signal(number, signal.SIG_DFL)
     try:  # a stop leaves later stops ignored (the process is ending): put this test process's back
         code = main(["validate", SCENARIO, "--profile", WS2, *RUN, "--strategies", "dp,mp", "--out", str(out), "--json"])
     finally:
