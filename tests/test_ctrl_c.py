@@ -17,9 +17,14 @@ SIGNAL_MASK = "import signal; print(signal.SIGINT in signal.pthread_sigmask(sign
 
 @pytest.fixture(autouse=True)
 def _default_sigint():
+    """SIGINT as a fresh process has it, before and after; and the stop signals that an interrupted
+    `first_interrupt_only` leaves ignored put back, so no later test of this worker inherits them."""
+    saved = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGHUP)}
     signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for number, handler in saved.items():
+        signal.signal(number, handler)
 
 
 def test_a_ctrl_c_while_ranks_start_is_raised_after_and_the_processes_started_inherit_it_blocked():
