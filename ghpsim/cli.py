@@ -41,7 +41,7 @@ COMMANDS = {  # name: (what runs it, "module:function" taking the parsed args; o
              arguments.demo),
     "simulate": ("ghpsim.simulation_commands:cmd_simulate", "simulate one training step of a scenario",
                  arguments.simulate),
-    "compare": ("ghpsim.simulation_commands:cmd_compare", "simulate several strategies, sorted by step time",
+    "compare": ("ghpsim.simulation_commands:cmd_compare", "simulate several strategies, sorted by step time (those that fit first)",
                 arguments.compare),
     "list": ("ghpsim.simulation_commands:cmd_list", "list presets: gpus, links or models", arguments.listing),
     "rank": ("simulator.rank_cli:run", "rank every parallel layout for N GPUs, simulating those that can still win",

@@ -7,11 +7,12 @@ import sys
 from contextlib import contextmanager
 from importlib import resources
 
-from simulator.compare import MEGATRON, comma_items, compare, megatron_only_settings, parse_strategy_specs
+from simulator.compare import (MEGATRON, comma_items, compare, dropped_replicas, megatron_only_settings,
+                               parse_strategy_specs)
 from simulator.output import check_distinct_files, check_figure_file, check_output_file, model_files, write_files_atomic
 from simulator.scenario import load_scenario
 from simulator.simulate import simulate
-from simulator.tables import comparison_frame, print_comparison, print_summary
+from simulator.tables import comparison_frame, print_comparison, print_summary, strategy_label
 from simulator.trace import trace_events
 
 
@@ -21,20 +22,30 @@ def demo_scenario_path():
 
 def _run_compare(scenario_source, args) -> int:
     scenario = load_scenario(scenario_source, args.overrides)
+    specs = parse_strategy_specs(args.strategies)
     with _engine_progress(enabled=not args.json):
-        results = _compare(scenario, parse_strategy_specs(args.strategies), _profile_costs(scenario, args))
+        results = _compare(scenario, specs, _profile_costs(scenario, args))
     others = [spec for spec in comma_items(args.strategies, "--strategies") if spec != "megatron"]
     dropped = megatron_only_settings(scenario) if others else []  # the other kinds ran without them
+    replicas = dropped_replicas(scenario, specs)  # other pipeline kinds: G = 1
+    unfit = [strategy_label(result.summary) for result in results if not result.summary["fits_in_memory"]]
     if args.json:
-        print(json.dumps({"scenario": scenario.name,
-                          "results": comparison_frame(results).to_dict(orient="records"),
+        records = comparison_frame(results).to_dict(orient="records")
+        for position, record in enumerate(records, start=1):  # `compare.ranked`: the plans that fit first
+            record["rank"] = position if record["fits_in_memory"] else None
+        print(json.dumps({"scenario": scenario.name, "results": records,
                           "summaries": [result.summary for result in results],
-                          "megatron_only_dropped": dropped}, indent=1))
+                          "megatron_only_dropped": dropped, "pipeline_replicas_dropped": replicas}, indent=1))
     else:
         changed = f" (with {', '.join(args.overrides)})" if args.overrides else ""  # the description may not hold
-        caption = f"{', '.join(others)}: without {', '.join(dropped)} (kind megatron only)" if dropped else None
+        notes = [f"{', '.join(others)}: without {', '.join(dropped)} (kind megatron only)"] if dropped else []
+        if replicas:
+            notes.append(f"{', '.join(replicas)}: G=1, without strategy.num_groups {scenario.strategy.num_groups} "
+                         f"(pipeline replicas: kept for kind {scenario.strategy.kind} only)")
+        if unfit:
+            notes.append(f"infeasible (does not fit in GPU memory), ranked after every plan that fits: {', '.join(unfit)}")
         print_comparison(results, title=f"{scenario.name}: {scenario.description or ''}".strip(": ") + changed,
-                         caption=caption)
+                         caption="\n".join(notes) or None)
     return 0
 
 

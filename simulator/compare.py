@@ -2,11 +2,14 @@
 
 A strategy spec is `dp`, `mp`, `ghp` (the scenario's num_groups if it has one, else the fastest
 G over the divisors of N strictly between 1 and N) or `ghp:G`; or a pipeline kind `KIND` (the
-scenario's num_microbatches) or `KIND:m` (m micro-batches), G = 1; or `megatron`: the scenario's own
-megatron layout (a scenario of another kind: its tp_degree x pp_degree as kind megatron). A pipeline
-spec stays one string ("1f1b:4", None), so every caller hands it to `with_strategy` unchanged.
-Without a list (`default_strategies`): dp, mp, ghp, or a megatron scenario's own layout alone (as
-`ghpsim report` and `ghpsim validate` do).
+scenario's num_microbatches) or `KIND:m` (m micro-batches): the scenario's own kind keeps its
+num_groups (G replicas, as `ghpsim simulate` runs it), any other pipeline kind runs G = 1
+(`dropped_replicas`); or `megatron`: the scenario's own megatron layout (a scenario of another
+kind: its tp_degree x pp_degree as kind megatron). A pipeline spec stays one string ("1f1b:4",
+None), so every caller hands it to `with_strategy` unchanged. Two items of one plan ("ghp,ghp:8"
+on a G = 8 ghp scenario, "1f1b,1f1b:1" on an m = 1 one) are refused (`resolve_specs`). Results
+list the plans that fit in memory first (`ranked`). Without a list (`default_strategies`): dp, mp,
+ghp, or a megatron scenario's own layout alone (as `ghpsim report` and `ghpsim validate` do).
 """
 
 from __future__ import annotations
@@ -164,26 +167,93 @@ def ghp_group_counts(num_gpus: int) -> list[int]:
     return [g for g in range(2, num_gpus) if num_gpus % g == 0]
 
 
+def spec_item(kind: str, groups: int | None) -> str:
+    """The --strategies item a spec stands for: "ghp:4", "1f1b:8", "dp"."""
+    return kind if groups is None else f"{kind}:{groups}"
+
+
+def _plan_text(scenario: Scenario, kind: str, groups: int | None) -> str | None:
+    """The plan a resolved spec runs ("ghp (G=8 x M=2)", "1f1b (G=1 x M=8) m=4"), as the compare table labels
+    it, or None where only simulating tells (a ghp without G: the fastest G)."""
+    base, _, microbatches = kind.partition(":")
+    num_gpus = scenario.num_gpus
+    if base in PIPELINE_KINDS:
+        groups = groups or 1
+        return (f"{base} (G={groups} x M={num_gpus // groups}) "
+                f"m={int(microbatches) if microbatches else scenario.strategy.num_microbatches}")
+    if base == "ghp":
+        return None if groups is None else f"ghp (G={groups} x M={num_gpus // groups})"
+    return {"dp": f"dp (G={num_gpus} x M=1)", "mp": f"mp (G=1 x M={num_gpus})"}.get(base, base)
+
+
+def resolve_specs(scenario: Scenario, specs: list[tuple[str, int | None]]) -> list[tuple[str, str, int | None]]:
+    """(item, kind, G) for each spec, with the scenario's own settings filled in: a `ghp` without G on a
+    ghp scenario, and a pipeline item of the scenario's own kind, take its num_groups (as `ghpsim
+    simulate` runs it). A one-line ScenarioError for two items of one plan ("ghp,ghp:8" on a G = 8 scenario)."""
+    resolved, seen = [], {}
+    for kind, groups in specs:
+        item, base = spec_item(kind, groups), kind.partition(":")[0]
+        if groups is None and base == scenario.strategy.kind and (base == "ghp" or base in PIPELINE_KINDS):
+            groups = scenario.strategy.num_groups
+        _check_same_plan(seen, item, _plan_text(scenario, kind, groups))
+        resolved.append((item, kind, groups))
+    return resolved
+
+
+def _check_same_plan(seen: dict[str, str], item: str, plan: str | None, how: str = "") -> None:
+    """Record that `item` runs `plan`; a ScenarioError if an earlier item runs it too."""
+    if plan is None:
+        return
+    if plan in seen:
+        raise ScenarioError(f"--strategies: {seen[plan]} and {item} resolve to the same plan, {plan}{how}: "
+                            "give one of them (each strategy runs once)")
+    seen[plan] = item
+
+
+def dropped_replicas(scenario: Scenario, specs: list[tuple[str, int | None]]) -> list[str]:
+    """The pipeline items of another kind than a replicated pipeline scenario's: they run G = 1, without
+    its strategy.num_groups (which only its own kind keeps, `resolve_specs`)."""
+    own = scenario.strategy
+    if own.kind not in PIPELINE_KINDS or (own.num_groups or 1) == 1:
+        return []
+    return [kind for kind, _ in specs if kind.partition(":")[0] in PIPELINE_KINDS and kind.partition(":")[0] != own.kind]
+
+
+def ranking_key(summary: dict) -> tuple[bool, float]:
+    """A result summary's place in a comparison: by step time, every plan that fits in GPU memory
+    before every plan that does not (`ghpsim compare` and `ghpsim report` number only the first)."""
+    return not summary["fits_in_memory"], summary["step_time_s"]
+
+
+def ranked(results: list[SimulationResult]) -> list[SimulationResult]:
+    """Results in `ranking_key` order: by step time, the plans that fit in memory first."""
+    return sorted(results, key=lambda result: ranking_key(result.summary))
+
+
 def compare(scenario: Scenario, specs: list[tuple[str, int | None]], costs=None) -> list[SimulationResult]:
-    """Simulate each strategy spec (analytic costs unless `costs` is given); results sorted by step time."""
+    """Simulate each strategy spec (analytic costs unless `costs` is given, `resolve_specs`); results
+    `ranked`: by step time, the plans that fit in memory first."""
     with naming_source(scenario):
         workload = resolve_workload(scenario.model, scenario.base_dir)
+    resolved = resolve_specs(scenario, specs)
+    seen = {plan: item for item, kind, groups in resolved if (plan := _plan_text(scenario, kind, groups))}
     results = []
-    for kind, groups in specs:
-        if kind == "ghp" and groups is None:
-            groups = scenario.strategy.num_groups if scenario.strategy.kind == "ghp" else None
+    for item, kind, groups in resolved:
         if kind == "ghp" and groups is None:
             candidates = [simulate(with_strategy(scenario, "ghp", g), costs=costs, workload=workload)
                           for g in _feasible_groups(scenario, workload.num_layers)]
             if not candidates:
                 raise ScenarioError(no_ghp_grid(scenario.num_gpus))
-            results.append(min(candidates, key=lambda result: result.step_time_s))
+            best = min(candidates, key=lambda result: result.step_time_s)
+            _check_same_plan(seen, item, _plan_text(scenario, "ghp", best.summary["num_groups"]),
+                             " (ghp: the fastest feasible G)")
+            results.append(best)
         else:
             try:
                 results.append(simulate(with_strategy(scenario, kind, groups), costs=costs, workload=workload))
             except ScenarioError as error:  # name the list item that asked for the plan, not only its field
-                raise ScenarioError(f"{error} (--strategies item {kind if groups is None else f'{kind}:{groups}'})") from None
-    return sorted(results, key=lambda result: result.step_time_s)
+                raise ScenarioError(f"{error} (--strategies item {item})") from None
+    return ranked(results)
 
 
 def _feasible_groups(scenario: Scenario, num_layers: int) -> list[int]:

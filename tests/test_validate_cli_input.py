@@ -326,3 +326,11 @@ def test_megatron_on_another_kinds_scenario_says_what_validate_runs(capsys, laun
     line = assert_one_line_error(validate_cli(capsys, "--strategies", "dp,megatron", "--set", "strategy.tp_degree=2"),
                                  "--strategies megatron", "is kind dp", "--set strategy.kind=megatron")
     assert "tp_degree=T" not in line and launches.configs == []
+
+
+def test_two_items_of_one_plan_are_refused_before_any_rank_starts(capsys, launches):
+    """As compare (`simulator.compare.resolve_specs`): 1f1b and 1f1b:4 on a scenario of 4 micro-batches
+    are one plan, which would have run twice."""
+    assert_one_line_error(validate_cli(capsys, "--strategies", "1f1b,1f1b:4", "--set", "strategy.num_microbatches=4"),
+                          "1f1b and 1f1b:4 resolve to the same plan")
+    assert launches.configs == []

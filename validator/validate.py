@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from simulator.compare import MEGATRON, _feasible_groups, with_strategy
+from simulator.compare import MEGATRON, _feasible_groups, resolve_specs, with_strategy
 from simulator.grid_symmetry import every_rank
 from simulator.limits import available_memory_bytes
 from simulator.spans import SPAN_FIELDS
@@ -252,13 +252,14 @@ def predicted_as_run(scenario: Scenario, profile_path: str, spec: tuple[str, int
 
 def prepare_cases(scenario: Scenario, workload, costs, specs: list[tuple[str, int | None]], options: RunOptions,
                   progress=None, skip_unfit_ghp: bool = False) -> list[_Case]:
-    """Every spec's case (`prepare_case`); a `ghp` without G as `ghpsim compare` takes it
-    (`simulator.compare`): the scenario's G where its kind is ghp, else the G of the fastest
+    """Every spec's case (`prepare_case`), resolved as `ghpsim compare` resolves it
+    (`simulator.compare.resolve_specs`: a pipeline item of the scenario's own kind keeps its
+    replicas); a `ghp` without G: the scenario's G where its kind is ghp, else the G of the fastest
     prediction among the feasible ones (1 < G < N, G divides the batch, N / G <= the layers). Where
     no G is feasible: a one-line ScenarioError, or with `skip_unfit_ghp` (the default strategy
     list) the spec is left out, saying so through `progress`."""
     cases = []
-    for kind, groups in specs:
+    for _item, kind, groups in resolve_specs(scenario, specs):  # as compare: two items of one plan refused
         if kind != "ghp" or groups is not None:
             cases.append(prepare_case(scenario, workload, costs, kind, groups, options))
         elif scenario.strategy.kind == "ghp":

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.compare import (_feasible_groups, compare, default_strategies, no_ghp_grid, parse_strategy_specs,
-                               with_strategy)
+from simulator.compare import compare, default_strategies, parse_strategy_specs, ranking_key
 from simulator.errors import ScenarioError
 from simulator.model_source import resolve_workload
 from simulator.profile_costs import scenario_profile_costs
@@ -118,21 +117,11 @@ def simulate_own_strategy(scenario: Scenario, profile_path: str | None) -> Simul
 
 
 def compare_with_profile(scenario: Scenario, specs, profile_path: str) -> list[SimulationResult]:
-    """`simulator.compare.compare` with a calibration profile's costs (as `ghpsim validate`
-    predicts): ghp without G takes the scenario's G, else the fastest feasible G."""
+    """`simulator.compare.compare` with a calibration profile's costs (as `ghpsim compare --profile`
+    and `ghpsim validate` predict): ghp without G takes the scenario's G, else the fastest feasible G."""
     with naming_source(scenario):
         workload = resolve_workload(scenario.model, scenario.base_dir)
-    costs = scenario_profile_costs(profile_path, scenario, workload)
-    results = []
-    for kind, groups in specs:
-        if kind == "ghp" and groups is None and scenario.strategy.kind == "ghp":
-            groups = scenario.strategy.num_groups
-        candidates = _feasible_groups(scenario, workload.num_layers) if kind == "ghp" and groups is None else [groups]
-        if not candidates:
-            raise ScenarioError(no_ghp_grid(scenario.num_gpus))
-        results.append(min((simulate(with_strategy(scenario, kind, g), costs=costs, workload=workload)
-                            for g in candidates), key=lambda result: result.step_time_s))
-    return sorted(results, key=lambda result: result.step_time_s)
+    return compare(scenario, specs, costs=scenario_profile_costs(profile_path, scenario, workload))
 
 
 def _from_json(path: Path) -> ReportInput:
@@ -146,7 +135,7 @@ def _from_json(path: Path) -> ReportInput:
         for index, summary in enumerate(document["summaries"]):
             check_summary(summary, path, f"summaries[{index}]")
         return ReportInput(kind="compare", source=str(path), title=str(document.get("scenario", path.stem)),
-                           summaries=sorted(document["summaries"], key=lambda s: s["step_time_s"]))
+                           summaries=sorted(document["summaries"], key=ranking_key))
     if isinstance(document, dict) and "step_time_s" in document and "devices" in document:
         check_summary(document, path, "")
         return ReportInput(kind="simulate", source=str(path), title=str(document.get("scenario", path.stem)),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from simulator.compare import ranking_key
 from simulator.report import plots
 from simulator.report.document import Figure, Section, Table, figure_png, slug
 from simulator.report.inputs import ReportInput
@@ -16,6 +17,8 @@ from simulator.tables import comparison_frame, strategy_label
 from simulator.trace import trace_events
 
 MAX_GANTT_RANKS = 32
+UNFIT_ORDER = (", every plan that fits in GPU memory first; a plan that does not fit is numbered \"-\" and "
+               "marked (does not fit)")
 GIB = 2**30
 
 
@@ -27,15 +30,18 @@ class _SummaryOnly:
 
 
 def ranking_frame(summaries: list[dict]) -> pd.DataFrame:
-    """`ghpsim compare`'s table (simulator.tables.comparison_frame), sorted by step time."""
-    frame = comparison_frame([_SummaryOnly(summary) for summary in summaries])
-    return frame.sort_values("step_time_s", kind="stable").reset_index(drop=True)
+    """`ghpsim compare`'s table (simulator.tables.comparison_frame) in its order (`compare.ranking_key`): by
+    step time, the plans that fit in GPU memory before those that do not."""
+    frame = comparison_frame([_SummaryOnly(summary) for summary in sorted(summaries, key=ranking_key)])
+    return frame.reset_index(drop=True)
 
 
 def ranking_display(frame: pd.DataFrame) -> pd.DataFrame:
+    """The ranking table: a plan that does not fit in memory is numbered "-" and marked in its strategy."""
+    fits = frame["fits_in_memory"].astype(bool)
     return pd.DataFrame({
-        "#": range(1, len(frame) + 1),
-        "strategy": frame["strategy"],
+        "#": [str(position) if fit else "-" for position, fit in enumerate(fits, start=1)],
+        "strategy": [label if fit else f"{label} (does not fit)" for label, fit in zip(frame["strategy"], fits)],
         "placement": frame["placement"],
         "step (ms)": frame["step_time_s"].map(lambda v: f"{v * 1e3:,.3f}"),
         "throughput (samples/s)": frame["throughput_samples_per_s"].map(lambda v: f"{v:,.1f}"),
@@ -49,10 +55,11 @@ def ranking_display(frame: pd.DataFrame) -> pd.DataFrame:
 
 def strategy_sections(data: ReportInput, files: dict[str, bytes]) -> list[Section]:
     frame = ranking_frame(data.summaries)
+    order = "" if frame["fits_in_memory"].all() else UNFIT_ORDER
     ranking = Section("ranking", "Ranking", paragraphs=[
-        "Strategies sorted by simulated step time. compute, comm (communication not hidden by compute) "
-        "and idle are means over ranks; per rank they add up to the step time. Speedup: one device "
-        "running the whole batch divided by the step time."],
+        f"Strategies sorted by simulated step time{order}. compute, "
+        "comm (communication not hidden by compute) and idle are means over ranks; per rank they add up to the "
+        "step time. Speedup: one device running the whole batch divided by the step time."],
         tables=[Table("ranking-table", ranking_display(frame), caption="ranking")])
     breakdown = Section("breakdown", "Step time split per strategy", figures=[Figure(
         "fig-breakdown", "Step time per strategy, split into compute, exposed communication and idle "
