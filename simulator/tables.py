@@ -14,10 +14,21 @@ from simulator.units import (format_bytes, format_count, format_flops_per_s, for
                              plural, time_unit)
 
 
+class PipeConsole(Console):
+    """A rich Console whose closed output pipe raises BrokenPipeError, as a plain `print` does: the
+    CLI then exits with code 141 and nothing on stderr (rich's own `on_broken_pipe` exits with 1,
+    the code of a bug)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more is written (rich's own handler does the same)
+        raise BrokenPipeError
+
+
 def make_console() -> Console:
-    """A console that does not squeeze tables to 80 columns when output is piped."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
+    """A console that does not squeeze tables to 80 columns when output is piped, and raises
+    BrokenPipeError when the reader goes away (`PipeConsole`)."""
+    console = PipeConsole()
+    return console if console.is_terminal else PipeConsole(width=160)
 
 
 def comparison_frame(results: list[SimulationResult]) -> pd.DataFrame:
@@ -75,8 +86,8 @@ def print_comparison(results: list[SimulationResult], title: str, console: Conso
     for column in ("#", "strategy", "placement", "step (ms)", "samples/s", "speedup",
                    "compute (ms)", "comm (ms)", "idle (ms)", "inter-node MB", "peak mem (GiB)"):
         table.add_column(column, justify="left" if column in ("strategy", "placement") else "right")
-    for position, row in enumerate(frame.itertuples(index=False), start=1):
-        table.add_row(str(position), row.strategy, row.placement, f"{row.step_time_s * 1e3:.2f}",
+    for position, row in enumerate(frame.itertuples(index=False), start=1):  # `compare.ranked`: those that fit first
+        table.add_row(str(position) if row.fits_in_memory else "-", row.strategy, row.placement, f"{row.step_time_s * 1e3:.2f}",
                       f"{row.throughput_samples_per_s:,.0f}", f"{row.speedup:.2f}x",
                       f"{row.compute_s * 1e3:.2f}", f"{row.comm_s * 1e3:.2f}", f"{row.idle_s * 1e3:.2f}",
                       f"{row.inter_node_bytes / 1e6:,.1f}",
@@ -167,7 +178,7 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
         console.print(f"offload: {format_seconds(offload_s)} of host transfers not hidden by compute (added to "
                       f"the step; not in the rows above)", highlight=False)
     if "pipeline" in summary:
-        print_pipeline(summary["pipeline"], console)
+        print_pipeline(summary["pipeline"], console, (summary.get("tensor") or {}).get("cp_degree", 1))
     if "steady_state" in summary:
         console.print(f"steady state: {summary['steady_state']}")
     if "kernel_passes" in summary:
@@ -191,16 +202,19 @@ def kernel_pass_line(report: dict) -> str:
                      + (f"layers priced from their counts {counted * 1e3:,.3f}, " if counted else "")
                      + f"memory-bound {memory * 1e3:,.3f}, launches {gpu.get('launch', 0.0) * 1e3:,.3f}, "
                      f"waiting on the host {figures['host_wait_s'] * 1e3:,.3f})")
+    batch = report["batch"]  # under context parallelism a rank's share of a sample: its part of the sequence
+    samples = plural(batch, "sample") if batch >= 1 else f"1 sample, {batch:g} of its sequence"
     return (f"kernels of rank 0's first micro-batch ({plural(report['num_layers'], 'layer')}, "
-            f"{plural(report['batch'], 'sample')}): " + "; ".join(parts)
+            f"{samples}): " + "; ".join(parts)
             + f"; host {format_seconds(report['host_overhead_s'], 3)} a kernel")
 
 
-def print_pipeline(pipeline: dict, console: Console) -> None:
+def print_pipeline(pipeline: dict, console: Console, cp_degree: int = 1) -> None:
     """Per-stage figures of a pipeline schedule (simulator/schedules/steady_state.py)."""
+    split = f", each split over CP {cp_degree} by sequence" if cp_degree > 1 else ""
     console.print(f"pipeline {pipeline['schedule']}: m={pipeline['num_microbatches']} "
                   f"{'micro-batch' if pipeline['num_microbatches'] == 1 else 'micro-batches'} of "
-                  f"{pipeline['microbatch_size']:g}, v={pipeline['num_virtual_stages']}; step time = "
+                  f"{pipeline['microbatch_size']:g}{split}, v={pipeline['num_virtual_stages']}; step time = "
                   f"{pipeline['step_time_definition']}")
     stages = pipeline["stages"]
     chunks = any(row["chunk_passes_in_flight"] != row["microbatches_in_flight"] for row in stages)

@@ -45,13 +45,16 @@ def run(args) -> int:
 
 
 def parse_names(text: str | None) -> list[str]:
+    """The entries `--only` names (all of them when not given); ScenarioError, before anything is
+    drawn, for an unknown name, an empty item ("pase,") or a name given twice, as other comma flags."""
     if text is None:
         return list(ENTRIES)
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in ENTRIES]
-    if unknown or not names:
+    from simulator.compare import comma_items
+
+    names = comma_items(text, "--only")
+    if any(name not in ENTRIES for name in names):
         raise ScenarioError(f"--only: {text!r}: choose from {', '.join(ENTRIES)}")
-    return list(dict.fromkeys(names))
+    return names
 
 
 def check_output_paths(out_dir: str | Path, names: list[str]) -> None:
