@@ -24,6 +24,7 @@ from simulator.units import parse_quantity, plural
 from simulator.validation_errors import format_validation_error
 from simulator.yaml_loading import StrictLoader, load_yaml_text, read_yaml_file
 from simulator.kernel_catalogue import MAX_HOST_OVERHEAD_S, check_flash_kernel
+from simulator.scenario_checks import DisplayText, check_cost_settings, placement_name
 from simulator.zero_config import check_zero, zero_stage_from_fsdp
 
 StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
@@ -126,17 +127,6 @@ class ModelConfig(_Frozen):
         return self
 
 
-PLACEMENT_NAMES = ("group_per_node", "stage_per_node", "tp_dp_pp")
-
-
-def _placement_name(value: Any) -> Any:
-    """strategy.placement: a known order's name, or a device list (any other text: one error naming all)."""
-    if value not in PLACEMENT_NAMES if isinstance(value, str) else not isinstance(value, (list, tuple)):
-        raise ValueError("should be 'group_per_node', 'stage_per_node', 'tp_dp_pp' (kind megatron) or a list of "
-                         "the device of each rank")
-    return value
-
-
 def _zero_stage_filled(data: Any) -> Any:
     """The raw strategy mapping as `zero_stage_from_fsdp` fills it; ValueError first for `zero_stage:
     null` (a key left without a value), which names no stage."""
@@ -153,7 +143,7 @@ class StrategyConfig(_Frozen):
     kind: StrategyKind = "dp"
     num_groups: GpuCount | None = None
     placement: Annotated[Literal["group_per_node", "stage_per_node", "tp_dp_pp"] | tuple[Int, ...],
-                         BeforeValidator(_placement_name)] = "group_per_node"
+                         BeforeValidator(placement_name)] = "group_per_node"
     """A rank order by name (`tp_dp_pp`: kind megatron only, `simulator.layout_geometry`) or a device list."""
     partition: Literal["balanced", "uniform", "pipedream"] | tuple[LayerCount, ...] = "balanced"
     bucket_size_bytes: PositiveBytes = 25 * 2**20
@@ -273,8 +263,8 @@ class CostConfig(_Frozen):
 
 
 class Scenario(_Frozen):
-    name: str = "unnamed"
-    description: str = ""
+    name: DisplayText = "unnamed"
+    description: DisplayText = ""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     model: ModelConfig
     strategy: StrategyConfig = Field(default_factory=StrategyConfig)
@@ -282,6 +272,8 @@ class Scenario(_Frozen):
     costs: CostConfig = Field(default_factory=CostConfig)
     base_dir: str = Field(default=".", exclude=True, description="folder that relative model.file paths start from")
     source: str = Field(default="<scenario>", exclude=True, description="where the scenario came from, for errors")
+
+    _check_costs = model_validator(mode="after")(lambda self: check_cost_settings(self) or self)
 
     @model_validator(mode="after")
     def _check_grid(self) -> "Scenario":

@@ -322,6 +322,14 @@ def engine_costs(plan: Plan, costs: CostModel) -> CostModel:
     return costs
 
 
+def _placement_entries(played, given) -> dict:
+    """The summary's "placement": the order's name as the scenario gives it (`tp_dp_pp` too, which the
+    plan resolves to devices: those under "placement_devices"), else the device list."""
+    if isinstance(played, str):
+        return {"placement": played}
+    return {"placement": given, "placement_devices": list(played)} if isinstance(given, str) else {"placement": list(played)}
+
+
 def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_time_s, costs=None,
              played_spans=None) -> dict:
     played_spans = result.spans if played_spans is None else played_spans
@@ -369,7 +377,7 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
         "num_groups": plan.num_groups,
         "workers_per_group": plan.workers_per_group,
         "partition": plan.meta["partition"],
-        "placement": plan.meta["placement"] if isinstance(plan.meta["placement"], str) else list(plan.meta["placement"]),
+        **_placement_entries(plan.meta["placement"], scenario.strategy.placement),
         "global_batch_size": batch,
         "step_time_s": step_time_s,
         "throughput_samples_per_s": batch / step_time_s if step_time_s > 0 else float("inf"),

@@ -77,7 +77,8 @@ def test_named_orders_resolve_to_the_planner_device_lists():
 def test_tp_dp_pp_differs_from_megatron_order_and_is_simulated():
     base = simulate(load_scenario(GPT2, ["cluster.inter_node_link=10gbe"]))
     ordered = simulate(load_scenario(GPT2, ["cluster.inter_node_link=10gbe", "strategy.placement=tp_dp_pp"]))
-    assert isinstance(ordered.summary["placement"], list) and base.summary["placement"] == "group_per_node"
+    assert ordered.summary["placement"] == "tp_dp_pp" and base.summary["placement"] == "group_per_node"
+    assert sorted(ordered.summary["placement_devices"]) == list(range(32)) and "placement_devices" not in base.summary
     assert ordered.step_time_s != base.step_time_s
 
 

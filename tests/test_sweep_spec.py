@@ -88,7 +88,7 @@ def test_invalid_points_keep_their_one_line_error(tmp_path):
 
 def test_model_params_and_inline_sections_are_sweepable(tmp_path):
     sweep = load_sweep(write_sweep(tmp_path, axes={"model.params.hidden_dim": [256, 512],
-                                                   "costs.efficiency.linear": [0.25]}))
+                                                   "costs.model": ["analytic"], "costs.efficiency.linear": [0.25]}))
     points = sweep.points()
     assert [p.scenario.model.params["hidden_dim"] for p in points] == [256, 512]
     assert points[0].scenario.costs.efficiency["linear"] == 0.25

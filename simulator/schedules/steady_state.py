@@ -63,7 +63,7 @@ def pipeline_summary(scenario, workload, topology, costs, plan, spans: list[tupl
         "schedule": meta["schedule_kind"],
         "asynchronous": asynchronous,
         "num_microbatches": m,
-        "microbatch_size": whole(plan.group_batch / m),
+        "microbatch_size": whole(plan.group_batch * _cp_degree(meta) / m),  # samples; cp splits each one's sequence
         "num_virtual_stages": meta["num_virtual_stages"],
         "weight_stashing": meta["weight_stashing"],
         "step_time_definition": STEP_DEFINITIONS[asynchronous],
@@ -71,6 +71,12 @@ def pipeline_summary(scenario, workload, topology, costs, plan, spans: list[tupl
         "steady_state_interval_s": step_s / m if asynchronous else None,
         "stages": stages,
     }
+
+
+def _cp_degree(meta) -> int:
+    """Context-parallel ranks c per sequence of a megatron plan (1 otherwise): its group_batch counts
+    each rank's share, B / (d c), while every micro-batch holds whole samples, their sequences split c ways."""
+    return meta.get("tensor", {}).get("cp_degree", 1)
 
 
 def _steady_state(scenario, workload, topology, costs, symmetry) -> tuple[list[tuple], float]:
