@@ -92,7 +92,7 @@ def cmd_simulate(args) -> int:
     if args.memory_plot is not None:
         check_figure_file(args.memory_plot, "--memory-plot")
     scenario = load_scenario(args.scenario, args.overrides)
-    _note_unused_layout_keys(scenario)
+    _note_unused_settings(scenario, priced_by_profile=bool(args.profile))
     check_distinct_files({"--trace": args.trace, "--memory-plot": args.memory_plot},
                          {"the scenario": args.scenario, **model_files(scenario), "--profile": args.profile})
     costs = _profile_costs(scenario, args)
@@ -118,16 +118,13 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def _note_unused_layout_keys(scenario) -> None:
-    """A note on stderr for a megatron layout's degrees set on another kind, which plays none of
-    them (tensor and pipeline degrees, sequence parallelism: `compare --strategies megatron` turns
-    such a scenario into its megatron layout; expert and context parallelism are refused)."""
-    strategy = scenario.strategy
-    unused = [f"strategy.{key} {getattr(strategy, key)}" for key, off in
-              (("tp_degree", 1), ("pp_degree", 1), ("sequence_parallel", False)) if getattr(strategy, key) != off]
-    if unused and strategy.kind != "megatron":
-        print(f"ghpsim: note: {', '.join(unused)}: not used by kind {strategy.kind} (kind megatron only)",
-              file=sys.stderr)
+def _note_unused_settings(scenario, priced_by_profile: bool) -> None:
+    """One note on stderr per setting the scenario's own plan ignores (`simulator.unused_settings`:
+    a megatron degree on another kind, a pipeline setting on dp, a kernel-model input under the
+    roofline, ...): it changes nothing, and a user planning from the figures should know."""
+    from simulator.unused_settings import unused_settings
+    for note in unused_settings(scenario, priced_by_profile):
+        print(f"ghpsim: note: {note}", file=sys.stderr)
 
 
 @contextmanager

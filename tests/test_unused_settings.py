@@ -1,0 +1,75 @@
+"""simulator.unused_settings: a setting the scenario's own plan ignores gets a note on stderr naming
+it, and the note is true (the prediction is the same without the setting); settings that count,
+and every preset scenario, get none."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ghpsim.cli import main
+from simulator.scenario import load_scenario
+from simulator.unused_settings import unused_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "scenarios" / "demo.yaml")  # ghp on V100s: the kernel model
+GPT2_3D = str(ROOT / "scenarios" / "gpt2_1.5b_dgx_a100_3d.yaml")  # megatron
+ANALYTIC = ["--set", "costs.model=analytic"]
+
+
+def simulate_json(capsys, scenario: str, *overrides: str) -> tuple[dict, list[str]]:
+    assert main(["simulate", scenario, "--json", *overrides]) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out), [line for line in captured.err.splitlines() if line]
+
+
+@pytest.mark.parametrize("scenario, base, setting, phrase", [
+    (DEMO, ["--set", "strategy.kind=dp"], "strategy.num_microbatches=8",
+     "strategy.num_microbatches 8: not used by kind dp (pipeline kinds and megatron only)"),
+    (DEMO, [], "strategy.num_virtual_stages=2", "strategy.num_virtual_stages 2: not used by kind ghp"),
+    (DEMO, [], "strategy.weight_stashing=false", "strategy.weight_stashing False: not used by kind ghp (pipedream only)"),
+    (DEMO, [], "strategy.tp_comm_overlap=true", "strategy.tp_comm_overlap True: not used by kind ghp (kind megatron only)"),
+    (DEMO, [], "strategy.compression_density=0.1", "used with strategy.gradient_compression topk only"),
+    (DEMO, [], "strategy.horovod_cycle_time_s=0.005", "used with strategy.gradient_fusion horovod only"),
+    (DEMO, ["--set", "strategy.gradient_fusion=horovod"], "strategy.bucket_size_bytes=1048576",
+     "not used with strategy.gradient_fusion horovod"),
+    (DEMO, ANALYTIC, "training.memory_format=nhwc",
+     "training.memory_format nhwc: read by the kernel cost model only; this scenario is priced by the analytic roofline"),
+    (DEMO, ANALYTIC, "training.cudnn_allow_tf32=false", "training.cudnn_allow_tf32 False: read by the kernel cost model only"),
+    (DEMO, [], "costs.host_bandwidth_bytes_per_s=1e9", "used with training.offload_activations only"),
+    (GPT2_3D, [], "strategy.weight_prediction=forward", "not used by kind megatron (spectrain only)"),
+])
+def test_an_ignored_setting_is_noted_and_changes_nothing(capsys, scenario, base, setting, phrase):
+    without, notes = simulate_json(capsys, scenario, *base)
+    assert notes == []
+    with_it, notes = simulate_json(capsys, scenario, *base, "--set", setting)
+    assert len(notes) == 1 and notes[0].startswith("ghpsim: note: ") and phrase in notes[0], notes
+    assert with_it["step_time_s"] == without["step_time_s"]  # the note is true: the plan ignores it
+    assert with_it["memory"] == without["memory"] and with_it["devices"] == without["devices"]
+
+
+def test_settings_the_plan_reads_get_no_note(capsys):
+    for scenario, overrides in ((DEMO, ["strategy.kind=1f1b", "strategy.num_groups=1", "strategy.num_microbatches=8"]),
+                                (DEMO, ["training.memory_format=nhwc"]),  # the kernel model reads it
+                                (DEMO, ["training.offload_activations=true", "costs.host_bandwidth_bytes_per_s=1e9"]),
+                                (GPT2_3D, ["strategy.num_microbatches=16"])):
+        _, notes = simulate_json(capsys, scenario, *(part for item in overrides for part in ("--set", item)))
+        assert notes == [], (scenario, overrides, notes)
+
+
+def test_a_calibrated_profile_prices_compute_so_cost_model_inputs_are_not_noted():
+    scenario = load_scenario(DEMO, ["costs.model=analytic", "training.memory_format=nhwc"])
+    assert len(unused_settings(scenario)) == 1 and unused_settings(scenario, priced_by_profile=True) == []
+
+
+def test_params_beside_a_layer_table_are_noted():
+    scenario = load_scenario(ROOT / "scenarios" / "custom_layers.yaml", ["model.params={seq_len: 4096}"])
+    assert unused_settings(scenario) == ["model.params {'seq_len': 4096}: not used with a layer table "
+                                         "(model.file fixes every dimension)"]
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in (ROOT / "scenarios").glob("*.yaml")), ids=lambda p: Path(p).name)
+def test_no_preset_scenario_sets_what_it_ignores(path):
+    assert unused_settings(load_scenario(path)) == []
