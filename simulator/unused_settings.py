@@ -9,8 +9,9 @@ prediction. The rules follow the code that reads each setting:
   (pipedream), `weight_prediction` (spectrain);
 - megatron's layout degrees and `tp_comm_overlap` (a TP group of at least 2);
 - gradient synchronisation: `compression_density` (gradient_compression topk), the Horovod knobs
-  (gradient_fusion horovod) and `bucket_size_bytes` (DDP buckets), `collective` (allreduce, not
-  a parameter server);
+  (gradient_fusion horovod), `bucket_size_bytes` (DDP buckets overlapped with the backward; not
+  FSDP's per-unit reductions), `collective` and `overlap_backward` (not a parameter server, nor
+  FSDP's full_shard / shard_grad_op, whose ring reduce-scatters and allgathers prefetch as FSDP does);
 - the kernel cost model's inputs (`simulator.kernel_costs`: memory format, cuDNN TF32, the flash
   kernel's implementation, SM contention, gradient-accumulation fusion) under the analytic roofline
   (`kernel_catalogue.kernel_model_chosen`), which reads none of them;
@@ -69,6 +70,16 @@ def unused_settings(scenario, priced_by_profile: bool = False) -> list[str]:
         unless(strategy.gradient_fusion == "horovod", "strategy", key, "used with strategy.gradient_fusion horovod only")
     unless(strategy.gradient_fusion != "horovod", "strategy", "bucket_size_bytes",
            "not used with strategy.gradient_fusion horovod (its own fusion threshold)")
+    unless(kind == "megatron" or strategy.overlap_backward, "strategy", "bucket_size_bytes",
+           "not used with strategy.overlap_backward false (one allreduce after the backward)")
+    if strategy.fsdp_sharding is not None:
+        unless(kind == "megatron", "strategy", "fsdp_sharding", f"{by_kind} (kind megatron only)")
+        unless(kind != "megatron", "strategy", "bucket_size_bytes",
+               f"not used with strategy.fsdp_sharding {strategy.fsdp_sharding} (each FSDP unit is reduced on its own)")
+    if kind == "megatron" and strategy.fsdp_sharding in ("full_shard", "shard_grad_op"):
+        for key in ("collective", "overlap_backward"):
+            unless(False, "strategy", key, f"not used with strategy.fsdp_sharding {strategy.fsdp_sharding} (per-unit "
+                                           "reduce-scatters and allgathers as rings, overlapped as FSDP prefetches)")
     unless(strategy.dp_sync != "parameter_server", "strategy", "collective",
            "not used with strategy.dp_sync parameter_server (pushes and pulls, no allreduce)")
     if not priced_by_profile and not kernel_model_chosen(scenario.costs.model, scenario.cluster.gpu):

@@ -16,6 +16,7 @@ from simulator.unused_settings import unused_settings
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "scenarios" / "demo.yaml")  # ghp on V100s: the kernel model
 GPT2_3D = str(ROOT / "scenarios" / "gpt2_1.5b_dgx_a100_3d.yaml")  # megatron
+LLAMA_FSDP = str(ROOT / "scenarios" / "llama3_70b_fsdp_h100.yaml")  # megatron, fsdp_sharding full_shard
 ANALYTIC = ["--set", "costs.model=analytic"]
 
 
@@ -40,6 +41,13 @@ def simulate_json(capsys, scenario: str, *overrides: str) -> tuple[dict, list[st
     (DEMO, ANALYTIC, "training.cudnn_allow_tf32=false", "training.cudnn_allow_tf32 False: read by the kernel cost model only"),
     (DEMO, [], "costs.host_bandwidth_bytes_per_s=1e9", "used with training.offload_activations only"),
     (GPT2_3D, [], "strategy.weight_prediction=forward", "not used by kind megatron (spectrain only)"),
+    (DEMO, ["--set", "strategy.overlap_backward=false"], "strategy.bucket_size_bytes=1048576",
+     "not used with strategy.overlap_backward false"),
+    (LLAMA_FSDP, [], "strategy.collective=tree", "not used with strategy.fsdp_sharding full_shard"),
+    (LLAMA_FSDP, [], "strategy.overlap_backward=false", "not used with strategy.fsdp_sharding full_shard"),
+    (LLAMA_FSDP, ["--set", "strategy.fsdp_sharding=no_shard"], "strategy.bucket_size_bytes=1048576",
+     "not used with strategy.fsdp_sharding no_shard (each FSDP unit is reduced on its own)"),
+    (DEMO, [], "strategy.fsdp_sharding=no_shard", "strategy.fsdp_sharding no_shard: not used by kind ghp"),
 ])
 def test_an_ignored_setting_is_noted_and_changes_nothing(capsys, scenario, base, setting, phrase):
     without, notes = simulate_json(capsys, scenario, *base)
@@ -54,7 +62,9 @@ def test_settings_the_plan_reads_get_no_note(capsys):
     for scenario, overrides in ((DEMO, ["strategy.kind=1f1b", "strategy.num_groups=1", "strategy.num_microbatches=8"]),
                                 (DEMO, ["training.memory_format=nhwc"]),  # the kernel model reads it
                                 (DEMO, ["training.offload_activations=true", "costs.host_bandwidth_bytes_per_s=1e9"]),
-                                (GPT2_3D, ["strategy.num_microbatches=16"])):
+                                (GPT2_3D, ["strategy.num_microbatches=16"]),
+                                (LLAMA_FSDP, ["strategy.fsdp_sharding=no_shard", "strategy.collective=tree"]),
+                                (LLAMA_FSDP, ["strategy.fsdp_sharding=no_shard", "strategy.overlap_backward=false"])):
         _, notes = simulate_json(capsys, scenario, *(part for item in overrides for part in ("--set", item)))
         assert notes == [], (scenario, overrides, notes)
 
