@@ -122,8 +122,12 @@ def _note_unused_settings(scenario, priced_by_profile: bool) -> None:
     """One note on stderr per setting the scenario's own plan ignores (`simulator.unused_settings`:
     a megatron degree on another kind, a pipeline setting on dp, a kernel-model input under the
     roofline, ...): it changes nothing, and a user planning from the figures should know."""
+    from simulator.model_source import resolve_workload
     from simulator.unused_settings import unused_settings
-    for note in unused_settings(scenario, priced_by_profile):
+    from simulator.simulate import naming_source
+    with naming_source(scenario):  # a model that cannot be built: the one-line error naming the scenario file
+        kinds = frozenset(layer.kind for layer in resolve_workload(scenario.model, scenario.base_dir).layers)
+    for note in unused_settings(scenario, priced_by_profile, kinds):
         print(f"ghpsim: note: {note}", file=sys.stderr)
 
 

@@ -42,10 +42,11 @@ def _text(scenario, section: str, key: str) -> str:
     return f"{section}.{key} {getattr(getattr(scenario, section), key)}"
 
 
-def unused_settings(scenario, priced_by_profile: bool = False) -> list[str]:
+def unused_settings(scenario, priced_by_profile: bool = False, layer_kinds: frozenset | None = None) -> list[str]:
     """One phrase per setting the scenario's own plan ignores ("strategy.num_microbatches 8: not
     used by kind dp (pipeline kinds and megatron only)"); `priced_by_profile`: a calibrated profile
-    prices compute (`simulate --profile`), so the cost-model rules do not apply."""
+    prices compute (`simulate --profile`), so the cost-model rules do not apply; `layer_kinds`: the
+    workload's layer kinds, where known (flash attention and selective recompute act on attention)."""
     strategy, kind = scenario.strategy, scenario.strategy.kind
     notes = []
 
@@ -88,6 +89,11 @@ def unused_settings(scenario, priced_by_profile: bool = False) -> list[str]:
                                         f"analytic roofline (costs.model {scenario.costs.model})")
     unless(scenario.training.offload_activations, "costs", "host_bandwidth_bytes_per_s",
            "used with training.offload_activations only")
+    if layer_kinds is not None and "attention" not in layer_kinds:
+        unless(False, "costs", "flash_attention", "the model has no attention layer to fuse")
+        if scenario.training.recompute == "selective":
+            notes.append("training.recompute selective: recomputes attention cores only, and the model has none "
+                         "(the plan is recompute none)")
     model = scenario.model
     if model.params and (model.file or model.layers):
         notes.append(f"model.params {dict(model.params)}: not used with a layer table "
