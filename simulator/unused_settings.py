@@ -16,13 +16,16 @@ prediction. The rules follow the code that reads each setting:
   kernel's implementation, SM contention, gradient-accumulation fusion) under the analytic roofline
   (`kernel_catalogue.kernel_model_chosen`), which reads none of them;
 - `costs.host_bandwidth_bytes_per_s` without `training.offload_activations`;
-- `model.params` beside a layer table (`model.file` / `model.layers`), which fixes every dimension.
+- `model.params` beside a layer table (`model.file` / `model.layers`), which fixes every dimension;
+- with the workload's layer kinds known: flash attention and selective recompute on a model without
+  attention, an analytic efficiency for a layer kind the model does not have;
+- `cluster.nics_per_node` on a single node.
 """
 
 from __future__ import annotations
 
 from simulator.kernel_catalogue import kernel_model_chosen
-from simulator.scenario import CostConfig, StrategyConfig, TrainingConfig
+from simulator.scenario import ClusterConfig, CostConfig, StrategyConfig, TrainingConfig
 
 PIPELINE_KINDS_AND_MEGATRON = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain", "megatron")
 
@@ -31,7 +34,8 @@ KERNEL_MODEL_INPUTS = (("training", "memory_format"), ("training", "cudnn_allow_
                        ("strategy", "gradient_accumulation_fusion"))
 """Settings only the kernel cost model reads."""
 
-_DEFAULTS = {"strategy": StrategyConfig(), "training": TrainingConfig(global_batch_size=1), "costs": CostConfig()}
+_DEFAULTS = {"cluster": ClusterConfig(), "strategy": StrategyConfig(),
+             "training": TrainingConfig(global_batch_size=1), "costs": CostConfig()}
 
 
 def _changed(scenario, section: str, key: str) -> bool:
@@ -89,6 +93,10 @@ def unused_settings(scenario, priced_by_profile: bool = False, layer_kinds: froz
                                         f"analytic roofline (costs.model {scenario.costs.model})")
     unless(scenario.training.offload_activations, "costs", "host_bandwidth_bytes_per_s",
            "used with training.offload_activations only")
+    absent = sorted(set(scenario.costs.efficiency) - layer_kinds) if layer_kinds is not None else []
+    if absent and not any(note.startswith("costs.efficiency") for note in notes):
+        notes.append(f"costs.efficiency {', '.join(absent)}: the model has no {' or '.join(absent)} layer")
+    unless(scenario.cluster.num_nodes > 1, "cluster", "nics_per_node", "one node: no traffic leaves it")
     if layer_kinds is not None and "attention" not in layer_kinds:
         unless(False, "costs", "flash_attention", "the model has no attention layer to fuse")
         if scenario.training.recompute == "selective":

@@ -50,6 +50,9 @@ def simulate_json(capsys, scenario: str, *overrides: str) -> tuple[dict, list[st
     (DEMO, [], "strategy.fsdp_sharding=no_shard", "strategy.fsdp_sharding no_shard: not used by kind ghp"),
     (DEMO, [], "costs.flash_attention=true", "costs.flash_attention True: the model has no attention layer to fuse"),
     (DEMO, [], "training.recompute=selective", "recomputes attention cores only, and the model has none"),
+    (DEMO, ANALYTIC, "costs.efficiency={attention: 0.3}", "costs.efficiency attention: the model has no attention layer"),
+    (DEMO, ["--set", "cluster.num_nodes=1", "--set", "strategy.kind=dp"], "cluster.nics_per_node=4",
+     "cluster.nics_per_node 4: one node: no traffic leaves it"),
 ])
 def test_an_ignored_setting_is_noted_and_changes_nothing(capsys, scenario, base, setting, phrase):
     without, notes = simulate_json(capsys, scenario, *base)
