@@ -41,7 +41,7 @@ def _run_compare(scenario_source, args) -> int:
         notes = [f"{', '.join(others)}: without {', '.join(dropped)} (kind megatron only)"] if dropped else []
         if replicas:
             notes.append(f"{', '.join(replicas)}: G=1, without strategy.num_groups {scenario.strategy.num_groups} "
-                         f"(pipeline replicas: kept for kind {scenario.strategy.kind} only)")
+                         f"(kept for kind {scenario.strategy.kind} only)")
         if unfit:
             notes.append(f"infeasible (does not fit in GPU memory), ranked after every plan that fits: {', '.join(unfit)}")
         print_comparison(results, title=f"{scenario.name}: {scenario.description or ''}".strip(": ") + changed,

@@ -211,10 +211,10 @@ def _check_same_plan(seen: dict[str, str], item: str, plan: str | None, how: str
 
 
 def dropped_replicas(scenario: Scenario, specs: list[tuple[str, int | None]]) -> list[str]:
-    """The pipeline items of another kind than a replicated pipeline scenario's: they run G = 1, without
-    its strategy.num_groups (which only its own kind keeps, `resolve_specs`)."""
+    """The pipeline items of another kind than a replicated pipeline or ghp scenario's: they run G = 1,
+    without its strategy.num_groups (which only its own kind keeps, `resolve_specs`)."""
     own = scenario.strategy
-    if own.kind not in PIPELINE_KINDS or (own.num_groups or 1) == 1:
+    if own.kind not in (*PIPELINE_KINDS, "ghp") or (own.num_groups or 1) == 1:
         return []
     return [kind for kind, _ in specs if kind.partition(":")[0] in PIPELINE_KINDS and kind.partition(":")[0] != own.kind]
 

@@ -67,7 +67,7 @@ def test_other_pipeline_kind_says_it_drops_the_replicas(capsys):
     assert document["pipeline_replicas_dropped"] == ["1f1b"]
     code, out, err = run_cli(capsys, "compare", HYPARFLOW, "--strategies", "gpipe,1f1b")
     assert code == 0, err
-    assert "1f1b: G=1, without strategy.num_groups 2 (pipeline replicas: kept for kind gpipe only)" in out
+    assert "1f1b: G=1, without strategy.num_groups 2 (kept for kind gpipe only)" in out
 
 
 # ----------------------------------------------------------------------------- 4: plans that do not fit
@@ -139,3 +139,13 @@ def test_items_of_different_plans_still_run(capsys):
     document = _json(capsys, "compare", DEMO, "--strategies", "ghp,ghp:4,1f1b,1f1b:2")
     assert sorted(row["strategy"] for row in document["results"]) == [
         "1f1b (G=1 x M=16) m=1", "1f1b (G=1 x M=16) m=2", "ghp (G=4 x M=4)", "ghp (G=8 x M=2)"]
+
+
+def test_a_ghp_scenarios_groups_dropped_by_a_pipeline_item_are_noted(capsys):
+    """demo is ghp G = 8: gpipe:4 runs one pipeline over the 16 GPUs (G = 1), which simulate with
+    kind gpipe would not (it keeps G = 8), so compare says so."""
+    code, out, err = run_cli(capsys, "compare", DEMO, "--strategies", "ghp,gpipe:4", "--json")
+    assert code == 0, err
+    assert json.loads(out)["pipeline_replicas_dropped"] == ["gpipe:4"]
+    code, out, err = run_cli(capsys, "compare", DEMO, "--strategies", "ghp,gpipe:4")
+    assert "gpipe:4: G=1, without strategy.num_groups 8 (kept for kind ghp only)" in " ".join(out.split())
