@@ -88,7 +88,8 @@ def partition_document(scenario: Scenario, num_workers: int, profile_path: str |
         costs = profile_costs_for_workers(profile_path, scenario, workload, num_workers)
     batch, training = microbatch_size(scenario), scenario.training
     inputs = cluster_stage_costs(workload, costs, build_topology(scenario.cluster, scenario.base_dir), num_workers,
-                                 batch=batch, dtype=training.dtype, optimizer=training.optimizer)
+                                 batch=batch, dtype=training.dtype, optimizer=training.optimizer,
+                                 recompute=training.recompute, flash_attention=scenario.costs.flash_attention)
     memory = usable_memory_bytes(scenario)
     best = pipedream_partition(inputs, num_workers, memory)
     plain_dp = PipeDreamPartition((PipeDreamStage(0, workload.num_layers, num_workers,
@@ -160,7 +161,9 @@ def print_partition(document: dict) -> None:
                       f"{stage['memory_bytes'] / 2**30:,.2f}", _yes(stage["fits_in_memory"]))
     console.print(table)
     plans = Table(title=f"time per micro-batch, steady state (device memory "
-                        f"{document['device_memory_bytes'] / 2**30:,.1f} GiB)")
+                        f"{document['device_memory_bytes'] / 2**30:,.1f} GiB)",
+                  caption="PipeDream's objective: the slowest stage's compute, transfers and whole allreduce, "
+                          "no overlap, no optimizer step; `ghpsim simulate` plays a plan in full")
     for column in ("plan", "stages x replicas", "time / micro-batch (ms)", "samples/s", "peak memory (GiB)", "fits"):
         plans.add_column(column, justify="left" if column in ("plan", "stages x replicas") else "right")
     for label, key in (("pipedream", "pipedream"), ("plain DP", "plain_dp"), ("plain pipeline", "plain_pipeline")):

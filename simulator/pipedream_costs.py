@@ -12,7 +12,8 @@ Per layer l at b samples per micro-batch (e = bytes per element of training.dtyp
   ring, whatever `strategy.collective` says;
 - memory (the partitioner's PipeDream model): state_bytes[l] = params_l x (2 e + optimizer state
   + an fp32 master copy when e < 4: `heuristics.state_bytes_per_param`); weight_bytes[l] =
-  params_l x e (one stashed version); activation_bytes[l] = saved_l x b x e.
+  params_l x e (one stashed version); activation_bytes[l] = saved_l x b x e, under
+  training.recompute what l keeps (`activation_bytes`; full also runs each forward twice).
 
 `ghpsim partition` (free replication): the r replicas of a stage sit on consecutive devices 0..r-1
 (a ring inside a node while r <= GPUs per node), and a boundary crosses the route from device 0 to
@@ -36,6 +37,7 @@ import numpy as np
 from simulator.collective_forms import p2p_time_s, ring_allreduce_time_s
 from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.heterogeneity import stage_compute_s
+from simulator.memory_activations import Sharding, is_block, kept_bytes
 from simulator.heuristics import ring_link, route_bandwidth, state_bytes_per_param
 from simulator.pipedream_partition import StageCosts, pipedream_partition
 from simulator.placement import place_ranks
@@ -47,15 +49,35 @@ LinkFigures = tuple[float, float]
 """(latency_s, bandwidth_bytes_per_s) of a route."""
 
 
-def layer_compute_s(costs: CostModel, workload: Workload, batch: float) -> list[float]:
-    """Forward + backward seconds of each layer on `batch` samples."""
-    return [costs.compute_s(i, FORWARD, batch) + costs.compute_s(i, BACKWARD, batch)
+def layer_compute_s(costs: CostModel, workload: Workload, batch: float, recompute: str = "none") -> list[float]:
+    """Forward + backward seconds of each layer on `batch` samples; under full recompute the forward
+    twice (the plans' recompute actions; selective's attention core is in the cost model's backward)."""
+    forwards = 2 if recompute == "full" else 1
+    return [forwards * costs.compute_s(i, FORWARD, batch) + costs.compute_s(i, BACKWARD, batch)
             for i in range(workload.num_layers)]
+
+
+def activation_bytes(workload: Workload, batch: float, element: int, recompute: str = "none",
+                     flash_attention: bool = False) -> list[float]:
+    """Bytes each layer keeps for its backward on `batch` samples: all it saves; under full
+    recompute its input only (a checkpoint per layer, Megatron's granularity and the partitioner's
+    bound on the engine's checkpoint per backward segment); under selective a transformer block
+    without its attention core's s x s tensors (`memory_activations.kept_bytes`, Korthikanti et al.)."""
+    sharding = Sharding(flash_attention=flash_attention)
+    kept = []
+    for layer in workload.layers:
+        if recompute == "full":
+            kept.append(layer.input_elements_per_sample * element)
+        elif recompute == "selective" and (is_block(layer) or layer.kind == "attention"):
+            kept.append(kept_bytes(layer, "selective", element, sharding, checkpoint=False))
+        else:
+            kept.append(layer.saved_elements_per_sample * element)
+    return [bytes_ * batch for bytes_ in kept]
 
 
 def stage_costs(workload: Workload, compute_s, *, batch: float, dtype: str, optimizer: str | None,
                 boundary: LinkFigures | None, allreduce_s: Callable[[float, int], float],
-                boundary_divisor: float = 1.0) -> StageCosts:
+                boundary_divisor: float = 1.0, recompute: str = "none", flash_attention: bool = False) -> StageCosts:
     """The partitioner's inputs (module docstring); `boundary` None: one device, no transfers;
     `optimizer` None: no memory terms."""
     element = dtype_bytes(dtype)
@@ -66,7 +88,8 @@ def stage_costs(workload: Workload, compute_s, *, batch: float, dtype: str, opti
     memory = {}
     if optimizer is not None:
         memory = {"state_bytes": list(params * state_bytes_per_param(dtype, optimizer)),
-                  "weight_bytes": list(params * element), "activation_bytes": [layer.saved_elements_per_sample * batch * element for layer in workload.layers]}
+                  "weight_bytes": list(params * element),
+                  "activation_bytes": activation_bytes(workload, batch, element, recompute, flash_attention)}
     return StageCosts(compute_s=[float(t) for t in compute_s], gradient_bytes=list(params * element),
                       boundary_s=list(boundary_s), allreduce_s=allreduce_s, **memory)
 
@@ -83,17 +106,19 @@ def ring_figures(topology: Topology, devices) -> LinkFigures:
 
 
 def cluster_stage_costs(workload: Workload, costs: CostModel, topology: Topology, num_workers: int, *,
-                        batch: float, dtype: str, optimizer: str) -> StageCosts:
+                        batch: float, dtype: str, optimizer: str, recompute: str = "none",
+                        flash_attention: bool = False) -> StageCosts:
     """Inputs for `ghpsim partition`: replicas on consecutive devices, boundaries over the route
-    from device 0 to device N - 1 (module docstring)."""
+    from device 0 to device N - 1 (module docstring), with training.recompute's time and memory."""
     rings = {r: ring_figures(topology, list(range(r))) for r in range(2, num_workers + 1)}
 
     def allreduce_s(size_bytes: float, replicas: int) -> float:
         return ring_allreduce_time_s(size_bytes, replicas, *rings[replicas]) if replicas > 1 else 0.0
 
     boundary = route_figures(topology, 0, num_workers - 1) if num_workers > 1 else None
-    return stage_costs(workload, layer_compute_s(costs, workload, batch), batch=batch, dtype=dtype,
-                       optimizer=optimizer, boundary=boundary, allreduce_s=allreduce_s)
+    return stage_costs(workload, layer_compute_s(costs, workload, batch, recompute), batch=batch, dtype=dtype,
+                       optimizer=optimizer, boundary=boundary, allreduce_s=allreduce_s, recompute=recompute,
+                       flash_attention=flash_attention)
 
 
 def grid_stage_costs(config, workload: Workload, topology: Topology, costs: CostModel,

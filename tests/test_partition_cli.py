@@ -283,3 +283,27 @@ def test_a_heterogeneous_cluster_is_said_to_be_partitioned_as_identical_workers(
     slowed = json.loads(capsys.readouterr().out)
     assert "note" not in plain and "assumes identical workers" in slowed.pop("note")
     assert slowed["pipedream"] == plain["pipedream"]  # the straggler is not priced: said, not hidden
+
+
+def test_partition_prices_training_recompute_in_time_and_memory(capsys):
+    """Full recompute runs each forward twice and keeps each layer's input only: one stage's time is
+    (2 F + B) summed over its layers, its activations the layers' inputs; `gpt2_mp_pcie` (full
+    recompute, 11 GB GPUs), which simulate fits at 7.4 GiB, gets a partition that fits."""
+    from simulator.pipedream_costs import activation_bytes, layer_compute_s
+    vgg = ROOT / "scenarios" / "pipeline_vgg16_1f1b_pcie.yaml"
+    figures = {}
+    for mode in ("none", "full"):
+        assert main(["partition", str(vgg), "--json", "--set", f"training.recompute={mode}"]) == 0
+        figures[mode] = json.loads(capsys.readouterr().out)["plain_pipeline"]["stages"]
+    scenario = load_scenario(vgg)
+    workload = resolve_workload(scenario.model, scenario.base_dir)
+    costs = analytic_costs(scenario, workload)
+    batch = 1.0
+    none_s, full_s = layer_compute_s(costs, workload, batch), layer_compute_s(costs, workload, batch, "full")
+    assert full_s == pytest.approx([t + costs.compute_s(i, FORWARD, batch) for i, t in enumerate(none_s)])
+    kept = activation_bytes(workload, 2.0, 4, "full")
+    assert kept == [2.0 * 4 * layer.input_elements_per_sample for layer in workload.layers]
+    assert max(f["time_s"] for f in figures["full"]) > max(n["time_s"] for n in figures["none"])
+    assert sum(f["memory_bytes"] for f in figures["full"]) < sum(n["memory_bytes"] for n in figures["none"])
+    assert main(["partition", str(ROOT / "scenarios" / "gpt2_mp_pcie.yaml"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pipedream"]["stages"][0]["fits_in_memory"]
