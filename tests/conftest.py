@@ -37,3 +37,19 @@ def golden(request):
         assert text == path.read_text(), f"{path} differs; if intended, run pytest --regen-golden and review the diff"
 
     return check
+
+
+@pytest.fixture
+def fresh_stop_handlers():
+    """SIGINT, SIGTERM and SIGHUP as a fresh `ghpsim` process has them (whatever an earlier test of
+    this worker left) for a test that sends itself a stop, and the worker's own put back after it
+    (`ghpsim.cli.first_interrupt_only` leaves later stops ignored once one came)."""
+    import signal
+    numbers = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {number: signal.getsignal(number) for number in numbers}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for number in numbers[1:]:
+        signal.signal(number, signal.SIG_DFL)
+    yield
+    for number, handler in saved.items():
+        signal.signal(number, handler)

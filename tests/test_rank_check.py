@@ -160,7 +160,8 @@ def test_an_empty_ranking_is_one_error_naming_the_kinds_and_ranks(monkeypatch, p
         rank_check(scenario, profile, 4)
 
 
-def test_a_stop_while_the_ranking_is_written_waits_for_the_file(monkeypatch, profile, tmp_path, capsys):
+def test_a_stop_while_the_ranking_is_written_waits_for_the_file(monkeypatch, profile, tmp_path, capsys,
+                                                                fresh_stop_handlers):
     import signal
 
     import validator.report
@@ -175,16 +176,8 @@ def test_a_stop_while_the_ranking_is_written_waits_for_the_file(monkeypatch, pro
 
     monkeypatch.setattr(validator.report, "write_rows_csv", stopped_mid_write)
     out = tmp_path / "out"
-    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh `ghpsim` process has them, whatever
-    for number in (signal.SIGTERM, signal.SIGHUP):  # an earlier test of this process left
-        signal.signal(number, signal.SIG_DFL)
-    try:  # a stop leaves later stops ignored (the process is ending): put this test process's back
-        code = main(["validate", str(path), "--profile", profile, "--rank", "--gpus", "4", "--top", "1",
-                     "--others", "1", "--out", str(out), "--json"])
-    finally:
-        for number, handler in handlers.items():
-            signal.signal(number, handler)
+    code = main(["validate", str(path), "--profile", profile, "--rank", "--gpus", "4", "--top", "1",
+                 "--others", "1", "--out", str(out), "--json"])
     err = capsys.readouterr().err
     assert code == 130 and err == f"ghpsim: interrupted; the ranking of every candidate run is in {out / 'tiny_cpu_rank.csv'}\n"
     assert len((out / "tiny_cpu_rank.csv").read_text().splitlines()) == 3

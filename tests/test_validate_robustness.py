@@ -136,7 +136,7 @@ def test_an_interrupt_keeps_the_finished_strategies_as_a_failed_rank_does(capsys
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_a_stop_while_the_results_are_written_waits_for_them_and_keeps_them(capsys, tmp_path, launches, monkeypatch,
-                                                                           signal_name):
+                                                                           signal_name, fresh_stop_handlers):
     import signal
 
     from ghpsim.cli import main
@@ -148,15 +148,7 @@ def test_a_stop_while_the_results_are_written_waits_for_them_and_keeps_them(caps
 
     monkeypatch.setattr(validator.validate_output, "write_plot", stopped_mid_write)
     out = tmp_path / "out"
-    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh `ghpsim` process has them, whatever
-    for number in (signal.SIGTERM, signal.SIGHUP):  # an earlier test of this process left
-        signal.signal(number, signal.SIG_DFL)
-    try:  # a stop leaves later stops ignored (the process is ending): put this test process's back
-        code = main(["validate", SCENARIO, "--profile", WS2, *RUN, "--strategies", "dp,mp", "--out", str(out), "--json"])
-    finally:
-        for number, handler in handlers.items():
-            signal.signal(number, handler)
+    code = main(["validate", SCENARIO, "--profile", WS2, *RUN, "--strategies", "dp,mp", "--out", str(out), "--json"])
     stdout, err = capsys.readouterr()
     assert code == 128 + getattr(signal, signal_name) and stdout == "" and "Traceback" not in err
     assert err == (f"ghpsim: interrupted; the 2 finished strategies [dp (G=2 x M=1), mp (G=1 x M=2)] are in "
