@@ -7,7 +7,7 @@ prediction. The rules follow the code that reads each setting:
 - pipeline settings: `num_microbatches` (the pipeline kinds and megatron: `simulator.schedules`,
   `simulator.strategies.tensor`), `num_virtual_stages` (interleaved_1f1b, megatron), `weight_stashing`
   (pipedream), `weight_prediction` (spectrain);
-- megatron's layout degrees and `tp_comm_overlap` (a TP group of at least 2);
+- megatron's layout degrees, `tp_comm_overlap` and `sequence_parallel` (a TP group of at least 2);
 - gradient synchronisation: `compression_density` (gradient_compression topk), the Horovod knobs
   (gradient_fusion horovod), `bucket_size_bytes` (DDP buckets overlapped with the backward; not
   FSDP's per-unit reductions), `collective` and `overlap_backward` (not a parameter server, nor
@@ -69,6 +69,8 @@ def unused_settings(scenario, priced_by_profile: bool = False, layer_kinds: froz
             unless(False, "strategy", key, f"{by_kind} (kind megatron only)")
     else:
         unless(strategy.tp_degree > 1, "strategy", "tp_comm_overlap", "no TP collectives to overlap at tp_degree 1")
+        unless(strategy.tp_degree > 1, "strategy", "sequence_parallel", "no TP group to split the sequence over at "
+                                                                        "tp_degree 1")
     unless(strategy.gradient_compression == "topk", "strategy", "compression_density",
            "used with strategy.gradient_compression topk only")
     for key in ("horovod_cycle_time_s", "horovod_fusion_threshold_bytes"):

@@ -40,6 +40,8 @@ def simulate_json(capsys, scenario: str, *overrides: str) -> tuple[dict, list[st
      "training.memory_format nhwc: read by the kernel cost model only; this scenario is priced by the analytic roofline"),
     (DEMO, ANALYTIC, "training.cudnn_allow_tf32=false", "training.cudnn_allow_tf32 False: read by the kernel cost model only"),
     (DEMO, [], "costs.host_bandwidth_bytes_per_s=1e9", "used with training.offload_activations only"),
+    (GPT2_3D, ["--set", "strategy.tp_degree=1"], "strategy.sequence_parallel=true",
+     "strategy.sequence_parallel True: no TP group to split the sequence over at tp_degree 1"),
     (GPT2_3D, [], "strategy.weight_prediction=forward", "not used by kind megatron (spectrain only)"),
     (DEMO, ["--set", "strategy.overlap_backward=false"], "strategy.bucket_size_bytes=1048576",
      "not used with strategy.overlap_backward false"),
