@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
+from dataclasses import replace
 
 import simpy
 
@@ -150,8 +151,7 @@ class Engine:
         self._ready.extend(self._waiters.pop((rank, action_id), ()))
 
     def _work(self, rank: int, seconds: float, function, *args) -> None:
-        """`seconds` of the rank's own thread (on its host's processors when they are shared), then
-        `function(*args)`."""
+        """`seconds` of the rank's own thread (on its host's shared processors, if so), then `function(*args)`."""
         if seconds <= 0:
             function(*args)
         elif self.hosts is None:
@@ -293,12 +293,13 @@ class Engine:
         return cache_key
 
     def _send_phase(self, rank: int, action: Send, source: int, target: int):
-        cache_key = (rank, action.dst, action.size_bytes) if self._symmetry else ((source, target), action.size_bytes)
+        size, messages = action.size_bytes, action.messages
+        cache_key = (rank, action.dst, size, messages) if self._symmetry else ((source, target), size, messages)
         phase = self._phase_cache.get(cache_key)
-        if phase is None:  # symmetric: the representative's t sub-flows, links counted by multiplicity
-            phase = self._phase_cache[cache_key] = (
-                self._symmetry.send_phase(self.topology, rank, action.dst, action.size_bytes) if self._symmetry
-                else pairs_phase(self.topology, ((source, target),), action.size_bytes))
+        if phase is None:  # symmetric: the representative's t sub-flows, links counted by multiplicity;
+            phase = (self._symmetry.send_phase(self.topology, rank, action.dst, size) if self._symmetry
+                     else pairs_phase(self.topology, ((source, target),), size))  # each message: a latency
+            phase = self._phase_cache[cache_key] = replace(phase, latency_s=phase.latency_s * messages)
         return phase
 
     def _send_next(self, rank: int, action: Send) -> None:
@@ -313,11 +314,11 @@ class Engine:
             self._play((phase,), 0, self._send_end, (rank, action, start, target))
             return
         self._count_bytes((phase,))
+        measured_s = action.messages * self.communication.p2p_s(action.size_bytes / action.messages)
         if self.hosts is not None:
-            self._on(self._host_job(self.communication.p2p_s(action.size_bytes), (rank, action.dst), 2, P2P),
-                     self._send_end, rank, action, start, target)
+            self._on(self._host_job(measured_s, (rank, action.dst), 2, P2P), self._send_end, rank, action, start, target)
         else:
-            self._later(self.communication.p2p_s(action.size_bytes), self._send_end, rank, action, start, target)
+            self._later(measured_s, self._send_end, rank, action, start, target)
 
     def _send_end(self, rank: int, action: Send, start: float, target: int) -> None:
         self.spans.append((rank, "send", action.label, "send", start, self.env.now, action.size_bytes,

@@ -51,6 +51,9 @@ class Send:
     key: tuple
     deps: tuple[int, ...] = ()
     label: str = "send"
+    messages: int = 1
+    """The bytes go as this many back-to-back messages, each paying the route's latency (a CP ring's
+    steps, each waiting for the previous hop: `simulator.strategies.context`)."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,22 @@ def test_ring_bytes_per_pass_are_c_minus_1_kv_blocks_forward_and_twice_backward(
         assert {a.src for a in actions if isinstance(a, Recv)} == {(rank - 1) % cp}
 
 
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_each_ring_step_pays_the_link_latency(cp):
+    """Ring attention's c - 1 steps per layer each wait for the previous hop (Liu et al. 2023): on an
+    alpha-beta link the forward ring of L layers takes L (c - 1) (alpha + 2 (b s / c) kv_hidden e / B)."""
+    alpha_s, bandwidth = 20e-6, 10e9
+    link = {"name": "eth", "kind": "ethernet", "latency_s": alpha_s, "bandwidth_bytes_per_s": bandwidth}
+    plan_result = simulate(scenario(cp=cp, gpus=cp, batch=1, link=link, costs={"model": "analytic"}))
+    for actions in plan_result.plan.actions:
+        assert ring_sends(actions, FORWARD)[0].messages == 4 * (cp - 1)
+        assert ring_sends(actions, BACKWARD)[0].messages == 2 * 4 * (cp - 1)  # K, V and dK, dV a step
+    spans = plan_result.spans
+    (duration_s,) = spans[(spans["rank"] == 0) & (spans["name"] == f"cp ring {FORWARD}")]["duration_s"]
+    step_bytes = 2 * (128 / cp) * KV_HIDDEN * E
+    assert duration_s == pytest.approx(4 * (cp - 1) * (alpha_s + step_bytes / bandwidth), rel=1e-9)
+
+
 @pytest.mark.parametrize("cp, window, halo", [
     (2, 32, 32),   # L = 32: rank 0's chunk 3 takes 32 keys of chunk 2 (rank 1's), rank 1's chunk 1 32 of chunk 0
     (4, 16, 32),   # L = 16: rank 1's chunks 1 and 6 each take a whole chunk from ranks 0 and 2
@@ -53,12 +69,14 @@ def test_a_causal_window_moves_each_rank_s_halo_instead_of_the_ring(cp, window, 
     """Chunks of L = s / 2c tokens, rank r holding r and 2c - 1 - r: a query of chunk a sees the
     W keys before a L at most, so the rank receives the part of them other ranks hold, forward,
     and returns their dK, dV backward (module docstring of simulator.strategies.context)."""
-    from simulator.strategies.context import halo_tokens
+    from simulator.strategies.context import halo_sources, halo_tokens
     assert halo_tokens(128, cp, window) == halo
+    assert halo_sources(128, cp, window) == min(cp - 1, 2)  # rank 1 of 4 hears from ranks 0 and 2, not 3
     plan = simulate(scenario(cp=cp, gpus=cp, params={**MODEL, "sliding_window": window})).plan
     per_layer = halo * 2 * 4 * KV_HIDDEN * E  # halo keys x (K, V) x b x kv_hidden x dtype
     for actions in plan.actions:
         assert ring_sends(actions, FORWARD)[0].size_bytes == ring_sends(actions, BACKWARD)[0].size_bytes == 4 * per_layer
+        assert ring_sends(actions, FORWARD)[0].messages == 4 * min(cp - 1, 2)  # one message per source and layer
 
 
 def test_a_window_wider_than_c_minus_1_chunks_keeps_the_ring():

@@ -24,7 +24,8 @@ granularity (an upper bound on the overlap, like TE's at block granularity). Und
 window of W keys the queries of chunk a see only keys [a L - W, (a + 1) L) (L = s / 2c), so a
 window-aware exchange moves each chunk's halo, the W keys before it held by other ranks, instead of
 the c - 1 ring steps, and the backward returns their dK, dV (`halo_tokens`; a window wider than
-(c - 1) L keeps the ring, which then moves no more).
+(c - 1) L keeps the ring, which then moves no more). Each ring step waits for the previous hop, so a
+pass's transfer pays the route's latency once per step and layer (`ring_messages_per_layer`).
 
 Weights are replicated over CP: the gradients are reduced over the d x c ranks of a (stage, TP
 rank) (Megatron's data-parallel-with-CP group), and ZeRO-1 shards over them too. Rank order:
@@ -92,6 +93,29 @@ def halo_tokens(seq_len: int, cp: int, window: int) -> float | None:
     return most
 
 
+def ring_messages_per_layer(spec: dict, cp: int, phase: str) -> int:
+    """Back-to-back messages one CP rank sends for one attention layer: forward the c - 1 ring steps
+    (each waits for the previous hop), backward twice that (K, V and dK, dV, TE's two P2P exchanges a
+    step); a causal sliding window: one message to each rank its halo comes from (`halo_sources`)."""
+    window = spec.get("sliding_window") or 0
+    sources = halo_sources(spec["seq_len"], cp, window) if window else None
+    forward = cp - 1 if sources is None else sources
+    return 2 * forward if phase == BACKWARD else forward
+
+
+def halo_sources(seq_len: int, cp: int, window: int) -> int | None:
+    """The most ranks one CP rank receives its halo from (`halo_tokens`); None where the ring stays."""
+    length = seq_len / (2 * cp)
+    if window > (cp - 1) * length:
+        return None
+
+    def owner(chunk: int) -> int:
+        return chunk if chunk < cp else 2 * cp - 1 - chunk
+    return max(len({owner(source) for chunk in (rank, 2 * cp - 1 - rank)
+                    for source in range(int(max(0.0, chunk * length - window) // length), chunk)} - {rank})
+               for rank in range(cp))
+
+
 def ring_bytes_per_layer(spec: dict, microbatch_size: float, tp: int, cp: int, element_bytes: float,
                          phase: str) -> float:
     """Bytes one CP rank sends on the ring for one attention layer and micro-batch of b sequences:
@@ -117,8 +141,8 @@ def ring_exchange(rank, start: int, end: int, phase: str) -> tuple[int, ...]:
     if config.cp == 1:
         return ()
     microbatch = rank.batch * config.cp
-    size = sum(ring_bytes_per_layer(spec, microbatch, config.tp, config.cp, rank.element_bytes, phase)
-               for spec in attention_specs(rank.workload, start, end))
+    specs = attention_specs(rank.workload, start, end)
+    size = sum(ring_bytes_per_layer(spec, microbatch, config.tp, config.cp, rank.element_bytes, phase) for spec in specs)
     if size == 0:
         return ()
     replica, position = divmod(rank.dp_index, config.cp)
@@ -131,7 +155,8 @@ def ring_exchange(rank, start: int, end: int, phase: str) -> tuple[int, ...]:
     rank.num_ring += 1
     # a symmetric run's representative sends to itself: its hop stands for every CP rank's (simulator.symmetry)
     dst, src = (rank.rank, rank.rank) if rank.symmetric else (plan_rank(position + 1), plan_rank(position - 1))
-    send = rank.builder.add(Send, dst=dst, size_bytes=size, key=("cp", rank.rank, count),
-                            deps=rank.compute_deps, label=f"cp ring {phase}")
+    send = rank.builder.add(Send, dst=dst, size_bytes=size, key=("cp", rank.rank, count), deps=rank.compute_deps,
+                            label=f"cp ring {phase}",
+                            messages=sum(ring_messages_per_layer(spec, config.cp, phase) for spec in specs))
     recv = rank.builder.add(Recv, src=src, key=("cp", src, count), label=f"cp ring recv {phase}")
     return (send, recv)
