@@ -2,8 +2,8 @@
 
 Per rank there is a compute stream (Compute actions in order) and a comm stream (Collectives in
 order; one with `cycle_s` > 0, issued by a background thread that wakes every cycle_s, starts at
-its next multiple of cycle_s: `simulator.strategies.fusion`); sends run as soon as their
-dependencies are done. All data movement goes through one flow-level network
+the first multiple of cycle_s after its dependencies are done, or behind the stream's previous
+collective: `simulator.strategies.fusion`); sends run as soon as their dependencies are done. All data movement goes through one flow-level network
 (`simulator.network.FlowNetwork`): each active flow is a phase of lock-step sub-flows, links are
 shared max-min fairly (progressive filling), and rates are recomputed whenever a flow starts or
 ends (a fluid model as in SimGrid's, Velho et al., TOMACS 2013).
@@ -86,11 +86,11 @@ class Engine:
         self._num_completions = 0
         self._arrivals: dict[tuple, tuple[int, int]] = {}
         self._rendezvous: dict[tuple, list] = {}
+        self._ready_at: dict[tuple[int, int], float] = {}  # (rank, id) of a collective with cycle_s -> deps done
         self._phase_cache: dict[tuple, tuple] = {}
         self._phase_keys: dict[tuple, list] = {}
         """A collective's signature (ranks, kind, op, size, algorithm, repeat) -> [its `_phase_cache`
         key, its algorithm label (set when first counted)]."""
-        self._threads: dict[tuple, tuple] = {}  # ranks -> _host_threads(ranks)
         self._labels: dict[int, str] = {}  # id(compute action) -> its label (ranks of a plan share actions)
         self._send_overhead_s, self._receive_overhead_s = (
             self.communication.message_overheads_s if self.communication is not None else (0.0, 0.0))
@@ -107,6 +107,7 @@ class Engine:
             self._merge_links()
         for rank, actions in enumerate(self.plan.actions):
             compute, collectives, tensor, sends = stream_actions(actions)
+            self._ready.extend((self._note_ready, (rank, c)) for c in collectives if c.cycle_s > 0)  # before the stream
             self._ready.extend((next_action, (_Stream(rank, stream),)) for next_action, stream in (
                 (self._compute_next, compute), (self._comm_next, collectives), (self._comm_next, tensor)) if stream)
             self._ready.extend((self._send_next, (rank, send)) for send in sends)
@@ -202,12 +203,19 @@ class Engine:
         if dep is not None:
             self._wait_for(rank, dep, self._comm_next, (stream,))
             return
-        cycle_s = action.cycle_s  # issued by a background thread: it waits for the thread's next tick
-        if cycle_s > 0:
-            self._later(max(math.ceil(self.env.now / cycle_s - 1e-9) * cycle_s - self.env.now, 0.0),
-                        self._comm_arrive, stream, action)
+        cycle_s = action.cycle_s  # issued by a background thread at its first tick after the deps were done
+        if cycle_s > 0:  # (the stream may reach it later, behind an allreduce of the same tick)
+            tick_s = math.ceil(self._ready_at[rank, action.id] / cycle_s - 1e-9) * cycle_s
+            self._later(max(tick_s - self.env.now, 0.0), self._comm_arrive, stream, action)
         else:
             self._comm_arrive(stream, action)
+
+    def _note_ready(self, rank: int, action: Collective) -> None:
+        """Record when a background-thread collective's dependencies are all done."""
+        dep = self._unfinished(rank, action.deps)
+        if dep is not None:
+            return self._wait_for(rank, dep, self._note_ready, (rank, action))
+        self._ready_at[rank, action.id] = self.env.now
 
     def _comm_arrive(self, stream: _Stream, action: Collective) -> None:
         if len(action.ranks) == 1:  # alone (a symmetric run's representative): nobody to wait for
@@ -367,15 +375,7 @@ class Engine:
         self.hosts.run(work_s, kind, threads, on_done=lambda: self._resume(*then))
 
     def _host_threads(self, ranks) -> tuple[tuple[int, int], ...]:
-        """((host, threads), ...): one thread per rank on its device's host."""
-        ranks = tuple(ranks)
-        threads = self._threads.get(ranks)
-        if threads is None:
-            per_host: dict[int, int] = defaultdict(int)
-            for rank in ranks:
-                per_host[self.hosts.host_of(self.plan.rank_to_device[rank])] += 1
-            threads = self._threads[ranks] = tuple(sorted(per_host.items()))
-        return threads
+        return self.hosts.threads_of(ranks, self.plan.rank_to_device)
 
     def _merge_links(self) -> None:
         """Every flow phase the plan plays, built (and cached) before the run, with each usage's links

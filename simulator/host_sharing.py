@@ -108,6 +108,7 @@ class HostPool:
         self._next_id = 0
         self._rates: dict[tuple, float] = {}
         """(host's factors, kind, compute, collective, p2p threads on the host) -> `thread_rate` (a pure function of them)."""
+        self._threads_of: dict[tuple, tuple] = {}  # ranks -> threads_of(ranks)
 
     @classmethod
     def for_topology(cls, env, processors, topology, device_processors=None) -> "HostPool":
@@ -117,6 +118,17 @@ class HostPool:
         if getattr(processors, "per_device", False):
             return cls(env, processors, topology.num_devices, host_processors=device_processors)
         return cls(env, processors, topology.num_nodes, topology.node_of)
+
+    def threads_of(self, ranks, rank_to_device) -> tuple[tuple[int, int], ...]:
+        """((host, threads), ...): one thread per rank on its device's host (one plan's ranks)."""
+        ranks = tuple(ranks)
+        threads = self._threads_of.get(ranks)
+        if threads is None:
+            per_host: dict[int, int] = defaultdict(int)
+            for rank in ranks:
+                per_host[self.host_of(rank_to_device[rank])] += 1
+            threads = self._threads_of[ranks] = tuple(sorted(per_host.items()))
+        return threads
 
     def hold(self, kind: str, threads: tuple[tuple[int, int], ...]):
         """Count `threads` ((host, count), ...) of class `kind` as active until `release(token)`:

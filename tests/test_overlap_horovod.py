@@ -54,6 +54,20 @@ def test_the_engine_starts_each_fused_allreduce_at_its_tick():
     assert (unfused[(unfused["rank"] == 0)]["kind"] == "allreduce").sum() == 6
 
 
+def test_allreduces_of_one_tick_run_back_to_back_in_that_cycle():
+    """Horovod's background loop runs every response of a tick in that cycle, one after another: an
+    allreduce waits for the previous one, not for a later tick (Sergeev & Del Balso 2018, sec. 4)."""
+    workload = toy_workload(6)  # gradients ready at 8, 10 | 12, 14 | 16, 18 ms: 5 ms ticks 10, 15, 20
+    topology = Topology(1, 2, link(1e-6, 1e9), link(1e-6, 1e9))  # 4 ms an allreduce of 4 MB
+    options = dict(gradient_fusion="horovod", horovod_cycle_time_s=5e-3, horovod_fusion_threshold_bytes=4e6)
+    _, spans = run_grid(workload, topology, FixedCosts(1e-3), 2, 1, 2, **options)  # one layer per allreduce
+    allreduces = spans[(spans["rank"] == 0) & (spans["kind"] == "allreduce")]
+    starts, ends = list(allreduces["start_s"]), list(allreduces["end_s"])
+    assert ends[0] - starts[0] > 3e-3
+    expected = [10e-3, ends[0], max(15e-3, ends[1]), ends[2], max(20e-3, ends[3]), ends[4]]
+    assert starts == pytest.approx(expected, rel=1e-12)
+
+
 def test_scenario_keys_reach_the_plan():
     path = ROOT / "scenarios/resnet50_dp_a100.yaml"
     result = simulate(load_scenario(path, ["strategy.gradient_fusion=horovod", "strategy.horovod_cycle_time_s=0.002"]))

@@ -12,8 +12,9 @@ In a plan a tensor is one layer's gradient. Its ready time is planned from the c
 group's forwards, then the backwards of the later stages and of this stage's layers, last to
 first (transfers not counted), with ticks at multiples of the cycle from the step's start
 (`horovod_segments`). The engine then starts each fused allreduce at the first tick after its
-dependencies are done (`Collective.cycle_s`), so the grouping is planned and the wait for
-the tick is played.
+dependencies are done, or as the previous allreduce ends when that is later (the loop runs all of a
+tick's responses in that cycle, one after another) (`Collective.cycle_s`), so the grouping is
+planned and the wait for the tick is played.
 """
 
 from __future__ import annotations
