@@ -337,19 +337,6 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
     if "schedule_kind" in plan.meta:  # pipelines: step time and per-stage figures, simulator/schedules/steady_state.py
         from simulator.schedules.steady_state import pipeline_summary
         spans, step_time_s, pipeline = pipeline_summary(scenario, workload, topology, costs, plan, spans, step_time_s)
-    devices = device_breakdown(spans, plan.num_ranks, step_time_s)
-    for row in devices:
-        group, stage = plan.grid_position(row["rank"])
-        device = plan.rank_to_device[row["rank"]]
-        layers = plan.stages[stage]
-        row.update(device=device, node=topology.node_of(device), group=group, stage=stage,
-                   layers=[layers.layer_start, layers.layer_end])
-    if pipeline is not None:  # bubble: idle waiting for work; exposed communication apart; micro-batches in flight
-        from simulator.strategies.pipeline import label_in_flight
-        split = stage_time_split(devices, step_time_s)
-        for row in pipeline["stages"]:
-            row.update(split[row["stage"]])
-        label_in_flight(pipeline, plan.meta)
     from simulator.memory import memory_config
     from simulator.memory_buffers import node_memory_bytes
     from simulator.sparse import compression_summary
@@ -359,6 +346,20 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
     else:
         from simulator.strategies.tensor_summary import alike_memory_report
         memory = alike_memory_report(plan, workload, played_spans, memory_config(scenario))
+    devices = device_breakdown(spans, plan.num_ranks, step_time_s)
+    step_time_s += memory["offload_exposed_s"]  # offloaded activations' host copies not hidden: exposed comm
+    for row in devices:
+        group, stage = plan.grid_position(row["rank"])
+        device = plan.rank_to_device[row["rank"]]
+        layers = plan.stages[stage]
+        row.update(device=device, node=topology.node_of(device), group=group, stage=stage,
+                   layers=[layers.layer_start, layers.layer_end], comm_s=row["comm_s"] + memory["offload_exposed_s"])
+    if pipeline is not None:  # bubble: idle waiting for work; exposed communication apart; micro-batches in flight
+        from simulator.strategies.pipeline import label_in_flight
+        split = stage_time_split(devices, step_time_s)
+        for row in pipeline["stages"]:
+            row.update(split[row["stage"]])
+        label_in_flight(pipeline, plan.meta)
     node_memory = node_memory_bytes(scenario)  # a node of other GPUs: its devices' own capacity
     for row, device_memory in zip(devices, memory.pop("devices")):
         row.update({key: device_memory[key] for key in ("peak_memory_bytes", "memory_breakdown_bytes", "fits_in_memory")})
@@ -366,7 +367,6 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
             row["capacity_bytes"] = node_memory[row["node"]]
             row["fits_in_memory"] = row["peak_memory_bytes"] <= row["capacity_bytes"]
     memory["fits_in_memory"] = all(row["fits_in_memory"] for row in devices)
-    step_time_s += memory["offload_exposed_s"]  # host transfers of offloaded activations not hidden by compute
     batch = scenario.training.global_batch_size
     summary = {
         "scenario": scenario.name,

@@ -174,9 +174,9 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
     if len(devices) > 16:
         console.print(f"({len(devices) - 16} of {len(devices)} devices not shown; --json lists all)")
     offload_s = summary["memory"].get("offload_exposed_s", 0.0)
-    if offload_s > 0:  # added to the step after the engine's rows (simulator/simulate.py)
+    if offload_s > 0:  # added to the step and to each row's comm after the engine's run (simulator/simulate.py)
         console.print(f"offload: {format_seconds(offload_s)} of host transfers not hidden by compute (added to "
-                      f"the step; not in the rows above)", highlight=False)
+                      f"the step, and to each device's comm above)", highlight=False)
     if "pipeline" in summary:
         print_pipeline(summary["pipeline"], console, (summary.get("tensor") or {}).get("cp_degree", 1))
     if "steady_state" in summary:

@@ -1,5 +1,7 @@
 """Memory model: closed forms of the peak per device (simulator.memory), whole small timelines."""
 
+from pathlib import Path
+
 import pytest
 
 from simulator.engine import Engine
@@ -258,3 +260,19 @@ def test_resnet_head_counts_its_input_kept_by_the_last_blocks_relu():
     assert head.saved_elements_per_sample == 64 * 8 * 8 + 64  # ReLU output + the linear's input
     preact = build_model("resnet_cifar", depth=11, variant="preact_bottleneck").layers[-1]
     assert preact.saved_elements_per_sample == 2 * 256 * 8 * 8 + 256  # BN input + ReLU output + linear input
+
+
+def test_a_pipeline_s_unhidden_offload_transfers_are_exposed_communication_not_bubble():
+    """Each device's compute_s + comm_s + idle_s is the step time, the offload's exposed host copies
+    in comm_s (tests/test_summary_labels.py for dp), so the stages' shares are of the whole step."""
+    from simulator import load_scenario, simulate
+    overrides = ["strategy.kind=1f1b", "strategy.num_groups=1", "training.offload_activations=true",
+                 "costs.host_bandwidth_bytes_per_s=1e9", "strategy.num_microbatches=4"]
+    demo = Path(__file__).resolve().parents[1] / "scenarios" / "demo.yaml"
+    summary = simulate(load_scenario(demo, overrides)).summary
+    assert summary["memory"]["offload_exposed_s"] > 0.1 * summary["step_time_s"]
+    for row in summary["devices"]:
+        assert row["compute_s"] + row["comm_s"] + row["idle_s"] == pytest.approx(summary["step_time_s"], rel=1e-9)
+        assert row["comm_s"] >= summary["memory"]["offload_exposed_s"]
+    for stage in summary["pipeline"]["stages"]:
+        assert stage["exposed_comm_fraction"] >= summary["memory"]["offload_exposed_s"] / summary["step_time_s"]

@@ -188,9 +188,10 @@ def test_exposed_offload_time_is_printed_and_the_rows_add_up_to_the_step(capsys)
     offload_s = summary["memory"]["offload_exposed_s"]
     assert offload_s > 0.5 * summary["step_time_s"]
     for row in summary["devices"]:
-        assert row["compute_s"] + row["comm_s"] + row["idle_s"] + offload_s == pytest.approx(summary["step_time_s"])
+        assert row["compute_s"] + row["comm_s"] + row["idle_s"] == pytest.approx(summary["step_time_s"])
+        assert row["comm_s"] >= offload_s
     out = _printed(capsys, RESNET50, *overrides)
-    assert f"offload: {format_seconds(offload_s)} of host transfers not hidden by compute (added to the step" in out
+    assert f"offload: {format_seconds(offload_s)} of host transfers not hidden by compute (added to the step, and to each device's comm above)" in out
     assert "offload:" not in _printed(capsys, RESNET50)
 
 
