@@ -92,7 +92,7 @@ def cmd_simulate(args) -> int:
     if args.memory_plot is not None:
         check_figure_file(args.memory_plot, "--memory-plot")
     scenario = load_scenario(args.scenario, args.overrides)
-    _note_unused_settings(scenario, priced_by_profile=bool(args.profile))
+    notes = _unused_setting_notes(scenario, priced_by_profile=bool(args.profile))  # printed once the run succeeded
     check_distinct_files({"--trace": args.trace, "--memory-plot": args.memory_plot},
                          {"the scenario": args.scenario, **model_files(scenario), "--profile": args.profile})
     costs = _profile_costs(scenario, args)
@@ -107,6 +107,8 @@ def cmd_simulate(args) -> int:
         from simulator.memory_plot import memory_plot_bytes  # matplotlib only when asked
         files[args.memory_plot] = memory_plot_bytes(result, args.memory_plot)
     write_files_atomic(files, options)  # both or neither
+    for note in notes:
+        print(f"ghpsim: note: {note}", file=sys.stderr)
     if args.json:
         print(result.to_json())
     else:
@@ -118,17 +120,17 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def _note_unused_settings(scenario, priced_by_profile: bool) -> None:
-    """One note on stderr per setting the scenario's own plan ignores (`simulator.unused_settings`:
-    a megatron degree on another kind, a pipeline setting on dp, a kernel-model input under the
-    roofline, ...): it changes nothing, and a user planning from the figures should know."""
+def _unused_setting_notes(scenario, priced_by_profile: bool) -> list[str]:
+    """One note per setting the scenario's own plan ignores (`simulator.unused_settings`: a megatron
+    degree on another kind, a pipeline setting on dp, a kernel-model input under the roofline, ...):
+    it changes nothing, and a user planning from the figures should know. Printed on stderr after a
+    successful run, so that bad input still gets its one error line alone."""
     from simulator.model_source import resolve_workload
     from simulator.unused_settings import unused_settings
     from simulator.simulate import naming_source
     with naming_source(scenario):  # a model that cannot be built: the one-line error naming the scenario file
         kinds = frozenset(layer.kind for layer in resolve_workload(scenario.model, scenario.base_dir).layers)
-    for note in unused_settings(scenario, priced_by_profile, kinds):
-        print(f"ghpsim: note: {note}", file=sys.stderr)
+    return unused_settings(scenario, priced_by_profile, kinds)
 
 
 @contextmanager

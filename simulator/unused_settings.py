@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from simulator.kernel_catalogue import kernel_model_chosen
 from simulator.scenario import ClusterConfig, CostConfig, StrategyConfig, TrainingConfig
+from simulator.validation_errors import short_repr
 
 PIPELINE_KINDS_AND_MEGATRON = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain", "megatron")
 
@@ -43,7 +44,8 @@ def _changed(scenario, section: str, key: str) -> bool:
 
 
 def _text(scenario, section: str, key: str) -> str:
-    return f"{section}.{key} {getattr(getattr(scenario, section), key)}"
+    value = getattr(getattr(scenario, section), key)
+    return f"{section}.{key} {value if len(str(value)) <= 80 else short_repr(value)}"
 
 
 def unused_settings(scenario, priced_by_profile: bool = False, layer_kinds: frozenset | None = None) -> list[str]:
@@ -106,6 +108,6 @@ def unused_settings(scenario, priced_by_profile: bool = False, layer_kinds: froz
                          "(the plan is recompute none)")
     model = scenario.model
     if model.params and (model.file or model.layers):
-        notes.append(f"model.params {dict(model.params)}: not used with a layer table "
+        notes.append(f"model.params {short_repr(dict(model.params))}: not used with a layer table "
                      f"({'model.file' if model.file else 'model.layers'} fixes every dimension)")
     return notes

@@ -53,3 +53,8 @@ _SHORT_REPR = reprlib.Repr()
 _SHORT_REPR.maxlevel, _SHORT_REPR.maxdict, _SHORT_REPR.maxlist, _SHORT_REPR.maxtuple = 2, 4, 6, 6
 _SHORT_REPR.maxstring, _SHORT_REPR.maxother, _SHORT_REPR.maxlong = 80, 80, 40
 """Quotes an offending value in a few dozen characters, however large (an expanded YAML alias)."""
+
+
+def short_repr(value) -> str:
+    """`value` quoted in a few dozen characters (`_SHORT_REPR`), for a one-line error or note."""
+    return _SHORT_REPR.repr(value)

@@ -93,3 +93,16 @@ def test_params_beside_a_layer_table_are_noted():
 @pytest.mark.parametrize("path", sorted(str(p) for p in (ROOT / "scenarios").glob("*.yaml")), ids=lambda p: Path(p).name)
 def test_no_preset_scenario_sets_what_it_ignores(path):
     assert unused_settings(load_scenario(path)) == []
+
+
+def test_bad_input_gets_its_one_error_line_without_the_notes(capsys):
+    overrides = ["strategy.kind=dp", "strategy.num_microbatches=8", "training.global_batch_size=3"]
+    assert main(["simulate", DEMO, *(part for item in overrides for part in ("--set", item))]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("ghpsim: error: ") and "global_batch_size: 3" in err[0], err
+
+
+def test_a_long_value_is_quoted_short():
+    scenario = load_scenario(ROOT / "scenarios" / "custom_layers.yaml", ["model.params={x: " + "A" * 5000 + "}"])
+    (note,) = unused_settings(scenario)
+    assert note.startswith("model.params {'x': 'AAA") and "..." in note and len(note) < 200
