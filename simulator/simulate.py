@@ -237,7 +237,7 @@ def _play(scenario: Scenario, workload: Workload, topology: Topology, costs: Cos
             extended = _longer_play(scenario, workload, topology, costs, longer, target)
             if extended is not None:
                 return extended
-            twice = short_microbatches(scenario, longer=True, at_least=2 * longer[0])
+            twice = short_microbatches(scenario, longer=True, at_least=2 * longer[0], doubled=True)
             longer = twice if twice and LONGER_PLAYS_SHARE * twice[0] <= target else None
         if lengths:
             plays = " or ".join(map(str, lengths))
@@ -280,7 +280,7 @@ def _short_play(scenario, workload, topology, costs, short: int):
         plan = compile_plan(shortened(scenario, short), workload, topology, costs)
     except ScenarioError:
         return None
-    decision = plan.meta["symmetry_decision"]  # the spans of every micro-batch: refused where the step's plan would be
+    decision = plan.meta.get("symmetry_decision", {"used": True})  # refused where the step's plan would be
     with naming_source(scenario):
         check_simulation_size(plan.num_ranks, len(plan.actions[0]) * scenario.strategy.num_microbatches / short,
                               "" if decision["used"] else f" (not folded: {decision['reason']})")

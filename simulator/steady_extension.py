@@ -28,8 +28,11 @@ is not max-plus, so the regime is checked, never assumed:
   the gap. Where it has not settled either, plays twice as long follow while m' <= m / 2
   (`simulator.simulate`). Otherwise the full plan is simulated, and the summary says why.
 
-Used by megatron plans under `strategy.symmetry: auto` (off plays every micro-batch) when m is at
-least twice m' and no activations are offloaded (their exposed time is per micro-batch).
+Used by megatron plans and the layer-table kinds 1f1b and interleaved_1f1b under `strategy.symmetry:
+auto` (off plays every micro-batch) when m is at least twice m' and no activations are offloaded
+(their exposed time is per micro-batch). The layer-table kinds take one longer play, not the plays
+twice as long: where that has not settled, neither did the next ones (a 64-stage ResNet-1001 over
+10 GbE: three failed plays cost twice the step again).
 """
 
 from __future__ import annotations
@@ -47,15 +50,21 @@ LONGER_PLAY_STAGES = 4
 """1f1b's longer play: p micro-batches x this beyond the first play's p + 8, room for WINDOWS + 1
 windows of up to p micro-batches."""
 DIGITS = re.compile(r"\d+")
+ONE_F_ONE_B_KINDS = ("megatron", "1f1b", "interleaved_1f1b")
+"""The kinds whose synchronous schedule settles into one forward and one backward a stage."""
 
 
-def short_microbatches(scenario, longer: bool = False, at_least: int = 0) -> tuple[int, int] | None:
+def short_microbatches(scenario, longer: bool = False, at_least: int = 0,
+                       doubled: bool = False) -> tuple[int, int] | None:
     """(m', c) when `scenario` is played on m' micro-batches and extended in steps of c, else None;
-    `longer`: the play searched for a cyclicity k > c (module docstring), of at least `at_least`."""
+    `longer`: the play searched for a cyclicity k > c (module docstring), of at least `at_least`;
+    `doubled`: a play twice as long as the last, which megatron plans alone take."""
     strategy, m = scenario.strategy, scenario.strategy.num_microbatches
-    if strategy.kind != "megatron" or strategy.symmetry != "auto" or scenario.training.offload_activations:
+    if strategy.kind not in ONE_F_ONE_B_KINDS or strategy.symmetry != "auto" or scenario.training.offload_activations:
         return None
-    p, v = strategy.pp_degree, strategy.num_virtual_stages
+    if doubled and strategy.kind != "megatron":
+        return None
+    p, v = strategy.pp_degree if strategy.kind == "megatron" else scenario.grid()[1], strategy.num_virtual_stages
     if v == 1:
         short, period = (LONGER_PLAY_STAGES * p if longer else 0) + p + SETTLE_MICROBATCHES, 1
     else:

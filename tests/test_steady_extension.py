@@ -92,6 +92,30 @@ def test_the_extended_run_equals_the_run_of_every_microbatch(monkeypatch, num_mi
     assert_same(extended, full)
 
 
+DEMO = ROOT / "scenarios" / "demo.yaml"  # VGG-16 on 4 x 4 V100, 10 GbE between nodes
+
+
+@pytest.mark.parametrize("overrides, played", [
+    (["strategy.kind=1f1b", "strategy.num_groups=4", "training.global_batch_size=1024"], 28),  # 5 p + 8
+    (["strategy.kind=interleaved_1f1b", "strategy.num_groups=4", "strategy.num_virtual_stages=2",
+      "training.global_batch_size=1024"], 24),  # 6 p
+    (["strategy.kind=1f1b", "strategy.num_groups=1", "training.global_batch_size=256"], 88),  # 16 stages
+])  # the 1f1b plays settle in the longer play (5 p + 8 micro-batches), with a period of 2
+def test_layer_table_pipelines_are_extended_as_megatron_plans_are(monkeypatch, overrides, played):
+    case = load_scenario(DEMO, [*overrides, "strategy.num_microbatches=256"])
+    extended = simulate_module.simulate(case)
+    assert extended.summary["steady_state"].startswith(f"{played} of 256 micro-batches simulated")
+    assert_same(extended, every_microbatch(monkeypatch, case))
+
+
+def test_layer_table_pipelines_take_no_play_twice_as_long():
+    case = load_scenario(DEMO, ["strategy.kind=1f1b", "strategy.num_groups=1", "strategy.num_microbatches=256",
+                                "training.global_batch_size=256"])
+    assert short_microbatches(case, longer=True) == (88, 1)
+    assert short_microbatches(case, longer=True, at_least=176, doubled=True) is None
+    assert short_microbatches(scenario(512), longer=True, at_least=56, doubled=True) == (56, 1)  # megatron's
+
+
 @pytest.mark.parametrize("num_microbatches,played", [
     (256, 88),   # the longer play (5 p + 8) leaves 168 micro-batches: 12 periods of 14
     (240, 100),  # 152 left is no whole number of periods: played again on 100, leaving 10 periods
