@@ -13,7 +13,7 @@ the cluster is heterogeneous (mixed GPUs, stragglers, degraded links); a calibra
 collectives by their ranks; ranks share a host's processors (one pool per node, not per GPU);
 or gradients are compressed. The reason goes in `summary["symmetry"]`.
 
-G replicas of an M-stage pipeline (GHP, MP with G > 1, the pipeline kinds) fold the same way onto
+G replicas of an M-stage pipeline (GHP, the pipeline kinds) fold the same way onto
 replica 0's M ranks, read by the megatron fold (`simulator.symmetry`) as a layout with t = c = 1
 (`ReplicaGrid`): each stage's allreduce is played over its G peers' devices, and each transfer
 between stages with every link counted by the multiplicity of all replicas' copies. Such a fold is

@@ -4,6 +4,7 @@ A setting given a value other than its default on a kind, or under a cost model,
 it would otherwise change nothing without a word: a user planning from the step time would believe
 it counted. Each rule names the setting, its value and where it applies; nothing here changes a
 prediction. The rules follow the code that reads each setting:
+- `num_groups` on dp and mp, whose groups the GPU count fixes;
 - pipeline settings: `num_microbatches` (the pipeline kinds and megatron: `simulator.schedules`,
   `simulator.strategies.tensor`), `num_virtual_stages` (interleaved_1f1b, megatron), `weight_stashing`
   (pipedream), `weight_prediction` (spectrain);
@@ -61,6 +62,7 @@ def unused_settings(scenario, priced_by_profile: bool = False, layer_kinds: froz
             notes.append(f"{_text(scenario, section, key)}: {where}")
 
     by_kind = f"not used by kind {kind}"
+    unless(kind not in ("dp", "mp"), "strategy", "num_groups", f"{by_kind} (dp: a group per GPU, mp: one group)")
     unless(kind in PIPELINE_KINDS_AND_MEGATRON, "strategy", "num_microbatches", f"{by_kind} (pipeline kinds and megatron only)")
     unless(kind in ("interleaved_1f1b", "megatron"), "strategy", "num_virtual_stages",
            f"{by_kind} (interleaved_1f1b and megatron only)")

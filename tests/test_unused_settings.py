@@ -27,8 +27,10 @@ def simulate_json(capsys, scenario: str, *overrides: str) -> tuple[dict, list[st
 
 
 @pytest.mark.parametrize("scenario, base, setting, phrase", [
-    (DEMO, ["--set", "strategy.kind=dp"], "strategy.num_microbatches=8",
+    (DEMO, ["--set", "strategy.kind=dp", "--set", "strategy.num_groups=null"], "strategy.num_microbatches=8",
      "strategy.num_microbatches 8: not used by kind dp (pipeline kinds and megatron only)"),
+    (DEMO, ["--set", "strategy.kind=mp", "--set", "strategy.num_groups=null"], "strategy.num_groups=4",
+     "strategy.num_groups 4: not used by kind mp (dp: a group per GPU, mp: one group)"),
     (DEMO, [], "strategy.num_virtual_stages=2", "strategy.num_virtual_stages 2: not used by kind ghp"),
     (DEMO, [], "strategy.weight_stashing=false", "strategy.weight_stashing False: not used by kind ghp (pipedream only)"),
     (DEMO, [], "strategy.tp_comm_overlap=true", "strategy.tp_comm_overlap True: not used by kind ghp (kind megatron only)"),
@@ -53,7 +55,8 @@ def simulate_json(capsys, scenario: str, *overrides: str) -> tuple[dict, list[st
     (DEMO, [], "costs.flash_attention=true", "costs.flash_attention True: the model has no attention layer to fuse"),
     (DEMO, [], "training.recompute=selective", "recomputes attention cores only, and the model has none"),
     (DEMO, ANALYTIC, "costs.efficiency={attention: 0.3}", "costs.efficiency attention: the model has no attention layer"),
-    (DEMO, ["--set", "cluster.num_nodes=1", "--set", "strategy.kind=dp"], "cluster.nics_per_node=4",
+    (DEMO, ["--set", "cluster.num_nodes=1", "--set", "strategy.kind=dp", "--set", "strategy.num_groups=null"],
+     "cluster.nics_per_node=4",
      "cluster.nics_per_node 4: one node: no traffic leaves it"),
 ])
 def test_an_ignored_setting_is_noted_and_changes_nothing(capsys, scenario, base, setting, phrase):
