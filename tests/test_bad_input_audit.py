@@ -159,7 +159,8 @@ def test_a_capacity_factor_beyond_experts_over_top_k_is_refused(capsys):
 
 
 def test_layout_degrees_on_another_kind_are_noted(capsys):
-    assert main(["simulate", DEMO, "--json", "--set", "strategy.kind=dp", "--set", "strategy.tp_degree=4"]) == 0
+    assert main(["simulate", DEMO, "--json", "--set", "strategy.kind=dp", "--set", "strategy.num_groups=null",
+                 "--set", "strategy.tp_degree=4"]) == 0
     err = capsys.readouterr().err
     assert err == "ghpsim: note: strategy.tp_degree 4: not used by kind dp (kind megatron only)\n"
 
