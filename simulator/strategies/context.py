@@ -72,6 +72,11 @@ def check_context_parallel(config, workload) -> None:
         raise ScenarioError(f"strategy.ep_degree: {config.ep} with cp_degree {cp} is not modelled")
 
 
+def chunk_owner(chunk: int, cp: int) -> int:
+    """The CP rank holding sequence chunk `chunk` of 2c (rank r holds r and 2c - 1 - r)."""
+    return chunk if chunk < cp else 2 * cp - 1 - chunk
+
+
 def halo_tokens(seq_len: int, cp: int, window: int) -> float | None:
     """The most keys a CP rank receives for its two chunks (r and 2c - 1 - r, each L = s / 2c tokens)
     under a causal window of `window` keys: the part of [a L - W, a L) before each chunk a that other
@@ -81,7 +86,7 @@ def halo_tokens(seq_len: int, cp: int, window: int) -> float | None:
         return None
 
     def owner(chunk: int) -> int:
-        return chunk if chunk < cp else 2 * cp - 1 - chunk
+        return chunk_owner(chunk, cp)
     most = 0.0
     for rank in range(cp):
         received = 0.0
@@ -108,10 +113,7 @@ def halo_sources(seq_len: int, cp: int, window: int) -> int | None:
     length = seq_len / (2 * cp)
     if window > (cp - 1) * length:
         return None
-
-    def owner(chunk: int) -> int:
-        return chunk if chunk < cp else 2 * cp - 1 - chunk
-    return max(len({owner(source) for chunk in (rank, 2 * cp - 1 - rank)
+    return max(len({chunk_owner(source, cp) for chunk in (rank, 2 * cp - 1 - rank)
                     for source in range(int(max(0.0, chunk * length - window) // length), chunk)} - {rank})
                for rank in range(cp))
 
