@@ -163,6 +163,13 @@ def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_b
     return _best_chain(_stage_costs(compute_s, send_forward_s, send_backward_s, num_stages, extra), np.maximum)[1]
 
 
+SUM_TIE_TOLERANCE = 1e-9
+"""Relative difference below which two splits' sums are equal (rounding): one micro-batch crosses
+every layer once whatever the split, so sums often tie, and the least-max chain then wins, whose
+largest stage holds, reduces and updates the fewest parameters (a sum-minimising chain among tied
+ones may put most layers on one stage)."""
+
+
 def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,
                       num_chunks: int, update: StageUpdate | None, num_microbatches: int,
                       num_virtual_stages: int = 1, played_s=None, polish_plays: int = 0,
@@ -206,9 +213,9 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     least_sum, fewest = _best_chain(costs, np.add)
     found = {best, fewest}
     best_s = step_s(best)
-    if step_s(fewest) < best_s:
+    if step_s(fewest) < best_s * (1 - SUM_TIE_TOLERANCE):
         best_s, best = step_s(fewest), fewest
-    if paced == 0:  # one micro-batch, one chunk a device: the sum alone
+    if paced == 0:  # one micro-batch, one chunk a device: the sum alone (ties: the least-max chain)
         return best
     # a split whose slowest chunk costs X takes at least least_sum / v + max((m v - 1)(X - u), paced X),
     # u the largest update share of a chunk (0 for v = 1): no X from `above` on can beat the best

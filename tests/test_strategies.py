@@ -221,6 +221,24 @@ def test_flushed_partition_minimises_the_fill_plus_the_paced_micro_batches(seed,
         assert best <= chosen <= step([a for a, _ in evened] + [num_layers]) * (1 + 1e-12)
 
 
+def test_one_micro_batch_over_identical_layers_gets_the_even_split():
+    """With one micro-batch every split's sum is the same up to rounding; the least-max chain must
+    win the tie (its largest stage holds, reduces and updates the fewest parameters), not whichever
+    tied chain the sum's dynamic programme lands on."""
+    num_layers, num_chunks = 72, 12
+    compute = np.full((num_chunks, num_layers), 0.0699 + 1e-17 * np.arange(num_layers))
+    zeros = np.zeros((num_chunks, num_layers))
+    ranges = flushed_partition(compute, zeros + 1e-3, zeros + 1e-3, num_chunks, None, 1)
+    assert max(b - a for a, b in ranges) == 6
+    # the BLOOM-176B layout at one micro-batch (global batch 16): the even split, not 48 layers on
+    # one stage, which needed 221 GiB on an 80 GB GPU
+    bloom = load_scenario(ROOT / "scenarios" / "bloom_176b_jean_zay.yaml", ["training.global_batch_size=16",
+                                                                           "strategy.partition=balanced",
+                                                                           "strategy.num_microbatches=1"])
+    result = simulate(bloom)
+    assert max(result.summary["partition"]) <= 7 and result.summary["memory"]["fits_in_memory"]
+
+
 def test_a_faster_link_never_slows_a_pipeline_through_its_partition():
     # VGG16 1F1B, 4 replicas of 4 stages, one micro-batch: every cut's activations cross the link
     # between nodes once per step, so the split that keeps them small (after the convolutions)
