@@ -44,6 +44,12 @@ rail-optimised fat-tree), and one on V100:
   table does not give are `scenarios/llama3_405b_4d_h100.yaml`'s: interleaving (4 virtual stages),
   selective recompute, flash attention, the distributed optimizer. Table 4's 131,072-token row is
   left out: there the attention is 57 % of F, and the causal convention alone moves it by 29 %.
+- `BLOOM_RUNS`: BLOOM 176B (BigScience, arXiv 2211.05100) on 48 Jean Zay nodes of 8 A100 80 GB (4
+  Omni-Path 100 Gb/s links a node), Megatron-DeepSpeed TP 4 x PP 12 x DP 8, micro-batch 2, bf16,
+  full recomputation: the training log's iteration at global batch 2048, 104.70 s (149.77 TFLOP/s),
+  and the ramp-up's global batch 16 (one micro-batch a pipeline), 15.23 s, both quoted in
+  bigscience-workshop/bigscience `train/tr11-176B-ml/README.md`. Settings from its `.slurm` script
+  (`scenarios/bloom_176b_jean_zay.yaml`).
 
 Nothing here is fitted: these rows are held out from every parameter of the model, including
 those `ghpsim fit` chose on the single-node rows of `bench_published.py`. Prints each run's
@@ -54,7 +60,7 @@ trained on.
 `--plot FILE.png` draws each run's prediction against its measurement, one colour per table
 (`reports/published_scale_accuracy.png`).
 
-    python benchmarks/bench_published_scale.py [--table sc21|recompute|v1|mtnlg|llama3|all] [--profile PROFILE.json]
+    python benchmarks/bench_published_scale.py [--table sc21|recompute|v1|mtnlg|llama3|bloom|all] [--profile PROFILE.json]
                                                [--processes N] [--json] [--plot FILE.png]
 """
 
@@ -117,7 +123,8 @@ class PublishedRun:
     def label(self) -> str:
         mode = "" if self.table != "recompute" else (" full" if self.recompute == "full" else " sel+sp")
         size = "1T" if self.params_billion == 1000 else f"{self.params_billion:g}B"  # Table 5's name
-        return f"{size} t{self.tp} p{self.pp} on {self.gpus}{mode}"
+        batch = f" batch {self.global_batch}" if self.table == "bloom" else ""
+        return f"{size} t{self.tp} p{self.pp} on {self.gpus}{mode}{batch}"
 
     @property
     def virtual_stages(self) -> int:
@@ -183,10 +190,15 @@ LLAMA3_405B_PARAMS = 405_853_388_800
 LLAMA3_RUNS = tuple(PublishedRun(405, 128, 16384, 126, 8, 16, gpus, 2048, tflops, None, 1, None, True,
                                  recompute="selective", sequence_parallel=True, source="llama3", sequence=8192)
                     for gpus, tflops in ((8192, 430), (16384, 400)))
-RUNS = SC21_RUNS + RECOMPUTE_RUNS + V1_RUNS + MT_NLG_RUNS + LLAMA3_RUNS
+BLOOM_SCENARIO = ROOT / "scenarios" / "bloom_176b_jean_zay.yaml"
+BLOOM_RUNS = tuple(PublishedRun(176, 112, 14336, 70, 4, 12, 384, batch, None, None, 2, None, False,
+                                published_s=seconds, source="bloom", sequence=2048)
+                   for batch, seconds in ((2048, 104.70), (16, 15.23)))
+RUNS = SC21_RUNS + RECOMPUTE_RUNS + V1_RUNS + MT_NLG_RUNS + LLAMA3_RUNS + BLOOM_RUNS
 TABLES = {"sc21": "Megatron-LM SC'21 Table 1 on A100", "recompute": "Korthikanti et al. Table 5 on A100",
           "v1": "Megatron-LM v1.0 on V100 (DGX-2H)", "mtnlg": "Megatron-Turing NLG 530B on A100 (DeepSpeed)",
-          "llama3": "LLaMA-3 405B on H100 (Meta, Table 4)"}
+          "llama3": "LLaMA-3 405B on H100 (Meta, Table 4)",
+          "bloom": "BLOOM 176B on A100 (Megatron-DeepSpeed, Jean Zay)"}
 SYSTEMS = {
     "A100": {"gpus_per_node": 8, "nics_per_node": 8, "gpu": "A100-80GB", "intra_node_link": "nvlink3-a100",
              "inter_node_link": "ib-hdr", "topology": "rail_optimized"},
@@ -200,6 +212,12 @@ SYSTEMS = {
 def run_scenario(run: PublishedRun) -> dict:
     """The scenario document of one published run."""
     data_parallel = run.gpus // (run.tp * run.pp)
+    if run.table == "bloom":  # the preset as trained, at the row's global batch
+        from simulator.yaml_loading import load_yaml_text
+        document = load_yaml_text(BLOOM_SCENARIO.read_text(), str(BLOOM_SCENARIO))
+        document["strategy"]["num_microbatches"] = run.global_batch // (run.micro_batch * data_parallel)
+        document["training"]["global_batch_size"] = run.global_batch
+        return document
     strategy = {"kind": "megatron", "tp_degree": run.tp, "pp_degree": run.pp,
                 "num_microbatches": run.global_batch // (run.micro_batch * data_parallel),
                 "overlap_backward": run.overlap_backward, "partition": "uniform"}
