@@ -178,6 +178,9 @@ class StrategyConfig(_Frozen):
     zero_stage: Annotated[Literal[0, 1, 2, 3], NoBool] = 0
     """megatron: shards over the d replicas the optimizer state (1), + gradients (2), + parameters (3)
     (ZeRO, Rajbhandari et al. SC'20 sec. 5; simulator/strategies/zero.py)."""
+    zero1_gradient_reduce: Literal["reduce_scatter", "allreduce"] = "reduce_scatter"
+    """megatron, zero_stage 1: the d replicas reduce-scatter gradients before the sharded update (Megatron's
+    distributed optimizer), or allreduce them (DeepSpeed's BF16_Optimizer, which keeps whole fp32 gradients)."""
     fsdp_sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] | None = None
     """megatron: PyTorch FSDP's ShardingStrategy; sets zero_stage (simulator/zero_config.py)."""
     fsdp_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None

@@ -8,7 +8,8 @@ prediction. The rules follow the code that reads each setting:
 - pipeline settings: `num_microbatches` (the pipeline kinds and megatron: `simulator.schedules`,
   `simulator.strategies.tensor`), `num_virtual_stages` (interleaved_1f1b, megatron), `weight_stashing`
   (pipedream), `weight_prediction` (spectrain);
-- megatron's layout degrees, `tp_comm_overlap` and `sequence_parallel` (a TP group of at least 2);
+- megatron's layout degrees, `tp_comm_overlap` and `sequence_parallel` (a TP group of at least 2),
+  `zero1_gradient_reduce` (ZeRO-1 only);
 - gradient synchronisation: `compression_density` (gradient_compression topk), the Horovod knobs
   (gradient_fusion horovod), `bucket_size_bytes` (DDP buckets overlapped with the backward; not
   FSDP's per-unit reductions), `collective` and `overlap_backward` (not a parameter server, nor
@@ -91,6 +92,8 @@ def unused_settings(scenario, priced_by_profile: bool = False, layer_kinds: froz
         for key in ("collective", "overlap_backward"):
             unless(False, "strategy", key, f"not used with strategy.fsdp_sharding {strategy.fsdp_sharding} (per-unit "
                                            "reduce-scatters and allgathers as rings, overlapped as FSDP prefetches)")
+    unless(kind == "megatron" and strategy.zero_stage == 1, "strategy", "zero1_gradient_reduce",
+           f"used with kind megatron and strategy.zero_stage 1 only (got {kind}, zero_stage {strategy.zero_stage})")
     unless(strategy.dp_sync != "parameter_server", "strategy", "collective",
            "not used with strategy.dp_sync parameter_server (pushes and pulls, no allreduce)")
     if not priced_by_profile and not kernel_model_chosen(scenario.costs.model, scenario.cluster.gpu):

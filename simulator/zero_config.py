@@ -72,3 +72,11 @@ def without_zero(strategy: dict) -> dict:
     """A raw strategy mapping moved to a kind other than megatron: its ZeRO stage (megatron's) and
     the FSDP keys that go with it dropped, as those kinds reduce gradients as DDP does."""
     return without_unused_fsdp_keys({**strategy, "zero_stage": 0}) if strategy["zero_stage"] else strategy
+
+
+def gradient_reduce_op(config) -> str:
+    """How the replicas reduce a gradient bucket for the update: allreduce without sharding and with
+    `zero1_gradient_reduce: allreduce` (DeepSpeed's BF16_Optimizer: `runtime/pipe/engine.py` `_bf16_reduce_grads`
+    allreduces the fp32 gradients, then each rank updates its shard and allgathers), else reduce-scatter."""
+    allreduce = config.zero_stage == 0 or (config.zero_stage == 1 and config.zero1_gradient_reduce == "allreduce")
+    return "allreduce" if allreduce else "reduce_scatter"

@@ -45,6 +45,8 @@ def simulate_json(capsys, scenario: str, *overrides: str) -> tuple[dict, list[st
     (GPT2_3D, ["--set", "strategy.tp_degree=1"], "strategy.sequence_parallel=true",
      "strategy.sequence_parallel True: no TP group to split the sequence over at tp_degree 1"),
     (GPT2_3D, [], "strategy.weight_prediction=forward", "not used by kind megatron (spectrain only)"),
+    (GPT2_3D, [], "strategy.zero1_gradient_reduce=allreduce",
+     "used with kind megatron and strategy.zero_stage 1 only (got megatron, zero_stage 0)"),
     (DEMO, ["--set", "strategy.overlap_backward=false"], "strategy.bucket_size_bytes=1048576",
      "not used with strategy.overlap_backward false"),
     (LLAMA_FSDP, [], "strategy.collective=tree", "not used with strategy.fsdp_sharding full_shard"),

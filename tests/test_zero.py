@@ -105,6 +105,20 @@ def test_zero2_reduce_scatters_every_microbatch_and_gathers_after_the_update():
     assert collectives(two)[-1].size_bytes == LAYERS * PARAMS * ELEMENT / 4
 
 
+def test_zero1_allreduce_moves_an_allreduce_and_an_allgather_and_holds_zero1_memory():
+    """`zero1_gradient_reduce: allreduce` (DeepSpeed's BF16_Optimizer): the replicas allreduce the
+    gradients, 2 (d-1)/d Psi a device, then allgather the updated shards, (d-1)/d Psi (ring volumes);
+    ZeRO-1's reduce-scatter moves half the allreduce's bytes, and the memory is ZeRO-1's."""
+    d, psi = 4, LAYERS * PARAMS * ELEMENT
+    zero1, allreduce = run(1), run(1, zero1_gradient_reduce="allreduce")
+    assert [c.op for c in collectives(allreduce)] == ["allreduce", "allgather"]
+    assert sum(zero1.summary["bytes_per_tier"].values()) == pytest.approx(d * 2 * (d - 1) / d * psi)
+    assert sum(allreduce.summary["bytes_per_tier"].values()) == pytest.approx(d * 3 * (d - 1) / d * psi)
+    assert allreduce.step_time_s > zero1.step_time_s
+    assert allreduce.summary["memory"]["peak_memory_bytes"] == zero1.summary["memory"]["peak_memory_bytes"]
+    assert [c.op for c in collectives(run(0, zero1_gradient_reduce="allreduce"))] == ["allreduce"]  # no shards
+
+
 def test_shard_grad_op_gathers_before_each_forward_only_and_nothing_after_the_update():
     """FSDP SHARD_GRAD_OP: each unit gathered before its forward (every micro-batch: resharded after
     its backward), kept through the backward, reduce-scattered after it; no gather after the update."""

@@ -45,7 +45,7 @@ from dataclasses import replace
 from simulator.errors import ScenarioError
 from simulator.plan import Collective
 from simulator.workload import Layer, Workload
-from simulator.zero_config import zero_setting
+from simulator.zero_config import gradient_reduce_op, zero_setting
 from simulator.zoo._ops import ADD_FLOPS, RMS_NORM_FLOPS, SOFTMAX_FLOPS
 
 MOE_KIND = "moe_block"
@@ -217,7 +217,7 @@ def expert_gradients(rank, start: int, end: int, size_bytes: float) -> float:
         return size_bytes
     experts = rank_expert_params(rank.workload, ((start, end),), config.tp, config.ep) * rank.gradient_bytes
     ranks = expert_data_ranks(rank)
-    op = "reduce_scatter" if config.zero_stage else "allreduce"
+    op = gradient_reduce_op(config)
     if experts > 0 and len(ranks) > 1:
         rank.pending.append(rank.builder.add(
             Collective, op=op, ranks=ranks, size_bytes=experts, deps=(rank.last_backward,),

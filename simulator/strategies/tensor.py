@@ -17,10 +17,10 @@ for both: a pass takes max(compute, TP communication) instead of their sum (at p
 so the communication may also hide behind the pass's non-GEMM kernels: an upper bound on TE's overlap).
 Pipeline transfers use the scatter/gather optimisation (SC'21, sec. 4.1): each TP rank sends 1/t
 of the activation to its counterpart in the next stage. The d copies of a (stage, TP rank)
-allreduce its gradients in buckets during the last backward of each chunk (as
-`simulator.strategies.pipeline`), or with ZeRO-1 (Rajbhandari et al. SC'20, stage 1) reduce-scatter
-them, update 1/d of the parameters and allgather the updated parameters; ZeRO-2 / ZeRO-3 (FSDP)
-are `simulator.strategies.zero`'s (pp 1: per-micro-batch reduce-scatters; ZeRO-3 per-layer gathers).
+allreduce its gradients in buckets during the last backward of each chunk (as `simulator.strategies.pipeline`),
+or with ZeRO-1 (Rajbhandari et al. SC'20, stage 1) reduce-scatter them (or allreduce: `zero1_gradient_reduce`),
+update 1/d of the parameters and allgather the updated parameters; ZeRO-2 / ZeRO-3 (FSDP) are
+`simulator.strategies.zero`'s (pp 1: per-micro-batch reduce-scatters; ZeRO-3 per-layer gathers).
 
 Expert parallelism (`strategy.ep_degree` e, MoE models) is `simulator.strategies.experts`'s: the EP
 groups are carved out of the d replicas, each pass's all-to-alls follow its compute as the TP
@@ -54,7 +54,6 @@ from simulator.schedules import checked_schedule
 from simulator.schedules.analysis import in_flight_counts, stage_metrics
 from simulator.schedules.ir import UPDATE
 from simulator.strategies import context, experts, zero
-from simulator.strategies.zero import gradient_element_bytes
 from simulator.strategies.ghp import GridConfig, _ActionList, bucket_segments, recompute_ranges
 from simulator.strategies.stage_partition import grid_partition
 from simulator.strategies.tensor_clone import relabelled_actions, relabelled_ranks_alike
@@ -62,6 +61,7 @@ from simulator.strategies.tensor_layers import pass_collectives, rank_workload
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 from simulator.units import whole
+from simulator.zero_config import gradient_reduce_op
 
 KIND = "megatron"
 
@@ -79,6 +79,7 @@ class TensorConfig:
     num_virtual_stages: int = 1
     sequence_parallel: bool = False
     zero_stage: int = 0
+    zero1_gradient_reduce: str = "reduce_scatter"
     recompute: str = "none"
     placement: str | tuple[int, ...] = "group_per_node"
     partition: str | tuple[int, ...] = "balanced"
@@ -140,12 +141,12 @@ def tensor_config(scenario) -> TensorConfig:
         tp=tp, pp=pp, dp=scenario.num_gpus // (tp * pp), cp=cp, num_microbatches=strategy.num_microbatches,
         global_batch_size=training.global_batch_size, fsdp_reduce_dtype=strategy.fsdp_reduce_dtype,
         num_virtual_stages=strategy.num_virtual_stages, sequence_parallel=strategy.sequence_parallel,
-        zero_stage=strategy.zero_stage, recompute=training.recompute, placement=placement, ep=strategy.ep_degree,
-        partition=strategy.partition, bucket_size_bytes=strategy.bucket_size_bytes, dtype=training.dtype,
-        overlap_backward=strategy.overlap_backward, collective=strategy.collective, symmetry=strategy.symmetry,
-        tp_comm_overlap=strategy.tp_comm_overlap, fsdp_sharding=strategy.fsdp_sharding,
-        fsdp_version=strategy.fsdp_version or (2 if strategy.fsdp_sharding else 1),
-        gpus_per_node=scenario.cluster.gpus_per_node)
+        zero_stage=strategy.zero_stage, zero1_gradient_reduce=strategy.zero1_gradient_reduce,
+        recompute=training.recompute, placement=placement, ep=strategy.ep_degree, partition=strategy.partition,
+        bucket_size_bytes=strategy.bucket_size_bytes, dtype=training.dtype, overlap_backward=strategy.overlap_backward,
+        collective=strategy.collective, symmetry=strategy.symmetry, tp_comm_overlap=strategy.tp_comm_overlap,
+        fsdp_sharding=strategy.fsdp_sharding, gpus_per_node=scenario.cluster.gpus_per_node,
+        fsdp_version=strategy.fsdp_version or (2 if strategy.fsdp_sharding else 1))
 
 
 def rank_costs(costs: CostModel, workload: Workload, tp_degree: int, sequence_parallel: bool) -> CostModel:
@@ -233,7 +234,8 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
                        "fsdp_sharding": config.fsdp_sharding, "shard_degree": zero.shard_degree(config),
                        "fsdp_version": config.fsdp_version if zero.gathers_per_unit(config) else None},
             "zero": zero.memory_meta(config, shard, ranges),
-            "gradient_element_bytes": gradient_element_bytes(config.dtype, config.zero_stage, config.fsdp_reduce_dtype),
+            "gradient_element_bytes": zero.gradient_element_bytes(config.dtype, config.zero_stage,
+                                                                  config.fsdp_reduce_dtype),
             "symmetry_decision": {"used": symmetric, "reason": reason}}
     if symmetric:
         meta["symmetry"] = symmetry_for(config, topology, full_devices)
@@ -269,7 +271,7 @@ class _TensorRank:
         self.zero_groups = zero.zero_groups(config, self.dp_ranks, self.dp_index)
         self.zero_degree = zero.shard_degree(config)
         self.element_bytes = dtype_bytes(config.dtype)
-        self.gradient_bytes = gradient_element_bytes(config.dtype, config.zero_stage, config.fsdp_reduce_dtype)
+        self.gradient_bytes = zero.gradient_element_bytes(config.dtype, config.zero_stage, config.fsdp_reduce_dtype)
         self.batch = config.microbatch_size
         self.builder = _ActionList()
         self.recomputed: list[int] = []
@@ -279,8 +281,7 @@ class _TensorRank:
         self.tp_tail: tuple[int, ...] = ()
         """The latest TP collective: Megatron runs them on the compute stream, so the next compute waits."""
         self.compute_deps: tuple[int, ...] = ()
-        """What the latest compute waits for, its stream predecessor included: with tp_comm_overlap
-        its TP collectives wait for the same, so they start with it."""
+        """What the latest compute waits for, stream predecessor included (tp_comm_overlap: its TP collectives too)."""
         self.last_compute: tuple[int, ...] = ()
         ops = schedule.ranks[self.stage_index]
         self.final_backward = {op.chunk: n for n, op in enumerate(ops) if op.phase == BACKWARD}
@@ -300,8 +301,7 @@ class _TensorRank:
         return tuple(self.builder.actions)
 
     def _tp(self, start: int, end: int, phase: str, after: int) -> tuple[int, ...]:
-        """The TP collectives of a pass over [start, end) after its compute `after` (with
-        tp_comm_overlap: beside it, from the same dependencies); what the pass's output waits for."""
+        """A pass's TP collectives after its compute `after` (tp_comm_overlap: beside it); what its output awaits."""
         ring = context.ring_exchange(self, start, end, phase)  # CP ring K/V, beside the compute
         after = experts.expert_alltoalls(self, start, end, phase, after)  # MoE dispatch and combine
         if self.config.tp == 1:
@@ -377,8 +377,8 @@ class _TensorRank:
                 key=("grad", self.pipeline, chunk - 1, i), deps=done, label=f"send grad{i}")
 
     def _reduce_gradients(self, size_bytes: float) -> None:
-        """A bucket's gradients among the d copies: allreduce, or reduce-scatter with ZeRO-1."""
-        op = "reduce_scatter" if self.config.zero_stage else "allreduce"
+        """A bucket's gradients among the d copies: allreduce or reduce-scatter (`zero_config.gradient_reduce_op`)."""
+        op = gradient_reduce_op(self.config)
         self.pending.append(self.builder.add(
             Collective, op=op, ranks=self.dp_ranks, size_bytes=size_bytes, key=(op, *self.dp_key, self.num_buckets),
             deps=(self.last_backward,), algorithm=self.config.collective if op == "allreduce" else "ring",
