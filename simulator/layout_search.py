@@ -190,16 +190,19 @@ def exact_peak_memory_bytes(scenario: Scenario, workload=None) -> float:
     from simulator.model_source import resolve_workload
     from simulator.plan import Collective, Compute
     from simulator.simulate import analytic_costs
-    from simulator.steady_extension import short_microbatches, shortened
+    from simulator.steady_extension import short_microbatches, short_plan, shortened
     from simulator.strategies import compile_plan
     from simulator.strategies.tensor_summary import tensor_memory_report
     from simulator.strategies.zero import shard_memory
 
     workload = workload or resolve_workload(scenario.model, scenario.base_dir)
     short = short_microbatches(scenario)  # the plan `simulate` plays and reports memory from
-    scenario = scenario if short is None else shortened(scenario, short[0])
     topology = cached_topology(scenario.cluster.model_dump_json())
-    plan = compile_plan(scenario, workload, topology, analytic_costs(scenario, workload))
+    costs = analytic_costs(scenario, workload)
+    if short is None:
+        plan = compile_plan(scenario, workload, topology, costs)
+    else:  # split as the step's m micro-batches would be, its memory figures those of the play
+        plan, scenario = short_plan(scenario, short[0], workload, topology, costs), shortened(scenario, short[0])
     spans = []
     for rank, actions in enumerate(plan.actions):
         clock, comm_end, done = 0.0, 0.0, {}

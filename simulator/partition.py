@@ -215,8 +215,8 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     best_s = step_s(best)
     if step_s(fewest) < best_s * (1 - SUM_TIE_TOLERANCE):
         best_s, best = step_s(fewest), fewest
-    if paced == 0:  # one micro-batch, one chunk a device: the sum alone (ties: the least-max chain)
-        return best
+    if paced == 0:  # one micro-batch, one chunk a device: the sum alone (ties: the least-max chain), or the play
+        return best if played_s is None else _polished(min((best, fewest), key=played_s), played_s, polish_plays)
     # a split whose slowest chunk costs X takes at least least_sum / v + max((m v - 1)(X - u), paced X),
     # u the largest update share of a chunk (0 for v = 1): no X from `above` on can beat the best
     share_s = max(float(np.max(cost[np.isfinite(cost)] - plain[np.isfinite(cost)], initial=0.0))

@@ -25,7 +25,7 @@ from simulator.plan import Plan
 from simulator.records import device_breakdown, makespan_s, span_table, stage_time_split
 from simulator.scenario import Scenario
 from simulator.steady_extension import (Extension, Unaligned, candidate_periods, extend, extended_plan,
-                                         short_microbatches, shortened)
+                                         short_microbatches, short_plan)
 from simulator.strategies import compile_plan
 from simulator.topology import Topology
 from simulator.workload import Workload
@@ -277,7 +277,7 @@ def _short_play(scenario, workload, topology, costs, short: int):
     """(plan, engine result, count log) of `short` micro-batches, or None where that plan does not
     compile (the step's own plan then names the fault with its own figures)."""
     try:
-        plan = compile_plan(shortened(scenario, short), workload, topology, costs)
+        plan = short_plan(scenario, short, workload, topology, costs)
     except ScenarioError:
         return None
     decision = plan.meta.get("symmetry_decision", {"used": True})  # refused where the step's plan would be

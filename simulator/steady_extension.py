@@ -9,7 +9,8 @@ settled. Max-plus linear systems reach such a periodic regime after a transient 
 Olsder and Quadrat, "Synchronization and Linearity", 1992, sec. 3.7); the flow model's link sharing
 is not max-plus, so the regime is checked, never assumed:
 
-- the m'-micro-batch plan is played (m' = p + 8 for 1f1b, 6 p for interleaved_1f1b);
+- the m'-micro-batch plan is played (m' = p + 8 for 1f1b, 6 p for interleaved_1f1b), its stages
+  split as the step of m would split them (`short_plan`);
 - T is the distance between the backwards of micro-batches i and i + c on the first stage's rank
   (c = 1, or p interleaved), late in its steady phase;
 - three consecutive windows of length T, ending before that rank's last forward, must hold the same
@@ -82,6 +83,15 @@ def shortened(scenario, short: int):
     return scenario.model_copy(update={
         "strategy": strategy.model_copy(update={"num_microbatches": short}),
         "training": training.model_copy(update={"global_batch_size": batch})})
+
+
+def short_plan(scenario, short: int, workload, topology, costs):
+    """The plan of `short` micro-batches (`shortened`), its stages split as the step's m micro-batches
+    would be (`stage_partition.partitioned_as_the_step`): the balanced split depends on m."""
+    from simulator.strategies import compile_plan
+    from simulator.strategies.stage_partition import partitioned_as_the_step
+    with partitioned_as_the_step(scenario.strategy.num_microbatches):
+        return compile_plan(shortened(scenario, short), workload, topology, costs)
 
 
 class ExtendedSpans(Sequence):

@@ -108,6 +108,16 @@ def test_layer_table_pipelines_are_extended_as_megatron_plans_are(monkeypatch, o
     assert_same(extended, every_microbatch(monkeypatch, case))
 
 
+def test_a_short_play_splits_the_stages_as_the_step_would(monkeypatch):
+    """The balanced split depends on m (the fill against the paced micro-batches): the play of 10
+    micro-batches must run the split of the step of 32, [6, 10], not its own [13, 3] (30 % slower)."""
+    case = load_scenario(DEMO, ["strategy.kind=1f1b", "strategy.num_groups=8", "strategy.num_microbatches=32",
+                                "training.global_batch_size=2048", "strategy.placement=group_per_node"])
+    extended = simulate_module.simulate(case)
+    assert extended.summary["steady_state"].startswith("10 of 32 micro-batches simulated")
+    assert_same(extended, every_microbatch(monkeypatch, case))
+
+
 def test_layer_table_pipelines_take_no_play_twice_as_long():
     case = load_scenario(DEMO, ["strategy.kind=1f1b", "strategy.num_groups=1", "strategy.num_microbatches=256",
                                 "training.global_batch_size=256"])

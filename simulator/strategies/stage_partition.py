@@ -7,11 +7,15 @@ layer's bytes on its device (the serial partition's memory cap)."""
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import replace
 
 import numpy as np
 
 from simulator.collective_forms import p2p_time_s
 from simulator.costs import BACKWARD, CostModel
+from simulator.errors import ScenarioError
 from simulator.heterogeneity import stage_compute_s
 from simulator.partition import (HostIssue, StageUpdate, balanced_partition, explicit_partition, flushed_partition, serial_partition,
                                  uniform_partition)
@@ -24,10 +28,31 @@ SERIAL_KINDS = ("dp", "mp", "ghp")
 partition is the serial one (`simulator.partition.serial_partition`) where that fits as well."""
 
 
+_STEP_MICROBATCHES: ContextVar[int | None] = ContextVar("step_microbatches", default=None)
+
+
+@contextmanager
+def partitioned_as_the_step(num_microbatches: int):
+    """Flushed pipelines compiled inside take the balanced partition of a step of `num_microbatches`
+    (the same micro-batch size, the global batch scaled with them): a short play of a long pipeline
+    (`simulator.steady_extension`) must play the split of the step it stands for, not its own."""
+    token = _STEP_MICROBATCHES.set(num_microbatches)
+    try:
+        yield
+    finally:
+        _STEP_MICROBATCHES.reset(token)
+
+
 def grid_partition(config, workload: Workload, topology: Topology, costs: CostModel, rank_to_device,
                    group_batch: float) -> tuple[tuple[int, int], ...]:
     """Stage ranges of `config.partition` (a `strategies.ghp.GridConfig`) for the chunks on
-    `rank_to_device` (every replica's, replica-major; a megatron chain: its one replica's)."""
+    `rank_to_device` (every replica's, replica-major; a megatron chain: its one replica's); inside
+    `partitioned_as_the_step(m)`, a flushed pipeline's as its step of m micro-batches would take. A
+    flushed pipeline's balanced split is never one its schedule plays slower than the uniform split."""
+    step_m = _STEP_MICROBATCHES.get()
+    if step_m and step_m != config.num_microbatches and config.strategy not in (*SERIAL_KINDS, *ASYNCHRONOUS_KINDS):
+        config = replace(config, num_microbatches=step_m,
+                         global_batch_size=config.global_batch_size * step_m // config.num_microbatches)
     num_layers, num_stages = workload.num_layers, config.workers_per_group
     if num_stages == 1:  # a list given is still checked: [1, 2] for one stage is a mistake
         return ((0, num_layers),) if isinstance(config.partition, str) else explicit_partition(
@@ -62,12 +87,23 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
         passes = 2 * config.num_microbatches * num_stages
         ranges = flushed_partition(host.device_s, forward, backward, num_stages, update, config.num_microbatches,
                                    config.num_virtual_stages, played, POLISH_WORK // passes, host)
+        even = _uniform_or_none(workload, num_stages) if played is not None else None
+        if even is not None and played(even) < played(ranges):  # the closed form's candidates can all miss it
+            ranges = even
     if config.strategy in SERIAL_KINDS and update is not None:  # one batch through the stages
         layer_bytes, working_bytes = _layer_bytes(workload, config, group_batch)
         device = config.memory_bytes - working_bytes  # the device, less the largest backward's working set
         cap_bytes = max(device, max(layer_bytes[a:b].sum() for a, b in ranges))  # or balanced's largest
         ranges = serial_partition(compute, forward, backward, num_stages, update, layer_bytes, cap_bytes) or ranges
     return ranges
+
+
+def _uniform_or_none(workload: Workload, num_stages: int) -> tuple[tuple[int, int], ...] | None:
+    """The uniform split (equal counts of the repeated layer kind), None where there are fewer of them than stages."""
+    try:
+        return uniform_partition([layer.kind for layer in workload.layers], num_stages)
+    except ScenarioError:
+        return None
 
 
 PLAYED_OPS_LIMIT = 4096
