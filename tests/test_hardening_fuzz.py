@@ -167,4 +167,6 @@ def test_mutated_scenarios_end_in_a_result_or_one_line_error():
 
     case()
     assert counts["ok"] + counts["error"] >= CASES
-    assert counts["ok"] >= CASES // 20, counts  # the mutations leave many scenarios valid: both paths run
+    # both paths run: about 5 % of the mutations leave a valid scenario (18-30 of 500 as the preset list
+    # changes the derandomised draws), so the floor sits well under that rate, not at it
+    assert counts["ok"] >= CASES // 50, counts
