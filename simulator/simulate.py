@@ -252,8 +252,8 @@ LONGER_PLAYS_SHARE = 2
 """A longer play is tried again at twice its length while that is at most 1 / this of the step's
 micro-batches. A transient can outlast the first longer play: where one pipeline half is slightly
 faster than the other, it catches up one micro-batch's small lead at a time (LLaMA-3 405B, TP 2 x
-CP 2 x PP 64 on 256 H100: 1F1B settles after about 500 micro-batches, and a play of 656 is
-extended instead of all 2,048 being played, 62 s instead of 143). Where nothing settles, the
+CP 2 x PP 64 on 256 H100: 1F1B settles after about 500 micro-batches, a play of 656 finds the period, replayed
+at 698, extended instead of all 2,048 being played, 62 s instead of 143). Where nothing settles, the
 failed plays cost at most about the step once more."""
 
 
