@@ -60,7 +60,8 @@ trained on.
 `--plot FILE.png` draws each run's prediction against its measurement, one colour per table
 (`reports/published_scale_accuracy.png`).
 
-    python benchmarks/bench_published_scale.py [--table sc21|recompute|v1|mtnlg|llama3|bloom|all] [--profile PROFILE.json]
+    python benchmarks/bench_published_scale.py [--table sc21|recompute|v1|mtnlg|llama3|bloom|all]
+                                               [--profile PROFILE.json]
                                                [--processes N] [--json] [--plot FILE.png]
 """
 

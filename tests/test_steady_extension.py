@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from simulator import load_scenario
+from simulator.layout_search import search_layouts
 from simulator.steady_extension import _label_parts, short_microbatches
 
 simulate_module = importlib.import_module("simulator.simulate")
@@ -116,6 +117,15 @@ def test_a_short_play_splits_the_stages_as_the_step_would(monkeypatch):
     extended = simulate_module.simulate(case)
     assert extended.summary["steady_state"].startswith("10 of 32 micro-batches simulated")
     assert_same(extended, every_microbatch(monkeypatch, case))
+
+
+def test_a_long_pipelines_bound_stays_below_its_extended_play():
+    """The bound partitions for the step's m micro-batches; the extended play must run that split
+    too (VGG16 1F1B on 8 GPUs, m = 32: the play's own split was 27 us faster than the bound)."""
+    scenario = load_scenario(DEMO)
+    ranking = search_layouts(scenario, 8, kinds=("1f1b",), microbatch_counts=(32,), exhaustive=True, workers=1,
+                             show_progress=False)
+    assert ranking.rows and all(0 < row["bound_s"] <= row["step_time_s"] for row in ranking.rows)
 
 
 def test_layer_table_pipelines_take_no_play_twice_as_long():
