@@ -128,10 +128,10 @@ def fitted_figures(frame: pd.DataFrame, processes: int) -> dict:
 
 
 def gpt_mfu() -> dict:
-    """MFU of every GPT scenario in `scenarios/` with the datasheet kernel model."""
+    """MFU of every GPT-style scenario in `scenarios/` (GPT, LLaMA, BLOOM) with the datasheet kernel model."""
     out = {}
     for path in sorted((ROOT / "scenarios").glob("*.yaml")):
-        if path.name.startswith(("gpt", "llama")):
+        if path.name.startswith(("gpt", "llama", "bloom")):
             from simulator.scenario import load_scenario
             try:
                 out[path.name] = simulate(load_scenario(path)).summary["mfu"]
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_table("kernel model, fitted on half, scored on the other half", figures["half"])
         print("    parameters (half): " + ", ".join(f"{k} {v:.3g}" for k, v in figures["half_parameters"].items())
               + f"; {figures['points_simulated']} grid points simulated in all")
-    print("MFU of the GPT scenarios: " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in figures["gpt_mfu"].items()))
+    print("MFU of the GPT-style scenarios: " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in figures["gpt_mfu"].items()))
     print(f"({figures['wall_s']:.0f} s)")
     return 0
 
