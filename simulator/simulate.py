@@ -25,7 +25,7 @@ from simulator.plan import Plan
 from simulator.records import device_breakdown, makespan_s, span_table, stage_time_split
 from simulator.scenario import Scenario
 from simulator.steady_extension import (Extension, Unaligned, candidate_periods, extend, extended_plan,
-                                         short_microbatches, short_plan)
+                                         short_microbatches, short_plan, unlike_replicas)
 from simulator.strategies import compile_plan
 from simulator.topology import Topology
 from simulator.workload import Workload
@@ -222,7 +222,7 @@ def _play(scenario: Scenario, workload: Workload, topology: Topology, costs: Cos
     (`simulator.steady_extension`: a short play checked with its micro-batch period, then where it
     has not settled longer plays searched for a longer period, each twice the last while it is at
     most half the step), else every micro-batch."""
-    note, target = "", scenario.strategy.num_microbatches
+    note, target = unlike_replicas(scenario), scenario.strategy.num_microbatches
     first = short_microbatches(scenario)
     played = first and _short_play(scenario, workload, topology, costs, first[0])
     if played:

@@ -31,7 +31,8 @@ is not max-plus, so the regime is checked, never assumed:
 
 Used by megatron plans and the layer-table kinds 1f1b and interleaved_1f1b under `strategy.symmetry:
 auto` (off plays every micro-batch) when m is at least twice m' and no activations are offloaded
-(their exposed time is per micro-batch). The layer-table kinds take one longer play, not the plays
+(their exposed time is per micro-batch), and for megatron when every replica runs at one pace
+(`unlike_replicas`). The layer-table kinds take one longer play, not the plays
 twice as long: where that has not settled, neither did the next ones (a 64-stage ResNet-1001 over
 10 GbE: three failed plays cost twice the step again).
 """
@@ -73,7 +74,32 @@ def short_microbatches(scenario, longer: bool = False, at_least: int = 0,
     short = max(short, at_least)
     if p < 2 or 2 * short > m or (m - short) % period or scenario.training.global_batch_size * short % m:
         return None
-    return short, period
+    return None if unlike_replicas(scenario) else (short, period)
+
+
+def unlike_replicas(scenario) -> str:
+    """Why a megatron plan's replicas share no period (the summary's note), else "". Their pipelines
+    run apart until the gradient reduction, each at its own devices' pace: a replica holding a
+    straggler or another GPU type where another replica does not keeps its own period, and a short
+    play never settles (its failed plays cost about the step again). Degraded links are not mapped
+    to replicas: those plans are still played short."""
+    cluster = scenario.cluster
+    if scenario.strategy.kind != "megatron" or not (cluster.stragglers or cluster.node_gpus):
+        return ""
+    from simulator.errors import ScenarioError
+    from simulator.strategies.tensor import tensor_config
+    try:
+        config = tensor_config(scenario)
+    except ScenarioError:  # the step's own plan names the fault
+        return ""
+
+    def pace(device: int) -> tuple[str, float]:
+        return (cluster.node_gpus.get(device // cluster.gpus_per_node, cluster.gpu).name,
+                cluster.stragglers.get(device, 1.0))
+    paces = {tuple(pace(config.device_of(replica, stage, rank)) for stage in range(config.pp)
+                   for rank in range(config.tp)) for replica in range(config.dp)}
+    return "" if len(paces) == 1 else ("every micro-batch simulated: the data-parallel replicas run at different paces "
+                                       "(a straggler or another GPU in some of them), so no common period settles")
 
 
 def shortened(scenario, short: int):

@@ -128,6 +128,26 @@ def test_a_long_pipelines_bound_stays_below_its_extended_play():
     assert ranking.rows and all(0 < row["bound_s"] <= row["step_time_s"] for row in ranking.rows)
 
 
+def test_replicas_at_different_paces_are_played_in_full_without_a_short_play(monkeypatch):
+    """A straggler in one replica: that replica keeps its own period, so no short play is tried
+    (each failed one cost about the step again); a straggler at the same place in every replica
+    keeps one period, and the extension is exact."""
+    raw = scenario(32).model_dump(mode="json")
+
+    def with_stragglers(stragglers: dict):
+        return load_scenario({**raw, "cluster": {**raw["cluster"], "stragglers": stragglers}})
+
+    with monkeypatch.context() as patch:
+        patch.setattr(simulate_module, "_short_play", lambda *args: pytest.fail("a short play was tried"))
+        unlike = simulate_module.simulate(with_stragglers({0: 1.3}))  # replica 0: devices 0-7
+    assert unlike.summary["steady_state"].startswith(
+        "every micro-batch simulated: the data-parallel replicas run at different paces")
+    alike = with_stragglers({0: 1.3, 8: 1.3})
+    extended = simulate_module.simulate(alike)
+    assert extended.summary["steady_state"].startswith("12 of 32 micro-batches simulated")
+    assert_same(extended, every_microbatch(monkeypatch, alike))
+
+
 def test_layer_table_pipelines_take_no_play_twice_as_long():
     case = load_scenario(DEMO, ["strategy.kind=1f1b", "strategy.num_groups=1", "strategy.num_microbatches=256",
                                 "training.global_batch_size=256"])
