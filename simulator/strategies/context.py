@@ -84,16 +84,13 @@ def halo_tokens(seq_len: int, cp: int, window: int) -> float | None:
     length = seq_len / (2 * cp)
     if window > (cp - 1) * length:
         return None
-
-    def owner(chunk: int) -> int:
-        return chunk_owner(chunk, cp)
     most = 0.0
     for rank in range(cp):
         received = 0.0
         for chunk in (rank, 2 * cp - 1 - rank):
             start = max(0.0, chunk * length - window)
             received += sum(min((source + 1) * length, chunk * length) - max(source * length, start)
-                            for source in range(int(start // length), chunk) if owner(source) != rank)
+                            for source in range(int(start // length), chunk) if chunk_owner(source, cp) != rank)
         most = max(most, received)
     return most
 
