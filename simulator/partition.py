@@ -29,7 +29,7 @@ range may also be refused for memory (`memory_cap_bytes`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -69,6 +69,15 @@ class StageUpdate:
     """(id of values, starts, ends) -> (the three arrays, their range sums): every stage's costs are
     built on the same index grids, and the per-layer arrays are the same for every stage but a
     heterogeneous backward."""
+    shared_by: np.ndarray | None = None
+    """(M,) how many stage rings per_byte_s[m] assumes share the NIC of stage m's busiest node (all
+    at once, the closed form's separable price); None: per_byte_s is the ring's own rate."""
+
+    def alone(self) -> StageUpdate:
+        """The same update with each ring at its own rate, as if no other ring shared its NICs."""
+        if self.shared_by is None:
+            return self
+        return replace(self, per_byte_s=self.per_byte_s / self.shared_by, shared_by=None, _sums={})
 
     def _backward(self, stage: int) -> np.ndarray:
         if np.ndim(self.backward_s) == 1:
@@ -82,13 +91,21 @@ class StageUpdate:
             found = self._sums[key] = (values, starts, ends, _range_sum(values, starts, ends))
         return found[3]
 
+    def allreduce_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Seconds of stage `stage`'s gradient allreduce over layers [start, end] (inclusive)."""
+        return self.per_byte_s[stage] * self._sum(self.gradient_bytes, starts, ends) + self.constant_s[stage]
+
+    def exposed_allreduce_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """The part of that allreduce left after the stage's backward (all of it when not `overlapped`)."""
+        allreduce = self.allreduce_s(stage, starts, ends)
+        if self.overlapped:
+            allreduce = np.maximum(allreduce - self._sum(self._backward(stage), starts, ends), 0.0)
+        return allreduce
+
     def closing_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Seconds after stage `stage`'s backward over layers [start, end] (inclusive): its exposed
         allreduce, then its optimizer step."""
-        allreduce = self.per_byte_s[stage] * self._sum(self.gradient_bytes, starts, ends) + self.constant_s[stage]
-        if self.overlapped:
-            allreduce = np.maximum(allreduce - self._sum(self._backward(stage), starts, ends), 0.0)
-        return allreduce + self._sum(self.optimizer_s, starts, ends)
+        return self.exposed_allreduce_s(stage, starts, ends) + self._sum(self.optimizer_s, starts, ends)
 
     def exposed_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Pipelined: the closing seconds per micro-batch."""

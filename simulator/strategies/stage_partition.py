@@ -83,7 +83,9 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
     else:  # a flushed pipeline: one micro-batch's fill and drain, then the slowest chunk's pace
         host = HostIssue(*stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages, num_layers,
                                           group_batch, parts=True))  # device, host of forward, then of backward
-        played = _played_step(config, host, forward, backward, update)
+        ranks = num_stages // config.num_virtual_stages
+        played = _played_step(config, host, forward, backward, update,
+                              _ring_classes(topology, rank_to_device, num_stages, ranks))
         passes = 2 * config.num_microbatches * num_stages
         ranges = flushed_partition(host.device_s, forward, backward, num_stages, update, config.num_microbatches,
                                    config.num_virtual_stages, played, POLISH_WORK // passes, host)
@@ -114,31 +116,98 @@ POLISH_WORK = 2_000
 about 2 ms, as the planner partitions every pipeline geometry it bounds."""
 
 
-def _played_step(config, host: HostIssue, forward, backward, update):
+def _played_step(config, host: HostIssue, forward, backward, update, ring_classes):
     """ranges -> the step its schedule plays with those chunks (`schedules.makespan`): each chunk's
     forward and backward pass (`HostIssue.pass_s`), its sends (`forward`, `backward`: the arrays of
-    the closed form) and each rank's closing (`StageUpdate.closing_s`, once a step); None beyond
+    the closed form) and each rank's closing (`StageUpdate.closing_s`, once a step), the allreduces
+    of ranks in one of `ring_classes` sharing their NICs (`_shared_closings_s`); None beyond
     `PLAYED_OPS_LIMIT`."""
     from simulator.schedules import checked_schedule
-    from simulator.schedules.makespan import schedule_step_s
+    from simulator.schedules.makespan import rank_pass_ends_s
     v, m = config.num_virtual_stages, config.num_microbatches
     ranks = config.workers_per_group // v
     if 2 * m * v * ranks > PLAYED_OPS_LIMIT:
         return None
     kind = "gpipe" if config.strategy == "gpipe" else "interleaved_1f1b" if v > 1 else "1f1b"
     schedule = checked_schedule(kind, ranks, m, v)
+    alone = None if update is None else update.alone()
 
     def played_s(ranges) -> float:
         chunks = range(len(ranges))
         ahead, back = zip(*(host.pass_s(k, a, b) for k, (a, b) in zip(chunks, ranges)))
         sends = ([float(forward[k, b - 1]) for k, (a, b) in zip(chunks, ranges)],
                  [float(backward[k, a]) for k, (a, b) in zip(chunks, ranges)])
-        closing = [0.0] * ranks
-        for k, (a, b) in zip(chunks, ranges) if update is not None else ():
-            closing[k % ranks] += float(update.closing_s(k, np.array([a]), np.array([b - 1]))[0])
-        return schedule_step_s(schedule, ahead, back, *sends, closing)
+        ends = rank_pass_ends_s(schedule, ahead, back, *sends)
+        if alone is None:
+            return max(ends)
+        return max(_shared_closings_s(alone, ranges, ends, ring_classes))
 
     return played_s
+
+
+def _shared_closings_s(alone: StageUpdate, ranges, ends: list[float], ring_classes: list[int]) -> list[float]:
+    """When each rank is done, its last pass ending at ends[r]: its allreduce (at its own rate,
+    `alone`) runs from ends[r] + exposed - allreduce (DDP's buckets hide the rest behind the
+    backward), then its optimizer step. Ranks of one class (-1: none) share their nodes' NICs while
+    their allreduces overlap, an equal share each (processor sharing, Kleinrock 1976, as the
+    engine's max-min fair flows split one bottleneck), where the closed form prices every ring
+    leaving a node as if all ran at once."""
+    ranks = len(ends)
+    work, exposed, optimizer = [0.0] * ranks, [0.0] * ranks, [0.0] * ranks
+    for k, (a, b) in enumerate(ranges):
+        starts, stops = np.array([a]), np.array([b - 1])
+        allreduce, shown = (float(f(k, starts, stops)[0]) for f in (alone.allreduce_s, alone.exposed_allreduce_s))
+        work[k % ranks] += allreduce
+        exposed[k % ranks] += shown
+        optimizer[k % ranks] += float(alone.closing_s(k, starts, stops)[0]) - shown
+    finish = [end + shown for end, shown in zip(ends, exposed)]
+    for group in set(ring_classes) - {-1}:
+        members = [r for r in range(ranks) if ring_classes[r] == group]
+        shared = processor_shared_finish_s([finish[r] - work[r] for r in members], [work[r] for r in members])
+        for r, done in zip(members, shared):
+            finish[r] = max(done, ends[r])
+    return [done + update for done, update in zip(finish, optimizer)]
+
+
+def processor_shared_finish_s(starts: list[float], works: list[float]) -> list[float]:
+    """When each job ends on one server shared equally by the jobs present (processor sharing,
+    Kleinrock, Queueing Systems vol. 2, 1976, ch. 4): job i arrives at starts[i] needing works[i]
+    seconds alone; while n are present each progresses at 1/n."""
+    order = sorted(range(len(starts)), key=lambda i: starts[i])
+    finish, left, now, arriving = [0.0] * len(starts), {}, 0.0, 0
+    while arriving < len(order) or left:
+        if not left:
+            now = max(now, starts[order[arriving]])
+        while arriving < len(order) and starts[order[arriving]] <= now:
+            left[order[arriving]] = works[order[arriving]]
+            arriving += 1
+        first = min(left, key=left.get)
+        done_at = now + left[first] * len(left)
+        until = min(done_at, starts[order[arriving]]) if arriving < len(order) else done_at
+        progress = (until - now) / len(left)
+        now = until
+        for job in list(left):
+            left[job] -= progress
+            if job == first and until == done_at or left[job] <= 1e-15 * max(1.0, now):
+                finish[job] = now
+                del left[job]
+    return finish
+
+
+def _ring_classes(topology: Topology, rank_to_device, num_chunks: int, ranks: int) -> list[int]:
+    """Per rank, a class of the ranks whose stage rings leave a node they share (their allreduces
+    share its NICs: `_shared_closings_s`), joined transitively; -1 where its ring stays in a node
+    or there is none."""
+    groups = len(rank_to_device) // num_chunks
+    nodes = [{topology.node_of(rank_to_device[g * num_chunks + r]) for g in range(groups)} for r in range(ranks)]
+    leaving = [r for r in range(ranks) if len(nodes[r]) > 1]
+    classes = {r: r for r in leaving}
+    for r in leaving:
+        for q in leaving:
+            if q < r and nodes[q] & nodes[r]:
+                old, new = classes[r], classes[q]
+                classes = {k: new if c == old else c for k, c in classes.items()}
+    return [classes.get(r, -1) for r in range(ranks)]
 
 
 def _layer_bytes(workload: Workload, config, batch: float) -> tuple[np.ndarray, float]:
@@ -175,7 +244,7 @@ def _stage_update(config, workload: Workload, topology: Topology, costs: CostMod
     groups, num_stages = config.num_groups, config.workers_per_group
     if config.strategy == "megatron" or len(rank_to_device) != groups * num_stages:
         return None
-    per_byte_s, constant_s = np.zeros(num_stages), np.zeros(num_stages)
+    per_byte_s, constant_s, shared_by = np.zeros(num_stages), np.zeros(num_stages), np.ones(num_stages)
     probe_bytes = float(2**30)
     leaving = rings_leaving(topology, rank_to_device, num_stages)
     for stage in range(num_stages if groups > 1 else 0):
@@ -184,14 +253,15 @@ def _stage_update(config, workload: Workload, topology: Topology, costs: CostMod
                                    choose_algorithm(topology, peers, config.collective), config.num_parameter_servers)
         constant_s[stage] = sum(phase.latency_s for phase in phases)
         nodes = {topology.node_of(device) for device in peers}
-        sharing = max(leaving[node] for node in nodes) if len(nodes) > 1 else 1
-        per_byte_s[stage] = max(sharing, 1) * (isolated_time_s(topology, phases) - constant_s[stage]) / probe_bytes
+        shared_by[stage] = max(max(leaving[node] for node in nodes) if len(nodes) > 1 else 1, 1)
+        per_byte_s[stage] = shared_by[stage] * (isolated_time_s(topology, phases) - constant_s[stage]) / probe_bytes
     layers = workload.layers
     gradient_bytes = np.array([layer.num_params for layer in layers], dtype=float) * dtype_bytes(config.dtype)
     backward = stage_compute_s(costs, topology, rank_to_device, groups, num_stages, len(layers), batch, (BACKWARD,))
     optimizer = np.array([costs.optimizer_s(layer.num_params, (i, i + 1)) for i, layer in enumerate(layers)])
     share = 1.0 if config.strategy in ASYNCHRONOUS_KINDS else groups * batch / config.global_batch_size
-    return StageUpdate(per_byte_s, constant_s, gradient_bytes, backward, optimizer, share, config.overlap_backward)
+    return StageUpdate(per_byte_s, constant_s, gradient_bytes, backward, optimizer, share, config.overlap_backward,
+                       shared_by=shared_by)
 
 
 def _boundary_time_s(topology: Topology, rank_to_device, num_stages: int, stage: int, neighbour: int,
