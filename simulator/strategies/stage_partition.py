@@ -130,7 +130,8 @@ def _played_step(config, host: HostIssue, forward, backward, update, ring_classe
         return None
     kind = "gpipe" if config.strategy == "gpipe" else "interleaved_1f1b" if v > 1 else "1f1b"
     schedule = checked_schedule(kind, ranks, m, v)
-    alone = None if update is None else update.alone()
+    shared = update is not None and len(ring_classes) > len(set(ring_classes) - {-1}) + ring_classes.count(-1)
+    alone = update.alone() if shared else update
 
     def played_s(ranges) -> float:
         chunks = range(len(ranges))
@@ -138,9 +139,11 @@ def _played_step(config, host: HostIssue, forward, backward, update, ring_classe
         sends = ([float(forward[k, b - 1]) for k, (a, b) in zip(chunks, ranges)],
                  [float(backward[k, a]) for k, (a, b) in zip(chunks, ranges)])
         ends = rank_pass_ends_s(schedule, ahead, back, *sends)
-        if alone is None:
-            return max(ends)
-        return max(_shared_closings_s(alone, ranges, ends, ring_classes))
+        if shared:
+            return max(_shared_closings_s(alone, ranges, ends, ring_classes))
+        for k, (a, b) in zip(chunks, ranges) if update is not None else ():  # each ring alone
+            ends[k % ranks] += float(update.closing_s(k, np.array([a]), np.array([b - 1]))[0])
+        return max(ends)
 
     return played_s
 
