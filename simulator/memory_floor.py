@@ -5,8 +5,8 @@ in the bytes the plan keeps them, `simulator.strategies.zero.gradient_element_by
 `simulator.memory`, with ZeRO's sharding as in the megatron summary,
 `simulator.strategies.zero.shard_memory`: optimizer state and master weights / d from stage 1,
 gradients / d from stage 2, weights / d at stage 3; hybrid sharding divides by fewer replicas, so /
-d stays a floor) plus, before its first backward, the activations its schedule holds: every forward
-done by then (1F1B: min(m, p - k) micro-batches; GPipe: m) keeps each layer's kept bytes
+d stays a floor) plus the most activations its schedule holds (`held_bytes`: 1F1B, min(m, p - k)
+micro-batches at its first backward; GPipe, m; interleaved, walked over its order): each forward keeps each layer's kept bytes
 (`simulator.memory_activations.kept_bytes`, the memory model's own rule, with the candidate's TP
 degree, sequence parallelism and flash attention; full recompute: every layer's input for the
 megatron kind, whose plans checkpoint each layer, else only each chunk's first input, a floor of the
@@ -78,8 +78,7 @@ def memory_floor_bytes(model, c) -> float:
     for k in range(p):
         own = [geo.ranges[j] for j in range(k, p * v, p)]
         params = sum(sums.params(a, z) for a, z in own)
-        held = sum(per_chunk[chunk] for chunk in held_before_first_backward(c, k)) \
-            + min(remat[j] for j in range(k, p * v, p))
+        held = held_bytes(c, k, per_chunk) + min(remat[j] for j in range(k, p * v, p))
         experts = model.experts(c, own) / e if stage >= 1 else 0.0  # expert states over d / e copies
         worst = max(worst, params * (weights + grads + state + copies[k] * e) + experts * state * (model.ep(c) - 1)
                     + held + _sharding_transients(model, c, stage, sums, own))
@@ -145,15 +144,39 @@ def weight_copies(kind: str, num_stages: int, num_microbatches: int, weight_stas
     return tuple(a + b for a, b in zip(metrics["stashed_weight_versions"], metrics["extra_weight_copies"]))
 
 
-def held_before_first_backward(c, k: int) -> list[int]:
-    """Chunks of the forwards rank k has run when its first backward starts (`simulator.schedules.build`)."""
+def held_bytes(c, k: int, per_chunk: list[float]) -> float:
+    """The most bytes of saved activations rank k holds over its order, per_chunk[j] a micro-batch
+    of chunk j (`simulator.schedules.build`): one batch for dp / mp / ghp; with one chunk a rank,
+    what it holds when its first backward starts (GPipe: m micro-batches; 1F1B: min(m, p - k));
+    interleaved, the micro-batches of each of its chunks in flight after each of its forwards
+    (`chunk_counts`): its chunks can differ in size, so a steady step that runs a larger chunk's
+    forward and frees a smaller one's can raise the peak past the first backward."""
     p, v, m = c.workers_per_group, c.num_virtual_stages, c.num_microbatches
     if c.kind in ("dp", "mp", "ghp"):
-        return [k]
+        return per_chunk[k]
     if c.kind == "gpipe":
-        return [k] * m
+        return m * per_chunk[k]
     if v == 1:
-        return [k] * min(m, p - k)
-    total = m * v
-    warmup = total if m == p else min(2 * (p - 1 - k) + (v - 1) * p, total)
-    return [((n // p) % v) * p + k for n in range(min(warmup + 1, total))]
+        return min(m, p - k) * per_chunk[k]
+    return max(sum(count * per_chunk[j * p + k] for j, count in enumerate(counts))
+               for counts in chunk_counts(p, m if m < 3 * p else 3 * p + (m - 3 * p) % p, v)[k])
+
+
+@lru_cache(maxsize=256)
+def chunk_counts(p: int, m: int, v: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Per rank k of an interleaved 1F1B schedule: after each of its forwards, the micro-batches of
+    each of its v chunks whose backward has not run, keeping the counts no other count exceeds in
+    every chunk (with bytes >= 0 only those can hold the most). From m = 3p on, each further round
+    of p micro-batches replays the steady state: the counts are those of m = 3p (+ m mod p), which
+    `held_bytes` plays instead of a long step."""
+    found = []
+    for ops in build_schedule("interleaved_1f1b", p, m, v).ranks:
+        counts, seen = [0] * v, set()
+        for op in ops:
+            if op.phase in ("F", "B"):
+                counts[op.chunk // p] += 1 if op.phase == "F" else -1
+                if op.phase == "F":
+                    seen.add(tuple(counts))
+        found.append(tuple(counts for counts in seen
+                           if not any(other != counts and all(a >= b for a, b in zip(other, counts)) for other in seen)))
+    return tuple(found)
