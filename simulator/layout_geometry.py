@@ -4,6 +4,8 @@ context-parallel rank's ring transfers, and a cost model that remembers the time
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from simulator.costs import compute_parts
 
 
@@ -40,12 +42,24 @@ def chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b
     """`strategies.stage_partition.grid_partition` of one megatron pipeline chain, remembered in `model._cache` (a
     `simulator.step_bound.BoundModel`). A balanced partition sees the chunk devices only through
     their cost models and the routes (latency, bottleneck bandwidth) between neighbours, so chains
-    alike there (e.g. the two rank orders on one fabric) share it."""
-    from simulator.heterogeneity import DeviceCosts
+    alike there (e.g. the two rank orders on one fabric) share it. Where that split is over the device
+    (`grid.split_memory`), the one the plan takes instead (`grid_partition`, rare: not remembered)."""
     from simulator.strategies.stage_partition import grid_partition
     topology = model.topology
     if grid.partition != "balanced":
         return grid_partition(grid, shard, topology, costs, chunk_devices, b)
+    memory, grid = grid.split_memory, replace(grid, split_memory=None)
+    found = _plain_chain_partition(model, grid, shard, costs, chunk_devices, b)
+    if memory is not None and memory.excess_bytes(found) > 0 and memory.least_bytes() <= memory.capacity_bytes:
+        return grid_partition(replace(grid, split_memory=memory), shard, topology, costs, chunk_devices, b)  # rare
+    return found
+
+
+def _plain_chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b: float):
+    """The balanced split without a memory check, remembered (`chain_partition`)."""
+    from simulator.heterogeneity import DeviceCosts
+    from simulator.strategies.stage_partition import grid_partition
+    topology = model.topology
     models = DeviceCosts(costs, topology)
     links = tuple((topology.route_latency_s(a, z),
                    min(topology.links[i].bandwidth_bytes_per_s for i in topology.route(a, z)))

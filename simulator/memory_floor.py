@@ -29,6 +29,7 @@ fit; the exact figure is the memory model's (`simulator.layout_search.exact_peak
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
 
@@ -38,6 +39,7 @@ from simulator.schedules import build_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.strategies.zero import gradient_element_bytes
+from simulator.workload import dtype_bytes
 
 MEGATRON = "megatron"
 
@@ -45,44 +47,117 @@ MEGATRON = "megatron"
 def memory_floor_bytes(model, c) -> float:
     """Largest per-rank floor (module docstring) over candidate `c`'s ranks; `model` is the
     scenario's `simulator.step_bound.BoundModel` (geometry, recompute, ZeRO stage of `c`)."""
-    geo, e = model.geometry(c), model.element
-    training, p, v = model.scenario.training, c.workers_per_group, c.num_virtual_stages
-    b, rc = model.microbatch_size(c), model.recompute(c)
-    layers = geo.workload.layers
-    t = c.tp_degree if c.kind == MEGATRON else 1
-    sharding = Sharding(t, t > 1 and model.sp(c), model.scenario.costs.flash_attention)
-    per_layer = c.kind == MEGATRON  # its plans checkpoint every layer's input under full recompute
-    sums = _layer_sums(model, geo.workload, rc, e, sharding, per_layer)
-    per_chunk, remat = [], []
-    last = len(layers) - 1
-    for start, end in geo.ranges:
-        checkpoint = end - 1 if per_layer else start  # the input the first rematerialised layer replaces
-        remat.append(0.0 if rc != "full" or training.offload_activations else
-                     max(0.0, sums.saved(end - 1) - layers[checkpoint].input_elements_per_sample * e) * b)
-        sent = (layers[end - 1].output_elements_per_sample * e  # kept by the sender until its backward
-                if end - 1 != last and training.memory_policy == "none" else 0.0)
-        per_chunk.append(0.0 if training.offload_activations else (sums.chunk_kept(start, end) + sent) * b)
-    master = 4 if training.dtype in MASTER_WEIGHT_DTYPES else 0
-    state = (master + 4 * OPTIMIZER_STATE_COPIES[training.optimizer])
-    d = model.dp_ranks(c)  # ZeRO shards over the d c ranks of a stage (context parallelism: x c)
-    stage = model.zero(c) if c.kind == MEGATRON and d > 1 else 0
-    grads = 0 if training.memory_policy == "laysa" else (
-        gradient_element_bytes(training.dtype, model.zero(c), model.scenario.strategy.fsdp_reduce_dtype)
-        if c.kind == MEGATRON else e)
-    weights = e
-    state, grads, weights = state / (d if stage >= 1 else 1), grads / (d if stage >= 2 else 1), \
-        weights / (d if stage == 3 else 1)
+    geo, e, p, v = model.geometry(c), model.element, c.workers_per_group, c.num_virtual_stages
+    split = candidate_split_memory(model, c, geo.workload)
     copies = weight_copies(c.kind, p, c.num_microbatches, model.scenario.strategy.weight_stashing) \
         if c.kind in ASYNCHRONOUS_KINDS else (0,) * p
     worst = 0.0
-    for k in range(p):
+    for k, core in enumerate(split.rank_bytes(geo.ranges)):
         own = [geo.ranges[j] for j in range(k, p * v, p)]
-        params = sum(sums.params(a, z) for a, z in own)
-        held = held_bytes(c, k, per_chunk) + min(remat[j] for j in range(k, p * v, p))
-        experts = model.experts(c, own) / e if stage >= 1 else 0.0  # expert states over d / e copies
-        worst = max(worst, params * (weights + grads + state + copies[k] * e) + experts * state * (model.ep(c) - 1)
-                    + held + _sharding_transients(model, c, stage, sums, own))
+        params = sum(split.sums.params(a, z) for a, z in own)
+        experts = model.experts(c, own) / e if split.zero_stage >= 1 else 0.0  # expert states over d / e copies
+        worst = max(worst, core + params * copies[k] * e + experts * split.state_bytes * (model.ep(c) - 1)
+                    + _sharding_transients(model, c, split.zero_stage, split.sums, own))
     return worst
+
+
+def candidate_split_memory(model, c, workload) -> SplitMemory:
+    """`SplitMemory` of candidate `c` of a `simulator.step_bound.BoundModel` on `workload` (its rank's)."""
+    t = c.tp_degree if c.kind == MEGATRON else 1
+    scenario = model.scenario
+    sharding = Sharding(t, t > 1 and model.sp(c), scenario.costs.flash_attention)
+    return split_memory(workload, PipelineShape(c.kind, c.workers_per_group, c.num_virtual_stages, c.num_microbatches),
+                        scenario, microbatch=model.microbatch_size(c), recompute=model.recompute(c), sharding=sharding,
+                        dp_ranks=model.dp_ranks(c), zero_stage=model.zero(c), sums_cache=model.floor_layer_sums)
+
+
+def tensor_split_memory(scenario, config, workload) -> SplitMemory:
+    """`SplitMemory` of a megatron plan (`strategies.tensor.TensorConfig`) on its TP rank's `workload`."""
+    sharding = Sharding(config.tp, config.tp > 1 and config.sequence_parallel, scenario.costs.flash_attention)
+    shape = PipelineShape(MEGATRON, config.pp, config.num_virtual_stages, config.num_microbatches)
+    return split_memory(workload, shape, scenario, microbatch=config.microbatch_size, recompute=config.recompute,
+                        sharding=sharding, dp_ranks=config.dp, zero_stage=config.zero_stage)
+
+
+@dataclass(frozen=True)
+class PipelineShape:
+    """What `held_bytes` reads of a layout (a `planner.Candidate` has the same fields)."""
+
+    kind: str
+    workers_per_group: int
+    num_virtual_stages: int
+    num_microbatches: int
+
+
+def split_memory(workload, shape: PipelineShape, scenario, *, microbatch: float, recompute: str, sharding: Sharding,
+                 dp_ranks: int, zero_stage: int, sums_cache: dict | None = None) -> SplitMemory:
+    """The floor's per-split part for a layout of `scenario` (module docstring): state bytes a
+    parameter (ZeRO-sharded over the `dp_ranks` reducing a gradient, megatron only) and each layer's
+    kept bytes; megatron's plans checkpoint every layer's input under full recompute."""
+    from simulator.memory_buffers import usable_memory_bytes
+    training, e = scenario.training, dtype_bytes(scenario.training.dtype)
+    megatron = shape.kind == MEGATRON
+    key = (id(workload), recompute, e, sharding, megatron)
+    cache = {} if sums_cache is None else sums_cache
+    if key not in cache:
+        cache[key] = _LayerSums(workload.layers, recompute, e, sharding, megatron)
+    stage = zero_stage if megatron and dp_ranks > 1 else 0
+    state = (4 if training.dtype in MASTER_WEIGHT_DTYPES else 0) + 4 * OPTIMIZER_STATE_COPIES[training.optimizer]
+    grads = 0 if training.memory_policy == "laysa" else (
+        gradient_element_bytes(training.dtype, zero_stage, scenario.strategy.fsdp_reduce_dtype) if megatron else e)
+    state, grads, weights = state / (dp_ranks if stage >= 1 else 1), grads / (dp_ranks if stage >= 2 else 1), \
+        e / (dp_ranks if stage == 3 else 1)
+    return SplitMemory(shape, workload.layers, cache[key], microbatch, recompute, training.offload_activations,
+                       training.memory_policy == "none", e, weights + grads + state, state, stage,
+                       usable_memory_bytes(scenario))
+
+
+@dataclass(frozen=True)
+class SplitMemory:
+    """What a layer split changes in the floor: per rank, its layers' parameters at `param_bytes`
+    each (weights, gradients, optimizer state, sharded), the activations its schedule holds
+    (`held_bytes`, each chunk's kept bytes a micro-batch plus the output it sends) and the least
+    rematerialisation of its chunks under full recompute. The flushed partition keeps to splits
+    under `capacity_bytes` where its first choice is over (`strategies.stage_partition`)."""
+
+    shape: PipelineShape
+    layers: tuple
+    sums: _LayerSums
+    microbatch: float
+    recompute: str
+    offload: bool
+    keeps_sent: bool
+    element: int
+    param_bytes: float
+    state_bytes: float
+    zero_stage: int
+    capacity_bytes: float
+
+    def rank_bytes(self, ranges) -> list[float]:
+        layers, e, b, sums = self.layers, self.element, self.microbatch, self.sums
+        p, last = self.shape.workers_per_group, len(self.layers) - 1
+        per_layer = self.shape.kind == MEGATRON
+        per_chunk, remat = [], []
+        for start, end in ranges:
+            checkpoint = end - 1 if per_layer else start  # the input the first rematerialised layer replaces
+            remat.append(0.0 if self.recompute != "full" or self.offload else
+                         max(0.0, sums.saved(end - 1) - layers[checkpoint].input_elements_per_sample * e) * b)
+            sent = layers[end - 1].output_elements_per_sample * e if end - 1 != last and self.keeps_sent else 0.0
+            per_chunk.append(0.0 if self.offload else (sums.chunk_kept(start, end) + sent) * b)
+        return [sum(sums.params(a, z) for a, z in ranges[k::p]) * self.param_bytes
+                + held_bytes(self.shape, k, per_chunk) + min(remat[k::p]) for k in range(p)]
+
+    def least_bytes(self) -> float:
+        """Under what any split's fullest rank holds: the mean over the p ranks of every parameter's
+        state and one micro-batch of every layer's kept bytes (each rank holds at least one of each
+        of its chunks when its first backward starts)."""
+        sums, count = self.sums, len(self.layers)
+        kept = 0.0 if self.offload else sum(min(plain, first) for plain, first in zip(sums.plain, sums.first))
+        return (sums.params(0, count) * self.param_bytes + kept * self.microbatch) / self.shape.workers_per_group
+
+    def excess_bytes(self, ranges) -> float:
+        """How far its fullest rank is over the capacity (0 where every rank fits)."""
+        return max(0.0, max(self.rank_bytes(ranges)) - self.capacity_bytes)
 
 
 def _sharding_transients(model, c, stage: int, sums, own) -> float:
@@ -123,16 +198,6 @@ class _LayerSums:
         if index not in self._saved:
             self._saved[index] = saved_bytes(self.layers[index], self.e, self.sharding)
         return self._saved[index]
-
-
-def _layer_sums(model, workload, rc: str, e: int, sharding: Sharding, per_layer: bool) -> _LayerSums:
-    """The model's `_LayerSums` for one recompute mode, sharding and checkpoint rule (built once
-    per search)."""
-    cache = model.floor_layer_sums
-    key = (id(workload), rc, e, sharding, per_layer)
-    if key not in cache:
-        cache[key] = _LayerSums(workload.layers, rc, e, sharding, per_layer)
-    return cache[key]
 
 
 @lru_cache(maxsize=256)

@@ -207,7 +207,7 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     chunk evens the sums of chunks a device holds. `played_s(ranges)`, when given, is the step the
     schedule plays with a split (`schedules.makespan`): the chains found (at least the closed
     form's best) are then ranked by it, as the closed form misses a heavy chunk that delays the fill
-    or the drain, and the best is polished by moving one cut at a time (`_polished`, at most
+    or the drain, and the best is polished by moving one cut at a time (`polished`, at most
     `polish_plays` more plays). With `host`, compute_s is its device seconds and each range pays what
     its host adds (`HostIssue.excess_s`)."""
     exposed = None if update is None else update.exposed_s
@@ -233,7 +233,7 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     if step_s(fewest) < best_s * (1 - SUM_TIE_TOLERANCE):
         best_s, best = step_s(fewest), fewest
     if paced == 0:  # one micro-batch, one chunk a device: the sum alone (ties: the least-max chain), or the play
-        return best if played_s is None else _polished(min((best, fewest), key=played_s), played_s, polish_plays)
+        return best if played_s is None else polished(min((best, fewest), key=played_s), played_s, polish_plays)
     # a split whose slowest chunk costs X takes at least least_sum / v + max((m v - 1)(X - u), paced X),
     # u the largest update share of a chunk (0 for v = 1): no X from `above` on can beat the best
     share_s = max(float(np.max(cost[np.isfinite(cost)] - plain[np.isfinite(cost)], initial=0.0))
@@ -255,10 +255,10 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
                 best_s, best = step_s(ranges), ranges
     if played_s is None:
         return best
-    return _polished(min(sorted(found, key=step_s), key=played_s), played_s, polish_plays)  # ties: closed form's order
+    return polished(min(sorted(found, key=step_s), key=played_s), played_s, polish_plays)  # ties: closed form's order
 
 
-def _polished(ranges, played_s, plays: int):
+def polished(ranges, played_s, plays: int):
     """Moves single cuts by one layer while the played step falls, for at most `plays` plays (a
     local search from the best candidate: the chains a bound on one chunk yields can miss a
     neighbour that plays faster)."""

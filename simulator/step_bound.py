@@ -63,8 +63,8 @@ from simulator.strategies.experts import expert_rank_workload, rank_expert_param
 from simulator.strategies.ghp import GridConfig, bucket_segments, recompute_ranges
 from simulator.strategies.stage_partition import grid_partition
 from simulator.strategies.tensor import rank_costs
-from simulator.strategies.zero import gradient_element_bytes
 from simulator.strategies.tensor_layers import rank_workload
+from simulator.strategies.zero import gradient_element_bytes
 from simulator.workload import dtype_bytes
 
 MEGATRON = "megatron"
@@ -120,12 +120,11 @@ class BoundModel(LinkFloors):
         t, p, v, b = c.tp_degree, c.workers_per_group, c.num_virtual_stages, self.microbatch_size(c)
         selective = self.recompute(c) == "selective"
         key = ("geometry", MEGATRON if c.kind == MEGATRON else c.kind, t, self.sp(c), p, v, b, c.num_microbatches,
-               c.placement, c.data_parallel, self.ep(c), c.cp_degree, selective)
+               c.placement, c.data_parallel, self.ep(c), c.cp_degree, self.recompute(c), self.zero(c))
         found = self._cache.get(key)
         if found is not None:
             return found
-        strategy, scenario = self.scenario.strategy, self.scenario
-        chunks = p * v
+        strategy, scenario, chunks = self.scenario.strategy, self.scenario, p * v
         partition = strategy.partition if isinstance(strategy.partition, str) or len(strategy.partition) == chunks \
             else "balanced"
         if c.kind == MEGATRON:
@@ -133,7 +132,8 @@ class BoundModel(LinkFloors):
             device = megatron_device(c.placement, t, p, c.data_parallel, c.cp_degree or 1)
             shard, model = self._tensor_model(t, self.sp(c), self.ep(c), selective)
             grid = GridConfig(MEGATRON, 1, chunks, scenario.training.global_batch_size, scenario.training.dtype,
-                              partition=partition, num_microbatches=c.num_microbatches, num_virtual_stages=v)
+                              partition=partition, num_microbatches=c.num_microbatches, num_virtual_stages=v,
+                              split_memory=memory_floor.candidate_split_memory(self, c, shard))  # as the plan
             chunk_devices = tuple(device(0, chunk % p, 0) for chunk in range(chunks))
             ranges = chain_partition(self, grid, shard, model, chunk_devices, b)
             chain = [device(0, k, 0) for k in range(p)]

@@ -39,16 +39,34 @@ def test_a_larger_second_chunk_peaks_in_the_steady_state():
     assert held_bytes(_interleaved(p, m, v), k, sizes) > first_backward
 
 
-def test_the_floor_sees_a_balanced_interleaved_split_that_does_not_fit():
-    """LLaMA-3 8B, PP 8 x v 2, 32 micro-batches of one 8k sequence on H100: the balanced split gives
-    rank 1 chunks of 3 and 2 blocks, whose steady state holds more than its first backward; the
-    floor counted only the warm-up (83.8 GB, under the 85.9 GB the device has; the memory model
-    91.2 GB). The floor stays under the memory model and now says it does not fit."""
-    layout = ["strategy.tp_degree=1", "strategy.pp_degree=8", "strategy.num_virtual_stages=2",
-              "strategy.num_microbatches=32", "training.global_batch_size=32"]
-    scenario = load_scenario(LLAMA3_8B, layout)
+LAYOUT = ["strategy.tp_degree=1", "strategy.pp_degree=8", "strategy.num_virtual_stages=2",
+          "strategy.num_microbatches=32", "training.global_batch_size=32"]
+"""LLaMA-3 8B, PP 8 x v 2, 32 micro-batches of one 8k sequence on one DGX H100."""
+OVER = [2, 3, 2, 2, 2, 2, 2, 3, 3, 2, 2, 2, 2, 2, 2, 1]
+"""The split the balanced partition chose there before it weighed memory: rank 1's chunks of 3 and
+2 blocks hold more in the steady state than at its first backward."""
+
+
+def test_the_floor_sees_an_interleaved_split_over_the_device():
+    """The floor counted only the warm-up (83.8 GB, under the 85.9 GB the device has; the memory
+    model 91.2 GB). It stays under the memory model and now says the split does not fit."""
+    scenario = load_scenario(LLAMA3_8B, [*LAYOUT, f"strategy.partition={OVER}".replace(" ", "")])
     floor = bound_model(scenario).memory_floor_bytes(Candidate("megatron", 1, 8, "group_per_node", 32, 2, 1))
     assert usable_memory_bytes(scenario) < floor <= exact_peak_memory_bytes(scenario)
+
+
+def test_the_balanced_split_keeps_to_splits_that_fit():
+    """Over the device, the flushed partition ranks splits by (bytes over, played step): here one
+    that fits and runs 23 % faster than the uniform split (the first choice needed 91.2 GB). The
+    planner's geometry takes the same split, so its floor and bound describe what it simulates."""
+    from simulator import simulate
+    balanced = simulate(load_scenario(LLAMA3_8B, LAYOUT))
+    uniform = simulate(load_scenario(LLAMA3_8B, [*LAYOUT, "strategy.partition=uniform"]))
+    assert balanced.summary["fits_in_memory"] and balanced.summary["partition"] != OVER
+    assert balanced.step_time_s < uniform.step_time_s * 0.8
+    model = bound_model(load_scenario(LLAMA3_8B, LAYOUT))
+    geometry = model.geometry(Candidate("megatron", 1, 8, "group_per_node", 32, 2, 1))
+    assert [b - a for a, b in geometry.ranges] == balanced.summary["partition"]
 
 
 def test_rounds_past_three_replay_the_steady_state():

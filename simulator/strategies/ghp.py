@@ -54,6 +54,9 @@ class GridConfig:
     memory_bytes: float = 0.0
     """The device memory a stage may fill (`memory_buffers.usable_memory_bytes`): the serial
     partition's cap where above the balanced split's largest stage (`stage_partition.grid_partition`)."""
+    split_memory: object = None
+    """A flushed pipeline's `memory_floor.SplitMemory`: where its balanced split is over the device, the
+    partition keeps to splits that are not (`stage_partition.grid_partition`); None: no such check."""
 
 
 def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology, costs: CostModel,

@@ -17,8 +17,8 @@ from simulator.collective_forms import p2p_time_s
 from simulator.costs import BACKWARD, CostModel
 from simulator.errors import ScenarioError
 from simulator.heterogeneity import stage_compute_s
-from simulator.partition import (HostIssue, StageUpdate, balanced_partition, explicit_partition, flushed_partition, serial_partition,
-                                 uniform_partition)
+from simulator.partition import (HostIssue, StageUpdate, polished, balanced_partition, explicit_partition,
+                                 flushed_partition, serial_partition, uniform_partition)
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
@@ -51,7 +51,9 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
     flushed pipeline's balanced split is never one its schedule plays slower than the uniform split."""
     step_m = _STEP_MICROBATCHES.get()
     if step_m and step_m != config.num_microbatches and config.strategy not in (*SERIAL_KINDS, *ASYNCHRONOUS_KINDS):
-        config = replace(config, num_microbatches=step_m,
+        memory = config.split_memory and replace(config.split_memory, shape=replace(
+            config.split_memory.shape, num_microbatches=step_m))  # the step's in-flight micro-batches
+        config = replace(config, num_microbatches=step_m, split_memory=memory,
                          global_batch_size=config.global_batch_size * step_m // config.num_microbatches)
     num_layers, num_stages = workload.num_layers, config.workers_per_group
     if num_stages == 1:  # a list given is still checked: [1, 2] for one stage is a mistake
@@ -92,12 +94,35 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
         even = _uniform_or_none(workload, num_stages) if played is not None else None
         if even is not None and played(even) < played(ranges):  # the closed form's candidates can all miss it
             ranges = even
+        memory = config.split_memory
+        if memory is not None and memory.excess_bytes(ranges) > 0:  # over the device: keep to splits that fit
+            ranges = _fitting_partition(memory, ranges, host.device_s, forward, backward, num_stages, update, config,
+                                        played, _uniform_or_none(workload, num_stages), host)
     if config.strategy in SERIAL_KINDS and update is not None:  # one batch through the stages
         layer_bytes, working_bytes = _layer_bytes(workload, config, group_batch)
         device = config.memory_bytes - working_bytes  # the device, less the largest backward's working set
         cap_bytes = max(device, max(layer_bytes[a:b].sum() for a, b in ranges))  # or balanced's largest
         ranges = serial_partition(compute, forward, backward, num_stages, update, layer_bytes, cap_bytes) or ranges
     return ranges
+
+
+def _fitting_partition(memory, ranges, compute, forward, backward, num_stages: int, update, config, played, even, host):
+    """The flushed partition again, each split ranked by (bytes its fullest rank is over the device,
+    its played step, played only where it fits): the fastest split that fits where one of the
+    candidates or their polish does, else the least over; without a play (a long schedule), the
+    uniform split where that fits; nothing where no split can fit (`SplitMemory.least_bytes`)."""
+    if memory.least_bytes() > memory.capacity_bytes:  # no split can fit
+        return ranges
+    if played is None:
+        return even if even is not None and memory.excess_bytes(even) == 0 else ranges
+
+    def ranked(split):
+        excess = memory.excess_bytes(split)
+        return excess, played(split) if excess == 0 else 0.0
+    found = flushed_partition(compute, forward, backward, num_stages, update, config.num_microbatches,
+                              config.num_virtual_stages, ranked, 0, host)
+    best = min((split for split in (found, even, ranges) if split is not None), key=ranked)
+    return polished(best, ranked, FITTING_POLISH_WORK // (2 * config.num_microbatches * num_stages))
 
 
 def _uniform_or_none(workload: Workload, num_stages: int) -> tuple[tuple[int, int], ...] | None:
@@ -112,8 +137,13 @@ PLAYED_OPS_LIMIT = 4096
 """Most passes (2 m v p) of a schedule the flushed partition plays to rank its candidate splits
 (about 1 us a pass); longer ones keep the closed form's choice."""
 POLISH_WORK = 2_000
-"""Passes the flushed partition may play moving single cuts after ranking (`partition._polished`):
+"""Passes the flushed partition may play moving single cuts after ranking (`partition.polished`):
 about 2 ms, as the planner partitions every pipeline geometry it bounds."""
+
+
+FITTING_POLISH_WORK = 200_000
+"""Passes the partition may play moving single cuts towards the fastest split that fits, where the
+first choice is over the device (rare: about 0.2 s)."""
 
 
 def _played_step(config, host: HostIssue, forward, backward, update, ring_classes):

@@ -191,8 +191,8 @@ def _check(config: TensorConfig, workload: Workload) -> None:
 def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs: CostModel) -> Plan:
     """The megatron plan: every rank, or one representative per pipeline stage when the run is
     symmetric (`simulator.symmetry`; then `meta["symmetry"]` says what each stands for)."""
+    from simulator.memory_floor import tensor_split_memory
     from simulator.symmetry import symmetry_decision, symmetry_for
-
     config = tensor_config(scenario)
     _check(config, workload)
     experts.check_expert_parallel(config, workload)
@@ -201,9 +201,9 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
                                          config.tp, config.sequence_parallel, config.ep)
     schedule = checked_schedule(config.schedule_kind, config.pp, config.num_microbatches, config.num_virtual_stages)
     chunk_devices = tuple(config.device_of(0, chunk % config.pp, 0) for chunk in range(schedule.num_chunks))
-    grid = GridConfig(KIND, 1, schedule.num_chunks, config.global_batch_size, config.dtype,
-                      partition=config.partition, num_microbatches=config.num_microbatches,
-                      num_virtual_stages=config.num_virtual_stages)
+    grid = GridConfig(KIND, 1, schedule.num_chunks, config.global_batch_size, config.dtype, partition=config.partition,
+                      num_microbatches=config.num_microbatches, num_virtual_stages=config.num_virtual_stages,
+                      split_memory=tensor_split_memory(scenario, config, shard))
     ranges = grid_partition(grid, shard, topology, rank_costs(costs, shard, config.tp, config.sequence_parallel), chunk_devices, config.microbatch_size)
     stages = tuple(_stage(shard, ranges, j, config.pp, config.num_virtual_stages) for j in range(config.pp))
     full_devices = tuple(config.device_of(g // config.tp, j, g % config.tp)
