@@ -25,12 +25,14 @@ weight copies each stage keeps for the whole step, as `simulator.memory_buffers.
 them: PipeDream's stashed versions (with weight stashing) and SpecTrain's predicted copy
 (`simulator.schedules.analysis.stage_metrics`). A rank whose floor exceeds the device memory cannot
 fit; the exact figure is the memory model's (`simulator.layout_search.exact_peak_memory_bytes`).
-"""
+With one chunk a rank (no TP, memory_policy none), the rank may hold more while its first
+micro-batch's backward walks its layers: the other micro-batches, and of that one the layers not yet
+done, the input maps and gradients of those done, and the workspace (`SplitMemory._backward_peaks`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from itertools import accumulate
 
 from simulator.memory import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIES
@@ -77,6 +79,14 @@ def tensor_split_memory(scenario, config, workload) -> SplitMemory:
     shape = PipelineShape(MEGATRON, config.pp, config.num_virtual_stages, config.num_microbatches)
     return split_memory(workload, shape, scenario, microbatch=config.microbatch_size, recompute=config.recompute,
                         sharding=sharding, dp_ranks=config.dp, zero_stage=config.zero_stage)
+
+
+def pipeline_split_memory(scenario, config, workload) -> SplitMemory:
+    """`SplitMemory` of a pipeline kind's plan (`strategies.pipeline.PipelineConfig`): no TP, no ZeRO."""
+    shape = PipelineShape(config.kind, config.num_stages, config.num_virtual_stages, config.num_microbatches)
+    return split_memory(workload, shape, scenario, microbatch=config.microbatch_size,
+                        recompute=scenario.training.recompute, sharding=Sharding(1, False, scenario.costs.flash_attention),
+                        dp_ranks=config.num_groups, zero_stage=scenario.strategy.zero_stage)
 
 
 @dataclass(frozen=True)
@@ -144,8 +154,46 @@ class SplitMemory:
                          max(0.0, sums.saved(end - 1) - layers[checkpoint].input_elements_per_sample * e) * b)
             sent = layers[end - 1].output_elements_per_sample * e if end - 1 != last and self.keeps_sent else 0.0
             per_chunk.append(0.0 if self.offload else (sums.chunk_kept(start, end) + sent) * b)
-        return [sum(sums.params(a, z) for a, z in ranges[k::p]) * self.param_bytes
-                + held_bytes(self.shape, k, per_chunk) + min(remat[k::p]) for k in range(p)]
+        found = []
+        for k in range(p):
+            held = held_bytes(self.shape, k, per_chunk)
+            core = held + min(remat[k::p])
+            if self._backward_peaks is not None and self.shape.num_virtual_stages == 1:
+                (a, z), = ranges[k::p]
+                core = max(core, held - per_chunk[k] + self._backward_peak(a, z - 1, max(self._backward_peaks[0][a:z])))
+            found.append(sum(sums.params(a, z) for a, z in ranges[k::p]) * self.param_bytes + core)
+        return found
+
+    @cached_property
+    def _backward_peaks(self):
+        """What one micro-batch of a chunk [a, e] holds when the backward of its layer j starts, as
+        peaks[j] + after[e + 1] + received[e] less the chunk's kept bytes before a (`_backward_peak`):
+        the kept bytes of layers a..j; of each later layer its input gradient and its input map (at
+        most its kept bytes), which the memory model keeps until the micro-batch's backward on the
+        rank ends; j's input gradient, the output gradient received from the next stage, and j's
+        workspace (its output map and its weights: `simulator.memory`, memory_policy none). None
+        where the walk keeps other maps (reuse, offload) or TP shards them."""
+        import numpy as np
+        if not self.keeps_sent or self.offload or self.sums.sharding.tp_degree > 1:
+            return None
+        e, b, kept, layers = self.element, self.microbatch, self.sums.kept_prefix, self.layers
+        after = np.concatenate(([0.0], np.cumsum([((layer.input_elements_per_sample if j else 0) * e
+                                                   + min(layer.input_elements_per_sample * e, plain)) * b
+                                                  for j, (layer, plain) in enumerate(zip(layers, self.sums.plain))])))
+        peaks = np.array([kept[j + 1] * b - after[j + 1] + (layer.input_elements_per_sample if j else 0) * e * b
+                          + layer.output_elements_per_sample * e * b + layer.num_params * e
+                          for j, layer in enumerate(layers)])
+        received = np.array([layer.output_elements_per_sample * e * b if j != len(layers) - 1 else 0.0
+                             for j, layer in enumerate(layers)])
+        return peaks, after, received
+
+    def _backward_peak(self, start, end, peak):
+        """`_backward_peaks` of chunk [start, end] whose largest g over its layers is `peak`: that
+        chunk's first layer keeps its checkpoint (`_LayerSums.chunk_kept`)."""
+        import numpy as np
+        sums, (_, after, received) = self.sums, self._backward_peaks
+        kept, plain, first = (np.asarray(values) for values in (sums.kept_prefix, sums.plain, sums.first))
+        return peak + after[end + 1] + received[end] - (kept[start] + plain[start] - first[start]) * self.microbatch
 
     def least_bytes(self) -> float:
         """Under what any split's fullest rank holds: the mean over the p ranks of every parameter's
@@ -154,6 +202,40 @@ class SplitMemory:
         sums, count = self.sums, len(self.layers)
         kept = 0.0 if self.offload else sum(min(plain, first) for plain, first in zip(sums.plain, sums.first))
         return (sums.params(0, count) * self.param_bytes + kept * self.microbatch) / self.shape.workers_per_group
+
+    def stage_fits(self) -> list | None:
+        """With one chunk a rank, per rank k the (L, L) mask of layer ranges [start, end] (inclusive)
+        it can hold under the capacity (`rank_bytes` of one range, vectorised): every split of fitting
+        ranges fits. None with interleaved chunks, whose ranks add several ranges."""
+        import numpy as np
+        if self.shape.num_virtual_stages > 1:
+            return None
+        layers, e, b, sums, count = self.layers, self.element, self.microbatch, self.sums, len(self.layers)
+        starts, ends = np.arange(count)[:, None], np.arange(count)[None, :]
+        kept, first, plain = np.array(sums.kept_prefix), np.array(sums.first), np.array(sums.plain)
+        sent = np.array([layer.output_elements_per_sample * e if i != count - 1 and self.keeps_sent else 0.0
+                         for i, layer in enumerate(layers)])
+        chunk = 0.0 if self.offload else (kept[ends + 1] - kept[starts] - plain[starts] + first[starts] + sent[ends]) * b
+        params = np.array(sums.params_prefix, dtype=float)
+        state = (params[ends + 1] - params[starts]) * self.param_bytes
+        remat = np.zeros((count, count))
+        if self.recompute == "full" and not self.offload:
+            saved = np.array([sums.saved(i) for i in range(count)])
+            inputs = np.array([layer.input_elements_per_sample * e for layer in layers])
+            replaced = inputs[ends] if self.shape.kind == MEGATRON else inputs[starts]  # the checkpoint's input
+            remat = np.maximum(0.0, saved[ends] - replaced) * b
+        backward = -np.inf
+        if self._backward_peaks is not None:
+            peaks = np.maximum.accumulate(np.where(ends >= starts, self._backward_peaks[0][ends], -np.inf), axis=1)
+            backward = self._backward_peak(starts, ends, peaks)
+        masks = []
+        for k in range(self.shape.workers_per_group):
+            unit = np.zeros(self.shape.workers_per_group)
+            unit[k] = 1.0
+            held = held_bytes(self.shape, k, list(unit))  # micro-batches of its chunk in flight at most
+            most = np.maximum(held * chunk + remat, (held - 1) * chunk + backward)
+            masks.append((starts <= ends) & (state + most <= self.capacity_bytes))
+        return masks
 
     def excess_bytes(self, ranges) -> float:
         """How far its fullest rank is over the capacity (0 where every rank fits)."""

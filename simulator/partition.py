@@ -190,7 +190,7 @@ ones may put most layers on one stage)."""
 def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,
                       num_chunks: int, update: StageUpdate | None, num_microbatches: int,
                       num_virtual_stages: int = 1, played_s=None, polish_plays: int = 0,
-                      host: HostIssue | None = None) -> tuple[tuple[int, int], ...]:
+                      host: HostIssue | None = None, allowed=None) -> tuple[tuple[int, int], ...] | None:
     """Layer ranges of a flushed pipeline (GPipe, 1F1B, interleaved, megatron) minimising its step,
     sum_k c_k / v + max((m v - 1) max_k p_k, (m - 1 / v) max_d L_d) over the chunks' costs c_k a
     micro-batch (arguments as `balanced_partition`; c_k holds its share of the stage's update,
@@ -209,7 +209,8 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     form's best) are then ranked by it, as the closed form misses a heavy chunk that delays the fill
     or the drain, and the best is polished by moving one cut at a time (`polished`, at most
     `polish_plays` more plays). With `host`, compute_s is its device seconds and each range pays what
-    its host adds (`HostIssue.excess_s`)."""
+    its host adds (`HostIssue.excess_s`). `allowed`: per chunk, the (L, L) mask of ranges it may take
+    (memory); None when no chain of them covers the layers."""
     exposed = None if update is None else update.exposed_s
     issue = None if host is None else host.excess_s
     extra = (lambda m, starts, ends: exposed(m, starts, ends) + issue(m, starts, ends)) if exposed and issue \
@@ -219,6 +220,9 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     num_devices = num_chunks // v
     per_microbatch = costs if v == 1 or exposed is None else \
         list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks, issue))
+    if allowed is not None:
+        costs, per_microbatch = ([np.where(mask, cost, np.inf) for cost, mask in zip(matrices, allowed)]
+                                 for matrices in (costs, per_microbatch))
 
     def step_s(ranges) -> float:
         chunk_costs = [cost[a, b - 1] for cost, (a, b) in zip(costs, ranges)]
@@ -228,6 +232,8 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
 
     least_max, best = _best_chain(costs, np.maximum)
     least_sum, fewest = _best_chain(costs, np.add)
+    if not np.isfinite(least_max):
+        return None
     found = {best, fewest}
     best_s = step_s(best)
     if step_s(fewest) < best_s * (1 - SUM_TIE_TOLERANCE):

@@ -47,7 +47,7 @@ Memory: a floor under each rank's peak, `simulator.memory_floor`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.collectives import choose_algorithm, gather_algorithm
 from simulator.costs import BACKWARD, FORWARD, compute_parts
@@ -151,11 +151,11 @@ class BoundModel(LinkFloors):
                               collective="parameter_server" if strategy.dp_sync == "parameter_server" else strategy.collective)
             chunk_devices = tuple(rank_to_device[g * p + chunk % p] for g in range(groups) for chunk in range(chunks))
             shard, model = self._tensor_model(1, None, 1, selective)
+            grid = replace(grid, split_memory=memory_floor.candidate_split_memory(self, c, shard))  # as the plan
             ranges = grid_partition(grid, shard, self.topology, model, chunk_devices, b)
             chain = [rank_to_device[k] for k in range(p)]
             rings = [tuple(rank_to_device[g * p + k] for g in range(groups)) for k in range(p)]
-            tp_groups = [(device,) for device in chain]
-            dp_groups = [(ring,) for ring in rings]
+            tp_groups, dp_groups = [(device,) for device in chain], [(ring,) for ring in rings]
         found = self._cache[key] = _Geometry(list(ranges), chain, rings, tp_groups, shard, model, dp_groups)
         return found
 

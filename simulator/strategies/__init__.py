@@ -8,6 +8,8 @@ pipeline. megatron (`simulator.strategies.tensor`) runs d replicas x p stages x 
 
 from __future__ import annotations
 
+import dataclasses
+
 from simulator.costs import CostModel
 from simulator.errors import ScenarioError
 from simulator.plan import Plan
@@ -75,6 +77,8 @@ def compile_plan(scenario, workload: Workload, topology: Topology, costs: CostMo
     fold, reason = grid_fold_decision(scenario, groups, stages, costs, topology, rank_to_device, chunks)
     symmetry = grid_symmetry(groups, stages, rank_to_device, config.collective, chunks) if fold else None
     if pipeline:
+        from simulator.memory_floor import pipeline_split_memory
+        config = dataclasses.replace(config, split_memory=pipeline_split_memory(scenario, config, workload))
         plan = compile_pipeline_plan(config, workload, topology, costs, symmetry)
     else:
         plan = compile_grid_plan(config, workload, topology, costs, symmetry)

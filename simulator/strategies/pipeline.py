@@ -64,6 +64,9 @@ class PipelineConfig:
     collective: str = "auto"
     weight_stashing: bool = True
     weight_prediction: str = "staggered"
+    split_memory: object = None
+    """`memory_floor.SplitMemory` of the plan: where its balanced split is over the device, the
+    partition keeps to splits that fit (`GridConfig.split_memory`)."""
 
     @property
     def microbatch_size(self) -> float:
@@ -75,7 +78,8 @@ class PipelineConfig:
                           global_batch_size=self.global_batch_size, dtype=self.dtype, placement=self.placement,
                           partition=self.partition, bucket_size_bytes=self.bucket_size_bytes,
                           overlap_backward=self.overlap_backward, collective=self.collective,
-                          num_microbatches=self.num_microbatches, num_virtual_stages=self.num_virtual_stages)
+                          num_microbatches=self.num_microbatches, num_virtual_stages=self.num_virtual_stages,
+                          split_memory=self.split_memory)
 
 
 def pipeline_config(scenario) -> PipelineConfig:

@@ -107,7 +107,8 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
 
 
 def _fitting_partition(memory, ranges, compute, forward, backward, num_stages: int, update, config, played, even, host):
-    """The flushed partition again, each split ranked by (bytes its fullest rank is over the device,
+    """The flushed partition again, its candidates of ranges each rank can hold (one chunk a rank:
+    `SplitMemory.stage_fits`), each split ranked by (bytes its fullest rank is over the device,
     its played step, played only where it fits): the fastest split that fits where one of the
     candidates or their polish does, else the least over; without a play (a long schedule), the
     uniform split where that fits; nothing where no split can fit (`SplitMemory.least_bytes`)."""
@@ -120,7 +121,7 @@ def _fitting_partition(memory, ranges, compute, forward, backward, num_stages: i
         excess = memory.excess_bytes(split)
         return excess, played(split) if excess == 0 else 0.0
     found = flushed_partition(compute, forward, backward, num_stages, update, config.num_microbatches,
-                              config.num_virtual_stages, ranked, 0, host)
+                              config.num_virtual_stages, ranked, 0, host, memory.stage_fits())
     best = min((split for split in (found, even, ranges) if split is not None), key=ranked)
     return polished(best, ranked, FITTING_POLISH_WORK // (2 * config.num_microbatches * num_stages))
 
