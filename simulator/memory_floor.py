@@ -230,9 +230,7 @@ class SplitMemory:
             backward = self._backward_peak(starts, ends, peaks)
         masks = []
         for k in range(self.shape.workers_per_group):
-            unit = np.zeros(self.shape.workers_per_group)
-            unit[k] = 1.0
-            held = held_bytes(self.shape, k, list(unit))  # micro-batches of its chunk in flight at most
+            held = held_microbatches(self.shape, k)
             most = np.maximum(held * chunk + remat, (held - 1) * chunk + backward)
             masks.append((starts <= ends) & (state + most <= self.capacity_bytes))
         return masks
@@ -299,14 +297,18 @@ def held_bytes(c, k: int, per_chunk: list[float]) -> float:
     (`chunk_counts`): its chunks can differ in size, so a steady step that runs a larger chunk's
     forward and frees a smaller one's can raise the peak past the first backward."""
     p, v, m = c.workers_per_group, c.num_virtual_stages, c.num_microbatches
-    if c.kind in ("dp", "mp", "ghp"):
-        return per_chunk[k]
-    if c.kind == "gpipe":
-        return m * per_chunk[k]
     if v == 1:
-        return min(m, p - k) * per_chunk[k]
+        return held_microbatches(c, k) * per_chunk[k]
     return max(sum(count * per_chunk[j * p + k] for j, count in enumerate(counts))
                for counts in chunk_counts(p, m if m < 3 * p else 3 * p + (m - 3 * p) % p, v)[k])
+
+
+def held_microbatches(c, k: int) -> int:
+    """With one chunk a rank, the micro-batches rank k holds when its first backward starts: one
+    batch for dp / mp / ghp, GPipe m, 1F1B (and the asynchronous kinds) min(m, p - k)."""
+    if c.kind in ("dp", "mp", "ghp"):
+        return 1
+    return c.num_microbatches if c.kind == "gpipe" else min(c.num_microbatches, c.workers_per_group - k)
 
 
 @lru_cache(maxsize=256)

@@ -17,8 +17,8 @@ from simulator.collective_forms import p2p_time_s
 from simulator.costs import BACKWARD, CostModel
 from simulator.errors import ScenarioError
 from simulator.heterogeneity import stage_compute_s
-from simulator.partition import (HostIssue, StageUpdate, polished, balanced_partition, explicit_partition,
-                                 flushed_partition, serial_partition, uniform_partition)
+from simulator.partition import (HostIssue, StageUpdate, balanced_partition, explicit_partition, flushed_partition,
+                                 polished, serial_partition, uniform_partition)
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
@@ -89,15 +89,17 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
         played = _played_step(config, host, forward, backward, update,
                               _ring_classes(topology, rank_to_device, num_stages, ranks))
         passes = 2 * config.num_microbatches * num_stages
-        ranges = flushed_partition(host.device_s, forward, backward, num_stages, update, config.num_microbatches,
-                                   config.num_virtual_stages, played, POLISH_WORK // passes, host)
-        even = _uniform_or_none(workload, num_stages) if played is not None else None
-        if even is not None and played(even) < played(ranges):  # the closed form's candidates can all miss it
+
+        def partitioned(played_s, polish_passes: int, allowed=None):
+            return flushed_partition(host.device_s, forward, backward, num_stages, update, config.num_microbatches,
+                                     config.num_virtual_stages, played_s, polish_passes // passes, host, allowed)
+        ranges = partitioned(played, POLISH_WORK)
+        even = _uniform_or_none(workload, num_stages)
+        if even is not None and played is not None and played(even) < played(ranges):  # the candidates can miss it
             ranges = even
         memory = config.split_memory
         if memory is not None and memory.excess_bytes(ranges) > 0:  # over the device: keep to splits that fit
-            ranges = _fitting_partition(memory, ranges, host.device_s, forward, backward, num_stages, update, config,
-                                        played, _uniform_or_none(workload, num_stages), host)
+            ranges = _fitting_partition(memory, ranges, even, partitioned, played, passes)
     if config.strategy in SERIAL_KINDS and update is not None:  # one batch through the stages
         layer_bytes, working_bytes = _layer_bytes(workload, config, group_batch)
         device = config.memory_bytes - working_bytes  # the device, less the largest backward's working set
@@ -106,12 +108,13 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
     return ranges
 
 
-def _fitting_partition(memory, ranges, compute, forward, backward, num_stages: int, update, config, played, even, host):
-    """The flushed partition again, its candidates of ranges each rank can hold (one chunk a rank:
-    `SplitMemory.stage_fits`), each split ranked by (bytes its fullest rank is over the device,
-    its played step, played only where it fits): the fastest split that fits where one of the
-    candidates or their polish does, else the least over; without a play (a long schedule), the
-    uniform split where that fits; nothing where no split can fit (`SplitMemory.least_bytes`)."""
+def _fitting_partition(memory, ranges, even, partitioned, played, passes: int):
+    """The flushed partition again (`partitioned(played_s, polish passes, allowed)`), its candidates
+    of ranges each rank can hold (one chunk a rank: `SplitMemory.stage_fits`), each split ranked by
+    (bytes its fullest rank is over the device, its played step of `passes` passes, played only
+    where it fits): the fastest split that fits where one of the candidates or their polish does,
+    else the least over; without a play (a long schedule), the uniform split `even` where that
+    fits; nothing where no split can fit (`SplitMemory.least_bytes`)."""
     if memory.least_bytes() > memory.capacity_bytes:  # no split can fit
         return ranges
     if played is None:
@@ -120,10 +123,9 @@ def _fitting_partition(memory, ranges, compute, forward, backward, num_stages: i
     def ranked(split):
         excess = memory.excess_bytes(split)
         return excess, played(split) if excess == 0 else 0.0
-    found = flushed_partition(compute, forward, backward, num_stages, update, config.num_microbatches,
-                              config.num_virtual_stages, ranked, 0, host, memory.stage_fits())
+    found = partitioned(ranked, 0, memory.stage_fits())
     best = min((split for split in (found, even, ranges) if split is not None), key=ranked)
-    return polished(best, ranked, FITTING_POLISH_WORK // (2 * config.num_microbatches * num_stages))
+    return polished(best, ranked, FITTING_POLISH_WORK // passes)
 
 
 def _uniform_or_none(workload: Workload, num_stages: int) -> tuple[tuple[int, int], ...] | None:
@@ -161,7 +163,7 @@ def _played_step(config, host: HostIssue, forward, backward, update, ring_classe
         return None
     kind = "gpipe" if config.strategy == "gpipe" else "interleaved_1f1b" if v > 1 else "1f1b"
     schedule = checked_schedule(kind, ranks, m, v)
-    shared = update is not None and len(ring_classes) > len(set(ring_classes) - {-1}) + ring_classes.count(-1)
+    shared = update is not None and any(ring_classes.count(group) > 1 for group in set(ring_classes) - {-1})
     alone = update.alone() if shared else update
 
     def played_s(ranges) -> float:
