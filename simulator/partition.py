@@ -66,18 +66,16 @@ class StageUpdate:
     share: float
     overlapped: bool
     _sums: dict = field(default_factory=dict, repr=False, compare=False)
-    """(id of values, starts, ends) -> (the three arrays, their range sums): every stage's costs are
-    built on the same index grids, and the per-layer arrays are the same for every stage but a
-    heterogeneous backward."""
+    """(id of values, starts, ends) -> (the arrays, their range sums): every stage's costs share the
+    index grids, and the per-layer arrays are the same for every stage but a heterogeneous backward."""
     shared_by: np.ndarray | None = None
     """(M,) how many stage rings per_byte_s[m] assumes share the NIC of stage m's busiest node (all
     at once, the closed form's separable price); None: per_byte_s is the ring's own rate."""
 
     def alone(self) -> StageUpdate:
         """The same update with each ring at its own rate, as if no other ring shared its NICs."""
-        if self.shared_by is None:
-            return self
-        return replace(self, per_byte_s=self.per_byte_s / self.shared_by, shared_by=None, _sums={})
+        return self if self.shared_by is None else \
+            replace(self, per_byte_s=self.per_byte_s / self.shared_by, shared_by=None, _sums={})
 
     def _backward(self, stage: int) -> np.ndarray:
         if np.ndim(self.backward_s) == 1:
@@ -91,21 +89,26 @@ class StageUpdate:
             found = self._sums[key] = (values, starts, ends, _range_sum(values, starts, ends))
         return found[3]
 
-    def allreduce_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Seconds of stage `stage`'s gradient allreduce over layers [start, end] (inclusive)."""
-        return self.per_byte_s[stage] * self._sum(self.gradient_bytes, starts, ends) + self.constant_s[stage]
-
-    def exposed_allreduce_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """The part of that allreduce left after the stage's backward (all of it when not `overlapped`)."""
-        allreduce = self.allreduce_s(stage, starts, ends)
-        if self.overlapped:
-            allreduce = np.maximum(allreduce - self._sum(self._backward(stage), starts, ends), 0.0)
-        return allreduce
-
     def closing_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Seconds after stage `stage`'s backward over layers [start, end] (inclusive): its exposed
         allreduce, then its optimizer step."""
-        return self.exposed_allreduce_s(stage, starts, ends) + self._sum(self.optimizer_s, starts, ends)
+        allreduce = self.per_byte_s[stage] * self._sum(self.gradient_bytes, starts, ends) + self.constant_s[stage]
+        if self.overlapped:
+            allreduce = np.maximum(allreduce - self._sum(self._backward(stage), starts, ends), 0.0)
+        return allreduce + self._sum(self.optimizer_s, starts, ends)
+
+    def closing_parts_s(self, stage: int, start: int, end: int) -> tuple[float, float, float]:
+        """`closing_s` in parts for one range: (allreduce, the part the backward leaves exposed, optimizer step)."""
+        (gradients,), (optimizer,), backward = self._prefixes
+        allreduce = float(self.per_byte_s[stage] * (gradients[end + 1] - gradients[start]) + self.constant_s[stage])
+        row = backward[stage % len(backward)]
+        exposed = max(allreduce - float(row[end + 1] - row[start]), 0.0) if self.overlapped else allreduce
+        return allreduce, exposed, float(optimizer[end + 1] - optimizer[start])
+
+    @cached_property
+    def _prefixes(self):  # prefix sums of the gradient bytes, the optimizer steps and each row of the backward
+        return tuple(np.concatenate((np.zeros((len(rows), 1)), np.cumsum(rows, axis=1)), axis=1) for rows in (
+            np.atleast_2d(self.gradient_bytes)[0:1], np.atleast_2d(self.optimizer_s), np.atleast_2d(self.backward_s)))
 
     def exposed_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Pipelined: the closing seconds per micro-batch."""

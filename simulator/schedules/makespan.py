@@ -56,19 +56,20 @@ def schedule_step_s(schedule: Schedule, forward_s: Sequence[float], backward_s: 
     c mod p): forward_s[c], backward_s[c] a micro-batch, send_forward_s[c] for its output to reach
     chunk c + 1, send_backward_s[c] for its input gradient to reach chunk c - 1; closing_s[r] after
     rank r's last pass."""
-    ends = rank_pass_ends_s(schedule, forward_s, backward_s, send_forward_s, send_backward_s)
+    ends, _ = pass_ends_s(schedule, forward_s, backward_s, send_forward_s, send_backward_s)
     return max(end + closing for end, closing in zip(ends, closing_s))
 
 
-def rank_pass_ends_s(schedule: Schedule, forward_s: Sequence[float], backward_s: Sequence[float],
-                     send_forward_s: Sequence[float], send_backward_s: Sequence[float]) -> list[float]:
-    """Per rank, when its last pass ends (arguments as `schedule_step_s`): its update, which waits
-    for nothing else, starts there."""
+def pass_ends_s(schedule: Schedule, forward_s: Sequence[float], backward_s: Sequence[float],
+                send_forward_s: Sequence[float], send_backward_s: Sequence[float]) -> tuple[list[float], list[float]]:
+    """(per rank, when its last pass ends: its update, which waits for nothing else, starts there;
+    per chunk, when its last backward ends: its gradients are whole), arguments as `schedule_step_s`."""
     program = _program(schedule)
     passes = {FORWARD: forward_s, BACKWARD: backward_s}
     sends = {FORWARD: send_forward_s, BACKWARD: send_backward_s}
     finish, arrival = [0.0] * len(program), [0.0] * len(program)
     free, out_free, in_free = ([0.0] * schedule.num_stages for _ in range(3))  # a rank's pass, link out, link in
+    chunk_ends = [0.0] * schedule.num_chunks
     for rank, phase, chunk, slot, wait, message, sending in program:
         if phase not in passes:
             continue
@@ -76,7 +77,9 @@ def rank_pass_ends_s(schedule: Schedule, forward_s: Sequence[float], backward_s:
         if wait >= 0:
             start = max(start, arrival[wait] if message else finish[wait])
         end = free[rank] = finish[slot] = start + passes[phase][chunk]
+        if phase == BACKWARD:
+            chunk_ends[chunk] = end
         if sending:
             to = (chunk + (1 if phase == FORWARD else -1)) % schedule.num_stages
             out_free[rank] = in_free[to] = arrival[slot] = max(end, out_free[rank], in_free[to]) + sends[phase][chunk]
-    return free
+    return free, chunk_ends

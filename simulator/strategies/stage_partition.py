@@ -153,55 +153,54 @@ def _played_step(config, host: HostIssue, forward, backward, update, ring_classe
     """ranges -> the step its schedule plays with those chunks (`schedules.makespan`): each chunk's
     forward and backward pass (`HostIssue.pass_s`), its sends (`forward`, `backward`: the arrays of
     the closed form) and each rank's closing (`StageUpdate.closing_s`, once a step), the allreduces
-    of ranks in one of `ring_classes` sharing their NICs (`_shared_closings_s`); None beyond
+    of ranks in one of `ring_classes` sharing their NICs (`_closings_s`); None beyond
     `PLAYED_OPS_LIMIT`."""
     from simulator.schedules import checked_schedule
-    from simulator.schedules.makespan import rank_pass_ends_s
+    from simulator.schedules.makespan import pass_ends_s
     v, m = config.num_virtual_stages, config.num_microbatches
     ranks = config.workers_per_group // v
     if 2 * m * v * ranks > PLAYED_OPS_LIMIT:
         return None
     kind = "gpipe" if config.strategy == "gpipe" else "interleaved_1f1b" if v > 1 else "1f1b"
     schedule = checked_schedule(kind, ranks, m, v)
-    shared = update is not None and any(ring_classes.count(group) > 1 for group in set(ring_classes) - {-1})
-    alone = update.alone() if shared else update
+    alone = None if update is None else update.alone()
 
     def played_s(ranges) -> float:
         chunks = range(len(ranges))
         ahead, back = zip(*(host.pass_s(k, a, b) for k, (a, b) in zip(chunks, ranges)))
         sends = ([float(forward[k, b - 1]) for k, (a, b) in zip(chunks, ranges)],
                  [float(backward[k, a]) for k, (a, b) in zip(chunks, ranges)])
-        ends = rank_pass_ends_s(schedule, ahead, back, *sends)
-        if shared:
-            return max(_shared_closings_s(alone, ranges, ends, ring_classes))
-        for k, (a, b) in zip(chunks, ranges) if update is not None else ():  # each ring alone
-            ends[k % ranks] += float(update.closing_s(k, np.array([a]), np.array([b - 1]))[0])
-        return max(ends)
+        ends, chunk_ends = pass_ends_s(schedule, ahead, back, *sends)
+        return max(ends) if alone is None else max(_closings_s(alone, ranges, ends, chunk_ends, ring_classes))
 
     return played_s
 
 
-def _shared_closings_s(alone: StageUpdate, ranges, ends: list[float], ring_classes: list[int]) -> list[float]:
-    """When each rank is done, its last pass ending at ends[r]: its allreduce (at its own rate,
-    `alone`) runs from ends[r] + exposed - allreduce (DDP's buckets hide the rest behind the
-    backward), then its optimizer step. Ranks of one class (-1: none) share their nodes' NICs while
-    their allreduces overlap, an equal share each (processor sharing, Kleinrock 1976, as the
+def _closings_s(alone: StageUpdate, ranges, ends: list[float], chunk_ends: list[float],
+                ring_classes: list[int]) -> list[float]:
+    """When each rank is done, its last pass ending at ends[r]. Each chunk's allreduce (at its own
+    rate, `alone`) is ready when its last backward ends (chunk_ends) less what that backward hides
+    (DDP's buckets); a rank's chunks reduce one after another, in that order; then the optimizer
+    step of its layers. Ranks of one class (-1: none) share their nodes' NICs while their
+    allreduces overlap, an equal share to each chunk's (processor sharing, Kleinrock 1976, as the
     engine's max-min fair flows split one bottleneck), where the closed form prices every ring
     leaving a node as if all ran at once."""
     ranks = len(ends)
-    work, exposed, optimizer = [0.0] * ranks, [0.0] * ranks, [0.0] * ranks
+    work, ready, optimizer = [0.0] * len(ranges), [0.0] * len(ranges), [0.0] * ranks
     for k, (a, b) in enumerate(ranges):
-        starts, stops = np.array([a]), np.array([b - 1])
-        allreduce, shown = (float(f(k, starts, stops)[0]) for f in (alone.allreduce_s, alone.exposed_allreduce_s))
-        work[k % ranks] += allreduce
-        exposed[k % ranks] += shown
-        optimizer[k % ranks] += float(alone.closing_s(k, starts, stops)[0]) - shown
-    finish = [end + shown for end, shown in zip(ends, exposed)]
+        work[k], shown, step_s = alone.closing_parts_s(k, a, b - 1)
+        ready[k] = chunk_ends[k] + shown - work[k]
+        optimizer[k % ranks] += step_s
+    finish = list(ends)
+    for rank in (r for r in range(ranks) if ring_classes[r] == -1):
+        reduced = -np.inf
+        for k in sorted(range(rank, len(ranges), ranks), key=ready.__getitem__):
+            reduced = max(reduced, ready[k]) + work[k]
+        finish[rank] = max(finish[rank], reduced)
     for group in set(ring_classes) - {-1}:
-        members = [r for r in range(ranks) if ring_classes[r] == group]
-        shared = processor_shared_finish_s([finish[r] - work[r] for r in members], [work[r] for r in members])
-        for r, done in zip(members, shared):
-            finish[r] = max(done, ends[r])
+        jobs = [k for k in range(len(ranges)) if ring_classes[k % ranks] == group]
+        for k, done in zip(jobs, processor_shared_finish_s([ready[k] for k in jobs], [work[k] for k in jobs])):
+            finish[k % ranks] = max(finish[k % ranks], done)
     return [done + update for done, update in zip(finish, optimizer)]
 
 
@@ -232,7 +231,7 @@ def processor_shared_finish_s(starts: list[float], works: list[float]) -> list[f
 
 def _ring_classes(topology: Topology, rank_to_device, num_chunks: int, ranks: int) -> list[int]:
     """Per rank, a class of the ranks whose stage rings leave a node they share (their allreduces
-    share its NICs: `_shared_closings_s`), joined transitively; -1 where its ring stays in a node
+    share its NICs: `_closings_s`), joined transitively; -1 where its ring stays in a node
     or there is none."""
     groups = len(rank_to_device) // num_chunks
     nodes = [{topology.node_of(rank_to_device[g * num_chunks + r]) for g in range(groups)} for r in range(ranks)]
