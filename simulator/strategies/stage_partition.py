@@ -113,7 +113,7 @@ def _fitting_partition(memory, ranges, even, partitioned, played, passes: int):
     of ranges each rank can hold (one chunk a rank: `SplitMemory.stage_fits`), each split ranked by
     (bytes its fullest rank is over the device, its played step of `passes` passes, played only
     where it fits): the fastest split that fits where one of the candidates or their polish does,
-    else the least over; without a play (a long schedule), the uniform split `even` where that
+    else the first choice; without a play (a long schedule), the uniform split `even` where that
     fits; nothing where no split can fit (`SplitMemory.least_bytes`)."""
     if memory.least_bytes() > memory.capacity_bytes:  # no split can fit
         return ranges
@@ -124,8 +124,9 @@ def _fitting_partition(memory, ranges, even, partitioned, played, passes: int):
         excess = memory.excess_bytes(split)
         return excess, played(split) if excess == 0 else 0.0
     found = partitioned(ranked, 0, memory.stage_fits())
-    best = min((split for split in (found, even, ranges) if split is not None), key=ranked)
-    return polished(best, ranked, FITTING_POLISH_WORK // passes)
+    best = polished(min((split for split in (found, even, ranges) if split is not None), key=ranked), ranked,
+                    FITTING_POLISH_WORK // passes)
+    return best if memory.excess_bytes(best) == 0 else ranges  # a split over the device anyway: the fastest
 
 
 def _uniform_or_none(workload: Workload, num_stages: int) -> tuple[tuple[int, int], ...] | None:
