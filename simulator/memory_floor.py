@@ -6,8 +6,9 @@ in the bytes the plan keeps them, `simulator.strategies.zero.gradient_element_by
 `simulator.strategies.zero.shard_memory`: optimizer state and master weights / d from stage 1,
 gradients / d from stage 2, weights / d at stage 3; hybrid sharding divides by fewer replicas, so /
 d stays a floor) plus the most activations its schedule holds (`held_bytes`: 1F1B, min(m, p - k)
-micro-batches at its first backward; GPipe, m; interleaved, walked over its order): each forward keeps each layer's kept bytes
-(`simulator.memory_activations.kept_bytes`, the memory model's own rule, with the candidate's TP
+micro-batches at its first backward; GPipe, m; interleaved, walked over its order): each forward
+keeps each layer's kept bytes (`simulator.memory_activations.kept_bytes`, the memory model's own
+rule, with the candidate's TP
 degree, sequence parallelism and flash attention; full recompute: every layer's input for the
 megatron kind, whose plans checkpoint each layer, else only each chunk's first input, a floor of the
 per-segment checkpoints) until that layer's backward, and each held chunk's output sent to the next
@@ -85,7 +86,8 @@ def pipeline_split_memory(scenario, config, workload) -> SplitMemory:
     """`SplitMemory` of a pipeline kind's plan (`strategies.pipeline.PipelineConfig`): no TP, no ZeRO."""
     shape = PipelineShape(config.kind, config.num_stages, config.num_virtual_stages, config.num_microbatches)
     return split_memory(workload, shape, scenario, microbatch=config.microbatch_size,
-                        recompute=scenario.training.recompute, sharding=Sharding(1, False, scenario.costs.flash_attention),
+                        recompute=scenario.training.recompute,
+                        sharding=Sharding(1, False, scenario.costs.flash_attention),
                         dp_ranks=config.num_groups, zero_stage=scenario.strategy.zero_stage)
 
 
@@ -215,7 +217,8 @@ class SplitMemory:
         kept, first, plain = np.array(sums.kept_prefix), np.array(sums.first), np.array(sums.plain)
         sent = np.array([layer.output_elements_per_sample * e if i != count - 1 and self.keeps_sent else 0.0
                          for i, layer in enumerate(layers)])
-        chunk = 0.0 if self.offload else (kept[ends + 1] - kept[starts] - plain[starts] + first[starts] + sent[ends]) * b
+        chunk = 0.0 if self.offload else \
+            (kept[ends + 1] - kept[starts] - plain[starts] + first[starts] + sent[ends]) * b
         params = np.array(sums.params_prefix, dtype=float)
         state = (params[ends + 1] - params[starts]) * self.param_bytes
         remat = np.zeros((count, count))
@@ -327,5 +330,6 @@ def chunk_counts(p: int, m: int, v: int) -> tuple[tuple[tuple[int, ...], ...], .
                 if op.phase == "F":
                     seen.add(tuple(counts))
         found.append(tuple(counts for counts in seen
-                           if not any(other != counts and all(a >= b for a, b in zip(other, counts)) for other in seen)))
+                           if not any(other != counts and all(a >= b for a, b in zip(other, counts))
+                                      for other in seen)))
     return tuple(found)
