@@ -65,13 +65,19 @@ def memory_floor_bytes(model, c) -> float:
 
 
 def candidate_split_memory(model, c, workload) -> SplitMemory:
-    """`SplitMemory` of candidate `c` of a `simulator.step_bound.BoundModel` on `workload` (its rank's)."""
+    """`SplitMemory` of candidate `c` of a `simulator.step_bound.BoundModel` on `workload` (its rank's),
+    remembered in `model._cache` for the geometry's partition and the floor alike."""
     t = c.tp_degree if c.kind == MEGATRON else 1
     scenario = model.scenario
     sharding = Sharding(t, t > 1 and model.sp(c), scenario.costs.flash_attention)
-    return split_memory(workload, PipelineShape(c.kind, c.workers_per_group, c.num_virtual_stages, c.num_microbatches),
-                        scenario, microbatch=model.microbatch_size(c), recompute=model.recompute(c), sharding=sharding,
-                        dp_ranks=model.dp_ranks(c), zero_stage=model.zero(c), sums_cache=model.floor_layer_sums)
+    shape = PipelineShape(c.kind, c.workers_per_group, c.num_virtual_stages, c.num_microbatches)
+    key = ("split memory", id(workload), shape, model.microbatch_size(c), model.recompute(c), sharding,
+           model.dp_ranks(c), model.zero(c))
+    if key not in model._cache:
+        model._cache[key] = split_memory(workload, shape, scenario, microbatch=key[3], recompute=key[4],
+                                         sharding=sharding, dp_ranks=key[6], zero_stage=key[7],
+                                         sums_cache=model.floor_layer_sums)
+    return model._cache[key]
 
 
 def tensor_split_memory(scenario, config, workload) -> SplitMemory:
@@ -146,30 +152,50 @@ class SplitMemory:
     capacity_bytes: float
 
     def rank_bytes(self, ranges) -> list[float]:
-        layers, e, b, sums = self.layers, self.element, self.microbatch, self.sums
-        p, last = self.shape.workers_per_group, len(self.layers) - 1
-        per_layer = self.shape.kind == MEGATRON
-        per_chunk, remat = [], []
-        for start, end in ranges:
-            checkpoint = end - 1 if per_layer else start  # the input the first rematerialised layer replaces
-            remat.append(0.0 if self.recompute != "full" or self.offload else
-                         max(0.0, sums.saved(end - 1) - layers[checkpoint].input_elements_per_sample * e) * b)
-            sent = layers[end - 1].output_elements_per_sample * e if end - 1 != last and self.keeps_sent else 0.0
-            per_chunk.append(0.0 if self.offload else (sums.chunk_kept(start, end) + sent) * b)
+        chunk, remat, backward = self._range_terms
+        p, sums = self.shape.workers_per_group, self.sums
+        per_chunk = [float(chunk[a, z - 1]) for a, z in ranges]
         found = []
         for k in range(p):
             held = held_bytes(self.shape, k, per_chunk)
-            core = held + min(remat[k::p])
-            if self._backward_peaks is not None and self.shape.num_virtual_stages == 1:
+            core = held + min(float(remat[a, z - 1]) for a, z in ranges[k::p])
+            if backward is not None and self.shape.num_virtual_stages == 1:
                 (a, z), = ranges[k::p]
-                core = max(core, held - per_chunk[k] + self._backward_peak(a, z - 1, max(self._backward_peaks[0][a:z])))
+                core = max(core, held - per_chunk[k] + float(backward[a, z - 1]))
             found.append(sum(sums.params(a, z) for a, z in ranges[k::p]) * self.param_bytes + core)
         return found
 
     @cached_property
+    def _range_terms(self):
+        """(L, L) arrays over layer ranges [start, end] (inclusive) of one micro-batch of a chunk: its
+        kept bytes and the output it sends; the rematerialisation of its backward under full recompute
+        (megatron's plans checkpoint every layer's input, the others the chunk's first); and what it
+        holds while its backward walks its layers (`_backward_peaks`; None where not counted)."""
+        import numpy as np
+        layers, e, b, sums, count = self.layers, self.element, self.microbatch, self.sums, len(self.layers)
+        starts, ends = np.arange(count)[:, None], np.arange(count)[None, :]
+        kept, first, plain = np.array(sums.kept_prefix), np.array(sums.first), np.array(sums.plain)
+        sent = np.array([layer.output_elements_per_sample * e if i != count - 1 and self.keeps_sent else 0.0
+                         for i, layer in enumerate(layers)])
+        chunk = np.zeros((count, count)) if self.offload else \
+            (kept[ends + 1] - kept[starts] - plain[starts] + first[starts] + sent[ends]) * b
+        remat = np.zeros((count, count))
+        if self.recompute == "full" and not self.offload:
+            saved = np.array([sums.saved(i) for i in range(count)])
+            inputs = np.array([layer.input_elements_per_sample * e for layer in layers])
+            replaced = inputs[ends] if self.shape.kind == MEGATRON else inputs[starts]  # the checkpoint's input
+            remat = np.broadcast_to(np.maximum(0.0, saved[ends] - replaced) * b, (count, count))
+        backward = None
+        if self._backward_peaks is not None:
+            peaks, after, received = self._backward_peaks
+            largest = np.maximum.accumulate(np.where(ends >= starts, peaks[ends], -np.inf), axis=1)
+            backward = largest + after[ends + 1] + received[ends] - (kept[starts] + plain[starts] - first[starts]) * b
+        return chunk, remat, backward
+
+    @cached_property
     def _backward_peaks(self):
         """What one micro-batch of a chunk [a, e] holds when the backward of its layer j starts, as
-        peaks[j] + after[e + 1] + received[e] less the chunk's kept bytes before a (`_backward_peak`):
+        peaks[j] + after[e + 1] + received[e] less the chunk's kept bytes before a (`_range_terms`):
         the kept bytes of layers a..j; of each later layer its input gradient and its input map (at
         most its kept bytes), which the memory model keeps until the micro-batch's backward on the
         rank ends; j's input gradient, the output gradient received from the next stage, and j's
@@ -189,14 +215,6 @@ class SplitMemory:
                              for j, layer in enumerate(layers)])
         return peaks, after, received
 
-    def _backward_peak(self, start, end, peak):
-        """`_backward_peaks` of chunk [start, end] whose largest g over its layers is `peak`: that
-        chunk's first layer keeps its checkpoint (`_LayerSums.chunk_kept`)."""
-        import numpy as np
-        sums, (_, after, received) = self.sums, self._backward_peaks
-        kept, plain, first = (np.asarray(values) for values in (sums.kept_prefix, sums.plain, sums.first))
-        return peak + after[end + 1] + received[end] - (kept[start] + plain[start] - first[start]) * self.microbatch
-
     def least_bytes(self) -> float:
         """Under what any split's fullest rank holds: the mean over the p ranks of every parameter's
         state and one micro-batch of every layer's kept bytes (each rank holds at least one of each
@@ -212,29 +230,16 @@ class SplitMemory:
         import numpy as np
         if self.shape.num_virtual_stages > 1:
             return None
-        layers, e, b, sums, count = self.layers, self.element, self.microbatch, self.sums, len(self.layers)
+        chunk, remat, backward = self._range_terms
+        count = len(self.layers)
         starts, ends = np.arange(count)[:, None], np.arange(count)[None, :]
-        kept, first, plain = np.array(sums.kept_prefix), np.array(sums.first), np.array(sums.plain)
-        sent = np.array([layer.output_elements_per_sample * e if i != count - 1 and self.keeps_sent else 0.0
-                         for i, layer in enumerate(layers)])
-        chunk = 0.0 if self.offload else \
-            (kept[ends + 1] - kept[starts] - plain[starts] + first[starts] + sent[ends]) * b
-        params = np.array(sums.params_prefix, dtype=float)
+        params = np.array(self.sums.params_prefix, dtype=float)
         state = (params[ends + 1] - params[starts]) * self.param_bytes
-        remat = np.zeros((count, count))
-        if self.recompute == "full" and not self.offload:
-            saved = np.array([sums.saved(i) for i in range(count)])
-            inputs = np.array([layer.input_elements_per_sample * e for layer in layers])
-            replaced = inputs[ends] if self.shape.kind == MEGATRON else inputs[starts]  # the checkpoint's input
-            remat = np.maximum(0.0, saved[ends] - replaced) * b
-        backward = -np.inf
-        if self._backward_peaks is not None:
-            peaks = np.maximum.accumulate(np.where(ends >= starts, self._backward_peaks[0][ends], -np.inf), axis=1)
-            backward = self._backward_peak(starts, ends, peaks)
         masks = []
         for k in range(self.shape.workers_per_group):
             held = held_microbatches(self.shape, k)
-            most = np.maximum(held * chunk + remat, (held - 1) * chunk + backward)
+            most = held * chunk + remat if backward is None else \
+                np.maximum(held * chunk + remat, (held - 1) * chunk + backward)
             masks.append((starts <= ends) & (state + most <= self.capacity_bytes))
         return masks
 
