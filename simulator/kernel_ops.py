@@ -122,7 +122,7 @@ def add(name: str, elements: float, e: int) -> Kernel:
 def main_grad_bytes(dtype: str, e: int) -> int:
     """Bytes of a main-gradient element: fp32 under bf16 (Megatron-LM `arguments.py` forces
     `accumulate_allreduce_grads_in_fp32` for bf16), else the model dtype's `e` (fp16 gradients
-    accumulate in fp16, as `simulator.strategies.zero.gradient_element_bytes` reduces them)."""
+    accumulate in fp16, as `simulator.zero_config.gradient_element_bytes` reduces them)."""
     return MAIN_GRAD_BYTES if dtype == "bf16" else e
 
 

@@ -38,12 +38,29 @@ def resolved_placement(placement: str | tuple[int, ...], t: int, p: int, d: int,
     return megatron_placement(placement, t, p, d, c) if placement in MEGATRON_ORDER_NAMES else placement
 
 
+def megatron_grid(model, c, shard, partition, device, d: int):
+    """The `strategies.ghp.GridConfig` of a megatron candidate `c`'s pipeline chain, as its plan builds it
+    (`strategies.tensor.compile_tensor_plan`): its split memory and its d data-parallel copies' rings
+    (`device(dp', pp, tp)`)."""
+    from simulator import memory_floor
+    from simulator.strategies.chain_reduction import chain_reduction
+    from simulator.strategies.ghp import GridConfig
+    scenario, strategy, p, v = model.scenario, model.scenario.strategy, c.workers_per_group, c.num_virtual_stages
+    reduction = chain_reduction(device, c.tp_degree, p, d, dtype=scenario.training.dtype, zero_stage=model.zero(c),
+                                zero1_gradient_reduce=strategy.zero1_gradient_reduce, collective=strategy.collective)
+    return GridConfig("megatron", 1, p * v, scenario.training.global_batch_size, scenario.training.dtype,
+                      partition=partition, num_microbatches=c.num_microbatches, num_virtual_stages=v,
+                      split_memory=memory_floor.candidate_split_memory(model, c, shard),
+                      overlap_backward=strategy.overlap_backward, chain_reduction=reduction)
+
+
 def chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b: float):
     """`strategies.stage_partition.grid_partition` of one megatron pipeline chain, remembered in `model._cache` (a
     `simulator.step_bound.BoundModel`). A balanced partition sees the chunk devices only through
-    their cost models and the routes (latency, bottleneck bandwidth) between neighbours, so chains
-    alike there (e.g. the two rank orders on one fabric) share it. Where that split is over the device
-    (`grid.split_memory`), the one the plan takes instead (`grid_partition`, rare: not remembered)."""
+    their cost models, the routes (latency, bottleneck bandwidth) between neighbours and the prices
+    of their data-parallel rings (`chain_reduction.ring_prices`), so chains alike there share it.
+    Where that split is over the device (`grid.split_memory`), the one the plan takes instead
+    (`grid_partition`: not remembered)."""
     from simulator.strategies.stage_partition import grid_partition
     topology = model.topology
     if grid.partition != "balanced":
@@ -58,6 +75,7 @@ def chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b
 def _plain_chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b: float):
     """The balanced split without a memory check, remembered (`chain_partition`)."""
     from simulator.heterogeneity import DeviceCosts
+    from simulator.strategies.chain_reduction import ring_prices
     from simulator.strategies.stage_partition import grid_partition
     topology = model.topology
     models = DeviceCosts(costs, topology)
@@ -65,6 +83,7 @@ def _plain_chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, 
                    min(topology.links[i].bandwidth_bytes_per_s for i in topology.route(a, z)))
                   for a, z in zip(chunk_devices, chunk_devices[1:]))
     key = ("partition", id(shard), id(costs), len(chunk_devices), b, grid.num_microbatches, grid.num_virtual_stages, links,
+           grid.chain_reduction and ring_prices(grid.chain_reduction, topology), grid.overlap_backward,
            None if models.uniform else tuple(id(models.model_of(device)) for device in chunk_devices))
     found = model._cache.get(key)
     if found is None:

@@ -1,7 +1,7 @@
 """A floor under a candidate layout's peak memory per device, cheap (no plan, no engine).
 
 The persistent state of each rank (weights, fp32 master weights, optimizer state, weight gradients
-in the bytes the plan keeps them, `simulator.strategies.zero.gradient_element_bytes`:
+in the bytes the plan keeps them, `simulator.zero_config.gradient_element_bytes`:
 `simulator.memory`, with ZeRO's sharding as in the megatron summary,
 `simulator.strategies.zero.shard_memory`: optimizer state and master weights / d from stage 1,
 gradients / d from stage 2, weights / d at stage 3; hybrid sharding divides by fewer replicas, so /
@@ -41,7 +41,7 @@ from simulator.memory_activations import Sharding, kept_bytes, saved_bytes
 from simulator.schedules import build_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
-from simulator.strategies.zero import gradient_element_bytes
+from simulator.zero_config import gradient_element_bytes
 from simulator.workload import dtype_bytes
 
 MEGATRON = "megatron"

@@ -29,12 +29,10 @@ range may also be refused for memory (`memory_cap_bytes`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import cached_property
-
 import numpy as np
 
 from simulator.errors import ScenarioError
+from simulator.stage_costs import HostIssue, StageUpdate, range_sum
 
 SERIAL_TAIL_CANDIDATES = 256
 """Most tail bounds X the serial partition tries (quantiles of the tail values when there are more)..."""
@@ -47,126 +45,6 @@ FLUSHED_BOUND_WORK = 2e7
 the serial partition's work, as the planner partitions every pipeline geometry it bounds."""
 SERIAL_MEMORY_LIMIT_BYTES = 2**28
 """The serial partition holds two (L, L) matrices a stage; beyond this it declines (None)."""
-
-
-@dataclass(frozen=True)
-class StageUpdate:
-    """What closes a stage's step over layers [a, b]: its gradient allreduce among its replicas,
-    AR = per_byte_s[m] x (gradient bytes of [a, b]) + constant_s[m] (a ring allreduce is affine in
-    its size; zero without replicas), then its optimizer step, the sum of optimizer_s[a..b]. DDP's
-    buckets start the allreduce as the stage's backward starts, so it exposes max(0, AR - backward
-    of [a, b]) (all of AR when not `overlapped`); `share` is updates per micro-batch: 1/m for the
-    flushed kinds, 1 for the asynchronous ones."""
-
-    per_byte_s: np.ndarray  # (M,)
-    constant_s: np.ndarray  # (M,)
-    gradient_bytes: np.ndarray  # (L,)
-    backward_s: np.ndarray  # (L,) or (M, L)
-    optimizer_s: np.ndarray  # (L,)
-    share: float
-    overlapped: bool
-    _sums: dict = field(default_factory=dict, repr=False, compare=False)
-    """(id of values, starts, ends) -> (the arrays, their range sums): every stage's costs share the
-    index grids, and the per-layer arrays are the same for every stage but a heterogeneous backward."""
-    shared_by: np.ndarray | None = None
-    """(M,) how many stage rings per_byte_s[m] assumes share the NIC of stage m's busiest node (all
-    at once, the closed form's separable price); None: per_byte_s is the ring's own rate."""
-
-    def alone(self) -> StageUpdate:
-        """The same update with each ring at its own rate, as if no other ring shared its NICs."""
-        return self if self.shared_by is None else \
-            replace(self, per_byte_s=self.per_byte_s / self.shared_by, shared_by=None, _sums={})
-
-    def _backward(self, stage: int) -> np.ndarray:
-        if np.ndim(self.backward_s) == 1:
-            return self.backward_s
-        return np.broadcast_to(self.backward_s, (len(self.per_byte_s), len(self.gradient_bytes)))[stage]
-
-    def _sum(self, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        key = (id(values), id(starts), id(ends))
-        found = self._sums.get(key)
-        if found is None:  # the arrays are kept with their sums, so their ids are not reused meanwhile
-            found = self._sums[key] = (values, starts, ends, _range_sum(values, starts, ends))
-        return found[3]
-
-    def closing_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Seconds after stage `stage`'s backward over layers [start, end] (inclusive): its exposed
-        allreduce, then its optimizer step."""
-        allreduce = self.per_byte_s[stage] * self._sum(self.gradient_bytes, starts, ends) + self.constant_s[stage]
-        if self.overlapped:
-            allreduce = np.maximum(allreduce - self._sum(self._backward(stage), starts, ends), 0.0)
-        return allreduce + self._sum(self.optimizer_s, starts, ends)
-
-    def closing_parts_s(self, stage: int, start: int, end: int) -> tuple[float, float, float]:
-        """`closing_s` in parts for one range: (allreduce, the part the backward leaves exposed, optimizer step)."""
-        (gradients,), (optimizer,), backward = self._prefixes
-        allreduce = float(self.per_byte_s[stage] * (gradients[end + 1] - gradients[start]) + self.constant_s[stage])
-        row = backward[stage % len(backward)]
-        exposed = max(allreduce - float(row[end + 1] - row[start]), 0.0) if self.overlapped else allreduce
-        return allreduce, exposed, float(optimizer[end + 1] - optimizer[start])
-
-    @cached_property
-    def _prefixes(self):  # prefix sums of the gradient bytes, the optimizer steps and each row of the backward
-        return tuple(np.concatenate((np.zeros((len(rows), 1)), np.cumsum(rows, axis=1)), axis=1) for rows in (
-            np.atleast_2d(self.gradient_bytes)[0:1], np.atleast_2d(self.optimizer_s), np.atleast_2d(self.backward_s)))
-
-    def exposed_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Pipelined: the closing seconds per micro-batch."""
-        return self.share * self.closing_s(stage, starts, ends)
-
-    def tail_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Serial: closing seconds left after the whole backward pass, which still runs the backward
-        of every stage before this one (layers [0, start))."""
-        before = _range_sum(self._backward(stage), 0, starts - 1)
-        return np.maximum(self.closing_s(stage, starts, ends) - before, 0.0)
-
-
-def _range_sum(values, starts, ends):
-    """Sum of values[start..end] (inclusive; empty where end < start)."""
-    prefix = np.concatenate(([0.0], np.cumsum(values)))
-    return prefix[ends + 1] - prefix[starts]
-
-
-@dataclass(frozen=True)
-class HostIssue:
-    """Per layer (shape (L,), or (M, L) per stage) the device and host seconds of its forward and
-    backward passes (`simulator.costs.compute_parts`). A pass over layers [a, b] takes max(sum of
-    device, sum of host): the engine's host issues a pass's kernels ahead of the device and the pass
-    ends no earlier than its last kernel is issued (`simulator.engine`)."""
-
-    device_forward_s: np.ndarray
-    host_forward_s: np.ndarray
-    device_backward_s: np.ndarray
-    host_backward_s: np.ndarray
-
-    @property
-    def device_s(self) -> np.ndarray:
-        """Forward + backward device seconds per layer: the additive part of a range's cost."""
-        return self.device_forward_s + self.device_backward_s
-
-    @cached_property
-    def _prefix(self) -> np.ndarray:
-        """Prefix sums over the layers, shape (6, rows, L + 1): device and host seconds of the
-        forward, of the backward, then host less device of either (a range's excess is linear in it)."""
-        sides = np.array([np.atleast_2d(values) for values in (self.device_forward_s, self.host_forward_s,
-                                                                self.device_backward_s, self.host_backward_s)])
-        sides = np.concatenate([sides, sides[1:2] - sides[0:1], sides[3:4] - sides[2:3]])
-        return np.concatenate([np.zeros(sides.shape[:2] + (1,)), np.cumsum(sides, axis=2)], axis=2)
-
-    def _rows(self, stage: int) -> np.ndarray:
-        return self._prefix[:, 0 if self._prefix.shape[1] == 1 else stage]
-
-    def excess_s(self, stage: int, starts, ends) -> np.ndarray:
-        """What the host adds to the device's seconds of ranges [starts, ends] on `stage`, both passes."""
-        prefix = self._rows(stage)
-        return (np.maximum(prefix[4][ends + 1] - prefix[4][starts], 0.0)
-                + np.maximum(prefix[5][ends + 1] - prefix[5][starts], 0.0))
-
-    def pass_s(self, stage: int, start: int, end: int) -> tuple[float, float]:
-        """(forward, backward) seconds of one pass over layers [start, end) on `stage`."""
-        device_forward, host_forward, device_backward, host_backward = self._rows(stage)[:4, end] - \
-            self._rows(stage)[:4, start]
-        return float(max(device_forward, host_forward)), float(max(device_backward, host_backward))
 
 
 def balanced_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_backward_s: np.ndarray,
@@ -216,16 +94,14 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     (memory); None when no chain of them covers the layers."""
     exposed = None if update is None else update.exposed_s
     issue = None if host is None else host.excess_s
-    extra = (lambda m, starts, ends: exposed(m, starts, ends) + issue(m, starts, ends)) if exposed and issue \
-        else exposed or issue
-    costs = list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks, extra))
+    unshared = list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks, issue))  # no update share
+    costs = unshared if exposed is None else _with_update(unshared, exposed)
     v, paced = num_virtual_stages, num_microbatches - 1 / num_virtual_stages
     num_devices = num_chunks // v
-    per_microbatch = costs if v == 1 or exposed is None else \
-        list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks, issue))
+    per_microbatch = costs if v == 1 else unshared
     if allowed is not None:
-        costs, per_microbatch = ([np.where(mask, cost, np.inf) for cost, mask in zip(matrices, allowed)]
-                                 for matrices in (costs, per_microbatch))
+        costs, per_microbatch, unshared = ([np.where(mask, cost, np.inf) for cost, mask in zip(matrices, allowed)]
+                                           for matrices in (costs, per_microbatch, unshared))
 
     def step_s(ranges) -> float:
         chunk_costs = [cost[a, b - 1] for cost, (a, b) in zip(costs, ranges)]
@@ -238,25 +114,34 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     if not np.isfinite(least_max):
         return None
     found = {best, fewest}
+    if exposed is not None and played_s is not None:  # the play may prefer the split of compute and transfers alone
+        found.add(_best_chain(unshared, np.maximum)[1])
     best_s = step_s(best)
     if step_s(fewest) < best_s * (1 - SUM_TIE_TOLERANCE):
         best_s, best = step_s(fewest), fewest
     if paced == 0:  # one micro-batch, one chunk a device: the sum alone (ties: the least-max chain), or the play
         return best if played_s is None else polished(min((best, fewest), key=played_s), played_s, polish_plays)
-    # a split whose slowest chunk costs X takes at least least_sum / v + max((m v - 1)(X - u), paced X),
-    # u the largest update share of a chunk (0 for v = 1): no X from `above` on can beat the best
-    share_s = max(float(np.max(cost[np.isfinite(cost)] - plain[np.isfinite(cost)], initial=0.0))
-                  for cost, plain in zip(costs, per_microbatch))
+    # a split whose slowest chunk costs X takes at least floor(X) = least_sum / v + max((m v - 1)(X - u(X)),
+    # paced X), u(X) the largest update share of a range costing at most X (0 for v = 1): no X from `above`
+    # on, nor past the last X whose floor is under the best, can beat the best
+    largest_share_s = max(float(np.max(cost[np.isfinite(cost)] - plain[np.isfinite(cost)], initial=0.0))
+                          for cost, plain in zip(costs, per_microbatch))
     slack_s = best_s - least_sum / v
-    above = min(slack_s / paced, slack_s / (num_microbatches * v - 1) + share_s)
+    above = min(slack_s / paced, slack_s / (num_microbatches * v - 1) + largest_share_s)
+    share_s = _largest_share_within(costs, per_microbatch, least_max, above)
     values = np.unique(np.concatenate([cost[(cost >= least_max) & (cost < above)] for cost in costs]))
+
+    def floor_s(bounds):
+        return least_sum / v + np.maximum((num_microbatches * v - 1) * (bounds - share_s(bounds)), paced * bounds)
+    values = values[:int(np.flatnonzero(floor_s(values) < best_s)[-1]) + 1] if np.any(floor_s(values) < best_s) \
+        else values[:0]
     count = int(np.clip(FLUSHED_BOUND_WORK / (num_chunks * np.shape(costs[0])[0] ** 2), SERIAL_MIN_TAIL_CANDIDATES,
                         SERIAL_TAIL_CANDIDATES))
     if len(values) > count:
         values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, count)))
-    for bound in values:  # ascending: once the floor at X reaches the best, no larger X can beat it
-        if least_sum / v + max((num_microbatches * v - 1) * (bound - share_s), paced * bound) >= best_s:
-            break
+    for bound, floor in zip(values, floor_s(values)):  # ascending
+        if floor >= best_s:  # (the best falls as the loop goes)
+            continue
         total, ranges = _best_chain([np.where(cost <= bound, cost, np.inf) for cost in costs], np.add)
         if np.isfinite(total):
             found.add(ranges)
@@ -265,6 +150,26 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     if played_s is None:
         return best
     return polished(min(sorted(found, key=step_s), key=played_s), played_s, polish_plays)  # ties: closed form's order
+
+
+def _largest_share_within(costs, per_microbatch, low: float, high: float):
+    """bounds (in [low, high)) -> per bound X, the largest update share (cost less its per-micro-batch
+    cost) of any chunk's range costing at most X; 0 where the costs carry none."""
+    if costs is per_microbatch:
+        return lambda bounds: np.zeros_like(bounds, dtype=float)
+    below = [np.isfinite(cost) & (cost < low) for cost in costs]
+    base = max((float(np.max(cost[mask] - plain[mask], initial=0.0))
+                for cost, plain, mask in zip(costs, per_microbatch, below)), default=0.0)
+    within = [(cost >= low) & (cost < high) for cost in costs]
+    keys = np.concatenate([cost[mask] for cost, mask in zip(costs, within)])
+    shares = np.concatenate([cost[mask] - plain[mask] for cost, plain, mask in zip(costs, per_microbatch, within)])
+    order = np.argsort(keys, kind="stable")
+    keys, largest = keys[order], np.maximum.accumulate(np.maximum(shares[order], base)) if len(keys) else shares
+
+    def share_s(bounds):
+        index = np.searchsorted(keys, bounds, side="right")
+        return np.where(index > 0, largest[np.maximum(index - 1, 0)] if len(keys) else base, base)
+    return share_s
 
 
 def polished(ranges, played_s, plays: int):
@@ -300,7 +205,7 @@ def serial_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_bac
     clipped = np.minimum(starts, ends)
     feasible = starts <= ends
     if layer_bytes is not None:
-        feasible &= _range_sum(layer_bytes, clipped, ends) <= memory_cap_bytes
+        feasible &= range_sum(layer_bytes, clipped, ends) <= memory_cap_bytes
     stage_costs = [(np.where(feasible, cost, np.inf), np.where(feasible, update.tail_s(stage, clipped, ends), np.inf))
                    for stage, cost in enumerate(_stage_costs(compute_s, send_forward_s, send_backward_s, num_stages))]
     values = np.unique(np.concatenate([tail[np.isfinite(tail)] for _, tail in stage_costs]))
@@ -347,7 +252,7 @@ def _stage_costs(compute_s, send_forward_s, send_backward_s, num_stages: int, ex
     ends = np.arange(num_layers)[None, :]
     clipped = np.minimum(starts, ends)
     for stage in range(num_stages):
-        cost = _range_sum(compute_s[stage], clipped, ends)
+        cost = range_sum(compute_s[stage], clipped, ends)
         if stage < num_stages - 1:
             cost = cost + send_forward_s[stage][None, :]
         if stage > 0:
@@ -355,6 +260,13 @@ def _stage_costs(compute_s, send_forward_s, send_backward_s, num_stages: int, ex
         if extra is not None:
             cost = cost + extra(stage, clipped, ends)
         yield np.where(starts > ends, np.inf, cost)
+
+
+def _with_update(costs, exposed):
+    """Each stage's costs plus `exposed(m, starts, ends)`, its update's share (inf stays inf)."""
+    starts, ends = np.arange(costs[0].shape[0])[:, None], np.arange(costs[0].shape[0])[None, :]
+    clipped = np.minimum(starts, ends)
+    return [cost + exposed(stage, clipped, ends) for stage, cost in enumerate(costs)]
 
 
 def _best_chain(costs, combine) -> tuple[float, tuple[tuple[int, int], ...]]:

@@ -56,7 +56,7 @@ from simulator import memory_floor
 from simulator.link_floors import LinkFloors
 from simulator.memory_buffers import usable_memory_bytes
 from simulator.layout_geometry import (RememberedCosts, chain_partition, expert_floors_s, megatron_device,
-                                      ring_floors_s, tp_floors)
+                                      megatron_grid, ring_floors_s, tp_floors)
 from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.strategies.experts import expert_rank_workload, rank_expert_params
@@ -64,7 +64,7 @@ from simulator.strategies.ghp import GridConfig, bucket_segments, recompute_rang
 from simulator.strategies.stage_partition import grid_partition
 from simulator.strategies.tensor import rank_costs
 from simulator.strategies.tensor_layers import rank_workload
-from simulator.strategies.zero import gradient_element_bytes
+from simulator.zero_config import gradient_element_bytes
 from simulator.workload import dtype_bytes
 
 MEGATRON = "megatron"
@@ -131,9 +131,7 @@ class BoundModel(LinkFloors):
             d = self.dp_ranks(c)  # the d c ranks of a stage, dp' = replica x c + cp
             device = megatron_device(c.placement, t, p, c.data_parallel, c.cp_degree or 1)
             shard, model = self._tensor_model(t, self.sp(c), self.ep(c), selective)
-            grid = GridConfig(MEGATRON, 1, chunks, scenario.training.global_batch_size, scenario.training.dtype,
-                              partition=partition, num_microbatches=c.num_microbatches, num_virtual_stages=v,
-                              split_memory=memory_floor.candidate_split_memory(self, c, shard))  # as the plan
+            grid = megatron_grid(self, c, shard, partition, device, d)  # as the plan
             chunk_devices = tuple(device(0, chunk % p, 0) for chunk in range(chunks))
             ranges = chain_partition(self, grid, shard, model, chunk_devices, b)
             chain = [device(0, k, 0) for k in range(p)]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from simulator.workload import dtype_bytes
+
 FSDP_ZERO_STAGES: dict[str, int] = {"full_shard": 3, "hybrid_shard": 3, "shard_grad_op": 2, "no_shard": 0}
 """strategy.fsdp_sharding -> the ZeRO stage it equals (FSDP paper sec. 3.2: FULL_SHARD shards
 parameters, gradients and optimizer state; SHARD_GRAD_OP keeps parameters unsharded between forward
@@ -80,3 +82,15 @@ def gradient_reduce_op(config) -> str:
     allreduces the fp32 gradients, then each rank updates its shard and allgathers), else reduce-scatter."""
     allreduce = config.zero_stage == 0 or (config.zero_stage == 1 and config.zero1_gradient_reduce == "allreduce")
     return "allreduce" if allreduce else "reduce_scatter"
+
+
+def gradient_element_bytes(dtype: str, zero_stage: int, reduce_dtype: str | None = None) -> int:
+    """Bytes of a gradient as the data-parallel reduction moves it. Megatron's DDP buffer (stages 0-1):
+    fp32 under bf16 (Megatron-LM `arguments.py`: "bfloat16 requires gradient accumulation and
+    all-reduce to be done in fp32"; `docs/distrib_optimizer.md`: bf16 parameters with fp32
+    gradients), else the training dtype's. Sharded gradients (stages 2-3, DeepSpeed and FSDP): the
+    training dtype's, or `reduce_dtype`'s (`strategy.fsdp_reduce_dtype`: FSDP's MixedPrecision
+    reduce_dtype, the gradient cast before its reduce-scatter and its shard kept so)."""
+    if zero_stage >= 2 and reduce_dtype is not None:
+        return dtype_bytes(reduce_dtype)
+    return 4 if dtype == "bf16" and zero_stage <= 1 else dtype_bytes(dtype)

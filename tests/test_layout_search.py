@@ -17,7 +17,7 @@ from simulator.layout_search import MICROBATCH_SIZES, exact_peak_memory_bytes, m
 from simulator.planner import Candidate, _workload, candidate_scenario, enumerate_candidates, scenario_for_gpus
 from simulator.rank_reasons import pareto_front
 from simulator.scenario import load_scenario, scenario_from_dict
-from simulator.search_bounds import screen_all
+from simulator.search_bounds import bound_model, screen_all
 from simulator.simulate import analytic_costs, simulate
 from simulator.step_bound import BoundModel
 
@@ -78,7 +78,7 @@ def test_memory_pruning_agrees_with_the_memory_model():
     raw = tiny_llm(batch=16, memory="32 MB")
     scenario = load_scenario(raw)
     workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), ".")
-    model = BoundModel(scenario, workload, build_topology(scenario.cluster), analytic_costs(scenario, workload))
+    model = bound_model(scenario, workload)  # each candidate priced as it runs (selective recompute too)
     candidates = megatron_space(scenario, workload, (1, 2, 4))[::3] + enumerate_candidates(
         scenario, workload.num_layers, ("dp", "ghp", "gpipe", "1f1b", "pipedream"), (2, 4))[0]
     assert any(candidate.cp_degree == 2 for candidate in candidates)

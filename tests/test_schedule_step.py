@@ -122,7 +122,7 @@ def test_a_heavier_first_stage_beats_the_even_split_with_few_microbatches():
 def test_a_pass_over_a_range_takes_the_larger_of_its_device_and_host_sums():
     """HostIssue: three host-bound layers (device 1, host 2) and a GPU-bound head (device 6, host 0.5)
     in one pass take max(3 + 6, 6 + 0.5) = 9 forward, not 2 + 2 + 2 + 6 = 12 (each layer's larger side)."""
-    from simulator.partition import HostIssue
+    from simulator.stage_costs import HostIssue
     device, host = np.array([1.0, 1.0, 1.0, 6.0]), np.array([2.0, 2.0, 2.0, 0.5])
     issue = HostIssue(device, host, 2 * device, 2 * host)
     assert issue.pass_s(0, 0, 4) == (9.0, 18.0)

@@ -57,6 +57,9 @@ class GridConfig:
     split_memory: object = None
     """A flushed pipeline's `memory_floor.SplitMemory`: where its balanced split is over the device, the
     partition keeps to splits that are not (`stage_partition.grid_partition`); None: no such check."""
+    chain_reduction: object = None
+    """A megatron chain's `strategies.chain_reduction.ChainReduction`: the data-parallel rings its
+    partition weighs after each stage's backward; None: no replicas, or not megatron."""
 
 
 def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology, costs: CostModel,

@@ -1,7 +1,7 @@
 """The stage partition of a G x M grid or a pipeline chain: `strategy.partition` resolved to layer
 ranges (`simulator.partition`), with what the balanced and serial partitions weigh besides compute:
 the transfers between consecutive stages (Hockney's alpha-beta on the route's slowest link), each
-stage's allreduce among its replicas and its optimizer step (`partition.StageUpdate`), and each
+stage's allreduce among its replicas and its optimizer step (`stage_costs.StageUpdate`), and each
 layer's bytes on its device (the serial partition's memory cap)."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from simulator.collective_forms import p2p_time_s
 from simulator.costs import BACKWARD, CostModel
 from simulator.errors import ScenarioError
 from simulator.heterogeneity import stage_compute_s
-from simulator.partition import (HostIssue, StageUpdate, balanced_partition, explicit_partition, flushed_partition,
+from simulator.partition import (balanced_partition, explicit_partition, flushed_partition,
                                  polished, serial_partition, uniform_partition)
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
+from simulator.stage_costs import HostIssue, StageUpdate
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 
@@ -77,7 +78,13 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
             forward[stage] = _boundary_time_s(topology, rank_to_device, num_stages, stage, stage + 1, boundary_bytes)
         if stage > 0:
             backward[stage] = _boundary_time_s(topology, rank_to_device, num_stages, stage, stage - 1, input_bytes)
-    update = _stage_update(config, workload, topology, costs, rank_to_device, group_batch)
+    classes = None
+    if config.chain_reduction is not None:  # a megatron chain's data-parallel rings
+        from simulator.strategies.chain_reduction import chain_update, ring_prices
+        update, classes = chain_update(ring_prices(config.chain_reduction, topology), workload, topology, costs,
+                                       rank_to_device, group_batch, config.num_microbatches, config.overlap_backward)
+    else:
+        update = _stage_update(config, workload, topology, costs, rank_to_device, group_batch)
     if config.strategy in SERIAL_KINDS or config.strategy in ASYNCHRONOUS_KINDS:  # paced by the slowest stage
         compute = stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages, num_layers,
                                   group_batch)
@@ -87,7 +94,7 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
                                           group_batch, parts=True))  # device, host of forward, then of backward
         ranks = num_stages // config.num_virtual_stages
         played = _played_step(config, host, forward, backward, update,
-                              _ring_classes(topology, rank_to_device, num_stages, ranks))
+                              classes or _ring_classes(topology, rank_to_device, num_stages, ranks))
         passes = 2 * config.num_microbatches * num_stages
 
         def partitioned(played_s, polish_passes: int, allowed=None):
@@ -266,14 +273,14 @@ def _layer_bytes(workload: Workload, config, batch: float) -> tuple[np.ndarray, 
 
 def _stage_update(config, workload: Workload, topology: Topology, costs: CostModel, rank_to_device,
                   batch: float) -> StageUpdate | None:
-    """The partition's view of what closes each stage's step (`partition.StageUpdate`): the
+    """The partition's view of what closes each stage's step (`stage_costs.StageUpdate`): the
     allreduce among its G replicas, as the engine's collective model decomposes it (algorithm from
     `strategy.collective`, each phase at its bottleneck link: `link_floors.isolated_time_s`; its
     latencies the constant, the rest a rate per byte) with that rate divided among the stage rings
     leaving a node (`heuristics.rings_leaving`), and the optimizer step of its layers; once a step of
     m = B / (G b) micro-batches, or after each micro-batch for the asynchronous kinds (as
-    `strategy.partition: pipedream` prices it). None for megatron's chains, whose partition weighs
-    compute and transfers."""
+    `strategy.partition: pipedream` prices it). None for megatron's chains (their rings:
+    `strategies.chain_reduction`)."""
     from simulator.collectives import choose_algorithm, collective_phases
     from simulator.heuristics import rings_leaving
     from simulator.link_floors import isolated_time_s

@@ -53,7 +53,7 @@ from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Pl
 from simulator.schedules import checked_schedule
 from simulator.schedules.analysis import in_flight_counts, stage_metrics
 from simulator.schedules.ir import UPDATE
-from simulator.strategies import context, experts, zero
+from simulator.strategies import chain_reduction, context, experts, zero
 from simulator.strategies.ghp import GridConfig, _ActionList, bucket_segments, recompute_ranges
 from simulator.strategies.stage_partition import grid_partition
 from simulator.strategies.tensor_clone import relabelled_actions, relabelled_ranks_alike
@@ -203,7 +203,8 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     chunk_devices = tuple(config.device_of(0, chunk % config.pp, 0) for chunk in range(schedule.num_chunks))
     grid = GridConfig(KIND, 1, schedule.num_chunks, config.global_batch_size, config.dtype, partition=config.partition,
                       num_microbatches=config.num_microbatches, num_virtual_stages=config.num_virtual_stages,
-                      split_memory=tensor_split_memory(scenario, config, shard))
+                      split_memory=tensor_split_memory(scenario, config, shard),
+                      overlap_backward=config.overlap_backward, chain_reduction=chain_reduction.for_config(config))
     ranges = grid_partition(grid, shard, topology, rank_costs(costs, shard, config.tp, config.sequence_parallel), chunk_devices, config.microbatch_size)
     stages = tuple(_stage(shard, ranges, j, config.pp, config.num_virtual_stages) for j in range(config.pp))
     full_devices = tuple(config.device_of(g // config.tp, j, g % config.tp)
@@ -272,8 +273,7 @@ class _TensorRank:
         self.zero_degree = zero.shard_degree(config)
         self.element_bytes = dtype_bytes(config.dtype)
         self.gradient_bytes = zero.gradient_element_bytes(config.dtype, config.zero_stage, config.fsdp_reduce_dtype)
-        self.batch = config.microbatch_size
-        self.builder = _ActionList()
+        self.batch, self.builder = config.microbatch_size, _ActionList()
         self.recomputed: list[int] = []
         self.pending: list[int] = []
         self.last_backward: int | None = None

@@ -60,24 +60,13 @@ from simulator.errors import ScenarioError
 from simulator.plan import BACKWARD, FORWARD, Collective, Compute
 from simulator.strategies.ghp import bucket_segments, recompute_ranges
 from simulator.workload import dtype_bytes
+from simulator.zero_config import gradient_element_bytes
 
 GATHER_KEY, REDUCE_KEY = "fsdp_gather", "fsdp_reduce_scatter"
 GATHER_LABEL = "fsdp allgather"
 """ZeRO-3 parameter gathers and gradient reduce-scatters: left out of `simulator.memory`'s generic
 walk, which would hold a gather's buffer until the update like a top-k allgather's; their buffers
 join it as `unit_transient_events`."""
-
-
-def gradient_element_bytes(dtype: str, zero_stage: int, reduce_dtype: str | None = None) -> int:
-    """Bytes of a gradient as the data-parallel reduction moves it. Megatron's DDP buffer (stages 0-1):
-    fp32 under bf16 (Megatron-LM `arguments.py`: "bfloat16 requires gradient accumulation and
-    all-reduce to be done in fp32"; `docs/distrib_optimizer.md`: bf16 parameters with fp32
-    gradients), else the training dtype's. Sharded gradients (stages 2-3, DeepSpeed and FSDP): the
-    training dtype's, or `reduce_dtype`'s (`strategy.fsdp_reduce_dtype`: FSDP's MixedPrecision
-    reduce_dtype, the gradient cast before its reduce-scatter and its shard kept so)."""
-    if zero_stage >= 2 and reduce_dtype is not None:
-        return dtype_bytes(reduce_dtype)
-    return 4 if dtype == "bf16" and zero_stage <= 1 else dtype_bytes(dtype)
 
 
 def shard_degree(config) -> int:

@@ -1,0 +1,130 @@
+"""What a stage's costs are made of besides its compute, as the partitions weigh them
+(`simulator.partition`): what closes its step (`StageUpdate`: its gradient reduction beyond what
+its backward hides, then its optimizer step) and what its host adds to a pass (`HostIssue`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StageUpdate:
+    """What closes a stage's step over layers [a, b]: its gradient allreduce among its replicas,
+    AR = per_byte_s[m] x (gradient bytes of [a, b]) + constant_s[m] (a ring allreduce is affine in
+    its size; zero without replicas), then its optimizer step, the sum of optimizer_s[a..b]. DDP's
+    buckets start the allreduce as the stage's backward starts, so it exposes max(0, AR - backward
+    of [a, b]) (all of AR when not `overlapped`); `share` is updates per micro-batch: 1/m for the
+    flushed kinds, 1 for the asynchronous ones."""
+
+    per_byte_s: np.ndarray  # (M,)
+    constant_s: np.ndarray  # (M,)
+    gradient_bytes: np.ndarray  # (L,)
+    backward_s: np.ndarray  # (L,) or (M, L)
+    optimizer_s: np.ndarray  # (L,)
+    share: float
+    overlapped: bool
+    _sums: dict = field(default_factory=dict, repr=False, compare=False)
+    """(id of values, starts, ends) -> (the arrays, their range sums): every stage's costs share the
+    index grids, and the per-layer arrays are the same for every stage but a heterogeneous backward."""
+    shared_by: np.ndarray | None = None
+    """(M,) how many stage rings per_byte_s[m] assumes share the NIC of stage m's busiest node (all
+    at once, the closed form's separable price); None: per_byte_s is the ring's own rate."""
+
+    def alone(self) -> StageUpdate:
+        """The same update with each ring at its own rate, as if no other ring shared its NICs."""
+        return self if self.shared_by is None else \
+            replace(self, per_byte_s=self.per_byte_s / self.shared_by, shared_by=None, _sums={})
+
+    def _backward(self, stage: int) -> np.ndarray:
+        if np.ndim(self.backward_s) == 1:
+            return self.backward_s
+        return np.broadcast_to(self.backward_s, (len(self.per_byte_s), len(self.gradient_bytes)))[stage]
+
+    def _sum(self, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        key = (id(values), id(starts), id(ends))
+        found = self._sums.get(key)
+        if found is None:  # the arrays are kept with their sums, so their ids are not reused meanwhile
+            found = self._sums[key] = (values, starts, ends, range_sum(values, starts, ends))
+        return found[3]
+
+    def closing_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Seconds after stage `stage`'s backward over layers [start, end] (inclusive): its exposed
+        allreduce, then its optimizer step."""
+        allreduce = self.per_byte_s[stage] * self._sum(self.gradient_bytes, starts, ends) + self.constant_s[stage]
+        if self.overlapped:
+            allreduce = np.maximum(allreduce - self._sum(self._backward(stage), starts, ends), 0.0)
+        return allreduce + self._sum(self.optimizer_s, starts, ends)
+
+    def closing_parts_s(self, stage: int, start: int, end: int) -> tuple[float, float, float]:
+        """`closing_s` in parts for one range: (allreduce, the part the backward leaves exposed, optimizer step)."""
+        (gradients,), (optimizer,), backward = self._prefixes
+        allreduce = float(self.per_byte_s[stage] * (gradients[end + 1] - gradients[start]) + self.constant_s[stage])
+        row = backward[stage % len(backward)]
+        exposed = max(allreduce - float(row[end + 1] - row[start]), 0.0) if self.overlapped else allreduce
+        return allreduce, exposed, float(optimizer[end + 1] - optimizer[start])
+
+    @cached_property
+    def _prefixes(self):  # prefix sums of the gradient bytes, the optimizer steps and each row of the backward
+        return tuple(np.concatenate((np.zeros((len(rows), 1)), np.cumsum(rows, axis=1)), axis=1) for rows in (
+            np.atleast_2d(self.gradient_bytes)[0:1], np.atleast_2d(self.optimizer_s), np.atleast_2d(self.backward_s)))
+
+    def exposed_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Pipelined: the closing seconds per micro-batch."""
+        return self.share * self.closing_s(stage, starts, ends)
+
+    def tail_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Serial: closing seconds left after the whole backward pass, which still runs the backward
+        of every stage before this one (layers [0, start))."""
+        before = range_sum(self._backward(stage), 0, starts - 1)
+        return np.maximum(self.closing_s(stage, starts, ends) - before, 0.0)
+
+
+def range_sum(values, starts, ends):
+    """Sum of values[start..end] (inclusive; empty where end < start)."""
+    prefix = np.concatenate(([0.0], np.cumsum(values)))
+    return prefix[ends + 1] - prefix[starts]
+
+
+@dataclass(frozen=True)
+class HostIssue:
+    """Per layer (shape (L,), or (M, L) per stage) the device and host seconds of its forward and
+    backward passes (`simulator.costs.compute_parts`). A pass over layers [a, b] takes max(sum of
+    device, sum of host): the engine's host issues a pass's kernels ahead of the device and the pass
+    ends no earlier than its last kernel is issued (`simulator.engine`)."""
+
+    device_forward_s: np.ndarray
+    host_forward_s: np.ndarray
+    device_backward_s: np.ndarray
+    host_backward_s: np.ndarray
+
+    @property
+    def device_s(self) -> np.ndarray:
+        """Forward + backward device seconds per layer: the additive part of a range's cost."""
+        return self.device_forward_s + self.device_backward_s
+
+    @cached_property
+    def _prefix(self) -> np.ndarray:
+        """Prefix sums over the layers, shape (6, rows, L + 1): device and host seconds of the
+        forward, of the backward, then host less device of either (a range's excess is linear in it)."""
+        sides = np.array([np.atleast_2d(values) for values in (self.device_forward_s, self.host_forward_s,
+                                                                self.device_backward_s, self.host_backward_s)])
+        sides = np.concatenate([sides, sides[1:2] - sides[0:1], sides[3:4] - sides[2:3]])
+        return np.concatenate([np.zeros(sides.shape[:2] + (1,)), np.cumsum(sides, axis=2)], axis=2)
+
+    def _rows(self, stage: int) -> np.ndarray:
+        return self._prefix[:, 0 if self._prefix.shape[1] == 1 else stage]
+
+    def excess_s(self, stage: int, starts, ends) -> np.ndarray:
+        """What the host adds to the device's seconds of ranges [starts, ends] on `stage`, both passes."""
+        prefix = self._rows(stage)
+        return (np.maximum(prefix[4][ends + 1] - prefix[4][starts], 0.0)
+                + np.maximum(prefix[5][ends + 1] - prefix[5][starts], 0.0))
+
+    def pass_s(self, stage: int, start: int, end: int) -> tuple[float, float]:
+        """(forward, backward) seconds of one pass over layers [start, end) on `stage`."""
+        device_forward, host_forward, device_backward, host_backward = self._rows(stage)[:4, end] - \
+            self._rows(stage)[:4, start]
+        return float(max(device_forward, host_forward)), float(max(device_backward, host_backward))

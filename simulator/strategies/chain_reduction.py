@@ -1,0 +1,166 @@
+"""What closes a megatron stage's step, as its stage partition weighs it: each of the stage's t TP
+ranks reduces its gradients among its d c copies (Megatron's DDP: an allreduce, or with ZeRO-1 a
+reduce-scatter, in buckets during the chunk's last backward), then the optimizer step of its
+layers (ZeRO-1: its 1 / (d c) shard, then an allgather of the updated shard; Rajbhandari et al.,
+"ZeRO", SC'20, sec. 5.1). The t rings of a stage run at once and share whatever links they cross
+(`collectives.collective_phases` of all of them, each phase at its bottleneck:
+`link_floors.isolated_time_s`); the rings of other stages that cross one of the same links share
+it while their reductions overlap (`stage_partition._closings_s`). Expert gradients are priced as
+dense ones (their ring is the d c / e copies of an expert)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
+
+import numpy as np
+
+PROBE_BYTES = float(2**30)
+"""The buffer a ring's time is taken at: its rate per byte is the slope above its latencies."""
+
+
+@dataclass(frozen=True)
+class ChainReduction:
+    """The data-parallel rings of a megatron layout, per pipeline stage (`chain_reduction`)."""
+
+    rings: tuple[tuple[tuple[int, ...], ...], ...]
+    """Per pipeline stage j, its t rings (one per TP rank) of the d c devices that reduce a gradient."""
+    reduce_op: str
+    """"allreduce", or "reduce_scatter" under ZeRO-1 (`zero_config.gradient_reduce_op`)."""
+    gradient_element_bytes: int
+    """Bytes of a gradient as the reduction moves it (`zero_config.gradient_element_bytes`)."""
+    gathered_element_bytes: int
+    """ZeRO-1: bytes of a parameter its updated shard is allgathered in; 0 without ZeRO."""
+    collective: str = "auto"
+
+
+def chain_reduction(device_of, t: int, p: int, d: int, *, dtype: str, zero_stage: int, zero1_gradient_reduce: str,
+                    collective: str) -> ChainReduction | None:
+    """The rings of a layout whose `device_of(dp', pp, tp)` places its d c = `d` copies; None where
+    nothing is reduced (d = 1) or parameters are gathered per layer (ZeRO-2/3: no pipeline)."""
+    from simulator.zero_config import gradient_element_bytes
+    from simulator.workload import dtype_bytes
+    if d == 1 or zero_stage >= 2:
+        return None
+    allreduce = zero_stage == 0 or zero1_gradient_reduce == "allreduce"
+    rings = tuple(tuple(tuple(device_of(e, j, i) for e in range(d)) for i in range(t)) for j in range(p))
+    return ChainReduction(rings, "allreduce" if allreduce else "reduce_scatter",
+                          gradient_element_bytes(dtype, zero_stage), dtype_bytes(dtype) if zero_stage else 0,
+                          collective)
+
+
+@dataclass(frozen=True)
+class RingPrices:
+    """What a chain's rings cost, per pipeline stage (`ring_prices`): all a partition needs of them."""
+
+    constant_s: tuple[float, ...]
+    """The latencies of a stage's reduction."""
+    per_byte_s: tuple[float, ...]
+    """Its seconds a gradient byte, its t rings at once, times `shared_by`."""
+    shared_by: tuple[float, ...]
+    """How much slower the stage's rings run beside those of the other stages of its class."""
+    classes: tuple[int, ...]
+    """Stages whose rings cross a common link share a class; -1: none does."""
+    gather_per_byte_s: float
+    """ZeRO-1: seconds a parameter byte of the updated shard's allgather, at the slowest stage; else 0."""
+    gradient_element_bytes: int
+    gathered_element_bytes: int
+    copies: int
+
+
+def ring_prices(reduction: ChainReduction, topology) -> RingPrices:
+    """The `RingPrices` of a chain's rings on `topology` (remembered: the planner prices the same
+    rings for many layouts, and chains priced alike share their partition)."""
+    seen = _RING_TIMES.setdefault(topology, {})
+    found = seen.get(reduction)
+    if found is not None:
+        return found
+    p = len(reduction.rings)
+    own = [_ring_time(topology, reduction, rings) for rings in reduction.rings]
+    classes = _link_classes([set().union(*(dict(phase.usage) for phase in phases)) for _, _, phases in own])
+    shared_by = []
+    for j in range(p):
+        together = [q for q in range(p) if classes[q] == classes[j]] if classes[j] != -1 else [j]
+        shared_s = own[j][1] if len(together) == 1 else \
+            _ring_time(topology, reduction, tuple(ring for q in together for ring in reduction.rings[q]))[1]
+        shared_by.append(max(shared_s / own[j][1], 1.0) if own[j][1] > 0 else 1.0)
+    gather_s = max(_ring_time(topology, reduction, rings, "allgather")[1] for rings in reduction.rings) \
+        if reduction.gathered_element_bytes else 0.0
+    found = seen[reduction] = RingPrices(
+        tuple(constant for constant, _, _ in own), tuple(by * alone / PROBE_BYTES for by, (_, alone, _) in
+                                                         zip(shared_by, own)),
+        tuple(shared_by), tuple(classes), gather_s / PROBE_BYTES, reduction.gradient_element_bytes,
+        reduction.gathered_element_bytes, len(reduction.rings[0][0]))
+    return found
+
+
+def chain_update(prices: RingPrices, workload, topology, costs, chunk_devices: tuple[int, ...], batch: float,
+                 num_microbatches: int, overlapped: bool):
+    """(`stage_costs.StageUpdate` of the chain's chunks, the ring class of each pipeline rank): chunk k
+    reduces on stage k mod p's rings (`prices`), its gradient bytes those of the rank's shard of its
+    layers; its optimizer step (ZeRO-1: on the shard, then the allgather) once a step of
+    `num_microbatches`. Ranks of one class have rings that cross a common link
+    (`stage_partition._closings_s` shares it while they overlap); -1: none."""
+    from simulator.costs import BACKWARD
+    from simulator.heterogeneity import stage_compute_s
+    from simulator.stage_costs import StageUpdate
+    p, num_chunks = len(prices.classes), len(chunk_devices)
+    stage = np.arange(num_chunks) % p
+    layers = workload.layers
+    params = np.array([layer.num_params for layer in layers], dtype=float)
+    sharded = prices.gathered_element_bytes > 0
+    optimizer_s = np.array([costs.optimizer_s(n / prices.copies if sharded else n, (i, i + 1))
+                            for i, n in enumerate(params)])
+    optimizer_s = optimizer_s + params * prices.gathered_element_bytes * prices.gather_per_byte_s
+    backward_s = stage_compute_s(costs, topology, chunk_devices, 1, num_chunks, len(layers), batch, (BACKWARD,))
+    update = StageUpdate(np.array(prices.per_byte_s)[stage], np.array(prices.constant_s)[stage],
+                         params * prices.gradient_element_bytes, backward_s, optimizer_s, 1.0 / num_microbatches,
+                         overlapped, shared_by=np.array(prices.shared_by)[stage])
+    return update, list(prices.classes)
+
+
+_RING_TIMES: WeakKeyDictionary = WeakKeyDictionary()
+"""topology -> {(rings, op, collective): `_ring_time`, reduction: `ring_prices`}."""
+
+
+def _ring_time(topology, reduction: ChainReduction, rings, op: str | None = None):
+    """(latencies, seconds above them for `PROBE_BYTES`, phases) of `rings` reducing at once."""
+    op = op or reduction.reduce_op
+    seen = _RING_TIMES.setdefault(topology, {})
+    key = (rings, op, reduction.collective)
+    found = seen.get(key)
+    if found is None:
+        found = seen[key] = _priced_rings(topology, rings, op, reduction.collective)
+    return found
+
+
+def _priced_rings(topology, rings, op: str, collective: str):
+    from simulator.collectives import choose_algorithm, collective_phases
+    from simulator.link_floors import isolated_time_s
+    if op == "allreduce":
+        algorithm = choose_algorithm(topology, rings[0], collective)
+        phases = collective_phases(topology, rings, op, PROBE_BYTES, algorithm)
+    else:  # ring reduce-scatter of the buffer; allgather of each rank's 1/d of it
+        size = PROBE_BYTES / len(rings[0]) if op == "allgather" else PROBE_BYTES
+        phases = collective_phases(topology, rings, op, size, "ring")
+    constant_s = sum(phase.latency_s for phase in phases)
+    return constant_s, isolated_time_s(topology, phases) - constant_s, phases
+
+
+def _link_classes(links: list[set]) -> list[int]:
+    """Per stage, a class of the stages whose rings cross a common link, joined transitively; -1
+    where no other stage's ring crosses one of its links."""
+    classes = list(range(len(links)))
+    for r in range(len(links)):
+        for q in range(r):
+            if links[q] & links[r] and classes[q] != classes[r]:
+                old = classes[r]
+                classes = [classes[q] if c == old else c for c in classes]
+    return [c if classes.count(c) > 1 else -1 for c in classes]
+
+
+def for_config(config) -> ChainReduction | None:
+    """`chain_reduction` of a `strategies.tensor.TensorConfig`."""
+    return chain_reduction(config.device_of, config.tp, config.pp, config.dp, dtype=config.dtype,
+                           zero_stage=config.zero_stage, zero1_gradient_reduce=config.zero1_gradient_reduce,
+                           collective=config.collective)
