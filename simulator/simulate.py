@@ -369,14 +369,13 @@ def _summary(scenario, workload, topology: Topology, plan: Plan, result, step_ti
     memory["fits_in_memory"] = all(row["fits_in_memory"] for row in devices)
     batch = scenario.training.global_batch_size
     summary = {
-        "scenario": scenario.name,
-        "model": workload.name,
+        "scenario": scenario.name, "model": workload.name,
         "model_params": int(workload.num_params),
         "strategy": plan.strategy,
         "num_gpus": plan.num_ranks,
         "num_groups": plan.num_groups,
         "workers_per_group": plan.workers_per_group,
-        "partition": plan.meta["partition"],
+        "partition": plan.meta["partition"], "partition_note": plan.meta.get("partition_note"),
         **_placement_entries(plan.meta["placement"], scenario.strategy.placement),
         "global_batch_size": batch,
         "step_time_s": step_time_s,

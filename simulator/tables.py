@@ -132,6 +132,8 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
                   + fabric_label(cluster))
     console.print(f"strategy: {strategy_label(summary)}, placement {summary['placement']}, "
                   f"partition {summary['partition']}")
+    if summary.get("partition_note"):  # memory kept the balanced partition from its fastest split
+        console.print(f"partition: {summary['partition_note']}", highlight=False)
     console.print(f"step time {format_seconds(step_s)} | "
                   f"{format_number(summary['throughput_samples_per_s'], 3, 1)} samples/s | "
                   f"speedup {format_number(summary['speedup'], 3, 2)}x over one device | "

@@ -106,6 +106,10 @@ def test_a_pipeline_split_over_the_device_keeps_to_stages_that_fit():
     uniform = simulate(load_scenario(DEMO, [*VGG_GPIPE, "strategy.partition=uniform"]))
     assert balanced.summary["fits_in_memory"] and uniform.summary["fits_in_memory"]
     assert balanced.step_time_s < uniform.step_time_s / 2
+    assert balanced.summary["partition_note"] == (  # the summary says why
+        "[7, 7, 1, 1] is the fastest split that fits; the fastest, [13, 1, 1, 1], needs at least 35.0 GiB on a "
+        "rank, over the 32.0 GiB usable on a device")
+    assert uniform.summary["partition_note"] is None
 
 
 @pytest.mark.slow
@@ -135,3 +139,5 @@ def test_where_no_split_fits_the_fastest_stays():
     uniform = simulate(load_scenario(scenario, [*layout, "strategy.partition=uniform"]))
     assert not balanced.summary["fits_in_memory"] and not uniform.summary["fits_in_memory"]
     assert balanced.step_time_s <= uniform.step_time_s
+    note = balanced.summary["partition_note"]
+    assert note.startswith(f"{balanced.summary['partition']} needs at least ") and note.endswith(" fits"), note

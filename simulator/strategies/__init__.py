@@ -61,6 +61,17 @@ def grid_config(scenario) -> GridConfig:
 
 
 def compile_plan(scenario, workload: Workload, topology: Topology, costs: CostModel) -> Plan:
+    """The scenario's plan; meta["partition_note"] says where memory kept its balanced partition
+    from the fastest split (`stage_partition.partition_notes`)."""
+    from simulator.strategies.stage_partition import partition_notes
+    with partition_notes() as notes:
+        plan = _compiled_plan(scenario, workload, topology, costs)
+    if notes:
+        plan.meta["partition_note"] = notes[-1]
+    return plan
+
+
+def _compiled_plan(scenario, workload: Workload, topology: Topology, costs: CostModel) -> Plan:
     if scenario.strategy.kind == "megatron":  # tensor x pipeline x data parallelism
         from simulator.strategies.tensor import compile_tensor_plan
         return compile_tensor_plan(scenario, workload, topology, costs)

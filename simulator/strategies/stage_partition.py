@@ -30,6 +30,17 @@ partition is the serial one (`simulator.partition.serial_partition`) where that 
 
 
 _STEP_MICROBATCHES: ContextVar[int | None] = ContextVar("step_microbatches", default=None)
+_NOTES: ContextVar[list | None] = ContextVar("partition_notes", default=None)
+
+
+@contextmanager
+def partition_notes():
+    """The list of what memory made the partitions compiled inside do (`_note_memory`), one line each."""
+    token = _NOTES.set([])
+    try:
+        yield _NOTES.get()
+    finally:
+        _NOTES.reset(token)
 
 
 @contextmanager
@@ -106,7 +117,8 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
             ranges = even
         memory = config.split_memory
         if memory is not None and memory.excess_bytes(ranges) > 0:  # over the device: keep to splits that fit
-            ranges = _fitting_partition(memory, ranges, even, partitioned, played, passes)
+            first, ranges = ranges, _fitting_partition(memory, ranges, even, partitioned, played, passes)
+            _note_memory(memory, first, ranges)
     if config.strategy in SERIAL_KINDS and update is not None:  # one batch through the stages
         layer_bytes, working_bytes = _layer_bytes(workload, config, group_batch)
         device = config.memory_bytes - working_bytes  # the device, less the largest backward's working set
@@ -134,6 +146,29 @@ def _fitting_partition(memory, ranges, even, partitioned, played, passes: int):
     best = polished(min((split for split in (found, even, ranges) if split is not None), key=ranked), ranked,
                     FITTING_POLISH_WORK // passes)
     return best if memory.excess_bytes(best) == 0 else ranges  # a split over the device anyway: the fastest
+
+
+def _note_memory(memory, first, kept) -> None:
+    """Inside `partition_notes`: why the split kept is not the fastest one the balanced partition
+    found, a rank's bytes by the memory floor (`memory_floor.SplitMemory`)."""
+    notes = _NOTES.get()
+    if notes is None:
+        return
+    usable_gib = memory.capacity_bytes / 2**30
+
+    def counts(ranges) -> str:
+        return "[" + ", ".join(str(end - start) for start, end in ranges) + "]"
+
+    def needed_gib(ranges) -> float:
+        return (memory.capacity_bytes + memory.excess_bytes(ranges)) / 2**30
+    if memory.excess_bytes(kept) == 0:
+        notes.append(f"{counts(kept)} is the fastest split that fits; the fastest, {counts(first)}, needs at least "
+                     f"{needed_gib(first):.1f} GiB on a rank, over the {usable_gib:.1f} GiB usable on a device")
+    else:
+        least_gib = memory.least_bytes() / 2**30
+        notes.append(f"{counts(kept)} needs at least {needed_gib(kept):.1f} GiB on a rank, over the {usable_gib:.1f} "
+                     f"GiB usable on a device; " + (f"no split can fit (each needs at least {least_gib:.1f} GiB)"
+                                                     if least_gib > usable_gib else "none of the splits searched fits"))
 
 
 def _uniform_or_none(workload: Workload, num_stages: int) -> tuple[tuple[int, int], ...] | None:
