@@ -76,14 +76,14 @@ def _plain_chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, 
     """The balanced split without a memory check, remembered (`chain_partition`)."""
     from simulator.heterogeneity import DeviceCosts
     from simulator.strategies.chain_reduction import ring_prices
-    from simulator.strategies.stage_partition import grid_partition
-    topology = model.topology
+    from simulator.strategies.stage_partition import boundary_hop, grid_partition
+    topology, reduction, chunks = model.topology, grid.chain_reduction, len(chunk_devices)
     models = DeviceCosts(costs, topology)
-    links = tuple((topology.route_latency_s(a, z),
-                   min(topology.links[i].bandwidth_bytes_per_s for i in topology.route(a, z)))
-                  for a, z in zip(chunk_devices, chunk_devices[1:]))
-    key = ("partition", id(shard), id(costs), len(chunk_devices), b, grid.num_microbatches, grid.num_virtual_stages, links,
-           grid.chain_reduction and ring_prices(grid.chain_reduction, topology), grid.overlap_backward,
+    senders = reduction.tp_chains(chunks) if reduction else chunk_devices
+    links = tuple(boundary_hop(topology, senders, chunks, k, k + step) for k in range(chunks) for step in (1, -1)
+                  if 0 <= k + step < chunks)
+    key = ("partition", id(shard), id(costs), chunks, b, grid.num_microbatches, grid.num_virtual_stages, links,
+           reduction is not None and reduction.reduces and ring_prices(reduction, topology), grid.overlap_backward,
            None if models.uniform else tuple(id(models.model_of(device)) for device in chunk_devices))
     found = model._cache.get(key)
     if found is None:

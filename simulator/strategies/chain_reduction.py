@@ -33,14 +33,27 @@ class ChainReduction:
     """ZeRO-1: bytes of a parameter its updated shard is allgathered in; 0 without ZeRO."""
     collective: str = "auto"
 
+    @property
+    def reduces(self) -> bool:
+        """Whether there are copies to reduce among (d c > 1)."""
+        return len(self.rings[0][0]) > 1
+
+    def tp_chains(self, num_chunks: int) -> tuple[int, ...]:
+        """Replica 0's device of each of `num_chunks` chunks (chunk k on stage k mod p), TP rank 0's
+        chain first, then TP rank 1's, ...: the t chains that each send 1 / t of a boundary
+        (Megatron's scatter-gather of the activations between stages, Narayanan et al., SC'21, sec. 4.1)."""
+        p = len(self.rings)
+        return tuple(self.rings[k % p][i][0] for i in range(len(self.rings[0])) for k in range(num_chunks))
+
 
 def chain_reduction(device_of, t: int, p: int, d: int, *, dtype: str, zero_stage: int, zero1_gradient_reduce: str,
                     collective: str) -> ChainReduction | None:
-    """The rings of a layout whose `device_of(dp', pp, tp)` places its d c = `d` copies; None where
-    nothing is reduced (d = 1) or parameters are gathered per layer (ZeRO-2/3: no pipeline)."""
+    """The rings of a layout whose `device_of(dp', pp, tp)` places its d c = `d` copies (one device
+    each where d = 1: nothing to reduce, `reduces`); None where parameters are gathered per layer
+    (ZeRO-2/3: no pipeline)."""
     from simulator.zero_config import gradient_element_bytes
     from simulator.workload import dtype_bytes
-    if d == 1 or zero_stage >= 2:
+    if zero_stage >= 2:
         return None
     allreduce = zero_stage == 0 or zero1_gradient_reduce == "allreduce"
     rings = tuple(tuple(tuple(device_of(e, j, i) for e in range(d)) for i in range(t)) for j in range(p))

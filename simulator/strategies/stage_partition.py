@@ -78,19 +78,21 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
         return uniform_partition([layer.kind for layer in workload.layers], num_stages)
     if config.partition != "balanced":
         return explicit_partition(config.partition, num_layers, num_stages)
+    reduction = config.chain_reduction  # a megatron chain's: t chains send 1 / t of a boundary each
+    senders, sent = (reduction.tp_chains(num_stages), len(reduction.rings[0])) if reduction else (rank_to_device, 1)
     boundary_bytes = np.array([layer.output_elements_per_sample for layer in workload.layers],
-                              dtype=float) * group_batch * dtype_bytes(config.dtype)
+                              dtype=float) * group_batch * dtype_bytes(config.dtype) / sent
     input_bytes = np.array([layer.input_elements_per_sample for layer in workload.layers],
-                           dtype=float) * group_batch * dtype_bytes(config.dtype)
+                           dtype=float) * group_batch * dtype_bytes(config.dtype) / sent
     forward = np.zeros((num_stages, num_layers))
     backward = np.zeros((num_stages, num_layers))
     for stage in range(num_stages):
         if stage + 1 < num_stages:
-            forward[stage] = _boundary_time_s(topology, rank_to_device, num_stages, stage, stage + 1, boundary_bytes)
+            forward[stage] = _boundary_time_s(topology, senders, num_stages, stage, stage + 1, boundary_bytes)
         if stage > 0:
-            backward[stage] = _boundary_time_s(topology, rank_to_device, num_stages, stage, stage - 1, input_bytes)
+            backward[stage] = _boundary_time_s(topology, senders, num_stages, stage, stage - 1, input_bytes)
     classes = None
-    if config.chain_reduction is not None:  # a megatron chain's data-parallel rings
+    if reduction is not None and reduction.reduces:  # the data-parallel rings of a megatron chain
         from simulator.strategies.chain_reduction import chain_update, ring_prices
         update, classes = chain_update(ring_prices(config.chain_reduction, topology), workload, topology, costs,
                                        rank_to_device, group_batch, config.num_microbatches, config.overlap_backward)
@@ -347,12 +349,18 @@ def _boundary_time_s(topology: Topology, rank_to_device, num_stages: int, stage:
     """Seconds for stage `stage` to send `size_bytes` to stage `neighbour` (Hockney's alpha-beta,
     `collective_forms.p2p_time_s`) on the slowest replica's route, each link's rate shared by the
     replicas whose same transfer crosses it: lock-step replicas send at once."""
+    hop = boundary_hop(topology, rank_to_device, num_stages, stage, neighbour)
+    return np.zeros_like(size_bytes) if hop is None else p2p_time_s(size_bytes, *hop)
+
+
+def boundary_hop(topology: Topology, rank_to_device, num_stages: int, stage: int,
+                 neighbour: int) -> tuple[float, float] | None:
+    """(latency, bandwidth) of `_boundary_time_s`'s transfer: the slowest replica's route latency and
+    the least share of a link it crosses; None where the two stages share a device."""
     replicas = len(rank_to_device) // num_stages
     pairs = [(rank_to_device[g * num_stages + stage], rank_to_device[g * num_stages + neighbour]) for g in range(replicas)]
     routes = [topology.route(source, target) for source, target in pairs]
     crossing = Counter(link for route in routes for link in route)
     hops = [(topology.route_latency_s(*pair), min(topology.links[i].bandwidth_bytes_per_s / crossing[i] for i in route))
             for pair, route in zip(pairs, routes) if route]
-    if not hops:  # the two stages share a device
-        return np.zeros_like(size_bytes)
-    return p2p_time_s(size_bytes, max(latency for latency, _ in hops), min(bandwidth for _, bandwidth in hops))
+    return (max(latency for latency, _ in hops), min(bandwidth for _, bandwidth in hops)) if hops else None
