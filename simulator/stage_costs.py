@@ -128,3 +128,15 @@ class HostIssue:
         device_forward, host_forward, device_backward, host_backward = self._rows(stage)[:4, end] - \
             self._rows(stage)[:4, start]
         return float(max(device_forward, host_forward)), float(max(device_backward, host_backward))
+
+
+def joined_classes(sets: list) -> list[int]:
+    """Per item, its class: the least index of the items whose sets (of nodes, of links) it meets,
+    joined transitively; -1 where its set is None."""
+    classes = {item: item for item, members in enumerate(sets) if members is not None}
+    for item in classes:
+        for other in range(item):
+            if other in classes and sets[other] & sets[item] and classes[other] != classes[item]:
+                old, new = classes[item], classes[other]
+                classes = {key: new if value == old else value for key, value in classes.items()}
+    return [classes.get(item, -1) for item in range(len(sets))]

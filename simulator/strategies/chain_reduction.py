@@ -1,12 +1,13 @@
-"""What closes a megatron stage's step, as its stage partition weighs it: each of the stage's t TP
-ranks reduces its gradients among its d c copies (Megatron's DDP: an allreduce, or with ZeRO-1 a
-reduce-scatter, in buckets during the chunk's last backward), then the optimizer step of its
-layers (ZeRO-1: its 1 / (d c) shard, then an allgather of the updated shard; Rajbhandari et al.,
-"ZeRO", SC'20, sec. 5.1). The t rings of a stage run at once and share whatever links they cross
-(`collectives.collective_phases` of all of them, each phase at its bottleneck:
-`link_floors.isolated_time_s`); the rings of other stages that cross one of the same links share
-it while their reductions overlap (`stage_partition._closings_s`). Expert gradients are priced as
-dense ones (their ring is the d c / e copies of an expert)."""
+"""What a megatron chain's stage partition weighs besides compute. Between stages, each TP rank
+sends its 1 / t of a boundary on its own route (`ChainReduction.tp_chains`). What closes a stage's
+step: each of its t TP ranks reduces its gradients among its d c copies (Megatron's DDP: an
+allreduce, or with ZeRO-1 a reduce-scatter, in buckets during the chunk's last backward), then the
+optimizer step of its layers (ZeRO-1: its 1 / (d c) shard, then an allgather of the updated shard;
+Rajbhandari et al., "ZeRO", SC'20, sec. 5.1). The t rings of a stage run at once and share
+whatever links they cross (`collectives.collective_phases` of all of them, each phase at its
+bottleneck: `link_floors.isolated_time_s`); the rings of other stages that cross one of the same
+links share it while their reductions overlap (`stage_partition._closings_s`). Expert gradients
+are priced as dense ones (their ring is the d c / e copies of an expert)."""
 
 from __future__ import annotations
 
@@ -90,7 +91,9 @@ def ring_prices(reduction: ChainReduction, topology) -> RingPrices:
         return found
     p = len(reduction.rings)
     own = [_ring_time(topology, reduction, rings) for rings in reduction.rings]
-    classes = _link_classes([set().union(*(dict(phase.usage) for phase in phases)) for _, _, phases in own])
+    from simulator.stage_costs import joined_classes
+    joined = joined_classes([set().union(*(dict(phase.usage) for phase in phases)) for _, _, phases in own])
+    classes = [c if joined.count(c) > 1 else -1 for c in joined]  # a stage alone reduces its chunks in turn
     shared_by = []
     for j in range(p):
         together = [q for q in range(p) if classes[q] == classes[j]] if classes[j] != -1 else [j]
@@ -158,18 +161,6 @@ def _priced_rings(topology, rings, op: str, collective: str):
         phases = collective_phases(topology, rings, op, size, "ring")
     constant_s = sum(phase.latency_s for phase in phases)
     return constant_s, isolated_time_s(topology, phases) - constant_s, phases
-
-
-def _link_classes(links: list[set]) -> list[int]:
-    """Per stage, a class of the stages whose rings cross a common link, joined transitively; -1
-    where no other stage's ring crosses one of its links."""
-    classes = list(range(len(links)))
-    for r in range(len(links)):
-        for q in range(r):
-            if links[q] & links[r] and classes[q] != classes[r]:
-                old = classes[r]
-                classes = [classes[q] if c == old else c for c in classes]
-    return [c if classes.count(c) > 1 else -1 for c in classes]
 
 
 def for_config(config) -> ChainReduction | None:

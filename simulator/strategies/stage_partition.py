@@ -20,7 +20,7 @@ from simulator.heterogeneity import stage_compute_s
 from simulator.partition import (balanced_partition, explicit_partition, flushed_partition,
                                  polished, serial_partition, uniform_partition)
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
-from simulator.stage_costs import HostIssue, StageUpdate
+from simulator.stage_costs import HostIssue, StageUpdate, joined_classes
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 
@@ -280,14 +280,7 @@ def _ring_classes(topology: Topology, rank_to_device, num_chunks: int, ranks: in
     or there is none."""
     groups = len(rank_to_device) // num_chunks
     nodes = [{topology.node_of(rank_to_device[g * num_chunks + r]) for g in range(groups)} for r in range(ranks)]
-    leaving = [r for r in range(ranks) if len(nodes[r]) > 1]
-    classes = {r: r for r in leaving}
-    for r in leaving:
-        for q in leaving:
-            if q < r and nodes[q] & nodes[r]:
-                old, new = classes[r], classes[q]
-                classes = {k: new if c == old else c for k, c in classes.items()}
-    return [classes.get(r, -1) for r in range(ranks)]
+    return joined_classes([members if len(members) > 1 else None for members in nodes])
 
 
 def _layer_bytes(workload: Workload, config, batch: float) -> tuple[np.ndarray, float]:
