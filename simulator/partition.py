@@ -95,13 +95,12 @@ def flushed_partition(compute_s: np.ndarray, send_forward_s: np.ndarray, send_ba
     exposed = None if update is None else update.exposed_s
     issue = None if host is None else host.excess_s
     unshared = list(_stage_costs(compute_s, send_forward_s, send_backward_s, num_chunks, issue))  # no update share
+    if allowed is not None:  # masked once: the update's share keeps a refused range at inf
+        unshared = [np.where(mask, cost, np.inf) for cost, mask in zip(unshared, allowed)]
     costs = unshared if exposed is None else _with_update(unshared, exposed)
     v, paced = num_virtual_stages, num_microbatches - 1 / num_virtual_stages
     num_devices = num_chunks // v
     per_microbatch = costs if v == 1 else unshared
-    if allowed is not None:
-        costs, per_microbatch, unshared = ([np.where(mask, cost, np.inf) for cost, mask in zip(matrices, allowed)]
-                                           for matrices in (costs, per_microbatch, unshared))
 
     def step_s(ranges) -> float:
         chunk_costs = [cost[a, b - 1] for cost, (a, b) in zip(costs, ranges)]

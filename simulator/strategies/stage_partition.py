@@ -94,7 +94,7 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
     classes = None
     if reduction is not None and reduction.reduces:  # the data-parallel rings of a megatron chain
         from simulator.strategies.chain_reduction import chain_update, ring_prices
-        update, classes = chain_update(ring_prices(config.chain_reduction, topology), workload, topology, costs,
+        update, classes = chain_update(ring_prices(reduction, topology), workload, topology, costs,
                                        rank_to_device, group_batch, config.num_microbatches, config.overlap_backward)
     else:
         update = _stage_update(config, workload, topology, costs, rank_to_device, group_batch)
