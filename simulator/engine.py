@@ -238,7 +238,7 @@ class Engine:
         if self.communication is not None:  # measured on the machine (a calibration profile)
             self._count(self.algorithms, "measured", 1)
             self._count_bytes(self._phases(action, count=False))
-            duration_s = self.communication.collective_s(action.op, action.size_bytes, len(action.ranks))
+            duration_s = action.repeat * self.communication.collective_s(action.op, action.size_bytes, len(streams))
             if self.hosts is not None:
                 self._on(self._host_job(duration_s, action.ranks, len(action.ranks), COLLECTIVE),
                          self._collective_end, action, streams, start, None)

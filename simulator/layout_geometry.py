@@ -45,13 +45,19 @@ def megatron_grid(model, c, shard, partition, device, d: int):
     from simulator import memory_floor
     from simulator.strategies.chain_reduction import chain_reduction
     from simulator.strategies.ghp import GridConfig
+    from simulator.strategies.pass_tails import chain_tails_s
     scenario, strategy, p, v = model.scenario, model.scenario.strategy, c.workers_per_group, c.num_virtual_stages
     reduction = chain_reduction(device, c.tp_degree, p, d, dtype=scenario.training.dtype, zero_stage=model.zero(c),
                                 zero1_gradient_reduce=strategy.zero1_gradient_reduce, collective=strategy.collective)
+    groups = [tuple(device(0, chunk % p, i) for i in range(c.tp_degree)) for chunk in range(p * v)]
+    tails = chain_tails_s(model.workload, model.topology, model._measured, groups, sequence_parallel=model.sp(c),
+                          recompute=model.recompute(c), microbatch_size=model.microbatch_size(c),
+                          element_bytes=model.element, memo=model._cache,
+                          signature=lambda group: model._signature((group,)))
     return GridConfig("megatron", 1, p * v, scenario.training.global_batch_size, scenario.training.dtype,
                       partition=partition, num_microbatches=c.num_microbatches, num_virtual_stages=v,
                       split_memory=memory_floor.candidate_split_memory(model, c, shard),
-                      overlap_backward=strategy.overlap_backward, chain_reduction=reduction)
+                      overlap_backward=strategy.overlap_backward, chain_reduction=reduction, pass_tails=tails)
 
 
 def chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, ...], b: float):
@@ -82,7 +88,9 @@ def _plain_chain_partition(model, grid, shard, costs, chunk_devices: tuple[int, 
     senders = reduction.tp_chains(chunks) if reduction else chunk_devices
     links = tuple(boundary_hop(topology, senders, chunks, k, k + step) for k in range(chunks) for step in (1, -1)
                   if 0 <= k + step < chunks)
-    key = ("partition", id(shard), id(costs), chunks, b, grid.num_microbatches, grid.num_virtual_stages, links,
+    tails = grid.pass_tails and tuple(values.tobytes() for values in (
+        grid.pass_tails.forward_s, grid.pass_tails.backward_s, grid.pass_tails.recomputed))  # alike: one split
+    key = ("partition", id(shard), id(costs), tails, chunks, b, grid.num_microbatches, grid.num_virtual_stages, links,
            reduction is not None and reduction.reduces and ring_prices(reduction, topology), grid.overlap_backward,
            None if models.uniform else tuple(id(models.model_of(device)) for device in chunk_devices))
     found = model._cache.get(key)
@@ -95,19 +103,14 @@ def tp_floors(model, group: tuple[int, ...], sequence_parallel: bool, b: float) 
     """Per layer of the whole model: the floor of the TP collectives after its forward and after its
     backward pass in `group` (t = its size), remembered in `model._cache` (a `BoundModel`) for
     every candidate whose group times alike (`BoundModel._signature`)."""
-    from simulator.plan import BACKWARD, FORWARD
-    from simulator.strategies.tensor_layers import pass_collectives
+    from simulator.strategies.pass_tails import layer_tails_s
     key = ("tp floors", model._signature((group,)), sequence_parallel, b)
     found = model._cache.get(key)
-    if found is not None:
-        return found
-    t, count = len(group), len(model.workload.layers)
-    found = model._cache[key] = ([0.0] * count, [0.0] * count)
-    for index in range(count):
-        for phase, out in ((FORWARD, found[0]), (BACKWARD, found[1])):
-            for op, repeat, elements in pass_collectives(model.workload, index, index + 1, phase, sequence_parallel):
-                size = elements * b * model.element / (t if op == "allgather" else 1)
-                out[index] += model.collective_floor_s((group,), op, size, "ring", repeat)
+    if found is None:
+        forward, backward = layer_tails_s(model.workload, sequence_parallel, b, model.element, len(group),
+                                          lambda op, size, repeat: model.collective_floor_s((group,), op, size, "ring",
+                                                                                            repeat))
+        found = model._cache[key] = (forward.tolist(), backward.tolist())
     return found
 
 

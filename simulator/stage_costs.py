@@ -91,27 +91,34 @@ def range_sum(values, starts, ends):
 @dataclass(frozen=True)
 class HostIssue:
     """Per layer (shape (L,), or (M, L) per stage) the device and host seconds of its forward and
-    backward passes (`simulator.costs.compute_parts`). A pass over layers [a, b] takes max(sum of
-    device, sum of host): the engine's host issues a pass's kernels ahead of the device and the pass
-    ends no earlier than its last kernel is issued (`simulator.engine`)."""
+    backward passes (`simulator.costs.compute_parts`), and what each pass plays after its compute
+    (`after_*`: a megatron pass's TP collectives, `strategies.pass_tails`). A pass over layers
+    [a, b] takes max(sum of device, sum of host) + sum of after: the engine's host issues a pass's
+    kernels ahead of the device and the compute ends no earlier than its last kernel is issued
+    (`simulator.engine`); the collectives wait for the compute."""
 
     device_forward_s: np.ndarray
     host_forward_s: np.ndarray
     device_backward_s: np.ndarray
     host_backward_s: np.ndarray
+    after_forward_s: np.ndarray | float = 0.0
+    after_backward_s: np.ndarray | float = 0.0
 
     @property
     def device_s(self) -> np.ndarray:
-        """Forward + backward device seconds per layer: the additive part of a range's cost."""
-        return self.device_forward_s + self.device_backward_s
+        """Forward + backward device seconds per layer and what follows each: the additive part of a range's cost."""
+        return self.device_forward_s + self.device_backward_s + self.after_forward_s + self.after_backward_s
 
     @cached_property
     def _prefix(self) -> np.ndarray:
-        """Prefix sums over the layers, shape (6, rows, L + 1): device and host seconds of the
-        forward, of the backward, then host less device of either (a range's excess is linear in it)."""
-        sides = np.array([np.atleast_2d(values) for values in (self.device_forward_s, self.host_forward_s,
-                                                                self.device_backward_s, self.host_backward_s)])
-        sides = np.concatenate([sides, sides[1:2] - sides[0:1], sides[3:4] - sides[2:3]])
+        """Prefix sums over the layers, shape (8, rows, L + 1): device and host seconds of the
+        forward, of the backward, host less device of either (a range's excess is linear in it), then
+        the seconds after each pass."""
+        rows = np.broadcast_arrays(*(np.atleast_2d(values) for values in (
+            self.device_forward_s, self.host_forward_s, self.device_backward_s, self.host_backward_s,
+            self.after_forward_s, self.after_backward_s)))
+        sides = np.array(rows[:4])
+        sides = np.concatenate([sides, sides[1:2] - sides[0:1], sides[3:4] - sides[2:3], np.array(rows[4:])])
         return np.concatenate([np.zeros(sides.shape[:2] + (1,)), np.cumsum(sides, axis=2)], axis=2)
 
     def _rows(self, stage: int) -> np.ndarray:
@@ -125,9 +132,11 @@ class HostIssue:
 
     def pass_s(self, stage: int, start: int, end: int) -> tuple[float, float]:
         """(forward, backward) seconds of one pass over layers [start, end) on `stage`."""
-        device_forward, host_forward, device_backward, host_backward = self._rows(stage)[:4, end] - \
-            self._rows(stage)[:4, start]
-        return float(max(device_forward, host_forward)), float(max(device_backward, host_backward))
+        rows = self._rows(stage)
+        device_forward, host_forward, device_backward, host_backward = rows[:4, end] - rows[:4, start]
+        after_forward, after_backward = rows[6:, end] - rows[6:, start]
+        return (float(max(device_forward, host_forward) + after_forward),
+                float(max(device_backward, host_backward) + after_backward))
 
 
 def joined_classes(sets: list) -> list[int]:

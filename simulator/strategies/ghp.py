@@ -60,6 +60,9 @@ class GridConfig:
     chain_reduction: object = None
     """A megatron chain's `strategies.chain_reduction.ChainReduction`: the data-parallel rings its
     partition weighs after each stage's backward; None: no replicas, or not megatron."""
+    pass_tails: object = None
+    """A megatron chain's `strategies.pass_tails.PassTails`: the TP collectives after each pass and the
+    recomputed forwards its partition weighs; None: neither."""
 
 
 def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology, costs: CostModel,

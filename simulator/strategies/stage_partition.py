@@ -103,8 +103,8 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
                                   group_batch)
         ranges = balanced_partition(compute, forward, backward, num_stages, update)
     else:  # a flushed pipeline: one micro-batch's fill and drain, then the slowest chunk's pace
-        host = HostIssue(*stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages, num_layers,
-                                          group_batch, parts=True))  # device, host of forward, then of backward
+        host = _host_issue(stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages,
+                                           num_layers, group_batch, parts=True), config.pass_tails)
         ranks = num_stages // config.num_virtual_stages
         played = _played_step(config, host, forward, backward, update,
                               classes or _ring_classes(topology, rank_to_device, num_stages, ranks))
@@ -127,6 +127,16 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
         cap_bytes = max(device, max(layer_bytes[a:b].sum() for a, b in ranges))  # or balanced's largest
         ranges = serial_partition(compute, forward, backward, num_stages, update, layer_bytes, cap_bytes) or ranges
     return ranges
+
+
+def _host_issue(parts: np.ndarray, tails) -> HostIssue:
+    """`HostIssue` of the device and host seconds of each layer's forward, then backward (`parts`),
+    with a megatron chain's `PassTails`: a recomputed layer's backward runs its forward first."""
+    if tails is None:
+        return HostIssue(*parts)
+    device_forward, host_forward, device_backward, host_backward = parts
+    return HostIssue(device_forward, host_forward, device_backward + np.where(tails.recomputed, device_forward, 0.0),
+                     host_backward + np.where(tails.recomputed, host_forward, 0.0), tails.forward_s, tails.backward_s)
 
 
 def _fitting_partition(memory, ranges, even, partitioned, played, passes: int):

@@ -38,8 +38,7 @@ numbered as pipelines: rank = g x p + pp with g = dp x t + tp (G = d t pipelines
 `Plan.grid_position` gives (g, pp)).
 
 Recomputation (`training.recompute`): recomputed layers run forward again before each backward segment
-(`simulator.strategies.ghp.recompute_ranges`) with their TP collectives; ids in `meta["recompute_actions"]`.
-"""
+(`simulator.strategies.ghp.recompute_ranges`) with their TP collectives; ids in `meta["recompute_actions"]`."""
 
 from __future__ import annotations
 
@@ -53,7 +52,7 @@ from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Pl
 from simulator.schedules import checked_schedule
 from simulator.schedules.analysis import in_flight_counts, stage_metrics
 from simulator.schedules.ir import UPDATE
-from simulator.strategies import chain_reduction, context, experts, zero
+from simulator.strategies import chain_reduction, context, experts, pass_tails, zero
 from simulator.strategies.ghp import GridConfig, _ActionList, bucket_segments, recompute_ranges
 from simulator.strategies.stage_partition import grid_partition
 from simulator.strategies.tensor_clone import relabelled_actions, relabelled_ranks_alike
@@ -204,7 +203,8 @@ def compile_tensor_plan(scenario, workload: Workload, topology: Topology, costs:
     grid = GridConfig(KIND, 1, schedule.num_chunks, config.global_batch_size, config.dtype, partition=config.partition,
                       num_microbatches=config.num_microbatches, num_virtual_stages=config.num_virtual_stages,
                       split_memory=tensor_split_memory(scenario, config, shard),
-                      overlap_backward=config.overlap_backward, chain_reduction=chain_reduction.for_config(config))
+                      overlap_backward=config.overlap_backward, chain_reduction=chain_reduction.for_config(config),
+                      pass_tails=pass_tails.for_config(config, workload, topology, costs))
     ranges = grid_partition(grid, shard, topology, rank_costs(costs, shard, config.tp, config.sequence_parallel), chunk_devices, config.microbatch_size)
     stages = tuple(_stage(shard, ranges, j, config.pp, config.num_virtual_stages) for j in range(config.pp))
     full_devices = tuple(config.device_of(g // config.tp, j, g % config.tp)
