@@ -63,7 +63,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.kernel_ops import DEFAULT_DROPOUT, MASK_BYTES, STATS_BYTES
-from simulator.workload import Layer
+from simulator.workload import Layer, Workload
 from simulator.zoo._ops import SOFTMAX_FLOPS
 
 
@@ -171,3 +171,28 @@ def core_recompute_flops(layer: Layer, tp_degree: int = 1) -> float:
     spec = layer.spec
     s, h, k = spec["seq_len"], spec["hidden_size"], attention_keys(spec)
     return (4.0 * s * k * h + SOFTMAX_FLOPS * spec["num_heads"] * s * k) / tp_degree
+
+
+def recompute_ranges(workload: Workload, layer_start: int, layer_end: int, mode: str) -> list[tuple[int, int]]:
+    """Layer ranges of [layer_start, layer_end) re-run forward before their backward.
+
+    full: all of them (checkpoints at the backward segment's first input, Chen et al. 2016);
+    selective: each run of attention layers without a transformer-block spec (their internals are
+    dropped in forward; their core unknown, the whole layer is re-run). A transformer block's
+    attention core is recomputed inside its own backward (Korthikanti et al. 2023, sec. 5; the cost
+    models price it, `core_recompute_flops`), so it needs no recompute action. none: nothing.
+    """
+    if mode == "full":
+        return [(layer_start, layer_end)]
+    if mode != "selective":
+        return []
+    ranges, start = [], None
+    for index in range(layer_start, layer_end + 1):
+        attention = (index < layer_end and workload.layers[index].kind == "attention"
+                     and not is_block(workload.layers[index]))
+        if attention and start is None:
+            start = index
+        elif not attention and start is not None:
+            ranges.append((start, index))
+            start = None
+    return ranges

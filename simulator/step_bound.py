@@ -54,13 +54,14 @@ from simulator.costs import BACKWARD, FORWARD, compute_parts
 from simulator.heterogeneity import DeviceCosts
 from simulator import memory_floor
 from simulator.link_floors import LinkFloors
+from simulator.memory_activations import recompute_ranges
 from simulator.memory_buffers import usable_memory_bytes
 from simulator.layout_geometry import (RememberedCosts, chain_partition, expert_floors_s, megatron_device,
                                       megatron_grid, ring_floors_s, tp_floors)
 from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.strategies.experts import expert_rank_workload, rank_expert_params
-from simulator.strategies.ghp import GridConfig, bucket_segments, recompute_ranges
+from simulator.strategies.ghp import GridConfig, bucket_segments
 from simulator.strategies.stage_partition import grid_partition
 from simulator.strategies.tensor import rank_costs
 from simulator.strategies.tensor_layers import rank_workload
@@ -149,7 +150,8 @@ class BoundModel(LinkFloors):
                               collective="parameter_server" if strategy.dp_sync == "parameter_server" else strategy.collective)
             chunk_devices = tuple(rank_to_device[g * p + chunk % p] for g in range(groups) for chunk in range(chunks))
             shard, model = self._tensor_model(1, None, 1, selective)
-            grid = replace(grid, split_memory=memory_floor.candidate_split_memory(self, c, shard))  # as the plan
+            memory = memory_floor.candidate_split_memory(self, c, shard)  # as the plan
+            grid = replace(grid, split_memory=memory, recompute=self.recompute(c))
             ranges = grid_partition(grid, shard, self.topology, model, chunk_devices, b)
             chain = [rank_to_device[k] for k in range(p)]
             rings = [tuple(rank_to_device[g * p + k] for g in range(groups)) for k in range(p)]

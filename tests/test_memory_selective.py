@@ -16,7 +16,7 @@ from simulator.memory import memory_config, rank_memory
 from simulator.memory_activations import Sharding, core_recompute_flops, kept_bytes, saved_bytes
 from simulator.scenario import scenario_from_dict
 from simulator.simulate import simulate
-from simulator.strategies.ghp import recompute_ranges
+from simulator.memory_activations import recompute_ranges
 from simulator.strategies.tensor_layers import shard_layer
 from simulator.workload import Workload
 from simulator.zoo import build_model

@@ -10,7 +10,7 @@ import pytest
 
 from simulator.memory_activations import Sharding, core_recompute_flops, is_block, kept_bytes, saved_bytes
 from simulator.strategies.experts import shard_moe_layer
-from simulator.strategies.ghp import recompute_ranges
+from simulator.memory_activations import recompute_ranges
 from simulator.workload import Workload
 from simulator.zoo.moe import moe_block
 

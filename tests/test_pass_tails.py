@@ -116,3 +116,21 @@ def test_a_measured_collective_run_three_times_takes_three_times_its_fit():
     plan = Plan("test", 2, 1, (Stage(0, 0, 1, 0),), ranks, actions, 1.0)
     spans = run_plan(plan, Topology(1, 2, link(1e-6, 1e10), link(1e-6, 1e9)), _MeasuredCosts())
     assert spans["end_s"].max() == pytest.approx(3e-3)
+
+
+def test_a_layer_table_pipeline_partition_plays_the_recomputed_forward(monkeypatch):
+    """GPipe re-materialises each stage's forward before its backward (`training.recompute: full`); the
+    engine plays it, and so does the partition's play: VGG16 in 4 stages of 4 replicas, 8 micro-batches,
+    within 5 % of the simulated step for splits near the best (13-23 % under without it)."""
+    import simulator.strategies.stage_partition as stage_partition
+    plays = []
+    original = stage_partition._played_step
+    monkeypatch.setattr(stage_partition, "_played_step", lambda *args: plays.append(original(*args)) or plays[-1])
+    demo = Path(__file__).resolve().parents[1] / "scenarios" / "demo.yaml"
+    layout = ["strategy.kind=gpipe", "strategy.num_groups=4", "strategy.num_microbatches=8",
+              "training.global_batch_size=128", "training.recompute=full"]
+    simulate(load_scenario(demo, layout))
+    for split in ([7, 7, 1, 1], [13, 1, 1, 1], [10, 4, 1, 1]):
+        bounds = np.cumsum([0, *split])
+        step = simulate(load_scenario(demo, [*layout, f"strategy.partition=[{','.join(map(str, split))}]"])).step_time_s
+        assert plays[0](tuple(zip(bounds[:-1], bounds[1:]))) == pytest.approx(step, rel=0.05), split

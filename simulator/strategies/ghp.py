@@ -18,7 +18,7 @@ from simulator.costs import BACKWARD, FORWARD, CostModel
 from simulator.errors import ScenarioError
 from simulator.limits import check_simulation_size
 from simulator.heterogeneity import DeviceCosts
-from simulator.memory_activations import is_block
+from simulator.memory_activations import recompute_ranges
 from simulator.placement import place_ranks
 from simulator.plan import OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage, action_from_fields
 from simulator.strategies.fusion import (HOROVOD_CYCLE_TIME_S, HOROVOD_FUSION_THRESHOLD_BYTES,
@@ -62,7 +62,9 @@ class GridConfig:
     partition weighs after each stage's backward; None: no replicas, or not megatron."""
     pass_tails: object = None
     """A megatron chain's `strategies.pass_tails.PassTails`: the TP collectives after each pass and the
-    recomputed forwards its partition weighs; None: neither."""
+    recomputed forwards its partition weighs; None: those of `recompute` alone."""
+    recompute: str = "none"
+    """`training.recompute`: a flushed pipeline's partition weighs the forward its backward re-runs."""
 
 
 def compile_grid_plan(config: GridConfig, workload: Workload, topology: Topology, costs: CostModel,
@@ -243,31 +245,6 @@ def training_options(scenario) -> dict:
     return {"recompute": training.recompute, "gradient_compression": "topk" if topk else "none",
             "compression_density": strategy.compression_density, "dtype": training.dtype,
             "optimizer": training.optimizer}
-
-
-def recompute_ranges(workload: Workload, layer_start: int, layer_end: int, mode: str) -> list[tuple[int, int]]:
-    """Layer ranges of [layer_start, layer_end) re-run forward before their backward.
-
-    full: all of them (checkpoints at the backward segment's first input, Chen et al. 2016);
-    selective: each run of attention layers without a transformer-block spec (their internals are
-    dropped in forward; their core unknown, the whole layer is re-run). A transformer block's
-    attention core is recomputed inside its own backward (Korthikanti et al. 2023, sec. 5; the cost
-    models price it, `simulator.memory_activations`), so it needs no recompute action. none: nothing.
-    """
-    if mode == "full":
-        return [(layer_start, layer_end)]
-    if mode != "selective":
-        return []
-    ranges, start = [], None
-    for index in range(layer_start, layer_end + 1):
-        attention = (index < layer_end and workload.layers[index].kind == "attention"
-                     and not is_block(workload.layers[index]))
-        if attention and start is None:
-            start = index
-        elif not attention and start is not None:
-            ranges.append((start, index))
-            start = None
-    return ranges
 
 
 def apply_training_options(plan: Plan, workload: Workload, recompute: str = "none",

@@ -14,8 +14,8 @@ import numpy as np
 
 from simulator.collectives import collective_phases
 from simulator.link_floors import isolated_time_s
+from simulator.memory_activations import recompute_ranges
 from simulator.plan import BACKWARD, FORWARD
-from simulator.strategies.ghp import recompute_ranges
 from simulator.strategies.tensor_layers import pass_collectives
 
 
@@ -59,6 +59,12 @@ def recomputed_layers(workload, recompute: str) -> np.ndarray:
     for start, end in recompute_ranges(workload, 0, len(workload.layers), recompute):
         recomputed[start:end] = True
     return recomputed
+
+
+def recompute_tails(workload, recompute: str) -> PassTails | None:
+    """The `PassTails` of a pipeline without TP: its recomputed layers alone; None without any."""
+    recomputed = recomputed_layers(workload, recompute)
+    return PassTails(0.0, 0.0, recomputed) if recomputed.any() else None
 
 
 def chain_tails_s(workload, topology, communication, tp_groups, *, sequence_parallel: bool, recompute: str,

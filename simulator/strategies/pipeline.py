@@ -64,6 +64,7 @@ class PipelineConfig:
     collective: str = "auto"
     weight_stashing: bool = True
     weight_prediction: str = "staggered"
+    recompute: str = "none"
     split_memory: object = None
     """`memory_floor.SplitMemory` of the plan: where its balanced split is over the device, the
     partition keeps to splits that fit (`GridConfig.split_memory`)."""
@@ -79,7 +80,7 @@ class PipelineConfig:
                           partition=self.partition, bucket_size_bytes=self.bucket_size_bytes,
                           overlap_backward=self.overlap_backward, collective=self.collective,
                           num_microbatches=self.num_microbatches, num_virtual_stages=self.num_virtual_stages,
-                          split_memory=self.split_memory)
+                          split_memory=self.split_memory, recompute=self.recompute)
 
 
 def pipeline_config(scenario) -> PipelineConfig:
@@ -96,7 +97,8 @@ def pipeline_config(scenario) -> PipelineConfig:
         num_virtual_stages=strategy.num_virtual_stages, placement=strategy.placement,
         partition=strategy.partition, bucket_size_bytes=strategy.bucket_size_bytes,
         overlap_backward=strategy.overlap_backward, collective=collective,
-        weight_stashing=strategy.weight_stashing, weight_prediction=strategy.weight_prediction)
+        weight_stashing=strategy.weight_stashing, weight_prediction=strategy.weight_prediction,
+        recompute=training.recompute)
 
 
 def compile_pipeline_plan(config: PipelineConfig, workload: Workload, topology: Topology, costs: CostModel,

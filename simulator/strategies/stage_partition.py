@@ -20,6 +20,7 @@ from simulator.heterogeneity import stage_compute_s
 from simulator.partition import (balanced_partition, explicit_partition, flushed_partition,
                                  polished, serial_partition, uniform_partition)
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
+from simulator.strategies.pass_tails import recompute_tails
 from simulator.stage_costs import HostIssue, StageUpdate, joined_classes
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
@@ -104,7 +105,8 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
         ranges = balanced_partition(compute, forward, backward, num_stages, update)
     else:  # a flushed pipeline: one micro-batch's fill and drain, then the slowest chunk's pace
         host = _host_issue(stage_compute_s(costs, topology, rank_to_device, config.num_groups, num_stages,
-                                           num_layers, group_batch, parts=True), config.pass_tails)
+                                           num_layers, group_batch, parts=True),
+                           config.pass_tails or recompute_tails(workload, config.recompute))
         ranks = num_stages // config.num_virtual_stages
         played = _played_step(config, host, forward, backward, update,
                               classes or _ring_classes(topology, rank_to_device, num_stages, ranks))

@@ -37,8 +37,8 @@ gpus_per_node); an explicit placement lists the device of each such position. Pl
 numbered as pipelines: rank = g x p + pp with g = dp x t + tp (G = d t pipelines of p stages;
 `Plan.grid_position` gives (g, pp)).
 
-Recomputation (`training.recompute`): recomputed layers run forward again before each backward segment
-(`simulator.strategies.ghp.recompute_ranges`) with their TP collectives; ids in `meta["recompute_actions"]`."""
+Recomputed layers (`training.recompute`, `memory_activations.recompute_ranges`) run forward again before each
+backward segment with their TP collectives; ids in `meta["recompute_actions"]`."""
 
 from __future__ import annotations
 
@@ -48,12 +48,13 @@ from simulator.costs import AnalyticCosts, CostModel
 from simulator.errors import ScenarioError
 from simulator.layout_geometry import resolved_placement
 from simulator.limits import check_simulation_size
+from simulator.memory_activations import recompute_ranges
 from simulator.plan import BACKWARD, FORWARD, OPTIMIZER, Collective, Compute, Plan, Recv, Send, Stage
 from simulator.schedules import checked_schedule
 from simulator.schedules.analysis import in_flight_counts, stage_metrics
 from simulator.schedules.ir import UPDATE
 from simulator.strategies import chain_reduction, context, experts, pass_tails, zero
-from simulator.strategies.ghp import GridConfig, _ActionList, bucket_segments, recompute_ranges
+from simulator.strategies.ghp import GridConfig, _ActionList, bucket_segments
 from simulator.strategies.stage_partition import grid_partition
 from simulator.strategies.tensor_clone import relabelled_actions, relabelled_ranks_alike
 from simulator.strategies.tensor_layers import pass_collectives, rank_workload
@@ -92,8 +93,7 @@ class TensorConfig:
     fsdp_version: int = 1
     """2: PyTorch FSDP2's copy passes (`simulator.strategies.zero.copies`); 1: flat buffers, none."""
     gpus_per_node: int = 1
-    ep: int = 1
-    """Expert-parallel degree (`simulator.strategies.experts`)."""
+    ep: int = 1  # expert-parallel degree (`simulator.strategies.experts`)
     cp: int = 1
     """Context-parallel degree (`simulator.strategies.context`); `dp` counts d x c ranks."""
 

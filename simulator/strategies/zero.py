@@ -58,7 +58,8 @@ from bisect import bisect_right
 
 from simulator.errors import ScenarioError
 from simulator.plan import BACKWARD, FORWARD, Collective, Compute
-from simulator.strategies.ghp import bucket_segments, recompute_ranges
+from simulator.memory_activations import recompute_ranges
+from simulator.strategies.ghp import bucket_segments
 from simulator.workload import dtype_bytes
 from simulator.zero_config import gradient_element_bytes
 
