@@ -45,14 +45,13 @@ def megatron_grid(model, c, shard, partition, device, d: int):
     from simulator import memory_floor
     from simulator.strategies.chain_reduction import chain_reduction
     from simulator.strategies.ghp import GridConfig
-    from simulator.strategies.pass_tails import chain_tails_s
+    from simulator.strategies.pass_tails import chain_tails_s, chunk_tp_groups
     scenario, strategy, p, v = model.scenario, model.scenario.strategy, c.workers_per_group, c.num_virtual_stages
     reduction = chain_reduction(device, c.tp_degree, p, d, dtype=scenario.training.dtype, zero_stage=model.zero(c),
                                 zero1_gradient_reduce=strategy.zero1_gradient_reduce, collective=strategy.collective)
-    groups = [tuple(device(0, chunk % p, i) for i in range(c.tp_degree)) for chunk in range(p * v)]
-    tails = chain_tails_s(model.workload, model.topology, model._measured, groups, sequence_parallel=model.sp(c),
-                          recompute=model.recompute(c), microbatch_size=model.microbatch_size(c),
-                          element_bytes=model.element, memo=model._cache,
+    tails = chain_tails_s(model.workload, model.topology, model._measured, chunk_tp_groups(device, c.tp_degree, p, v),
+                          sequence_parallel=model.sp(c), recompute=model.recompute(c),
+                          microbatch_size=model.microbatch_size(c), element_bytes=model.element, memo=model._cache,
                           signature=lambda group: model._signature((group,)))
     return GridConfig("megatron", 1, p * v, scenario.training.global_batch_size, scenario.training.dtype,
                       partition=partition, num_microbatches=c.num_microbatches, num_virtual_stages=v,

@@ -98,12 +98,15 @@ def chain_tails_s(workload, topology, communication, tp_groups, *, sequence_para
     return found
 
 
+def chunk_tp_groups(device_of, t: int, p: int, v: int) -> list[tuple[int, ...]]:
+    """Each of the p v chunks' TP group in replica 0 (chunk k on stage k mod p), `device_of(dp', pp, tp)`."""
+    return [tuple(device_of(0, chunk % p, i) for i in range(t)) for chunk in range(p * v)]
+
+
 def for_config(config, workload, topology, costs) -> PassTails | None:
-    """`chain_tails_s` of a `strategies.tensor.TensorConfig`: each chunk's TP group in replica 0
-    (chunk k on stage k mod p)."""
+    """`chain_tails_s` of a `strategies.tensor.TensorConfig`."""
     from simulator.workload import dtype_bytes
-    groups = [tuple(config.device_of(0, chunk % config.pp, i) for i in range(config.tp))
-              for chunk in range(config.pp * config.num_virtual_stages)]
+    groups = chunk_tp_groups(config.device_of, config.tp, config.pp, config.num_virtual_stages)
     return chain_tails_s(workload, topology, costs.communication, groups, sequence_parallel=config.sequence_parallel,
                          recompute=config.recompute, microbatch_size=config.microbatch_size,
                          element_bytes=dtype_bytes(config.dtype))
