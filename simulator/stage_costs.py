@@ -91,11 +91,13 @@ def range_sum(values, starts, ends):
 @dataclass(frozen=True)
 class HostIssue:
     """Per layer (shape (L,), or (M, L) per stage) the device and host seconds of its forward and
-    backward passes (`simulator.costs.compute_parts`), and what each pass plays after its compute
-    (`after_*`: a megatron pass's TP collectives, `strategies.pass_tails`). A pass over layers
-    [a, b] takes max(sum of device, sum of host) + sum of after: the engine's host issues a pass's
-    kernels ahead of the device and the compute ends no earlier than its last kernel is issued
-    (`simulator.engine`); the collectives wait for the compute."""
+    backward passes (`simulator.costs.compute_parts`), what each pass plays after its compute
+    (`after_*`: a megatron pass's TP collectives, `strategies.pass_tails`) and what a backward
+    re-runs before it that waits for no gradient (`redo_*`: a layer-table pipeline's recomputed
+    forward, `ghp.apply_training_options`). A pass over layers [a, b] takes max(sum of device, sum
+    of host) + sum of after: the engine's host issues a pass's kernels ahead of the device and the
+    compute ends no earlier than its last kernel is issued (`simulator.engine`); the collectives
+    wait for the compute. A recompute takes max(sum of device, sum of host) the same way."""
 
     device_forward_s: np.ndarray
     host_forward_s: np.ndarray
@@ -103,40 +105,46 @@ class HostIssue:
     host_backward_s: np.ndarray
     after_forward_s: np.ndarray | float = 0.0
     after_backward_s: np.ndarray | float = 0.0
+    redo_device_s: np.ndarray | float = 0.0
+    redo_host_s: np.ndarray | float = 0.0
 
     @property
     def device_s(self) -> np.ndarray:
-        """Forward + backward device seconds per layer and what follows each: the additive part of a range's cost."""
-        return self.device_forward_s + self.device_backward_s + self.after_forward_s + self.after_backward_s
+        """Device seconds per layer of its passes and what comes with them: the additive part of a range's cost."""
+        return (self.device_forward_s + self.device_backward_s + self.after_forward_s + self.after_backward_s
+                + self.redo_device_s)
 
     @cached_property
     def _prefix(self) -> np.ndarray:
-        """Prefix sums over the layers, shape (8, rows, L + 1): device and host seconds of the
-        forward, of the backward, host less device of either (a range's excess is linear in it), then
-        the seconds after each pass."""
+        """Prefix sums over the layers, shape (11, rows, L + 1): device and host seconds of the
+        forward, of the backward, host less device of either (a range's excess is linear in it), the
+        seconds after each pass, then device and host seconds of the recompute and host less device."""
         rows = np.broadcast_arrays(*(np.atleast_2d(values) for values in (
             self.device_forward_s, self.host_forward_s, self.device_backward_s, self.host_backward_s,
-            self.after_forward_s, self.after_backward_s)))
-        sides = np.array(rows[:4])
-        sides = np.concatenate([sides, sides[1:2] - sides[0:1], sides[3:4] - sides[2:3], np.array(rows[4:])])
+            self.after_forward_s, self.after_backward_s, self.redo_device_s, self.redo_host_s)))
+        sides = np.array([*rows[:4], rows[1] - rows[0], rows[3] - rows[2], *rows[4:], rows[7] - rows[6]])
         return np.concatenate([np.zeros(sides.shape[:2] + (1,)), np.cumsum(sides, axis=2)], axis=2)
 
     def _rows(self, stage: int) -> np.ndarray:
         return self._prefix[:, 0 if self._prefix.shape[1] == 1 else stage]
 
     def excess_s(self, stage: int, starts, ends) -> np.ndarray:
-        """What the host adds to the device's seconds of ranges [starts, ends] on `stage`, both passes."""
+        """What the host adds to the device's seconds of ranges [starts, ends] on `stage`: passes, recompute."""
         prefix = self._rows(stage)
-        return (np.maximum(prefix[4][ends + 1] - prefix[4][starts], 0.0)
-                + np.maximum(prefix[5][ends + 1] - prefix[5][starts], 0.0))
+        return sum(np.maximum(prefix[row][ends + 1] - prefix[row][starts], 0.0) for row in (4, 5, 10))
 
     def pass_s(self, stage: int, start: int, end: int) -> tuple[float, float]:
         """(forward, backward) seconds of one pass over layers [start, end) on `stage`."""
         rows = self._rows(stage)
         device_forward, host_forward, device_backward, host_backward = rows[:4, end] - rows[:4, start]
-        after_forward, after_backward = rows[6:, end] - rows[6:, start]
+        after_forward, after_backward = rows[6:8, end] - rows[6:8, start]
         return (float(max(device_forward, host_forward) + after_forward),
                 float(max(device_backward, host_backward) + after_backward))
+
+    def redo_s(self, stage: int, start: int, end: int) -> float:
+        """Seconds of the recompute before a backward over layers [start, end) on `stage`."""
+        rows = self._rows(stage)
+        return float(max(rows[8, end] - rows[8, start], rows[9, end] - rows[9, start]))
 
 
 def joined_classes(sets: list) -> list[int]:

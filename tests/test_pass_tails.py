@@ -118,10 +118,25 @@ def test_a_measured_collective_run_three_times_takes_three_times_its_fit():
     assert spans["end_s"].max() == pytest.approx(3e-3)
 
 
+def test_a_recompute_that_waits_for_no_gradient_runs_while_its_rank_waits():
+    """1F1B, two stages, one micro-batch, passes 1 + 2 s each: stage 0 recomputes 3 s before its
+    backward. Its gradient arrives at 4 s, by when the recompute (from 1 s) is done: the backward
+    ends at 6 s, not 4 + 3 + 2 = 9 s as it would with the recompute after the gradient."""
+    from simulator.schedules import build_schedule
+    from simulator.schedules.makespan import pass_ends_s
+    schedule = build_schedule("1f1b", 2, 1)
+    assert pass_ends_s(schedule, [1, 1], [2, 2], [0, 0], [0, 0], [3, 0])[0] == pytest.approx([6.0, 4.0])
+    assert pass_ends_s(schedule, [1, 1], [5, 2], [0, 0], [0, 0])[0] == pytest.approx([9.0, 4.0])
+    issue = HostIssue(*(np.ones(2),) * 4, redo_device_s=np.array([3.0, 0.0]), redo_host_s=np.array([1.0, 2.0]))
+    assert issue.redo_s(0, 0, 2) == 3.0 and issue.pass_s(0, 0, 2) == (2.0, 2.0)
+    assert issue.device_s == pytest.approx([5.0, 2.0]) and issue.excess_s(0, np.array([1]), np.array([1])) == [2.0]
+
+
 def test_a_layer_table_pipeline_partition_plays_the_recomputed_forward(monkeypatch):
-    """GPipe re-materialises each stage's forward before its backward (`training.recompute: full`); the
-    engine plays it, and so does the partition's play: VGG16 in 4 stages of 4 replicas, 8 micro-batches,
-    within 5 % of the simulated step for splits near the best (13-23 % under without it)."""
+    """GPipe re-materialises each stage's forward before its backward (`training.recompute: full`), as
+    soon as the rank is free; the engine plays it, and so does the partition's play: VGG16 in 4 stages
+    of 4 replicas, 8 micro-batches, within 5 % of the simulated step for splits near the best (13-23 %
+    under without it)."""
     import simulator.strategies.stage_partition as stage_partition
     plays = []
     original = stage_partition._played_step

@@ -61,9 +61,12 @@ def schedule_step_s(schedule: Schedule, forward_s: Sequence[float], backward_s: 
 
 
 def pass_ends_s(schedule: Schedule, forward_s: Sequence[float], backward_s: Sequence[float],
-                send_forward_s: Sequence[float], send_backward_s: Sequence[float]) -> tuple[list[float], list[float]]:
+                send_forward_s: Sequence[float], send_backward_s: Sequence[float],
+                early_backward_s: Sequence[float] | None = None) -> tuple[list[float], list[float]]:
     """(per rank, when its last pass ends: its update, which waits for nothing else, starts there;
-    per chunk, when its last backward ends: its gradients are whole), arguments as `schedule_step_s`."""
+    per chunk, when its last backward ends: its gradients are whole), arguments as `schedule_step_s`;
+    `early_backward_s[c]`: work chunk c's rank runs before each of its backwards that waits for no
+    gradient (a recompute, `ghp.apply_training_options`), from when the rank is free."""
     program = _program(schedule)
     passes = {FORWARD: forward_s, BACKWARD: backward_s}
     sends = {FORWARD: send_forward_s, BACKWARD: send_backward_s}
@@ -73,7 +76,7 @@ def pass_ends_s(schedule: Schedule, forward_s: Sequence[float], backward_s: Sequ
     for rank, phase, chunk, slot, wait, message, sending in program:
         if phase not in passes:
             continue
-        start = free[rank]
+        start = free[rank] + early_backward_s[chunk] if early_backward_s and phase == BACKWARD else free[rank]
         if wait >= 0:
             start = max(start, arrival[wait] if message else finish[wait])
         end = free[rank] = finish[slot] = start + passes[phase][chunk]

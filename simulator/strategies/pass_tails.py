@@ -27,6 +27,9 @@ class PassTails:
     forward_s: np.ndarray
     backward_s: np.ndarray
     recomputed: np.ndarray
+    recompute_waits: bool = True
+    """Whether a backward's recompute waits for its gradient (megatron's, `strategies.tensor`), or
+    runs as soon as its rank is free (the layer-table kinds', `ghp.apply_training_options`)."""
 
 
 def collective_alone_s(topology, communication, group: tuple[int, ...], op: str, size_bytes: float,
@@ -62,9 +65,9 @@ def recomputed_layers(workload, recompute: str) -> np.ndarray:
 
 
 def recompute_tails(workload, recompute: str) -> PassTails | None:
-    """The `PassTails` of a pipeline without TP: its recomputed layers alone; None without any."""
+    """The `PassTails` of a layer-table pipeline: its recomputed layers alone; None without any."""
     recomputed = recomputed_layers(workload, recompute)
-    return PassTails(0.0, 0.0, recomputed) if recomputed.any() else None
+    return PassTails(0.0, 0.0, recomputed, recompute_waits=False) if recomputed.any() else None
 
 
 def chain_tails_s(workload, topology, communication, tp_groups, *, sequence_parallel: bool, recompute: str,

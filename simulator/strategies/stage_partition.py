@@ -133,12 +133,16 @@ def grid_partition(config, workload: Workload, topology: Topology, costs: CostMo
 
 def _host_issue(parts: np.ndarray, tails) -> HostIssue:
     """`HostIssue` of the device and host seconds of each layer's forward, then backward (`parts`),
-    with a megatron chain's `PassTails`: a recomputed layer's backward runs its forward first."""
+    with `PassTails`: a recomputed layer's backward runs its forward first, as part of the backward
+    where the recompute waits for the gradient (megatron), else as work before it (`HostIssue.redo_s`)."""
     if tails is None:
         return HostIssue(*parts)
     device_forward, host_forward, device_backward, host_backward = parts
-    return HostIssue(device_forward, host_forward, device_backward + np.where(tails.recomputed, device_forward, 0.0),
-                     host_backward + np.where(tails.recomputed, host_forward, 0.0), tails.forward_s, tails.backward_s)
+    redo_device, redo_host = (np.where(tails.recomputed, values, 0.0) for values in (device_forward, host_forward))
+    if not tails.recompute_waits:  # before the backward, as soon as the rank is free
+        return HostIssue(*parts, tails.forward_s, tails.backward_s, redo_device, redo_host)
+    return HostIssue(device_forward, host_forward, device_backward + redo_device, host_backward + redo_host,
+                     tails.forward_s, tails.backward_s)
 
 
 def _fitting_partition(memory, ranges, even, partitioned, played, passes: int):
@@ -227,7 +231,8 @@ def _played_step(config, host: HostIssue, forward, backward, update, ring_classe
         ahead, back = zip(*(host.pass_s(k, a, b) for k, (a, b) in zip(chunks, ranges)))
         sends = ([float(forward[k, b - 1]) for k, (a, b) in zip(chunks, ranges)],
                  [float(backward[k, a]) for k, (a, b) in zip(chunks, ranges)])
-        ends, chunk_ends = pass_ends_s(schedule, ahead, back, *sends)
+        early = [host.redo_s(k, a, b) for k, (a, b) in zip(chunks, ranges)]
+        ends, chunk_ends = pass_ends_s(schedule, ahead, back, *sends, early if any(early) else None)
         return max(ends) if alone is None else max(_closings_s(alone, ranges, ends, chunk_ends, ring_classes))
 
     return played_s
