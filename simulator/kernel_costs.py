@@ -203,7 +203,8 @@ class KernelCosts:
     checkpointing; Korthikanti et al. 2022), for plans that do not emit recompute actions
     themselves. `recompute="selective"`: a transformer block's backward includes its attention
     core's forward (`simulator.kernels_attention.core_recompute_kernels`; the plans emit no action
-    for it, `simulator.strategies.ghp.recompute_ranges`). `parameters` replaces the architecture table's `KernelParameters`.
+    for it, `simulator.memory_activations.recompute_ranges`). `parameters` replaces the architecture
+    table's `KernelParameters`.
     `comm_sm_contention`: compute slows while a collective's NCCL kernels hold SMs on the same GPU
     (`shared_processors`, `simulator.host_sharing.sm_sharing`), `comm_channels` of them (NCCL's channel
     count on the node's link, `simulator.nccl.collective_channels`). `gradient_accumulation_fusion`

@@ -140,7 +140,7 @@ def searched_recompute_modes(scenario: Scenario, workload) -> tuple[str, ...]:
     attention a transformer block's selective recompute re-runs and keeps nothing more (flash keeps
     no s x s tensor and its backward recomputes the scores: `simulator.kernels_attention.
     core_recompute_kernels`, `simulator.memory_activations.kept_bytes`); only attention layers
-    without a block spec would be re-run whole (`simulator.strategies.ghp.recompute_ranges`). A model
+    without a block spec would be re-run whole (`simulator.memory_activations.recompute_ranges`). A model
     with no attention layer (a CNN) has no core to re-run: selective is none there."""
     costs, attention = scenario.costs, [layer for layer in workload.layers if layer.kind == "attention"]
     kernel_model = kernel_model_chosen(costs.model, scenario.cluster.gpu)

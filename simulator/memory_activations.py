@@ -48,7 +48,7 @@ Recompute (`training.recompute`):
   backward runs): sbh(10 + 24/t) per layer, 34 sbh / t with sequence parallelism. With flash
   attention the core keeps no s x s tensor, so selective keeps and recomputes nothing more than
   none. An `attention` layer without a block spec keeps only its input (its core is unknown: the
-  whole layer is re-run by the plan, `simulator.strategies.ghp.recompute_ranges`).
+  whole layer is re-run by the plan, `recompute_ranges` below).
 - full: only the input of each backward segment's first layer (a checkpoint per gradient bucket,
   the stage input when one bucket); the rest is rematerialised by the recompute forward (or, if
   the plan has none, at the start of the backward segment) and freed with the layer's activations.

@@ -1,10 +1,12 @@
-"""What a megatron pass plays after its compute, per layer, as its stage partition weighs it
-(`stage_costs.HostIssue`): the pass's TP collectives (Megatron's f and g operators,
+"""What a pipeline pass plays besides its compute, per layer, as the stage partition weighs it
+(`stage_costs.HostIssue`). A megatron pass's TP collectives (Megatron's f and g operators,
 `tensor_layers.pass_collectives`), serialised after the compute as the plan plays them
-(`strategies.tensor`). Each is priced alone on its TP group: the flow phases the engine plays
+(`strategies.tensor`), each priced alone on its TP group: the flow phases the engine plays
 (`collectives.collective_phases`), each at its latency plus its bytes at its bottleneck link's rate
 (`link_floors.isolated_time_s`), or the profile's measured fit where communication was measured.
-A layer its backward recomputes (`ghp.recompute_ranges`) replays its forward's collectives there."""
+And a recomputed layer's forward (`memory_activations.recompute_ranges`), with its collectives,
+before its backward: megatron's once the gradient arrives, the layer-table kinds' as soon as the
+rank is free (`ghp.apply_training_options` gives it no dependency)."""
 
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def layer_tails_s(workload, sequence_parallel: bool, microbatch_size: float, ele
 
 
 def recomputed_layers(workload, recompute: str) -> np.ndarray:
-    """Per layer, whether its backward first re-runs its forward (`ghp.recompute_ranges`)."""
+    """Per layer, whether its backward first re-runs its forward (`memory_activations.recompute_ranges`)."""
     recomputed = np.zeros(len(workload.layers), dtype=bool)
     for start, end in recompute_ranges(workload, 0, len(workload.layers), recompute):
         recomputed[start:end] = True
