@@ -45,13 +45,14 @@ def megatron_grid(model, c, shard, partition, device, d: int):
     from simulator import memory_floor
     from simulator.strategies.chain_reduction import chain_reduction
     from simulator.strategies.ghp import GridConfig
-    from simulator.strategies.pass_tails import chain_tails_s, chunk_tp_groups
+    from simulator.strategies.pass_tails import chain_tails_s, chunk_ep_groups, chunk_tp_groups
     scenario, strategy, p, v = model.scenario, model.scenario.strategy, c.workers_per_group, c.num_virtual_stages
     reduction = chain_reduction(device, c.tp_degree, p, d, dtype=scenario.training.dtype, zero_stage=model.zero(c),
                                 zero1_gradient_reduce=strategy.zero1_gradient_reduce, collective=strategy.collective)
     tails = chain_tails_s(model.workload, model.topology, model._measured, chunk_tp_groups(device, c.tp_degree, p, v),
                           sequence_parallel=model.sp(c), recompute=model.recompute(c),
                           microbatch_size=model.microbatch_size(c), element_bytes=model.element, memo=model._cache,
+                          ep_groups=chunk_ep_groups(device, c.tp_degree, p, v, model.ep(c)),
                           signature=lambda group: model._signature((group,)))
     return GridConfig("megatron", 1, p * v, scenario.training.global_batch_size, scenario.training.dtype,
                       partition=partition, num_microbatches=c.num_microbatches, num_virtual_stages=v,
@@ -120,7 +121,8 @@ def expert_floors_s(model, c, geo, b: float) -> dict[int, float]:
     (each TP rank exchanges with its peers in the other replicas, all at once after the pass's TP
     collectives, on shared links, as the data-parallel floors count them), and with TP the routed
     tokens' allgather and reduce-scatter over its TP group; empty without expert parallelism."""
-    from simulator.strategies.experts import alltoall_bytes_per_sample, dense_bytes_per_sample, is_moe
+    from simulator.strategies.experts import is_moe
+    from simulator.strategies.pass_tails import expert_layer_s
     t, e, sp, p = c.tp_degree, model.ep(c), model.sp(c), len(geo.chain)
     if e == 1:
         return {}
@@ -128,15 +130,12 @@ def expert_floors_s(model, c, geo, b: float) -> dict[int, float]:
     floors: dict[int, float] = {}
     for chunk, (start, end) in enumerate(geo.ranges):
         groups = tuple(tuple(device(replica, chunk % p, tp_rank) for replica in range(e)) for tp_rank in range(t))
+        tp_group = geo.tp_groups[chunk % p]
         for index in (i for i in range(start, end) if is_moe(model.workload.layers[i])):
-            spec = model.workload.layers[index].spec
-            size = alltoall_bytes_per_sample(spec, t, sp, model.element) * b
-            floors[index] = model.collective_floor_s(groups, "alltoall", size, "pairwise", 2)
-            extra = size - dense_bytes_per_sample(spec, t, sp, model.element) * b
-            if t > 1 and extra > 0:
-                tp_group = geo.tp_groups[chunk % p]
-                floors[index] += (model.collective_floor_s((tp_group,), "allgather", extra, "ring")
-                                  + model.collective_floor_s((tp_group,), "reduce_scatter", extra * t, "ring"))
+            floors[index] = expert_layer_s(
+                model.workload.layers[index].spec, t, sp, b, model.element,
+                lambda size: model.collective_floor_s(groups, "alltoall", size, "pairwise", 2),
+                lambda op, size: model.collective_floor_s((tp_group,), op, size, "ring"))
     return floors
 
 

@@ -149,3 +149,37 @@ def test_a_layer_table_pipeline_partition_plays_the_recomputed_forward(monkeypat
         bounds = np.cumsum([0, *split])
         step = simulate(load_scenario(demo, [*layout, f"strategy.partition=[{','.join(map(str, split))}]"])).step_time_s
         assert plays[0](tuple(zip(bounds[:-1], bounds[1:]))) == pytest.approx(step, rel=0.05), split
+
+
+def test_a_moe_pipeline_partition_plays_its_all_to_alls(monkeypatch):
+    """Mixtral 8x7B, EP 8 x PP 4 on 64 H100: each MoE layer's dispatch and combine all-to-alls follow
+    its pass, as the TP collectives do. Without them the play read each split 6.5 % under its
+    simulated step; with them within 4 %."""
+    import simulator.strategies.stage_partition as stage_partition
+    plays = []
+    original = stage_partition._played_step
+    monkeypatch.setattr(stage_partition, "_played_step", lambda *args: plays.append(original(*args)) or plays[-1])
+    mixtral = Path(__file__).resolve().parents[1] / "scenarios" / "mixtral_8x7b_ep_h100.yaml"
+    simulate(load_scenario(mixtral))
+    for split in ([9, 8, 8, 9], [7, 9, 9, 9]):
+        bounds = np.cumsum([0, *split])
+        step = simulate(load_scenario(mixtral, [f"strategy.partition=[{','.join(map(str, split))}]"])).step_time_s
+        assert plays[0](tuple(zip(bounds[:-1], bounds[1:]))) == pytest.approx(step, rel=0.04), split
+
+
+def test_an_moe_layer_pays_its_all_to_alls_and_with_tp_the_routed_tokens_gather():
+    from simulator.strategies.pass_tails import expert_layer_s
+    mixtral = Path(__file__).resolve().parents[1] / "scenarios" / "mixtral_8x7b_ep_h100.yaml"
+    scenario = load_scenario(mixtral)
+    spec = next(layer.spec for layer in resolve_workload(scenario.model, scenario.base_dir).layers
+                if layer.spec.get("num_experts"))
+    priced = []
+
+    def tp_collective_s(op, size_bytes):
+        priced.append((op, size_bytes))
+        return 1.0
+
+    assert expert_layer_s(spec, 1, False, 2, 2, lambda size: size / 1e9, tp_collective_s) > 0 and not priced
+    alone = expert_layer_s(spec, 2, True, 2, 2, lambda size: 0.0, tp_collective_s)
+    (gather, gathered), (scatter, scattered) = priced
+    assert (gather, scatter, alone) == ("allgather", "reduce_scatter", 2.0) and scattered == 2 * gathered

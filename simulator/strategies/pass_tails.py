@@ -18,6 +18,7 @@ from simulator.collectives import collective_phases
 from simulator.link_floors import isolated_time_s
 from simulator.memory_activations import recompute_ranges
 from simulator.plan import BACKWARD, FORWARD
+from simulator.strategies.experts import alltoall_bytes_per_sample, dense_bytes_per_sample, is_moe
 from simulator.strategies.tensor_layers import pass_collectives
 
 
@@ -58,6 +59,35 @@ def layer_tails_s(workload, sequence_parallel: bool, microbatch_size: float, ele
     return forward, backward
 
 
+def expert_layer_s(spec: dict, tp_degree: int, sequence_parallel: bool, microbatch_size: float, element_bytes: int,
+                   alltoall_s, tp_collective_s) -> float:
+    """One MoE layer's expert-parallel collectives after a pass (`experts.expert_alltoalls`): the
+    dispatch and combine all-to-alls, `alltoall_s(size_bytes)`, and with TP the routed tokens'
+    allgather and reduce-scatter over the TP group, `tp_collective_s(op, size_bytes)`."""
+    t, b = tp_degree, microbatch_size
+    size_bytes = alltoall_bytes_per_sample(spec, t, sequence_parallel, element_bytes) * b
+    seconds = alltoall_s(size_bytes)
+    extra_bytes = size_bytes - dense_bytes_per_sample(spec, t, sequence_parallel, element_bytes) * b
+    if t > 1 and extra_bytes > 0:
+        seconds += tp_collective_s("allgather", extra_bytes) + tp_collective_s("reduce_scatter", extra_bytes * t)
+    return seconds
+
+
+def _expert_tails_s(workload, topology, communication, ep_groups, tp_group, sequence_parallel: bool,
+                    microbatch_size: float, element_bytes: int) -> np.ndarray:
+    """Per layer: `expert_layer_s` of each MoE layer, its all-to-alls on the t groups `ep_groups` at once."""
+    def alltoall_s(size_bytes: float) -> float:
+        if communication is not None:
+            return 2 * communication.collective_s("alltoall", size_bytes, len(ep_groups[0]))
+        phases = collective_phases(topology, ep_groups, "alltoall", size_bytes, "pairwise", 1, 2)
+        return isolated_time_s(topology, phases)
+
+    return np.array([expert_layer_s(layer.spec, len(tp_group), sequence_parallel, microbatch_size, element_bytes,
+                                    alltoall_s, lambda op, size: collective_alone_s(topology, communication, tp_group,
+                                                                                     op, size, 1))
+                     if is_moe(layer) else 0.0 for layer in workload.layers])
+
+
 def recomputed_layers(workload, recompute: str) -> np.ndarray:
     """Per layer, whether its backward first re-runs its forward (`memory_activations.recompute_ranges`)."""
     recomputed = np.zeros(len(workload.layers), dtype=bool)
@@ -73,29 +103,38 @@ def recompute_tails(workload, recompute: str) -> PassTails | None:
 
 
 def chain_tails_s(workload, topology, communication, tp_groups, *, sequence_parallel: bool, recompute: str,
-                  microbatch_size: float, element_bytes: int, memo: dict | None = None,
+                  microbatch_size: float, element_bytes: int, ep_groups=None, memo: dict | None = None,
                   signature=tuple) -> PassTails | None:
-    """`layer_tails_s` of each chunk's TP group (`tp_groups[k]`), shape (L,) where the groups time
-    alike, else (chunks, L), a recomputed layer's forward tail added to its backward's; None without
-    tensor parallelism or recomputed layers. `memo` keeps each group's arrays under `signature(group)`
-    (groups whose collectives time alike may share one key), and the chain's `PassTails` under its
-    groups' signatures and recomputed layers (so chains alike there share one object)."""
+    """`layer_tails_s` of each chunk's TP group (`tp_groups[k]`), with expert parallelism each MoE
+    layer's all-to-alls among its chunk's EP groups (`ep_groups[k]`, one a TP rank) after either pass,
+    shape (L,) where the groups time alike, else (chunks, L), a recomputed layer's forward tail added
+    to its backward's; None without tensor or expert parallelism or recomputed layers. `memo` keeps
+    each group's arrays under `signature(group)` (groups whose collectives time alike may share one
+    key), and the chain's `PassTails` under its groups' signatures and recomputed layers (so chains
+    alike there share one object)."""
     tp_degree, recomputed = len(tp_groups[0]), recomputed_layers(workload, recompute)
-    if tp_degree == 1 and not recomputed.any():
+    ep_groups = ep_groups if ep_groups and len(ep_groups[0][0]) > 1 else None
+    if tp_degree == 1 and ep_groups is None and not recomputed.any():
         return None
     memo = {} if memo is None else memo
-    chain_key = ("chain tails", tuple(signature(group) for group in tp_groups), sequence_parallel,
+    ep_keys = [None] * len(tp_groups) if ep_groups is None else [tuple(map(signature, ep)) for ep in ep_groups]
+    chain_key = ("chain tails", tuple(signature(group) for group in tp_groups), tuple(ep_keys), sequence_parallel,
                  recomputed.tobytes(), microbatch_size, element_bytes, communication is None)
     found = memo.get(chain_key)
     if found is not None:
         return found
     rows = []
-    for group in tp_groups:
-        key = ("pass tails", signature(group), sequence_parallel, microbatch_size, element_bytes, communication is None)
+    for chunk, group in enumerate(tp_groups):
+        key = ("pass tails", signature(group), ep_keys[chunk], sequence_parallel, microbatch_size, element_bytes,
+               communication is None)
         if key not in memo:
             memo[key] = layer_tails_s(workload, sequence_parallel, microbatch_size, element_bytes, tp_degree,
                                       lambda op, size, repeat, group=group: 0.0 if tp_degree == 1 else
                                       collective_alone_s(topology, communication, group, op, size, repeat))
+            if ep_groups is not None:
+                experts = _expert_tails_s(workload, topology, communication, ep_groups[chunk], group, sequence_parallel,
+                                          microbatch_size, element_bytes)
+                memo[key] = tuple(tails + experts for tails in memo[key])
         rows.append(memo[key])
     forward, backward = (rows[0] if all(row is rows[0] for row in rows) else
                          (np.array([row[0] for row in rows]), np.array([row[1] for row in rows])))
@@ -108,10 +147,17 @@ def chunk_tp_groups(device_of, t: int, p: int, v: int) -> list[tuple[int, ...]]:
     return [tuple(device_of(0, chunk % p, i) for i in range(t)) for chunk in range(p * v)]
 
 
+def chunk_ep_groups(device_of, t: int, p: int, v: int, e: int) -> list[tuple[tuple[int, ...], ...]]:
+    """Each chunk's t EP groups in the first e replicas (one a TP rank), as `experts.ep_ranks` forms them."""
+    return [tuple(tuple(device_of(replica, chunk % p, i) for replica in range(e)) for i in range(t))
+            for chunk in range(p * v)]
+
+
 def for_config(config, workload, topology, costs) -> PassTails | None:
     """`chain_tails_s` of a `strategies.tensor.TensorConfig`."""
     from simulator.workload import dtype_bytes
-    groups = chunk_tp_groups(config.device_of, config.tp, config.pp, config.num_virtual_stages)
-    return chain_tails_s(workload, topology, costs.communication, groups, sequence_parallel=config.sequence_parallel,
-                         recompute=config.recompute, microbatch_size=config.microbatch_size,
-                         element_bytes=dtype_bytes(config.dtype))
+    t, p, v = config.tp, config.pp, config.num_virtual_stages
+    return chain_tails_s(workload, topology, costs.communication, chunk_tp_groups(config.device_of, t, p, v),
+                         sequence_parallel=config.sequence_parallel, recompute=config.recompute,
+                         microbatch_size=config.microbatch_size, element_bytes=dtype_bytes(config.dtype),
+                         ep_groups=chunk_ep_groups(config.device_of, t, p, v, config.ep))
