@@ -48,7 +48,8 @@ def megatron_grid(model, c, shard, partition, device, d: int):
     from simulator.strategies.pass_tails import chain_tails_s, chunk_ep_groups, chunk_tp_groups
     scenario, strategy, p, v = model.scenario, model.scenario.strategy, c.workers_per_group, c.num_virtual_stages
     reduction = chain_reduction(device, c.tp_degree, p, d, dtype=scenario.training.dtype, zero_stage=model.zero(c),
-                                zero1_gradient_reduce=strategy.zero1_gradient_reduce, collective=strategy.collective)
+                                zero1_gradient_reduce=strategy.zero1_gradient_reduce, collective=strategy.collective,
+                                ep=model.ep(c))
     tails = chain_tails_s(model.workload, model.topology, model._measured, chunk_tp_groups(device, c.tp_degree, p, v),
                           sequence_parallel=model.sp(c), recompute=model.recompute(c),
                           microbatch_size=model.microbatch_size(c), element_bytes=model.element, memo=model._cache,

@@ -32,11 +32,28 @@ class StageUpdate:
     shared_by: np.ndarray | None = None
     """(M,) how many stage rings per_byte_s[m] assumes share the NIC of stage m's busiest node (all
     at once, the closed form's separable price); None: per_byte_s is the ring's own rate."""
+    expert_bytes: np.ndarray | None = None
+    """(L,) expert weight gradient bytes reduced among fewer copies (megatron's expert parallelism,
+    `strategies.chain_reduction`), at expert_per_byte_s[m] + expert_constant_s[m] (M,) where a range
+    holds any; `gradient_bytes` then counts the other weights' alone. None: no such reduction."""
+    expert_per_byte_s: np.ndarray | None = None
+    expert_constant_s: np.ndarray | None = None
 
     def alone(self) -> StageUpdate:
         """The same update with each ring at its own rate, as if no other ring shared its NICs."""
-        return self if self.shared_by is None else \
-            replace(self, per_byte_s=self.per_byte_s / self.shared_by, shared_by=None, _sums={})
+        if self.shared_by is None:
+            return self
+        experts = None if self.expert_per_byte_s is None else self.expert_per_byte_s / self.shared_by
+        return replace(self, per_byte_s=self.per_byte_s / self.shared_by, shared_by=None, _sums={},
+                       expert_per_byte_s=experts)
+
+    def _reduced_s(self, stage: int, gradient_bytes, expert_bytes):
+        """The reduction of ranges holding `gradient_bytes` and `expert_bytes` (arrays or floats) on `stage`."""
+        seconds = self.per_byte_s[stage] * gradient_bytes + self.constant_s[stage]
+        if self.expert_bytes is None:
+            return seconds
+        return seconds + self.expert_per_byte_s[stage] * expert_bytes + np.where(
+            expert_bytes > 0, self.expert_constant_s[stage], 0.0)
 
     def _backward(self, stage: int) -> np.ndarray:
         if np.ndim(self.backward_s) == 1:
@@ -53,23 +70,27 @@ class StageUpdate:
     def closing_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Seconds after stage `stage`'s backward over layers [start, end] (inclusive): its exposed
         allreduce, then its optimizer step."""
-        allreduce = self.per_byte_s[stage] * self._sum(self.gradient_bytes, starts, ends) + self.constant_s[stage]
+        experts = 0.0 if self.expert_bytes is None else self._sum(self.expert_bytes, starts, ends)
+        allreduce = self._reduced_s(stage, self._sum(self.gradient_bytes, starts, ends), experts)
         if self.overlapped:
             allreduce = np.maximum(allreduce - self._sum(self._backward(stage), starts, ends), 0.0)
         return allreduce + self._sum(self.optimizer_s, starts, ends)
 
     def closing_parts_s(self, stage: int, start: int, end: int) -> tuple[float, float, float]:
         """`closing_s` in parts for one range: (allreduce, the part the backward leaves exposed, optimizer step)."""
-        (gradients,), (optimizer,), backward = self._prefixes
-        allreduce = float(self.per_byte_s[stage] * (gradients[end + 1] - gradients[start]) + self.constant_s[stage])
+        (gradients, experts), (optimizer,), backward = self._prefixes
+        allreduce = float(self._reduced_s(stage, gradients[end + 1] - gradients[start],
+                                          experts[end + 1] - experts[start]))
         row = backward[stage % len(backward)]
         exposed = max(allreduce - float(row[end + 1] - row[start]), 0.0) if self.overlapped else allreduce
         return allreduce, exposed, float(optimizer[end + 1] - optimizer[start])
 
     @cached_property
     def _prefixes(self):  # prefix sums of the gradient bytes, the optimizer steps and each row of the backward
+        experts = np.zeros_like(self.gradient_bytes) if self.expert_bytes is None else self.expert_bytes
         return tuple(np.concatenate((np.zeros((len(rows), 1)), np.cumsum(rows, axis=1)), axis=1) for rows in (
-            np.atleast_2d(self.gradient_bytes)[0:1], np.atleast_2d(self.optimizer_s), np.atleast_2d(self.backward_s)))
+            np.array([self.gradient_bytes, experts], dtype=float), np.atleast_2d(self.optimizer_s),
+            np.atleast_2d(self.backward_s)))
 
     def exposed_s(self, stage: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Pipelined: the closing seconds per micro-batch."""

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from simulator import load_scenario, simulate
+from simulator.model_source import resolve_workload
 from simulator.strategies.chain_reduction import chain_reduction
+from simulator.strategies.experts import expert_params, is_moe
 
 GPT2 = Path(__file__).resolve().parents[1] / "scenarios" / "gpt2_1.5b_dgx_a100_3d.yaml"
 
@@ -96,3 +98,27 @@ def test_each_tp_rank_sends_its_slice_of_a_boundary():
     for split in ([7, 6, 6, 6, 6, 6, 6, 7], [7, 7, 6, 5, 6, 6, 6, 7], [9, 5, 5, 7, 6, 3, 7, 8]):
         step = simulate(load_scenario(GPT2, [*layout, f"strategy.partition={split}"])).step_time_s
         assert balanced.step_time_s <= step * 1.001, split
+
+
+def test_expert_gradients_reduce_among_the_copies_of_each_expert(monkeypatch):
+    """Mixtral 8x7B, EP 8 x PP 4: with d = 16 copies each expert weight's gradient is reduced among
+    the 2 copies of its expert, priced apart from the dense weights' ring of 16 (and a range without
+    MoE layers pays no expert latency); with d = e = 8 each expert has one copy: nothing to reduce."""
+    _, updates = _plays(monkeypatch)
+    mixtral = Path(__file__).resolve().parents[1] / "scenarios" / "mixtral_8x7b_ep_h100.yaml"
+    simulate(load_scenario(mixtral))
+    update = updates[-1][0]  # (the update, the ring classes)
+    scenario = load_scenario(mixtral)
+    layers = resolve_workload(scenario.model, scenario.base_dir).layers
+    moe = next(i for i, layer in enumerate(layers) if is_moe(layer))
+    experts = expert_params(layers[moe].spec) / 8 * 4  # one rank's eighth, fp32 gradients under bf16
+    assert update.expert_bytes[moe] == pytest.approx(experts) and update.expert_bytes[0] == 0.0
+    assert update.gradient_bytes[moe] > 0 and update.expert_per_byte_s[0] > 0
+    head = np.array([len(layers) - 1])
+    with_experts, without = (update.closing_s(0, np.array([start]), head) for start in (moe, len(layers) - 1))
+    assert with_experts[0] > without[0]
+    updates.clear()
+    simulate(load_scenario(mixtral, ["cluster.num_nodes=4", "training.global_batch_size=128",
+                                     "strategy.placement=group_per_node"]))
+    assert updates[-1][0].expert_bytes is None  # d = e: each expert's gradient stays where it is
+    assert updates[-1][0].gradient_bytes[moe] < update.gradient_bytes[moe] + update.expert_bytes[moe]

@@ -6,8 +6,10 @@ optimizer step of its layers (ZeRO-1: its 1 / (d c) shard, then an allgather of 
 Rajbhandari et al., "ZeRO", SC'20, sec. 5.1). The t rings of a stage run at once and share
 whatever links they cross (`collectives.collective_phases` of all of them, each phase at its
 bottleneck: `link_floors.isolated_time_s`); the rings of other stages that cross one of the same
-links share it while their reductions overlap (`stage_partition._closings_s`). Expert gradients
-are priced as dense ones (their ring is the d c / e copies of an expert)."""
+links share it while their reductions overlap (`stage_partition._closings_s`). Expert parallelism
+(e): each expert weight's gradient is reduced among the d c / e copies holding that expert, the e
+such rings of each TP rank at once (`experts.expert_gradients`), none where d c = e, and ZeRO-1
+updates 1 / (d c / e) of the expert weights, then allgathers them among those copies."""
 
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ class ChainReduction:
     gathered_element_bytes: int
     """ZeRO-1: bytes of a parameter its updated shard is allgathered in; 0 without ZeRO."""
     collective: str = "auto"
+    ep: int = 1
+    """Expert-parallel degree: the d c copies of an expert weight are every e-th of a ring."""
 
     @property
     def reduces(self) -> bool:
@@ -48,7 +52,7 @@ class ChainReduction:
 
 
 def chain_reduction(device_of, t: int, p: int, d: int, *, dtype: str, zero_stage: int, zero1_gradient_reduce: str,
-                    collective: str) -> ChainReduction | None:
+                    collective: str, ep: int = 1) -> ChainReduction | None:
     """The rings of a layout whose `device_of(dp', pp, tp)` places its d c = `d` copies (one device
     each where d = 1: nothing to reduce, `reduces`); None where parameters are gathered per layer
     (ZeRO-2/3: no pipeline)."""
@@ -60,7 +64,7 @@ def chain_reduction(device_of, t: int, p: int, d: int, *, dtype: str, zero_stage
     rings = tuple(tuple(tuple(device_of(e, j, i) for e in range(d)) for i in range(t)) for j in range(p))
     return ChainReduction(rings, "allreduce" if allreduce else "reduce_scatter",
                           gradient_element_bytes(dtype, zero_stage), dtype_bytes(dtype) if zero_stage else 0,
-                          collective)
+                          collective, ep)
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,13 @@ class RingPrices:
     gradient_element_bytes: int
     gathered_element_bytes: int
     copies: int
+    expert_constant_s: tuple[float, ...] = ()
+    """Expert parallelism with d c > e: the latencies of a stage's expert reduction; () without."""
+    expert_per_byte_s: tuple[float, ...] = ()
+    """Its seconds an expert gradient byte, the e t rings at once, times `shared_by`."""
+    expert_gather_per_byte_s: float = 0.0
+    ep: int = 1
+    tp: int = 1
 
 
 def ring_prices(reduction: ChainReduction, topology) -> RingPrices:
@@ -102,11 +113,23 @@ def ring_prices(reduction: ChainReduction, topology) -> RingPrices:
         shared_by.append(max(shared_s / own[j][1], 1.0) if own[j][1] > 0 else 1.0)
     gather_s = max(_ring_time(topology, reduction, rings, "allgather")[1] for rings in reduction.rings) \
         if reduction.gathered_element_bytes else 0.0
+    experts = {}
+    if reduction.ep > 1 and len(reduction.rings[0][0]) > reduction.ep:  # each expert's d c / e copies reduce it
+        ep = reduction.ep
+        expert_rings = [tuple(ring[k::ep] for ring in rings for k in range(ep)) for rings in reduction.rings]
+        priced = [_ring_time(topology, reduction, rings) for rings in expert_rings]
+        experts = dict(expert_constant_s=tuple(constant for constant, _, _ in priced),
+                       expert_per_byte_s=tuple(by * alone / PROBE_BYTES
+                                               for by, (_, alone, _) in zip(shared_by, priced)),
+                       expert_gather_per_byte_s=max(_ring_time(topology, reduction, rings, "allgather")[1]
+                                                    for rings in expert_rings) / PROBE_BYTES
+                       if reduction.gathered_element_bytes else 0.0)
     found = seen[reduction] = RingPrices(
         tuple(constant for constant, _, _ in own), tuple(by * alone / PROBE_BYTES for by, (_, alone, _) in
                                                          zip(shared_by, own)),
         tuple(shared_by), tuple(classes), gather_s / PROBE_BYTES, reduction.gradient_element_bytes,
-        reduction.gathered_element_bytes, len(reduction.rings[0][0]))
+        reduction.gathered_element_bytes, len(reduction.rings[0][0]), **experts, ep=reduction.ep,
+        tp=len(reduction.rings[0]))
     return found
 
 
@@ -122,16 +145,25 @@ def chain_update(prices: RingPrices, workload, topology, costs, chunk_devices: t
     from simulator.stage_costs import StageUpdate
     p, num_chunks = len(prices.classes), len(chunk_devices)
     stage = np.arange(num_chunks) % p
+    from simulator.strategies.experts import expert_params, is_moe
     layers = workload.layers
     params = np.array([layer.num_params for layer in layers], dtype=float)
+    experts = np.array([expert_params(layer.spec) / (prices.tp * prices.ep) if prices.ep > 1 and is_moe(layer)
+                        else 0.0 for layer in layers])  # the rank's share of each MoE layer's routed experts
+    dense, expert_copies = params - experts, prices.copies // prices.ep
     sharded = prices.gathered_element_bytes > 0
-    optimizer_s = np.array([costs.optimizer_s(n / prices.copies if sharded else n, (i, i + 1))
-                            for i, n in enumerate(params)])
-    optimizer_s = optimizer_s + params * prices.gathered_element_bytes * prices.gather_per_byte_s
+    optimizer_s = np.array([costs.optimizer_s(n / prices.copies + x / expert_copies if sharded else n + x, (i, i + 1))
+                            for i, (n, x) in enumerate(zip(dense, experts))])
+    optimizer_s = optimizer_s + prices.gathered_element_bytes * (dense * prices.gather_per_byte_s
+                                                                 + experts * prices.expert_gather_per_byte_s)
     backward_s = stage_compute_s(costs, topology, chunk_devices, 1, num_chunks, len(layers), batch, (BACKWARD,))
+    reduced = experts if prices.expert_per_byte_s else None  # none where each expert has one copy (d c = e)
     update = StageUpdate(np.array(prices.per_byte_s)[stage], np.array(prices.constant_s)[stage],
-                         params * prices.gradient_element_bytes, backward_s, optimizer_s, 1.0 / num_microbatches,
-                         overlapped, shared_by=np.array(prices.shared_by)[stage])
+                         dense * prices.gradient_element_bytes, backward_s, optimizer_s, 1.0 / num_microbatches,
+                         overlapped, shared_by=np.array(prices.shared_by)[stage],
+                         expert_bytes=None if reduced is None else reduced * prices.gradient_element_bytes,
+                         expert_per_byte_s=None if reduced is None else np.array(prices.expert_per_byte_s)[stage],
+                         expert_constant_s=None if reduced is None else np.array(prices.expert_constant_s)[stage])
     return update, list(prices.classes)
 
 
@@ -167,4 +199,4 @@ def for_config(config) -> ChainReduction | None:
     """`chain_reduction` of a `strategies.tensor.TensorConfig`."""
     return chain_reduction(config.device_of, config.tp, config.pp, config.dp, dtype=config.dtype,
                            zero_stage=config.zero_stage, zero1_gradient_reduce=config.zero1_gradient_reduce,
-                           collective=config.collective)
+                           collective=config.collective, ep=config.ep)
