@@ -152,7 +152,15 @@ class HostIssue:
     def excess_s(self, stage: int, starts, ends) -> np.ndarray:
         """What the host adds to the device's seconds of ranges [starts, ends] on `stage`: passes, recompute."""
         prefix = self._rows(stage)
-        return sum(np.maximum(prefix[row][ends + 1] - prefix[row][starts], 0.0) for row in (4, 5, 10))
+        excess = (np.maximum(prefix[4][ends + 1] - prefix[4][starts], 0.0)
+                  + np.maximum(prefix[5][ends + 1] - prefix[5][starts], 0.0))
+        if self._recomputes:
+            excess += np.maximum(prefix[10][ends + 1] - prefix[10][starts], 0.0)
+        return excess
+
+    @cached_property
+    def _recomputes(self) -> bool:
+        return bool(np.any(self.redo_device_s) or np.any(self.redo_host_s))
 
     def pass_s(self, stage: int, start: int, end: int) -> tuple[float, float]:
         """(forward, backward) seconds of one pass over layers [start, end) on `stage`."""

@@ -20,15 +20,16 @@ from collections.abc import Sequence
 from simulator.schedules.check import unit_time_run
 from simulator.schedules.ir import BACKWARD, FORWARD, PASSES, Schedule
 
-_PROGRAMS: dict[int, tuple[Schedule, list[tuple]]] = {}
+_PROGRAMS: dict[int, tuple[Schedule, tuple[int, list[tuple]]]] = {}
 """id(schedule) -> (the schedule, kept so that its id is not reused; its compiled program): at most
 `PROGRAMS_KEPT`, as many as `schedules.checked_schedule` keeps."""
 PROGRAMS_KEPT = 64
 
 
-def _program(schedule: Schedule) -> list[tuple]:
-    """(rank, phase, chunk, slot, wait slot or -1, waits for a message, sends a message) per op, in
-    an order where every op comes after the ops it waits for."""
+def _program(schedule: Schedule) -> tuple[int, list[tuple]]:
+    """(slots, per pass: (rank, is a backward, chunk, slot, wait slot or -1, waits for a message,
+    the rank it sends a message to or -1)), the passes in an order where every one comes after the
+    ops it waits for."""
     found = _PROGRAMS.get(id(schedule))
     if found is not None:
         return found[1]
@@ -36,17 +37,20 @@ def _program(schedule: Schedule) -> list[tuple]:
              for position, (op, start, _end) in enumerate(row)]
     timed.sort(key=lambda entry: entry[:3])  # a pass starts after what it waits for ends: a topological order
     slots = {op: slot for slot, (*_, op) in enumerate(timed) if op.phase in PASSES}
-    last_chunk, program = schedule.num_chunks - 1, []
+    last_chunk, passes = schedule.num_chunks - 1, []
     for slot, (_start, rank, _position, op) in enumerate(timed):
+        if op.phase not in PASSES:
+            continue
         needs = schedule.dependencies(op)
         wait = slots[needs[0]] if needs else -1
         message = bool(needs) and needs[0].chunk != op.chunk
         sends = op.phase == FORWARD and op.chunk < last_chunk or op.phase == BACKWARD and op.chunk > 0
-        program.append((rank, op.phase, op.chunk, slot, wait, message, sends))
+        to = (op.chunk + (1 if op.phase == FORWARD else -1)) % schedule.num_stages if sends else -1
+        passes.append((rank, op.phase == BACKWARD, op.chunk, slot, wait, message, to))
     if len(_PROGRAMS) >= PROGRAMS_KEPT:
         _PROGRAMS.clear()
-    _PROGRAMS[id(schedule)] = (schedule, program)
-    return program
+    _PROGRAMS[id(schedule)] = (schedule, (len(timed), passes))
+    return len(timed), passes
 
 
 def schedule_step_s(schedule: Schedule, forward_s: Sequence[float], backward_s: Sequence[float],
@@ -67,22 +71,23 @@ def pass_ends_s(schedule: Schedule, forward_s: Sequence[float], backward_s: Sequ
     per chunk, when its last backward ends: its gradients are whole), arguments as `schedule_step_s`;
     `early_backward_s[c]`: work chunk c's rank runs before each of its backwards that waits for no
     gradient (a recompute, `ghp.apply_training_options`), from when the rank is free."""
-    program = _program(schedule)
-    passes = {FORWARD: forward_s, BACKWARD: backward_s}
-    sends = {FORWARD: send_forward_s, BACKWARD: send_backward_s}
-    finish, arrival = [0.0] * len(program), [0.0] * len(program)
+    num_slots, program = _program(schedule)
+    durations, transfers = (forward_s, backward_s), (send_forward_s, send_backward_s)  # indexed by is a backward
+    finish, arrival = [0.0] * num_slots, [0.0] * num_slots
     free, out_free, in_free = ([0.0] * schedule.num_stages for _ in range(3))  # a rank's pass, link out, link in
     chunk_ends = [0.0] * schedule.num_chunks
-    for rank, phase, chunk, slot, wait, message, sending in program:
-        if phase not in passes:
-            continue
-        start = free[rank] + early_backward_s[chunk] if early_backward_s and phase == BACKWARD else free[rank]
+    for rank, backward, chunk, slot, wait, message, to in program:
+        start = free[rank]
+        if backward and early_backward_s:
+            start += early_backward_s[chunk]
         if wait >= 0:
-            start = max(start, arrival[wait] if message else finish[wait])
-        end = free[rank] = finish[slot] = start + passes[phase][chunk]
-        if phase == BACKWARD:
+            ready = arrival[wait] if message else finish[wait]
+            if ready > start:
+                start = ready
+        end = free[rank] = finish[slot] = start + durations[backward][chunk]
+        if backward:
             chunk_ends[chunk] = end
-        if sending:
-            to = (chunk + (1 if phase == FORWARD else -1)) % schedule.num_stages
-            out_free[rank] = in_free[to] = arrival[slot] = max(end, out_free[rank], in_free[to]) + sends[phase][chunk]
+        if to >= 0:
+            sent = max(end, out_free[rank], in_free[to]) + transfers[backward][chunk]
+            out_free[rank] = in_free[to] = arrival[slot] = sent
     return free, chunk_ends
