@@ -20,6 +20,16 @@ from tests.helpers import FixedCosts, link, run_plan
 GPT2 = Path(__file__).resolve().parents[1] / "scenarios" / "gpt2_1.5b_dgx_a100_3d.yaml"
 
 
+@pytest.fixture
+def plays(monkeypatch) -> list:
+    """The schedule's play of each flushed partition compiled (`stage_partition._played_step`)."""
+    import simulator.strategies.stage_partition as stage_partition
+    found: list = []
+    original = stage_partition._played_step
+    monkeypatch.setattr(stage_partition, "_played_step", lambda *args: found.append(original(*args)) or found[-1])
+    return found
+
+
 def test_a_pass_adds_what_follows_its_compute_after_the_larger_of_device_and_host():
     """Device 1 + 1, host 2 + 2 and 0.5 + 0.5 after each layer: max(2, 4) + 1 = 5 forward; device_s, the
     closed form's additive part, counts the tails, and the host's excess is still over the compute alone."""
@@ -76,15 +86,11 @@ def test_chains_without_tp_or_recompute_have_no_tails_and_alike_groups_share_the
     assert (split.forward_s[1] > split.forward_s[0]).any()
 
 
-def test_the_megatron_partition_plays_its_tp_collectives(monkeypatch):
+def test_the_megatron_partition_plays_its_tp_collectives(plays):
     """GPT-2 1.5B at TP 8 x PP 4, 4 micro-batches of 2 over HDR InfiniBand: without the TP collectives
     the play read the even and the searched-best splits 16 % under their simulated steps and a
     lopsided one 12 % under; with them within 3 % and 8 % (each collective as the engine times it),
     and it ranks the splits as the simulation does."""
-    import simulator.strategies.stage_partition as stage_partition
-    plays = []
-    original = stage_partition._played_step
-    monkeypatch.setattr(stage_partition, "_played_step", lambda *args: plays.append(original(*args)) or plays[-1])
     layout = ["strategy.tp_degree=8", "strategy.pp_degree=4", "strategy.num_microbatches=4",
               "training.global_batch_size=8"]
     simulate(load_scenario(GPT2, [*layout, "strategy.partition=balanced"]))
@@ -132,15 +138,11 @@ def test_a_recompute_that_waits_for_no_gradient_runs_while_its_rank_waits():
     assert issue.device_s == pytest.approx([5.0, 2.0]) and issue.excess_s(0, np.array([1]), np.array([1])) == [2.0]
 
 
-def test_a_layer_table_pipeline_partition_plays_the_recomputed_forward(monkeypatch):
+def test_a_layer_table_pipeline_partition_plays_the_recomputed_forward(plays):
     """GPipe re-materialises each stage's forward before its backward (`training.recompute: full`), as
     soon as the rank is free; the engine plays it, and so does the partition's play: VGG16 in 4 stages
     of 4 replicas, 8 micro-batches, within 5 % of the simulated step for splits near the best (13-23 %
     under without it)."""
-    import simulator.strategies.stage_partition as stage_partition
-    plays = []
-    original = stage_partition._played_step
-    monkeypatch.setattr(stage_partition, "_played_step", lambda *args: plays.append(original(*args)) or plays[-1])
     demo = Path(__file__).resolve().parents[1] / "scenarios" / "demo.yaml"
     layout = ["strategy.kind=gpipe", "strategy.num_groups=4", "strategy.num_microbatches=8",
               "training.global_batch_size=128", "training.recompute=full"]
@@ -151,14 +153,10 @@ def test_a_layer_table_pipeline_partition_plays_the_recomputed_forward(monkeypat
         assert plays[0](tuple(zip(bounds[:-1], bounds[1:]))) == pytest.approx(step, rel=0.05), split
 
 
-def test_a_moe_pipeline_partition_plays_its_all_to_alls(monkeypatch):
+def test_a_moe_pipeline_partition_plays_its_all_to_alls(plays):
     """Mixtral 8x7B, EP 8 x PP 4 on 64 H100: each MoE layer's dispatch and combine all-to-alls follow
     its pass, as the TP collectives do. Without them the play read each split 6.5 % under its
     simulated step; with them within 4 %."""
-    import simulator.strategies.stage_partition as stage_partition
-    plays = []
-    original = stage_partition._played_step
-    monkeypatch.setattr(stage_partition, "_played_step", lambda *args: plays.append(original(*args)) or plays[-1])
     mixtral = Path(__file__).resolve().parents[1] / "scenarios" / "mixtral_8x7b_ep_h100.yaml"
     simulate(load_scenario(mixtral))
     for split in ([9, 8, 8, 9], [7, 9, 9, 9]):

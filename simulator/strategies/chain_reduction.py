@@ -113,23 +113,24 @@ def ring_prices(reduction: ChainReduction, topology) -> RingPrices:
         shared_by.append(max(shared_s / own[j][1], 1.0) if own[j][1] > 0 else 1.0)
     gather_s = max(_ring_time(topology, reduction, rings, "allgather")[1] for rings in reduction.rings) \
         if reduction.gathered_element_bytes else 0.0
+
+    def per_byte_s(priced) -> tuple[float, ...]:  # each stage's rate, its rings beside the others of its class
+        return tuple(by * alone / PROBE_BYTES for by, (_, alone, _) in zip(shared_by, priced))
+
     experts = {}
     if reduction.ep > 1 and len(reduction.rings[0][0]) > reduction.ep:  # each expert's d c / e copies reduce it
         ep = reduction.ep
         expert_rings = [tuple(ring[k::ep] for ring in rings for k in range(ep)) for rings in reduction.rings]
         priced = [_ring_time(topology, reduction, rings) for rings in expert_rings]
         experts = dict(expert_constant_s=tuple(constant for constant, _, _ in priced),
-                       expert_per_byte_s=tuple(by * alone / PROBE_BYTES
-                                               for by, (_, alone, _) in zip(shared_by, priced)),
+                       expert_per_byte_s=per_byte_s(priced),
                        expert_gather_per_byte_s=max(_ring_time(topology, reduction, rings, "allgather")[1]
                                                     for rings in expert_rings) / PROBE_BYTES
                        if reduction.gathered_element_bytes else 0.0)
     found = seen[reduction] = RingPrices(
-        tuple(constant for constant, _, _ in own), tuple(by * alone / PROBE_BYTES for by, (_, alone, _) in
-                                                         zip(shared_by, own)),
-        tuple(shared_by), tuple(classes), gather_s / PROBE_BYTES, reduction.gradient_element_bytes,
-        reduction.gathered_element_bytes, len(reduction.rings[0][0]), **experts, ep=reduction.ep,
-        tp=len(reduction.rings[0]))
+        tuple(constant for constant, _, _ in own), per_byte_s(own), tuple(shared_by), tuple(classes),
+        gather_s / PROBE_BYTES, reduction.gradient_element_bytes, reduction.gathered_element_bytes,
+        len(reduction.rings[0][0]), **experts, ep=reduction.ep, tp=len(reduction.rings[0]))
     return found
 
 

@@ -35,13 +35,14 @@ class PassTails:
     runs as soon as its rank is free (the layer-table kinds', `ghp.apply_training_options`)."""
 
 
-def collective_alone_s(topology, communication, group: tuple[int, ...], op: str, size_bytes: float,
-                       repeat: int) -> float:
-    """Seconds of `repeat` back-to-back ring collectives `op` of `size_bytes` on `group`, alone on the
-    fabric; from `communication.collective_s` (a profile's fits) where that is given."""
+def collective_alone_s(topology, communication, groups: tuple[tuple[int, ...], ...], op: str, size_bytes: float,
+                       repeat: int, algorithm: str = "ring") -> float:
+    """Seconds of `repeat` back-to-back collectives `op` of `size_bytes` run by every group of `groups`
+    at once, alone on the fabric; from `communication.collective_s` (a profile's fits, per group)
+    where that is given, as the engine plays them."""
     if communication is not None:
-        return repeat * communication.collective_s(op, size_bytes, len(group))
-    return isolated_time_s(topology, collective_phases(topology, (group,), op, size_bytes, "ring", 1, repeat))
+        return repeat * communication.collective_s(op, size_bytes, len(groups[0]))
+    return isolated_time_s(topology, collective_phases(topology, groups, op, size_bytes, algorithm, 1, repeat))
 
 
 def layer_tails_s(workload, sequence_parallel: bool, microbatch_size: float, element_bytes: int, tp_degree: int,
@@ -76,16 +77,11 @@ def expert_layer_s(spec: dict, tp_degree: int, sequence_parallel: bool, microbat
 def _expert_tails_s(workload, topology, communication, ep_groups, tp_group, sequence_parallel: bool,
                     microbatch_size: float, element_bytes: int) -> np.ndarray:
     """Per layer: `expert_layer_s` of each MoE layer, its all-to-alls on the t groups `ep_groups` at once."""
-    def alltoall_s(size_bytes: float) -> float:
-        if communication is not None:
-            return 2 * communication.collective_s("alltoall", size_bytes, len(ep_groups[0]))
-        phases = collective_phases(topology, ep_groups, "alltoall", size_bytes, "pairwise", 1, 2)
-        return isolated_time_s(topology, phases)
-
-    return np.array([expert_layer_s(layer.spec, len(tp_group), sequence_parallel, microbatch_size, element_bytes,
-                                    alltoall_s, lambda op, size: collective_alone_s(topology, communication, tp_group,
-                                                                                     op, size, 1))
-                     if is_moe(layer) else 0.0 for layer in workload.layers])
+    return np.array([expert_layer_s(
+        layer.spec, len(tp_group), sequence_parallel, microbatch_size, element_bytes,
+        lambda size: collective_alone_s(topology, communication, ep_groups, "alltoall", size, 2, "pairwise"),
+        lambda op, size: collective_alone_s(topology, communication, (tp_group,), op, size, 1))
+        if is_moe(layer) else 0.0 for layer in workload.layers])
 
 
 def recomputed_layers(workload, recompute: str) -> np.ndarray:
@@ -130,7 +126,7 @@ def chain_tails_s(workload, topology, communication, tp_groups, *, sequence_para
         if key not in memo:
             memo[key] = layer_tails_s(workload, sequence_parallel, microbatch_size, element_bytes, tp_degree,
                                       lambda op, size, repeat, group=group: 0.0 if tp_degree == 1 else
-                                      collective_alone_s(topology, communication, group, op, size, repeat))
+                                      collective_alone_s(topology, communication, (group,), op, size, repeat))
             if ep_groups is not None:
                 experts = _expert_tails_s(workload, topology, communication, ep_groups[chunk], group, sequence_parallel,
                                           microbatch_size, element_bytes)
