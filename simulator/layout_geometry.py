@@ -50,11 +50,12 @@ def megatron_grid(model, c, shard, partition, device, d: int):
     reduction = chain_reduction(device, c.tp_degree, p, d, dtype=scenario.training.dtype, zero_stage=model.zero(c),
                                 zero1_gradient_reduce=strategy.zero1_gradient_reduce, collective=strategy.collective,
                                 ep=model.ep(c))
-    tails = chain_tails_s(model.workload, model.topology, model._measured, chunk_tp_groups(device, c.tp_degree, p, v),
-                          sequence_parallel=model.sp(c), recompute=model.recompute(c),
-                          microbatch_size=model.microbatch_size(c), element_bytes=model.element, memo=model._cache,
-                          ep_groups=chunk_ep_groups(device, c.tp_degree, p, v, model.ep(c)),
-                          signature=lambda group: model._signature((group,)))
+    tails = None if partition != "balanced" or p * v == 1 else chain_tails_s(  # only a balanced split weighs them
+        model.workload, model.topology, model._measured, chunk_tp_groups(device, c.tp_degree, p, v),
+        sequence_parallel=model.sp(c), recompute=model.recompute(c), microbatch_size=model.microbatch_size(c),
+        element_bytes=model.element, memo=model._cache,
+        ep_groups=chunk_ep_groups(device, c.tp_degree, p, v, model.ep(c)),
+        signature=lambda group: model._signature((group,)))
     return GridConfig("megatron", 1, p * v, scenario.training.global_batch_size, scenario.training.dtype,
                       partition=partition, num_microbatches=c.num_microbatches, num_virtual_stages=v,
                       split_memory=memory_floor.candidate_split_memory(model, c, shard),

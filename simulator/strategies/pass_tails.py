@@ -49,14 +49,18 @@ def layer_tails_s(workload, sequence_parallel: bool, microbatch_size: float, ele
                   collective_s) -> tuple[np.ndarray, np.ndarray]:
     """(after forward, after backward): per layer of the full `workload`, the seconds of its TP
     collectives in one pass of `microbatch_size` samples; `collective_s(op, size_bytes, repeat)` prices
-    them on the group. An allgather moves each rank's 1 / t share (`strategies.tensor`)."""
-    count = len(workload.layers)
+    them on the group, once for each collective alike (a model's blocks repeat theirs). An allgather
+    moves each rank's 1 / t share (`strategies.tensor`)."""
+    count, priced = len(workload.layers), {}
     forward, backward = np.zeros(count), np.zeros(count)
     for index in range(count):
         for phase, out in ((FORWARD, forward), (BACKWARD, backward)):
             for op, repeat, elements in pass_collectives(workload, index, index + 1, phase, sequence_parallel):
                 size_bytes = elements * microbatch_size * element_bytes / (tp_degree if op == "allgather" else 1)
-                out[index] += collective_s(op, size_bytes, repeat)
+                key = (op, size_bytes, repeat)
+                if key not in priced:
+                    priced[key] = collective_s(op, size_bytes, repeat)
+                out[index] += priced[key]
     return forward, backward
 
 
@@ -150,9 +154,11 @@ def chunk_ep_groups(device_of, t: int, p: int, v: int, e: int) -> list[tuple[tup
 
 
 def for_config(config, workload, topology, costs) -> PassTails | None:
-    """`chain_tails_s` of a `strategies.tensor.TensorConfig`."""
+    """`chain_tails_s` of a `strategies.tensor.TensorConfig`; None where no balanced split weighs them."""
     from simulator.workload import dtype_bytes
     t, p, v = config.tp, config.pp, config.num_virtual_stages
+    if config.partition != "balanced" or p * v == 1:
+        return None
     return chain_tails_s(workload, topology, costs.communication, chunk_tp_groups(config.device_of, t, p, v),
                          sequence_parallel=config.sequence_parallel, recompute=config.recompute,
                          microbatch_size=config.microbatch_size, element_bytes=dtype_bytes(config.dtype),
