@@ -49,7 +49,16 @@ MEGATRON = "megatron"
 
 def memory_floor_bytes(model, c) -> float:
     """Largest per-rank floor (module docstring) over candidate `c`'s ranks; `model` is the
-    scenario's `simulator.step_bound.BoundModel` (geometry, recompute, ZeRO stage of `c`)."""
+    scenario's `simulator.step_bound.BoundModel` (geometry, recompute, ZeRO stage of `c`). Where the
+    layers of a synchronous kind are split by the balanced partition and no split can fit
+    (`SplitMemory.least_fullest_bytes` over the capacity), that figure, a floor under every split's,
+    without partitioning."""
+    given, chunks = model.scenario.strategy.partition, c.workers_per_group * c.num_virtual_stages
+    balanced = given == "balanced" or not isinstance(given, str) and len(given) != chunks  # as the geometry takes it
+    if balanced and c.kind not in ASYNCHRONOUS_KINDS:  # (whose floors add weight copies by rank)
+        split = candidate_split_memory(model, c, model.rank_model(c)[0])
+        if split.least_fullest_bytes() > split.capacity_bytes:
+            return split.least_fullest_bytes()
     geo, e, p, v = model.geometry(c), model.element, c.workers_per_group, c.num_virtual_stages
     split = candidate_split_memory(model, c, geo.workload)
     copies = weight_copies(c.kind, p, c.num_microbatches, model.scenario.strategy.weight_stashing) \
@@ -225,8 +234,16 @@ class SplitMemory:
 
     def stage_fits(self) -> list | None:
         """With one chunk a rank, per rank k the (L, L) mask of layer ranges [start, end] (inclusive)
-        it can hold under the capacity (`rank_bytes` of one range, vectorised): every split of fitting
-        ranges fits. None with interleaved chunks, whose ranks add several ranges."""
+        it can hold under the capacity: every split of fitting ranges fits. None with interleaved
+        chunks, whose ranks add several ranges."""
+        import numpy as np
+        ranges = self._one_range_bytes
+        return None if ranges is None else [np.isfinite(held) & (held <= self.capacity_bytes) for held in ranges]
+
+    @cached_property
+    def _one_range_bytes(self) -> list | None:
+        """With one chunk a rank, per rank k the (L, L) array of `rank_bytes` of each layer range
+        [start, end] (inclusive), vectorised; inf where start > end. None with interleaved chunks."""
         import numpy as np
         if self.shape.num_virtual_stages > 1:
             return None
@@ -235,13 +252,24 @@ class SplitMemory:
         starts, ends = np.arange(count)[:, None], np.arange(count)[None, :]
         params = np.array(self.sums.params_prefix, dtype=float)
         state = (params[ends + 1] - params[starts]) * self.param_bytes
-        masks = []
+        found = []
         for k in range(self.shape.workers_per_group):
             held = held_microbatches(self.shape, k)
             most = held * chunk + remat if backward is None else \
                 np.maximum(held * chunk + remat, (held - 1) * chunk + backward)
-            masks.append((starts <= ends) & (state + most <= self.capacity_bytes))
-        return masks
+            found.append(np.where(starts <= ends, state + most, np.inf))
+        return found
+
+    @cached_property
+    def _least_fullest_bytes(self) -> float:
+        from simulator.partition import least_max_chain
+        ranges = self._one_range_bytes
+        return self.least_bytes() if ranges is None else least_max_chain(ranges)
+
+    def least_fullest_bytes(self) -> float:
+        """Under what the fullest rank of any split holds: with one chunk a rank, the least over splits
+        of the fullest rank's `rank_bytes` (the min-max chain of `_one_range_bytes`), else `least_bytes`."""
+        return self._least_fullest_bytes
 
     def excess_bytes(self, ranges) -> float:
         """How far its fullest rank is over the capacity (0 where every rank fits)."""

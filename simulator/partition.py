@@ -268,6 +268,11 @@ def _with_update(costs, exposed):
     return [cost + exposed(stage, clipped, ends) for stage, cost in enumerate(costs)]
 
 
+def least_max_chain(costs) -> float:
+    """The least, over splits into contiguous ranges (one per costs[m][start, end]), of the largest range cost."""
+    return _best_chain(costs, np.maximum)[0]
+
+
 def _best_chain(costs, combine) -> tuple[float, tuple[tuple[int, int], ...]]:
     """(objective, ranges) of the contiguous ranges, one per stage's costs[m][start, end], whose
     costs `combine` best: np.maximum, the slowest stage; np.add, their sum."""

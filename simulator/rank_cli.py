@@ -194,8 +194,8 @@ def no_candidate_error(ranking: Ranking, args) -> ScenarioError:
         smallest = min(entry.get("memory_floor_bytes", entry.get("memory_bytes", 0.0)) for entry in memory)
         field = "--gpus" if args.gpus is not None else "cluster.gpu"  # memory is why: blame a flag only if given
         return ScenarioError(f"{field}: no layout fits in {ranking.device_memory_bytes / 2**30:,.1f} GiB of device "
-                             f"memory on {plural(ranking.scenario.num_gpus, 'GPU')} ({len(memory)} tried; the smallest needs "
-                             f"{smallest / 2**30:,.1f} GiB)")
+                             f"memory on {plural(ranking.scenario.num_gpus, 'GPU')} ({len(memory)} tried; the smallest "
+                             f"needs at least {smallest / 2**30:,.1f} GiB)")
     if args.kinds is not None:
         given.append(f"--kinds {args.kinds}")
     given.append(f"--microbatches {args.microbatches}")

@@ -119,7 +119,6 @@ class BoundModel(LinkFloors):
     # ------------------------------------------------------------------ geometry
     def geometry(self, c) -> _Geometry:
         t, p, v, b = c.tp_degree, c.workers_per_group, c.num_virtual_stages, self.microbatch_size(c)
-        selective = self.recompute(c) == "selective"
         key = ("geometry", MEGATRON if c.kind == MEGATRON else c.kind, t, self.sp(c), p, v, b, c.num_microbatches,
                c.placement, c.data_parallel, self.ep(c), c.cp_degree, self.recompute(c), self.zero(c))
         found = self._cache.get(key)
@@ -131,7 +130,7 @@ class BoundModel(LinkFloors):
         if c.kind == MEGATRON:
             d = self.dp_ranks(c)  # the d c ranks of a stage, dp' = replica x c + cp
             device = megatron_device(c.placement, t, p, c.data_parallel, c.cp_degree or 1)
-            shard, model = self._tensor_model(t, self.sp(c), self.ep(c), selective)
+            shard, model = self.rank_model(c)
             grid = megatron_grid(self, c, shard, partition, device, d)  # as the plan
             chunk_devices = tuple(device(0, chunk % p, 0) for chunk in range(chunks))
             ranges = chain_partition(self, grid, shard, model, chunk_devices, b)
@@ -149,7 +148,7 @@ class BoundModel(LinkFloors):
                               memory_bytes=usable_memory_bytes(scenario), num_microbatches=c.num_microbatches, num_virtual_stages=v,
                               collective="parameter_server" if strategy.dp_sync == "parameter_server" else strategy.collective)
             chunk_devices = tuple(rank_to_device[g * p + chunk % p] for g in range(groups) for chunk in range(chunks))
-            shard, model = self._tensor_model(1, None, 1, selective)
+            shard, model = self.rank_model(c)
             memory = memory_floor.candidate_split_memory(self, c, shard)  # as the plan
             grid = replace(grid, split_memory=memory, recompute=self.recompute(c))
             ranges = grid_partition(grid, shard, self.topology, model, chunk_devices, b)
@@ -158,6 +157,11 @@ class BoundModel(LinkFloors):
             tp_groups, dp_groups = [(device,) for device in chain], [(ring,) for ring in rings]
         found = self._cache[key] = _Geometry(list(ranges), chain, rings, tp_groups, shard, model, dp_groups)
         return found
+
+    def rank_model(self, c):
+        """(workload, cost model) of one rank of candidate `c`: a megatron TP (x EP) rank's, else the whole model's."""
+        selective, megatron = self.recompute(c) == "selective", c.kind == MEGATRON
+        return self._tensor_model(*((c.tp_degree, self.sp(c), self.ep(c)) if megatron else (1, None, 1)), selective)
 
     def _tensor_model(self, t: int, sequence_parallel: bool | None, ep: int = 1, selective: bool = False):
         """(workload, cost model) of one TP (x EP) rank (t = 1, SP None: the whole model, not megatron),
@@ -190,9 +194,7 @@ class BoundModel(LinkFloors):
 
     def ep(self, c) -> int:
         """Expert-parallel degree e (1 outside megatron)."""
-        if c.kind != MEGATRON:
-            return 1
-        return self.scenario.strategy.ep_degree if c.ep_degree is None else c.ep_degree
+        return 1 if c.kind != MEGATRON else self.scenario.strategy.ep_degree if c.ep_degree is None else c.ep_degree
 
     def experts(self, c, ranges, element: float | None = None) -> float:
         """Bytes of a rank's expert weights in `ranges` (`element` bytes each, default the dtype's):
@@ -204,12 +206,10 @@ class BoundModel(LinkFloors):
     def zero(self, c) -> int:
         return self.scenario.strategy.zero_stage if c.zero_stage is None else c.zero_stage
 
-    # ------------------------------------------------------------------ memory floor
     def memory_floor_bytes(self, c) -> float:
         """Largest per-rank floor over the candidate's ranks (`simulator.memory_floor`)."""
         return memory_floor.memory_floor_bytes(self, c)
 
-    # ------------------------------------------------------------------ step bound
     def bound(self, c) -> StepBound:
         if c.kind in ASYNCHRONOUS_KINDS:
             return StepBound(0.0, 0.0, 0.0, 0.0)

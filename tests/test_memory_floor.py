@@ -141,3 +141,45 @@ def test_where_no_split_fits_the_fastest_stays():
     assert balanced.step_time_s <= uniform.step_time_s
     note = balanced.summary["partition_note"]
     assert note.startswith(f"{balanced.summary['partition']} needs at least ") and note.endswith(" fits"), note
+
+
+def test_the_least_fullest_rank_is_the_best_of_every_split():
+    """With one chunk a rank, `SplitMemory.least_fullest_bytes` is the least, over every split of the
+    layers, of its fullest rank's bytes (brute force over VGG16's splits into 4 GPipe stages)."""
+    from itertools import combinations
+
+    from simulator.memory_floor import candidate_split_memory
+    scenario = load_scenario(DEMO, VGG_GPIPE)
+    model = bound_model(scenario)
+    candidate = Candidate("gpipe", 4, 4, "group_per_node", 4)
+    split = candidate_split_memory(model, candidate, model.rank_model(candidate)[0])
+    count = len(split.layers)
+    every = [max(split.rank_bytes(tuple(zip((0, *cuts), (*cuts, count)))))
+             for cuts in combinations(range(1, count), 3)]
+    assert split.least_fullest_bytes() == pytest.approx(min(every), rel=1e-12)
+    assert split.least_bytes() < split.least_fullest_bytes()
+
+
+def test_layouts_no_split_can_hold_are_pruned_without_partitioning_and_as_before():
+    """A candidate whose least fullest rank is over the device is refused with that floor, before its
+    layers are partitioned; the search's decisions and bounds are those of the partitioned floors
+    (GPT-3 175B's megatron space on 128 GPUs, every 11th candidate)."""
+    import json
+
+    from simulator.layout_search import megatron_space
+    from simulator.memory_floor import SplitMemory
+    from simulator.planner import _workload, scenario_for_gpus
+    from simulator.search_bounds import screen
+    scenario = scenario_for_gpus(load_scenario("scenarios/gpt3_175b_dgx_a100_3d.yaml"), 128)
+    workload = _workload(json.dumps(scenario.model.model_dump(mode="json"), sort_keys=True), scenario.base_dir)
+    candidates = megatron_space(scenario, workload, context=False)[::11]
+    capacity = usable_memory_bytes(scenario)
+    quick = screen(bound_model(scenario, workload), candidates)[0]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SplitMemory, "least_fullest_bytes", lambda self: 0.0)  # every floor partitioned
+        partitioned = screen(bound_model(scenario, workload), candidates)[0]
+    early = [a for a, b in zip(quick, partitioned) if a.floor_bytes != b.floor_bytes]
+    assert len(early) > len(candidates) / 4
+    assert all(capacity < a.floor_bytes <= b.floor_bytes for a, b in zip(quick, partitioned) if a in early)
+    decisions = [[(found.floor_bytes > capacity, found.bound) for found in run] for run in (quick, partitioned)]
+    assert decisions[0] == decisions[1]
