@@ -48,7 +48,7 @@ class GridSymmetry:
 @dataclass(frozen=True)
 class ReplicaGrid:
     """A G x M grid as the megatron fold reads a layout (`simulator.symmetry.Symmetry.of`,
-    `simulator.symmetry_check.fold_refusal`): d = G replicas of p = M stages, t = c = 1."""
+    `simulator.symmetry_check.fold_refusal`): d = G replicas of p = M stages, t = c = e = 1."""
 
     dp: int
     pp: int
@@ -58,6 +58,7 @@ class ReplicaGrid:
     """Device of rank g M + j (stage j of replica g)."""
     tp: int = 1
     cp: int = 1
+    ep: int = 1
 
     @property
     def placement(self) -> tuple[int, ...]:

@@ -10,6 +10,10 @@ a representative is played with the flows of every copy it stands for, on the fu
 - a data-parallel collective (allreduce, ZeRO-1 reduce-scatter / allgather) of stage j: the t
   concurrent rings of all d replicas, as one flow set, so the cross-replica collective is timed on
   the real links with its real contention (`simulator.collectives.collective_phases`);
+- with expert parallelism (e replicas a group, `simulator.strategies.experts`), a dispatch or combine
+  all-to-all: every EP group's of the stage at once, and an expert gradient's reduction or ZeRO-1
+  allgather: every expert-data-parallel group's (the replicas e apart), each one flow set as the
+  rings are, its links all kept (the rings keep theirs too: `_links_of_others`);
 - with context parallelism (c CP ranks per replica, d counting d x c copies), a CP ring hop (the
   plan's send to itself, `simulator.strategies.context`): every rank's hop of the stage at once,
   one flow set like the data-parallel rings, since hops land on other copies' links.
@@ -68,6 +72,8 @@ class Symmetry:
     private_links: bool = False
     """Copies on separate nodes of a fabric with node-private links
     (`symmetry_check.replicas_on_separate_nodes`): replica 0's links carry only its own copy."""
+    ep: int = 1
+    """Expert-parallel degree e: EP groups are e consecutive replicas, expert copies every e-th."""
     _shared: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -77,14 +83,29 @@ class Symmetry:
         dp_groups = tuple(tuple(tuple(config.device_of(e, j, i) for e in range(d)) for i in range(t))
                           for j in range(p))
         cp_hops = tuple(cp_hop_pairs(config, j) for j in range(p)) if config.cp > 1 else ()
-        return cls(d, tp_groups, dp_groups, rank_to_device, p, config.collective, cp_hops, private_links)
+        return cls(d, tp_groups, dp_groups, rank_to_device, p, config.collective, cp_hops, private_links, config.ep)
 
     def device_groups(self, action) -> tuple[tuple[tuple[int, ...], ...], int]:
-        """(device groups, tier-byte weight) of a representative's collective."""
+        """(device groups, tier-byte weight) of a representative's collective: its TP group; with
+        expert parallelism (`simulator.strategies.experts`), every EP group's all-to-all of its
+        stage or every expert-data-parallel group's collective; else the stage's data-parallel rings."""
         stage = action.ranks[0] % self.num_stages
         if action.key[0] == "tp":
             return (self.tp_groups[stage],), self.num_replicas
+        if action.key[0] == "ep":
+            return self.ep_groups(stage), 1
+        if action.key[0].startswith("expert_"):
+            return self.expert_groups(stage), 1
         return self.dp_groups[stage], 1
+
+    def ep_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
+        """Every EP group of `stage` (e consecutive replicas, each TP rank's apart)."""
+        return tuple(ring[first:first + self.ep] for ring in self.dp_groups[stage]
+                     for first in range(0, len(ring), self.ep))
+
+    def expert_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
+        """Every expert-data-parallel group of `stage` (the replicas e apart, each TP rank's apart)."""
+        return tuple(ring[r::self.ep] for ring in self.dp_groups[stage] for r in range(self.ep))
 
     def send_pairs(self, rank: int, dst: int) -> tuple[tuple[tuple[int, int], ...], int]:
         """(device pairs, tier-byte weight) of a representative's pipeline send."""
@@ -138,6 +159,8 @@ class Symmetry:
         stage = action.ranks[0] % self.num_stages
         if action.key[0] == "tp":
             return self.fold(topology, ("tp", stage), phases)
+        if action.key[0] == "ep" or action.key[0].startswith("expert_"):
+            return phases  # every link kept; the data-parallel rings keep these (`_links_of_others`)
         return self._pruned(topology, "dp", stage, phases)
 
     def _pruned(self, topology: Topology, kind: str, stage: int, phases: tuple) -> tuple:
@@ -170,6 +193,12 @@ class Symmetry:
                     for a, b in zip(group, other):
                         links.update(topology.route(a, b))
                         links.update(topology.route(b, a))
+            for stage in range(self.num_stages) if self.ep > 1 else ():  # the EP and expert-DP flows' links
+                for op, groups in (("alltoall", self.ep_groups(stage)), ("allreduce", self.expert_groups(stage)),
+                                   ("allgather", self.expert_groups(stage))):
+                    algorithm = "pairwise" if op == "alltoall" else "ring"
+                    links.update(link for phase in collective_phases(topology, groups, op, 1.0, algorithm)
+                                 for link, _ in phase.usage)
             algorithms = sorted({"ring", choose_algorithm(topology, self.dp_groups[0][0], self.collective),
                                  gather_algorithm(topology, self.dp_groups[0][0])})  # ZeRO's gathers
             per_stage = {"dp": [{link for algorithm in algorithms
@@ -206,7 +235,7 @@ micro-batches, then all of them when its cycle has not settled) reuses the links
 
 def symmetry_for(config, topology: Topology, rank_to_device: tuple[int, ...]) -> Symmetry:
     """`Symmetry.of` the layout on `topology`, one per topology and layout."""
-    key = (config.tp, config.pp, config.dp, config.cp, config.placement, config.collective, rank_to_device)
+    key = (config.tp, config.pp, config.dp, config.cp, config.ep, config.placement, config.collective, rank_to_device)
     folds = _FOLDS.setdefault(topology, {})
     if key not in folds:
         if len(folds) >= 16:  # `rank` plays many layouts on one cached topology: keep the latest
@@ -220,8 +249,6 @@ def symmetry_decision(scenario, config, topology: Topology, costs) -> tuple[bool
     groups a representative knows are TP groups and one data-parallel group per stage, and its
     flows are priced on the topology: other groups, or a profile's per-rank prices, need every rank."""
     from simulator.strategies.zero import replicated
-    if config.ep > 1:
-        return False, "expert parallelism: the all-to-alls need the full simulation"
     if replicated(config):
         return False, "hybrid_shard: shard and replica groups need the full simulation"
     if config.symmetry == "off":

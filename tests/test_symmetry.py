@@ -8,13 +8,17 @@ import pytest
 from simulator import load_scenario, simulate
 
 
-def scenario(symmetry="auto", topology="fat_tree", nodes=4, gpus=4, tp=2, pp=2, cluster=None, **strategy):
+MOE = {"name": "moe", "params": {"num_layers": 2, "hidden_size": 256, "num_heads": 4, "seq_len": 128,
+                                 "vocab_size": 1000, "num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 256}}
+
+
+def scenario(symmetry="auto", topology="fat_tree", nodes=4, gpus=4, tp=2, pp=2, cluster=None, model=None, **strategy):
     return load_scenario({
         "cluster": {"num_nodes": nodes, "gpus_per_node": gpus, "gpu": "A100-80GB",
                     "intra_node_link": "nvlink3-a100", "inter_node_link": "ib-hdr",
                     "nics_per_node": gpus if topology != "two_tier" else 1, "topology": topology, **(cluster or {})},
-        "model": {"name": "transformer", "params": {"num_layers": 4, "hidden_size": 256, "num_heads": 4,
-                                                     "seq_len": 128, "vocab_size": 1000}},
+        "model": model or {"name": "transformer", "params": {"num_layers": 4, "hidden_size": 256, "num_heads": 4,
+                                                              "seq_len": 128, "vocab_size": 1000}},
         "strategy": {"kind": "megatron", "tp_degree": tp, "pp_degree": pp, "num_microbatches": 4,
                      "symmetry": symmetry, **strategy},
         "training": {"global_batch_size": 32, "dtype": "bf16", "optimizer": "adam"},
@@ -34,7 +38,25 @@ PER_DEVICE = ("rank", "device", "node", "group", "stage", "dp_rank", "tp_rank", 
 ])
 def test_symmetric_run_equals_full_run(topology, options):
     """DP 4 x PP 2 x TP 2 on 16 GPUs: the 2 simulated ranks give every device's figures."""
-    reduced, full = (simulate(scenario(mode, topology, **options)) for mode in ("auto", "off"))
+    assert_fold_equals_full(*(simulate(scenario(mode, topology, **options)) for mode in ("auto", "off")))
+
+
+@pytest.mark.parametrize("topology,options", [
+    ("fat_tree", {"ep_degree": 4}),  # each EP group's all-to-all across the 4 nodes
+    ("fat_tree", {"ep_degree": 2, "zero_stage": 1}),  # expert gradients reduce-scattered among d / e = 2
+    ("rail_optimized", {"ep_degree": 4, "zero_stage": 1}),
+    ("two_tier", {"ep_degree": 2}),  # one NIC a node shared by the all-to-alls, rings and transfers
+    ("torus_2d", {"ep_degree": 4, "zero_stage": 1}),
+])
+def test_expert_parallel_run_folds_to_the_full_run(topology, options):
+    """A mixture of 4 experts, DP 4 x PP 2 x TP 2 (sequence parallel) with EP 2 or 4: the representative
+    of each stage plays every EP group's all-to-alls and every expert-data-parallel group's collectives
+    at once, on the full topology, as the data-parallel rings are."""
+    assert_fold_equals_full(*(simulate(scenario(mode, topology, model=MOE, sequence_parallel=True, **options))
+                              for mode in ("auto", "off")))
+
+
+def assert_fold_equals_full(reduced, full):
     assert reduced.summary["tensor"]["symmetry"]["used"] is True
     assert full.summary["tensor"]["symmetry"]["used"] is False
     assert reduced.plan.num_ranks == 2 and full.plan.num_ranks == 16
@@ -107,3 +129,24 @@ def test_plans_of_one_layout_on_one_topology_share_their_fold():
     phase = fold.send_phase(topology, 0, 1, 1e6)
     assert fold.send_phase(topology, 0, 1, 1e6) is phase
     assert other.meta["symmetry"].send_phase(other_topology, 0, 1, 1e6) == phase
+
+
+def test_data_parallel_rings_keep_the_links_the_expert_all_to_alls_cross():
+    """A folded data-parallel collective drops the links no other flow crosses but its tightest
+    (`Symmetry.prune`); the EP groups' all-to-alls cross the other replicas' links, so none of those is
+    dropped (fat-tree, EP 4 across the 4 nodes: 47 of them a stage)."""
+    from types import SimpleNamespace
+
+    from simulator.collectives import collective_phases
+    from simulator.fabrics import build_topology
+    result = simulate(scenario("auto", "fat_tree", model=MOE, sequence_parallel=True, ep_degree=4, zero_stage=1))
+    fold, topology = result.plan.meta["symmetry"], build_topology(result.scenario.cluster)
+    for stage in range(2):
+        phases = collective_phases(topology, fold.dp_groups[stage], "reduce_scatter", 1e6, "ring")
+        alltoall = {link for phase in collective_phases(topology, fold.ep_groups(stage), "alltoall", 1e6, "pairwise")
+                    for link, _ in phase.usage}
+        reduction = SimpleNamespace(ranks=(stage,), key=("reduce_scatter", stage, 0))  # the stage's representative
+        shared = [(link, kept) for phase, kept in zip(phases, fold.prune(topology, reduction, phases))
+                  for link, _ in phase.usage if link in alltoall]
+        assert len({link for link, _ in shared}) > 10
+        assert all(link in {kept_link for kept_link, _ in kept.usage} for link, kept in shared)

@@ -150,6 +150,8 @@ def ep_ranks(rank) -> tuple[int, ...]:
     """Plan ranks of the EP group of a `tensor._TensorRank`: the e replicas of its block, same stage
     and TP rank."""
     config = rank.config
+    if rank.symmetric:  # the representative plays every EP group's all-to-all (`simulator.symmetry`)
+        return (rank.rank,)
     dp_index, tp_index = divmod(rank.pipeline, config.tp)
     first = dp_index - dp_index % config.ep
     return tuple((dp * config.tp + tp_index) * config.pp + rank.stage_index for dp in range(first, first + config.ep))
@@ -204,8 +206,14 @@ def rank_expert_params(workload: Workload, ranges, tp: int, ep: int) -> float:
 
 def expert_data_ranks(rank) -> tuple[int, ...]:
     """The expert-data-parallel group of a `tensor._TensorRank`: the d / e ranks holding the same
-    experts, at the same position in every EP group."""
+    experts, at the same position in every EP group (a symmetric run's representative: itself,
+    standing for every such group, `simulator.symmetry`)."""
     return rank.dp_ranks[rank.dp_index % rank.config.ep::rank.config.ep]
+
+
+def expert_copies(config) -> int:
+    """d / e: the ranks of an expert-data-parallel group, the copies of each expert shard."""
+    return config.dp // config.ep
 
 
 def expert_gradients(rank, start: int, end: int, size_bytes: float) -> float:
@@ -218,7 +226,7 @@ def expert_gradients(rank, start: int, end: int, size_bytes: float) -> float:
     experts = rank_expert_params(rank.workload, ((start, end),), config.tp, config.ep) * rank.gradient_bytes
     ranks = expert_data_ranks(rank)
     op = gradient_reduce_op(config)
-    if experts > 0 and len(ranks) > 1:
+    if experts > 0 and expert_copies(config) > 1:
         rank.pending.append(rank.builder.add(
             Collective, op=op, ranks=ranks, size_bytes=experts, deps=(rank.last_backward,),
             key=(f"expert_{op}", ranks[0], len(rank.builder.actions)),
@@ -244,9 +252,9 @@ def zero1_allgathers(rank, params: float, update: int) -> float:
     if config.ep == 1:
         return params
     experts = rank_expert_params(rank.workload, rank.ranges[rank.stage_index::config.pp], config.tp, config.ep)
-    ranks = expert_data_ranks(rank)
-    if experts > 0 and len(ranks) > 1:
-        rank.builder.add(Collective, op="allgather", ranks=ranks, size_bytes=experts * rank.element_bytes / len(ranks),
+    ranks, copies = expert_data_ranks(rank), expert_copies(config)
+    if experts > 0 and copies > 1:
+        rank.builder.add(Collective, op="allgather", ranks=ranks, size_bytes=experts * rank.element_bytes / copies,
                          key=("expert_zero_allgather", ranks[0], rank.stage_index), deps=(update,), algorithm="ring",
                          label="expert zero allgather params")
     return params - experts
