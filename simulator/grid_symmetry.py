@@ -48,7 +48,7 @@ class GridSymmetry:
 @dataclass(frozen=True)
 class ReplicaGrid:
     """A G x M grid as the megatron fold reads a layout (`simulator.symmetry.Symmetry.of`,
-    `simulator.symmetry_check.fold_refusal`): d = G replicas of p = M stages, t = c = e = 1."""
+    `simulator.symmetry_check.fold_refusal`): d = G replicas of p = M stages, t = c = e = 1, no ZeRO."""
 
     dp: int
     pp: int
@@ -59,6 +59,8 @@ class ReplicaGrid:
     tp: int = 1
     cp: int = 1
     ep: int = 1
+    zero_stage: int = 0
+    fsdp_sharding: str = "full_shard"
 
     @property
     def placement(self) -> tuple[int, ...]:

@@ -14,6 +14,9 @@ a representative is played with the flows of every copy it stands for, on the fu
   all-to-all: every EP group's of the stage at once, and an expert gradient's reduction or ZeRO-1
   allgather: every expert-data-parallel group's (the replicas e apart), each one flow set as the
   rings are, its links all kept (the rings keep theirs too: `_links_of_others`);
+- under ZeRO-3 `hybrid_shard` (s replicas a node share the states, `simulator.strategies.zero`), a
+  unit's gather or reduce-scatter: every shard group's of the stage at once, and its gradient shard's
+  allreduce: every replica group's (the replicas s apart), kept whole as the expert groups are;
 - with context parallelism (c CP ranks per replica, d counting d x c copies), a CP ring hop (the
   plan's send to itself, `simulator.strategies.context`): every rank's hop of the stage at once,
   one flow set like the data-parallel rings, since hops land on other copies' links.
@@ -48,6 +51,7 @@ from dataclasses import dataclass, field, replace
 from weakref import WeakKeyDictionary
 
 from simulator.collectives import choose_algorithm, collective_phases, gather_algorithm, pairs_phase
+from simulator.strategies.zero import GATHER_KEY, HYBRID_ALLREDUCE_KEY, REDUCE_KEY, replicated, shard_degree
 from simulator.symmetry_check import (cached_fold_refusal, cp_hop_pairs, multiplicity_of, replicas_on_separate_nodes,
                                       ring_pairs)
 from simulator.topology import Topology
@@ -74,6 +78,9 @@ class Symmetry:
     (`symmetry_check.replicas_on_separate_nodes`): replica 0's links carry only its own copy."""
     ep: int = 1
     """Expert-parallel degree e: EP groups are e consecutive replicas, expert copies every e-th."""
+    shard: int = 0
+    """ZeRO-3 hybrid_shard's s < d: shard groups are s consecutive replicas, replica groups every s-th
+    (0: no such groups)."""
     _shared: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -83,7 +90,9 @@ class Symmetry:
         dp_groups = tuple(tuple(tuple(config.device_of(e, j, i) for e in range(d)) for i in range(t))
                           for j in range(p))
         cp_hops = tuple(cp_hop_pairs(config, j) for j in range(p)) if config.cp > 1 else ()
-        return cls(d, tp_groups, dp_groups, rank_to_device, p, config.collective, cp_hops, private_links, config.ep)
+        shard = shard_degree(config) if replicated(config) else 0
+        return cls(d, tp_groups, dp_groups, rank_to_device, p, config.collective, cp_hops, private_links, config.ep,
+                   shard)
 
     def device_groups(self, action) -> tuple[tuple[tuple[int, ...], ...], int]:
         """(device groups, tier-byte weight) of a representative's collective: its TP group; with
@@ -93,19 +102,30 @@ class Symmetry:
         if action.key[0] == "tp":
             return (self.tp_groups[stage],), self.num_replicas
         if action.key[0] == "ep":
-            return self.ep_groups(stage), 1
+            return self.blocks(stage, self.ep), 1
         if action.key[0].startswith("expert_"):
-            return self.expert_groups(stage), 1
+            return self.strides(stage, self.ep), 1
+        if self.shard and action.key[0] in (GATHER_KEY, REDUCE_KEY):
+            return self.blocks(stage, self.shard), 1
+        if self.shard and action.key[0] == HYBRID_ALLREDUCE_KEY:
+            return self.strides(stage, self.shard), 1
         return self.dp_groups[stage], 1
 
-    def ep_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
-        """Every EP group of `stage` (e consecutive replicas, each TP rank's apart)."""
-        return tuple(ring[first:first + self.ep] for ring in self.dp_groups[stage]
-                     for first in range(0, len(ring), self.ep))
+    def blocks(self, stage: int, size: int) -> tuple[tuple[int, ...], ...]:
+        """Every group of `size` consecutive replicas of `stage` (EP groups, hybrid shard groups), each
+        TP rank's apart."""
+        return tuple(ring[first:first + size] for ring in self.dp_groups[stage] for first in range(0, len(ring), size))
 
-    def expert_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
-        """Every expert-data-parallel group of `stage` (the replicas e apart, each TP rank's apart)."""
-        return tuple(ring[r::self.ep] for ring in self.dp_groups[stage] for r in range(self.ep))
+    def strides(self, stage: int, size: int) -> tuple[tuple[int, ...], ...]:
+        """Every group of the replicas `size` apart of `stage` (expert copies, hybrid replica groups),
+        each TP rank's apart."""
+        return tuple(ring[r::size] for ring in self.dp_groups[stage] for r in range(size))
+
+    def _kept_whole(self, key: str) -> bool:
+        """Collectives of groups other than a stage's rings (EP, expert copies, hybrid shard and replica
+        groups): every link kept, as the rings keep theirs (`_links_of_others`)."""
+        return key == "ep" or key.startswith("expert_") or bool(self.shard) and key in (
+            GATHER_KEY, REDUCE_KEY, HYBRID_ALLREDUCE_KEY)
 
     def send_pairs(self, rank: int, dst: int) -> tuple[tuple[tuple[int, int], ...], int]:
         """(device pairs, tier-byte weight) of a representative's pipeline send."""
@@ -159,8 +179,8 @@ class Symmetry:
         stage = action.ranks[0] % self.num_stages
         if action.key[0] == "tp":
             return self.fold(topology, ("tp", stage), phases)
-        if action.key[0] == "ep" or action.key[0].startswith("expert_"):
-            return phases  # every link kept; the data-parallel rings keep these (`_links_of_others`)
+        if self._kept_whole(action.key[0]):
+            return phases
         return self._pruned(topology, "dp", stage, phases)
 
     def _pruned(self, topology: Topology, kind: str, stage: int, phases: tuple) -> tuple:
@@ -193,9 +213,12 @@ class Symmetry:
                     for a, b in zip(group, other):
                         links.update(topology.route(a, b))
                         links.update(topology.route(b, a))
-            for stage in range(self.num_stages) if self.ep > 1 else ():  # the EP and expert-DP flows' links
-                for op, groups in (("alltoall", self.ep_groups(stage)), ("allreduce", self.expert_groups(stage)),
-                                   ("allgather", self.expert_groups(stage))):
+            # the EP groups' and expert copies' links, which the rings share (a hybrid shard's collectives,
+            # kept whole too, are its only data-parallel ones: nothing is pruned beside them)
+            for stage in range(self.num_stages) if self.ep > 1 else ():
+                copies = self.strides(stage, self.ep)
+                for op, groups in (("alltoall", self.blocks(stage, self.ep)), ("allreduce", copies),
+                                   ("allgather", copies)):
                     algorithm = "pairwise" if op == "alltoall" else "ring"
                     links.update(link for phase in collective_phases(topology, groups, op, 1.0, algorithm)
                                  for link, _ in phase.usage)
@@ -235,7 +258,8 @@ micro-batches, then all of them when its cycle has not settled) reuses the links
 
 def symmetry_for(config, topology: Topology, rank_to_device: tuple[int, ...]) -> Symmetry:
     """`Symmetry.of` the layout on `topology`, one per topology and layout."""
-    key = (config.tp, config.pp, config.dp, config.cp, config.ep, config.placement, config.collective, rank_to_device)
+    key = (config.tp, config.pp, config.dp, config.cp, config.ep, config.zero_stage, config.fsdp_sharding,
+           config.placement, config.collective, rank_to_device)
     folds = _FOLDS.setdefault(topology, {})
     if key not in folds:
         if len(folds) >= 16:  # `rank` plays many layouts on one cached topology: keep the latest
@@ -248,9 +272,6 @@ def symmetry_decision(scenario, config, topology: Topology, costs) -> tuple[bool
     """(simulate representatives only?, why) for a megatron TensorConfig (module docstring). The
     groups a representative knows are TP groups and one data-parallel group per stage, and its
     flows are priced on the topology: other groups, or a profile's per-rank prices, need every rank."""
-    from simulator.strategies.zero import replicated
-    if replicated(config):
-        return False, "hybrid_shard: shard and replica groups need the full simulation"
     if config.symmetry == "off":
         return False, "strategy.symmetry is off"
     if scenario.cluster.heterogeneous:

@@ -56,10 +56,20 @@ def test_expert_parallel_run_folds_to_the_full_run(topology, options):
                               for mode in ("auto", "off")))
 
 
-def assert_fold_equals_full(reduced, full):
+@pytest.mark.parametrize("topology", ["fat_tree", "rail_optimized", "two_tier", "torus_2d"])
+@pytest.mark.parametrize("tp,microbatches", [(2, 4), (1, 2)])
+def test_hybrid_sharded_run_folds_to_the_full_run(topology, tp, microbatches):
+    """ZeRO-3 hybrid_shard (HSDP): units gathered and gradients reduce-scattered within each node's
+    shard group, then allreduced among the groups; the representative plays every group's at once."""
+    runs = [simulate(scenario(mode, topology, tp=tp, pp=1, zero_stage=3, num_microbatches=microbatches,
+                              fsdp_sharding="hybrid_shard")) for mode in ("auto", "off")]
+    assert_fold_equals_full(*runs, ranks=(1, 16))
+
+
+def assert_fold_equals_full(reduced, full, ranks=(2, 16)):
     assert reduced.summary["tensor"]["symmetry"]["used"] is True
     assert full.summary["tensor"]["symmetry"]["used"] is False
-    assert reduced.plan.num_ranks == 2 and full.plan.num_ranks == 16
+    assert (reduced.plan.num_ranks, full.plan.num_ranks) == ranks
     assert reduced.step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
     assert reduced.summary["num_gpus"] == full.summary["num_gpus"] == 16
     for tier in ("intra", "inter"):
@@ -143,7 +153,7 @@ def test_data_parallel_rings_keep_the_links_the_expert_all_to_alls_cross():
     fold, topology = result.plan.meta["symmetry"], build_topology(result.scenario.cluster)
     for stage in range(2):
         phases = collective_phases(topology, fold.dp_groups[stage], "reduce_scatter", 1e6, "ring")
-        alltoall = {link for phase in collective_phases(topology, fold.ep_groups(stage), "alltoall", 1e6, "pairwise")
+        alltoall = {link for phase in collective_phases(topology, fold.blocks(stage, 4), "alltoall", 1e6, "pairwise")
                     for link, _ in phase.usage}
         reduction = SimpleNamespace(ranks=(stage,), key=("reduce_scatter", stage, 0))  # the stage's representative
         shared = [(link, kept) for phase, kept in zip(phases, fold.prune(topology, reduction, phases))

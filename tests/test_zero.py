@@ -184,8 +184,10 @@ def test_fsdp_with_tensor_parallelism_gathers_the_tp_shard():
 
 
 def test_hybrid_shard_gathers_in_the_node_and_allreduces_shards_across_nodes():
-    result = run(3, fsdp_sharding="hybrid_shard", dp=4, nodes=2)  # 2 GPUs per node: s = 2
+    result = run(3, fsdp_sharding="hybrid_shard", dp=4, nodes=2, symmetry="off")  # 2 GPUs per node: s = 2
     assert result.summary["tensor"]["shard_degree"] == 2 and not result.summary["tensor"]["symmetry"]["used"]
+    folded = run(3, fsdp_sharding="hybrid_shard", dp=4, nodes=2)  # one rank playing every group's (test_symmetry.py)
+    assert folded.summary["tensor"]["symmetry"]["used"] and folded.step_time_s == pytest.approx(result.step_time_s)
     ops = collectives(result)
     devices = result.plan.rank_to_device
     for op in ("allgather", "reduce_scatter"):

@@ -63,7 +63,7 @@ from simulator.strategies.ghp import bucket_segments
 from simulator.workload import dtype_bytes
 from simulator.zero_config import gradient_element_bytes
 
-GATHER_KEY, REDUCE_KEY = "fsdp_gather", "fsdp_reduce_scatter"
+GATHER_KEY, REDUCE_KEY, HYBRID_ALLREDUCE_KEY = "fsdp_gather", "fsdp_reduce_scatter", "fsdp_allreduce"
 GATHER_LABEL = "fsdp allgather"
 """ZeRO-3 parameter gathers and gradient reduce-scatters: left out of `simulator.memory`'s generic
 walk, which would hold a gather's buffer until the update like a top-k allgather's; their buffers
@@ -102,9 +102,12 @@ def replicated(config) -> bool:
 
 
 def zero_groups(config, dp_ranks: tuple[int, ...], dp_index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(shard group, replicate group) of a rank among its d data-parallel copies `dp_ranks`."""
+    """(shard group, replicate group) of a rank among its d data-parallel copies `dp_ranks` (a
+    symmetric run's representative: itself in both where it has replicas, `simulator.symmetry`)."""
     s = shard_degree(config)
-    if len(dp_ranks) == 1 or s == len(dp_ranks):  # a symmetric run's representative, or full shard
+    if len(dp_ranks) == 1:  # d = 1, or the representative of a symmetric run, standing for every group
+        return dp_ranks, (dp_ranks if replicated(config) else ())
+    if s == len(dp_ranks):  # full shard
         return dp_ranks, ()
     first = dp_index - dp_index % s
     return dp_ranks[first:first + s], dp_ranks[dp_index % s::s]
@@ -214,7 +217,7 @@ def _reduce_unit(rank, layer: int, microbatch: int) -> None:
                                   deps=after, algorithm="ring", label=f"fsdp reduce_scatter B{microbatch} L{layer}"),)
     if replicas:
         after = (rank.builder.add(Collective, op="allreduce", ranks=replicas, size_bytes=size / rank.zero_degree,
-                                  key=("fsdp_allreduce", *rank.dp_key, replicas[0], microbatch, layer), deps=after,
+                                  key=(HYBRID_ALLREDUCE_KEY, *rank.dp_key, replicas[0], microbatch, layer), deps=after,
                                   algorithm=rank.config.collective, label=f"fsdp allreduce B{microbatch} L{layer}"),)
     rank.pending.append(after[0])
 
