@@ -97,7 +97,8 @@ class Symmetry:
     def device_groups(self, action) -> tuple[tuple[tuple[int, ...], ...], int]:
         """(device groups, tier-byte weight) of a representative's collective: its TP group; with
         expert parallelism (`simulator.strategies.experts`), every EP group's all-to-all of its
-        stage or every expert-data-parallel group's collective; else the stage's data-parallel rings."""
+        stage or every expert-data-parallel group's collective; under hybrid_shard every shard
+        group's gather or reduce-scatter, or every replica group's allreduce; else the stage's rings."""
         stage = action.ranks[0] % self.num_stages
         if action.key[0] == "tp":
             return (self.tp_groups[stage],), self.num_replicas
