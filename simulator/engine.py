@@ -268,7 +268,7 @@ class Engine:
 
     def _phases(self, action: Collective, count: bool = True) -> tuple:
         """The flow phases of a collective (built once per distinct collective, `_phase_cache`);
-        `count`: add the algorithm it runs to the summary's counts."""
+        `count`: add the algorithm it runs to the summary's counts, once per group it stands for."""
         signature = (action.ranks, action.key[0], action.op, action.size_bytes, action.algorithm, action.repeat)
         known = self._phase_keys.get(signature)
         if known is None:
@@ -278,7 +278,7 @@ class Engine:
         if count:
             if label is None:
                 label = known[1] = collective_label(cache_key[3], phases)
-            self._count(self.algorithms, label, 1)
+            self._count(self.algorithms, label, len(cache_key[0]) * cache_key[5])  # groups x copies each
         return phases
 
     def _phase_key(self, action: Collective) -> tuple:

@@ -79,6 +79,7 @@ def assert_fold_equals_full(reduced, full, ranks=(2, 16)):
         for key in PER_DEVICE:
             assert row[key] == pytest.approx(row_full[key], rel=1e-9, abs=1e-15), key
     assert reduced.summary["mfu"] == pytest.approx(full.summary["mfu"], rel=1e-12)
+    assert reduced.summary["collective_algorithms"] == full.summary["collective_algorithms"]  # every group's
     assert reduced.summary["num_events"] < full.summary["num_events"] / 4
 
 
