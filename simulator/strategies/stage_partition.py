@@ -10,6 +10,7 @@ from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -366,9 +367,22 @@ def _boundary_time_s(topology: Topology, rank_to_device, num_stages: int, stage:
 def boundary_hop(topology: Topology, rank_to_device, num_stages: int, stage: int,
                  neighbour: int) -> tuple[float, float] | None:
     """(latency, bandwidth) of `_boundary_time_s`'s transfer: the slowest replica's route latency and
-    the least share of a link it crosses; None where the two stages share a device."""
+    the least share of a link it crosses; None where the two stages share a device. Remembered per
+    topology and device pairs (a search asks for the same hops for most of its layouts)."""
     replicas = len(rank_to_device) // num_stages
-    pairs = [(rank_to_device[g * num_stages + stage], rank_to_device[g * num_stages + neighbour]) for g in range(replicas)]
+    pairs = tuple((rank_to_device[g * num_stages + stage], rank_to_device[g * num_stages + neighbour])
+                  for g in range(replicas))
+    known = _HOPS.setdefault(topology, {})
+    if pairs not in known:
+        known[pairs] = _hop(topology, pairs)
+    return known[pairs]
+
+
+_HOPS: WeakKeyDictionary = WeakKeyDictionary()
+"""Topology -> {device pairs: `boundary_hop`}."""
+
+
+def _hop(topology: Topology, pairs) -> tuple[float, float] | None:
     routes = [topology.route(source, target) for source, target in pairs]
     crossing = Counter(link for route in routes for link in route)
     hops = [(topology.route_latency_s(*pair), min(topology.links[i].bandwidth_bytes_per_s / crossing[i] for i in route))
