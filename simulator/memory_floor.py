@@ -38,6 +38,7 @@ from itertools import accumulate
 
 from simulator.memory import MASTER_WEIGHT_DTYPES, OPTIMIZER_STATE_COPIES
 from simulator.memory_activations import Sharding, kept_bytes, saved_bytes
+from simulator.partition import least_max_chain, searched_partition
 from simulator.schedules import build_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
@@ -50,12 +51,11 @@ MEGATRON = "megatron"
 def memory_floor_bytes(model, c) -> float:
     """Largest per-rank floor (module docstring) over candidate `c`'s ranks; `model` is the
     scenario's `simulator.step_bound.BoundModel` (geometry, recompute, ZeRO stage of `c`). Where the
-    layers of a synchronous kind are split by the balanced partition and no split can fit
-    (`SplitMemory.least_fullest_bytes` over the capacity), that figure, a floor under every split's,
-    without partitioning."""
-    given, chunks = model.scenario.strategy.partition, c.workers_per_group * c.num_virtual_stages
-    balanced = given == "balanced" or not isinstance(given, str) and len(given) != chunks  # as the geometry takes it
-    if balanced and c.kind not in ASYNCHRONOUS_KINDS:  # (whose floors add weight copies by rank)
+    layers of a synchronous kind (asynchronous floors add weight copies by rank) are split by the
+    balanced partition and no split can fit (`SplitMemory.least_fullest_bytes` over the capacity),
+    that figure, a floor under every split's, without partitioning."""
+    chunks = c.workers_per_group * c.num_virtual_stages
+    if searched_partition(model.scenario.strategy.partition, chunks) == "balanced" and c.kind not in ASYNCHRONOUS_KINDS:
         split = candidate_split_memory(model, c, model.rank_model(c)[0])
         if split.least_fullest_bytes() > split.capacity_bytes:
             return split.least_fullest_bytes()
@@ -262,7 +262,6 @@ class SplitMemory:
 
     @cached_property
     def _least_fullest_bytes(self) -> float:
-        from simulator.partition import least_max_chain
         ranges = self._one_range_bytes
         return self.least_bytes() if ranges is None else least_max_chain(ranges)
 

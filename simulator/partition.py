@@ -268,6 +268,12 @@ def _with_update(costs, exposed):
     return [cost + exposed(stage, clipped, ends) for stage, cost in enumerate(costs)]
 
 
+def searched_partition(partition, num_chunks: int):
+    """`strategy.partition` as a searched layout of `num_chunks` chunks takes it: a split given for
+    another chunk count gives way to the balanced one."""
+    return partition if isinstance(partition, str) or len(partition) == num_chunks else "balanced"
+
+
 def least_max_chain(costs) -> float:
     """The least, over splits into contiguous ranges (one per costs[m][start, end]), of the largest range cost."""
     return _best_chain(costs, np.maximum)[0]

@@ -58,6 +58,7 @@ from simulator.memory_activations import recompute_ranges
 from simulator.memory_buffers import usable_memory_bytes
 from simulator.layout_geometry import (RememberedCosts, chain_partition, expert_floors_s, megatron_device,
                                       megatron_grid, ring_floors_s, tp_floors)
+from simulator.partition import searched_partition
 from simulator.placement import place_ranks
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
 from simulator.strategies.experts import expert_rank_workload, rank_expert_params
@@ -125,8 +126,7 @@ class BoundModel(LinkFloors):
         if found is not None:
             return found
         strategy, scenario, chunks = self.scenario.strategy, self.scenario, p * v
-        partition = strategy.partition if isinstance(strategy.partition, str) or len(strategy.partition) == chunks \
-            else "balanced"
+        partition = searched_partition(strategy.partition, chunks)
         if c.kind == MEGATRON:
             d = self.dp_ranks(c)  # the d c ranks of a stage, dp' = replica x c + cp
             device = megatron_device(c.placement, t, p, c.data_parallel, c.cp_degree or 1)
