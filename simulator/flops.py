@@ -13,7 +13,8 @@ pads every expert with are executed work (the step time includes them) but not m
 (`simulator.zoo.moe.capacity_padding_flops_per_sample`), so MFU falls as c rises.
 
     achieved FLOP/s per GPU = model FLOPs / (step time x N)
-    MFU = achieved FLOP/s per GPU / mean dense peak FLOP/s of the N GPUs (training dtype)
+    MFU = achieved FLOP/s per GPU / mean dense peak FLOP/s of the N GPUs (training dtype; the fp8
+          peak under FP8 training, `training.fp8_recipe`, the rate of its fastest math)
 """
 
 from __future__ import annotations
@@ -41,4 +42,5 @@ def flops_summary(scenario, workload, step_time_s: float) -> dict:
         return {"model_flops_per_step": model_flops, "achieved_tflops_per_gpu": float("inf"), "mfu": float("inf")}
     per_gpu = model_flops / step_time_s / scenario.num_gpus
     return {"model_flops_per_step": model_flops, "achieved_tflops_per_gpu": per_gpu / 1e12,
-            "mfu": per_gpu / peak_flops_per_s(scenario.cluster, scenario.training.dtype)}
+            "mfu": per_gpu / peak_flops_per_s(scenario.cluster, "fp8" if scenario.training.fp8_recipe
+                                              else scenario.training.dtype)}

@@ -87,6 +87,8 @@ class Device:
     flash_slowdown: tuple[float, float] = (1.0, 1.0)
     """The flash-attention implementation's forward and backward time over FlashAttention-2's
     (`simulator.kernel_catalogue.FLASH_KERNEL_SLOWDOWNS`)."""
+    fp8: Device | None = None
+    """The same GPU at its FP8 peak, for FP8 GEMMs (`training.fp8_recipe`, `simulator.kernels_fp8`)."""
 
 
 def device_for(gpu, dtype: str, parameters: KernelParameters | None = None, flash_kernel: str = "flash2") -> Device:
@@ -143,6 +145,8 @@ def kernel_s(kernel: Kernel, device: Device) -> float:
     """Seconds for one kernel (module docstring; measured tables: `MeasuredTables`). Flash attention
     tiles are (tile_m queries x the whole head dimension n), one CTA per query block and head
     (Dao 2023, FlashAttention-2)."""
+    if kernel.fp8 and device.fp8 is not None:
+        device = device.fp8
     p = device.parameters
     moved = memory_s(kernel.bytes_moved, device)
     if kernel.kind == "gemm":
@@ -223,7 +227,7 @@ class KernelCosts:
                  parameters: KernelParameters | None = None, comm_sm_contention: bool = True,
                  gradient_accumulation_fusion: bool = True, vocab_multiple: int = 1, memory_format: str = "nchw",
                  flash_kernel: str = "flash2", comm_channels: int = NCCL_DEFAULT_NUM_CHANNELS,
-                 cudnn_allow_tf32: bool = True):
+                 cudnn_allow_tf32: bool = True, fp8_recipe: str | None = None):
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute {recompute!r}: expected one of {', '.join(RECOMPUTE_MODES)}")
         self.workload = workload
@@ -241,11 +245,14 @@ class KernelCosts:
         self.flash_kernel = flash_kernel
         self.comm_channels = comm_channels
         self.cudnn_allow_tf32 = cudnn_allow_tf32
+        self.fp8_recipe = fp8_recipe
         self.conv_dtype = conv_dtype(gpu, dtype, cudnn_allow_tf32)
         self.conv_algorithm = conv_algorithm(gpu, self.conv_dtype, memory_format)
         self.shared_processors = sm_sharing(gpu.num_sms, comm_channels) if comm_sm_contention else None
         self.architecture = gpu_architecture(gpu)
         self.device = device_for(gpu, dtype, parameters, flash_kernel)
+        if fp8_recipe is not None:  # the same knobs at the FP8 peak (`simulator.kernels_fp8`)
+            self.device = replace(self.device, fp8=device_for(gpu, "fp8", self.device.parameters, flash_kernel))
         self.parameters = self.device.parameters
         self._conv_options = ((self.conv_algorithm, self.device),)  # (cuDNN algorithm, device) pairs to try
         if self.conv_dtype == "tf32":  # TF32 tensor cores, or the fp32 algorithms (CUDA cores, Winograd)
@@ -276,14 +283,14 @@ class KernelCosts:
                    vocab_multiple=MEGATRON_VOCAB_MULTIPLE if scenario.strategy.kind == "megatron" else 1,
                    memory_format=training.memory_format, flash_kernel=costs.flash_attention_kernel,
                    comm_channels=collective_channels(scenario.cluster.intra_node_link.kind),
-                   cudnn_allow_tf32=training.cudnn_allow_tf32)
+                   cudnn_allow_tf32=training.cudnn_allow_tf32, fp8_recipe=training.fp8_recipe)
 
     def with_changes(self, **changes) -> "KernelCosts":
         """The same model with some constructor arguments replaced (another GPU, TP degree, ...)."""
         settings = {name: getattr(self, name) for name in (
             "workload", "gpu", "dtype", "optimizer", "tp_degree", "flash_attention", "sequence_parallel",
             "recompute", "parameters", "comm_sm_contention", "gradient_accumulation_fusion", "vocab_multiple",
-            "memory_format", "flash_kernel", "comm_channels", "cudnn_allow_tf32")}
+            "memory_format", "flash_kernel", "comm_channels", "cudnn_allow_tf32", "fp8_recipe")}
         return KernelCosts(**(settings | changes))
 
     def with_tensor_parallel(self, tp_degree: int, sequence_parallel: bool) -> "KernelCosts":
@@ -328,7 +335,7 @@ class KernelCosts:
         kernels = layer_kernels(layer, phase, batch, dtype=self.dtype, tp_degree=self.tp_degree,
                                 flash_attention=self.flash_attention, sequence_parallel=self.sequence_parallel,
                                 gradient_accumulation_fusion=self.gradient_accumulation_fusion,
-                                conv_algorithm=algorithm)
+                                conv_algorithm=algorithm, fp8_recipe=self.fp8_recipe)
         skipped = INPUT_GRADIENT_KERNELS.get(layer.spec.get("kind")) if layer_index == 0 and phase == BACKWARD else None
         return kernels if skipped is None else tuple(  # the GEMM and its layout copies
             kernel for kernel in kernels if kernel.name != skipped and not kernel.name.startswith(f"{skipped}."))
@@ -366,7 +373,8 @@ class KernelCosts:
         """Fused multi-tensor update kernels (`simulator.kernels.optimizer_kernels`)."""
         if num_params <= 0:
             return 0.0
-        kernels = optimizer_kernels(self.optimizer, num_params, self._num_tensors(num_params, layers), self.dtype)
+        kernels = optimizer_kernels(self.optimizer, num_params, self._num_tensors(num_params, layers), self.dtype,
+                                    self.fp8_recipe)
         return kernels_s(kernels, self.device)
 
     def weight_pass_s(self, name: str, num_params: int, layers: tuple[int, int] | None = None) -> float:

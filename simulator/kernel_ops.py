@@ -38,6 +38,8 @@ class Kernel:
     aligned: bool = True
     """GEMMs: whether its operands' leading dimensions meet cuBLAS's 16-byte alignment
     (`simulator.kernel_catalogue.ALIGNMENT_BYTES`)."""
+    fp8: bool = False
+    """GEMMs: FP8 operands at the GPU's FP8 peak (`simulator.kernels_fp8`)."""
 
     @property
     def bytes_moved(self) -> float:

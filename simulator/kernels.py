@@ -56,6 +56,7 @@ from simulator.kernels_cnn import (
     conv_block_kernels,
     fc_kernels,
 )
+from simulator.kernels_fp8 import FP8_KINDS, fp8_linears, weight_cast_passes
 from simulator.kernels_moe import moe_block_kernels
 from simulator.workload import Layer, dtype_bytes
 from simulator.zoo._ops import ADD_FLOPS, GELU_FLOPS
@@ -250,13 +251,15 @@ def _freeze(value):
 
 @lru_cache(maxsize=65536)
 def _cached_kernels(layer: Layer, spec_key, phase: str, batch: float, dtype: str, tp_degree: int,
-                    flash_attention: bool, sequence_parallel: bool,
-                    gradient_accumulation_fusion: bool = True, conv_algorithm: str = "implicit_gemm") -> tuple[Kernel, ...]:
+                    flash_attention: bool, sequence_parallel: bool, gradient_accumulation_fusion: bool = True,
+                    conv_algorithm: str = "implicit_gemm", fp8_recipe: str | None = None) -> tuple[Kernel, ...]:
     if batch == 0:
         return ()
     phase_kernels = "F" if phase == "R" else phase
     kernels = _expand(layer, batch, dtype_bytes(dtype), phase_kernels, tp_degree, flash_attention,
                       sequence_parallel, conv_algorithm)
+    if fp8_recipe is not None and layer.spec.get("kind") in FP8_KINDS:
+        kernels = fp8_linears(kernels, dtype_bytes(dtype), phase_kernels, fp8_recipe)
     if phase == "B" and not gradient_accumulation_fusion:
         kernels = unfused_accumulation(kernels, dtype_bytes(dtype), main_grad_bytes(dtype, dtype_bytes(dtype)))
     return tuple(kernels)
@@ -264,12 +267,14 @@ def _cached_kernels(layer: Layer, spec_key, phase: str, batch: float, dtype: str
 
 def layer_kernels(layer: Layer, phase: str, batch: float, *, dtype: str, tp_degree: int = 1,
                   flash_attention: bool = False, sequence_parallel: bool = False,
-                  gradient_accumulation_fusion: bool = True, conv_algorithm: str = "implicit_gemm") -> tuple[Kernel, ...]:
+                  gradient_accumulation_fusion: bool = True, conv_algorithm: str = "implicit_gemm",
+                  fp8_recipe: str | None = None) -> tuple[Kernel, ...]:
     """The kernels one tensor-parallel rank launches for `layer`'s pass `phase` on `batch`
     samples. Cached per (layer, spec, phase, batch, dtype, tp, flags): `cache_info()`.
     `gradient_accumulation_fusion` False: Megatron without `--gradient-accumulation-fusion`, a
     main-gradient accumulation kernel after every weight-gradient GEMM (`unfused_accumulation`).
-    `conv_algorithm`: how cuDNN runs the convolutions (`simulator.kernel_catalogue.conv_algorithm`)."""
+    `conv_algorithm`: how cuDNN runs the convolutions (`simulator.kernel_catalogue.conv_algorithm`).
+    `fp8_recipe`: a block's linear layers in FP8 as Transformer Engine runs them (`simulator.kernels_fp8`)."""
     if phase not in PHASES:
         raise ValueError(f"phase {phase!r}: expected one of {', '.join(PHASES)}")
     if batch < 0:
@@ -278,7 +283,7 @@ def layer_kernels(layer: Layer, phase: str, batch: float, *, dtype: str, tp_degr
         raise ValueError(f"tp_degree {tp_degree!r}: must be a positive integer")
     return _cached_kernels(layer, _freeze(layer.spec), phase, batch, dtype, int(tp_degree),
                            bool(flash_attention), bool(sequence_parallel), bool(gradient_accumulation_fusion),
-                           conv_algorithm)
+                           conv_algorithm, fp8_recipe)
 
 
 layer_kernels.cache_info = _cached_kernels.cache_info  # type: ignore[attr-defined]
@@ -355,9 +360,11 @@ the update in 16-bit training with fp32 master weights and fp32 main gradients; 
 scale. `None` bytes: the model dtype's."""
 
 
-def optimizer_kernels(optimizer: str, num_params: float, num_tensors: int, dtype: str) -> tuple[Kernel, ...]:
+def optimizer_kernels(optimizer: str, num_params: float, num_tensors: int, dtype: str,
+                      fp8_recipe: str | None = None) -> tuple[Kernel, ...]:
     """One optimizer step over `num_params` parameters in `num_tensors` tensors: zeroing the
-    fp32 gradient buffer, then each multi-tensor pass split into its launches."""
+    fp32 gradient buffer, then each multi-tensor pass split into its launches (under FP8 training
+    also the weights' FP8 casts, `simulator.kernels_fp8.weight_cast_passes`)."""
     if optimizer not in OPTIMIZER_PASSES:
         raise ValueError(f"optimizer {optimizer!r}: expected one of {', '.join(OPTIMIZER_PASSES)}")
     e = dtype_bytes(dtype)
@@ -367,6 +374,7 @@ def optimizer_kernels(optimizer: str, num_params: float, num_tensors: int, dtype
     if e < 4:
         passes += [(name, lists, r, e if w is None else w) for name, lists, r, w, fp16_only
                    in MIXED_PRECISION_PASSES if dtype == "fp16" or not fp16_only]
+    passes += weight_cast_passes(fp8_recipe, e)
     kernels = []
     for name, lists, read, write in passes:
         launches = 1 if name == "zero_grads" else multi_tensor_launches(num_params, num_tensors, lists)

@@ -89,6 +89,7 @@ class MemoryConfig:
     """The device's convolution library computes in its own blocked layout (module docstring)."""
     flash_attention: bool = False
     """The attention core runs as flash attention (`costs.flash_attention`)."""
+    fp8_recipe: str | None = None  # `training.fp8_recipe`: FP8 weight copies (`simulator.memory_buffers`)
 
 
 def memory_config(scenario) -> MemoryConfig:
@@ -96,7 +97,7 @@ def memory_config(scenario) -> MemoryConfig:
     return MemoryConfig(training.dtype, training.optimizer, training.memory_policy, training.recompute,
                         training.offload_activations, usable_memory_bytes(scenario),
                         blocked_conv_layout=scenario.cluster.gpu.name in BLOCKED_CONV_LAYOUT_DEVICES,
-                        flash_attention=scenario.costs.flash_attention,
+                        flash_attention=scenario.costs.flash_attention, fp8_recipe=training.fp8_recipe,
                         **({} if host_bandwidth is None else {"host_bandwidth_bytes_per_s": host_bandwidth}))
 
 

@@ -8,11 +8,16 @@ Persistent for the whole step (P = the rank's parameters, e = bytes of the train
   sets them: Megatron's fp32 gradient buffer under bf16);
 - stashed_weights P e x (`stashed_weight_versions` + `extra_weight_copies` of the stage in
   plan.meta: PipeDream's weight stash, SpecTrain's predicted copy; absent = 0);
-- residual P e for top-k compression (error feedback, Stich et al. 2018).
+- residual P e for top-k compression (error feedback, Stich et al. 2018);
+- under FP8 training (`training.fp8_recipe`) the weights also hold each block parameter's FP8 copy
+  and its transpose, 2 bytes, which Transformer Engine caches across a step's micro-batches
+  (`simulator.kernels_fp8`). Saved activations are counted in the 16-bit dtype, an upper bound:
+  TE keeps its linear layers' inputs for the backward in FP8.
 """
 
 from __future__ import annotations
 
+from simulator.kernels_fp8 import FP8_KINDS
 from simulator.plan import Plan
 from simulator.workload import Workload, dtype_bytes
 
@@ -29,8 +34,13 @@ def persistent(plan: Plan, workload: Workload, rank: int, config) -> dict[str, f
     largest = max((workload.layers[i].num_params for a, b in ranges for i in range(a, b)), default=0)
     copies = sum(plan.meta.get(key, [0] * (stage_index + 1))[stage_index]
                  for key in ("stashed_weight_versions", "extra_weight_copies"))
+    fp8_copies = 0.0
+    if config.fp8_recipe is not None:  # 2 bytes for each parameter of the rank's share of its blocks
+        layers = [workload.layers[i] for a, b in ranges for i in range(a, b)]
+        block_params = sum(layer.num_params for layer in layers if layer.spec.get("kind") in FP8_KINDS)
+        fp8_copies = 2.0 * params * block_params / max(1, sum(layer.num_params for layer in layers))
     return {
-        "weights": params * element,
+        "weights": params * element + fp8_copies,
         "master_weights": params * 4 if config.dtype in MASTER_WEIGHT_DTYPES else 0,
         "optimizer_state": params * 4 * OPTIMIZER_STATE_COPIES[config.optimizer],
         "weight_gradients": (largest if config.memory_policy == "laysa" else params)

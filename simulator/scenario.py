@@ -24,7 +24,7 @@ from simulator.units import parse_quantity, plural
 from simulator.validation_errors import format_validation_error
 from simulator.yaml_loading import StrictLoader, load_yaml_text, read_yaml_file
 from simulator.kernel_catalogue import MAX_HOST_OVERHEAD_S, check_flash_kernel
-from simulator.scenario_checks import DisplayText, check_cost_settings, placement_name
+from simulator.scenario_checks import DisplayText, check_cost_settings, check_fp8, placement_name
 from simulator.zero_config import check_zero, zero_stage_from_fsdp
 
 StrategyKind = Literal["dp", "mp", "ghp", "gpipe", "1f1b", "interleaved_1f1b", "pipedream", "spectrain",
@@ -229,6 +229,9 @@ class TrainingConfig(_Frozen):
     cudnn_allow_tf32: Bool = True
     """PyTorch's `torch.backends.cudnn.allow_tf32` (default True): fp32 convolutions on Ampere and later
     run on TF32 tensor cores (`simulator.kernel_catalogue.conv_dtype`); matmuls stay fp32."""
+    fp8_recipe: Literal["delayed", "current"] | None = None
+    """FP8 training as Transformer Engine runs it: blocks' linear layers in FP8, with this scaling recipe; the
+    rest in `dtype` (16-bit); None: off (`simulator.kernels_fp8`; checked by `scenario_checks.check_fp8`)."""
     allocator_fragmentation: Annotated[Float, Field(ge=0, lt=0.5)] = 0.0
     """Share of device memory the caching allocator loses to fragmentation (`simulator.memory.usable_memory_bytes`)."""
 
@@ -276,7 +279,7 @@ class Scenario(_Frozen):
     base_dir: str = Field(default=".", exclude=True, description="folder that relative model.file paths start from")
     source: str = Field(default="<scenario>", exclude=True, description="where the scenario came from, for errors")
 
-    _check_costs = model_validator(mode="after")(lambda self: check_cost_settings(self) or self)
+    _check_costs = model_validator(mode="after")(lambda self: check_cost_settings(self) or check_fp8(self) or self)
 
     @model_validator(mode="after")
     def _check_grid(self) -> "Scenario":

@@ -58,3 +58,23 @@ def check_cost_settings(scenario) -> None:
         raise ValueError(f"costs.host_overhead_s: {costs.host_overhead_s:g} is used by the kernel cost model only; "
                          f"this scenario is priced by the analytic model (costs.model {costs.model}{chosen}): "
                          "set costs.model kernel or drop costs.host_overhead_s")
+
+
+def check_fp8(scenario) -> None:
+    """ValueError for `training.fp8_recipe` where FP8 training cannot run: Transformer Engine's FP8
+    keeps a 16-bit training dtype around its FP8 GEMMs, needs FP8 tensor cores (Ada, Hopper and
+    later: a GPU whose sheet lists an fp8 peak), and only the kernel model expands its GEMMs."""
+    recipe, training, gpu = scenario.training.fp8_recipe, scenario.training, scenario.cluster.gpu
+    if recipe is None:
+        return
+    if training.dtype not in ("bf16", "fp16"):
+        raise ValueError(f"training.fp8_recipe: {recipe!r} needs training.dtype bf16 or fp16 around its FP8 GEMMs "
+                         f"(got {training.dtype})")
+    for name, node_gpu in (("cluster.gpu", gpu), *((f"cluster.node_gpus (node {node})", other)
+                                                   for node, other in sorted(scenario.cluster.node_gpus.items()))):
+        if "fp8" not in node_gpu.peak_flops_per_s:
+            raise ValueError(f"training.fp8_recipe: {recipe!r} needs FP8 tensor cores; {name} {node_gpu.name!r} "
+                             "lists no fp8 peak (Ada, Hopper and later have them)")
+    if not kernel_model_chosen(scenario.costs.model, gpu):
+        raise ValueError(f"training.fp8_recipe: {recipe!r} is priced by the kernel cost model only; "
+                         f"costs.model {scenario.costs.model} prices {gpu.name!r} analytically")

@@ -127,7 +127,8 @@ def print_summary(result: SimulationResult, console: Console | None = None) -> N
     seq_len = next((layer.spec["seq_len"] for layer in result.workload.layers if "seq_len" in layer.spec), None)
     tokens = f" x {seq_len:,} tokens" if seq_len else ""  # a transformer's sequence (hf_config: its longest)
     console.print(f"[bold]{summary['scenario']}[/bold]: {summary['model']} ({size}), "
-                  f"batch {summary['global_batch_size']}{tokens} {scenario.training.dtype}")
+                  f"batch {summary['global_batch_size']}{tokens} {scenario.training.dtype}"
+                  + (f" + fp8 ({scenario.training.fp8_recipe} scaling)" if scenario.training.fp8_recipe else ""))
     console.print(f"cluster: {plural(cluster.num_nodes, 'node')} x {cluster.gpus_per_node} {cluster.gpu.name}; "
                   + fabric_label(cluster))
     console.print(f"strategy: {strategy_label(summary)}, placement {summary['placement']}, "
