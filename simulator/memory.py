@@ -154,7 +154,7 @@ class _RankWalk:
         self.per_layer = plan.meta.get("recompute_granularity") == "layer"
         tensor = plan.meta.get("tensor", {})
         self.sharding = Sharding(tensor.get("tp_degree", 1), tensor.get("sequence_parallel", False),
-                                 config.flash_attention)
+                                 config.flash_attention, config.fp8_recipe is not None)
         self.grad_maps = defaultdict(float)  # microbatch -> gradient-map bytes kept (policy none)
         self.transfers = []                 # (bytes, "out"|"in")
         self.phase_s = defaultdict(float)   # compute seconds of forwards ("F") and backwards ("B")

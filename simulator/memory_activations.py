@@ -21,6 +21,9 @@ GPT with p > 0, e = 2, W >= s: sbh(34 + 5as/h) without parallelism (eq. 1), sbh(
 with TP (eq. 2), sbh(34/t + 5as/(ht)) with TP and sequence parallelism (eq. 4). Dropout p:
 `spec["dropout"]`, else Megatron-LM's default (`simulator.kernel_ops.DEFAULT_DROPOUT`, as the kernel
 model); masks are 1 byte (torch bool).
+Under FP8 training (`Sharding.fp8`, `training.fp8_recipe`) the linear layers' saved inputs (QKV's,
+the out-projection's, the MLP's two GEMMs', the experts' grouped GEMMs') are 1 byte an element:
+Transformer Engine keeps the FP8 cast it multiplies (`simulator.kernels_fp8`).
 
 Mixture-of-experts blocks (zoo spec kind "moe_block", `simulator.zoo.moe`) extend the formula as
 Megatron-Core's MoE layer saves its tensors (`megatron/core/transformer/moe/`: TopKRouter,
@@ -75,6 +78,8 @@ class Sharding:
     tp_degree: int = 1
     sequence_parallel: bool = False
     flash_attention: bool = False
+    fp8: bool = False
+    """FP8 training (`training.fp8_recipe`): Transformer Engine keeps its linear layers' inputs in FP8."""
 
 
 def attention_keys(spec) -> int:
@@ -92,6 +97,12 @@ ROUTER_PROBS_BYTES = 4
 """Megatron-Core's TopKRouter computes the softmax and top-k in fp32."""
 
 
+def linear_input_bytes(element_bytes: int, sharding: Sharding) -> int:
+    """Bytes an element of a linear layer's saved input: 1 under FP8 (Transformer Engine saves the FP8
+    cast it multiplies, `simulator.kernels_fp8`), else the training dtype's."""
+    return 1 if sharding.fp8 else element_bytes
+
+
 def is_block(layer: Layer) -> bool:
     """A zoo transformer or MoE block whose dimensions are known (a bare kind keeps its saved
     elements)."""
@@ -106,10 +117,10 @@ def block_bytes(spec, element_bytes: int, sharding: Sharding) -> tuple[float, fl
     s, h, heads, f = spec["seq_len"], spec["hidden_size"], spec["num_heads"], spec["ffn_hidden_size"]
     kv_width = (spec.get("num_kv_heads") or heads) * (h // heads)
     p = spec.get("dropout", DEFAULT_DROPOUT)
-    t, e = sharding.tp_degree, element_bytes
-    replicated = 4 * s * h * e + (2 * s * h * MASK_BYTES if p > 0 else 0)
-    mlp = (3 if spec.get("activation") == "swiglu" else 2) * s * f * e
-    split = (2 * s * h + 2 * s * kv_width) * e + mlp
+    t, e, x = sharding.tp_degree, element_bytes, linear_input_bytes(element_bytes, sharding)
+    replicated = (2 * e + 2 * x) * s * h + (2 * s * h * MASK_BYTES if p > 0 else 0)  # norms', QKV's, fc1's inputs
+    mlp = (2 if spec.get("activation") == "swiglu" else 1) * s * f * e + s * f * x  # fc2's input: x
+    split = (s * h + 2 * s * kv_width) * e + s * h * x + mlp  # Q, K, V; the out-projection's input
     scores = heads * s * attention_keys(spec)
     if sharding.flash_attention:
         split += heads * s * STATS_BYTES
@@ -124,11 +135,13 @@ def moe_block_bytes(spec, element_bytes: int, sharding: Sharding) -> tuple[float
     """(kept, core) of an MoE block, as `block_bytes` (module docstring: the LLaMA attention half,
     then the router, the routed experts and the shared experts, Megatron-Core's saved tensors)."""
     s, h, e, t = spec["seq_len"], spec["hidden_size"], element_bytes, sharding.tp_degree
+    x = linear_input_bytes(element_bytes, sharding)
     kept, core = block_bytes({**spec, "ffn_hidden_size": 0}, element_bytes, sharding)
     routed = spec.get("capacity_factor", 1.0) * spec["top_k"] * s
     router = s * spec["num_experts"] * ROUTER_PROBS_BYTES / (t if sharding.sequence_parallel else 1)
-    experts = routed * h * e + (3 * routed * spec["expert_ffn_hidden_size"] + routed * h) * e / t
-    shared = 3 * s * spec.get("shared_ffn_hidden_size", 0) * e / t
+    f_e, f_s = spec["expert_ffn_hidden_size"], spec.get("shared_ffn_hidden_size", 0)
+    experts = routed * h * x + ((2 * e + x) * routed * f_e + routed * h * e) / t
+    shared = (2 * e + x) * s * f_s / t
     return kept + router + experts + shared, core
 
 

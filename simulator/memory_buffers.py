@@ -11,8 +11,7 @@ Persistent for the whole step (P = the rank's parameters, e = bytes of the train
 - residual P e for top-k compression (error feedback, Stich et al. 2018);
 - under FP8 training (`training.fp8_recipe`) the weights also hold each block parameter's FP8 copy
   and its transpose, 2 bytes, which Transformer Engine caches across a step's micro-batches
-  (`simulator.kernels_fp8`). Saved activations are counted in the 16-bit dtype, an upper bound:
-  TE keeps its linear layers' inputs for the backward in FP8.
+  (`simulator.kernels_fp8`; the linear layers' saved inputs in FP8: `simulator.memory_activations`).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from simulator.partition import least_max_chain, searched_partition
 from simulator.schedules import build_schedule
 from simulator.schedules.analysis import stage_metrics
 from simulator.schedules.ir import ASYNCHRONOUS_KINDS
-from simulator.zero_config import gradient_element_bytes
+from simulator.zero_config import gradient_element_bytes, reduce_dtype_of
 from simulator.workload import dtype_bytes
 
 MEGATRON = "megatron"
@@ -73,12 +73,17 @@ def memory_floor_bytes(model, c) -> float:
     return worst
 
 
+def fp8_training(scenario) -> bool:
+    """Whether the linear layers' saved inputs are FP8 (`training.fp8_recipe`, `Sharding.fp8`)."""
+    return scenario.training.fp8_recipe is not None
+
+
 def candidate_split_memory(model, c, workload) -> SplitMemory:
     """`SplitMemory` of candidate `c` of a `simulator.step_bound.BoundModel` on `workload` (its rank's),
     remembered in `model._cache` for the geometry's partition and the floor alike."""
     t = c.tp_degree if c.kind == MEGATRON else 1
     scenario = model.scenario
-    sharding = Sharding(t, t > 1 and model.sp(c), scenario.costs.flash_attention)
+    sharding = Sharding(t, t > 1 and model.sp(c), scenario.costs.flash_attention, fp8_training(scenario))
     shape = PipelineShape(c.kind, c.workers_per_group, c.num_virtual_stages, c.num_microbatches)
     key = ("split memory", id(workload), shape, model.microbatch_size(c), model.recompute(c), sharding,
            model.dp_ranks(c), model.zero(c))
@@ -91,7 +96,8 @@ def candidate_split_memory(model, c, workload) -> SplitMemory:
 
 def tensor_split_memory(scenario, config, workload) -> SplitMemory:
     """`SplitMemory` of a megatron plan (`strategies.tensor.TensorConfig`) on its TP rank's `workload`."""
-    sharding = Sharding(config.tp, config.tp > 1 and config.sequence_parallel, scenario.costs.flash_attention)
+    sharding = Sharding(config.tp, config.tp > 1 and config.sequence_parallel, scenario.costs.flash_attention,
+                        fp8_training(scenario))
     shape = PipelineShape(MEGATRON, config.pp, config.num_virtual_stages, config.num_microbatches)
     return split_memory(workload, shape, scenario, microbatch=config.microbatch_size, recompute=config.recompute,
                         sharding=sharding, dp_ranks=config.dp, zero_stage=config.zero_stage)
@@ -102,7 +108,7 @@ def pipeline_split_memory(scenario, config, workload) -> SplitMemory:
     shape = PipelineShape(config.kind, config.num_stages, config.num_virtual_stages, config.num_microbatches)
     return split_memory(workload, shape, scenario, microbatch=config.microbatch_size,
                         recompute=scenario.training.recompute,
-                        sharding=Sharding(1, False, scenario.costs.flash_attention),
+                        sharding=Sharding(1, False, scenario.costs.flash_attention, fp8_training(scenario)),
                         dp_ranks=config.num_groups, zero_stage=scenario.strategy.zero_stage)
 
 
@@ -131,7 +137,7 @@ def split_memory(workload, shape: PipelineShape, scenario, *, microbatch: float,
     stage = zero_stage if megatron and dp_ranks > 1 else 0
     state = (4 if training.dtype in MASTER_WEIGHT_DTYPES else 0) + 4 * OPTIMIZER_STATE_COPIES[training.optimizer]
     grads = 0 if training.memory_policy == "laysa" else (
-        gradient_element_bytes(training.dtype, zero_stage, scenario.strategy.fsdp_reduce_dtype) if megatron else e)
+        gradient_element_bytes(training.dtype, zero_stage, reduce_dtype_of(scenario.strategy)) if megatron else e)
     state, grads, weights = state / (dp_ranks if stage >= 1 else 1), grads / (dp_ranks if stage >= 2 else 1), \
         e / (dp_ranks if stage == 3 else 1)
     return SplitMemory(shape, workload.layers, cache[key], microbatch, recompute, training.offload_activations,

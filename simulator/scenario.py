@@ -185,6 +185,8 @@ class StrategyConfig(_Frozen):
     """megatron: PyTorch FSDP's ShardingStrategy; sets zero_stage (simulator/zero_config.py)."""
     fsdp_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
     """zero_stage 2-3: the dtype gradients are reduce-scattered and kept in (FSDP's reduce_dtype); None: training's."""
+    grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    """megatron, zero_stage 0-1: Megatron-Core's gradient buffer dtype (grad_reduce_in_fp32); None: fp32 under bf16."""
     fsdp_version: Literal[1, 2] | None = None
     """Per-unit gathers: 2 PyTorch FSDP2 (copy passes), 1 flat buffers (FSDP1, DeepSpeed); None: 2 with fsdp_sharding."""
     symmetry: Annotated[Literal["auto", "off"], BeforeValidator(lambda v: "off" if v is False else v)] = "auto"

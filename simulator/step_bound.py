@@ -66,7 +66,7 @@ from simulator.strategies.ghp import GridConfig, bucket_segments
 from simulator.strategies.stage_partition import grid_partition
 from simulator.strategies.tensor import rank_costs
 from simulator.strategies.tensor_layers import rank_workload
-from simulator.zero_config import gradient_element_bytes
+from simulator.zero_config import gradient_element_bytes, reduce_dtype_of
 from simulator.workload import dtype_bytes
 
 MEGATRON = "megatron"
@@ -355,7 +355,7 @@ class BoundModel(LinkFloors):
                 or self.scenario.strategy.fsdp_sharding == "hybrid_shard":
             return 0.0
         d, total = self.dp_ranks(c), 0.0
-        gradient = gradient_element_bytes(self.scenario.training.dtype, 3, self.scenario.strategy.fsdp_reduce_dtype)
+        gradient = gradient_element_bytes(self.scenario.training.dtype, 3, reduce_dtype_of(self.scenario.strategy))
         for count in (layer.num_params for layer in geo.workload.layers if layer.num_params):
             total += 2 * self._gather_floor_s(geo.dp_groups[0], "allgather", count * self.element / d) \
                 + self._gather_floor_s(geo.dp_groups[0], "reduce_scatter", count * gradient)
@@ -375,7 +375,7 @@ class BoundModel(LinkFloors):
             return 0.0  # node-local shard groups: the d-replica ring is no floor of theirs
         op = "reduce_scatter" if zero else "allreduce"
         bucket_bytes = strategy.bucket_size_bytes if strategy.overlap_backward else float("inf")
-        gradient = (gradient_element_bytes(self.scenario.training.dtype, zero, self.scenario.strategy.fsdp_reduce_dtype)
+        gradient = (gradient_element_bytes(self.scenario.training.dtype, zero, reduce_dtype_of(self.scenario.strategy))
                     if c.kind == MEGATRON else self.element)
         segments = bucket_segments(geo.workload, start, end, gradient, 0.0 if zero == 3 else bucket_bytes)
         experts = [self.experts(c, ((a, z),), gradient) for a, z, _ in segments]  # over the d / e copies

@@ -51,6 +51,10 @@ def check_zero(strategy) -> None:
     if reduce_dtype is not None and zero_stage < 2:
         raise ValueError(f"strategy.fsdp_reduce_dtype: {reduce_dtype} applies to sharded gradients (zero_stage 2 "
                          f"or 3, or fsdp_sharding full_shard / shard_grad_op / hybrid_shard); got zero_stage {zero_stage}")
+    if strategy.grad_reduce_dtype is not None and (zero_stage >= 2 or kind != "megatron"):
+        raise ValueError(f"strategy.grad_reduce_dtype: {strategy.grad_reduce_dtype} applies to Megatron's gradient "
+                         f"buffer (kind megatron, zero_stage 0 or 1; sharded gradients: fsdp_reduce_dtype); got kind "
+                         f"{kind!r}, zero_stage {zero_stage}")
     if zero_stage >= 1 and kind != "megatron":
         raise ValueError(f"strategy.zero_stage: {zero_stage} needs strategy.kind megatron (got {kind!r}, which "
                          "reduces gradients as DDP does; FSDP alone is megatron with tp_degree 1 and pp_degree 1)")
@@ -67,7 +71,8 @@ def without_unused_fsdp_keys(strategy: dict) -> dict:
     sharding = strategy.get("fsdp_sharding") if FSDP_ZERO_STAGES.get(strategy.get("fsdp_sharding")) == stage else None
     gathers = stage == 3 or sharding == "shard_grad_op"
     return {**strategy, "fsdp_sharding": sharding, "fsdp_version": strategy.get("fsdp_version") if gathers else None,
-            "fsdp_reduce_dtype": strategy.get("fsdp_reduce_dtype") if stage >= 2 else None}
+            "fsdp_reduce_dtype": strategy.get("fsdp_reduce_dtype") if stage >= 2 else None,
+            "grad_reduce_dtype": strategy.get("grad_reduce_dtype") if stage <= 1 else None}
 
 
 def without_zero(strategy: dict) -> dict:
@@ -90,7 +95,14 @@ def gradient_element_bytes(dtype: str, zero_stage: int, reduce_dtype: str | None
     all-reduce to be done in fp32"; `docs/distrib_optimizer.md`: bf16 parameters with fp32
     gradients), else the training dtype's. Sharded gradients (stages 2-3, DeepSpeed and FSDP): the
     training dtype's, or `reduce_dtype`'s (`strategy.fsdp_reduce_dtype`: FSDP's MixedPrecision
-    reduce_dtype, the gradient cast before its reduce-scatter and its shard kept so)."""
-    if zero_stage >= 2 and reduce_dtype is not None:
+    reduce_dtype, the gradient cast before its reduce-scatter and its shard kept so). `reduce_dtype` at
+    stages 0-1: Megatron-Core's buffer dtype (`strategy.grad_reduce_dtype`; `reduce_dtype_of`)."""
+    if reduce_dtype is not None:
         return dtype_bytes(reduce_dtype)
     return 4 if dtype == "bf16" and zero_stage <= 1 else dtype_bytes(dtype)
+
+
+def reduce_dtype_of(strategy) -> str | None:
+    """The dtype a scenario's strategy reduces and keeps gradients in, where it names one: FSDP's
+    `fsdp_reduce_dtype` (stages 2-3) or Megatron-Core's `grad_reduce_dtype` (stages 0-1)."""
+    return strategy.fsdp_reduce_dtype or strategy.grad_reduce_dtype

@@ -147,3 +147,29 @@ def test_the_published_runs_are_the_tables_rows():
         seq = document["model"].get("params", {}).get("seq_len") or (4096 if "llama2" in name else 8192)
         step_s = document["training"]["global_batch_size"] * seq / (tokens[0] * gpus)
         assert run.measured_s == pytest.approx(step_s, abs=1e-4), name
+
+
+def test_fp8_saves_the_linear_layers_inputs_in_one_byte():
+    """GPT block with sequence parallelism at TP t (Korthikanti et al. eq. 4, flash attention, no dropout,
+    so without its two 1-byte masks): 32 s b h / t bytes in bf16; FP8 saves QKV's, fc1's, the
+    out-projection's (s h each) and fc2's (4 s h) inputs at 1 byte, 7 s b h / t less; the softmax's
+    logsumexp is unchanged."""
+    from simulator.memory_activations import Sharding, block_bytes
+    from simulator.zoo.transformer import transformer_block
+    s, h, heads, t = 2048, 4096, 32, 4
+    spec = {**transformer_block("b", h, heads, s, 4 * h, causal=True, pre_norm=True).spec, "dropout": 0.0}
+    bf16 = block_bytes(spec, 2, Sharding(t, True, True))
+    fp8 = block_bytes(spec, 2, Sharding(t, True, True, fp8=True))
+    assert bf16[0] - fp8[0] == pytest.approx(7 * s * h / t)
+    assert bf16[0] == pytest.approx(32 * s * h / t + 4 * heads * s / t)
+    assert bf16[1] == fp8[1] == 0
+
+
+def test_grad_reduce_dtype_sets_megatrons_gradient_buffer():
+    """Megatron-Core's grad_reduce_in_fp32 off: a bf16 buffer, half the fp32 one Megatron-LM keeps under bf16."""
+    fp32 = simulate(scenario()).summary["devices"][0]["memory_breakdown_bytes"]["weight_gradients"]
+    document = {**LLAMA_8B, "strategy": {**LLAMA_8B["strategy"], "grad_reduce_dtype": "bf16"}}
+    bf16 = simulate(load_scenario(document)).summary["devices"][0]["memory_breakdown_bytes"]["weight_gradients"]
+    assert bf16 == pytest.approx(fp32 / 2)
+    with pytest.raises(ScenarioError, match="strategy.grad_reduce_dtype: bf16 applies to Megatron's gradient buffer"):
+        load_scenario({**document, "strategy": {**document["strategy"], "zero_stage": 3, "pp_degree": 1}})

@@ -61,7 +61,7 @@ from simulator.strategies.tensor_layers import pass_collectives, rank_workload
 from simulator.topology import Topology
 from simulator.workload import Workload, dtype_bytes
 from simulator.units import whole
-from simulator.zero_config import gradient_reduce_op
+from simulator.zero_config import gradient_reduce_op, reduce_dtype_of
 
 KIND = "megatron"
 
@@ -138,7 +138,7 @@ def tensor_config(scenario) -> TensorConfig:
     placement = resolved_placement(strategy.placement, tp, pp, scenario.num_gpus // (tp * pp * cp), cp)
     return TensorConfig(
         tp=tp, pp=pp, dp=scenario.num_gpus // (tp * pp), cp=cp, num_microbatches=strategy.num_microbatches,
-        global_batch_size=training.global_batch_size, fsdp_reduce_dtype=strategy.fsdp_reduce_dtype,
+        global_batch_size=training.global_batch_size, fsdp_reduce_dtype=reduce_dtype_of(strategy),
         num_virtual_stages=strategy.num_virtual_stages, sequence_parallel=strategy.sequence_parallel,
         zero_stage=strategy.zero_stage, zero1_gradient_reduce=strategy.zero1_gradient_reduce,
         recompute=training.recompute, placement=placement, ep=strategy.ep_degree, partition=strategy.partition,
