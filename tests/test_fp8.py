@@ -173,3 +173,16 @@ def test_grad_reduce_dtype_sets_megatrons_gradient_buffer():
     assert bf16 == pytest.approx(fp32 / 2)
     with pytest.raises(ScenarioError, match="strategy.grad_reduce_dtype: bf16 applies to Megatron's gradient buffer"):
         load_scenario({**document, "strategy": {**document["strategy"], "zero_stage": 3, "pp_degree": 1}})
+
+
+def test_validate_refuses_fp8_in_one_line(tmp_path, capsys):
+    """The validator's ranks are plain torch: an FP8 scenario is refused before any profile is read."""
+    import yaml
+
+    from ghpsim.cli import main
+    path = tmp_path / "fp8.yaml"
+    path.write_text(yaml.safe_dump({**LLAMA_8B, "training": {**LLAMA_8B["training"], "fp8_recipe": "delayed"}}))
+    code = main(["validate", str(path), "--profile", str(tmp_path / "absent.json"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "training.fp8_recipe: delayed" in err, err
+    assert not (tmp_path / "out").exists()

@@ -73,6 +73,9 @@ def validate(scenario: Scenario, profile_path: str, specs: list[tuple[str, int |
         raise ScenarioError(f"--strategies megatron: {scenario.source} is kind {scenario.strategy.kind}; validate "
                             "runs megatron with tp = pp = 1 (DDP, or FSDP2 by strategy.zero_stage): add "
                             "--set strategy.kind=megatron")
+    if scenario.training.fp8_recipe is not None:  # plain torch ranks: no Transformer Engine
+        raise ScenarioError(f"training.fp8_recipe: {scenario.training.fp8_recipe}; the validator's ranks train "
+                            "without FP8 (plain torch, no Transformer Engine): drop it to validate")
     declared = resolve_workload(scenario.model, scenario.base_dir)
     workload = as_built(declared)  # predicted as the ranks run it
     check_torch_specs(workload, model_field(scenario.model))  # the ranks build it: refused before any starts
