@@ -17,7 +17,8 @@ plain `ColumnParallelLinear`). The kernels that adds, per linear layer and pass:
   (TE's `DelayedScaling`, the default) takes the scale from earlier steps' amax history, which
   the cast kernel records on the fly;
 - once a step, each weight cast with its transpose (`weight_cast_passes`): TE caches FP8 weights
-  across a step's micro-batches (Megatron passes `is_first_microbatch`).
+  across a step's micro-batches (Megatron passes `is_first_microbatch`); priced over all the
+  parameters the optimizer updates (the embedding's and norms' few % too).
 Simplification: TE's `LayerNormLinear` writes the norm's output in FP8 directly; here the norm
 writes 16 bits and a cast follows (one more read of that input, a few % of a block's memory time).
 """
@@ -28,7 +29,6 @@ from dataclasses import replace
 
 from simulator.kernel_ops import Kernel, pointwise
 
-FP8_RECIPES = ("delayed", "current")
 FP8_LINEARS = frozenset({"qkv", "proj", "fc1", "fc2", "shared_fc1", "shared_fc2", "experts.fc1", "experts.fc2"})
 """The GEMMs of `simulator.kernels` that TE linear modules run (router and logits excluded)."""
 FP8_BYTES = 1

@@ -89,7 +89,7 @@ class MemoryConfig:
     """The device's convolution library computes in its own blocked layout (module docstring)."""
     flash_attention: bool = False
     """The attention core runs as flash attention (`costs.flash_attention`)."""
-    fp8_recipe: str | None = None  # `training.fp8_recipe`: FP8 weight copies (`simulator.memory_buffers`)
+    fp8_recipe: str | None = None  # `training.fp8_recipe`: FP8 weight copies and saved linear inputs
 
 
 def memory_config(scenario) -> MemoryConfig:

@@ -66,6 +66,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.kernel_ops import DEFAULT_DROPOUT, MASK_BYTES, STATS_BYTES
+from simulator.kernels_fp8 import FP8_BYTES
 from simulator.workload import Layer, Workload
 from simulator.zoo._ops import SOFTMAX_FLOPS
 
@@ -100,7 +101,7 @@ ROUTER_PROBS_BYTES = 4
 def linear_input_bytes(element_bytes: int, sharding: Sharding) -> int:
     """Bytes an element of a linear layer's saved input: 1 under FP8 (Transformer Engine saves the FP8
     cast it multiplies, `simulator.kernels_fp8`), else the training dtype's."""
-    return 1 if sharding.fp8 else element_bytes
+    return FP8_BYTES if sharding.fp8 else element_bytes
 
 
 def is_block(layer: Layer) -> bool:
