@@ -45,6 +45,7 @@ from simulator.kernel_catalogue import (
 from simulator.kernel_ops import accumulation_fused
 from simulator.kernel_tables import Axes, interpolate_log
 from simulator.kernels_attention import FLASH_BACKWARD_KERNEL, core_recompute_kernels
+from simulator.kernels_fp8 import check_fp8_workload
 from simulator.kernels import (
     Kernel,
     layer_kernels,
@@ -271,6 +272,7 @@ class KernelCosts:
         `strategy.gradient_accumulation_fusion`); `parameters` replace the architecture's, and
         `costs.host_overhead_s` replaces theirs."""
         training, costs = scenario.training, scenario.costs
+        check_fp8_workload(workload, training.fp8_recipe)
         if costs.host_overhead_s is not None:
             parameters = replace(parameters or device_for(scenario.cluster.gpu, training.dtype).parameters,
                                  host_overhead_s=costs.host_overhead_s)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from simulator.errors import ScenarioError
 from simulator.kernel_ops import Kernel, pointwise
 
 FP8_LINEARS = frozenset({"qkv", "proj", "fc1", "fc2", "shared_fc1", "shared_fc2", "experts.fc1", "experts.fc2"})
@@ -76,3 +77,11 @@ def weight_cast_passes(recipe: str | None, e: int) -> list[tuple[str, int, float
     if recipe is None:
         return []
     return [("fp8_weight_cast", 2, e * (2 if recipe == "current" else 1), 2.0 * FP8_BYTES)]
+
+
+def check_fp8_workload(workload, recipe: str | None) -> None:
+    """ScenarioError where FP8 training would change nothing: a model without transformer or MoE blocks
+    has no Transformer Engine linear layer (convolutions and plain layers stay 16-bit)."""
+    if recipe is not None and not any(layer.spec.get("kind") in FP8_KINDS for layer in workload.layers):
+        raise ScenarioError(f"training.fp8_recipe: {recipe!r} runs the linear layers of transformer and MoE blocks "
+                            f"in FP8 (Transformer Engine); model {workload.name!r} has none: drop it")

@@ -186,3 +186,13 @@ def test_validate_refuses_fp8_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "training.fp8_recipe: delayed" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_fp8_on_a_model_without_blocks_is_one_error():
+    """Transformer Engine's FP8 applies to blocks' linear layers: a CNN would run unchanged."""
+    document = {"name": "r", "cluster": {"num_nodes": 1, "gpus_per_node": 2, "gpu": "H100-SXM",
+                                         "intra_node_link": "nvlink4-h100"},
+                "model": {"name": "resnet50"}, "strategy": {"kind": "dp"},
+                "training": {"global_batch_size": 64, "dtype": "bf16", "fp8_recipe": "delayed"}}
+    with pytest.raises(ScenarioError, match="training.fp8_recipe: 'delayed' runs the linear layers of transformer"):
+        simulate(load_scenario(document))
