@@ -1,10 +1,20 @@
 """What the published-accuracy benchmarks' `--plot` figures share besides their axes (those are
 `simulator.fit_plot.predicted_against_measured`, which `ghpsim fit --plot` draws on too): pyplot on
-the Agg backend and an atomic write of the figure; and the convergence benchmarks' loss legend."""
+the Agg backend and an atomic write of the figure; their `--processes`, `--json` and `--plot` options;
+and the convergence benchmarks' loss legend."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+
+def add_report_options(parser) -> None:
+    """The options a published-accuracy benchmark shares: worker processes, JSON output, the figure file."""
+    parser.add_argument("--processes", type=int, default=os.cpu_count(), help="worker processes")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                        help="draw predicted against measured for every run into this figure")
 
 
 def pyplot():

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import statistics
 import sys
 import time
@@ -35,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from simulator.errors import ScenarioError  # noqa: E402
 from simulator.fit import read_runs  # noqa: E402
-from accuracy_plots import pyplot, save  # noqa: E402
+from accuracy_plots import add_report_options, pyplot, save  # noqa: E402
 from simulator.fit_plot import predicted_against_measured  # noqa: E402
 from simulator.output import check_figure_file  # noqa: E402
 
@@ -95,10 +94,7 @@ def write_accuracy_plot(runs, result: dict, path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--processes", type=int, default=os.cpu_count(), help="worker processes")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
-                        help="draw predicted against measured for every run into this figure")
+    add_report_options(parser)
     args = parser.parse_args(argv)
     try:
         if args.plot is not None:

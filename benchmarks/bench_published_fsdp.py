@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import statistics
 import sys
 import time
@@ -51,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from simulator.errors import ScenarioError  # noqa: E402
 from simulator.fit import PointCache, fit_refined, fitted_grid, predict_s, read_runs  # noqa: E402
-from accuracy_plots import pyplot, save  # noqa: E402
+from accuracy_plots import add_report_options, pyplot, save  # noqa: E402
 from simulator.fit_plot import predicted_against_measured  # noqa: E402
 from simulator.output import check_figure_file  # noqa: E402
 
@@ -137,10 +136,7 @@ def _print(name: str, table: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--no-fit", action="store_true", help="skip the cross-validated fit (minutes)")
-    parser.add_argument("--processes", type=int, default=os.cpu_count(), help="worker processes")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
-                        help="draw predicted against measured for every run into this figure")
+    add_report_options(parser)
     args = parser.parse_args(argv)
     try:
         if args.plot is not None:

@@ -70,7 +70,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import statistics
 import sys
 import time
@@ -81,7 +80,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simulator.errors import ScenarioError  # noqa: E402
-from accuracy_plots import pyplot, save  # noqa: E402
+from accuracy_plots import add_report_options, pyplot, save  # noqa: E402
 from simulator.fit_plot import predicted_against_measured  # noqa: E402
 from simulator.output import check_figure_file  # noqa: E402
 
@@ -315,10 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", choices=(*TABLES, "all"), default="all", help="which published table to score")
     parser.add_argument("--profile", default=None,
                         help="a kernel profile (`ghpsim fit`, `calibrate --kernels`); default: the datasheet catalogue")
-    parser.add_argument("--processes", type=int, default=os.cpu_count(), help="worker processes")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
-                        help="draw predicted against measured for every run into this figure")
+    add_report_options(parser)
     args = parser.parse_args(argv)
     if args.profile and not Path(args.profile).is_file():
         print(f"bench_published_scale: error: --profile {args.profile}: no such file", file=sys.stderr)
